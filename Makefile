@@ -1,0 +1,41 @@
+# nomad-gpu: GPU scheduling for HashiCorp Nomad.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+TOOLS_DIR ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/nomad-gpu/tools
+export TOOLS_DIR
+BIN_DIR   := bin
+GO        ?= go
+PROTO_DIR := device-plugin/proto
+PROTOS    := $(wildcard $(PROTO_DIR)/*/*.proto)
+PROTOC_GEN_GO_VERSION      := v1.36.12
+PROTOC_GEN_GO_GRPC_VERSION := v1.5.1
+STATICCHECK_VERSION        := 2025.1.1
+DEMO_DIR  ?= $(CURDIR)/.demo
+
+.PHONY: help
+help: ## Show the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
+
+.PHONY: build
+build: ## Build nomad-device-gpu and gpu-broker into bin/
+	$(GO) build -trimpath -o $(BIN_DIR)/ ./cmd/...
+
+.PHONY: tools
+tools: ## Build Nomad v1.6.3 and Consul v1.16.3 from the Go module proxy into TOOLS_DIR (once per machine)
+	./scripts/build-tools.sh all
+
+.PHONY: proto-tools
+proto-tools:
+	@command -v protoc >/dev/null || { echo "protoc is missing: apt-get install protobuf-compiler"; exit 1; }
+	GOBIN=$(TOOLS_DIR)/bin $(GO) install google.golang.org/protobuf/cmd/protoc-gen-go@$(PROTOC_GEN_GO_VERSION)
+	GOBIN=$(TOOLS_DIR)/bin $(GO) install google.golang.org/grpc/cmd/protoc-gen-go-grpc@$(PROTOC_GEN_GO_GRPC_VERSION)
+
+.PHONY: proto
+proto: proto-tools ## Regenerate the Go code of the plugin protocol and check wire compatibility
+	PATH=$(TOOLS_DIR)/bin:$$PATH protoc -I$(PROTO_DIR) -I/usr/include \
+	  --go_out=$(PROTO_DIR) --go_opt=paths=source_relative \
+	  --go-grpc_out=$(PROTO_DIR) --go-grpc_opt=paths=source_relative \
+	  $(patsubst $(PROTO_DIR)/%,%,$(PROTOS))
+	@if [ -x ../shared/protocheck/check.sh ]; then \
+	  bash ../shared/protocheck/check.sh $(PROTO_DIR) $(PROTOS) && echo "proto: wire-compatible with Nomad v1.6"; fi

@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# Builds the real Nomad and Consul agents used by tests and the demo from the Go
+# module proxy (the last MPL-2.0 releases), once per machine, into TOOLS_DIR.
+# Idempotent: a binary that already reports the wanted version is kept.
+set -euo pipefail
+
+NOMAD_VERSION=1.6.3
+NOMAD_API=v0.0.0-20231030125810-e0497bff1437 # the api module at the v1.6.3 commit
+CONSUL_VERSION=1.16.3
+CONSUL_SUBMODULES="api@v1.25.1 envoyextensions@v0.4.1 proto-public@v0.4.1 sdk@v0.14.1 troubleshoot@v0.3.1"
+
+TOOLS_DIR=${TOOLS_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/nomad-gpu/tools}
+mkdir -p "$TOOLS_DIR/bin"
+log() { printf 'tools: %s\n' "$*" >&2; }
+
+# has_version BIN WANT: the binary exists and its "version" output names WANT.
+has_version() { [ -x "$1" ] && "$1" version 2>/dev/null | head -n1 | grep -q "v$2"; }
+
+# fetch MODULE@VERSION DEST: copies a module from the proxy into a writable DEST.
+fetch() {
+  local dir
+  dir=$(go mod download -json "$1" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
+  [ -n "$dir" ] || { log "go mod download $1 gave no directory"; return 1; }
+  rm -rf "$2"; mkdir -p "$(dirname "$2")"
+  cp -r "$dir" "$2"; chmod -R u+w "$2"
+}
+
+require_mpl() {
+  if ! grep -q 'Mozilla Public License' "$1/LICENSE"; then
+    log "refusing to build $1: its LICENSE is not MPL-2.0"; exit 1
+  fi
+}
+
+build_nomad() {
+  if has_version "$TOOLS_DIR/bin/nomad" "$NOMAD_VERSION"; then log "nomad v$NOMAD_VERSION present"; return; fi
+  log "building nomad v$NOMAD_VERSION (a few minutes, once per machine)"
+  local src="$TOOLS_DIR/src/nomad"
+  fetch "github.com/hashicorp/nomad@v$NOMAD_VERSION" "$src"
+  require_mpl "$src"
+  fetch "github.com/hashicorp/nomad/api@$NOMAD_API" "$src/api"
+  (cd "$src" && go build -trimpath -tags codegen_generated -o "$TOOLS_DIR/bin/nomad.tmp" .)
+  mv "$TOOLS_DIR/bin/nomad.tmp" "$TOOLS_DIR/bin/nomad"
+  rm -rf "$src"
+  has_version "$TOOLS_DIR/bin/nomad" "$NOMAD_VERSION"
+}
+
+build_consul() {
+  if has_version "$TOOLS_DIR/bin/consul" "$CONSUL_VERSION"; then log "consul v$CONSUL_VERSION present"; return; fi
+  log "building consul v$CONSUL_VERSION (a few minutes, once per machine)"
+  local src="$TOOLS_DIR/src/consul" sub
+  fetch "github.com/hashicorp/consul@v$CONSUL_VERSION" "$src"
+  require_mpl "$src"
+  for sub in $CONSUL_SUBMODULES; do
+    GONOSUMDB=github.com/hashicorp/consul/envoyextensions \
+      fetch "github.com/hashicorp/consul/$sub" "$src/${sub%@*}"
+  done
+  (cd "$src" && GONOSUMDB=github.com/hashicorp/consul/envoyextensions \
+    go build -trimpath -o "$TOOLS_DIR/bin/consul.tmp" .)
+  mv "$TOOLS_DIR/bin/consul.tmp" "$TOOLS_DIR/bin/consul"
+  rm -rf "$src"
+  has_version "$TOOLS_DIR/bin/consul" "$CONSUL_VERSION"
+}
+
+case "${1:-all}" in
+  nomad) build_nomad ;;
+  consul) build_consul ;;
+  all) build_nomad; build_consul ;;
+  dir) echo "$TOOLS_DIR" ;;
+  *) log "usage: $0 [all|nomad|consul|dir]"; exit 2 ;;
+esac
