@@ -1,0 +1,76 @@
+package fake_test
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/nomad-gpu/nomad-gpu/device-plugin/fake"
+)
+
+func TestUUIDsAreStableAndUniqueAcrossPrefixes(t *testing.T) {
+	seen := map[string]bool{}
+	for _, prefix := range []string{"", "client-1", "client-2"} {
+		b := fake.New(fake.Config{Count: 64, Model: "H100", MemoryMiB: 81559, IDPrefix: prefix}, hclog.NewNullLogger())
+		devs, _ := b.Devices(context.Background())
+		for i, d := range devs {
+			if seen[d.UUID] {
+				t.Fatalf("UUID %s repeated", d.UUID)
+			}
+			seen[d.UUID] = true
+			if d.UUID != fake.UUID(prefix, i) {
+				t.Fatalf("UUID of %s/%d changed: %s vs %s", prefix, i, d.UUID, fake.UUID(prefix, i))
+			}
+		}
+	}
+}
+
+func TestStateFileDrivesHealthAndStats(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "state.json")
+	b := fake.New(fake.Config{Count: 2, Model: "H100", MemoryMiB: 1000, StateFile: path}, hclog.NewNullLogger())
+	ctx := context.Background()
+	id0, id1 := fake.UUID("", 0), fake.UUID("", 1)
+
+	h, _ := b.Health(ctx)
+	if !h[id0].Healthy || !h[id1].Healthy {
+		t.Fatalf("without a state file every GPU must be healthy: %+v", h)
+	}
+
+	write(t, path, `{"`+id0+`": {"healthy": false, "health_description": "XID 79"}, "`+id1+`": {"utilization_gpu": 93, "memory_used_mib": 500}}`)
+	h, _ = b.Health(ctx)
+	if h[id0].Healthy || h[id0].Reason != "XID 79" || !h[id1].Healthy {
+		t.Fatalf("state file not applied: %+v", h)
+	}
+	st, _ := b.Stats(ctx)
+	if st[1].GPUUtilPct != 93 || st[1].MemUsedMiB != 500 || st[1].MemUtilPct != 50 || st[0].GPUUtilPct != 0 {
+		t.Fatalf("stats not applied: %+v", st)
+	}
+
+	write(t, path, `{not json`)
+	h, _ = b.Health(ctx)
+	if h[id0].Healthy {
+		t.Fatalf("a malformed state file must keep the last good state, got %+v", h[id0])
+	}
+
+	os.Remove(path)
+	h, _ = b.Health(ctx)
+	if !h[id0].Healthy {
+		t.Fatalf("removing the state file must restore the defaults, got %+v", h[id0])
+	}
+}
+
+// write replaces the file with a new modification time, as an operator's edit would.
+func write(t *testing.T, path, content string) {
+	t.Helper()
+	if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	future := time.Now().Add(time.Duration(len(content)) * time.Second)
+	if err := os.Chtimes(path, future, future); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -1,0 +1,63 @@
+// Package gpu holds the domain types of the device plugin: what a GPU is, how
+// healthy it is and what it is doing, independent of NVML, gRPC and Nomad.
+package gpu
+
+// Vendor and Type are the first two parts of the device group name: jobs ask for
+// devices as "nvidia/gpu" or "nvidia/gpu/<model>".
+const (
+	Vendor = "nvidia"
+	Type   = "gpu"
+)
+
+// Unknown marks a numeric reading the hardware could not give.
+const Unknown = -1
+
+// Device is one schedulable GPU, or one MIG instance of a GPU.
+type Device struct {
+	UUID              string
+	Model             string // the device group name
+	MemoryMiB         int64
+	ComputeCapability string // "9.0"
+	DriverVersion     string
+	CUDAVersion       string // highest CUDA version the driver supports, "12.4"
+	PowerLimitW       int64
+	PCIeGeneration    int64
+	PCIeWidth         int64
+	PCIBusID          string // sysfs form, lower case: "0000:3b:00.0"
+	NUMANode          int64
+	NVLinkPeers       int64    // active NVLink connections
+	MIG               bool     // a MIG instance, or a GPU with MIG mode on
+	ParentUUID        string   // for a MIG instance: the GPU it is carved from
+	DeviceNodes       []string // host device files the device needs, e.g. /dev/nvidia3
+}
+
+// Health is a device's condition: Reason says why it is not healthy.
+type Health struct {
+	Healthy bool
+	Reason  string
+}
+
+// Healthy is the condition of a device with nothing wrong.
+var Healthy = Health{Healthy: true}
+
+// Stats is one sample of a device's activity; fields are Unknown when unreadable.
+type Stats struct {
+	UUID           string
+	GPUUtilPct     int64
+	MemUtilPct     int64
+	MemUsedMiB     int64
+	MemTotalMiB    int64
+	TemperatureC   int64
+	PowerW         int64
+	PowerLimitW    int64
+	SMClockMHz     int64
+	ECCCorrected   int64
+	ECCUncorrected int64
+}
+
+// UnknownStats is a sample in which nothing could be read.
+func UnknownStats(uuid string) Stats {
+	return Stats{UUID: uuid, GPUUtilPct: Unknown, MemUtilPct: Unknown, MemUsedMiB: Unknown,
+		MemTotalMiB: Unknown, TemperatureC: Unknown, PowerW: Unknown, PowerLimitW: Unknown,
+		SMClockMHz: Unknown, ECCCorrected: Unknown, ECCUncorrected: Unknown}
+}

@@ -1,0 +1,44 @@
+package gpu
+
+import (
+	"fmt"
+	"time"
+)
+
+// HealthTracker turns raw observations into the health reported to Nomad: a fault
+// makes a device unhealthy at once, but it is healthy again only after it has been
+// clean for the whole recovery period, so a flapping GPU does not take new work.
+type HealthTracker struct {
+	recovery time.Duration
+	faults   map[string]fault
+}
+
+type fault struct {
+	reason  string
+	lastBad time.Time
+}
+
+// NewHealthTracker returns a tracker whose devices recover after recovery clean time.
+func NewHealthTracker(recovery time.Duration) *HealthTracker {
+	return &HealthTracker{recovery: recovery, faults: map[string]fault{}}
+}
+
+// Observe records the raw condition of a device at now and returns its reported health.
+func (t *HealthTracker) Observe(now time.Time, uuid string, raw Health) Health {
+	if !raw.Healthy {
+		t.faults[uuid] = fault{reason: raw.Reason, lastBad: now}
+		return raw
+	}
+	f, ok := t.faults[uuid]
+	if !ok {
+		return Healthy
+	}
+	if now.Sub(f.lastBad) >= t.recovery {
+		delete(t.faults, uuid)
+		return Healthy
+	}
+	// The text must not change from one observation to the next, or every scan
+	// would look like a new fingerprint to Nomad.
+	return Health{Reason: fmt.Sprintf("recovering from %q: clean since %s, healthy after %s",
+		f.reason, f.lastBad.UTC().Format(time.RFC3339), t.recovery)}
+}

@@ -1,0 +1,116 @@
+package plugin
+
+import (
+	"context"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/nomad-gpu/nomad-gpu/device-plugin/gpu"
+	devicepb "github.com/nomad-gpu/nomad-gpu/device-plugin/proto/device"
+	structspb "github.com/nomad-gpu/nomad-gpu/device-plugin/proto/structs"
+)
+
+// lostReason is the health description of a GPU the backend no longer reports.
+const lostReason = "GPU lost: no longer reported by the driver"
+
+// scanner builds fingerprints: inventory and raw health from the backend, the
+// ignore list, lost-GPU detection and health hysteresis.
+type scanner struct {
+	backend Backend
+	log     hclog.Logger
+	tracker *gpu.HealthTracker
+	ignored map[string]bool
+	known   map[string]gpu.Device // every device seen since start, so a lost one stays visible
+}
+
+func newScanner(cfg Config, backend Backend, log hclog.Logger) *scanner {
+	ignored := map[string]bool{}
+	for _, id := range cfg.IgnoredGPUIDs {
+		ignored[id] = true
+	}
+	return &scanner{backend: backend, log: log, tracker: gpu.NewHealthTracker(cfg.HealthRecoveryAfter()),
+		ignored: ignored, known: map[string]gpu.Device{}}
+}
+
+// scan returns the fingerprint to send and the devices it lists.
+func (s *scanner) scan(ctx context.Context, now time.Time) (*devicepb.FingerprintResponse, []gpu.Device) {
+	present := map[string]bool{}
+	devices, err := s.backend.Devices(ctx)
+	unreadable := ""
+	if err != nil {
+		s.log.Warn("cannot list GPUs, reporting the known ones unhealthy", "error", err)
+		unreadable = "cannot read GPU: " + err.Error()
+	}
+	for _, d := range devices {
+		if s.ignored[d.UUID] {
+			continue
+		}
+		present[d.UUID] = true
+		s.known[d.UUID] = d
+	}
+	health, err := s.backend.Health(ctx)
+	if err != nil && unreadable == "" {
+		s.log.Warn("cannot check GPU health, reporting GPUs unhealthy", "error", err)
+		unreadable = "cannot check GPU health: " + err.Error()
+	}
+
+	listed := make([]gpu.Device, 0, len(s.known))
+	groups := map[string]*devicepb.DeviceGroup{}
+	for _, uuid := range sortedKeys(s.known) {
+		d := s.known[uuid]
+		raw, ok := health[uuid]
+		switch {
+		case unreadable != "":
+			raw = gpu.Health{Reason: unreadable}
+		case !present[uuid]:
+			raw = gpu.Health{Reason: lostReason}
+		case !ok:
+			raw = gpu.Healthy
+		}
+		h := s.tracker.Observe(now, uuid, raw)
+		g, ok := groups[d.Model]
+		if !ok {
+			g = &devicepb.DeviceGroup{Vendor: gpu.Vendor, DeviceType: gpu.Type, DeviceName: d.Model, Attributes: attributes(d)}
+			groups[d.Model] = g
+		}
+		g.Devices = append(g.Devices, &devicepb.DetectedDevice{
+			ID: d.UUID, Healthy: h.Healthy, HealthDescription: h.Reason,
+			HwLocality: &devicepb.DeviceLocality{PciBusId: d.PCIBusID},
+		})
+		listed = append(listed, d)
+	}
+	resp := &devicepb.FingerprintResponse{}
+	for _, model := range sortedKeys(groups) {
+		resp.DeviceGroup = append(resp.DeviceGroup, groups[model])
+	}
+	return resp, listed
+}
+
+// attributes are what a jobspec can constrain on, taken from the group's first device.
+func attributes(d gpu.Device) map[string]*structspb.Attribute {
+	attrs := map[string]*structspb.Attribute{}
+	intAttr := func(key string, v int64, unit string) {
+		if v >= 0 {
+			attrs[key] = &structspb.Attribute{Value: &structspb.Attribute_IntVal{IntVal: v}, Unit: unit}
+		}
+	}
+	strAttr := func(key, v string) {
+		if v != "" {
+			attrs[key] = &structspb.Attribute{Value: &structspb.Attribute_StringVal{StringVal: v}}
+		}
+	}
+	intAttr("memory", d.MemoryMiB, "MiB")
+	intAttr("power_limit", d.PowerLimitW, "W")
+	intAttr("pcie_generation", d.PCIeGeneration, "")
+	intAttr("pcie_width", d.PCIeWidth, "")
+	intAttr("nvlink_peers", d.NVLinkPeers, "")
+	strAttr("compute_capability", d.ComputeCapability)
+	strAttr("driver_version", d.DriverVersion)
+	strAttr("cuda_version", d.CUDAVersion)
+	attrs["mig"] = &structspb.Attribute{Value: &structspb.Attribute_BoolVal{BoolVal: d.MIG}}
+	return attrs
+}
+
+func equalFingerprint(a, b *devicepb.FingerprintResponse) bool { return proto.Equal(a, b) }

@@ -1,0 +1,77 @@
+package plugin
+
+import (
+	"time"
+
+	"google.golang.org/protobuf/types/known/timestamppb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/nomad-gpu/nomad-gpu/device-plugin/gpu"
+	devicepb "github.com/nomad-gpu/nomad-gpu/device-plugin/proto/device"
+	structspb "github.com/nomad-gpu/nomad-gpu/device-plugin/proto/structs"
+)
+
+// Stat names as `nomad node status -stats` and `nomad alloc status -stats` show them.
+const (
+	StatGPUUtil        = "GPU utilization"
+	StatMemUtil        = "Memory utilization"
+	StatMemory         = "Memory state"
+	StatTemperature    = "Temperature"
+	StatPower          = "Power usage"
+	StatSMClock        = "SM clock"
+	StatECCCorrected   = "ECC corrected errors"
+	StatECCUncorrected = "ECC uncorrected errors"
+)
+
+// statsResponse groups samples like the fingerprint, for fingerprinted devices only.
+func statsResponse(inventory map[string]gpu.Device, samples []gpu.Stats, now time.Time) *devicepb.StatsResponse {
+	ts := timestamppb.New(now)
+	groups := map[string]*devicepb.DeviceGroupStats{}
+	for _, s := range samples {
+		d, ok := inventory[s.UUID]
+		if !ok {
+			continue
+		}
+		g, ok := groups[d.Model]
+		if !ok {
+			g = &devicepb.DeviceGroupStats{Vendor: gpu.Vendor, Type: gpu.Type, Name: d.Model,
+				InstanceStats: map[string]*devicepb.DeviceStats{}}
+			groups[d.Model] = g
+		}
+		util := intStat(s.GPUUtilPct, "%", "share of time kernels were running")
+		g.InstanceStats[s.UUID] = &devicepb.DeviceStats{
+			Summary:   util,
+			Timestamp: ts,
+			Stats: &structspb.StatObject{Attributes: map[string]*structspb.StatValue{
+				StatGPUUtil:        util,
+				StatMemUtil:        intStat(s.MemUtilPct, "%", "share of frame-buffer memory in use"),
+				StatMemory:         fraction(s.MemUsedMiB, s.MemTotalMiB, "MiB", "frame-buffer memory used / total"),
+				StatTemperature:    intStat(s.TemperatureC, "C", "GPU temperature"),
+				StatPower:          fraction(s.PowerW, s.PowerLimitW, "W", "power drawn / power limit"),
+				StatSMClock:        intStat(s.SMClockMHz, "MHz", "streaming multiprocessor clock"),
+				StatECCCorrected:   intStat(s.ECCCorrected, "#", "corrected ECC errors since the driver loaded"),
+				StatECCUncorrected: intStat(s.ECCUncorrected, "#", "uncorrected ECC errors since the driver loaded"),
+			}},
+		}
+	}
+	resp := &devicepb.StatsResponse{}
+	for _, model := range sortedKeys(groups) {
+		resp.Groups = append(resp.Groups, groups[model])
+	}
+	return resp
+}
+
+func intStat(v int64, unit, desc string) *structspb.StatValue {
+	if v == gpu.Unknown {
+		return &structspb.StatValue{StringVal: wrapperspb.String("N/A"), Unit: unit, Desc: desc}
+	}
+	return &structspb.StatValue{IntNumeratorVal: wrapperspb.Int64(v), Unit: unit, Desc: desc}
+}
+
+func fraction(num, den int64, unit, desc string) *structspb.StatValue {
+	v := intStat(num, unit, desc)
+	if num != gpu.Unknown && den > 0 {
+		v.IntDenominatorVal = wrapperspb.Int64(den)
+	}
+	return v
+}
