@@ -72,13 +72,10 @@ func (c Config) HealthRecoveryAfter() time.Duration { return c.healthRecovery }
 func DecodeConfig(b []byte) (Config, error) {
 	cfg := DefaultConfig()
 	if len(b) > 0 {
-		// Nomad fills every key from the schema's defaults; a nil fake block stays at ours.
+		// Nomad fills every key from the schema; a nil value (an absent fake block) keeps ours.
 		var raw map[string]msgpack.RawMessage
 		if err := msgpack.Unmarshal(b, &raw); err != nil {
 			return cfg, fmt.Errorf("decode plugin config: %w", err)
-		}
-		if f, ok := raw["fake"]; ok && isNil(f) {
-			delete(raw, "fake")
 		}
 		for key, v := range raw {
 			if err := decodeKey(&cfg, key, v); err != nil {
@@ -89,7 +86,8 @@ func DecodeConfig(b []byte) (Config, error) {
 	return cfg, cfg.Validate()
 }
 
-func isNil(m msgpack.RawMessage) bool { return len(m) == 1 && m[0] == 0xc0 }
+// isNil reports a msgpack nil, which the decoder hands back as an empty RawMessage.
+func isNil(m msgpack.RawMessage) bool { return len(m) == 0 || (len(m) == 1 && m[0] == 0xc0) }
 
 func decodeKey(cfg *Config, key string, v msgpack.RawMessage) error {
 	var dst any

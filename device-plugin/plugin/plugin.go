@@ -52,12 +52,12 @@ type Plugin struct {
 	now     func() time.Time
 	stat    func(string) (os.FileInfo, error)
 
-	mu       sync.Mutex
-	cfg      Config
+	mu         sync.Mutex
+	cfg        Config
 	configured bool
-	backend  Backend
-	opened   chan struct{} // closed once the backend is open
-	inventory map[string]gpu.Device // last fingerprinted devices, by UUID
+	backend    Backend
+	opened     chan struct{}         // closed once the backend is open
+	inventory  map[string]gpu.Device // last fingerprinted devices, by UUID
 }
 
 var (
@@ -99,7 +99,7 @@ func (p *Plugin) SetConfig(_ context.Context, req *basepb.SetConfigRequest) (*ba
 	defer p.mu.Unlock()
 	p.cfg, p.configured = cfg, true
 	p.log.Debug("plugin configured", "backend", cfg.Backend, "enabled", cfg.Enabled,
-		"fingerprint_period", cfg.FingerprintEvery(), "health_recovery", cfg.HealthRecoveryAfter())
+		"fingerprint_period", cfg.FingerprintEvery().String(), "health_recovery", cfg.HealthRecoveryAfter().String())
 	return &basepb.SetConfigResponse{}, nil
 }
 
@@ -280,10 +280,10 @@ func (p *Plugin) collectStats(ctx context.Context, backend Backend) *devicepb.St
 // NoDevices is the backend of a host without GPUs.
 type NoDevices struct{}
 
-func (NoDevices) Devices(context.Context) ([]gpu.Device, error)            { return nil, nil }
-func (NoDevices) Health(context.Context) (map[string]gpu.Health, error)    { return nil, nil }
-func (NoDevices) Stats(context.Context) ([]gpu.Stats, error)               { return nil, nil }
-func (NoDevices) Close() error                                             { return nil }
+func (NoDevices) Devices(context.Context) ([]gpu.Device, error)         { return nil, nil }
+func (NoDevices) Health(context.Context) (map[string]gpu.Health, error) { return nil, nil }
+func (NoDevices) Stats(context.Context) ([]gpu.Stats, error)            { return nil, nil }
+func (NoDevices) Close() error                                          { return nil }
 
 var _ Backend = NoDevices{}
 

@@ -21,7 +21,7 @@ var Handshake = goplugin.HandshakeConfig{
 // the wire: one entry registering both services serves whatever Nomad dispenses.
 func Serve(p *Plugin) {
 	defer p.Close()
-		goplugin.Serve(&goplugin.ServeConfig{
+	goplugin.Serve(&goplugin.ServeConfig{
 		HandshakeConfig: Handshake,
 		Plugins:         goplugin.PluginSet{"device": grpcPlugin{p: p}},
 		GRPCServer:      goplugin.DefaultGRPCServer,

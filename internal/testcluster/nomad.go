@@ -1,0 +1,231 @@
+package testcluster
+
+import (
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"text/template"
+	"time"
+
+	"github.com/hashicorp/nomad/api"
+)
+
+// CloudFingerprinters would reach cloud metadata addresses; no agent may.
+const CloudFingerprinters = "env_aws,env_gce,env_azure,env_digitalocean"
+
+// NomadOptions describe one Nomad agent.
+type NomadOptions struct {
+	Name   string
+	Server bool     // run a server in this agent (single-server cluster)
+	Client bool     // run a client in this agent
+	Join   []string // RPC addresses of servers, for client-only agents
+	// PluginConfig is the body of `plugin "nomad-device-gpu" { config { ... } }`.
+	PluginConfig string
+	ConsulAddr   string // empty: a closed loopback port, so nothing is reached
+	ExtraHCL     string
+}
+
+// Nomad is a running Nomad agent.
+type Nomad struct {
+	*process
+	Name    string
+	Addr    string // http://127.0.0.1:port
+	RPCAddr string
+	DataDir string
+	API     *api.Client
+	client  bool
+}
+
+var agentTemplate = template.Must(template.New("agent").Parse(`
+name                 = "{{.Name}}"
+data_dir             = "{{.DataDir}}"
+plugin_dir           = "{{.PluginDir}}"
+bind_addr            = "127.0.0.1"
+disable_update_check = true
+log_level            = "DEBUG"
+ports {
+  http = {{.HTTP}}
+  rpc  = {{.RPC}}
+  serf = {{.Serf}}
+}
+advertise {
+  http = "127.0.0.1:{{.HTTP}}"
+  rpc  = "127.0.0.1:{{.RPC}}"
+  serf = "127.0.0.1:{{.Serf}}"
+}
+{{- if .Server}}
+server {
+  enabled          = true
+  bootstrap_expect = 1
+}
+{{- end}}
+client {
+  enabled       = {{.Client}}
+  cgroup_parent = "/nomad-gpu-test-{{.Name}}"
+  {{- if .Join}}
+  servers       = [{{.Join}}]
+  {{- end}}
+  options {
+    "fingerprint.denylist" = "{{.Denylist}}"
+  }
+}
+consul {
+  address             = "{{.ConsulAddr}}"
+  auto_advertise      = {{.HasConsul}}
+  server_auto_join    = false
+  client_auto_join    = false
+}
+telemetry {
+  collection_interval = "1s"
+}
+plugin "raw_exec" {
+  config {
+    enabled = true
+  }
+}
+plugin "nomad-device-gpu" {
+  config {
+{{.PluginConfig}}
+  }
+}
+{{.ExtraHCL}}
+`))
+
+// StartNomad starts an agent with the device plugin and waits for its API.
+func StartNomad(t testing.TB, o NomadOptions) *Nomad {
+	t.Helper()
+	n := LaunchNomad(t, o)
+	WaitFor(t, 90*time.Second, "nomad agent "+o.Name, func() error {
+		if n.Exited() {
+			t.Fatalf("nomad agent %s exited:\n%s", o.Name, n.Log())
+		}
+		_, err := n.API.Agent().Self()
+		return err
+	})
+	return n
+}
+
+// LaunchNomad starts an agent without waiting for it: for tests of start failures.
+func LaunchNomad(t testing.TB, o NomadOptions) *Nomad {
+	t.Helper()
+	bin := Binary(t, "nomad")
+	plugin := PluginBinary(t)
+	dir := t.TempDir()
+	pluginDir := filepath.Join(dir, "plugins")
+	dataDir := filepath.Join(dir, "data")
+	for _, d := range []string{pluginDir, dataDir} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Symlink(plugin, filepath.Join(pluginDir, "nomad-device-gpu")); err != nil {
+		t.Fatal(err)
+	}
+	ports := FreePorts(t, 4)
+	consul := o.ConsulAddr
+	if consul == "" {
+		consul = fmt.Sprintf("127.0.0.1:%d", ports[3])
+	}
+	var join []string
+	for _, s := range o.Join {
+		join = append(join, fmt.Sprintf("%q", s))
+	}
+	var cfg strings.Builder
+	err := agentTemplate.Execute(&cfg, map[string]any{
+		"Name": o.Name, "DataDir": dataDir, "PluginDir": pluginDir,
+		"HTTP": ports[0], "RPC": ports[1], "Serf": ports[2],
+		"Server": o.Server, "Client": o.Client, "Join": strings.Join(join, ", "),
+		"Denylist": CloudFingerprinters, "ConsulAddr": consul, "HasConsul": o.ConsulAddr != "",
+		"PluginConfig": o.PluginConfig, "ExtraHCL": o.ExtraHCL,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfgPath := filepath.Join(dir, "agent.hcl")
+	if err := os.WriteFile(cfgPath, []byte(cfg.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	n := &Nomad{
+		Name: o.Name, Addr: fmt.Sprintf("http://127.0.0.1:%d", ports[0]),
+		RPCAddr: fmt.Sprintf("127.0.0.1:%d", ports[1]), DataDir: dataDir, client: o.Client,
+	}
+	n.process = start(t, "nomad-"+o.Name, dir, bin, "agent", "-config", cfgPath)
+	t.Cleanup(func() {
+		dumpOnFailure(t, n.process)
+		n.Stop()
+	})
+	n.API, err = api.NewClient(&api.Config{Address: n.Addr})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// StartDev starts a single-node cluster (server and client in one agent).
+func StartDev(t testing.TB, pluginConfig string) *Nomad {
+	t.Helper()
+	n := StartNomad(t, NomadOptions{Name: "dev", Server: true, Client: true, PluginConfig: pluginConfig})
+	n.WaitForNodes(t, 1)
+	return n
+}
+
+// Stop garbage-collects the client's allocations (so their mounts are released),
+// stops the agent and removes anything it left mounted.
+func (n *Nomad) Stop() {
+	select {
+	case <-n.exited:
+	default:
+		if n.client {
+			req, _ := http.NewRequest(http.MethodPut, n.Addr+"/v1/client/gc", nil)
+			if resp, err := (&http.Client{Timeout: 10 * time.Second}).Do(req); err == nil {
+				resp.Body.Close()
+			}
+		}
+	}
+	n.stop()
+	unmountUnder(n.DataDir)
+}
+
+// Exited reports whether the agent process has ended.
+func (n *Nomad) Exited() bool {
+	select {
+	case <-n.exited:
+		return true
+	default:
+		return false
+	}
+}
+
+// WaitForNodes waits until count nodes are ready and have fingerprinted devices.
+func (n *Nomad) WaitForNodes(t testing.TB, count int) []*api.Node {
+	t.Helper()
+	var nodes []*api.Node
+	WaitFor(t, 90*time.Second, fmt.Sprintf("%d ready nodes with devices", count), func() error {
+		stubs, _, err := n.API.Nodes().List(nil)
+		if err != nil {
+			return err
+		}
+		nodes = nodes[:0]
+		for _, s := range stubs {
+			if s.Status != api.NodeStatusReady {
+				continue
+			}
+			node, _, err := n.API.Nodes().Info(s.ID, nil)
+			if err != nil {
+				return err
+			}
+			if node.NodeResources == nil || len(node.NodeResources.Devices) == 0 {
+				return fmt.Errorf("node %s has no devices yet", s.Name)
+			}
+			nodes = append(nodes, node)
+		}
+		if len(nodes) != count {
+			return fmt.Errorf("%d of %d nodes ready", len(nodes), count)
+		}
+		return nil
+	})
+	return nodes
+}

@@ -1,0 +1,205 @@
+// Package testcluster starts real Consul and Nomad agents on loopback ports for
+// integration tests, with the freshly built device plugin in their plugin_dir,
+// and tears them down (processes, mounts, files) when the test ends.
+package testcluster
+
+import (
+	"bufio"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// ToolsDir is where `make tools` puts the agents.
+func ToolsDir() string {
+	if d := os.Getenv("TOOLS_DIR"); d != "" {
+		return d
+	}
+	cache := os.Getenv("XDG_CACHE_HOME")
+	if cache == "" {
+		home, _ := os.UserHomeDir()
+		cache = filepath.Join(home, ".cache")
+	}
+	return filepath.Join(cache, "nomad-gpu", "tools")
+}
+
+// Binary returns the path of a tool built by `make tools`. Without it the test
+// is skipped locally, but fails in CI (CI=true), where a skip would hide it.
+func Binary(t testing.TB, name string) string {
+	t.Helper()
+	path := filepath.Join(ToolsDir(), "bin", name)
+	if _, err := os.Stat(path); err == nil {
+		return path
+	}
+	if p, err := exec.LookPath(name); err == nil {
+		return p
+	}
+	msg := fmt.Sprintf("%s not found in %s or PATH: run `make tools`", name, filepath.Dir(path))
+	if os.Getenv("CI") != "" {
+		t.Fatal(msg)
+	}
+	t.Skip(msg)
+	return ""
+}
+
+// FreePorts returns n distinct loopback ports that were free a moment ago.
+func FreePorts(t testing.TB, n int) []int {
+	t.Helper()
+	ports := make([]int, 0, n)
+	var ls []net.Listener
+	for i := 0; i < n; i++ {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatalf("find a free port: %v", err)
+		}
+		ls = append(ls, l)
+		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
+	}
+	for _, l := range ls {
+		l.Close()
+	}
+	return ports
+}
+
+var (
+	pluginOnce sync.Once
+	pluginPath string
+	pluginErr  error
+)
+
+// PluginBinary builds cmd/nomad-device-gpu once per test binary.
+func PluginBinary(t testing.TB) string {
+	t.Helper()
+	pluginOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "nomad-gpu-plugin-")
+		if err != nil {
+			pluginErr = err
+			return
+		}
+		pluginPath = filepath.Join(dir, "nomad-device-gpu")
+		cmd := exec.Command("go", "build", "-o", pluginPath, "github.com/nomad-gpu/nomad-gpu/cmd/nomad-device-gpu")
+		cmd.Env = append(os.Environ(), "CGO_CFLAGS=-Wno-deprecated-declarations")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			pluginErr = fmt.Errorf("build nomad-device-gpu: %v\n%s", err, out)
+		}
+	})
+	if pluginErr != nil {
+		t.Fatal(pluginErr)
+	}
+	return pluginPath
+}
+
+// process is a started agent whose output goes to a log file.
+type process struct {
+	name    string
+	cmd     *exec.Cmd
+	logPath string
+	exited  chan struct{}
+}
+
+func start(t testing.TB, name, dir string, bin string, args ...string) *process {
+	t.Helper()
+	logPath := filepath.Join(dir, name+".log")
+	logFile, err := os.Create(logPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(bin, args...)
+	cmd.Stdout, cmd.Stderr = logFile, logFile
+	cmd.Dir = dir
+	// Its own process group, so that plugins and task executors die with it.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		logFile.Close()
+		t.Fatalf("start %s: %v", name, err)
+	}
+	p := &process{name: name, cmd: cmd, logPath: logPath, exited: make(chan struct{})}
+	go func() {
+		cmd.Wait()
+		logFile.Close()
+		close(p.exited)
+	}()
+	return p
+}
+
+// stop interrupts the agent, then kills its whole process group.
+func (p *process) stop() {
+	select {
+	case <-p.exited:
+	default:
+		p.cmd.Process.Signal(os.Interrupt)
+		select {
+		case <-p.exited:
+		case <-time.After(15 * time.Second):
+		}
+	}
+	syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
+	<-p.exited
+}
+
+// Log returns the agent's output so far.
+func (p *process) Log() string {
+	b, _ := os.ReadFile(p.logPath)
+	return string(b)
+}
+
+// dumpOnFailure prints the end of the agent log when the test failed.
+func dumpOnFailure(t testing.TB, p *process) {
+	if !t.Failed() {
+		return
+	}
+	lines := strings.Split(p.Log(), "\n")
+	if len(lines) > 80 {
+		lines = lines[len(lines)-80:]
+	}
+	t.Logf("last lines of %s:\n%s", p.name, strings.Join(lines, "\n"))
+}
+
+// unmountUnder detaches mounts a Nomad client left below dir (secrets tmpfs,
+// alloc dirs), so the directory can be removed.
+func unmountUnder(dir string) {
+	if runtime.GOOS != "linux" {
+		return
+	}
+	f, err := os.Open("/proc/self/mounts")
+	if err != nil {
+		return
+	}
+	defer f.Close()
+	var targets []string
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		fields := strings.Fields(sc.Text())
+		if len(fields) > 1 && strings.HasPrefix(fields[1], dir+"/") {
+			targets = append(targets, fields[1])
+		}
+	}
+	for i := len(targets) - 1; i >= 0; i-- {
+		syscall.Unmount(targets[i], syscall.MNT_DETACH)
+	}
+}
+
+// WaitFor polls cond until it returns nil or the timeout passes, then fails
+// the test with cond's last error.
+func WaitFor(t testing.TB, timeout time.Duration, what string, cond func() error) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	var err error
+	for {
+		if err = cond(); err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s: %v", timeout, what, err)
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+}
