@@ -1,0 +1,272 @@
+package nvml_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxh100"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/server"
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/nomad-gpu/nomad-gpu/device-plugin/gpu"
+	gpunvml "github.com/nomad-gpu/nomad-gpu/device-plugin/nvml"
+)
+
+// machine is a DGX H100 from go-nvml's mock server, completed with the readings
+// the mock leaves out, and an event queue tests push XID/ECC events into.
+type machine struct {
+	*server.Server
+	events  chan nvml.EventData
+	retired map[int]bool // pending retired pages per index
+	lost    map[int]bool
+}
+
+func newMachine(t *testing.T) *machine {
+	m := &machine{Server: dgxh100.New(), events: make(chan nvml.EventData, 8), retired: map[int]bool{}, lost: map[int]bool{}}
+	m.EventSetCreateFunc = func() (nvml.EventSet, nvml.Return) {
+		return &mock.EventSet{
+			WaitFunc: func(uint32) (nvml.EventData, nvml.Return) {
+				select {
+				case ev := <-m.events:
+					return ev, nvml.SUCCESS
+				case <-time.After(5 * time.Millisecond):
+					return nvml.EventData{}, nvml.ERROR_TIMEOUT
+				}
+			},
+			FreeFunc: func() nvml.Return { return nvml.SUCCESS },
+		}, nvml.SUCCESS
+	}
+	for i, d := range m.Devices {
+		complete(m, i, d.(*server.Device))
+	}
+	return m
+}
+
+func complete(m *machine, i int, d *server.Device) {
+	d.GetPciInfoFunc = func() (nvml.PciInfo, nvml.Return) {
+		var p nvml.PciInfo
+		for j, c := range fmt.Sprintf("00000000:%02X:00.0", 0x18+i*0x10) {
+			p.BusId[j] = int8(c)
+		}
+		return p, nvml.SUCCESS
+	}
+	d.GetPowerManagementLimitFunc = func() (uint32, nvml.Return) { return 700000, nvml.SUCCESS }
+	d.GetPowerUsageFunc = func() (uint32, nvml.Return) { return 312000, nvml.SUCCESS }
+	d.GetMaxPcieLinkGenerationFunc = func() (int, nvml.Return) { return 5, nvml.SUCCESS }
+	d.GetMaxPcieLinkWidthFunc = func() (int, nvml.Return) { return 16, nvml.SUCCESS }
+	d.GetNumaNodeIdFunc = func() (int, nvml.Return) { return i / 4, nvml.SUCCESS }
+	d.GetNvLinkStateFunc = func(link int) (nvml.EnableState, nvml.Return) {
+		if link < 18 {
+			return nvml.FEATURE_ENABLED, nvml.SUCCESS
+		}
+		return nvml.FEATURE_DISABLED, nvml.ERROR_INVALID_ARGUMENT
+	}
+	d.RegisterEventsFunc = func(uint64, nvml.EventSet) nvml.Return { return nvml.SUCCESS }
+	d.GetRetiredPagesPendingStatusFunc = func() (nvml.EnableState, nvml.Return) {
+		if m.lost[i] {
+			return 0, nvml.ERROR_GPU_IS_LOST
+		}
+		if m.retired[i] {
+			return nvml.FEATURE_ENABLED, nvml.SUCCESS
+		}
+		return nvml.FEATURE_DISABLED, nvml.SUCCESS
+	}
+	d.GetRemappedRowsFunc = func() (int, int, bool, bool, nvml.Return) { return 0, 0, false, false, nvml.SUCCESS }
+	d.GetUtilizationRatesFunc = func() (nvml.Utilization, nvml.Return) {
+		return nvml.Utilization{Gpu: uint32(10 * i), Memory: 5}, nvml.SUCCESS
+	}
+	d.GetTemperatureFunc = func(nvml.TemperatureSensors) (uint32, nvml.Return) { return 41, nvml.SUCCESS }
+	d.GetClockInfoFunc = func(nvml.ClockType) (uint32, nvml.Return) { return 1980, nvml.SUCCESS }
+	d.GetTotalEccErrorsFunc = func(t nvml.MemoryErrorType, _ nvml.EccCounterType) (uint64, nvml.Return) {
+		if t == nvml.MEMORY_ERROR_TYPE_CORRECTED {
+			return 3, nvml.SUCCESS
+		}
+		return 0, nvml.SUCCESS
+	}
+}
+
+func open(t *testing.T, m *machine) *gpunvml.Backend {
+	t.Helper()
+	b, err := gpunvml.Open(gpunvml.Options{Library: m, IgnoredXIDs: []int{13, 43}}, hclog.NewNullLogger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	return b
+}
+
+func TestOpenWithoutDriver(t *testing.T) {
+	m := newMachine(t)
+	m.InitFunc = func() nvml.Return { return nvml.ERROR_LIBRARY_NOT_FOUND }
+	_, err := gpunvml.Open(gpunvml.Options{Library: m}, hclog.NewNullLogger())
+	if !errors.Is(err, gpunvml.ErrLibraryNotFound) {
+		t.Fatalf("want ErrLibraryNotFound, got %v", err)
+	}
+	m.InitFunc = func() nvml.Return { return nvml.ERROR_DRIVER_NOT_LOADED }
+	if _, err := gpunvml.Open(gpunvml.Options{Library: m}, hclog.NewNullLogger()); err == nil ||
+		!strings.Contains(err.Error(), "initialise NVML") {
+		t.Fatalf("want an initialisation error, got %v", err)
+	}
+}
+
+func TestDevicesOfADGXH100(t *testing.T) {
+	m := newMachine(t)
+	devs, err := open(t, m).Devices(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(devs) != 8 {
+		t.Fatalf("want 8 GPUs, got %d", len(devs))
+	}
+	d := devs[1]
+	uuid, _ := m.Devices[1].GetUUID()
+	name, _ := m.Devices[1].GetName()
+	want := gpu.Device{UUID: uuid, Model: name, MemoryMiB: 81920, ComputeCapability: "9.0",
+		DriverVersion: "550.54.15", CUDAVersion: "12.4", PowerLimitW: 700, PCIeGeneration: 5, PCIeWidth: 16,
+		PCIBusID: "0000:28:00.0", NUMANode: 0, NVLinkPeers: 18, DeviceNodes: []string{"/dev/nvidia1"}}
+	if fmt.Sprint(d) != fmt.Sprint(want) {
+		t.Errorf("device 1:\n got %+v\nwant %+v", d, want)
+	}
+}
+
+func TestHealthFromEventsAndPolledConditions(t *testing.T) {
+	m := newMachine(t)
+	b := open(t, m)
+	ctx := context.Background()
+	uuid := func(i int) string { u, _ := m.Devices[i].GetUUID(); return u }
+
+	m.events <- nvml.EventData{Device: m.Devices[2], EventType: nvml.EventTypeXidCriticalError, EventData: 79}
+	m.events <- nvml.EventData{Device: m.Devices[3], EventType: nvml.EventTypeXidCriticalError, EventData: 13}
+	m.events <- nvml.EventData{Device: m.Devices[4], EventType: nvml.EventTypeDoubleBitEccError}
+	m.retired[5] = true
+	m.lost[6] = true
+
+	var h map[string]gpu.Health
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		got, _ := b.Health(ctx)
+		for k, v := range got {
+			if h == nil {
+				h = map[string]gpu.Health{}
+			}
+			if !v.Healthy || h[k].Reason == "" {
+				h[k] = v
+			}
+		}
+		if !h[uuid(2)].Healthy && !h[uuid(4)].Healthy || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	want := map[int]string{2: "XID 79", 4: "uncorrectable (double-bit) ECC", 5: "retired memory pages pending", 6: "GPU is lost"}
+	for i := 0; i < 8; i++ {
+		got := h[uuid(i)]
+		if reason, bad := want[i]; bad {
+			if got.Healthy || !strings.Contains(got.Reason, reason) {
+				t.Errorf("GPU %d: want unhealthy %q, got %+v", i, reason, got)
+			}
+		} else if !got.Healthy {
+			t.Errorf("GPU %d: want healthy (XID 13 is an application error), got %+v", i, got)
+		}
+	}
+
+	// An event is reported once; hysteresis is the plugin's job, not the backend's.
+	m.retired[5], m.lost[6] = false, false
+	h, _ = b.Health(ctx)
+	for i := 0; i < 8; i++ {
+		if !h[uuid(i)].Healthy {
+			t.Errorf("GPU %d still unhealthy after its fault cleared: %+v", i, h[uuid(i)])
+		}
+	}
+}
+
+func TestMIGInstancesAreDevicesSharingParentHealth(t *testing.T) {
+	m := newMachine(t)
+	parent := m.Devices[0].(*server.Device)
+	parent.MigMode = nvml.DEVICE_MIG_ENABLE
+	var migs []nvml.Device
+	for j := 0; j < 2; j++ {
+		j := j
+		migs = append(migs, &mock.Device{
+			GetUUIDFunc:       func() (string, nvml.Return) { return fmt.Sprintf("MIG-%d", j), nvml.SUCCESS },
+			GetNameFunc:       func() (string, nvml.Return) { return "NVIDIA H100 80GB HBM3 MIG 3g.40gb", nvml.SUCCESS },
+			GetMemoryInfoFunc: func() (nvml.Memory, nvml.Return) { return nvml.Memory{Total: 40 << 30, Used: 1 << 30}, nvml.SUCCESS },
+		})
+	}
+	parent.GetMaxMigDeviceCountFunc = func() (int, nvml.Return) { return 7, nvml.SUCCESS }
+	parent.GetMigDeviceHandleByIndexFunc = func(j int) (nvml.Device, nvml.Return) {
+		if j < len(migs) {
+			return migs[j], nvml.SUCCESS
+		}
+		return nil, nvml.ERROR_NOT_FOUND
+	}
+	b := open(t, m)
+	devs, _ := b.Devices(context.Background())
+	if len(devs) != 9 {
+		t.Fatalf("want 7 GPUs + 2 MIG instances, got %d", len(devs))
+	}
+	parentUUID, _ := parent.GetUUID()
+	var found int
+	for _, d := range devs {
+		if d.UUID == parentUUID {
+			t.Errorf("a GPU in MIG mode must not be offered whole")
+		}
+		if strings.HasPrefix(d.UUID, "MIG-") {
+			found++
+			if d.Model != "NVIDIA H100 80GB HBM3 MIG 3g.40gb" || d.MemoryMiB != 40960 || d.ParentUUID != parentUUID || !d.MIG {
+				t.Errorf("MIG instance wrong: %+v", d)
+			}
+		}
+	}
+	if found != 2 {
+		t.Fatalf("want 2 MIG instances, got %d", found)
+	}
+	m.retired[0] = true
+	h, _ := b.Health(context.Background())
+	if h["MIG-0"].Healthy || h["MIG-1"].Healthy {
+		t.Errorf("MIG instances must share their GPU's fault: %+v", h)
+	}
+	stats, _ := b.Stats(context.Background())
+	for _, s := range stats {
+		if s.UUID == "MIG-1" && (s.MemUsedMiB != 1024 || s.GPUUtilPct != gpu.Unknown) {
+			t.Errorf("MIG stats: want memory only, got %+v", s)
+		}
+	}
+}
+
+func TestStats(t *testing.T) {
+	m := newMachine(t)
+	stats, err := open(t, m).Stats(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	uuid, _ := m.Devices[3].GetUUID()
+	for _, s := range stats {
+		if s.UUID != uuid {
+			continue
+		}
+		want := gpu.Stats{UUID: uuid, GPUUtilPct: 30, MemUtilPct: 5, MemUsedMiB: 0, MemTotalMiB: 81920,
+			TemperatureC: 41, PowerW: 312, PowerLimitW: 700, SMClockMHz: 1980, ECCCorrected: 3, ECCUncorrected: 0}
+		if s != want {
+			t.Errorf("got %+v\nwant %+v", s, want)
+		}
+		return
+	}
+	t.Fatalf("no stats for %s", uuid)
+}
+
+func TestSysfsBusID(t *testing.T) {
+	var raw [32]int8
+	for i, c := range "00000000:3B:00.0" {
+		raw[i] = int8(c)
+	}
+	if got := gpunvml.SysfsBusID(raw); got != "0000:3b:00.0" {
+		t.Errorf("got %q", got)
+	}
+}

@@ -1,0 +1,278 @@
+package plugin
+
+import (
+	"context"
+	"net"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/vmihailenco/msgpack/v5"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+	"google.golang.org/grpc/test/bufconn"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/nomad-gpu/nomad-gpu/device-plugin/gpu"
+	basepb "github.com/nomad-gpu/nomad-gpu/device-plugin/proto/base"
+	devicepb "github.com/nomad-gpu/nomad-gpu/device-plugin/proto/device"
+)
+
+// testBackend is a Backend whose devices and health a test changes at will.
+type testBackend struct {
+	mu      sync.Mutex
+	devices []gpu.Device
+	health  map[string]gpu.Health
+	stats   []gpu.Stats
+}
+
+var _ Backend = (*testBackend)(nil)
+
+func (b *testBackend) Devices(context.Context) ([]gpu.Device, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return append([]gpu.Device(nil), b.devices...), nil
+}
+func (b *testBackend) Health(context.Context) (map[string]gpu.Health, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	out := map[string]gpu.Health{}
+	for k, v := range b.health {
+		out[k] = v
+	}
+	return out, nil
+}
+func (b *testBackend) Stats(context.Context) ([]gpu.Stats, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.stats, nil
+}
+func (b *testBackend) Close() error { return nil }
+
+func (b *testBackend) set(f func(b *testBackend)) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	f(b)
+}
+
+func device(uuid, model string, nodes ...string) gpu.Device {
+	return gpu.Device{UUID: uuid, Model: model, MemoryMiB: 81559, PowerLimitW: 700, PCIeGeneration: 5,
+		PCIeWidth: 16, NUMANode: 0, NVLinkPeers: 7, ComputeCapability: "9.0", PCIBusID: "0000:3b:00.0", DeviceNodes: nodes}
+}
+
+type client struct {
+	base   basepb.BasePluginClient
+	device devicepb.DevicePluginClient
+	plugin *Plugin
+}
+
+// serve runs the plugin on an in-memory gRPC connection, configured by config.
+func serve(t *testing.T, backend Backend, config map[string]any) client {
+	t.Helper()
+	p := New(hclog.NewNullLogger(), "0.1.0", func(Config) (Backend, error) { return backend, nil })
+	lis := bufconn.Listen(1 << 20)
+	srv := grpc.NewServer()
+	basepb.RegisterBasePluginServer(srv, p)
+	devicepb.RegisterDevicePluginServer(srv, p)
+	go srv.Serve(lis)
+	conn, err := grpc.NewClient("passthrough:///bufnet",
+		grpc.WithContextDialer(func(context.Context, string) (net.Conn, error) { return lis.Dial() }),
+		grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close(); srv.Stop() })
+	c := client{base: basepb.NewBasePluginClient(conn), device: devicepb.NewDevicePluginClient(conn), plugin: p}
+	b, _ := msgpack.Marshal(config)
+	if _, err := c.base.SetConfig(context.Background(), &basepb.SetConfigRequest{MsgpackConfig: b, PluginApiVersion: APIVersion}); err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+func TestPluginInfo(t *testing.T) {
+	c := serve(t, &testBackend{}, nil)
+	info, err := c.base.PluginInfo(context.Background(), &basepb.PluginInfoRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.Type != basepb.PluginType_DEVICE || info.Name != "nomad-device-gpu" ||
+		len(info.PluginApiVersions) != 1 || info.PluginApiVersions[0] != "v0.1.0" {
+		t.Errorf("unexpected plugin info %v", info)
+	}
+}
+
+func TestSetConfigRejectsBadOptionAndIsIdempotent(t *testing.T) {
+	c := serve(t, &testBackend{}, map[string]any{"backend": "fake"})
+	b, _ := msgpack.Marshal(map[string]any{"backend": "tpu"})
+	_, err := c.base.SetConfig(context.Background(), &basepb.SetConfigRequest{MsgpackConfig: b})
+	if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "option backend") {
+		t.Fatalf("want InvalidArgument naming backend, got %v", err)
+	}
+	if c.plugin.config().Backend != "fake" {
+		t.Errorf("a refused config replaced the good one")
+	}
+	for i := 0; i < 2; i++ {
+		b, _ = msgpack.Marshal(map[string]any{"ignored_gpu_ids": []string{"GPU-x"}})
+		if _, err := c.base.SetConfig(context.Background(), &basepb.SetConfigRequest{MsgpackConfig: b}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := c.plugin.config().IgnoredGPUIDs; len(got) != 1 {
+		t.Errorf("SetConfig accumulated instead of replacing: %v", got)
+	}
+}
+
+func fingerprints(t *testing.T, c client) (func() *devicepb.FingerprintResponse, context.CancelFunc) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	stream, err := c.device.Fingerprint(ctx, &devicepb.FingerprintRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(cancel)
+	return func() *devicepb.FingerprintResponse {
+		t.Helper()
+		resp, err := stream.Recv()
+		if err != nil {
+			t.Fatalf("fingerprint stream: %v", err)
+		}
+		return resp
+	}, cancel
+}
+
+func TestFingerprintHealthLostAndIgnored(t *testing.T) {
+	backend := &testBackend{devices: []gpu.Device{device("GPU-a", "H100"), device("GPU-b", "H100"),
+		device("GPU-c", "A100"), device("GPU-ignored", "H100")}}
+	c := serve(t, backend, map[string]any{"fingerprint_period": "10ms", "health_recovery": "1h",
+		"ignored_gpu_ids": []string{"GPU-ignored"}})
+	next, _ := fingerprints(t, c)
+
+	first := next()
+	if len(first.DeviceGroup) != 2 || first.DeviceGroup[0].DeviceName != "A100" || len(first.DeviceGroup[1].Devices) != 2 {
+		t.Fatalf("want groups A100 (1) and H100 (2, ignored one left out), got %v", first)
+	}
+	g := first.DeviceGroup[1]
+	if g.Vendor != "nvidia" || g.DeviceType != "gpu" || g.Attributes["memory"].GetIntVal() != 81559 ||
+		g.Attributes["memory"].Unit != "MiB" || g.Devices[0].HwLocality.GetPciBusId() != "0000:3b:00.0" {
+		t.Errorf("group fields wrong: %v", g)
+	}
+
+	backend.set(func(b *testBackend) { b.health = map[string]gpu.Health{"GPU-a": {Reason: "XID 48"}} })
+	resp := next()
+	if d := find(resp, "GPU-a"); d.Healthy || d.HealthDescription != "XID 48" {
+		t.Errorf("fault not reported: %v", d)
+	}
+
+	backend.set(func(b *testBackend) { b.health = nil; b.devices = b.devices[1:] })
+	resp = next()
+	if d := find(resp, "GPU-a"); d == nil || d.Healthy || !strings.Contains(d.HealthDescription, "lost") {
+		t.Errorf("a vanished GPU must stay listed as lost, got %v", d)
+	}
+	if d := find(resp, "GPU-b"); !d.Healthy {
+		t.Errorf("GPU-b affected: %v", d)
+	}
+}
+
+func TestFingerprintWhenDisabledReportsNothingAndStaysOpen(t *testing.T) {
+	c := serve(t, &testBackend{devices: []gpu.Device{device("GPU-a", "H100")}}, map[string]any{"enabled": false})
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	stream, err := c.device.Fingerprint(ctx, &devicepb.FingerprintRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp, err := stream.Recv(); err != nil || len(resp.DeviceGroup) != 0 {
+		t.Fatalf("want one empty fingerprint, got %v %v", resp, err)
+	}
+	if _, err := stream.Recv(); status.Code(err) != codes.DeadlineExceeded {
+		t.Fatalf("the stream must stay open until Nomad cancels it, got %v", err)
+	}
+}
+
+func find(resp *devicepb.FingerprintResponse, id string) *devicepb.DetectedDevice {
+	for _, g := range resp.DeviceGroup {
+		for _, d := range g.Devices {
+			if d.ID == id {
+				return d
+			}
+		}
+	}
+	return nil
+}
+
+func TestReserve(t *testing.T) {
+	dir := t.TempDir()
+	node0 := dir + "/nvidia0"
+	os.WriteFile(node0, nil, 0o600)
+	backend := &testBackend{devices: []gpu.Device{device("GPU-a", "H100", node0), device("GPU-b", "H100", dir+"/nvidia1")}}
+	c := serve(t, backend, map[string]any{"fingerprint_period": "1h"})
+	next, _ := fingerprints(t, c)
+	next()
+	ctx := context.Background()
+
+	resp, err := c.device.Reserve(ctx, &devicepb.ReserveRequest{DeviceIds: []string{"GPU-a", "GPU-b"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	envs := resp.ContainerRes.Envs
+	if envs["NVIDIA_VISIBLE_DEVICES"] != "GPU-a,GPU-b" || envs["CUDA_VISIBLE_DEVICES"] != "GPU-a,GPU-b" {
+		t.Errorf("envs = %v", envs)
+	}
+	if len(resp.ContainerRes.Devices) != 1 || resp.ContainerRes.Devices[0].HostPath != node0 ||
+		resp.ContainerRes.Devices[0].Permissions != "rwm" {
+		t.Errorf("want only the device node that exists on the host, got %v", resp.ContainerRes.Devices)
+	}
+
+	_, err = c.device.Reserve(ctx, &devicepb.ReserveRequest{DeviceIds: []string{"GPU-a", "GPU-zzz"}})
+	if status.Code(err) != codes.NotFound || !strings.Contains(err.Error(), "GPU-zzz") {
+		t.Errorf("unknown id: want NotFound naming it, got %v", err)
+	}
+
+	resp, err = c.device.Reserve(ctx, &devicepb.ReserveRequest{})
+	if err != nil || resp.ContainerRes == nil {
+		t.Errorf("an empty request must still get a container reservation: %v %v", resp, err)
+	}
+}
+
+func TestStatsStreamHasTimestampsAndUnknowns(t *testing.T) {
+	s := gpu.UnknownStats("GPU-a")
+	s.GPUUtilPct, s.MemUsedMiB, s.MemTotalMiB = 42, 1024, 81559
+	backend := &testBackend{devices: []gpu.Device{device("GPU-a", "H100")},
+		stats: []gpu.Stats{s, {UUID: "GPU-not-fingerprinted"}}}
+	c := serve(t, backend, map[string]any{"fingerprint_period": "1h"})
+	next, _ := fingerprints(t, c)
+	next()
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	stream, err := c.device.Stats(ctx, &devicepb.StatsRequest{CollectionInterval: durationpb.New(10 * time.Millisecond)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 2; i++ {
+		resp, err := stream.Recv()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(resp.Groups) != 1 || len(resp.Groups[0].InstanceStats) != 1 {
+			t.Fatalf("want stats of the fingerprinted GPU only, got %v", resp)
+		}
+		st := resp.Groups[0].InstanceStats["GPU-a"]
+		if st.Timestamp == nil || st.Summary.IntNumeratorVal.GetValue() != 42 {
+			t.Errorf("summary/timestamp wrong: %v", st)
+		}
+		mem := st.Stats.Attributes[StatMemory]
+		if mem.IntNumeratorVal.GetValue() != 1024 || mem.IntDenominatorVal.GetValue() != 81559 {
+			t.Errorf("memory state wrong: %v", mem)
+		}
+		if temp := st.Stats.Attributes[StatTemperature]; temp.StringVal.GetValue() != "N/A" {
+			t.Errorf("an unreadable value must be N/A, got %v", temp)
+		}
+	}
+}
