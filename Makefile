@@ -10,8 +10,11 @@ PROTO_DIR := device-plugin/proto
 PROTOS    := $(wildcard $(PROTO_DIR)/*/*.proto)
 PROTOC_GEN_GO_VERSION      := v1.36.12
 PROTOC_GEN_GO_GRPC_VERSION := v1.5.1
-STATICCHECK_VERSION        := 2025.1.1
+STATICCHECK_VERSION        := v0.8.2
 DEMO_DIR  ?= $(CURDIR)/.demo
+# go-nvml's cgo bindings warn about every deprecated NVML call.
+export CGO_CFLAGS ?= -Wno-deprecated-declarations
+TEST_TIMEOUT ?= 30m
 
 .PHONY: help
 help: ## Show the targets
@@ -20,6 +23,34 @@ help: ## Show the targets
 .PHONY: build
 build: ## Build nomad-device-gpu and gpu-broker into bin/
 	$(GO) build -trimpath -o $(BIN_DIR)/ ./cmd/...
+
+.PHONY: test
+test: ## Unit and integration tests (real Nomad and Consul from `make tools`)
+	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./...
+
+.PHONY: test-unit
+test-unit: ## Unit tests only (no agents)
+	$(GO) test -race -count=1 -short ./...
+
+.PHONY: lint
+lint: ## gofmt, go vet and staticcheck
+	@out=$$(gofmt -l $$(git ls-files '*.go' | grep -v '\.pb\.go$$')); \
+	  if [ -n "$$out" ]; then echo "gofmt would change: $$out"; exit 1; fi
+	$(GO) vet ./...
+	@[ -x $(TOOLS_DIR)/bin/staticcheck ] || GOBIN=$(TOOLS_DIR)/bin $(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
+	$(TOOLS_DIR)/bin/staticcheck ./...
+
+.PHONY: bench
+bench: ## Benchmarks, side by side with ratios to each group's baseline
+	$(GO) test -run '^$$' -bench . -benchmem -benchtime $(or $(BENCHTIME),1s) ./... | awk -f scripts/benchtable.awk
+
+.PHONY: demo
+demo: tools build ## Local Consul + Nomad (2 clients x 8 simulated H100) with the plugin
+	DEMO_DIR=$(DEMO_DIR) ./scripts/demo.sh up
+
+.PHONY: demo-down
+demo-down: ## Stop the demo and remove everything it left
+	DEMO_DIR=$(DEMO_DIR) ./scripts/demo.sh down
 
 .PHONY: tools
 tools: ## Build Nomad v1.6.3 and Consul v1.16.3 from the Go module proxy into TOOLS_DIR (once per machine)

@@ -35,6 +35,9 @@ func ToolsDir() string {
 // is skipped locally, but fails in CI (CI=true), where a skip would hide it.
 func Binary(t testing.TB, name string) string {
 	t.Helper()
+	if testing.Short() {
+		t.Skip("integration test: needs real agents, skipped with -short")
+	}
 	path := filepath.Join(ToolsDir(), "bin", name)
 	if _, err := os.Stat(path); err == nil {
 		return path
