@@ -1,0 +1,334 @@
+package policy
+
+import (
+	"fmt"
+	"math/big"
+	"sort"
+
+	"github.com/hashicorp/hcl/v2"
+	"github.com/hashicorp/hcl/v2/gohcl"
+	"github.com/hashicorp/hcl/v2/hclsyntax"
+	"github.com/zclconf/go-cty/cty"
+)
+
+var fileSchema = &hcl.BodySchema{Blocks: []hcl.BlockHeaderSchema{
+	{Type: "queue", LabelNames: []string{"name"}},
+	{Type: "tenant", LabelNames: []string{"name"}},
+	{Type: "gpu_class", LabelNames: []string{"name"}},
+	{Type: "borrowing"},
+	{Type: "preemption"},
+}}
+
+type queueBody struct {
+	Priority int     `hcl:"priority"`
+	Workload *string `hcl:"workload,optional"`
+}
+
+type tenantBody struct {
+	Namespaces []string       `hcl:"namespaces"`
+	Queues     []string       `hcl:"queues"`
+	Guaranteed hcl.Expression `hcl:"guaranteed,optional"`
+	Limit      hcl.Expression `hcl:"limit,optional"`
+}
+
+type classBody struct {
+	Models []string `hcl:"models"`
+}
+
+type borrowingBody struct {
+	Enabled  *bool `hcl:"enabled,optional"`
+	Priority *int  `hcl:"priority,optional"`
+}
+
+type preemptionBody struct {
+	Batch   *bool `hcl:"batch,optional"`
+	Service *bool `hcl:"service,optional"`
+}
+
+// Defaults of the optional blocks.
+const defaultBorrowingPriority = 20
+
+// Parse reads a policy set from file contents keyed by file name. capacity is
+// the cluster's GPU count for the over-commitment warning (0: unknown, no check).
+func Parse(files map[string][]byte, capacity int) (*Policy, hcl.Diagnostics) {
+	p := &Policy{Queues: map[string]*Queue{}, Tenants: map[string]*Tenant{}, Classes: map[string]*GPUClass{},
+		Borrowing: Borrowing{Priority: defaultBorrowingPriority}, Preemption: Preemption{Batch: true, Service: true},
+		byNamespace: map[string]*Tenant{}}
+	var diags hcl.Diagnostics
+	var tenantBlocks []*hcl.Block
+	var tenantBodies []tenantBody
+	seenSingleton := map[string]hcl.Range{}
+
+	names := make([]string, 0, len(files))
+	for name := range files {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	for _, name := range names {
+		f, d := hclsyntax.ParseConfig(files[name], name, hcl.InitialPos)
+		diags = append(diags, d...)
+		if f == nil {
+			continue
+		}
+		content, d := f.Body.Content(fileSchema)
+		diags = append(diags, d...)
+		if content == nil {
+			continue
+		}
+		for _, b := range content.Blocks {
+			switch b.Type {
+			case "queue":
+				var qb queueBody
+				if d := gohcl.DecodeBody(b.Body, nil, &qb); d.HasErrors() {
+					diags = append(diags, d...)
+					continue
+				}
+				q := &Queue{Name: b.Labels[0], Priority: qb.Priority, Workload: b.Labels[0], Range: b.DefRange}
+				if qb.Workload != nil {
+					q.Workload = *qb.Workload
+				}
+				if prev, dup := p.Queues[q.Name]; dup {
+					diags = append(diags, duplicate("queue", q.Name, b.DefRange, prev.Range))
+					continue
+				}
+				if q.Priority < 1 || q.Priority > 100 {
+					diags = append(diags, errorAt(b.DefRange, "Queue priority out of range",
+						fmt.Sprintf("queue %q has priority %d; Nomad priorities run from 1 to 100", q.Name, q.Priority)))
+				}
+				p.Queues[q.Name] = q
+			case "tenant":
+				var tb tenantBody
+				if d := gohcl.DecodeBody(b.Body, nil, &tb); d.HasErrors() {
+					diags = append(diags, d...)
+					continue
+				}
+				tenantBlocks, tenantBodies = append(tenantBlocks, b), append(tenantBodies, tb)
+			case "gpu_class":
+				var cb classBody
+				if d := gohcl.DecodeBody(b.Body, nil, &cb); d.HasErrors() {
+					diags = append(diags, d...)
+					continue
+				}
+				c := &GPUClass{Name: b.Labels[0], Models: cb.Models, Range: b.DefRange}
+				if prev, dup := p.Classes[c.Name]; dup {
+					diags = append(diags, duplicate("gpu_class", c.Name, b.DefRange, prev.Range))
+					continue
+				}
+				if len(c.Models) == 0 {
+					diags = append(diags, errorAt(b.DefRange, "GPU class without models",
+						fmt.Sprintf("gpu_class %q must list at least one model (device name)", c.Name)))
+				}
+				p.Classes[c.Name] = c
+			case "borrowing", "preemption":
+				if prev, dup := seenSingleton[b.Type]; dup {
+					diags = append(diags, duplicate(b.Type, "", b.DefRange, prev))
+					continue
+				}
+				seenSingleton[b.Type] = b.DefRange
+				diags = append(diags, decodeSingleton(p, b)...)
+			}
+		}
+	}
+	for i, b := range tenantBlocks {
+		diags = append(diags, p.addTenant(b, tenantBodies[i])...)
+	}
+	diags = append(diags, p.check(capacity, seenSingleton["borrowing"])...)
+	if diags.HasErrors() {
+		return nil, diags
+	}
+	return p, diags
+}
+
+func decodeSingleton(p *Policy, b *hcl.Block) hcl.Diagnostics {
+	if b.Type == "borrowing" {
+		var bb borrowingBody
+		d := gohcl.DecodeBody(b.Body, nil, &bb)
+		if bb.Enabled != nil {
+			p.Borrowing.Enabled = *bb.Enabled
+		}
+		if bb.Priority != nil {
+			p.Borrowing.Priority = *bb.Priority
+		}
+		return d
+	}
+	var pb preemptionBody
+	d := gohcl.DecodeBody(b.Body, nil, &pb)
+	if pb.Batch != nil {
+		p.Preemption.Batch = *pb.Batch
+	}
+	if pb.Service != nil {
+		p.Preemption.Service = *pb.Service
+	}
+	return d
+}
+
+func (p *Policy) addTenant(b *hcl.Block, tb tenantBody) hcl.Diagnostics {
+	var diags hcl.Diagnostics
+	t := &Tenant{Name: b.Labels[0], Namespaces: tb.Namespaces, Queues: tb.Queues, Range: b.DefRange}
+	if prev, dup := p.Tenants[t.Name]; dup {
+		return hcl.Diagnostics{duplicate("tenant", t.Name, b.DefRange, prev.Range)}
+	}
+	p.Tenants[t.Name] = t
+	if len(t.Queues) == 0 {
+		diags = append(diags, errorAt(b.DefRange, "Default queue missing",
+			fmt.Sprintf("tenant %q lists no queues; the first one is its default queue", t.Name)))
+	}
+	for _, q := range t.Queues {
+		if _, ok := p.Queues[q]; !ok {
+			diags = append(diags, errorAt(b.DefRange, "Unknown queue",
+				fmt.Sprintf("tenant %q uses queue %q, which no queue block defines", t.Name, q)))
+		}
+	}
+	for _, ns := range t.Namespaces {
+		if other, taken := p.byNamespace[ns]; taken {
+			diags = append(diags, errorAt(b.DefRange, "Namespace claimed twice",
+				fmt.Sprintf("namespace %q belongs to tenant %q (%s) and to tenant %q; a namespace belongs to one tenant",
+					ns, other.Name, other.Range, t.Name)))
+			continue
+		}
+		p.byNamespace[ns] = t
+	}
+	var d hcl.Diagnostics
+	t.Guaranteed, d = p.quota(tb.Guaranteed, "guaranteed", t.Name)
+	diags = append(diags, d...)
+	t.Limit, d = p.quota(tb.Limit, "limit", t.Name)
+	diags = append(diags, d...)
+	if t.Limit == nil {
+		t.Limit = t.Guaranteed // no limit given: never beyond the guarantee
+	}
+	for class, g := range t.Guaranteed {
+		if l, ok := t.Limit[class]; ok && g > l {
+			diags = append(diags, errorAt(tb.Guaranteed.Range(), "Guarantee above limit",
+				fmt.Sprintf("tenant %q is guaranteed %d %s but limited to %d", t.Name, g, className(class), l)))
+		}
+	}
+	if t.Guaranteed == nil {
+		t.Guaranteed = Quota{}
+	}
+	return diags
+}
+
+// quota reads `n` (all GPUs) or `{ class = n, ... }`.
+func (p *Policy) quota(expr hcl.Expression, attr, tenant string) (Quota, hcl.Diagnostics) {
+	if expr == nil {
+		return nil, nil
+	}
+	v, diags := expr.Value(nil)
+	if diags.HasErrors() || v.IsNull() {
+		return nil, diags
+	}
+	bad := func(detail string) (Quota, hcl.Diagnostics) {
+		return nil, hcl.Diagnostics{errorAt(expr.Range(), "Invalid quota", fmt.Sprintf("tenant %q %s: %s", tenant, attr, detail))}
+	}
+	count := func(v cty.Value) (int, bool) {
+		if v.Type() != cty.Number || v.IsNull() || !v.IsKnown() {
+			return 0, false
+		}
+		n, acc := v.AsBigFloat().Int64()
+		return int(n), acc == big.Exact && n >= 0 && n <= 1_000_000
+	}
+	if v.Type() == cty.Number {
+		n, ok := count(v)
+		if !ok {
+			return bad("a quota is a whole number of GPUs, 0 or more")
+		}
+		return Quota{AllGPUs: n}, nil
+	}
+	if !v.Type().IsObjectType() && !v.Type().IsMapType() {
+		return bad("write a number of GPUs, or { <gpu_class> = <number>, ... }")
+	}
+	q := Quota{}
+	for k, cv := range v.AsValueMap() {
+		if _, ok := p.Classes[k]; !ok {
+			return bad(fmt.Sprintf("unknown GPU class %q (define it with a gpu_class block)", k))
+		}
+		n, ok := count(cv)
+		if !ok {
+			return bad(fmt.Sprintf("class %q: a quota is a whole number of GPUs, 0 or more", k))
+		}
+		q[k] = n
+	}
+	return q, nil
+}
+
+// check runs the whole-set rules: bands, borrowing below queues, capacity.
+func (p *Policy) check(capacity int, borrowingRange hcl.Range) hcl.Diagnostics {
+	var diags hcl.Diagnostics
+	queues := make([]*Queue, 0, len(p.Queues))
+	for _, q := range p.Queues {
+		queues = append(queues, q)
+	}
+	sort.Slice(queues, func(i, j int) bool { return queues[i].Priority < queues[j].Priority })
+	for i := 1; i < len(queues); i++ {
+		lo, hi := queues[i-1], queues[i]
+		if hi.Priority-lo.Priority < MinPriorityGap {
+			diags = append(diags, warningAt(hi.Range, "Queue bands too close",
+				fmt.Sprintf("queues %q (%d) and %q (%d) are less than %d apart: Nomad will not preempt one for the other",
+					hi.Name, hi.Priority, lo.Name, lo.Priority, MinPriorityGap)))
+		}
+	}
+	if p.Borrowing.Enabled && len(queues) > 0 {
+		lowest := queues[0]
+		switch {
+		case p.Borrowing.Priority >= lowest.Priority:
+			diags = append(diags, errorAt(borrowingRange, "Borrowing band not below every queue",
+				fmt.Sprintf("borrowing priority %d must be below queue %q (%d), or borrowed work could not be preempted",
+					p.Borrowing.Priority, lowest.Name, lowest.Priority)))
+		case lowest.Priority-p.Borrowing.Priority < MinPriorityGap:
+			diags = append(diags, warningAt(borrowingRange, "Borrowing band too close",
+				fmt.Sprintf("borrowing priority %d is less than %d below queue %q (%d): Nomad will not preempt borrowed work for it",
+					p.Borrowing.Priority, MinPriorityGap, lowest.Name, lowest.Priority)))
+		}
+	}
+	if capacity > 0 {
+		total := 0
+		for _, t := range p.Tenants {
+			total += t.Guaranteed.Total()
+		}
+		if total > capacity {
+			diags = append(diags, &hcl.Diagnostic{Severity: hcl.DiagWarning, Summary: "Guarantees exceed capacity",
+				Detail: fmt.Sprintf("tenants are guaranteed %d GPUs in all, the cluster has %d", total, capacity)})
+		}
+	}
+	return diags
+}
+
+// Total is the quota's count of all GPUs: the AllGPUs key, or the sum of classes.
+func (q Quota) Total() int {
+	if n, ok := q[AllGPUs]; ok {
+		return n
+	}
+	total := 0
+	for _, n := range q {
+		total += n
+	}
+	return total
+}
+
+func className(class string) string {
+	if class == AllGPUs {
+		return "GPUs"
+	}
+	return class + " GPUs"
+}
+
+func duplicate(kind, name string, at, prev hcl.Range) *hcl.Diagnostic {
+	what := kind
+	if name != "" {
+		what = fmt.Sprintf("%s %q", kind, name)
+	}
+	return errorAt(at, "Duplicate "+kind, fmt.Sprintf("%s is already defined at %s", what, prev))
+}
+
+func errorAt(r hcl.Range, summary, detail string) *hcl.Diagnostic {
+	return &hcl.Diagnostic{Severity: hcl.DiagError, Summary: summary, Detail: detail, Subject: r.Ptr()}
+}
+
+func warningAt(r hcl.Range, summary, detail string) *hcl.Diagnostic {
+	d := errorAt(r, summary, detail)
+	d.Severity = hcl.DiagWarning
+	if r.Filename == "" {
+		d.Subject = nil
+	}
+	return d
+}

@@ -1,0 +1,160 @@
+// Package policy reads the broker's HCL policy files: queues, tenants and their
+// GPU quotas, GPU classes, borrowing and preemption. Every problem is reported as
+// an HCL diagnostic with the file:line:col it is about.
+package policy
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+
+	"github.com/hashicorp/hcl/v2"
+)
+
+// AllGPUs is the quota key that counts every GPU, whatever its class.
+const AllGPUs = ""
+
+// MinPriorityGap is how far apart Nomad job priorities must be for the higher
+// one to preempt the lower.
+const MinPriorityGap = 10
+
+// Policy is a validated policy set.
+type Policy struct {
+	Queues     map[string]*Queue
+	Tenants    map[string]*Tenant
+	Classes    map[string]*GPUClass
+	Borrowing  Borrowing
+	Preemption Preemption
+
+	byNamespace map[string]*Tenant
+}
+
+// Queue maps a class of work to a Nomad priority band.
+type Queue struct {
+	Name     string
+	Priority int
+	Workload string
+	Range    hcl.Range
+}
+
+// Tenant owns Nomad namespaces and has GPU quotas.
+type Tenant struct {
+	Name       string
+	Namespaces []string
+	Queues     []string // the first is the default
+	Guaranteed Quota
+	Limit      Quota
+	Range      hcl.Range
+}
+
+// Quota is a number of GPUs per class; the AllGPUs key counts every GPU.
+type Quota map[string]int
+
+// GPUClass groups GPU models (device names) under one quota name.
+type GPUClass struct {
+	Name   string
+	Models []string
+	Range  hcl.Range
+}
+
+// Borrowing lets a tenant use idle GPUs beyond its guarantee at a low,
+// preemptible priority.
+type Borrowing struct {
+	Enabled  bool
+	Priority int
+}
+
+// Preemption is written to Nomad's scheduler configuration.
+type Preemption struct {
+	Batch   bool
+	Service bool
+}
+
+// TenantOf returns the tenant that owns a namespace, or nil.
+func (p *Policy) TenantOf(namespace string) *Tenant { return p.byNamespace[namespace] }
+
+// DefaultQueue is the tenant's first queue.
+func (t *Tenant) DefaultQueue() string { return t.Queues[0] }
+
+// Allows reports whether the tenant may submit to queue.
+func (t *Tenant) Allows(queue string) bool {
+	for _, q := range t.Queues {
+		if q == queue {
+			return true
+		}
+	}
+	return false
+}
+
+// ClassOf returns the GPU class a device name (model) belongs to, or "".
+func (p *Policy) ClassOf(model string) string {
+	for _, c := range p.sortedClasses() {
+		for _, m := range c.Models {
+			if matchModel(m, model) {
+				return c.Name
+			}
+		}
+	}
+	return ""
+}
+
+func (p *Policy) sortedClasses() []*GPUClass {
+	out := make([]*GPUClass, 0, len(p.Classes))
+	for _, c := range p.Classes {
+		out = append(out, c)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
+}
+
+// matchModel compares a class pattern with a device name: exact, or a prefix
+// when the pattern ends in "*".
+func matchModel(pattern, model string) bool {
+	if prefix, ok := strings.CutSuffix(pattern, "*"); ok {
+		return strings.HasPrefix(model, prefix)
+	}
+	return pattern == model
+}
+
+// LoadDir reads every *.hcl file of dir as one policy set. The policy is nil
+// when the diagnostics hold an error; warnings come with a valid policy.
+func LoadDir(dir string, capacity int) (*Policy, hcl.Diagnostics) {
+	paths, err := filepath.Glob(filepath.Join(dir, "*.hcl"))
+	if err != nil || len(paths) == 0 {
+		return nil, hcl.Diagnostics{{Severity: hcl.DiagError, Summary: "No policy files",
+			Detail: fmt.Sprintf("%s holds no *.hcl files", dir)}}
+	}
+	sort.Strings(paths)
+	files := map[string][]byte{}
+	for _, path := range paths {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return nil, hcl.Diagnostics{{Severity: hcl.DiagError, Summary: "Cannot read policy file", Detail: err.Error()}}
+		}
+		files[path] = b
+	}
+	return Parse(files, capacity)
+}
+
+// FormatDiagnostics renders diagnostics as `file:line:col: severity: message`, one a line.
+func FormatDiagnostics(diags hcl.Diagnostics) string {
+	var sb strings.Builder
+	for _, d := range diags {
+		sev := "error"
+		if d.Severity == hcl.DiagWarning {
+			sev = "warning"
+		}
+		msg := d.Summary
+		if d.Detail != "" {
+			msg += ": " + d.Detail
+		}
+		if d.Subject != nil {
+			fmt.Fprintf(&sb, "%s:%d:%d: %s: %s\n", d.Subject.Filename, d.Subject.Start.Line, d.Subject.Start.Column, sev, msg)
+		} else {
+			fmt.Fprintf(&sb, "%s: %s\n", sev, msg)
+		}
+	}
+	return sb.String()
+}
