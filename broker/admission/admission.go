@@ -1,0 +1,219 @@
+// Package admission decides what happens to a GPU job: admit it at its queue's
+// priority, admit it as borrowed (preemptible) capacity, queue it, or reject it.
+// It is pure: everything it needs comes in as arguments, nothing is read or written.
+package admission
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+
+	"github.com/nomad-gpu/nomad-gpu/broker/policy"
+)
+
+// Outcome is what the broker does with a job.
+type Outcome string
+
+const (
+	Admit         Outcome = "admit"
+	AdmitBorrowed Outcome = "admit-borrowed"
+	Queue         Outcome = "queue"
+	Reject        Outcome = "reject"
+)
+
+// Rules that refuse a job, named in the answer a user sees.
+const (
+	RuleUnmappedNamespace = "unmapped-namespace"
+	RuleQueueNotAllowed   = "queue-not-allowed"
+	RuleAboveLimit        = "above-limit"
+	RuleNoNodeFits        = "no-node-fits"
+	RuleUnknownClass      = "unknown-gpu-class"
+)
+
+// Job is the GPU demand of a job, as admission sees it.
+type Job struct {
+	ID        string
+	Namespace string
+	Queue     string // from the job meta; empty means the tenant's default
+	Groups    []Group
+}
+
+// Group is one task group's GPU demand.
+type Group struct {
+	Name         string
+	Count        int    // allocations
+	GPUsPerAlloc int    // GPUs each allocation asks for, all tasks together
+	Model        string // the device name asked for, if the job names a model
+}
+
+// Usage is the cluster as the broker sees it when deciding.
+type Usage struct {
+	Tenants  map[string]TenantUsage
+	Idle     policy.Quota // healthy GPUs nobody holds, by class and in all
+	MaxAlloc policy.Quota // most healthy GPUs on any one node, by class and in all
+}
+
+// TenantUsage is what a tenant holds now.
+type TenantUsage struct {
+	Used     policy.Quota // every GPU it holds, borrowed ones included
+	Borrowed policy.Quota // of which held at the borrowing band
+}
+
+// Decision is the outcome and everything needed to apply and explain it.
+type Decision struct {
+	Outcome  Outcome
+	Tenant   string
+	Queue    string
+	Workload string
+	Priority int // Nomad job priority for an admitted job
+	Demand   policy.Quota
+	Rule     string // for Reject
+	Reason   string // one sentence a user can act on
+}
+
+// Demand sums GPUs per class (and in all) over the job's groups.
+func Demand(p *policy.Policy, job Job) (policy.Quota, []string) {
+	d := policy.Quota{}
+	var unclassified []string
+	for _, g := range job.Groups {
+		n := g.Count * g.GPUsPerAlloc
+		if n == 0 {
+			continue
+		}
+		d[policy.AllGPUs] += n
+		if g.Model == "" {
+			unclassified = append(unclassified, g.Name)
+			continue
+		}
+		if c := p.ClassOf(g.Model); c != "" {
+			d[c] += n
+		} else {
+			unclassified = append(unclassified, g.Name)
+		}
+	}
+	return d, unclassified
+}
+
+// Decide applies the policy to a job: reject, else admit within the guarantee,
+// else admit borrowed within the limit when enough GPUs are idle, else queue.
+func Decide(p *policy.Policy, job Job, u Usage) Decision {
+	demand, unclassified := Demand(p, job)
+	d := Decision{Demand: demand}
+	if demand[policy.AllGPUs] == 0 {
+		d.Outcome, d.Reason = Admit, "no GPU demand"
+		return d
+	}
+	tenant := p.TenantOf(job.Namespace)
+	if tenant == nil {
+		return reject(d, RuleUnmappedNamespace, fmt.Sprintf("namespace %q belongs to no tenant, so it may not use GPUs", job.Namespace))
+	}
+	d.Tenant = tenant.Name
+	d.Queue = job.Queue
+	if d.Queue == "" {
+		d.Queue = tenant.DefaultQueue()
+	}
+	if !tenant.Allows(d.Queue) {
+		return reject(d, RuleQueueNotAllowed, fmt.Sprintf("tenant %q may not use queue %q (allowed: %s)",
+			tenant.Name, d.Queue, strings.Join(tenant.Queues, ", ")))
+	}
+	q := p.Queues[d.Queue]
+	d.Workload = q.Workload
+	if len(unclassified) > 0 && !hasKey(tenant.Limit, policy.AllGPUs) {
+		return reject(d, RuleUnknownClass, fmt.Sprintf("task group %q asks for GPUs of no known class, and tenant %q has quotas per class only (%s): ask for a model such as nvidia/gpu/<model>",
+			unclassified[0], tenant.Name, strings.Join(keys(tenant.Limit), ", ")))
+	}
+	for _, class := range keys(demand) {
+		if limit, ok := tenant.Limit[class]; ok && demand[class] > limit {
+			return reject(d, RuleAboveLimit, fmt.Sprintf("the job needs %d %s, above tenant %q's limit of %d",
+				demand[class], gpus(class), tenant.Name, limit))
+		}
+		if class != policy.AllGPUs && !hasKey(tenant.Limit, class) && !hasKey(tenant.Limit, policy.AllGPUs) {
+			return reject(d, RuleUnknownClass, fmt.Sprintf("tenant %q has no quota for %s", tenant.Name, gpus(class)))
+		}
+	}
+	for _, g := range job.Groups {
+		class := p.ClassOf(g.Model)
+		if class == "" {
+			class = policy.AllGPUs
+		}
+		if g.GPUsPerAlloc > u.MaxAlloc[class] {
+			return reject(d, RuleNoNodeFits, fmt.Sprintf("task group %q needs %d %s in one allocation, but no node has more than %d",
+				g.Name, g.GPUsPerAlloc, gpus(class), u.MaxAlloc[class]))
+		}
+	}
+
+	used := u.Tenants[tenant.Name].Used
+	if within(used, demand, tenant.Guaranteed, true) {
+		d.Outcome, d.Priority = Admit, q.Priority
+		d.Reason = fmt.Sprintf("within tenant %q's guarantee", tenant.Name)
+		return d
+	}
+	if !within(used, demand, tenant.Limit, false) {
+		d.Outcome = Queue
+		d.Reason = fmt.Sprintf("tenant %q would hold %d of its limit of %d GPUs; queued until its own jobs free GPUs",
+			tenant.Name, used[policy.AllGPUs]+demand[policy.AllGPUs], tenant.Limit.Total())
+		return d
+	}
+	if p.Borrowing.Enabled && within(policy.Quota{}, demand, u.Idle, true) {
+		d.Outcome, d.Priority = AdmitBorrowed, p.Borrowing.Priority
+		d.Reason = fmt.Sprintf("beyond tenant %q's guarantee on idle GPUs: borrowed, preemptible at priority %d", tenant.Name, p.Borrowing.Priority)
+		return d
+	}
+	d.Outcome = Queue
+	if !p.Borrowing.Enabled {
+		d.Reason = fmt.Sprintf("beyond tenant %q's guarantee and borrowing is off; queued until its own jobs free GPUs", tenant.Name)
+	} else {
+		d.Reason = fmt.Sprintf("beyond tenant %q's guarantee and only %d GPUs are idle; queued until GPUs free", tenant.Name, u.Idle[policy.AllGPUs])
+	}
+	return d
+}
+
+// within reports whether used+demand stays inside quota for every class the
+// quota names. With strict, GPUs the quota does not cover (a class it lacks, or
+// GPUs of no class) fail unless the quota counts all GPUs.
+func within(used, demand, quota policy.Quota, strict bool) bool {
+	total := hasKey(quota, policy.AllGPUs)
+	classified := 0
+	for class, n := range demand {
+		if class != policy.AllGPUs {
+			classified += n
+		}
+		limit, ok := quota[class]
+		if !ok {
+			if strict && !total && class != policy.AllGPUs {
+				return false
+			}
+			continue
+		}
+		if used[class]+n > limit {
+			return false
+		}
+	}
+	return !strict || total || demand[policy.AllGPUs] <= classified
+}
+
+func reject(d Decision, rule, reason string) Decision {
+	d.Outcome, d.Rule, d.Reason = Reject, rule, reason
+	return d
+}
+
+func hasKey(q policy.Quota, k string) bool {
+	_, ok := q[k]
+	return ok
+}
+
+func keys(q policy.Quota) []string {
+	out := make([]string, 0, len(q))
+	for k := range q {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}
+
+func gpus(class string) string {
+	if class == policy.AllGPUs {
+		return "GPUs"
+	}
+	return class + " GPUs"
+}

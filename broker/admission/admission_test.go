@@ -1,0 +1,132 @@
+package admission_test
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/nomad-gpu/nomad-gpu/broker/admission"
+	"github.com/nomad-gpu/nomad-gpu/broker/policy"
+)
+
+const h100 = "NVIDIA H100 80GB HBM3"
+
+func testPolicy(t testing.TB, borrowing bool) *policy.Policy {
+	t.Helper()
+	src := `
+queue "inference" { priority = 80 }
+queue "training" { priority = 60 }
+queue "dev" { priority = 40 }
+gpu_class "h100" { models = ["NVIDIA H100*"] }
+gpu_class "a100" { models = ["NVIDIA A100*"] }
+tenant "vision" {
+  namespaces = ["vision"]
+  queues     = ["training", "dev"]
+  guaranteed = 8
+  limit      = 16
+}
+tenant "search" {
+  namespaces = ["search", "search-canary"]
+  queues     = ["inference"]
+  guaranteed = 4
+  limit      = 4
+}
+tenant "research" {
+  namespaces = ["research"]
+  queues     = ["dev"]
+  guaranteed = { h100 = 2 }
+  limit      = { h100 = 4 }
+}
+borrowing {
+  enabled  = ` + map[bool]string{true: "true", false: "false"}[borrowing] + `
+  priority = 20
+}`
+	p, diags := policy.Parse(map[string][]byte{"p.hcl": []byte(src)}, 0)
+	if diags.HasErrors() {
+		t.Fatal(policy.FormatDiagnostics(diags))
+	}
+	return p
+}
+
+// jobBuilder makes admission jobs in one line a case.
+type jobBuilder struct{ admission.Job }
+
+func job(ns string) *jobBuilder { return &jobBuilder{admission.Job{ID: "j", Namespace: ns}} }
+
+func (b *jobBuilder) gpus(count, perAlloc int) *jobBuilder {
+	b.Groups = append(b.Groups, admission.Group{Name: "g", Count: count, GPUsPerAlloc: perAlloc})
+	return b
+}
+
+func (b *jobBuilder) model(m string) *jobBuilder {
+	b.Groups[len(b.Groups)-1].Model = m
+	return b
+}
+
+func (b *jobBuilder) queue(q string) *jobBuilder { b.Queue = q; return b }
+
+// cluster is 16 GPUs (8 a node, all H100) with some held.
+func cluster(idle int, used map[string]int) admission.Usage {
+	u := admission.Usage{Tenants: map[string]admission.TenantUsage{},
+		Idle:     policy.Quota{"": idle, "h100": idle},
+		MaxAlloc: policy.Quota{"": 8, "h100": 8}}
+	for tenant, n := range used {
+		u.Tenants[tenant] = admission.TenantUsage{Used: policy.Quota{"": n, "h100": n}}
+	}
+	return u
+}
+
+func TestDecide(t *testing.T) {
+	cases := []struct {
+		name      string
+		borrowOff bool
+		job       *jobBuilder
+		usage     admission.Usage
+		outcome   admission.Outcome
+		priority  int
+		rule      string
+		reason    string
+	}{
+		{name: "no GPUs: admitted untouched", job: job("anything"), usage: cluster(16, nil), outcome: admission.Admit},
+		{name: "unmapped namespace", job: job("default").gpus(1, 1), usage: cluster(16, nil),
+			outcome: admission.Reject, rule: admission.RuleUnmappedNamespace, reason: `namespace "default" belongs to no tenant`},
+		{name: "queue not allowed", job: job("vision").gpus(1, 1).queue("inference"), usage: cluster(16, nil),
+			outcome: admission.Reject, rule: admission.RuleQueueNotAllowed, reason: `tenant "vision" may not use queue "inference" (allowed: training, dev)`},
+		{name: "above limit", job: job("vision").gpus(17, 1), usage: cluster(16, nil),
+			outcome: admission.Reject, rule: admission.RuleAboveLimit, reason: `the job needs 17 GPUs, above tenant "vision"'s limit of 16`},
+		{name: "no node fits", job: job("vision").gpus(1, 9), usage: cluster(16, nil),
+			outcome: admission.Reject, rule: admission.RuleNoNodeFits, reason: `needs 9 GPUs in one allocation, but no node has more than 8`},
+		{name: "unknown class for a per-class tenant", job: job("research").gpus(1, 1), usage: cluster(16, nil),
+			outcome: admission.Reject, rule: admission.RuleUnknownClass, reason: `GPUs of no known class`},
+		{name: "class the tenant has no quota for", job: job("research").gpus(1, 1).model("NVIDIA A100-SXM4-40GB"), usage: cluster(16, nil),
+			outcome: admission.Reject, rule: admission.RuleUnknownClass, reason: `no quota for a100 GPUs`},
+		{name: "within guarantee: queue band", job: job("vision").gpus(2, 4), usage: cluster(16, nil),
+			outcome: admission.Admit, priority: 60},
+		{name: "default queue vs chosen queue", job: job("vision").gpus(1, 1).queue("dev"), usage: cluster(16, nil),
+			outcome: admission.Admit, priority: 40},
+		{name: "second namespace of a tenant", job: job("search-canary").gpus(1, 1), usage: cluster(16, nil),
+			outcome: admission.Admit, priority: 80},
+		{name: "guarantee even with no idle GPUs (Nomad preempts borrowed work)", job: job("search").gpus(4, 1),
+			usage: cluster(0, map[string]int{"vision": 16}), outcome: admission.Admit, priority: 80},
+		{name: "beyond guarantee on idle GPUs: borrowed", job: job("vision").gpus(1, 4), usage: cluster(8, map[string]int{"vision": 8}),
+			outcome: admission.AdmitBorrowed, priority: 20},
+		{name: "beyond guarantee, not enough idle: queued", job: job("vision").gpus(1, 4), usage: cluster(2, map[string]int{"vision": 8}),
+			outcome: admission.Queue, reason: "only 2 GPUs are idle"},
+		{name: "beyond guarantee, borrowing off: queued", borrowOff: true, job: job("vision").gpus(1, 4), usage: cluster(8, map[string]int{"vision": 8}),
+			outcome: admission.Queue, reason: "borrowing is off"},
+		{name: "over limit with what it holds: queued", job: job("search").gpus(1, 1), usage: cluster(12, map[string]int{"search": 4}),
+			outcome: admission.Queue, reason: `tenant "search" would hold 5 of its limit of 4 GPUs`},
+		{name: "per-class guarantee", job: job("research").gpus(2, 1).model(h100), usage: cluster(16, nil),
+			outcome: admission.Admit, priority: 40},
+		{name: "per-class borrowing", job: job("research").gpus(3, 1).model(h100), usage: cluster(16, nil),
+			outcome: admission.AdmitBorrowed, priority: 20},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			d := admission.Decide(testPolicy(t, !c.borrowOff), c.job.Job, c.usage)
+			if d.Outcome != c.outcome || d.Priority != c.priority || d.Rule != c.rule || !strings.Contains(d.Reason, c.reason) {
+				t.Errorf("got %s prio %d rule %q: %s\nwant %s prio %d rule %q, reason containing %q",
+					d.Outcome, d.Priority, d.Rule, d.Reason, c.outcome, c.priority, c.rule, c.reason)
+			}
+		})
+	}
+}
