@@ -1,0 +1,94 @@
+package cluster
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/hashicorp/nomad/api"
+
+	"github.com/nomad-gpu/nomad-gpu/broker/nomadjob"
+)
+
+// Source is what the view is kept from: a full listing, then events after its index.
+type Source interface {
+	List(ctx context.Context) (nodes []*api.Node, jobs []*api.Job, index uint64, err error)
+	Events(ctx context.Context, index uint64) (<-chan *api.Events, error)
+}
+
+// Follow lists everything once, then applies Nomad's events from that index on;
+// when the stream breaks it lists everything again (a missed event must not leave
+// the view wrong). It returns when ctx ends.
+func (v *View) Follow(ctx context.Context, src Source, log hclog.Logger) {
+	backoff := time.Second
+	for ctx.Err() == nil {
+		err := v.followOnce(ctx, src)
+		if ctx.Err() != nil {
+			return
+		}
+		log.Warn("cluster view: event stream broke, resyncing", "error", err, "after", backoff)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(backoff):
+		}
+		backoff = min(backoff*2, 30*time.Second)
+	}
+}
+
+func (v *View) followOnce(ctx context.Context, src Source) error {
+	nodes, jobs, index, err := src.List(ctx)
+	if err != nil {
+		return fmt.Errorf("list cluster: %w", err)
+	}
+	v.Reset(nodes, jobs)
+	events, err := src.Events(ctx, index+1)
+	if err != nil {
+		return fmt.Errorf("open event stream: %w", err)
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case batch, ok := <-events:
+			if !ok {
+				return fmt.Errorf("event stream closed")
+			}
+			if batch.Err != nil {
+				return batch.Err
+			}
+			for i := range batch.Events {
+				if err := v.apply(&batch.Events[i]); err != nil {
+					return err
+				}
+			}
+		}
+	}
+}
+
+func (v *View) apply(e *api.Event) error {
+	switch e.Topic {
+	case api.TopicNode:
+		n, err := e.Node()
+		if err != nil || n == nil {
+			return fmt.Errorf("decode node event: %v", err)
+		}
+		if e.Type == "NodeDeregistration" {
+			v.ForgetNode(n.ID)
+		} else {
+			v.ObserveNode(n)
+		}
+	case api.TopicJob:
+		j, err := e.Job()
+		if err != nil || j == nil {
+			return fmt.Errorf("decode job event: %v", err)
+		}
+		if e.Type == "JobDeregistered" || e.Type == "JobBatchDeregistered" {
+			v.ForgetJob(nomadjob.Namespace(j, ""), *j.ID)
+		} else {
+			v.ObserveJob(j)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,46 @@
+package queue_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/nomad-gpu/nomad-gpu/broker/policy"
+	"github.com/nomad-gpu/nomad-gpu/broker/queue"
+)
+
+func TestOrder(t *testing.T) {
+	p, diags := policy.Parse(map[string][]byte{"p.hcl": []byte(`
+queue "inference" { priority = 80 }
+queue "training" { priority = 60 }
+tenant "a" {
+  namespaces = ["a"]
+  queues = ["training", "inference"]
+  guaranteed = 4
+  limit = 8
+}
+tenant "b" {
+  namespaces = ["b"]
+  queues = ["training"]
+  guaranteed = 4
+  limit = 8
+}`)}, 0)
+	if diags.HasErrors() {
+		t.Fatal(diags)
+	}
+	now := time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC)
+	entries := []queue.Entry{
+		{ID: "a-training-old", Tenant: "a", Queue: "training", SubmittedAt: now.Add(-10 * time.Minute)},
+		{ID: "b-training-new", Tenant: "b", Queue: "training", SubmittedAt: now.Add(-time.Minute)},
+		{ID: "a-inference", Tenant: "a", Queue: "inference", SubmittedAt: now},
+		{ID: "b-training-older", Tenant: "b", Queue: "training", SubmittedAt: now.Add(-20 * time.Minute)},
+		{ID: "a-training-starving", Tenant: "a", Queue: "training", SubmittedAt: now.Add(-3 * time.Hour)},
+	}
+	// a holds 6 of 4 guaranteed, b 2 of 4: b goes first within a band.
+	queue.Order(entries, p, map[string]int{"a": 6, "b": 2}, now)
+	want := []string{"a-training-starving", "a-inference", "b-training-older", "b-training-new", "a-training-old"}
+	for i, e := range entries {
+		if e.ID != want[i] {
+			t.Fatalf("position %d: got %s, want order %v", i, e.ID, want)
+		}
+	}
+}

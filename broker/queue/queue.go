@@ -1,0 +1,148 @@
+// Package queue holds jobs the broker could not admit yet: durable entries in
+// Consul KV, and the order in which the leader admits them.
+package queue
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sort"
+	"time"
+
+	consul "github.com/hashicorp/consul/api"
+
+	"github.com/nomad-gpu/nomad-gpu/broker/policy"
+)
+
+// Entry is one queued job, with everything needed to register it later.
+type Entry struct {
+	ID          string          `json:"id"`
+	JobID       string          `json:"job_id"`
+	Namespace   string          `json:"namespace"`
+	Tenant      string          `json:"tenant"`
+	Queue       string          `json:"queue"`
+	Demand      int             `json:"demand"`
+	Reason      string          `json:"reason"` // why it was queued
+	SubmittedBy string          `json:"submitted_by"`
+	SubmittedAt time.Time       `json:"submitted_at"`
+	Request     json.RawMessage `json:"request"` // the register request body, as the user sent it
+	Token       string          `json:"-"`       // never stored: admission from the queue uses the broker's token
+
+	ModifyIndex uint64 `json:"-"` // Consul's, for check-and-set
+}
+
+// ErrNotFound is returned for an id that is not queued.
+var ErrNotFound = errors.New("no such queued job")
+
+// Store keeps entries under <prefix>queue/ in Consul KV.
+type Store struct {
+	kv     *consul.KV
+	prefix string
+}
+
+// NewStore returns a store under prefix (e.g. "nomad-gpu/").
+func NewStore(kv *consul.KV, prefix string) *Store {
+	return &Store{kv: kv, prefix: prefix + "queue/"}
+}
+
+// Put writes an entry.
+func (s *Store) Put(ctx context.Context, e Entry) error {
+	b, err := json.Marshal(e)
+	if err != nil {
+		return fmt.Errorf("encode queue entry %s: %w", e.ID, err)
+	}
+	if _, err := s.kv.Put(&consul.KVPair{Key: s.prefix + e.ID, Value: b}, (&consul.WriteOptions{}).WithContext(ctx)); err != nil {
+		return fmt.Errorf("store queue entry %s: %w", e.ID, err)
+	}
+	return nil
+}
+
+// List returns every entry.
+func (s *Store) List(ctx context.Context) ([]Entry, error) {
+	pairs, _, err := s.kv.List(s.prefix, (&consul.QueryOptions{}).WithContext(ctx))
+	if err != nil {
+		return nil, fmt.Errorf("list queue: %w", err)
+	}
+	out := make([]Entry, 0, len(pairs))
+	for _, p := range pairs {
+		e, err := decode(p)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, e)
+	}
+	return out, nil
+}
+
+// Get returns one entry.
+func (s *Store) Get(ctx context.Context, id string) (Entry, error) {
+	p, _, err := s.kv.Get(s.prefix+id, (&consul.QueryOptions{}).WithContext(ctx))
+	if err != nil {
+		return Entry{}, fmt.Errorf("read queue entry %s: %w", id, err)
+	}
+	if p == nil {
+		return Entry{}, fmt.Errorf("queue entry %s: %w", id, ErrNotFound)
+	}
+	return decode(p)
+}
+
+// Remove deletes an entry if it has not changed since it was read; false means
+// another broker got there first.
+func (s *Store) Remove(ctx context.Context, e Entry) (bool, error) {
+	ok, _, err := s.kv.DeleteCAS(&consul.KVPair{Key: s.prefix + e.ID, ModifyIndex: e.ModifyIndex}, (&consul.WriteOptions{}).WithContext(ctx))
+	if err != nil {
+		return false, fmt.Errorf("remove queue entry %s: %w", e.ID, err)
+	}
+	return ok, nil
+}
+
+func decode(p *consul.KVPair) (Entry, error) {
+	var e Entry
+	if err := json.Unmarshal(p.Value, &e); err != nil {
+		return e, fmt.Errorf("decode queue entry %s: %w", p.Key, err)
+	}
+	e.ModifyIndex = p.ModifyIndex
+	return e, nil
+}
+
+// AgingStep is how much waiting raises an entry: one queue band (10 priority
+// points) per step, so nothing waits behind newer work forever.
+const AgingStep = 30 * time.Minute
+
+// Order sorts entries in admission order: effective queue priority (the queue's
+// priority raised by age), then the tenant's share (used / guaranteed, lowest
+// first), then age.
+func Order(entries []Entry, p *policy.Policy, used map[string]int, now time.Time) {
+	prio := func(e Entry) int {
+		base := 0
+		if q, ok := p.Queues[e.Queue]; ok {
+			base = q.Priority
+		}
+		return base + policy.MinPriorityGap*int(now.Sub(e.SubmittedAt)/AgingStep)
+	}
+	share := func(e Entry) float64 {
+		t, ok := p.Tenants[e.Tenant]
+		if !ok {
+			return 1
+		}
+		g := t.Guaranteed.Total()
+		if g == 0 {
+			return float64(used[e.Tenant]) + 1 // no guarantee: after every tenant within its own
+		}
+		return float64(used[e.Tenant]) / float64(g)
+	}
+	sort.SliceStable(entries, func(i, j int) bool {
+		a, b := entries[i], entries[j]
+		if pa, pb := prio(a), prio(b); pa != pb {
+			return pa > pb
+		}
+		if sa, sb := share(a), share(b); sa != sb {
+			return sa < sb
+		}
+		if !a.SubmittedAt.Equal(b.SubmittedAt) {
+			return a.SubmittedAt.Before(b.SubmittedAt)
+		}
+		return a.ID < b.ID
+	})
+}
