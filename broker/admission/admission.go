@@ -68,8 +68,15 @@ type Decision struct {
 	Priority int // Nomad job priority for an admitted job
 	Demand   policy.Quota
 	Rule     string // for Reject
+	WaitsFor string // for Queue: WaitLimit or WaitCapacity
 	Reason   string // one sentence a user can act on
 }
+
+// What a queued job waits for.
+const (
+	WaitLimit    = "limit"    // its tenant's own jobs to free quota
+	WaitCapacity = "capacity" // GPUs to become idle
+)
 
 // Demand sums GPUs per class (and in all) over the job's groups.
 func Demand(p *policy.Policy, job Job) (policy.Quota, []string) {
@@ -149,7 +156,7 @@ func Decide(p *policy.Policy, job Job, u Usage) Decision {
 		return d
 	}
 	if !within(used, demand, tenant.Limit, false) {
-		d.Outcome = Queue
+		d.Outcome, d.WaitsFor = Queue, WaitLimit
 		d.Reason = fmt.Sprintf("tenant %q would hold %d of its limit of %d GPUs; queued until its own jobs free GPUs",
 			tenant.Name, used[policy.AllGPUs]+demand[policy.AllGPUs], tenant.Limit.Total())
 		return d
@@ -159,7 +166,7 @@ func Decide(p *policy.Policy, job Job, u Usage) Decision {
 		d.Reason = fmt.Sprintf("beyond tenant %q's guarantee on idle GPUs: borrowed, preemptible at priority %d", tenant.Name, p.Borrowing.Priority)
 		return d
 	}
-	d.Outcome = Queue
+	d.Outcome, d.WaitsFor = Queue, WaitCapacity
 	if !p.Borrowing.Enabled {
 		d.Reason = fmt.Sprintf("beyond tenant %q's guarantee and borrowing is off; queued until its own jobs free GPUs", tenant.Name)
 	} else {

@@ -122,7 +122,11 @@ func (v *View) ForgetJob(namespace, id string) {
 // Usage is the admission snapshot under a policy. A live job counts with its
 // whole declared demand, placed or not, so that two quick submissions cannot
 // both take the same GPUs or the same quota.
-func (v *View) Usage(p *policy.Policy) admission.Usage {
+func (v *View) Usage(p *policy.Policy) admission.Usage { return v.UsageWithout(p, "", "") }
+
+// UsageWithout is Usage as if the job namespace/id did not exist: the snapshot
+// for deciding on a new version of that job.
+func (v *View) UsageWithout(p *policy.Policy, namespace, id string) admission.Usage {
 	v.mu.RLock()
 	defer v.mu.RUnlock()
 	u := admission.Usage{Tenants: map[string]admission.TenantUsage{}, Idle: policy.Quota{}, MaxAlloc: policy.Quota{}}
@@ -147,6 +151,9 @@ func (v *View) Usage(p *policy.Policy) admission.Usage {
 	}
 	held := policy.Quota{}
 	for key, j := range v.jobs {
+		if key == (jobKey{namespace, id}) {
+			continue
+		}
 		demand, _ := admission.Demand(p, admission.Job{Groups: j.groups})
 		for class, n := range demand {
 			held[class] += n

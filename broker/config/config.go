@@ -1,0 +1,118 @@
+// Package config reads the broker's own configuration (broker.hcl): where it
+// listens, where its policies are, and how it reaches Nomad and Consul.
+package config
+
+import (
+	"fmt"
+	"net"
+	"os"
+	"strings"
+
+	"github.com/hashicorp/hcl/v2"
+	"github.com/hashicorp/hcl/v2/gohcl"
+	"github.com/hashicorp/hcl/v2/hclsyntax"
+
+	"github.com/nomad-gpu/nomad-gpu/broker/policy"
+)
+
+// Config is the broker's configuration after defaults and environment.
+type Config struct {
+	Listen    string  `hcl:"listen,optional"`
+	PolicyDir string  `hcl:"policy_dir,optional"`
+	Nomad     *Nomad  `hcl:"nomad,block"`
+	Consul    *Consul `hcl:"consul,block"`
+}
+
+// Nomad is how the broker reaches Nomad's HTTP API.
+type Nomad struct {
+	Address string `hcl:"address,optional"`
+	Token   string `hcl:"token,optional"`
+	TLS     *TLS   `hcl:"tls,block"`
+}
+
+// Consul is how the broker reaches Consul, and where its keys live.
+type Consul struct {
+	Address  string `hcl:"address,optional"`
+	Token    string `hcl:"token,optional"`
+	KVPrefix string `hcl:"kv_prefix,optional"`
+	TLS      *TLS   `hcl:"tls,block"`
+}
+
+// TLS files for a client connection.
+type TLS struct {
+	CAFile   string `hcl:"ca_file,optional"`
+	CertFile string `hcl:"cert_file,optional"`
+	KeyFile  string `hcl:"key_file,optional"`
+}
+
+// Defaults.
+const (
+	DefaultListen   = "127.0.0.1:4649"
+	DefaultNomad    = "http://127.0.0.1:4646"
+	DefaultConsul   = "127.0.0.1:8500"
+	DefaultKVPrefix = "nomad-gpu/"
+)
+
+// Load reads path (empty: no file), fills what it leaves out from NOMAD_ADDR,
+// NOMAD_TOKEN, CONSUL_HTTP_ADDR, CONSUL_HTTP_TOKEN and the defaults, and validates.
+func Load(path string) (*Config, error) {
+	c := &Config{}
+	if path != "" {
+		src, err := os.ReadFile(path)
+		if err != nil {
+			return nil, fmt.Errorf("read broker config: %w", err)
+		}
+		f, diags := hclsyntax.ParseConfig(src, path, hcl.InitialPos)
+		if !diags.HasErrors() {
+			diags = gohcl.DecodeBody(f.Body, nil, c)
+		}
+		if diags.HasErrors() {
+			return nil, fmt.Errorf("broker config:\n%s", strings.TrimSpace(policy.FormatDiagnostics(diags)))
+		}
+	}
+	c.fill(os.Getenv)
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+func (c *Config) fill(env func(string) string) {
+	if c.Nomad == nil {
+		c.Nomad = &Nomad{}
+	}
+	if c.Consul == nil {
+		c.Consul = &Consul{}
+	}
+	first := func(dst *string, values ...string) {
+		for _, v := range values {
+			if *dst == "" {
+				*dst = v
+			}
+		}
+	}
+	first(&c.Listen, DefaultListen)
+	first(&c.PolicyDir, "policies")
+	first(&c.Nomad.Address, env("NOMAD_ADDR"), DefaultNomad)
+	first(&c.Nomad.Token, env("NOMAD_TOKEN"))
+	first(&c.Consul.Address, env("CONSUL_HTTP_ADDR"), DefaultConsul)
+	first(&c.Consul.Token, env("CONSUL_HTTP_TOKEN"))
+	first(&c.Consul.KVPrefix, DefaultKVPrefix)
+	if !strings.HasSuffix(c.Consul.KVPrefix, "/") {
+		c.Consul.KVPrefix += "/"
+	}
+}
+
+// Validate checks what can be checked without connecting.
+func (c *Config) Validate() error {
+	if _, _, err := net.SplitHostPort(c.Listen); err != nil {
+		return fmt.Errorf("broker config: listen %q is not host:port: %w", c.Listen, err)
+	}
+	if !strings.HasPrefix(c.Nomad.Address, "http://") && !strings.HasPrefix(c.Nomad.Address, "https://") {
+		return fmt.Errorf("broker config: nomad.address %q must start with http:// or https://", c.Nomad.Address)
+	}
+	if fi, err := os.Stat(c.PolicyDir); err != nil || !fi.IsDir() {
+		return fmt.Errorf("broker config: policy_dir %q is not a directory", c.PolicyDir)
+	}
+	return nil
+}

@@ -1,0 +1,44 @@
+package config
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func TestLoadFillsFromEnvironmentAndDefaults(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "broker.hcl")
+	os.WriteFile(path, []byte(`
+policy_dir = "`+dir+`"
+consul {
+  kv_prefix = "gpus"
+}
+`), 0o644)
+	t.Setenv("NOMAD_ADDR", "http://127.0.0.1:5646")
+	t.Setenv("NOMAD_TOKEN", "secret")
+	t.Setenv("CONSUL_HTTP_ADDR", "")
+	c, err := Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Listen != DefaultListen || c.Nomad.Address != "http://127.0.0.1:5646" || c.Nomad.Token != "secret" ||
+		c.Consul.Address != DefaultConsul || c.Consul.KVPrefix != "gpus/" {
+		t.Errorf("got %+v %+v %+v", c, c.Nomad, c.Consul)
+	}
+}
+
+func TestLoadNamesTheProblem(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "broker.hcl")
+	os.WriteFile(path, []byte("listen = \"127.0.0.1:4649\"\nnomad {\n  adress = \"x\"\n}\n"), 0o644)
+	_, err := Load(path)
+	if err == nil || !strings.Contains(err.Error(), "broker.hcl:3:3: error: Unsupported argument") {
+		t.Fatalf("want file:line of the unknown key, got %v", err)
+	}
+	os.WriteFile(path, []byte(`policy_dir = "/nonexistent"`), 0o644)
+	if _, err := Load(path); err == nil || !strings.Contains(err.Error(), `policy_dir "/nonexistent"`) {
+		t.Fatalf("want the policy_dir named, got %v", err)
+	}
+}

@@ -1,0 +1,137 @@
+// Package nomadapi is the broker's adapter to Nomad's HTTP API: listing and
+// following the cluster, registering jobs the broker admits from its queue, and
+// setting the scheduler's preemption.
+package nomadapi
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+
+	"github.com/hashicorp/nomad/api"
+
+	"github.com/nomad-gpu/nomad-gpu/broker/cluster"
+)
+
+// Client talks to Nomad with the broker's own token.
+type Client struct {
+	api     *api.Client
+	address string
+	token   string
+	http    *http.Client
+}
+
+var _ cluster.Source = (*Client)(nil)
+
+// New returns a client for address with token.
+func New(address, token string, tls *api.TLSConfig) (*Client, error) {
+	cfg := api.DefaultConfig()
+	cfg.Address, cfg.SecretID = address, token
+	if tls != nil {
+		cfg.TLSConfig = tls
+	}
+	c, err := api.NewClient(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("nomad client for %s: %w", address, err)
+	}
+	hc := cfg.HttpClient
+	if hc == nil {
+		hc = &http.Client{}
+		if tls != nil {
+			if err := api.ConfigureTLS(hc, tls); err != nil {
+				return nil, fmt.Errorf("nomad TLS: %w", err)
+			}
+		}
+	}
+	return &Client{api: c, address: address, token: token, http: hc}, nil
+}
+
+// HTTPClient is the HTTP client configured for Nomad (TLS included).
+func (c *Client) HTTPClient() *http.Client { return c.http }
+
+// List returns every node and every live job (all namespaces) with the index
+// the event stream should resume after.
+func (c *Client) List(ctx context.Context) ([]*api.Node, []*api.Job, uint64, error) {
+	q := (&api.QueryOptions{}).WithContext(ctx)
+	stubs, meta, err := c.api.Nodes().List(q)
+	if err != nil {
+		return nil, nil, 0, fmt.Errorf("list nodes: %w", err)
+	}
+	index := meta.LastIndex
+	nodes := make([]*api.Node, 0, len(stubs))
+	for _, s := range stubs {
+		n, _, err := c.api.Nodes().Info(s.ID, q)
+		if err != nil {
+			return nil, nil, 0, fmt.Errorf("read node %s: %w", s.ID, err)
+		}
+		nodes = append(nodes, n)
+	}
+	all := (&api.QueryOptions{Namespace: "*"}).WithContext(ctx)
+	jobStubs, meta, err := c.api.Jobs().List(all)
+	if err != nil {
+		return nil, nil, 0, fmt.Errorf("list jobs: %w", err)
+	}
+	index = max(index, meta.LastIndex)
+	var jobs []*api.Job
+	for _, s := range jobStubs {
+		if s.Stop || s.Status == "dead" {
+			continue
+		}
+		j, _, err := c.api.Jobs().Info(s.ID, (&api.QueryOptions{Namespace: s.Namespace}).WithContext(ctx))
+		if err != nil {
+			return nil, nil, 0, fmt.Errorf("read job %s/%s: %w", s.Namespace, s.ID, err)
+		}
+		jobs = append(jobs, j)
+	}
+	return nodes, jobs, index, nil
+}
+
+// Events streams node and job events of every namespace from index.
+func (c *Client) Events(ctx context.Context, index uint64) (<-chan *api.Events, error) {
+	topics := map[api.Topic][]string{api.TopicNode: {"*"}, api.TopicJob: {"*"}}
+	return c.api.EventStream().Stream(ctx, topics, index, &api.QueryOptions{Namespace: "*"})
+}
+
+// Register sends a job register request body (as a user would) to Nomad.
+func (c *Client) Register(ctx context.Context, namespace string, body []byte) error {
+	u := c.address + "/v1/jobs?namespace=" + url.QueryEscape(namespace)
+	req, err := http.NewRequestWithContext(ctx, http.MethodPut, u, bytes.NewReader(body))
+	if err != nil {
+		return err
+	}
+	if c.token != "" {
+		req.Header.Set("X-Nomad-Token", c.token)
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return fmt.Errorf("register job: %w", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+		return fmt.Errorf("register job: Nomad answered %d: %s", resp.StatusCode, bytes.TrimSpace(msg))
+	}
+	return nil
+}
+
+// SetPreemption switches Nomad's preemption for batch and service jobs,
+// keeping the rest of the scheduler configuration.
+func (c *Client) SetPreemption(ctx context.Context, batch, service bool) error {
+	cur, _, err := c.api.Operator().SchedulerGetConfiguration((&api.QueryOptions{}).WithContext(ctx))
+	if err != nil {
+		return fmt.Errorf("read scheduler configuration: %w", err)
+	}
+	cfg := cur.SchedulerConfig
+	if cfg.PreemptionConfig.BatchSchedulerEnabled == batch && cfg.PreemptionConfig.ServiceSchedulerEnabled == service {
+		return nil
+	}
+	cfg.PreemptionConfig.BatchSchedulerEnabled = batch
+	cfg.PreemptionConfig.ServiceSchedulerEnabled = service
+	if _, _, err := c.api.Operator().SchedulerSetConfiguration(cfg, (&api.WriteOptions{}).WithContext(ctx)); err != nil {
+		return fmt.Errorf("set scheduler preemption: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,86 @@
+package policy
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/hashicorp/hcl/v2"
+)
+
+// Store holds the policy in force and reloads it; an invalid set is refused and
+// the last good one kept.
+type Store struct {
+	dir      string
+	log      hclog.Logger
+	capacity func() int
+	current  atomic.Pointer[Policy]
+	stamp    string
+}
+
+// NewStore loads dir; it fails when the first load is invalid.
+func NewStore(dir string, capacity func() int, log hclog.Logger) (*Store, hcl.Diagnostics) {
+	s := &Store{dir: dir, log: log, capacity: capacity}
+	p, diags := LoadDir(dir, capacity())
+	if p == nil {
+		return nil, diags
+	}
+	s.current.Store(p)
+	s.stamp = dirStamp(dir)
+	return s, diags
+}
+
+// Current is the policy in force.
+func (s *Store) Current() *Policy { return s.current.Load() }
+
+// Reload reads the files again; it reports whether the new set took effect.
+func (s *Store) Reload() bool {
+	p, diags := LoadDir(s.dir, s.capacity())
+	s.stamp = dirStamp(s.dir)
+	if p == nil {
+		s.log.Error("policy reload refused, the last good policy stays in force", "dir", s.dir,
+			"diagnostics", FormatDiagnostics(diags))
+		return false
+	}
+	if len(diags) > 0 {
+		s.log.Warn("policy warnings", "diagnostics", FormatDiagnostics(diags))
+	}
+	s.current.Store(p)
+	s.log.Info("policy loaded", "dir", s.dir, "queues", len(p.Queues), "tenants", len(p.Tenants))
+	return true
+}
+
+// Watch reloads on a signal from hup and whenever a file of the directory
+// changes (checked every interval), until ctx ends.
+func (s *Store) Watch(ctx context.Context, hup <-chan os.Signal, interval time.Duration) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-hup:
+			s.Reload()
+		case <-t.C:
+			if dirStamp(s.dir) != s.stamp {
+				s.Reload()
+			}
+		}
+	}
+}
+
+// dirStamp changes whenever a policy file is added, removed or modified.
+func dirStamp(dir string) string {
+	paths, _ := filepath.Glob(filepath.Join(dir, "*.hcl"))
+	stamp := ""
+	for _, p := range paths {
+		if fi, err := os.Stat(p); err == nil {
+			stamp += fmt.Sprintf("%s %d %d\n", p, fi.ModTime().UnixNano(), fi.Size())
+		}
+	}
+	return stamp
+}

@@ -1,0 +1,111 @@
+package server
+
+import (
+	"errors"
+	"net/http"
+	"sort"
+	"strings"
+
+	"github.com/nomad-gpu/nomad-gpu/broker/policy"
+	"github.com/nomad-gpu/nomad-gpu/broker/queue"
+)
+
+// TenantUsage is one row of GET /v1/gpu/usage.
+type TenantUsage struct {
+	Tenant     string `json:"tenant"`
+	Used       int    `json:"used"`
+	Borrowed   int    `json:"borrowed"`
+	Guaranteed int    `json:"guaranteed"`
+	Limit      int    `json:"limit"`
+	Queued     int    `json:"queued"`
+}
+
+// QueuedJob is an entry of GET /v1/gpu/queue, with its place in admission order.
+type QueuedJob struct {
+	Position int `json:"position"`
+	queue.Entry
+}
+
+func (s *Server) serveGPU(w http.ResponseWriter, r *http.Request) {
+	path := strings.TrimPrefix(r.URL.Path, "/v1/gpu/")
+	switch {
+	case path == "usage" && r.Method == http.MethodGet:
+		s.usage(w, r)
+	case path == "queue" && r.Method == http.MethodGet:
+		entries, err := s.ordered(r)
+		if err != nil {
+			writeError(w, http.StatusServiceUnavailable, "nomad-gpu: %v", err)
+			return
+		}
+		out := make([]QueuedJob, len(entries))
+		for i, e := range entries {
+			out[i] = QueuedJob{Position: i + 1, Entry: e}
+		}
+		writeJSON(w, http.StatusOK, out)
+	case strings.HasPrefix(path, "queue/"):
+		s.queueEntry(w, r, strings.TrimPrefix(path, "queue/"))
+	default:
+		writeError(w, http.StatusNotFound, "nomad-gpu: no such endpoint %s %s", r.Method, r.URL.Path)
+	}
+}
+
+func (s *Server) queueEntry(w http.ResponseWriter, r *http.Request, id string) {
+	e, err := s.queue.Get(r.Context(), id)
+	if errors.Is(err, queue.ErrNotFound) {
+		writeError(w, http.StatusNotFound, "nomad-gpu: no queued job %q (admitted, cancelled or never queued)", id)
+		return
+	}
+	if err != nil {
+		writeError(w, http.StatusServiceUnavailable, "nomad-gpu: %v", err)
+		return
+	}
+	switch r.Method {
+	case http.MethodGet:
+		writeJSON(w, http.StatusOK, QueuedJob{Position: s.position(r, id), Entry: e})
+	case http.MethodDelete:
+		ok, err := s.queue.Remove(r.Context(), e)
+		if err != nil || !ok {
+			writeError(w, http.StatusConflict, "nomad-gpu: queued job %q changed or was admitted meanwhile: %v", id, err)
+			return
+		}
+		s.log.Info("queue: cancelled", "id", id, "job", e.JobID, "namespace", e.Namespace, "by", s.identity(r))
+		writeJSON(w, http.StatusOK, e)
+	default:
+		writeError(w, http.StatusMethodNotAllowed, "nomad-gpu: %s not allowed on %s", r.Method, r.URL.Path)
+	}
+}
+
+// ordered lists the queue in admission order.
+func (s *Server) ordered(r *http.Request) ([]queue.Entry, error) {
+	entries, err := s.queue.List(r.Context())
+	if err != nil {
+		return nil, err
+	}
+	p := s.policies.Current()
+	u := s.cluster.UsageWithout(p, "", "")
+	used := map[string]int{}
+	for t, tu := range u.Tenants {
+		used[t] = tu.Used.Total()
+	}
+	queue.Order(entries, p, used, s.now())
+	return entries, nil
+}
+
+func (s *Server) usage(w http.ResponseWriter, r *http.Request) {
+	p := s.policies.Current()
+	u := s.cluster.UsageWithout(p, "", "")
+	queued := map[string]int{}
+	if entries, err := s.queue.List(r.Context()); err == nil {
+		for _, e := range entries {
+			queued[e.Tenant] += e.Demand
+		}
+	}
+	out := make([]TenantUsage, 0, len(p.Tenants))
+	for name, t := range p.Tenants {
+		tu := u.Tenants[name]
+		out = append(out, TenantUsage{Tenant: name, Used: tu.Used[policy.AllGPUs], Borrowed: tu.Borrowed[policy.AllGPUs],
+			Guaranteed: t.Guaranteed.Total(), Limit: t.Limit.Total(), Queued: queued[name]})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Tenant < out[j].Tenant })
+	writeJSON(w, http.StatusOK, out)
+}

@@ -1,0 +1,134 @@
+package main
+
+import (
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"os"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/nomad-gpu/nomad-gpu/broker/server"
+)
+
+// client runs the queue and usage commands against a broker's /v1/gpu API.
+func client(args []string) int {
+	fs := flag.NewFlagSet(args[0], flag.ContinueOnError)
+	addr := fs.String("address", envOr("GPU_BROKER_ADDR", "http://127.0.0.1:4649"), "broker address")
+	asJSON := fs.Bool("json", false, "print JSON")
+	rest := args[1:]
+	sub := ""
+	if args[0] == "queue" {
+		if len(rest) == 0 {
+			fmt.Fprintln(os.Stderr, "usage: gpu-broker queue list|show ID|cancel ID [-address ADDR] [-json]")
+			return 2
+		}
+		sub, rest = rest[0], rest[1:]
+	}
+	if err := fs.Parse(rest); err != nil {
+		return 2
+	}
+	method, path := http.MethodGet, "/v1/gpu/usage"
+	switch sub {
+	case "":
+	case "list":
+		path = "/v1/gpu/queue"
+	case "show", "cancel":
+		if fs.NArg() != 1 {
+			fmt.Fprintf(os.Stderr, "usage: gpu-broker queue %s ID\n", sub)
+			return 2
+		}
+		path = "/v1/gpu/queue/" + url.PathEscape(fs.Arg(0))
+		if sub == "cancel" {
+			method = http.MethodDelete
+		}
+	default:
+		fmt.Fprintf(os.Stderr, "gpu-broker queue: unknown subcommand %q\n", sub)
+		return 2
+	}
+	body, err := call(method, strings.TrimRight(*addr, "/")+path)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "gpu-broker: %v\n", err)
+		return 1
+	}
+	if *asJSON {
+		os.Stdout.Write(body)
+		return 0
+	}
+	return printTable(sub, body)
+}
+
+func call(method, u string) ([]byte, error) {
+	req, err := http.NewRequest(method, u, nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := (&http.Client{Timeout: 30 * time.Second}).Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("reach the broker: %w", err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("%s", strings.TrimSpace(string(body)))
+	}
+	return body, nil
+}
+
+func printTable(sub string, body []byte) int {
+	w := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+	defer w.Flush()
+	switch sub {
+	case "":
+		var rows []server.TenantUsage
+		if err := json.Unmarshal(body, &rows); err != nil {
+			return fail(err)
+		}
+		fmt.Fprintln(w, "TENANT\tUSED\tGUARANTEED\tLIMIT\tBORROWED\tQUEUED")
+		for _, r := range rows {
+			fmt.Fprintf(w, "%s\t%d\t%d\t%d\t%d\t%d\n", r.Tenant, r.Used, r.Guaranteed, r.Limit, r.Borrowed, r.Queued)
+		}
+	case "list":
+		var rows []server.QueuedJob
+		if err := json.Unmarshal(body, &rows); err != nil {
+			return fail(err)
+		}
+		fmt.Fprintln(w, "POS\tID\tJOB\tNAMESPACE\tTENANT\tQUEUE\tGPUS\tWAITING\tREASON")
+		for _, r := range rows {
+			fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\n", r.Position, r.ID, r.JobID, r.Namespace, r.Tenant,
+				r.Queue, r.Demand, time.Since(r.SubmittedAt).Round(time.Second), r.Reason)
+		}
+	default:
+		var r server.QueuedJob
+		if err := json.Unmarshal(body, &r); err != nil {
+			return fail(err)
+		}
+		verb := "queued"
+		if sub == "cancel" {
+			verb = "cancelled"
+		}
+		fmt.Fprintf(w, "ID\t%s\nJob\t%s\nNamespace\t%s\nTenant\t%s\nQueue\t%s\nGPUs\t%d\nSubmitted\t%s by %s\nReason\t%s\nStatus\t%s",
+			r.ID, r.JobID, r.Namespace, r.Tenant, r.Queue, r.Demand, r.SubmittedAt.Format(time.RFC3339), r.SubmittedBy, r.Reason, verb)
+		if r.Position > 0 {
+			fmt.Fprintf(w, ", position %d", r.Position)
+		}
+		fmt.Fprintln(w)
+	}
+	return 0
+}
+
+func fail(err error) int {
+	fmt.Fprintf(os.Stderr, "gpu-broker: unexpected answer: %v\n", err)
+	return 1
+}
+
+func envOr(key, def string) string {
+	if v := os.Getenv(key); v != "" {
+		return v
+	}
+	return def
+}

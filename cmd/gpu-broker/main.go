@@ -1,0 +1,51 @@
+// Command gpu-broker sits in front of Nomad's HTTP API and admits, queues or
+// rejects GPU jobs by policy; its subcommands inspect a running broker.
+package main
+
+import (
+	"fmt"
+	"os"
+)
+
+const usage = `Usage: gpu-broker <command> [options]
+
+Commands:
+  serve -config broker.hcl       run the broker
+  policy validate DIR            check a policy set (-capacity N to check guarantees against N GPUs)
+  queue list                     queued jobs in admission order
+  queue show ID                  one queued job
+  queue cancel ID                remove a queued job
+  usage                          GPUs per tenant: used / guaranteed / limit, borrowed, queued
+
+The queue and usage commands reach the broker at -address or GPU_BROKER_ADDR
+(default http://127.0.0.1:4649) and print JSON with -json.
+`
+
+func main() {
+	os.Exit(run(os.Args[1:]))
+}
+
+func run(args []string) int {
+	if len(args) == 0 {
+		fmt.Fprint(os.Stderr, usage)
+		return 2
+	}
+	switch args[0] {
+	case "serve":
+		return serve(args[1:])
+	case "policy":
+		if len(args) < 2 || args[1] != "validate" {
+			fmt.Fprint(os.Stderr, usage)
+			return 2
+		}
+		return validatePolicy(args[2:])
+	case "queue", "usage":
+		return client(args)
+	case "-h", "-help", "--help", "help":
+		fmt.Print(usage)
+		return 0
+	default:
+		fmt.Fprintf(os.Stderr, "gpu-broker: unknown command %q\n\n%s", args[0], usage)
+		return 2
+	}
+}

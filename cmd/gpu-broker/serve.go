@@ -1,0 +1,178 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"flag"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	consul "github.com/hashicorp/consul/api"
+	"github.com/hashicorp/go-hclog"
+	nomad "github.com/hashicorp/nomad/api"
+
+	"github.com/nomad-gpu/nomad-gpu/broker/admitter"
+	"github.com/nomad-gpu/nomad-gpu/broker/cluster"
+	"github.com/nomad-gpu/nomad-gpu/broker/config"
+	"github.com/nomad-gpu/nomad-gpu/broker/nomadapi"
+	"github.com/nomad-gpu/nomad-gpu/broker/nomadjob"
+	"github.com/nomad-gpu/nomad-gpu/broker/policy"
+	"github.com/nomad-gpu/nomad-gpu/broker/queue"
+	"github.com/nomad-gpu/nomad-gpu/broker/server"
+)
+
+func serve(args []string) int {
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	path := fs.String("config", "", "broker configuration file (HCL)")
+	level := fs.String("log-level", "info", "trace, debug, info, warn or error")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	log := hclog.New(&hclog.LoggerOptions{Name: "gpu-broker", Level: hclog.LevelFromString(*level)})
+	if err := serveErr(*path, log); err != nil {
+		log.Error("broker stopped", "error", err)
+		return 1
+	}
+	return 0
+}
+
+func serveErr(path string, log hclog.Logger) error {
+	cfg, err := config.Load(path)
+	if err != nil {
+		return err
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+
+	var tls *nomad.TLSConfig
+	if t := cfg.Nomad.TLS; t != nil {
+		tls = &nomad.TLSConfig{CACert: t.CAFile, ClientCert: t.CertFile, ClientKey: t.KeyFile}
+	}
+	nomadClient, err := nomadapi.New(cfg.Nomad.Address, cfg.Nomad.Token, tls)
+	if err != nil {
+		return err
+	}
+	consulCfg := consul.DefaultConfig()
+	consulCfg.Address, consulCfg.Token = cfg.Consul.Address, cfg.Consul.Token
+	if t := cfg.Consul.TLS; t != nil {
+		consulCfg.TLSConfig = consul.TLSConfig{CAFile: t.CAFile, CertFile: t.CertFile, KeyFile: t.KeyFile}
+	}
+	consulClient, err := consul.NewClient(consulCfg)
+	if err != nil {
+		return fmt.Errorf("consul client: %w", err)
+	}
+
+	view := cluster.NewView()
+	go view.Follow(ctx, nomadClient, log.Named("cluster"))
+	policies, diags := policy.NewStore(cfg.PolicyDir, view.Capacity, log.Named("policy"))
+	if policies == nil {
+		return fmt.Errorf("policy %s is invalid:\n%s", cfg.PolicyDir, policy.FormatDiagnostics(diags))
+	}
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	go policies.Watch(ctx, hup, 2*time.Second)
+
+	key, err := stampKey(ctx, consulClient.KV(), cfg.Consul.KVPrefix)
+	if err != nil {
+		return err
+	}
+	stamper := nomadjob.Stamper{Key: key}
+	store := queue.NewStore(consulClient.KV(), cfg.Consul.KVPrefix)
+	srv, err := server.New(server.Options{Log: log.Named("proxy"), Nomad: cfg.Nomad.Address,
+		Client: nomadClient.HTTPClient(), Policies: policies, Cluster: view, Queue: store, Stamper: stamper})
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("listen on %s: %w", cfg.Listen, err)
+	}
+	httpServer := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	go httpServer.Serve(ln)
+	log.Info("broker listening", "address", cfg.Listen, "nomad", cfg.Nomad.Address, "consul", cfg.Consul.Address,
+		"policy_dir", cfg.PolicyDir)
+
+	adm := &admitter.Admitter{Log: log.Named("queue"), Queue: store, Nomad: nomadClient, Cluster: view,
+		Policies: policies, Stamper: stamper, Now: time.Now}
+	lead(ctx, consulClient, cfg.Consul.KVPrefix+"leader", log, func(ctx context.Context) {
+		p := policies.Current()
+		if err := nomadClient.SetPreemption(ctx, p.Preemption.Batch, p.Preemption.Service); err != nil {
+			log.Error("cannot set Nomad's preemption", "error", err)
+		}
+		adm.Run(ctx, view.Changed(), 2*time.Second)
+	})
+
+	shutdown, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	return httpServer.Shutdown(shutdown)
+}
+
+// lead runs work while this broker holds the Consul lock at key, until ctx ends.
+func lead(ctx context.Context, c *consul.Client, key string, log hclog.Logger, work func(context.Context)) {
+	for ctx.Err() == nil {
+		lock, err := c.LockOpts(&consul.LockOptions{Key: key, SessionTTL: "15s", SessionName: "gpu-broker leader"})
+		if err != nil {
+			log.Error("leader lock", "error", err)
+			sleep(ctx, 5*time.Second)
+			continue
+		}
+		lost, err := lock.Lock(ctx.Done())
+		if err != nil || lost == nil {
+			if ctx.Err() == nil {
+				log.Warn("cannot take the leader lock, retrying", "error", err)
+				sleep(ctx, 5*time.Second)
+			}
+			continue
+		}
+		log.Info("leader: running the queue")
+		leaderCtx, cancel := context.WithCancel(ctx)
+		go func() {
+			select {
+			case <-lost:
+				log.Warn("leader lock lost")
+			case <-leaderCtx.Done():
+			}
+			cancel()
+		}()
+		work(leaderCtx)
+		cancel()
+		lock.Unlock()
+	}
+}
+
+func sleep(ctx context.Context, d time.Duration) {
+	select {
+	case <-ctx.Done():
+	case <-time.After(d):
+	}
+}
+
+// stampKey is the admission-stamp key every broker shares, created once in Consul.
+func stampKey(ctx context.Context, kv *consul.KV, prefix string) ([]byte, error) {
+	key := prefix + "admission-key"
+	for i := 0; i < 30; i++ {
+		pair, _, err := kv.Get(key, (&consul.QueryOptions{}).WithContext(ctx))
+		if err == nil && pair != nil {
+			return pair.Value, nil
+		}
+		if err == nil {
+			secret := make([]byte, 32)
+			rand.Read(secret)
+			if ok, _, err := kv.CAS(&consul.KVPair{Key: key, Value: secret}, (&consul.WriteOptions{}).WithContext(ctx)); err == nil && ok {
+				return secret, nil
+			}
+			continue // another broker created it first
+		}
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		sleep(ctx, time.Second) // Consul not up yet
+	}
+	return nil, errors.New("cannot read or create the admission key in Consul KV")
+}
