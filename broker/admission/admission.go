@@ -101,7 +101,8 @@ func Demand(p *policy.Policy, job Job) (policy.Quota, []string) {
 	return d, unclassified
 }
 
-// Decide applies the policy to a job: reject, else admit within the guarantee,
+// Decide applies the policy to a job: reject (no tenant, queue not allowed, a
+// group no node can hold, above the limit, unknown class), else admit within the guarantee,
 // else admit borrowed within the limit when enough GPUs are idle, else queue.
 func Decide(p *policy.Policy, job Job, u Usage) Decision {
 	demand, unclassified := Demand(p, job)
@@ -130,10 +131,6 @@ func Decide(p *policy.Policy, job Job, u Usage) Decision {
 			unclassified[0], tenant.Name, strings.Join(keys(tenant.Limit), ", ")))
 	}
 	for _, class := range keys(demand) {
-		if limit, ok := tenant.Limit[class]; ok && demand[class] > limit {
-			return reject(d, RuleAboveLimit, fmt.Sprintf("the job needs %d %s, above tenant %q's limit of %d",
-				demand[class], gpus(class), tenant.Name, limit))
-		}
 		if class != policy.AllGPUs && !hasKey(tenant.Limit, class) && !hasKey(tenant.Limit, policy.AllGPUs) {
 			return reject(d, RuleUnknownClass, fmt.Sprintf("tenant %q has no quota for %s", tenant.Name, gpus(class)))
 		}
@@ -149,6 +146,12 @@ func Decide(p *policy.Policy, job Job, u Usage) Decision {
 		}
 	}
 
+	for _, class := range keys(demand) {
+		if limit, ok := tenant.Limit[class]; ok && demand[class] > limit {
+			return reject(d, RuleAboveLimit, fmt.Sprintf("the job needs %d %s, above tenant %q's limit of %d",
+				demand[class], gpus(class), tenant.Name, limit))
+		}
+	}
 	used := u.Tenants[tenant.Name].Used
 	if within(used, demand, tenant.Guaranteed, true) {
 		d.Outcome, d.Priority = Admit, q.Priority

@@ -218,6 +218,8 @@ func (s *Server) forward(r *http.Request, body []byte) (*http.Response, error) {
 	}
 	req.Header = r.Header.Clone()
 	req.Header.Del("Content-Length")
+	// The broker reads these answers: let the transport negotiate compression.
+	req.Header.Del("Accept-Encoding")
 	return s.client.Do(req)
 }
 

@@ -116,7 +116,10 @@ func serveErr(path string, log hclog.Logger) error {
 // lead runs work while this broker holds the Consul lock at key, until ctx ends.
 func lead(ctx context.Context, c *consul.Client, key string, log hclog.Logger, work func(context.Context)) {
 	for ctx.Err() == nil {
-		lock, err := c.LockOpts(&consul.LockOptions{Key: key, SessionTTL: "15s", SessionName: "gpu-broker leader"})
+		// A crashed leader's session expires within two TTLs; the short lock
+		// delay lets the next broker take over right after.
+		lock, err := c.LockOpts(&consul.LockOptions{Key: key, SessionOpts: &consul.SessionEntry{
+			Name: "gpu-broker leader", TTL: "10s", LockDelay: time.Second, Behavior: consul.SessionBehaviorRelease}})
 		if err != nil {
 			log.Error("leader lock", "error", err)
 			sleep(ctx, 5*time.Second)

@@ -1,0 +1,358 @@
+package integration
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/nomad/api"
+
+	"github.com/nomad-gpu/nomad-gpu/broker/server"
+	"github.com/nomad-gpu/nomad-gpu/internal/testcluster"
+)
+
+const policies = `
+queue "inference" { priority = 80 }
+queue "training" { priority = 60 }
+queue "dev" { priority = 40 }
+
+tenant "vision" {
+  namespaces = ["vision"]
+  queues     = ["training", "dev"]
+  guaranteed = 4
+  limit      = 8
+}
+
+tenant "search" {
+  namespaces = ["search"]
+  queues     = ["inference"]
+  guaranteed = 4
+  limit      = 4
+}
+
+borrowing {
+  enabled  = true
+  priority = 20
+}
+
+preemption {
+  batch   = true
+  service = true
+}
+`
+
+type env struct {
+	t         *testing.T
+	nomad     *testcluster.Nomad
+	broker    *testcluster.Broker
+	dir       string
+	policyDir string
+}
+
+// TestBroker runs the broker scenarios in order on one cluster: a Nomad agent
+// with 8 simulated GPUs, Consul, and the broker in front, driven by the nomad CLI.
+func TestBroker(t *testing.T) {
+	consul := testcluster.StartConsul(t)
+	n := testcluster.StartNomad(t, testcluster.NomadOptions{Name: "dev", Server: true, Client: true,
+		ConsulAddr: consul.Addr, PluginConfig: `
+    backend            = "fake"
+    fingerprint_period = "5s"
+    fake {
+      count     = 8
+      id_prefix = "broker"
+    }`})
+	n.WaitForNodes(t, 1)
+	for _, ns := range []string{"vision", "search"} {
+		if _, err := n.API.Namespaces().Register(&api.Namespace{Name: ns}, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e := &env{t: t, nomad: n, dir: t.TempDir(), policyDir: t.TempDir()}
+	writeFile(t, filepath.Join(e.policyDir, "policy.hcl"), policies)
+	e.broker = testcluster.StartBroker(t, n, consul, e.policyDir)
+	testcluster.WaitFor(t, 30*time.Second, "broker to see 8 GPUs", func() error {
+		if cfg, _, err := n.API.Operator().SchedulerGetConfiguration(nil); err != nil || !cfg.SchedulerConfig.PreemptionConfig.BatchSchedulerEnabled {
+			return fmt.Errorf("batch preemption not switched on yet (%v)", err)
+		}
+		out, _ := e.run("vision", "probe", 1, 9, "", false)
+		if !strings.Contains(out, "no node has more than 8") {
+			return fmt.Errorf("broker's view not ready: %s", out)
+		}
+		return nil
+	})
+
+	t.Run("rejects name the rule and exit non-zero", func(t *testing.T) {
+		cases := []struct {
+			ns, queue, rule string
+			count, gpus     int
+		}{
+			{"default", "", "unmapped-namespace", 1, 1},
+			{"vision", "inference", "queue-not-allowed", 1, 1},
+			{"vision", "", "above-limit", 3, 3},
+			{"vision", "", "no-node-fits", 1, 9},
+		}
+		for _, c := range cases {
+			out, err := e.run(c.ns, "rejected", c.count, c.gpus, c.queue, false)
+			if err == nil || !strings.Contains(out, "403") || !strings.Contains(out, "rejected by rule "+c.rule) {
+				t.Errorf("%s: want exit 1 with rule %s, got %v:\n%s", c.rule, c.rule, err, out)
+			}
+		}
+	})
+
+	t.Run("non-GPU job passes through untouched", func(t *testing.T) {
+		out, err := e.run("default", "cpu-only", 1, 0, "", false)
+		if err != nil || strings.Contains(out, "nomad-gpu") {
+			t.Fatalf("want plain Nomad output, got %v:\n%s", err, out)
+		}
+		job := e.job("default", "cpu-only")
+		if *job.Priority != 50 || job.Meta["nomad-gpu.tenant"] != "" {
+			t.Errorf("non-GPU job changed: priority %d meta %v", *job.Priority, job.Meta)
+		}
+	})
+
+	t.Run("admitted job runs with its queue's priority and meta", func(t *testing.T) {
+		out, err := e.run("vision", "train-a", 1, 4, "", false)
+		if err != nil || !strings.Contains(out, "nomad-gpu: admitted: tenant vision, queue training, priority 60, 4 GPUs, borrowed: no") {
+			t.Fatalf("nomad job run: %v\n%s", err, out)
+		}
+		job := e.job("vision", "train-a")
+		if *job.Priority != 60 || job.Meta["nomad-gpu.tenant"] != "vision" || job.Meta["nomad-gpu.queue"] != "training" ||
+			job.Meta["nomad-gpu.workload"] != "training" || !strings.HasPrefix(job.Meta["nomad-gpu.admission"], "v1:") {
+			t.Errorf("job not stamped: priority %d meta %v", *job.Priority, job.Meta)
+		}
+		e.waitRunning("vision", "train-a")
+		if out, err := e.nomadCLI("job", "status", "-namespace", "vision", "train-a"); err != nil || !strings.Contains(out, "running") {
+			t.Errorf("nomad job status through the broker: %v\n%s", err, out)
+		}
+	})
+
+	t.Run("borrowed job is preempted by a tenant within its guarantee", func(t *testing.T) {
+		out, err := e.run("vision", "borrow-a", 1, 4, "", true)
+		if err != nil || !strings.Contains(out, "priority 20, 4 GPUs, borrowed: yes") {
+			t.Fatalf("want borrowed admission: %v\n%s", err, out)
+		}
+		borrowed := e.waitRunning("vision", "borrow-a")
+		out, err = e.run("search", "infer-b", 1, 4, "", true)
+		if err != nil || !strings.Contains(out, "tenant search, queue inference, priority 80") {
+			t.Fatalf("want admission within guarantee: %v\n%s", err, out)
+		}
+		e.waitRunning("search", "infer-b")
+		a, _, err := e.nomad.API.Allocations().Info(borrowed.ID, nil)
+		if err != nil || a.DesiredStatus != api.AllocDesiredStatusEvict {
+			t.Errorf("borrowed allocation not preempted: %v %+v", err, a)
+		}
+		for _, u := range e.usage() {
+			if u.Used > u.Limit {
+				t.Errorf("tenant %s holds %d above its limit %d", u.Tenant, u.Used, u.Limit)
+			}
+		}
+	})
+
+	t.Run("over quota is queued, shown, and admitted when the tenant's jobs stop", func(t *testing.T) {
+		// vision holds train-a (4) and borrow-a (4, waiting for a GPU): 4 more is above its limit of 8.
+		id := e.queued("train-q", 4, false)
+		if list := e.brokerCLI("queue", "list"); !strings.Contains(list, id) || !strings.Contains(list, "train-q") {
+			t.Fatalf("gpu-broker queue list does not show %s:\n%s", id, list)
+		}
+		if show := e.brokerCLI("queue", "show", id); !strings.Contains(show, "position 1") || !strings.Contains(show, "limit of 8") {
+			t.Errorf("gpu-broker queue show:\n%s", show)
+		}
+		if _, _, err := e.nomad.API.Jobs().Info("train-q", &api.QueryOptions{Namespace: "vision"}); err == nil {
+			t.Fatalf("a queued job must not be in Nomad yet")
+		}
+		stopped := time.Now()
+		e.stop("vision", "train-a")
+		e.stop("vision", "borrow-a")
+		e.waitAdmitted(t, "vision", "train-q", 10*time.Second)
+		t.Logf("queued job admitted %s after its tenant's jobs stopped", time.Since(stopped).Round(100*time.Millisecond))
+		e.waitRunning("vision", "train-q")
+	})
+
+	t.Run("queue survives a broker crash and admits exactly once", func(t *testing.T) {
+		// vision holds 4 of its guarantee of 4; 4 more must borrow, and no GPU is idle.
+		id := e.queued("crash-q", 4, true)
+		e.broker.Kill()
+		e.broker.Start()
+		if list := e.brokerCLI("queue", "list"); !strings.Contains(list, id) {
+			t.Fatalf("queued job lost in the restart:\n%s", list)
+		}
+		e.stop("search", "infer-b")
+		// The crashed broker's leader session expires within two TTLs (20s).
+		e.waitAdmitted(t, "vision", "crash-q", 45*time.Second)
+		e.waitRunning("vision", "crash-q")
+		job := e.job("vision", "crash-q")
+		if *job.Version != 0 || *job.Priority != 20 || job.Meta["nomad-gpu.borrowed"] != "true" {
+			t.Errorf("want one registration, borrowed at priority 20: version %d priority %d meta %v", *job.Version, *job.Priority, job.Meta)
+		}
+		if list := e.brokerCLI("queue", "list"); strings.Contains(list, id) {
+			t.Errorf("admitted job still queued:\n%s", list)
+		}
+	})
+
+	t.Run("policy reload keeps the last good policy", func(t *testing.T) {
+		path := filepath.Join(e.policyDir, "policy.hcl")
+		writeFile(t, path, strings.Replace(policies, "limit      = 8", "limit      = 8\n  bogus = true", 1))
+		time.Sleep(3 * time.Second)
+		if limit := e.limitOf("vision"); limit != 8 {
+			t.Fatalf("a broken policy was applied: vision limit %d", limit)
+		}
+		testcluster.WaitFor(t, 10*time.Second, "refusal logged", func() error {
+			if !strings.Contains(e.broker.Log(), "policy reload refused") {
+				return fmt.Errorf("not yet")
+			}
+			return nil
+		})
+		writeFile(t, path, strings.Replace(policies, "limit      = 8", "limit      = 6", 1))
+		testcluster.WaitFor(t, 10*time.Second, "fixed policy applied", func() error {
+			if l := e.limitOf("vision"); l != 6 {
+				return fmt.Errorf("vision limit %d", l)
+			}
+			return nil
+		})
+	})
+}
+
+// queued submits a job the broker must queue and returns its queue id.
+func (e *env) queued(id string, gpus int, detach bool) string {
+	e.t.Helper()
+	out, err := e.run("vision", id, 1, gpus, "", detach)
+	if err != nil || !strings.Contains(out, "nomad-gpu: queued as ") || !strings.Contains(out, "in queue training") {
+		e.t.Fatalf("nomad job run (detach=%t) of a queued job must exit 0 with the message: %v\n%s", detach, err, out)
+	}
+	rest := out[strings.Index(out, "queued as ")+len("queued as "):]
+	return strings.TrimSuffix(strings.Fields(rest)[0], ",")
+}
+
+func (e *env) waitAdmitted(t *testing.T, ns, id string, timeout time.Duration) {
+	t.Helper()
+	testcluster.WaitFor(t, timeout, id+" admitted from the queue", func() error {
+		_, _, err := e.nomad.API.Jobs().Info(id, &api.QueryOptions{Namespace: ns})
+		return err
+	})
+}
+
+// run submits a job through the broker with the nomad CLI.
+func (e *env) run(ns, id string, count, gpus int, queue string, detach bool) (string, error) {
+	meta := ""
+	if queue != "" {
+		meta = fmt.Sprintf(`meta = { "nomad-gpu.queue" = %q }`, queue)
+	}
+	device := ""
+	if gpus > 0 {
+		device = fmt.Sprintf(`device "nvidia/gpu" { count = %d }`, gpus)
+	}
+	spec := fmt.Sprintf(`job %q {
+  namespace   = %q
+  type        = "batch"
+  datacenters = ["*"]
+  %s
+  group "g" {
+    count = %d
+    reschedule {
+      attempts  = 0
+      unlimited = false
+    }
+    task "t" {
+      driver = "raw_exec"
+      config {
+        command = "/bin/sleep"
+        args    = ["3600"]
+      }
+      resources {
+        cpu    = 20
+        memory = 16
+        %s
+      }
+    }
+  }
+}
+`, id, ns, meta, count, device)
+	path := filepath.Join(e.dir, id+".nomad.hcl")
+	writeFile(e.t, path, spec)
+	args := []string{"job", "run"}
+	if detach {
+		args = append(args, "-detach")
+	}
+	return e.nomadCLI(append(args, path)...)
+}
+
+func (e *env) nomadCLI(args ...string) (string, error) {
+	cmd := exec.Command(testcluster.Binary(e.t, "nomad"), args...)
+	cmd.Env = append(os.Environ(), "NOMAD_ADDR="+e.broker.Addr)
+	out, err := cmd.CombinedOutput()
+	return string(out), err
+}
+
+func (e *env) brokerCLI(args ...string) string {
+	cmd := exec.Command(testcluster.BrokerBinary(e.t), args...)
+	cmd.Env = append(os.Environ(), "GPU_BROKER_ADDR="+e.broker.Addr)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		e.t.Fatalf("gpu-broker %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return string(out)
+}
+
+func (e *env) usage() []server.TenantUsage {
+	var rows []server.TenantUsage
+	if err := json.Unmarshal([]byte(e.brokerCLI("usage", "-json")), &rows); err != nil {
+		e.t.Fatal(err)
+	}
+	return rows
+}
+
+func (e *env) limitOf(tenant string) int {
+	for _, u := range e.usage() {
+		if u.Tenant == tenant {
+			return u.Limit
+		}
+	}
+	return -1
+}
+
+func (e *env) job(ns, id string) *api.Job {
+	e.t.Helper()
+	job, _, err := e.nomad.API.Jobs().Info(id, &api.QueryOptions{Namespace: ns})
+	if err != nil {
+		e.t.Fatalf("job %s/%s: %v", ns, id, err)
+	}
+	return job
+}
+
+func (e *env) waitRunning(ns, id string) *api.AllocationListStub {
+	e.t.Helper()
+	var running *api.AllocationListStub
+	testcluster.WaitFor(e.t, 60*time.Second, id+" running", func() error {
+		stubs, _, err := e.nomad.API.Jobs().Allocations(id, false, &api.QueryOptions{Namespace: ns})
+		if err != nil {
+			return err
+		}
+		for _, s := range stubs {
+			if s.ClientStatus == api.AllocClientStatusRunning && s.DesiredStatus == api.AllocDesiredStatusRun {
+				running = s
+				return nil
+			}
+		}
+		return fmt.Errorf("%d allocations, none running", len(stubs))
+	})
+	return running
+}
+
+func (e *env) stop(ns, id string) {
+	e.t.Helper()
+	if _, _, err := e.nomad.API.Jobs().Deregister(id, false, &api.WriteOptions{Namespace: ns}); err != nil {
+		e.t.Fatalf("stop %s: %v", id, err)
+	}
+}
+
+func writeFile(t *testing.T, path, content string) {
+	t.Helper()
+	if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}

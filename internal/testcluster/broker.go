@@ -1,0 +1,101 @@
+package testcluster
+
+import (
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+var (
+	brokerOnce sync.Once
+	brokerPath string
+	brokerErr  error
+)
+
+// BrokerBinary builds cmd/gpu-broker once per test binary.
+func BrokerBinary(t testing.TB) string {
+	t.Helper()
+	brokerOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "nomad-gpu-broker-")
+		if err != nil {
+			brokerErr = err
+			return
+		}
+		brokerPath = filepath.Join(dir, "gpu-broker")
+		cmd := exec.Command("go", "build", "-race", "-o", brokerPath, "github.com/nomad-gpu/nomad-gpu/cmd/gpu-broker")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			brokerErr = fmt.Errorf("build gpu-broker: %v\n%s", err, out)
+		}
+	})
+	if brokerErr != nil {
+		t.Fatal(brokerErr)
+	}
+	return brokerPath
+}
+
+// Broker is a running gpu-broker.
+type Broker struct {
+	*process
+	Addr   string // http://127.0.0.1:port
+	dir    string
+	config string
+	t      testing.TB
+}
+
+// StartBroker runs gpu-broker in front of nomad with its queue in consul and
+// its policies in policyDir.
+func StartBroker(t testing.TB, nomad *Nomad, consul *Consul, policyDir string) *Broker {
+	t.Helper()
+	dir := t.TempDir()
+	port := FreePorts(t, 1)[0]
+	b := &Broker{Addr: fmt.Sprintf("http://127.0.0.1:%d", port), dir: dir, t: t,
+		config: filepath.Join(dir, "broker.hcl")}
+	cfg := fmt.Sprintf(`listen     = "127.0.0.1:%d"
+policy_dir = %q
+nomad  { address = %q }
+consul { address = %q }
+`, port, policyDir, nomad.Addr, consul.Addr)
+	if err := os.WriteFile(b.config, []byte(cfg), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	b.Start()
+	t.Cleanup(func() {
+		dumpOnFailure(t, b.process)
+		b.stop()
+	})
+	return b
+}
+
+// Start (re)starts the broker process and waits for its API.
+func (b *Broker) Start() {
+	b.t.Helper()
+	b.process = start(b.t, "gpu-broker", b.dir, BrokerBinary(b.t), "serve", "-config", b.config, "-log-level", "debug")
+	WaitFor(b.t, 30*time.Second, "gpu-broker", func() error {
+		select {
+		case <-b.exited:
+			b.t.Fatalf("gpu-broker exited:\n%s", b.Log())
+		default:
+		}
+		resp, err := http.Get(b.Addr + "/v1/gpu/usage")
+		if err != nil {
+			return err
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("usage answered %s", resp.Status)
+		}
+		return nil
+	})
+}
+
+// Kill ends the broker at once, as a crash would.
+func (b *Broker) Kill() {
+	syscall.Kill(-b.cmd.Process.Pid, syscall.SIGKILL)
+	<-b.exited
+}
