@@ -13,12 +13,20 @@ import (
 	"github.com/nomad-gpu/nomad-gpu/broker/policy"
 )
 
-// View is safe for concurrent use.
+// View is safe for concurrent use. It keeps aggregates up to date as events
+// arrive, so that a usage snapshot costs per namespace and model, not per job.
 type View struct {
 	mu      sync.RWMutex
 	nodes   map[string]node
 	jobs    map[jobKey]job
+	held    map[string]*byModel // GPUs live jobs hold, by namespace
 	changed chan struct{}
+
+	// Derived from nodes under one policy; recomputed when either changes.
+	nodesDirty bool
+	capPolicy  *policy.Policy
+	capacity   policy.Quota
+	maxAlloc   policy.Quota
 }
 
 type node struct {
@@ -28,14 +36,20 @@ type node struct {
 
 type jobKey struct{ namespace, id string }
 
+// job is a live job's demand by model ("" when it names none).
 type job struct {
-	groups   []admission.Group
+	demand   map[string]int
 	borrowed bool
+}
+
+type byModel struct {
+	held, borrowed map[string]int
 }
 
 // NewView returns an empty view.
 func NewView() *View {
-	return &View{nodes: map[string]node{}, jobs: map[jobKey]job{}, changed: make(chan struct{}, 1)}
+	return &View{nodes: map[string]node{}, jobs: map[jobKey]job{}, held: map[string]*byModel{},
+		changed: make(chan struct{}, 1), nodesDirty: true}
 }
 
 // Changed is signalled (at most one pending signal) whenever the view changes.
@@ -51,7 +65,7 @@ func (v *View) notify() {
 // Reset replaces the whole view, after a full listing.
 func (v *View) Reset(nodes []*api.Node, jobs []*api.Job) {
 	v.mu.Lock()
-	v.nodes, v.jobs = map[string]node{}, map[jobKey]job{}
+	v.nodes, v.jobs, v.held, v.nodesDirty = map[string]node{}, map[jobKey]job{}, map[string]*byModel{}, true
 	v.mu.Unlock()
 	for _, n := range nodes {
 		v.ObserveNode(n)
@@ -79,7 +93,7 @@ func (v *View) ObserveNode(n *api.Node) {
 		}
 	}
 	v.mu.Lock()
-	v.nodes[n.ID] = nd
+	v.nodes[n.ID], v.nodesDirty = nd, true
 	v.mu.Unlock()
 	v.notify()
 }
@@ -88,6 +102,7 @@ func (v *View) ObserveNode(n *api.Node) {
 func (v *View) ForgetNode(id string) {
 	v.mu.Lock()
 	delete(v.nodes, id)
+	v.nodesDirty = true
 	v.mu.Unlock()
 	v.notify()
 }
@@ -100,12 +115,16 @@ func (v *View) ObserveJob(j *api.Job) {
 	ns := nomadjob.Namespace(j, "")
 	key := jobKey{ns, *j.ID}
 	live := !(j.Stop != nil && *j.Stop) && !(j.Status != nil && *j.Status == "dead")
-	a := nomadjob.Admission(j, ns)
+	demand := map[string]int{}
+	for _, g := range nomadjob.Admission(j, ns).Groups {
+		demand[g.Model] += g.Count * g.GPUsPerAlloc
+	}
 	v.mu.Lock()
-	if live && len(a.Groups) > 0 {
-		v.jobs[key] = job{groups: a.Groups, borrowed: j.Meta[nomadjob.MetaBorrowed] == "true"}
-	} else {
-		delete(v.jobs, key)
+	v.remove(key)
+	if live && len(demand) > 0 {
+		jb := job{demand: demand, borrowed: j.Meta[nomadjob.MetaBorrowed] == "true"}
+		v.jobs[key] = jb
+		v.account(key.namespace, jb, 1)
 	}
 	v.mu.Unlock()
 	v.notify()
@@ -114,7 +133,7 @@ func (v *View) ObserveJob(j *api.Job) {
 // ForgetJob drops a deregistered job.
 func (v *View) ForgetJob(namespace, id string) {
 	v.mu.Lock()
-	delete(v.jobs, jobKey{namespace, id})
+	v.remove(jobKey{namespace, id})
 	v.mu.Unlock()
 	v.notify()
 }
@@ -127,52 +146,108 @@ func (v *View) Usage(p *policy.Policy) admission.Usage { return v.UsageWithout(p
 // UsageWithout is Usage as if the job namespace/id did not exist: the snapshot
 // for deciding on a new version of that job.
 func (v *View) UsageWithout(p *policy.Policy, namespace, id string) admission.Usage {
-	v.mu.RLock()
-	defer v.mu.RUnlock()
-	u := admission.Usage{Tenants: map[string]admission.TenantUsage{}, Idle: policy.Quota{}, MaxAlloc: policy.Quota{}}
-	capacity := policy.Quota{}
-	for _, n := range v.nodes {
-		if !n.schedulable {
-			continue
-		}
-		perNode := policy.Quota{}
-		for model, count := range n.gpus {
-			perNode[policy.AllGPUs] += count
-			if c := p.ClassOf(model); c != "" {
-				perNode[c] += count
-			}
-		}
-		for class, count := range perNode {
-			capacity[class] += count
-			if count > u.MaxAlloc[class] {
-				u.MaxAlloc[class] = count
-			}
-		}
+	v.mu.Lock()
+	if v.nodesDirty || v.capPolicy != p {
+		v.capacity, v.maxAlloc = v.nodeTotals(p)
+		v.capPolicy, v.nodesDirty = p, false
 	}
+	u := admission.Usage{Tenants: map[string]admission.TenantUsage{}, Idle: policy.Quota{}, MaxAlloc: copyQuota(v.maxAlloc)}
+	capacity := v.capacity
+	except, hasExcept := v.jobs[jobKey{namespace, id}]
 	held := policy.Quota{}
-	for key, j := range v.jobs {
-		if key == (jobKey{namespace, id}) {
-			continue
+	for ns, agg := range v.held {
+		demand := classify(p, agg.held)
+		borrowed := classify(p, agg.borrowed)
+		if hasExcept && ns == namespace {
+			sub(demand, classify(p, except.demand))
+			if except.borrowed {
+				sub(borrowed, classify(p, except.demand))
+			}
 		}
-		demand, _ := admission.Demand(p, admission.Job{Groups: j.groups})
 		for class, n := range demand {
 			held[class] += n
 		}
-		t := p.TenantOf(key.namespace)
+		t := p.TenantOf(ns)
 		if t == nil {
 			continue
 		}
 		tu := u.Tenants[t.Name]
 		tu.Used = add(tu.Used, demand)
-		if j.borrowed {
-			tu.Borrowed = add(tu.Borrowed, demand)
-		}
+		tu.Borrowed = add(tu.Borrowed, borrowed)
 		u.Tenants[t.Name] = tu
 	}
+	v.mu.Unlock()
 	for class, c := range capacity {
 		u.Idle[class] = max(c-held[class], 0)
 	}
 	return u
+}
+
+// nodeTotals sums schedulable, healthy GPUs by class, and the most on one node.
+func (v *View) nodeTotals(p *policy.Policy) (capacity, maxAlloc policy.Quota) {
+	capacity, maxAlloc = policy.Quota{}, policy.Quota{}
+	for _, n := range v.nodes {
+		if !n.schedulable {
+			continue
+		}
+		perNode := classify(p, n.gpus)
+		for class, count := range perNode {
+			capacity[class] += count
+			maxAlloc[class] = max(maxAlloc[class], count)
+		}
+	}
+	return capacity, maxAlloc
+}
+
+// account adds (sign 1) or removes (-1) a job's demand from its namespace's totals.
+func (v *View) account(ns string, j job, sign int) {
+	agg := v.held[ns]
+	if agg == nil {
+		agg = &byModel{held: map[string]int{}, borrowed: map[string]int{}}
+		v.held[ns] = agg
+	}
+	for model, n := range j.demand {
+		agg.held[model] += sign * n
+		if j.borrowed {
+			agg.borrowed[model] += sign * n
+		}
+	}
+}
+
+func (v *View) remove(key jobKey) {
+	if old, ok := v.jobs[key]; ok {
+		v.account(key.namespace, old, -1)
+		delete(v.jobs, key)
+	}
+}
+
+// classify turns GPUs by model into a quota: all GPUs, and per class.
+func classify(p *policy.Policy, byModel map[string]int) policy.Quota {
+	q := policy.Quota{}
+	for model, n := range byModel {
+		if n == 0 {
+			continue
+		}
+		q[policy.AllGPUs] += n
+		if c := p.ClassOf(model); c != "" {
+			q[c] += n
+		}
+	}
+	return q
+}
+
+func sub(q, d policy.Quota) {
+	for k, n := range d {
+		q[k] -= n
+	}
+}
+
+func copyQuota(q policy.Quota) policy.Quota {
+	out := make(policy.Quota, len(q))
+	for k, n := range q {
+		out[k] = n
+	}
+	return out
 }
 
 // Capacity is the number of schedulable, healthy GPUs.

@@ -1,0 +1,228 @@
+package server
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/hashicorp/nomad/api"
+
+	"github.com/nomad-gpu/nomad-gpu/broker/cluster"
+	"github.com/nomad-gpu/nomad-gpu/broker/nomadjob"
+	"github.com/nomad-gpu/nomad-gpu/broker/policy"
+	"github.com/nomad-gpu/nomad-gpu/broker/queue"
+)
+
+// memQueue is an in-memory Queue for unit tests.
+type memQueue struct {
+	mu      sync.Mutex
+	entries map[string]queue.Entry
+}
+
+var _ Queue = (*memQueue)(nil)
+
+func (q *memQueue) Put(_ context.Context, e queue.Entry) error {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.entries[e.ID] = e
+	return nil
+}
+func (q *memQueue) List(context.Context) ([]queue.Entry, error) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	var out []queue.Entry
+	for _, e := range q.entries {
+		out = append(out, e)
+	}
+	return out, nil
+}
+func (q *memQueue) Get(_ context.Context, id string) (queue.Entry, error) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	e, ok := q.entries[id]
+	if !ok {
+		return e, queue.ErrNotFound
+	}
+	return e, nil
+}
+func (q *memQueue) Remove(_ context.Context, e queue.Entry) (bool, error) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	_, ok := q.entries[e.ID]
+	delete(q.entries, e.ID)
+	return ok, nil
+}
+
+type fixedPolicy struct{ p *policy.Policy }
+
+func (f fixedPolicy) Current() *policy.Policy { return f.p }
+
+// upstream stands in for Nomad's register endpoint and records what it got.
+type upstream struct {
+	mu   sync.Mutex
+	last map[string]any
+}
+
+func (u *upstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	var body map[string]any
+	json.NewDecoder(r.Body).Decode(&body)
+	u.mu.Lock()
+	u.last = body
+	u.mu.Unlock()
+	w.Header().Set("Content-Type", "application/json")
+	fmt.Fprint(w, `{"EvalID":"e1","EvalCreateIndex":10,"JobModifyIndex":10,"Warnings":"","Index":10,"LastIndex":10}`)
+}
+
+func newTestServer(t testing.TB) (*Server, *upstream, *memQueue, *httptest.Server) {
+	p, diags := policy.Parse(map[string][]byte{"p.hcl": []byte(`
+queue "training" { priority = 60 }
+tenant "vision" {
+  namespaces = ["vision"]
+  queues = ["training"]
+  guaranteed = 2
+  limit = 2
+}`)}, 0)
+	if diags.HasErrors() {
+		t.Fatal(diags)
+	}
+	up := &upstream{}
+	nomad := httptest.NewServer(up)
+	t.Cleanup(nomad.Close)
+	view := cluster.NewView()
+	view.ObserveNode(&api.Node{ID: "n", Status: api.NodeStatusReady, NodeResources: &api.NodeResources{
+		Devices: []*api.NodeDeviceResource{{Vendor: "nvidia", Type: "gpu", Name: "H100",
+			Instances: []*api.NodeDevice{{ID: "a", Healthy: true}, {ID: "b", Healthy: true}}}}}})
+	q := &memQueue{entries: map[string]queue.Entry{}}
+	s, err := New(Options{Log: hclog.NewNullLogger(), Nomad: nomad.URL, Policies: fixedPolicy{p}, Cluster: view,
+		Queue: q, Stamper: nomadjob.Stamper{Key: []byte("k")}, NewID: func() string { return "q-1" }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s, up, q, nomad
+}
+
+const gpuJob = `{"Job":{"ID":"train","Namespace":"vision","Priority":50,"Meta":{"team":"cv"},"TaskGroups":[{"Name":"g","Count":1,
+  "Tasks":[{"Name":"t","Resources":{"Devices":[{"Name":"nvidia/gpu","Count":2}]}}]}]}}`
+
+func do(s *Server, method, path, body string) *httptest.ResponseRecorder {
+	rec := httptest.NewRecorder()
+	s.Handler().ServeHTTP(rec, httptest.NewRequest(method, path, strings.NewReader(body)))
+	return rec
+}
+
+func TestRegisterAdmitsStampsAndWarns(t *testing.T) {
+	s, up, _, _ := newTestServer(t)
+	rec := do(s, http.MethodPut, "/v1/jobs", gpuJob)
+	if rec.Code != http.StatusOK || !strings.Contains(rec.Body.String(), "nomad-gpu: admitted: tenant vision, queue training, priority 60") {
+		t.Fatalf("%d %s", rec.Code, rec.Body)
+	}
+	job := up.last["Job"].(map[string]any)
+	meta := job["Meta"].(map[string]any)
+	if job["Priority"].(float64) != 60 || meta["team"] != "cv" || meta["nomad-gpu.tenant"] != "vision" {
+		t.Errorf("forwarded job: %v", job)
+	}
+}
+
+func TestRegisterQueuesWithAnEvaluationTheCLICanFollow(t *testing.T) {
+	s, _, q, _ := newTestServer(t)
+	do(s, http.MethodPut, "/v1/jobs", gpuJob)
+	rec := do(s, http.MethodPut, "/v1/jobs", strings.Replace(gpuJob, `"train"`, `"train-2"`, 1))
+	var resp api.JobRegisterResponse
+	json.Unmarshal(rec.Body.Bytes(), &resp)
+	if rec.Code != http.StatusOK || resp.EvalID != "q-1" || !strings.Contains(resp.Warnings, "queued as q-1, position 1") {
+		t.Fatalf("%d %s", rec.Code, rec.Body)
+	}
+	if _, err := q.Get(context.Background(), "q-1"); err != nil {
+		t.Fatal("not stored in the queue")
+	}
+	rec = do(s, http.MethodGet, "/v1/evaluation/q-1", "")
+	var eval api.Evaluation
+	json.Unmarshal(rec.Body.Bytes(), &eval)
+	if eval.Status != api.EvalStatusComplete || eval.JobID != "train-2" {
+		t.Errorf("synthetic evaluation: %s", rec.Body)
+	}
+	if rec := do(s, http.MethodGet, "/v1/evaluation/q-1/allocations", ""); strings.TrimSpace(rec.Body.String()) != "[]" {
+		t.Errorf("allocations of a queued job: %s", rec.Body)
+	}
+}
+
+func TestBadRequests(t *testing.T) {
+	s, _, _, _ := newTestServer(t)
+	for body, want := range map[string]string{
+		`{"Job": `:                            "malformed JSON in request body",
+		`{"NotAJob": {}}`:                     `no "Job" object`,
+		`{"Job": {"ID": 42}}`:                 "malformed job",
+		strings.Repeat(" ", MaxBody+1) + "{}": "larger than",
+	} {
+		rec := do(s, http.MethodPut, "/v1/jobs", body)
+		if rec.Code != http.StatusBadRequest || !strings.Contains(rec.Body.String(), want) {
+			t.Errorf("want 400 naming %q, got %d %.80s", want, rec.Code, rec.Body)
+		}
+	}
+}
+
+func TestNonGPUJobIsForwardedByteForByte(t *testing.T) {
+	s, _, _, _ := newTestServer(t)
+	var got []byte
+	nomad := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got, _ = io.ReadAll(r.Body)
+		fmt.Fprint(w, `{}`)
+	}))
+	defer nomad.Close()
+	s2, _ := New(Options{Log: hclog.NewNullLogger(), Nomad: nomad.URL, Policies: s.policies, Cluster: s.cluster, Queue: s.queue})
+	body := `{"Job":{"ID":"web","TaskGroups":[{"Name":"g","Tasks":[{"Name":"t"}]}]},   "EnforceIndex":true}`
+	do(s2, http.MethodPost, "/v1/job/web", body)
+	if !bytes.Equal(got, []byte(body)) {
+		t.Errorf("body changed:\n%s\n%s", body, got)
+	}
+}
+
+// BenchmarkRegisterOverhead measures job registration straight to an upstream
+// and through the broker, interleaved in one run, and reports both p50 and p99
+// and their ratios. The upstream answers at once, so the ratio is the broker's
+// own cost (decode, admission, stamp, forward) over a bare HTTP round trip.
+func BenchmarkRegisterOverhead(b *testing.B) {
+	s, _, _, nomad := newTestServer(b)
+	broker := httptest.NewServer(s.Handler())
+	defer broker.Close()
+	client := &http.Client{}
+	body := strings.Replace(gpuJob, `"Count":2`, `"Count":1`, 1)
+	send := func(base string) time.Duration {
+		start := time.Now()
+		resp, err := client.Post(base+"/v1/jobs", "application/json", strings.NewReader(body))
+		if err != nil {
+			b.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return time.Since(start)
+	}
+	var direct, brokered []time.Duration
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		direct = append(direct, send(nomad.URL))
+		brokered = append(brokered, send(broker.URL))
+	}
+	b.StopTimer()
+	p := func(ds []time.Duration, q float64) float64 {
+		sort.Slice(ds, func(i, j int) bool { return ds[i] < ds[j] })
+		return float64(ds[int(q*float64(len(ds)-1))].Microseconds())
+	}
+	d50, d99, b50, b99 := p(direct, .5), p(direct, .99), p(brokered, .5), p(brokered, .99)
+	b.ReportMetric(d50, "direct-p50-µs")
+	b.ReportMetric(b50, "broker-p50-µs")
+	b.ReportMetric(d99, "direct-p99-µs")
+	b.ReportMetric(b99, "broker-p99-µs")
+	b.ReportMetric(b50/max(d50, 1), "p50-ratio")
+	b.ReportMetric(b99/max(d99, 1), "p99-ratio")
+}
