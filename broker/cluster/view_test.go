@@ -48,7 +48,7 @@ tenant "vision" {
 	}
 	v := NewView()
 	v.ObserveNode(gpuNode("n1", true, 8, 0))
-	v.ObserveNode(gpuNode("n2", true, 6, 2)) // two unhealthy GPUs are not capacity
+	v.ObserveNode(gpuNode("n2", true, 6, 2))  // two unhealthy GPUs are not capacity
 	v.ObserveNode(gpuNode("n3", false, 8, 0)) // a down node is not capacity
 	v.ObserveJob(gpuJob("vision", "a", 2, 2, "", false))
 	v.ObserveJob(gpuJob("vision-dev", "b", 1, 3, "NVIDIA H100 80GB HBM3", true))
