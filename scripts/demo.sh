@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Local demo cluster on loopback: Consul, one Nomad server and two Nomad clients
-# with 8 simulated H100 GPUs each (nomad-device-gpu, fake backend).
-#   scripts/demo.sh up     start it and print the GPU inventory
+# with 8 simulated H100 GPUs each (nomad-device-gpu, fake backend), and gpu-broker
+# in front of Nomad with the example policies.
+#   scripts/demo.sh up     start it, print the GPU inventory, show a borrowed job
+#                          being preempted by a tenant within its guarantee
 #   scripts/demo.sh down   stop everything and remove what it left
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -10,6 +12,7 @@ TOOLS_DIR=${TOOLS_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/nomad-gpu/tools}
 NOMAD=$TOOLS_DIR/bin/nomad
 CONSUL=$TOOLS_DIR/bin/consul
 export NOMAD_ADDR=http://127.0.0.1:4646
+BROKER_ADDR=http://127.0.0.1:4649
 DENYLIST=env_aws,env_gce,env_azure,env_digitalocean
 
 log() { printf 'demo: %s\n' "$*" >&2; }
@@ -88,16 +91,58 @@ HCL
   start nomad-client-2 "$NOMAD" agent -config "$DEMO_DIR/client-2.hcl"
   wait_for "two Nomad clients with GPUs" 90 two_gpu_nodes
   inventory
+
+  for ns in vision search research; do "$NOMAD" namespace apply -description "tenant $ns" "$ns" >/dev/null; done
+  cat >"$DEMO_DIR/broker.hcl" <<HCL
+listen     = "127.0.0.1:4649"
+policy_dir = "$PWD/policies"
+nomad  { address = "$NOMAD_ADDR" }
+consul { address = "127.0.0.1:8500" }
+HCL
+  start gpu-broker bin/gpu-broker serve -config "$DEMO_DIR/broker.hcl"
+  wait_for "gpu-broker" 30 curl -sf $BROKER_ADDR/v1/gpu/usage
+  wait_for "the broker to see 16 GPUs" 30 broker_sees_gpus
+  scenario
   cat <<TXT
 
-Demo cluster is up: Nomad $NOMAD_ADDR, Consul http://127.0.0.1:8500.
-  export NOMAD_ADDR=$NOMAD_ADDR
-  nomad node status -verbose <node>     GPUs, attributes, health
+Demo cluster is up: Nomad $NOMAD_ADDR, Consul http://127.0.0.1:8500, gpu-broker $BROKER_ADDR.
+  export NOMAD_ADDR=$BROKER_ADDR            submit through the broker, as users do
+  nomad job run jobspecs/dev.nomad.hcl
+  bin/gpu-broker usage | bin/gpu-broker queue list
+  nomad node status -verbose <node>        GPUs, attributes, health
 Make a GPU fail (recovers 30s after the file no longer says so):
   echo '{"<GPU UUID>": {"healthy": false, "health_description": "XID 79"}}' > $DEMO_DIR/client-1-gpu-state.json
 Stop everything: make demo-down
 TXT
 }
+
+broker_sees_gpus() {
+  # A job of 9 GPUs in one allocation is refused only once the broker knows nodes hold 8.
+  curl -s -X PUT "$BROKER_ADDR/v1/validate/job" -d '{"Job":{"ID":"probe","Namespace":"vision","TaskGroups":[{"Name":"g","Count":1,
+    "Tasks":[{"Name":"t","Driver":"raw_exec","Resources":{"Devices":[{"Name":"nvidia/gpu","Count":9}]}}]}]}}' |
+    grep -q 'no node has more than 8'
+}
+
+# scenario: vision fills its guarantee and borrows idle GPUs; search then claims
+# its guarantee, and Nomad preempts vision's borrowed job for it.
+scenario() {
+  echo
+  echo "== vision: 2 workers x 4 GPUs, within its guarantee of 8 (training band, priority 60)"
+  NOMAD_ADDR=$BROKER_ADDR "$NOMAD" job run -detach jobspecs/training.nomad.hcl | grep -v '^$'
+  echo "== vision: 4 more GPUs, beyond its guarantee: borrowed from idle GPUs (priority 20)"
+  NOMAD_ADDR=$BROKER_ADDR "$NOMAD" job run -detach -var workers=1 -var gpus_per_worker=4 \
+    <(sed 's/job "train-resnet"/job "train-borrowed"/' jobspecs/training.nomad.hcl) | grep -v '^$'
+  wait_for "vision's jobs running" 60 running vision train-borrowed
+  echo "== search: 3 replicas x 2 GPUs, within its guarantee of 6 (inference band, priority 80)"
+  NOMAD_ADDR=$BROKER_ADDR "$NOMAD" job run -detach jobspecs/inference.nomad.hcl | grep -v '^$'
+  wait_for "search's service running" 60 running search ranker
+  echo "== what Nomad did with vision's borrowed job:"
+  "$NOMAD" job allocs -namespace vision train-borrowed
+  echo
+  bin/gpu-broker usage -address $BROKER_ADDR
+}
+
+running() { "$NOMAD" job allocs -namespace "$1" "$2" 2>/dev/null | grep -q ' running '; }
 
 two_gpu_nodes() {
   [ "$("$NOMAD" node status -json 2>/dev/null | grep -c '"Status": "ready"')" -ge 2 ] || return 1
@@ -120,12 +165,23 @@ inventory() {
 }
 
 down() {
+  # Stop every job first, so that Nomad itself stops the tasks and their cgroups.
+  if curl -sf "$NOMAD_ADDR/v1/status/leader" >/dev/null 2>&1; then
+    curl -s "$NOMAD_ADDR/v1/jobs?namespace=*" | grep -o '"ID":"[^"]*","ParentID":"[^"]*","Name":"[^"]*","Namespace":"[^"]*"' |
+      sed 's/"ID":"\([^"]*\)".*"Namespace":"\([^"]*\)"/\2 \1/' | while read -r ns id; do
+        "$NOMAD" job stop -namespace "$ns" -purge -detach "$id" >/dev/null 2>&1 || true
+      done
+    for _ in $(seq 15); do
+      curl -s "$NOMAD_ADDR/v1/allocations?namespace=*" | grep -q '"ClientStatus":"running"' || break
+      sleep 1
+    done
+  fi
   for name in nomad-client-1 nomad-client-2; do
     port=$([ "$name" = nomad-client-1 ] && echo 4656 || echo 4666)
     # Release the clients' allocations (and their mounts) before they stop.
     curl -sf -X PUT "http://127.0.0.1:$port/v1/client/gc" >/dev/null 2>&1 || true
   done
-  for name in nomad-client-1 nomad-client-2 nomad-server consul; do
+  for name in gpu-broker nomad-client-1 nomad-client-2 nomad-server consul; do
     pidfile="$DEMO_DIR/$name.pid"
     [ -f "$pidfile" ] || continue
     pid=$(cat "$pidfile")
@@ -134,6 +190,8 @@ down() {
     kill -KILL -- "-$pid" 2>/dev/null || true
     rm -f "$pidfile"
   done
+  # Whatever task survived: each executor leads its own session, with its task.
+  for pid in $(pgrep -f "nomad executor .*$DEMO_DIR/" || true); do pkill -KILL -s "$pid" || true; done
   if [ -d "$DEMO_DIR" ]; then
     grep -o " $DEMO_DIR/[^ ]*" /proc/self/mounts | sort -r | xargs -r -n1 umount -l 2>/dev/null || true
     rm -rf "$DEMO_DIR"

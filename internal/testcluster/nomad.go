@@ -172,21 +172,49 @@ func StartDev(t testing.TB, pluginConfig string) *Nomad {
 	return n
 }
 
-// Stop garbage-collects the client's allocations (so their mounts are released),
-// stops the agent and removes anything it left mounted.
+// Stop ends the agent without leaving anything behind: a client first stops the
+// jobs it runs (so Nomad itself stops their tasks and cgroups) and collects its
+// allocations (releasing their mounts); whatever task survives is killed.
 func (n *Nomad) Stop() {
-	select {
-	case <-n.exited:
-	default:
-		if n.client {
-			req, _ := http.NewRequest(http.MethodPut, n.Addr+"/v1/client/gc", nil)
-			if resp, err := (&http.Client{Timeout: 10 * time.Second}).Do(req); err == nil {
-				resp.Body.Close()
-			}
+	if n.client && !n.Exited() {
+		n.stopLocalJobs()
+		req, _ := http.NewRequest(http.MethodPut, n.Addr+"/v1/client/gc", nil)
+		if resp, err := (&http.Client{Timeout: 10 * time.Second}).Do(req); err == nil {
+			resp.Body.Close()
 		}
 	}
 	n.stop()
+	killTasksUnder(n.DataDir)
 	unmountUnder(n.DataDir)
+}
+
+// stopLocalJobs deregisters the jobs with live allocations on this node and waits
+// (a bounded time) for those allocations to end.
+func (n *Nomad) stopLocalJobs() {
+	self, err := n.API.Agent().Self()
+	if err != nil {
+		return
+	}
+	nodeID, _ := self.Stats["client"]["node_id"]
+	live := func() []*api.Allocation {
+		allocs, _, err := n.API.Nodes().Allocations(nodeID, nil)
+		if err != nil {
+			return nil
+		}
+		var out []*api.Allocation
+		for _, a := range allocs {
+			if a.ClientStatus == api.AllocClientStatusRunning || a.ClientStatus == api.AllocClientStatusPending {
+				out = append(out, a)
+			}
+		}
+		return out
+	}
+	for _, a := range live() {
+		n.API.Jobs().Deregister(a.JobID, true, &api.WriteOptions{Namespace: a.Namespace})
+	}
+	for deadline := time.Now().Add(15 * time.Second); len(live()) > 0 && time.Now().Before(deadline); {
+		time.Sleep(200 * time.Millisecond)
+	}
 }
 
 // Exited reports whether the agent process has ended.

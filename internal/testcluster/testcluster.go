@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -164,6 +165,44 @@ func dumpOnFailure(t testing.TB, p *process) {
 		lines = lines[len(lines)-80:]
 	}
 	t.Logf("last lines of %s:\n%s", p.name, strings.Join(lines, "\n"))
+}
+
+// killTasksUnder kills Nomad task executors whose files are below dir, with
+// their tasks: each executor leads a session of its own, which the agent's
+// process group does not reach.
+func killTasksUnder(dir string) {
+	procs, _ := filepath.Glob("/proc/[0-9]*")
+	var sessions []int
+	for _, p := range procs {
+		cmdline, err := os.ReadFile(p + "/cmdline")
+		if err != nil || !strings.Contains(string(cmdline), "executor") || !strings.Contains(string(cmdline), dir+"/") {
+			continue
+		}
+		if pid, err := strconv.Atoi(filepath.Base(p)); err == nil {
+			sessions = append(sessions, pid)
+		}
+	}
+	if len(sessions) == 0 {
+		return
+	}
+	for _, p := range procs {
+		stat, err := os.ReadFile(p + "/stat")
+		if err != nil {
+			continue
+		}
+		// Fields after the command (in parentheses): state ppid pgrp session ...
+		fields := strings.Fields(string(stat[strings.LastIndexByte(string(stat), ')')+1:]))
+		if len(fields) < 4 {
+			continue
+		}
+		sid, _ := strconv.Atoi(fields[3])
+		for _, s := range sessions {
+			if sid == s {
+				pid, _ := strconv.Atoi(filepath.Base(p))
+				syscall.Kill(pid, syscall.SIGKILL)
+			}
+		}
+	}
 }
 
 // unmountUnder detaches mounts a Nomad client left below dir (secrets tmpfs,
