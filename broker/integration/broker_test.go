@@ -115,6 +115,20 @@ func TestBroker(t *testing.T) {
 		}
 	})
 
+	t.Run("plan shows the decision without side effects", func(t *testing.T) {
+		path := e.spec("vision", "planned", 1, 2, "")
+		out, _ := e.nomadCLI("job", "plan", path) // exit 1 means "allocations would be created"
+		if !strings.Contains(out, "nomad-gpu: would be admitted: tenant vision, queue training, priority 60") {
+			t.Errorf("plan does not show the admission:\n%s", out)
+		}
+		if _, _, err := e.nomad.API.Jobs().Info("planned", &api.QueryOptions{Namespace: "vision"}); err == nil {
+			t.Errorf("plan registered the job")
+		}
+		if list := e.brokerCLI("queue", "list", "-json"); strings.TrimSpace(list) != "[]" {
+			t.Errorf("plan queued something: %s", list)
+		}
+	})
+
 	t.Run("admitted job runs with its queue's priority and meta", func(t *testing.T) {
 		out, err := e.run("vision", "train-a", 1, 4, "", false)
 		if err != nil || !strings.Contains(out, "nomad-gpu: admitted: tenant vision, queue training, priority 60, 4 GPUs, borrowed: no") {
@@ -217,6 +231,22 @@ func TestBroker(t *testing.T) {
 	})
 }
 
+// TestPolicyValidateCLI checks what an operator's CI sees from a policy repo.
+func TestPolicyValidateCLI(t *testing.T) {
+	bin := testcluster.BrokerBinary(t)
+	out, err := exec.Command(bin, "policy", "validate", "../../policies").CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "valid: 3 queues, 3 tenants, 1 GPU classes") {
+		t.Errorf("policies/ must validate: %v\n%s", err, out)
+	}
+	dir := t.TempDir()
+	writeFile(t, filepath.Join(dir, "bad.hcl"), "queue \"a\" {\n  priority = 60\n  colour = \"red\"\n}\n")
+	out, err = exec.Command(bin, "policy", "validate", dir).CombinedOutput()
+	want := filepath.Join(dir, "bad.hcl") + ":3:3: error: Unsupported argument"
+	if err == nil || !strings.Contains(string(out), want) {
+		t.Errorf("want a non-zero exit and %q, got %v:\n%s", want, err, out)
+	}
+}
+
 // queued submits a job the broker must queue and returns its queue id.
 func (e *env) queued(id string, gpus int, detach bool) string {
 	e.t.Helper()
@@ -238,6 +268,15 @@ func (e *env) waitAdmitted(t *testing.T, ns, id string, timeout time.Duration) {
 
 // run submits a job through the broker with the nomad CLI.
 func (e *env) run(ns, id string, count, gpus int, queue string, detach bool) (string, error) {
+	args := []string{"job", "run"}
+	if detach {
+		args = append(args, "-detach")
+	}
+	return e.nomadCLI(append(args, e.spec(ns, id, count, gpus, queue))...)
+}
+
+// spec writes a raw_exec batch jobspec and returns its path.
+func (e *env) spec(ns, id string, count, gpus int, queue string) string {
 	meta := ""
 	if queue != "" {
 		meta = fmt.Sprintf(`meta = { "nomad-gpu.queue" = %q }`, queue)
@@ -274,11 +313,7 @@ func (e *env) run(ns, id string, count, gpus int, queue string, detach bool) (st
 `, id, ns, meta, count, device)
 	path := filepath.Join(e.dir, id+".nomad.hcl")
 	writeFile(e.t, path, spec)
-	args := []string{"job", "run"}
-	if detach {
-		args = append(args, "-detach")
-	}
-	return e.nomadCLI(append(args, path)...)
+	return path
 }
 
 func (e *env) nomadCLI(args ...string) (string, error) {
