@@ -14,6 +14,23 @@ import (
 	"github.com/nomad-gpu/nomad-gpu/broker/queue"
 )
 
+// gpuRequest reads a job request and decides on it. It answers the request
+// itself, and returns false, when the body is bad or the job asks for no GPU
+// (which Nomad gets byte for byte).
+func (s *Server) gpuRequest(w http.ResponseWriter, r *http.Request) (*requestJob, admission.Decision, bool) {
+	rj, err := readJobRequest(r)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, "nomad-gpu: %v", err)
+		return nil, admission.Decision{}, false
+	}
+	d := s.decide(rj)
+	if d.Demand.Total() == 0 {
+		s.passThrough(w, r, rj.request)
+		return nil, d, false
+	}
+	return rj, d, true
+}
+
 // decide runs admission for a job request against usage without the job's
 // current version (an update replaces it).
 func (s *Server) decide(rj *requestJob) admission.Decision {
@@ -23,14 +40,8 @@ func (s *Server) decide(rj *requestJob) admission.Decision {
 
 // register admits, queues or rejects a job registration.
 func (s *Server) register(w http.ResponseWriter, r *http.Request) {
-	rj, err := readJobRequest(r)
-	if err != nil {
-		writeError(w, http.StatusBadRequest, "nomad-gpu: %v", err)
-		return
-	}
-	d := s.decide(rj)
-	if d.Demand.Total() == 0 {
-		s.passThrough(w, r, rj.request) // not a GPU job: untouched
+	rj, d, ok := s.gpuRequest(w, r)
+	if !ok {
 		return
 	}
 	who := s.identity(r)
@@ -113,14 +124,8 @@ func (s *Server) position(r *http.Request, id string) int {
 // would decide; nothing is queued or stored. A plan of an admitted job shows the
 // priority and meta the broker would set.
 func (s *Server) annotate(w http.ResponseWriter, r *http.Request, plan bool) {
-	rj, err := readJobRequest(r)
-	if err != nil {
-		writeError(w, http.StatusBadRequest, "nomad-gpu: %v", err)
-		return
-	}
-	d := s.decide(rj)
-	if d.Demand.Total() == 0 {
-		s.passThrough(w, r, rj.request)
+	rj, d, ok := s.gpuRequest(w, r)
+	if !ok {
 		return
 	}
 	body, note := rj.request, ""

@@ -18,9 +18,8 @@ import (
 // not admit now is refused with the reason, and the user may try again later.
 
 func (s *Server) scale(w http.ResponseWriter, r *http.Request) {
-	body, err := io.ReadAll(http.MaxBytesReader(nil, r.Body, MaxBody))
-	if err != nil {
-		writeError(w, http.StatusBadRequest, "nomad-gpu: read request body: %v", err)
+	body, ok := readBody(w, r)
+	if !ok {
 		return
 	}
 	var req api.ScalingRequest
@@ -43,9 +42,8 @@ func (s *Server) scale(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) dispatch(w http.ResponseWriter, r *http.Request) {
-	body, err := io.ReadAll(http.MaxBytesReader(nil, r.Body, MaxBody))
-	if err != nil {
-		writeError(w, http.StatusBadRequest, "nomad-gpu: read request body: %v", err)
+	body, ok := readBody(w, r)
+	if !ok {
 		return
 	}
 	parent, ns, err := s.currentJob(r)
@@ -59,9 +57,8 @@ func (s *Server) dispatch(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) revert(w http.ResponseWriter, r *http.Request) {
-	body, err := io.ReadAll(http.MaxBytesReader(nil, r.Body, MaxBody))
-	if err != nil {
-		writeError(w, http.StatusBadRequest, "nomad-gpu: read request body: %v", err)
+	body, ok := readBody(w, r)
+	if !ok {
 		return
 	}
 	var req api.JobRevertRequest
@@ -81,6 +78,16 @@ func (s *Server) revert(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	s.passThrough(w, r, body)
+}
+
+// readBody reads a size-limited body, answering 400 itself when it cannot.
+func readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool) {
+	body, err := io.ReadAll(http.MaxBytesReader(nil, r.Body, MaxBody))
+	if err != nil {
+		writeError(w, http.StatusBadRequest, "nomad-gpu: read request body: %v", err)
+		return nil, false
+	}
+	return body, true
 }
 
 // checkThenForward decides on job as it would be after the call; anything but an

@@ -4,40 +4,11 @@ import (
 	"fmt"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 )
-
-var (
-	brokerOnce sync.Once
-	brokerPath string
-	brokerErr  error
-)
-
-// BrokerBinary builds cmd/gpu-broker once per test binary.
-func BrokerBinary(t testing.TB) string {
-	t.Helper()
-	brokerOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "nomad-gpu-broker-")
-		if err != nil {
-			brokerErr = err
-			return
-		}
-		brokerPath = filepath.Join(dir, "gpu-broker")
-		cmd := exec.Command("go", "build", "-race", "-o", brokerPath, "github.com/nomad-gpu/nomad-gpu/cmd/gpu-broker")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			brokerErr = fmt.Errorf("build gpu-broker: %v\n%s", err, out)
-		}
-	})
-	if brokerErr != nil {
-		t.Fatal(brokerErr)
-	}
-	return brokerPath
-}
 
 // Broker is a running gpu-broker.
 type Broker struct {

@@ -73,32 +73,52 @@ func FreePorts(t testing.TB, n int) []int {
 	return ports
 }
 
-var (
-	pluginOnce sync.Once
-	pluginPath string
-	pluginErr  error
-)
+// builds holds one build per package per test binary.
+var builds sync.Map // package path → *build
+
+type build struct {
+	once sync.Once
+	path string
+	err  error
+}
+
+// buildOnce builds a main package of this module once per test binary; race
+// turns on the race detector in it.
+func buildOnce(t testing.TB, pkg, name string, race bool) string {
+	t.Helper()
+	v, _ := builds.LoadOrStore(pkg, &build{})
+	b := v.(*build)
+	b.once.Do(func() {
+		dir, err := os.MkdirTemp("", "nomad-gpu-build-")
+		if err != nil {
+			b.err = err
+			return
+		}
+		b.path = filepath.Join(dir, name)
+		args := []string{"build", "-o", b.path}
+		if race {
+			args = append(args, "-race")
+		}
+		cmd := exec.Command("go", append(args, pkg)...)
+		cmd.Env = append(os.Environ(), "CGO_CFLAGS=-Wno-deprecated-declarations")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			b.err = fmt.Errorf("build %s: %v\n%s", name, err, out)
+		}
+	})
+	if b.err != nil {
+		t.Fatal(b.err)
+	}
+	return b.path
+}
 
 // PluginBinary builds cmd/nomad-device-gpu once per test binary.
 func PluginBinary(t testing.TB) string {
-	t.Helper()
-	pluginOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "nomad-gpu-plugin-")
-		if err != nil {
-			pluginErr = err
-			return
-		}
-		pluginPath = filepath.Join(dir, "nomad-device-gpu")
-		cmd := exec.Command("go", "build", "-o", pluginPath, "github.com/nomad-gpu/nomad-gpu/cmd/nomad-device-gpu")
-		cmd.Env = append(os.Environ(), "CGO_CFLAGS=-Wno-deprecated-declarations")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			pluginErr = fmt.Errorf("build nomad-device-gpu: %v\n%s", err, out)
-		}
-	})
-	if pluginErr != nil {
-		t.Fatal(pluginErr)
-	}
-	return pluginPath
+	return buildOnce(t, "github.com/nomad-gpu/nomad-gpu/cmd/nomad-device-gpu", "nomad-device-gpu", false)
+}
+
+// BrokerBinary builds cmd/gpu-broker, with the race detector, once per test binary.
+func BrokerBinary(t testing.TB) string {
+	return buildOnce(t, "github.com/nomad-gpu/nomad-gpu/cmd/gpu-broker", "gpu-broker", true)
 }
 
 // process is a started agent whose output goes to a log file.
