@@ -36,8 +36,8 @@ func ToolsDir() string {
 // is skipped locally, but fails in CI (CI=true), where a skip would hide it.
 func Binary(t testing.TB, name string) string {
 	t.Helper()
-	if testing.Short() {
-		t.Skip("integration test: needs real agents, skipped with -short")
+	if testing.Short() && os.Getenv("CI") == "" {
+		t.Skip("integration test: needs real agents, skipped with -short (never in CI)")
 	}
 	path := filepath.Join(ToolsDir(), "bin", name)
 	if _, err := os.Stat(path); err == nil {
