@@ -15,17 +15,29 @@ type Broker struct {
 	*process
 	Addr   string // http://127.0.0.1:port
 	dir    string
+	bin    string
 	config string
 	t      testing.TB
 }
 
-// StartBroker runs gpu-broker in front of nomad with its queue in consul and
-// its policies in policyDir.
+// StartBroker runs gpu-broker (race-detector build) in front of nomad with its
+// queue in consul and its policies in policyDir.
 func StartBroker(t testing.TB, nomad *Nomad, consul *Consul, policyDir string) *Broker {
+	t.Helper()
+	return startBroker(t, BrokerBinary(t), nomad, consul, policyDir)
+}
+
+// StartReleaseBroker is StartBroker with the released build, for benchmarks.
+func StartReleaseBroker(t testing.TB, nomad *Nomad, consul *Consul, policyDir string) *Broker {
+	t.Helper()
+	return startBroker(t, BrokerReleaseBinary(t), nomad, consul, policyDir)
+}
+
+func startBroker(t testing.TB, bin string, nomad *Nomad, consul *Consul, policyDir string) *Broker {
 	t.Helper()
 	dir := t.TempDir()
 	port := FreePorts(t, 1)[0]
-	b := &Broker{Addr: fmt.Sprintf("http://127.0.0.1:%d", port), dir: dir, t: t,
+	b := &Broker{Addr: fmt.Sprintf("http://127.0.0.1:%d", port), dir: dir, t: t, bin: bin,
 		config: filepath.Join(dir, "broker.hcl")}
 	cfg := fmt.Sprintf(`listen     = "127.0.0.1:%d"
 policy_dir = %q
@@ -46,7 +58,7 @@ consul { address = %q }
 // Start (re)starts the broker process and waits for its API.
 func (b *Broker) Start() {
 	b.t.Helper()
-	b.process = start(b.t, "gpu-broker", b.dir, BrokerBinary(b.t), "serve", "-config", b.config, "-log-level", "debug")
+	b.process = start(b.t, "gpu-broker", b.dir, b.bin, "serve", "-config", b.config, "-log-level", "debug")
 	WaitFor(b.t, 30*time.Second, "gpu-broker", func() error {
 		select {
 		case <-b.exited:

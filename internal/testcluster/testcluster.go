@@ -73,8 +73,8 @@ func FreePorts(t testing.TB, n int) []int {
 	return ports
 }
 
-// builds holds one build per package per test binary.
-var builds sync.Map // package path → *build
+// builds holds one build per package (and race setting) per test binary.
+var builds sync.Map // "<package path> <race>" → *build
 
 type build struct {
 	once sync.Once
@@ -86,7 +86,7 @@ type build struct {
 // turns on the race detector in it.
 func buildOnce(t testing.TB, pkg, name string, race bool) string {
 	t.Helper()
-	v, _ := builds.LoadOrStore(pkg, &build{})
+	v, _ := builds.LoadOrStore(fmt.Sprint(pkg, race), &build{})
 	b := v.(*build)
 	b.once.Do(func() {
 		dir, err := os.MkdirTemp("", "nomad-gpu-build-")
@@ -119,6 +119,11 @@ func PluginBinary(t testing.TB) string {
 // BrokerBinary builds cmd/gpu-broker, with the race detector, once per test binary.
 func BrokerBinary(t testing.TB) string {
 	return buildOnce(t, "github.com/nomad-gpu/nomad-gpu/cmd/gpu-broker", "gpu-broker", true)
+}
+
+// BrokerReleaseBinary builds cmd/gpu-broker as released, for benchmarks.
+func BrokerReleaseBinary(t testing.TB) string {
+	return buildOnce(t, "github.com/nomad-gpu/nomad-gpu/cmd/gpu-broker", "gpu-broker", false)
 }
 
 // process is a started agent whose output goes to a log file.
