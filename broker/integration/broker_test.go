@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -142,6 +143,45 @@ func TestBroker(t *testing.T) {
 		e.waitRunning("vision", "train-a")
 		if out, err := e.nomadCLI("job", "status", "-namespace", "vision", "train-a"); err != nil || !strings.Contains(out, "running") {
 			t.Errorf("nomad job status through the broker: %v\n%s", err, out)
+		}
+		out, err = e.nomadCLI("job", "scale", "-namespace", "vision", "-detach", "train-a", "g", "3")
+		if err == nil || !strings.Contains(out, `scale of "train-a" rejected by rule above-limit: the job needs 12 GPUs`) {
+			t.Errorf("scaling above the limit must be refused with the rule: %v\n%s", err, out)
+		}
+	})
+
+	t.Run("Nomad's own API passes through: exec, logs, events, blocking queries", func(t *testing.T) {
+		alloc := e.waitRunning("vision", "train-a")
+		out, err := e.nomadCLI("alloc", "exec", "-namespace", "vision", "-task", "t", alloc.ID, "/bin/echo", "through-the-broker")
+		if err != nil || !strings.Contains(out, "through-the-broker") {
+			t.Errorf("nomad alloc exec (websocket) through the broker: %v\n%s", err, out)
+		}
+		if out, err := e.nomadCLI("alloc", "logs", "-namespace", "vision", "-stderr", alloc.ID, "t"); err != nil {
+			t.Errorf("nomad alloc logs through the broker: %v\n%s", err, out)
+		}
+		client, _ := api.NewClient(&api.Config{Address: e.broker.Addr})
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		events, err := client.EventStream().Stream(ctx, map[api.Topic][]string{api.TopicJob: {"*"}}, 0, &api.QueryOptions{Namespace: "*"})
+		if err != nil {
+			t.Fatalf("event stream through the broker: %v", err)
+		}
+		select {
+		case ev := <-events:
+			if ev.Err != nil || len(ev.Events) == 0 {
+				t.Errorf("event stream through the broker: %+v", ev)
+			}
+		case <-ctx.Done():
+			t.Errorf("no event through the broker in 10s")
+		}
+		_, meta, err := client.Jobs().List(&api.QueryOptions{Namespace: "vision"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		start := time.Now()
+		_, meta2, err := client.Jobs().List(&api.QueryOptions{Namespace: "vision", WaitIndex: meta.LastIndex, WaitTime: 2 * time.Second})
+		if err != nil || time.Since(start) < 1500*time.Millisecond || meta2.LastIndex < meta.LastIndex {
+			t.Errorf("blocking query through the broker returned after %s (index %d → %d): %v", time.Since(start), meta.LastIndex, meta2.LastIndex, err)
 		}
 	})
 
