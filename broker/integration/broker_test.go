@@ -219,6 +219,13 @@ func TestBroker(t *testing.T) {
 		if _, _, err := e.nomad.API.Jobs().Info("train-q", &api.QueryOptions{Namespace: "vision"}); err == nil {
 			t.Fatalf("a queued job must not be in Nomad yet")
 		}
+		other := e.queued("train-cancelled", 4, true)
+		if out := e.brokerCLI("queue", "cancel", other); !strings.Contains(out, "cancelled") {
+			t.Errorf("gpu-broker queue cancel:\n%s", out)
+		}
+		if list := e.brokerCLI("queue", "list"); strings.Contains(list, other) {
+			t.Errorf("cancelled job still queued:\n%s", list)
+		}
 		stopped := time.Now()
 		e.stop("vision", "train-a")
 		e.stop("vision", "borrow-a")
