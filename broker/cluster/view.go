@@ -20,6 +20,7 @@ type View struct {
 	nodes   map[string]node
 	jobs    map[jobKey]job
 	held    map[string]*byModel // GPUs live jobs hold, by namespace
+	total   map[string]int      // GPUs live jobs hold, by model, all namespaces
 	changed chan struct{}
 
 	// Derived from nodes under one policy; recomputed when either changes.
@@ -48,7 +49,7 @@ type byModel struct {
 
 // NewView returns an empty view.
 func NewView() *View {
-	return &View{nodes: map[string]node{}, jobs: map[jobKey]job{}, held: map[string]*byModel{},
+	return &View{nodes: map[string]node{}, jobs: map[jobKey]job{}, held: map[string]*byModel{}, total: map[string]int{},
 		changed: make(chan struct{}, 1), nodesDirty: true}
 }
 
@@ -65,7 +66,7 @@ func (v *View) notify() {
 // Reset replaces the whole view, after a full listing.
 func (v *View) Reset(nodes []*api.Node, jobs []*api.Job) {
 	v.mu.Lock()
-	v.nodes, v.jobs, v.held, v.nodesDirty = map[string]node{}, map[jobKey]job{}, map[string]*byModel{}, true
+	v.nodes, v.jobs, v.held, v.total, v.nodesDirty = map[string]node{}, map[jobKey]job{}, map[string]*byModel{}, map[string]int{}, true
 	v.mu.Unlock()
 	for _, n := range nodes {
 		v.ObserveNode(n)
@@ -144,43 +145,64 @@ func (v *View) ForgetJob(namespace, id string) {
 func (v *View) Usage(p *policy.Policy) admission.Usage { return v.UsageWithout(p, "", "") }
 
 // UsageWithout is Usage as if the job namespace/id did not exist: the snapshot
-// for deciding on a new version of that job.
+// for deciding on a new version of that job. With a namespace, only the tenant
+// owning it is reported (all a decision needs), so the cost does not grow with
+// the number of tenants.
 func (v *View) UsageWithout(p *policy.Policy, namespace, id string) admission.Usage {
 	v.mu.Lock()
+	defer v.mu.Unlock()
 	if v.nodesDirty || v.capPolicy != p {
 		v.capacity, v.maxAlloc = v.nodeTotals(p)
 		v.capPolicy, v.nodesDirty = p, false
 	}
 	u := admission.Usage{Tenants: map[string]admission.TenantUsage{}, Idle: policy.Quota{}, MaxAlloc: copyQuota(v.maxAlloc)}
-	capacity := v.capacity
 	except, hasExcept := v.jobs[jobKey{namespace, id}]
-	held := policy.Quota{}
-	for ns, agg := range v.held {
-		demand := classify(p, agg.held)
-		borrowed := classify(p, agg.borrowed)
-		if hasExcept && ns == namespace {
-			sub(demand, classify(p, except.demand))
-			if except.borrowed {
-				sub(borrowed, classify(p, except.demand))
-			}
-		}
-		for class, n := range demand {
-			held[class] += n
-		}
+	var exceptDemand policy.Quota
+	if hasExcept {
+		exceptDemand = classify(p, except.demand)
+	}
+	held := classify(p, v.total)
+	if hasExcept {
+		sub(held, exceptDemand)
+	}
+	for class, c := range v.capacity {
+		u.Idle[class] = max(c-held[class], 0)
+	}
+	namespaces := v.namespacesToReport(p, namespace)
+	for _, ns := range namespaces {
+		agg, ok := v.held[ns]
 		t := p.TenantOf(ns)
-		if t == nil {
+		if !ok || t == nil {
 			continue
+		}
+		demand, borrowed := classify(p, agg.held), classify(p, agg.borrowed)
+		if hasExcept && ns == namespace {
+			sub(demand, exceptDemand)
+			if except.borrowed {
+				sub(borrowed, exceptDemand)
+			}
 		}
 		tu := u.Tenants[t.Name]
 		tu.Used = add(tu.Used, demand)
 		tu.Borrowed = add(tu.Borrowed, borrowed)
 		u.Tenants[t.Name] = tu
 	}
-	v.mu.Unlock()
-	for class, c := range capacity {
-		u.Idle[class] = max(c-held[class], 0)
-	}
 	return u
+}
+
+// namespacesToReport is every namespace with jobs, or those of namespace's tenant.
+func (v *View) namespacesToReport(p *policy.Policy, namespace string) []string {
+	if namespace != "" {
+		if t := p.TenantOf(namespace); t != nil {
+			return t.Namespaces
+		}
+		return nil
+	}
+	out := make([]string, 0, len(v.held))
+	for ns := range v.held {
+		out = append(out, ns)
+	}
+	return out
 }
 
 // nodeTotals sums schedulable, healthy GPUs by class, and the most on one node.
@@ -208,6 +230,7 @@ func (v *View) account(ns string, j job, sign int) {
 	}
 	for model, n := range j.demand {
 		agg.held[model] += sign * n
+		v.total[model] += sign * n
 		if j.borrowed {
 			agg.borrowed[model] += sign * n
 		}
