@@ -110,20 +110,19 @@ func (p *Plugin) config() Config {
 }
 
 // openBackend opens the backend once; Stats waits for it through p.opened.
-func (p *Plugin) openBackend(cfg Config) Backend {
+func (p *Plugin) openBackend(cfg Config) (Backend, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.backend != nil {
-		return p.backend
+		return p.backend, nil
 	}
 	b, err := p.open(cfg)
 	if err != nil {
-		p.log.Error("no GPU backend, reporting no devices", "backend", cfg.Backend, "error", err)
-		b = NoDevices{}
+		return nil, err
 	}
 	p.backend = b
 	close(p.opened)
-	return b
+	return b, nil
 }
 
 // Close releases the backend.
@@ -150,13 +149,24 @@ func (p *Plugin) Fingerprint(_ *devicepb.FingerprintRequest, stream devicepb.Dev
 		<-ctx.Done()
 		return nil
 	}
-	backend := p.openBackend(cfg)
-	scanner := newScanner(cfg, backend, p.log)
 	ticker := time.NewTicker(cfg.FingerprintEvery())
 	defer ticker.Stop()
 	var last *devicepb.FingerprintResponse
+	var scanner *scanner
 	for {
-		resp, devices := scanner.scan(ctx, p.now())
+		if scanner == nil {
+			// A driver that is not ready yet is tried again every period;
+			// meanwhile Nomad gets an empty list, never a closed stream.
+			if backend, err := p.openBackend(cfg); err != nil {
+				p.log.Error("cannot open the GPU backend, retrying every fingerprint period", "backend", cfg.Backend, "error", err)
+			} else {
+				scanner = newScanner(cfg, backend, p.log)
+			}
+		}
+		resp, devices := &devicepb.FingerprintResponse{}, []gpu.Device(nil)
+		if scanner != nil {
+			resp, devices = scanner.scan(ctx, p.now())
+		}
 		if last == nil || !equalFingerprint(last, resp) {
 			p.setInventory(devices)
 			if err := stream.Send(resp); err != nil {

@@ -276,3 +276,40 @@ func TestStatsStreamHasTimestampsAndUnknowns(t *testing.T) {
 		}
 	}
 }
+
+func TestBackendThatFailsToOpenIsRetried(t *testing.T) {
+	backend := &testBackend{devices: []gpu.Device{device("GPU-a", "H100")}}
+	var mu sync.Mutex
+	failures := 2
+	p := New(hclog.NewNullLogger(), "0.1.0", func(Config) (Backend, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		if failures > 0 {
+			failures--
+			return nil, status.Error(codes.Unavailable, "driver not loaded yet")
+		}
+		return backend, nil
+	})
+	lis := bufconn.Listen(1 << 20)
+	srv := grpc.NewServer()
+	basepb.RegisterBasePluginServer(srv, p)
+	devicepb.RegisterDevicePluginServer(srv, p)
+	go srv.Serve(lis)
+	defer srv.Stop()
+	conn, _ := grpc.NewClient("passthrough:///bufnet",
+		grpc.WithContextDialer(func(context.Context, string) (net.Conn, error) { return lis.Dial() }),
+		grpc.WithTransportCredentials(insecure.NewCredentials()))
+	defer conn.Close()
+	b, _ := msgpack.Marshal(map[string]any{"fingerprint_period": "10ms"})
+	if _, err := basepb.NewBasePluginClient(conn).SetConfig(context.Background(), &basepb.SetConfigRequest{MsgpackConfig: b}); err != nil {
+		t.Fatal(err)
+	}
+	c := client{device: devicepb.NewDevicePluginClient(conn), plugin: p}
+	next, _ := fingerprints(t, c)
+	if first := next(); len(first.DeviceGroup) != 0 {
+		t.Fatalf("want an empty list while the backend cannot open, got %v", first)
+	}
+	if second := next(); find(second, "GPU-a") == nil {
+		t.Fatalf("the backend was not retried: %v", second)
+	}
+}
