@@ -37,6 +37,11 @@ type Cluster interface {
 // Policies gives the policy in force.
 type Policies interface{ Current() *policy.Policy }
 
+// Unblocker re-evaluates jobs Nomad left blocked.
+type Unblocker interface {
+	ReevaluateBlocked(ctx context.Context) (int, error)
+}
+
 // Admitter admits from the queue.
 type Admitter struct {
 	Log      hclog.Logger
@@ -46,15 +51,28 @@ type Admitter struct {
 	Policies Policies
 	Stamper  nomadjob.Stamper
 	Now      func() time.Time
+	// Capacity is the number of healthy, schedulable GPUs; when it grows (a GPU
+	// recovered, a node came back) Blocked jobs are evaluated again. Optional.
+	Capacity func() int
+	Blocked  Unblocker
 }
 
 // Run makes a pass whenever the cluster changes, and every interval anyway.
 func (a *Admitter) Run(ctx context.Context, changed <-chan struct{}, interval time.Duration) {
 	t := time.NewTicker(interval)
 	defer t.Stop()
+	lastCapacity := -1
 	for {
 		if _, err := a.Pass(ctx); err != nil && ctx.Err() == nil {
 			a.Log.Warn("queue pass failed", "error", err)
+		}
+		if a.Capacity != nil && a.Blocked != nil {
+			c := a.Capacity()
+			if lastCapacity >= 0 && c > lastCapacity {
+				n, err := a.Blocked.ReevaluateBlocked(ctx)
+				a.Log.Info("healthy GPUs came back, re-evaluated blocked jobs", "gpus", c, "was", lastCapacity, "jobs", n, "error", err)
+			}
+			lastCapacity = c
 		}
 		select {
 		case <-ctx.Done():

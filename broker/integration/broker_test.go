@@ -14,6 +14,7 @@ import (
 	"github.com/hashicorp/nomad/api"
 
 	"github.com/nomad-gpu/nomad-gpu/broker/server"
+	"github.com/nomad-gpu/nomad-gpu/device-plugin/fake"
 	"github.com/nomad-gpu/nomad-gpu/internal/testcluster"
 )
 
@@ -59,14 +60,17 @@ type env struct {
 // with 8 simulated GPUs, Consul, and the broker in front, driven by the nomad CLI.
 func TestBroker(t *testing.T) {
 	consul := testcluster.StartConsul(t)
+	gpuState := filepath.Join(t.TempDir(), "gpu-state.json")
 	n := testcluster.StartNomad(t, testcluster.NomadOptions{Name: "dev", Server: true, Client: true,
-		ConsulAddr: consul.Addr, PluginConfig: `
+		ConsulAddr: consul.Addr, PluginConfig: fmt.Sprintf(`
     backend            = "fake"
-    fingerprint_period = "5s"
+    fingerprint_period = "2s"
+    health_recovery    = "2s"
     fake {
-      count     = 8
-      id_prefix = "broker"
-    }`})
+      count      = 8
+      id_prefix  = "broker"
+      state_file = %q
+    }`, gpuState)})
 	n.WaitForNodes(t, 1)
 	for _, ns := range []string{"vision", "search"} {
 		if _, err := n.API.Namespaces().Register(&api.Namespace{Name: ns}, nil); err != nil {
@@ -255,6 +259,48 @@ func TestBroker(t *testing.T) {
 		}
 	})
 
+	t.Run("a job blocked on a sick GPU is placed when it recovers", func(t *testing.T) {
+		e.stop("vision", "train-q")
+		e.stop("vision", "crash-q")
+		sick := fake.UUID("broker", 0)
+		writeFile(t, gpuState, fmt.Sprintf(`{%q: {"healthy": false, "health_description": "XID 79"}}`, sick))
+		testcluster.WaitFor(t, 30*time.Second, "GPU unhealthy in Nomad", func() error {
+			node := n.WaitForNodes(t, 1)[0]
+			for _, d := range node.NodeResources.Devices {
+				for _, inst := range d.Instances {
+					if inst.ID == sick && !inst.Healthy {
+						return nil
+					}
+				}
+			}
+			return fmt.Errorf("not yet")
+		})
+		// Straight to Nomad, so that only Nomad's own scheduling is involved.
+		job := api.NewBatchJob("all-eight", "all-eight", "global", 50)
+		job.Datacenters = []string{"*"}
+		job.AddTaskGroup(api.NewTaskGroup("g", 1).AddTask(&api.Task{Name: "t", Driver: "raw_exec",
+			Config: map[string]any{"command": "/bin/sleep", "args": []string{"3600"}},
+			Resources: &api.Resources{CPU: ptr(20), MemoryMB: ptr(16),
+				Devices: []*api.RequestedDevice{{Name: "nvidia/gpu", Count: ptr(uint64(8))}}}}))
+		resp, _, err := n.API.Jobs().Register(job, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		testcluster.WaitFor(t, 20*time.Second, "blocked evaluation", func() error {
+			ev, _, err := n.API.Evaluations().Info(resp.EvalID, nil)
+			if err != nil || ev.BlockedEval == "" {
+				return fmt.Errorf("not blocked yet (%v)", err)
+			}
+			return nil
+		})
+		writeFile(t, gpuState, `{}`)
+		e.waitRunning("default", "all-eight")
+		if !strings.Contains(e.broker.Log(), "re-evaluated blocked jobs") {
+			t.Errorf("placed without the broker's re-evaluation?")
+		}
+		e.stop("default", "all-eight")
+	})
+
 	t.Run("policy reload keeps the last good policy", func(t *testing.T) {
 		path := filepath.Join(e.policyDir, "policy.hcl")
 		writeFile(t, path, strings.Replace(policies, "limit      = 8", "limit      = 8\n  bogus = true", 1))
@@ -438,3 +484,5 @@ func writeFile(t testing.TB, path, content string) {
 		t.Fatal(err)
 	}
 }
+
+func ptr[T any](v T) *T { return &v }

@@ -135,3 +135,26 @@ func (c *Client) SetPreemption(ctx context.Context, batch, service bool) error {
 	}
 	return nil
 }
+
+// ReevaluateBlocked asks Nomad to evaluate again every job with a blocked
+// evaluation. Nomad v1.6 unblocks evaluations when node capacity or status
+// changes, but not when a device turns healthy again: the broker does it when it
+// sees healthy GPUs come back. It returns how many jobs it re-evaluated.
+func (c *Client) ReevaluateBlocked(ctx context.Context) (int, error) {
+	evals, _, err := c.api.Evaluations().List((&api.QueryOptions{Namespace: "*", Filter: `Status == "blocked"`}).WithContext(ctx))
+	if err != nil {
+		return 0, fmt.Errorf("list blocked evaluations: %w", err)
+	}
+	seen := map[[2]string]bool{}
+	for _, e := range evals {
+		key := [2]string{e.Namespace, e.JobID}
+		if seen[key] {
+			continue
+		}
+		seen[key] = true
+		if _, _, err := c.api.Jobs().ForceEvaluate(e.JobID, (&api.WriteOptions{Namespace: e.Namespace}).WithContext(ctx)); err != nil {
+			return len(seen) - 1, fmt.Errorf("re-evaluate job %s/%s: %w", e.Namespace, e.JobID, err)
+		}
+	}
+	return len(seen), nil
+}

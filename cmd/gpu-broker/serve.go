@@ -99,7 +99,7 @@ func serveErr(path string, log hclog.Logger) error {
 		"policy_dir", cfg.PolicyDir)
 
 	adm := &admitter.Admitter{Log: log.Named("queue"), Queue: store, Nomad: nomadClient, Cluster: view,
-		Policies: policies, Stamper: stamper, Now: time.Now}
+		Policies: policies, Stamper: stamper, Now: time.Now, Capacity: view.Capacity, Blocked: nomadClient}
 	lead(ctx, consulClient, cfg.Consul.KVPrefix+"leader", log, func(ctx context.Context) {
 		p := policies.Current()
 		if err := nomadClient.SetPreemption(ctx, p.Preemption.Batch, p.Preemption.Service); err != nil {
