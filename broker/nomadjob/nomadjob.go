@@ -95,15 +95,6 @@ func Admission(job *api.Job, namespace string) admission.Job {
 	return out
 }
 
-// Demand is the total number of GPUs a job asks for.
-func Demand(job *api.Job) int {
-	total := 0
-	for _, g := range Admission(job, "").Groups {
-		total += g.Count * g.GPUsPerAlloc
-	}
-	return total
-}
-
 // Apply writes an admission into a job in its JSON form (as Nomad's API takes
 // it), so that nothing else of what the user sent changes: the priority and the
 // broker's meta keys.

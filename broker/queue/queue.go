@@ -17,17 +17,18 @@ import (
 
 // Entry is one queued job, with everything needed to register it later.
 type Entry struct {
-	ID          string          `json:"id"`
-	JobID       string          `json:"job_id"`
-	Namespace   string          `json:"namespace"`
-	Tenant      string          `json:"tenant"`
-	Queue       string          `json:"queue"`
-	Demand      int             `json:"demand"`
-	Reason      string          `json:"reason"` // why it was queued
-	SubmittedBy string          `json:"submitted_by"`
-	SubmittedAt time.Time       `json:"submitted_at"`
-	Request     json.RawMessage `json:"request"` // the register request body, as the user sent it
-	Token       string          `json:"-"`       // never stored: admission from the queue uses the broker's token
+	ID          string    `json:"id"`
+	JobID       string    `json:"job_id"`
+	Namespace   string    `json:"namespace"`
+	Tenant      string    `json:"tenant"`
+	Queue       string    `json:"queue"`
+	Demand      int       `json:"demand"`
+	Reason      string    `json:"reason"` // why it was queued
+	SubmittedBy string    `json:"submitted_by"`
+	SubmittedAt time.Time `json:"submitted_at"`
+	// Request is the register request body as the user sent it. The user's token
+	// is never stored: the leader registers queued jobs with the broker's own.
+	Request json.RawMessage `json:"request"`
 
 	ModifyIndex uint64 `json:"-"` // Consul's, for check-and-set
 }

@@ -52,12 +52,11 @@ type Plugin struct {
 	now     func() time.Time
 	stat    func(string) (os.FileInfo, error)
 
-	mu         sync.Mutex
-	cfg        Config
-	configured bool
-	backend    Backend
-	opened     chan struct{}         // closed once the backend is open
-	inventory  map[string]gpu.Device // last fingerprinted devices, by UUID
+	mu        sync.Mutex
+	cfg       Config
+	backend   Backend
+	opened    chan struct{}         // closed once the backend is open
+	inventory map[string]gpu.Device // last fingerprinted devices, by UUID
 }
 
 var (
@@ -97,7 +96,7 @@ func (p *Plugin) SetConfig(_ context.Context, req *basepb.SetConfigRequest) (*ba
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.cfg, p.configured = cfg, true
+	p.cfg = cfg
 	p.log.Debug("plugin configured", "backend", cfg.Backend, "enabled", cfg.Enabled,
 		"fingerprint_period", cfg.FingerprintEvery().String(), "health_recovery", cfg.HealthRecoveryAfter().String())
 	return &basepb.SetConfigResponse{}, nil
