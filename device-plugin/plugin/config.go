@@ -59,7 +59,7 @@ func DefaultConfig() Config {
 	}
 }
 
-// FingerprintPeriod is how often devices and their health are scanned.
+// FingerprintEvery is how often devices and their health are scanned.
 func (c Config) FingerprintEvery() time.Duration { return c.fingerprintPeriod }
 
 // StatsEvery is the stats period the operator set, or 0 to follow Nomad's collection interval.
