@@ -5,8 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"sort"
-	"sync"
 	"testing"
 	"time"
 
@@ -18,30 +16,8 @@ import (
 	"github.com/nomad-gpu/nomad-gpu/broker/nomadjob"
 	"github.com/nomad-gpu/nomad-gpu/broker/policy"
 	"github.com/nomad-gpu/nomad-gpu/broker/queue"
+	"github.com/nomad-gpu/nomad-gpu/broker/queue/queuetest"
 )
-
-type memQueue struct {
-	mu      sync.Mutex
-	entries map[string]queue.Entry
-}
-
-func (q *memQueue) List(context.Context) ([]queue.Entry, error) {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	var out []queue.Entry
-	for _, e := range q.entries {
-		out = append(out, e)
-	}
-	return out, nil
-}
-
-func (q *memQueue) Remove(_ context.Context, e queue.Entry) (bool, error) {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	_, ok := q.entries[e.ID]
-	delete(q.entries, e.ID)
-	return ok, nil
-}
 
 // nomad records registrations; fail makes the next one fail.
 type nomad struct {
@@ -74,7 +50,7 @@ func entry(id string, gpus int, age time.Duration, now time.Time) queue.Entry {
 		Demand: gpus, SubmittedAt: now.Add(-age), Request: json.RawMessage(req)}
 }
 
-func setup(t *testing.T, src string, capacity int) (*admitter.Admitter, *memQueue, *nomad, *cluster.View, time.Time) {
+func setup(t *testing.T, src string, capacity int) (*admitter.Admitter, *queuetest.Mem, *nomad, *cluster.View, time.Time) {
 	p, diags := policy.Parse(map[string][]byte{"p.hcl": []byte(src)}, 0)
 	if diags.HasErrors() {
 		t.Fatal(diags)
@@ -87,7 +63,7 @@ func setup(t *testing.T, src string, capacity int) (*admitter.Admitter, *memQueu
 	view.ObserveNode(&api.Node{ID: "n", Status: api.NodeStatusReady, NodeResources: &api.NodeResources{
 		Devices: []*api.NodeDeviceResource{{Vendor: "nvidia", Type: "gpu", Name: "H100", Instances: inst}}}})
 	now := time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC)
-	q := &memQueue{entries: map[string]queue.Entry{}}
+	q := queuetest.NewMem()
 	n := &nomad{priorities: map[string]float64{}}
 	a := &admitter.Admitter{Log: hclog.NewNullLogger(), Queue: q, Nomad: n, Cluster: view, Policies: fixed{p},
 		Stamper: nomadjob.Stamper{Key: []byte("k")}, Now: func() time.Time { return now }}
@@ -111,7 +87,7 @@ func TestPassAdmitsInOrderWholeAndOnce(t *testing.T) {
 	a, q, n, _, now := setup(t, visionPolicy, 8)
 	for _, e := range []queue.Entry{entry("old-2", 2, time.Hour, now), entry("new-2", 2, time.Minute, now),
 		entry("big-6", 6, 30*time.Minute, now)} {
-		q.entries[e.ID] = e
+		q.Put(context.Background(), e)
 	}
 	// In age order: old-2 (within guarantee, 60), big-6 (would be 8: borrowed needs 6 idle, has 6) ...
 	got, err := a.Pass(context.Background())
@@ -125,8 +101,8 @@ func TestPassAdmitsInOrderWholeAndOnce(t *testing.T) {
 		t.Errorf("priorities %v", n.priorities)
 	}
 	// new-2 would take vision to 10, above its limit of 8: it stays queued.
-	if _, ok := q.entries["q-new-2"]; !ok || len(q.entries) != 1 {
-		t.Errorf("queue after the pass: %v", keys(q.entries))
+	if ids := q.IDs(); !ids["q-new-2"] || len(ids) != 1 {
+		t.Errorf("queue after the pass: %v", ids)
 	}
 	if got, _ := a.Pass(context.Background()); got != 0 || len(n.registered) != 2 {
 		t.Errorf("a second pass admitted again: %v", n.registered)
@@ -138,8 +114,8 @@ func TestWaitingForCapacityIsNotOvertaken(t *testing.T) {
 	// Another namespace holds 4 GPUs: only 4 are idle.
 	view.ObserveJob(&api.Job{ID: ptr("other"), Namespace: ptr("other"), TaskGroups: []*api.TaskGroup{{Name: ptr("g"), Count: ptr(1),
 		Tasks: []*api.Task{{Resources: &api.Resources{Devices: []*api.RequestedDevice{{Name: "gpu", Count: ptr(uint64(4))}}}}}}}})
-	q.entries["q-first"] = entry("first", 6, time.Hour, now) // beyond guarantee, needs 6 idle
-	q.entries["q-small"] = entry("small", 1, time.Minute, now)
+	q.Put(context.Background(), entry("first", 6, time.Hour, now)) // beyond guarantee, needs 6 idle
+	q.Put(context.Background(), entry("small", 1, time.Minute, now))
 	if got, _ := a.Pass(context.Background()); got != 0 || len(n.registered) != 0 {
 		t.Fatalf("a small job overtook one waiting for GPUs: %v", n.registered)
 	}
@@ -147,12 +123,12 @@ func TestWaitingForCapacityIsNotOvertaken(t *testing.T) {
 
 func TestRegisterFailureKeepsTheEntry(t *testing.T) {
 	a, q, n, _, now := setup(t, visionPolicy, 8)
-	q.entries["q-j"] = entry("j", 2, time.Minute, now)
+	q.Put(context.Background(), entry("j", 2, time.Minute, now))
 	n.fail = true
 	if _, err := a.Pass(context.Background()); err == nil {
 		t.Fatal("want the registration error")
 	}
-	if _, ok := q.entries["q-j"]; !ok {
+	if !q.IDs()["q-j"] {
 		t.Fatal("a job Nomad did not take was removed from the queue")
 	}
 	if got, _ := a.Pass(context.Background()); got != 1 {
@@ -163,19 +139,10 @@ func TestRegisterFailureKeepsTheEntry(t *testing.T) {
 func TestJobThePolicyNowRejectsIsDropped(t *testing.T) {
 	a, q, n, _, now := setup(t, visionPolicy, 8)
 	e := entry("huge", 9, time.Minute, now) // more than any node has
-	q.entries[e.ID] = e
-	if got, _ := a.Pass(context.Background()); got != 0 || len(q.entries) != 0 || len(n.registered) != 0 {
-		t.Fatalf("want the entry dropped, not registered: %v %v", keys(q.entries), n.registered)
+	q.Put(context.Background(), e)
+	if got, _ := a.Pass(context.Background()); got != 0 || len(q.IDs()) != 0 || len(n.registered) != 0 {
+		t.Fatalf("want the entry dropped, not registered: %v %v", q.IDs(), n.registered)
 	}
 }
 
 func ptr[T any](v T) *T { return &v }
-
-func keys(m map[string]queue.Entry) []string {
-	var out []string
-	for k := range m {
-		out = append(out, k)
-	}
-	sort.Strings(out)
-	return out
-}

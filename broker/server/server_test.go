@@ -20,48 +20,10 @@ import (
 	"github.com/nomad-gpu/nomad-gpu/broker/cluster"
 	"github.com/nomad-gpu/nomad-gpu/broker/nomadjob"
 	"github.com/nomad-gpu/nomad-gpu/broker/policy"
-	"github.com/nomad-gpu/nomad-gpu/broker/queue"
+	"github.com/nomad-gpu/nomad-gpu/broker/queue/queuetest"
 )
 
-// memQueue is an in-memory Queue for unit tests.
-type memQueue struct {
-	mu      sync.Mutex
-	entries map[string]queue.Entry
-}
-
-var _ Queue = (*memQueue)(nil)
-
-func (q *memQueue) Put(_ context.Context, e queue.Entry) error {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	q.entries[e.ID] = e
-	return nil
-}
-func (q *memQueue) List(context.Context) ([]queue.Entry, error) {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	var out []queue.Entry
-	for _, e := range q.entries {
-		out = append(out, e)
-	}
-	return out, nil
-}
-func (q *memQueue) Get(_ context.Context, id string) (queue.Entry, error) {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	e, ok := q.entries[id]
-	if !ok {
-		return e, queue.ErrNotFound
-	}
-	return e, nil
-}
-func (q *memQueue) Remove(_ context.Context, e queue.Entry) (bool, error) {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	_, ok := q.entries[e.ID]
-	delete(q.entries, e.ID)
-	return ok, nil
-}
+var _ Queue = (*queuetest.Mem)(nil)
 
 type fixedPolicy struct{ p *policy.Policy }
 
@@ -83,7 +45,7 @@ func (u *upstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	fmt.Fprint(w, `{"EvalID":"e1","EvalCreateIndex":10,"JobModifyIndex":10,"Warnings":"","Index":10,"LastIndex":10}`)
 }
 
-func newTestServer(t testing.TB) (*Server, *upstream, *memQueue, *httptest.Server) {
+func newTestServer(t testing.TB) (*Server, *upstream, *queuetest.Mem, *httptest.Server) {
 	p, diags := policy.Parse(map[string][]byte{"p.hcl": []byte(`
 queue "training" { priority = 60 }
 tenant "vision" {
@@ -102,7 +64,7 @@ tenant "vision" {
 	view.ObserveNode(&api.Node{ID: "n", Status: api.NodeStatusReady, NodeResources: &api.NodeResources{
 		Devices: []*api.NodeDeviceResource{{Vendor: "nvidia", Type: "gpu", Name: "H100",
 			Instances: []*api.NodeDevice{{ID: "a", Healthy: true}, {ID: "b", Healthy: true}}}}}})
-	q := &memQueue{entries: map[string]queue.Entry{}}
+	q := queuetest.NewMem()
 	s, err := New(Options{Log: hclog.NewNullLogger(), Nomad: nomad.URL, Policies: fixedPolicy{p}, Cluster: view,
 		Queue: q, Stamper: nomadjob.Stamper{Key: []byte("k")}, NewID: func() string { return "q-1" }})
 	if err != nil {

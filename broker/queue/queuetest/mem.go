@@ -1,0 +1,76 @@
+// Package queuetest has an in-memory queue store for unit tests of the code that
+// uses the queue; the real store (Consul KV) is tested against a real agent.
+package queuetest
+
+import (
+	"context"
+	"fmt"
+	"sync"
+
+	"github.com/nomad-gpu/nomad-gpu/broker/queue"
+)
+
+// Mem is a queue store in memory, safe for concurrent use.
+type Mem struct {
+	mu      sync.Mutex
+	entries map[string]queue.Entry
+}
+
+// NewMem returns a store holding entries.
+func NewMem(entries ...queue.Entry) *Mem {
+	m := &Mem{entries: map[string]queue.Entry{}}
+	for _, e := range entries {
+		m.entries[e.ID] = e
+	}
+	return m
+}
+
+// Put stores an entry.
+func (m *Mem) Put(_ context.Context, e queue.Entry) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.entries[e.ID] = e
+	return nil
+}
+
+// List returns every entry.
+func (m *Mem) List(context.Context) ([]queue.Entry, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := make([]queue.Entry, 0, len(m.entries))
+	for _, e := range m.entries {
+		out = append(out, e)
+	}
+	return out, nil
+}
+
+// Get returns one entry, or queue.ErrNotFound.
+func (m *Mem) Get(_ context.Context, id string) (queue.Entry, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	e, ok := m.entries[id]
+	if !ok {
+		return e, fmt.Errorf("queue entry %s: %w", id, queue.ErrNotFound)
+	}
+	return e, nil
+}
+
+// Remove deletes an entry; false if it was not there.
+func (m *Mem) Remove(_ context.Context, e queue.Entry) (bool, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	_, ok := m.entries[e.ID]
+	delete(m.entries, e.ID)
+	return ok, nil
+}
+
+// IDs returns the ids of the queued entries.
+func (m *Mem) IDs() map[string]bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := map[string]bool{}
+	for id := range m.entries {
+		out[id] = true
+	}
+	return out
+}
