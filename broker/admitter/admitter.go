@@ -4,14 +4,15 @@ package admitter
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
+	"net/url"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/nomad/api"
 
 	"github.com/nomad-gpu/nomad-gpu/broker/admission"
+	"github.com/nomad-gpu/nomad-gpu/broker/cluster"
 	"github.com/nomad-gpu/nomad-gpu/broker/nomadjob"
 	"github.com/nomad-gpu/nomad-gpu/broker/policy"
 	"github.com/nomad-gpu/nomad-gpu/broker/queue"
@@ -23,16 +24,24 @@ type Queue interface {
 	Remove(ctx context.Context, e queue.Entry) (bool, error)
 }
 
-// Registrar registers an admitted job with Nomad.
+// Registrar registers an admitted job with Nomad, and reads the version it runs.
 type Registrar interface {
-	Register(ctx context.Context, namespace string, body []byte) error
+	// Register returns the job's new JobModifyIndex.
+	Register(ctx context.Context, namespace string, body []byte) (uint64, error)
+	// Job returns the job Nomad has, or nil if none.
+	Job(ctx context.Context, namespace, id string) (*api.Job, error)
 }
 
 // Cluster is the usage to decide against.
 type Cluster interface {
 	UsageWithout(p *policy.Policy, namespace, jobID string) admission.Usage
-	ObserveJob(j *api.Job)
+	Admit(p *policy.Policy, job admission.Job, hold time.Duration) (admission.Decision, *cluster.Reservation)
+	NodesFitting(model string, gpus int) int
 }
+
+// ReservationHold bounds how long an admitted job counts on its own before
+// Nomad's events show it.
+const ReservationHold = 2 * time.Minute
 
 // Policies gives the policy in force.
 type Policies interface{ Current() *policy.Policy }
@@ -100,17 +109,22 @@ func (a *Admitter) Pass(ctx context.Context) (int, error) {
 	queue.Order(entries, p, used, a.Now())
 	admitted := 0
 	for _, e := range entries {
-		var req map[string]any
-		if err := json.Unmarshal(e.Request, &req); err != nil {
+		req, err := nomadjob.ReadRequest(nomadjob.Register, e.Request, url.Values{"namespace": {e.Namespace}})
+		if err != nil {
 			return admitted, fmt.Errorf("queue entry %s: %w", e.ID, err)
 		}
-		jobRaw, _ := req["Job"].(map[string]any)
-		jobJSON, _ := json.Marshal(jobRaw)
-		var job api.Job
-		if err := json.Unmarshal(jobJSON, &job); err != nil {
+		var current *api.Job
+		if nomadjob.HasCanaries(req.Job) {
+			if current, err = a.Nomad.Job(ctx, e.Namespace, e.JobID); err != nil {
+				return admitted, fmt.Errorf("queue entry %s: %w", e.ID, err)
+			}
+		}
+		groups, err := req.Groups(current, a.Cluster.NodesFitting)
+		if err != nil {
 			return admitted, fmt.Errorf("queue entry %s: %w", e.ID, err)
 		}
-		d := admission.Decide(p, nomadjob.Admission(&job, e.Namespace), a.Cluster.UsageWithout(p, e.Namespace, e.JobID))
+		req.Pin()
+		d, res := a.Cluster.Admit(p, req.Admission(groups), ReservationHold)
 		switch d.Outcome {
 		case admission.Queue:
 			if d.WaitsFor == admission.WaitCapacity {
@@ -125,20 +139,18 @@ func (a *Admitter) Pass(ctx context.Context) (int, error) {
 			}
 			continue
 		}
-		nomadjob.Apply(jobRaw, d, a.Stamper.Stamp(e.Namespace, e.JobID, d, a.Now()))
-		body, _ := json.Marshal(req)
+		req.Stamp(d, a.Stamper.Stamp(e.Namespace, req.Job, d))
 		// Register first, then remove: a crash in between registers the same job
 		// again, which Nomad treats as the same job, never as a second one.
-		if err := a.Nomad.Register(ctx, e.Namespace, body); err != nil {
+		index, err := a.Nomad.Register(ctx, e.Namespace, req.Body())
+		if err != nil {
+			res.Release()
 			return admitted, fmt.Errorf("admit queued job %s (%s): %w", e.ID, e.JobID, err)
 		}
+		res.Confirm(index)
 		if _, err := a.Queue.Remove(ctx, e); err != nil {
 			return admitted, err
 		}
-		job.Priority = &d.Priority
-		job.Meta = map[string]string{nomadjob.MetaBorrowed: fmt.Sprint(d.Outcome == admission.AdmitBorrowed)}
-		job.Namespace = &e.Namespace
-		a.Cluster.ObserveJob(&job)
 		admitted++
 		a.Log.Info("queue: admitted", "id", e.ID, "job", e.JobID, "namespace", e.Namespace, "outcome", d.Outcome,
 			"priority", d.Priority, "waited", a.Now().Sub(e.SubmittedAt).Round(time.Second))

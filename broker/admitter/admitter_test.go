@@ -17,6 +17,7 @@ import (
 	"github.com/nomad-gpu/nomad-gpu/broker/policy"
 	"github.com/nomad-gpu/nomad-gpu/broker/queue"
 	"github.com/nomad-gpu/nomad-gpu/broker/queue/queuetest"
+	"github.com/nomad-gpu/nomad-gpu/internal/testbuild"
 )
 
 // nomad records registrations; fail makes the next one fail.
@@ -26,17 +27,19 @@ type nomad struct {
 	fail       bool
 }
 
-func (n *nomad) Register(_ context.Context, ns string, body []byte) error {
+func (n *nomad) Job(context.Context, string, string) (*api.Job, error) { return nil, nil }
+
+func (n *nomad) Register(_ context.Context, ns string, body []byte) (uint64, error) {
 	if n.fail {
 		n.fail = false
-		return errors.New("nomad unreachable")
+		return 0, errors.New("nomad unreachable")
 	}
 	var req struct{ Job map[string]any }
 	json.Unmarshal(body, &req)
 	id := req.Job["ID"].(string)
 	n.registered = append(n.registered, ns+"/"+id)
 	n.priorities[id] = req.Job["Priority"].(float64)
-	return nil
+	return uint64(len(n.registered)), nil
 }
 
 type fixed struct{ p *policy.Policy }
@@ -51,17 +54,9 @@ func entry(id string, gpus int, age time.Duration, now time.Time) queue.Entry {
 }
 
 func setup(t *testing.T, src string, capacity int) (*admitter.Admitter, *queuetest.Mem, *nomad, *cluster.View, time.Time) {
-	p, diags := policy.Parse(map[string][]byte{"p.hcl": []byte(src)}, 0)
-	if diags.HasErrors() {
-		t.Fatal(diags)
-	}
-	view := cluster.NewView()
-	var inst []*api.NodeDevice
-	for i := 0; i < capacity; i++ {
-		inst = append(inst, &api.NodeDevice{ID: fmt.Sprint(i), Healthy: true})
-	}
-	view.ObserveNode(&api.Node{ID: "n", Status: api.NodeStatusReady, NodeResources: &api.NodeResources{
-		Devices: []*api.NodeDeviceResource{{Vendor: "nvidia", Type: "gpu", Name: "H100", Instances: inst}}}})
+	p := testbuild.Policy(t, src)
+	view := cluster.NewView(nil)
+	view.ObserveNode(testbuild.Node("n", "H100", capacity, 0))
 	now := time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC)
 	q := queuetest.NewMem()
 	n := &nomad{priorities: map[string]float64{}}
@@ -112,8 +107,7 @@ func TestPassAdmitsInOrderWholeAndOnce(t *testing.T) {
 func TestWaitingForCapacityIsNotOvertaken(t *testing.T) {
 	a, q, n, view, now := setup(t, visionPolicy, 8)
 	// Another namespace holds 4 GPUs: only 4 are idle.
-	view.ObserveJob(&api.Job{ID: ptr("other"), Namespace: ptr("other"), TaskGroups: []*api.TaskGroup{{Name: ptr("g"), Count: ptr(1),
-		Tasks: []*api.Task{{Resources: &api.Resources{Devices: []*api.RequestedDevice{{Name: "gpu", Count: ptr(uint64(4))}}}}}}}})
+	view.ObserveJob(testbuild.Job("other", "other").Group("g", 1, 4, "gpu").Build())
 	q.Put(context.Background(), entry("first", 6, time.Hour, now)) // beyond guarantee, needs 6 idle
 	q.Put(context.Background(), entry("small", 1, time.Minute, now))
 	if got, _ := a.Pass(context.Background()); got != 0 || len(n.registered) != 0 {
@@ -144,5 +138,3 @@ func TestJobThePolicyNowRejectsIsDropped(t *testing.T) {
 		t.Fatalf("want the entry dropped, not registered: %v %v", q.IDs(), n.registered)
 	}
 }
-
-func ptr[T any](v T) *T { return &v }

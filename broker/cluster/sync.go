@@ -11,9 +11,18 @@ import (
 	"github.com/nomad-gpu/nomad-gpu/broker/nomadjob"
 )
 
+// Snapshot is a full listing: nodes, live jobs, active deployments, and the
+// index the event stream resumes after.
+type Snapshot struct {
+	Nodes       []*api.Node
+	Jobs        []*api.Job
+	Deployments []*api.Deployment
+	Index       uint64
+}
+
 // Source is what the view is kept from: a full listing, then events after its index.
 type Source interface {
-	List(ctx context.Context) (nodes []*api.Node, jobs []*api.Job, index uint64, err error)
+	List(ctx context.Context) (Snapshot, error)
 	Events(ctx context.Context, index uint64) (<-chan *api.Events, error)
 }
 
@@ -38,12 +47,12 @@ func (v *View) Follow(ctx context.Context, src Source, log hclog.Logger) {
 }
 
 func (v *View) followOnce(ctx context.Context, src Source) error {
-	nodes, jobs, index, err := src.List(ctx)
+	snap, err := src.List(ctx)
 	if err != nil {
 		return fmt.Errorf("list cluster: %w", err)
 	}
-	v.Reset(nodes, jobs)
-	events, err := src.Events(ctx, index+1)
+	v.Reset(snap.Nodes, snap.Jobs, snap.Deployments)
+	events, err := src.Events(ctx, snap.Index+1)
 	if err != nil {
 		return fmt.Errorf("open event stream: %w", err)
 	}
@@ -85,10 +94,16 @@ func (v *View) apply(e *api.Event) error {
 			return fmt.Errorf("decode job event: %v", err)
 		}
 		if e.Type == "JobDeregistered" || e.Type == "JobBatchDeregistered" {
-			v.ForgetJob(nomadjob.Namespace(j, ""), *j.ID)
+			v.ForgetJob(nomadjob.Namespace(j), *j.ID)
 		} else {
 			v.ObserveJob(j)
 		}
+	case api.TopicDeployment:
+		d, err := e.Deployment()
+		if err != nil || d == nil {
+			return fmt.Errorf("decode deployment event: %v", err)
+		}
+		v.ObserveDeployment(d)
 	}
 	return nil
 }

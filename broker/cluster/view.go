@@ -5,6 +5,7 @@ package cluster
 
 import (
 	"sync"
+	"time"
 
 	"github.com/hashicorp/nomad/api"
 
@@ -16,12 +17,18 @@ import (
 // View is safe for concurrent use. It keeps aggregates up to date as events
 // arrive, so that a usage snapshot costs per namespace and model, not per job.
 type View struct {
-	mu      sync.RWMutex
-	nodes   map[string]node
-	jobs    map[jobKey]job
-	held    map[string]*byModel // GPUs live jobs hold, by namespace
-	total   map[string]int      // GPUs live jobs hold, by model, all namespaces
-	changed chan struct{}
+	verify func(*api.Job) bool
+	now    func() time.Time
+
+	mu       sync.RWMutex
+	nodes    map[string]node
+	jobs     map[jobKey]job
+	canaries map[jobKey]map[string]int // unpromoted canaries of a job's active deployment, by group
+	held     map[string]*byModel       // GPUs live jobs hold, by namespace
+	total    map[string]int            // GPUs live jobs hold, by model, all namespaces
+	reserved map[jobKey]reservation    // admitted, maybe not seen in an event yet
+	nextRes  uint64
+	changed  chan struct{}
 
 	// Derived from nodes under one policy; recomputed when either changes.
 	nodesDirty bool
@@ -37,21 +44,47 @@ type node struct {
 
 type jobKey struct{ namespace, id string }
 
-// job is a live job's demand by model ("" when it names none).
+// job is a live job's demand.
 type job struct {
-	demand   map[string]int
-	borrowed bool
+	groups      []admission.Group
+	borrowed    bool
+	modifyIndex uint64 // Nomad's JobModifyIndex of the version recorded
+	demand      map[string]int
 }
 
 type byModel struct {
 	held, borrowed map[string]int
 }
 
-// NewView returns an empty view.
-func NewView() *View {
-	return &View{nodes: map[string]node{}, jobs: map[jobKey]job{}, held: map[string]*byModel{}, total: map[string]int{},
-		changed: make(chan struct{}, 1), nodesDirty: true}
+// reservation is demand admitted by this broker and sent to Nomad, counted
+// (as the larger of it and what the job's events say) until it expires, so
+// that a decision taken right after it sees it even before Nomad's event.
+type reservation struct {
+	seq      uint64
+	demand   map[string]int
+	borrowed bool
+	until    time.Time
+	index    uint64 // Nomad's JobModifyIndex for it, once Nomad took the job
 }
+
+// settleGrace is how long a reservation stays after its job's event when the
+// event shows less than was reserved: the deployment event with the canaries
+// follows the job event.
+const settleGrace = 5 * time.Second
+
+// NewView returns an empty view. verify tells the broker's own admissions
+// (their stamp) from meta anyone could write; nil trusts no stamp.
+func NewView(verify func(*api.Job) bool) *View {
+	if verify == nil {
+		verify = func(*api.Job) bool { return false }
+	}
+	return &View{verify: verify, now: time.Now, nodes: map[string]node{}, jobs: map[jobKey]job{},
+		canaries: map[jobKey]map[string]int{}, held: map[string]*byModel{}, total: map[string]int{},
+		reserved: map[jobKey]reservation{}, changed: make(chan struct{}, 1), nodesDirty: true}
+}
+
+// SetClock replaces the clock reservations expire by (tests).
+func (v *View) SetClock(now func() time.Time) { v.now = now }
 
 // Changed is signalled (at most one pending signal) whenever the view changes.
 func (v *View) Changed() <-chan struct{} { return v.changed }
@@ -64,15 +97,19 @@ func (v *View) notify() {
 }
 
 // Reset replaces the whole view, after a full listing.
-func (v *View) Reset(nodes []*api.Node, jobs []*api.Job) {
+func (v *View) Reset(nodes []*api.Node, jobs []*api.Job, deployments []*api.Deployment) {
 	v.mu.Lock()
 	v.nodes, v.jobs, v.held, v.total, v.nodesDirty = map[string]node{}, map[jobKey]job{}, map[string]*byModel{}, map[string]int{}, true
+	v.canaries = map[jobKey]map[string]int{}
 	v.mu.Unlock()
 	for _, n := range nodes {
 		v.ObserveNode(n)
 	}
 	for _, j := range jobs {
 		v.ObserveJob(j)
+	}
+	for _, d := range deployments {
+		v.ObserveDeployment(d)
 	}
 	v.notify()
 }
@@ -83,11 +120,11 @@ func (v *View) ObserveNode(n *api.Node) {
 		gpus: map[string]int{}}
 	if n.NodeResources != nil {
 		for _, d := range n.NodeResources.Devices {
-			if _, ok := nomadjob.IsGPU(d.Vendor + "/" + d.Type); !ok {
+			if d == nil || !nomadjob.IsGPUGroup(d.Vendor, d.Type) {
 				continue
 			}
 			for _, inst := range d.Instances {
-				if inst.Healthy {
+				if inst != nil && inst.Healthy {
 					nd.gpus[d.Name]++
 				}
 			}
@@ -108,26 +145,92 @@ func (v *View) ForgetNode(id string) {
 	v.notify()
 }
 
-// ObserveJob records a job's GPU demand while it is live (not stopped, not dead).
+// NodesFitting counts schedulable nodes with at least gpus healthy GPUs of
+// model ("" any model): where a system job's allocations can go.
+func (v *View) NodesFitting(model string, gpus int) int {
+	v.mu.RLock()
+	defer v.mu.RUnlock()
+	return v.nodesFitting(model, gpus)
+}
+
+func (v *View) nodesFitting(model string, gpus int) int {
+	n := 0
+	for _, nd := range v.nodes {
+		if !nd.schedulable {
+			continue
+		}
+		have := nd.gpus[model]
+		if model == "" {
+			have = 0
+			for _, c := range nd.gpus {
+				have += c
+			}
+		}
+		if have >= gpus && have > 0 {
+			n++
+		}
+	}
+	return n
+}
+
+// ObserveJob records a job's GPU demand while it is live (not stopped, not
+// dead). An event about an older version than the one recorded is ignored.
 func (v *View) ObserveJob(j *api.Job) {
 	if j.ID == nil {
 		return
 	}
-	ns := nomadjob.Namespace(j, "")
-	key := jobKey{ns, *j.ID}
+	key := jobKey{nomadjob.Namespace(j), *j.ID}
 	live := !(j.Stop != nil && *j.Stop) && !(j.Status != nil && *j.Status == "dead")
-	demand := map[string]int{}
-	for _, g := range nomadjob.Admission(j, ns).Groups {
-		demand[g.Model] += g.Count * g.GPUsPerAlloc
+	borrowed := j.Meta[nomadjob.MetaBorrowed] == "true" && v.verify(j)
+	var modifyIndex uint64
+	if j.JobModifyIndex != nil {
+		modifyIndex = *j.JobModifyIndex
 	}
 	v.mu.Lock()
+	if old, ok := v.jobs[key]; ok && modifyIndex < old.modifyIndex {
+		v.mu.Unlock()
+		return
+	}
+	// Nomad has already canonicalised the counts of a job it returns; a job
+	// whose demand cannot be read is counted as nothing rather than guessed.
+	a, _ := nomadjob.Admission(j, v.nodesFitting)
 	v.remove(key)
-	if live && len(demand) > 0 {
-		jb := job{demand: demand, borrowed: j.Meta[nomadjob.MetaBorrowed] == "true"}
-		v.jobs[key] = jb
-		v.account(key.namespace, jb, 1)
+	if live && len(a.Groups) > 0 {
+		jb := job{groups: a.Groups, borrowed: borrowed, modifyIndex: modifyIndex}
+		v.add(key, jb)
 	}
 	v.mu.Unlock()
+	v.notify()
+}
+
+// ObserveDeployment records the canaries an active, unpromoted deployment
+// places beside the job's current allocations.
+func (v *View) ObserveDeployment(d *api.Deployment) {
+	key := jobKey{d.Namespace, d.JobID}
+	canaries := map[string]int{}
+	switch d.Status {
+	case api.DeploymentStatusSuccessful, api.DeploymentStatusFailed, api.DeploymentStatusCancelled:
+	default:
+		for tg, s := range d.TaskGroups {
+			if s != nil && !s.Promoted && s.DesiredCanaries > 0 {
+				canaries[tg] = s.DesiredCanaries
+			}
+		}
+	}
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	old, ok := v.jobs[key]
+	if ok {
+		v.remove(key)
+	}
+	if len(canaries) == 0 {
+		delete(v.canaries, key)
+	} else {
+		v.canaries[key] = canaries
+	}
+	if ok {
+		v.add(key, old)
+	}
 	v.notify()
 }
 
@@ -135,6 +238,7 @@ func (v *View) ObserveJob(j *api.Job) {
 func (v *View) ForgetJob(namespace, id string) {
 	v.mu.Lock()
 	v.remove(jobKey{namespace, id})
+	delete(v.canaries, jobKey{namespace, id})
 	v.mu.Unlock()
 	v.notify()
 }
@@ -151,37 +255,131 @@ func (v *View) Usage(p *policy.Policy) admission.Usage { return v.UsageWithout(p
 func (v *View) UsageWithout(p *policy.Policy, namespace, id string) admission.Usage {
 	v.mu.Lock()
 	defer v.mu.Unlock()
+	return v.usageWithout(p, namespace, id)
+}
+
+// Admit decides on job (its namespace and id in job) against the current
+// usage and, when it admits, reserves the demand before any other decision
+// can see the usage without it. The reservation holds for hold, or until
+// released (the registration failed).
+func (v *View) Admit(p *policy.Policy, j admission.Job, hold time.Duration) (admission.Decision, *Reservation) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	d := admission.Decide(p, j, v.usageWithout(p, j.Namespace, j.ID))
+	if d.Demand.Total() == 0 || (d.Outcome != admission.Admit && d.Outcome != admission.AdmitBorrowed) {
+		return d, nil
+	}
+	key := jobKey{j.Namespace, j.ID}
+	v.nextRes++
+	v.reserved[key] = reservation{seq: v.nextRes, demand: demandByModel(j.Groups), borrowed: d.Outcome == admission.AdmitBorrowed,
+		until: v.now().Add(hold)}
+	return d, &Reservation{v: v, key: key, seq: v.nextRes}
+}
+
+// Reservation is admitted demand not yet known to be in Nomad.
+type Reservation struct {
+	v   *View
+	key jobKey
+	seq uint64
+}
+
+// Confirm records that Nomad took the job at index (its JobModifyIndex): the
+// reservation ends once the view's events show the job at that index with
+// all the reserved demand. Index 0 is a job Nomad created under another id
+// (dispatch, periodic force): its own events follow within moments.
+func (r *Reservation) Confirm(index uint64) {
+	if r == nil {
+		return
+	}
+	r.v.mu.Lock()
+	defer r.v.mu.Unlock()
+	if res, ok := r.v.reserved[r.key]; ok && res.seq == r.seq {
+		res.index = index
+		if index == 0 {
+			res.until = minTime(res.until, r.v.now().Add(settleGrace))
+		}
+		r.v.reserved[r.key] = res
+		r.v.settle(r.key)
+	}
+}
+
+// settle ends a confirmed reservation that the job's recorded demand covers,
+// and gives one it does not cover a short grace.
+func (v *View) settle(key jobKey) {
+	res, ok := v.reserved[key]
+	rec, recorded := v.jobs[key]
+	if !ok || res.index == 0 || !recorded || rec.modifyIndex < res.index {
+		return
+	}
+	for model, n := range res.demand {
+		if rec.demand[model] < n {
+			res.until = minTime(res.until, v.now().Add(settleGrace))
+			v.reserved[key] = res
+			return
+		}
+	}
+	delete(v.reserved, key)
+}
+
+func minTime(a, b time.Time) time.Time {
+	if a.Before(b) {
+		return a
+	}
+	return b
+}
+
+// Release gives the reservation up: Nomad did not take the job.
+func (r *Reservation) Release() {
+	if r == nil {
+		return
+	}
+	r.v.mu.Lock()
+	if res, ok := r.v.reserved[r.key]; ok && res.seq == r.seq {
+		delete(r.v.reserved, r.key)
+	}
+	r.v.mu.Unlock()
+	r.v.notify()
+}
+
+func (v *View) usageWithout(p *policy.Policy, namespace, id string) admission.Usage {
 	if v.nodesDirty || v.capPolicy != p {
 		v.capacity, v.maxAlloc = v.nodeTotals(p)
 		v.capPolicy, v.nodesDirty = p, false
 	}
 	u := admission.Usage{Tenants: map[string]admission.TenantUsage{}, Idle: policy.Quota{}, MaxAlloc: copyQuota(v.maxAlloc)}
-	except, hasExcept := v.jobs[jobKey{namespace, id}]
-	var exceptDemand policy.Quota
-	if hasExcept {
-		exceptDemand = classify(p, except.demand)
+	except := jobKey{namespace, id}
+	// What live reservations add beyond the jobs' recorded demand, by namespace.
+	extra, extraBorrowed := v.reservationExtra(except)
+	exceptDemand := policy.Quota{}
+	exceptBorrowed := false
+	if old, ok := v.jobs[except]; ok {
+		exceptDemand, exceptBorrowed = classify(p, old.demand), old.borrowed
 	}
 	held := classify(p, v.total)
-	if hasExcept {
-		sub(held, exceptDemand)
+	sub(held, exceptDemand)
+	for _, byNS := range extra {
+		add(held, classify(p, byNS))
 	}
 	for class, c := range v.capacity {
 		u.Idle[class] = max(c-held[class], 0)
 	}
-	namespaces := v.namespacesToReport(p, namespace)
-	for _, ns := range namespaces {
-		agg, ok := v.held[ns]
+	for _, ns := range v.namespacesToReport(p, namespace, extra) {
 		t := p.TenantOf(ns)
-		if !ok || t == nil {
+		if t == nil {
 			continue
 		}
-		demand, borrowed := classify(p, agg.held), classify(p, agg.borrowed)
-		if hasExcept && ns == namespace {
+		demand, borrowed := policy.Quota{}, policy.Quota{}
+		if agg, ok := v.held[ns]; ok {
+			demand, borrowed = classify(p, agg.held), classify(p, agg.borrowed)
+		}
+		if ns == namespace {
 			sub(demand, exceptDemand)
-			if except.borrowed {
+			if exceptBorrowed {
 				sub(borrowed, exceptDemand)
 			}
 		}
+		add(demand, classify(p, extra[ns]))
+		add(borrowed, classify(p, extraBorrowed[ns]))
 		tu := u.Tenants[t.Name]
 		tu.Used = add(tu.Used, demand)
 		tu.Borrowed = add(tu.Borrowed, borrowed)
@@ -190,17 +388,52 @@ func (v *View) UsageWithout(p *policy.Policy, namespace, id string) admission.Us
 	return u
 }
 
-// namespacesToReport is every namespace with jobs, or those of namespace's tenant.
-func (v *View) namespacesToReport(p *policy.Policy, namespace string) []string {
+// reservationExtra drops expired reservations and returns, per namespace, the
+// GPUs by model that live ones add beyond their job's recorded demand.
+func (v *View) reservationExtra(except jobKey) (extra, extraBorrowed map[string]map[string]int) {
+	extra, extraBorrowed = map[string]map[string]int{}, map[string]map[string]int{}
+	now := v.now()
+	for key, r := range v.reserved {
+		if !now.Before(r.until) {
+			delete(v.reserved, key)
+			continue
+		}
+		if key == except {
+			continue
+		}
+		rec := v.jobs[key].demand
+		for model, n := range r.demand {
+			if d := n - rec[model]; d > 0 {
+				if extra[key.namespace] == nil {
+					extra[key.namespace], extraBorrowed[key.namespace] = map[string]int{}, map[string]int{}
+				}
+				extra[key.namespace][model] += d
+				if r.borrowed {
+					extraBorrowed[key.namespace][model] += d
+				}
+			}
+		}
+	}
+	return extra, extraBorrowed
+}
+
+// namespacesToReport is every namespace with jobs or reservations, or those of
+// namespace's tenant.
+func (v *View) namespacesToReport(p *policy.Policy, namespace string, extra map[string]map[string]int) []string {
 	if namespace != "" {
 		if t := p.TenantOf(namespace); t != nil {
 			return t.Namespaces
 		}
 		return nil
 	}
-	out := make([]string, 0, len(v.held))
+	out := make([]string, 0, len(v.held)+len(extra))
 	for ns := range v.held {
 		out = append(out, ns)
+	}
+	for ns := range extra {
+		if _, ok := v.held[ns]; !ok {
+			out = append(out, ns)
+		}
 	}
 	return out
 }
@@ -221,6 +454,25 @@ func (v *View) nodeTotals(p *policy.Policy) (capacity, maxAlloc policy.Quota) {
 	return capacity, maxAlloc
 }
 
+// add records a job and adds its demand (with its deployment's canaries) to
+// its namespace's totals.
+func (v *View) add(key jobKey, j job) {
+	j.demand = demandByModel(j.groups)
+	for _, g := range j.groups {
+		j.demand[g.Model] += v.canaries[key][g.Name] * g.GPUsPerAlloc
+	}
+	v.jobs[key] = j
+	v.account(key.namespace, j, 1)
+	v.settle(key)
+}
+
+func (v *View) remove(key jobKey) {
+	if old, ok := v.jobs[key]; ok {
+		v.account(key.namespace, old, -1)
+		delete(v.jobs, key)
+	}
+}
+
 // account adds (sign 1) or removes (-1) a job's demand from its namespace's totals.
 func (v *View) account(ns string, j job, sign int) {
 	agg := v.held[ns]
@@ -237,11 +489,12 @@ func (v *View) account(ns string, j job, sign int) {
 	}
 }
 
-func (v *View) remove(key jobKey) {
-	if old, ok := v.jobs[key]; ok {
-		v.account(key.namespace, old, -1)
-		delete(v.jobs, key)
+func demandByModel(groups []admission.Group) map[string]int {
+	out := map[string]int{}
+	for _, g := range groups {
+		out[g.Model] += g.Count * g.GPUsPerAlloc
 	}
+	return out
 }
 
 // classify turns GPUs by model into a quota: all GPUs, and per class.

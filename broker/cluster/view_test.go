@@ -2,39 +2,17 @@ package cluster
 
 import (
 	"testing"
+	"time"
 
 	"github.com/hashicorp/nomad/api"
 
+	"github.com/nomad-gpu/nomad-gpu/broker/admission"
 	"github.com/nomad-gpu/nomad-gpu/broker/nomadjob"
 	"github.com/nomad-gpu/nomad-gpu/broker/policy"
+	"github.com/nomad-gpu/nomad-gpu/internal/testbuild"
 )
 
-func gpuJob(ns, id string, count, gpus int, model string, borrowed bool) *api.Job {
-	name := "nvidia/gpu"
-	if model != "" {
-		name += "/" + model
-	}
-	return &api.Job{ID: ptr(id), Namespace: ptr(ns), Status: ptr("running"),
-		Meta: map[string]string{nomadjob.MetaBorrowed: map[bool]string{true: "true", false: "false"}[borrowed]},
-		TaskGroups: []*api.TaskGroup{{Name: ptr("g"), Count: ptr(count), Tasks: []*api.Task{{Resources: &api.Resources{
-			Devices: []*api.RequestedDevice{{Name: name, Count: ptr(uint64(gpus))}}}}}}}}
-}
-
-func gpuNode(id string, ready bool, healthy, sick int) *api.Node {
-	var inst []*api.NodeDevice
-	for i := 0; i < healthy+sick; i++ {
-		inst = append(inst, &api.NodeDevice{ID: id + string(rune('a'+i)), Healthy: i < healthy})
-	}
-	status := api.NodeStatusReady
-	if !ready {
-		status = api.NodeStatusDown
-	}
-	return &api.Node{ID: id, Status: status, NodeResources: &api.NodeResources{Devices: []*api.NodeDeviceResource{
-		{Vendor: "nvidia", Type: "gpu", Name: "NVIDIA H100 80GB HBM3", Instances: inst}}}}
-}
-
-func TestUsageFollowsJobsAndNodes(t *testing.T) {
-	p, diags := policy.Parse(map[string][]byte{"p.hcl": []byte(`
+const visionPolicy = `
 queue "training" { priority = 60 }
 gpu_class "h100" { models = ["NVIDIA H100*"] }
 tenant "vision" {
@@ -42,17 +20,35 @@ tenant "vision" {
   queues = ["training"]
   guaranteed = 4
   limit = 8
-}`)}, 0)
-	if diags.HasErrors() {
-		t.Fatal(diags)
+}
+borrowing {
+  enabled  = true
+  priority = 20
+}`
+
+var stamper = nomadjob.Stamper{Key: []byte("k")}
+
+// admitted is a job as the broker's admission leaves it: priority, meta, stamp.
+func admitted(b *testbuild.JobBuilder, d admission.Decision) *api.Job {
+	j := b.Priority(d.Priority).Build()
+	for k, v := range nomadjob.BrokerMeta(d, stamper.Stamp(nomadjob.Namespace(j), j, d)) {
+		j.Meta[k] = v
 	}
-	v := NewView()
-	v.ObserveNode(gpuNode("n1", true, 8, 0))
-	v.ObserveNode(gpuNode("n2", true, 6, 2))  // two unhealthy GPUs are not capacity
-	v.ObserveNode(gpuNode("n3", false, 8, 0)) // a down node is not capacity
-	v.ObserveJob(gpuJob("vision", "a", 2, 2, "", false))
-	v.ObserveJob(gpuJob("vision-dev", "b", 1, 3, "NVIDIA H100 80GB HBM3", true))
-	v.ObserveJob(gpuJob("other", "c", 1, 1, "", false))
+	return j
+}
+
+func TestUsageFollowsJobsAndNodes(t *testing.T) {
+	p := testbuild.Policy(t, visionPolicy)
+	v := NewView(stamper.Verify)
+	v.ObserveNode(testbuild.Node("n1", testbuild.H100, 8, 0))
+	v.ObserveNode(testbuild.Node("n2", testbuild.H100, 6, 2)) // two unhealthy GPUs are not capacity
+	down := testbuild.Node("n3", testbuild.H100, 8, 0)
+	down.Status = api.NodeStatusDown // a down node is not capacity
+	v.ObserveNode(down)
+	v.ObserveJob(testbuild.Job("vision", "a").Group("g", 2, 2, "nvidia/gpu").Build())
+	borrowed := admission.Decision{Outcome: admission.AdmitBorrowed, Tenant: "vision", Queue: "training", Priority: 20}
+	v.ObserveJob(admitted(testbuild.Job("vision-dev", "b").Group("g", 1, 3, "nvidia/gpu/"+testbuild.H100), borrowed))
+	v.ObserveJob(testbuild.Job("other", "c").Group("g", 1, 1, "gpu").Build())
 
 	u := v.Usage(p)
 	vision := u.Tenants["vision"]
@@ -66,14 +62,112 @@ tenant "vision" {
 		t.Errorf("without job a: %+v idle %v", w.Tenants["vision"], w.Idle)
 	}
 
-	v.ObserveJob(gpuJob("vision", "a", 1, 2, "", false)) // a new version replaces the old demand
-	stopped := gpuJob("vision-dev", "b", 1, 3, "", true)
-	stopped.Stop = ptr(true)
-	v.ObserveJob(stopped)
+	v.ObserveJob(testbuild.Job("vision", "a").Group("g", 1, 2, "nvidia/gpu").Build()) // a new version replaces the old demand
+	v.ObserveJob(testbuild.Job("vision-dev", "b").Group("g", 1, 3, "nvidia/gpu").Stopped().Build())
 	v.ForgetJob("other", "c")
-	v.ObserveNode(gpuNode("n2", true, 8, 0))
+	v.ObserveNode(testbuild.Node("n2", testbuild.H100, 8, 0))
 	u = v.Usage(p)
 	if got := u.Tenants["vision"]; got.Used[policy.AllGPUs] != 2 || got.Borrowed[policy.AllGPUs] != 0 || u.Idle[policy.AllGPUs] != 14 {
 		t.Errorf("after updates: %+v idle %v", got, u.Idle)
+	}
+}
+
+func TestBorrowedMetaWithoutAValidStampIsNotTrusted(t *testing.T) {
+	p := testbuild.Policy(t, visionPolicy)
+	v := NewView(stamper.Verify)
+	v.ObserveNode(testbuild.Node("n1", testbuild.H100, 8, 0))
+	// Written by hand, or copied from another job: not the broker's.
+	v.ObserveJob(testbuild.Job("vision", "forged").Group("g", 1, 4, "gpu").Meta(nomadjob.MetaBorrowed, "true").
+		Meta(nomadjob.MetaAdmission, "v2:forged").Build())
+	if got := v.Usage(p).Tenants["vision"]; got.Used.Total() != 4 || got.Borrowed.Total() != 0 {
+		t.Errorf("forged borrowed meta trusted: %+v", got)
+	}
+}
+
+func TestStaleJobEventsAreIgnored(t *testing.T) {
+	p := testbuild.Policy(t, visionPolicy)
+	v := NewView(nil)
+	v.ObserveNode(testbuild.Node("n1", testbuild.H100, 8, 0))
+	v.ObserveJob(testbuild.Job("vision", "a").Group("g", 4, 1, "gpu").ModifyIndex(20).Build())
+	v.ObserveJob(testbuild.Job("vision", "a").Group("g", 1, 1, "gpu").ModifyIndex(10).Build()) // an older version, late
+	if got := v.Usage(p).Tenants["vision"].Used.Total(); got != 4 {
+		t.Errorf("a late event of an older version replaced the newer one: %d", got)
+	}
+}
+
+func TestReservationsCountUntilTheJobsEventShowsThem(t *testing.T) {
+	p := testbuild.Policy(t, visionPolicy)
+	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	v := NewView(nil)
+	v.SetClock(func() time.Time { return now })
+	v.ObserveNode(testbuild.Node("n1", testbuild.H100, 8, 0))
+	job := func(id string, gpus int) admission.Job {
+		return admission.Job{ID: id, Namespace: "vision", Groups: []admission.Group{{Name: "g", Count: 1, GPUsPerAlloc: gpus}}}
+	}
+	d, res := v.Admit(p, job("a", 4), time.Minute)
+	if d.Outcome != admission.Admit || res == nil {
+		t.Fatalf("first: %+v", d)
+	}
+	// Before Nomad's event, a second decision sees the first one's GPUs.
+	if d, _ := v.Admit(p, job("b", 4), time.Minute); d.Outcome != admission.AdmitBorrowed {
+		t.Fatalf("second decision did not see the reservation: %+v", d)
+	}
+	if d, _ := v.Admit(p, job("c", 1), time.Minute); d.Outcome != admission.Queue {
+		t.Fatalf("third decision went above the limit of 8: %+v", d)
+	}
+	// A failed registration gives its GPUs back.
+	res.Release()
+	if got := v.Usage(p).Tenants["vision"].Used.Total(); got != 4 {
+		t.Fatalf("after release: %d, want 4 (job b's)", got)
+	}
+	// A confirmed one ends when the job's event shows it, not counted twice.
+	_, res = v.Admit(p, job("a", 4), time.Minute)
+	res.Confirm(30)
+	v.ObserveJob(testbuild.Job("vision", "a").Group("g", 1, 4, "gpu").ModifyIndex(30).Build())
+	if got := v.Usage(p).Tenants["vision"].Used.Total(); got != 8 {
+		t.Fatalf("after the event: %d, want 8", got)
+	}
+	v.ObserveJob(testbuild.Job("vision", "a").Group("g", 1, 4, "gpu").ModifyIndex(31).Stopped().Build())
+	if got := v.Usage(p).Tenants["vision"].Used.Total(); got != 4 {
+		t.Fatalf("a stopped job still counted through its old reservation: %d", got)
+	}
+	// Those never seen in an event (b, and lost) expire.
+	v.Admit(p, job("lost", 2), time.Minute)
+	if got := v.Usage(p).Tenants["vision"].Used.Total(); got != 6 {
+		t.Fatalf("before expiry: %d, want 6", got)
+	}
+	now = now.Add(2 * time.Minute)
+	if got := v.Usage(p).Tenants["vision"].Used.Total(); got != 0 {
+		t.Fatalf("expired reservations still count: %d", got)
+	}
+}
+
+func TestCanariesOfAnUnpromotedDeploymentCount(t *testing.T) {
+	p := testbuild.Policy(t, visionPolicy)
+	v := NewView(nil)
+	v.ObserveNode(testbuild.Node("n1", testbuild.H100, 8, 0))
+	v.ObserveJob(testbuild.Job("vision", "web").Group("web", 2, 1, "gpu").Canary(1).Build())
+	dep := &api.Deployment{Namespace: "vision", JobID: "web", Status: api.DeploymentStatusRunning,
+		TaskGroups: map[string]*api.DeploymentState{"web": {DesiredCanaries: 1}}}
+	v.ObserveDeployment(dep)
+	if got := v.Usage(p).Tenants["vision"].Used.Total(); got != 3 {
+		t.Fatalf("while canarying: %d, want 3", got)
+	}
+	dep.TaskGroups["web"].Promoted = true
+	v.ObserveDeployment(dep)
+	if got := v.Usage(p).Tenants["vision"].Used.Total(); got != 2 {
+		t.Fatalf("after promotion: %d, want 2", got)
+	}
+}
+
+func TestSystemJobsCountOneAllocationPerFittingNode(t *testing.T) {
+	p := testbuild.Policy(t, visionPolicy)
+	v := NewView(nil)
+	v.ObserveNode(testbuild.Node("n1", testbuild.H100, 8, 0))
+	v.ObserveNode(testbuild.Node("n2", testbuild.H100, 2, 0))
+	v.ObserveNode(testbuild.Node("n3", testbuild.H100, 1, 0)) // too few GPUs: no allocation there
+	v.ObserveJob(testbuild.Job("vision", "sys").Type(api.JobTypeSystem).Group("g", 1, 2, "gpu").Build())
+	if got := v.Usage(p).Tenants["vision"].Used.Total(); got != 4 {
+		t.Fatalf("system job: %d GPUs, want 2 nodes x 2", got)
 	}
 }

@@ -27,7 +27,10 @@ type Config struct {
 type Nomad struct {
 	Address string `hcl:"address,optional"`
 	Token   string `hcl:"token,optional"`
-	TLS     *TLS   `hcl:"tls,block"`
+	// Region is the Nomad region the broker admits GPU jobs for; empty: the
+	// region of the Nomad agent at Address.
+	Region string `hcl:"region,optional"`
+	TLS    *TLS   `hcl:"tls,block"`
 }
 
 // Consul is how the broker reaches Consul, and where its keys live.

@@ -6,10 +6,13 @@ package nomadapi
 import (
 	"bytes"
 	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"net/url"
+	"time"
 
 	"github.com/hashicorp/nomad/api"
 
@@ -52,9 +55,30 @@ func New(address, token string, tls *api.TLSConfig) (*Client, error) {
 // HTTPClient is the HTTP client configured for Nomad (TLS included).
 func (c *Client) HTTPClient() *http.Client { return c.http }
 
-// List returns every node and every live job (all namespaces) with the index
-// the event stream should resume after.
-func (c *Client) List(ctx context.Context) ([]*api.Node, []*api.Job, uint64, error) {
+// List returns every node, every live job and every active deployment (all
+// namespaces) with the index the event stream should resume after.
+func (c *Client) List(ctx context.Context) (cluster.Snapshot, error) {
+	nodes, jobs, index, err := c.list(ctx)
+	if err != nil {
+		return cluster.Snapshot{}, err
+	}
+	all := (&api.QueryOptions{Namespace: "*"}).WithContext(ctx)
+	deps, meta, err := c.api.Deployments().List(all)
+	if err != nil {
+		return cluster.Snapshot{}, fmt.Errorf("list deployments: %w", err)
+	}
+	var active []*api.Deployment
+	for _, d := range deps {
+		switch d.Status {
+		case api.DeploymentStatusSuccessful, api.DeploymentStatusFailed, api.DeploymentStatusCancelled:
+		default:
+			active = append(active, d)
+		}
+	}
+	return cluster.Snapshot{Nodes: nodes, Jobs: jobs, Deployments: active, Index: max(index, meta.LastIndex)}, nil
+}
+
+func (c *Client) list(ctx context.Context) ([]*api.Node, []*api.Job, uint64, error) {
 	q := (&api.QueryOptions{}).WithContext(ctx)
 	stubs, meta, err := c.api.Nodes().List(q)
 	if err != nil {
@@ -89,32 +113,69 @@ func (c *Client) List(ctx context.Context) ([]*api.Node, []*api.Job, uint64, err
 	return nodes, jobs, index, nil
 }
 
-// Events streams node and job events of every namespace from index.
+// Events streams node, job and deployment events of every namespace from index.
 func (c *Client) Events(ctx context.Context, index uint64) (<-chan *api.Events, error) {
-	topics := map[api.Topic][]string{api.TopicNode: {"*"}, api.TopicJob: {"*"}}
+	topics := map[api.Topic][]string{api.TopicNode: {"*"}, api.TopicJob: {"*"}, api.TopicDeployment: {"*"}}
 	return c.api.EventStream().Stream(ctx, topics, index, &api.QueryOptions{Namespace: "*"})
 }
 
-// Register sends a job register request body (as a user would) to Nomad.
-func (c *Client) Register(ctx context.Context, namespace string, body []byte) error {
+// Region is the region of the Nomad agent the broker talks to, asked until
+// the agent answers or ctx ends (Nomad may still be starting).
+func (c *Client) Region(ctx context.Context) (string, error) {
+	for {
+		self, err := c.api.Agent().Self()
+		if err == nil {
+			if r, ok := self.Config["Region"].(string); ok && r != "" {
+				return r, nil
+			}
+			return api.GlobalRegion, nil
+		}
+		select {
+		case <-ctx.Done():
+			return "", fmt.Errorf("ask Nomad for its region: %w", err)
+		case <-time.After(time.Second):
+		}
+	}
+}
+
+// Job returns the job Nomad has, or nil if none.
+func (c *Client) Job(ctx context.Context, namespace, id string) (*api.Job, error) {
+	j, _, err := c.api.Jobs().Info(id, (&api.QueryOptions{Namespace: namespace}).WithContext(ctx))
+	if err != nil {
+		var ue api.UnexpectedResponseError
+		if errors.As(err, &ue) && ue.StatusCode() == http.StatusNotFound {
+			return nil, nil
+		}
+		return nil, fmt.Errorf("read job %s/%s: %w", namespace, id, err)
+	}
+	return j, nil
+}
+
+// Register sends a job register request body (as a user would) to Nomad and
+// returns the job's new JobModifyIndex.
+func (c *Client) Register(ctx context.Context, namespace string, body []byte) (uint64, error) {
 	u := c.address + "/v1/jobs?namespace=" + url.QueryEscape(namespace)
 	req, err := http.NewRequestWithContext(ctx, http.MethodPut, u, bytes.NewReader(body))
 	if err != nil {
-		return err
+		return 0, err
 	}
 	if c.token != "" {
 		req.Header.Set("X-Nomad-Token", c.token)
 	}
 	resp, err := c.http.Do(req)
 	if err != nil {
-		return fmt.Errorf("register job: %w", err)
+		return 0, fmt.Errorf("register job: %w", err)
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
-		return fmt.Errorf("register job: Nomad answered %d: %s", resp.StatusCode, bytes.TrimSpace(msg))
+		return 0, fmt.Errorf("register job: Nomad answered %d: %s", resp.StatusCode, bytes.TrimSpace(msg))
 	}
-	return nil
+	var out api.JobRegisterResponse
+	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
+		return 0, fmt.Errorf("register job: Nomad's answer: %w", err)
+	}
+	return out.JobModifyIndex, nil
 }
 
 // SetPreemption switches Nomad's preemption for batch and service jobs,

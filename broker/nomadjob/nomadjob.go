@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/hashicorp/nomad/api"
 
@@ -28,113 +27,65 @@ const (
 // DefaultNamespace is Nomad's namespace when a job names none.
 const DefaultNamespace = "default"
 
-// Namespace is the job's namespace, else the request's, else Nomad's default.
-func Namespace(job *api.Job, requestNamespace string) string {
-	if job.Namespace != nil && *job.Namespace != "" {
-		return *job.Namespace
-	}
-	if requestNamespace != "" {
-		return requestNamespace
-	}
-	return DefaultNamespace
+// Namespace is the namespace of a job as Nomad returns it.
+func Namespace(job *api.Job) string {
+	return ResolveNamespace("", "", deref(job.Namespace))
 }
 
-// IsGPU reports whether a device request is for NVIDIA GPUs, and which model.
-func IsGPU(name string) (model string, ok bool) {
-	parts := strings.SplitN(name, "/", 3)
-	switch {
-	case len(parts) == 1:
-		return "", parts[0] == "gpu"
-	case parts[1] != "gpu" || parts[0] != "nvidia":
-		return "", false
-	case len(parts) == 3:
-		return parts[2], true
-	default:
-		return "", true
-	}
+// Admission is a job Nomad runs, as admission sees it: Nomad has already
+// filled in its counts; system jobs count one allocation per fitting node.
+func Admission(job *api.Job, nodesFitting func(string, int) int) (admission.Job, error) {
+	groups, err := Groups(job, Placement{NodesFitting: nodesFitting})
+	return admission.Job{ID: deref(job.ID), Namespace: Namespace(job), Queue: job.Meta[MetaQueue], Groups: groups}, err
 }
 
-// Admission is the job as admission sees it: its GPU demand per task group.
-func Admission(job *api.Job, namespace string) admission.Job {
-	out := admission.Job{Namespace: namespace}
-	if job.ID != nil {
-		out.ID = *job.ID
-	}
-	out.Queue = job.Meta[MetaQueue]
-	for _, tg := range job.TaskGroups {
-		g := admission.Group{Count: 1}
-		if tg.Name != nil {
-			g.Name = *tg.Name
-		}
-		if tg.Count != nil {
-			g.Count = *tg.Count
-		}
-		for _, task := range tg.Tasks {
-			if task.Resources == nil {
-				continue
-			}
-			for _, dev := range task.Resources.Devices {
-				model, ok := IsGPU(dev.Name)
-				if !ok {
-					continue
-				}
-				n := 1
-				if dev.Count != nil {
-					n = int(*dev.Count)
-				}
-				g.GPUsPerAlloc += n
-				if model != "" {
-					g.Model = model
-				}
-			}
-		}
-		if g.GPUsPerAlloc > 0 {
-			out.Groups = append(out.Groups, g)
-		}
-	}
-	return out
-}
-
-// Apply writes an admission into a job in its JSON form (as Nomad's API takes
-// it), so that nothing else of what the user sent changes: the priority and the
-// broker's meta keys.
-func Apply(raw map[string]any, d admission.Decision, stamp string) {
-	raw["Priority"] = d.Priority
-	meta, _ := raw["Meta"].(map[string]any)
-	if meta == nil {
-		meta = map[string]any{}
-	}
-	meta[MetaTenant] = d.Tenant
-	meta[MetaQueue] = d.Queue
-	meta[MetaWorkload] = d.Workload
-	meta[MetaBorrowed] = strconv.FormatBool(d.Outcome == admission.AdmitBorrowed)
-	meta[MetaAdmission] = stamp
-	raw["Meta"] = meta
+// BrokerMeta is the meta an admission writes.
+func BrokerMeta(d admission.Decision, stamp string) map[string]string {
+	return map[string]string{MetaTenant: d.Tenant, MetaQueue: d.Queue, MetaWorkload: d.Workload,
+		MetaBorrowed: strconv.FormatBool(d.Outcome == admission.AdmitBorrowed), MetaAdmission: stamp}
 }
 
 // Stamper signs admissions, so that the broker can tell its own stamp from one a
-// user wrote into the job meta.
+// user wrote into the job meta, or copied from another job.
 type Stamper struct{ Key []byte }
 
-// Stamp is "v1:<unix seconds>:<signature>" over what the admission decided.
-func (s Stamper) Stamp(namespace, jobID string, d admission.Decision, at time.Time) string {
-	ts := strconv.FormatInt(at.Unix(), 10)
-	return "v1:" + ts + ":" + s.sign(namespace, jobID, d.Tenant, d.Queue, strconv.Itoa(d.Priority), ts)
+// Stamp is "v2:<signature>" over what the admission decided: namespace, job
+// id, tenant, queue, priority, borrowed, and each GPU task group's name, model,
+// GPUs per allocation and count. It has no time in it, so that registering the
+// same job again changes nothing in Nomad.
+func (s Stamper) Stamp(namespace string, job *api.Job, d admission.Decision) string {
+	return "v2:" + s.sign(namespace, job, d.Tenant, d.Queue, d.Priority, strconv.FormatBool(d.Outcome == admission.AdmitBorrowed))
 }
 
-// Verify reports whether job carries a stamp this broker made for its current
-// namespace, id, tenant, queue and priority.
-func (s Stamper) Verify(namespace string, job *api.Job) bool {
-	parts := strings.SplitN(job.Meta[MetaAdmission], ":", 3)
-	if len(parts) != 3 || parts[0] != "v1" || job.ID == nil || job.Priority == nil {
+// Verify reports whether a job (as Nomad returns it) carries a stamp this
+// broker made for its current namespace, id, priority, meta and GPU demand.
+func (s Stamper) Verify(job *api.Job) bool {
+	sig, ok := strings.CutPrefix(job.Meta[MetaAdmission], "v2:")
+	if !ok || job.ID == nil || job.Priority == nil {
 		return false
 	}
-	want := s.sign(namespace, *job.ID, job.Meta[MetaTenant], job.Meta[MetaQueue], strconv.Itoa(*job.Priority), parts[1])
-	return hmac.Equal([]byte(parts[2]), []byte(want))
+	want := s.sign(Namespace(job), job, job.Meta[MetaTenant], job.Meta[MetaQueue], *job.Priority, job.Meta[MetaBorrowed])
+	return hmac.Equal([]byte(sig), []byte(want))
 }
 
-func (s Stamper) sign(fields ...string) string {
+func (s Stamper) sign(namespace string, job *api.Job, tenant, queue string, priority int, borrowed string) string {
 	mac := hmac.New(sha256.New, s.Key)
-	fmt.Fprint(mac, strings.Join(fields, "\x00"))
+	fields := []string{namespace, deref(job.ID), tenant, queue, strconv.Itoa(priority), borrowed}
+	for _, tg := range job.TaskGroups {
+		if tg == nil {
+			continue
+		}
+		perModel, err := gpusPerAlloc(tg)
+		count, err2 := groupCount(tg)
+		if err != nil || err2 != nil {
+			return "" // never admitted: nothing verifies
+		}
+		for _, m := range perModel {
+			fields = append(fields, fmt.Sprintf("%s\x01%s\x01%d\x01%d", deref(tg.Name), m.model, m.gpus, count))
+		}
+	}
+	for _, f := range fields {
+		fmt.Fprintf(mac, "%d:%s", len(f), f) // length-prefixed: no two field lists sign alike
+	}
 	return base64.RawURLEncoding.EncodeToString(mac.Sum(nil))
 }

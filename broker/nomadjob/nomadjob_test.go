@@ -2,64 +2,272 @@ package nomadjob_test
 
 import (
 	"encoding/json"
+	"net/url"
+	"strings"
 	"testing"
-	"time"
 
 	"github.com/hashicorp/nomad/api"
 
 	"github.com/nomad-gpu/nomad-gpu/broker/admission"
 	"github.com/nomad-gpu/nomad-gpu/broker/nomadjob"
+	"github.com/nomad-gpu/nomad-gpu/internal/testbuild"
 )
 
-func ptr[T any](v T) *T { return &v }
-
-func TestAdmissionDemand(t *testing.T) {
-	job := &api.Job{ID: ptr("train"), Meta: map[string]string{nomadjob.MetaQueue: "dev"}, TaskGroups: []*api.TaskGroup{
-		{Name: ptr("workers"), Count: ptr(3), Tasks: []*api.Task{
-			{Resources: &api.Resources{Devices: []*api.RequestedDevice{{Name: "nvidia/gpu", Count: ptr(uint64(2))}}}},
-			{Resources: &api.Resources{Devices: []*api.RequestedDevice{{Name: "gpu"}}}},
-		}},
-		{Name: ptr("eval"), Tasks: []*api.Task{
-			{Resources: &api.Resources{Devices: []*api.RequestedDevice{{Name: "nvidia/gpu/NVIDIA H100 80GB HBM3", Count: ptr(uint64(1))}}}},
-		}},
-		{Name: ptr("cpu-only"), Count: ptr(5), Tasks: []*api.Task{
-			{Resources: &api.Resources{Devices: []*api.RequestedDevice{{Name: "amd/fpga"}}}},
-		}},
-	}}
-	a := nomadjob.Admission(job, "vision")
-	if len(a.Groups) != 2 || a.Queue != "dev" || a.Groups[0].Count != 3 || a.Groups[0].GPUsPerAlloc != 3 ||
-		a.Groups[1].Count != 1 || a.Groups[1].Model != "NVIDIA H100 80GB HBM3" {
-		t.Fatalf("got %+v", a)
+func TestGPURequestMirrorsNomadsDeviceMatching(t *testing.T) {
+	cases := []struct {
+		name, model string
+		gpu         bool
+	}{
+		{"gpu", "", true},
+		{"nvidia/gpu", "", true},
+		{"nvidia/gpu/NVIDIA H100 80GB HBM3", "NVIDIA H100 80GB HBM3", true},
+		{"/gpu", "", true},             // vendor left empty: any vendor
+		{"nvidia/", "", true},          // type left empty: any type
+		{"nvidia//H100", "H100", true}, // type empty, model given
+		{"//", "", true},               // matches every device
+		{"//H100/with/slashes", "H100/with/slashes", true},
+		{"Nvidia/gpu", "", false}, // Nomad compares case-sensitively
+		{"nvidia/GPU", "", false},
+		{"amd/gpu", "", false},
+		{"fpga", "", false},
+		{"nvidia/fpga", "", false},
+		{"", "", false},
+	}
+	for _, c := range cases {
+		model, ok := nomadjob.GPURequest(c.name)
+		if ok != c.gpu || model != c.model {
+			t.Errorf("%q: got (%q, %v), want (%q, %v)", c.name, model, ok, c.model, c.gpu)
+		}
 	}
 }
 
-func TestApplyChangesOnlyPriorityAndMeta(t *testing.T) {
-	src := `{"ID":"train","Priority":50,"Meta":{"owner":"ana"},"TaskGroups":[{"Name":"g","Count":2}],"Unknown":{"kept":true}}`
-	var raw map[string]any
-	json.Unmarshal([]byte(src), &raw)
-	d := admission.Decision{Outcome: admission.AdmitBorrowed, Tenant: "vision", Queue: "training", Workload: "training", Priority: 20}
-	nomadjob.Apply(raw, d, "v1:1:sig")
-	out, _ := json.Marshal(raw)
-	want := `{"ID":"train","Meta":{"nomad-gpu.admission":"v1:1:sig","nomad-gpu.borrowed":"true","nomad-gpu.queue":"training","nomad-gpu.tenant":"vision","nomad-gpu.workload":"training","owner":"ana"},"Priority":20,"TaskGroups":[{"Count":2,"Name":"g"}],"Unknown":{"kept":true}}`
-	if string(out) != want {
-		t.Errorf("got  %s\nwant %s", out, want)
+func groups(t *testing.T, job *api.Job, pl nomadjob.Placement) string {
+	t.Helper()
+	gs, err := nomadjob.Groups(job, pl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var parts []string
+	for _, g := range gs {
+		parts = append(parts, g.Name+":"+itoa(g.Count)+"x"+itoa(g.GPUsPerAlloc)+":"+g.Model)
+	}
+	return strings.Join(parts, " ")
+}
+
+func itoa(n int) string { b, _ := json.Marshal(n); return string(b) }
+
+func TestGroupsCountAsNomadPlaces(t *testing.T) {
+	min3 := testbuild.Job("vision", "j").Group("g", 1, 2, "gpu").Build()
+	min3.TaskGroups[0].Count = nil
+	min3.TaskGroups[0].Scaling = &api.ScalingPolicy{Min: ptr(int64(3)), Max: ptr(int64(9))}
+	if got := groups(t, min3, nomadjob.Placement{}); got != "g:3x2:" {
+		t.Errorf("no count, scaling min 3: %s", got)
+	}
+	noCount := testbuild.Job("vision", "j").Group("g", 1, 2, "gpu").Build()
+	noCount.TaskGroups[0].Count = nil
+	if got := groups(t, noCount, nomadjob.Placement{}); got != "g:1x2:" {
+		t.Errorf("no count: %s", got)
+	}
+
+	current := testbuild.Job("vision", "j").Group("g", 5, 1, "gpu").Build()
+	body := testbuild.Job("vision", "j").Group("g", 1, 1, "gpu").Build()
+	if got := groups(t, body, nomadjob.Placement{Current: current, PreserveCounts: true}); got != "g:5x1:" {
+		t.Errorf("PreserveCounts keeps the running count: %s", got)
+	}
+	if got := groups(t, body, nomadjob.Placement{Current: current}); got != "g:1x1:" {
+		t.Errorf("without PreserveCounts: %s", got)
+	}
+
+	canary := testbuild.Job("vision", "j").Group("g", 2, 1, "gpu").Canary(1).Build()
+	if got := groups(t, canary, nomadjob.Placement{}); got != "g:2x1:" {
+		t.Errorf("first version places no canaries: %s", got)
+	}
+	if got := groups(t, canary, nomadjob.Placement{Current: current}); got != "g:6x1:" {
+		t.Errorf("update: 5 current allocations run beside 1 canary: %s", got)
+	}
+
+	sys := testbuild.Job("vision", "s").Type(api.JobTypeSysbatch).Group("g", 1, 2, "nvidia/gpu/H100").Build()
+	fits := func(model string, gpus int) int {
+		if model == "H100" && gpus == 2 {
+			return 7
+		}
+		return 0
+	}
+	if got := groups(t, sys, nomadjob.Placement{NodesFitting: fits}); got != "g:7x2:H100" {
+		t.Errorf("sysbatch places one per fitting node: %s", got)
+	}
+
+	two := testbuild.Job("vision", "m").Group("g", 2, 4, "nvidia/gpu/A100").Build()
+	two.TaskGroups[0].Tasks = append(two.TaskGroups[0].Tasks, &api.Task{Name: "u", Resources: &api.Resources{
+		Devices: []*api.RequestedDevice{{Name: "nvidia/gpu/H100", Count: ptr(uint64(2))}, {Name: "amd/fpga"}, {Name: "/gpu"}}}})
+	if got := groups(t, two, nomadjob.Placement{}); got != "g:2x4:A100 g:2x2:H100 g:2x1:" {
+		t.Errorf("models of one group are counted apart: %s", got)
 	}
 }
 
-func TestStampVerifies(t *testing.T) {
+func TestGroupsRefuseAbsurdAndNullEntries(t *testing.T) {
+	cases := map[string]func(j *api.Job){
+		"null task group": func(j *api.Job) { j.TaskGroups = append(j.TaskGroups, nil) },
+		"null task":       func(j *api.Job) { j.TaskGroups[0].Tasks = append(j.TaskGroups[0].Tasks, nil) },
+		"null device": func(j *api.Job) {
+			j.TaskGroups[0].Tasks[0].Resources.Devices = append(j.TaskGroups[0].Tasks[0].Resources.Devices, nil)
+		},
+		"negative count":  func(j *api.Job) { j.TaskGroups[0].Count = ptr(-1) },
+		"huge count":      func(j *api.Job) { j.TaskGroups[0].Count = ptr(1 << 40) },
+		"uint64 max gpus": func(j *api.Job) { j.TaskGroups[0].Tasks[0].Resources.Devices[0].Count = ptr(^uint64(0)) },
+	}
+	for name, mutate := range cases {
+		j := testbuild.Job("vision", "j").Group("g", 1, 1, "gpu").Build()
+		mutate(j)
+		if _, err := nomadjob.Groups(j, nomadjob.Placement{}); err == nil {
+			t.Errorf("%s: accepted", name)
+		}
+	}
+}
+
+func read(t *testing.T, body string, query string) (*nomadjob.Request, error) {
+	t.Helper()
+	q, _ := url.ParseQuery(query)
+	return nomadjob.ReadRequest(nomadjob.Register, []byte(body), q)
+}
+
+func TestReadRequestRefusesWhatNomadCouldReadTwoWays(t *testing.T) {
+	refused := map[string]string{
+		"same key twice":          `{"Job":{"ID":"j","TaskGroups":[{"Name":"g","Count":1,"Count":9}]}}`,
+		"two spellings of a key":  `{"Job":{"ID":"j","TaskGroups":[{"Name":"g","Count":1,"count":9}]}}`,
+		"two Job objects":         `{"Job":{"ID":"j"},"job":{"ID":"j","TaskGroups":[]}}`,
+		"unicode fold of a key":   `{"Job":{"ID":"j","TaskGroups":[{"Name":"g","Tasks":[{"Name":"t","Resources":{"Devices":[{"Name":"gpu","Count":1}],"Deviceſ":[]}}]}]}}`,
+		"repeated meta key":       `{"Job":{"ID":"j","Meta":{"nomad-gpu.queue":"a","nomad-gpu.queue":"b"}}}`,
+		"repeated unknown key":    `{"Job":{"ID":"j","FutureField":1,"futurefield":2}}`,
+		"trailing data":           `{"Job":{"ID":"j"}} {"Job":{"ID":"k"}}`,
+		"no job":                  `{"Jobs":{"ID":"j"}}`,
+		"job not an object":       `{"Job":[1]}`,
+		"no job id":               `{"Job":{"Name":"j"}}`,
+		"count of the wrong type": `{"Job":{"ID":"j","TaskGroups":[{"Name":"g","Count":"9"}]}}`,
+		"multiregion":             `{"Job":{"ID":"j","Multiregion":{"Regions":[{"Name":"a"}]}}}`,
+		"deep nesting":            `{"Job":{"ID":"j","Meta":` + strings.Repeat(`{"a":`, 70) + `1` + strings.Repeat(`}`, 70) + `}}`,
+		"invalid JSON":            `{"Job":`,
+	}
+	for name, body := range refused {
+		if _, err := read(t, body, ""); err == nil {
+			t.Errorf("%s: accepted", name)
+		}
+	}
+}
+
+func TestReadRequestReadsKeysAsNomadDoes(t *testing.T) {
+	body := `{"job":{"id":"j","PRIORITY":99,"taskgroups":[{"name":"g","COUNT":3,"tasks":[{"name":"t",
+	  "resources":{"devices":[{"name":"nvidia/gpu","count":2}]}}]}],"FutureField":{"kept":[1,"x"]}}}`
+	r, err := read(t, body, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	gs, err := r.Groups(nil, nil)
+	if err != nil || len(gs) != 1 || gs[0].Count != 3 || gs[0].GPUsPerAlloc != 2 || *r.Job.Priority != 99 {
+		t.Fatalf("read %+v %v", gs, err)
+	}
+	r.Stamp(admission.Decision{Priority: 60, Tenant: "vision", Queue: "training"}, "v2:sig")
+	r.Pin()
+	out := string(r.Body())
+	for _, want := range []string{`"Job":{`, `"ID":"j"`, `"Priority":60`, `"Count":3`, `"FutureField":{"kept":[1,"x"]}`,
+		`"Namespace":"default"`, `"nomad-gpu.admission":"v2:sig"`} {
+		if !strings.Contains(out, want) {
+			t.Errorf("forwarded body lacks %s:\n%s", want, out)
+		}
+	}
+	var back api.JobRegisterRequest
+	if err := json.Unmarshal(r.Body(), &back); err != nil || *back.Job.Priority != 60 || *back.Job.TaskGroups[0].Count != 3 {
+		t.Errorf("Nomad would read the forwarded body differently: %v %s", err, out)
+	}
+}
+
+func TestStampReplacesTheCallersBrokerMetaWhateverTheSpelling(t *testing.T) {
+	body := `{"Job":{"ID":"j","Priority":90,"Meta":{"NOMAD-GPU.borrowed":"false","nomad-gpu.admission":"v2:copied","Nomad-Gpu.Tenant":"x","team":"cv"},
+	  "TaskGroups":[{"Name":"g","Tasks":[{"Name":"t","Resources":{"Devices":[{"Name":"gpu"}]}}]}]}}`
+	r, err := read(t, body, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := admission.Decision{Outcome: admission.AdmitBorrowed, Priority: 20, Tenant: "vision", Queue: "training"}
+	r.Stamp(d, "v2:sig")
+	var back api.JobRegisterRequest
+	json.Unmarshal(r.Body(), &back)
+	want := map[string]string{"team": "cv", "nomad-gpu.tenant": "vision", "nomad-gpu.queue": "training", "nomad-gpu.workload": "",
+		"nomad-gpu.borrowed": "true", "nomad-gpu.admission": "v2:sig"}
+	if len(back.Job.Meta) != len(want) || *back.Job.Priority != 20 {
+		t.Fatalf("meta %v priority %d", back.Job.Meta, *back.Job.Priority)
+	}
+	for k, v := range want {
+		if back.Job.Meta[k] != v {
+			t.Errorf("meta %s = %q, want %q", k, back.Job.Meta[k], v)
+		}
+	}
+}
+
+func TestNamespaceAndRegionAsNomadResolvesThem(t *testing.T) {
+	job := `{"Namespace":%s,"Region":%s,"Job":{"ID":"j","Namespace":"job-ns","Region":"job-region"}}`
+	cases := []struct{ bodyNS, bodyRegion, query, ns, region string }{
+		{`""`, `""`, "", "job-ns", "job-region"},
+		{`"body-ns"`, `""`, "", "body-ns", "job-region"},
+		{`"body-ns"`, `"body-region"`, "namespace=q-ns&region=q-region", "q-ns", "body-region"},
+		{`""`, `""`, "namespace=q-ns&region=q-region", "q-ns", "q-region"},
+		{`""`, `"global"`, "", "job-ns", ""},
+	}
+	for _, c := range cases {
+		body := strings.Replace(strings.Replace(job, "%s", c.bodyNS, 1), "%s", c.bodyRegion, 1)
+		r, err := read(t, body, c.query)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.Namespace != c.ns || r.Region != c.region {
+			t.Errorf("%s ?%s: namespace %q region %q, want %q %q", body, c.query, r.Namespace, r.Region, c.ns, c.region)
+		}
+	}
+	r, _ := read(t, `{"Job":{"ID":"j"}}`, "")
+	if r.Namespace != "default" {
+		t.Errorf("no namespace anywhere: %q", r.Namespace)
+	}
+}
+
+func TestStampCoversWhatAdmissionDecidedOn(t *testing.T) {
 	s := nomadjob.Stamper{Key: []byte("k")}
 	d := admission.Decision{Tenant: "vision", Queue: "training", Priority: 60}
-	stamp := s.Stamp("vision", "train", d, time.Unix(100, 0))
-	job := &api.Job{ID: ptr("train"), Priority: ptr(60), Meta: map[string]string{
-		nomadjob.MetaTenant: "vision", nomadjob.MetaQueue: "training", nomadjob.MetaAdmission: stamp}}
-	if !s.Verify("vision", job) {
+	build := func() *api.Job {
+		return testbuild.Job("vision", "train").Priority(60).Group("g", 2, 4, "nvidia/gpu").Build()
+	}
+	stamped := func() *api.Job {
+		j := build()
+		for k, v := range nomadjob.BrokerMeta(d, s.Stamp("vision", j, d)) {
+			j.Meta[k] = v
+		}
+		return j
+	}
+	if !s.Verify(stamped()) {
 		t.Fatal("own stamp not verified")
 	}
-	job.Priority = ptr(80)
-	if s.Verify("vision", job) {
-		t.Error("a stamp survived a priority change")
+	changes := map[string]func(j *api.Job){
+		"priority":  func(j *api.Job) { j.Priority = ptr(80) },
+		"namespace": func(j *api.Job) { j.Namespace = ptr("search") },
+		"job id":    func(j *api.Job) { j.ID = ptr("other") },
+		"count":     func(j *api.Job) { j.TaskGroups[0].Count = ptr(3) },
+		"gpus":      func(j *api.Job) { j.TaskGroups[0].Tasks[0].Resources.Devices[0].Count = ptr(uint64(8)) },
+		"model":     func(j *api.Job) { j.TaskGroups[0].Tasks[0].Resources.Devices[0].Name = "nvidia/gpu/H100" },
+		"borrowed":  func(j *api.Job) { j.Meta[nomadjob.MetaBorrowed] = "true" },
+		"tenant":    func(j *api.Job) { j.Meta[nomadjob.MetaTenant] = "search" },
+		"another group": func(j *api.Job) {
+			j.TaskGroups = append(j.TaskGroups, build().TaskGroups[0])
+		},
 	}
-	if (nomadjob.Stamper{Key: []byte("other")}).Verify("vision", job) {
+	for name, change := range changes {
+		j := stamped()
+		change(j)
+		if s.Verify(j) {
+			t.Errorf("the stamp survived a change of %s", name)
+		}
+	}
+	if (nomadjob.Stamper{Key: []byte("other")}).Verify(stamped()) {
 		t.Error("another key verified the stamp")
 	}
 }
+
+func ptr[T any](v T) *T { return &v }

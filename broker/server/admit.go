@@ -3,82 +3,119 @@ package server
 import (
 	"crypto/rand"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
 	"net/http"
-	"strconv"
+	"time"
 
 	"github.com/hashicorp/nomad/api"
 
 	"github.com/nomad-gpu/nomad-gpu/broker/admission"
+	"github.com/nomad-gpu/nomad-gpu/broker/cluster"
 	"github.com/nomad-gpu/nomad-gpu/broker/nomadjob"
 	"github.com/nomad-gpu/nomad-gpu/broker/queue"
 )
 
-// gpuRequest reads a job request and decides on it. It answers the request
-// itself, and returns false, when the body is bad or the job asks for no GPU
-// (which Nomad gets byte for byte).
-func (s *Server) gpuRequest(w http.ResponseWriter, r *http.Request) (*requestJob, admission.Decision, bool) {
-	rj, err := readJobRequest(r)
-	if err != nil {
-		writeError(w, http.StatusBadRequest, "nomad-gpu: %v", err)
-		return nil, admission.Decision{}, false
-	}
-	d := s.decide(rj)
-	if d.Demand.Total() == 0 {
-		s.passThrough(w, r, rj.request)
-		return nil, d, false
-	}
-	return rj, d, true
+// ReservationHold bounds how long an admitted registration counts on its own
+// before Nomad's events show it: normally they do within a second.
+const ReservationHold = 2 * time.Minute
+
+// gpuJobRequest is a job request read as Nomad reads it, with its GPU demand
+// and the namespace and counts pinned in the document to forward.
+type gpuJobRequest struct {
+	*nomadjob.Request
+	groups []admission.Group
 }
 
-// decide runs admission for a job request against usage without the job's
-// current version (an update replaces it).
-func (s *Server) decide(rj *requestJob) admission.Decision {
-	p := s.policies.Current()
-	return admission.Decide(p, nomadjob.Admission(rj.job, rj.ns), s.cluster.UsageWithout(p, rj.ns, rj.jobID))
+// readGPUJob reads a register, plan or validate request. It answers the
+// request itself, and returns nil, when the body is bad, the call is for
+// another region, or the job asks for no GPU (Nomad then gets it byte for byte:
+// it was read unambiguously, so Nomad reads no GPU in it either).
+func (s *Server) readGPUJob(w http.ResponseWriter, r *http.Request, kind nomadjob.Kind, pathJobID string) *gpuJobRequest {
+	body, ok := readBody(w, r)
+	if !ok {
+		return nil
+	}
+	req, err := nomadjob.ReadRequest(kind, body, r.URL.Query())
+	if err != nil {
+		writeError(w, http.StatusBadRequest, "nomad-gpu: %v", err)
+		return nil
+	}
+	if pathJobID != "" && req.JobID != pathJobID {
+		writeError(w, http.StatusBadRequest, "nomad-gpu: the job ID %q in the body does not match %q in the path", req.JobID, pathJobID)
+		return nil
+	}
+	probe, err := req.Groups(nil, nil)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, "nomad-gpu: job %q: %v", req.JobID, err)
+		return nil
+	}
+	if len(probe) == 0 {
+		s.passThrough(w, r, body)
+		return nil
+	}
+	if !s.checkRegion(w, req.Region, req.JobID) {
+		return nil
+	}
+	var current *api.Job
+	if req.PreserveCounts || nomadjob.HasCanaries(req.Job) {
+		// Counts then depend on what runs now: read it as the caller.
+		if current, err = s.currentJob(r, req.Namespace, req.JobID); err != nil && !errors.Is(err, errNoJob) {
+			s.lookupFailed(w, err, "register", req.JobID)
+			return nil
+		}
+	}
+	groups, err := req.Groups(current, s.cluster.NodesFitting)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, "nomad-gpu: job %q: %v", req.JobID, err)
+		return nil
+	}
+	req.Pin()
+	return &gpuJobRequest{Request: req, groups: groups}
 }
 
 // register admits, queues or rejects a job registration.
-func (s *Server) register(w http.ResponseWriter, r *http.Request) {
-	rj, d, ok := s.gpuRequest(w, r)
-	if !ok {
+func (s *Server) register(w http.ResponseWriter, r *http.Request, pathJobID string) {
+	rj := s.readGPUJob(w, r, nomadjob.Register, pathJobID)
+	if rj == nil {
 		return
 	}
+	d, res := s.cluster.Admit(s.policies.Current(), rj.Admission(rj.groups), ReservationHold)
 	who := s.identity(r)
-	s.log.Info("admission", "job", rj.jobID, "namespace", rj.ns, "outcome", d.Outcome, "tenant", d.Tenant,
+	s.log.Info("admission", "job", rj.JobID, "namespace", rj.Namespace, "outcome", d.Outcome, "tenant", d.Tenant,
 		"queue", d.Queue, "priority", d.Priority, "gpus", d.Demand.Total(), "rule", d.Rule, "reason", d.Reason, "by", who)
 	switch d.Outcome {
 	case admission.Reject:
-		writeError(w, http.StatusForbidden, "nomad-gpu: job %q rejected by rule %s: %s", rj.jobID, d.Rule, d.Reason)
+		writeError(w, http.StatusForbidden, "nomad-gpu: job %q rejected by rule %s: %s", rj.JobID, d.Rule, d.Reason)
 	case admission.Queue:
 		s.enqueue(w, r, rj, d, who)
 	default:
-		body := s.apply(rj, d)
-		resp, err := s.forward(r, body)
+		rj.Stamp(d, s.stamper.Stamp(rj.Namespace, rj.Job, d))
+		resp, err := s.forward(r, rj.Body(), rj.Namespace)
 		if err != nil {
+			res.Release()
 			writeError(w, http.StatusBadGateway, "nomad-gpu: Nomad is unreachable: %v", err)
 			return
 		}
-		if resp.StatusCode == http.StatusOK {
-			s.cluster.ObserveJob(rj.job) // counted before Nomad's event arrives
-		}
-		s.relay(w, resp, admittedWarning(d))
+		s.relayRegistered(w, resp, res, admittedWarning(d))
 	}
 }
 
-// apply stamps the decision into the job and returns the request body to send.
-func (s *Server) apply(rj *requestJob, d admission.Decision) []byte {
-	nomadjob.Apply(rj.jobRaw, d, s.stamper.Stamp(rj.ns, rj.jobID, d, s.now()))
-	rj.job.Priority = &d.Priority
-	if rj.job.Meta == nil {
-		rj.job.Meta = map[string]string{}
+// relayRegistered relays Nomad's answer to a call the broker admitted, and
+// settles the reservation: confirmed at the job's new index, or released.
+func (s *Server) relayRegistered(w http.ResponseWriter, resp *http.Response, res *cluster.Reservation, warnings ...string) {
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, MaxBody))
+	var out api.JobRegisterResponse
+	if err != nil || resp.StatusCode != http.StatusOK || json.Unmarshal(body, &out) != nil {
+		res.Release()
+	} else if out.JobModifyIndex > 0 {
+		res.Confirm(out.JobModifyIndex)
+	} else {
+		res.Confirm(0) // a new job (dispatch, periodic force): its events name another id
 	}
-	rj.job.Meta[nomadjob.MetaBorrowed] = strconv.FormatBool(d.Outcome == admission.AdmitBorrowed)
-	if rj.job.Namespace == nil {
-		rj.job.Namespace = &rj.ns
-	}
-	body, _ := json.Marshal(rj.raw)
-	return body
+	s.relayBody(w, resp, body, err, warnings...)
 }
 
 func admittedWarning(d admission.Decision) string {
@@ -92,12 +129,13 @@ func admittedWarning(d admission.Decision) string {
 
 // enqueue stores the job and answers as Nomad would for a registration, with an
 // evaluation id the broker itself serves, so that `nomad job run` (attached or
-// -detach) prints the message and exits 0.
-func (s *Server) enqueue(w http.ResponseWriter, r *http.Request, rj *requestJob, d admission.Decision, who string) {
-	e := queue.Entry{ID: s.newID(), JobID: rj.jobID, Namespace: rj.ns, Tenant: d.Tenant, Queue: d.Queue,
-		Demand: d.Demand.Total(), Reason: d.Reason, SubmittedBy: who, SubmittedAt: s.now().UTC(), Request: rj.request}
+// -detach) prints the message and exits 0. What is stored is the request as
+// the broker read it (namespace and counts pinned), never the raw body.
+func (s *Server) enqueue(w http.ResponseWriter, r *http.Request, rj *gpuJobRequest, d admission.Decision, who string) {
+	e := queue.Entry{ID: s.newID(), JobID: rj.JobID, Namespace: rj.Namespace, Tenant: d.Tenant, Queue: d.Queue,
+		Demand: d.Demand.Total(), Reason: d.Reason, SubmittedBy: who, SubmittedAt: s.now().UTC(), Request: rj.Body()}
 	if err := s.queue.Put(r.Context(), e); err != nil {
-		writeError(w, http.StatusServiceUnavailable, "nomad-gpu: job %q could not be queued: %v", rj.jobID, err)
+		writeError(w, http.StatusServiceUnavailable, "nomad-gpu: job %q could not be queued: %v", rj.JobID, err)
 		return
 	}
 	position := s.position(r, e.ID)
@@ -121,14 +159,16 @@ func (s *Server) position(r *http.Request, id string) int {
 }
 
 // annotate forwards a plan or validation with a warning saying what admission
-// would decide; nothing is queued or stored. A plan of an admitted job shows the
-// priority and meta the broker would set.
-func (s *Server) annotate(w http.ResponseWriter, r *http.Request, plan bool) {
-	rj, d, ok := s.gpuRequest(w, r)
-	if !ok {
+// would decide; nothing is queued, stored or reserved. A plan of an admitted
+// job shows the priority and meta the broker would set.
+func (s *Server) annotate(w http.ResponseWriter, r *http.Request, kind nomadjob.Kind, pathJobID string) {
+	rj := s.readGPUJob(w, r, kind, pathJobID)
+	if rj == nil {
 		return
 	}
-	body, note := rj.request, ""
+	p := s.policies.Current()
+	d := admission.Decide(p, rj.Admission(rj.groups), s.cluster.UsageWithout(p, rj.Namespace, rj.JobID))
+	note := ""
 	switch d.Outcome {
 	case admission.Reject:
 		note = fmt.Sprintf("nomad-gpu: would be rejected by rule %s: %s", d.Rule, d.Reason)
@@ -136,16 +176,27 @@ func (s *Server) annotate(w http.ResponseWriter, r *http.Request, plan bool) {
 		note = fmt.Sprintf("nomad-gpu: would be queued in queue %s: %s", d.Queue, d.Reason)
 	default:
 		note = "nomad-gpu: would be " + admittedWarning(d)[len("nomad-gpu: "):]
-		if plan {
-			body = s.apply(rj, d)
+		if kind == nomadjob.Plan {
+			rj.Stamp(d, s.stamper.Stamp(rj.Namespace, rj.Job, d))
 		}
 	}
-	resp, err := s.forward(r, body)
+	resp, err := s.forward(r, rj.Body(), rj.Namespace)
 	if err != nil {
 		writeError(w, http.StatusBadGateway, "nomad-gpu: Nomad is unreachable: %v", err)
 		return
 	}
 	s.relay(w, resp, note)
+}
+
+// checkRegion refuses a call for another region than the broker's: that
+// region's broker decides on it, with that region's usage.
+func (s *Server) checkRegion(w http.ResponseWriter, region, jobID string) bool {
+	if region == "" || region == s.region || region == api.GlobalRegion {
+		return true
+	}
+	writeError(w, http.StatusForbidden, "nomad-gpu: job %q is for region %q, but this broker admits GPU jobs for region %q only: "+
+		"send it to region %s's broker", jobID, region, s.region, region)
+	return false
 }
 
 // evaluation serves the evaluation ids of queued jobs; any other goes to Nomad.

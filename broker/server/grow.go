@@ -2,10 +2,12 @@ package server
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"net/url"
+	"strings"
 
 	"github.com/hashicorp/nomad/api"
 
@@ -13,129 +15,238 @@ import (
 	"github.com/nomad-gpu/nomad-gpu/broker/nomadjob"
 )
 
-// Scale, dispatch and revert change GPU demand without a registration. They
-// cannot wait in the queue (Nomad answers them at once), so what admission would
-// not admit now is refused with the reason, and the user may try again later.
+// Scale, dispatch, periodic force and revert change GPU demand without a job
+// body. They cannot wait in the queue (Nomad answers them at once), so what
+// admission would not admit now is refused with the reason, and the user may
+// try again later. The broker reads the job they act on with the caller's
+// token; when it cannot, it refuses (fails closed) with the reason. Each reads
+// its namespace and region from the query only, as Nomad does for them.
 
-func (s *Server) scale(w http.ResponseWriter, r *http.Request) {
-	body, ok := readBody(w, r)
+func (s *Server) scale(w http.ResponseWriter, r *http.Request, jobID string) {
+	var req api.ScalingRequest
+	doc, ok := s.readCall(w, r, &req)
 	if !ok {
 		return
 	}
-	var req api.ScalingRequest
-	if err := json.Unmarshal(body, &req); err != nil {
-		writeError(w, http.StatusBadRequest, "nomad-gpu: malformed JSON in scaling request: %v", err)
+	if req.Count == nil {
+		s.passThrough(w, r, doc.Bytes()) // a scaling event without a count changes nothing
 		return
 	}
-	job, ns, err := s.currentJob(r)
-	if err != nil || req.Count == nil {
-		s.passThrough(w, r, body) // let Nomad give its own answer
+	ns := s.callNamespace(r)
+	job, err := s.currentJob(r, ns, jobID)
+	if err != nil {
+		s.lookupFailed(w, err, "scale", jobID)
+		return
+	}
+	group := req.Target["Group"]
+	if *req.Count < 0 || *req.Count > nomadjob.MaxGroupCount {
+		writeError(w, http.StatusBadRequest, "nomad-gpu: scale of %q: count %d is out of range 0..%d", jobID, *req.Count, nomadjob.MaxGroupCount)
 		return
 	}
 	for _, tg := range job.TaskGroups {
-		if tg.Name != nil && *tg.Name == req.Target["Group"] {
+		if tg != nil && tg.Name != nil && *tg.Name == group {
 			n := int(*req.Count)
 			tg.Count = &n
 		}
 	}
-	s.checkThenForward(w, r, body, job, ns, "scale")
+	// Scaling changes no spec: Nomad places no canaries for it.
+	s.checkThenForward(w, r, doc.Bytes(), job, ns, jobID, "scale")
 }
 
-func (s *Server) dispatch(w http.ResponseWriter, r *http.Request) {
-	body, ok := readBody(w, r)
-	if !ok {
+// spawn gates dispatch and periodic force: each registers a new child job
+// with the parent's task groups.
+func (s *Server) spawn(w http.ResponseWriter, r *http.Request, c call, jobID string) {
+	var (
+		body []byte
+		ok   bool
+	)
+	if c == callDispatch {
+		var req api.JobDispatchRequest
+		var doc *nomadjob.Doc
+		if doc, ok = s.readCall(w, r, &req); !ok {
+			return
+		}
+		if req.JobID != "" && req.JobID != jobID {
+			writeError(w, http.StatusBadRequest, "nomad-gpu: the job ID %q in the body does not match %q in the path", req.JobID, jobID)
+			return
+		}
+		body = doc.Bytes()
+	} else if body, ok = readBody(w, r); !ok {
 		return
 	}
-	parent, ns, err := s.currentJob(r)
+	if !s.checkRegion(w, r.URL.Query().Get("region"), jobID) {
+		return
+	}
+	ns := s.callNamespace(r)
+	parent, err := s.currentJob(r, ns, jobID)
 	if err != nil {
-		s.passThrough(w, r, body)
+		s.lookupFailed(w, err, c.String(), jobID)
 		return
 	}
 	child := *parent
-	child.ID = nil // a new job: nothing of it is counted yet
-	s.checkThenForward(w, r, body, &child, ns, "dispatch")
+	child.ID = new(string)
+	*child.ID = jobID + "/" + c.String() + "-" + s.newID() // its own key: nothing of it is counted yet
+	s.checkThenForward(w, r, body, &child, ns, jobID, c.String())
 }
 
-func (s *Server) revert(w http.ResponseWriter, r *http.Request) {
-	body, ok := readBody(w, r)
+func (s *Server) revert(w http.ResponseWriter, r *http.Request, jobID string) {
+	var req api.JobRevertRequest
+	doc, ok := s.readCall(w, r, &req)
 	if !ok {
 		return
 	}
-	var req api.JobRevertRequest
-	if err := json.Unmarshal(body, &req); err != nil {
-		writeError(w, http.StatusBadRequest, "nomad-gpu: malformed JSON in revert request: %v", err)
+	if req.JobID != jobID {
+		s.passThrough(w, r, doc.Bytes()) // Nomad refuses it: "Job ID does not match"
 		return
 	}
-	versions, err := s.versions(r, r.URL.Query().Get("namespace"))
+	ns := s.callNamespace(r)
+	current, err := s.currentJob(r, ns, jobID)
 	if err != nil {
-		s.passThrough(w, r, body)
+		s.lookupFailed(w, err, "revert", jobID)
 		return
 	}
-	for _, v := range versions {
-		if v.Version != nil && *v.Version == req.JobVersion {
-			s.checkThenForward(w, r, body, v, nomadjob.Namespace(v, r.URL.Query().Get("namespace")), "revert")
+	var versions struct{ Versions []*api.Job }
+	if err := s.get(r, "/v1/job/"+url.PathEscape(jobID)+"/versions", ns, &versions); err != nil {
+		s.lookupFailed(w, err, "revert", jobID)
+		return
+	}
+	for _, v := range versions.Versions {
+		if v != nil && v.Version != nil && *v.Version == req.JobVersion {
+			// Reverting registers that version again: an update of the current one.
+			groups, err := nomadjob.Groups(v, nomadjob.Placement{Current: current, NodesFitting: s.cluster.NodesFitting})
+			if err != nil {
+				writeError(w, http.StatusBadRequest, "nomad-gpu: revert of %q: %v", jobID, err)
+				return
+			}
+			s.decideThenForward(w, r, doc.Bytes(), groups, v, ns, jobID, "revert")
 			return
 		}
 	}
-	s.passThrough(w, r, body)
+	s.passThrough(w, r, doc.Bytes()) // no such version: Nomad says so
+}
+
+// readCall reads a call's body into out, refusing what Nomad could read
+// differently (a field given twice) and calls for another region.
+func (s *Server) readCall(w http.ResponseWriter, r *http.Request, out any) (*nomadjob.Doc, bool) {
+	body, ok := readBody(w, r)
+	if !ok {
+		return nil, false
+	}
+	doc, err := nomadjob.ParseDoc(body, out)
+	if err == nil {
+		err = doc.Decode(out)
+	}
+	if err != nil {
+		writeError(w, http.StatusBadRequest, "nomad-gpu: %v", err)
+		return nil, false
+	}
+	return doc, s.checkRegion(w, r.URL.Query().Get("region"), "")
+}
+
+// callNamespace is the namespace of a call that reads it from the query only.
+func (s *Server) callNamespace(r *http.Request) string {
+	return nomadjob.ResolveNamespace(r.URL.Query().Get("namespace"), "", "")
 }
 
 // readBody reads a size-limited body, answering 400 itself when it cannot.
 func readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool) {
 	body, err := io.ReadAll(http.MaxBytesReader(nil, r.Body, MaxBody))
 	if err != nil {
-		writeError(w, http.StatusBadRequest, "nomad-gpu: read request body: %v", err)
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			writeError(w, http.StatusRequestEntityTooLarge, "nomad-gpu: request body larger than %d bytes", MaxBody)
+		} else {
+			writeError(w, http.StatusBadRequest, "nomad-gpu: read request body: %v", err)
+		}
 		return nil, false
 	}
 	return body, true
 }
 
-// checkThenForward decides on job as it would be after the call; anything but an
-// admission at the job's current priority is refused.
-func (s *Server) checkThenForward(w http.ResponseWriter, r *http.Request, body []byte, job *api.Job, ns, what string) {
-	p := s.policies.Current()
-	id := ""
-	if job.ID != nil {
-		id = *job.ID
+// checkThenForward decides on job as it will be after the call.
+func (s *Server) checkThenForward(w http.ResponseWriter, r *http.Request, body []byte, job *api.Job, ns, jobID, what string) {
+	groups, err := nomadjob.Groups(job, nomadjob.Placement{NodesFitting: s.cluster.NodesFitting})
+	if err != nil {
+		writeError(w, http.StatusBadRequest, "nomad-gpu: %s of %q: %v", what, jobID, err)
+		return
 	}
-	d := admission.Decide(p, nomadjob.Admission(job, ns), s.cluster.UsageWithout(p, ns, id))
-	if d.Demand.Total() == 0 {
+	s.decideThenForward(w, r, body, groups, job, ns, jobID, what)
+}
+
+// decideThenForward admits the demand the call leads to, or refuses it:
+// anything but an admission at the job's current priority is refused, since
+// the call cannot change the priority.
+func (s *Server) decideThenForward(w http.ResponseWriter, r *http.Request, body []byte, groups []admission.Group, job *api.Job, ns, jobID, what string) {
+	if len(groups) == 0 {
 		s.passThrough(w, r, body)
 		return
 	}
+	a := admission.Job{ID: derefString(job.ID), Namespace: ns, Queue: job.Meta[nomadjob.MetaQueue], Groups: groups}
+	d, res := s.cluster.Admit(s.policies.Current(), a, ReservationHold)
 	current := 0
 	if job.Priority != nil {
 		current = *job.Priority
 	}
+	s.log.Info("admission", "call", what, "job", jobID, "namespace", ns, "outcome", d.Outcome, "priority", d.Priority,
+		"gpus", d.Demand.Total(), "rule", d.Rule, "by", s.identity(r))
 	switch {
 	case d.Outcome == admission.Reject:
-		writeError(w, http.StatusForbidden, "nomad-gpu: %s of %q rejected by rule %s: %s", what, jobIDFromPath(r.URL.Path), d.Rule, d.Reason)
+		writeError(w, http.StatusForbidden, "nomad-gpu: %s of %q rejected by rule %s: %s", what, jobID, d.Rule, d.Reason)
 	case d.Outcome == admission.Queue:
-		writeError(w, http.StatusForbidden, "nomad-gpu: %s of %q refused for now: %s", what, jobIDFromPath(r.URL.Path), d.Reason)
+		writeError(w, http.StatusForbidden, "nomad-gpu: %s of %q refused for now: %s", what, jobID, d.Reason)
 	case d.Priority != current:
+		res.Release()
 		writeError(w, http.StatusForbidden, "nomad-gpu: %s of %q refused: the result would run at priority %d (%s) but the job runs at %d; register it again instead",
-			what, jobIDFromPath(r.URL.Path), d.Priority, d.Reason, current)
+			what, jobID, d.Priority, d.Reason, current)
 	default:
-		s.passThrough(w, r, body)
+		resp, err := s.forward(r, body, ns)
+		if err != nil {
+			res.Release()
+			writeError(w, http.StatusBadGateway, "nomad-gpu: Nomad is unreachable: %v", err)
+			return
+		}
+		s.relayRegistered(w, resp, res)
 	}
 }
 
-// currentJob reads the job named in the path with the caller's token.
-func (s *Server) currentJob(r *http.Request) (*api.Job, string, error) {
+// errNoJob is a lookup of a job Nomad does not have.
+var errNoJob = errors.New("no such job")
+
+// lookupError is Nomad's answer to a lookup the broker needed.
+type lookupError struct {
+	status int
+	msg    string
+}
+
+func (e *lookupError) Error() string { return fmt.Sprintf("Nomad answered %d: %s", e.status, e.msg) }
+
+// currentJob reads a job with the caller's token; errNoJob when Nomad has none.
+func (s *Server) currentJob(r *http.Request, ns, jobID string) (*api.Job, error) {
 	var job api.Job
-	ns := r.URL.Query().Get("namespace")
-	if err := s.get(r, "/v1/job/"+url.PathEscape(jobIDFromPath(r.URL.Path)), ns, &job); err != nil {
-		return nil, "", err
+	if err := s.get(r, "/v1/job/"+url.PathEscape(jobID), ns, &job); err != nil {
+		var le *lookupError
+		if errors.As(err, &le) && le.status == http.StatusNotFound {
+			return nil, fmt.Errorf("job %q in namespace %q: %w", jobID, ns, errNoJob)
+		}
+		return nil, err
 	}
-	return &job, nomadjob.Namespace(&job, ns), nil
+	return &job, nil
 }
 
-func (s *Server) versions(r *http.Request, ns string) ([]*api.Job, error) {
-	var resp struct{ Versions []*api.Job }
-	err := s.get(r, "/v1/job/"+url.PathEscape(jobIDFromPath(r.URL.Path))+"/versions", ns, &resp)
-	return resp.Versions, err
+// lookupFailed refuses a call the broker could not decide on.
+func (s *Server) lookupFailed(w http.ResponseWriter, err error, what, jobID string) {
+	status := http.StatusBadGateway
+	var le *lookupError
+	switch {
+	case errors.Is(err, errNoJob):
+		status = http.StatusNotFound
+	case errors.As(err, &le) && le.status >= 400 && le.status < 500:
+		status = le.status
+	}
+	writeError(w, status, "nomad-gpu: %s of %q refused: the broker cannot read the job it acts on (%v)", what, jobID, err)
 }
 
+// get reads a Nomad API path with the caller's token headers.
 func (s *Server) get(r *http.Request, path, ns string, out any) error {
 	u := *s.upstream
 	u.Path = path
@@ -146,16 +257,32 @@ func (s *Server) get(r *http.Request, path, ns string, out any) error {
 	if err != nil {
 		return err
 	}
-	if tok := r.Header.Get("X-Nomad-Token"); tok != "" {
-		req.Header.Set("X-Nomad-Token", tok)
+	for _, h := range tokenHeaders {
+		if v := r.Header.Get(h); v != "" {
+			req.Header.Set(h, v)
+		}
 	}
 	resp, err := s.client.Do(req)
 	if err != nil {
-		return err
+		return fmt.Errorf("GET %s: %w", path, err)
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("GET %s: %s", path, resp.Status)
+		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 1024))
+		return &lookupError{status: resp.StatusCode, msg: strings.TrimSpace(string(msg))}
 	}
-	return json.NewDecoder(resp.Body).Decode(out)
+	if err := json.NewDecoder(io.LimitReader(resp.Body, MaxBody)).Decode(out); err != nil {
+		return fmt.Errorf("GET %s: %w", path, err)
+	}
+	return nil
+}
+
+// tokenHeaders are the headers Nomad reads a token from, in its order.
+var tokenHeaders = []string{"X-Nomad-Token", "Authorization"}
+
+func derefString(p *string) string {
+	if p == nil {
+		return ""
+	}
+	return *p
 }

@@ -7,7 +7,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -21,6 +20,7 @@ import (
 	"github.com/hashicorp/nomad/api"
 
 	"github.com/nomad-gpu/nomad-gpu/broker/admission"
+	"github.com/nomad-gpu/nomad-gpu/broker/cluster"
 	"github.com/nomad-gpu/nomad-gpu/broker/nomadjob"
 	"github.com/nomad-gpu/nomad-gpu/broker/policy"
 	"github.com/nomad-gpu/nomad-gpu/broker/queue"
@@ -37,7 +37,9 @@ type Policies interface {
 // Cluster is the usage admission decides against.
 type Cluster interface {
 	UsageWithout(p *policy.Policy, namespace, jobID string) admission.Usage
-	ObserveJob(j *api.Job)
+	// Admit decides and, when it admits, reserves the demand at once.
+	Admit(p *policy.Policy, job admission.Job, hold time.Duration) (admission.Decision, *cluster.Reservation)
+	NodesFitting(model string, gpus int) int
 }
 
 // Queue is where jobs wait.
@@ -58,6 +60,7 @@ type Server struct {
 	cluster  Cluster
 	queue    Queue
 	stamper  nomadjob.Stamper
+	region   string
 	now      func() time.Time
 	newID    func() string
 
@@ -74,6 +77,7 @@ type Options struct {
 	Cluster  Cluster
 	Queue    Queue
 	Stamper  nomadjob.Stamper
+	Region   string // the Nomad region the broker governs ("" or "global": Nomad's default)
 	Now      func() time.Time
 	NewID    func() string
 }
@@ -85,9 +89,12 @@ func New(o Options) (*Server, error) {
 		return nil, fmt.Errorf("nomad address %q: %w", o.Nomad, err)
 	}
 	s := &Server{log: o.Log, upstream: u, client: o.Client, policies: o.Policies, cluster: o.Cluster,
-		queue: o.Queue, stamper: o.Stamper, now: o.Now, newID: o.NewID, identities: map[string]cachedIdentity{}}
+		queue: o.Queue, stamper: o.Stamper, region: o.Region, now: o.Now, newID: o.NewID, identities: map[string]cachedIdentity{}}
 	if s.client == nil {
 		s.client = &http.Client{}
+	}
+	if s.region == "" || s.region == api.GlobalRegion {
+		s.region = api.GlobalRegion
 	}
 	if s.now == nil {
 		s.now = time.Now
@@ -104,94 +111,40 @@ func New(o Options) (*Server, error) {
 // Handler routes a request: intercepted calls, the broker's API, or Nomad.
 func (s *Server) Handler() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		path := r.URL.Path
-		write := r.Method == http.MethodPut || r.Method == http.MethodPost
-		switch {
-		case strings.HasPrefix(path, "/v1/gpu/"):
+		p := r.URL.Path
+		if clean := cleanPath(p); clean != p {
+			// As Nomad's router does: a call is only ever acted on at its clean path.
+			u := *r.URL
+			u.Path = clean
+			http.Redirect(w, r, u.String(), http.StatusMovedPermanently)
+			return
+		}
+		if strings.HasPrefix(p, "/v1/gpu/") {
 			s.serveGPU(w, r)
-		case write && (path == "/v1/jobs" || isJobPath(path, "")):
-			s.register(w, r)
-		case write && isJobPath(path, "plan"):
-			s.annotate(w, r, true)
-		case write && path == "/v1/validate/job":
-			s.annotate(w, r, false)
-		case write && isJobPath(path, "scale"):
-			s.scale(w, r)
-		case write && isJobPath(path, "dispatch"):
-			s.dispatch(w, r)
-		case write && isJobPath(path, "revert"):
-			s.revert(w, r)
-		case r.Method == http.MethodGet && strings.HasPrefix(path, "/v1/evaluation/"):
-			s.evaluation(w, r)
+			return
+		}
+		c, jobID := route(r.Method, p)
+		switch c {
+		case callRegister:
+			s.register(w, r, jobID)
+		case callPlan:
+			s.annotate(w, r, nomadjob.Plan, jobID)
+		case callValidate:
+			s.annotate(w, r, nomadjob.Validate, "")
+		case callScale:
+			s.scale(w, r, jobID)
+		case callDispatch, callPeriodicForce:
+			s.spawn(w, r, c, jobID)
+		case callRevert:
+			s.revert(w, r, jobID)
 		default:
+			if r.Method == http.MethodGet && strings.HasPrefix(p, "/v1/evaluation/") {
+				s.evaluation(w, r)
+				return
+			}
 			s.proxy.ServeHTTP(w, r)
 		}
 	})
-}
-
-// isJobPath matches /v1/job/<id> (suffix "") or /v1/job/<id>/<suffix>.
-func isJobPath(path, suffix string) bool {
-	rest, ok := strings.CutPrefix(path, "/v1/job/")
-	if !ok || rest == "" {
-		return false
-	}
-	id, tail, has := strings.Cut(rest, "/")
-	if id == "" {
-		return false
-	}
-	if suffix == "" {
-		return !has
-	}
-	return has && tail == suffix
-}
-
-func jobIDFromPath(path string) string {
-	rest := strings.TrimPrefix(path, "/v1/job/")
-	id, _, _ := strings.Cut(rest, "/")
-	if u, err := url.PathUnescape(id); err == nil {
-		return u
-	}
-	return id
-}
-
-// requestJob is a job register (or plan, or validate) body: kept as a generic
-// map so that what the broker forwards differs only where admission changed it.
-type requestJob struct {
-	raw     map[string]any
-	jobRaw  map[string]any
-	job     *api.Job
-	ns      string
-	jobID   string
-	request []byte
-}
-
-func readJobRequest(r *http.Request) (*requestJob, error) {
-	body, err := io.ReadAll(http.MaxBytesReader(nil, r.Body, MaxBody))
-	if err != nil {
-		var tooBig *http.MaxBytesError
-		if errors.As(err, &tooBig) {
-			return nil, fmt.Errorf("request body larger than %d bytes", MaxBody)
-		}
-		return nil, fmt.Errorf("read request body: %w", err)
-	}
-	rj := &requestJob{request: body}
-	if err := json.Unmarshal(body, &rj.raw); err != nil {
-		return nil, fmt.Errorf("malformed JSON in request body: %w", err)
-	}
-	jobRaw, ok := rj.raw["Job"].(map[string]any)
-	if !ok {
-		return nil, errors.New(`malformed request: no "Job" object in the body`)
-	}
-	rj.jobRaw = jobRaw
-	jobJSON, _ := json.Marshal(jobRaw)
-	if err := json.Unmarshal(jobJSON, &rj.job); err != nil {
-		return nil, fmt.Errorf("malformed job: %w", err)
-	}
-	rj.ns = nomadjob.Namespace(rj.job, r.URL.Query().Get("namespace"))
-	if rj.job.ID != nil {
-		rj.jobID = *rj.job.ID
-	}
-	return rj, nil
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {
@@ -208,10 +161,16 @@ func writeError(w http.ResponseWriter, status int, format string, args ...any) {
 }
 
 // forward sends body to Nomad at the request's path and query with the caller's
-// headers (X-Nomad-Token included), and returns Nomad's answer.
-func (s *Server) forward(r *http.Request, body []byte) (*http.Response, error) {
+// headers (its token included), and returns Nomad's answer. A namespace, when
+// given, replaces the query's: the one the broker resolved and decided on.
+func (s *Server) forward(r *http.Request, body []byte, namespace string) (*http.Response, error) {
 	u := *s.upstream
 	u.Path, u.RawQuery = r.URL.Path, r.URL.RawQuery
+	if namespace != "" {
+		q := r.URL.Query()
+		q.Set("namespace", namespace)
+		u.RawQuery = q.Encode()
+	}
 	req, err := http.NewRequestWithContext(r.Context(), r.Method, u.String(), bytes.NewReader(body))
 	if err != nil {
 		return nil, err
@@ -228,6 +187,11 @@ func (s *Server) forward(r *http.Request, body []byte) (*http.Response, error) {
 func (s *Server) relay(w http.ResponseWriter, resp *http.Response, warnings ...string) {
 	defer resp.Body.Close()
 	body, err := io.ReadAll(resp.Body)
+	s.relayBody(w, resp, body, err, warnings...)
+}
+
+// relayBody is relay of an answer already read.
+func (s *Server) relayBody(w http.ResponseWriter, resp *http.Response, body []byte, err error, warnings ...string) {
 	if err != nil {
 		writeError(w, http.StatusBadGateway, "nomad-gpu: reading Nomad's answer: %v", err)
 		return
@@ -263,7 +227,7 @@ func joinWarnings(ws ...string) string {
 }
 
 func (s *Server) passThrough(w http.ResponseWriter, r *http.Request, body []byte) {
-	resp, err := s.forward(r, body)
+	resp, err := s.forward(r, body, "")
 	if err != nil {
 		writeError(w, http.StatusBadGateway, "nomad-gpu: Nomad is unreachable: %v", err)
 		return

@@ -21,6 +21,7 @@ import (
 	"github.com/nomad-gpu/nomad-gpu/broker/nomadjob"
 	"github.com/nomad-gpu/nomad-gpu/broker/policy"
 	"github.com/nomad-gpu/nomad-gpu/broker/queue/queuetest"
+	"github.com/nomad-gpu/nomad-gpu/internal/testbuild"
 )
 
 var _ Queue = (*queuetest.Mem)(nil)
@@ -29,41 +30,54 @@ type fixedPolicy struct{ p *policy.Policy }
 
 func (f fixedPolicy) Current() *policy.Policy { return f.p }
 
-// upstream stands in for Nomad's register endpoint and records what it got.
+// upstream stands in for Nomad: it records the writes it gets and answers
+// reads of jobs from jobs (404 for others; lookup, when set, answers instead).
 type upstream struct {
-	mu   sync.Mutex
-	last map[string]any
+	mu     sync.Mutex
+	last   map[string]any
+	writes []string // "METHOD path?query"
+	jobs   map[string]*api.Job
+	lookup int // status for every read, when not 0
 }
 
 func (u *upstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if r.Method == http.MethodGet {
+		if u.lookup != 0 {
+			http.Error(w, "Permission denied", u.lookup)
+			return
+		}
+		job, ok := u.jobs[strings.TrimPrefix(r.URL.Path, "/v1/job/")]
+		if !ok {
+			http.Error(w, "job not found", http.StatusNotFound)
+			return
+		}
+		json.NewEncoder(w).Encode(job)
+		return
+	}
 	var body map[string]any
 	json.NewDecoder(r.Body).Decode(&body)
-	u.mu.Lock()
 	u.last = body
-	u.mu.Unlock()
+	u.writes = append(u.writes, r.Method+" "+r.URL.RequestURI())
 	w.Header().Set("Content-Type", "application/json")
 	fmt.Fprint(w, `{"EvalID":"e1","EvalCreateIndex":10,"JobModifyIndex":10,"Warnings":"","Index":10,"LastIndex":10}`)
 }
 
 func newTestServer(t testing.TB) (*Server, *upstream, *queuetest.Mem, *httptest.Server) {
-	p, diags := policy.Parse(map[string][]byte{"p.hcl": []byte(`
+	p := testbuild.Policy(t, `
 queue "training" { priority = 60 }
 tenant "vision" {
   namespaces = ["vision"]
   queues = ["training"]
   guaranteed = 2
   limit = 2
-}`)}, 0)
-	if diags.HasErrors() {
-		t.Fatal(diags)
-	}
-	up := &upstream{}
+}`)
+	up := &upstream{jobs: map[string]*api.Job{}}
 	nomad := httptest.NewServer(up)
 	t.Cleanup(nomad.Close)
-	view := cluster.NewView()
-	view.ObserveNode(&api.Node{ID: "n", Status: api.NodeStatusReady, NodeResources: &api.NodeResources{
-		Devices: []*api.NodeDeviceResource{{Vendor: "nvidia", Type: "gpu", Name: "H100",
-			Instances: []*api.NodeDevice{{ID: "a", Healthy: true}, {ID: "b", Healthy: true}}}}}})
+	view := cluster.NewView(nil)
+	view.ObserveNode(testbuild.Node("n", "H100", 2, 0))
 	q := queuetest.NewMem()
 	s, err := New(Options{Log: hclog.NewNullLogger(), Nomad: nomad.URL, Policies: fixedPolicy{p}, Cluster: view,
 		Queue: q, Stamper: nomadjob.Stamper{Key: []byte("k")}, NewID: func() string { return "q-1" }})
@@ -123,11 +137,15 @@ func TestBadRequests(t *testing.T) {
 	for body, want := range map[string]string{
 		`{"Job": `:                            "malformed JSON in request body",
 		`{"NotAJob": {}}`:                     `no "Job" object`,
-		`{"Job": {"ID": 42}}`:                 "malformed job",
+		`{"Job": {"ID": 42}}`:                 "malformed request",
 		strings.Repeat(" ", MaxBody+1) + "{}": "larger than",
 	} {
 		rec := do(s, http.MethodPut, "/v1/jobs", body)
-		if rec.Code != http.StatusBadRequest || !strings.Contains(rec.Body.String(), want) {
+		status := http.StatusBadRequest
+		if want == "larger than" {
+			status = http.StatusRequestEntityTooLarge
+		}
+		if rec.Code != status || !strings.Contains(rec.Body.String(), want) {
 			t.Errorf("want 400 naming %q, got %d %.80s", want, rec.Code, rec.Body)
 		}
 	}

@@ -68,7 +68,12 @@ func serveErr(path string, log hclog.Logger) error {
 		return fmt.Errorf("consul client: %w", err)
 	}
 
-	view := cluster.NewView()
+	key, err := stampKey(ctx, consulClient.KV(), cfg.Consul.KVPrefix)
+	if err != nil {
+		return err
+	}
+	stamper := nomadjob.Stamper{Key: key}
+	view := cluster.NewView(stamper.Verify)
 	go view.Follow(ctx, nomadClient, log.Named("cluster"))
 	policies, diags := policy.NewStore(cfg.PolicyDir, view.Capacity, log.Named("policy"))
 	if policies == nil {
@@ -78,14 +83,15 @@ func serveErr(path string, log hclog.Logger) error {
 	signal.Notify(hup, syscall.SIGHUP)
 	go policies.Watch(ctx, hup, 2*time.Second)
 
-	key, err := stampKey(ctx, consulClient.KV(), cfg.Consul.KVPrefix)
-	if err != nil {
-		return err
+	region := cfg.Nomad.Region
+	if region == "" {
+		if region, err = nomadClient.Region(ctx); err != nil {
+			return err
+		}
 	}
-	stamper := nomadjob.Stamper{Key: key}
 	store := queue.NewStore(consulClient.KV(), cfg.Consul.KVPrefix)
 	srv, err := server.New(server.Options{Log: log.Named("proxy"), Nomad: cfg.Nomad.Address,
-		Client: nomadClient.HTTPClient(), Policies: policies, Cluster: view, Queue: store, Stamper: stamper})
+		Client: nomadClient.HTTPClient(), Policies: policies, Cluster: view, Queue: store, Stamper: stamper, Region: region})
 	if err != nil {
 		return err
 	}
@@ -96,7 +102,7 @@ func serveErr(path string, log hclog.Logger) error {
 	httpServer := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second}
 	go httpServer.Serve(ln)
 	log.Info("broker listening", "address", cfg.Listen, "nomad", cfg.Nomad.Address, "consul", cfg.Consul.Address,
-		"policy_dir", cfg.PolicyDir)
+		"policy_dir", cfg.PolicyDir, "region", region)
 
 	adm := &admitter.Admitter{Log: log.Named("queue"), Queue: store, Nomad: nomadClient, Cluster: view,
 		Policies: policies, Stamper: stamper, Now: time.Now, Capacity: view.Capacity, Blocked: nomadClient}

@@ -1,0 +1,409 @@
+package nomadjob
+
+import (
+	"bytes"
+	"encoding"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"reflect"
+	"strings"
+	"sync"
+	"unicode"
+	"unicode/utf8"
+)
+
+// Nomad reads request bodies with encoding/json into its api structs: keys match
+// fields case-insensitively, a repeated key overwrites (or merges into) what came
+// before, and keys it does not know are dropped. The broker reads the same body
+// into the same structs, but first refuses what could be read two ways (a field
+// spelled twice) and rewrites every known key to its canonical spelling, so that
+// the document it forwards can only be read as the job it decided on. Keys it
+// does not know (fields of newer Nomad versions) are kept as sent.
+
+// MaxDepth bounds the nesting of a request body.
+const MaxDepth = 64
+
+// Doc is a JSON document read in order, with canonical keys wherever the
+// target type names the field.
+type Doc struct{ root *Node }
+
+// Node is one JSON value: an object, an array, or a scalar kept as JSON text.
+type Node struct {
+	members []member // object
+	elems   []*Node  // array
+	raw     []byte   // scalar (string, number, true, false, null)
+	object  bool
+	array   bool
+}
+
+type member struct {
+	key string
+	val *Node
+}
+
+// ParseDoc reads body as a document for the Go type of target (a pointer to a
+// struct, e.g. *api.JobRegisterRequest): it refuses trailing data, nesting
+// deeper than MaxDepth and any key given twice, and canonicalises the keys of
+// target's fields.
+func ParseDoc(body []byte, target any) (*Doc, error) {
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.UseNumber()
+	root, err := readNode(dec, 0)
+	if err != nil {
+		return nil, fmt.Errorf("malformed JSON in request body: %w", err)
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return nil, errors.New("malformed JSON in request body: data after the JSON object")
+	}
+	if err := canonicalize(root, reflect.TypeOf(target), ""); err != nil {
+		return nil, err
+	}
+	return &Doc{root: root}, nil
+}
+
+// Decode reads the document into out the way Nomad reads it.
+func (d *Doc) Decode(out any) error {
+	if err := json.Unmarshal(d.Bytes(), out); err != nil {
+		return fmt.Errorf("malformed request: %w", err)
+	}
+	return nil
+}
+
+// Root is the document's top-level value.
+func (d *Doc) Root() *Node { return d.root }
+
+// Bytes encodes the document.
+func (d *Doc) Bytes() []byte {
+	var b bytes.Buffer
+	d.root.encode(&b)
+	return b.Bytes()
+}
+
+func readNode(dec *json.Decoder, depth int) (*Node, error) {
+	if depth > MaxDepth {
+		return nil, fmt.Errorf("nested deeper than %d levels", MaxDepth)
+	}
+	tok, err := dec.Token()
+	if err != nil {
+		if err == io.EOF {
+			return nil, errors.New("empty body")
+		}
+		return nil, err
+	}
+	switch t := tok.(type) {
+	case json.Delim:
+		switch t {
+		case '{':
+			n := &Node{object: true}
+			for dec.More() {
+				kt, err := dec.Token()
+				if err != nil {
+					return nil, err
+				}
+				key, _ := kt.(string)
+				v, err := readNode(dec, depth+1)
+				if err != nil {
+					return nil, err
+				}
+				n.members = append(n.members, member{key: key, val: v})
+			}
+			_, err := dec.Token() // '}'
+			return n, err
+		case '[':
+			n := &Node{array: true}
+			for dec.More() {
+				v, err := readNode(dec, depth+1)
+				if err != nil {
+					return nil, err
+				}
+				n.elems = append(n.elems, v)
+			}
+			_, err := dec.Token() // ']'
+			return n, err
+		}
+		return nil, fmt.Errorf("unexpected %v", t)
+	case json.Number:
+		return &Node{raw: []byte(t)}, nil
+	default: // string, bool, nil: encoding/json reads the re-encoded form as it read the original
+		b, err := json.Marshal(t)
+		return &Node{raw: b}, err
+	}
+}
+
+func (n *Node) encode(b *bytes.Buffer) {
+	switch {
+	case n.object:
+		b.WriteByte('{')
+		for i, m := range n.members {
+			if i > 0 {
+				b.WriteByte(',')
+			}
+			k, _ := json.Marshal(m.key)
+			b.Write(k)
+			b.WriteByte(':')
+			m.val.encode(b)
+		}
+		b.WriteByte('}')
+	case n.array:
+		b.WriteByte('[')
+		for i, e := range n.elems {
+			if i > 0 {
+				b.WriteByte(',')
+			}
+			e.encode(b)
+		}
+		b.WriteByte(']')
+	default:
+		b.Write(n.raw)
+	}
+}
+
+// IsNull reports whether the node is JSON null (or absent: nil).
+func (n *Node) IsNull() bool { return n == nil || string(n.raw) == "null" }
+
+// Get returns an object's member by its (canonical) key, or nil.
+func (n *Node) Get(key string) *Node {
+	if n == nil {
+		return nil
+	}
+	for _, m := range n.members {
+		if m.key == key {
+			return m.val
+		}
+	}
+	return nil
+}
+
+// Elems returns an array's elements.
+func (n *Node) Elems() []*Node {
+	if n == nil {
+		return nil
+	}
+	return n.elems
+}
+
+// Set puts v (encoded as JSON) at key, replacing the member if there is one.
+// The node must be an object.
+func (n *Node) Set(key string, v any) {
+	var val *Node
+	if vn, ok := v.(*Node); ok {
+		val = vn
+	} else {
+		b, _ := json.Marshal(v)
+		val = &Node{raw: b}
+		if len(b) > 0 && (b[0] == '{' || b[0] == '[') {
+			val, _ = readNode(json.NewDecoder(bytes.NewReader(b)), 0)
+		}
+	}
+	for i, m := range n.members {
+		if m.key == key {
+			n.members[i].val = val
+			return
+		}
+	}
+	n.members = append(n.members, member{key: key, val: val})
+}
+
+// Delete removes the members whose key satisfies drop.
+func (n *Node) Delete(drop func(key string) bool) {
+	kept := n.members[:0]
+	for _, m := range n.members {
+		if !drop(m.key) {
+			kept = append(kept, m)
+		}
+	}
+	n.members = kept
+}
+
+// Object returns the object at key, creating an empty one where the key is
+// absent or null.
+func (n *Node) Object(key string) *Node {
+	if v := n.Get(key); v != nil && v.object {
+		return v
+	}
+	v := &Node{object: true}
+	n.Set(key, v)
+	return v
+}
+
+// IsObject reports whether the node is a JSON object.
+func (n *Node) IsObject() bool { return n != nil && n.object }
+
+var (
+	unmarshalerType     = reflect.TypeFor[json.Unmarshaler]()
+	textUnmarshalerType = reflect.TypeFor[encoding.TextUnmarshaler]()
+)
+
+// canonicalize walks n along the Go type t the way encoding/json would decode
+// it, renaming matched keys to their field names and refusing duplicates.
+func canonicalize(n *Node, t reflect.Type, path string) error {
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	if reflect.PointerTo(t).Implements(unmarshalerType) || reflect.PointerTo(t).Implements(textUnmarshalerType) {
+		return nil // read by its own method; not a field set
+	}
+	switch {
+	case n.object && t.Kind() == reflect.Struct:
+		fields := fieldsOf(t)
+		seen := map[string]string{} // canonical or folded name → key as sent
+		for i, m := range n.members {
+			f, ok := fields.byExact[m.key]
+			if !ok {
+				f, ok = fields.byFolded[foldName(m.key)]
+			}
+			name := "?" + foldName(m.key) // unknown keys: still refuse two spellings
+			if ok {
+				name = f.name
+			}
+			if prev, dup := seen[name]; dup {
+				return duplicate(path, prev, m.key)
+			}
+			seen[name] = m.key
+			if !ok {
+				continue
+			}
+			n.members[i].key = f.name
+			if err := canonicalize(m.val, f.typ, join(path, f.name)); err != nil {
+				return err
+			}
+		}
+	case n.object && (t.Kind() == reflect.Map || t.Kind() == reflect.Interface):
+		elem := t
+		if t.Kind() == reflect.Map {
+			elem = t.Elem()
+		}
+		seen := map[string]bool{}
+		for _, m := range n.members {
+			if seen[m.key] {
+				return duplicate(path, m.key, m.key)
+			}
+			seen[m.key] = true
+			if err := canonicalize(m.val, elem, join(path, m.key)); err != nil {
+				return err
+			}
+		}
+	case n.array && (t.Kind() == reflect.Slice || t.Kind() == reflect.Array || t.Kind() == reflect.Interface):
+		elem := t
+		if t.Kind() != reflect.Interface {
+			elem = t.Elem()
+		}
+		for i, e := range n.elems {
+			if err := canonicalize(e, elem, fmt.Sprintf("%s[%d]", path, i)); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+func duplicate(path, first, second string) error {
+	where := "at the top level"
+	if path != "" {
+		where = "in " + path
+	}
+	if first == second {
+		return fmt.Errorf("ambiguous request: key %q is given twice %s", first, where)
+	}
+	return fmt.Errorf("ambiguous request: %q and %q name the same field %s (Nomad reads keys case-insensitively)", first, second, where)
+}
+
+func join(path, key string) string {
+	if path == "" {
+		return key
+	}
+	return path + "." + key
+}
+
+type field struct {
+	name string
+	typ  reflect.Type
+}
+
+type fieldSet struct {
+	byExact, byFolded map[string]field
+}
+
+var fieldCache sync.Map // reflect.Type → fieldSet
+
+// fieldsOf lists the JSON fields of a struct as encoding/json sees them: json
+// tags, "-" skipped, unexported skipped, untagged embedded structs promoted
+// (shallower names win).
+func fieldsOf(t reflect.Type) fieldSet {
+	if fs, ok := fieldCache.Load(t); ok {
+		return fs.(fieldSet)
+	}
+	fs := fieldSet{byExact: map[string]field{}, byFolded: map[string]field{}}
+	level := []reflect.Type{t}
+	for len(level) > 0 {
+		var next []reflect.Type
+		found := map[string]field{}
+		for _, st := range level {
+			for i := 0; i < st.NumField(); i++ {
+				sf := st.Field(i)
+				tag := sf.Tag.Get("json")
+				if tag == "-" {
+					continue
+				}
+				name, _, _ := strings.Cut(tag, ",")
+				ft := sf.Type
+				if sf.Anonymous && name == "" {
+					if ft.Kind() == reflect.Pointer {
+						ft = ft.Elem()
+					}
+					if ft.Kind() == reflect.Struct {
+						next = append(next, ft)
+						continue
+					}
+				}
+				if !sf.IsExported() {
+					continue
+				}
+				if name == "" {
+					name = sf.Name
+				}
+				if _, shadowed := fs.byExact[name]; !shadowed {
+					found[name] = field{name: name, typ: sf.Type}
+				}
+			}
+		}
+		for name, f := range found {
+			fs.byExact[name] = f
+			if _, ok := fs.byFolded[foldName(name)]; !ok {
+				fs.byFolded[foldName(name)] = f
+			}
+		}
+		level = next
+	}
+	fieldCache.Store(t, fs)
+	return fs
+}
+
+// foldName is encoding/json's case folding for matching keys to fields: ASCII
+// upper case, and every other rune replaced by the smallest rune of its
+// Unicode fold set (so "ſ" matches "S" and the Kelvin sign matches "K").
+func foldName(s string) string {
+	var b strings.Builder
+	for _, r := range s {
+		switch {
+		case r < utf8.RuneSelf:
+			if 'a' <= r && r <= 'z' {
+				r -= 'a' - 'A'
+			}
+		default:
+			r = smallestFold(r)
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
+}
+
+func smallestFold(r rune) rune {
+	smallest := r
+	for f := unicode.SimpleFold(r); f != r; f = unicode.SimpleFold(f) {
+		smallest = min(smallest, f)
+	}
+	return smallest
+}

@@ -1,0 +1,187 @@
+package nomadjob
+
+import (
+	"errors"
+	"fmt"
+	"net/url"
+	"strings"
+
+	"github.com/hashicorp/nomad/api"
+
+	"github.com/nomad-gpu/nomad-gpu/broker/admission"
+)
+
+// Kind is which job request a body is: Nomad reads each into its own struct.
+type Kind int
+
+const (
+	Register Kind = iota // PUT /v1/jobs, /v1/job/<id>
+	Plan                 // PUT /v1/job/<id>/plan
+	Validate             // PUT /v1/validate/job
+)
+
+// Request is a job register, plan or validate request read as Nomad reads it.
+type Request struct {
+	Doc            *Doc
+	Job            *api.Job
+	JobID          string
+	Namespace      string // resolved as Nomad resolves it
+	Region         string // the region asked for; "" when none (the agent's own)
+	PreserveCounts bool
+
+	current *api.Job // as given to Groups
+}
+
+// ReadRequest reads a job request body with the request's query. It refuses a
+// body Nomad could read differently from the broker, a job without an id, and
+// a multiregion job.
+func ReadRequest(kind Kind, body []byte, query url.Values) (*Request, error) {
+	var target any
+	switch kind {
+	case Plan:
+		target = &api.JobPlanRequest{}
+	case Validate:
+		target = &api.JobValidateRequest{}
+	default:
+		target = &api.JobRegisterRequest{}
+	}
+	doc, err := ParseDoc(body, target)
+	if err != nil {
+		return nil, err
+	}
+	if !doc.Root().IsObject() || !doc.Root().Get("Job").IsObject() {
+		return nil, errors.New(`malformed request: no "Job" object in the body`)
+	}
+	var (
+		job            *api.Job
+		w              api.WriteRequest
+		preserveCounts bool
+	)
+	switch t := target.(type) {
+	case *api.JobPlanRequest:
+		err = doc.Decode(t)
+		job, w = t.Job, t.WriteRequest
+	case *api.JobValidateRequest:
+		err = doc.Decode(t)
+		job, w = t.Job, t.WriteRequest
+	case *api.JobRegisterRequest:
+		err = doc.Decode(t)
+		job, w, preserveCounts = t.Job, t.WriteRequest, t.PreserveCounts
+	}
+	if err != nil {
+		return nil, err
+	}
+	if job.ID == nil && kind != Validate {
+		return nil, errors.New("malformed request: the job has no ID")
+	}
+	if job.Multiregion != nil {
+		return nil, errors.New("multiregion jobs are not admitted by nomad-gpu: register the job in each region through that region's broker")
+	}
+	r := &Request{Doc: doc, Job: job, JobID: deref(job.ID), PreserveCounts: preserveCounts,
+		Namespace: ResolveNamespace(query.Get("namespace"), w.Namespace, deref(job.Namespace)),
+		Region:    resolveRegion(query.Get("region"), w.Region, deref(job.Region))}
+	return r, nil
+}
+
+// ResolveNamespace is Nomad v1.6's order for a job request: the namespace
+// query parameter, then the request body's Namespace, then the job's own.
+func ResolveNamespace(query, body, job string) string {
+	for _, ns := range []string{query, body, job} {
+		if ns != "" {
+			return ns
+		}
+	}
+	return DefaultNamespace
+}
+
+// resolveRegion is Nomad v1.6's order: the query parameter, overridden by the
+// body's Region, else the job's; "global" means the agent's own ("").
+func resolveRegion(query, body, job string) string {
+	r := query
+	if body != "" {
+		r = body
+	}
+	if r == "" {
+		r = job
+	}
+	if r == api.GlobalRegion {
+		return ""
+	}
+	return r
+}
+
+// Groups is the request's GPU demand as Nomad will place it, given the job's
+// current version (nil if none) and the nodes system jobs would run on.
+func (r *Request) Groups(current *api.Job, nodesFitting func(string, int) int) ([]admission.Group, error) {
+	r.current = current
+	return Groups(r.Job, Placement{Current: current, PreserveCounts: r.PreserveCounts, NodesFitting: nodesFitting})
+}
+
+// Admission is the request as admission sees it.
+func (r *Request) Admission(groups []admission.Group) admission.Job {
+	return admission.Job{ID: r.JobID, Namespace: r.Namespace, Queue: r.Job.Meta[MetaQueue], Groups: groups}
+}
+
+// Pin writes into the document what Nomad must read exactly as the broker
+// did (after Groups): the resolved namespace, in the body and the job, and
+// every task group's count explicit, so that neither a scaling default nor
+// PreserveCounts can place more than was counted.
+func (r *Request) Pin() {
+	root := r.Doc.Root()
+	job := root.Get("Job")
+	root.Set("Namespace", r.Namespace)
+	job.Set("Namespace", r.Namespace)
+	if root.Get("PreserveCounts") != nil {
+		root.Set("PreserveCounts", false)
+	}
+	nodes := job.Get("TaskGroups").Elems()
+	for i, tg := range r.Job.TaskGroups {
+		if tg == nil || i >= len(nodes) || !nodes[i].IsObject() {
+			continue
+		}
+		count, err := groupCount(tg)
+		if cur := currentGroup(r.current, deref(tg.Name)); r.PreserveCounts && cur != nil && cur.Count != nil {
+			count, err = *cur.Count, nil
+		}
+		if err == nil {
+			nodes[i].Set("Count", count)
+			tg.Count = &count
+		}
+	}
+}
+
+// Stamp writes an admission into the document: the priority, and the broker's
+// meta keys in place of any the caller wrote, whatever their spelling.
+func (r *Request) Stamp(d admission.Decision, stamp string) {
+	job := r.Doc.Root().Get("Job")
+	job.Set("Priority", d.Priority)
+	meta := job.Object("Meta")
+	meta.Delete(IsBrokerMeta)
+	for k, v := range BrokerMeta(d, stamp) {
+		meta.Set(k, v)
+	}
+	if r.Job.Meta == nil {
+		r.Job.Meta = map[string]string{}
+	}
+	for k := range r.Job.Meta {
+		if IsBrokerMeta(k) {
+			delete(r.Job.Meta, k)
+		}
+	}
+	for k, v := range BrokerMeta(d, stamp) {
+		r.Job.Meta[k] = v
+	}
+	r.Job.Priority = &d.Priority
+	r.Job.Namespace = &r.Namespace
+}
+
+// IsBrokerMeta reports whether a meta key is in the broker's nomad-gpu.
+// namespace, in any spelling.
+func IsBrokerMeta(key string) bool {
+	return strings.HasPrefix(strings.ToLower(key), "nomad-gpu.")
+}
+
+// Body is the request to forward.
+func (r *Request) Body() []byte { return r.Doc.Bytes() }
+
+func (r *Request) String() string { return fmt.Sprintf("%s/%s", r.Namespace, r.JobID) }

@@ -1,0 +1,142 @@
+package server
+
+import (
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/nomad-gpu/nomad-gpu/internal/testbuild"
+)
+
+func TestRouteReadsPathsAsNomadDoes(t *testing.T) {
+	cases := []struct {
+		method, path string
+		call         call
+		id           string
+	}{
+		{"PUT", "/v1/jobs", callRegister, ""},
+		{"POST", "/v1/job/train", callRegister, "train"},
+		{"PUT", "/v1/job/", callRegister, ""},                     // registers the job the body names
+		{"PUT", "/v1/job/team/train", callRegister, "team/train"}, // ids may hold "/"
+		{"PUT", "/v1/job/a%2Fb", callRegister, "a%2Fb"},           // already unescaped once by Go: never again
+		{"PUT", "/v1/job/train/plan", callPlan, "train"},
+		{"PUT", "/v1/job/a/b/plan", callPlan, "a/b"},
+		{"PUT", "/v1/job/train/scale", callScale, "train"},
+		{"GET", "/v1/job/train/scale", callNone, ""},
+		{"POST", "/v1/job/train/dispatch", callDispatch, "train"},
+		{"PUT", "/v1/job/train/revert", callRevert, "train"},
+		{"PUT", "/v1/job/nightly/periodic/force", callPeriodicForce, "nightly"},
+		{"PUT", "/v1/job/train/evaluate", callNone, "train"},
+		{"PUT", "/v1/job/x/plan/scale", callScale, "x/plan"}, // the last suffix decides
+		{"PUT", "/v1/validate/job", callValidate, ""},
+		{"DELETE", "/v1/job/train", callNone, ""},
+		{"put", "/v1/jobs", callNone, ""}, // Nomad compares methods exactly: 405 there
+	}
+	for _, c := range cases {
+		got, id := route(c.method, c.path)
+		if got != c.call || id != c.id {
+			t.Errorf("%s %s: got %v %q, want %v %q", c.method, c.path, got, id, c.call, c.id)
+		}
+	}
+}
+
+func TestEveryWayToRegisterIsGated(t *testing.T) {
+	over := testbuild.Job("vision", "big").Group("g", 1, 3, "gpu").Register() // vision's limit is 2
+	for _, path := range []string{"/v1/jobs", "/v1/job/big", "/v1/job/"} {
+		for _, method := range []string{http.MethodPut, http.MethodPost} {
+			s, up, _, _ := newTestServer(t)
+			rec := do(s, method, path, over)
+			if rec.Code != http.StatusForbidden || len(up.writes) != 0 {
+				t.Errorf("%s %s: %d %s, Nomad got %v", method, path, rec.Code, rec.Body, up.writes)
+			}
+		}
+	}
+	s, up, _, _ := newTestServer(t)
+	slashed := testbuild.Job("vision", "team/big").Group("g", 1, 3, "gpu").Register()
+	if rec := do(s, http.MethodPut, "/v1/job/team/big", slashed); rec.Code != http.StatusForbidden || len(up.writes) != 0 {
+		t.Errorf("job id with a slash: %d %s", rec.Code, rec.Body)
+	}
+	if rec := do(s, http.MethodPut, "/v1/job/other", over); rec.Code != http.StatusBadRequest || len(up.writes) != 0 {
+		t.Errorf("path and body ids differ: %d %s", rec.Code, rec.Body)
+	}
+	if rec := do(s, http.MethodPut, "/v1/job/x/../../jobs", over); rec.Code != http.StatusMovedPermanently || len(up.writes) != 0 {
+		t.Errorf("unclean path: %d %s", rec.Code, rec.Body)
+	}
+}
+
+func TestNamespaceIsResolvedAndPinned(t *testing.T) {
+	s, up, _, _ := newTestServer(t)
+	// The job says "default" (no tenant): the query's "vision" is what Nomad uses.
+	job := testbuild.Job("default", "train").Group("g", 1, 1, "gpu").Register()
+	rec := do(s, http.MethodPut, "/v1/jobs?namespace=vision", job)
+	if rec.Code != http.StatusOK || !strings.Contains(rec.Body.String(), "tenant vision") {
+		t.Fatalf("%d %s", rec.Code, rec.Body)
+	}
+	forwarded := up.last["Job"].(map[string]any)
+	if forwarded["Namespace"] != "vision" || up.last["Namespace"] != "vision" || !strings.Contains(up.writes[0], "namespace=vision") {
+		t.Errorf("namespace not pinned: job %v, body %v, %s", forwarded["Namespace"], up.last["Namespace"], up.writes[0])
+	}
+	// And the body's Namespace wins over the job's.
+	s, up, _, _ = newTestServer(t)
+	body := strings.Replace(job, `{"Job"`, `{"Namespace":"other","Job"`, 1)
+	if rec := do(s, http.MethodPut, "/v1/jobs", body); rec.Code != http.StatusForbidden || !strings.Contains(rec.Body.String(), `namespace "other"`) {
+		t.Errorf("body namespace: %d %s", rec.Code, rec.Body)
+	}
+}
+
+func TestOtherRegionsAreRefused(t *testing.T) {
+	s, up, _, _ := newTestServer(t)
+	job := testbuild.Job("vision", "train").Group("g", 1, 1, "gpu").Register()
+	for _, path := range []string{"/v1/jobs?region=eu", "/v1/job/train/scale?region=eu"} {
+		body := job
+		if strings.Contains(path, "scale") {
+			body = `{"Count":1,"Target":{"Group":"g"}}`
+		}
+		if rec := do(s, http.MethodPut, path, body); rec.Code != http.StatusForbidden || !strings.Contains(rec.Body.String(), `region "eu"`) {
+			t.Errorf("%s: %d %s", path, rec.Code, rec.Body)
+		}
+	}
+	if len(up.writes) != 0 {
+		t.Errorf("Nomad got %v", up.writes)
+	}
+}
+
+func TestCallsThatCannotBeDecidedFailClosed(t *testing.T) {
+	for _, status := range []int{http.StatusForbidden, http.StatusNotFound, http.StatusInternalServerError} {
+		s, up, _, _ := newTestServer(t)
+		up.lookup = status
+		for path, body := range map[string]string{
+			"/v1/job/train/scale":          `{"Count":2,"Target":{"Group":"g"}}`,
+			"/v1/job/train/dispatch":       `{}`,
+			"/v1/job/train/periodic/force": ``,
+			"/v1/job/train/revert":         `{"JobID":"train","JobVersion":0}`,
+		} {
+			rec := do(s, http.MethodPut, path, body)
+			if rec.Code < 400 || !strings.Contains(rec.Body.String(), "cannot read the job") {
+				t.Errorf("lookup answered %d, %s: %d %s", status, path, rec.Code, rec.Body)
+			}
+		}
+		if len(up.writes) != 0 {
+			t.Errorf("lookup answered %d: Nomad got %v", status, up.writes)
+		}
+	}
+}
+
+func TestScaleAndDispatchAreDecidedOnTheResult(t *testing.T) {
+	s, up, _, _ := newTestServer(t)
+	up.jobs["train"] = testbuild.Job("vision", "train").Priority(60).Group("g", 1, 1, "gpu").Build()
+	if rec := do(s, http.MethodPut, "/v1/job/train/scale?namespace=vision", `{"Count":3,"Target":{"Group":"g"}}`); rec.Code != http.StatusForbidden {
+		t.Errorf("scale above the limit: %d %s", rec.Code, rec.Body)
+	}
+	if rec := do(s, http.MethodPut, "/v1/job/train/scale?namespace=vision", `{"Count":1,"count":3,"Target":{"Group":"g"}}`); rec.Code != http.StatusBadRequest {
+		t.Errorf("ambiguous scale: %d %s", rec.Code, rec.Body)
+	}
+	if rec := do(s, http.MethodPut, "/v1/job/train/scale?namespace=vision", `{"Count":2,"Target":{"Group":"g"}}`); rec.Code != http.StatusOK {
+		t.Errorf("scale within the limit: %d %s", rec.Code, rec.Body)
+	}
+	// The reservation of the scale to 2 counts until Nomad's event: a dispatch of one more is refused.
+	up.jobs["batch"] = testbuild.Job("vision", "batch").Priority(60).Group("g", 1, 1, "gpu").Build()
+	if rec := do(s, http.MethodPut, "/v1/job/batch/dispatch?namespace=vision", `{}`); rec.Code != http.StatusForbidden {
+		t.Errorf("dispatch beyond the limit: %d %s", rec.Code, rec.Body)
+	}
+}
