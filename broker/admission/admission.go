@@ -28,6 +28,7 @@ const (
 	RuleAboveLimit        = "above-limit"
 	RuleNoNodeFits        = "no-node-fits"
 	RuleUnknownClass      = "unknown-gpu-class"
+	RulePeriodicGPU       = "periodic-gpu-job"
 )
 
 // Job is the GPU demand of a job, as admission sees it.

@@ -141,7 +141,7 @@ func TestBroker(t *testing.T) {
 		}
 		job := e.job("vision", "train-a")
 		if *job.Priority != 60 || job.Meta["nomad-gpu.tenant"] != "vision" || job.Meta["nomad-gpu.queue"] != "training" ||
-			job.Meta["nomad-gpu.workload"] != "training" || !strings.HasPrefix(job.Meta["nomad-gpu.admission"], "v1:") {
+			job.Meta["nomad-gpu.workload"] != "training" || !strings.HasPrefix(job.Meta["nomad-gpu.admission"], "v2:") {
 			t.Errorf("job not stamped: priority %d meta %v", *job.Priority, job.Meta)
 		}
 		e.waitRunning("vision", "train-a")

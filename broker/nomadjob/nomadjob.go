@@ -33,11 +33,20 @@ func Namespace(job *api.Job) string {
 }
 
 // Admission is a job Nomad runs, as admission sees it: Nomad has already
-// filled in its counts; system jobs count one allocation per fitting node.
+// filled in its counts; system jobs count one allocation per fitting node; a
+// parameterized or periodic parent places nothing itself (its children are
+// jobs of their own).
 func Admission(job *api.Job, nodesFitting func(string, int) int) (admission.Job, error) {
+	if IsParent(job) {
+		return admission.Job{ID: deref(job.ID), Namespace: Namespace(job)}, nil
+	}
 	groups, err := Groups(job, Placement{NodesFitting: nodesFitting})
 	return admission.Job{ID: deref(job.ID), Namespace: Namespace(job), Queue: job.Meta[MetaQueue], Groups: groups}, err
 }
+
+// IsParent reports whether a job only launches other jobs: parameterized
+// (each dispatch is a job) or periodic (each launch is a job).
+func IsParent(job *api.Job) bool { return job.IsParameterized() || job.IsPeriodic() }
 
 // BrokerMeta is the meta an admission writes.
 func BrokerMeta(d admission.Decision, stamp string) map[string]string {

@@ -81,6 +81,16 @@ func (s *Server) register(w http.ResponseWriter, r *http.Request, pathJobID stri
 	if rj == nil {
 		return
 	}
+	if rj.Job.IsPeriodic() {
+		// Nomad launches each run on its own schedule, past the broker.
+		writeError(w, http.StatusForbidden, "nomad-gpu: job %q rejected by rule %s: periodic jobs launch GPU work on Nomad's schedule "+
+			"without admission; submit each run through the broker, or dispatch a parameterized job", rj.JobID, admission.RulePeriodicGPU)
+		return
+	}
+	if rj.Job.IsParameterized() {
+		s.registerParent(w, r, rj)
+		return
+	}
 	d, res := s.cluster.Admit(s.policies.Current(), rj.Admission(rj.groups), ReservationHold)
 	who := s.identity(r)
 	s.log.Info("admission", "job", rj.JobID, "namespace", rj.Namespace, "outcome", d.Outcome, "tenant", d.Tenant,
@@ -100,6 +110,28 @@ func (s *Server) register(w http.ResponseWriter, r *http.Request, pathJobID stri
 		}
 		s.relayRegistered(w, resp, res, admittedWarning(d))
 	}
+}
+
+// registerParent registers a parameterized job: it places nothing itself and
+// is charged nothing, but it must be allowed to run its children at all, and it
+// gets its queue's priority and stamp, which each dispatch then keeps (every
+// dispatch is admitted on its own).
+func (s *Server) registerParent(w http.ResponseWriter, r *http.Request, rj *gpuJobRequest) {
+	p := s.policies.Current()
+	d := admission.Decide(p, rj.Admission(rj.groups), s.cluster.UsageWithout(p, rj.Namespace, rj.JobID))
+	if d.Outcome == admission.Reject {
+		writeError(w, http.StatusForbidden, "nomad-gpu: job %q rejected by rule %s: %s", rj.JobID, d.Rule, d.Reason)
+		return
+	}
+	d.Outcome, d.Priority, d.Demand = admission.Admit, p.Queues[d.Queue].Priority, nil
+	d.Reason = "a parameterized job places nothing itself; each dispatch is admitted on its own"
+	rj.Stamp(d, s.stamper.Stamp(rj.Namespace, rj.Job, d))
+	resp, err := s.forward(r, rj.Body(), rj.Namespace)
+	if err != nil {
+		writeError(w, http.StatusBadGateway, "nomad-gpu: Nomad is unreachable: %v", err)
+		return
+	}
+	s.relay(w, resp, admittedWarning(d))
 }
 
 // relayRegistered relays Nomad's answer to a call the broker admitted, and

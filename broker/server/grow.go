@@ -205,7 +205,7 @@ func (s *Server) decideThenForward(w http.ResponseWriter, r *http.Request, body 
 			writeError(w, http.StatusBadGateway, "nomad-gpu: Nomad is unreachable: %v", err)
 			return
 		}
-		s.relayRegistered(w, resp, res)
+		s.relayRegistered(w, resp, res, admittedWarning(d))
 	}
 }
 

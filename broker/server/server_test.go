@@ -35,6 +35,7 @@ func (f fixedPolicy) Current() *policy.Policy { return f.p }
 type upstream struct {
 	mu     sync.Mutex
 	last   map[string]any
+	raw    []byte
 	writes []string // "METHOD path?query"
 	jobs   map[string]*api.Job
 	lookup int // status for every read, when not 0
@@ -56,8 +57,9 @@ func (u *upstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		json.NewEncoder(w).Encode(job)
 		return
 	}
+	u.raw, _ = io.ReadAll(r.Body)
 	var body map[string]any
-	json.NewDecoder(r.Body).Decode(&body)
+	json.Unmarshal(u.raw, &body)
 	u.last = body
 	u.writes = append(u.writes, r.Method+" "+r.URL.RequestURI())
 	w.Header().Set("Content-Type", "application/json")

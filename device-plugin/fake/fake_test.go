@@ -74,3 +74,28 @@ func write(t *testing.T, path, content string) {
 		t.Fatal(err)
 	}
 }
+
+// FuzzStateFile: any state file content is applied or refused, never a panic,
+// and a refused one keeps the last good state.
+func FuzzStateFile(f *testing.F) {
+	f.Add(`{"` + fake.UUID("", 0) + `": {"healthy": false, "health_description": "XID 79"}}`)
+	f.Add(`{"` + fake.UUID("", 1) + `": {"utilization_gpu": 93, "memory_used_mib": 99999999999}}`)
+	f.Add(`{"x": {"utilization_gpu": -5}}`)
+	f.Add(`{not json`)
+	f.Add(`[]`)
+	f.Add(`null`)
+	f.Fuzz(func(t *testing.T, content string) {
+		path := filepath.Join(t.TempDir(), "state.json")
+		b := fake.New(fake.Config{Count: 2, Model: "H100", MemoryMiB: 1000, StateFile: path}, hclog.NewNullLogger())
+		if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := b.Health(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		st, err := b.Stats(context.Background())
+		if err != nil || len(st) != 2 {
+			t.Fatalf("stats %v %v", st, err)
+		}
+	})
+}
