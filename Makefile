@@ -40,6 +40,18 @@ lint: ## gofmt, go vet and staticcheck
 	@[ -x $(TOOLS_DIR)/bin/staticcheck ] || GOBIN=$(TOOLS_DIR)/bin $(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
 	$(TOOLS_DIR)/bin/staticcheck ./...
 
+# Each fuzz target, as package:target. `make test` runs their seed corpora.
+FUZZ_TARGETS := ./broker/nomadjob:FuzzReadRequest ./broker/server:FuzzHandler ./broker/policy:FuzzParse \
+  ./device-plugin/plugin:FuzzDecodeConfig ./device-plugin/fake:FuzzStateFile
+FUZZTIME ?= 30s
+
+.PHONY: fuzz
+fuzz: ## Fuzz every target for FUZZTIME each (default 30s)
+	@for t in $(FUZZ_TARGETS); do \
+	  pkg=$${t%%:*}; name=$${t##*:}; echo "== $$name ($$pkg, $(FUZZTIME))"; \
+	  $(GO) test $$pkg -run '^$$' -fuzz "^$$name\$$" -fuzztime $(FUZZTIME) || exit 1; \
+	done
+
 .PHONY: bench
 bench: ## Benchmarks, side by side with ratios to each group's baseline
 	@$(GO) test -run '^$$' -bench . -benchmem -benchtime $(or $(BENCHTIME),1s) \
