@@ -17,7 +17,10 @@ import (
 
 // Config is the broker's configuration after defaults and environment.
 type Config struct {
-	Listen    string  `hcl:"listen,optional"`
+	Listen string `hcl:"listen,optional"`
+	// Advertise is where the other brokers reach this one (GPU admissions go
+	// to the leader); default: http:// and Listen.
+	Advertise string  `hcl:"advertise,optional"`
 	PolicyDir string  `hcl:"policy_dir,optional"`
 	Nomad     *Nomad  `hcl:"nomad,block"`
 	Consul    *Consul `hcl:"consul,block"`
@@ -95,6 +98,7 @@ func (c *Config) fill(env func(string) string) {
 		}
 	}
 	first(&c.Listen, DefaultListen)
+	first(&c.Advertise, "http://"+c.Listen)
 	first(&c.PolicyDir, "policies")
 	first(&c.Nomad.Address, env("NOMAD_ADDR"), DefaultNomad)
 	first(&c.Nomad.Token, env("NOMAD_TOKEN"))

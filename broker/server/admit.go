@@ -1,12 +1,14 @@
 package server
 
 import (
+	"bytes"
 	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/hashicorp/nomad/api"
@@ -26,6 +28,7 @@ const ReservationHold = 2 * time.Minute
 type gpuJobRequest struct {
 	*nomadjob.Request
 	groups []admission.Group
+	raw    []byte // as the caller sent it: what the leader gets from a follower
 }
 
 // readGPUJob reads a register, plan or validate request. It answers the
@@ -72,7 +75,7 @@ func (s *Server) readGPUJob(w http.ResponseWriter, r *http.Request, kind nomadjo
 		return nil
 	}
 	req.Pin()
-	return &gpuJobRequest{Request: req, groups: groups}
+	return &gpuJobRequest{Request: req, groups: groups, raw: body}
 }
 
 // register admits, queues or rejects a job registration.
@@ -85,6 +88,9 @@ func (s *Server) register(w http.ResponseWriter, r *http.Request, pathJobID stri
 		// Nomad launches each run on its own schedule, past the broker.
 		writeError(w, http.StatusForbidden, "nomad-gpu: job %q rejected by rule %s: periodic jobs launch GPU work on Nomad's schedule "+
 			"without admission; submit each run through the broker, or dispatch a parameterized job", rj.JobID, admission.RulePeriodicGPU)
+		return
+	}
+	if !s.admitsHere(w, r, rj.raw) {
 		return
 	}
 	if rj.Job.IsParameterized() {
@@ -132,6 +138,43 @@ func (s *Server) registerParent(w http.ResponseWriter, r *http.Request, rj *gpuJ
 		return
 	}
 	s.relay(w, resp, admittedWarning(d))
+}
+
+// forwardedHeader marks a GPU request a follower sent to the leader.
+const forwardedHeader = "X-Nomad-Gpu-Forwarded"
+
+// admitsHere reports whether this broker decides on a GPU request. A follower
+// sends it to the leader (body as received) and relays the answer; a request
+// sent on by another broker to one that is no longer leader is refused rather
+// than sent on again.
+func (s *Server) admitsHere(w http.ResponseWriter, r *http.Request, body []byte) bool {
+	if s.leader == nil || s.leader.IsLeader() {
+		return true
+	}
+	if r.Header.Get(forwardedHeader) != "" {
+		writeError(w, http.StatusServiceUnavailable, "nomad-gpu: the broker leader changed while deciding; try again")
+		return false
+	}
+	addr, err := s.leader.LeaderAddress(r.Context())
+	if err != nil {
+		writeError(w, http.StatusServiceUnavailable, "nomad-gpu: GPU jobs are admitted by the broker leader, and there is none: %v", err)
+		return false
+	}
+	req, err := http.NewRequestWithContext(r.Context(), r.Method, strings.TrimSuffix(addr, "/")+r.URL.RequestURI(), bytes.NewReader(body))
+	if err != nil {
+		writeError(w, http.StatusInternalServerError, "nomad-gpu: leader address %q: %v", addr, err)
+		return false
+	}
+	req.Header = r.Header.Clone()
+	req.Header.Del("Content-Length")
+	req.Header.Set(forwardedHeader, "1")
+	resp, err := s.leaderClient.Do(req)
+	if err != nil {
+		writeError(w, http.StatusServiceUnavailable, "nomad-gpu: the broker leader at %s is unreachable: %v", addr, err)
+		return false
+	}
+	s.relay(w, resp)
+	return false
 }
 
 // relayRegistered relays Nomad's answer to a call the broker admitted, and

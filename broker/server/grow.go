@@ -181,6 +181,9 @@ func (s *Server) decideThenForward(w http.ResponseWriter, r *http.Request, body 
 		s.passThrough(w, r, body)
 		return
 	}
+	if !s.admitsHere(w, r, body) {
+		return
+	}
 	a := admission.Job{ID: derefString(job.ID), Namespace: ns, Queue: job.Meta[nomadjob.MetaQueue], Groups: groups}
 	d, res := s.cluster.Admit(s.policies.Current(), a, ReservationHold)
 	current := 0

@@ -50,19 +50,29 @@ type Queue interface {
 	Remove(ctx context.Context, e queue.Entry) (bool, error)
 }
 
+// Leader tells whether this broker takes GPU admissions, and where the one that
+// does is.
+type Leader interface {
+	IsLeader() bool
+	LeaderAddress(ctx context.Context) (string, error)
+}
+
 // Server handles the broker's HTTP traffic.
 type Server struct {
 	log      hclog.Logger
 	upstream *url.URL
 	proxy    *httputil.ReverseProxy
 	client   *http.Client
-	policies Policies
-	cluster  Cluster
-	queue    Queue
-	stamper  nomadjob.Stamper
-	region   string
-	now      func() time.Time
-	newID    func() string
+	// leaderClient reaches the other brokers.
+	leaderClient *http.Client
+	policies     Policies
+	cluster      Cluster
+	queue        Queue
+	stamper      nomadjob.Stamper
+	region       string
+	leader       Leader
+	now          func() time.Time
+	newID        func() string
 
 	idMu       sync.Mutex
 	identities map[string]cachedIdentity
@@ -78,6 +88,7 @@ type Options struct {
 	Queue    Queue
 	Stamper  nomadjob.Stamper
 	Region   string // the Nomad region the broker governs ("" or "global": Nomad's default)
+	Leader   Leader // nil: this broker takes every admission itself
 	Now      func() time.Time
 	NewID    func() string
 }
@@ -89,10 +100,11 @@ func New(o Options) (*Server, error) {
 		return nil, fmt.Errorf("nomad address %q: %w", o.Nomad, err)
 	}
 	s := &Server{log: o.Log, upstream: u, client: o.Client, policies: o.Policies, cluster: o.Cluster,
-		queue: o.Queue, stamper: o.Stamper, region: o.Region, now: o.Now, newID: o.NewID, identities: map[string]cachedIdentity{}}
+		queue: o.Queue, stamper: o.Stamper, region: o.Region, leader: o.Leader, now: o.Now, newID: o.NewID, identities: map[string]cachedIdentity{}}
 	if s.client == nil {
 		s.client = &http.Client{}
 	}
+	s.leaderClient = &http.Client{}
 	if s.region == "" || s.region == api.GlobalRegion {
 		s.region = api.GlobalRegion
 	}

@@ -20,6 +20,7 @@ import (
 	"github.com/nomad-gpu/nomad-gpu/broker/admitter"
 	"github.com/nomad-gpu/nomad-gpu/broker/cluster"
 	"github.com/nomad-gpu/nomad-gpu/broker/config"
+	"github.com/nomad-gpu/nomad-gpu/broker/leader"
 	"github.com/nomad-gpu/nomad-gpu/broker/nomadapi"
 	"github.com/nomad-gpu/nomad-gpu/broker/nomadjob"
 	"github.com/nomad-gpu/nomad-gpu/broker/policy"
@@ -90,7 +91,9 @@ func serveErr(path string, log hclog.Logger) error {
 		}
 	}
 	store := queue.NewStore(consulClient.KV(), cfg.Consul.KVPrefix)
-	srv, err := server.New(server.Options{Log: log.Named("proxy"), Nomad: cfg.Nomad.Address,
+	elector := &leader.Elector{Client: consulClient, Key: cfg.Consul.KVPrefix + "leader", Address: cfg.Advertise,
+		Log: log.Named("leader")}
+	srv, err := server.New(server.Options{Leader: elector, Log: log.Named("proxy"), Nomad: cfg.Nomad.Address,
 		Client: nomadClient.HTTPClient(), Policies: policies, Cluster: view, Queue: store, Stamper: stamper, Region: region})
 	if err != nil {
 		return err
@@ -106,7 +109,7 @@ func serveErr(path string, log hclog.Logger) error {
 
 	adm := &admitter.Admitter{Log: log.Named("queue"), Queue: store, Nomad: nomadClient, Cluster: view,
 		Policies: policies, Stamper: stamper, Now: time.Now, Capacity: view.Capacity, Blocked: nomadClient}
-	lead(ctx, consulClient, cfg.Consul.KVPrefix+"leader", log, func(ctx context.Context) {
+	elector.Run(ctx, func(ctx context.Context) {
 		p := policies.Current()
 		if err := nomadClient.SetPreemption(ctx, p.Preemption.Batch, p.Preemption.Service); err != nil {
 			log.Error("cannot set Nomad's preemption", "error", err)
@@ -117,42 +120,6 @@ func serveErr(path string, log hclog.Logger) error {
 	shutdown, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	return httpServer.Shutdown(shutdown)
-}
-
-// lead runs work while this broker holds the Consul lock at key, until ctx ends.
-func lead(ctx context.Context, c *consul.Client, key string, log hclog.Logger, work func(context.Context)) {
-	for ctx.Err() == nil {
-		// A crashed leader's session expires within two TTLs; the short lock
-		// delay lets the next broker take over right after.
-		lock, err := c.LockOpts(&consul.LockOptions{Key: key, SessionOpts: &consul.SessionEntry{
-			Name: "gpu-broker leader", TTL: "10s", LockDelay: time.Second, Behavior: consul.SessionBehaviorRelease}})
-		if err != nil {
-			log.Error("leader lock", "error", err)
-			sleep(ctx, 5*time.Second)
-			continue
-		}
-		lost, err := lock.Lock(ctx.Done())
-		if err != nil || lost == nil {
-			if ctx.Err() == nil {
-				log.Warn("cannot take the leader lock, retrying", "error", err)
-				sleep(ctx, 5*time.Second)
-			}
-			continue
-		}
-		log.Info("leader: running the queue")
-		leaderCtx, cancel := context.WithCancel(ctx)
-		go func() {
-			select {
-			case <-lost:
-				log.Warn("leader lock lost")
-			case <-leaderCtx.Done():
-			}
-			cancel()
-		}()
-		work(leaderCtx)
-		cancel()
-		lock.Unlock()
-	}
 }
 
 func sleep(ctx context.Context, d time.Duration) {

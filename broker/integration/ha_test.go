@@ -1,0 +1,118 @@
+package integration
+
+import (
+	"fmt"
+	"net/http"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	consulapi "github.com/hashicorp/consul/api"
+	"github.com/hashicorp/nomad/api"
+
+	"github.com/nomad-gpu/nomad-gpu/internal/testcluster"
+)
+
+const racePolicy = `
+queue "training" { priority = 60 }
+tenant "race" {
+  namespaces = ["race"]
+  queues     = ["training"]
+  guaranteed = 8
+  limit      = 8
+}
+borrowing {
+  enabled = false
+}
+`
+
+// TestConcurrentAdmissionsThroughTwoBrokers: many registrations of one tenant
+// at once, through two brokers against one Consul, never admit more than the
+// tenant's limit together; the rest is queued, nothing is lost.
+func TestConcurrentAdmissionsThroughTwoBrokers(t *testing.T) {
+	consul := testcluster.StartConsul(t)
+	n := testcluster.StartNomad(t, testcluster.NomadOptions{Name: "race", Server: true, Client: true, ConsulAddr: consul.Addr,
+		PluginConfig: `
+    backend = "fake"
+    fake {
+      count     = 32
+      id_prefix = "race"
+    }`})
+	n.WaitForNodes(t, 1)
+	if _, err := n.API.Namespaces().Register(&api.Namespace{Name: "race"}, nil); err != nil {
+		t.Fatal(err)
+	}
+	policyDir := t.TempDir()
+	writeFile(t, filepath.Join(policyDir, "policy.hcl"), racePolicy)
+	brokers := []*testcluster.Broker{
+		testcluster.StartBroker(t, n, consul, policyDir),
+		testcluster.StartBroker(t, n, consul, policyDir),
+	}
+	d := &diffEnv{t: t, nomad: n}
+	testcluster.WaitFor(t, 60*time.Second, "a leader and both brokers' views", func() error {
+		for _, b := range brokers {
+			d.broker = b
+			probe := job("race", "probe", api.JobTypeBatch).group("g", ptr(1), nil, task(dev("gpu", 33))).body(nil, canonical)
+			if status, out := d.send(http.MethodPut, "/v1/job/probe/plan", probe); !strings.Contains(out, "no node has more than 32") {
+				return fmt.Errorf("broker %s: %d %s", b.Addr, status, out)
+			}
+		}
+		pair, _, err := consulKV(consul).Get("nomad-gpu/leader", nil)
+		if err != nil || pair == nil || pair.Session == "" {
+			return fmt.Errorf("no leader yet (%v)", err)
+		}
+		return nil
+	})
+
+	const jobs = 24
+	var (
+		wg       sync.WaitGroup
+		mu       sync.Mutex
+		admitted []string
+		queued   int
+		other    []string
+	)
+	start := make(chan struct{})
+	for i := 0; i < jobs; i++ {
+		wg.Add(1)
+		go func(i int) {
+			defer wg.Done()
+			e := &diffEnv{t: t, nomad: n, broker: brokers[i%2]}
+			body := job("race", fmt.Sprintf("race-%02d", i), api.JobTypeBatch).group("g", ptr(1), nil, task(dev("gpu", 1))).body(nil, canonical)
+			<-start
+			status, out := e.send(http.MethodPut, "/v1/jobs", body)
+			mu.Lock()
+			defer mu.Unlock()
+			switch {
+			case status == http.StatusOK && strings.Contains(out, "nomad-gpu: admitted"):
+				admitted = append(admitted, fmt.Sprintf("race-%02d via broker %d", i, i%2))
+			case status == http.StatusOK && strings.Contains(out, "nomad-gpu: queued"):
+				queued++
+			default:
+				other = append(other, fmt.Sprintf("%d %s", status, out))
+			}
+		}(i)
+	}
+	close(start)
+	wg.Wait()
+	if len(other) > 0 {
+		t.Fatalf("unexpected answers: %v", other)
+	}
+	if len(admitted) != 8 || queued != jobs-8 {
+		t.Errorf("admitted %d (%v), queued %d; want 8 and %d", len(admitted), admitted, queued, jobs-8)
+	}
+	inNomad, _, err := n.API.Jobs().List(&api.QueryOptions{Namespace: "race", Prefix: "race-"})
+	if err != nil || len(inNomad) > 8 {
+		t.Errorf("Nomad has %d of the tenant's one-GPU jobs, its limit is 8 (%v)", len(inNomad), err)
+	}
+}
+
+func consulKV(c *testcluster.Consul) *consulapi.KV {
+	client, err := consulapi.NewClient(&consulapi.Config{Address: c.Addr})
+	if err != nil {
+		panic(err)
+	}
+	return client.KV()
+}

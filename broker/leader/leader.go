@@ -1,0 +1,105 @@
+// Package leader elects one broker through a Consul lock. The leader runs the
+// queue and takes every GPU admission: the other brokers send their callers'
+// GPU requests to it, so that all decisions about quota happen in one place,
+// one after the other, and two brokers can never each admit the last GPUs of
+// a tenant.
+package leader
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	consul "github.com/hashicorp/consul/api"
+	"github.com/hashicorp/go-hclog"
+)
+
+// Elector holds or follows the leader lock at Key. The lock's value is the
+// leader's address, where the others send GPU admissions.
+type Elector struct {
+	Client  *consul.Client
+	Key     string
+	Address string // this broker's address for the others, e.g. http://127.0.0.1:4649
+	Log     hclog.Logger
+
+	leading atomic.Bool
+
+	mu       sync.Mutex
+	cached   string
+	cachedAt time.Time
+}
+
+// addressTTL is how long a follower reuses the leader's address it read.
+const addressTTL = time.Second
+
+// IsLeader reports whether this broker holds the lock now.
+func (e *Elector) IsLeader() bool { return e.leading.Load() }
+
+// LeaderAddress is the address of the broker holding the lock, read from
+// Consul (at most once a second); an error when none holds it.
+func (e *Elector) LeaderAddress(ctx context.Context) (string, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.cached != "" && time.Since(e.cachedAt) < addressTTL {
+		return e.cached, nil
+	}
+	pair, _, err := e.Client.KV().Get(e.Key, (&consul.QueryOptions{}).WithContext(ctx))
+	if err != nil {
+		return "", fmt.Errorf("read the leader from Consul: %w", err)
+	}
+	if pair == nil || pair.Session == "" || len(pair.Value) == 0 {
+		return "", fmt.Errorf("no broker is leader right now")
+	}
+	e.cached, e.cachedAt = string(pair.Value), time.Now()
+	return e.cached, nil
+}
+
+// Run runs work while this broker holds the lock, taking it again whenever it
+// is lost, until ctx ends.
+func (e *Elector) Run(ctx context.Context, work func(context.Context)) {
+	for ctx.Err() == nil {
+		// A crashed leader's session expires within two TTLs; the short lock
+		// delay lets the next broker take over right after.
+		lock, err := e.Client.LockOpts(&consul.LockOptions{Key: e.Key, Value: []byte(e.Address),
+			SessionOpts: &consul.SessionEntry{Name: "gpu-broker leader", TTL: "10s", LockDelay: time.Second,
+				Behavior: consul.SessionBehaviorRelease}})
+		if err != nil {
+			e.Log.Error("leader lock", "error", err)
+			sleep(ctx, 5*time.Second)
+			continue
+		}
+		lost, err := lock.Lock(ctx.Done())
+		if err != nil || lost == nil {
+			if ctx.Err() == nil {
+				e.Log.Warn("cannot take the leader lock, retrying", "error", err)
+				sleep(ctx, 5*time.Second)
+			}
+			continue
+		}
+		e.Log.Info("leader: running the queue and taking GPU admissions", "address", e.Address)
+		leaderCtx, cancel := context.WithCancel(ctx)
+		e.leading.Store(true)
+		go func() {
+			select {
+			case <-lost:
+				e.leading.Store(false)
+				e.Log.Warn("leader lock lost")
+			case <-leaderCtx.Done():
+			}
+			cancel()
+		}()
+		work(leaderCtx)
+		e.leading.Store(false)
+		cancel()
+		lock.Unlock()
+	}
+}
+
+func sleep(ctx context.Context, d time.Duration) {
+	select {
+	case <-ctx.Done():
+	case <-time.After(d):
+	}
+}
