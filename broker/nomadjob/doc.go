@@ -160,6 +160,13 @@ func (n *Node) encode(b *bytes.Buffer) {
 	}
 }
 
+// Bytes encodes the node.
+func (n *Node) Bytes() []byte {
+	var b bytes.Buffer
+	n.encode(&b)
+	return b.Bytes()
+}
+
 // IsNull reports whether the node is JSON null (or absent: nil).
 func (n *Node) IsNull() bool { return n == nil || string(n.raw) == "null" }
 

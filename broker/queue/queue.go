@@ -33,8 +33,28 @@ type Entry struct {
 	ModifyIndex uint64 `json:"-"` // Consul's, for check-and-set
 }
 
-// ErrNotFound is returned for an id that is not queued.
+// ErrNotFound is returned for an id that is not queued (or not an id at all).
 var ErrNotFound = errors.New("no such queued job")
+
+// ValidID reports whether id has the form of a queue id: a UUID in lower-case
+// hex. Only such ids become Consul keys, so no request reaches a key outside
+// the queue's prefix.
+func ValidID(id string) bool {
+	if len(id) != 36 {
+		return false
+	}
+	for i, c := range id {
+		switch {
+		case i == 8 || i == 13 || i == 18 || i == 23:
+			if c != '-' {
+				return false
+			}
+		case !('0' <= c && c <= '9' || 'a' <= c && c <= 'f'):
+			return false
+		}
+	}
+	return true
+}
 
 // Store keeps entries under <prefix>queue/ in Consul KV.
 type Store struct {
@@ -78,6 +98,9 @@ func (s *Store) List(ctx context.Context) ([]Entry, error) {
 
 // Get returns one entry.
 func (s *Store) Get(ctx context.Context, id string) (Entry, error) {
+	if !ValidID(id) {
+		return Entry{}, ErrNotFound
+	}
 	p, _, err := s.kv.Get(s.prefix+id, (&consul.QueryOptions{}).WithContext(ctx))
 	if err != nil {
 		return Entry{}, fmt.Errorf("read queue entry %s: %w", id, err)

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"strings"
 	"time"
 
@@ -207,6 +208,22 @@ func admittedWarning(d admission.Decision) string {
 // -detach) prints the message and exits 0. What is stored is the request as
 // the broker read it (namespace and counts pinned), never the raw body.
 func (s *Server) enqueue(w http.ResponseWriter, r *http.Request, rj *gpuJobRequest, d admission.Decision, who string) {
+	// The leader registers it later with the broker's own token: first make
+	// sure the caller's token may submit this job here now (Nomad checks
+	// submit-job for a plan), and that the token resolves at all.
+	if _, err := s.resolve(r); err != nil {
+		writeError(w, http.StatusForbidden, "nomad-gpu: job %q not queued: %v", rj.JobID, err)
+		return
+	}
+	if err := s.mayRegister(r, rj); err != nil {
+		status := http.StatusBadGateway
+		var le *lookupError
+		if errors.As(err, &le) && le.status >= 400 && le.status < 500 {
+			status = le.status
+		}
+		writeError(w, status, "nomad-gpu: job %q not queued: Nomad refused to plan it with your token (%v)", rj.JobID, err)
+		return
+	}
 	e := queue.Entry{ID: s.newID(), JobID: rj.JobID, Namespace: rj.Namespace, Tenant: d.Tenant, Queue: d.Queue,
 		Demand: d.Demand.Total(), Reason: d.Reason, SubmittedBy: who, SubmittedAt: s.now().UTC(), Request: rj.Body()}
 	if err := s.queue.Put(r.Context(), e); err != nil {
@@ -217,6 +234,33 @@ func (s *Server) enqueue(w http.ResponseWriter, r *http.Request, rj *gpuJobReque
 	writeJSON(w, http.StatusOK, api.JobRegisterResponse{EvalID: e.ID, Warnings: fmt.Sprintf(
 		"nomad-gpu: queued as %s, position %d in queue %s: %s. It is registered with Nomad as soon as GPUs free up; "+
 			"`gpu-broker queue show %s` follows it.", e.ID, position, d.Queue, d.Reason, e.ID)})
+}
+
+// mayRegister asks Nomad to plan the job with the caller's token: a plan needs
+// the same submit-job capability as a registration and changes nothing.
+func (s *Server) mayRegister(r *http.Request, rj *gpuJobRequest) error {
+	u := *s.upstream
+	u.Path, u.RawQuery = "/v1/job/"+rj.JobID+"/plan", "namespace="+url.QueryEscape(rj.Namespace)
+	body, _ := json.Marshal(map[string]any{"Job": json.RawMessage(rj.Doc.Root().Get("Job").Bytes())})
+	req, err := http.NewRequestWithContext(r.Context(), http.MethodPost, u.String(), bytes.NewReader(body))
+	if err != nil {
+		return err
+	}
+	for _, h := range tokenHeaders {
+		if v := r.Header.Get(h); v != "" {
+			req.Header.Set(h, v)
+		}
+	}
+	resp, err := s.client.Do(req)
+	if err != nil {
+		return fmt.Errorf("plan with the caller's token: %w", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 1024))
+		return &lookupError{status: resp.StatusCode, msg: strings.TrimSpace(string(msg))}
+	}
+	return nil
 }
 
 // position is the entry's 1-based place in admission order.
@@ -278,6 +322,10 @@ func (s *Server) checkRegion(w http.ResponseWriter, region, jobID string) bool {
 func (s *Server) evaluation(w http.ResponseWriter, r *http.Request) {
 	rest := r.URL.Path[len("/v1/evaluation/"):]
 	id, sub, _ := cutSlash(rest)
+	if !queue.ValidID(id) {
+		s.proxy.ServeHTTP(w, r)
+		return
+	}
 	e, err := s.queue.Get(r.Context(), id)
 	if err != nil {
 		s.proxy.ServeHTTP(w, r)

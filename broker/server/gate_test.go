@@ -140,3 +140,41 @@ func TestScaleAndDispatchAreDecidedOnTheResult(t *testing.T) {
 		t.Errorf("dispatch beyond the limit: %d %s", rec.Code, rec.Body)
 	}
 }
+
+func TestQueueingNeedsATokenThatMaySubmit(t *testing.T) {
+	s, up, q, _ := newTestServer(t)
+	do(s, http.MethodPut, "/v1/jobs", testbuild.Job("vision", "first").Group("g", 1, 2, "gpu").Register())
+	up.planStatus = http.StatusForbidden
+	rec := do(s, http.MethodPut, "/v1/jobs", testbuild.Job("vision", "second").Group("g", 1, 2, "gpu").Register())
+	if rec.Code != http.StatusForbidden || !strings.Contains(rec.Body.String(), "not queued") || len(q.IDs()) != 0 {
+		t.Errorf("queued with a token Nomad refuses: %d %s, queue %v", rec.Code, rec.Body, q.IDs())
+	}
+}
+
+func TestTokensAreReadAsNomadReadsThem(t *testing.T) {
+	for header, want := range map[string]string{
+		"X-Nomad-Token: abc":            "abc",
+		"Authorization: Bearer abc":     "abc",
+		"Authorization: bearer abc def": "abc",
+		"Authorization: Basic abc":      "",
+	} {
+		name, value, _ := strings.Cut(header, ": ")
+		r, _ := http.NewRequest(http.MethodGet, "/", nil)
+		r.Header.Set(name, value)
+		if got := token(r); got != want {
+			t.Errorf("%s: %q, want %q", header, got, want)
+		}
+	}
+}
+
+func TestQueueIDsAreValidatedBeforeConsul(t *testing.T) {
+	s, _, _, _ := newTestServer(t)
+	for _, path := range []string{"/v1/gpu/queue/abc", "/v1/gpu/queue/..%2F..%2Fadmission-key", "/v1/gpu/queue/0F8E2A4C-1B2D-4E5F-8A9B-0C1D2E3F4A5B"} {
+		if rec := do(s, http.MethodDelete, path, ""); rec.Code != http.StatusBadRequest {
+			t.Errorf("%s: %d %s", path, rec.Code, rec.Body)
+		}
+	}
+	if rec := do(s, http.MethodGet, "/v1/gpu/queue/a/../../../v1/kv", ""); rec.Code != http.StatusMovedPermanently {
+		t.Errorf("unclean path: %d", rec.Code)
+	}
+}

@@ -50,6 +50,10 @@ func (s *Server) serveGPU(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) queueEntry(w http.ResponseWriter, r *http.Request, id string) {
+	if !queue.ValidID(id) {
+		writeError(w, http.StatusBadRequest, "nomad-gpu: %q is not a queue id (a UUID, as `gpu-broker queue list` shows)", id)
+		return
+	}
 	e, err := s.queue.Get(r.Context(), id)
 	if errors.Is(err, queue.ErrNotFound) {
 		writeError(w, http.StatusNotFound, "nomad-gpu: no queued job %q (admitted, cancelled or never queued)", id)

@@ -1,39 +1,79 @@
 package server
 
 import (
+	"crypto/sha256"
+	"errors"
+	"fmt"
 	"net/http"
+	"strings"
 	"time"
 )
 
 // identityTTL is how long a token's identity is reused before asking Nomad again.
 const identityTTL = 30 * time.Second
 
+// maxIdentities bounds the identity cache: past it, the cache starts over.
+const maxIdentities = 10_000
+
 type cachedIdentity struct {
 	name    string
 	expires time.Time
 }
 
-// identity names the caller for the audit trail: the ACL token's name and
-// accessor when Nomad has ACLs on, else "anonymous". The secret is never kept.
-func (s *Server) identity(r *http.Request) string {
-	token := r.Header.Get("X-Nomad-Token")
-	if token == "" {
-		return "anonymous"
+// token is the caller's ACL token as Nomad reads it: X-Nomad-Token, else an
+// "Authorization: Bearer" header.
+func token(r *http.Request) string {
+	if t := strings.TrimSpace(r.Header.Get("X-Nomad-Token")); t != "" {
+		return t
 	}
+	scheme, value, ok := strings.Cut(r.Header.Get("Authorization"), " ")
+	if !ok || !strings.EqualFold(scheme, "bearer") {
+		return ""
+	}
+	value, _, _ = strings.Cut(strings.TrimSpace(value), " ")
+	return value
+}
+
+// identity names the caller for the audit trail: the ACL token's name and
+// accessor when Nomad has ACLs on, else "anonymous". The cache is keyed by a
+// hash of the secret, which is never kept.
+func (s *Server) identity(r *http.Request) string {
+	name, _ := s.resolve(r)
+	return name
+}
+
+// resolve is identity with an error for a token Nomad does not know (ACLs on)
+// or cannot be asked about: such a caller is not "anonymous".
+func (s *Server) resolve(r *http.Request) (string, error) {
+	secret := token(r)
+	if secret == "" {
+		return "anonymous", nil
+	}
+	key := sha256.Sum256([]byte(secret))
 	now := s.now()
 	s.idMu.Lock()
-	c, ok := s.identities[token]
+	c, ok := s.identities[key]
 	s.idMu.Unlock()
 	if ok && now.Before(c.expires) {
-		return c.name
+		return c.name, nil
 	}
 	var self struct{ AccessorID, Name string }
 	name := "anonymous"
-	if err := s.get(r, "/v1/acl/token/self", "", &self); err == nil && self.AccessorID != "" {
+	err := s.get(r, "/v1/acl/token/self", "", &self)
+	var le *lookupError
+	switch {
+	case err == nil && self.AccessorID != "":
 		name = self.Name + " (" + self.AccessorID + ")"
+	case errors.As(err, &le) && le.status == http.StatusBadRequest:
+		// ACLs are off: Nomad answers "ACL support disabled".
+	case err != nil:
+		return "", fmt.Errorf("cannot resolve the caller's token: %w", err)
 	}
 	s.idMu.Lock()
-	s.identities[token] = cachedIdentity{name: name, expires: now.Add(identityTTL)}
+	if len(s.identities) >= maxIdentities {
+		s.identities = map[[32]byte]cachedIdentity{}
+	}
+	s.identities[key] = cachedIdentity{name: name, expires: now.Add(identityTTL)}
 	s.idMu.Unlock()
-	return name
+	return name, nil
 }

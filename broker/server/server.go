@@ -75,7 +75,7 @@ type Server struct {
 	newID        func() string
 
 	idMu       sync.Mutex
-	identities map[string]cachedIdentity
+	identities map[[32]byte]cachedIdentity
 }
 
 // Options are what a Server is built from; Now and NewID default to the real ones.
@@ -100,7 +100,7 @@ func New(o Options) (*Server, error) {
 		return nil, fmt.Errorf("nomad address %q: %w", o.Nomad, err)
 	}
 	s := &Server{log: o.Log, upstream: u, client: o.Client, policies: o.Policies, cluster: o.Cluster,
-		queue: o.Queue, stamper: o.Stamper, region: o.Region, leader: o.Leader, now: o.Now, newID: o.NewID, identities: map[string]cachedIdentity{}}
+		queue: o.Queue, stamper: o.Stamper, region: o.Region, leader: o.Leader, now: o.Now, newID: o.NewID, identities: map[[32]byte]cachedIdentity{}}
 	if s.client == nil {
 		s.client = &http.Client{}
 	}

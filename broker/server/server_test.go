@@ -39,6 +39,8 @@ type upstream struct {
 	writes []string // "METHOD path?query"
 	jobs   map[string]*api.Job
 	lookup int // status for every read, when not 0
+	// planStatus answers plans, when not 0.
+	planStatus int
 }
 
 func (u *upstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -55,6 +57,10 @@ func (u *upstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		json.NewEncoder(w).Encode(job)
+		return
+	}
+	if u.planStatus != 0 && strings.HasSuffix(r.URL.Path, "/plan") {
+		http.Error(w, "Permission denied", u.planStatus)
 		return
 	}
 	u.raw, _ = io.ReadAll(r.Body)
@@ -82,7 +88,7 @@ tenant "vision" {
 	view.ObserveNode(testbuild.Node("n", "H100", 2, 0))
 	q := queuetest.NewMem()
 	s, err := New(Options{Log: hclog.NewNullLogger(), Nomad: nomad.URL, Policies: fixedPolicy{p}, Cluster: view,
-		Queue: q, Stamper: nomadjob.Stamper{Key: []byte("k")}, NewID: func() string { return "q-1" }})
+		Queue: q, Stamper: nomadjob.Stamper{Key: []byte("k")}, NewID: func() string { return testQueueID }})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -117,19 +123,19 @@ func TestRegisterQueuesWithAnEvaluationTheCLICanFollow(t *testing.T) {
 	rec := do(s, http.MethodPut, "/v1/jobs", strings.Replace(gpuJob, `"train"`, `"train-2"`, 1))
 	var resp api.JobRegisterResponse
 	json.Unmarshal(rec.Body.Bytes(), &resp)
-	if rec.Code != http.StatusOK || resp.EvalID != "q-1" || !strings.Contains(resp.Warnings, "queued as q-1, position 1") {
+	if rec.Code != http.StatusOK || resp.EvalID != testQueueID || !strings.Contains(resp.Warnings, "queued as "+testQueueID+", position 1") {
 		t.Fatalf("%d %s", rec.Code, rec.Body)
 	}
-	if _, err := q.Get(context.Background(), "q-1"); err != nil {
+	if _, err := q.Get(context.Background(), testQueueID); err != nil {
 		t.Fatal("not stored in the queue")
 	}
-	rec = do(s, http.MethodGet, "/v1/evaluation/q-1", "")
+	rec = do(s, http.MethodGet, "/v1/evaluation/"+testQueueID, "")
 	var eval api.Evaluation
 	json.Unmarshal(rec.Body.Bytes(), &eval)
 	if eval.Status != api.EvalStatusComplete || eval.JobID != "train-2" {
 		t.Errorf("synthetic evaluation: %s", rec.Body)
 	}
-	if rec := do(s, http.MethodGet, "/v1/evaluation/q-1/allocations", ""); strings.TrimSpace(rec.Body.String()) != "[]" {
+	if rec := do(s, http.MethodGet, "/v1/evaluation/"+testQueueID+"/allocations", ""); strings.TrimSpace(rec.Body.String()) != "[]" {
 		t.Errorf("allocations of a queued job: %s", rec.Body)
 	}
 }
@@ -208,3 +214,5 @@ func BenchmarkRegisterOverhead(b *testing.B) {
 	b.ReportMetric(b50/max(d50, 1), "p50-ratio")
 	b.ReportMetric(b99/max(d99, 1), "p99-ratio")
 }
+
+const testQueueID = "0f8e2a4c-1b2d-4e5f-8a9b-0c1d2e3f4a5b"
