@@ -4,6 +4,7 @@ package admitter
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/url"
 	"time"
@@ -22,7 +23,12 @@ import (
 type Queue interface {
 	List(ctx context.Context) ([]queue.Entry, error)
 	Remove(ctx context.Context, e queue.Entry) (bool, error)
+	Park(ctx context.Context, e queue.Entry, reason string, at time.Time) (bool, error)
 }
+
+// refusal is an error in which Nomad refused a job (a 4xx), as opposed to
+// not being reached: such a job is parked, not retried.
+type refusal interface{ Refused() bool }
 
 // Registrar registers an admitted job with Nomad, and reads the version it runs.
 type Registrar interface {
@@ -109,9 +115,13 @@ func (a *Admitter) Pass(ctx context.Context) (int, error) {
 	queue.Order(entries, p, used, a.Now())
 	admitted := 0
 	for _, e := range entries {
+		if e.Parked != "" {
+			continue
+		}
 		req, err := nomadjob.ReadRequest(nomadjob.Register, e.Request, url.Values{"namespace": {e.Namespace}})
 		if err != nil {
-			return admitted, fmt.Errorf("queue entry %s: %w", e.ID, err)
+			a.park(ctx, e, err)
+			continue
 		}
 		var current *api.Job
 		if nomadjob.HasCanaries(req.Job) {
@@ -121,7 +131,8 @@ func (a *Admitter) Pass(ctx context.Context) (int, error) {
 		}
 		groups, err := req.Groups(current, a.Cluster.NodesFitting)
 		if err != nil {
-			return admitted, fmt.Errorf("queue entry %s: %w", e.ID, err)
+			a.park(ctx, e, err)
+			continue
 		}
 		req.Pin()
 		d, res := a.Cluster.Admit(p, req.Admission(groups), ReservationHold)
@@ -145,6 +156,11 @@ func (a *Admitter) Pass(ctx context.Context) (int, error) {
 		index, err := a.Nomad.Register(ctx, e.Namespace, req.Body())
 		if err != nil {
 			res.Release()
+			var r refusal
+			if errors.As(err, &r) && r.Refused() {
+				a.park(ctx, e, err)
+				continue
+			}
 			return admitted, fmt.Errorf("admit queued job %s (%s): %w", e.ID, e.JobID, err)
 		}
 		res.Confirm(index)
@@ -156,4 +172,11 @@ func (a *Admitter) Pass(ctx context.Context) (int, error) {
 			"priority", d.Priority, "waited", a.Now().Sub(e.SubmittedAt).Round(time.Second))
 	}
 	return admitted, nil
+}
+
+// park sets an entry aside with the reason it cannot be admitted.
+func (a *Admitter) park(ctx context.Context, e queue.Entry, why error) {
+	ok, err := a.Queue.Park(ctx, e, why.Error(), a.Now().UTC())
+	a.Log.Warn("queue: parked a job Nomad refuses", "id", e.ID, "job", e.JobID, "namespace", e.Namespace,
+		"reason", why, "parked", ok, "error", err)
 }

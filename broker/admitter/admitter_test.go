@@ -25,7 +25,13 @@ type nomad struct {
 	registered []string
 	priorities map[string]float64
 	fail       bool
+	refuse     string // a job id Nomad refuses
 }
+
+type refused struct{}
+
+func (refused) Error() string { return "Nomad answered 400: task group g: invalid" }
+func (refused) Refused() bool { return true }
 
 func (n *nomad) Job(context.Context, string, string) (*api.Job, error) { return nil, nil }
 
@@ -37,6 +43,9 @@ func (n *nomad) Register(_ context.Context, ns string, body []byte) (uint64, err
 	var req struct{ Job map[string]any }
 	json.Unmarshal(body, &req)
 	id := req.Job["ID"].(string)
+	if id == n.refuse {
+		return 0, refused{}
+	}
 	n.registered = append(n.registered, ns+"/"+id)
 	n.priorities[id] = req.Job["Priority"].(float64)
 	return uint64(len(n.registered)), nil
@@ -136,5 +145,28 @@ func TestJobThePolicyNowRejectsIsDropped(t *testing.T) {
 	q.Put(context.Background(), e)
 	if got, _ := a.Pass(context.Background()); got != 0 || len(q.IDs()) != 0 || len(n.registered) != 0 {
 		t.Fatalf("want the entry dropped, not registered: %v %v", q.IDs(), n.registered)
+	}
+}
+
+func TestJobNomadRefusesIsParkedAndDoesNotBlock(t *testing.T) {
+	a, q, n, _, now := setup(t, visionPolicy, 8)
+	n.refuse = "bad"
+	q.Put(context.Background(), entry("bad", 2, time.Hour, now))
+	q.Put(context.Background(), entry("good", 2, time.Minute, now))
+	broken := entry("unreadable", 1, 2*time.Hour, now)
+	broken.Request = json.RawMessage(`{"Job":{"ID":"unreadable","TaskGroups":[{"Count":1,"count":2}]}}`)
+	q.Put(context.Background(), broken)
+	got, err := a.Pass(context.Background())
+	if err != nil || got != 1 || fmt.Sprint(n.registered) != "[vision/good]" {
+		t.Fatalf("admitted %d (%v): %v", got, err, n.registered)
+	}
+	for _, id := range []string{"q-bad", "q-unreadable"} {
+		e, err := q.Get(context.Background(), id)
+		if err != nil || e.Parked == "" {
+			t.Errorf("%s not parked: %+v %v", id, e, err)
+		}
+	}
+	if got, _ := a.Pass(context.Background()); got != 0 || len(n.registered) != 1 {
+		t.Errorf("parked entries were tried again: %v", n.registered)
 	}
 }

@@ -169,7 +169,7 @@ func (c *Client) Register(ctx context.Context, namespace string, body []byte) (u
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
-		return 0, fmt.Errorf("register job: Nomad answered %d: %s", resp.StatusCode, bytes.TrimSpace(msg))
+		return 0, &RegisterError{Status: resp.StatusCode, Msg: string(bytes.TrimSpace(msg))}
 	}
 	var out api.JobRegisterResponse
 	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
@@ -177,6 +177,20 @@ func (c *Client) Register(ctx context.Context, namespace string, body []byte) (u
 	}
 	return out.JobModifyIndex, nil
 }
+
+// RegisterError is Nomad's answer to a registration it did not take.
+type RegisterError struct {
+	Status int
+	Msg    string
+}
+
+func (e *RegisterError) Error() string {
+	return fmt.Sprintf("register job: Nomad answered %d: %s", e.Status, e.Msg)
+}
+
+// Refused reports whether Nomad refused the job itself (4xx): sending it
+// again unchanged cannot succeed.
+func (e *RegisterError) Refused() bool { return e.Status >= 400 && e.Status < 500 }
 
 // SetPreemption switches Nomad's preemption for batch and service jobs,
 // keeping the rest of the scheduler configuration.

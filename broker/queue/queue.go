@@ -29,6 +29,11 @@ type Entry struct {
 	// Request is the register request body as the user sent it. The user's token
 	// is never stored: the leader registers queued jobs with the broker's own.
 	Request json.RawMessage `json:"request"`
+	// Parked is why Nomad refused the job when the leader registered it (or
+	// why it cannot be read): it stays visible and removable, and no longer
+	// waits or holds up the entries behind it.
+	Parked   string    `json:"parked,omitempty"`
+	ParkedAt time.Time `json:"parked_at,omitempty"`
 
 	ModifyIndex uint64 `json:"-"` // Consul's, for check-and-set
 }
@@ -121,6 +126,21 @@ func (s *Store) Remove(ctx context.Context, e Entry) (bool, error) {
 	return ok, nil
 }
 
+// Park marks an entry parked with the reason, if it has not changed since it
+// was read; false means another broker got there first.
+func (s *Store) Park(ctx context.Context, e Entry, reason string, at time.Time) (bool, error) {
+	e.Parked, e.ParkedAt = reason, at
+	b, err := json.Marshal(e)
+	if err != nil {
+		return false, fmt.Errorf("encode queue entry %s: %w", e.ID, err)
+	}
+	ok, _, err := s.kv.CAS(&consul.KVPair{Key: s.prefix + e.ID, Value: b, ModifyIndex: e.ModifyIndex}, (&consul.WriteOptions{}).WithContext(ctx))
+	if err != nil {
+		return false, fmt.Errorf("park queue entry %s: %w", e.ID, err)
+	}
+	return ok, nil
+}
+
 func decode(p *consul.KVPair) (Entry, error) {
 	var e Entry
 	if err := json.Unmarshal(p.Value, &e); err != nil {
@@ -136,7 +156,7 @@ const AgingStep = 30 * time.Minute
 
 // Order sorts entries in admission order: effective queue priority (the queue's
 // priority raised by age), then the tenant's share (used / guaranteed, lowest
-// first), then age.
+// first), then age; parked entries last.
 func Order(entries []Entry, p *policy.Policy, used map[string]int, now time.Time) {
 	prio := func(e Entry) int {
 		base := 0
@@ -158,6 +178,9 @@ func Order(entries []Entry, p *policy.Policy, used map[string]int, now time.Time
 	}
 	sort.SliceStable(entries, func(i, j int) bool {
 		a, b := entries[i], entries[j]
+		if (a.Parked == "") != (b.Parked == "") {
+			return a.Parked == "" // parked entries wait for nothing: after every waiting one
+		}
 		if pa, pb := prio(a), prio(b); pa != pb {
 			return pa > pb
 		}

@@ -99,8 +99,12 @@ func printTable(sub string, body []byte) int {
 		}
 		fmt.Fprintln(w, "POS\tID\tJOB\tNAMESPACE\tTENANT\tQUEUE\tGPUS\tWAITING\tREASON")
 		for _, r := range rows {
+			reason := r.Reason
+			if r.Parked != "" {
+				reason = "parked: " + r.Parked
+			}
 			fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\n", r.Position, r.ID, r.JobID, r.Namespace, r.Tenant,
-				r.Queue, r.Demand, time.Since(r.SubmittedAt).Round(time.Second), r.Reason)
+				r.Queue, r.Demand, time.Since(r.SubmittedAt).Round(time.Second), reason)
 		}
 	default:
 		var r server.QueuedJob
@@ -113,7 +117,10 @@ func printTable(sub string, body []byte) int {
 		}
 		fmt.Fprintf(w, "ID\t%s\nJob\t%s\nNamespace\t%s\nTenant\t%s\nQueue\t%s\nGPUs\t%d\nSubmitted\t%s by %s\nReason\t%s\nStatus\t%s",
 			r.ID, r.JobID, r.Namespace, r.Tenant, r.Queue, r.Demand, r.SubmittedAt.Format(time.RFC3339), r.SubmittedBy, r.Reason, verb)
-		if r.Position > 0 {
+		switch {
+		case r.Parked != "":
+			fmt.Fprintf(w, ", parked since %s: %s\n(`gpu-broker queue cancel %s` removes it)", r.ParkedAt.Format(time.RFC3339), r.Parked, r.ID)
+		case r.Position > 0:
 			fmt.Fprintf(w, ", position %d", r.Position)
 		}
 		fmt.Fprintln(w)

@@ -6,6 +6,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/nomad-gpu/nomad-gpu/broker/queue"
 )
@@ -62,6 +63,18 @@ func (m *Mem) Remove(_ context.Context, e queue.Entry) (bool, error) {
 	_, ok := m.entries[e.ID]
 	delete(m.entries, e.ID)
 	return ok, nil
+}
+
+// Park marks an entry parked.
+func (m *Mem) Park(_ context.Context, e queue.Entry, reason string, at time.Time) (bool, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if _, ok := m.entries[e.ID]; !ok {
+		return false, nil
+	}
+	e.Parked, e.ParkedAt = reason, at
+	m.entries[e.ID] = e
+	return true, nil
 }
 
 // IDs returns the ids of the queued entries.
