@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -26,15 +27,23 @@ type Source interface {
 	Events(ctx context.Context, index uint64) (<-chan *api.Events, error)
 }
 
+// errResync ends one pass of following for a full listing.
+var errResync = errors.New("periodic resync")
+
 // Follow lists everything once, then applies Nomad's events from that index on;
 // when the stream breaks it lists everything again (a missed event must not leave
-// the view wrong). It returns when ctx ends.
-func (v *View) Follow(ctx context.Context, src Source, log hclog.Logger) {
+// the view wrong), and so it does on every tick of resync: Nomad v1.6 sends no
+// event when a job is purged, so only a listing drops it. It returns when ctx ends.
+func (v *View) Follow(ctx context.Context, src Source, log hclog.Logger, resync <-chan time.Time) {
 	backoff := time.Second
 	for ctx.Err() == nil {
-		err := v.followOnce(ctx, src)
+		err := v.followOnce(ctx, src, resync)
 		if ctx.Err() != nil {
 			return
+		}
+		if errors.Is(err, errResync) {
+			backoff = time.Second
+			continue
 		}
 		log.Warn("cluster view: event stream broke, resyncing", "error", err, "after", backoff)
 		select {
@@ -46,7 +55,7 @@ func (v *View) Follow(ctx context.Context, src Source, log hclog.Logger) {
 	}
 }
 
-func (v *View) followOnce(ctx context.Context, src Source) error {
+func (v *View) followOnce(ctx context.Context, src Source, resync <-chan time.Time) error {
 	snap, err := src.List(ctx)
 	if err != nil {
 		return fmt.Errorf("list cluster: %w", err)
@@ -60,6 +69,8 @@ func (v *View) followOnce(ctx context.Context, src Source) error {
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
+		case <-resync:
+			return errResync
 		case batch, ok := <-events:
 			if !ok {
 				return fmt.Errorf("event stream closed")

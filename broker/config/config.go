@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"strings"
+	"time"
 
 	"github.com/hashicorp/hcl/v2"
 	"github.com/hashicorp/hcl/v2/gohcl"
@@ -20,10 +21,14 @@ type Config struct {
 	Listen string `hcl:"listen,optional"`
 	// Advertise is where the other brokers reach this one (GPU admissions go
 	// to the leader); default: http:// and Listen.
-	Advertise string  `hcl:"advertise,optional"`
-	PolicyDir string  `hcl:"policy_dir,optional"`
-	Nomad     *Nomad  `hcl:"nomad,block"`
-	Consul    *Consul `hcl:"consul,block"`
+	Advertise string `hcl:"advertise,optional"`
+	PolicyDir string `hcl:"policy_dir,optional"`
+	// Resync is how often the cluster view is listed again in full (a purged
+	// job sends no event); default 1m.
+	Resync         string        `hcl:"resync,optional"`
+	ResyncInterval time.Duration `hcl:"-"`
+	Nomad          *Nomad        `hcl:"nomad,block"`
+	Consul         *Consul       `hcl:"consul,block"`
 }
 
 // Nomad is how the broker reaches Nomad's HTTP API.
@@ -100,6 +105,7 @@ func (c *Config) fill(env func(string) string) {
 	first(&c.Listen, DefaultListen)
 	first(&c.Advertise, "http://"+c.Listen)
 	first(&c.PolicyDir, "policies")
+	first(&c.Resync, "1m")
 	first(&c.Nomad.Address, env("NOMAD_ADDR"), DefaultNomad)
 	first(&c.Nomad.Token, env("NOMAD_TOKEN"))
 	first(&c.Consul.Address, env("CONSUL_HTTP_ADDR"), DefaultConsul)
@@ -112,6 +118,11 @@ func (c *Config) fill(env func(string) string) {
 
 // Validate checks what can be checked without connecting.
 func (c *Config) Validate() error {
+	d, err := time.ParseDuration(c.Resync)
+	if err != nil || d < time.Second {
+		return fmt.Errorf("broker config: resync %q is not a duration of at least 1s", c.Resync)
+	}
+	c.ResyncInterval = d
 	if _, _, err := net.SplitHostPort(c.Listen); err != nil {
 		return fmt.Errorf("broker config: listen %q is not host:port: %w", c.Listen, err)
 	}

@@ -193,22 +193,23 @@ func (e *RegisterError) Error() string {
 func (e *RegisterError) Refused() bool { return e.Status >= 400 && e.Status < 500 }
 
 // SetPreemption switches Nomad's preemption for batch and service jobs,
-// keeping the rest of the scheduler configuration.
-func (c *Client) SetPreemption(ctx context.Context, batch, service bool) error {
+// keeping the rest of the scheduler configuration; it reports whether it had
+// to change anything.
+func (c *Client) SetPreemption(ctx context.Context, batch, service bool) (bool, error) {
 	cur, _, err := c.api.Operator().SchedulerGetConfiguration((&api.QueryOptions{}).WithContext(ctx))
 	if err != nil {
-		return fmt.Errorf("read scheduler configuration: %w", err)
+		return false, fmt.Errorf("read scheduler configuration: %w", err)
 	}
 	cfg := cur.SchedulerConfig
 	if cfg.PreemptionConfig.BatchSchedulerEnabled == batch && cfg.PreemptionConfig.ServiceSchedulerEnabled == service {
-		return nil
+		return false, nil
 	}
 	cfg.PreemptionConfig.BatchSchedulerEnabled = batch
 	cfg.PreemptionConfig.ServiceSchedulerEnabled = service
 	if _, _, err := c.api.Operator().SchedulerSetConfiguration(cfg, (&api.WriteOptions{}).WithContext(ctx)); err != nil {
-		return fmt.Errorf("set scheduler preemption: %w", err)
+		return false, fmt.Errorf("set scheduler preemption: %w", err)
 	}
-	return nil
+	return true, nil
 }
 
 // ReevaluateBlocked asks Nomad to evaluate again every job with a blocked

@@ -75,7 +75,9 @@ func serveErr(path string, log hclog.Logger) error {
 	}
 	stamper := nomadjob.Stamper{Key: key}
 	view := cluster.NewView(stamper.Verify)
-	go view.Follow(ctx, nomadClient, log.Named("cluster"))
+	resync := time.NewTicker(cfg.ResyncInterval)
+	defer resync.Stop()
+	go view.Follow(ctx, nomadClient, log.Named("cluster"), resync.C)
 	policies, diags := policy.NewStore(cfg.PolicyDir, view.Capacity, log.Named("policy"))
 	if policies == nil {
 		return fmt.Errorf("policy %s is invalid:\n%s", cfg.PolicyDir, policy.FormatDiagnostics(diags))
@@ -110,10 +112,12 @@ func serveErr(path string, log hclog.Logger) error {
 	adm := &admitter.Admitter{Log: log.Named("queue"), Queue: store, Nomad: nomadClient, Cluster: view,
 		Policies: policies, Stamper: stamper, Now: time.Now, Capacity: view.Capacity, Blocked: nomadClient}
 	elector.Run(ctx, func(ctx context.Context) {
-		p := policies.Current()
-		if err := nomadClient.SetPreemption(ctx, p.Preemption.Batch, p.Preemption.Service); err != nil {
-			log.Error("cannot set Nomad's preemption", "error", err)
-		}
+		reassert := time.NewTicker(30 * time.Second)
+		defer reassert.Stop()
+		go leader.KeepPreemption(ctx, reassert.C, func() (bool, bool) {
+			p := policies.Current()
+			return p.Preemption.Batch, p.Preemption.Service
+		}, nomadClient, log.Named("preemption"))
 		adm.Run(ctx, view.Changed(), 2*time.Second)
 	})
 
