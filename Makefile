@@ -25,7 +25,7 @@ build: ## Build nomad-device-gpu and gpu-broker into bin/
 	$(GO) build -trimpath -o $(BIN_DIR)/ ./cmd/...
 
 .PHONY: test
-test: ## Unit and integration tests (real Nomad and Consul from `make tools`)
+test: tools lint ## Lint, then unit and integration tests (real Nomad and Consul, built by `make tools` first)
 	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./...
 
 .PHONY: test-unit

@@ -26,7 +26,7 @@ type Config struct {
 	// Resync is how often the cluster view is listed again in full (a purged
 	// job sends no event); default 1m.
 	Resync         string        `hcl:"resync,optional"`
-	ResyncInterval time.Duration `hcl:"-"`
+	ResyncInterval time.Duration // Resync, parsed by Validate
 	Nomad          *Nomad        `hcl:"nomad,block"`
 	Consul         *Consul       `hcl:"consul,block"`
 }

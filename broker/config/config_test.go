@@ -5,6 +5,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestLoadFillsFromEnvironmentAndDefaults(t *testing.T) {
@@ -40,5 +41,23 @@ func TestLoadNamesTheProblem(t *testing.T) {
 	os.WriteFile(path, []byte(`policy_dir = "/nonexistent"`), 0o644)
 	if _, err := Load(path); err == nil || !strings.Contains(err.Error(), `policy_dir "/nonexistent"`) {
 		t.Fatalf("want the policy_dir named, got %v", err)
+	}
+}
+
+func TestResyncAndAdvertise(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "broker.hcl")
+	os.WriteFile(path, []byte(`policy_dir = "`+dir+`"
+listen = "127.0.0.1:5000"
+`), 0o644)
+	c, err := Load(path)
+	if err != nil || c.ResyncInterval != time.Minute || c.Advertise != "http://127.0.0.1:5000" {
+		t.Fatalf("defaults: %v %+v", err, c)
+	}
+	os.WriteFile(path, []byte(`policy_dir = "`+dir+`"
+resync = "soon"
+`), 0o644)
+	if _, err := Load(path); err == nil || !strings.Contains(err.Error(), `resync "soon"`) {
+		t.Fatalf("want the resync value named, got %v", err)
 	}
 }

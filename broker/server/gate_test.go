@@ -178,3 +178,16 @@ func TestQueueIDsAreValidatedBeforeConsul(t *testing.T) {
 		t.Errorf("unclean path: %d", rec.Code)
 	}
 }
+
+func TestFieldsUnknownToTheBrokerReachNomad(t *testing.T) {
+	s, up, _, _ := newTestServer(t)
+	job := testbuild.Job("vision", "train").Group("g", 1, 1, "gpu").Register()
+	// A newer Nomad's job option, unknown to the broker's api module.
+	body := strings.Replace(job, `{"Job":{`, `{"Job":{"FutureOption":{"enabled":true,"n":[1,2]},`, 1)
+	if rec := do(s, http.MethodPut, "/v1/jobs", body); rec.Code != http.StatusOK {
+		t.Fatalf("%d %s", rec.Code, rec.Body)
+	}
+	if !strings.Contains(string(up.raw), `"FutureOption":{"enabled":true,"n":[1,2]}`) {
+		t.Errorf("unknown field lost on the way to Nomad:\n%s", up.raw)
+	}
+}
