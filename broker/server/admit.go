@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"net/url"
 	"strings"
 	"time"
 
@@ -239,28 +238,8 @@ func (s *Server) enqueue(w http.ResponseWriter, r *http.Request, rj *gpuJobReque
 // mayRegister asks Nomad to plan the job with the caller's token: a plan needs
 // the same submit-job capability as a registration and changes nothing.
 func (s *Server) mayRegister(r *http.Request, rj *gpuJobRequest) error {
-	u := *s.upstream
-	u.Path, u.RawQuery = "/v1/job/"+rj.JobID+"/plan", "namespace="+url.QueryEscape(rj.Namespace)
 	body, _ := json.Marshal(map[string]any{"Job": json.RawMessage(rj.Doc.Root().Get("Job").Bytes())})
-	req, err := http.NewRequestWithContext(r.Context(), http.MethodPost, u.String(), bytes.NewReader(body))
-	if err != nil {
-		return err
-	}
-	for _, h := range tokenHeaders {
-		if v := r.Header.Get(h); v != "" {
-			req.Header.Set(h, v)
-		}
-	}
-	resp, err := s.client.Do(req)
-	if err != nil {
-		return fmt.Errorf("plan with the caller's token: %w", err)
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 1024))
-		return &lookupError{status: resp.StatusCode, msg: strings.TrimSpace(string(msg))}
-	}
-	return nil
+	return s.asCaller(r, http.MethodPost, "/v1/job/"+rj.JobID+"/plan", rj.Namespace, body, nil)
 }
 
 // position is the entry's 1-based place in admission order.

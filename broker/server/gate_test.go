@@ -79,8 +79,8 @@ func TestNamespaceIsResolvedAndPinned(t *testing.T) {
 	// And the body's Namespace wins over the job's.
 	s, up, _, _ = newTestServer(t)
 	body := strings.Replace(job, `{"Job"`, `{"Namespace":"other","Job"`, 1)
-	if rec := do(s, http.MethodPut, "/v1/jobs", body); rec.Code != http.StatusForbidden || !strings.Contains(rec.Body.String(), `namespace "other"`) {
-		t.Errorf("body namespace: %d %s", rec.Code, rec.Body)
+	if rec := do(s, http.MethodPut, "/v1/jobs", body); rec.Code != http.StatusForbidden || !strings.Contains(rec.Body.String(), `namespace "other"`) || len(up.writes) != 0 {
+		t.Errorf("body namespace: %d %s, Nomad got %v", rec.Code, rec.Body, up.writes)
 	}
 }
 

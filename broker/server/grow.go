@@ -1,6 +1,7 @@
 package server
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -251,12 +252,18 @@ func (s *Server) lookupFailed(w http.ResponseWriter, err error, what, jobID stri
 
 // get reads a Nomad API path with the caller's token headers.
 func (s *Server) get(r *http.Request, path, ns string, out any) error {
+	return s.asCaller(r, http.MethodGet, path, ns, nil, out)
+}
+
+// asCaller calls Nomad with the caller's token headers and decodes a 200
+// answer into out (if not nil); any other answer is a *lookupError.
+func (s *Server) asCaller(r *http.Request, method, path, ns string, body []byte, out any) error {
 	u := *s.upstream
 	u.Path = path
 	if ns != "" {
 		u.RawQuery = "namespace=" + url.QueryEscape(ns)
 	}
-	req, err := http.NewRequestWithContext(r.Context(), http.MethodGet, u.String(), nil)
+	req, err := http.NewRequestWithContext(r.Context(), method, u.String(), bytes.NewReader(body))
 	if err != nil {
 		return err
 	}
@@ -267,15 +274,18 @@ func (s *Server) get(r *http.Request, path, ns string, out any) error {
 	}
 	resp, err := s.client.Do(req)
 	if err != nil {
-		return fmt.Errorf("GET %s: %w", path, err)
+		return fmt.Errorf("%s %s: %w", method, path, err)
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 1024))
 		return &lookupError{status: resp.StatusCode, msg: strings.TrimSpace(string(msg))}
 	}
+	if out == nil {
+		return nil
+	}
 	if err := json.NewDecoder(io.LimitReader(resp.Body, MaxBody)).Decode(out); err != nil {
-		return fmt.Errorf("GET %s: %w", path, err)
+		return fmt.Errorf("%s %s: %w", method, path, err)
 	}
 	return nil
 }
