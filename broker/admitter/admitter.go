@@ -41,13 +41,10 @@ type Registrar interface {
 // Cluster is the usage to decide against.
 type Cluster interface {
 	UsageWithout(p *policy.Policy, namespace, jobID string) admission.Usage
-	Admit(p *policy.Policy, job admission.Job, hold time.Duration) (admission.Decision, *cluster.Reservation)
+	Admit(p *policy.Policy, job admission.Job) (admission.Decision, *cluster.Reservation)
 	NodesFitting(model string, gpus int) int
 }
 
-// ReservationHold bounds how long an admitted job counts on its own before
-// Nomad's events show it.
-const ReservationHold = 2 * time.Minute
 
 // Policies gives the policy in force.
 type Policies interface{ Current() *policy.Policy }
@@ -135,7 +132,7 @@ func (a *Admitter) Pass(ctx context.Context) (int, error) {
 			continue
 		}
 		req.Pin()
-		d, res := a.Cluster.Admit(p, req.Admission(groups), ReservationHold)
+		d, res := a.Cluster.Admit(p, req.Admission(groups))
 		switch d.Outcome {
 		case admission.Queue:
 			if d.WaitsFor == admission.WaitCapacity {

@@ -258,11 +258,15 @@ func (v *View) UsageWithout(p *policy.Policy, namespace, id string) admission.Us
 	return v.usageWithout(p, namespace, id)
 }
 
+// ReservationHold bounds how long an admitted job counts on its own before
+// Nomad's events show it: normally they do within a second.
+const ReservationHold = 2 * time.Minute
+
 // Admit decides on job (its namespace and id in job) against the current
 // usage and, when it admits, reserves the demand before any other decision
-// can see the usage without it. The reservation holds for hold, or until
-// released (the registration failed).
-func (v *View) Admit(p *policy.Policy, j admission.Job, hold time.Duration) (admission.Decision, *Reservation) {
+// can see the usage without it. The reservation holds until the job's events
+// show it, it is released (the registration failed), or ReservationHold ends.
+func (v *View) Admit(p *policy.Policy, j admission.Job) (admission.Decision, *Reservation) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	d := admission.Decide(p, j, v.usageWithout(p, j.Namespace, j.ID))
@@ -272,7 +276,7 @@ func (v *View) Admit(p *policy.Policy, j admission.Job, hold time.Duration) (adm
 	key := jobKey{j.Namespace, j.ID}
 	v.nextRes++
 	v.reserved[key] = reservation{seq: v.nextRes, demand: demandByModel(j.Groups), borrowed: d.Outcome == admission.AdmitBorrowed,
-		until: v.now().Add(hold)}
+		until: v.now().Add(ReservationHold)}
 	return d, &Reservation{v: v, key: key, seq: v.nextRes}
 }
 

@@ -104,15 +104,15 @@ func TestReservationsCountUntilTheJobsEventShowsThem(t *testing.T) {
 	job := func(id string, gpus int) admission.Job {
 		return admission.Job{ID: id, Namespace: "vision", Groups: []admission.Group{{Name: "g", Count: 1, GPUsPerAlloc: gpus}}}
 	}
-	d, res := v.Admit(p, job("a", 4), time.Minute)
+	d, res := v.Admit(p, job("a", 4))
 	if d.Outcome != admission.Admit || res == nil {
 		t.Fatalf("first: %+v", d)
 	}
 	// Before Nomad's event, a second decision sees the first one's GPUs.
-	if d, _ := v.Admit(p, job("b", 4), time.Minute); d.Outcome != admission.AdmitBorrowed {
+	if d, _ := v.Admit(p, job("b", 4)); d.Outcome != admission.AdmitBorrowed {
 		t.Fatalf("second decision did not see the reservation: %+v", d)
 	}
-	if d, _ := v.Admit(p, job("c", 1), time.Minute); d.Outcome != admission.Queue {
+	if d, _ := v.Admit(p, job("c", 1)); d.Outcome != admission.Queue {
 		t.Fatalf("third decision went above the limit of 8: %+v", d)
 	}
 	// A failed registration gives its GPUs back.
@@ -121,7 +121,7 @@ func TestReservationsCountUntilTheJobsEventShowsThem(t *testing.T) {
 		t.Fatalf("after release: %d, want 4 (job b's)", got)
 	}
 	// A confirmed one ends when the job's event shows it, not counted twice.
-	_, res = v.Admit(p, job("a", 4), time.Minute)
+	_, res = v.Admit(p, job("a", 4))
 	res.Confirm(30)
 	v.ObserveJob(testbuild.Job("vision", "a").Group("g", 1, 4, "gpu").ModifyIndex(30).Build())
 	if got := v.Usage(p).Tenants["vision"].Used.Total(); got != 8 {
@@ -132,11 +132,11 @@ func TestReservationsCountUntilTheJobsEventShowsThem(t *testing.T) {
 		t.Fatalf("a stopped job still counted through its old reservation: %d", got)
 	}
 	// Those never seen in an event (b, and lost) expire.
-	v.Admit(p, job("lost", 2), time.Minute)
+	v.Admit(p, job("lost", 2))
 	if got := v.Usage(p).Tenants["vision"].Used.Total(); got != 6 {
 		t.Fatalf("before expiry: %d, want 6", got)
 	}
-	now = now.Add(2 * time.Minute)
+	now = now.Add(ReservationHold)
 	if got := v.Usage(p).Tenants["vision"].Used.Total(); got != 0 {
 		t.Fatalf("expired reservations still count: %d", got)
 	}

@@ -9,7 +9,6 @@ import (
 	"io"
 	"net/http"
 	"strings"
-	"time"
 
 	"github.com/hashicorp/nomad/api"
 
@@ -18,10 +17,6 @@ import (
 	"github.com/nomad-gpu/nomad-gpu/broker/nomadjob"
 	"github.com/nomad-gpu/nomad-gpu/broker/queue"
 )
-
-// ReservationHold bounds how long an admitted registration counts on its own
-// before Nomad's events show it: normally they do within a second.
-const ReservationHold = 2 * time.Minute
 
 // gpuJobRequest is a job request read as Nomad reads it, with its GPU demand
 // and the namespace and counts pinned in the document to forward.
@@ -97,7 +92,7 @@ func (s *Server) register(w http.ResponseWriter, r *http.Request, pathJobID stri
 		s.registerParent(w, r, rj)
 		return
 	}
-	d, res := s.cluster.Admit(s.policies.Current(), rj.Admission(rj.groups), ReservationHold)
+	d, res := s.cluster.Admit(s.policies.Current(), rj.Admission(rj.groups))
 	who := s.identity(r)
 	s.log.Info("admission", "job", rj.JobID, "namespace", rj.Namespace, "outcome", d.Outcome, "tenant", d.Tenant,
 		"queue", d.Queue, "priority", d.Priority, "gpus", d.Demand.Total(), "rule", d.Rule, "reason", d.Reason, "by", who)

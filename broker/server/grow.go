@@ -186,7 +186,7 @@ func (s *Server) decideThenForward(w http.ResponseWriter, r *http.Request, body 
 		return
 	}
 	a := admission.Job{ID: derefString(job.ID), Namespace: ns, Queue: job.Meta[nomadjob.MetaQueue], Groups: groups}
-	d, res := s.cluster.Admit(s.policies.Current(), a, ReservationHold)
+	d, res := s.cluster.Admit(s.policies.Current(), a)
 	current := 0
 	if job.Priority != nil {
 		current = *job.Priority

@@ -38,7 +38,7 @@ type Policies interface {
 type Cluster interface {
 	UsageWithout(p *policy.Policy, namespace, jobID string) admission.Usage
 	// Admit decides and, when it admits, reserves the demand at once.
-	Admit(p *policy.Policy, job admission.Job, hold time.Duration) (admission.Decision, *cluster.Reservation)
+	Admit(p *policy.Policy, job admission.Job) (admission.Decision, *cluster.Reservation)
 	NodesFitting(model string, gpus int) int
 }
 
