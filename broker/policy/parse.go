@@ -29,6 +29,8 @@ type tenantBody struct {
 	Queues     []string       `hcl:"queues"`
 	Guaranteed hcl.Expression `hcl:"guaranteed,optional"`
 	Limit      hcl.Expression `hcl:"limit,optional"`
+	MaxQueued  *int           `hcl:"max_queued,optional"`
+	MaxRequest *int           `hcl:"max_queued_request_bytes,optional"`
 }
 
 type classBody struct {
@@ -164,7 +166,18 @@ func decodeSingleton(p *Policy, b *hcl.Block) hcl.Diagnostics {
 
 func (p *Policy) addTenant(b *hcl.Block, tb tenantBody) hcl.Diagnostics {
 	var diags hcl.Diagnostics
-	t := &Tenant{Name: b.Labels[0], Namespaces: tb.Namespaces, Queues: tb.Queues, Range: b.DefRange}
+	t := &Tenant{Name: b.Labels[0], Namespaces: tb.Namespaces, Queues: tb.Queues, Range: b.DefRange,
+		MaxQueued: DefaultMaxQueued, MaxQueuedRequestBytes: DefaultMaxQueuedRequestBytes}
+	if tb.MaxQueued != nil {
+		t.MaxQueued = *tb.MaxQueued
+	}
+	if tb.MaxRequest != nil {
+		t.MaxQueuedRequestBytes = *tb.MaxRequest
+	}
+	if t.MaxQueued < 0 || t.MaxQueuedRequestBytes < 1 {
+		return hcl.Diagnostics{errorAt(b.DefRange, "Queue limit out of range",
+			fmt.Sprintf("tenant %q: max_queued must be 0 or more and max_queued_request_bytes 1 or more", t.Name))}
+	}
 	if prev, dup := p.Tenants[t.Name]; dup {
 		return hcl.Diagnostics{duplicate("tenant", t.Name, b.DefRange, prev.Range)}
 	}

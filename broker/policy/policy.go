@@ -46,8 +46,18 @@ type Tenant struct {
 	Queues     []string // the first is the default
 	Guaranteed Quota
 	Limit      Quota
-	Range      hcl.Range
+	// MaxQueued caps the tenant's jobs waiting in the queue, and
+	// MaxQueuedRequestBytes the size of each one's stored request.
+	MaxQueued             int
+	MaxQueuedRequestBytes int
+	Range                 hcl.Range
 }
+
+// Defaults of a tenant's queue limits.
+const (
+	DefaultMaxQueued             = 100
+	DefaultMaxQueuedRequestBytes = 1 << 20
+)
 
 // Quota is a number of GPUs per class; the AllGPUs key counts every GPU.
 type Quota map[string]int

@@ -218,6 +218,10 @@ func (s *Server) enqueue(w http.ResponseWriter, r *http.Request, rj *gpuJobReque
 		writeError(w, status, "nomad-gpu: job %q not queued: Nomad refused to plan it with your token (%v)", rj.JobID, err)
 		return
 	}
+	if err := s.withinQueueLimits(r, rj, d.Tenant); err != nil {
+		writeError(w, http.StatusTooManyRequests, "nomad-gpu: job %q not queued: %v", rj.JobID, err)
+		return
+	}
 	e := queue.Entry{ID: s.newID(), JobID: rj.JobID, Namespace: rj.Namespace, Tenant: d.Tenant, Queue: d.Queue,
 		Demand: d.Demand.Total(), Reason: d.Reason, SubmittedBy: who, SubmittedAt: s.now().UTC(), Request: rj.Body()}
 	if err := s.queue.Put(r.Context(), e); err != nil {
@@ -228,6 +232,28 @@ func (s *Server) enqueue(w http.ResponseWriter, r *http.Request, rj *gpuJobReque
 	writeJSON(w, http.StatusOK, api.JobRegisterResponse{EvalID: e.ID, Warnings: fmt.Sprintf(
 		"nomad-gpu: queued as %s, position %d in queue %s: %s. It is registered with Nomad as soon as GPUs free up; "+
 			"`gpu-broker queue show %s` follows it.", e.ID, position, d.Queue, d.Reason, e.ID)})
+}
+
+// withinQueueLimits checks the tenant's caps on queued jobs and request size.
+func (s *Server) withinQueueLimits(r *http.Request, rj *gpuJobRequest, tenant string) error {
+	t := s.policies.Current().Tenants[tenant]
+	if size := len(rj.Body()); size > t.MaxQueuedRequestBytes {
+		return fmt.Errorf("its request is %d bytes, above tenant %q's max_queued_request_bytes of %d", size, tenant, t.MaxQueuedRequestBytes)
+	}
+	entries, err := s.queue.List(r.Context())
+	if err != nil {
+		return err
+	}
+	n := 0
+	for _, e := range entries {
+		if e.Tenant == tenant {
+			n++
+		}
+	}
+	if n >= t.MaxQueued {
+		return fmt.Errorf("tenant %q already has %d queued jobs, its max_queued", tenant, n)
+	}
+	return nil
 }
 
 // mayRegister asks Nomad to plan the job with the caller's token: a plan needs

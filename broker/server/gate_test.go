@@ -191,3 +191,31 @@ func TestFieldsUnknownToTheBrokerReachNomad(t *testing.T) {
 		t.Errorf("unknown field lost on the way to Nomad:\n%s", up.raw)
 	}
 }
+
+func TestQueueLimitsPerTenant(t *testing.T) {
+	s, _, q, _ := newTestServer(t)
+	s.policies = fixedPolicy{testbuild.Policy(t, `
+queue "training" { priority = 60 }
+tenant "vision" {
+  namespaces = ["vision"]
+  queues = ["training"]
+  guaranteed = 2
+  limit = 2
+  max_queued = 1
+  max_queued_request_bytes = 3000
+}`)}
+	do(s, http.MethodPut, "/v1/jobs", testbuild.Job("vision", "runs").Group("g", 1, 2, "gpu").Register())
+	big := testbuild.Job("vision", "big").Group("g", 1, 2, "gpu").Meta("note", strings.Repeat("x", 4000)).Register()
+	if rec := do(s, http.MethodPut, "/v1/jobs", big); rec.Code != http.StatusTooManyRequests || !strings.Contains(rec.Body.String(), "max_queued_request_bytes") {
+		t.Errorf("oversized request queued: %d %s", rec.Code, rec.Body)
+	}
+	if rec := do(s, http.MethodPut, "/v1/jobs", testbuild.Job("vision", "q1").Group("g", 1, 2, "gpu").Register()); rec.Code != http.StatusOK {
+		t.Fatalf("first queued: %d %s", rec.Code, rec.Body)
+	}
+	if rec := do(s, http.MethodPut, "/v1/jobs", testbuild.Job("vision", "q2").Group("g", 1, 2, "gpu").Register()); rec.Code != http.StatusTooManyRequests || !strings.Contains(rec.Body.String(), "max_queued") {
+		t.Errorf("second queued beyond max_queued 1: %d %s", rec.Code, rec.Body)
+	}
+	if len(q.IDs()) != 1 {
+		t.Errorf("queue holds %v", q.IDs())
+	}
+}
