@@ -45,7 +45,6 @@ type Cluster interface {
 	NodesFitting(model string, gpus int) int
 }
 
-
 // Policies gives the policy in force.
 type Policies interface{ Current() *policy.Policy }
 
