@@ -2,6 +2,7 @@ package server
 
 import (
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 
@@ -217,5 +218,24 @@ tenant "vision" {
 	}
 	if len(q.IDs()) != 1 {
 		t.Errorf("queue holds %v", q.IDs())
+	}
+}
+
+func TestLargeBodiesAreReadAFewAtATime(t *testing.T) {
+	s, _, _, _ := newTestServer(t)
+	for i := 0; i < MaxLargeBodies; i++ {
+		s.large <- struct{}{} // as many large requests in flight as allowed
+	}
+	req := httptest.NewRequest(http.MethodPut, "/v1/jobs", strings.NewReader(strings.Repeat(" ", LargeBody+1)+"{}"))
+	rec := httptest.NewRecorder()
+	s.Handler().ServeHTTP(rec, req)
+	if rec.Code != http.StatusServiceUnavailable {
+		t.Errorf("one more large request: %d %s", rec.Code, rec.Body)
+	}
+	<-s.large
+	rec = httptest.NewRecorder()
+	s.Handler().ServeHTTP(rec, httptest.NewRequest(http.MethodPut, "/v1/jobs", strings.NewReader(strings.Repeat(" ", LargeBody+1)+"{}")))
+	if rec.Code != http.StatusBadRequest || len(s.large) != MaxLargeBodies-1 {
+		t.Errorf("with a free slot: %d %s, slots held %d", rec.Code, rec.Body, len(s.large))
 	}
 }

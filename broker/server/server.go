@@ -29,6 +29,14 @@ import (
 // MaxBody is the largest request body the broker reads (Nomad's jobs are far smaller).
 const MaxBody = 16 << 20
 
+// Bodies above LargeBody (or of unknown length) are read by at most
+// MaxLargeBodies calls at once, so that a burst of huge requests cannot take
+// the broker's memory; one more is answered 503 at once.
+const (
+	LargeBody      = 1 << 20
+	MaxLargeBodies = 4
+)
+
 // Policies gives the policy in force.
 type Policies interface {
 	Current() *policy.Policy
@@ -74,6 +82,8 @@ type Server struct {
 	now          func() time.Time
 	newID        func() string
 
+	large chan struct{} // slots for large bodies
+
 	idMu       sync.Mutex
 	identities map[[32]byte]cachedIdentity
 }
@@ -105,6 +115,7 @@ func New(o Options) (*Server, error) {
 		s.client = &http.Client{}
 	}
 	s.leaderClient = &http.Client{}
+	s.large = make(chan struct{}, MaxLargeBodies)
 	if s.region == "" || s.region == api.GlobalRegion {
 		s.region = api.GlobalRegion
 	}
@@ -136,6 +147,15 @@ func (s *Server) Handler() http.Handler {
 			return
 		}
 		c, jobID := route(r.Method, p)
+		if c != callNone && (r.ContentLength > LargeBody || r.ContentLength < 0) {
+			select {
+			case s.large <- struct{}{}:
+				defer func() { <-s.large }()
+			default:
+				writeError(w, http.StatusServiceUnavailable, "nomad-gpu: too many large requests at once; try again")
+				return
+			}
+		}
 		switch c {
 		case callRegister:
 			s.register(w, r, jobID)
