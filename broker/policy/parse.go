@@ -3,6 +3,7 @@ package policy
 import (
 	"fmt"
 	"math/big"
+	"net/url"
 	"sort"
 
 	"github.com/hashicorp/hcl/v2"
@@ -17,7 +18,12 @@ var fileSchema = &hcl.BodySchema{Blocks: []hcl.BlockHeaderSchema{
 	{Type: "gpu_class", LabelNames: []string{"name"}},
 	{Type: "borrowing"},
 	{Type: "preemption"},
+	{Type: "region", LabelNames: []string{"name"}},
 }}
+
+type regionBody struct {
+	Broker string `hcl:"broker"`
+}
 
 type queueBody struct {
 	Priority int     `hcl:"priority"`
@@ -53,7 +59,7 @@ const defaultBorrowingPriority = 20
 // Parse reads a policy set from file contents keyed by file name. capacity is
 // the cluster's GPU count for the over-commitment warning (0: unknown, no check).
 func Parse(files map[string][]byte, capacity int) (*Policy, hcl.Diagnostics) {
-	p := &Policy{Queues: map[string]*Queue{}, Tenants: map[string]*Tenant{}, Classes: map[string]*GPUClass{},
+	p := &Policy{Queues: map[string]*Queue{}, Tenants: map[string]*Tenant{}, Classes: map[string]*GPUClass{}, Regions: map[string]*Region{},
 		Borrowing: Borrowing{Priority: defaultBorrowingPriority}, Preemption: Preemption{Batch: true, Service: true},
 		byNamespace: map[string]*Tenant{}}
 	var diags hcl.Diagnostics
@@ -121,6 +127,22 @@ func Parse(files map[string][]byte, capacity int) (*Policy, hcl.Diagnostics) {
 						fmt.Sprintf("gpu_class %q must list at least one model (device name)", c.Name)))
 				}
 				p.Classes[c.Name] = c
+			case "region":
+				var rb regionBody
+				if d := gohcl.DecodeBody(b.Body, nil, &rb); d.HasErrors() {
+					diags = append(diags, d...)
+					continue
+				}
+				r := &Region{Name: b.Labels[0], Broker: rb.Broker, Range: b.DefRange}
+				if prev, dup := p.Regions[r.Name]; dup {
+					diags = append(diags, duplicate("region", r.Name, b.DefRange, prev.Range))
+					continue
+				}
+				if u, err := url.Parse(r.Broker); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+					diags = append(diags, errorAt(b.DefRange, "Region broker address invalid",
+						fmt.Sprintf("region %q: broker %q must be an http:// or https:// address", r.Name, r.Broker)))
+				}
+				p.Regions[r.Name] = r
 			case "borrowing", "preemption":
 				if prev, dup := seenSingleton[b.Type]; dup {
 					diags = append(diags, duplicate(b.Type, "", b.DefRange, prev))

@@ -27,6 +27,7 @@ type Policy struct {
 	Classes    map[string]*GPUClass
 	Borrowing  Borrowing
 	Preemption Preemption
+	Regions    map[string]*Region
 
 	byNamespace map[string]*Tenant
 }
@@ -66,6 +67,14 @@ type Quota map[string]int
 type GPUClass struct {
 	Name   string
 	Models []string
+	Range  hcl.Range
+}
+
+// Region names the broker that admits GPU jobs for another Nomad region:
+// requests for that region are sent on to it.
+type Region struct {
+	Name   string
+	Broker string
 	Range  hcl.Range
 }
 

@@ -53,7 +53,7 @@ func (s *Server) readGPUJob(w http.ResponseWriter, r *http.Request, kind nomadjo
 		s.passThrough(w, r, body)
 		return nil
 	}
-	if !s.checkRegion(w, req.Region, req.JobID) {
+	if !s.checkRegion(w, r, req.Region, req.JobID, body) {
 		return nil
 	}
 	var current *api.Job
@@ -135,8 +135,12 @@ func (s *Server) registerParent(w http.ResponseWriter, r *http.Request, rj *gpuJ
 	s.relay(w, resp, admittedWarning(d))
 }
 
-// forwardedHeader marks a GPU request a follower sent to the leader.
-const forwardedHeader = "X-Nomad-Gpu-Forwarded"
+// Headers marking a GPU request one broker sent on to another: a follower to
+// its leader, or a broker to another region's; none is sent on twice.
+const (
+	forwardedHeader       = "X-Nomad-Gpu-Forwarded"
+	regionForwardedHeader = "X-Nomad-Gpu-Region-Forwarded"
+)
 
 // admitsHere reports whether this broker decides on a GPU request. A follower
 // sends it to the leader (body as received) and relays the answer; a request
@@ -155,21 +159,27 @@ func (s *Server) admitsHere(w http.ResponseWriter, r *http.Request, body []byte)
 		writeError(w, http.StatusServiceUnavailable, "nomad-gpu: GPU jobs are admitted by the broker leader, and there is none: %v", err)
 		return false
 	}
+	s.sendOn(w, r, addr, body, "the broker leader", forwardedHeader)
+	return false
+}
+
+// sendOn sends the request (with body as given) to another broker at addr and
+// relays its answer, marked with header so that it is not sent on again.
+func (s *Server) sendOn(w http.ResponseWriter, r *http.Request, addr string, body []byte, who, header string) {
 	req, err := http.NewRequestWithContext(r.Context(), r.Method, strings.TrimSuffix(addr, "/")+r.URL.RequestURI(), bytes.NewReader(body))
 	if err != nil {
-		writeError(w, http.StatusInternalServerError, "nomad-gpu: leader address %q: %v", addr, err)
-		return false
+		writeError(w, http.StatusInternalServerError, "nomad-gpu: address of %s %q: %v", who, addr, err)
+		return
 	}
 	req.Header = r.Header.Clone()
 	req.Header.Del("Content-Length")
-	req.Header.Set(forwardedHeader, "1")
+	req.Header.Set(header, "1")
 	resp, err := s.leaderClient.Do(req)
 	if err != nil {
-		writeError(w, http.StatusServiceUnavailable, "nomad-gpu: the broker leader at %s is unreachable: %v", addr, err)
-		return false
+		writeError(w, http.StatusServiceUnavailable, "nomad-gpu: %s at %s is unreachable: %v", who, addr, err)
+		return
 	}
 	s.relay(w, resp)
-	return false
 }
 
 // relayRegistered relays Nomad's answer to a call the broker admitted, and
@@ -307,14 +317,19 @@ func (s *Server) annotate(w http.ResponseWriter, r *http.Request, kind nomadjob.
 	s.relay(w, resp, note)
 }
 
-// checkRegion refuses a call for another region than the broker's: that
-// region's broker decides on it, with that region's usage.
-func (s *Server) checkRegion(w http.ResponseWriter, region, jobID string) bool {
+// checkRegion passes a call for the broker's own region. One for another
+// region goes to that region's broker when policy names it (that broker
+// decides with that region's usage), and is refused otherwise.
+func (s *Server) checkRegion(w http.ResponseWriter, r *http.Request, region, jobID string, body []byte) bool {
 	if region == "" || region == s.region || region == api.GlobalRegion {
 		return true
 	}
-	writeError(w, http.StatusForbidden, "nomad-gpu: job %q is for region %q, but this broker admits GPU jobs for region %q only: "+
-		"send it to region %s's broker", jobID, region, s.region, region)
+	if other, ok := s.policies.Current().Regions[region]; ok && r.Header.Get(regionForwardedHeader) == "" {
+		s.sendOn(w, r, other.Broker, body, "region "+region+"'s broker", regionForwardedHeader)
+		return false
+	}
+	writeError(w, http.StatusForbidden, "nomad-gpu: job %q is for region %q, but this broker admits GPU jobs for region %q only, "+
+		"and policy names no broker for region %s (region %q { broker = \"...\" })", jobID, region, s.region, region, region)
 	return false
 }
 

@@ -239,3 +239,32 @@ func TestLargeBodiesAreReadAFewAtATime(t *testing.T) {
 		t.Errorf("with a free slot: %d %s, slots held %d", rec.Code, rec.Body, len(s.large))
 	}
 }
+
+func TestARegionsBrokerNamedInPolicyGetsItsRequests(t *testing.T) {
+	var got []string
+	eu := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got = append(got, r.Method+" "+r.URL.RequestURI()+" "+r.Header.Get(regionForwardedHeader))
+		w.Write([]byte(`{"EvalID":"from-eu"}`))
+	}))
+	defer eu.Close()
+	s, up, _, _ := newTestServer(t)
+	s.policies = fixedPolicy{testbuild.Policy(t, `
+queue "training" { priority = 60 }
+tenant "vision" {
+  namespaces = ["vision"]
+  queues = ["training"]
+  guaranteed = 2
+}
+region "eu" { broker = "`+eu.URL+`" }`)}
+	job := testbuild.Job("vision", "train").Group("g", 1, 1, "gpu").Register()
+	rec := do(s, http.MethodPut, "/v1/jobs?region=eu", job)
+	if rec.Code != http.StatusOK || !strings.Contains(rec.Body.String(), "from-eu") || len(got) != 1 || got[0] != "PUT /v1/jobs?region=eu 1" {
+		t.Errorf("not sent to eu's broker: %d %s %v", rec.Code, rec.Body, got)
+	}
+	if rec := do(s, http.MethodPut, "/v1/jobs?region=ap", job); rec.Code != http.StatusForbidden || !strings.Contains(rec.Body.String(), `names no broker for region ap`) {
+		t.Errorf("unknown region: %d %s", rec.Code, rec.Body)
+	}
+	if len(up.writes) != 0 {
+		t.Errorf("this region's Nomad got %v", up.writes)
+	}
+}

@@ -75,7 +75,7 @@ func (s *Server) spawn(w http.ResponseWriter, r *http.Request, c call, jobID str
 	} else if body, ok = readBody(w, r); !ok {
 		return
 	}
-	if !s.checkRegion(w, r.URL.Query().Get("region"), jobID) {
+	if !s.checkRegion(w, r, r.URL.Query().Get("region"), jobID, body) {
 		return
 	}
 	ns := s.callNamespace(r)
@@ -141,7 +141,7 @@ func (s *Server) readCall(w http.ResponseWriter, r *http.Request, out any) (*nom
 		writeError(w, http.StatusBadRequest, "nomad-gpu: %v", err)
 		return nil, false
 	}
-	return doc, s.checkRegion(w, r.URL.Query().Get("region"), "")
+	return doc, s.checkRegion(w, r, r.URL.Query().Get("region"), "", doc.Bytes())
 }
 
 // callNamespace is the namespace of a call that reads it from the query only.
