@@ -119,20 +119,25 @@ func (c *Client) Events(ctx context.Context, index uint64) (<-chan *api.Events, 
 	return c.api.EventStream().Stream(ctx, topics, index, &api.QueryOptions{Namespace: "*"})
 }
 
-// Region is the region of the Nomad agent the broker talks to, asked until
-// the agent answers or ctx ends (Nomad may still be starting).
-func (c *Client) Region(ctx context.Context) (string, error) {
+// Agent is the region of the Nomad agent the broker talks to and whether it
+// enforces ACLs, asked until the agent answers or ctx ends (Nomad may still
+// be starting).
+func (c *Client) Agent(ctx context.Context) (region string, acls bool, err error) {
 	for {
 		self, err := c.api.Agent().Self()
 		if err == nil {
+			region = api.GlobalRegion
 			if r, ok := self.Config["Region"].(string); ok && r != "" {
-				return r, nil
+				region = r
 			}
-			return api.GlobalRegion, nil
+			if acl, ok := self.Config["ACL"].(map[string]any); ok {
+				acls, _ = acl["Enabled"].(bool)
+			}
+			return region, acls, nil
 		}
 		select {
 		case <-ctx.Done():
-			return "", fmt.Errorf("ask Nomad for its region: %w", err)
+			return "", false, fmt.Errorf("ask Nomad for its region: %w", err)
 		case <-time.After(time.Second):
 		}
 	}

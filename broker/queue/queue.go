@@ -28,12 +28,12 @@ type Entry struct {
 	SubmittedAt time.Time `json:"submitted_at"`
 	// Request is the register request body as the user sent it. The user's token
 	// is never stored: the leader registers queued jobs with the broker's own.
-	Request json.RawMessage `json:"request"`
+	Request json.RawMessage `json:"request,omitempty"`
 	// Parked is why Nomad refused the job when the leader registered it (or
 	// why it cannot be read): it stays visible and removable, and no longer
 	// waits or holds up the entries behind it.
 	Parked   string    `json:"parked,omitempty"`
-	ParkedAt time.Time `json:"parked_at,omitempty"`
+	ParkedAt time.Time `json:"parked_at,omitzero"`
 
 	ModifyIndex uint64 `json:"-"` // Consul's, for check-and-set
 }

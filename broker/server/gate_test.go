@@ -268,3 +268,48 @@ region "eu" { broker = "`+eu.URL+`" }`)}
 		t.Errorf("this region's Nomad got %v", up.writes)
 	}
 }
+
+func TestBrokerAPIWithACLs(t *testing.T) {
+	s, up, q, _ := newTestServer(t)
+	s.acls = true
+	up.tokens = map[string]testToken{"ana": {"ana", []string{"vision"}}, "bob": {"bob", []string{"vision"}}, "eve": {"eve", nil}}
+	as := func(tok, method, path, body string) *httptest.ResponseRecorder {
+		req := httptest.NewRequest(method, path, strings.NewReader(body))
+		if tok != "" {
+			req.Header.Set("X-Nomad-Token", tok)
+		}
+		rec := httptest.NewRecorder()
+		s.Handler().ServeHTTP(rec, req)
+		return rec
+	}
+	as("ana", http.MethodPut, "/v1/jobs", testbuild.Job("vision", "runs").Group("g", 1, 2, "gpu").Register())
+	if rec := as("ana", http.MethodPut, "/v1/jobs", testbuild.Job("vision", "waits").Group("g", 1, 2, "gpu").Register()); !strings.Contains(rec.Body.String(), "queued as") {
+		t.Fatalf("not queued: %d %s", rec.Code, rec.Body)
+	}
+	if e, _ := q.Get(t.Context(), testQueueID); e.SubmittedBy != "ana (acc-ana)" {
+		t.Errorf("submitter recorded as %q", e.SubmittedBy)
+	}
+	for _, tok := range []string{"", "forged"} {
+		if rec := as(tok, http.MethodGet, "/v1/gpu/queue", ""); rec.Code != http.StatusForbidden {
+			t.Errorf("token %q: %d %s", tok, rec.Code, rec.Body)
+		}
+		if rec := as(tok, http.MethodPut, "/v1/jobs", testbuild.Job("vision", "w2").Group("g", 1, 2, "gpu").Register()); !strings.Contains(rec.Body.String(), "not queued") {
+			t.Errorf("token %q queued a job: %d %s", tok, rec.Code, rec.Body)
+		}
+	}
+	if rec := as("eve", http.MethodGet, "/v1/gpu/queue", ""); strings.TrimSpace(rec.Body.String()) != "[]" {
+		t.Errorf("eve sees vision's queue: %s", rec.Body)
+	}
+	if rec := as("eve", http.MethodGet, "/v1/gpu/queue/"+testQueueID, ""); rec.Code != http.StatusNotFound {
+		t.Errorf("eve reads vision's entry: %d", rec.Code)
+	}
+	if rec := as("bob", http.MethodGet, "/v1/gpu/queue", ""); !strings.Contains(rec.Body.String(), "waits") || strings.Contains(rec.Body.String(), `"request"`) {
+		t.Errorf("bob's listing (no request bodies): %s", rec.Body)
+	}
+	if rec := as("eve", http.MethodDelete, "/v1/gpu/queue/"+testQueueID, ""); rec.Code != http.StatusNotFound || len(q.IDs()) != 1 {
+		t.Errorf("eve, who cannot even see it, cancelled: %d %s", rec.Code, rec.Body)
+	}
+	if rec := as("bob", http.MethodDelete, "/v1/gpu/queue/"+testQueueID, ""); rec.Code != http.StatusOK {
+		t.Errorf("bob may submit in vision, so may cancel: %d %s", rec.Code, rec.Body)
+	}
+}

@@ -1,8 +1,10 @@
 package server
 
 import (
+	"encoding/json"
 	"errors"
 	"net/http"
+	"net/url"
 	"sort"
 	"strings"
 
@@ -28,6 +30,14 @@ type QueuedJob struct {
 
 func (s *Server) serveGPU(w http.ResponseWriter, r *http.Request) {
 	path := strings.TrimPrefix(r.URL.Path, "/v1/gpu/")
+	who, err := s.resolve(r)
+	if s.acls && (err != nil || token(r) == "") {
+		if err == nil {
+			err = errors.New("no token given")
+		}
+		writeError(w, http.StatusForbidden, "nomad-gpu: the broker's API needs a valid Nomad ACL token: %v", err)
+		return
+	}
 	switch {
 	case path == "usage" && r.Method == http.MethodGet:
 		s.usage(w, r)
@@ -37,25 +47,57 @@ func (s *Server) serveGPU(w http.ResponseWriter, r *http.Request) {
 			writeError(w, http.StatusServiceUnavailable, "nomad-gpu: %v", err)
 			return
 		}
-		out := make([]QueuedJob, len(entries))
+		out := []QueuedJob{}
+		readable := map[string]bool{}
 		for i, e := range entries {
-			out[i] = QueuedJob{Position: i + 1, Entry: e}
+			if s.mayRead(r, e.Namespace, readable) {
+				e.Request = nil // the request body is its submitter's alone
+				out = append(out, QueuedJob{Position: i + 1, Entry: e})
+			}
 		}
 		writeJSON(w, http.StatusOK, out)
 	case strings.HasPrefix(path, "queue/"):
-		s.queueEntry(w, r, strings.TrimPrefix(path, "queue/"))
+		s.queueEntry(w, r, strings.TrimPrefix(path, "queue/"), who)
 	default:
 		writeError(w, http.StatusNotFound, "nomad-gpu: no such endpoint %s %s", r.Method, r.URL.Path)
 	}
 }
 
-func (s *Server) queueEntry(w http.ResponseWriter, r *http.Request, id string) {
+// mayRead reports whether the caller may read namespace ns (any capability
+// there lets Nomad show the namespace); always with ACLs off.
+func (s *Server) mayRead(r *http.Request, ns string, cache map[string]bool) bool {
+	if !s.acls {
+		return true
+	}
+	ok, seen := cache[ns]
+	if !seen {
+		ok = s.get(r, "/v1/namespace/"+url.PathEscape(ns), "", &struct{}{}) == nil
+		cache[ns] = ok
+	}
+	return ok
+}
+
+// mayCancel reports whether the caller may cancel a queued job: its
+// submitter, or anyone Nomad lets submit that job in its namespace.
+func (s *Server) mayCancel(r *http.Request, e queue.Entry, who string) bool {
+	if !s.acls || (who == e.SubmittedBy && who != "anonymous") {
+		return true
+	}
+	var req struct{ Job json.RawMessage }
+	if json.Unmarshal(e.Request, &req) != nil {
+		return false
+	}
+	body, _ := json.Marshal(map[string]any{"Job": req.Job})
+	return s.asCaller(r, http.MethodPost, "/v1/job/"+e.JobID+"/plan", e.Namespace, body, nil) == nil
+}
+
+func (s *Server) queueEntry(w http.ResponseWriter, r *http.Request, id, who string) {
 	if !queue.ValidID(id) {
 		writeError(w, http.StatusBadRequest, "nomad-gpu: %q is not a queue id (a UUID, as `gpu-broker queue list` shows)", id)
 		return
 	}
 	e, err := s.queue.Get(r.Context(), id)
-	if errors.Is(err, queue.ErrNotFound) {
+	if errors.Is(err, queue.ErrNotFound) || (err == nil && !s.mayRead(r, e.Namespace, map[string]bool{})) {
 		writeError(w, http.StatusNotFound, "nomad-gpu: no queued job %q (admitted, cancelled or never queued)", id)
 		return
 	}
@@ -65,14 +107,22 @@ func (s *Server) queueEntry(w http.ResponseWriter, r *http.Request, id string) {
 	}
 	switch r.Method {
 	case http.MethodGet:
+		if s.acls && who != e.SubmittedBy {
+			e.Request = nil
+		}
 		writeJSON(w, http.StatusOK, QueuedJob{Position: s.position(r, id), Entry: e})
 	case http.MethodDelete:
+		if !s.mayCancel(r, e, who) {
+			writeError(w, http.StatusForbidden, "nomad-gpu: only its submitter, or a token that may submit job %q in namespace %q, may cancel queued job %s",
+				e.JobID, e.Namespace, id)
+			return
+		}
 		ok, err := s.queue.Remove(r.Context(), e)
 		if err != nil || !ok {
 			writeError(w, http.StatusConflict, "nomad-gpu: queued job %q changed or was admitted meanwhile: %v", id, err)
 			return
 		}
-		s.log.Info("queue: cancelled", "id", id, "job", e.JobID, "namespace", e.Namespace, "by", s.identity(r))
+		s.log.Info("queue: cancelled", "id", id, "job", e.JobID, "namespace", e.Namespace, "by", who)
 		writeJSON(w, http.StatusOK, e)
 	default:
 		writeError(w, http.StatusMethodNotAllowed, "nomad-gpu: %s not allowed on %s", r.Method, r.URL.Path)

@@ -78,6 +78,7 @@ type Server struct {
 	queue        Queue
 	stamper      nomadjob.Stamper
 	region       string
+	acls         bool
 	leader       Leader
 	now          func() time.Time
 	newID        func() string
@@ -99,6 +100,7 @@ type Options struct {
 	Stamper  nomadjob.Stamper
 	Region   string // the Nomad region the broker governs ("" or "global": Nomad's default)
 	Leader   Leader // nil: this broker takes every admission itself
+	ACLs     bool   // Nomad enforces ACLs: the broker's API then needs a valid token
 	Now      func() time.Time
 	NewID    func() string
 }
@@ -110,7 +112,7 @@ func New(o Options) (*Server, error) {
 		return nil, fmt.Errorf("nomad address %q: %w", o.Nomad, err)
 	}
 	s := &Server{log: o.Log, upstream: u, client: o.Client, policies: o.Policies, cluster: o.Cluster,
-		queue: o.Queue, stamper: o.Stamper, region: o.Region, leader: o.Leader, now: o.Now, newID: o.NewID, identities: map[[32]byte]cachedIdentity{}}
+		queue: o.Queue, stamper: o.Stamper, region: o.Region, acls: o.ACLs, leader: o.Leader, now: o.Now, newID: o.NewID, identities: map[[32]byte]cachedIdentity{}}
 	if s.client == nil {
 		s.client = &http.Client{}
 	}

@@ -41,11 +41,57 @@ type upstream struct {
 	lookup int // status for every read, when not 0
 	// planStatus answers plans, when not 0.
 	planStatus int
+	// tokens, when set, turns ACLs on: each secret's name and the namespaces
+	// where it may do everything; other secrets are refused.
+	tokens map[string]testToken
+}
+
+type testToken struct {
+	name       string
+	namespaces []string
+}
+
+// acl answers what Nomad's ACLs would; false when the request may go on.
+func (u *upstream) acl(w http.ResponseWriter, r *http.Request) bool {
+	if u.tokens == nil {
+		if r.URL.Path == "/v1/acl/token/self" {
+			http.Error(w, "ACL support disabled", http.StatusBadRequest)
+			return true
+		}
+		return false
+	}
+	tok, ok := u.tokens[r.Header.Get("X-Nomad-Token")]
+	if !ok {
+		http.Error(w, "ACL token not found", http.StatusForbidden)
+		return true
+	}
+	if r.URL.Path == "/v1/acl/token/self" {
+		json.NewEncoder(w).Encode(map[string]string{"AccessorID": "acc-" + tok.name, "Name": tok.name})
+		return true
+	}
+	ns := r.URL.Query().Get("namespace")
+	if rest, ok := strings.CutPrefix(r.URL.Path, "/v1/namespace/"); ok {
+		ns = rest
+	}
+	for _, allowed := range tok.namespaces {
+		if allowed == ns {
+			if strings.HasPrefix(r.URL.Path, "/v1/namespace/") {
+				fmt.Fprint(w, `{}`)
+				return true
+			}
+			return false
+		}
+	}
+	http.Error(w, "Permission denied", http.StatusForbidden)
+	return true
 }
 
 func (u *upstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	u.mu.Lock()
 	defer u.mu.Unlock()
+	if u.acl(w, r) {
+		return
+	}
 	if r.Method == http.MethodGet {
 		if u.lookup != 0 {
 			http.Error(w, "Permission denied", u.lookup)

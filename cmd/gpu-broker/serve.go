@@ -86,17 +86,19 @@ func serveErr(path string, log hclog.Logger) error {
 	signal.Notify(hup, syscall.SIGHUP)
 	go policies.Watch(ctx, hup, 2*time.Second)
 
+	agentRegion, acls, err := nomadClient.Agent(ctx)
+	if err != nil {
+		return err
+	}
 	region := cfg.Nomad.Region
 	if region == "" {
-		if region, err = nomadClient.Region(ctx); err != nil {
-			return err
-		}
+		region = agentRegion
 	}
 	store := queue.NewStore(consulClient.KV(), cfg.Consul.KVPrefix)
 	elector := &leader.Elector{Client: consulClient, Key: cfg.Consul.KVPrefix + "leader", Address: cfg.Advertise,
 		Log: log.Named("leader")}
 	srv, err := server.New(server.Options{Leader: elector, Log: log.Named("proxy"), Nomad: cfg.Nomad.Address,
-		Client: nomadClient.HTTPClient(), Policies: policies, Cluster: view, Queue: store, Stamper: stamper, Region: region})
+		Client: nomadClient.HTTPClient(), Policies: policies, Cluster: view, Queue: store, Stamper: stamper, Region: region, ACLs: acls})
 	if err != nil {
 		return err
 	}
@@ -107,7 +109,7 @@ func serveErr(path string, log hclog.Logger) error {
 	httpServer := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second}
 	go httpServer.Serve(ln)
 	log.Info("broker listening", "address", cfg.Listen, "nomad", cfg.Nomad.Address, "consul", cfg.Consul.Address,
-		"policy_dir", cfg.PolicyDir, "region", region)
+		"policy_dir", cfg.PolicyDir, "region", region, "acls", acls)
 
 	adm := &admitter.Admitter{Log: log.Named("queue"), Queue: store, Nomad: nomadClient, Cluster: view,
 		Policies: policies, Stamper: stamper, Now: time.Now, Capacity: view.Capacity, Blocked: nomadClient}
