@@ -36,6 +36,8 @@ type Registrar interface {
 	Register(ctx context.Context, namespace string, body []byte) (uint64, error)
 	// Job returns the job Nomad has, or nil if none.
 	Job(ctx context.Context, namespace, id string) (*api.Job, error)
+	// TokenExists reports whether an ACL token (by accessor) still exists.
+	TokenExists(ctx context.Context, accessor string) (bool, error)
 }
 
 // Cluster is the usage to decide against.
@@ -145,6 +147,19 @@ func (a *Admitter) Pass(ctx context.Context) (int, error) {
 					"namespace", e.Namespace, "rule", d.Rule, "reason", d.Reason)
 			}
 			continue
+		}
+		if e.Accessor != "" {
+			// Registered with the broker's token: only while the submitter's still exists.
+			exists, err := a.Nomad.TokenExists(ctx, e.Accessor)
+			if err != nil {
+				res.Release()
+				return admitted, fmt.Errorf("queue entry %s: %w", e.ID, err)
+			}
+			if !exists {
+				res.Release()
+				a.park(ctx, e, fmt.Errorf("the submitter's ACL token (accessor %s) no longer exists", e.Accessor))
+				continue
+			}
 		}
 		req.Stamp(d, a.Stamper.Stamp(e.Namespace, req.Job, d))
 		// Register first, then remove: a crash in between registers the same job

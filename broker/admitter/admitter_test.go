@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -34,6 +35,10 @@ func (refused) Error() string { return "Nomad answered 400: task group g: invali
 func (refused) Refused() bool { return true }
 
 func (n *nomad) Job(context.Context, string, string) (*api.Job, error) { return nil, nil }
+
+func (n *nomad) TokenExists(_ context.Context, accessor string) (bool, error) {
+	return accessor != "deleted", nil
+}
 
 func (n *nomad) Register(_ context.Context, ns string, body []byte) (uint64, error) {
 	if n.fail {
@@ -168,5 +173,21 @@ func TestJobNomadRefusesIsParkedAndDoesNotBlock(t *testing.T) {
 	}
 	if got, _ := a.Pass(context.Background()); got != 0 || len(n.registered) != 1 {
 		t.Errorf("parked entries were tried again: %v", n.registered)
+	}
+}
+
+func TestJobWhoseSubmittersTokenIsGoneIsParked(t *testing.T) {
+	a, q, n, _, now := setup(t, visionPolicy, 8)
+	gone := entry("gone", 2, time.Hour, now)
+	gone.Accessor = "deleted"
+	kept := entry("kept", 2, time.Minute, now)
+	kept.Accessor = "still-there"
+	q.Put(context.Background(), gone)
+	q.Put(context.Background(), kept)
+	if got, _ := a.Pass(context.Background()); got != 1 || fmt.Sprint(n.registered) != "[vision/kept]" {
+		t.Fatalf("admitted %d: %v", got, n.registered)
+	}
+	if e, _ := q.Get(context.Background(), "q-gone"); !strings.Contains(e.Parked, "no longer exists") {
+		t.Errorf("not parked: %+v", e)
 	}
 }

@@ -156,6 +156,20 @@ func (c *Client) Job(ctx context.Context, namespace, id string) (*api.Job, error
 	return j, nil
 }
 
+// TokenExists reports whether an ACL token still exists and has not expired
+// (the broker's token needs acl:read for it).
+func (c *Client) TokenExists(ctx context.Context, accessor string) (bool, error) {
+	tok, _, err := c.api.ACLTokens().Info(accessor, (&api.QueryOptions{}).WithContext(ctx))
+	if err != nil {
+		var ue api.UnexpectedResponseError
+		if errors.As(err, &ue) && ue.StatusCode() == http.StatusNotFound {
+			return false, nil
+		}
+		return false, fmt.Errorf("read ACL token %s: %w", accessor, err)
+	}
+	return tok != nil && (tok.ExpirationTime == nil || tok.ExpirationTime.After(time.Now())), nil
+}
+
 // Register sends a job register request body (as a user would) to Nomad and
 // returns the job's new JobModifyIndex.
 func (c *Client) Register(ctx context.Context, namespace string, body []byte) (uint64, error) {

@@ -17,14 +17,17 @@ import (
 
 // Entry is one queued job, with everything needed to register it later.
 type Entry struct {
-	ID          string    `json:"id"`
-	JobID       string    `json:"job_id"`
-	Namespace   string    `json:"namespace"`
-	Tenant      string    `json:"tenant"`
-	Queue       string    `json:"queue"`
-	Demand      int       `json:"demand"`
-	Reason      string    `json:"reason"` // why it was queued
-	SubmittedBy string    `json:"submitted_by"`
+	ID          string `json:"id"`
+	JobID       string `json:"job_id"`
+	Namespace   string `json:"namespace"`
+	Tenant      string `json:"tenant"`
+	Queue       string `json:"queue"`
+	Demand      int    `json:"demand"`
+	Reason      string `json:"reason"` // why it was queued
+	SubmittedBy string `json:"submitted_by"`
+	// Accessor is the submitter's ACL token accessor (never its secret); the
+	// leader admits the job only while that token still exists.
+	Accessor    string    `json:"accessor,omitempty"`
 	SubmittedAt time.Time `json:"submitted_at"`
 	// Request is the register request body as the user sent it. The user's token
 	// is never stored: the leader registers queued jobs with the broker's own.

@@ -215,7 +215,8 @@ func (s *Server) enqueue(w http.ResponseWriter, r *http.Request, rj *gpuJobReque
 	// The leader registers it later with the broker's own token: first make
 	// sure the caller's token may submit this job here now (Nomad checks
 	// submit-job for a plan), and that the token resolves at all.
-	if _, err := s.resolve(r); err != nil {
+	_, accessor, err := s.resolve(r)
+	if err != nil {
 		writeError(w, http.StatusForbidden, "nomad-gpu: job %q not queued: %v", rj.JobID, err)
 		return
 	}
@@ -233,7 +234,7 @@ func (s *Server) enqueue(w http.ResponseWriter, r *http.Request, rj *gpuJobReque
 		return
 	}
 	e := queue.Entry{ID: s.newID(), JobID: rj.JobID, Namespace: rj.Namespace, Tenant: d.Tenant, Queue: d.Queue,
-		Demand: d.Demand.Total(), Reason: d.Reason, SubmittedBy: who, SubmittedAt: s.now().UTC(), Request: rj.Body()}
+		Demand: d.Demand.Total(), Reason: d.Reason, SubmittedBy: who, Accessor: accessor, SubmittedAt: s.now().UTC(), Request: rj.Body()}
 	if err := s.queue.Put(r.Context(), e); err != nil {
 		writeError(w, http.StatusServiceUnavailable, "nomad-gpu: job %q could not be queued: %v", rj.JobID, err)
 		return

@@ -286,8 +286,8 @@ func TestBrokerAPIWithACLs(t *testing.T) {
 	if rec := as("ana", http.MethodPut, "/v1/jobs", testbuild.Job("vision", "waits").Group("g", 1, 2, "gpu").Register()); !strings.Contains(rec.Body.String(), "queued as") {
 		t.Fatalf("not queued: %d %s", rec.Code, rec.Body)
 	}
-	if e, _ := q.Get(t.Context(), testQueueID); e.SubmittedBy != "ana (acc-ana)" {
-		t.Errorf("submitter recorded as %q", e.SubmittedBy)
+	if e, _ := q.Get(t.Context(), testQueueID); e.SubmittedBy != "ana (acc-ana)" || e.Accessor != "acc-ana" {
+		t.Errorf("submitter recorded as %q, accessor %q", e.SubmittedBy, e.Accessor)
 	}
 	for _, tok := range []string{"", "forged"} {
 		if rec := as(tok, http.MethodGet, "/v1/gpu/queue", ""); rec.Code != http.StatusForbidden {

@@ -30,7 +30,7 @@ type QueuedJob struct {
 
 func (s *Server) serveGPU(w http.ResponseWriter, r *http.Request) {
 	path := strings.TrimPrefix(r.URL.Path, "/v1/gpu/")
-	who, err := s.resolve(r)
+	who, _, err := s.resolve(r)
 	if s.acls && (err != nil || token(r) == "") {
 		if err == nil {
 			err = errors.New("no token given")

@@ -16,8 +16,8 @@ const identityTTL = 30 * time.Second
 const maxIdentities = 10_000
 
 type cachedIdentity struct {
-	name    string
-	expires time.Time
+	name, accessor string
+	expires        time.Time
 }
 
 // token is the caller's ACL token as Nomad reads it: X-Nomad-Token, else an
@@ -38,16 +38,17 @@ func token(r *http.Request) string {
 // accessor when Nomad has ACLs on, else "anonymous". The cache is keyed by a
 // hash of the secret, which is never kept.
 func (s *Server) identity(r *http.Request) string {
-	name, _ := s.resolve(r)
+	name, _, _ := s.resolve(r)
 	return name
 }
 
-// resolve is identity with an error for a token Nomad does not know (ACLs on)
-// or cannot be asked about: such a caller is not "anonymous".
-func (s *Server) resolve(r *http.Request) (string, error) {
+// resolve is identity, with the token's accessor ("" without ACLs), and an
+// error for a token Nomad does not know (ACLs on) or cannot be asked about:
+// such a caller is not "anonymous".
+func (s *Server) resolve(r *http.Request) (name, accessor string, err error) {
 	secret := token(r)
 	if secret == "" {
-		return "anonymous", nil
+		return "anonymous", "", nil
 	}
 	key := sha256.Sum256([]byte(secret))
 	now := s.now()
@@ -55,25 +56,25 @@ func (s *Server) resolve(r *http.Request) (string, error) {
 	c, ok := s.identities[key]
 	s.idMu.Unlock()
 	if ok && now.Before(c.expires) {
-		return c.name, nil
+		return c.name, c.accessor, nil
 	}
 	var self struct{ AccessorID, Name string }
-	name := "anonymous"
-	err := s.get(r, "/v1/acl/token/self", "", &self)
+	name = "anonymous"
+	err = s.get(r, "/v1/acl/token/self", "", &self)
 	var le *lookupError
 	switch {
 	case err == nil && self.AccessorID != "":
-		name = self.Name + " (" + self.AccessorID + ")"
+		name, accessor = self.Name+" ("+self.AccessorID+")", self.AccessorID
 	case errors.As(err, &le) && le.status == http.StatusBadRequest:
 		// ACLs are off: Nomad answers "ACL support disabled".
 	case err != nil:
-		return "", fmt.Errorf("cannot resolve the caller's token: %w", err)
+		return "", "", fmt.Errorf("cannot resolve the caller's token: %w", err)
 	}
 	s.idMu.Lock()
 	if len(s.identities) >= maxIdentities {
 		s.identities = map[[32]byte]cachedIdentity{}
 	}
-	s.identities[key] = cachedIdentity{name: name, expires: now.Add(identityTTL)}
+	s.identities[key] = cachedIdentity{name: name, accessor: accessor, expires: now.Add(identityTTL)}
 	s.idMu.Unlock()
-	return name, nil
+	return name, accessor, nil
 }
