@@ -167,9 +167,6 @@ func (n *Node) Bytes() []byte {
 	return b.Bytes()
 }
 
-// IsNull reports whether the node is JSON null (or absent: nil).
-func (n *Node) IsNull() bool { return n == nil || string(n.raw) == "null" }
-
 // Get returns an object's member by its (canonical) key, or nil.
 func (n *Node) Get(key string) *Node {
 	if n == nil {

@@ -2,7 +2,6 @@ package nomadjob
 
 import (
 	"errors"
-	"fmt"
 	"net/url"
 	"strings"
 
@@ -183,5 +182,3 @@ func IsBrokerMeta(key string) bool {
 
 // Body is the request to forward.
 func (r *Request) Body() []byte { return r.Doc.Bytes() }
-
-func (r *Request) String() string { return fmt.Sprintf("%s/%s", r.Namespace, r.JobID) }
