@@ -13,10 +13,11 @@ type PreemptionSetter interface {
 	SetPreemption(ctx context.Context, batch, service bool) (changed bool, err error)
 }
 
-// KeepPreemption asserts policy's preemption settings in Nomad now and on
-// every tick (a policy reload, or anyone with operator rights, may have
+// KeepPreemption asserts policy's preemption settings in Nomad now, on every
+// policy reload and on every tick (anyone with operator rights may have
 // changed them), until ctx ends. want reads the policy in force.
-func KeepPreemption(ctx context.Context, tick <-chan time.Time, want func() (batch, service bool), nomad PreemptionSetter, log hclog.Logger) {
+func KeepPreemption(ctx context.Context, tick <-chan time.Time, reloaded <-chan struct{}, want func() (batch, service bool),
+	nomad PreemptionSetter, log hclog.Logger) {
 	for {
 		batch, service := want()
 		changed, err := nomad.SetPreemption(ctx, batch, service)
@@ -30,6 +31,7 @@ func KeepPreemption(ctx context.Context, tick <-chan time.Time, want func() (bat
 		case <-ctx.Done():
 			return
 		case <-tick:
+		case <-reloaded:
 		}
 	}
 }

@@ -36,10 +36,17 @@ func (s *scheduler) get() (bool, bool, int) {
 func TestKeepPreemptionReassertsOnEveryTick(t *testing.T) {
 	nomad := &scheduler{}
 	tick := make(chan time.Time)
+	reloaded := make(chan struct{})
+	service := true
+	var mu sync.Mutex
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() {
-		KeepPreemption(ctx, tick, func() (bool, bool) { return true, true }, nomad, hclog.NewNullLogger())
+		KeepPreemption(ctx, tick, reloaded, func() (bool, bool) {
+			mu.Lock()
+			defer mu.Unlock()
+			return true, service
+		}, nomad, hclog.NewNullLogger())
 		close(done)
 	}()
 	tick <- time.Now() // the first assertion has run once the loop takes a tick
@@ -53,6 +60,14 @@ func TestKeepPreemptionReassertsOnEveryTick(t *testing.T) {
 	tick <- time.Now()
 	if b, _, n := nomad.get(); !b || n != 2 {
 		t.Fatalf("not set again after a change: %v %d", b, n)
+	}
+	mu.Lock()
+	service = false // a new policy
+	mu.Unlock()
+	reloaded <- struct{}{}
+	tick <- time.Now()
+	if _, s, n := nomad.get(); s || n != 3 {
+		t.Fatalf("a reloaded policy not applied: service %v, %d sets", s, n)
 	}
 	cancel()
 	<-done

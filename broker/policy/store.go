@@ -20,11 +20,12 @@ type Store struct {
 	capacity func() int
 	current  atomic.Pointer[Policy]
 	stamp    string
+	reloaded chan struct{}
 }
 
 // NewStore loads dir; it fails when the first load is invalid.
 func NewStore(dir string, capacity func() int, log hclog.Logger) (*Store, hcl.Diagnostics) {
-	s := &Store{dir: dir, log: log, capacity: capacity}
+	s := &Store{dir: dir, log: log, capacity: capacity, reloaded: make(chan struct{}, 1)}
 	p, diags := LoadDir(dir, capacity())
 	if p == nil {
 		return nil, diags
@@ -51,8 +52,15 @@ func (s *Store) Reload() bool {
 	}
 	s.current.Store(p)
 	s.log.Info("policy loaded", "dir", s.dir, "queues", len(p.Queues), "tenants", len(p.Tenants))
+	select {
+	case s.reloaded <- struct{}{}:
+	default:
+	}
 	return true
 }
+
+// Reloaded is signalled (at most one pending signal) when a new policy takes effect.
+func (s *Store) Reloaded() <-chan struct{} { return s.reloaded }
 
 // Watch reloads on a signal from hup and whenever a file of the directory
 // changes (checked every interval), until ctx ends.

@@ -116,7 +116,7 @@ func serveErr(path string, log hclog.Logger) error {
 	elector.Run(ctx, func(ctx context.Context) {
 		reassert := time.NewTicker(30 * time.Second)
 		defer reassert.Stop()
-		go leader.KeepPreemption(ctx, reassert.C, func() (bool, bool) {
+		go leader.KeepPreemption(ctx, reassert.C, policies.Reloaded(), func() (bool, bool) {
 			p := policies.Current()
 			return p.Preemption.Batch, p.Preemption.Service
 		}, nomadClient, log.Named("preemption"))
