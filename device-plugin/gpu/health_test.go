@@ -21,13 +21,15 @@ func TestHealthTrackerRecoversOnlyAfterCleanPeriod(t *testing.T) {
 	}{
 		{0, gpu.Healthy, true, ""},
 		{10 * time.Second, bad, false, "XID 79"},
-		{20 * time.Second, gpu.Healthy, false, `recovering from "XID 79"`},
-		{69 * time.Second, gpu.Healthy, false, `recovering from "XID 79"`},
-		{70 * time.Second, gpu.Healthy, true, ""},
-		{80 * time.Second, bad, false, "XID 79"},
-		{100 * time.Second, bad, false, "XID 79"}, // a fault during recovery restarts the clock
+		{20 * time.Second, gpu.Healthy, false, `recovering from "XID 79"`}, // clean from here on
+		{79 * time.Second, gpu.Healthy, false, `recovering from "XID 79"`},
+		{80 * time.Second, gpu.Healthy, true, ""},
+		{90 * time.Second, bad, false, "XID 79"},
+		{110 * time.Second, gpu.Healthy, false, "recovering"},
+		{120 * time.Second, bad, false, "XID 79"}, // a fault during recovery restarts the clock
 		{150 * time.Second, gpu.Healthy, false, "recovering"},
-		{160 * time.Second, gpu.Healthy, true, ""},
+		{209 * time.Second, gpu.Healthy, false, "recovering"},
+		{210 * time.Second, gpu.Healthy, true, ""},
 	}
 	for _, s := range steps {
 		got := tr.Observe(t0.Add(s.at), "GPU-1", s.raw)
