@@ -159,19 +159,6 @@ func (r *Request) Stamp(d admission.Decision, stamp string) {
 	for k, v := range BrokerMeta(d, stamp) {
 		meta.Set(k, v)
 	}
-	if r.Job.Meta == nil {
-		r.Job.Meta = map[string]string{}
-	}
-	for k := range r.Job.Meta {
-		if IsBrokerMeta(k) {
-			delete(r.Job.Meta, k)
-		}
-	}
-	for k, v := range BrokerMeta(d, stamp) {
-		r.Job.Meta[k] = v
-	}
-	r.Job.Priority = &d.Priority
-	r.Job.Namespace = &r.Namespace
 }
 
 // IsBrokerMeta reports whether a meta key is in the broker's nomad-gpu.

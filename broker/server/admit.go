@@ -23,7 +23,6 @@ import (
 type gpuJobRequest struct {
 	*nomadjob.Request
 	groups []admission.Group
-	raw    []byte // as the caller sent it: what the leader gets from a follower
 }
 
 // readGPUJob reads a register, plan or validate request. It answers the
@@ -56,6 +55,11 @@ func (s *Server) readGPUJob(w http.ResponseWriter, r *http.Request, kind nomadjo
 	if !s.checkRegion(w, r, req.Region, req.JobID, body) {
 		return nil
 	}
+	// A follower sends a registration on before looking anything up: the
+	// leader reads and counts it again anyway.
+	if kind == nomadjob.Register && !s.admitsHere(w, r, body) {
+		return nil
+	}
 	var current *api.Job
 	if req.PreserveCounts || nomadjob.HasCanaries(req.Job) {
 		// Counts then depend on what runs now: read it as the caller.
@@ -70,7 +74,7 @@ func (s *Server) readGPUJob(w http.ResponseWriter, r *http.Request, kind nomadjo
 		return nil
 	}
 	req.Pin()
-	return &gpuJobRequest{Request: req, groups: groups, raw: body}
+	return &gpuJobRequest{Request: req, groups: groups}
 }
 
 // register admits, queues or rejects a job registration.
@@ -83,9 +87,6 @@ func (s *Server) register(w http.ResponseWriter, r *http.Request, pathJobID stri
 		// Nomad launches each run on its own schedule, past the broker.
 		writeError(w, http.StatusForbidden, "nomad-gpu: job %q rejected by rule %s: periodic jobs launch GPU work on Nomad's schedule "+
 			"without admission; submit each run through the broker, or dispatch a parameterized job", rj.JobID, admission.RulePeriodicGPU)
-		return
-	}
-	if !s.admitsHere(w, r, rj.raw) {
 		return
 	}
 	if rj.Job.IsParameterized() {
@@ -229,7 +230,12 @@ func (s *Server) enqueue(w http.ResponseWriter, r *http.Request, rj *gpuJobReque
 		writeError(w, status, "nomad-gpu: job %q not queued: Nomad refused to plan it with your token (%v)", rj.JobID, err)
 		return
 	}
-	if err := s.withinQueueLimits(r, rj, d.Tenant); err != nil {
+	entries, err := s.queue.List(r.Context())
+	if err != nil {
+		writeError(w, http.StatusServiceUnavailable, "nomad-gpu: job %q could not be queued: %v", rj.JobID, err)
+		return
+	}
+	if err := s.withinQueueLimits(rj, d.Tenant, entries); err != nil {
 		writeError(w, http.StatusTooManyRequests, "nomad-gpu: job %q not queued: %v", rj.JobID, err)
 		return
 	}
@@ -239,21 +245,17 @@ func (s *Server) enqueue(w http.ResponseWriter, r *http.Request, rj *gpuJobReque
 		writeError(w, http.StatusServiceUnavailable, "nomad-gpu: job %q could not be queued: %v", rj.JobID, err)
 		return
 	}
-	position := s.position(r, e.ID)
+	position := positionOf(s.order(append(entries, e)), e.ID)
 	writeJSON(w, http.StatusOK, api.JobRegisterResponse{EvalID: e.ID, Warnings: fmt.Sprintf(
 		"nomad-gpu: queued as %s, position %d in queue %s: %s. It is registered with Nomad as soon as GPUs free up; "+
 			"`gpu-broker queue show %s` follows it.", e.ID, position, d.Queue, d.Reason, e.ID)})
 }
 
 // withinQueueLimits checks the tenant's caps on queued jobs and request size.
-func (s *Server) withinQueueLimits(r *http.Request, rj *gpuJobRequest, tenant string) error {
+func (s *Server) withinQueueLimits(rj *gpuJobRequest, tenant string, entries []queue.Entry) error {
 	t := s.policies.Current().Tenants[tenant]
 	if size := len(rj.Body()); size > t.MaxQueuedRequestBytes {
 		return fmt.Errorf("its request is %d bytes, above tenant %q's max_queued_request_bytes of %d", size, tenant, t.MaxQueuedRequestBytes)
-	}
-	entries, err := s.queue.List(r.Context())
-	if err != nil {
-		return err
 	}
 	n := 0
 	for _, e := range entries {
@@ -280,6 +282,11 @@ func (s *Server) position(r *http.Request, id string) int {
 	if err != nil {
 		return 0
 	}
+	return positionOf(entries, id)
+}
+
+// positionOf is an entry's 1-based place in ordered entries, 0 if absent.
+func positionOf(entries []queue.Entry, id string) int {
 	for i, e := range entries {
 		if e.ID == id {
 			return i + 1

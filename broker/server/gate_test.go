@@ -195,16 +195,7 @@ func TestFieldsUnknownToTheBrokerReachNomad(t *testing.T) {
 
 func TestQueueLimitsPerTenant(t *testing.T) {
 	s, _, q, _ := newTestServer(t)
-	s.policies = fixedPolicy{testbuild.Policy(t, `
-queue "training" { priority = 60 }
-tenant "vision" {
-  namespaces = ["vision"]
-  queues = ["training"]
-  guaranteed = 2
-  limit = 2
-  max_queued = 1
-  max_queued_request_bytes = 3000
-}`)}
+	s.policies = fixedPolicy{visionPolicy(t, "max_queued = 1\nmax_queued_request_bytes = 3000", "")}
 	do(s, http.MethodPut, "/v1/jobs", testbuild.Job("vision", "runs").Group("g", 1, 2, "gpu").Register())
 	big := testbuild.Job("vision", "big").Group("g", 1, 2, "gpu").Meta("note", strings.Repeat("x", 4000)).Register()
 	if rec := do(s, http.MethodPut, "/v1/jobs", big); rec.Code != http.StatusTooManyRequests || !strings.Contains(rec.Body.String(), "max_queued_request_bytes") {
@@ -248,14 +239,7 @@ func TestARegionsBrokerNamedInPolicyGetsItsRequests(t *testing.T) {
 	}))
 	defer eu.Close()
 	s, up, _, _ := newTestServer(t)
-	s.policies = fixedPolicy{testbuild.Policy(t, `
-queue "training" { priority = 60 }
-tenant "vision" {
-  namespaces = ["vision"]
-  queues = ["training"]
-  guaranteed = 2
-}
-region "eu" { broker = "`+eu.URL+`" }`)}
+	s.policies = fixedPolicy{visionPolicy(t, "", `region "eu" { broker = "`+eu.URL+`" }`)}
 	job := testbuild.Job("vision", "train").Group("g", 1, 1, "gpu").Register()
 	rec := do(s, http.MethodPut, "/v1/jobs?region=eu", job)
 	if rec.Code != http.StatusOK || !strings.Contains(rec.Body.String(), "from-eu") || len(got) != 1 || got[0] != "PUT /v1/jobs?region=eu 1" {

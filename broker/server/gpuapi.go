@@ -135,6 +135,11 @@ func (s *Server) ordered(r *http.Request) ([]queue.Entry, error) {
 	if err != nil {
 		return nil, err
 	}
+	return s.order(entries), nil
+}
+
+// order sorts entries in admission order under the policy and usage now.
+func (s *Server) order(entries []queue.Entry) []queue.Entry {
 	p := s.policies.Current()
 	u := s.cluster.UsageWithout(p, "", "")
 	used := map[string]int{}
@@ -142,7 +147,7 @@ func (s *Server) ordered(r *http.Request) ([]queue.Entry, error) {
 		used[t] = tu.Used.Total()
 	}
 	queue.Order(entries, p, used, s.now())
-	return entries, nil
+	return entries
 }
 
 func (s *Server) usage(w http.ResponseWriter, r *http.Request) {

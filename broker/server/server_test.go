@@ -118,15 +118,23 @@ func (u *upstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	fmt.Fprint(w, `{"EvalID":"e1","EvalCreateIndex":10,"JobModifyIndex":10,"Warnings":"","Index":10,"LastIndex":10}`)
 }
 
-func newTestServer(t testing.TB) (*Server, *upstream, *queuetest.Mem, *httptest.Server) {
-	p := testbuild.Policy(t, `
+// visionPolicy is the servers' policy: tenant vision with 2 GPUs, its block
+// extended by tenantExtra, and extra blocks after it.
+func visionPolicy(t testing.TB, tenantExtra, extra string) *policy.Policy {
+	return testbuild.Policy(t, `
 queue "training" { priority = 60 }
 tenant "vision" {
   namespaces = ["vision"]
   queues = ["training"]
   guaranteed = 2
   limit = 2
-}`)
+`+tenantExtra+`
+}
+`+extra)
+}
+
+func newTestServer(t testing.TB) (*Server, *upstream, *queuetest.Mem, *httptest.Server) {
+	p := visionPolicy(t, "", "")
 	up := &upstream{jobs: map[string]*api.Job{}}
 	nomad := httptest.NewServer(up)
 	t.Cleanup(nomad.Close)
