@@ -5,6 +5,7 @@ import (
 	"math/big"
 	"net/url"
 	"sort"
+	"strings"
 
 	"github.com/hashicorp/hcl/v2"
 	"github.com/hashicorp/hcl/v2/gohcl"
@@ -37,6 +38,7 @@ type tenantBody struct {
 	Limit      hcl.Expression `hcl:"limit,optional"`
 	MaxQueued  *int           `hcl:"max_queued,optional"`
 	MaxRequest *int           `hcl:"max_queued_request_bytes,optional"`
+	Submitters hcl.Expression `hcl:"submitters,optional"`
 }
 
 type classBody struct {
@@ -200,6 +202,10 @@ func (p *Policy) addTenant(b *hcl.Block, tb tenantBody) hcl.Diagnostics {
 		return hcl.Diagnostics{errorAt(b.DefRange, "Queue limit out of range",
 			fmt.Sprintf("tenant %q: max_queued must be 0 or more and max_queued_request_bytes 1 or more", t.Name))}
 	}
+	var subDiags hcl.Diagnostics
+	if t.Submitters, subDiags = submitters(tb.Submitters, t.Name); subDiags.HasErrors() {
+		return subDiags
+	}
 	if prev, dup := p.Tenants[t.Name]; dup {
 		return hcl.Diagnostics{duplicate("tenant", t.Name, b.DefRange, prev.Range)}
 	}
@@ -241,6 +247,30 @@ func (p *Policy) addTenant(b *hcl.Block, tb tenantBody) hcl.Diagnostics {
 		t.Guaranteed = Quota{}
 	}
 	return diags
+}
+
+// submitters reads ["role:<name>", "policy:<name>", ...].
+func submitters(expr hcl.Expression, tenant string) ([]Submitter, hcl.Diagnostics) {
+	if expr == nil {
+		return nil, nil
+	}
+	if v, diags := expr.Value(nil); diags.HasErrors() || v.IsNull() {
+		return nil, diags
+	}
+	var list []string
+	if diags := gohcl.DecodeExpression(expr, nil, &list); diags.HasErrors() {
+		return nil, diags
+	}
+	out := make([]Submitter, 0, len(list))
+	for _, s := range list {
+		kind, name, _ := strings.Cut(s, ":")
+		if (kind != SubmitterRole && kind != SubmitterPolicy) || name == "" {
+			return nil, hcl.Diagnostics{errorAt(expr.Range(), "Invalid submitter",
+				fmt.Sprintf("tenant %q: submitter %q is neither \"role:<Nomad ACL role>\" nor \"policy:<Nomad ACL policy>\"", tenant, s))}
+		}
+		out = append(out, Submitter{Kind: kind, Name: name})
+	}
+	return out, nil
 }
 
 // quota reads `n` (all GPUs) or `{ class = n, ... }`.

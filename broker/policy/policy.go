@@ -51,7 +51,52 @@ type Tenant struct {
 	// MaxQueuedRequestBytes the size of each one's stored request.
 	MaxQueued             int
 	MaxQueuedRequestBytes int
-	Range                 hcl.Range
+	// Submitters are the Nomad ACL roles and policies whose holders may have
+	// the broker write jobs in the tenant's namespaces (enforcement "exclusive").
+	Submitters []Submitter
+	Range      hcl.Range
+}
+
+// Submitter is a Nomad ACL role or policy, by name.
+type Submitter struct {
+	Kind string // SubmitterRole or SubmitterPolicy
+	Name string
+}
+
+// Kinds of submitter.
+const (
+	SubmitterRole   = "role"
+	SubmitterPolicy = "policy"
+)
+
+func (s Submitter) String() string { return s.Kind + ":" + s.Name }
+
+// Grants are what a caller's Nomad ACL token carries.
+type Grants struct {
+	Management bool
+	Roles      []string
+	Policies   []string // its own and those of its roles
+}
+
+// MaySubmit reports whether a caller with g is one of the tenant's
+// submitters. A management token may do anything in Nomad itself, so it may
+// here too.
+func (t *Tenant) MaySubmit(g Grants) bool {
+	if g.Management {
+		return true
+	}
+	for _, s := range t.Submitters {
+		names := g.Policies
+		if s.Kind == SubmitterRole {
+			names = g.Roles
+		}
+		for _, n := range names {
+			if n == s.Name {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // Defaults of a tenant's queue limits.

@@ -93,6 +93,11 @@ tenant "a" {
   namespaces = ["b"]
   queues = ["dev"]
 }`, want: `tenants.hcl:5:1: error: Duplicate tenant: tenant "a" is already defined at tenants.hcl:1,1-11`},
+		{name: "submitter of no kind", tenants: `tenant "a" {
+  namespaces = ["a"]
+  queues = ["dev"]
+  submitters = ["role:ml", "vision-write"]
+}`, want: `tenants.hcl:4:16: error: Invalid submitter: tenant "a": submitter "vision-write" is neither "role:<Nomad ACL role>" nor "policy:<Nomad ACL policy>"`},
 		{name: "guarantees above capacity", capacity: 4, warning: true, tenants: `tenant "a" {
   namespaces = ["a"]
   queues = ["dev"]
@@ -148,5 +153,40 @@ borrowing {
 	want := `q.hcl:3:1: error: Borrowing band not below every queue: borrowing priority 60 must be below queue "a" (60)`
 	if out := policy.FormatDiagnostics(diags); p != nil || !strings.Contains(out, want) {
 		t.Fatalf("want %q, got\n%s", want, out)
+	}
+}
+
+func TestSubmittersAreRolesOrPolicies(t *testing.T) {
+	p, diags := policy.Parse(map[string][]byte{"queues.hcl": []byte(queues), "tenants.hcl": []byte(`tenant "a" {
+  namespaces = ["a"]
+  queues     = ["dev"]
+  submitters = ["role:ml", "policy:a-write"]
+}
+tenant "b" {
+  namespaces = ["b"]
+  queues     = ["dev"]
+}`)}, 0)
+	if p == nil {
+		t.Fatal(policy.FormatDiagnostics(diags))
+	}
+	a, b := p.Tenants["a"], p.Tenants["b"]
+	cases := []struct {
+		name   string
+		tenant *policy.Tenant
+		grants policy.Grants
+		want   bool
+	}{
+		{"role", a, policy.Grants{Roles: []string{"other", "ml"}}, true},
+		{"policy", a, policy.Grants{Policies: []string{"a-write"}}, true},
+		{"a role named like the policy", a, policy.Grants{Roles: []string{"a-write"}}, false},
+		{"a policy named like the role", a, policy.Grants{Policies: []string{"ml"}}, false},
+		{"nothing", a, policy.Grants{}, false},
+		{"management", a, policy.Grants{Management: true}, true},
+		{"a tenant with no submitters", b, policy.Grants{Roles: []string{"ml"}, Policies: []string{"a-write"}}, false},
+	}
+	for _, c := range cases {
+		if got := c.tenant.MaySubmit(c.grants); got != c.want {
+			t.Errorf("%s: MaySubmit = %t, want %t", c.name, got, c.want)
+		}
 	}
 }
