@@ -36,8 +36,9 @@ type Registrar interface {
 	Register(ctx context.Context, namespace string, body []byte) (uint64, error)
 	// Job returns the job Nomad has, or nil if none.
 	Job(ctx context.Context, namespace, id string) (*api.Job, error)
-	// TokenExists reports whether an ACL token (by accessor) still exists.
-	TokenExists(ctx context.Context, accessor string) (bool, error)
+	// Grants reads an ACL token's grants by accessor; exists is false when the
+	// token is gone or expired.
+	Grants(ctx context.Context, accessor string) (g policy.Grants, exists bool, err error)
 }
 
 // Cluster is the usage to decide against.
@@ -68,6 +69,9 @@ type Admitter struct {
 	// recovered, a node came back) Blocked jobs are evaluated again. Optional.
 	Capacity func() int
 	Blocked  Unblocker
+	// Exclusive: the submitter must still be one of the tenant's submitters;
+	// otherwise its token's grants must be those Nomad checked at queueing.
+	Exclusive bool
 }
 
 // Run makes a pass whenever the cluster changes, and every interval anyway.
@@ -149,15 +153,15 @@ func (a *Admitter) Pass(ctx context.Context) (int, error) {
 			continue
 		}
 		if e.Accessor != "" {
-			// Registered with the broker's token: only while the submitter's still exists.
-			exists, err := a.Nomad.TokenExists(ctx, e.Accessor)
+			// Registered with the broker's token: only while the submitter may still.
+			why, err := a.submitterMay(ctx, p, e)
 			if err != nil {
 				res.Release()
 				return admitted, fmt.Errorf("queue entry %s: %w", e.ID, err)
 			}
-			if !exists {
+			if why != "" {
 				res.Release()
-				a.park(ctx, e, fmt.Errorf("the submitter's ACL token (accessor %s) no longer exists", e.Accessor))
+				a.park(ctx, e, errors.New(why))
 				continue
 			}
 		}
@@ -183,6 +187,27 @@ func (a *Admitter) Pass(ctx context.Context) (int, error) {
 			"priority", d.Priority, "waited", a.Now().Sub(e.SubmittedAt).Round(time.Second))
 	}
 	return admitted, nil
+}
+
+// submitterMay says why the submitter of e may no longer submit it ("" if it
+// may): its token is gone, it is no longer one of the tenant's submitters
+// (exclusive), or its roles or policies changed since Nomad checked them.
+func (a *Admitter) submitterMay(ctx context.Context, p *policy.Policy, e queue.Entry) (string, error) {
+	g, exists, err := a.Nomad.Grants(ctx, e.Accessor)
+	switch {
+	case err != nil:
+		return "", err
+	case !exists:
+		return fmt.Sprintf("the submitter's ACL token (accessor %s) no longer exists or expired", e.Accessor), nil
+	case a.Exclusive:
+		if t := p.TenantOf(e.Namespace); t != nil && !t.MaySubmit(g) {
+			return fmt.Sprintf("the submitter's ACL token (accessor %s) holds none of tenant %s's submitters any more", e.Accessor, t.Name), nil
+		}
+	case e.Grants != "" && g.Version != e.Grants:
+		return fmt.Sprintf("the submitter's ACL token (accessor %s), its roles or its policies changed since it was queued; "+
+			"submit the job again so that Nomad checks them", e.Accessor), nil
+	}
+	return "", nil
 }
 
 // park sets an entry aside with the reason it cannot be admitted.

@@ -27,6 +27,7 @@ type nomad struct {
 	priorities map[string]float64
 	fail       bool
 	refuse     string // a job id Nomad refuses
+	tokens     map[string]policy.Grants
 }
 
 type refused struct{}
@@ -36,8 +37,9 @@ func (refused) Refused() bool { return true }
 
 func (n *nomad) Job(context.Context, string, string) (*api.Job, error) { return nil, nil }
 
-func (n *nomad) TokenExists(_ context.Context, accessor string) (bool, error) {
-	return accessor != "deleted", nil
+func (n *nomad) Grants(_ context.Context, accessor string) (policy.Grants, bool, error) {
+	g, ok := n.tokens[accessor]
+	return g, ok, nil
 }
 
 func (n *nomad) Register(_ context.Context, ns string, body []byte) (uint64, error) {
@@ -73,7 +75,7 @@ func setup(t *testing.T, src string, capacity int) (*admitter.Admitter, *queuete
 	view.ObserveNode(testbuild.Node("n", "H100", capacity, 0))
 	now := time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC)
 	q := queuetest.NewMem()
-	n := &nomad{priorities: map[string]float64{}}
+	n := &nomad{priorities: map[string]float64{}, tokens: map[string]policy.Grants{}}
 	a := &admitter.Admitter{Log: hclog.NewNullLogger(), Queue: q, Nomad: n, Cluster: view, Policies: fixed{p},
 		Stamper: nomadjob.Stamper{Key: []byte("k")}, Now: func() time.Time { return now }}
 	return a, q, n, view, now
@@ -176,18 +178,46 @@ func TestJobNomadRefusesIsParkedAndDoesNotBlock(t *testing.T) {
 	}
 }
 
-func TestJobWhoseSubmittersTokenIsGoneIsParked(t *testing.T) {
-	a, q, n, _, now := setup(t, visionPolicy, 8)
-	gone := entry("gone", 2, time.Hour, now)
-	gone.Accessor = "deleted"
-	kept := entry("kept", 2, time.Minute, now)
-	kept.Accessor = "still-there"
-	q.Put(context.Background(), gone)
-	q.Put(context.Background(), kept)
-	if got, _ := a.Pass(context.Background()); got != 1 || fmt.Sprint(n.registered) != "[vision/kept]" {
-		t.Fatalf("admitted %d: %v", got, n.registered)
-	}
-	if e, _ := q.Get(context.Background(), "q-gone"); !strings.Contains(e.Parked, "no longer exists") {
-		t.Errorf("not parked: %+v", e)
+func TestJobWhoseSubmitterMayNoLongerSubmitIsParked(t *testing.T) {
+	writer := policy.Grants{Policies: []string{"vision-write"}, Version: "v1"}
+	for _, c := range []struct {
+		name      string
+		exclusive bool
+		now       map[string]policy.Grants // the tokens' grants when the leader admits
+		parked    string                   // the job parked, "" none
+		why       string
+	}{
+		{name: "token deleted", now: map[string]policy.Grants{}, parked: "job", why: "no longer exists"},
+		{name: "passthrough, grants unchanged", now: map[string]policy.Grants{"acc": writer}},
+		{name: "passthrough, a policy changed", now: map[string]policy.Grants{"acc": {Policies: writer.Policies, Version: "v2"}},
+			parked: "job", why: "changed since it was queued"},
+		{name: "exclusive, still a submitter", exclusive: true,
+			now: map[string]policy.Grants{"acc": {Policies: writer.Policies, Version: "v2"}}},
+		{name: "exclusive, no longer a submitter", exclusive: true, now: map[string]policy.Grants{"acc": {Version: "v1"}},
+			parked: "job", why: "holds none of tenant vision's submitters"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			a, q, n, _, now := setup(t, strings.Replace(visionPolicy, "queues = [", `submitters = ["policy:vision-write"]
+  queues = [`, 1), 8)
+			a.Exclusive, n.tokens = c.exclusive, c.now
+			job := entry("job", 2, time.Hour, now)
+			job.Accessor, job.Grants = "acc", "v1"
+			other := entry("other", 2, time.Minute, now) // queued without ACLs
+			q.Put(context.Background(), job)
+			q.Put(context.Background(), other)
+			want := "[vision/job vision/other]"
+			if c.parked != "" {
+				want = "[vision/other]"
+			}
+			if got, err := a.Pass(context.Background()); err != nil || fmt.Sprint(n.registered) != want {
+				t.Fatalf("admitted %d (%v): %v, want %s", got, err, n.registered, want)
+			}
+			if c.parked == "" {
+				return
+			}
+			if e, _ := q.Get(context.Background(), "q-job"); !strings.Contains(e.Parked, c.why) {
+				t.Errorf("parked with %q, want %q", e.Parked, c.why)
+			}
+		})
 	}
 }

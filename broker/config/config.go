@@ -27,8 +27,16 @@ type Config struct {
 	// job sends no event); default 1m.
 	Resync         string        `hcl:"resync,optional"`
 	ResyncInterval time.Duration // Resync, parsed by Validate
-	Nomad          *Nomad        `hcl:"nomad,block"`
-	Consul         *Consul       `hcl:"consul,block"`
+	// Enforcement is "passthrough" (users keep their own job-write rights in
+	// Nomad) or "exclusive" (only the broker's token writes jobs in tenant
+	// namespaces, for the callers policy names as submitters).
+	Enforcement string `hcl:"enforcement,optional"`
+	// TLS serves the broker's own listener over HTTPS; its CA file, when
+	// given, is what the brokers trust in each other (a follower sends GPU
+	// requests to the leader's advertise address).
+	TLS    *TLS    `hcl:"tls,block"`
+	Nomad  *Nomad  `hcl:"nomad,block"`
+	Consul *Consul `hcl:"consul,block"`
 }
 
 // Nomad is how the broker reaches Nomad's HTTP API.
@@ -49,7 +57,8 @@ type Consul struct {
 	TLS      *TLS   `hcl:"tls,block"`
 }
 
-// TLS files for a client connection.
+// TLS files: for a client connection, CA to trust and client certificate;
+// for the listener, its certificate.
 type TLS struct {
 	CAFile   string `hcl:"ca_file,optional"`
 	CertFile string `hcl:"cert_file,optional"`
@@ -62,6 +71,12 @@ const (
 	DefaultNomad    = "http://127.0.0.1:4646"
 	DefaultConsul   = "127.0.0.1:8500"
 	DefaultKVPrefix = "nomad-gpu/"
+)
+
+// Enforcement modes.
+const (
+	Passthrough = "passthrough"
+	Exclusive   = "exclusive"
 )
 
 // Load reads path (empty: no file), fills what it leaves out from NOMAD_ADDR,
@@ -103,9 +118,14 @@ func (c *Config) fill(env func(string) string) {
 		}
 	}
 	first(&c.Listen, DefaultListen)
-	first(&c.Advertise, "http://"+c.Listen)
+	scheme := "http://"
+	if c.TLS != nil {
+		scheme = "https://"
+	}
+	first(&c.Advertise, scheme+c.Listen)
 	first(&c.PolicyDir, "policies")
 	first(&c.Resync, "1m")
+	first(&c.Enforcement, Passthrough)
 	first(&c.Nomad.Address, env("NOMAD_ADDR"), DefaultNomad)
 	first(&c.Nomad.Token, env("NOMAD_TOKEN"))
 	first(&c.Consul.Address, env("CONSUL_HTTP_ADDR"), DefaultConsul)
@@ -123,6 +143,12 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("broker config: resync %q is not a duration of at least 1s", c.Resync)
 	}
 	c.ResyncInterval = d
+	if c.Enforcement != Passthrough && c.Enforcement != Exclusive {
+		return fmt.Errorf("broker config: enforcement %q is neither %q nor %q", c.Enforcement, Passthrough, Exclusive)
+	}
+	if c.TLS != nil && (c.TLS.CertFile == "" || c.TLS.KeyFile == "") {
+		return fmt.Errorf("broker config: tls needs cert_file and key_file to serve the broker's listener")
+	}
 	if _, _, err := net.SplitHostPort(c.Listen); err != nil {
 		return fmt.Errorf("broker config: listen %q is not host:port: %w", c.Listen, err)
 	}

@@ -61,3 +61,34 @@ resync = "soon"
 		t.Fatalf("want the resync value named, got %v", err)
 	}
 }
+
+func TestEnforcementAndListenerTLS(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "broker.hcl")
+	os.WriteFile(path, []byte(`policy_dir = "`+dir+`"`), 0o644)
+	c, err := Load(path)
+	if err != nil || c.Enforcement != Passthrough || c.TLS != nil {
+		t.Fatalf("defaults: %v %+v", err, c)
+	}
+	os.WriteFile(path, []byte(`policy_dir = "`+dir+`"
+enforcement = "exclusive"
+listen = "127.0.0.1:5000"
+tls {
+  cert_file = "broker.pem"
+  key_file  = "broker-key.pem"
+}
+`), 0o644)
+	c, err = Load(path)
+	if err != nil || c.Enforcement != Exclusive || c.Advertise != "https://127.0.0.1:5000" || c.TLS.CertFile != "broker.pem" {
+		t.Fatalf("exclusive with TLS: %v %+v", err, c)
+	}
+	for bad, want := range map[string]string{
+		`enforcement = "strict"`:           `enforcement "strict" is neither "passthrough" nor "exclusive"`,
+		`tls { cert_file = "broker.pem" }`: `tls needs cert_file and key_file`,
+	} {
+		os.WriteFile(path, []byte(`policy_dir = "`+dir+`"`+"\n"+bad+"\n"), 0o644)
+		if _, err := Load(path); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: want %q, got %v", bad, want, err)
+		}
+	}
+}

@@ -17,6 +17,7 @@ import (
 	"github.com/hashicorp/nomad/api"
 
 	"github.com/nomad-gpu/nomad-gpu/broker/cluster"
+	"github.com/nomad-gpu/nomad-gpu/broker/policy"
 )
 
 // Client talks to Nomad with the broker's own token.
@@ -156,18 +157,43 @@ func (c *Client) Job(ctx context.Context, namespace, id string) (*api.Job, error
 	return j, nil
 }
 
-// TokenExists reports whether an ACL token still exists and has not expired
-// (the broker's token needs acl:read for it).
-func (c *Client) TokenExists(ctx context.Context, accessor string) (bool, error) {
-	tok, _, err := c.api.ACLTokens().Info(accessor, (&api.QueryOptions{}).WithContext(ctx))
-	if err != nil {
-		var ue api.UnexpectedResponseError
-		if errors.As(err, &ue) && ue.StatusCode() == http.StatusNotFound {
-			return false, nil
-		}
-		return false, fmt.Errorf("read ACL token %s: %w", accessor, err)
+// Grants reads the grants of the ACL token with accessor (the broker's
+// token must be a management token: Nomad shows other tokens to no one else);
+// exists is false when it no longer exists or expired.
+func (c *Client) Grants(ctx context.Context, accessor string) (policy.Grants, bool, error) {
+	g, err := ReadGrants(ctx, c.get, "/v1/acl/token/"+url.PathEscape(accessor))
+	if errors.Is(err, ErrNoToken) {
+		return g, false, nil
 	}
-	return tok != nil && (tok.ExpirationTime == nil || tok.ExpirationTime.After(time.Now())), nil
+	return g, err == nil, err
+}
+
+// get reads path with the broker's token.
+func (c *Client) get(ctx context.Context, path string, out any) (bool, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.address+path, nil)
+	if err != nil {
+		return false, err
+	}
+	if c.token != "" {
+		req.Header.Set("X-Nomad-Token", c.token)
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return false, fmt.Errorf("GET %s: %w", path, err)
+	}
+	defer resp.Body.Close()
+	switch resp.StatusCode {
+	case http.StatusOK:
+		if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
+			return false, fmt.Errorf("GET %s: %w", path, err)
+		}
+		return true, nil
+	case http.StatusNotFound:
+		return false, nil
+	default:
+		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 1024))
+		return false, fmt.Errorf("GET %s: Nomad answered %d: %s", path, resp.StatusCode, bytes.TrimSpace(msg))
+	}
 }
 
 // Register sends a job register request body (as a user would) to Nomad and

@@ -76,6 +76,9 @@ type Grants struct {
 	Management bool
 	Roles      []string
 	Policies   []string // its own and those of its roles
+	// Version changes whenever the token, one of its roles or one of their
+	// policies changes.
+	Version string
 }
 
 // MaySubmit reports whether a caller with g is one of the tenant's

@@ -27,7 +27,11 @@ type Entry struct {
 	SubmittedBy string `json:"submitted_by"`
 	// Accessor is the submitter's ACL token accessor (never its secret); the
 	// leader admits the job only while that token still exists.
-	Accessor    string    `json:"accessor,omitempty"`
+	Accessor string `json:"accessor,omitempty"`
+	// Grants is the version of that token's grants (roles, policies) when
+	// Nomad confirmed it may submit the job: passthrough admits the job only
+	// while they are unchanged.
+	Grants      string    `json:"grants,omitempty"`
 	SubmittedAt time.Time `json:"submitted_at"`
 	// Request is the register request body as the user sent it. The user's token
 	// is never stored: the leader registers queued jobs with the broker's own.
