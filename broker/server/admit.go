@@ -43,6 +43,9 @@ func (s *Server) readGPUJob(w http.ResponseWriter, r *http.Request, kind nomadjo
 		writeError(w, http.StatusBadRequest, "nomad-gpu: the job ID %q in the body does not match %q in the path", req.JobID, pathJobID)
 		return nil
 	}
+	if kind != nomadjob.Validate && !s.authorize(w, r, kindName[kind], req.Namespace) {
+		return nil // validation only reads: the caller's own token suffices
+	}
 	probe, err := req.Groups(nil, nil)
 	if err != nil {
 		writeError(w, http.StatusBadRequest, "nomad-gpu: job %q: %v", req.JobID, err)
@@ -76,6 +79,8 @@ func (s *Server) readGPUJob(w http.ResponseWriter, r *http.Request, kind nomadjo
 	req.Pin()
 	return &gpuJobRequest{Request: req, groups: groups}
 }
+
+var kindName = map[nomadjob.Kind]string{nomadjob.Register: "register", nomadjob.Plan: "plan"}
 
 // register admits, queues or rejects a job registration.
 func (s *Server) register(w http.ResponseWriter, r *http.Request, pathJobID string) {
@@ -214,21 +219,35 @@ func admittedWarning(d admission.Decision) string {
 // the broker read it (namespace and counts pinned), never the raw body.
 func (s *Server) enqueue(w http.ResponseWriter, r *http.Request, rj *gpuJobRequest, d admission.Decision, who string) {
 	// The leader registers it later with the broker's own token: first make
-	// sure the caller's token may submit this job here now (Nomad checks
-	// submit-job for a plan), and that the token resolves at all.
+	// sure the token resolves, and that the caller may submit this job here
+	// now: as a tenant submitter (exclusive), or as Nomad says for a plan
+	// with the caller's token (a plan needs submit-job and changes nothing).
 	_, accessor, err := s.resolve(r)
 	if err != nil {
 		writeError(w, http.StatusForbidden, "nomad-gpu: job %q not queued: %v", rj.JobID, err)
 		return
 	}
-	if err := s.mayRegister(r, rj); err != nil {
-		status := http.StatusBadGateway
-		var le *lookupError
-		if errors.As(err, &le) && le.status >= 400 && le.status < 500 {
-			status = le.status
+	var grants string
+	if !writesAsBroker(r) {
+		if accessor != "" {
+			// The leader admits it only while what Nomad checks next is
+			// unchanged (read first: a change in between then parks it).
+			g, err := s.grants(r)
+			if err != nil {
+				writeError(w, http.StatusForbidden, "nomad-gpu: job %q not queued: reading your token's grants: %v", rj.JobID, err)
+				return
+			}
+			grants = g.Version
 		}
-		writeError(w, status, "nomad-gpu: job %q not queued: Nomad refused to plan it with your token (%v)", rj.JobID, err)
-		return
+		if err := s.mayRegister(r, rj); err != nil {
+			status := http.StatusBadGateway
+			var le *lookupError
+			if errors.As(err, &le) && le.status >= 400 && le.status < 500 {
+				status = le.status
+			}
+			writeError(w, status, "nomad-gpu: job %q not queued: Nomad refused to plan it with your token (%v)", rj.JobID, err)
+			return
+		}
 	}
 	entries, err := s.queue.List(r.Context())
 	if err != nil {
@@ -240,7 +259,7 @@ func (s *Server) enqueue(w http.ResponseWriter, r *http.Request, rj *gpuJobReque
 		return
 	}
 	e := queue.Entry{ID: s.newID(), JobID: rj.JobID, Namespace: rj.Namespace, Tenant: d.Tenant, Queue: d.Queue,
-		Demand: d.Demand.Total(), Reason: d.Reason, SubmittedBy: who, Accessor: accessor, SubmittedAt: s.now().UTC(), Request: rj.Body()}
+		Demand: d.Demand.Total(), Reason: d.Reason, SubmittedBy: who, Accessor: accessor, Grants: grants, SubmittedAt: s.now().UTC(), Request: rj.Body()}
 	if err := s.queue.Put(r.Context(), e); err != nil {
 		writeError(w, http.StatusServiceUnavailable, "nomad-gpu: job %q could not be queued: %v", rj.JobID, err)
 		return

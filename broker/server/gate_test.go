@@ -27,10 +27,19 @@ func TestRouteReadsPathsAsNomadDoes(t *testing.T) {
 		{"POST", "/v1/job/train/dispatch", callDispatch, "train"},
 		{"PUT", "/v1/job/train/revert", callRevert, "train"},
 		{"PUT", "/v1/job/nightly/periodic/force", callPeriodicForce, "nightly"},
-		{"PUT", "/v1/job/train/evaluate", callNone, "train"},
+		{"PUT", "/v1/job/train/evaluate", callJobWrite, "train"},
+		{"POST", "/v1/job/train/stable", callJobWrite, "train"},
+		{"GET", "/v1/job/train/evaluations", callNone, ""},
 		{"PUT", "/v1/job/x/plan/scale", callScale, "x/plan"}, // the last suffix decides
 		{"PUT", "/v1/validate/job", callValidate, ""},
-		{"DELETE", "/v1/job/train", callNone, ""},
+		{"DELETE", "/v1/job/train", callJobWrite, "train"},          // stop
+		{"DELETE", "/v1/job/team/train", callJobWrite, "team/train"}, // stop
+		{"DELETE", "/v1/job/train/plan", callNone, ""},               // Nomad: 405
+		{"DELETE", "/v1/jobs", callNone, ""},
+		{"PUT", "/v1/deployment/promote/d1", callDeploymentWrite, "d1"},
+		{"POST", "/v1/deployment/fail/d1", callDeploymentWrite, "d1"},
+		{"PUT", "/v1/deployment/allocation-health/d1", callDeploymentWrite, "d1"},
+		{"GET", "/v1/deployment/d1", callNone, ""},
 		{"put", "/v1/jobs", callNone, ""}, // Nomad compares methods exactly: 405 there
 	}
 	for _, c := range cases {
@@ -256,7 +265,7 @@ func TestARegionsBrokerNamedInPolicyGetsItsRequests(t *testing.T) {
 func TestBrokerAPIWithACLs(t *testing.T) {
 	s, up, q, _ := newTestServer(t)
 	s.acls = true
-	up.tokens = map[string]testToken{"ana": {"ana", []string{"vision"}}, "bob": {"bob", []string{"vision"}}, "eve": {"eve", nil}}
+	up.tokens = map[string]testToken{"ana": {"ana", []string{"vision"}, nil}, "bob": {"bob", []string{"vision"}, nil}, "eve": {"eve", nil, nil}}
 	as := func(tok, method, path, body string) *httptest.ResponseRecorder {
 		req := httptest.NewRequest(method, path, strings.NewReader(body))
 		if tok != "" {
@@ -295,5 +304,71 @@ func TestBrokerAPIWithACLs(t *testing.T) {
 	}
 	if rec := as("bob", http.MethodDelete, "/v1/gpu/queue/"+testQueueID, ""); rec.Code != http.StatusOK {
 		t.Errorf("bob may submit in vision, so may cancel: %d %s", rec.Code, rec.Body)
+	}
+}
+
+func TestExclusiveEnforcementWritesForSubmittersOnly(t *testing.T) {
+	s, up, q, _ := newTestServer(t)
+	s.acls, s.exclusive, s.token = true, true, "broker-secret"
+	s.policies = fixedPolicy{visionPolicy(t, `submitters = ["policy:vision-write"]`, `tenant "search" {
+  namespaces = ["search"]
+  queues = ["training"]
+}`)}
+	up.tokens = map[string]testToken{
+		"ana":           {"ana", []string{"vision"}, []string{"vision-write"}},
+		"bob":           {"bob", []string{"vision", "default"}, []string{"vision-read"}},
+		"broker-secret": {"broker", []string{"vision", "search", "default"}, nil},
+	}
+	up.deployments = map[string]string{"dep-vision": "vision", "dep-search": "search"}
+	as := func(tok, method, path, body string) *httptest.ResponseRecorder {
+		req := httptest.NewRequest(method, path, strings.NewReader(body))
+		req.Header.Set("X-Nomad-Token", tok)
+		rec := httptest.NewRecorder()
+		s.Handler().ServeHTTP(rec, req)
+		return rec
+	}
+	gpu := testbuild.Job("vision", "train").Group("g", 1, 2, "gpu").Register()
+	cpu := testbuild.Job("vision", "web").Group("g", 1, 0, "").Register()
+	for _, c := range []struct {
+		tok, method, path, body string
+		status                  int
+		writer                  string // the token Nomad got the write with; "" no write
+	}{
+		{"ana", "PUT", "/v1/jobs", gpu, 200, "broker-secret"},
+		{"ana", "PUT", "/v1/jobs", cpu, 200, "broker-secret"}, // any job write in the namespace
+		{"ana", "DELETE", "/v1/job/train?namespace=vision", "", 200, "broker-secret"},
+		{"ana", "PUT", "/v1/job/train/evaluate?namespace=vision", "{}", 200, "broker-secret"},
+		{"ana", "PUT", "/v1/deployment/promote/dep-vision?namespace=vision", "{}", 200, "broker-secret"},
+		// another tenant's deployment, named through a namespace the caller may write in
+		{"ana", "PUT", "/v1/deployment/fail/dep-search?namespace=vision", "{}", 403, ""},
+		{"bob", "PUT", "/v1/jobs", gpu, 403, ""},
+		{"bob", "PUT", "/v1/jobs", cpu, 403, ""},
+		{"bob", "DELETE", "/v1/job/train?namespace=vision", "", 403, ""},
+		{"bob", "POST", "/v1/job/train/scale?namespace=vision", `{"Count":1,"Target":{"Group":"g"}}`, 403, ""},
+		// outside the tenants' namespaces Nomad's ACLs decide, on the caller's token
+		{"bob", "PUT", "/v1/jobs", testbuild.Job("default", "web").Group("g", 1, 0, "").Register(), 200, "bob"},
+		{"bob", "DELETE", "/v1/job/web?namespace=default", "", 200, "bob"},
+	} {
+		before := len(up.writers)
+		rec := as(c.tok, c.method, c.path, c.body)
+		var writer string
+		if len(up.writers) > before {
+			writer = up.writers[len(up.writers)-1]
+		}
+		if rec.Code != c.status || writer != c.writer {
+			t.Errorf("%s %s %s: %d %s, Nomad wrote with %q, want %d with %q", c.tok, c.method, c.path, rec.Code, rec.Body, writer, c.status, c.writer)
+		}
+		if c.status == 403 && c.tok == "bob" && !strings.Contains(rec.Body.String(), "submitters (policy:vision-write)") {
+			t.Errorf("%s %s: the refusal does not name the submitters: %s", c.method, c.path, rec.Body)
+		}
+	}
+	// Queued for a submitter: no plan with the caller's token (it may not
+	// submit in Nomad itself); the accessor is recorded for the leader.
+	up.writes = nil
+	if rec := as("ana", "PUT", "/v1/jobs", testbuild.Job("vision", "waits").Group("g", 1, 2, "gpu").Register()); !strings.Contains(rec.Body.String(), "queued as") {
+		t.Fatalf("not queued: %d %s", rec.Code, rec.Body)
+	}
+	if e, err := q.Get(t.Context(), testQueueID); err != nil || e.Accessor != "acc-ana" || len(up.writes) != 0 {
+		t.Errorf("entry %+v (%v), Nomad got %v", e, err, up.writes)
 	}
 }

@@ -7,6 +7,8 @@ import (
 	"net/http"
 	"strings"
 	"time"
+
+	"github.com/nomad-gpu/nomad-gpu/broker/policy"
 )
 
 // identityTTL is how long a token's identity is reused before asking Nomad again.
@@ -17,6 +19,7 @@ const maxIdentities = 10_000
 
 type cachedIdentity struct {
 	name, accessor string
+	grants         *policy.Grants // read when first needed
 	expires        time.Time
 }
 
@@ -50,12 +53,8 @@ func (s *Server) resolve(r *http.Request) (name, accessor string, err error) {
 	if secret == "" {
 		return "anonymous", "", nil
 	}
-	key := sha256.Sum256([]byte(secret))
-	now := s.now()
-	s.idMu.Lock()
-	c, ok := s.identities[key]
-	s.idMu.Unlock()
-	if ok && now.Before(c.expires) {
+	key, c, ok := s.cached(r)
+	if ok {
 		return c.name, c.accessor, nil
 	}
 	var self struct{ AccessorID, Name string }
@@ -74,7 +73,16 @@ func (s *Server) resolve(r *http.Request) (name, accessor string, err error) {
 	if len(s.identities) >= maxIdentities {
 		s.identities = map[[32]byte]cachedIdentity{}
 	}
-	s.identities[key] = cachedIdentity{name: name, accessor: accessor, expires: now.Add(identityTTL)}
+	s.identities[key] = cachedIdentity{name: name, accessor: accessor, expires: s.now().Add(identityTTL)}
 	s.idMu.Unlock()
 	return name, accessor, nil
+}
+
+// cached is the caller's identity while it is fresh, by the hash of its token.
+func (s *Server) cached(r *http.Request) ([32]byte, cachedIdentity, bool) {
+	key := sha256.Sum256([]byte(token(r)))
+	s.idMu.Lock()
+	defer s.idMu.Unlock()
+	c, ok := s.identities[key]
+	return key, c, ok && s.now().Before(c.expires)
 }

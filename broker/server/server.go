@@ -79,6 +79,8 @@ type Server struct {
 	stamper      nomadjob.Stamper
 	region       string
 	acls         bool
+	exclusive    bool
+	token        string
 	leader       Leader
 	now          func() time.Time
 	newID        func() string
@@ -101,6 +103,12 @@ type Options struct {
 	Region   string // the Nomad region the broker governs ("" or "global": Nomad's default)
 	Leader   Leader // nil: this broker takes every admission itself
 	ACLs     bool   // Nomad enforces ACLs: the broker's API then needs a valid token
+	// Exclusive enforcement: the broker writes jobs in tenant namespaces with
+	// Token, its own, for the tenants' submitters.
+	Exclusive bool
+	Token     string
+	// Peers reaches the other brokers (TLS as they serve it); nil: a plain client.
+	Peers *http.Client
 	Now      func() time.Time
 	NewID    func() string
 }
@@ -112,11 +120,14 @@ func New(o Options) (*Server, error) {
 		return nil, fmt.Errorf("nomad address %q: %w", o.Nomad, err)
 	}
 	s := &Server{log: o.Log, upstream: u, client: o.Client, policies: o.Policies, cluster: o.Cluster,
-		queue: o.Queue, stamper: o.Stamper, region: o.Region, acls: o.ACLs, leader: o.Leader, now: o.Now, newID: o.NewID, identities: map[[32]byte]cachedIdentity{}}
+		queue: o.Queue, stamper: o.Stamper, region: o.Region, acls: o.ACLs, exclusive: o.Exclusive, token: o.Token, leader: o.Leader, now: o.Now, newID: o.NewID, identities: map[[32]byte]cachedIdentity{}}
 	if s.client == nil {
 		s.client = &http.Client{}
 	}
-	s.leaderClient = &http.Client{}
+	s.leaderClient = o.Peers
+	if s.leaderClient == nil {
+		s.leaderClient = &http.Client{}
+	}
 	s.large = make(chan struct{}, MaxLargeBodies)
 	if s.region == "" || s.region == api.GlobalRegion {
 		s.region = api.GlobalRegion
@@ -136,6 +147,7 @@ func New(o Options) (*Server, error) {
 // Handler routes a request: intercepted calls, the broker's API, or Nomad.
 func (s *Server) Handler() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		r = withWriteAuth(r)
 		p := r.URL.Path
 		if clean := cleanPath(p); clean != p {
 			// As Nomad's router does: a call is only ever acted on at its clean path.
@@ -159,6 +171,16 @@ func (s *Server) Handler() http.Handler {
 			}
 		}
 		switch c {
+		case callScale, callDispatch, callPeriodicForce, callRevert, callJobWrite:
+			if !s.authorize(w, r, c.String(), s.callNamespace(r)) {
+				return
+			}
+		case callDeploymentWrite:
+			if !s.authorizeDeployment(w, r, jobID) {
+				return
+			}
+		}
+		switch c {
 		case callRegister:
 			s.register(w, r, jobID)
 		case callPlan:
@@ -171,6 +193,10 @@ func (s *Server) Handler() http.Handler {
 			s.spawn(w, r, c, jobID)
 		case callRevert:
 			s.revert(w, r, jobID)
+		case callJobWrite, callDeploymentWrite:
+			if body, ok := readBody(w, r); ok {
+				s.passThrough(w, r, body)
+			}
 		default:
 			if r.Method == http.MethodGet && strings.HasPrefix(p, "/v1/evaluation/") {
 				s.evaluation(w, r)
@@ -211,6 +237,7 @@ func (s *Server) forward(r *http.Request, body []byte, namespace string) (*http.
 	}
 	req.Header = r.Header.Clone()
 	req.Header.Del("Content-Length")
+	s.setWriter(r, req)
 	// The broker reads these answers: let the transport negotiate compression.
 	req.Header.Del("Accept-Encoding")
 	return s.client.Do(req)

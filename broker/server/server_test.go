@@ -37,8 +37,12 @@ type upstream struct {
 	last   map[string]any
 	raw    []byte
 	writes []string // "METHOD path?query"
-	jobs   map[string]*api.Job
-	lookup int // status for every read, when not 0
+	// writers are the tokens of writes, in order.
+	writers []string
+	// deployments are deployment ids with their namespaces.
+	deployments map[string]string
+	jobs        map[string]*api.Job
+	lookup      int // status for every read, when not 0
 	// planStatus answers plans, when not 0.
 	planStatus int
 	// tokens, when set, turns ACLs on: each secret's name and the namespaces
@@ -49,6 +53,7 @@ type upstream struct {
 type testToken struct {
 	name       string
 	namespaces []string
+	policies   []string
 }
 
 // acl answers what Nomad's ACLs would; false when the request may go on.
@@ -66,10 +71,22 @@ func (u *upstream) acl(w http.ResponseWriter, r *http.Request) bool {
 		return true
 	}
 	if r.URL.Path == "/v1/acl/token/self" {
-		json.NewEncoder(w).Encode(map[string]string{"AccessorID": "acc-" + tok.name, "Name": tok.name})
+		json.NewEncoder(w).Encode(map[string]any{"AccessorID": "acc-" + tok.name, "Name": tok.name, "Type": "client", "Policies": tok.policies})
+		return true
+	}
+	if strings.HasPrefix(r.URL.Path, "/v1/acl/policy/") {
+		fmt.Fprint(w, `{"ModifyIndex":7}`)
 		return true
 	}
 	ns := r.URL.Query().Get("namespace")
+	if ns == "" && r.Body != nil {
+		// A registration without one: Nomad takes the job's.
+		raw, _ := io.ReadAll(r.Body)
+		r.Body = io.NopCloser(bytes.NewReader(raw))
+		var reg struct{ Job struct{ Namespace string } }
+		json.Unmarshal(raw, &reg)
+		ns = reg.Job.Namespace
+	}
 	if rest, ok := strings.CutPrefix(r.URL.Path, "/v1/namespace/"); ok {
 		ns = rest
 	}
@@ -97,6 +114,14 @@ func (u *upstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			http.Error(w, "Permission denied", u.lookup)
 			return
 		}
+		if id, ok := strings.CutPrefix(r.URL.Path, "/v1/deployment/"); ok {
+			if ns, ok := u.deployments[id]; ok { // by id, whatever the query's namespace, as Nomad
+				json.NewEncoder(w).Encode(map[string]string{"ID": id, "Namespace": ns})
+			} else {
+				http.Error(w, "deployment not found", http.StatusNotFound)
+			}
+			return
+		}
 		job, ok := u.jobs[strings.TrimPrefix(r.URL.Path, "/v1/job/")]
 		if !ok {
 			http.Error(w, "job not found", http.StatusNotFound)
@@ -114,6 +139,7 @@ func (u *upstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	json.Unmarshal(u.raw, &body)
 	u.last = body
 	u.writes = append(u.writes, r.Method+" "+r.URL.RequestURI())
+	u.writers = append(u.writers, r.Header.Get("X-Nomad-Token"))
 	w.Header().Set("Content-Type", "application/json")
 	fmt.Fprint(w, `{"EvalID":"e1","EvalCreateIndex":10,"JobModifyIndex":10,"Warnings":"","Index":10,"LastIndex":10}`)
 }

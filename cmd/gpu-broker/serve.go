@@ -3,6 +3,8 @@ package main
 import (
 	"context"
 	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"flag"
 	"fmt"
@@ -90,6 +92,14 @@ func serveErr(path string, log hclog.Logger) error {
 	if err != nil {
 		return err
 	}
+	exclusive := cfg.Enforcement == config.Exclusive
+	if exclusive && !acls {
+		return errors.New(`enforcement = "exclusive" needs Nomad's ACLs on: without them Nomad cannot refuse the writes that do not come through the broker`)
+	}
+	peers, err := peerClient(cfg.TLS)
+	if err != nil {
+		return err
+	}
 	region := cfg.Nomad.Region
 	if region == "" {
 		region = agentRegion
@@ -98,7 +108,8 @@ func serveErr(path string, log hclog.Logger) error {
 	elector := &leader.Elector{Client: consulClient, Key: cfg.Consul.KVPrefix + "leader", Address: cfg.Advertise,
 		Log: log.Named("leader")}
 	srv, err := server.New(server.Options{Leader: elector, Log: log.Named("proxy"), Nomad: cfg.Nomad.Address,
-		Client: nomadClient.HTTPClient(), Policies: policies, Cluster: view, Queue: store, Stamper: stamper, Region: region, ACLs: acls})
+		Client: nomadClient.HTTPClient(), Policies: policies, Cluster: view, Queue: store, Stamper: stamper, Region: region, ACLs: acls,
+		Exclusive: exclusive, Token: cfg.Nomad.Token, Peers: peers})
 	if err != nil {
 		return err
 	}
@@ -107,12 +118,16 @@ func serveErr(path string, log hclog.Logger) error {
 		return fmt.Errorf("listen on %s: %w", cfg.Listen, err)
 	}
 	httpServer := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second}
-	go httpServer.Serve(ln)
-	log.Info("broker listening", "address", cfg.Listen, "nomad", cfg.Nomad.Address, "consul", cfg.Consul.Address,
+	if cfg.TLS != nil {
+		go httpServer.ServeTLS(ln, cfg.TLS.CertFile, cfg.TLS.KeyFile)
+	} else {
+		go httpServer.Serve(ln)
+	}
+	log.Info("broker listening", "address", cfg.Listen, "tls", cfg.TLS != nil, "enforcement", cfg.Enforcement, "nomad", cfg.Nomad.Address, "consul", cfg.Consul.Address,
 		"policy_dir", cfg.PolicyDir, "region", region, "acls", acls)
 
 	adm := &admitter.Admitter{Log: log.Named("queue"), Queue: store, Nomad: nomadClient, Cluster: view,
-		Policies: policies, Stamper: stamper, Now: time.Now, Capacity: view.Capacity, Blocked: nomadClient}
+		Policies: policies, Stamper: stamper, Now: time.Now, Capacity: view.Capacity, Blocked: nomadClient, Exclusive: exclusive}
 	elector.Run(ctx, func(ctx context.Context) {
 		reassert := time.NewTicker(30 * time.Second)
 		defer reassert.Stop()
@@ -126,6 +141,26 @@ func serveErr(path string, log hclog.Logger) error {
 	shutdown, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	return httpServer.Shutdown(shutdown)
+}
+
+// peerClient reaches the other brokers: over TLS, trusting the CA of the
+// broker's own tls block, when it serves TLS.
+func peerClient(t *config.TLS) (*http.Client, error) {
+	if t == nil {
+		return &http.Client{}, nil
+	}
+	cfg := &tls.Config{MinVersion: tls.VersionTLS12}
+	if t.CAFile != "" {
+		pem, err := os.ReadFile(t.CAFile)
+		if err != nil {
+			return nil, fmt.Errorf("broker tls: read ca_file: %w", err)
+		}
+		cfg.RootCAs = x509.NewCertPool()
+		if !cfg.RootCAs.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("broker tls: ca_file %s holds no PEM certificate", t.CAFile)
+		}
+	}
+	return &http.Client{Transport: &http.Transport{TLSClientConfig: cfg}}, nil
 }
 
 func sleep(ctx context.Context, d time.Duration) {
