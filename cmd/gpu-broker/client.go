@@ -1,6 +1,8 @@
 package main
 
 import (
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"flag"
 	"fmt"
@@ -20,6 +22,8 @@ func client(args []string) int {
 	fs := flag.NewFlagSet(args[0], flag.ContinueOnError)
 	addr := fs.String("address", envOr("GPU_BROKER_ADDR", "http://127.0.0.1:4649"), "broker address")
 	asJSON := fs.Bool("json", false, "print JSON")
+	token := fs.String("token", os.Getenv("NOMAD_TOKEN"), "Nomad ACL token (default: NOMAD_TOKEN)")
+	caCert := fs.String("ca-cert", os.Getenv("GPU_BROKER_CACERT"), "CA certificate to trust when the broker serves TLS")
 	rest := args[1:]
 	sub := ""
 	if args[0] == "queue" {
@@ -29,7 +33,19 @@ func client(args []string) int {
 		}
 		sub, rest = rest[0], rest[1:]
 	}
-	if err := fs.Parse(rest); err != nil {
+	// Flags may come before or after the id, as the usage line shows them.
+	var positional []string
+	for {
+		if err := fs.Parse(rest); err != nil {
+			return 2
+		}
+		if fs.NArg() == 0 {
+			break
+		}
+		positional, rest = append(positional, fs.Arg(0)), fs.Args()[1:]
+	}
+	if (sub == "" || sub == "list") && len(positional) > 0 {
+		fmt.Fprintf(os.Stderr, "gpu-broker %s: unexpected argument %q\n", strings.TrimSpace(args[0]+" "+sub), positional[0])
 		return 2
 	}
 	method, path := http.MethodGet, "/v1/gpu/usage"
@@ -38,11 +54,11 @@ func client(args []string) int {
 	case "list":
 		path = "/v1/gpu/queue"
 	case "show", "cancel":
-		if fs.NArg() != 1 {
+		if len(positional) != 1 {
 			fmt.Fprintf(os.Stderr, "usage: gpu-broker queue %s ID\n", sub)
 			return 2
 		}
-		path = "/v1/gpu/queue/" + url.PathEscape(fs.Arg(0))
+		path = "/v1/gpu/queue/" + url.PathEscape(positional[0])
 		if sub == "cancel" {
 			method = http.MethodDelete
 		}
@@ -50,7 +66,12 @@ func client(args []string) int {
 		fmt.Fprintf(os.Stderr, "gpu-broker queue: unknown subcommand %q\n", sub)
 		return 2
 	}
-	body, err := call(method, strings.TrimRight(*addr, "/")+path)
+	hc, err := httpClient(*caCert)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "gpu-broker: %v\n", err)
+		return 1
+	}
+	body, err := call(hc, method, strings.TrimRight(*addr, "/")+path, *token)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "gpu-broker: %v\n", err)
 		return 1
@@ -62,12 +83,36 @@ func client(args []string) int {
 	return printTable(sub, body)
 }
 
-func call(method, u string) ([]byte, error) {
+// httpClient trusts caCert (a PEM file) besides the system's CAs.
+func httpClient(caCert string) (*http.Client, error) {
+	hc := &http.Client{Timeout: 30 * time.Second}
+	if caCert == "" {
+		return hc, nil
+	}
+	pem, err := os.ReadFile(caCert)
+	if err != nil {
+		return nil, err
+	}
+	pool, err := x509.SystemCertPool()
+	if err != nil {
+		pool = x509.NewCertPool()
+	}
+	if !pool.AppendCertsFromPEM(pem) {
+		return nil, fmt.Errorf("%s holds no PEM certificate", caCert)
+	}
+	hc.Transport = &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}}
+	return hc, nil
+}
+
+func call(hc *http.Client, method, u, token string) ([]byte, error) {
 	req, err := http.NewRequest(method, u, nil)
 	if err != nil {
 		return nil, err
 	}
-	resp, err := (&http.Client{Timeout: 30 * time.Second}).Do(req)
+	if token != "" {
+		req.Header.Set("X-Nomad-Token", token)
+	}
+	resp, err := hc.Do(req)
 	if err != nil {
 		return nil, fmt.Errorf("reach the broker: %w", err)
 	}

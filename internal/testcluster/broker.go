@@ -17,33 +17,59 @@ type Broker struct {
 	dir    string
 	bin    string
 	config string
+	token  string
+	// Client reaches the broker (TLS as it serves it).
+	Client *http.Client
 	t      testing.TB
+}
+
+// BrokerOptions are what StartBrokerWith adds to a broker's configuration.
+type BrokerOptions struct {
+	Token  string // the broker's own Nomad token (nomad.token), also used to probe it
+	Config string // more broker.hcl
+	// TLS serves the broker's listener with this certificate, trusted through its CA.
+	TLS *Certs
 }
 
 // StartBroker runs gpu-broker (race-detector build) in front of nomad with its
 // queue in consul and its policies in policyDir.
 func StartBroker(t testing.TB, nomad *Nomad, consul *Consul, policyDir string) *Broker {
 	t.Helper()
-	return startBroker(t, BrokerBinary(t), nomad, consul, policyDir)
+	return startBroker(t, BrokerBinary(t), nomad, consul, policyDir, BrokerOptions{})
+}
+
+// StartBrokerWith is StartBroker with options.
+func StartBrokerWith(t testing.TB, nomad *Nomad, consul *Consul, policyDir string, o BrokerOptions) *Broker {
+	t.Helper()
+	return startBroker(t, BrokerBinary(t), nomad, consul, policyDir, o)
 }
 
 // StartReleaseBroker is StartBroker with the released build, for benchmarks.
 func StartReleaseBroker(t testing.TB, nomad *Nomad, consul *Consul, policyDir string) *Broker {
 	t.Helper()
-	return startBroker(t, BrokerReleaseBinary(t), nomad, consul, policyDir)
+	return startBroker(t, BrokerReleaseBinary(t), nomad, consul, policyDir, BrokerOptions{})
 }
 
-func startBroker(t testing.TB, bin string, nomad *Nomad, consul *Consul, policyDir string) *Broker {
+func startBroker(t testing.TB, bin string, nomad *Nomad, consul *Consul, policyDir string, o BrokerOptions) *Broker {
 	t.Helper()
 	dir := t.TempDir()
 	port := FreePorts(t, 1)[0]
 	b := &Broker{Addr: fmt.Sprintf("http://127.0.0.1:%d", port), dir: dir, t: t, bin: bin,
-		config: filepath.Join(dir, "broker.hcl")}
+		config: filepath.Join(dir, "broker.hcl"), token: o.Token, Client: &http.Client{Timeout: 30 * time.Second}}
 	cfg := fmt.Sprintf(`listen     = "127.0.0.1:%d"
 policy_dir = %q
-nomad  { address = %q }
+nomad  {
+  address = %q
+  token   = %q
+}
 consul { address = %q }
-`, port, policyDir, nomad.Addr, consul.Addr)
+%s
+`, port, policyDir, nomad.Addr, o.Token, consul.Addr, o.Config)
+	if o.TLS != nil {
+		b.Addr = fmt.Sprintf("https://127.0.0.1:%d", port)
+		b.Client = o.TLS.Client()
+		cfg += fmt.Sprintf("tls {\n  ca_file = %q\n  cert_file = %q\n  key_file = %q\n}\n", o.TLS.CAFile, o.TLS.CertFile, o.TLS.KeyFile)
+	}
 	if err := os.WriteFile(b.config, []byte(cfg), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -65,7 +91,11 @@ func (b *Broker) Start() {
 			b.t.Fatalf("gpu-broker exited:\n%s", b.Log())
 		default:
 		}
-		resp, err := http.Get(b.Addr + "/v1/gpu/usage")
+		req, _ := http.NewRequest(http.MethodGet, b.Addr+"/v1/gpu/usage", nil)
+		if b.token != "" {
+			req.Header.Set("X-Nomad-Token", b.token)
+		}
+		resp, err := b.Client.Do(req)
 		if err != nil {
 			return err
 		}

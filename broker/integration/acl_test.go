@@ -1,0 +1,233 @@
+package integration
+
+import (
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/nomad/api"
+
+	"github.com/nomad-gpu/nomad-gpu/internal/testcluster"
+)
+
+// The Nomad ACL policies README.md documents for exclusive enforcement: users
+// read, follow logs, exec and restart in their namespace, and write nothing.
+const exclusiveUserRules = `
+namespace "vision" {
+  policy       = "read"
+  capabilities = ["read-logs", "read-fs", "alloc-exec", "alloc-lifecycle"]
+}
+node {
+  policy = "read"
+}
+`
+
+const aclPolicy = `
+queue "training" { priority = 60 }
+tenant "vision" {
+  namespaces = ["vision"]
+  queues     = ["training"]
+  guaranteed = 2
+  limit      = 2
+  submitters = ["role:vision-ml"]
+}
+borrowing {
+  enabled = false
+}
+`
+
+// aclEnv is a user of an ACL-enabled cluster: the nomad and gpu-broker CLIs
+// with a token, against the broker (over TLS) or Nomad itself.
+type aclEnv struct {
+	*env
+	certs *testcluster.Certs
+}
+
+func (e *aclEnv) cli(token, addr string, args ...string) (string, error) {
+	cmd := exec.Command(testcluster.Binary(e.t, "nomad"), args...)
+	cmd.Env = append(os.Environ(), "NOMAD_ADDR="+addr, "NOMAD_TOKEN="+token, "NOMAD_CACERT="+e.certs.CAFile)
+	out, err := cmd.CombinedOutput()
+	return string(out), err
+}
+
+func (e *aclEnv) brokerAPI(token, method, path string) (int, string) {
+	req, _ := http.NewRequest(method, e.broker.Addr+path, nil)
+	if token != "" {
+		req.Header.Set("X-Nomad-Token", token)
+	}
+	resp, err := e.broker.Client.Do(req)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(body)
+}
+
+// TestExclusiveEnforcementWithNomadACLs walks the paths of issue 6 §2 and §3
+// with Nomad's ACLs on: users hold read rights only, the broker (serving TLS)
+// writes for the tenant's submitters with its own token.
+func TestExclusiveEnforcementWithNomadACLs(t *testing.T) {
+	consul := testcluster.StartConsul(t)
+	n := testcluster.LaunchNomad(t, testcluster.NomadOptions{Name: "acl", Server: true, Client: true, ConsulAddr: consul.Addr,
+		ExtraHCL: "acl {\n  enabled = true\n}", PluginConfig: `
+    backend = "fake"
+    fake {
+      count     = 4
+      id_prefix = "acl"
+    }`})
+	var boot *api.ACLToken
+	testcluster.WaitFor(t, 90*time.Second, "ACL bootstrap", func() error {
+		if n.Exited() {
+			t.Fatalf("nomad exited:\n%s", n.Log())
+		}
+		var err error
+		boot, _, err = n.API.ACLTokens().Bootstrap(nil)
+		return err
+	})
+	n.API.SetSecretID(boot.SecretID)
+	n.WaitForNodes(t, 1)
+	if _, err := n.API.Namespaces().Register(&api.Namespace{Name: "vision"}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := n.API.ACLPolicies().Upsert(&api.ACLPolicy{Name: "vision-user", Rules: exclusiveUserRules}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := n.API.ACLRoles().Create(&api.ACLRole{Name: "vision-ml", Policies: []*api.ACLRolePolicyLink{{Name: "vision-user"}}}, nil); err != nil {
+		t.Fatal(err)
+	}
+	token := func(name, typ string, roles []string, policies []string) *api.ACLToken {
+		tok := &api.ACLToken{Name: name, Type: typ, Policies: policies}
+		for _, r := range roles {
+			tok.Roles = append(tok.Roles, &api.ACLTokenRoleLink{Name: r})
+		}
+		out, _, err := n.API.ACLTokens().Create(tok, nil)
+		if err != nil {
+			t.Fatalf("token %s: %v", name, err)
+		}
+		return out
+	}
+	ana := token("ana", "client", []string{"vision-ml"}, nil)   // a submitter
+	cai := token("cai", "client", []string{"vision-ml"}, nil)   // another
+	bob := token("bob", "client", nil, []string{"vision-user"}) // reads vision, not a submitter
+	brokerToken := token("gpu-broker", "management", nil, nil)  // reads other tokens: management only
+	policyDir := t.TempDir()
+	writeFile(t, filepath.Join(policyDir, "policy.hcl"), aclPolicy)
+	certs := testcluster.NewCerts(t)
+	e := &aclEnv{env: &env{t: t, nomad: n, dir: t.TempDir(), policyDir: policyDir}, certs: certs}
+	e.broker = testcluster.StartBrokerWith(t, n, consul, policyDir, testcluster.BrokerOptions{
+		Token: brokerToken.SecretID, Config: `enforcement = "exclusive"`, TLS: certs})
+	if !strings.HasPrefix(e.broker.Addr, "https://") {
+		t.Fatalf("broker does not serve TLS: %s", e.broker.Addr)
+	}
+	testcluster.WaitFor(t, 60*time.Second, "the broker's view of 4 GPUs", func() error {
+		out, _ := e.cli(ana.SecretID, e.broker.Addr, "job", "plan", e.spec("vision", "probe", 1, 5, ""))
+		if !strings.Contains(out, "no node has more than 4") {
+			return fmt.Errorf("%s", out)
+		}
+		return nil
+	})
+
+	t.Run("a submitter's direct nomad job run is refused by Nomad", func(t *testing.T) {
+		out, err := e.cli(ana.SecretID, n.Addr, "job", "run", e.spec("vision", "direct", 1, 1, ""))
+		if err == nil || !strings.Contains(out, "Permission denied") {
+			t.Fatalf("Nomad took a user's write: %v\n%s", err, out)
+		}
+	})
+	t.Run("the same through the broker runs, written by the broker", func(t *testing.T) {
+		out, err := e.cli(ana.SecretID, e.broker.Addr, "job", "run", e.spec("vision", "direct", 1, 1, ""))
+		if err != nil || !strings.Contains(out, "nomad-gpu: admitted: tenant vision") {
+			t.Fatalf("%v\n%s", err, out)
+		}
+		job := e.job("vision", "direct")
+		if *job.Priority != 60 || job.Meta["nomad-gpu.tenant"] != "vision" {
+			t.Errorf("priority %d, meta %v", *job.Priority, job.Meta)
+		}
+		e.waitRunning("vision", "direct")
+	})
+	t.Run("reads go to Nomad with the caller's own token", func(t *testing.T) {
+		if out, err := e.cli(bob.SecretID, e.broker.Addr, "job", "status", "-namespace", "vision", "direct"); err != nil || !strings.Contains(out, "running") {
+			t.Errorf("bob cannot read vision's job through the broker: %v\n%s", err, out)
+		}
+		if out, err := e.cli("", e.broker.Addr, "job", "status", "-namespace", "vision", "direct"); err == nil {
+			t.Errorf("an anonymous caller read vision's job through the broker:\n%s", out)
+		}
+	})
+	t.Run("a user outside submitters is refused by the broker", func(t *testing.T) {
+		for _, args := range [][]string{
+			{"job", "run", e.spec("vision", "bobs", 1, 1, "")},
+			{"job", "run", e.spec("vision", "bobs-cpu", 1, 0, "")},
+			{"job", "stop", "-namespace", "vision", "direct"},
+			{"job", "scale", "-namespace", "vision", "direct", "g", "2"},
+			{"job", "eval", "-namespace", "vision", "direct"},
+		} {
+			out, err := e.cli(bob.SecretID, e.broker.Addr, args...)
+			if err == nil || !strings.Contains(out, "submitters (role:vision-ml), and your token holds none of them") {
+				t.Errorf("bob: nomad %s: %v\n%s", strings.Join(args[:2], " "), err, out)
+			}
+		}
+		if out, err := e.cli("", e.broker.Addr, "job", "run", e.spec("vision", "anon", 1, 1, "")); err == nil || !strings.Contains(out, "send a Nomad ACL token") {
+			t.Errorf("anonymous: %v\n%s", err, out)
+		}
+		for _, id := range []string{"bobs", "bobs-cpu", "anon"} {
+			if _, _, err := n.API.Jobs().Info(id, &api.QueryOptions{Namespace: "vision"}); err == nil {
+				t.Errorf("Nomad has job %s", id)
+			}
+		}
+		if job := e.job("vision", "direct"); job.Stop != nil && *job.Stop {
+			t.Errorf("bob stopped ana's job")
+		}
+	})
+
+	var queued string
+	t.Run("the queue: a submitter's job waits, the API needs a token and shows only what it may read", func(t *testing.T) {
+		out, err := e.cli(cai.SecretID, e.broker.Addr, "job", "run", "-detach", e.spec("vision", "waits", 1, 2, ""))
+		if err != nil || !strings.Contains(out, "nomad-gpu: queued as ") {
+			t.Fatalf("%v\n%s", err, out)
+		}
+		queued = strings.TrimSuffix(strings.Fields(out[strings.Index(out, "queued as ")+len("queued as "):])[0], ",")
+		if status, body := e.brokerAPI("", http.MethodGet, "/v1/gpu/queue"); status != http.StatusForbidden {
+			t.Errorf("queue without a token: %d %s", status, body)
+		}
+		status, body := e.brokerAPI(bob.SecretID, http.MethodGet, "/v1/gpu/queue")
+		if status != http.StatusOK || !strings.Contains(body, "waits") || strings.Contains(body, `"request"`) {
+			t.Errorf("bob's queue list: %d %s", status, body)
+		}
+		if status, body := e.brokerAPI(bob.SecretID, http.MethodDelete, "/v1/gpu/queue/"+queued); status != http.StatusForbidden {
+			t.Errorf("bob cancelled cai's queued job: %d %s", status, body)
+		}
+	})
+	t.Run("a submitter's nomad job stop through the broker works", func(t *testing.T) {
+		// Its GPU frees the queued job's way: first take its submitter's token away.
+		if _, err := n.API.ACLTokens().Delete(cai.AccessorID, nil); err != nil {
+			t.Fatal(err)
+		}
+		out, err := e.cli(ana.SecretID, e.broker.Addr, "job", "stop", "-namespace", "vision", "direct")
+		if err != nil {
+			t.Fatalf("%v\n%s", err, out)
+		}
+		if job := e.job("vision", "direct"); job.Stop == nil || !*job.Stop {
+			t.Errorf("job not stopped")
+		}
+	})
+	t.Run("the leader admits a queued job only while its submitter's token exists", func(t *testing.T) {
+		cmd := exec.Command(testcluster.BrokerBinary(t), "queue", "show", queued, "-address", e.broker.Addr,
+			"-token", bob.SecretID, "-ca-cert", certs.CAFile)
+		testcluster.WaitFor(t, 60*time.Second, "the queued job parked", func() error {
+			out, err := exec.Command(cmd.Path, cmd.Args[1:]...).CombinedOutput()
+			if err != nil || !strings.Contains(string(out), "no longer exists") {
+				return fmt.Errorf("%v: %s", err, out)
+			}
+			return nil
+		})
+		if _, _, err := n.API.Jobs().Info("waits", &api.QueryOptions{Namespace: "vision"}); err == nil {
+			t.Errorf("the job of a deleted token was registered")
+		}
+	})
+}
