@@ -51,7 +51,10 @@ type aclEnv struct {
 
 func (e *aclEnv) cli(token, addr string, args ...string) (string, error) {
 	cmd := exec.Command(testcluster.Binary(e.t, "nomad"), args...)
-	cmd.Env = append(os.Environ(), "NOMAD_ADDR="+addr, "NOMAD_TOKEN="+token, "NOMAD_CACERT="+e.certs.CAFile)
+	cmd.Env = append(os.Environ(), "NOMAD_ADDR="+addr, "NOMAD_TOKEN="+token)
+	if e.certs != nil {
+		cmd.Env = append(cmd.Env, "NOMAD_CACERT="+e.certs.CAFile)
+	}
 	out, err := cmd.CombinedOutput()
 	return string(out), err
 }
@@ -70,10 +73,10 @@ func (e *aclEnv) brokerAPI(token, method, path string) (int, string) {
 	return resp.StatusCode, string(body)
 }
 
-// TestExclusiveEnforcementWithNomadACLs walks the paths of issue 6 §2 and §3
-// with Nomad's ACLs on: users hold read rights only, the broker (serving TLS)
-// writes for the tenant's submitters with its own token.
-func TestExclusiveEnforcementWithNomadACLs(t *testing.T) {
+// startACLCluster starts Consul and a Nomad agent with ACLs on, 4 fake GPUs,
+// namespaces vision and search and the given ACL policies, bootstrapped (its
+// API client holds the management token); token creates ACL tokens.
+func startACLCluster(t *testing.T, policies map[string]string) (*testcluster.Nomad, *testcluster.Consul, func(name, typ string, roles, policies []string) *api.ACLToken) {
 	consul := testcluster.StartConsul(t)
 	n := testcluster.LaunchNomad(t, testcluster.NomadOptions{Name: "acl", Server: true, Client: true, ConsulAddr: consul.Addr,
 		ExtraHCL: "acl {\n  enabled = true\n}", PluginConfig: `
@@ -93,16 +96,17 @@ func TestExclusiveEnforcementWithNomadACLs(t *testing.T) {
 	})
 	n.API.SetSecretID(boot.SecretID)
 	n.WaitForNodes(t, 1)
-	if _, err := n.API.Namespaces().Register(&api.Namespace{Name: "vision"}, nil); err != nil {
-		t.Fatal(err)
+	for _, ns := range []string{"vision", "search"} {
+		if _, err := n.API.Namespaces().Register(&api.Namespace{Name: ns}, nil); err != nil {
+			t.Fatal(err)
+		}
 	}
-	if _, err := n.API.ACLPolicies().Upsert(&api.ACLPolicy{Name: "vision-user", Rules: exclusiveUserRules}, nil); err != nil {
-		t.Fatal(err)
+	for name, rules := range policies {
+		if _, err := n.API.ACLPolicies().Upsert(&api.ACLPolicy{Name: name, Rules: rules}, nil); err != nil {
+			t.Fatal(err)
+		}
 	}
-	if _, _, err := n.API.ACLRoles().Create(&api.ACLRole{Name: "vision-ml", Policies: []*api.ACLRolePolicyLink{{Name: "vision-user"}}}, nil); err != nil {
-		t.Fatal(err)
-	}
-	token := func(name, typ string, roles []string, policies []string) *api.ACLToken {
+	return n, consul, func(name, typ string, roles, policies []string) *api.ACLToken {
 		tok := &api.ACLToken{Name: name, Type: typ, Policies: policies}
 		for _, r := range roles {
 			tok.Roles = append(tok.Roles, &api.ACLTokenRoleLink{Name: r})
@@ -112,6 +116,16 @@ func TestExclusiveEnforcementWithNomadACLs(t *testing.T) {
 			t.Fatalf("token %s: %v", name, err)
 		}
 		return out
+	}
+}
+
+// TestExclusiveEnforcementWithNomadACLs walks the paths of issue 6 §2 and §3
+// with Nomad's ACLs on: users hold read rights only, the broker (serving TLS)
+// writes for the tenant's submitters with its own token.
+func TestExclusiveEnforcementWithNomadACLs(t *testing.T) {
+	n, consul, token := startACLCluster(t, map[string]string{"vision-user": exclusiveUserRules})
+	if _, _, err := n.API.ACLRoles().Create(&api.ACLRole{Name: "vision-ml", Policies: []*api.ACLRolePolicyLink{{Name: "vision-user"}}}, nil); err != nil {
+		t.Fatal(err)
 	}
 	ana := token("ana", "client", []string{"vision-ml"}, nil)   // a submitter
 	cai := token("cai", "client", []string{"vision-ml"}, nil)   // another
@@ -228,6 +242,118 @@ func TestExclusiveEnforcementWithNomadACLs(t *testing.T) {
 		})
 		if _, _, err := n.API.Jobs().Info("waits", &api.QueryOptions{Namespace: "vision"}); err == nil {
 			t.Errorf("the job of a deleted token was registered")
+		}
+	})
+}
+
+const passthroughPolicy = `
+queue "training" { priority = 60 }
+tenant "vision" {
+  namespaces = ["vision"]
+  queues     = ["training"]
+  guaranteed = 2
+  limit      = 2
+}
+tenant "search" {
+  namespaces = ["search"]
+  queues     = ["training"]
+  guaranteed = 2
+  limit      = 2
+}
+borrowing {
+  enabled = false
+}
+`
+
+// writeRules are README.md's passthrough user policy for namespace ns.
+func writeRules(ns string) string {
+	return fmt.Sprintf("namespace %q {\n  policy = \"write\"\n}\nnode {\n  policy = \"read\"\n}\n", ns)
+}
+
+// TestPassthroughWithNomadACLs walks issue 6 §3 with ACLs on and users
+// holding write rights: two tenants' users and the broker's own token.
+func TestPassthroughWithNomadACLs(t *testing.T) {
+	n, consul, token := startACLCluster(t, map[string]string{"vision-write": writeRules("vision"), "search-write": writeRules("search")})
+	vic := token("vic", "client", nil, []string{"vision-write"})
+	sue := token("sue", "client", nil, []string{"search-write"})
+	brokerToken := token("gpu-broker", "management", nil, nil)
+	policyDir := t.TempDir()
+	writeFile(t, filepath.Join(policyDir, "policy.hcl"), passthroughPolicy)
+	e := &aclEnv{env: &env{t: t, nomad: n, dir: t.TempDir(), policyDir: policyDir}}
+	e.broker = testcluster.StartBrokerWith(t, n, consul, policyDir, testcluster.BrokerOptions{Token: brokerToken.SecretID})
+	testcluster.WaitFor(t, 60*time.Second, "the broker's view of 4 GPUs", func() error {
+		out, _ := e.cli(vic.SecretID, e.broker.Addr, "job", "plan", e.spec("vision", "probe", 1, 5, ""))
+		if !strings.Contains(out, "no node has more than 4") {
+			return fmt.Errorf("%s", out)
+		}
+		return nil
+	})
+	inNomad := func(id string) bool {
+		_, _, err := n.API.Jobs().Info(id, &api.QueryOptions{Namespace: "vision"})
+		return err == nil
+	}
+
+	t.Run("another tenant's user: Nomad refuses what the broker admits, the broker what it would queue", func(t *testing.T) {
+		out, err := e.cli(sue.SecretID, e.broker.Addr, "job", "run", e.spec("vision", "sues", 1, 1, ""))
+		if err == nil || !strings.Contains(out, "Permission denied") || inNomad("sues") {
+			t.Errorf("admitted with sue's token: %v\n%s", err, out)
+		}
+		if out, err := e.cli(vic.SecretID, e.broker.Addr, "job", "run", e.spec("vision", "full", 1, 2, "")); err != nil {
+			t.Fatalf("%v\n%s", err, out)
+		}
+		out, err = e.cli(sue.SecretID, e.broker.Addr, "job", "run", "-detach", e.spec("vision", "sues", 1, 1, ""))
+		if err == nil || !strings.Contains(out, "not queued: Nomad refused to plan it with your token") {
+			t.Errorf("queued for sue: %v\n%s", err, out)
+		}
+		for _, tok := range []string{"", "00000000-0000-0000-0000-000000000000"} {
+			if out, err := e.cli(tok, e.broker.Addr, "job", "run", "-detach", e.spec("vision", "anon", 1, 1, "")); err == nil || strings.Contains(out, "queued as") {
+				t.Errorf("token %q: %v\n%s", tok, err, out)
+			}
+		}
+	})
+	var queued string
+	t.Run("the queue API shows each user what its token may read", func(t *testing.T) {
+		out, err := e.cli(vic.SecretID, e.broker.Addr, "job", "run", "-detach", e.spec("vision", "waits", 1, 1, ""))
+		if err != nil || !strings.Contains(out, "queued as ") {
+			t.Fatalf("%v\n%s", err, out)
+		}
+		queued = strings.TrimSuffix(strings.Fields(out[strings.Index(out, "queued as ")+len("queued as "):])[0], ",")
+		if status, body := e.brokerAPI(vic.SecretID, http.MethodGet, "/v1/gpu/queue/"+queued); status != http.StatusOK || !strings.Contains(body, `"request"`) {
+			t.Errorf("vic's own entry: %d %s", status, body)
+		}
+		if status, body := e.brokerAPI(sue.SecretID, http.MethodGet, "/v1/gpu/queue"); status != http.StatusOK || strings.Contains(body, "waits") {
+			t.Errorf("sue's list: %d %s", status, body)
+		}
+		for _, path := range []string{"/v1/gpu/queue/" + queued, "/v1/gpu/usage"} {
+			if status, _ := e.brokerAPI("", http.MethodGet, path); status != http.StatusForbidden {
+				t.Errorf("anonymous %s: %d", path, status)
+			}
+		}
+		if status, _ := e.brokerAPI(sue.SecretID, http.MethodDelete, "/v1/gpu/queue/"+queued); status == http.StatusOK {
+			t.Errorf("sue cancelled vic's entry")
+		}
+	})
+	t.Run("the leader admits a queued job only while its submitter's rights are the ones Nomad checked", func(t *testing.T) {
+		// The policy changes (here: only its description): what Nomad checked no longer holds.
+		if _, err := n.API.ACLPolicies().Upsert(&api.ACLPolicy{Name: "vision-write", Description: "changed", Rules: writeRules("vision")}, nil); err != nil {
+			t.Fatal(err)
+		}
+		if out, err := e.cli(vic.SecretID, e.broker.Addr, "job", "stop", "-namespace", "vision", "full"); err != nil {
+			t.Fatalf("%v\n%s", err, out)
+		}
+		testcluster.WaitFor(t, 60*time.Second, "the queued job parked", func() error {
+			status, body := e.brokerAPI(vic.SecretID, http.MethodGet, "/v1/gpu/queue/"+queued)
+			if !strings.Contains(body, "changed since it was queued") {
+				return fmt.Errorf("%d %s", status, body)
+			}
+			return nil
+		})
+		if inNomad("waits") {
+			t.Errorf("registered although the submitter's rights changed")
+		}
+		out, err := e.cli(vic.SecretID, e.broker.Addr, "job", "run", e.spec("vision", "again", 1, 1, ""))
+		if err != nil || !strings.Contains(out, "nomad-gpu: admitted") {
+			t.Errorf("submitted again: %v\n%s", err, out)
 		}
 	})
 }

@@ -32,7 +32,7 @@ func TestRouteReadsPathsAsNomadDoes(t *testing.T) {
 		{"GET", "/v1/job/train/evaluations", callNone, ""},
 		{"PUT", "/v1/job/x/plan/scale", callScale, "x/plan"}, // the last suffix decides
 		{"PUT", "/v1/validate/job", callValidate, ""},
-		{"DELETE", "/v1/job/train", callJobWrite, "train"},          // stop
+		{"DELETE", "/v1/job/train", callJobWrite, "train"},           // stop
 		{"DELETE", "/v1/job/team/train", callJobWrite, "team/train"}, // stop
 		{"DELETE", "/v1/job/train/plan", callNone, ""},               // Nomad: 405
 		{"DELETE", "/v1/jobs", callNone, ""},

@@ -109,8 +109,8 @@ type Options struct {
 	Token     string
 	// Peers reaches the other brokers (TLS as they serve it); nil: a plain client.
 	Peers *http.Client
-	Now      func() time.Time
-	NewID    func() string
+	Now   func() time.Time
+	NewID func() string
 }
 
 // New returns a server forwarding to o.Nomad.
