@@ -116,3 +116,93 @@ func consulKV(c *testcluster.Consul) *consulapi.KV {
 	}
 	return client.KV()
 }
+
+// TestLeaderKilledWhileAdmitting: the leader broker is SIGKILLed just as
+// GPUs free up for the queue; the other broker takes over and admits every
+// queued job: none lost, none placed twice, the tenant never above its limit.
+func TestLeaderKilledWhileAdmitting(t *testing.T) {
+	consul := testcluster.StartConsul(t)
+	n := testcluster.StartNomad(t, testcluster.NomadOptions{Name: "failover", Server: true, Client: true, PluginConfig: `
+    backend = "fake"
+    fake {
+      count     = 8
+      id_prefix = "failover"
+    }`})
+	n.WaitForNodes(t, 1)
+	if _, err := n.API.Namespaces().Register(&api.Namespace{Name: "race"}, nil); err != nil {
+		t.Fatal(err)
+	}
+	policyDir := t.TempDir()
+	writeFile(t, filepath.Join(policyDir, "policy.hcl"), racePolicy)
+	brokers := []*testcluster.Broker{
+		testcluster.StartBroker(t, n, consul, policyDir),
+		testcluster.StartBroker(t, n, consul, policyDir),
+	}
+	e := &env{t: t, nomad: n, dir: t.TempDir(), broker: brokers[0]}
+	leader := func() string {
+		pair, _, err := consulKV(consul).Get("nomad-gpu/leader", nil)
+		if err != nil || pair == nil || pair.Session == "" {
+			return ""
+		}
+		return string(pair.Value)
+	}
+	testcluster.WaitFor(t, 60*time.Second, "a leader with a view of 8 GPUs", func() error {
+		if out, _ := e.run("race", "probe", 1, 9, "", false); !strings.Contains(out, "no node has more than 8") {
+			return fmt.Errorf("%s", out)
+		}
+		if leader() == "" {
+			return fmt.Errorf("no leader yet")
+		}
+		return nil
+	})
+	if out, err := e.run("race", "blocker", 1, 8, "", true); err != nil || !strings.Contains(out, "admitted") {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	const queued = 6
+	for i := 0; i < queued; i++ {
+		e.broker = brokers[i%2]
+		if out, err := e.run("race", fmt.Sprintf("waits-%d", i), 1, 1, "", true); err != nil || !strings.Contains(out, "queued as") {
+			t.Fatalf("%v\n%s", err, out)
+		}
+	}
+	var killed, survivor *testcluster.Broker
+	for i, b := range brokers {
+		if b.Addr == leader() {
+			killed, survivor = b, brokers[1-i]
+		}
+	}
+	if killed == nil {
+		t.Fatalf("the leader %q is neither broker", leader())
+	}
+	if _, _, err := n.API.Jobs().Deregister("blocker", false, &api.WriteOptions{Namespace: "race"}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(200 * time.Millisecond) // the leader sees the change and starts admitting
+	killed.Kill()
+
+	e.broker = survivor
+	for i := 0; i < queued; i++ {
+		e.waitAdmitted(t, "race", fmt.Sprintf("waits-%d", i), 90*time.Second)
+	}
+	testcluster.WaitFor(t, 60*time.Second, "each admitted job placed once", func() error {
+		for i := 0; i < queued; i++ {
+			id := fmt.Sprintf("waits-%d", i)
+			allocs, _, err := n.API.Jobs().Allocations(id, true, &api.QueryOptions{Namespace: "race"})
+			if err != nil {
+				return err
+			}
+			if len(allocs) != 1 {
+				return fmt.Errorf("%s has %d allocations", id, len(allocs))
+			}
+		}
+		return nil
+	})
+	if out := e.brokerCLI("queue", "list"); strings.Contains(out, "waits-") {
+		t.Errorf("admitted jobs still queued:\n%s", out)
+	}
+	for _, u := range e.usage() {
+		if u.Used > u.Limit {
+			t.Errorf("tenant %s uses %d GPUs, its limit is %d", u.Tenant, u.Used, u.Limit)
+		}
+	}
+}
