@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -157,6 +158,25 @@ func TestPluginOnDevAgent(t *testing.T) {
 		}
 		waitRunning(t, n, "all-eight")
 		purge(t, n, "all-eight")
+	})
+
+	t.Run("a killed plugin is started again and its GPUs come back", func(t *testing.T) {
+		before := n.PluginPIDs()
+		if len(before) != 1 {
+			t.Fatalf("want one plugin process under the agent, got %v", before)
+		}
+		if err := syscall.Kill(before[0], syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+		testcluster.WaitFor(t, 60*time.Second, "the plugin started again", func() error {
+			if now := n.PluginPIDs(); len(now) != 1 || now[0] == before[0] {
+				return fmt.Errorf("plugin processes %v (killed %d)", now, before[0])
+			}
+			return nil
+		})
+		register(t, n, gpuJob("after-restart", 8, nil))
+		waitRunning(t, n, "after-restart")
+		purge(t, n, "after-restart")
 	})
 }
 

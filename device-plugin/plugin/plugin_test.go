@@ -2,6 +2,7 @@ package plugin
 
 import (
 	"context"
+	"errors"
 	"net"
 	"os"
 	"strings"
@@ -29,6 +30,8 @@ type testBackend struct {
 	devices []gpu.Device
 	health  map[string]gpu.Health
 	stats   []gpu.Stats
+	// listErr and healthErr fail Devices and Health, as a failing NVML would.
+	listErr, healthErr error
 }
 
 var _ Backend = (*testBackend)(nil)
@@ -36,11 +39,17 @@ var _ Backend = (*testBackend)(nil)
 func (b *testBackend) Devices(context.Context) ([]gpu.Device, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	if b.listErr != nil {
+		return nil, b.listErr
+	}
 	return append([]gpu.Device(nil), b.devices...), nil
 }
 func (b *testBackend) Health(context.Context) (map[string]gpu.Health, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	if b.healthErr != nil {
+		return nil, b.healthErr
+	}
 	out := map[string]gpu.Health{}
 	for k, v := range b.health {
 		out[k] = v
@@ -176,6 +185,23 @@ func TestFingerprintHealthLostAndIgnored(t *testing.T) {
 	}
 	if d := find(resp, "GPU-b"); !d.Healthy {
 		t.Errorf("GPU-b affected: %v", d)
+	}
+
+	// NVML failing: every known GPU stays listed, unhealthy with the reason.
+	for _, c := range []struct {
+		fail func(b *testBackend)
+		want string
+	}{
+		{func(b *testBackend) { b.listErr = errors.New("nvml: Driver Not Loaded") }, "cannot read GPU: nvml: Driver Not Loaded"},
+		{func(b *testBackend) { b.listErr, b.healthErr = nil, errors.New("nvml: Unknown Error") }, "cannot check GPU health: nvml: Unknown Error"},
+	} {
+		backend.set(c.fail)
+		resp = next()
+		for _, uuid := range []string{"GPU-a", "GPU-b", "GPU-c"} {
+			if d := find(resp, uuid); d == nil || d.Healthy || d.HealthDescription != c.want {
+				t.Errorf("%s with NVML failing: %v, want unhealthy with %q", uuid, d, c.want)
+			}
+		}
 	}
 }
 

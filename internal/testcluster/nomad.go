@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"text/template"
@@ -256,4 +257,24 @@ func (n *Nomad) WaitForNodes(t testing.TB, count int) []*api.Node {
 		return nil
 	})
 	return nodes
+}
+
+// PluginPIDs are the processes of the device plugin this agent launched.
+func (n *Nomad) PluginPIDs() []int {
+	var pids []int
+	procs, _ := filepath.Glob("/proc/[0-9]*")
+	for _, p := range procs {
+		stat, err := os.ReadFile(filepath.Join(p, "stat"))
+		if err != nil {
+			continue
+		}
+		// pid (comm) state ppid ...: comm may hold spaces, so read after ")".
+		fields := strings.Fields(string(stat[strings.LastIndexByte(string(stat), ')')+1:]))
+		cmdline, _ := os.ReadFile(filepath.Join(p, "cmdline"))
+		if len(fields) > 1 && fields[1] == strconv.Itoa(n.cmd.Process.Pid) && strings.Contains(string(cmdline), "nomad-device-gpu") {
+			pid, _ := strconv.Atoi(filepath.Base(p))
+			pids = append(pids, pid)
+		}
+	}
+	return pids
 }
