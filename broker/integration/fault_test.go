@@ -110,3 +110,86 @@ func TestConsulOutage(t *testing.T) {
 		t.Errorf("Nomad has a job the broker refused")
 	}
 }
+
+// TestGPUClientDies: a Nomad client with GPUs dies. Its allocations are lost
+// and Nomad places replacements on the client left: the tenant is charged its
+// job's demand once (a lost allocation and its replacement do not add up),
+// the job queued behind it stays queued, and runs there once the first ends.
+func TestGPUClientDies(t *testing.T) {
+	consul := testcluster.StartConsul(t)
+	server := testcluster.StartNomad(t, testcluster.NomadOptions{Name: "server", Server: true,
+		ServerHCL: `  heartbeat_grace   = "2s"
+  min_heartbeat_ttl = "2s"`})
+	clients := map[string]*testcluster.Nomad{}
+	for _, name := range []string{"gpu-a", "gpu-b"} {
+		clients[name] = testcluster.StartNomad(t, testcluster.NomadOptions{Name: name, Client: true,
+			Join: []string{server.RPCAddr}, PluginConfig: fmt.Sprintf(`
+    backend = "fake"
+    fake {
+      count     = 2
+      id_prefix = %q
+    }`, name)})
+	}
+	server.WaitForNodes(t, 2)
+	if _, err := server.API.Namespaces().Register(&api.Namespace{Name: "vision"}, nil); err != nil {
+		t.Fatal(err)
+	}
+	e := &env{t: t, nomad: server, dir: t.TempDir(), policyDir: t.TempDir()}
+	writeFile(t, filepath.Join(e.policyDir, "policy.hcl"), faultPolicy)
+	e.broker = testcluster.StartBroker(t, server, consul, e.policyDir)
+	testcluster.WaitFor(t, 60*time.Second, "a leader with a view of 2 nodes", func() error {
+		out, _ := e.run("vision", "probe", 1, 3, "", false)
+		if !strings.Contains(out, "no node has more than 2") {
+			return fmt.Errorf("%s", out)
+		}
+		return nil
+	})
+	if out, err := e.run("vision", "doomed", 1, 2, "", true); err != nil || !strings.Contains(out, "admitted") {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	alloc := e.waitRunning("vision", "doomed")
+	queued := e.queued("waits", 2, true)
+	var dying *testcluster.Nomad
+	for name, c := range clients {
+		if name == alloc.NodeName {
+			dying = c
+		}
+	}
+	if dying == nil {
+		t.Fatalf("doomed runs on %q, no test client", alloc.NodeName)
+	}
+	dying.Kill()
+
+	var replacement *api.AllocationListStub
+	testcluster.WaitFor(t, 90*time.Second, "doomed replaced on the client left", func() error {
+		replacement = e.waitRunning("vision", "doomed")
+		if replacement.NodeName == alloc.NodeName {
+			return fmt.Errorf("still on %s", alloc.NodeName)
+		}
+		return nil
+	})
+	usedBy := func(tenant string) int {
+		for _, u := range e.usage() {
+			if u.Tenant == tenant {
+				return u.Used
+			}
+		}
+		return -1
+	}
+	if used := usedBy("vision"); used != 2 {
+		t.Errorf("vision is charged %d GPUs, want 2: its lost allocation and the replacement are one job", used)
+	}
+	if out := e.brokerCLI("queue", "list"); !strings.Contains(out, queued) {
+		t.Fatalf("the queued job is gone:\n%s", out)
+	}
+	if out, err := e.nomadCLI("job", "stop", "-namespace", "vision", "-detach", "doomed"); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	e.waitAdmitted(t, "vision", "waits", 60*time.Second)
+	if running := e.waitRunning("vision", "waits"); running.NodeName == alloc.NodeName {
+		t.Errorf("waits placed on the dead node %s", running.NodeName)
+	}
+	if used := usedBy("vision"); used != 2 {
+		t.Errorf("vision is charged %d GPUs, want 2", used)
+	}
+}

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"text/template"
 	"time"
@@ -27,6 +28,7 @@ type NomadOptions struct {
 	PluginConfig string
 	ConsulAddr   string // empty: a closed loopback port, so nothing is reached
 	ExtraHCL     string
+	ServerHCL    string // more of the server block
 }
 
 // Nomad is a running Nomad agent.
@@ -61,6 +63,7 @@ advertise {
 server {
   enabled          = true
   bootstrap_expect = 1
+{{.ServerHCL}}
 }
 {{- end}}
 client {
@@ -140,7 +143,7 @@ func LaunchNomad(t testing.TB, o NomadOptions) *Nomad {
 		"HTTP": ports[0], "RPC": ports[1], "Serf": ports[2],
 		"Server": o.Server, "Client": o.Client, "Join": strings.Join(join, ", "),
 		"Denylist": CloudFingerprinters, "ConsulAddr": consul, "HasConsul": o.ConsulAddr != "",
-		"PluginConfig": o.PluginConfig, "ExtraHCL": o.ExtraHCL,
+		"PluginConfig": o.PluginConfig, "ExtraHCL": o.ExtraHCL, "ServerHCL": o.ServerHCL,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -277,4 +280,11 @@ func (n *Nomad) PluginPIDs() []int {
 		}
 	}
 	return pids
+}
+
+// Kill ends the agent at once, as a crashed machine would: its tasks stay
+// until the test's cleanup.
+func (n *Nomad) Kill() {
+	syscall.Kill(-n.cmd.Process.Pid, syscall.SIGKILL)
+	<-n.exited
 }
