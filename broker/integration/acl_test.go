@@ -140,12 +140,9 @@ func TestExclusiveEnforcementWithNomadACLs(t *testing.T) {
 	if !strings.HasPrefix(e.broker.Addr, "https://") {
 		t.Fatalf("broker does not serve TLS: %s", e.broker.Addr)
 	}
-	testcluster.WaitFor(t, 60*time.Second, "the broker's view of 4 GPUs", func() error {
+	waitForView(t, 4, func() string {
 		out, _ := e.cli(ana.SecretID, e.broker.Addr, "job", "plan", e.spec("vision", "probe", 1, 5, ""))
-		if !strings.Contains(out, "no node has more than 4") {
-			return fmt.Errorf("%s", out)
-		}
-		return nil
+		return out
 	})
 
 	t.Run("a submitter's direct nomad job run is refused by Nomad", func(t *testing.T) {
@@ -246,25 +243,6 @@ func TestExclusiveEnforcementWithNomadACLs(t *testing.T) {
 	})
 }
 
-const passthroughPolicy = `
-queue "training" { priority = 60 }
-tenant "vision" {
-  namespaces = ["vision"]
-  queues     = ["training"]
-  guaranteed = 2
-  limit      = 2
-}
-tenant "search" {
-  namespaces = ["search"]
-  queues     = ["training"]
-  guaranteed = 2
-  limit      = 2
-}
-borrowing {
-  enabled = false
-}
-`
-
 // writeRules are README.md's passthrough user policy for namespace ns.
 func writeRules(ns string) string {
 	return fmt.Sprintf("namespace %q {\n  policy = \"write\"\n}\nnode {\n  policy = \"read\"\n}\n", ns)
@@ -278,15 +256,12 @@ func TestPassthroughWithNomadACLs(t *testing.T) {
 	sue := token("sue", "client", nil, []string{"search-write"})
 	brokerToken := token("gpu-broker", "management", nil, nil)
 	policyDir := t.TempDir()
-	writeFile(t, filepath.Join(policyDir, "policy.hcl"), passthroughPolicy)
+	writeFile(t, filepath.Join(policyDir, "policy.hcl"), twoTenantPolicy)
 	e := &aclEnv{env: &env{t: t, nomad: n, dir: t.TempDir(), policyDir: policyDir}}
 	e.broker = testcluster.StartBrokerWith(t, n, consul, policyDir, testcluster.BrokerOptions{Token: brokerToken.SecretID})
-	testcluster.WaitFor(t, 60*time.Second, "the broker's view of 4 GPUs", func() error {
+	waitForView(t, 4, func() string {
 		out, _ := e.cli(vic.SecretID, e.broker.Addr, "job", "plan", e.spec("vision", "probe", 1, 5, ""))
-		if !strings.Contains(out, "no node has more than 4") {
-			return fmt.Errorf("%s", out)
-		}
-		return nil
+		return out
 	})
 	inNomad := func(id string) bool {
 		_, _, err := n.API.Jobs().Info(id, &api.QueryOptions{Namespace: "vision"})

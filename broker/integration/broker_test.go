@@ -478,6 +478,37 @@ func (e *env) stop(ns, id string) {
 	}
 }
 
+// startGPUNode starts a Nomad agent (server and client) with gpus fake GPUs
+// and the given namespaces.
+func startGPUNode(t *testing.T, name string, gpus int, namespaces ...string) *testcluster.Nomad {
+	t.Helper()
+	n := testcluster.StartNomad(t, testcluster.NomadOptions{Name: name, Server: true, Client: true, PluginConfig: fmt.Sprintf(`
+    backend = "fake"
+    fake {
+      count     = %d
+      id_prefix = %q
+    }`, gpus, name)})
+	n.WaitForNodes(t, 1)
+	for _, ns := range namespaces {
+		if _, err := n.API.Namespaces().Register(&api.Namespace{Name: ns}, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return n
+}
+
+// waitForView waits until try's request for one GPU more than a node has is
+// refused by rule no-node-fits: the broker then sees nodes of gpus GPUs.
+func waitForView(t *testing.T, gpus int, try func() string) {
+	t.Helper()
+	testcluster.WaitFor(t, 60*time.Second, fmt.Sprintf("the broker's view of nodes with %d GPUs", gpus), func() error {
+		if out := try(); !strings.Contains(out, fmt.Sprintf("no node has more than %d", gpus)) {
+			return fmt.Errorf("%s", out)
+		}
+		return nil
+	})
+}
+
 func writeFile(t testing.TB, path, content string) {
 	t.Helper()
 	if err := os.WriteFile(path, []byte(content), 0o644); err != nil {

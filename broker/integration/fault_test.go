@@ -12,7 +12,8 @@ import (
 	"github.com/nomad-gpu/nomad-gpu/internal/testcluster"
 )
 
-const faultPolicy = `
+// twoTenantPolicy gives tenants vision and search 2 GPUs each, nothing to borrow.
+const twoTenantPolicy = `
 queue "training" { priority = 60 }
 tenant "vision" {
   namespaces = ["vision"]
@@ -36,27 +37,13 @@ borrowing {
 // data), the queue resumes, and nothing was lost or done twice.
 func TestConsulOutage(t *testing.T) {
 	consul := testcluster.StartDurableConsul(t)
-	n := testcluster.StartNomad(t, testcluster.NomadOptions{Name: "fault", Server: true, Client: true, PluginConfig: `
-    backend = "fake"
-    fake {
-      count     = 4
-      id_prefix = "fault"
-    }`})
-	n.WaitForNodes(t, 1)
-	for _, ns := range []string{"vision", "search"} {
-		if _, err := n.API.Namespaces().Register(&api.Namespace{Name: ns}, nil); err != nil {
-			t.Fatal(err)
-		}
-	}
+	n := startGPUNode(t, "fault", 4, "vision", "search")
 	e := &env{t: t, nomad: n, dir: t.TempDir(), policyDir: t.TempDir()}
-	writeFile(t, filepath.Join(e.policyDir, "policy.hcl"), faultPolicy)
+	writeFile(t, filepath.Join(e.policyDir, "policy.hcl"), twoTenantPolicy)
 	e.broker = testcluster.StartBroker(t, n, consul, e.policyDir)
-	testcluster.WaitFor(t, 60*time.Second, "a leader with a view of 4 GPUs", func() error {
+	waitForView(t, 4, func() string {
 		out, _ := e.run("search", "probe", 1, 5, "", false)
-		if !strings.Contains(out, "no node has more than 4") {
-			return fmt.Errorf("%s", out)
-		}
-		return nil
+		return out
 	})
 	if out, err := e.run("vision", "first", 1, 2, "", true); err != nil || !strings.Contains(out, "admitted") {
 		t.Fatalf("%v\n%s", err, out)
@@ -135,14 +122,11 @@ func TestGPUClientDies(t *testing.T) {
 		t.Fatal(err)
 	}
 	e := &env{t: t, nomad: server, dir: t.TempDir(), policyDir: t.TempDir()}
-	writeFile(t, filepath.Join(e.policyDir, "policy.hcl"), faultPolicy)
+	writeFile(t, filepath.Join(e.policyDir, "policy.hcl"), twoTenantPolicy)
 	e.broker = testcluster.StartBroker(t, server, consul, e.policyDir)
-	testcluster.WaitFor(t, 60*time.Second, "a leader with a view of 2 nodes", func() error {
+	waitForView(t, 2, func() string {
 		out, _ := e.run("vision", "probe", 1, 3, "", false)
-		if !strings.Contains(out, "no node has more than 2") {
-			return fmt.Errorf("%s", out)
-		}
-		return nil
+		return out
 	})
 	if out, err := e.run("vision", "doomed", 1, 2, "", true); err != nil || !strings.Contains(out, "admitted") {
 		t.Fatalf("%v\n%s", err, out)

@@ -33,17 +33,7 @@ borrowing {
 // tenant's limit together; the rest is queued, nothing is lost.
 func TestConcurrentAdmissionsThroughTwoBrokers(t *testing.T) {
 	consul := testcluster.StartConsul(t)
-	n := testcluster.StartNomad(t, testcluster.NomadOptions{Name: "race", Server: true, Client: true, ConsulAddr: consul.Addr,
-		PluginConfig: `
-    backend = "fake"
-    fake {
-      count     = 32
-      id_prefix = "race"
-    }`})
-	n.WaitForNodes(t, 1)
-	if _, err := n.API.Namespaces().Register(&api.Namespace{Name: "race"}, nil); err != nil {
-		t.Fatal(err)
-	}
+	n := startGPUNode(t, "race", 32, "race")
 	policyDir := t.TempDir()
 	writeFile(t, filepath.Join(policyDir, "policy.hcl"), racePolicy)
 	brokers := []*testcluster.Broker{
@@ -122,16 +112,7 @@ func consulKV(c *testcluster.Consul) *consulapi.KV {
 // queued job: none lost, none placed twice, the tenant never above its limit.
 func TestLeaderKilledWhileAdmitting(t *testing.T) {
 	consul := testcluster.StartConsul(t)
-	n := testcluster.StartNomad(t, testcluster.NomadOptions{Name: "failover", Server: true, Client: true, PluginConfig: `
-    backend = "fake"
-    fake {
-      count     = 8
-      id_prefix = "failover"
-    }`})
-	n.WaitForNodes(t, 1)
-	if _, err := n.API.Namespaces().Register(&api.Namespace{Name: "race"}, nil); err != nil {
-		t.Fatal(err)
-	}
+	n := startGPUNode(t, "failover", 8, "race")
 	policyDir := t.TempDir()
 	writeFile(t, filepath.Join(policyDir, "policy.hcl"), racePolicy)
 	brokers := []*testcluster.Broker{
@@ -146,10 +127,11 @@ func TestLeaderKilledWhileAdmitting(t *testing.T) {
 		}
 		return string(pair.Value)
 	}
-	testcluster.WaitFor(t, 60*time.Second, "a leader with a view of 8 GPUs", func() error {
-		if out, _ := e.run("race", "probe", 1, 9, "", false); !strings.Contains(out, "no node has more than 8") {
-			return fmt.Errorf("%s", out)
-		}
+	waitForView(t, 8, func() string {
+		out, _ := e.run("race", "probe", 1, 9, "", false)
+		return out
+	})
+	testcluster.WaitFor(t, 30*time.Second, "a leader", func() error {
 		if leader() == "" {
 			return fmt.Errorf("no leader yet")
 		}

@@ -96,7 +96,7 @@ func (s *Server) grants(r *http.Request) (policy.Grants, error) {
 	}
 	g, err := nomadapi.ReadGrants(r.Context(), s.callerGetter(r), "/v1/acl/token/self")
 	if errors.Is(err, nomadapi.ErrNoToken) {
-		return g, errors.New("Nomad does not know your ACL token")
+		return g, errors.New("your ACL token is unknown to Nomad")
 	}
 	if err != nil {
 		return g, err
