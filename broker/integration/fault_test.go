@@ -177,3 +177,45 @@ func TestGPUClientDies(t *testing.T) {
 		t.Errorf("vision is charged %d GPUs, want 2", used)
 	}
 }
+
+// TestNomadRestartedWhileAdmitting: Nomad restarts just as GPUs free up for
+// the queue; the broker follows it again and admits each queued job once.
+func TestNomadRestartedWhileAdmitting(t *testing.T) {
+	consul := testcluster.StartConsul(t)
+	n := startGPUNode(t, "restart", 4, "vision")
+	e := &env{t: t, nomad: n, dir: t.TempDir(), policyDir: t.TempDir()}
+	writeFile(t, filepath.Join(e.policyDir, "policy.hcl"), twoTenantPolicy)
+	e.broker = testcluster.StartBroker(t, n, consul, e.policyDir)
+	waitForView(t, 4, func() string {
+		out, _ := e.run("vision", "probe", 1, 5, "", false)
+		return out
+	})
+	if out, err := e.run("vision", "first", 1, 2, "", true); err != nil || !strings.Contains(out, "admitted") {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	ids := []string{e.queued("w1", 1, true), e.queued("w2", 1, true)}
+	e.stop("vision", "first")
+	n.Restart()
+
+	for _, id := range []string{"w1", "w2"} {
+		e.waitAdmitted(t, "vision", id, 90*time.Second)
+		testcluster.WaitFor(t, 60*time.Second, id+" placed once", func() error {
+			allocs, _, err := n.API.Jobs().Allocations(id, true, &api.QueryOptions{Namespace: "vision"})
+			if err != nil || len(allocs) != 1 {
+				return fmt.Errorf("%d allocations (%v)", len(allocs), err)
+			}
+			return nil
+		})
+	}
+	out := e.brokerCLI("queue", "list")
+	for _, id := range ids {
+		if strings.Contains(out, id) {
+			t.Errorf("admitted, still queued:\n%s", out)
+		}
+	}
+	for _, u := range e.usage() {
+		if u.Tenant == "vision" && u.Used != 2 {
+			t.Errorf("vision is charged %d GPUs, want 2", u.Used)
+		}
+	}
+}

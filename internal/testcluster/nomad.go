@@ -40,6 +40,10 @@ type Nomad struct {
 	DataDir string
 	API     *api.Client
 	client  bool
+	t       testing.TB
+	dir     string
+	args    []string // the command line, for Restart
+	runs    int
 }
 
 var agentTemplate = template.Must(template.New("agent").Parse(`
@@ -156,6 +160,7 @@ func LaunchNomad(t testing.TB, o NomadOptions) *Nomad {
 		Name: o.Name, Addr: fmt.Sprintf("http://127.0.0.1:%d", ports[0]),
 		RPCAddr: fmt.Sprintf("127.0.0.1:%d", ports[1]), DataDir: dataDir, client: o.Client,
 	}
+	n.t, n.dir, n.args = t, dir, []string{bin, "agent", "-config", cfgPath}
 	n.process = start(t, "nomad-"+o.Name, dir, bin, "agent", "-config", cfgPath)
 	t.Cleanup(func() {
 		dumpOnFailure(t, n.process)
@@ -287,4 +292,20 @@ func (n *Nomad) PluginPIDs() []int {
 func (n *Nomad) Kill() {
 	syscall.Kill(-n.cmd.Process.Pid, syscall.SIGKILL)
 	<-n.exited
+}
+
+// Restart stops the agent (its tasks keep running, as they do on a real
+// restart) and starts it again with the same configuration and data.
+func (n *Nomad) Restart() {
+	n.t.Helper()
+	n.stop()
+	n.runs++
+	n.process = start(n.t, fmt.Sprintf("nomad-%s-%d", n.Name, n.runs), n.dir, n.args[0], n.args[1:]...)
+	WaitFor(n.t, 90*time.Second, "nomad agent "+n.Name+" back", func() error {
+		if n.Exited() {
+			n.t.Fatalf("nomad agent %s exited:\n%s", n.Name, n.Log())
+		}
+		_, err := n.API.Agent().Self()
+		return err
+	})
 }
