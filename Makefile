@@ -52,6 +52,12 @@ fuzz: ## Fuzz every target for FUZZTIME each (default 30s)
 	  $(GO) test $$pkg -run '^$$' -fuzz "^$$name\$$" -fuzztime $(FUZZTIME) || exit 1; \
 	done
 
+SOAK_DURATION ?= 5m
+
+.PHONY: soak
+soak: tools ## The soak test alone, for SOAK_DURATION (default 5m; `make test` runs it for 1m)
+	SOAK_DURATION=$(SOAK_DURATION) $(GO) test -race -count=1 -timeout 60m -run '^TestSoak$$' -v ./broker/integration/
+
 .PHONY: bench
 bench: ## Benchmarks, side by side with ratios to each group's baseline
 	@$(GO) test -run '^$$' -bench . -benchmem -benchtime $(or $(BENCHTIME),1s) \

@@ -254,17 +254,27 @@ func (s *Server) enqueue(w http.ResponseWriter, r *http.Request, rj *gpuJobReque
 		writeError(w, http.StatusServiceUnavailable, "nomad-gpu: job %q could not be queued: %v", rj.JobID, err)
 		return
 	}
-	if err := s.withinQueueLimits(rj, d.Tenant, entries); err != nil {
+	e := queue.Entry{ID: s.newID(), JobID: rj.JobID, Namespace: rj.Namespace, Tenant: d.Tenant, Queue: d.Queue,
+		Demand: d.Demand.Total(), Reason: d.Reason, SubmittedBy: who, Accessor: accessor, Grants: grants, SubmittedAt: s.now().UTC(), Request: rj.Body()}
+	others := entries[:0:0]
+	for _, old := range entries {
+		if old.Namespace == e.Namespace && old.JobID == e.JobID && old.Parked == "" {
+			// The job again while it waits: as in Nomad, the new version
+			// replaces the old one, which keeps its place in the queue.
+			e.ID, e.SubmittedAt = old.ID, old.SubmittedAt
+			continue
+		}
+		others = append(others, old)
+	}
+	if err := s.withinQueueLimits(rj, d.Tenant, others); err != nil {
 		writeError(w, http.StatusTooManyRequests, "nomad-gpu: job %q not queued: %v", rj.JobID, err)
 		return
 	}
-	e := queue.Entry{ID: s.newID(), JobID: rj.JobID, Namespace: rj.Namespace, Tenant: d.Tenant, Queue: d.Queue,
-		Demand: d.Demand.Total(), Reason: d.Reason, SubmittedBy: who, Accessor: accessor, Grants: grants, SubmittedAt: s.now().UTC(), Request: rj.Body()}
 	if err := s.queue.Put(r.Context(), e); err != nil {
 		writeError(w, http.StatusServiceUnavailable, "nomad-gpu: job %q could not be queued: %v", rj.JobID, err)
 		return
 	}
-	position := positionOf(s.order(append(entries, e)), e.ID)
+	position := positionOf(s.order(append(others, e)), e.ID)
 	writeJSON(w, http.StatusOK, api.JobRegisterResponse{EvalID: e.ID, Warnings: fmt.Sprintf(
 		"nomad-gpu: queued as %s, position %d in queue %s: %s. It is registered with Nomad as soon as GPUs free up; "+
 			"`gpu-broker queue show %s` follows it.", e.ID, position, d.Queue, d.Reason, e.ID)})

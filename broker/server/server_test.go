@@ -220,6 +220,26 @@ func TestRegisterQueuesWithAnEvaluationTheCLICanFollow(t *testing.T) {
 	}
 }
 
+func TestAJobSubmittedAgainWhileQueuedReplacesItsEntry(t *testing.T) {
+	s, _, q, _ := newTestServer(t)
+	ids := 0
+	s.newID = func() string { ids++; return fmt.Sprintf("00000000-0000-4000-8000-%012d", ids) }
+	do(s, http.MethodPut, "/v1/jobs", gpuJob) // takes vision's 2 GPUs
+	waits := testbuild.Job("vision", "waits").Group("g", 1, 1, "gpu")
+	first := do(s, http.MethodPut, "/v1/jobs", waits.Register())
+	do(s, http.MethodPut, "/v1/jobs", testbuild.Job("vision", "other").Group("g", 1, 1, "gpu").Register())
+	again := do(s, http.MethodPut, "/v1/jobs", testbuild.Job("vision", "waits").Group("g", 1, 2, "gpu").Register())
+	entries, _ := q.List(t.Context())
+	var got []string
+	for _, e := range entries {
+		got = append(got, fmt.Sprintf("%s %s %d", e.ID[len(e.ID)-1:], e.JobID, e.Demand))
+	}
+	sort.Strings(got)
+	if fmt.Sprint(got) != "[1 waits 2 2 other 1]" || !strings.Contains(again.Body.String(), "position 1") {
+		t.Errorf("entries %v; first %s; again %s", got, first.Body, again.Body)
+	}
+}
+
 func TestBadRequests(t *testing.T) {
 	s, _, _, _ := newTestServer(t)
 	for body, want := range map[string]string{

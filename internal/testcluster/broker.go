@@ -5,6 +5,8 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -111,4 +113,19 @@ func (b *Broker) Start() {
 func (b *Broker) Kill() {
 	syscall.Kill(-b.cmd.Process.Pid, syscall.SIGKILL)
 	<-b.exited
+}
+
+// RSS is the broker process's resident memory in bytes (0 when unknown).
+func (b *Broker) RSS() int64 {
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", b.cmd.Process.Pid))
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(status), "\n") {
+		if rest, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			kb, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 10, 64)
+			return kb << 10
+		}
+	}
+	return 0
 }

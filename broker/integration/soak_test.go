@@ -1,0 +1,306 @@
+package integration
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"math/rand"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/nomad/api"
+
+	"github.com/nomad-gpu/nomad-gpu/internal/testcluster"
+)
+
+const soakPolicy = `
+queue "training" { priority = 60 }
+tenant "a" {
+  namespaces = ["soak-a"]
+  queues     = ["training"]
+  guaranteed = 4
+  limit      = 6
+}
+tenant "b" {
+  namespaces = ["soak-b"]
+  queues     = ["training"]
+  guaranteed = 4
+  limit      = 6
+}
+borrowing {
+  enabled  = true
+  priority = 20
+}
+`
+
+// soakLimit is each soak tenant's limit.
+const soakLimit = 6
+
+// soakDuration is how long the soak's users work: SOAK_DURATION (`make soak`),
+// else a minute.
+func soakDuration(t *testing.T) time.Duration {
+	d := time.Minute
+	if v := os.Getenv("SOAK_DURATION"); v != "" {
+		var err error
+		if d, err = time.ParseDuration(v); err != nil {
+			t.Fatalf("SOAK_DURATION: %v", err)
+		}
+	}
+	return d
+}
+
+// soakLedger counts every answer the users got, by kind.
+type soakLedger struct {
+	mu       sync.Mutex
+	counts   map[string]int
+	other    []string
+	admitted map[string]string // job id -> namespace, of admitted registrations and dispatches
+	queued   [][3]string       // queue id, namespace, job id
+	// unavailable are the times of 503 answers.
+	unavailable []time.Time
+}
+
+func (l *soakLedger) add(op string, status int, body string, err error, ns, id string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	kind := ""
+	switch {
+	case err != nil:
+		kind = "unreachable (broker killed)"
+	case status == http.StatusOK && strings.Contains(body, "nomad-gpu: queued as "):
+		kind = "queued"
+		rest := body[strings.Index(body, "queued as ")+len("queued as "):]
+		l.queued = append(l.queued, [3]string{strings.TrimSuffix(strings.Fields(rest)[0], ","), ns, id})
+	case status == http.StatusOK:
+		kind = "done"
+		if op == "dispatch" {
+			var out struct{ DispatchedJobID string }
+			json.Unmarshal([]byte(body), &out)
+			id = out.DispatchedJobID
+		}
+		if op == "submit" || op == "dispatch" {
+			l.admitted[id] = ns
+		}
+	case status == http.StatusForbidden || status == http.StatusNotFound:
+		kind = "refused"
+	case status == http.StatusTooManyRequests:
+		kind = "limited"
+	case status == http.StatusServiceUnavailable:
+		kind = "unavailable (leader change)"
+		l.unavailable = append(l.unavailable, time.Now())
+	default:
+		l.other = append(l.other, fmt.Sprintf("%s %s/%s: %d %s", op, ns, id, status, body))
+		kind = "other"
+	}
+	l.counts[op+": "+kind]++
+}
+
+// TestSoak: users of two tenants submit, scale, dispatch and stop GPU jobs
+// through two brokers against real Nomad while the leader is killed once.
+// Every answer is one the users can act on, everything admitted or queued is
+// accounted for, Nomad never runs more GPUs for a tenant than its limit at any
+// sampled moment, and the surviving broker's memory stays flat.
+func TestSoak(t *testing.T) {
+	duration := soakDuration(t)
+	consul := testcluster.StartConsul(t)
+	n := startGPUNode(t, "soak", 16, "soak-a", "soak-b")
+	policyDir := t.TempDir()
+	writeFile(t, filepath.Join(policyDir, "policy.hcl"), soakPolicy)
+	brokers := []*testcluster.Broker{
+		testcluster.StartBroker(t, n, consul, policyDir),
+		testcluster.StartBroker(t, n, consul, policyDir),
+	}
+	send := func(b *testcluster.Broker, method, path, body string) (int, string, error) {
+		req, _ := http.NewRequest(method, b.Addr+path, strings.NewReader(body))
+		resp, err := b.Client.Do(req)
+		if err != nil {
+			return 0, "", err
+		}
+		defer resp.Body.Close()
+		out, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(out), nil
+	}
+	soakJob := func(ns, id string, count int, gpus uint64) *jobBuilder {
+		return job(ns, id, api.JobTypeBatch).group("g", ptr(count), nil, task(dev("nvidia/gpu", gpus)))
+	}
+	waitForView(t, 16, func() string {
+		_, out, _ := send(brokers[0], http.MethodPut, "/v1/jobs", soakJob("soak-a", "probe", 1, 17).body(nil, canonical))
+		return out
+	})
+	for _, ns := range []string{"soak-a", "soak-b"} {
+		parent := soakJob(ns, "parent", 1, 1)
+		parent.j.ParameterizedJob = &api.ParameterizedJobConfig{}
+		if status, out, err := send(brokers[0], http.MethodPut, "/v1/jobs", parent.body(nil, canonical)); err != nil || status != http.StatusOK {
+			t.Fatalf("parent in %s: %d %s %v", ns, status, out, err)
+		}
+	}
+
+	ledger := &soakLedger{counts: map[string]int{}, admitted: map[string]string{}}
+	deadline := time.Now().Add(duration)
+	stop := make(chan struct{})
+	var users, sampler sync.WaitGroup
+
+	// The sampler: GPUs Nomad runs per tenant, several times a second.
+	var samples, maxUsed = 0, map[string]int{}
+	var over []string
+	sampler.Add(1)
+	go func() {
+		defer sampler.Done()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(200 * time.Millisecond):
+			}
+			allocs, _, err := n.API.Allocations().List(&api.QueryOptions{Namespace: "*", Params: map[string]string{"resources": "true"}})
+			if err != nil {
+				continue
+			}
+			used := map[string]int{}
+			for _, a := range allocs {
+				if a.DesiredStatus != api.AllocDesiredStatusRun || a.ClientStatus == api.AllocClientStatusComplete ||
+					a.ClientStatus == api.AllocClientStatusFailed || a.ClientStatus == api.AllocClientStatusLost || a.AllocatedResources == nil {
+					continue
+				}
+				for _, tr := range a.AllocatedResources.Tasks {
+					for _, d := range tr.Devices {
+						used[a.Namespace] += len(d.DeviceIDs)
+					}
+				}
+			}
+			samples++
+			for ns, u := range used {
+				maxUsed[ns] = max(maxUsed[ns], u)
+				if u > soakLimit {
+					over = append(over, fmt.Sprintf("%s: %d GPUs at %s", ns, u, time.Now().Format("15:04:05.000")))
+				}
+			}
+		}
+	}()
+
+	for u := 0; u < 8; u++ {
+		users.Add(1)
+		go func(u int) {
+			defer users.Done()
+			rng := rand.New(rand.NewSource(int64(u)))
+			ns := []string{"soak-a", "soak-b"}[u%2]
+			b := u % 2
+			var children []string
+			for time.Now().Before(deadline) {
+				id := fmt.Sprintf("u%d-%d", u, rng.Intn(3))
+				var op, method, path, body string
+				switch r := rng.Intn(100); {
+				case r < 40:
+					op, method, path = "submit", http.MethodPut, "/v1/jobs"
+					body = soakJob(ns, id, 1+rng.Intn(2), uint64(1+rng.Intn(2))).body(nil, canonical)
+				case r < 60:
+					op, method, path = "scale", http.MethodPost, "/v1/job/"+id+"/scale?namespace="+ns
+					body = fmt.Sprintf(`{"Count":%d,"Target":{"Group":"g"}}`, rng.Intn(3))
+				case r < 75:
+					op, method, path, body = "dispatch", http.MethodPost, "/v1/job/parent/dispatch?namespace="+ns, "{}"
+				default:
+					op, method = "stop", http.MethodDelete
+					if len(children) > 0 && rng.Intn(2) == 0 {
+						id, children = children[0], children[1:]
+					}
+					path = "/v1/job/" + id + "?namespace=" + ns
+				}
+				status, out, err := send(brokers[b], method, path, body)
+				if err != nil {
+					b = 1 - b // that broker is gone: the user turns to the other
+				}
+				ledger.add(op, status, out, err, ns, id)
+				if op == "dispatch" && status == http.StatusOK {
+					var d struct{ DispatchedJobID string }
+					json.Unmarshal([]byte(out), &d)
+					children = append(children, d.DispatchedJobID)
+				}
+				time.Sleep(time.Duration(100+rng.Intn(400)) * time.Millisecond)
+			}
+		}(u)
+	}
+
+	// Kill the leader at a third of the run; measure the survivor's memory
+	// from then to the end.
+	time.Sleep(duration / 3)
+	pair, _, err := consulKV(consul).Get("nomad-gpu/leader", nil)
+	if err != nil || pair == nil {
+		t.Fatalf("no leader to kill: %v", err)
+	}
+	var survivor *testcluster.Broker
+	killedAt := time.Now()
+	for i, b := range brokers {
+		if b.Addr == string(pair.Value) {
+			b.Kill()
+			survivor = brokers[1-i]
+		}
+	}
+	if survivor == nil {
+		t.Fatalf("the leader %q is neither broker", pair.Value)
+	}
+	time.Sleep(duration / 6)
+	rssFrom := survivor.RSS()
+	users.Wait()
+	rssTo := survivor.RSS()
+	close(stop)
+	sampler.Wait()
+
+	kinds := make([]string, 0, len(ledger.counts))
+	total := 0
+	for k, c := range ledger.counts {
+		kinds = append(kinds, fmt.Sprintf("%-40s %5d", k, c))
+		total += c
+	}
+	sort.Strings(kinds)
+	t.Logf("soak of %s: %d requests by 8 users\n%s", duration, total, strings.Join(kinds, "\n"))
+	t.Logf("%d samples of Nomad's allocations; most GPUs a tenant ran at once: %v (limit %d)", samples, maxUsed, soakLimit)
+	if u := ledger.unavailable; len(u) > 0 {
+		t.Logf("GPU calls answered 503 from %.1fs to %.1fs after the leader was killed", u[0].Sub(killedAt).Seconds(), u[len(u)-1].Sub(killedAt).Seconds())
+		if u[0].Before(killedAt) {
+			t.Errorf("GPU calls answered 503 %.1fs before any leader change", killedAt.Sub(u[0]).Seconds())
+		}
+	}
+	t.Logf("surviving broker RSS %d MiB after the failover, %d MiB at the end", rssFrom>>20, rssTo>>20)
+
+	if len(ledger.other) > 0 {
+		t.Errorf("%d answers a user cannot act on:\n%s", len(ledger.other), strings.Join(ledger.other, "\n"))
+	}
+	if len(over) > 0 {
+		t.Errorf("Nomad ran more GPUs than a tenant's limit at %d of %d samples:\n%s", len(over), samples, strings.Join(over, "\n"))
+	}
+	if ledger.counts["submit: done"] == 0 || ledger.counts["submit: queued"] == 0 || ledger.counts["stop: done"] == 0 {
+		t.Errorf("the soak did not admit, queue and stop: %v", ledger.counts)
+	}
+	for id, ns := range ledger.admitted {
+		if _, _, err := n.API.Jobs().Info(id, &api.QueryOptions{Namespace: ns}); err != nil {
+			t.Errorf("admitted job %s/%s is not in Nomad: %v", ns, id, err)
+		}
+	}
+	stillQueued := 0
+	for _, q := range ledger.queued {
+		// Still queued (or parked), or admitted since: either way, not lost.
+		status, body, err := send(survivor, http.MethodGet, "/v1/gpu/queue/"+q[0], "")
+		switch {
+		case err != nil:
+			t.Fatal(err)
+		case status == http.StatusOK:
+			stillQueued++
+		case status != http.StatusNotFound:
+			t.Errorf("queue entry %s: %d %s", q[0], status, body)
+		default:
+			if _, _, err := n.API.Jobs().Info(q[2], &api.QueryOptions{Namespace: q[1]}); err != nil {
+				t.Errorf("queued job %s/%s (%s) is neither queued nor in Nomad: %v", q[1], q[2], q[0], err)
+			}
+		}
+	}
+	t.Logf("%d queued answers: %d still queued, the others admitted since", len(ledger.queued), stillQueued)
+	if rssTo > rssFrom*3/2+32<<20 {
+		t.Errorf("the broker's memory grew from %d MiB to %d MiB", rssFrom>>20, rssTo>>20)
+	}
+}
