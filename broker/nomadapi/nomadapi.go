@@ -43,7 +43,8 @@ func New(address, token string, tls *api.TLSConfig) (*Client, error) {
 	}
 	hc := cfg.HttpClient
 	if hc == nil {
-		hc = &http.Client{}
+		// ConfigureTLS sets up the transport it is given: give it one.
+		hc = &http.Client{Transport: http.DefaultTransport.(*http.Transport).Clone()}
 		if tls != nil {
 			if err := api.ConfigureTLS(hc, tls); err != nil {
 				return nil, fmt.Errorf("nomad TLS: %w", err)

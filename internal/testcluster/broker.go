@@ -31,6 +31,8 @@ type BrokerOptions struct {
 	Config string // more broker.hcl
 	// TLS serves the broker's listener with this certificate, trusted through its CA.
 	TLS *Certs
+	// ConsulTLS: the broker reaches Consul at its HTTPS address, trusting this CA.
+	ConsulTLS *Certs
 }
 
 // StartBroker runs gpu-broker (race-detector build) in front of nomad with its
@@ -58,15 +60,26 @@ func startBroker(t testing.TB, bin string, nomad *Nomad, consul *Consul, policyD
 	port := FreePorts(t, 1)[0]
 	b := &Broker{Addr: fmt.Sprintf("http://127.0.0.1:%d", port), dir: dir, t: t, bin: bin,
 		config: filepath.Join(dir, "broker.hcl"), token: o.Token, Client: &http.Client{Timeout: 30 * time.Second}}
+	consulAddr, consulTLS, nomadTLS := consul.Addr, "", ""
+	if o.ConsulTLS != nil {
+		consulAddr, consulTLS = consul.HTTPSAddr, fmt.Sprintf("tls { ca_file = %q }", o.ConsulTLS.CAFile)
+	}
+	if nomad.tls != nil {
+		nomadTLS = fmt.Sprintf("tls { ca_file = %q }", nomad.tls.CAFile)
+	}
 	cfg := fmt.Sprintf(`listen     = "127.0.0.1:%d"
 policy_dir = %q
 nomad  {
   address = %q
   token   = %q
+  %s
 }
-consul { address = %q }
+consul {
+  address = %q
+  %s
+}
 %s
-`, port, policyDir, nomad.Addr, o.Token, consul.Addr, o.Config)
+`, port, policyDir, nomad.Addr, o.Token, nomadTLS, consulAddr, consulTLS, o.Config)
 	if o.TLS != nil {
 		b.Addr = fmt.Sprintf("https://127.0.0.1:%d", port)
 		b.Client = o.TLS.Client()

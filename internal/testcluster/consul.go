@@ -13,29 +13,37 @@ import (
 type Consul struct {
 	*process
 	Addr string // host:port of the HTTP API
-	t    testing.TB
-	dir  string
-	args []string
-	runs int
+	// HTTPSAddr is https://host:port of the HTTPS API, when it serves one.
+	HTTPSAddr string
+	t         testing.TB
+	dir       string
+	args      []string
+	runs      int
 }
 
 // StartConsul starts a Consul dev agent (in-memory) and waits for its leader.
 func StartConsul(t testing.TB) *Consul {
 	t.Helper()
-	return startConsul(t, false)
+	return startConsul(t, false, nil)
+}
+
+// StartTLSConsul is StartConsul serving HTTPS too, with certs.
+func StartTLSConsul(t testing.TB, certs *Certs) *Consul {
+	t.Helper()
+	return startConsul(t, false, certs)
 }
 
 // StartDurableConsul starts a single Consul server that keeps its state on
 // disk, so that Restart brings back the same KV store: for fault tests.
 func StartDurableConsul(t testing.TB) *Consul {
 	t.Helper()
-	return startConsul(t, true)
+	return startConsul(t, true, nil)
 }
 
-func startConsul(t testing.TB, durable bool) *Consul {
+func startConsul(t testing.TB, durable bool, certs *Certs) *Consul {
 	t.Helper()
 	dir := t.TempDir()
-	p := FreePorts(t, 4)
+	p := FreePorts(t, 5)
 	c := &Consul{Addr: fmt.Sprintf("127.0.0.1:%d", p[0]), t: t, dir: dir}
 	mode := []string{"-dev"}
 	if durable {
@@ -47,6 +55,12 @@ func startConsul(t testing.TB, durable bool) *Consul {
 		"-serf-lan-port", strconv.Itoa(p[2]), "-serf-wan-port", strconv.Itoa(p[3]),
 		"-dns-port", "-1", "-grpc-port", "-1", "-grpc-tls-port", "-1",
 		"-hcl", "disable_update_check = true")
+	if certs != nil {
+		c.HTTPSAddr = fmt.Sprintf("https://127.0.0.1:%d", p[4])
+		c.args = append(c.args, "-hcl", fmt.Sprintf("ports { https = %d }", p[4]), "-hcl", fmt.Sprintf(
+			`tls { defaults { ca_file = %q  cert_file = %q  key_file = %q  verify_incoming = false } }`,
+			certs.CAFile, certs.CertFile, certs.KeyFile))
+	}
 	c.Start()
 	t.Cleanup(func() {
 		dumpOnFailure(t, c.process)

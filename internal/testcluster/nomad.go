@@ -29,6 +29,7 @@ type NomadOptions struct {
 	ConsulAddr   string // empty: a closed loopback port, so nothing is reached
 	ExtraHCL     string
 	ServerHCL    string // more of the server block
+	TLS          *Certs // serve the HTTP API over TLS with these
 }
 
 // Nomad is a running Nomad agent.
@@ -40,6 +41,7 @@ type Nomad struct {
 	DataDir string
 	API     *api.Client
 	client  bool
+	tls     *Certs
 	t       testing.TB
 	dir     string
 	args    []string // the command line, for Restart
@@ -99,6 +101,16 @@ plugin "nomad-device-gpu" {
 {{.PluginConfig}}
   }
 }
+{{- if .TLS}}
+tls {
+  http                = true
+  rpc                 = false
+  ca_file             = "{{.TLS.CAFile}}"
+  cert_file           = "{{.TLS.CertFile}}"
+  key_file            = "{{.TLS.KeyFile}}"
+  verify_https_client = false
+}
+{{- end}}
 {{.ExtraHCL}}
 `))
 
@@ -147,7 +159,7 @@ func LaunchNomad(t testing.TB, o NomadOptions) *Nomad {
 		"HTTP": ports[0], "RPC": ports[1], "Serf": ports[2],
 		"Server": o.Server, "Client": o.Client, "Join": strings.Join(join, ", "),
 		"Denylist": CloudFingerprinters, "ConsulAddr": consul, "HasConsul": o.ConsulAddr != "",
-		"PluginConfig": o.PluginConfig, "ExtraHCL": o.ExtraHCL, "ServerHCL": o.ServerHCL,
+		"PluginConfig": o.PluginConfig, "ExtraHCL": o.ExtraHCL, "ServerHCL": o.ServerHCL, "TLS": o.TLS,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -166,7 +178,12 @@ func LaunchNomad(t testing.TB, o NomadOptions) *Nomad {
 		dumpOnFailure(t, n.process)
 		n.Stop()
 	})
-	n.API, err = api.NewClient(&api.Config{Address: n.Addr})
+	apiCfg := &api.Config{Address: n.Addr}
+	if n.tls = o.TLS; o.TLS != nil {
+		n.Addr = "https" + strings.TrimPrefix(n.Addr, "http")
+		apiCfg = &api.Config{Address: n.Addr, TLSConfig: &api.TLSConfig{CACert: o.TLS.CAFile}}
+	}
+	n.API, err = api.NewClient(apiCfg)
 	if err != nil {
 		t.Fatal(err)
 	}
