@@ -180,12 +180,13 @@ func TestGPUClientDies(t *testing.T) {
 
 // TestNomadRestartedWhileAdmitting: Nomad restarts just as GPUs free up for
 // the queue; the broker follows it again and admits each queued job once.
+// Then a job purged in Nomad stops counting at the next resync.
 func TestNomadRestartedWhileAdmitting(t *testing.T) {
 	consul := testcluster.StartConsul(t)
 	n := startGPUNode(t, "restart", 4, "vision")
 	e := &env{t: t, nomad: n, dir: t.TempDir(), policyDir: t.TempDir()}
 	writeFile(t, filepath.Join(e.policyDir, "policy.hcl"), twoTenantPolicy)
-	e.broker = testcluster.StartBroker(t, n, consul, e.policyDir)
+	e.broker = testcluster.StartBrokerWith(t, n, consul, e.policyDir, testcluster.BrokerOptions{Config: `resync = "3s"`})
 	waitForView(t, 4, func() string {
 		out, _ := e.run("vision", "probe", 1, 5, "", false)
 		return out
@@ -218,4 +219,18 @@ func TestNomadRestartedWhileAdmitting(t *testing.T) {
 			t.Errorf("vision is charged %d GPUs, want 2", u.Used)
 		}
 	}
+
+	// A purge sends no job event in Nomad v1.6: the next full listing
+	// (resync) stops counting the job.
+	if _, _, err := n.API.Jobs().Deregister("w1", true, &api.WriteOptions{Namespace: "vision"}); err != nil {
+		t.Fatal(err)
+	}
+	testcluster.WaitFor(t, 30*time.Second, "the purged job no longer charged", func() error {
+		for _, u := range e.usage() {
+			if u.Tenant == "vision" && u.Used != 1 {
+				return fmt.Errorf("vision is charged %d GPUs", u.Used)
+			}
+		}
+		return nil
+	})
 }
