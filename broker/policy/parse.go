@@ -20,6 +20,7 @@ var fileSchema = &hcl.BodySchema{Blocks: []hcl.BlockHeaderSchema{
 	{Type: "borrowing"},
 	{Type: "preemption"},
 	{Type: "region", LabelNames: []string{"name"}},
+	{Type: "reclaim", LabelNames: []string{"name"}},
 }}
 
 type regionBody struct {
@@ -62,7 +63,7 @@ const defaultBorrowingPriority = 20
 // the cluster's GPU count for the over-commitment warning (0: unknown, no check).
 func Parse(files map[string][]byte, capacity int) (*Policy, hcl.Diagnostics) {
 	p := &Policy{Queues: map[string]*Queue{}, Tenants: map[string]*Tenant{}, Classes: map[string]*GPUClass{}, Regions: map[string]*Region{},
-		Borrowing: Borrowing{Priority: defaultBorrowingPriority}, Preemption: Preemption{Batch: true, Service: true},
+		Reclaim: map[string]*ReclaimRule{}, Borrowing: Borrowing{Priority: defaultBorrowingPriority}, Preemption: Preemption{Batch: true, Service: true},
 		byNamespace: map[string]*Tenant{}}
 	var diags hcl.Diagnostics
 	var tenantBlocks []*hcl.Block
@@ -145,6 +146,8 @@ func Parse(files map[string][]byte, capacity int) (*Policy, hcl.Diagnostics) {
 						fmt.Sprintf("region %q: broker %q must be an http:// or https:// address", r.Name, r.Broker)))
 				}
 				p.Regions[r.Name] = r
+			case "reclaim":
+				diags = append(diags, p.addReclaim(b)...)
 			case "borrowing", "preemption":
 				if prev, dup := seenSingleton[b.Type]; dup {
 					diags = append(diags, duplicate(b.Type, "", b.DefRange, prev))
@@ -158,6 +161,7 @@ func Parse(files map[string][]byte, capacity int) (*Policy, hcl.Diagnostics) {
 	for i, b := range tenantBlocks {
 		diags = append(diags, p.addTenant(b, tenantBodies[i])...)
 	}
+	diags = append(diags, p.checkReclaimSelectors()...)
 	diags = append(diags, p.check(capacity, seenSingleton["borrowing"])...)
 	if diags.HasErrors() {
 		return nil, diags

@@ -28,6 +28,7 @@ type Policy struct {
 	Borrowing  Borrowing
 	Preemption Preemption
 	Regions    map[string]*Region
+	Reclaim    map[string]*ReclaimRule
 
 	byNamespace map[string]*Tenant
 }

@@ -1,0 +1,111 @@
+package policy_test
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nomad-gpu/nomad-gpu/broker/policy"
+)
+
+// The rules of issue 7, one attribute a line (HCL allows a single-line block
+// only with a single attribute).
+const reclaimRules = `
+reclaim "idle-dev" {
+  workload   = "dev"
+  idle_below = 5
+  idle_for   = "30m"
+  action     = "stop"
+  grace      = "5m"
+  mode       = "enforce"
+}
+reclaim "dev-ttl" {
+  workload     = "dev"
+  max_lifetime = "8h"
+  max_extend   = "4h"
+  action       = "stop"
+  mode         = "enforce"
+}
+reclaim "sick-gpu" {
+  device_unhealthy_for = "2m"
+  action               = "reschedule"
+  mode                 = "enforce"
+}
+reclaim "crash-loop" {
+  restarts_above = 5
+  within         = "30m"
+  action         = "stop"
+  mode           = "enforce"
+}
+reclaim "unadmitted" {
+  unadmitted = true
+  action     = "stop"
+  grace      = "0s"
+}
+`
+
+// rule writes a reclaim block "r" with one attribute a line, from line 2.
+func rule(attrs ...string) string {
+	return "reclaim \"r\" {\n  " + strings.Join(attrs, "\n  ") + "\n}\n"
+}
+
+func TestReclaimRulesAsWritten(t *testing.T) {
+	p, diags := policy.Parse(map[string][]byte{"queues.hcl": []byte(queues), "reclaim.hcl": []byte(reclaimRules)}, 0)
+	if p == nil {
+		t.Fatal(policy.FormatDiagnostics(diags))
+	}
+	var got []string
+	for _, r := range p.ReclaimRules() {
+		got = append(got, r.Name+" "+string(r.Condition)+" "+string(r.Action)+" "+string(r.Mode))
+	}
+	want := "[crash-loop restarts_above stop enforce dev-ttl max_lifetime stop enforce idle-dev idle_below stop enforce " +
+		"sick-gpu device_unhealthy_for reschedule enforce unadmitted unadmitted stop dry-run]"
+	if s := strings.Join(strings.Fields(strings.Trim(strings.Join(got, " "), " ")), " "); "["+s+"]" != want {
+		t.Errorf("rules:\n got [%s]\nwant %s", s, want)
+	}
+	idle := p.Reclaim["idle-dev"]
+	if idle.Workload != "dev" || idle.IdleBelow != 5 || idle.IdleFor != 30*time.Minute || idle.Grace != 5*time.Minute {
+		t.Errorf("idle-dev: %+v", idle)
+	}
+	if ttl := p.Reclaim["dev-ttl"]; ttl.MaxLifetime != 8*time.Hour || ttl.MaxExtend != 4*time.Hour {
+		t.Errorf("dev-ttl: %+v", ttl)
+	}
+	if cl := p.Reclaim["crash-loop"]; cl.RestartsAbove != 5 || cl.Within != 30*time.Minute {
+		t.Errorf("crash-loop: %+v", cl)
+	}
+}
+
+func TestReclaimRuleDiagnostics(t *testing.T) {
+	cases := []struct{ name, rule, want string }{
+		{"no condition", rule(`action = "stop"`),
+			`reclaim.hcl:1:1: error: Reclaim rule without a condition: reclaim "r" sets none of idle_below + idle_for, max_lifetime`},
+		{"two conditions", rule(`max_lifetime = "8h"`, `unadmitted = true`, `action = "stop"`),
+			`reclaim.hcl:1:1: error: Reclaim rule with several conditions: reclaim "r" sets max_lifetime and unadmitted`},
+		{"action that makes no sense", rule(`max_lifetime = "8h"`, `action = "reschedule"`),
+			`reclaim.hcl:3:12: error: Action does not fit the condition: reclaim "r": action "reschedule" does not make sense for max_lifetime; use one of stop, notify`},
+		{"unknown action", rule(`unadmitted = true`, `action = "purge"`),
+			`reclaim.hcl:3:12: error: Action does not fit the condition: reclaim "r": action "purge" does not make sense for unadmitted; use one of stop, requeue, notify`},
+		{"half a condition", rule(`idle_below = 5`, `action = "stop"`),
+			`reclaim.hcl:2:16: error: Incomplete condition: reclaim "r": idle_below and idle_for go together`},
+		{"bad duration", rule(`max_lifetime = "8 hours"`, `action = "stop"`),
+			`reclaim.hcl:2:18: error: Invalid duration: reclaim "r": max_lifetime = "8 hours" is not a duration`},
+		{"bad threshold", rule(`idle_below = 150`, `idle_for = "1m"`, `action = "stop"`),
+			`reclaim.hcl:2:16: error: Invalid idle threshold: reclaim "r": idle_below = 150 is not a utilisation percentage`},
+		{"bad mode", rule(`unadmitted = true`, `action = "stop"`, `mode = "on"`),
+			`reclaim.hcl:4:10: error: Invalid reclaim mode: reclaim "r": mode "on" is neither "enforce" nor "dry-run"`},
+		{"unknown queue", rule(`queue = "batch"`, `unadmitted = true`, `action = "stop"`),
+			`reclaim.hcl:1:1: error: Unknown queue: reclaim "r" selects queue "batch"`},
+		{"max_extend alone", rule(`max_extend = "1h"`, `unadmitted = true`, `action = "stop"`),
+			`reclaim.hcl:2:16: error: max_extend without max_lifetime`},
+		{"unknown attribute", rule(`idle = true`, `action = "stop"`),
+			`reclaim.hcl:2:3: error: Unsupported argument: An argument named "idle" is not expected here.`},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			p, diags := policy.Parse(map[string][]byte{"queues.hcl": []byte(queues), "reclaim.hcl": []byte(c.rule)}, 0)
+			if out := policy.FormatDiagnostics(diags); p != nil || !strings.Contains(out, c.want) {
+				t.Errorf("want a diagnostic containing\n  %s\ngot\n%s", c.want, out)
+			}
+		})
+	}
+}
