@@ -1,0 +1,239 @@
+// Package reclaim decides which running GPU allocations to release under the
+// policy's reclaim rules: idle, past their lifetime, on a sick GPU,
+// crash-looping, or never admitted. It is pure: the leader feeds it what it
+// observed (allocations, per-GPU utilisation, device health) and carries out
+// the decisions it returns.
+package reclaim
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/nomad-gpu/nomad-gpu/broker/policy"
+)
+
+// Alloc is a running allocation that holds GPUs, as the leader observed it.
+type Alloc struct {
+	ID, Namespace, JobID, Group string
+	// Admitted: the job's admission stamp verifies; Tenant, Queue and
+	// Workload are then the broker's, else "" (never the user's meta).
+	Admitted                bool
+	Tenant, Queue, Workload string
+	StartedAt               time.Time
+	// TTL is the lifetime the job asks for (meta nomad-gpu.ttl), 0 if none.
+	TTL time.Duration
+	// GPUs are the device ids the allocation holds.
+	GPUs []string
+	// Restarts are the times its tasks restarted.
+	Restarts []time.Time
+}
+
+// GPU is one GPU's latest state.
+type GPU struct {
+	Utilization float64 // percent, from the latest sample
+	Healthy     bool
+}
+
+// Decision is a rule's verdict on allocations of one job.
+type Decision struct {
+	Rule      string
+	Action    policy.Action
+	Mode      policy.Mode
+	Condition policy.Condition
+	Namespace string
+	JobID     string
+	// Allocs are the allocations the decision is about; WholeJob is true when
+	// they are every GPU allocation of the job (a stop then stops the job).
+	Allocs   []string
+	WholeJob bool
+	Tenant   string
+	Queue    string
+	GPUs     int
+	Evidence string
+	ActAfter time.Time
+}
+
+// Engine keeps what decisions need across passes: since when each allocation
+// has been idle, each GPU unhealthy, and which conditions already raised a
+// decision (raised again only after they clear).
+type Engine struct {
+	idleSince      map[[2]string]time.Time // by rule and allocation: each rule has its threshold
+	unhealthySince map[string]time.Time    // by GPU id
+	raised         map[[2]string]bool      // rule, allocation
+}
+
+// New returns an engine with nothing observed.
+func New() *Engine {
+	return &Engine{idleSince: map[[2]string]time.Time{}, unhealthySince: map[string]time.Time{}, raised: map[[2]string]bool{}}
+}
+
+// Pass observes allocs (every running GPU allocation, by job) and gpus (by
+// device id) at now, and returns the new decisions under rules.
+func (e *Engine) Pass(now time.Time, rules []*policy.ReclaimRule, allocs []Alloc, gpus map[string]GPU) []Decision {
+	e.observe(now, rules, allocs, gpus)
+	byJob := map[[2]string][]Alloc{}
+	for _, a := range allocs {
+		k := [2]string{a.Namespace, a.JobID}
+		byJob[k] = append(byJob[k], a)
+	}
+	var out []Decision
+	live := map[[2]string]bool{}
+	for _, r := range rules {
+		for _, job := range sortedJobs(byJob) {
+			var hit []Alloc
+			var evidence []string
+			for _, a := range byJob[job] {
+				live[[2]string{r.Name, a.ID}] = true
+				why, ok := e.matches(now, r, a, gpus)
+				key := [2]string{r.Name, a.ID}
+				if !ok {
+					delete(e.raised, key) // cleared: it may be raised again when it recurs
+					continue
+				}
+				if e.raised[key] {
+					continue
+				}
+				e.raised[key] = true
+				hit = append(hit, a)
+				evidence = append(evidence, a.ID+": "+why)
+			}
+			if len(hit) > 0 {
+				out = append(out, decision(now, r, hit, len(hit) == len(byJob[job]), evidence))
+			}
+		}
+	}
+	for k := range e.raised {
+		if !live[k] {
+			delete(e.raised, k) // the allocation or the rule is gone
+		}
+	}
+	return out
+}
+
+// observe brings the idle and health clocks up to now.
+func (e *Engine) observe(now time.Time, rules []*policy.ReclaimRule, allocs []Alloc, gpus map[string]GPU) {
+	seen := map[[2]string]bool{}
+	for _, r := range rules {
+		if r.Condition != policy.CondIdle {
+			continue
+		}
+		for _, a := range allocs {
+			key := [2]string{r.Name, a.ID}
+			seen[key] = true
+			idle := len(a.GPUs) > 0
+			for _, id := range a.GPUs {
+				if g, ok := gpus[id]; !ok || g.Utilization >= r.IdleBelow {
+					idle = false // no sample is not an idle sample
+				}
+			}
+			if _, was := e.idleSince[key]; idle && !was {
+				e.idleSince[key] = now
+			} else if !idle {
+				delete(e.idleSince, key) // one busy sample resets it
+			}
+		}
+	}
+	for key := range e.idleSince {
+		if !seen[key] {
+			delete(e.idleSince, key)
+		}
+	}
+	for id, g := range gpus {
+		if _, was := e.unhealthySince[id]; !g.Healthy && !was {
+			e.unhealthySince[id] = now
+		} else if g.Healthy {
+			delete(e.unhealthySince, id)
+		}
+	}
+	for id := range e.unhealthySince {
+		if _, ok := gpus[id]; !ok {
+			delete(e.unhealthySince, id)
+		}
+	}
+}
+
+// matches reports whether rule r holds for a, and the evidence.
+func (e *Engine) matches(now time.Time, r *policy.ReclaimRule, a Alloc, gpus map[string]GPU) (string, bool) {
+	if !selects(r, a) {
+		return "", false
+	}
+	switch r.Condition {
+	case policy.CondIdle:
+		since, ok := e.idleSince[[2]string{r.Name, a.ID}]
+		if !ok || now.Sub(since) < r.IdleFor {
+			return "", false
+		}
+		return fmt.Sprintf("every GPU below %g%% since %s (%s)", r.IdleBelow, since.UTC().Format(time.RFC3339), now.Sub(since).Round(time.Second)), true
+	case policy.CondLifetime:
+		limit := r.MaxLifetime
+		if a.TTL > 0 {
+			limit = min(a.TTL, r.MaxLifetime+r.MaxExtend)
+		}
+		if age := now.Sub(a.StartedAt); age >= limit {
+			return fmt.Sprintf("running since %s (%s), lifetime %s", a.StartedAt.UTC().Format(time.RFC3339), age.Round(time.Second), limit), true
+		}
+	case policy.CondUnhealthy:
+		var sick []string
+		for _, id := range a.GPUs {
+			if since, ok := e.unhealthySince[id]; ok && now.Sub(since) >= r.DeviceUnhealthyFor {
+				sick = append(sick, fmt.Sprintf("%s unhealthy since %s", id, since.UTC().Format(time.RFC3339)))
+			}
+		}
+		if len(sick) > 0 {
+			return strings.Join(sick, ", "), true
+		}
+	case policy.CondRestarts:
+		n := 0
+		for _, t := range a.Restarts {
+			if now.Sub(t) <= r.Within {
+				n++
+			}
+		}
+		if n > r.RestartsAbove {
+			return fmt.Sprintf("%d restarts within %s", n, r.Within), true
+		}
+	case policy.CondUnadmitted:
+		if !a.Admitted {
+			return "no valid admission stamp", true
+		}
+	}
+	return "", false
+}
+
+// selects applies the rule's selectors. An unadmitted job has no tenant,
+// queue or workload the broker can trust, so only a rule without selectors
+// (or an unadmitted rule) reaches it.
+func selects(r *policy.ReclaimRule, a Alloc) bool {
+	if r.Condition != policy.CondUnadmitted && !a.Admitted && (r.Workload != "" || r.Queue != "" || r.Tenant != "") {
+		return false
+	}
+	return (r.Workload == "" || r.Workload == a.Workload) && (r.Queue == "" || r.Queue == a.Queue) &&
+		(r.Tenant == "" || r.Tenant == a.Tenant)
+}
+
+func decision(now time.Time, r *policy.ReclaimRule, hit []Alloc, whole bool, evidence []string) Decision {
+	d := Decision{Rule: r.Name, Action: r.Action, Mode: r.Mode, Condition: r.Condition, Namespace: hit[0].Namespace,
+		JobID: hit[0].JobID, WholeJob: whole, Tenant: hit[0].Tenant, Queue: hit[0].Queue,
+		Evidence: strings.Join(evidence, "; "), ActAfter: now.Add(r.Grace)}
+	for _, a := range hit {
+		d.Allocs = append(d.Allocs, a.ID)
+		d.GPUs += len(a.GPUs)
+	}
+	return d
+}
+
+func sortedJobs(byJob map[[2]string][]Alloc) [][2]string {
+	out := make([][2]string, 0, len(byJob))
+	for k := range byJob {
+		out = append(out, k)
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if out[i][0] != out[j][0] {
+			return out[i][0] < out[j][0]
+		}
+		return out[i][1] < out[j][1]
+	})
+	return out
+}

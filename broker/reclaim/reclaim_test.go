@@ -1,0 +1,217 @@
+package reclaim_test
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nomad-gpu/nomad-gpu/broker/policy"
+	"github.com/nomad-gpu/nomad-gpu/broker/reclaim"
+	"github.com/nomad-gpu/nomad-gpu/internal/testbuild"
+)
+
+const rules = `
+queue "dev" { priority = 40 }
+queue "training" { priority = 60 }
+tenant "vision" {
+  namespaces = ["vision"]
+  queues     = ["training", "dev"]
+}
+reclaim "idle-dev" {
+  workload   = "dev"
+  idle_below = 5
+  idle_for   = "30m"
+  action     = "stop"
+  grace      = "5m"
+  mode       = "enforce"
+}
+reclaim "dev-ttl" {
+  workload     = "dev"
+  max_lifetime = "8h"
+  max_extend   = "4h"
+  action       = "stop"
+}
+reclaim "sick-gpu" {
+  device_unhealthy_for = "2m"
+  action               = "reschedule"
+}
+reclaim "crash-loop" {
+  restarts_above = 5
+  within         = "30m"
+  action         = "stop"
+}
+reclaim "unadmitted" {
+  unadmitted = true
+  action     = "stop"
+}
+`
+
+var t0 = time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+
+// dev is an admitted dev allocation of job j started at t0 on gpus.
+func dev(id, job string, gpus ...string) reclaim.Alloc {
+	return reclaim.Alloc{ID: id, Namespace: "vision", JobID: job, Group: "g", Admitted: true, Tenant: "vision",
+		Queue: "dev", Workload: "dev", StartedAt: t0, GPUs: gpus}
+}
+
+// utilization gives every GPU of ids the same utilisation, healthy.
+func utilization(pct float64, ids ...string) map[string]reclaim.GPU {
+	out := map[string]reclaim.GPU{}
+	for _, id := range ids {
+		out[id] = reclaim.GPU{Utilization: pct, Healthy: true}
+	}
+	return out
+}
+
+// only keeps the rules named.
+func only(p *policy.Policy, names ...string) []*policy.ReclaimRule {
+	var out []*policy.ReclaimRule
+	for _, n := range names {
+		out = append(out, p.Reclaim[n])
+	}
+	return out
+}
+
+func summary(ds []reclaim.Decision) string {
+	var out []string
+	for _, d := range ds {
+		out = append(out, fmt.Sprintf("%s %s %s/%s %v whole=%t gpus=%d", d.Rule, d.Action, d.Namespace, d.JobID, d.Allocs, d.WholeJob, d.GPUs))
+	}
+	return strings.Join(out, "; ")
+}
+
+func TestIdleIsTheMinimumNotTheAverage(t *testing.T) {
+	p := testbuild.Policy(t, rules)
+	e := reclaim.New()
+	a := dev("a1", "notebook", "g0", "g1")
+	idle := utilization(0, "g0", "g1")
+	pass := func(at time.Duration, gpus map[string]reclaim.GPU) []reclaim.Decision {
+		return e.Pass(t0.Add(at), only(p, "idle-dev"), []reclaim.Alloc{a}, gpus)
+	}
+	if ds := pass(0, idle); len(ds) != 0 {
+		t.Fatalf("decided at once: %s", summary(ds))
+	}
+	if ds := pass(29*time.Minute, idle); len(ds) != 0 {
+		t.Fatalf("decided before idle_for: %s", summary(ds))
+	}
+	ds := pass(30*time.Minute, idle)
+	if summary(ds) != "idle-dev stop vision/notebook [a1] whole=true gpus=2" || !ds[0].ActAfter.Equal(t0.Add(35*time.Minute)) ||
+		ds[0].Mode != policy.ModeEnforce || !strings.Contains(ds[0].Evidence, "every GPU below 5% since 2026-11-30T12:00:00Z (30m0s)") {
+		t.Fatalf("want one decision acting after the 5m grace, got %s %+v", summary(ds), ds)
+	}
+	if ds := pass(31*time.Minute, idle); len(ds) != 0 {
+		t.Errorf("the same condition raised again: %s", summary(ds))
+	}
+	// One busy sample on one GPU resets the clock and clears the condition.
+	busy := utilization(0, "g0")
+	busy["g1"] = reclaim.GPU{Utilization: 60, Healthy: true}
+	pass(32*time.Minute, busy)
+	if ds := pass(33*time.Minute, idle); len(ds) != 0 {
+		t.Errorf("idle right after a busy sample: %s", summary(ds))
+	}
+	if ds := pass(62*time.Minute, idle); len(ds) != 0 {
+		t.Errorf("decided before idle_for counted from the busy sample: %s", summary(ds))
+	}
+	if ds := pass(63*time.Minute, idle); len(ds) != 1 {
+		t.Errorf("a condition that cleared and recurred raises a new decision, got %s", summary(ds))
+	}
+	// A GPU with no sample is not idle.
+	e2 := reclaim.New()
+	for _, at := range []time.Duration{0, time.Hour} {
+		if ds := e2.Pass(t0.Add(at), only(p, "idle-dev"), []reclaim.Alloc{a}, utilization(0, "g0")); len(ds) != 0 {
+			t.Errorf("idle without samples of g1: %s", summary(ds))
+		}
+	}
+}
+
+func TestLifetimeAndTheJobsOwnTTL(t *testing.T) {
+	p := testbuild.Policy(t, rules)
+	cases := []struct {
+		ttl       time.Duration
+		age       time.Duration
+		decidesAt bool
+	}{
+		{0, 8*time.Hour - time.Second, false},
+		{0, 8 * time.Hour, true},
+		{2 * time.Hour, 2 * time.Hour, true},   // shorter: always allowed
+		{10 * time.Hour, 9 * time.Hour, false}, // longer: within max_extend
+		{20 * time.Hour, 12 * time.Hour, true}, // beyond max_extend: capped at 8h + 4h
+		{20 * time.Hour, 12*time.Hour - 1, false},
+	}
+	for _, c := range cases {
+		a := dev("a1", "notebook", "g0")
+		a.TTL = c.ttl
+		ds := reclaim.New().Pass(t0.Add(c.age), only(p, "dev-ttl"), []reclaim.Alloc{a}, utilization(90, "g0"))
+		if (len(ds) == 1) != c.decidesAt {
+			t.Errorf("ttl %s at age %s: %s", c.ttl, c.age, summary(ds))
+		}
+	}
+}
+
+func TestSickGPUReschedulesOnlyItsAllocation(t *testing.T) {
+	p := testbuild.Policy(t, rules)
+	e := reclaim.New()
+	allocs := []reclaim.Alloc{dev("a1", "train", "g0"), dev("a2", "train", "g1")}
+	gpus := utilization(90, "g0", "g1")
+	gpus["g1"] = reclaim.GPU{Utilization: 0, Healthy: false}
+	e.Pass(t0, only(p, "sick-gpu"), allocs, gpus)
+	if ds := e.Pass(t0.Add(time.Minute), only(p, "sick-gpu"), allocs, gpus); len(ds) != 0 {
+		t.Fatalf("decided before device_unhealthy_for: %s", summary(ds))
+	}
+	ds := e.Pass(t0.Add(2*time.Minute), only(p, "sick-gpu"), allocs, gpus)
+	if summary(ds) != "sick-gpu reschedule vision/train [a2] whole=false gpus=1" || !strings.Contains(ds[0].Evidence, "g1 unhealthy since") {
+		t.Errorf("got %s", summary(ds))
+	}
+}
+
+func TestCrashLoopCountsRestartsWithinTheWindow(t *testing.T) {
+	p := testbuild.Policy(t, rules)
+	now := t0.Add(time.Hour)
+	for _, c := range []struct {
+		restarts []time.Duration // ago
+		decides  bool
+	}{
+		{[]time.Duration{1, 2, 3, 4, 5}, false},
+		{[]time.Duration{1, 2, 3, 4, 5, 6}, true},
+		{[]time.Duration{1, 2, 3, 4, 5, 31}, false}, // the sixth is outside within
+	} {
+		a := dev("a1", "train", "g0")
+		for _, m := range c.restarts {
+			a.Restarts = append(a.Restarts, now.Add(-m*time.Minute))
+		}
+		ds := reclaim.New().Pass(now, only(p, "crash-loop"), []reclaim.Alloc{a}, utilization(0, "g0"))
+		if (len(ds) == 1) != c.decides {
+			t.Errorf("restarts %v minutes ago: %s", c.restarts, summary(ds))
+		}
+	}
+}
+
+func TestUnadmittedAndSelectors(t *testing.T) {
+	p := testbuild.Policy(t, rules)
+	bypass := reclaim.Alloc{ID: "b1", Namespace: "vision", JobID: "direct", StartedAt: t0.Add(-24 * time.Hour), GPUs: []string{"g0"}}
+	admitted := dev("a1", "notebook", "g1")
+	training := dev("t1", "train", "g2")
+	training.Queue, training.Workload = "training", "training"
+	training.StartedAt = t0.Add(-24 * time.Hour)
+	admitted.StartedAt = t0.Add(-24 * time.Hour)
+	ds := reclaim.New().Pass(t0, only(p, "unadmitted", "dev-ttl"), []reclaim.Alloc{bypass, admitted, training}, utilization(0, "g0", "g1", "g2"))
+	// dev-ttl selects workload dev: the admitted dev job, not training, and
+	// not the unadmitted job (its meta is not the broker's).
+	want := "unadmitted stop vision/direct [b1] whole=true gpus=1; dev-ttl stop vision/notebook [a1] whole=true gpus=1"
+	if summary(ds) != want {
+		t.Errorf("got  %s\nwant %s", summary(ds), want)
+	}
+}
+
+func TestARuleMatchingSomeAllocationsOfAJobStopsThoseOnly(t *testing.T) {
+	p := testbuild.Policy(t, rules)
+	e := reclaim.New()
+	allocs := []reclaim.Alloc{dev("a1", "notebook", "g0"), dev("a2", "notebook", "g1")}
+	gpus := utilization(0, "g0", "g1")
+	gpus["g1"] = reclaim.GPU{Utilization: 80, Healthy: true}
+	e.Pass(t0, only(p, "idle-dev"), allocs, gpus)
+	if ds := e.Pass(t0.Add(30*time.Minute), only(p, "idle-dev"), allocs, gpus); summary(ds) != "idle-dev stop vision/notebook [a1] whole=false gpus=1" {
+		t.Errorf("got %s", summary(ds))
+	}
+}
