@@ -112,6 +112,22 @@ func (e *Engine) Pass(now time.Time, rules []*policy.ReclaimRule, allocs []Alloc
 	return out
 }
 
+// Raised marks rule's condition as already decided for allocs: a decision
+// recorded earlier (by another leader) is not raised again until it clears.
+func (e *Engine) Raised(rule string, allocs []string) {
+	for _, a := range allocs {
+		e.raised[[2]string{rule, a}] = true
+	}
+}
+
+// Retract forgets that d was raised, when it could not be recorded: the next
+// pass raises it again.
+func (e *Engine) Retract(d Decision) {
+	for _, a := range d.Allocs {
+		delete(e.raised, [2]string{d.Rule, a})
+	}
+}
+
 // observe brings the idle and health clocks up to now.
 func (e *Engine) observe(now time.Time, rules []*policy.ReclaimRule, allocs []Alloc, gpus map[string]GPU) {
 	seen := map[[2]string]bool{}

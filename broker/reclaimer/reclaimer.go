@@ -1,0 +1,183 @@
+// Package reclaimer is the leader's loop that applies the reclaim rules: it
+// observes the GPU allocations, records each decision in Consul KV before
+// acting, carries it out through Nomad after its grace, and records the result.
+package reclaimer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/nomad-gpu/nomad-gpu/broker/policy"
+	"github.com/nomad-gpu/nomad-gpu/broker/reclaim"
+)
+
+// Records keeps decision records.
+type Records interface {
+	Create(ctx context.Context, r reclaim.Record) (bool, error)
+	Get(ctx context.Context, id string) (reclaim.Record, error)
+	// Update writes r if it has not changed since read (check-and-set).
+	Update(ctx context.Context, r reclaim.Record) (bool, error)
+	List(ctx context.Context) ([]reclaim.Record, error)
+	Delete(ctx context.Context, r reclaim.Record) (bool, error)
+}
+
+// Observer reads the running GPU allocations and the state of every GPU.
+type Observer interface {
+	Observe(ctx context.Context) ([]reclaim.Alloc, map[string]reclaim.GPU, error)
+}
+
+// Actor carries decisions out in Nomad; each answers what Nomad did, and
+// does nothing to a job or allocation that has already stopped.
+type Actor interface {
+	StopJob(ctx context.Context, namespace, job string) (string, error)
+	StopAlloc(ctx context.Context, id string) (string, error)
+}
+
+// Policies gives the policy in force.
+type Policies interface{ Current() *policy.Policy }
+
+// Reclaimer applies the reclaim rules while this broker leads.
+type Reclaimer struct {
+	Log      hclog.Logger
+	Records  Records
+	Observer Observer
+	Actor    Actor
+	Policies Policies
+	Now      func() time.Time
+	NewID    func() string
+	// Retention is how long finished records are kept.
+	Retention time.Duration
+
+	engine *reclaim.Engine
+}
+
+// DefaultRetention keeps finished decision records 30 days.
+const DefaultRetention = 30 * 24 * time.Hour
+
+// Run makes a pass on every tick until ctx ends.
+func (r *Reclaimer) Run(ctx context.Context, tick <-chan time.Time) {
+	for {
+		if err := r.Pass(ctx); err != nil && ctx.Err() == nil {
+			r.Log.Warn("reclaim pass failed", "error", err)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick:
+		}
+	}
+}
+
+// Pass observes, records new decisions, carries out those due, and drops
+// finished records past retention.
+func (r *Reclaimer) Pass(ctx context.Context) error {
+	records, err := r.Records.List(ctx)
+	if err != nil {
+		return err
+	}
+	if r.engine == nil {
+		// A new leader: what earlier leaders decided is not decided again.
+		r.engine = reclaim.New()
+		for _, rec := range records {
+			if rec.State != reclaim.Executed && rec.State != reclaim.Failed {
+				r.engine.Raised(rec.Rule, rec.Allocs)
+			}
+		}
+	}
+	allocs, gpus, err := r.Observer.Observe(ctx)
+	if err != nil {
+		return err
+	}
+	now := r.Now()
+	for _, d := range r.engine.Pass(now, r.Policies.Current().ReclaimRules(), allocs, gpus) {
+		rec := reclaim.NewRecord(r.NewID(), d, now)
+		if ok, err := r.Records.Create(ctx, rec); err != nil || !ok {
+			r.engine.Retract(d)
+			return fmt.Errorf("record decision of rule %s on %s/%s: %w", d.Rule, d.Namespace, d.JobID, err)
+		}
+		r.Log.Info("reclaim decision", "id", rec.ID, "rule", rec.Rule, "action", rec.Action, "state", rec.State,
+			"namespace", rec.Namespace, "job", rec.Job, "allocs", rec.Allocs, "gpus", rec.GPUs, "act_after", rec.ActAfter, "evidence", rec.Evidence)
+		records = append(records, rec)
+	}
+	var errs []error
+	for _, rec := range records {
+		switch {
+		case rec.Due(now):
+			errs = append(errs, r.act(ctx, rec, now))
+		case rec.State != reclaim.Proposed && now.Sub(rec.ProposedAt) > r.retention():
+			if _, err := r.Records.Delete(ctx, rec); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func (r *Reclaimer) retention() time.Duration {
+	if r.Retention > 0 {
+		return r.Retention
+	}
+	return DefaultRetention
+}
+
+// act carries out a due decision: claim it (it can no longer be cancelled),
+// act, record the result; each write is a check-and-set on what was just
+// read. A crash after the claim leaves it to the next leader, which acts
+// again: stopping what has already stopped does nothing.
+func (r *Reclaimer) act(ctx context.Context, rec reclaim.Record, now time.Time) error {
+	cur, err := r.Records.Get(ctx, rec.ID)
+	if err != nil || cur.State != reclaim.Proposed {
+		return err // cancelled since listed
+	}
+	if cur.ActingSince.IsZero() {
+		cur.ActingSince = now.UTC()
+		if ok, err := r.Records.Update(ctx, cur); err != nil || !ok {
+			return err // cancelled in between: the next pass sees it
+		}
+		if cur, err = r.Records.Get(ctx, rec.ID); err != nil {
+			return err
+		}
+	}
+	result, err := r.carryOut(ctx, cur)
+	cur.State, cur.Result, cur.ExecutedAt = reclaim.Executed, result, r.Now().UTC()
+	if err != nil {
+		cur.State, cur.Result = reclaim.Failed, err.Error()
+	}
+	r.Log.Info("reclaim carried out", "id", cur.ID, "rule", cur.Rule, "action", cur.Action, "state", cur.State, "result", cur.Result)
+	if ok, err := r.Records.Update(ctx, cur); err != nil || !ok {
+		return fmt.Errorf("record the result of reclaim decision %s (%s): %w", cur.ID, cur.Result, err)
+	}
+	return nil
+}
+
+func (r *Reclaimer) carryOut(ctx context.Context, rec reclaim.Record) (string, error) {
+	switch rec.Action {
+	case policy.ActionNotify:
+		return "recorded only (notify)", nil
+	case policy.ActionStop:
+		if rec.WholeJob {
+			return r.Actor.StopJob(ctx, rec.Namespace, rec.Job)
+		}
+		return r.stopAllocs(ctx, rec)
+	case policy.ActionReschedule:
+		return r.stopAllocs(ctx, rec) // Nomad places a stopped allocation again
+	}
+	return "", fmt.Errorf("action %s is not carried out yet: stop the job and submit it again through the broker", rec.Action)
+}
+
+func (r *Reclaimer) stopAllocs(ctx context.Context, rec reclaim.Record) (string, error) {
+	var results []string
+	for _, id := range rec.Allocs {
+		res, err := r.Actor.StopAlloc(ctx, id)
+		if err != nil {
+			return strings.Join(results, "; "), err
+		}
+		results = append(results, id+": "+res)
+	}
+	return strings.Join(results, "; "), nil
+}

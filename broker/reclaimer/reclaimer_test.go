@@ -1,0 +1,214 @@
+package reclaimer_test
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/nomad-gpu/nomad-gpu/broker/policy"
+	"github.com/nomad-gpu/nomad-gpu/broker/reclaim"
+	"github.com/nomad-gpu/nomad-gpu/broker/reclaimer"
+	"github.com/nomad-gpu/nomad-gpu/internal/testbuild"
+)
+
+// memRecords is Records in memory, with Consul's check-and-set.
+type memRecords struct {
+	mu    sync.Mutex
+	index uint64
+	recs  map[string]reclaim.Record
+}
+
+func (m *memRecords) Create(_ context.Context, r reclaim.Record) (bool, error) {
+	return m.cas(r, 0), nil
+}
+func (m *memRecords) Update(_ context.Context, r reclaim.Record) (bool, error) {
+	return m.cas(r, r.ModifyIndex), nil
+}
+func (m *memRecords) cas(r reclaim.Record, index uint64) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if cur, ok := m.recs[r.ID]; (ok && cur.ModifyIndex != index) || (!ok && index != 0) {
+		return false
+	}
+	m.index++
+	r.ModifyIndex = m.index
+	m.recs[r.ID] = r
+	return true
+}
+func (m *memRecords) Get(_ context.Context, id string) (reclaim.Record, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	r, ok := m.recs[id]
+	if !ok {
+		return r, reclaimer.ErrNotFound
+	}
+	return r, nil
+}
+func (m *memRecords) List(context.Context) ([]reclaim.Record, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var out []reclaim.Record
+	for _, r := range m.recs {
+		out = append(out, r)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	return out, nil
+}
+func (m *memRecords) Delete(_ context.Context, r reclaim.Record) (bool, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if cur, ok := m.recs[r.ID]; !ok || cur.ModifyIndex != r.ModifyIndex {
+		return false, nil
+	}
+	delete(m.recs, r.ID)
+	return true, nil
+}
+
+type observer struct{ allocs []reclaim.Alloc }
+
+func (o *observer) Observe(context.Context) ([]reclaim.Alloc, map[string]reclaim.GPU, error) {
+	gpus := map[string]reclaim.GPU{}
+	for _, a := range o.allocs {
+		for _, id := range a.GPUs {
+			gpus[id] = reclaim.GPU{Utilization: 0, Healthy: true}
+		}
+	}
+	return o.allocs, gpus, nil
+}
+
+type actor struct{ did []string }
+
+func (a *actor) StopJob(_ context.Context, ns, job string) (string, error) {
+	a.did = append(a.did, "stop job "+ns+"/"+job)
+	return "evaluation e1", nil
+}
+func (a *actor) StopAlloc(_ context.Context, id string) (string, error) {
+	a.did = append(a.did, "stop alloc "+id)
+	return "evaluation e2", nil
+}
+
+const policySrc = `
+queue "dev" { priority = 40 }
+reclaim "unadmitted" {
+  unadmitted = true
+  action     = "stop"
+  mode       = "enforce"
+}
+reclaim "idle-dev" {
+  workload   = "dev"
+  idle_below = 5
+  idle_for   = "30m"
+  action     = "stop"
+  grace      = "5m"
+  mode       = "enforce"
+}
+reclaim "watch" {
+  max_lifetime = "1h"
+  action       = "stop"
+}
+`
+
+type fixed struct{ p *policy.Policy }
+
+func (f fixed) Current() *policy.Policy { return f.p }
+
+var t0 = time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+
+func setup(t *testing.T, recs *memRecords, allocs ...reclaim.Alloc) (*reclaimer.Reclaimer, *actor, *time.Time) {
+	now := t0
+	ids := 0
+	a := &actor{}
+	return &reclaimer.Reclaimer{Log: hclog.NewNullLogger(), Records: recs, Observer: &observer{allocs}, Actor: a,
+		Policies: fixed{testbuild.Policy(t, policySrc)}, Now: func() time.Time { return now },
+		NewID: func() string { ids++; return fmt.Sprintf("00000000-0000-4000-8000-%012d", ids) }}, a, &now
+}
+
+func states(recs *memRecords) string {
+	all, _ := recs.List(context.Background())
+	var out []string
+	for _, r := range all {
+		out = append(out, r.Rule+":"+string(r.State))
+	}
+	sort.Strings(out)
+	return strings.Join(out, " ")
+}
+
+func TestAnUnadmittedJobIsRecordedThenStoppedOnce(t *testing.T) {
+	recs := &memRecords{recs: map[string]reclaim.Record{}}
+	bypass := reclaim.Alloc{ID: "a1", Namespace: "vision", JobID: "direct", StartedAt: t0, GPUs: []string{"g0"}}
+	r, act, _ := setup(t, recs, bypass)
+	if err := r.Pass(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if fmt.Sprint(act.did) != "[stop job vision/direct]" || states(recs) != "unadmitted:executed" {
+		t.Fatalf("actions %v, records %s", act.did, states(recs))
+	}
+	all, _ := recs.List(context.Background())
+	if rec := all[0]; rec.Result != "evaluation e1" || rec.ActingSince.IsZero() || rec.ExecutedAt.IsZero() || rec.Evidence != "a1: no valid admission stamp" {
+		t.Errorf("record %+v", rec)
+	}
+	// Still running in the next pass (Nomad is slow): nothing new.
+	r.Pass(context.Background())
+	if all, _ = recs.List(context.Background()); len(act.did) != 1 || len(all) != 1 {
+		t.Errorf("acted or recorded again: %v", act.did)
+	}
+}
+
+func TestGraceCancelDryRunAndRetention(t *testing.T) {
+	recs := &memRecords{recs: map[string]reclaim.Record{}}
+	notebook := reclaim.Alloc{ID: "a1", Namespace: "vision", JobID: "nb", Admitted: true, Workload: "dev", StartedAt: t0, GPUs: []string{"g0"}}
+	r, act, now := setup(t, recs, notebook)
+	r.Retention = 24 * time.Hour
+	r.Pass(context.Background())
+	*now = t0.Add(31 * time.Minute) // idle 30m: decided, grace 5m; watch (dry-run) past 1h? not yet
+	r.Pass(context.Background())
+	if states(recs) != "idle-dev:proposed" || len(act.did) != 0 {
+		t.Fatalf("records %s, actions %v", states(recs), act.did)
+	}
+	// Cancelled during its grace: never carried out.
+	all, _ := recs.List(context.Background())
+	cancelled := all[0]
+	cancelled.State = reclaim.Cancelled
+	if ok, _ := recs.Update(context.Background(), cancelled); !ok {
+		t.Fatal("cancel lost")
+	}
+	*now = t0.Add(2 * time.Hour)
+	r.Pass(context.Background())
+	if len(act.did) != 0 || states(recs) != "idle-dev:cancelled watch:dry-run" {
+		t.Fatalf("records %s, actions %v", states(recs), act.did)
+	}
+	// Past retention, finished records go.
+	*now = t0.Add(3 * 24 * time.Hour)
+	r.Observer = &observer{}
+	r.Pass(context.Background())
+	if states(recs) != "" {
+		t.Errorf("kept past retention: %s", states(recs))
+	}
+}
+
+func TestTheNextLeaderFinishesAClaimedDecisionAndRaisesNothingTwice(t *testing.T) {
+	recs := &memRecords{recs: map[string]reclaim.Record{}}
+	notebook := reclaim.Alloc{ID: "a1", Namespace: "vision", JobID: "nb", Admitted: true, Workload: "dev", StartedAt: t0, GPUs: []string{"g0"}}
+	first, act, now := setup(t, recs, notebook)
+	first.Pass(context.Background())
+	*now = t0.Add(30 * time.Minute)
+	first.Pass(context.Background())
+	// The first leader claimed it and died before acting.
+	all, _ := recs.List(context.Background())
+	claimed := all[0]
+	claimed.ActingSince = t0.Add(35 * time.Minute)
+	recs.Update(context.Background(), claimed)
+
+	next, nextAct, nextNow := setup(t, recs, notebook)
+	*nextNow = t0.Add(36 * time.Minute)
+	next.Pass(context.Background())
+	if len(act.did) != 0 || fmt.Sprint(nextAct.did) != "[stop job vision/nb]" || states(recs) != "idle-dev:executed" {
+		t.Errorf("first %v, next %v, records %s", act.did, nextAct.did, states(recs))
+	}
+}
