@@ -1,10 +1,14 @@
 package reclaim
 
 import (
+	"errors"
 	"time"
 
 	"github.com/nomad-gpu/nomad-gpu/broker/policy"
 )
+
+// ErrNotFound is returned for an id that names no record (or is no id at all).
+var ErrNotFound = errors.New("no such reclaim decision")
 
 // State is where a decision stands.
 type State string

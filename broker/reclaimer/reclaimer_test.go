@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"sort"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -13,62 +12,10 @@ import (
 
 	"github.com/nomad-gpu/nomad-gpu/broker/policy"
 	"github.com/nomad-gpu/nomad-gpu/broker/reclaim"
+	"github.com/nomad-gpu/nomad-gpu/broker/reclaim/reclaimtest"
 	"github.com/nomad-gpu/nomad-gpu/broker/reclaimer"
 	"github.com/nomad-gpu/nomad-gpu/internal/testbuild"
 )
-
-// memRecords is Records in memory, with Consul's check-and-set.
-type memRecords struct {
-	mu    sync.Mutex
-	index uint64
-	recs  map[string]reclaim.Record
-}
-
-func (m *memRecords) Create(_ context.Context, r reclaim.Record) (bool, error) {
-	return m.cas(r, 0), nil
-}
-func (m *memRecords) Update(_ context.Context, r reclaim.Record) (bool, error) {
-	return m.cas(r, r.ModifyIndex), nil
-}
-func (m *memRecords) cas(r reclaim.Record, index uint64) bool {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if cur, ok := m.recs[r.ID]; (ok && cur.ModifyIndex != index) || (!ok && index != 0) {
-		return false
-	}
-	m.index++
-	r.ModifyIndex = m.index
-	m.recs[r.ID] = r
-	return true
-}
-func (m *memRecords) Get(_ context.Context, id string) (reclaim.Record, error) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	r, ok := m.recs[id]
-	if !ok {
-		return r, reclaimer.ErrNotFound
-	}
-	return r, nil
-}
-func (m *memRecords) List(context.Context) ([]reclaim.Record, error) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	var out []reclaim.Record
-	for _, r := range m.recs {
-		out = append(out, r)
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
-	return out, nil
-}
-func (m *memRecords) Delete(_ context.Context, r reclaim.Record) (bool, error) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if cur, ok := m.recs[r.ID]; !ok || cur.ModifyIndex != r.ModifyIndex {
-		return false, nil
-	}
-	delete(m.recs, r.ID)
-	return true, nil
-}
 
 type observer struct{ allocs []reclaim.Alloc }
 
@@ -120,7 +67,7 @@ func (f fixed) Current() *policy.Policy { return f.p }
 
 var t0 = time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
 
-func setup(t *testing.T, recs *memRecords, allocs ...reclaim.Alloc) (*reclaimer.Reclaimer, *actor, *time.Time) {
+func setup(t *testing.T, recs *reclaimtest.Mem, allocs ...reclaim.Alloc) (*reclaimer.Reclaimer, *actor, *time.Time) {
 	now := t0
 	ids := 0
 	a := &actor{}
@@ -129,7 +76,7 @@ func setup(t *testing.T, recs *memRecords, allocs ...reclaim.Alloc) (*reclaimer.
 		NewID: func() string { ids++; return fmt.Sprintf("00000000-0000-4000-8000-%012d", ids) }}, a, &now
 }
 
-func states(recs *memRecords) string {
+func states(recs *reclaimtest.Mem) string {
 	all, _ := recs.List(context.Background())
 	var out []string
 	for _, r := range all {
@@ -140,7 +87,7 @@ func states(recs *memRecords) string {
 }
 
 func TestAnUnadmittedJobIsRecordedThenStoppedOnce(t *testing.T) {
-	recs := &memRecords{recs: map[string]reclaim.Record{}}
+	recs := reclaimtest.NewMem()
 	bypass := reclaim.Alloc{ID: "a1", Namespace: "vision", JobID: "direct", StartedAt: t0, GPUs: []string{"g0"}}
 	r, act, _ := setup(t, recs, bypass)
 	if err := r.Pass(context.Background()); err != nil {
@@ -161,7 +108,7 @@ func TestAnUnadmittedJobIsRecordedThenStoppedOnce(t *testing.T) {
 }
 
 func TestGraceCancelDryRunAndRetention(t *testing.T) {
-	recs := &memRecords{recs: map[string]reclaim.Record{}}
+	recs := reclaimtest.NewMem()
 	notebook := reclaim.Alloc{ID: "a1", Namespace: "vision", JobID: "nb", Admitted: true, Workload: "dev", StartedAt: t0, GPUs: []string{"g0"}}
 	r, act, now := setup(t, recs, notebook)
 	r.Retention = 24 * time.Hour
@@ -193,7 +140,7 @@ func TestGraceCancelDryRunAndRetention(t *testing.T) {
 }
 
 func TestTheNextLeaderFinishesAClaimedDecisionAndRaisesNothingTwice(t *testing.T) {
-	recs := &memRecords{recs: map[string]reclaim.Record{}}
+	recs := reclaimtest.NewMem()
 	notebook := reclaim.Alloc{ID: "a1", Namespace: "vision", JobID: "nb", Admitted: true, Workload: "dev", StartedAt: t0, GPUs: []string{"g0"}}
 	first, act, now := setup(t, recs, notebook)
 	first.Pass(context.Background())

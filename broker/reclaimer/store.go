@@ -3,7 +3,6 @@ package reclaimer
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 
 	consul "github.com/hashicorp/consul/api"
@@ -11,9 +10,6 @@ import (
 	"github.com/nomad-gpu/nomad-gpu/broker/queue"
 	"github.com/nomad-gpu/nomad-gpu/broker/reclaim"
 )
-
-// ErrNotFound is returned for an id that names no record (or is no id at all).
-var ErrNotFound = errors.New("no such reclaim decision")
 
 // Store keeps decision records under <prefix>reclaim/ in Consul KV.
 type Store struct {
@@ -69,14 +65,14 @@ func (s *Store) List(ctx context.Context) ([]reclaim.Record, error) {
 // Get returns one record.
 func (s *Store) Get(ctx context.Context, id string) (reclaim.Record, error) {
 	if !queue.ValidID(id) {
-		return reclaim.Record{}, ErrNotFound
+		return reclaim.Record{}, reclaim.ErrNotFound
 	}
 	p, _, err := s.kv.Get(s.prefix+id, (&consul.QueryOptions{}).WithContext(ctx))
 	if err != nil {
 		return reclaim.Record{}, fmt.Errorf("read reclaim decision %s: %w", id, err)
 	}
 	if p == nil {
-		return reclaim.Record{}, fmt.Errorf("reclaim decision %s: %w", id, ErrNotFound)
+		return reclaim.Record{}, fmt.Errorf("reclaim decision %s: %w", id, reclaim.ErrNotFound)
 	}
 	return decode(p)
 }

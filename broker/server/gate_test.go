@@ -1,11 +1,18 @@
 package server
 
 import (
+	"encoding/json"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/hashicorp/nomad/api"
+
+	"github.com/nomad-gpu/nomad-gpu/broker/reclaim"
+	"github.com/nomad-gpu/nomad-gpu/broker/reclaim/reclaimtest"
 	"github.com/nomad-gpu/nomad-gpu/internal/testbuild"
 )
 
@@ -370,5 +377,56 @@ func TestExclusiveEnforcementWritesForSubmittersOnly(t *testing.T) {
 	}
 	if e, err := q.Get(t.Context(), testQueueID); err != nil || e.Accessor != "acc-ana" || len(up.writes) != 0 {
 		t.Errorf("entry %+v (%v), Nomad got %v", e, err, up.writes)
+	}
+}
+
+func TestReclaimDecisionsAPI(t *testing.T) {
+	s, up, _, _ := newTestServer(t)
+	mem := reclaimtest.NewMem()
+	s.decisions, s.acls = mem, true
+	up.tokens = map[string]testToken{"ana": {"ana", []string{"vision"}, nil}, "eve": {"eve", []string{"default"}, nil}}
+	nb, ns := "nb", "vision"
+	up.jobs["nb"] = &api.Job{ID: &nb, Namespace: &ns}
+	id := func(n int) string { return fmt.Sprintf("00000000-0000-4000-8000-%012d", n) }
+	t0 := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+	for i, r := range []reclaim.Record{
+		{Rule: "idle-dev", State: reclaim.Proposed, Namespace: "vision", Job: "nb"},
+		{Rule: "idle-dev", State: reclaim.Executed, Namespace: "vision", Job: "nb"},
+		{Rule: "idle-dev", State: reclaim.Proposed, Namespace: "vision", Job: "nb", ActingSince: t0},
+		{Rule: "unadmitted", State: reclaim.Proposed, Namespace: "default", Job: "x"},
+	} {
+		r.ID, r.ProposedAt = id(i+1), t0.Add(time.Duration(i)*time.Minute)
+		mem.Create(t.Context(), r)
+	}
+	as := func(tok, method, path string) *httptest.ResponseRecorder {
+		req := httptest.NewRequest(method, path, nil)
+		req.Header.Set("X-Nomad-Token", tok)
+		rec := httptest.NewRecorder()
+		s.Handler().ServeHTTP(rec, req)
+		return rec
+	}
+	var list []reclaim.Record
+	json.Unmarshal(as("ana", "GET", "/v1/gpu/reclaim").Body.Bytes(), &list)
+	if len(list) != 3 || list[0].ID != id(3) {
+		t.Errorf("ana sees %d decisions, newest %v; want vision's 3, newest first", len(list), list)
+	}
+	for _, c := range []struct {
+		tok, method, id string
+		status          int
+		body            string
+	}{
+		{"eve", "GET", id(1), 404, "no reclaim decision"}, // another namespace's
+		{"ana", "GET", "queue", 400, "not a reclaim decision id"},
+		{"ana", "DELETE", id(2), 409, "is executed"},
+		{"ana", "DELETE", id(3), 409, "being carried out"},
+		{"ana", "DELETE", id(1), 200, `"state":"cancelled"`},
+		{"ana", "DELETE", id(1), 409, "is cancelled"},
+	} {
+		if rec := as(c.tok, c.method, "/v1/gpu/reclaim/"+c.id); rec.Code != c.status || !strings.Contains(rec.Body.String(), c.body) {
+			t.Errorf("%s %s %s: %d %s, want %d with %q", c.tok, c.method, c.id, rec.Code, rec.Body, c.status, c.body)
+		}
+	}
+	if r, _ := mem.Get(t.Context(), id(1)); r.State != reclaim.Cancelled || r.Result != "cancelled by ana (acc-ana)" {
+		t.Errorf("record after cancel: %+v", r)
 	}
 }

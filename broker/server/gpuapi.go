@@ -58,6 +58,10 @@ func (s *Server) serveGPU(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, out)
 	case strings.HasPrefix(path, "queue/"):
 		s.queueEntry(w, r, strings.TrimPrefix(path, "queue/"), who)
+	case s.decisions != nil && path == "reclaim" && r.Method == http.MethodGet:
+		s.reclaimList(w, r)
+	case s.decisions != nil && strings.HasPrefix(path, "reclaim/"):
+		s.reclaimDecision(w, r, strings.TrimPrefix(path, "reclaim/"), who)
 	default:
 		writeError(w, http.StatusNotFound, "nomad-gpu: no such endpoint %s %s", r.Method, r.URL.Path)
 	}

@@ -76,6 +76,7 @@ type Server struct {
 	policies     Policies
 	cluster      Cluster
 	queue        Queue
+	decisions    Decisions
 	stamper      nomadjob.Stamper
 	region       string
 	acls         bool
@@ -99,10 +100,12 @@ type Options struct {
 	Policies Policies
 	Cluster  Cluster
 	Queue    Queue
-	Stamper  nomadjob.Stamper
-	Region   string // the Nomad region the broker governs ("" or "global": Nomad's default)
-	Leader   Leader // nil: this broker takes every admission itself
-	ACLs     bool   // Nomad enforces ACLs: the broker's API then needs a valid token
+	// Decisions are the reclaim decision records (nil: none kept).
+	Decisions Decisions
+	Stamper   nomadjob.Stamper
+	Region    string // the Nomad region the broker governs ("" or "global": Nomad's default)
+	Leader    Leader // nil: this broker takes every admission itself
+	ACLs      bool   // Nomad enforces ACLs: the broker's API then needs a valid token
 	// Exclusive enforcement: the broker writes jobs in tenant namespaces with
 	// Token, its own, for the tenants' submitters.
 	Exclusive bool
@@ -120,7 +123,7 @@ func New(o Options) (*Server, error) {
 		return nil, fmt.Errorf("nomad address %q: %w", o.Nomad, err)
 	}
 	s := &Server{log: o.Log, upstream: u, client: o.Client, policies: o.Policies, cluster: o.Cluster,
-		queue: o.Queue, stamper: o.Stamper, region: o.Region, acls: o.ACLs, exclusive: o.Exclusive, token: o.Token, leader: o.Leader, now: o.Now, newID: o.NewID, identities: map[[32]byte]cachedIdentity{}}
+		queue: o.Queue, decisions: o.Decisions, stamper: o.Stamper, region: o.Region, acls: o.ACLs, exclusive: o.Exclusive, token: o.Token, leader: o.Leader, now: o.Now, newID: o.NewID, identities: map[[32]byte]cachedIdentity{}}
 	if s.client == nil {
 		s.client = &http.Client{}
 	}

@@ -1,0 +1,103 @@
+package server
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"net/url"
+	"sort"
+
+	"github.com/nomad-gpu/nomad-gpu/broker/queue"
+	"github.com/nomad-gpu/nomad-gpu/broker/reclaim"
+)
+
+// Decisions are the reclaim decision records.
+type Decisions interface {
+	List(ctx context.Context) ([]reclaim.Record, error)
+	Get(ctx context.Context, id string) (reclaim.Record, error)
+	// Update writes a record if it has not changed since read.
+	Update(ctx context.Context, r reclaim.Record) (bool, error)
+}
+
+// reclaimList serves GET /v1/gpu/reclaim: the decisions in namespaces the
+// caller may read, newest first.
+func (s *Server) reclaimList(w http.ResponseWriter, r *http.Request) {
+	recs, err := s.decisions.List(r.Context())
+	if err != nil {
+		writeError(w, http.StatusServiceUnavailable, "nomad-gpu: %v", err)
+		return
+	}
+	out := []reclaim.Record{}
+	readable := map[string]bool{}
+	for _, rec := range recs {
+		if s.mayRead(r, rec.Namespace, readable) {
+			out = append(out, rec)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].ProposedAt.After(out[j].ProposedAt) })
+	writeJSON(w, http.StatusOK, out)
+}
+
+// reclaimDecision serves GET and DELETE (cancel) /v1/gpu/reclaim/<id>.
+func (s *Server) reclaimDecision(w http.ResponseWriter, r *http.Request, id, who string) {
+	if !queue.ValidID(id) {
+		writeError(w, http.StatusBadRequest, "nomad-gpu: %q is not a reclaim decision id (a UUID, as `gpu-broker reclaim list` shows)", id)
+		return
+	}
+	rec, err := s.decisions.Get(r.Context(), id)
+	if err == nil && !s.mayRead(r, rec.Namespace, map[string]bool{}) {
+		err = reclaim.ErrNotFound // what the caller may not see does not exist for it
+	}
+	switch {
+	case errors.Is(err, reclaim.ErrNotFound):
+		writeError(w, http.StatusNotFound, "nomad-gpu: no reclaim decision %q", id)
+		return
+	case err != nil:
+		writeError(w, http.StatusServiceUnavailable, "nomad-gpu: %v", err)
+		return
+	}
+	switch r.Method {
+	case http.MethodGet:
+		writeJSON(w, http.StatusOK, rec)
+	case http.MethodDelete:
+		if !s.mayWriteJob(r, rec.Namespace, rec.Job) {
+			writeError(w, http.StatusForbidden, "nomad-gpu: only a token that may write job %q in namespace %q may cancel reclaim decision %s", rec.Job, rec.Namespace, id)
+			return
+		}
+		if rec.State != reclaim.Proposed || !rec.ActingSince.IsZero() {
+			writeError(w, http.StatusConflict, "nomad-gpu: reclaim decision %s is %s%s: only a proposed decision not yet being carried out can be cancelled",
+				id, rec.State, map[bool]string{true: " (being carried out)", false: ""}[!rec.ActingSince.IsZero() && rec.State == reclaim.Proposed])
+			return
+		}
+		rec.State, rec.Result = reclaim.Cancelled, "cancelled by "+who
+		if ok, err := s.decisions.Update(r.Context(), rec); err != nil || !ok {
+			writeError(w, http.StatusConflict, "nomad-gpu: reclaim decision %s changed meanwhile (%v); look again", id, err)
+			return
+		}
+		s.log.Info("reclaim decision cancelled", "id", id, "rule", rec.Rule, "job", rec.Job, "namespace", rec.Namespace, "by", who)
+		writeJSON(w, http.StatusOK, rec)
+	default:
+		writeError(w, http.StatusMethodNotAllowed, "nomad-gpu: %s not allowed on %s", r.Method, r.URL.Path)
+	}
+}
+
+// mayWriteJob reports whether the caller may write job id in namespace ns:
+// with exclusive enforcement in a tenant's namespace, as one of its
+// submitters; otherwise as Nomad says for a plan of the job with the
+// caller's token (a plan needs submit-job and changes nothing).
+func (s *Server) mayWriteJob(r *http.Request, ns, id string) bool {
+	if !s.acls {
+		return true
+	}
+	if t := s.policies.Current().TenantOf(ns); s.exclusive && t != nil {
+		g, err := s.grants(r)
+		return err == nil && t.MaySubmit(g)
+	}
+	var job json.RawMessage
+	if s.get(r, "/v1/job/"+url.PathEscape(id), ns, &job) != nil {
+		return false
+	}
+	body, _ := json.Marshal(map[string]any{"Job": job})
+	return s.asCaller(r, http.MethodPost, "/v1/job/"+url.PathEscape(id)+"/plan", ns, body, nil) == nil
+}
