@@ -21,6 +21,7 @@ var fileSchema = &hcl.BodySchema{Blocks: []hcl.BlockHeaderSchema{
 	{Type: "preemption"},
 	{Type: "region", LabelNames: []string{"name"}},
 	{Type: "reclaim", LabelNames: []string{"name"}},
+	{Type: "reclaim_settings"},
 }}
 
 type regionBody struct {
@@ -63,7 +64,8 @@ const defaultBorrowingPriority = 20
 // the cluster's GPU count for the over-commitment warning (0: unknown, no check).
 func Parse(files map[string][]byte, capacity int) (*Policy, hcl.Diagnostics) {
 	p := &Policy{Queues: map[string]*Queue{}, Tenants: map[string]*Tenant{}, Classes: map[string]*GPUClass{}, Regions: map[string]*Region{},
-		Reclaim: map[string]*ReclaimRule{}, Borrowing: Borrowing{Priority: defaultBorrowingPriority}, Preemption: Preemption{Batch: true, Service: true},
+		Reclaim: map[string]*ReclaimRule{}, ReclaimSettings: ReclaimSettings{Period: DefaultReclaimPeriod, Retention: DefaultReclaimRetention},
+		Borrowing: Borrowing{Priority: defaultBorrowingPriority}, Preemption: Preemption{Batch: true, Service: true},
 		byNamespace: map[string]*Tenant{}}
 	var diags hcl.Diagnostics
 	var tenantBlocks []*hcl.Block
@@ -148,7 +150,7 @@ func Parse(files map[string][]byte, capacity int) (*Policy, hcl.Diagnostics) {
 				p.Regions[r.Name] = r
 			case "reclaim":
 				diags = append(diags, p.addReclaim(b)...)
-			case "borrowing", "preemption":
+			case "borrowing", "preemption", "reclaim_settings":
 				if prev, dup := seenSingleton[b.Type]; dup {
 					diags = append(diags, duplicate(b.Type, "", b.DefRange, prev))
 					continue
@@ -170,6 +172,9 @@ func Parse(files map[string][]byte, capacity int) (*Policy, hcl.Diagnostics) {
 }
 
 func decodeSingleton(p *Policy, b *hcl.Block) hcl.Diagnostics {
+	if b.Type == "reclaim_settings" {
+		return p.reclaimSettings(b)
+	}
 	if b.Type == "borrowing" {
 		var bb borrowingBody
 		d := gohcl.DecodeBody(b.Body, nil, &bb)

@@ -29,6 +29,9 @@ type Policy struct {
 	Preemption Preemption
 	Regions    map[string]*Region
 	Reclaim    map[string]*ReclaimRule
+	// ReclaimSettings say how often the rules are applied and how long
+	// decision records are kept.
+	ReclaimSettings ReclaimSettings
 
 	byNamespace map[string]*Tenant
 }

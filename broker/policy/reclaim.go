@@ -79,6 +79,48 @@ var actionsFor = map[Condition][]Action{
 	CondUnadmitted: {ActionStop, ActionRequeue, ActionNotify},
 }
 
+// ReclaimSettings are the reclaim_settings block.
+type ReclaimSettings struct {
+	Period    time.Duration // between passes (jittered)
+	Retention time.Duration // finished decision records are kept this long
+}
+
+// Defaults of reclaim_settings.
+const (
+	DefaultReclaimPeriod    = 30 * time.Second
+	DefaultReclaimRetention = 30 * 24 * time.Hour
+)
+
+type reclaimSettingsBody struct {
+	Period    *string `hcl:"period,optional"`
+	Retention *string `hcl:"retention,optional"`
+}
+
+func (p *Policy) reclaimSettings(b *hcl.Block) hcl.Diagnostics {
+	var sb reclaimSettingsBody
+	if d := gohcl.DecodeBody(b.Body, nil, &sb); d.HasErrors() {
+		return d
+	}
+	var diags hcl.Diagnostics
+	for _, s := range []struct {
+		attr string
+		v    *string
+		dst  *time.Duration
+		min  time.Duration
+	}{{"period", sb.Period, &p.ReclaimSettings.Period, time.Second}, {"retention", sb.Retention, &p.ReclaimSettings.Retention, time.Minute}} {
+		if s.v == nil {
+			continue
+		}
+		d, err := time.ParseDuration(*s.v)
+		if err != nil || d < s.min {
+			diags = append(diags, errorAt(b.DefRange, "Invalid duration", fmt.Sprintf("reclaim_settings: %s = %q is not a duration of at least %s", s.attr, *s.v, s.min)))
+			continue
+		}
+		*s.dst = d
+	}
+	return diags
+}
+
 type reclaimBody struct {
 	Workload           *string  `hcl:"workload,optional"`
 	Queue              *string  `hcl:"queue,optional"`

@@ -73,6 +73,13 @@ func TestReclaimRulesAsWritten(t *testing.T) {
 	if cl := p.Reclaim["crash-loop"]; cl.RestartsAbove != 5 || cl.Within != 30*time.Minute {
 		t.Errorf("crash-loop: %+v", cl)
 	}
+	if s := p.ReclaimSettings; s.Period != 30*time.Second || s.Retention != 30*24*time.Hour {
+		t.Errorf("default reclaim_settings: %+v", s)
+	}
+	p, diags = policy.Parse(map[string][]byte{"queues.hcl": []byte(queues + "reclaim_settings {\n  period = \"5s\"\n  retention = \"48h\"\n}\n")}, 0)
+	if p == nil || p.ReclaimSettings.Period != 5*time.Second || p.ReclaimSettings.Retention != 48*time.Hour {
+		t.Errorf("reclaim_settings: %v %s", p, policy.FormatDiagnostics(diags))
+	}
 }
 
 func TestReclaimRuleDiagnostics(t *testing.T) {
@@ -97,6 +104,8 @@ func TestReclaimRuleDiagnostics(t *testing.T) {
 			`reclaim.hcl:1:1: error: Unknown queue: reclaim "r" selects queue "batch"`},
 		{"max_extend alone", rule(`max_extend = "1h"`, `unadmitted = true`, `action = "stop"`),
 			`reclaim.hcl:2:16: error: max_extend without max_lifetime`},
+		{"bad period", "reclaim_settings {\n  period = \"0s\"\n}\n",
+			`reclaim.hcl:1:1: error: Invalid duration: reclaim_settings: period = "0s" is not a duration of at least 1s`},
 		{"unknown attribute", rule(`idle = true`, `action = "stop"`),
 			`reclaim.hcl:2:3: error: Unsupported argument: An argument named "idle" is not expected here.`},
 	}

@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand"
 	"strings"
 	"time"
 
@@ -50,25 +51,23 @@ type Reclaimer struct {
 	Policies Policies
 	Now      func() time.Time
 	NewID    func() string
-	// Retention is how long finished records are kept.
-	Retention time.Duration
 
 	engine *reclaim.Engine
 }
 
-// DefaultRetention keeps finished decision records 30 days.
-const DefaultRetention = 30 * 24 * time.Hour
-
-// Run makes a pass on every tick until ctx ends.
-func (r *Reclaimer) Run(ctx context.Context, tick <-chan time.Time) {
+// Run makes a pass every reclaim period of the policy in force, jittered by
+// up to a tenth so that brokers of many clusters do not call in step, until
+// ctx ends. wait is time.After outside tests.
+func (r *Reclaimer) Run(ctx context.Context, wait func(time.Duration) <-chan time.Time) {
 	for {
 		if err := r.Pass(ctx); err != nil && ctx.Err() == nil {
 			r.Log.Warn("reclaim pass failed", "error", err)
 		}
+		period := r.Policies.Current().ReclaimSettings.Period
 		select {
 		case <-ctx.Done():
 			return
-		case <-tick:
+		case <-wait(period - time.Duration(rand.Int63n(int64(period/10)+1))):
 		}
 	}
 }
@@ -104,25 +103,19 @@ func (r *Reclaimer) Pass(ctx context.Context) error {
 			"namespace", rec.Namespace, "job", rec.Job, "allocs", rec.Allocs, "gpus", rec.GPUs, "act_after", rec.ActAfter, "evidence", rec.Evidence)
 		records = append(records, rec)
 	}
+	retention := r.Policies.Current().ReclaimSettings.Retention
 	var errs []error
 	for _, rec := range records {
 		switch {
 		case rec.Due(now):
 			errs = append(errs, r.act(ctx, rec, now))
-		case rec.State != reclaim.Proposed && now.Sub(rec.ProposedAt) > r.retention():
+		case rec.State != reclaim.Proposed && now.Sub(rec.ProposedAt) > retention:
 			if _, err := r.Records.Delete(ctx, rec); err != nil {
 				errs = append(errs, err)
 			}
 		}
 	}
 	return errors.Join(errs...)
-}
-
-func (r *Reclaimer) retention() time.Duration {
-	if r.Retention > 0 {
-		return r.Retention
-	}
-	return DefaultRetention
 }
 
 // act carries out a due decision: claim it (it can no longer be cancelled),

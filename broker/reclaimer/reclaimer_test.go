@@ -55,6 +55,9 @@ reclaim "idle-dev" {
   grace      = "5m"
   mode       = "enforce"
 }
+reclaim_settings {
+  retention = "24h"
+}
 reclaim "watch" {
   max_lifetime = "1h"
   action       = "stop"
@@ -111,7 +114,6 @@ func TestGraceCancelDryRunAndRetention(t *testing.T) {
 	recs := reclaimtest.NewMem()
 	notebook := reclaim.Alloc{ID: "a1", Namespace: "vision", JobID: "nb", Admitted: true, Workload: "dev", StartedAt: t0, GPUs: []string{"g0"}}
 	r, act, now := setup(t, recs, notebook)
-	r.Retention = 24 * time.Hour
 	r.Pass(context.Background())
 	*now = t0.Add(31 * time.Minute) // idle 30m: decided, grace 5m; watch (dry-run) past 1h? not yet
 	r.Pass(context.Background())
@@ -157,5 +159,30 @@ func TestTheNextLeaderFinishesAClaimedDecisionAndRaisesNothingTwice(t *testing.T
 	next.Pass(context.Background())
 	if len(act.did) != 0 || fmt.Sprint(nextAct.did) != "[stop job vision/nb]" || states(recs) != "idle-dev:executed" {
 		t.Errorf("first %v, next %v, records %s", act.did, nextAct.did, states(recs))
+	}
+}
+
+func TestRunWaitsThePolicysPeriodJittered(t *testing.T) {
+	recs := reclaimtest.NewMem()
+	r, _, _ := setup(t, recs)
+	ctx, cancel := context.WithCancel(context.Background())
+	var waits []time.Duration
+	r.Run(ctx, func(d time.Duration) <-chan time.Time {
+		waits = append(waits, d)
+		if len(waits) == 3 {
+			cancel()
+			return nil // never: Run must end on ctx
+		}
+		c := make(chan time.Time, 1)
+		c <- t0
+		return c
+	})
+	for _, d := range waits {
+		if d > 30*time.Second || d < 27*time.Second {
+			t.Errorf("waited %s, want the default 30s less up to a tenth", d)
+		}
+	}
+	if len(waits) != 3 {
+		t.Errorf("%d waits", len(waits))
 	}
 }

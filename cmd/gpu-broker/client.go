@@ -14,6 +14,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/nomad-gpu/nomad-gpu/broker/reclaim"
 	"github.com/nomad-gpu/nomad-gpu/broker/server"
 )
 
@@ -26,9 +27,9 @@ func client(args []string) int {
 	caCert := fs.String("ca-cert", os.Getenv("GPU_BROKER_CACERT"), "CA certificate to trust when the broker serves TLS")
 	rest := args[1:]
 	sub := ""
-	if args[0] == "queue" {
+	if args[0] != "usage" {
 		if len(rest) == 0 {
-			fmt.Fprintln(os.Stderr, "usage: gpu-broker queue list|show ID|cancel ID [-address ADDR] [-json]")
+			fmt.Fprintf(os.Stderr, "usage: gpu-broker %s list|show ID|cancel ID [-address ADDR] [-json]\n", args[0])
 			return 2
 		}
 		sub, rest = rest[0], rest[1:]
@@ -52,18 +53,18 @@ func client(args []string) int {
 	switch sub {
 	case "":
 	case "list":
-		path = "/v1/gpu/queue"
+		path = "/v1/gpu/" + args[0]
 	case "show", "cancel":
 		if len(positional) != 1 {
-			fmt.Fprintf(os.Stderr, "usage: gpu-broker queue %s ID\n", sub)
+			fmt.Fprintf(os.Stderr, "usage: gpu-broker %s %s ID\n", args[0], sub)
 			return 2
 		}
-		path = "/v1/gpu/queue/" + url.PathEscape(positional[0])
+		path = "/v1/gpu/" + args[0] + "/" + url.PathEscape(positional[0])
 		if sub == "cancel" {
 			method = http.MethodDelete
 		}
 	default:
-		fmt.Fprintf(os.Stderr, "gpu-broker queue: unknown subcommand %q\n", sub)
+		fmt.Fprintf(os.Stderr, "gpu-broker %s: unknown subcommand %q\n", args[0], sub)
 		return 2
 	}
 	hc, err := httpClient(*caCert)
@@ -80,7 +81,42 @@ func client(args []string) int {
 		os.Stdout.Write(body)
 		return 0
 	}
+	if args[0] == "reclaim" {
+		return printDecisions(sub, body)
+	}
 	return printTable(sub, body)
+}
+
+// printDecisions prints reclaim decisions: a table, or one decision whole.
+func printDecisions(sub string, body []byte) int {
+	w := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+	defer w.Flush()
+	if sub == "list" {
+		var rows []reclaim.Record
+		if err := json.Unmarshal(body, &rows); err != nil {
+			return fail(err)
+		}
+		fmt.Fprintln(w, "ID\tRULE\tACTION\tSTATE\tNAMESPACE\tJOB\tGPUS\tPROPOSED\tACT AFTER")
+		for _, r := range rows {
+			fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\n", r.ID, r.Rule, r.Action, r.State, r.Namespace, r.Job, r.GPUs,
+				r.ProposedAt.Format(time.RFC3339), r.ActAfter.Format(time.RFC3339))
+		}
+		return 0
+	}
+	var r reclaim.Record
+	if err := json.Unmarshal(body, &r); err != nil {
+		return fail(err)
+	}
+	fmt.Fprintf(w, "ID\t%s\nRule\t%s (%s)\nAction\t%s\nState\t%s\nJob\t%s/%s (tenant %s, queue %s)\nAllocations\t%s\nGPUs\t%d\n"+
+		"Evidence\t%s\nProposed\t%s\nAct after\t%s\n", r.ID, r.Rule, r.Mode, r.Action, r.State, r.Namespace, r.Job, r.Tenant, r.Queue,
+		strings.Join(r.Allocs, ", "), r.GPUs, r.Evidence, r.ProposedAt.Format(time.RFC3339), r.ActAfter.Format(time.RFC3339))
+	if !r.ExecutedAt.IsZero() {
+		fmt.Fprintf(w, "Executed\t%s\n", r.ExecutedAt.Format(time.RFC3339))
+	}
+	if r.Result != "" {
+		fmt.Fprintf(w, "Result\t%s\n", r.Result)
+	}
+	return 0
 }
 
 // httpClient trusts caCert (a PEM file) besides the system's CAs.

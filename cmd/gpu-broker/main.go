@@ -16,9 +16,13 @@ Commands:
   queue show ID                  one queued job
   queue cancel ID                remove a queued job
   usage                          GPUs per tenant: used / guaranteed / limit, borrowed, queued
+  reclaim list                   reclaim decisions, newest first
+  reclaim show ID                one reclaim decision
+  reclaim cancel ID              cancel a proposed reclaim decision
 
-The queue and usage commands reach the broker at -address or GPU_BROKER_ADDR
-(default http://127.0.0.1:4649) and print JSON with -json.
+The queue, usage and reclaim commands reach the broker at -address or
+GPU_BROKER_ADDR (default http://127.0.0.1:4649) with -token or NOMAD_TOKEN,
+trust -ca-cert or GPU_BROKER_CACERT, and print JSON with -json.
 `
 
 func main() {
@@ -39,7 +43,7 @@ func run(args []string) int {
 			return 2
 		}
 		return validatePolicy(args[2:])
-	case "queue", "usage":
+	case "queue", "usage", "reclaim":
 		return client(args)
 	case "-h", "-help", "--help", "help":
 		fmt.Print(usage)
