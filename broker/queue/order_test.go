@@ -44,3 +44,14 @@ tenant "b" {
 		}
 	}
 }
+
+func TestNewIDsAreValidAndDistinct(t *testing.T) {
+	seen := map[string]bool{}
+	for i := 0; i < 1000; i++ {
+		id := queue.NewID()
+		if !queue.ValidID(id) || seen[id] {
+			t.Fatalf("id %q: valid %t, seen before %t", id, queue.ValidID(id), seen[id])
+		}
+		seen[id] = true
+	}
+}

@@ -4,6 +4,7 @@ package queue
 
 import (
 	"context"
+	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -47,6 +48,16 @@ type Entry struct {
 
 // ErrNotFound is returned for an id that is not queued (or not an id at all).
 var ErrNotFound = errors.New("no such queued job")
+
+// NewID returns a random (version 4) UUID in the form ValidID accepts: the
+// ids of queued jobs and of reclaim decisions.
+func NewID() string {
+	var b [16]byte
+	rand.Read(b[:])
+	b[6] = b[6]&0x0f | 0x40
+	b[8] = b[8]&0x3f | 0x80
+	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:16])
+}
 
 // ValidID reports whether id has the form of a queue id: a UUID in lower-case
 // hex. Only such ids become Consul keys, so no request reaches a key outside

@@ -88,12 +88,17 @@ func (r *Reclaimer) Pass(ctx context.Context) error {
 			}
 		}
 	}
-	allocs, gpus, err := r.Observer.Observe(ctx)
-	if err != nil {
-		return err
+	p := r.Policies.Current()
+	rules := p.ReclaimRules()
+	var allocs []reclaim.Alloc
+	var gpus map[string]reclaim.GPU
+	if len(rules) > 0 { // nothing to look at otherwise: spare Nomad the calls
+		if allocs, gpus, err = r.Observer.Observe(ctx); err != nil {
+			return err
+		}
 	}
 	now := r.Now()
-	for _, d := range r.engine.Pass(now, r.Policies.Current().ReclaimRules(), allocs, gpus) {
+	for _, d := range r.engine.Pass(now, rules, allocs, gpus) {
 		rec := reclaim.NewRecord(r.NewID(), d, now)
 		if ok, err := r.Records.Create(ctx, rec); err != nil || !ok {
 			r.engine.Retract(d)
@@ -103,7 +108,7 @@ func (r *Reclaimer) Pass(ctx context.Context) error {
 			"namespace", rec.Namespace, "job", rec.Job, "allocs", rec.Allocs, "gpus", rec.GPUs, "act_after", rec.ActAfter, "evidence", rec.Evidence)
 		records = append(records, rec)
 	}
-	retention := r.Policies.Current().ReclaimSettings.Retention
+	retention := p.ReclaimSettings.Retention
 	var errs []error
 	for _, rec := range records {
 		switch {

@@ -139,7 +139,7 @@ func New(o Options) (*Server, error) {
 		s.now = time.Now
 	}
 	if s.newID == nil {
-		s.newID = newUUID
+		s.newID = queue.NewID
 	}
 	s.proxy = httputil.NewSingleHostReverseProxy(u)
 	s.proxy.FlushInterval = -1 // blocking queries, logs and event streams flow as they come

@@ -27,6 +27,7 @@ import (
 	"github.com/nomad-gpu/nomad-gpu/broker/nomadjob"
 	"github.com/nomad-gpu/nomad-gpu/broker/policy"
 	"github.com/nomad-gpu/nomad-gpu/broker/queue"
+	"github.com/nomad-gpu/nomad-gpu/broker/reclaimer"
 	"github.com/nomad-gpu/nomad-gpu/broker/server"
 )
 
@@ -105,10 +106,11 @@ func serveErr(path string, log hclog.Logger) error {
 		region = agentRegion
 	}
 	store := queue.NewStore(consulClient.KV(), cfg.Consul.KVPrefix)
+	decisions := reclaimer.NewStore(consulClient.KV(), cfg.Consul.KVPrefix)
 	elector := &leader.Elector{Client: consulClient, Key: cfg.Consul.KVPrefix + "leader", Address: cfg.Advertise,
 		Log: log.Named("leader")}
 	srv, err := server.New(server.Options{Leader: elector, Log: log.Named("proxy"), Nomad: cfg.Nomad.Address,
-		Client: nomadClient.HTTPClient(), Policies: policies, Cluster: view, Queue: store, Stamper: stamper, Region: region, ACLs: acls,
+		Client: nomadClient.HTTPClient(), Policies: policies, Cluster: view, Queue: store, Decisions: decisions, Stamper: stamper, Region: region, ACLs: acls,
 		Exclusive: exclusive, Token: cfg.Nomad.Token, Peers: peers})
 	if err != nil {
 		return err
@@ -135,6 +137,10 @@ func serveErr(path string, log hclog.Logger) error {
 			p := policies.Current()
 			return p.Preemption.Batch, p.Preemption.Service
 		}, nomadClient, log.Named("preemption"))
+		// Each term starts afresh: what earlier leaders recorded is read back.
+		rec := &reclaimer.Reclaimer{Log: log.Named("reclaim"), Records: decisions, Observer: &nomadapi.Observer{Client: nomadClient,
+			Verify: stamper.Verify}, Actor: nomadClient, Policies: policies, Now: time.Now, NewID: queue.NewID}
+		go rec.Run(ctx, time.After)
 		adm.Run(ctx, view.Changed(), 2*time.Second)
 	})
 

@@ -1,0 +1,202 @@
+package integration
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/nomad/api"
+
+	"github.com/nomad-gpu/nomad-gpu/broker/reclaim"
+	"github.com/nomad-gpu/nomad-gpu/internal/testcluster"
+)
+
+const reclaimPolicy = `
+queue "training" { priority = 60 }
+queue "dev" { priority = 40 }
+tenant "vision" {
+  namespaces = ["vision"]
+  queues     = ["training", "dev"]
+  guaranteed = 8
+  limit      = 8
+}
+borrowing {
+  enabled = false
+}
+reclaim_settings {
+  period = "1s"
+}
+reclaim "unadmitted" {
+  unadmitted = true
+  action     = "stop"
+  mode       = "enforce"
+}
+reclaim "idle-dev" {
+  workload   = "dev"
+  idle_below = 5
+  idle_for   = "6s"
+  action     = "stop"
+  grace      = "6s"
+  mode       = "enforce"
+}
+reclaim "idle-training" {
+  workload   = "training"
+  idle_below = 5
+  idle_for   = "6s"
+  action     = "stop"
+}
+`
+
+// TestReclaim runs the reclaim rules against real Nomad with simulated GPUs
+// whose utilisation the test sets: an unadmitted job, an idle dev job, a
+// busy one, an idle training job under a dry-run rule, and a decision
+// cancelled during its grace.
+func TestReclaim(t *testing.T) {
+	consul := testcluster.StartConsul(t)
+	state := filepath.Join(t.TempDir(), "gpu-state.json")
+	n := testcluster.StartNomad(t, testcluster.NomadOptions{Name: "reclaim", Server: true, Client: true, PluginConfig: fmt.Sprintf(`
+    backend      = "fake"
+    stats_period = "1s"
+    fake {
+      count      = 8
+      id_prefix  = "reclaim"
+      state_file = %q
+    }`, state)})
+	nodes := n.WaitForNodes(t, 1)
+	if _, err := n.API.Namespaces().Register(&api.Namespace{Name: "vision"}, nil); err != nil {
+		t.Fatal(err)
+	}
+	// Every GPU busy to begin with; each job the test wants idle is set so.
+	util := map[string]int{}
+	for _, d := range nodes[0].NodeResources.Devices {
+		for _, inst := range d.Instances {
+			util[inst.ID] = 60
+		}
+	}
+	setUtil := func() {
+		s := map[string]map[string]int{}
+		for id, u := range util {
+			s[id] = map[string]int{"utilization_gpu": u}
+		}
+		b, _ := json.Marshal(s)
+		writeFile(t, state+".tmp", string(b))
+		if err := os.Rename(state+".tmp", state); err != nil {
+			t.Fatal(err)
+		}
+	}
+	setUtil()
+	e := &env{t: t, nomad: n, dir: t.TempDir(), policyDir: t.TempDir()}
+	writeFile(t, filepath.Join(e.policyDir, "policy.hcl"), reclaimPolicy)
+	e.broker = testcluster.StartBroker(t, n, consul, e.policyDir)
+	waitForView(t, 8, func() string {
+		out, _ := e.run("vision", "probe", 1, 9, "", false)
+		return out
+	})
+	idle := func(ns, id string) {
+		alloc, _, err := n.API.Allocations().Info(e.waitRunning(ns, id).ID, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, tr := range alloc.AllocatedResources.Tasks {
+			for _, d := range tr.Devices {
+				for _, dev := range d.DeviceIDs {
+					util[dev] = 0
+				}
+			}
+		}
+		setUtil()
+	}
+	decisions := func() map[string]reclaim.Record {
+		req, _ := http.NewRequest(http.MethodGet, e.broker.Addr+"/v1/gpu/reclaim", nil)
+		resp, err := e.broker.Client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var recs []reclaim.Record
+		json.NewDecoder(resp.Body).Decode(&recs)
+		out := map[string]reclaim.Record{}
+		for _, r := range recs {
+			out[r.Job] = r
+		}
+		return out
+	}
+	waitDecision := func(job string, state reclaim.State) reclaim.Record {
+		var rec reclaim.Record
+		testcluster.WaitFor(t, 40*time.Second, "decision on "+job+" "+string(state), func() error {
+			var ok bool
+			if rec, ok = decisions()[job]; !ok || rec.State != state {
+				return fmt.Errorf("decision %+v", rec)
+			}
+			return nil
+		})
+		return rec
+	}
+	stopped := func(id string) bool {
+		job, _, err := n.API.Jobs().Info(id, &api.QueryOptions{Namespace: "vision"})
+		return err == nil && job.Stop != nil && *job.Stop
+	}
+
+	for _, id := range []string{"idle-nb", "busy-nb", "keep-nb"} {
+		if out, err := e.run("vision", id, 1, 1, "dev", true); err != nil || !strings.Contains(out, "admitted") {
+			t.Fatalf("%v\n%s", err, out)
+		}
+	}
+	if out, err := e.run("vision", "train", 1, 1, "", true); err != nil || !strings.Contains(out, "admitted") {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	direct := job("vision", "direct", api.JobTypeBatch).group("g", ptr(1), nil, task(dev("nvidia/gpu", 1))).j
+	if _, _, err := n.API.Jobs().Register(direct, nil); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{"idle-nb", "keep-nb", "train"} {
+		idle("vision", id)
+	}
+	e.waitRunning("vision", "busy-nb")
+
+	t.Run("a GPU job registered straight to Nomad is stopped by rule unadmitted", func(t *testing.T) {
+		rec := waitDecision("direct", reclaim.Executed)
+		if !stopped("direct") || rec.Rule != "unadmitted" || !strings.Contains(rec.Result, "job stopped") || rec.Evidence == "" {
+			t.Errorf("stopped %t, record %+v", stopped("direct"), rec)
+		}
+	})
+	t.Run("a cancelled decision is never carried out", func(t *testing.T) {
+		rec := waitDecision("keep-nb", reclaim.Proposed)
+		out := e.brokerCLI("reclaim", "cancel", rec.ID)
+		if !strings.Contains(out, "cancelled") {
+			t.Fatalf("cancel: %s", out)
+		}
+	})
+	t.Run("an idle dev job is proposed, then stopped after its grace", func(t *testing.T) {
+		rec := waitDecision("idle-nb", reclaim.Executed)
+		if !stopped("idle-nb") || rec.ExecutedAt.Sub(rec.ProposedAt) < 6*time.Second || !strings.Contains(rec.Evidence, "every GPU below 5%") {
+			t.Errorf("stopped %t, record %+v", stopped("idle-nb"), rec)
+		}
+		if out := e.brokerCLI("reclaim", "show", rec.ID); !strings.Contains(out, "idle-dev") || !strings.Contains(out, "executed") {
+			t.Errorf("reclaim show:\n%s", out)
+		}
+	})
+	t.Run("a dry-run rule records and does nothing", func(t *testing.T) {
+		if rec := waitDecision("train", reclaim.DryRun); stopped("train") || rec.Rule != "idle-training" {
+			t.Errorf("stopped %t, record %+v", stopped("train"), rec)
+		}
+	})
+	t.Run("a busy job and the cancelled one keep running", func(t *testing.T) {
+		time.Sleep(7 * time.Second) // past the cancelled decision's grace
+		recs := decisions()
+		if _, ok := recs["busy-nb"]; ok || stopped("busy-nb") {
+			t.Errorf("busy job reclaimed: %+v", recs["busy-nb"])
+		}
+		if recs["keep-nb"].State != reclaim.Cancelled || stopped("keep-nb") {
+			t.Errorf("cancelled decision carried out: %+v", recs["keep-nb"])
+		}
+		if out := e.brokerCLI("reclaim", "list"); !strings.Contains(out, "idle-dev") || !strings.Contains(out, "unadmitted") {
+			t.Errorf("reclaim list:\n%s", out)
+		}
+	})
+}
