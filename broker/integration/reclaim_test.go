@@ -181,16 +181,37 @@ func TestReclaim(t *testing.T) {
 			t.Errorf("reclaim show:\n%s", out)
 		}
 	})
+	t.Run("a scale through the broker keeps a job admitted, one straight in Nomad does not", func(t *testing.T) {
+		for _, id := range []string{"scaled", "scaled-direct"} {
+			if out, err := e.run("vision", id, 1, 1, "", true); err != nil || !strings.Contains(out, "admitted") {
+				t.Fatalf("%v\n%s", err, out)
+			}
+		}
+		if out, err := e.nomadCLI("job", "scale", "-namespace", "vision", "-detach", "scaled", "g", "2"); err != nil {
+			t.Fatalf("scale through the broker: %v\n%s", err, out)
+		}
+		if _, _, err := n.API.Jobs().Scale("scaled-direct", "g", ptr(2), "", false, nil, &api.WriteOptions{Namespace: "vision"}); err != nil {
+			t.Fatal(err)
+		}
+		if rec := waitDecision("scaled-direct", reclaim.Executed); rec.Rule != "unadmitted" || !stopped("scaled-direct") {
+			t.Errorf("scaled past the broker: stopped %t, record %+v", stopped("scaled-direct"), rec)
+		}
+		if rec, ok := decisions()["scaled"]; ok || stopped("scaled") {
+			t.Errorf("scaled through the broker, then reclaimed: %+v", rec)
+		}
+	})
 	t.Run("a dry-run rule records and does nothing", func(t *testing.T) {
 		if rec := waitDecision("train", reclaim.DryRun); stopped("train") || rec.Rule != "idle-training" {
 			t.Errorf("stopped %t, record %+v", stopped("train"), rec)
 		}
 	})
-	t.Run("a busy job and the cancelled one keep running", func(t *testing.T) {
+	t.Run("a busy job, the one scaled through the broker and the cancelled one keep running", func(t *testing.T) {
 		time.Sleep(7 * time.Second) // past the cancelled decision's grace
 		recs := decisions()
-		if _, ok := recs["busy-nb"]; ok || stopped("busy-nb") {
-			t.Errorf("busy job reclaimed: %+v", recs["busy-nb"])
+		for _, id := range []string{"busy-nb", "scaled"} {
+			if _, ok := recs[id]; ok || stopped(id) {
+				t.Errorf("%s reclaimed: %+v", id, recs[id])
+			}
 		}
 		if recs["keep-nb"].State != reclaim.Cancelled || stopped("keep-nb") {
 			t.Errorf("cancelled decision carried out: %+v", recs["keep-nb"])

@@ -22,8 +22,8 @@ const MetaTTL = "nomad-gpu.ttl"
 // (device health).
 type Observer struct {
 	Client *Client
-	// Verify checks a job's admission stamp.
-	Verify func(*api.Job) bool
+	// Verify checks a job's admission.
+	Verify func(context.Context, *api.Job) bool
 }
 
 // Observe implements reclaimer.Observer.
@@ -53,7 +53,7 @@ func (o *Observer) Observe(ctx context.Context) ([]reclaim.Alloc, map[string]rec
 			jobs[key] = job
 		}
 		a := reclaim.Alloc{ID: s.ID, Namespace: s.Namespace, JobID: s.JobID, Group: s.TaskGroup, GPUs: gpus}
-		if o.Verify(job) {
+		if o.Verify(ctx, job) {
 			a.Admitted = true
 			a.Tenant, a.Queue, a.Workload = job.Meta[nomadjob.MetaTenant], job.Meta[nomadjob.MetaQueue], job.Meta[nomadjob.MetaWorkload]
 		}

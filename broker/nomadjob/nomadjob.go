@@ -63,7 +63,7 @@ type Stamper struct{ Key []byte }
 // GPUs per allocation and count. It has no time in it, so that registering the
 // same job again changes nothing in Nomad.
 func (s Stamper) Stamp(namespace string, job *api.Job, d admission.Decision) string {
-	return "v2:" + s.sign(namespace, job, d.Tenant, d.Queue, d.Priority, strconv.FormatBool(d.Outcome == admission.AdmitBorrowed))
+	return "v2:" + s.sign(namespace, job, d.Tenant, d.Queue, d.Priority, strconv.FormatBool(d.Outcome == admission.AdmitBorrowed), nil)
 }
 
 // Verify reports whether a job (as Nomad returns it) carries a stamp this
@@ -73,11 +73,59 @@ func (s Stamper) Verify(job *api.Job) bool {
 	if !ok || job.ID == nil || job.Priority == nil {
 		return false
 	}
-	want := s.sign(Namespace(job), job, job.Meta[MetaTenant], job.Meta[MetaQueue], *job.Priority, job.Meta[MetaBorrowed])
-	return hmac.Equal([]byte(sig), []byte(want))
+	return s.verify(job, sig, nil)
 }
 
-func (s Stamper) sign(namespace string, job *api.Job, tenant, queue string, priority int, borrowed string) string {
+// ScaleGrant is what the broker admitted for a job scaled through it: a scale
+// changes counts, not meta, so the stamp made for the Stamped counts holds
+// while the job runs the Admitted ones (GPU task groups by name).
+type ScaleGrant struct {
+	Stamp    string         `json:"stamp"`
+	Stamped  map[string]int `json:"stamped"`
+	Admitted map[string]int `json:"admitted"`
+}
+
+// VerifyScaled is Verify for a job scaled through the broker under g.
+func (s Stamper) VerifyScaled(job *api.Job, g ScaleGrant) bool {
+	sig, ok := strings.CutPrefix(job.Meta[MetaAdmission], "v2:")
+	if !ok || job.ID == nil || job.Priority == nil || job.Meta[MetaAdmission] != g.Stamp {
+		return false
+	}
+	counts := GPUGroupCounts(job)
+	if len(counts) != len(g.Admitted) {
+		return false
+	}
+	for name, c := range counts {
+		if a, ok := g.Admitted[name]; !ok || a != c {
+			return false // scaled past the broker since
+		}
+	}
+	return s.verify(job, sig, g.Stamped)
+}
+
+// GPUGroupCounts are the counts of a job's GPU task groups, by name.
+func GPUGroupCounts(job *api.Job) map[string]int {
+	out := map[string]int{}
+	for _, tg := range job.TaskGroups {
+		if tg == nil {
+			continue
+		}
+		perModel, err := gpusPerAlloc(tg)
+		if c, err2 := groupCount(tg); err == nil && err2 == nil && len(perModel) > 0 {
+			out[deref(tg.Name)] = c
+		}
+	}
+	return out
+}
+
+// verify checks sig over the job, with counts (when given) in place of the
+// job's own for the groups they name.
+func (s Stamper) verify(job *api.Job, sig string, counts map[string]int) bool {
+	want := s.sign(Namespace(job), job, job.Meta[MetaTenant], job.Meta[MetaQueue], *job.Priority, job.Meta[MetaBorrowed], counts)
+	return want != "" && hmac.Equal([]byte(sig), []byte(want))
+}
+
+func (s Stamper) sign(namespace string, job *api.Job, tenant, queue string, priority int, borrowed string, counts map[string]int) string {
 	mac := hmac.New(sha256.New, s.Key)
 	fields := []string{namespace, deref(job.ID), tenant, queue, strconv.Itoa(priority), borrowed}
 	for _, tg := range job.TaskGroups {
@@ -86,6 +134,9 @@ func (s Stamper) sign(namespace string, job *api.Job, tenant, queue string, prio
 		}
 		perModel, err := gpusPerAlloc(tg)
 		count, err2 := groupCount(tg)
+		if c, ok := counts[deref(tg.Name)]; ok {
+			count = c
+		}
 		if err != nil || err2 != nil {
 			return "" // never admitted: nothing verifies
 		}

@@ -271,3 +271,32 @@ func TestStampCoversWhatAdmissionDecidedOn(t *testing.T) {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+func TestAScaleThroughTheBrokerKeepsTheJobVerifiable(t *testing.T) {
+	s := nomadjob.Stamper{Key: []byte("k")}
+	d := admission.Decision{Tenant: "vision", Queue: "training", Priority: 60}
+	j := testbuild.Job("vision", "train").Priority(60).Group("g", 2, 4, "nvidia/gpu").Build()
+	for k, v := range nomadjob.BrokerMeta(d, s.Stamp("vision", j, d)) {
+		j.Meta[k] = v
+	}
+	stamp := j.Meta[nomadjob.MetaAdmission]
+	grant := nomadjob.ScaleGrant{Stamp: stamp, Stamped: map[string]int{"g": 2}, Admitted: map[string]int{"g": 3}}
+	j.TaskGroups[0].Count = ptr(3) // scaled to what the broker admitted
+	if s.Verify(j) || !s.VerifyScaled(j, grant) {
+		t.Errorf("scaled through the broker: Verify %t (want false), VerifyScaled %t (want true)", s.Verify(j), s.VerifyScaled(j, grant))
+	}
+	for name, g := range map[string]nomadjob.ScaleGrant{
+		"scaled past the broker":      {Stamp: stamp, Stamped: map[string]int{"g": 2}, Admitted: map[string]int{"g": 5}},
+		"a grant for another stamp":   {Stamp: "v2:other", Stamped: map[string]int{"g": 2}, Admitted: map[string]int{"g": 3}},
+		"stamped counts made up":      {Stamp: stamp, Stamped: map[string]int{"g": 3}, Admitted: map[string]int{"g": 3}},
+		"a group the grant never saw": {Stamp: stamp, Stamped: map[string]int{"g": 2}, Admitted: map[string]int{"g": 3, "h": 1}},
+	} {
+		if s.VerifyScaled(j, g) {
+			t.Errorf("%s: verified", name)
+		}
+	}
+	j.Meta[nomadjob.MetaAdmission] = "v2:"
+	if s.Verify(j) || s.VerifyScaled(j, nomadjob.ScaleGrant{Stamp: "v2:", Admitted: map[string]int{"g": 3}}) {
+		t.Error("an empty signature verified")
+	}
+}

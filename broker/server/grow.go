@@ -44,14 +44,40 @@ func (s *Server) scale(w http.ResponseWriter, r *http.Request, jobID string) {
 		writeError(w, http.StatusBadRequest, "nomad-gpu: scale of %q: count %d is out of range 0..%d", jobID, *req.Count, nomadjob.MaxGroupCount)
 		return
 	}
+	stamped, admittedBefore := s.stampedCounts(r, ns, jobID, job)
 	for _, tg := range job.TaskGroups {
 		if tg != nil && tg.Name != nil && *tg.Name == group {
 			n := int(*req.Count)
 			tg.Count = &n
 		}
 	}
+	var record func() error
+	if admittedBefore && s.scales != nil {
+		// The stamp covers counts: record what is admitted now, before Nomad
+		// has it, so that the job stays verifiable (and a scale straight in
+		// Nomad does not).
+		grant := nomadjob.ScaleGrant{Stamp: job.Meta[nomadjob.MetaAdmission], Stamped: stamped, Admitted: nomadjob.GPUGroupCounts(job)}
+		record = func() error { return s.scales.Put(r.Context(), ns, jobID, grant) }
+	}
 	// Scaling changes no spec: Nomad places no canaries for it.
-	s.checkThenForward(w, r, doc.Bytes(), job, ns, jobID, "scale")
+	s.checkThenForward(w, r, doc.Bytes(), job, ns, jobID, "scale", record)
+}
+
+// stampedCounts are the counts a job's admission stamp was made for, and
+// whether the job is admitted at all: its own counts when its stamp verifies
+// as it stands, else those of the grant of an earlier scale through the broker.
+func (s *Server) stampedCounts(r *http.Request, ns, jobID string, job *api.Job) (map[string]int, bool) {
+	if s.stamper.Verify(job) {
+		return nomadjob.GPUGroupCounts(job), true
+	}
+	if s.scales == nil {
+		return nil, false
+	}
+	g, ok, err := s.scales.Get(r.Context(), ns, jobID)
+	if err != nil || !ok || !s.stamper.VerifyScaled(job, g) {
+		return nil, false
+	}
+	return g.Stamped, true
 }
 
 // spawn gates dispatch and periodic force: each registers a new child job
@@ -87,7 +113,7 @@ func (s *Server) spawn(w http.ResponseWriter, r *http.Request, c call, jobID str
 	child := *parent
 	child.ID = new(string)
 	*child.ID = jobID + "/" + c.String() + "-" + s.newID() // its own key: nothing of it is counted yet
-	s.checkThenForward(w, r, body, &child, ns, jobID, c.String())
+	s.checkThenForward(w, r, body, &child, ns, jobID, c.String(), nil)
 }
 
 func (s *Server) revert(w http.ResponseWriter, r *http.Request, jobID string) {
@@ -119,7 +145,7 @@ func (s *Server) revert(w http.ResponseWriter, r *http.Request, jobID string) {
 				writeError(w, http.StatusBadRequest, "nomad-gpu: revert of %q: %v", jobID, err)
 				return
 			}
-			s.decideThenForward(w, r, doc.Bytes(), groups, v, ns, jobID, "revert")
+			s.decideThenForward(w, r, doc.Bytes(), groups, v, ns, jobID, "revert", nil)
 			return
 		}
 	}
@@ -165,19 +191,20 @@ func readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool) {
 }
 
 // checkThenForward decides on job as it will be after the call.
-func (s *Server) checkThenForward(w http.ResponseWriter, r *http.Request, body []byte, job *api.Job, ns, jobID, what string) {
+func (s *Server) checkThenForward(w http.ResponseWriter, r *http.Request, body []byte, job *api.Job, ns, jobID, what string, record func() error) {
 	groups, err := nomadjob.Groups(job, nomadjob.Placement{NodesFitting: s.cluster.NodesFitting})
 	if err != nil {
 		writeError(w, http.StatusBadRequest, "nomad-gpu: %s of %q: %v", what, jobID, err)
 		return
 	}
-	s.decideThenForward(w, r, body, groups, job, ns, jobID, what)
+	s.decideThenForward(w, r, body, groups, job, ns, jobID, what, record)
 }
 
 // decideThenForward admits the demand the call leads to, or refuses it:
 // anything but an admission at the job's current priority is refused, since
-// the call cannot change the priority.
-func (s *Server) decideThenForward(w http.ResponseWriter, r *http.Request, body []byte, groups []admission.Group, job *api.Job, ns, jobID, what string) {
+// the call cannot change the priority. record, when given, runs once the call
+// is admitted and before it is forwarded.
+func (s *Server) decideThenForward(w http.ResponseWriter, r *http.Request, body []byte, groups []admission.Group, job *api.Job, ns, jobID, what string, record func() error) {
 	if len(groups) == 0 {
 		s.passThrough(w, r, body)
 		return
@@ -203,6 +230,13 @@ func (s *Server) decideThenForward(w http.ResponseWriter, r *http.Request, body 
 		writeError(w, http.StatusForbidden, "nomad-gpu: %s of %q refused: the result would run at priority %d (%s) but the job runs at %d; register it again instead",
 			what, jobID, d.Priority, d.Reason, current)
 	default:
+		if record != nil {
+			if err := record(); err != nil {
+				res.Release()
+				writeError(w, http.StatusServiceUnavailable, "nomad-gpu: %s of %q not forwarded: %v", what, jobID, err)
+				return
+			}
+		}
 		resp, err := s.forward(r, body, ns)
 		if err != nil {
 			res.Release()

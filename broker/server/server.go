@@ -58,6 +58,12 @@ type Queue interface {
 	Remove(ctx context.Context, e queue.Entry) (bool, error)
 }
 
+// Scales keeps, per job, what the broker admitted when it scaled it.
+type Scales interface {
+	Get(ctx context.Context, namespace, job string) (nomadjob.ScaleGrant, bool, error)
+	Put(ctx context.Context, namespace, job string, g nomadjob.ScaleGrant) error
+}
+
 // Leader tells whether this broker takes GPU admissions, and where the one that
 // does is.
 type Leader interface {
@@ -77,6 +83,7 @@ type Server struct {
 	cluster      Cluster
 	queue        Queue
 	decisions    Decisions
+	scales       Scales
 	stamper      nomadjob.Stamper
 	region       string
 	acls         bool
@@ -102,10 +109,12 @@ type Options struct {
 	Queue    Queue
 	// Decisions are the reclaim decision records (nil: none kept).
 	Decisions Decisions
-	Stamper   nomadjob.Stamper
-	Region    string // the Nomad region the broker governs ("" or "global": Nomad's default)
-	Leader    Leader // nil: this broker takes every admission itself
-	ACLs      bool   // Nomad enforces ACLs: the broker's API then needs a valid token
+	// Scales keeps what the broker admitted for scaled jobs (nil: nothing kept).
+	Scales  Scales
+	Stamper nomadjob.Stamper
+	Region  string // the Nomad region the broker governs ("" or "global": Nomad's default)
+	Leader  Leader // nil: this broker takes every admission itself
+	ACLs    bool   // Nomad enforces ACLs: the broker's API then needs a valid token
 	// Exclusive enforcement: the broker writes jobs in tenant namespaces with
 	// Token, its own, for the tenants' submitters.
 	Exclusive bool
@@ -123,7 +132,7 @@ func New(o Options) (*Server, error) {
 		return nil, fmt.Errorf("nomad address %q: %w", o.Nomad, err)
 	}
 	s := &Server{log: o.Log, upstream: u, client: o.Client, policies: o.Policies, cluster: o.Cluster,
-		queue: o.Queue, decisions: o.Decisions, stamper: o.Stamper, region: o.Region, acls: o.ACLs, exclusive: o.Exclusive, token: o.Token, leader: o.Leader, now: o.Now, newID: o.NewID, identities: map[[32]byte]cachedIdentity{}}
+		queue: o.Queue, decisions: o.Decisions, scales: o.Scales, stamper: o.Stamper, region: o.Region, acls: o.ACLs, exclusive: o.Exclusive, token: o.Token, leader: o.Leader, now: o.Now, newID: o.NewID, identities: map[[32]byte]cachedIdentity{}}
 	if s.client == nil {
 		s.client = &http.Client{}
 	}

@@ -28,6 +28,7 @@ import (
 	"github.com/nomad-gpu/nomad-gpu/broker/policy"
 	"github.com/nomad-gpu/nomad-gpu/broker/queue"
 	"github.com/nomad-gpu/nomad-gpu/broker/reclaimer"
+	"github.com/nomad-gpu/nomad-gpu/broker/scaled"
 	"github.com/nomad-gpu/nomad-gpu/broker/server"
 )
 
@@ -107,10 +108,11 @@ func serveErr(path string, log hclog.Logger) error {
 	}
 	store := queue.NewStore(consulClient.KV(), cfg.Consul.KVPrefix)
 	decisions := reclaimer.NewStore(consulClient.KV(), cfg.Consul.KVPrefix)
+	scales := scaled.NewStore(consulClient.KV(), cfg.Consul.KVPrefix)
 	elector := &leader.Elector{Client: consulClient, Key: cfg.Consul.KVPrefix + "leader", Address: cfg.Advertise,
 		Log: log.Named("leader")}
 	srv, err := server.New(server.Options{Leader: elector, Log: log.Named("proxy"), Nomad: cfg.Nomad.Address,
-		Client: nomadClient.HTTPClient(), Policies: policies, Cluster: view, Queue: store, Decisions: decisions, Stamper: stamper, Region: region, ACLs: acls,
+		Client: nomadClient.HTTPClient(), Policies: policies, Cluster: view, Queue: store, Decisions: decisions, Scales: scales, Stamper: stamper, Region: region, ACLs: acls,
 		Exclusive: exclusive, Token: cfg.Nomad.Token, Peers: peers})
 	if err != nil {
 		return err
@@ -139,7 +141,7 @@ func serveErr(path string, log hclog.Logger) error {
 		}, nomadClient, log.Named("preemption"))
 		// Each term starts afresh: what earlier leaders recorded is read back.
 		rec := &reclaimer.Reclaimer{Log: log.Named("reclaim"), Records: decisions, Observer: &nomadapi.Observer{Client: nomadClient,
-			Verify: stamper.Verify}, Actor: nomadClient, Policies: policies, Now: time.Now, NewID: queue.NewID}
+			Verify: scales.Verifier(stamper)}, Actor: nomadClient, Policies: policies, Now: time.Now, NewID: queue.NewID}
 		go rec.Run(ctx, time.After)
 		adm.Run(ctx, view.Changed(), 2*time.Second)
 	})
