@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"sort"
 	"strings"
+	"time"
 
 	"github.com/nomad-gpu/nomad-gpu/broker/policy"
 )
@@ -29,6 +30,7 @@ const (
 	RuleNoNodeFits        = "no-node-fits"
 	RuleUnknownClass      = "unknown-gpu-class"
 	RulePeriodicGPU       = "periodic-gpu-job"
+	RuleInvalidTTL        = "invalid-ttl"
 )
 
 // Job is the GPU demand of a job, as admission sees it.
@@ -36,7 +38,9 @@ type Job struct {
 	ID        string
 	Namespace string
 	Queue     string // from the job meta; empty means the tenant's default
-	Groups    []Group
+	// TTL is the lifetime the job asks for (meta nomad-gpu.ttl), as written.
+	TTL    string
+	Groups []Group
 }
 
 // Group is one task group's GPU demand.
@@ -127,6 +131,9 @@ func Decide(p *policy.Policy, job Job, u Usage) Decision {
 	}
 	q := p.Queues[d.Queue]
 	d.Workload = q.Workload
+	if rule, why := ttlRefused(p, job.TTL, d); why != "" {
+		return reject(d, rule, why)
+	}
 	if len(unclassified) > 0 && !hasKey(tenant.Limit, policy.AllGPUs) {
 		return reject(d, RuleUnknownClass, fmt.Sprintf("task group %q asks for GPUs of no known class, and tenant %q has quotas per class only (%s): ask for a model such as nvidia/gpu/<model>",
 			unclassified[0], tenant.Name, strings.Join(keys(tenant.Limit), ", ")))
@@ -227,4 +234,28 @@ func gpus(class string) string {
 		return "GPUs"
 	}
 	return class + " GPUs"
+}
+
+// ttlRefused is the rule that refuses the lifetime a job asks for, and why:
+// shorter than a lifetime rule that selects the job is always allowed,
+// longer only up to its max_extend.
+func ttlRefused(p *policy.Policy, ttl string, d Decision) (string, string) {
+	if ttl == "" {
+		return "", ""
+	}
+	want, err := time.ParseDuration(ttl)
+	if err != nil || want <= 0 {
+		return RuleInvalidTTL, fmt.Sprintf("meta nomad-gpu.ttl = %q is not a duration such as \"2h\"", ttl)
+	}
+	for _, r := range p.ReclaimRules() {
+		if r.Condition != policy.CondLifetime || (r.Workload != "" && r.Workload != d.Workload) ||
+			(r.Queue != "" && r.Queue != d.Queue) || (r.Tenant != "" && r.Tenant != d.Tenant) {
+			continue
+		}
+		if most := r.MaxLifetime + r.MaxExtend; want > most {
+			return r.Name, fmt.Sprintf("meta nomad-gpu.ttl = %s is longer than reclaim rule %s allows: max_lifetime %s + max_extend %s",
+				want, r.Name, r.MaxLifetime, r.MaxExtend)
+		}
+	}
+	return "", ""
 }

@@ -130,3 +130,41 @@ func TestDecide(t *testing.T) {
 		})
 	}
 }
+
+func TestAJobsOwnLifetimeWithinTheRule(t *testing.T) {
+	p, diags := policy.Parse(map[string][]byte{"p.hcl": []byte(`
+queue "training" { priority = 60 }
+queue "dev" { priority = 40 }
+tenant "vision" {
+  namespaces = ["vision"]
+  queues     = ["training", "dev"]
+  guaranteed = 8
+}
+reclaim "dev-ttl" {
+  workload     = "dev"
+  max_lifetime = "8h"
+  max_extend   = "4h"
+  action       = "stop"
+}`)}, 0)
+	if diags.HasErrors() {
+		t.Fatal(policy.FormatDiagnostics(diags))
+	}
+	for _, c := range []struct {
+		queue, ttl, rule, reason string
+	}{
+		{"dev", "", "", ""},
+		{"dev", "2h", "", ""},  // shorter: always
+		{"dev", "12h", "", ""}, // longer: up to max_extend
+		{"dev", "13h", "dev-ttl", "meta nomad-gpu.ttl = 13h0m0s is longer than reclaim rule dev-ttl allows: max_lifetime 8h0m0s + max_extend 4h0m0s"},
+		{"training", "13h", "", ""}, // the rule selects dev work only
+		{"dev", "soon", admission.RuleInvalidTTL, `meta nomad-gpu.ttl = "soon" is not a duration such as "2h"`},
+		{"dev", "-1h", admission.RuleInvalidTTL, "is not a duration"},
+	} {
+		j := job("vision").gpus(1, 1).queue(c.queue)
+		j.TTL = c.ttl
+		d := admission.Decide(p, j.Job, cluster(16, nil))
+		if d.Rule != c.rule || !strings.Contains(d.Reason, c.reason) || (c.rule == "") != (d.Outcome == admission.Admit) {
+			t.Errorf("queue %s ttl %q: %s %s %q", c.queue, c.ttl, d.Outcome, d.Rule, d.Reason)
+		}
+	}
+}

@@ -97,19 +97,30 @@ func TestReclaim(t *testing.T) {
 		out, _ := e.run("vision", "probe", 1, 9, "", false)
 		return out
 	})
-	idle := func(ns, id string) {
-		alloc, _, err := n.API.Allocations().Info(e.waitRunning(ns, id).ID, nil)
+	// setJobUtil sets the utilisation of the GPUs of a job's allocations.
+	setJobUtil := func(id string, u int) {
+		allocs, _, err := n.API.Jobs().Allocations(id, true, &api.QueryOptions{Namespace: "vision"})
 		if err != nil {
 			t.Fatal(err)
 		}
-		for _, tr := range alloc.AllocatedResources.Tasks {
-			for _, d := range tr.Devices {
-				for _, dev := range d.DeviceIDs {
-					util[dev] = 0
+		for _, stub := range allocs {
+			alloc, _, err := n.API.Allocations().Info(stub.ID, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, tr := range alloc.AllocatedResources.Tasks {
+				for _, d := range tr.Devices {
+					for _, dev := range d.DeviceIDs {
+						util[dev] = u
+					}
 				}
 			}
 		}
 		setUtil()
+	}
+	idle := func(ns, id string) {
+		e.waitRunning(ns, id)
+		setJobUtil(id, 0)
 	}
 	decisions := func() map[string]reclaim.Record {
 		req, _ := http.NewRequest(http.MethodGet, e.broker.Addr+"/v1/gpu/reclaim", nil)
@@ -182,6 +193,9 @@ func TestReclaim(t *testing.T) {
 		}
 	})
 	t.Run("a scale through the broker keeps a job admitted, one straight in Nomad does not", func(t *testing.T) {
+		for _, id := range []string{"idle-nb", "direct"} {
+			setJobUtil(id, 60) // their GPUs, free again, busy for whoever gets them next
+		}
 		for _, id := range []string{"scaled", "scaled-direct"} {
 			if out, err := e.run("vision", id, 1, 1, "", true); err != nil || !strings.Contains(out, "admitted") {
 				t.Fatalf("%v\n%s", err, out)
@@ -208,10 +222,11 @@ func TestReclaim(t *testing.T) {
 	t.Run("a busy job, the one scaled through the broker and the cancelled one keep running", func(t *testing.T) {
 		time.Sleep(7 * time.Second) // past the cancelled decision's grace
 		recs := decisions()
-		for _, id := range []string{"busy-nb", "scaled"} {
-			if _, ok := recs[id]; ok || stopped(id) {
-				t.Errorf("%s reclaimed: %+v", id, recs[id])
-			}
+		if rec, ok := recs["busy-nb"]; ok || stopped("busy-nb") {
+			t.Errorf("busy job reclaimed: %+v", rec)
+		}
+		if rec := recs["scaled"]; rec.Rule == "unadmitted" || stopped("scaled") {
+			t.Errorf("job scaled through the broker reclaimed: %+v", rec)
 		}
 		if recs["keep-nb"].State != reclaim.Cancelled || stopped("keep-nb") {
 			t.Errorf("cancelled decision carried out: %+v", recs["keep-nb"])

@@ -13,9 +13,6 @@ import (
 	"github.com/nomad-gpu/nomad-gpu/broker/reclaim"
 )
 
-// MetaTTL is the meta key in which a job asks for its own lifetime.
-const MetaTTL = "nomad-gpu.ttl"
-
 // Observer reads what the reclaim rules look at: every running allocation
 // that holds GPUs, its job's admission, and for each node with such
 // allocations one stats call (utilisation of every GPU) and one node read
@@ -57,7 +54,7 @@ func (o *Observer) Observe(ctx context.Context) ([]reclaim.Alloc, map[string]rec
 			a.Admitted = true
 			a.Tenant, a.Queue, a.Workload = job.Meta[nomadjob.MetaTenant], job.Meta[nomadjob.MetaQueue], job.Meta[nomadjob.MetaWorkload]
 		}
-		if ttl, err := time.ParseDuration(job.Meta[MetaTTL]); err == nil && ttl > 0 {
+		if ttl, err := time.ParseDuration(job.Meta[nomadjob.MetaTTL]); err == nil && ttl > 0 {
 			a.TTL = ttl
 		}
 		for _, ts := range s.TaskStates {

@@ -22,6 +22,8 @@ const (
 	MetaWorkload  = "nomad-gpu.workload"
 	MetaBorrowed  = "nomad-gpu.borrowed"
 	MetaAdmission = "nomad-gpu.admission"
+	// MetaTTL is the lifetime a job asks for; the user's, not the broker's.
+	MetaTTL = "nomad-gpu.ttl"
 )
 
 // DefaultNamespace is Nomad's namespace when a job names none.
@@ -41,7 +43,7 @@ func Admission(job *api.Job, nodesFitting func(string, int) int) (admission.Job,
 		return admission.Job{ID: deref(job.ID), Namespace: Namespace(job)}, nil
 	}
 	groups, err := Groups(job, Placement{NodesFitting: nodesFitting})
-	return admission.Job{ID: deref(job.ID), Namespace: Namespace(job), Queue: job.Meta[MetaQueue], Groups: groups}, err
+	return admission.Job{ID: deref(job.ID), Namespace: Namespace(job), Queue: job.Meta[MetaQueue], TTL: job.Meta[MetaTTL], Groups: groups}, err
 }
 
 // IsParent reports whether a job only launches other jobs: parameterized
