@@ -44,6 +44,11 @@ reclaim "idle-dev" {
   grace      = "6s"
   mode       = "enforce"
 }
+reclaim "sick-gpu" {
+  device_unhealthy_for = "2s"
+  action               = "reschedule"
+  mode                 = "enforce"
+}
 reclaim "idle-training" {
   workload   = "training"
   idle_below = 5
@@ -60,8 +65,9 @@ func TestReclaim(t *testing.T) {
 	consul := testcluster.StartConsul(t)
 	state := filepath.Join(t.TempDir(), "gpu-state.json")
 	n := testcluster.StartNomad(t, testcluster.NomadOptions{Name: "reclaim", Server: true, Client: true, PluginConfig: fmt.Sprintf(`
-    backend      = "fake"
-    stats_period = "1s"
+    backend            = "fake"
+    stats_period       = "1s"
+    fingerprint_period = "1s"
     fake {
       count      = 8
       id_prefix  = "reclaim"
@@ -73,15 +79,16 @@ func TestReclaim(t *testing.T) {
 	}
 	// Every GPU busy to begin with; each job the test wants idle is set so.
 	util := map[string]int{}
+	sick := map[string]bool{}
 	for _, d := range nodes[0].NodeResources.Devices {
 		for _, inst := range d.Instances {
 			util[inst.ID] = 60
 		}
 	}
 	setUtil := func() {
-		s := map[string]map[string]int{}
+		s := map[string]map[string]any{}
 		for id, u := range util {
-			s[id] = map[string]int{"utilization_gpu": u}
+			s[id] = map[string]any{"utilization_gpu": u, "healthy": !sick[id]}
 		}
 		b, _ := json.Marshal(s)
 		writeFile(t, state+".tmp", string(b))
@@ -213,6 +220,37 @@ func TestReclaim(t *testing.T) {
 		if rec, ok := decisions()["scaled"]; ok || stopped("scaled") {
 			t.Errorf("scaled through the broker, then reclaimed: %+v", rec)
 		}
+	})
+	t.Run("an allocation on a sick GPU is placed again, on healthy ones", func(t *testing.T) {
+		if out, err := e.run("vision", "on-sick", 1, 1, "", true); err != nil || !strings.Contains(out, "admitted") {
+			t.Fatalf("%v\n%s", err, out)
+		}
+		first := e.waitRunning("vision", "on-sick")
+		alloc, _, err := n.API.Allocations().Info(first.ID, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		bad := alloc.AllocatedResources.Tasks["t"].Devices[0].DeviceIDs[0]
+		sick[bad] = true
+		setUtil()
+		rec := waitDecision("on-sick", reclaim.Executed)
+		if rec.Rule != "sick-gpu" || !strings.Contains(rec.Evidence, bad+" unhealthy since") || !strings.Contains(rec.Result, "allocation stopped") {
+			t.Errorf("record %+v", rec)
+		}
+		testcluster.WaitFor(t, 60*time.Second, "on-sick placed again", func() error {
+			next := e.waitRunning("vision", "on-sick")
+			if next.ID == first.ID {
+				return fmt.Errorf("still the first allocation")
+			}
+			a, _, err := n.API.Allocations().Info(next.ID, nil)
+			if err != nil {
+				return err
+			}
+			if got := a.AllocatedResources.Tasks["t"].Devices[0].DeviceIDs[0]; got == bad {
+				t.Fatalf("placed again on the sick GPU %s", bad)
+			}
+			return nil
+		})
 	})
 	t.Run("a dry-run rule records and does nothing", func(t *testing.T) {
 		if rec := waitDecision("train", reclaim.DryRun); stopped("train") || rec.Rule != "idle-training" {
