@@ -49,6 +49,12 @@ reclaim "sick-gpu" {
   action               = "reschedule"
   mode                 = "enforce"
 }
+reclaim "crash-loop" {
+  restarts_above = 2
+  within         = "5m"
+  action         = "stop"
+  mode           = "enforce"
+}
 reclaim "idle-training" {
   workload   = "training"
   idle_below = 5
@@ -251,6 +257,22 @@ func TestReclaim(t *testing.T) {
 			}
 			return nil
 		})
+	})
+	t.Run("a crash-looping task holding a GPU is stopped", func(t *testing.T) {
+		crashing := job("vision", "crashing", api.JobTypeService).group("g", ptr(1), nil, task(dev("nvidia/gpu", 1)))
+		tg := crashing.j.TaskGroups[0]
+		tg.Tasks[0].Config = map[string]any{"command": "/bin/sh", "args": []string{"-c", "sleep 1; exit 1"}}
+		tg.RestartPolicy = &api.RestartPolicy{Attempts: ptr(20), Interval: ptr(10 * time.Minute), Delay: ptr(time.Second), Mode: ptr("delay")}
+		req, _ := http.NewRequest(http.MethodPut, e.broker.Addr+"/v1/jobs", strings.NewReader(crashing.body(nil, canonical)))
+		resp, err := e.broker.Client.Do(req)
+		if err != nil || resp.StatusCode != http.StatusOK {
+			t.Fatalf("register: %v %v", err, resp)
+		}
+		resp.Body.Close()
+		rec := waitDecision("crashing", reclaim.Executed)
+		if rec.Rule != "crash-loop" || !strings.Contains(rec.Evidence, "restarts within 5m0s") || !stopped("crashing") {
+			t.Errorf("stopped %t, record %+v", stopped("crashing"), rec)
+		}
 	})
 	t.Run("a dry-run rule records and does nothing", func(t *testing.T) {
 		if rec := waitDecision("train", reclaim.DryRun); stopped("train") || rec.Rule != "idle-training" {

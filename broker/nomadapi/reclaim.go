@@ -34,7 +34,9 @@ func (o *Observer) Observe(ctx context.Context) ([]reclaim.Alloc, map[string]rec
 	nodes := map[string]bool{}
 	var allocs []reclaim.Alloc
 	for _, s := range stubs {
-		if s.DesiredStatus != api.AllocDesiredStatusRun || s.ClientStatus != api.AllocClientStatusRunning {
+		// Pending too: a task waiting to restart holds its GPUs all the same.
+		if s.DesiredStatus != api.AllocDesiredStatusRun ||
+			(s.ClientStatus != api.AllocClientStatusRunning && s.ClientStatus != api.AllocClientStatusPending) {
 			continue
 		}
 		gpus := gpuIDs(s.AllocatedResources)

@@ -183,6 +183,9 @@ func (e *Engine) matches(now time.Time, r *policy.ReclaimRule, a Alloc, gpus map
 		}
 		return fmt.Sprintf("every GPU below %g%% since %s (%s)", r.IdleBelow, since.UTC().Format(time.RFC3339), now.Sub(since).Round(time.Second)), true
 	case policy.CondLifetime:
+		if a.StartedAt.IsZero() {
+			return "", false // not started: no lifetime yet
+		}
 		limit := r.MaxLifetime
 		if a.TTL > 0 {
 			limit = min(a.TTL, r.MaxLifetime+r.MaxExtend)

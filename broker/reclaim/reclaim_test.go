@@ -147,6 +147,11 @@ func TestLifetimeAndTheJobsOwnTTL(t *testing.T) {
 			t.Errorf("ttl %s at age %s: %s", c.ttl, c.age, summary(ds))
 		}
 	}
+	pending := dev("a1", "notebook", "g0")
+	pending.StartedAt = time.Time{} // not started yet: no age
+	if ds := reclaim.New().Pass(t0, only(p, "dev-ttl"), []reclaim.Alloc{pending}, utilization(90, "g0")); len(ds) != 0 {
+		t.Errorf("an allocation that never started expired: %s", summary(ds))
+	}
 }
 
 func TestSickGPUReschedulesOnlyItsAllocation(t *testing.T) {
