@@ -328,7 +328,7 @@ func TestBroker(t *testing.T) {
 func TestPolicyValidateCLI(t *testing.T) {
 	bin := testcluster.BrokerBinary(t)
 	out, err := exec.Command(bin, "policy", "validate", "../../policies").CombinedOutput()
-	if err != nil || !strings.Contains(string(out), "valid: 3 queues, 3 tenants, 1 GPU classes") {
+	if err != nil || !strings.Contains(string(out), "valid: 3 queues, 3 tenants, 1 GPU classes, 5 reclaim rules") {
 		t.Errorf("policies/ must validate: %v\n%s", err, out)
 	}
 	dir := t.TempDir()

@@ -38,6 +38,9 @@ func TestExamplePoliciesAreValid(t *testing.T) {
 	if !p.Borrowing.Enabled || p.Borrowing.Priority != 20 || !p.Preemption.Batch || !p.Preemption.Service {
 		t.Errorf("borrowing/preemption read wrong: %+v %+v", p.Borrowing, p.Preemption)
 	}
+	if len(p.Reclaim) != 5 || p.Reclaim["idle-dev"].Mode != policy.ModeEnforce || p.Reclaim["unadmitted"].Mode != policy.ModeDryRun {
+		t.Errorf("reclaim rules read wrong: %d rules", len(p.Reclaim))
+	}
 }
 
 func TestDiagnosticsNameFileLineAndRule(t *testing.T) {

@@ -24,6 +24,6 @@ func validatePolicy(args []string) int {
 	if p == nil {
 		return 1
 	}
-	fmt.Printf("%s: valid: %d queues, %d tenants, %d GPU classes\n", fs.Arg(0), len(p.Queues), len(p.Tenants), len(p.Classes))
+	fmt.Printf("%s: valid: %d queues, %d tenants, %d GPU classes, %d reclaim rules\n", fs.Arg(0), len(p.Queues), len(p.Tenants), len(p.Classes), len(p.Reclaim))
 	return 0
 }
