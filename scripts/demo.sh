@@ -93,9 +93,15 @@ HCL
   inventory
 
   for ns in vision search research; do "$NOMAD" namespace apply -description "tenant $ns" "$ns" >/dev/null; done
+  # The example policies, with rule idle-dev shortened so that the story can
+  # show it: 20s idle and 10s grace instead of 30m and 5m, a pass every 5s.
+  mkdir -p "$DEMO_DIR/policies"
+  cp policies/*.hcl "$DEMO_DIR/policies/"
+  sed -i 's/\(idle_for *= *\)"30m"/\1"20s"/; /reclaim "idle-dev"/,/^}/s/\(grace *= *\)"5m"/\1"10s"/; s/\(period *= *\)"30s"/\1"5s"/' \
+    "$DEMO_DIR/policies/reclaim.hcl"
   cat >"$DEMO_DIR/broker.hcl" <<HCL
 listen     = "127.0.0.1:4649"
-policy_dir = "$PWD/policies"
+policy_dir = "$DEMO_DIR/policies"
 nomad  { address = "$NOMAD_ADDR" }
 consul { address = "127.0.0.1:8500" }
 HCL
@@ -108,7 +114,7 @@ HCL
 Demo cluster is up: Nomad $NOMAD_ADDR, Consul http://127.0.0.1:8500, gpu-broker $BROKER_ADDR.
   export NOMAD_ADDR=$BROKER_ADDR            submit through the broker, as users do
   nomad job run jobspecs/dev.nomad.hcl
-  bin/gpu-broker usage | bin/gpu-broker queue list
+  bin/gpu-broker usage | bin/gpu-broker queue list | bin/gpu-broker reclaim list
   nomad node status -verbose <node>        GPUs, attributes, health
 Make a GPU fail (recovers 30s after the file no longer says so):
   echo '{"<GPU UUID>": {"healthy": false, "health_description": "XID 79"}}' > $DEMO_DIR/client-1-gpu-state.json
@@ -140,6 +146,18 @@ scenario() {
   "$NOMAD" job allocs -namespace vision train-borrowed
   echo
   bin/gpu-broker usage -address $BROKER_ADDR
+  echo
+  echo "== vision stops its preempted job; ana starts a dev environment and leaves it idle"
+  echo "   (rule idle-dev, shortened for the demo: every GPU below 5% for 20s, then 10s of grace)"
+  NOMAD_ADDR=$BROKER_ADDR "$NOMAD" job stop -namespace vision -detach train-borrowed >/dev/null
+  NOMAD_ADDR=$BROKER_ADDR "$NOMAD" job run -detach jobspecs/dev.nomad.hcl | grep -v '^$'
+  wait_for "idle-dev to stop the idle dev environment" 90 reclaimed dev-env
+  bin/gpu-broker reclaim list -address $BROKER_ADDR
+}
+
+# reclaimed JOB: a reclaim decision on JOB was carried out.
+reclaimed() {
+  bin/gpu-broker reclaim list -address "$BROKER_ADDR" -json | grep -q "\"job\":\"$1\"[^}]*\"state\":\"executed\""
 }
 
 running() { "$NOMAD" job allocs -namespace "$1" "$2" 2>/dev/null | grep -q ' running '; }
