@@ -46,6 +46,10 @@ preemption {
   batch   = true
   service = true
 }
+
+reclaim_settings {
+  period = "2s"
+}
 `
 
 type env struct {
@@ -189,7 +193,7 @@ func TestBroker(t *testing.T) {
 		}
 	})
 
-	t.Run("borrowed job is preempted by a tenant within its guarantee", func(t *testing.T) {
+	t.Run("borrowed job preempted by a tenant within its guarantee goes back to the queue", func(t *testing.T) {
 		out, err := e.run("vision", "borrow-a", 1, 4, "", true)
 		if err != nil || !strings.Contains(out, "priority 20, 4 GPUs, borrowed: yes") {
 			t.Fatalf("want borrowed admission: %v\n%s", err, out)
@@ -204,20 +208,39 @@ func TestBroker(t *testing.T) {
 		if err != nil || a.DesiredStatus != api.AllocDesiredStatusEvict {
 			t.Errorf("borrowed allocation not preempted: %v %+v", err, a)
 		}
-		for _, u := range e.usage() {
-			if u.Used > u.Limit {
-				t.Errorf("tenant %s holds %d above its limit %d", u.Tenant, u.Used, u.Limit)
+		// The broker puts the preempted job back in its queue: vision is no
+		// longer charged for GPUs it does not hold.
+		var requeued string
+		testcluster.WaitFor(t, 30*time.Second, "borrow-a requeued", func() error {
+			for _, line := range strings.Split(e.brokerCLI("queue", "list"), "\n") {
+				if strings.Contains(line, "borrow-a") && strings.Contains(line, "preempted-borrowed") {
+					requeued = strings.Fields(line)[1]
+					return nil
+				}
 			}
+			return fmt.Errorf("not in the queue")
+		})
+		if job := e.job("vision", "borrow-a"); job.Stop == nil || !*job.Stop {
+			t.Errorf("requeued, but still registered in Nomad")
+		}
+		for _, u := range e.usage() {
+			if u.Used > u.Limit || (u.Tenant == "vision" && u.Used != 4) {
+				t.Errorf("tenant %s is charged %d GPUs (limit %d); vision holds 4", u.Tenant, u.Used, u.Limit)
+			}
+		}
+		// Its owner would rather not wait.
+		if out := e.brokerCLI("queue", "cancel", requeued); !strings.Contains(out, "cancelled") {
+			t.Errorf("gpu-broker queue cancel:\n%s", out)
 		}
 	})
 
 	t.Run("over quota is queued, shown, and admitted when the tenant's jobs stop", func(t *testing.T) {
-		// vision holds train-a (4) and borrow-a (4, waiting for a GPU): 4 more is above its limit of 8.
+		// vision holds train-a (4), its guarantee: 4 more must borrow, and search holds the other 4 GPUs.
 		id := e.queued("train-q", 4, false)
 		if list := e.brokerCLI("queue", "list"); !strings.Contains(list, id) || !strings.Contains(list, "train-q") {
 			t.Fatalf("gpu-broker queue list does not show %s:\n%s", id, list)
 		}
-		if show := e.brokerCLI("queue", "show", id); !strings.Contains(show, "position 1") || !strings.Contains(show, "limit of 8") {
+		if show := e.brokerCLI("queue", "show", id); !strings.Contains(show, "position 1") || !strings.Contains(show, "only 0 GPUs are idle") {
 			t.Errorf("gpu-broker queue show:\n%s", show)
 		}
 		if _, _, err := e.nomad.API.Jobs().Info("train-q", &api.QueryOptions{Namespace: "vision"}); err == nil {

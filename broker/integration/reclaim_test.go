@@ -296,3 +296,104 @@ func TestReclaim(t *testing.T) {
 		}
 	})
 }
+
+const preemptPolicy = `
+queue "inference" { priority = 80 }
+queue "training" { priority = 60 }
+tenant "vision" {
+  namespaces = ["vision"]
+  queues     = ["training"]
+  guaranteed = 2
+  limit      = 4
+}
+tenant "search" {
+  namespaces = ["search"]
+  queues     = ["inference"]
+  guaranteed = 2
+  limit      = 2
+}
+borrowing {
+  enabled  = true
+  priority = 20
+}
+reclaim_settings {
+  period = "1s"
+}
+`
+
+// TestPreemptedBorrowedJobRunsAgainOnce: a borrowed job that Nomad preempts
+// for an owner's job goes back to the broker's queue (its tenant no longer
+// charged), and runs again, once, when GPUs free.
+func TestPreemptedBorrowedJobRunsAgainOnce(t *testing.T) {
+	consul := testcluster.StartConsul(t)
+	n := startGPUNode(t, "preempt", 4, "vision", "search")
+	e := &env{t: t, nomad: n, dir: t.TempDir(), policyDir: t.TempDir()}
+	writeFile(t, filepath.Join(e.policyDir, "policy.hcl"), preemptPolicy)
+	e.broker = testcluster.StartBroker(t, n, consul, e.policyDir)
+	waitForView(t, 4, func() string {
+		out, _ := e.run("vision", "probe", 1, 5, "", false)
+		return out
+	})
+	usedBy := func(tenant string) int {
+		for _, u := range e.usage() {
+			if u.Tenant == tenant {
+				return u.Used
+			}
+		}
+		return -1
+	}
+	for _, c := range []struct{ ns, id, want string }{
+		{"vision", "own", "borrowed: no"}, {"vision", "extra", "borrowed: yes"},
+	} {
+		if out, err := e.run(c.ns, c.id, 1, 2, "", true); err != nil || !strings.Contains(out, c.want) {
+			t.Fatalf("%s: %v\n%s", c.id, err, out)
+		}
+		e.waitRunning(c.ns, c.id)
+	}
+	first := e.job("vision", "extra")
+	if out, err := e.run("search", "svc", 1, 2, "", true); err != nil || !strings.Contains(out, "borrowed: no") {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	e.waitRunning("search", "svc")
+	testcluster.WaitFor(t, 30*time.Second, "extra back in the queue", func() error {
+		if out := e.brokerCLI("queue", "list"); !strings.Contains(out, "extra") {
+			return fmt.Errorf("queue:\n%s", out)
+		}
+		return nil
+	})
+	if used := usedBy("vision"); used != 2 {
+		t.Errorf("vision is charged %d GPUs, holds 2", used)
+	}
+	e.stop("search", "svc")
+	testcluster.WaitFor(t, 60*time.Second, "extra running again", func() error {
+		job := e.job("vision", "extra")
+		if job.Stop != nil && *job.Stop {
+			return fmt.Errorf("still stopped")
+		}
+		allocs, _, err := n.API.Jobs().Allocations("extra", false, &api.QueryOptions{Namespace: "vision"})
+		if err != nil {
+			return err
+		}
+		running := 0
+		for _, a := range allocs {
+			if a.ClientStatus == api.AllocClientStatusRunning && a.DesiredStatus == api.AllocDesiredStatusRun {
+				running++
+			}
+		}
+		if running != 1 {
+			return fmt.Errorf("%d running allocations", running)
+		}
+		return nil
+	})
+	time.Sleep(3 * time.Second) // a few reclaim passes more: nothing happens again
+	if again := e.job("vision", "extra"); *again.Version != *first.Version+2 || again.Meta["nomad-gpu.borrowed"] != "true" {
+		// One stop (Nomad makes it a version) and one registration.
+		t.Errorf("want one stop and one registration again, borrowed: version %d (was %d), meta %v", *again.Version, *first.Version, again.Meta)
+	}
+	if out := e.brokerCLI("queue", "list"); strings.Contains(out, "extra") {
+		t.Errorf("running again, still queued:\n%s", out)
+	}
+	if out := e.brokerCLI("reclaim", "list"); !strings.Contains(out, "preempted-borrowed") || !strings.Contains(out, "executed") {
+		t.Errorf("reclaim list:\n%s", out)
+	}
+}

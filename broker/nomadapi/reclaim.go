@@ -35,8 +35,10 @@ func (o *Observer) Observe(ctx context.Context) ([]reclaim.Alloc, map[string]rec
 	var allocs []reclaim.Alloc
 	for _, s := range stubs {
 		// Pending too: a task waiting to restart holds its GPUs all the same.
-		if s.DesiredStatus != api.AllocDesiredStatusRun ||
-			(s.ClientStatus != api.AllocClientStatusRunning && s.ClientStatus != api.AllocClientStatusPending) {
+		// And preempted ones, for the built-in requeue of borrowed jobs.
+		preempted := s.DesiredStatus == api.AllocDesiredStatusEvict && s.PreemptedByAllocation != ""
+		if !preempted && (s.DesiredStatus != api.AllocDesiredStatusRun ||
+			(s.ClientStatus != api.AllocClientStatusRunning && s.ClientStatus != api.AllocClientStatusPending)) {
 			continue
 		}
 		gpus := gpuIDs(s.AllocatedResources)
@@ -51,9 +53,14 @@ func (o *Observer) Observe(ctx context.Context) ([]reclaim.Alloc, map[string]rec
 			}
 			jobs[key] = job
 		}
-		a := reclaim.Alloc{ID: s.ID, Namespace: s.Namespace, JobID: s.JobID, Group: s.TaskGroup, GPUs: gpus}
+		if preempted && ((job.Stop != nil && *job.Stop) || job.Version == nil || s.JobVersion != *job.Version) {
+			// Stopped (requeued already, or by its owner), or registered
+			// again since: that preemption has been dealt with.
+			continue
+		}
+		a := reclaim.Alloc{ID: s.ID, Namespace: s.Namespace, JobID: s.JobID, Group: s.TaskGroup, GPUs: gpus, Preempted: preempted}
 		if o.Verify(ctx, job) {
-			a.Admitted = true
+			a.Admitted, a.Borrowed = true, job.Meta[nomadjob.MetaBorrowed] == "true"
 			a.Tenant, a.Queue, a.Workload = job.Meta[nomadjob.MetaTenant], job.Meta[nomadjob.MetaQueue], job.Meta[nomadjob.MetaWorkload]
 		}
 		if ttl, err := time.ParseDuration(job.Meta[nomadjob.MetaTTL]); err == nil && ttl > 0 {
@@ -70,7 +77,9 @@ func (o *Observer) Observe(ctx context.Context) ([]reclaim.Alloc, map[string]rec
 			}
 		}
 		allocs = append(allocs, a)
-		nodes[s.NodeID] = true
+		if !preempted {
+			nodes[s.NodeID] = true
+		}
 	}
 	gpus := map[string]reclaim.GPU{}
 	for node := range nodes {

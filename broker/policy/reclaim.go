@@ -47,7 +47,15 @@ const (
 	CondUnhealthy  Condition = "device_unhealthy_for"
 	CondRestarts   Condition = "restarts_above"
 	CondUnadmitted Condition = "unadmitted"
+	// CondPreempted is the built-in rule's: a borrowed allocation Nomad
+	// preempted. No policy sets it.
+	CondPreempted Condition = "preempted"
 )
+
+// PreemptedBorrowed is the built-in rule, always on: a borrowed job whose
+// allocation Nomad preempted goes back to the broker's queue, so that its
+// tenant is not charged for GPUs it no longer holds.
+var PreemptedBorrowed = &ReclaimRule{Name: "preempted-borrowed", Condition: CondPreempted, Action: ActionRequeue, Mode: ModeEnforce}
 
 // Action is what a reclaim decision does.
 type Action string

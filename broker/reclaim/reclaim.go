@@ -21,7 +21,12 @@ type Alloc struct {
 	// Workload are then the broker's, else "" (never the user's meta).
 	Admitted                bool
 	Tenant, Queue, Workload string
-	StartedAt               time.Time
+	// Borrowed: admitted as borrowed (from the verified stamp).
+	Borrowed bool
+	// Preempted: Nomad evicted the allocation for a higher priority one; it
+	// holds its GPUs no more, and only the built-in rule looks at it.
+	Preempted bool
+	StartedAt time.Time
 	// TTL is the lifetime the job asks for (meta nomad-gpu.ttl), 0 if none.
 	TTL time.Duration
 	// GPUs are the device ids the allocation holds.
@@ -72,6 +77,7 @@ func New() *Engine {
 // Pass observes allocs (every running GPU allocation, by job) and gpus (by
 // device id) at now, and returns the new decisions under rules.
 func (e *Engine) Pass(now time.Time, rules []*policy.ReclaimRule, allocs []Alloc, gpus map[string]GPU) []Decision {
+	rules = append(rules[:len(rules):len(rules)], policy.PreemptedBorrowed)
 	e.observe(now, rules, allocs, gpus)
 	byJob := map[[2]string][]Alloc{}
 	for _, a := range allocs {
@@ -172,10 +178,14 @@ func (e *Engine) observe(now time.Time, rules []*policy.ReclaimRule, allocs []Al
 
 // matches reports whether rule r holds for a, and the evidence.
 func (e *Engine) matches(now time.Time, r *policy.ReclaimRule, a Alloc, gpus map[string]GPU) (string, bool) {
-	if !selects(r, a) {
+	if a.Preempted != (r.Condition == policy.CondPreempted) || !selects(r, a) {
 		return "", false
 	}
 	switch r.Condition {
+	case policy.CondPreempted:
+		if a.Admitted && a.Borrowed {
+			return "preempted by Nomad while borrowing", true
+		}
 	case policy.CondIdle:
 		since, ok := e.idleSince[[2]string{r.Name, a.ID}]
 		if !ok || now.Sub(since) < r.IdleFor {

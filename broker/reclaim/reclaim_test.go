@@ -220,3 +220,18 @@ func TestARuleMatchingSomeAllocationsOfAJobStopsThoseOnly(t *testing.T) {
 		t.Errorf("got %s", summary(ds))
 	}
 }
+
+func TestAPreemptedBorrowedJobIsRequeuedWithoutARule(t *testing.T) {
+	p := testbuild.Policy(t, rules)
+	borrowed := dev("a1", "borrower", "g0")
+	borrowed.Borrowed, borrowed.Preempted = true, true
+	owned := dev("a2", "owner", "g1")
+	owned.Preempted = true // preempted, but not borrowing: Nomad's own business
+	bypass := reclaim.Alloc{ID: "a3", Namespace: "vision", JobID: "direct", Preempted: true, Borrowed: true, GPUs: []string{"g2"}}
+	ds := reclaim.New().Pass(t0, only(p, "idle-dev", "unadmitted"), []reclaim.Alloc{borrowed, owned, bypass}, utilization(0, "g0", "g1", "g2"))
+	// No other rule looks at preempted allocations (they hold no GPUs), and an
+	// unverified borrowed flag is not trusted.
+	if got := summary(ds); got != "preempted-borrowed requeue vision/borrower [a1] whole=true gpus=1" {
+		t.Errorf("got %s", got)
+	}
+}

@@ -39,6 +39,11 @@ type Actor interface {
 	StopAlloc(ctx context.Context, id string) (string, error)
 }
 
+// Requeuer stops a job in Nomad and puts it back in the broker's queue.
+type Requeuer interface {
+	Requeue(ctx context.Context, rec reclaim.Record) (string, error)
+}
+
 // Policies gives the policy in force.
 type Policies interface{ Current() *policy.Policy }
 
@@ -48,6 +53,7 @@ type Reclaimer struct {
 	Records  Records
 	Observer Observer
 	Actor    Actor
+	Requeue  Requeuer
 	Policies Policies
 	Now      func() time.Time
 	NewID    func() string
@@ -90,12 +96,9 @@ func (r *Reclaimer) Pass(ctx context.Context) error {
 	}
 	p := r.Policies.Current()
 	rules := p.ReclaimRules()
-	var allocs []reclaim.Alloc
-	var gpus map[string]reclaim.GPU
-	if len(rules) > 0 { // nothing to look at otherwise: spare Nomad the calls
-		if allocs, gpus, err = r.Observer.Observe(ctx); err != nil {
-			return err
-		}
+	allocs, gpus, err := r.Observer.Observe(ctx) // the built-in rule needs it with no rules too
+	if err != nil {
+		return err
 	}
 	now := r.Now()
 	for _, d := range r.engine.Pass(now, rules, allocs, gpus) {
@@ -164,8 +167,10 @@ func (r *Reclaimer) carryOut(ctx context.Context, rec reclaim.Record) (string, e
 		return r.stopAllocs(ctx, rec)
 	case policy.ActionReschedule:
 		return r.stopAllocs(ctx, rec) // Nomad places a stopped allocation again
+	case policy.ActionRequeue:
+		return r.Requeue.Requeue(ctx, rec)
 	}
-	return "", fmt.Errorf("action %s is not carried out yet: stop the job and submit it again through the broker", rec.Action)
+	return "", fmt.Errorf("unknown action %q", rec.Action)
 }
 
 func (r *Reclaimer) stopAllocs(ctx context.Context, rec reclaim.Record) (string, error) {

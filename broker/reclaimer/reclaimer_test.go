@@ -186,3 +186,25 @@ func TestRunWaitsThePolicysPeriodJittered(t *testing.T) {
 		t.Errorf("%d waits", len(waits))
 	}
 }
+
+type requeuer struct{ did []string }
+
+func (q *requeuer) Requeue(_ context.Context, rec reclaim.Record) (string, error) {
+	q.did = append(q.did, rec.Namespace+"/"+rec.Job)
+	return "requeued as " + rec.ID, nil
+}
+
+func TestAPreemptedBorrowedJobGoesBackToTheQueue(t *testing.T) {
+	recs := reclaimtest.NewMem()
+	preempted := reclaim.Alloc{ID: "a1", Namespace: "vision", JobID: "borrower", Admitted: true, Borrowed: true, Preempted: true,
+		StartedAt: t0, GPUs: []string{"g0"}}
+	r, act, _ := setup(t, recs, preempted)
+	q := &requeuer{}
+	r.Requeue = q
+	r.Pass(context.Background())
+	all, _ := recs.List(context.Background())
+	if fmt.Sprint(q.did) != "[vision/borrower]" || len(act.did) != 0 || len(all) != 1 || all[0].Rule != "preempted-borrowed" ||
+		all[0].State != reclaim.Executed || all[0].Result != "requeued as "+all[0].ID {
+		t.Errorf("requeued %v, actions %v, records %+v", q.did, act.did, all)
+	}
+}

@@ -141,7 +141,8 @@ func serveErr(path string, log hclog.Logger) error {
 		}, nomadClient, log.Named("preemption"))
 		// Each term starts afresh: what earlier leaders recorded is read back.
 		rec := &reclaimer.Reclaimer{Log: log.Named("reclaim"), Records: decisions, Observer: &nomadapi.Observer{Client: nomadClient,
-			Verify: scales.Verifier(stamper)}, Actor: nomadClient, Policies: policies, Now: time.Now, NewID: queue.NewID}
+			Verify: scales.Verifier(stamper)}, Actor: nomadClient, Policies: policies, Now: time.Now, NewID: queue.NewID,
+			Requeue: &reclaimer.Requeue{Jobs: nomadClient, Actor: nomadClient, Queue: store, Policies: policies}}
 		go rec.Run(ctx, time.After)
 		adm.Run(ctx, view.Changed(), 2*time.Second)
 	})

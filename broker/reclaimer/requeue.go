@@ -1,0 +1,75 @@
+package reclaimer
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/hashicorp/nomad/api"
+
+	"github.com/nomad-gpu/nomad-gpu/broker/nomadjob"
+	"github.com/nomad-gpu/nomad-gpu/broker/queue"
+	"github.com/nomad-gpu/nomad-gpu/broker/reclaim"
+)
+
+// Requeue carries out action requeue: the job goes back to the broker's
+// queue as Nomad has it, keeping its submit time for its place, and is then
+// stopped in Nomad (not purged). The queue entry takes the decision's id, so
+// that a leader acting again after a crash writes the same entry once.
+type Requeue struct {
+	Jobs interface {
+		Job(ctx context.Context, namespace, id string) (*api.Job, error)
+	}
+	Actor    Actor
+	Queue    interface{ Put(ctx context.Context, e queue.Entry) error }
+	Policies Policies
+}
+
+// Requeue implements Requeuer.
+func (q *Requeue) Requeue(ctx context.Context, rec reclaim.Record) (string, error) {
+	job, err := q.Jobs.Job(ctx, rec.Namespace, rec.Job)
+	if err != nil {
+		return "", err
+	}
+	if job == nil {
+		return "the job is gone: nothing to requeue", nil
+	}
+	if job.Stop != nil && *job.Stop {
+		return "the job had stopped: requeued as " + rec.ID + " if it was this decision that stopped it", nil
+	}
+	a, err := nomadjob.Admission(job, nil)
+	if err != nil {
+		return "", fmt.Errorf("read the job's demand: %w", err)
+	}
+	demand := 0
+	for _, g := range a.Groups {
+		demand += g.Count * g.GPUsPerAlloc
+	}
+	tenant, queueName := rec.Tenant, rec.Queue
+	if t := q.Policies.Current().TenantOf(rec.Namespace); t != nil && tenant == "" {
+		tenant, queueName = t.Name, job.Meta[nomadjob.MetaQueue]
+		if queueName == "" {
+			queueName = t.DefaultQueue()
+		}
+	}
+	submitted := rec.ProposedAt
+	if job.SubmitTime != nil {
+		submitted = time.Unix(0, *job.SubmitTime).UTC()
+	}
+	body, err := json.Marshal(map[string]any{"Job": job})
+	if err != nil {
+		return "", err
+	}
+	e := queue.Entry{ID: rec.ID, JobID: rec.Job, Namespace: rec.Namespace, Tenant: tenant, Queue: queueName, Demand: demand,
+		Reason: "requeued by rule " + rec.Rule + ": " + rec.Evidence, SubmittedBy: "gpu-broker (rule " + rec.Rule + ")",
+		SubmittedAt: submitted, Request: body}
+	if err := q.Queue.Put(ctx, e); err != nil {
+		return "", err
+	}
+	stopped, err := q.Actor.StopJob(ctx, rec.Namespace, rec.Job)
+	if err != nil {
+		return "", err
+	}
+	return "requeued as " + rec.ID + "; " + stopped, nil
+}
