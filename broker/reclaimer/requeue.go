@@ -21,8 +21,10 @@ type Requeue struct {
 	Jobs interface {
 		Job(ctx context.Context, namespace, id string) (*api.Job, error)
 	}
-	Actor    Actor
-	Queue    interface{ Put(ctx context.Context, e queue.Entry) error }
+	Actor Actor
+	Queue interface {
+		Put(ctx context.Context, e queue.Entry) error
+	}
 	Policies Policies
 }
 
