@@ -144,16 +144,21 @@ scenario() {
   wait_for "search's service running" 60 running search ranker
   echo "== what Nomad did with vision's borrowed job:"
   "$NOMAD" job allocs -namespace vision train-borrowed
+  wait_for "the broker to requeue the preempted job" 30 queued train-borrowed
+  echo "== the broker put it back in its queue (vision is no longer charged for it):"
+  bin/gpu-broker queue list -address $BROKER_ADDR
   echo
   bin/gpu-broker usage -address $BROKER_ADDR
   echo
-  echo "== vision stops its preempted job; ana starts a dev environment and leaves it idle"
+  echo "== ana starts a dev environment and leaves it idle"
   echo "   (rule idle-dev, shortened for the demo: every GPU below 5% for 20s, then 10s of grace)"
-  NOMAD_ADDR=$BROKER_ADDR "$NOMAD" job stop -namespace vision -detach train-borrowed >/dev/null
   NOMAD_ADDR=$BROKER_ADDR "$NOMAD" job run -detach jobspecs/dev.nomad.hcl | grep -v '^$'
   wait_for "idle-dev to stop the idle dev environment" 90 reclaimed dev-env
   bin/gpu-broker reclaim list -address $BROKER_ADDR
 }
+
+# queued JOB: JOB waits in the broker's queue.
+queued() { bin/gpu-broker queue list -address "$BROKER_ADDR" | grep -q " $1 "; }
 
 # reclaimed JOB: a reclaim decision on JOB was carried out.
 reclaimed() {
