@@ -532,6 +532,30 @@ func waitForView(t *testing.T, gpus int, try func() string) {
 	})
 }
 
+// brokerEnv starts a broker (options o) in front of n with policy src, and
+// waits until it sees nodes of gpus GPUs, probing in namespace ns.
+func brokerEnv(t *testing.T, n *testcluster.Nomad, consul *testcluster.Consul, src, ns string, gpus int, o testcluster.BrokerOptions) *env {
+	t.Helper()
+	e := &env{t: t, nomad: n, dir: t.TempDir(), policyDir: t.TempDir()}
+	writeFile(t, filepath.Join(e.policyDir, "policy.hcl"), src)
+	e.broker = testcluster.StartBrokerWith(t, n, consul, e.policyDir, o)
+	waitForView(t, gpus, func() string {
+		out, _ := e.run(ns, "probe", 1, gpus+1, "", false)
+		return out
+	})
+	return e
+}
+
+// usedBy is the GPUs the broker charges tenant.
+func (e *env) usedBy(tenant string) int {
+	for _, u := range e.usage() {
+		if u.Tenant == tenant {
+			return u.Used
+		}
+	}
+	return -1
+}
+
 func writeFile(t testing.TB, path, content string) {
 	t.Helper()
 	if err := os.WriteFile(path, []byte(content), 0o644); err != nil {

@@ -38,13 +38,7 @@ borrowing {
 func TestConsulOutage(t *testing.T) {
 	consul := testcluster.StartDurableConsul(t)
 	n := startGPUNode(t, "fault", 4, "vision", "search")
-	e := &env{t: t, nomad: n, dir: t.TempDir(), policyDir: t.TempDir()}
-	writeFile(t, filepath.Join(e.policyDir, "policy.hcl"), twoTenantPolicy)
-	e.broker = testcluster.StartBroker(t, n, consul, e.policyDir)
-	waitForView(t, 4, func() string {
-		out, _ := e.run("search", "probe", 1, 5, "", false)
-		return out
-	})
+	e := brokerEnv(t, n, consul, twoTenantPolicy, "search", 4, testcluster.BrokerOptions{})
 	if out, err := e.run("vision", "first", 1, 2, "", true); err != nil || !strings.Contains(out, "admitted") {
 		t.Fatalf("%v\n%s", err, out)
 	}
@@ -152,15 +146,7 @@ func TestGPUClientDies(t *testing.T) {
 		}
 		return nil
 	})
-	usedBy := func(tenant string) int {
-		for _, u := range e.usage() {
-			if u.Tenant == tenant {
-				return u.Used
-			}
-		}
-		return -1
-	}
-	if used := usedBy("vision"); used != 2 {
+	if used := e.usedBy("vision"); used != 2 {
 		t.Errorf("vision is charged %d GPUs, want 2: its lost allocation and the replacement are one job", used)
 	}
 	if out := e.brokerCLI("queue", "list"); !strings.Contains(out, queued) {
@@ -173,7 +159,7 @@ func TestGPUClientDies(t *testing.T) {
 	if running := e.waitRunning("vision", "waits"); running.NodeName == alloc.NodeName {
 		t.Errorf("waits placed on the dead node %s", running.NodeName)
 	}
-	if used := usedBy("vision"); used != 2 {
+	if used := e.usedBy("vision"); used != 2 {
 		t.Errorf("vision is charged %d GPUs, want 2", used)
 	}
 }
@@ -184,13 +170,7 @@ func TestGPUClientDies(t *testing.T) {
 func TestNomadRestartedWhileAdmitting(t *testing.T) {
 	consul := testcluster.StartConsul(t)
 	n := startGPUNode(t, "restart", 4, "vision")
-	e := &env{t: t, nomad: n, dir: t.TempDir(), policyDir: t.TempDir()}
-	writeFile(t, filepath.Join(e.policyDir, "policy.hcl"), twoTenantPolicy)
-	e.broker = testcluster.StartBrokerWith(t, n, consul, e.policyDir, testcluster.BrokerOptions{Config: `resync = "3s"`})
-	waitForView(t, 4, func() string {
-		out, _ := e.run("vision", "probe", 1, 5, "", false)
-		return out
-	})
+	e := brokerEnv(t, n, consul, twoTenantPolicy, "vision", 4, testcluster.BrokerOptions{Config: `resync = "3s"`})
 	if out, err := e.run("vision", "first", 1, 2, "", true); err != nil || !strings.Contains(out, "admitted") {
 		t.Fatalf("%v\n%s", err, out)
 	}

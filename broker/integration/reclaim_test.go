@@ -103,13 +103,7 @@ func TestReclaim(t *testing.T) {
 		}
 	}
 	setUtil()
-	e := &env{t: t, nomad: n, dir: t.TempDir(), policyDir: t.TempDir()}
-	writeFile(t, filepath.Join(e.policyDir, "policy.hcl"), reclaimPolicy)
-	e.broker = testcluster.StartBroker(t, n, consul, e.policyDir)
-	waitForView(t, 8, func() string {
-		out, _ := e.run("vision", "probe", 1, 9, "", false)
-		return out
-	})
+	e := brokerEnv(t, n, consul, reclaimPolicy, "vision", 8, testcluster.BrokerOptions{})
 	// setJobUtil sets the utilisation of the GPUs of a job's allocations.
 	setJobUtil := func(id string, u int) {
 		allocs, _, err := n.API.Jobs().Allocations(id, true, &api.QueryOptions{Namespace: "vision"})
@@ -327,21 +321,7 @@ reclaim_settings {
 func TestPreemptedBorrowedJobRunsAgainOnce(t *testing.T) {
 	consul := testcluster.StartConsul(t)
 	n := startGPUNode(t, "preempt", 4, "vision", "search")
-	e := &env{t: t, nomad: n, dir: t.TempDir(), policyDir: t.TempDir()}
-	writeFile(t, filepath.Join(e.policyDir, "policy.hcl"), preemptPolicy)
-	e.broker = testcluster.StartBroker(t, n, consul, e.policyDir)
-	waitForView(t, 4, func() string {
-		out, _ := e.run("vision", "probe", 1, 5, "", false)
-		return out
-	})
-	usedBy := func(tenant string) int {
-		for _, u := range e.usage() {
-			if u.Tenant == tenant {
-				return u.Used
-			}
-		}
-		return -1
-	}
+	e := brokerEnv(t, n, consul, preemptPolicy, "vision", 4, testcluster.BrokerOptions{})
 	for _, c := range []struct{ ns, id, want string }{
 		{"vision", "own", "borrowed: no"}, {"vision", "extra", "borrowed: yes"},
 	} {
@@ -361,7 +341,7 @@ func TestPreemptedBorrowedJobRunsAgainOnce(t *testing.T) {
 		}
 		return nil
 	})
-	if used := usedBy("vision"); used != 2 {
+	if used := e.usedBy("vision"); used != 2 {
 		t.Errorf("vision is charged %d GPUs, holds 2", used)
 	}
 	e.stop("search", "svc")
