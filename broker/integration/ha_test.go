@@ -99,6 +99,29 @@ func TestConcurrentAdmissionsThroughTwoBrokers(t *testing.T) {
 	}
 }
 
+// leaderOf is the advertise address of the broker holding the leader lock, "" if none.
+func leaderOf(consul *testcluster.Consul) string {
+	pair, _, err := consulKV(consul).Get("nomad-gpu/leader", nil)
+	if err != nil || pair == nil || pair.Session == "" {
+		return ""
+	}
+	return string(pair.Value)
+}
+
+// killLeader SIGKILLs the one of brokers that leads, and returns the other.
+func killLeader(t *testing.T, consul *testcluster.Consul, brokers []*testcluster.Broker) *testcluster.Broker {
+	t.Helper()
+	leader := leaderOf(consul)
+	for i, b := range brokers {
+		if b.Addr == leader {
+			b.Kill()
+			return brokers[1-i]
+		}
+	}
+	t.Fatalf("the leader %q is neither broker", leader)
+	return nil
+}
+
 func consulKV(c *testcluster.Consul) *consulapi.KV {
 	client, err := consulapi.NewClient(&consulapi.Config{Address: c.Addr})
 	if err != nil {
@@ -120,19 +143,12 @@ func TestLeaderKilledWhileAdmitting(t *testing.T) {
 		testcluster.StartBroker(t, n, consul, policyDir),
 	}
 	e := &env{t: t, nomad: n, dir: t.TempDir(), broker: brokers[0]}
-	leader := func() string {
-		pair, _, err := consulKV(consul).Get("nomad-gpu/leader", nil)
-		if err != nil || pair == nil || pair.Session == "" {
-			return ""
-		}
-		return string(pair.Value)
-	}
 	waitForView(t, 8, func() string {
 		out, _ := e.run("race", "probe", 1, 9, "", false)
 		return out
 	})
 	testcluster.WaitFor(t, 30*time.Second, "a leader", func() error {
-		if leader() == "" {
+		if leaderOf(consul) == "" {
 			return fmt.Errorf("no leader yet")
 		}
 		return nil
@@ -147,20 +163,11 @@ func TestLeaderKilledWhileAdmitting(t *testing.T) {
 			t.Fatalf("%v\n%s", err, out)
 		}
 	}
-	var killed, survivor *testcluster.Broker
-	for i, b := range brokers {
-		if b.Addr == leader() {
-			killed, survivor = b, brokers[1-i]
-		}
-	}
-	if killed == nil {
-		t.Fatalf("the leader %q is neither broker", leader())
-	}
 	if _, _, err := n.API.Jobs().Deregister("blocker", false, &api.WriteOptions{Namespace: "race"}); err != nil {
 		t.Fatal(err)
 	}
 	time.Sleep(200 * time.Millisecond) // the leader sees the change and starts admitting
-	killed.Kill()
+	survivor := killLeader(t, consul, brokers)
 
 	e.broker = survivor
 	for i := 0; i < queued; i++ {

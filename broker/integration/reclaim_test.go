@@ -377,3 +377,70 @@ func TestPreemptedBorrowedJobRunsAgainOnce(t *testing.T) {
 		t.Errorf("reclaim list:\n%s", out)
 	}
 }
+
+// TestReclaimDecisionSurvivesLeaderKill: the leader records a decision and is
+// SIGKILLed during its grace, before acting; the next leader carries it out,
+// once, without deciding it again.
+func TestReclaimDecisionSurvivesLeaderKill(t *testing.T) {
+	consul := testcluster.StartConsul(t)
+	n := startGPUNode(t, "reclaim-ha", 4, "vision")
+	policyDir := t.TempDir()
+	writeFile(t, filepath.Join(policyDir, "policy.hcl"), twoTenantPolicy+`
+reclaim_settings {
+  period = "1s"
+}
+reclaim "unadmitted" {
+  unadmitted = true
+  action     = "stop"
+  grace      = "5s"
+  mode       = "enforce"
+}
+`)
+	brokers := []*testcluster.Broker{
+		testcluster.StartBroker(t, n, consul, policyDir),
+		testcluster.StartBroker(t, n, consul, policyDir),
+	}
+	testcluster.WaitFor(t, 30*time.Second, "a leader", func() error {
+		if leaderOf(consul) == "" {
+			return fmt.Errorf("no leader yet")
+		}
+		return nil
+	})
+	direct := job("vision", "direct", api.JobTypeBatch).group("g", ptr(1), nil, task(dev("nvidia/gpu", 1))).j
+	if _, _, err := n.API.Jobs().Register(direct, nil); err != nil {
+		t.Fatal(err)
+	}
+	records := func(b *testcluster.Broker) []reclaim.Record {
+		req, _ := http.NewRequest(http.MethodGet, b.Addr+"/v1/gpu/reclaim", nil)
+		resp, err := b.Client.Do(req)
+		if err != nil {
+			return nil
+		}
+		defer resp.Body.Close()
+		var recs []reclaim.Record
+		json.NewDecoder(resp.Body).Decode(&recs)
+		return recs
+	}
+	testcluster.WaitFor(t, 30*time.Second, "a proposed decision", func() error {
+		if recs := records(brokers[0]); len(recs) != 1 || recs[0].State != reclaim.Proposed {
+			return fmt.Errorf("%+v", recs)
+		}
+		return nil
+	})
+	killedAt := time.Now()
+	survivor := killLeader(t, consul, brokers)
+	var recs []reclaim.Record
+	testcluster.WaitFor(t, 60*time.Second, "the decision carried out by the next leader", func() error {
+		if recs = records(survivor); len(recs) != 1 || recs[0].State != reclaim.Executed {
+			return fmt.Errorf("%+v", recs)
+		}
+		return nil
+	})
+	if job, _, err := n.API.Jobs().Info("direct", &api.QueryOptions{Namespace: "vision"}); err != nil || job.Stop == nil || !*job.Stop {
+		t.Errorf("direct not stopped: %v", err)
+	}
+	time.Sleep(3 * time.Second) // more passes: nothing decided again
+	if recs = records(survivor); len(recs) != 1 || !strings.Contains(recs[0].Result, "job stopped") || !recs[0].ActingSince.After(killedAt) {
+		t.Errorf("want one decision, carried out once, by the next leader: %+v", recs)
+	}
+}

@@ -229,21 +229,8 @@ func TestSoak(t *testing.T) {
 	// Kill the leader at a third of the run; measure the survivor's memory
 	// from then to the end.
 	time.Sleep(duration / 3)
-	pair, _, err := consulKV(consul).Get("nomad-gpu/leader", nil)
-	if err != nil || pair == nil {
-		t.Fatalf("no leader to kill: %v", err)
-	}
-	var survivor *testcluster.Broker
 	killedAt := time.Now()
-	for i, b := range brokers {
-		if b.Addr == string(pair.Value) {
-			b.Kill()
-			survivor = brokers[1-i]
-		}
-	}
-	if survivor == nil {
-		t.Fatalf("the leader %q is neither broker", pair.Value)
-	}
+	survivor := killLeader(t, consul, brokers)
 	time.Sleep(duration / 6)
 	rssFrom := survivor.RSS()
 	users.Wait()
