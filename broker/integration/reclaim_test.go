@@ -3,6 +3,7 @@ package integration
 import (
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -16,7 +17,9 @@ import (
 	"github.com/nomad-gpu/nomad-gpu/internal/testcluster"
 )
 
-const reclaimPolicy = `
+// reclaimBase is the reclaim tests' cluster policy: tenant vision with 8 GPUs
+// of training and dev work, a reclaim pass a second.
+const reclaimBase = `
 queue "training" { priority = 60 }
 queue "dev" { priority = 40 }
 tenant "vision" {
@@ -31,6 +34,9 @@ borrowing {
 reclaim_settings {
   period = "1s"
 }
+`
+
+const reclaimPolicy = reclaimBase + `
 reclaim "unadmitted" {
   unadmitted = true
   action     = "stop"
@@ -442,5 +448,63 @@ reclaim "unadmitted" {
 	time.Sleep(3 * time.Second) // more passes: nothing decided again
 	if recs = records(survivor); len(recs) != 1 || !strings.Contains(recs[0].Result, "job stopped") || !recs[0].ActingSince.After(killedAt) {
 		t.Errorf("want one decision, carried out once, by the next leader: %+v", recs)
+	}
+}
+
+// TestLifetime: a dev job is stopped at its lifetime, or earlier at its own
+// nomad-gpu.ttl; one asking for more than the rule's max_extend is refused
+// at admission, naming the rule.
+func TestLifetime(t *testing.T) {
+	consul := testcluster.StartConsul(t)
+	n := startGPUNode(t, "ttl", 4, "vision")
+	e := brokerEnv(t, n, consul, reclaimBase+`
+reclaim "dev-ttl" {
+  workload     = "dev"
+  max_lifetime = "8s"
+  max_extend   = "4s"
+  action       = "stop"
+  mode         = "enforce"
+}
+`, "vision", 4, testcluster.BrokerOptions{})
+	submit := func(id, ttl string) (int, string) {
+		j := job("vision", id, api.JobTypeBatch).group("g", ptr(1), nil, task(dev("nvidia/gpu", 1)))
+		j.j.Meta = map[string]string{"nomad-gpu.queue": "dev"}
+		if ttl != "" {
+			j.j.Meta["nomad-gpu.ttl"] = ttl
+		}
+		req, _ := http.NewRequest(http.MethodPut, e.broker.Addr+"/v1/jobs", strings.NewReader(j.body(nil, canonical)))
+		resp, err := e.broker.Client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var b strings.Builder
+		io.Copy(&b, resp.Body)
+		return resp.StatusCode, b.String()
+	}
+	if status, out := submit("too-long", "13s"); status != http.StatusForbidden || !strings.Contains(out, "rejected by rule dev-ttl") {
+		t.Errorf("ttl beyond max_extend: %d %s", status, out)
+	}
+	start := time.Now()
+	for _, c := range []struct{ id, ttl string }{{"short", "3s"}, {"default", ""}} {
+		if status, out := submit(c.id, c.ttl); status != http.StatusOK || !strings.Contains(out, "admitted") {
+			t.Fatalf("%s: %d %s", c.id, status, out)
+		}
+	}
+	stoppedAfter := func(id string) time.Duration {
+		var at time.Duration
+		testcluster.WaitFor(t, 40*time.Second, id+" stopped", func() error {
+			job, _, err := n.API.Jobs().Info(id, &api.QueryOptions{Namespace: "vision"})
+			if err != nil || job.Stop == nil || !*job.Stop {
+				return fmt.Errorf("running (%v)", err)
+			}
+			at = time.Since(start)
+			return nil
+		})
+		return at
+	}
+	short, def := stoppedAfter("short"), stoppedAfter("default")
+	if short >= def || def < 8*time.Second {
+		t.Errorf("stopped after %s (ttl 3s) and %s (lifetime 8s)", short, def)
 	}
 }
