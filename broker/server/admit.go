@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"strings"
 
 	"github.com/hashicorp/nomad/api"
@@ -300,8 +301,14 @@ func (s *Server) withinQueueLimits(rj *gpuJobRequest, tenant string, entries []q
 // mayRegister asks Nomad to plan the job with the caller's token: a plan needs
 // the same submit-job capability as a registration and changes nothing.
 func (s *Server) mayRegister(r *http.Request, rj *gpuJobRequest) error {
-	body, _ := json.Marshal(map[string]any{"Job": json.RawMessage(rj.Doc.Root().Get("Job").Bytes())})
-	return s.asCaller(r, http.MethodPost, "/v1/job/"+rj.JobID+"/plan", rj.Namespace, body, nil)
+	return s.planAsCaller(r, rj.Namespace, rj.JobID, rj.Doc.Root().Get("Job").Bytes())
+}
+
+// planAsCaller plans job (its JSON) with the caller's token: Nomad answers
+// it only to a token that may submit the job in namespace ns.
+func (s *Server) planAsCaller(r *http.Request, ns, id string, job json.RawMessage) error {
+	body, _ := json.Marshal(map[string]any{"Job": job})
+	return s.asCaller(r, http.MethodPost, "/v1/job/"+url.PathEscape(id)+"/plan", ns, body, nil)
 }
 
 // position is the entry's 1-based place in admission order.

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"strings"
 	"testing"
 	"time"
@@ -428,5 +429,16 @@ func TestReclaimDecisionsAPI(t *testing.T) {
 	}
 	if r, _ := mem.Get(t.Context(), id(1)); r.State != reclaim.Cancelled || r.Result != "cancelled by ana (acc-ana)" {
 		t.Errorf("record after cancel: %+v", r)
+	}
+}
+
+func TestLookupsReachJobsWhoseIDsNeedEscaping(t *testing.T) {
+	for _, id := range []string{"team/train", "train 50%", "a?b"} {
+		s, up, _, _ := newTestServer(t)
+		up.jobs[id] = testbuild.Job("vision", id).Priority(60).Group("g", 1, 1, "gpu").Build()
+		path := "/v1/job/" + url.PathEscape(id) + "/scale?namespace=vision"
+		if rec := do(s, http.MethodPut, path, `{"Count":2,"Target":{"Group":"g"}}`); rec.Code != http.StatusOK {
+			t.Errorf("scale of %q: %d %s", id, rec.Code, rec.Body)
+		}
 	}
 }

@@ -290,10 +290,15 @@ func (s *Server) get(r *http.Request, path, ns string, out any) error {
 }
 
 // asCaller calls Nomad with the caller's token headers and decodes a 200
-// answer into out (if not nil); any other answer is a *lookupError.
+// answer into out (if not nil); any other answer is a *lookupError. path is
+// escaped (ids through url.PathEscape): it is sent as it is.
 func (s *Server) asCaller(r *http.Request, method, path, ns string, body []byte, out any) error {
 	u := *s.upstream
-	u.Path = path
+	unescaped, err := url.PathUnescape(path)
+	if err != nil {
+		return fmt.Errorf("path %q: %w", path, err)
+	}
+	u.Path, u.RawPath = unescaped, path
 	if ns != "" {
 		u.RawQuery = "namespace=" + url.QueryEscape(ns)
 	}

@@ -82,11 +82,22 @@ func (s *Server) reclaimDecision(w http.ResponseWriter, r *http.Request, id, who
 	}
 }
 
-// mayWriteJob reports whether the caller may write job id in namespace ns:
-// with exclusive enforcement in a tenant's namespace, as one of its
-// submitters; otherwise as Nomad says for a plan of the job with the
-// caller's token (a plan needs submit-job and changes nothing).
+// mayWriteJob is mayWrite for the job as Nomad has it, read as the caller.
 func (s *Server) mayWriteJob(r *http.Request, ns, id string) bool {
+	if !s.acls {
+		return true
+	}
+	var job json.RawMessage
+	if s.get(r, "/v1/job/"+url.PathEscape(id), ns, &job) != nil {
+		return false
+	}
+	return s.mayWrite(r, ns, id, job)
+}
+
+// mayWrite reports whether the caller may write job id (its JSON) in
+// namespace ns: with exclusive enforcement in a tenant's namespace, as one of
+// its submitters; otherwise as Nomad says for a plan with the caller's token.
+func (s *Server) mayWrite(r *http.Request, ns, id string, job json.RawMessage) bool {
 	if !s.acls {
 		return true
 	}
@@ -94,10 +105,5 @@ func (s *Server) mayWriteJob(r *http.Request, ns, id string) bool {
 		g, err := s.grants(r)
 		return err == nil && t.MaySubmit(g)
 	}
-	var job json.RawMessage
-	if s.get(r, "/v1/job/"+url.PathEscape(id), ns, &job) != nil {
-		return false
-	}
-	body, _ := json.Marshal(map[string]any{"Job": job})
-	return s.asCaller(r, http.MethodPost, "/v1/job/"+url.PathEscape(id)+"/plan", ns, body, nil) == nil
+	return s.planAsCaller(r, ns, id, job) == nil
 }
