@@ -136,16 +136,8 @@ func TestReclaim(t *testing.T) {
 		setJobUtil(id, 0)
 	}
 	decisions := func() map[string]reclaim.Record {
-		req, _ := http.NewRequest(http.MethodGet, e.broker.Addr+"/v1/gpu/reclaim", nil)
-		resp, err := e.broker.Client.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		var recs []reclaim.Record
-		json.NewDecoder(resp.Body).Decode(&recs)
 		out := map[string]reclaim.Record{}
-		for _, r := range recs {
+		for _, r := range reclaimRecords(e.broker) {
 			out[r.Job] = r
 		}
 		return out
@@ -416,19 +408,8 @@ reclaim "unadmitted" {
 	if _, _, err := n.API.Jobs().Register(direct, nil); err != nil {
 		t.Fatal(err)
 	}
-	records := func(b *testcluster.Broker) []reclaim.Record {
-		req, _ := http.NewRequest(http.MethodGet, b.Addr+"/v1/gpu/reclaim", nil)
-		resp, err := b.Client.Do(req)
-		if err != nil {
-			return nil
-		}
-		defer resp.Body.Close()
-		var recs []reclaim.Record
-		json.NewDecoder(resp.Body).Decode(&recs)
-		return recs
-	}
 	testcluster.WaitFor(t, 30*time.Second, "a proposed decision", func() error {
-		if recs := records(brokers[0]); len(recs) != 1 || recs[0].State != reclaim.Proposed {
+		if recs := reclaimRecords(brokers[0]); len(recs) != 1 || recs[0].State != reclaim.Proposed {
 			return fmt.Errorf("%+v", recs)
 		}
 		return nil
@@ -437,7 +418,7 @@ reclaim "unadmitted" {
 	survivor := killLeader(t, consul, brokers)
 	var recs []reclaim.Record
 	testcluster.WaitFor(t, 60*time.Second, "the decision carried out by the next leader", func() error {
-		if recs = records(survivor); len(recs) != 1 || recs[0].State != reclaim.Executed {
+		if recs = reclaimRecords(survivor); len(recs) != 1 || recs[0].State != reclaim.Executed {
 			return fmt.Errorf("%+v", recs)
 		}
 		return nil
@@ -446,7 +427,7 @@ reclaim "unadmitted" {
 		t.Errorf("direct not stopped: %v", err)
 	}
 	time.Sleep(3 * time.Second) // more passes: nothing decided again
-	if recs = records(survivor); len(recs) != 1 || !strings.Contains(recs[0].Result, "job stopped") || !recs[0].ActingSince.After(killedAt) {
+	if recs = reclaimRecords(survivor); len(recs) != 1 || !strings.Contains(recs[0].Result, "job stopped") || !recs[0].ActingSince.After(killedAt) {
 		t.Errorf("want one decision, carried out once, by the next leader: %+v", recs)
 	}
 }
@@ -507,4 +488,18 @@ reclaim "dev-ttl" {
 	if short >= def || def < 8*time.Second {
 		t.Errorf("stopped after %s (ttl 3s) and %s (lifetime 8s)", short, def)
 	}
+}
+
+// reclaimRecords are the reclaim decisions broker b lists (none when it
+// cannot be reached).
+func reclaimRecords(b *testcluster.Broker) []reclaim.Record {
+	req, _ := http.NewRequest(http.MethodGet, b.Addr+"/v1/gpu/reclaim", nil)
+	resp, err := b.Client.Do(req)
+	if err != nil {
+		return nil
+	}
+	defer resp.Body.Close()
+	var recs []reclaim.Record
+	json.NewDecoder(resp.Body).Decode(&recs)
+	return recs
 }

@@ -8,49 +8,15 @@ import (
 	"github.com/nomad-gpu/nomad-gpu/broker/policy"
 )
 
-// The rules of issue 7, one attribute a line (HCL allows a single-line block
-// only with a single attribute).
-const reclaimRules = `
-reclaim "idle-dev" {
-  workload   = "dev"
-  idle_below = 5
-  idle_for   = "30m"
-  action     = "stop"
-  grace      = "5m"
-  mode       = "enforce"
-}
-reclaim "dev-ttl" {
-  workload     = "dev"
-  max_lifetime = "8h"
-  max_extend   = "4h"
-  action       = "stop"
-  mode         = "enforce"
-}
-reclaim "sick-gpu" {
-  device_unhealthy_for = "2m"
-  action               = "reschedule"
-  mode                 = "enforce"
-}
-reclaim "crash-loop" {
-  restarts_above = 5
-  within         = "30m"
-  action         = "stop"
-  mode           = "enforce"
-}
-reclaim "unadmitted" {
-  unadmitted = true
-  action     = "stop"
-  grace      = "0s"
-}
-`
-
 // rule writes a reclaim block "r" with one attribute a line, from line 2.
 func rule(attrs ...string) string {
 	return "reclaim \"r\" {\n  " + strings.Join(attrs, "\n  ") + "\n}\n"
 }
 
+// The example policies carry issue 7's rules, one attribute a line (HCL
+// allows a single-line block only with a single attribute).
 func TestReclaimRulesAsWritten(t *testing.T) {
-	p, diags := policy.Parse(map[string][]byte{"queues.hcl": []byte(queues), "reclaim.hcl": []byte(reclaimRules)}, 0)
+	p, diags := policy.LoadDir("../../policies", 0)
 	if p == nil {
 		t.Fatal(policy.FormatDiagnostics(diags))
 	}
@@ -73,8 +39,9 @@ func TestReclaimRulesAsWritten(t *testing.T) {
 	if cl := p.Reclaim["crash-loop"]; cl.RestartsAbove != 5 || cl.Within != 30*time.Minute {
 		t.Errorf("crash-loop: %+v", cl)
 	}
+	p, diags = policy.Parse(map[string][]byte{"queues.hcl": []byte(queues)}, 0)
 	if s := p.ReclaimSettings; s.Period != 30*time.Second || s.Retention != 30*24*time.Hour {
-		t.Errorf("default reclaim_settings: %+v", s)
+		t.Errorf("default reclaim_settings: %+v %s", s, policy.FormatDiagnostics(diags))
 	}
 	p, diags = policy.Parse(map[string][]byte{"queues.hcl": []byte(queues + "reclaim_settings {\n  period = \"5s\"\n  retention = \"48h\"\n}\n")}, 0)
 	if p == nil || p.ReclaimSettings.Period != 5*time.Second || p.ReclaimSettings.Retention != 48*time.Hour {

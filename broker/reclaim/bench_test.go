@@ -6,14 +6,13 @@ import (
 	"time"
 
 	"github.com/nomad-gpu/nomad-gpu/broker/reclaim"
-	"github.com/nomad-gpu/nomad-gpu/internal/testbuild"
 )
 
 // BenchmarkPass is one reclaim pass under five rules over recorded samples:
 // 100 allocations on 10 nodes (the baseline), and 10,000 on 1,000 nodes of 8
 // GPUs (goal: under 50 ms a pass).
 func BenchmarkPass(b *testing.B) {
-	p := testbuild.Policy(b, rules)
+	p := examplePolicy(b)
 	for _, nodes := range []int{10, 1000} {
 		b.Run(fmt.Sprintf("allocs=%d/nodes=%d", nodes*10, nodes), func(b *testing.B) {
 			var allocs []reclaim.Alloc

@@ -8,44 +8,17 @@ import (
 
 	"github.com/nomad-gpu/nomad-gpu/broker/policy"
 	"github.com/nomad-gpu/nomad-gpu/broker/reclaim"
-	"github.com/nomad-gpu/nomad-gpu/internal/testbuild"
 )
 
-const rules = `
-queue "dev" { priority = 40 }
-queue "training" { priority = 60 }
-tenant "vision" {
-  namespaces = ["vision"]
-  queues     = ["training", "dev"]
+// examplePolicy is the example policy set, with issue 7's reclaim rules.
+func examplePolicy(t testing.TB) *policy.Policy {
+	t.Helper()
+	p, diags := policy.LoadDir("../../policies", 0)
+	if p == nil {
+		t.Fatal(policy.FormatDiagnostics(diags))
+	}
+	return p
 }
-reclaim "idle-dev" {
-  workload   = "dev"
-  idle_below = 5
-  idle_for   = "30m"
-  action     = "stop"
-  grace      = "5m"
-  mode       = "enforce"
-}
-reclaim "dev-ttl" {
-  workload     = "dev"
-  max_lifetime = "8h"
-  max_extend   = "4h"
-  action       = "stop"
-}
-reclaim "sick-gpu" {
-  device_unhealthy_for = "2m"
-  action               = "reschedule"
-}
-reclaim "crash-loop" {
-  restarts_above = 5
-  within         = "30m"
-  action         = "stop"
-}
-reclaim "unadmitted" {
-  unadmitted = true
-  action     = "stop"
-}
-`
 
 var t0 = time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
 
@@ -82,7 +55,7 @@ func summary(ds []reclaim.Decision) string {
 }
 
 func TestIdleIsTheMinimumNotTheAverage(t *testing.T) {
-	p := testbuild.Policy(t, rules)
+	p := examplePolicy(t)
 	e := reclaim.New()
 	a := dev("a1", "notebook", "g0", "g1")
 	idle := utilization(0, "g0", "g1")
@@ -126,7 +99,7 @@ func TestIdleIsTheMinimumNotTheAverage(t *testing.T) {
 }
 
 func TestLifetimeAndTheJobsOwnTTL(t *testing.T) {
-	p := testbuild.Policy(t, rules)
+	p := examplePolicy(t)
 	cases := []struct {
 		ttl       time.Duration
 		age       time.Duration
@@ -155,7 +128,7 @@ func TestLifetimeAndTheJobsOwnTTL(t *testing.T) {
 }
 
 func TestSickGPUReschedulesOnlyItsAllocation(t *testing.T) {
-	p := testbuild.Policy(t, rules)
+	p := examplePolicy(t)
 	e := reclaim.New()
 	allocs := []reclaim.Alloc{dev("a1", "train", "g0"), dev("a2", "train", "g1")}
 	gpus := utilization(90, "g0", "g1")
@@ -171,7 +144,7 @@ func TestSickGPUReschedulesOnlyItsAllocation(t *testing.T) {
 }
 
 func TestCrashLoopCountsRestartsWithinTheWindow(t *testing.T) {
-	p := testbuild.Policy(t, rules)
+	p := examplePolicy(t)
 	now := t0.Add(time.Hour)
 	for _, c := range []struct {
 		restarts []time.Duration // ago
@@ -193,7 +166,7 @@ func TestCrashLoopCountsRestartsWithinTheWindow(t *testing.T) {
 }
 
 func TestUnadmittedAndSelectors(t *testing.T) {
-	p := testbuild.Policy(t, rules)
+	p := examplePolicy(t)
 	bypass := reclaim.Alloc{ID: "b1", Namespace: "vision", JobID: "direct", StartedAt: t0.Add(-24 * time.Hour), GPUs: []string{"g0"}}
 	admitted := dev("a1", "notebook", "g1")
 	training := dev("t1", "train", "g2")
@@ -210,7 +183,7 @@ func TestUnadmittedAndSelectors(t *testing.T) {
 }
 
 func TestARuleMatchingSomeAllocationsOfAJobStopsThoseOnly(t *testing.T) {
-	p := testbuild.Policy(t, rules)
+	p := examplePolicy(t)
 	e := reclaim.New()
 	allocs := []reclaim.Alloc{dev("a1", "notebook", "g0"), dev("a2", "notebook", "g1")}
 	gpus := utilization(0, "g0", "g1")
@@ -222,7 +195,7 @@ func TestARuleMatchingSomeAllocationsOfAJobStopsThoseOnly(t *testing.T) {
 }
 
 func TestAPreemptedBorrowedJobIsRequeuedWithoutARule(t *testing.T) {
-	p := testbuild.Policy(t, rules)
+	p := examplePolicy(t)
 	borrowed := dev("a1", "borrower", "g0")
 	borrowed.Borrowed, borrowed.Preempted = true, true
 	owned := dev("a2", "owner", "g1")
