@@ -12,12 +12,14 @@ import (
 	"github.com/nomad-gpu/nomad-gpu/broker/nomadjob"
 )
 
-// Snapshot is a full listing: nodes, live jobs, active deployments, and the
-// index the event stream resumes after.
+// Snapshot is a full listing: nodes, live jobs, active deployments,
+// allocations (those holding GPUs at least), and the index the event stream
+// resumes after.
 type Snapshot struct {
 	Nodes       []*api.Node
 	Jobs        []*api.Job
 	Deployments []*api.Deployment
+	Allocs      []*api.Allocation
 	Index       uint64
 }
 
@@ -33,7 +35,8 @@ var errResync = errors.New("periodic resync")
 // Follow lists everything once, then applies Nomad's events from that index on;
 // when the stream breaks it lists everything again (a missed event must not leave
 // the view wrong), and so it does on every tick of resync: Nomad v1.6 sends no
-// event when a job is purged, so only a listing drops it. It returns when ctx ends.
+// event when a job is purged or an allocation collected, so only a listing
+// drops them. It returns when ctx ends.
 func (v *View) Follow(ctx context.Context, src Source, log hclog.Logger, resync <-chan time.Time) {
 	backoff := time.Second
 	for ctx.Err() == nil {
@@ -60,7 +63,7 @@ func (v *View) followOnce(ctx context.Context, src Source, resync <-chan time.Ti
 	if err != nil {
 		return fmt.Errorf("list cluster: %w", err)
 	}
-	v.Reset(snap.Nodes, snap.Jobs, snap.Deployments)
+	v.Reset(snap)
 	events, err := src.Events(ctx, snap.Index+1)
 	if err != nil {
 		return fmt.Errorf("open event stream: %w", err)
@@ -115,6 +118,12 @@ func (v *View) apply(e *api.Event) error {
 			return fmt.Errorf("decode deployment event: %v", err)
 		}
 		v.ObserveDeployment(d)
+	case api.TopicAllocation:
+		a, err := e.Allocation()
+		if err != nil || a == nil {
+			return fmt.Errorf("decode allocation event: %v", err)
+		}
+		v.ObserveAlloc(a)
 	}
 	return nil
 }

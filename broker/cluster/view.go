@@ -27,8 +27,10 @@ type View struct {
 	held     map[string]*byModel       // GPUs live jobs hold, by namespace
 	total    map[string]int            // GPUs live jobs hold, by model, all namespaces
 	reserved map[jobKey]reservation    // admitted, maybe not seen in an event yet
+	allocs   map[string]Alloc          // allocations holding GPUs, by id
 	nextRes  uint64
 	changed  chan struct{}
+	synced   bool // a full listing has been applied
 
 	// Derived from nodes under one policy; recomputed when either changes.
 	nodesDirty bool
@@ -39,7 +41,8 @@ type View struct {
 
 type node struct {
 	schedulable bool
-	gpus        map[string]int // healthy GPUs by model
+	gpus        map[string]int  // healthy GPUs by model
+	healthy     map[string]bool // each GPU's health, by device id
 }
 
 type jobKey struct{ namespace, id string }
@@ -80,7 +83,7 @@ func NewView(verify func(*api.Job) bool) *View {
 	}
 	return &View{verify: verify, now: time.Now, nodes: map[string]node{}, jobs: map[jobKey]job{},
 		canaries: map[jobKey]map[string]int{}, held: map[string]*byModel{}, total: map[string]int{},
-		reserved: map[jobKey]reservation{}, changed: make(chan struct{}, 1), nodesDirty: true}
+		reserved: map[jobKey]reservation{}, allocs: map[string]Alloc{}, changed: make(chan struct{}, 1), nodesDirty: true}
 }
 
 // SetClock replaces the clock reservations expire by (tests).
@@ -96,44 +99,64 @@ func (v *View) notify() {
 	}
 }
 
-// Reset replaces the whole view, after a full listing.
-func (v *View) Reset(nodes []*api.Node, jobs []*api.Job, deployments []*api.Deployment) {
+// Reset replaces the whole view with a full listing, at once: a decision
+// never sees it half rebuilt.
+func (v *View) Reset(snap Snapshot) {
 	v.mu.Lock()
 	v.nodes, v.jobs, v.held, v.total, v.nodesDirty = map[string]node{}, map[jobKey]job{}, map[string]*byModel{}, map[string]int{}, true
-	v.canaries = map[jobKey]map[string]int{}
+	v.canaries, v.allocs = map[jobKey]map[string]int{}, map[string]Alloc{}
+	for _, n := range snap.Nodes {
+		v.observeNode(n)
+	}
+	for _, j := range snap.Jobs {
+		v.observeJob(j)
+	}
+	for _, d := range snap.Deployments {
+		v.observeDeployment(d)
+	}
+	for _, a := range snap.Allocs {
+		v.observeAlloc(a)
+	}
+	v.synced = true
 	v.mu.Unlock()
-	for _, n := range nodes {
-		v.ObserveNode(n)
-	}
-	for _, j := range jobs {
-		v.ObserveJob(j)
-	}
-	for _, d := range deployments {
-		v.ObserveDeployment(d)
-	}
 	v.notify()
+}
+
+// Synced reports whether a full listing has been applied.
+func (v *View) Synced() bool {
+	v.mu.RLock()
+	defer v.mu.RUnlock()
+	return v.synced
 }
 
 // ObserveNode records a node's schedulable, healthy GPUs.
 func (v *View) ObserveNode(n *api.Node) {
+	v.mu.Lock()
+	v.observeNode(n)
+	v.mu.Unlock()
+	v.notify()
+}
+
+func (v *View) observeNode(n *api.Node) {
 	nd := node{schedulable: n.Status == api.NodeStatusReady && n.SchedulingEligibility != api.NodeSchedulingIneligible,
-		gpus: map[string]int{}}
+		gpus: map[string]int{}, healthy: map[string]bool{}}
 	if n.NodeResources != nil {
 		for _, d := range n.NodeResources.Devices {
 			if d == nil || !nomadjob.IsGPUGroup(d.Vendor, d.Type) {
 				continue
 			}
 			for _, inst := range d.Instances {
-				if inst != nil && inst.Healthy {
+				if inst == nil {
+					continue
+				}
+				nd.healthy[inst.ID] = inst.Healthy
+				if inst.Healthy {
 					nd.gpus[d.Name]++
 				}
 			}
 		}
 	}
-	v.mu.Lock()
 	v.nodes[n.ID], v.nodesDirty = nd, true
-	v.mu.Unlock()
-	v.notify()
 }
 
 // ForgetNode drops a deregistered node.
@@ -176,6 +199,13 @@ func (v *View) nodesFitting(model string, gpus int) int {
 // ObserveJob records a job's GPU demand while it is live (not stopped, not
 // dead). An event about an older version than the one recorded is ignored.
 func (v *View) ObserveJob(j *api.Job) {
+	v.mu.Lock()
+	v.observeJob(j)
+	v.mu.Unlock()
+	v.notify()
+}
+
+func (v *View) observeJob(j *api.Job) {
 	if j.ID == nil {
 		return
 	}
@@ -186,9 +216,7 @@ func (v *View) ObserveJob(j *api.Job) {
 	if j.JobModifyIndex != nil {
 		modifyIndex = *j.JobModifyIndex
 	}
-	v.mu.Lock()
 	if old, ok := v.jobs[key]; ok && modifyIndex < old.modifyIndex {
-		v.mu.Unlock()
 		return
 	}
 	// Nomad has already canonicalised the counts of a job it returns; a job
@@ -199,13 +227,18 @@ func (v *View) ObserveJob(j *api.Job) {
 		jb := job{groups: a.Groups, borrowed: borrowed, modifyIndex: modifyIndex}
 		v.add(key, jb)
 	}
-	v.mu.Unlock()
-	v.notify()
 }
 
 // ObserveDeployment records the canaries an active, unpromoted deployment
 // places beside the job's current allocations.
 func (v *View) ObserveDeployment(d *api.Deployment) {
+	v.mu.Lock()
+	v.observeDeployment(d)
+	v.mu.Unlock()
+	v.notify()
+}
+
+func (v *View) observeDeployment(d *api.Deployment) {
 	key := jobKey{d.Namespace, d.JobID}
 	canaries := map[string]int{}
 	switch d.Status {
@@ -217,8 +250,6 @@ func (v *View) ObserveDeployment(d *api.Deployment) {
 			}
 		}
 	}
-	v.mu.Lock()
-	defer v.mu.Unlock()
 	old, ok := v.jobs[key]
 	if ok {
 		v.remove(key)
@@ -231,7 +262,6 @@ func (v *View) ObserveDeployment(d *api.Deployment) {
 	if ok {
 		v.add(key, old)
 	}
-	v.notify()
 }
 
 // ForgetJob drops a deregistered job.

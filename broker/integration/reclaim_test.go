@@ -170,15 +170,30 @@ func TestReclaim(t *testing.T) {
 	if _, _, err := n.API.Jobs().Register(direct, nil); err != nil {
 		t.Fatal(err)
 	}
+	// Straight to Nomad too, with the admission meta of an admitted job.
+	admitted, _, err := n.API.Jobs().Info("busy-nb", &api.QueryOptions{Namespace: "vision"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	copied := job("vision", "copied", api.JobTypeBatch).group("g", ptr(1), nil, task(dev("nvidia/gpu", 1))).j
+	copied.Meta = admitted.Meta
+	if _, _, err := n.API.Jobs().Register(copied, nil); err != nil {
+		t.Fatal(err)
+	}
 	for _, id := range []string{"idle-nb", "keep-nb", "train"} {
 		idle("vision", id)
 	}
 	e.waitRunning("vision", "busy-nb")
 
-	t.Run("a GPU job registered straight to Nomad is stopped by rule unadmitted", func(t *testing.T) {
-		rec := waitDecision("direct", reclaim.Executed)
-		if !stopped("direct") || rec.Rule != "unadmitted" || !strings.Contains(rec.Result, "job stopped") || rec.Evidence == "" {
-			t.Errorf("stopped %t, record %+v", stopped("direct"), rec)
+	t.Run("a GPU job registered straight to Nomad is stopped by rule unadmitted, with copied meta too", func(t *testing.T) {
+		for _, id := range []string{"direct", "copied"} {
+			rec := waitDecision(id, reclaim.Executed)
+			if !stopped(id) || rec.Rule != "unadmitted" || !strings.Contains(rec.Result, "job stopped") || rec.Evidence == "" {
+				t.Errorf("%s: stopped %t, record %+v", id, stopped(id), rec)
+			}
+		}
+		if stopped("busy-nb") {
+			t.Error("the job whose meta was copied was stopped")
 		}
 	})
 	t.Run("a cancelled decision is never carried out", func(t *testing.T) {
@@ -406,6 +421,16 @@ reclaim "unadmitted" {
 	})
 	direct := job("vision", "direct", api.JobTypeBatch).group("g", ptr(1), nil, task(dev("nvidia/gpu", 1))).j
 	if _, _, err := n.API.Jobs().Register(direct, nil); err != nil {
+		t.Fatal(err)
+	}
+	// Straight to Nomad too, with the admission meta of an admitted job.
+	admitted, _, err := n.API.Jobs().Info("busy-nb", &api.QueryOptions{Namespace: "vision"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	copied := job("vision", "copied", api.JobTypeBatch).group("g", ptr(1), nil, task(dev("nvidia/gpu", 1))).j
+	copied.Meta = admitted.Meta
+	if _, _, err := n.API.Jobs().Register(copied, nil); err != nil {
 		t.Fatal(err)
 	}
 	testcluster.WaitFor(t, 30*time.Second, "a proposed decision", func() error {

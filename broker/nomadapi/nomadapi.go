@@ -57,8 +57,9 @@ func New(address, token string, tls *api.TLSConfig) (*Client, error) {
 // HTTPClient is the HTTP client configured for Nomad (TLS included).
 func (c *Client) HTTPClient() *http.Client { return c.http }
 
-// List returns every node, every live job and every active deployment (all
-// namespaces) with the index the event stream should resume after.
+// List returns every node, every live job, every active deployment and
+// every allocation (all namespaces) with the index the event stream should
+// resume after.
 func (c *Client) List(ctx context.Context) (cluster.Snapshot, error) {
 	nodes, jobs, index, err := c.list(ctx)
 	if err != nil {
@@ -77,7 +78,19 @@ func (c *Client) List(ctx context.Context) (cluster.Snapshot, error) {
 			active = append(active, d)
 		}
 	}
-	return cluster.Snapshot{Nodes: nodes, Jobs: jobs, Deployments: active, Index: max(index, meta.LastIndex)}, nil
+	index = max(index, meta.LastIndex)
+	stubs, meta, err := c.api.Allocations().List((&api.QueryOptions{Namespace: "*", Params: map[string]string{"resources": "true"}}).WithContext(ctx))
+	if err != nil {
+		return cluster.Snapshot{}, fmt.Errorf("list allocations: %w", err)
+	}
+	allocs := make([]*api.Allocation, 0, len(stubs))
+	for _, s := range stubs {
+		allocs = append(allocs, &api.Allocation{ID: s.ID, Namespace: s.Namespace, JobID: s.JobID, TaskGroup: s.TaskGroup,
+			NodeID: s.NodeID, DesiredStatus: s.DesiredStatus, ClientStatus: s.ClientStatus,
+			PreemptedByAllocation: s.PreemptedByAllocation, AllocatedResources: s.AllocatedResources, TaskStates: s.TaskStates,
+			CreateIndex: s.CreateIndex, ModifyIndex: s.ModifyIndex})
+	}
+	return cluster.Snapshot{Nodes: nodes, Jobs: jobs, Deployments: active, Allocs: allocs, Index: max(index, meta.LastIndex)}, nil
 }
 
 func (c *Client) list(ctx context.Context) ([]*api.Node, []*api.Job, uint64, error) {
@@ -115,9 +128,11 @@ func (c *Client) list(ctx context.Context) ([]*api.Node, []*api.Job, uint64, err
 	return nodes, jobs, index, nil
 }
 
-// Events streams node, job and deployment events of every namespace from index.
+// Events streams node, job, deployment and allocation events of every
+// namespace from index.
 func (c *Client) Events(ctx context.Context, index uint64) (<-chan *api.Events, error) {
-	topics := map[api.Topic][]string{api.TopicNode: {"*"}, api.TopicJob: {"*"}, api.TopicDeployment: {"*"}}
+	topics := map[api.Topic][]string{api.TopicNode: {"*"}, api.TopicJob: {"*"}, api.TopicDeployment: {"*"},
+		api.TopicAllocation: {"*"}}
 	return c.api.EventStream().Stream(ctx, topics, index, &api.QueryOptions{Namespace: "*"})
 }
 

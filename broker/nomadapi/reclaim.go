@@ -9,97 +9,116 @@ import (
 
 	"github.com/hashicorp/nomad/api"
 
+	"github.com/nomad-gpu/nomad-gpu/broker/cluster"
 	"github.com/nomad-gpu/nomad-gpu/broker/nomadjob"
 	"github.com/nomad-gpu/nomad-gpu/broker/reclaim"
 )
 
-// Observer reads what the reclaim rules look at: every running allocation
-// that holds GPUs, its job's admission, and for each node with such
-// allocations one stats call (utilisation of every GPU) and one node read
-// (device health).
+// Allocations is where the observer finds the GPU allocations and the
+// health of each GPU: the cluster view, kept from Nomad's event stream.
+type Allocations interface {
+	Synced() bool
+	GPUAllocs() []cluster.Alloc
+	GPUHealth(nodeID string) map[string]bool
+}
+
+// Observer gives the reclaim rules what they look at: every GPU allocation
+// (from the view), its job's admission (read from Nomad once per job
+// version), and for each node holding running GPU allocations one stats
+// call, which carries every GPU's utilisation.
 type Observer struct {
 	Client *Client
+	View   Allocations
 	// Verify checks a job's admission.
 	Verify func(context.Context, *api.Job) bool
+
+	jobs map[[2]string]observedJob
+}
+
+// observedJob is what a job version says about its allocations.
+type observedJob struct {
+	index             uint64 // JobModifyIndex it was read at
+	stopped, admitted bool
+	borrowed          bool
+	tenant, queue     string
+	workload          string
+	ttl               time.Duration
 }
 
 // Observe implements reclaimer.Observer.
 func (o *Observer) Observe(ctx context.Context) ([]reclaim.Alloc, map[string]reclaim.GPU, error) {
-	q := (&api.QueryOptions{Namespace: "*", Params: map[string]string{"resources": "true"}}).WithContext(ctx)
-	stubs, _, err := o.Client.api.Allocations().List(q)
-	if err != nil {
-		return nil, nil, fmt.Errorf("list allocations: %w", err)
+	if !o.View.Synced() {
+		return nil, nil, errors.New("the cluster view has not listed Nomad yet")
 	}
-	jobs := map[[2]string]*api.Job{}
+	seen := map[[2]string]observedJob{}
 	nodes := map[string]bool{}
 	var allocs []reclaim.Alloc
-	for _, s := range stubs {
-		// Pending too: a task waiting to restart holds its GPUs all the same.
-		// And preempted ones, for the built-in requeue of borrowed jobs.
-		preempted := s.DesiredStatus == api.AllocDesiredStatusEvict && s.PreemptedByAllocation != ""
-		if !preempted && (s.DesiredStatus != api.AllocDesiredStatusRun ||
-			(s.ClientStatus != api.AllocClientStatusRunning && s.ClientStatus != api.AllocClientStatusPending)) {
-			continue
-		}
-		gpus := gpuIDs(s.AllocatedResources)
-		if len(gpus) == 0 {
-			continue
-		}
+	for _, s := range o.View.GPUAllocs() {
 		key := [2]string{s.Namespace, s.JobID}
-		job, ok := jobs[key]
+		job, ok := seen[key]
 		if !ok {
-			if job, _, err = o.Client.api.Jobs().Info(s.JobID, (&api.QueryOptions{Namespace: s.Namespace}).WithContext(ctx)); err != nil {
-				return nil, nil, fmt.Errorf("read job %s/%s: %w", s.Namespace, s.JobID, err)
+			var err error
+			if job, err = o.job(ctx, key, s.JobIndex); err != nil {
+				return nil, nil, err
 			}
-			jobs[key] = job
+			seen[key] = job
 		}
-		if preempted && ((job.Stop != nil && *job.Stop) || job.Version == nil || s.JobVersion != *job.Version) {
+		if s.Preempted && (job.stopped || job.index > s.CreateIndex) {
 			// Stopped (requeued already, or by its owner), or registered
 			// again since: that preemption has been dealt with.
 			continue
 		}
-		a := reclaim.Alloc{ID: s.ID, Namespace: s.Namespace, JobID: s.JobID, Group: s.TaskGroup, GPUs: gpus, Preempted: preempted}
-		if o.Verify(ctx, job) {
-			a.Admitted, a.Borrowed = true, job.Meta[nomadjob.MetaBorrowed] == "true"
-			a.Tenant, a.Queue, a.Workload = job.Meta[nomadjob.MetaTenant], job.Meta[nomadjob.MetaQueue], job.Meta[nomadjob.MetaWorkload]
-		}
-		if ttl, err := time.ParseDuration(job.Meta[nomadjob.MetaTTL]); err == nil && ttl > 0 {
-			a.TTL = ttl
-		}
-		for _, ts := range s.TaskStates {
-			if !ts.StartedAt.IsZero() && (a.StartedAt.IsZero() || ts.StartedAt.Before(a.StartedAt)) {
-				a.StartedAt = ts.StartedAt
-			}
-			for _, ev := range ts.Events {
-				if ev.Type == api.TaskRestarting {
-					a.Restarts = append(a.Restarts, time.Unix(0, ev.Time))
-				}
-			}
+		a := reclaim.Alloc{ID: s.ID, Namespace: s.Namespace, JobID: s.JobID, Group: s.Group, GPUs: s.GPUs, Preempted: s.Preempted,
+			StartedAt: s.StartedAt, Restarts: s.Restarts, TTL: job.ttl}
+		if job.admitted {
+			a.Admitted, a.Borrowed = true, job.borrowed
+			a.Tenant, a.Queue, a.Workload = job.tenant, job.queue, job.workload
 		}
 		allocs = append(allocs, a)
-		if !preempted {
+		if !s.Preempted {
 			nodes[s.NodeID] = true
 		}
 	}
+	o.jobs = seen
 	gpus := map[string]reclaim.GPU{}
 	for node := range nodes {
-		if err := o.node(ctx, node, gpus); err != nil {
-			return nil, nil, err
-		}
+		o.node(ctx, node, gpus)
 	}
 	return allocs, gpus, nil
 }
 
-// node adds the GPUs of a node: health from the node, utilisation from its
-// client's stats. A GPU without stats gets none (it is then never idle).
-func (o *Observer) node(ctx context.Context, id string, gpus map[string]reclaim.GPU) error {
-	q := (&api.QueryOptions{}).WithContext(ctx)
-	n, _, err := o.Client.api.Nodes().Info(id, q)
-	if err != nil {
-		return fmt.Errorf("read node %s: %w", id, err)
+// job is what the job's version at index says; read from Nomad when that
+// version was not read before, or the view holds no live version (index 0).
+func (o *Observer) job(ctx context.Context, key [2]string, index uint64) (observedJob, error) {
+	if j, ok := o.jobs[key]; ok && index != 0 && j.index == index {
+		return j, nil
 	}
+	job, err := o.Client.Job(ctx, key[0], key[1])
+	if err != nil {
+		return observedJob{}, err
+	}
+	if job == nil {
+		return observedJob{stopped: true}, nil // purged
+	}
+	out := observedJob{stopped: job.Stop != nil && *job.Stop}
+	if job.JobModifyIndex != nil {
+		out.index = *job.JobModifyIndex
+	}
+	if o.Verify(ctx, job) {
+		out.admitted, out.borrowed = true, job.Meta[nomadjob.MetaBorrowed] == "true"
+		out.tenant, out.queue, out.workload = job.Meta[nomadjob.MetaTenant], job.Meta[nomadjob.MetaQueue], job.Meta[nomadjob.MetaWorkload]
+	}
+	if ttl, err := time.ParseDuration(job.Meta[nomadjob.MetaTTL]); err == nil && ttl > 0 {
+		out.ttl = ttl
+	}
+	return out, nil
+}
+
+// node adds the GPUs of a node: health from the view, utilisation from its
+// client's stats. A GPU without stats gets none (it is then never idle).
+func (o *Observer) node(ctx context.Context, id string, gpus map[string]reclaim.GPU) {
 	util := map[string]float64{}
-	if stats, err := o.Client.api.Nodes().Stats(id, q); err == nil {
+	if stats, err := o.Client.api.Nodes().Stats(id, (&api.QueryOptions{}).WithContext(ctx)); err == nil {
 		for _, g := range stats.DeviceStats {
 			for dev, st := range g.InstanceStats {
 				if st != nil && st.Summary != nil && st.Summary.IntNumeratorVal != nil {
@@ -108,35 +127,13 @@ func (o *Observer) node(ctx context.Context, id string, gpus map[string]reclaim.
 			}
 		}
 	}
-	if n.NodeResources == nil {
-		return nil
-	}
-	for _, d := range n.NodeResources.Devices {
-		for _, inst := range d.Instances {
-			u, ok := util[inst.ID]
-			if !ok {
-				u = 100 // no sample: not idle
-			}
-			gpus[inst.ID] = reclaim.GPU{Utilization: u, Healthy: inst.Healthy}
+	for dev, healthy := range o.View.GPUHealth(id) {
+		u, ok := util[dev]
+		if !ok {
+			u = 100 // no sample: not idle
 		}
+		gpus[dev] = reclaim.GPU{Utilization: u, Healthy: healthy}
 	}
-	return nil
-}
-
-// gpuIDs are the GPU device ids an allocation holds.
-func gpuIDs(r *api.AllocatedResources) []string {
-	if r == nil {
-		return nil
-	}
-	var out []string
-	for _, t := range r.Tasks {
-		for _, d := range t.Devices {
-			if d.Type == "gpu" {
-				out = append(out, d.DeviceIDs...)
-			}
-		}
-	}
-	return out
 }
 
 // StopJob stops (does not purge) a job, unless it has stopped already.

@@ -140,7 +140,7 @@ func serveErr(path string, log hclog.Logger) error {
 			return p.Preemption.Batch, p.Preemption.Service
 		}, nomadClient, log.Named("preemption"))
 		// Each term starts afresh: what earlier leaders recorded is read back.
-		rec := &reclaimer.Reclaimer{Log: log.Named("reclaim"), Records: decisions, Observer: &nomadapi.Observer{Client: nomadClient,
+		rec := &reclaimer.Reclaimer{Log: log.Named("reclaim"), Records: decisions, Observer: &nomadapi.Observer{Client: nomadClient, View: view,
 			Verify: scales.Verifier(stamper)}, Actor: nomadClient, Policies: policies, Now: time.Now, NewID: queue.NewID,
 			Requeue: &reclaimer.Requeue{Jobs: nomadClient, Actor: nomadClient, Queue: store, Policies: policies}}
 		go rec.Run(ctx, time.After)

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/hashicorp/nomad/api"
 
@@ -88,3 +89,48 @@ func (b *JobBuilder) Register() string {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// AllocBuilder makes an *api.Allocation as Nomad's events carry it.
+type AllocBuilder struct{ a *api.Allocation }
+
+// Alloc starts a running allocation of job (namespace ns) on node, holding
+// the GPUs with device ids gpus, created and modified at index.
+func Alloc(id, ns, job, node string, index uint64, gpus ...string) *AllocBuilder {
+	a := &api.Allocation{ID: id, Namespace: ns, JobID: job, TaskGroup: "g", NodeID: node,
+		DesiredStatus: api.AllocDesiredStatusRun, ClientStatus: api.AllocClientStatusRunning,
+		CreateIndex: index, ModifyIndex: index, TaskStates: map[string]*api.TaskState{"t": {State: "running"}}}
+	if len(gpus) > 0 {
+		a.AllocatedResources = &api.AllocatedResources{Tasks: map[string]*api.AllocatedTaskResources{"t": {
+			Devices: []*api.AllocatedDeviceResource{{Vendor: "nvidia", Type: "gpu", Name: H100, DeviceIDs: gpus}}}}}
+	}
+	return &AllocBuilder{a: a}
+}
+
+// Started sets when its task started.
+func (b *AllocBuilder) Started(at time.Time) *AllocBuilder {
+	b.a.TaskStates["t"].StartedAt = at
+	return b
+}
+
+// Restarted adds a restart event of its task at each time.
+func (b *AllocBuilder) Restarted(at ...time.Time) *AllocBuilder {
+	for _, t := range at {
+		b.a.TaskStates["t"].Events = append(b.a.TaskStates["t"].Events, &api.TaskEvent{Type: api.TaskRestarting, Time: t.UnixNano()})
+	}
+	return b
+}
+
+// Status sets its desired and client status, modified at index.
+func (b *AllocBuilder) Status(desired, client string, index uint64) *AllocBuilder {
+	b.a.DesiredStatus, b.a.ClientStatus, b.a.ModifyIndex = desired, client, index
+	return b
+}
+
+// PreemptedBy marks it evicted by Nomad's preemption for allocation by, at index.
+func (b *AllocBuilder) PreemptedBy(by string, index uint64) *AllocBuilder {
+	b.a.DesiredStatus, b.a.PreemptedByAllocation, b.a.ModifyIndex = api.AllocDesiredStatusEvict, by, index
+	return b
+}
+
+// Build returns the allocation.
+func (b *AllocBuilder) Build() *api.Allocation { return b.a }

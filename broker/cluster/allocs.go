@@ -1,0 +1,116 @@
+package cluster
+
+import (
+	"sort"
+	"time"
+
+	"github.com/hashicorp/nomad/api"
+
+	"github.com/nomad-gpu/nomad-gpu/broker/nomadjob"
+)
+
+// Alloc is an allocation that holds GPUs: running or about to (pending,
+// which includes a task waiting to restart), or evicted by Nomad's
+// preemption (kept until Nomad collects it, so that the broker can requeue
+// a borrowed job it evicted).
+type Alloc struct {
+	ID, Namespace, JobID, Group, NodeID string
+	// CreateIndex is Nomad's index at its creation: a job modified after
+	// it (JobModifyIndex above it) is a version it does not run. (Events
+	// carry no job version: Nomad strips the job from them.)
+	CreateIndex uint64
+	// JobIndex is the JobModifyIndex of the job's live version in the view
+	// when the allocation was read; 0 when the view holds no such GPU job.
+	JobIndex  uint64
+	Preempted bool
+	// GPUs are the device ids the allocation holds (held, for a preempted one).
+	GPUs      []string
+	StartedAt time.Time // its first task's start; zero while none started
+	Restarts  []time.Time
+	// ModifyIndex orders what the listing and the events say of it.
+	ModifyIndex uint64
+}
+
+// ObserveAlloc records an allocation from an event or a listing (the
+// listing's stubs with their resources carry all that is read here).
+// Allocations changes are not signalled on Changed: admission counts jobs'
+// demand, not allocations.
+func (v *View) ObserveAlloc(a *api.Allocation) {
+	v.mu.Lock()
+	v.observeAlloc(a)
+	v.mu.Unlock()
+}
+
+func (v *View) observeAlloc(a *api.Allocation) {
+	if old, ok := v.allocs[a.ID]; ok && a.ModifyIndex < old.ModifyIndex {
+		return
+	}
+	preempted := a.DesiredStatus == api.AllocDesiredStatusEvict && a.PreemptedByAllocation != ""
+	live := a.DesiredStatus == api.AllocDesiredStatusRun &&
+		(a.ClientStatus == api.AllocClientStatusRunning || a.ClientStatus == api.AllocClientStatusPending)
+	gpus := gpuIDs(a.AllocatedResources)
+	if (!preempted && !live) || len(gpus) == 0 {
+		delete(v.allocs, a.ID)
+		return
+	}
+	out := Alloc{ID: a.ID, Namespace: a.Namespace, JobID: a.JobID, Group: a.TaskGroup, NodeID: a.NodeID,
+		CreateIndex: a.CreateIndex, Preempted: preempted, GPUs: gpus, ModifyIndex: a.ModifyIndex}
+	for _, ts := range a.TaskStates {
+		if ts == nil {
+			continue
+		}
+		if !ts.StartedAt.IsZero() && (out.StartedAt.IsZero() || ts.StartedAt.Before(out.StartedAt)) {
+			out.StartedAt = ts.StartedAt
+		}
+		for _, ev := range ts.Events {
+			if ev != nil && ev.Type == api.TaskRestarting {
+				out.Restarts = append(out.Restarts, time.Unix(0, ev.Time))
+			}
+		}
+	}
+	v.allocs[a.ID] = out
+}
+
+// gpuIDs are the GPU device ids an allocation holds.
+func gpuIDs(r *api.AllocatedResources) []string {
+	if r == nil {
+		return nil
+	}
+	var out []string
+	for _, t := range r.Tasks {
+		if t == nil {
+			continue
+		}
+		for _, d := range t.Devices {
+			if d != nil && nomadjob.IsGPUGroup(d.Vendor, d.Type) {
+				out = append(out, d.DeviceIDs...)
+			}
+		}
+	}
+	return out
+}
+
+// GPUAllocs returns every allocation holding GPUs, by id, each with its
+// job's live modify index.
+func (v *View) GPUAllocs() []Alloc {
+	v.mu.RLock()
+	defer v.mu.RUnlock()
+	out := make([]Alloc, 0, len(v.allocs))
+	for _, a := range v.allocs {
+		a.JobIndex = v.jobs[jobKey{a.Namespace, a.JobID}].modifyIndex
+		out = append(out, a)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	return out
+}
+
+// GPUHealth returns the health of every GPU of a node, by device id.
+func (v *View) GPUHealth(nodeID string) map[string]bool {
+	v.mu.RLock()
+	defer v.mu.RUnlock()
+	out := make(map[string]bool, len(v.nodes[nodeID].healthy))
+	for id, ok := range v.nodes[nodeID].healthy {
+		out[id] = ok
+	}
+	return out
+}

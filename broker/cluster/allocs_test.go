@@ -1,0 +1,69 @@
+package cluster
+
+import (
+	"reflect"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/nomad/api"
+
+	"github.com/nomad-gpu/nomad-gpu/internal/testbuild"
+)
+
+func allocIDs(v *View) []string {
+	var out []string
+	for _, a := range v.GPUAllocs() {
+		out = append(out, a.ID)
+	}
+	return out
+}
+
+func TestGPUAllocationsFollowTheirEvents(t *testing.T) {
+	start := time.Date(2026, 11, 30, 8, 0, 0, 0, time.UTC)
+	v := NewView(nil)
+	v.Reset(Snapshot{Jobs: []*api.Job{testbuild.Job("vision", "train").Group("g", 2, 1, "gpu").ModifyIndex(7).Build()}})
+	v.ObserveAlloc(testbuild.Alloc("a1", "vision", "train", "n1", 10, "gpu-0").Started(start).Restarted(start.Add(time.Minute)).Build())
+	v.ObserveAlloc(testbuild.Alloc("a2", "vision", "train", "n1", 11, "gpu-1").Status(api.AllocDesiredStatusRun, api.AllocClientStatusPending, 11).Build())
+	v.ObserveAlloc(testbuild.Alloc("cpu", "vision", "web", "n1", 12).Build())
+
+	got := v.GPUAllocs()
+	want := []Alloc{
+		{ID: "a1", Namespace: "vision", JobID: "train", Group: "g", NodeID: "n1", CreateIndex: 10, ModifyIndex: 10, JobIndex: 7,
+			GPUs: []string{"gpu-0"}, StartedAt: start, Restarts: []time.Time{time.Unix(0, start.Add(time.Minute).UnixNano())}},
+		{ID: "a2", Namespace: "vision", JobID: "train", Group: "g", NodeID: "n1", CreateIndex: 11, ModifyIndex: 11, JobIndex: 7,
+			GPUs: []string{"gpu-1"}},
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("GPU allocations:\n got %+v\nwant %+v", got, want)
+	}
+
+	// An older event about a2 changes nothing; a1 completing drops it.
+	v.ObserveAlloc(testbuild.Alloc("a2", "vision", "train", "n1", 9, "gpu-1").Status(api.AllocDesiredStatusStop, api.AllocClientStatusComplete, 9).Build())
+	v.ObserveAlloc(testbuild.Alloc("a1", "vision", "train", "n1", 10, "gpu-0").Status(api.AllocDesiredStatusRun, api.AllocClientStatusComplete, 20).Build())
+	if got := allocIDs(v); !reflect.DeepEqual(got, []string{"a2"}) {
+		t.Fatalf("after a1 completed: %v, want [a2]", got)
+	}
+	// Evicted by preemption: kept, marked, until a listing no longer has it.
+	v.ObserveAlloc(testbuild.Alloc("a2", "vision", "train", "n1", 11, "gpu-1").PreemptedBy("owner", 21).Status(api.AllocDesiredStatusEvict, api.AllocClientStatusComplete, 22).Build())
+	if got := v.GPUAllocs(); len(got) != 1 || !got[0].Preempted {
+		t.Fatalf("after preemption: %+v, want a2 preempted", got)
+	}
+	v.Reset(Snapshot{})
+	if got := allocIDs(v); got != nil {
+		t.Fatalf("after a listing without them: %v", got)
+	}
+}
+
+func TestGPUHealthComesFromTheNode(t *testing.T) {
+	v := NewView(nil)
+	if v.Synced() {
+		t.Fatal("synced before any listing")
+	}
+	v.Reset(Snapshot{Nodes: []*api.Node{testbuild.Node("n1", testbuild.H100, 1, 1)}})
+	if !v.Synced() {
+		t.Fatal("not synced after a listing")
+	}
+	if got, want := v.GPUHealth("n1"), map[string]bool{"n1-0": true, "n1-1": false}; !reflect.DeepEqual(got, want) {
+		t.Fatalf("health %v, want %v", got, want)
+	}
+}
