@@ -22,6 +22,7 @@ var fileSchema = &hcl.BodySchema{Blocks: []hcl.BlockHeaderSchema{
 	{Type: "region", LabelNames: []string{"name"}},
 	{Type: "reclaim", LabelNames: []string{"name"}},
 	{Type: "reclaim_settings"},
+	{Type: "usage"},
 }}
 
 type regionBody struct {
@@ -66,7 +67,7 @@ func Parse(files map[string][]byte, capacity int) (*Policy, hcl.Diagnostics) {
 	p := &Policy{Queues: map[string]*Queue{}, Tenants: map[string]*Tenant{}, Classes: map[string]*GPUClass{}, Regions: map[string]*Region{},
 		Reclaim: map[string]*ReclaimRule{}, ReclaimSettings: ReclaimSettings{Period: DefaultReclaimPeriod, Retention: DefaultReclaimRetention},
 		Borrowing: Borrowing{Priority: defaultBorrowingPriority}, Preemption: Preemption{Batch: true, Service: true},
-		byNamespace: map[string]*Tenant{}}
+		Usage: Usage{IdleBelow: DefaultIdleBelow}, byNamespace: map[string]*Tenant{}}
 	var diags hcl.Diagnostics
 	var tenantBlocks []*hcl.Block
 	var tenantBodies []tenantBody
@@ -150,7 +151,7 @@ func Parse(files map[string][]byte, capacity int) (*Policy, hcl.Diagnostics) {
 				p.Regions[r.Name] = r
 			case "reclaim":
 				diags = append(diags, p.addReclaim(b)...)
-			case "borrowing", "preemption", "reclaim_settings":
+			case "borrowing", "preemption", "reclaim_settings", "usage":
 				if prev, dup := seenSingleton[b.Type]; dup {
 					diags = append(diags, duplicate(b.Type, "", b.DefRange, prev))
 					continue
@@ -172,8 +173,11 @@ func Parse(files map[string][]byte, capacity int) (*Policy, hcl.Diagnostics) {
 }
 
 func decodeSingleton(p *Policy, b *hcl.Block) hcl.Diagnostics {
-	if b.Type == "reclaim_settings" {
+	switch b.Type {
+	case "reclaim_settings":
 		return p.reclaimSettings(b)
+	case "usage":
+		return p.usage(b)
 	}
 	if b.Type == "borrowing" {
 		var bb borrowingBody

@@ -32,6 +32,8 @@ type Policy struct {
 	// ReclaimSettings say how often the rules are applied and how long
 	// decision records are kept.
 	ReclaimSettings ReclaimSettings
+	// Usage says how GPU use is measured.
+	Usage Usage
 
 	byNamespace map[string]*Tenant
 }

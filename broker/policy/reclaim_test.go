@@ -43,6 +43,9 @@ func TestReclaimRulesAsWritten(t *testing.T) {
 	if s := p.ReclaimSettings; s.Period != 30*time.Second || s.Retention != 30*24*time.Hour {
 		t.Errorf("default reclaim_settings: %+v %s", s, policy.FormatDiagnostics(diags))
 	}
+	if p.Usage.IdleBelow != 5 {
+		t.Errorf("default usage idle_below %g, want 5", p.Usage.IdleBelow)
+	}
 	p, diags = policy.Parse(map[string][]byte{"queues.hcl": []byte(queues + "reclaim_settings {\n  period = \"5s\"\n  retention = \"48h\"\n}\n")}, 0)
 	if p == nil || p.ReclaimSettings.Period != 5*time.Second || p.ReclaimSettings.Retention != 48*time.Hour {
 		t.Errorf("reclaim_settings: %v %s", p, policy.FormatDiagnostics(diags))
@@ -73,6 +76,10 @@ func TestReclaimRuleDiagnostics(t *testing.T) {
 			`reclaim.hcl:2:16: error: max_extend without max_lifetime`},
 		{"bad period", "reclaim_settings {\n  period = \"0s\"\n}\n",
 			`reclaim.hcl:1:1: error: Invalid duration: reclaim_settings: period = "0s" is not a duration of at least 1s`},
+		{"bad usage threshold", "usage {\n  idle_below = 0\n}\n",
+			`reclaim.hcl:2:3: error: Invalid idle threshold: usage: idle_below = 0 is not a utilisation percentage above 0 and at most 100`},
+		{"two usage blocks", "usage {\n  idle_below = 3\n}\nusage {\n  idle_below = 4\n}\n",
+			`reclaim.hcl:4:1: error: Duplicate usage`},
 		{"unknown attribute", rule(`idle = true`, `action = "stop"`),
 			`reclaim.hcl:2:3: error: Unsupported argument: An argument named "idle" is not expected here.`},
 	}
