@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -14,6 +15,8 @@ import (
 	"github.com/hashicorp/nomad/api"
 
 	"github.com/nomad-gpu/nomad-gpu/broker/reclaim"
+	"github.com/nomad-gpu/nomad-gpu/broker/server"
+	"github.com/nomad-gpu/nomad-gpu/broker/usage"
 	"github.com/nomad-gpu/nomad-gpu/internal/testcluster"
 )
 
@@ -284,6 +287,32 @@ func TestReclaim(t *testing.T) {
 	t.Run("a dry-run rule records and does nothing", func(t *testing.T) {
 		if rec := waitDecision("train", reclaim.DryRun); stopped("train") || rec.Rule != "idle-training" {
 			t.Errorf("stopped %t, record %+v", stopped("train"), rec)
+		}
+	})
+	t.Run("a job that keeps its GPUs idle is listed for right-sizing, and warned when submitted again", func(t *testing.T) {
+		// Its profile is written every ten passes (of a second here).
+		testcluster.WaitFor(t, 40*time.Second, "train listed for right-sizing", func() error {
+			out := e.brokerCLI("usage", "-rightsizing", "-json")
+			var rows []server.RightSizing
+			if err := json.Unmarshal([]byte(out), &rows); err != nil {
+				return fmt.Errorf("%v: %s", err, out)
+			}
+			for _, r := range rows {
+				if r.Job == "train" && r.Tenant == "vision" && r.Asked == 1 && r.BusyP95 == 0 && r.Samples >= usage.MinSamples {
+					return nil
+				}
+			}
+			return fmt.Errorf("rows %+v", rows)
+		})
+		if out := e.brokerCLI("usage", "-rightsizing"); !strings.Contains(out, "BUSY P95") || !regexp.MustCompile(`vision\s+vision\s+train\s+training\s+1\s+0\s+0`).MatchString(out) {
+			t.Errorf("usage -rightsizing:\n%s", out)
+		}
+		out, err := e.run("vision", "train", 1, 1, "", true)
+		if err != nil || !strings.Contains(out, "admitted") || !strings.Contains(out, "right-sizing: train asks for 1 GPUs, and its earlier runs held 1 but kept at most 0 busy") {
+			t.Errorf("submitted again: %v\n%s", err, out)
+		}
+		if out, _ := e.run("vision", "busy-nb", 1, 1, "dev", true); strings.Contains(out, "right-sizing") {
+			t.Errorf("a busy job warned:\n%s", out)
 		}
 	})
 	t.Run("a busy job, the one scaled through the broker and the cancelled one keep running", func(t *testing.T) {

@@ -32,6 +32,11 @@ type Observer interface {
 	Observe(ctx context.Context) ([]reclaim.Alloc, map[string]reclaim.GPU, error)
 }
 
+// Watcher is given what each pass observed (right-sizing samples it).
+type Watcher interface {
+	Observed(ctx context.Context, now time.Time, allocs []reclaim.Alloc, gpus map[string]reclaim.GPU) error
+}
+
 // Actor carries decisions out in Nomad; each answers what Nomad did, and
 // does nothing to a job or allocation that has already stopped.
 type Actor interface {
@@ -57,6 +62,8 @@ type Reclaimer struct {
 	Policies Policies
 	Now      func() time.Time
 	NewID    func() string
+	// Watchers see every observation, after the decisions on it.
+	Watchers []Watcher
 
 	engine *reclaim.Engine
 }
@@ -113,6 +120,9 @@ func (r *Reclaimer) Pass(ctx context.Context) error {
 	}
 	retention := p.ReclaimSettings.Retention
 	var errs []error
+	for _, w := range r.Watchers {
+		errs = append(errs, w.Observed(ctx, now, allocs, gpus))
+	}
 	for _, rec := range records {
 		switch {
 		case rec.Due(now):

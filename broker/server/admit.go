@@ -115,8 +115,21 @@ func (s *Server) register(w http.ResponseWriter, r *http.Request, pathJobID stri
 			writeError(w, http.StatusBadGateway, "nomad-gpu: Nomad is unreachable: %v", err)
 			return
 		}
-		s.relayRegistered(w, resp, res, admittedWarning(d))
+		s.relayRegistered(w, resp, res, admittedWarning(d), s.rightSizingWarning(rj.Namespace, rj.JobID, d))
 	}
+}
+
+// rightSizingWarning tells a job submitted again that its earlier runs kept
+// under half of its GPUs busy, or is "".
+func (s *Server) rightSizingWarning(namespace, job string, d admission.Decision) string {
+	if s.profiles == nil {
+		return ""
+	}
+	p, ok := s.profiles.Get(namespace, job)
+	if !ok {
+		return ""
+	}
+	return p.Warning(d.Demand.Total())
 }
 
 // registerParent registers a parameterized job: it places nothing itself and
@@ -275,9 +288,9 @@ func (s *Server) enqueue(w http.ResponseWriter, r *http.Request, rj *gpuJobReque
 		return
 	}
 	position := positionOf(s.order(append(others, e)), e.ID)
-	writeJSON(w, http.StatusOK, api.JobRegisterResponse{EvalID: e.ID, Warnings: fmt.Sprintf(
+	writeJSON(w, http.StatusOK, api.JobRegisterResponse{EvalID: e.ID, Warnings: joinWarnings(fmt.Sprintf(
 		"nomad-gpu: queued as %s, position %d in queue %s: %s. It is registered with Nomad as soon as GPUs free up; "+
-			"`gpu-broker queue show %s` follows it.", e.ID, position, d.Queue, d.Reason, e.ID)})
+			"`gpu-broker queue show %s` follows it.", e.ID, position, d.Queue, d.Reason, e.ID), s.rightSizingWarning(rj.Namespace, rj.JobID, d))})
 }
 
 // withinQueueLimits checks the tenant's caps on queued jobs and request size.

@@ -6,10 +6,13 @@ import (
 	"net/http"
 	"net/url"
 	"sort"
+	"strconv"
 	"strings"
+	"time"
 
 	"github.com/nomad-gpu/nomad-gpu/broker/policy"
 	"github.com/nomad-gpu/nomad-gpu/broker/queue"
+	"github.com/nomad-gpu/nomad-gpu/broker/usage"
 )
 
 // TenantUsage is one row of GET /v1/gpu/usage.
@@ -58,6 +61,8 @@ func (s *Server) serveGPU(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, out)
 	case strings.HasPrefix(path, "queue/"):
 		s.queueEntry(w, r, strings.TrimPrefix(path, "queue/"), who)
+	case s.stored != nil && path == "rightsizing" && r.Method == http.MethodGet:
+		s.rightSizing(w, r)
 	case s.decisions != nil && path == "reclaim" && r.Method == http.MethodGet:
 		s.reclaimList(w, r)
 	case s.decisions != nil && strings.HasPrefix(path, "reclaim/"):
@@ -65,6 +70,57 @@ func (s *Server) serveGPU(w http.ResponseWriter, r *http.Request) {
 	default:
 		writeError(w, http.StatusNotFound, "nomad-gpu: no such endpoint %s %s", r.Method, r.URL.Path)
 	}
+}
+
+// RightSizing is one row of GET /v1/gpu/rightsizing: a job that kept under
+// half of its GPUs busy.
+type RightSizing struct {
+	Tenant    string    `json:"tenant"`
+	Namespace string    `json:"namespace"`
+	Job       string    `json:"job"`
+	Queue     string    `json:"queue"`
+	Asked     int       `json:"asked"`
+	BusyP50   int       `json:"busy_p50"`
+	BusyP95   int       `json:"busy_p95"`
+	Samples   int64     `json:"samples"`
+	Since     time.Time `json:"since"`
+	Last      time.Time `json:"last_sample"`
+}
+
+// DefaultRightSizingTop is how many jobs per tenant GET /v1/gpu/rightsizing
+// lists unless ?top= says otherwise.
+const DefaultRightSizingTop = 5
+
+// rightSizing lists each tenant's worst over-asking jobs (?top=N per
+// tenant, 0 all) that the caller may read.
+func (s *Server) rightSizing(w http.ResponseWriter, r *http.Request) {
+	top := DefaultRightSizingTop
+	if v := r.URL.Query().Get("top"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 {
+			writeError(w, http.StatusBadRequest, "nomad-gpu: top=%q is not a count of jobs per tenant", v)
+			return
+		}
+		top = n
+	}
+	all, err := s.stored.List(r.Context())
+	if err != nil {
+		writeError(w, http.StatusServiceUnavailable, "nomad-gpu: %v", err)
+		return
+	}
+	readable := map[string]bool{}
+	mine := all[:0]
+	for _, p := range all {
+		if s.mayRead(r, p.Namespace, readable) {
+			mine = append(mine, p)
+		}
+	}
+	out := []RightSizing{}
+	for _, p := range usage.Worst(mine, top) {
+		out = append(out, RightSizing{Tenant: p.Tenant, Namespace: p.Namespace, Job: p.Job, Queue: p.Queue, Asked: p.Asked,
+			BusyP50: p.BusyAt(0.5), BusyP95: p.BusyAt(0.95), Samples: p.Samples(), Since: p.First, Last: p.Last})
+	}
+	writeJSON(w, http.StatusOK, out)
 }
 
 // mayRead reports whether the caller may read namespace ns (any capability

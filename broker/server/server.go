@@ -24,6 +24,7 @@ import (
 	"github.com/nomad-gpu/nomad-gpu/broker/nomadjob"
 	"github.com/nomad-gpu/nomad-gpu/broker/policy"
 	"github.com/nomad-gpu/nomad-gpu/broker/queue"
+	"github.com/nomad-gpu/nomad-gpu/broker/usage"
 )
 
 // MaxBody is the largest request body the broker reads (Nomad's jobs are far smaller).
@@ -64,6 +65,16 @@ type Scales interface {
 	Put(ctx context.Context, namespace, job string, g nomadjob.ScaleGrant) error
 }
 
+// Profiles are the leader's right-sizing profiles of jobs.
+type Profiles interface {
+	Get(namespace, job string) (usage.Profile, bool)
+}
+
+// StoredProfiles are the right-sizing profiles as the leader last wrote them.
+type StoredProfiles interface {
+	List(ctx context.Context) ([]usage.Profile, error)
+}
+
 // Leader tells whether this broker takes GPU admissions, and where the one that
 // does is.
 type Leader interface {
@@ -84,6 +95,8 @@ type Server struct {
 	queue        Queue
 	decisions    Decisions
 	scales       Scales
+	profiles     Profiles
+	stored       StoredProfiles
 	stamper      nomadjob.Stamper
 	region       string
 	acls         bool
@@ -110,11 +123,15 @@ type Options struct {
 	// Decisions are the reclaim decision records (nil: none kept).
 	Decisions Decisions
 	// Scales keeps what the broker admitted for scaled jobs (nil: nothing kept).
-	Scales  Scales
-	Stamper nomadjob.Stamper
-	Region  string // the Nomad region the broker governs ("" or "global": Nomad's default)
-	Leader  Leader // nil: this broker takes every admission itself
-	ACLs    bool   // Nomad enforces ACLs: the broker's API then needs a valid token
+	Scales Scales
+	// Profiles (the leader's) warn a job submitted again that it asks for
+	// far more GPUs than it kept busy; RightSizing lists them (nil: neither).
+	Profiles    Profiles
+	RightSizing StoredProfiles
+	Stamper     nomadjob.Stamper
+	Region      string // the Nomad region the broker governs ("" or "global": Nomad's default)
+	Leader      Leader // nil: this broker takes every admission itself
+	ACLs        bool   // Nomad enforces ACLs: the broker's API then needs a valid token
 	// Exclusive enforcement: the broker writes jobs in tenant namespaces with
 	// Token, its own, for the tenants' submitters.
 	Exclusive bool
@@ -132,7 +149,7 @@ func New(o Options) (*Server, error) {
 		return nil, fmt.Errorf("nomad address %q: %w", o.Nomad, err)
 	}
 	s := &Server{log: o.Log, upstream: u, client: o.Client, policies: o.Policies, cluster: o.Cluster,
-		queue: o.Queue, decisions: o.Decisions, scales: o.Scales, stamper: o.Stamper, region: o.Region, acls: o.ACLs, exclusive: o.Exclusive, token: o.Token, leader: o.Leader, now: o.Now, newID: o.NewID, identities: map[[32]byte]cachedIdentity{}}
+		queue: o.Queue, decisions: o.Decisions, scales: o.Scales, profiles: o.Profiles, stored: o.RightSizing, stamper: o.Stamper, region: o.Region, acls: o.ACLs, exclusive: o.Exclusive, token: o.Token, leader: o.Leader, now: o.Now, newID: o.NewID, identities: map[[32]byte]cachedIdentity{}}
 	if s.client == nil {
 		s.client = &http.Client{}
 	}

@@ -21,6 +21,8 @@ import (
 	"github.com/nomad-gpu/nomad-gpu/broker/nomadjob"
 	"github.com/nomad-gpu/nomad-gpu/broker/policy"
 	"github.com/nomad-gpu/nomad-gpu/broker/queue/queuetest"
+	"github.com/nomad-gpu/nomad-gpu/broker/reclaim"
+	"github.com/nomad-gpu/nomad-gpu/broker/usage"
 	"github.com/nomad-gpu/nomad-gpu/internal/testbuild"
 )
 
@@ -316,3 +318,33 @@ func BenchmarkRegisterOverhead(b *testing.B) {
 }
 
 const testQueueID = "0f8e2a4c-1b2d-4e5f-8a9b-0c1d2e3f4a5b"
+
+func TestAJobSubmittedAgainIsWarnedWhenItKeptMostOfItsGPUsIdle(t *testing.T) {
+	s, _, _, _ := newTestServer(t)
+	profiles := usage.NewProfiles()
+	s.profiles = profiles
+	held := []reclaim.Alloc{{ID: "a", Namespace: "vision", JobID: "train", Admitted: true, Tenant: "vision", StartedAt: time.Now(),
+		GPUs: []string{"g0", "g1"}}}
+	for i := 0; i < usage.MinSamples; i++ {
+		profiles.Sample(time.Now(), held, map[string]reclaim.GPU{"g0": {Utilization: 0}, "g1": {Utilization: 0}}, 5)
+	}
+	rec := do(s, http.MethodPut, "/v1/jobs", gpuJob)
+	if rec.Code != http.StatusOK || !strings.Contains(rec.Body.String(), "admitted: tenant vision") ||
+		!strings.Contains(rec.Body.String(), "right-sizing: train asks for 2 GPUs, and its earlier runs held 2 but kept at most 0 busy") {
+		t.Fatalf("%d %s", rec.Code, rec.Body)
+	}
+	// Queued (vision's two GPUs are taken), still warned.
+	other := strings.Replace(gpuJob, `"train"`, `"train-2"`, 1)
+	profiles.Sample(time.Now(), []reclaim.Alloc{{ID: "b", Namespace: "vision", JobID: "train-2", Admitted: true, StartedAt: time.Now(),
+		GPUs: []string{"g0", "g1"}}}, nil, 5)
+	if rec := do(s, http.MethodPut, "/v1/jobs", other); !strings.Contains(rec.Body.String(), "queued as") || strings.Contains(rec.Body.String(), "right-sizing") {
+		t.Fatalf("one sample is not enough to judge: %s", rec.Body)
+	}
+	for i := 0; i < usage.MinSamples; i++ {
+		profiles.Sample(time.Now(), []reclaim.Alloc{{ID: "b", Namespace: "vision", JobID: "train-2", Admitted: true, StartedAt: time.Now(),
+			GPUs: []string{"g0", "g1"}}}, map[string]reclaim.GPU{"g0": {Utilization: 90}, "g1": {Utilization: 0}}, 5)
+	}
+	if rec := do(s, http.MethodPut, "/v1/jobs", other); !strings.Contains(rec.Body.String(), "queued as") || strings.Contains(rec.Body.String(), "right-sizing") {
+		t.Fatalf("a job keeping half its GPUs busy was warned: %s", rec.Body)
+	}
+}

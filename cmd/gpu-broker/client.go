@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -25,6 +26,12 @@ func client(args []string) int {
 	asJSON := fs.Bool("json", false, "print JSON")
 	token := fs.String("token", os.Getenv("NOMAD_TOKEN"), "Nomad ACL token (default: NOMAD_TOKEN)")
 	caCert := fs.String("ca-cert", os.Getenv("GPU_BROKER_CACERT"), "CA certificate to trust when the broker serves TLS")
+	var rightSizing *bool
+	var top *int
+	if args[0] == "usage" {
+		rightSizing = fs.Bool("rightsizing", false, "list each tenant's jobs that kept under half of their GPUs busy")
+		top = fs.Int("top", server.DefaultRightSizingTop, "with -rightsizing: jobs per tenant (0: all)")
+	}
 	rest := args[1:]
 	sub := ""
 	if args[0] != "usage" {
@@ -52,6 +59,9 @@ func client(args []string) int {
 	method, path := http.MethodGet, "/v1/gpu/usage"
 	switch sub {
 	case "":
+		if *rightSizing {
+			sub, path = "rightsizing", "/v1/gpu/rightsizing?top="+strconv.Itoa(*top)
+		}
 	case "list":
 		path = "/v1/gpu/" + args[0]
 	case "show", "cancel":
@@ -164,6 +174,16 @@ func printTable(sub string, body []byte) int {
 	w := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
 	defer w.Flush()
 	switch sub {
+	case "rightsizing":
+		var rows []server.RightSizing
+		if err := json.Unmarshal(body, &rows); err != nil {
+			return fail(err)
+		}
+		fmt.Fprintln(w, "TENANT\tNAMESPACE\tJOB\tQUEUE\tGPUS ASKED\tBUSY P50\tBUSY P95\tSAMPLES\tSINCE")
+		for _, r := range rows {
+			fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%d\t%d\t%d\t%d\t%s\n", r.Tenant, r.Namespace, r.Job, r.Queue, r.Asked, r.BusyP50,
+				r.BusyP95, r.Samples, r.Since.Format(time.RFC3339))
+		}
 	case "":
 		var rows []server.TenantUsage
 		if err := json.Unmarshal(body, &rows); err != nil {

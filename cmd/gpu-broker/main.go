@@ -16,6 +16,7 @@ Commands:
   queue show ID                  one queued job
   queue cancel ID                remove a queued job
   usage                          GPUs per tenant: used / guaranteed / limit, borrowed, queued
+  usage -rightsizing [-top N]    per tenant, the N jobs (default 5) that kept under half of their GPUs busy
   reclaim list                   reclaim decisions, newest first
   reclaim show ID                one reclaim decision
   reclaim cancel ID              cancel a proposed reclaim decision
