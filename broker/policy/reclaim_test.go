@@ -39,6 +39,9 @@ func TestReclaimRulesAsWritten(t *testing.T) {
 	if cl := p.Reclaim["crash-loop"]; cl.RestartsAbove != 5 || cl.Within != 30*time.Minute {
 		t.Errorf("crash-loop: %+v", cl)
 	}
+	if p.Usage.IdleBelow != 5 {
+		t.Errorf("usage: %+v", p.Usage)
+	}
 	p, diags = policy.Parse(map[string][]byte{"queues.hcl": []byte(queues)}, 0)
 	if s := p.ReclaimSettings; s.Period != 30*time.Second || s.Retention != 30*24*time.Hour {
 		t.Errorf("default reclaim_settings: %+v %s", s, policy.FormatDiagnostics(diags))
