@@ -452,16 +452,6 @@ reclaim "unadmitted" {
 	if _, _, err := n.API.Jobs().Register(direct, nil); err != nil {
 		t.Fatal(err)
 	}
-	// Straight to Nomad too, with the admission meta of an admitted job.
-	admitted, _, err := n.API.Jobs().Info("busy-nb", &api.QueryOptions{Namespace: "vision"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	copied := job("vision", "copied", api.JobTypeBatch).group("g", ptr(1), nil, task(dev("nvidia/gpu", 1))).j
-	copied.Meta = admitted.Meta
-	if _, _, err := n.API.Jobs().Register(copied, nil); err != nil {
-		t.Fatal(err)
-	}
 	testcluster.WaitFor(t, 30*time.Second, "a proposed decision", func() error {
 		if recs := reclaimRecords(brokers[0]); len(recs) != 1 || recs[0].State != reclaim.Proposed {
 			return fmt.Errorf("%+v", recs)
