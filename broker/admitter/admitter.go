@@ -14,6 +14,7 @@ import (
 
 	"github.com/nomad-gpu/nomad-gpu/broker/admission"
 	"github.com/nomad-gpu/nomad-gpu/broker/cluster"
+	"github.com/nomad-gpu/nomad-gpu/broker/metrics"
 	"github.com/nomad-gpu/nomad-gpu/broker/nomadjob"
 	"github.com/nomad-gpu/nomad-gpu/broker/policy"
 	"github.com/nomad-gpu/nomad-gpu/broker/queue"
@@ -72,6 +73,7 @@ type Admitter struct {
 	// Exclusive: the submitter must still be one of the tenant's submitters;
 	// otherwise its token's grants must be those Nomad checked at queueing.
 	Exclusive bool
+	Metrics   *metrics.Metrics // nil: none
 }
 
 // Run makes a pass whenever the cluster changes, and every interval anyway.
@@ -147,6 +149,7 @@ func (a *Admitter) Pass(ctx context.Context) (int, error) {
 		case admission.Reject:
 			// The policy changed since it was queued: it can never run as it is.
 			if ok, err := a.Queue.Remove(ctx, e); err == nil && ok {
+				a.Metrics.Admission(metrics.Queued, d)
 				a.Log.Warn("queue: dropped a job the policy now rejects", "id", e.ID, "job", e.JobID,
 					"namespace", e.Namespace, "rule", d.Rule, "reason", d.Reason)
 			}
@@ -183,6 +186,7 @@ func (a *Admitter) Pass(ctx context.Context) (int, error) {
 			return admitted, err
 		}
 		admitted++
+		a.Metrics.Admission(metrics.Queued, d)
 		a.Log.Info("queue: admitted", "id", e.ID, "job", e.JobID, "namespace", e.Namespace, "outcome", d.Outcome,
 			"priority", d.Priority, "waited", a.Now().Sub(e.SubmittedAt).Round(time.Second))
 	}

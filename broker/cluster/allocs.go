@@ -104,13 +104,70 @@ func (v *View) GPUAllocs() []Alloc {
 	return out
 }
 
-// GPUHealth returns the health of every GPU of a node, by device id.
-func (v *View) GPUHealth(nodeID string) map[string]bool {
+// NodeGPUs returns every GPU of a node, by device id.
+func (v *View) NodeGPUs(nodeID string) map[string]GPU {
 	v.mu.RLock()
 	defer v.mu.RUnlock()
-	out := make(map[string]bool, len(v.nodes[nodeID].healthy))
-	for id, ok := range v.nodes[nodeID].healthy {
-		out[id] = ok
+	out := make(map[string]GPU, len(v.nodes[nodeID].devices))
+	for id, g := range v.nodes[nodeID].devices {
+		out[id] = g
 	}
+	return out
+}
+
+// NodeInventory is what one node's GPUs of one model are doing.
+type NodeInventory struct {
+	Node, Pool, Model string
+	Schedulable       bool
+	// Total = Healthy + unhealthy; Allocated are held by running or
+	// pending allocations; Free are healthy, unheld, on a schedulable node.
+	Total, Healthy, Allocated, Free int
+}
+
+// Inventory returns, per node and model, its GPUs by state.
+func (v *View) Inventory() []NodeInventory {
+	v.mu.RLock()
+	defer v.mu.RUnlock()
+	held := map[string]bool{}
+	for _, a := range v.allocs {
+		if !a.Preempted {
+			for _, id := range a.GPUs {
+				held[id] = true
+			}
+		}
+	}
+	var out []NodeInventory
+	for id, n := range v.nodes {
+		byModel := map[string]*NodeInventory{}
+		for dev, g := range n.devices {
+			inv := byModel[g.Model]
+			if inv == nil {
+				inv = &NodeInventory{Node: id, Pool: n.pool, Model: g.Model, Schedulable: n.schedulable}
+				byModel[g.Model] = inv
+			}
+			inv.Total++
+			switch {
+			case held[dev]:
+				inv.Allocated++
+				if g.Healthy {
+					inv.Healthy++
+				}
+			case g.Healthy:
+				inv.Healthy++
+				if n.schedulable {
+					inv.Free++
+				}
+			}
+		}
+		for _, inv := range byModel {
+			out = append(out, *inv)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].Node != out[j].Node {
+			return out[i].Node < out[j].Node
+		}
+		return out[i].Model < out[j].Model
+	})
 	return out
 }

@@ -54,7 +54,7 @@ func TestGPUAllocationsFollowTheirEvents(t *testing.T) {
 	}
 }
 
-func TestGPUHealthComesFromTheNode(t *testing.T) {
+func TestNodeGPUsComeFromTheNode(t *testing.T) {
 	v := NewView(nil)
 	if v.Synced() {
 		t.Fatal("synced before any listing")
@@ -63,7 +63,7 @@ func TestGPUHealthComesFromTheNode(t *testing.T) {
 	if !v.Synced() {
 		t.Fatal("not synced after a listing")
 	}
-	if got, want := v.GPUHealth("n1"), map[string]bool{"n1-0": true, "n1-1": false}; !reflect.DeepEqual(got, want) {
+	if got, want := v.NodeGPUs("n1"), map[string]GPU{"n1-0": {testbuild.H100, true}, "n1-1": {testbuild.H100, false}}; !reflect.DeepEqual(got, want) {
 		t.Fatalf("health %v, want %v", got, want)
 	}
 }

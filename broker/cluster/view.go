@@ -41,8 +41,15 @@ type View struct {
 
 type node struct {
 	schedulable bool
-	gpus        map[string]int  // healthy GPUs by model
-	healthy     map[string]bool // each GPU's health, by device id
+	pool        string
+	gpus        map[string]int // healthy GPUs by model
+	devices     map[string]GPU // every GPU, by device id
+}
+
+// GPU is one GPU of a node.
+type GPU struct {
+	Model   string
+	Healthy bool
 }
 
 type jobKey struct{ namespace, id string }
@@ -139,7 +146,7 @@ func (v *View) ObserveNode(n *api.Node) {
 
 func (v *View) observeNode(n *api.Node) {
 	nd := node{schedulable: n.Status == api.NodeStatusReady && n.SchedulingEligibility != api.NodeSchedulingIneligible,
-		gpus: map[string]int{}, healthy: map[string]bool{}}
+		pool: n.NodePool, gpus: map[string]int{}, devices: map[string]GPU{}}
 	if n.NodeResources != nil {
 		for _, d := range n.NodeResources.Devices {
 			if d == nil || !nomadjob.IsGPUGroup(d.Vendor, d.Type) {
@@ -149,7 +156,7 @@ func (v *View) observeNode(n *api.Node) {
 				if inst == nil {
 					continue
 				}
-				nd.healthy[inst.ID] = inst.Healthy
+				nd.devices[inst.ID] = GPU{Model: d.Name, Healthy: inst.Healthy}
 				if inst.Healthy {
 					nd.gpus[d.Name]++
 				}

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -17,6 +18,7 @@ import (
 	"github.com/nomad-gpu/nomad-gpu/broker/reclaim"
 	"github.com/nomad-gpu/nomad-gpu/broker/server"
 	"github.com/nomad-gpu/nomad-gpu/broker/usage"
+	"github.com/nomad-gpu/nomad-gpu/internal/testbuild"
 	"github.com/nomad-gpu/nomad-gpu/internal/testcluster"
 )
 
@@ -329,6 +331,32 @@ func TestReclaim(t *testing.T) {
 		}
 		if out := e.brokerCLI("reclaim", "list"); !strings.Contains(out, "idle-dev") || !strings.Contains(out, "unadmitted") {
 			t.Errorf("reclaim list:\n%s", out)
+		}
+	})
+	t.Run("the broker's metrics say what happened", func(t *testing.T) {
+		m := e.broker.Scrape()
+		for series, want := range map[string]float64{
+			`nomadgpu_reclaim_decisions_total{action="stop",rule="unadmitted",state="executed"}`:     3, // direct, copied, scaled-direct
+			`nomadgpu_reclaim_decisions_total{action="stop",rule="idle-dev",state="executed"}`:       1,
+			`nomadgpu_reclaim_decisions_total{action="stop",rule="idle-dev",state="cancelled"}`:      1,
+			`nomadgpu_reclaim_decisions_total{action="reschedule",rule="sick-gpu",state="executed"}`: 1,
+			`nomadgpu_reclaim_decisions_total{action="stop",rule="crash-loop",state="executed"}`:     1,
+			`nomadgpu_reclaim_decisions_total{action="stop",rule="idle-training",state="dry-run"}`:   1,
+			`nomadgpu_gpus{model="` + testbuild.H100 + `",node_pool="default",state="total"}`:        8,
+			`nomadgpu_gpus{model="` + testbuild.H100 + `",node_pool="default",state="unhealthy"}`:    1,
+			`nomadgpu_tenant_gpus{gpu_class="all",kind="limit",tenant="vision"}`:                     8,
+			`nomadgpu_admissions_total{outcome="admit",queue="dev",rule="",source="submit"}`:         4, // three notebooks, busy-nb again
+			`nomadgpu_leader`: 1,
+		} {
+			if got, ok := m[series]; !ok || got != want {
+				t.Errorf("%s = %v (present %t), want %v", series, got, ok, want)
+			}
+		}
+		busy := m[`nomadgpu_gpu_seconds_total{gpu_class="",queue="training",state="busy",tenant="vision"}`]
+		idle := m[`nomadgpu_gpu_seconds_total{gpu_class="",queue="training",state="idle",tenant="vision"}`]
+		allocated := m[`nomadgpu_gpu_seconds_total{gpu_class="",queue="training",state="allocated",tenant="vision"}`]
+		if busy <= 0 || idle <= 0 || math.Abs(allocated-busy-idle) > 1e-6 {
+			t.Errorf("training GPU-seconds: allocated %v, busy %v, idle %v", allocated, busy, idle)
 		}
 	})
 }

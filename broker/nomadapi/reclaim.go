@@ -19,7 +19,7 @@ import (
 type Allocations interface {
 	Synced() bool
 	GPUAllocs() []cluster.Alloc
-	GPUHealth(nodeID string) map[string]bool
+	NodeGPUs(nodeID string) map[string]cluster.GPU
 }
 
 // Observer gives the reclaim rules what they look at: every GPU allocation
@@ -127,12 +127,12 @@ func (o *Observer) node(ctx context.Context, id string, gpus map[string]reclaim.
 			}
 		}
 	}
-	for dev, healthy := range o.View.GPUHealth(id) {
+	for dev, g := range o.View.NodeGPUs(id) {
 		u, ok := util[dev]
 		if !ok {
 			u = 100 // no sample: not idle
 		}
-		gpus[dev] = reclaim.GPU{Utilization: u, Healthy: healthy}
+		gpus[dev] = reclaim.GPU{Utilization: u, Healthy: g.Healthy, Model: g.Model}
 	}
 }
 

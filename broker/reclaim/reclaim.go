@@ -39,6 +39,7 @@ type Alloc struct {
 type GPU struct {
 	Utilization float64 // percent, from the latest sample
 	Healthy     bool
+	Model       string
 }
 
 // Decision is a rule's verdict on allocations of one job.

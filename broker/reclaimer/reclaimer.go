@@ -13,6 +13,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
+	"github.com/nomad-gpu/nomad-gpu/broker/metrics"
 	"github.com/nomad-gpu/nomad-gpu/broker/policy"
 	"github.com/nomad-gpu/nomad-gpu/broker/reclaim"
 )
@@ -64,6 +65,7 @@ type Reclaimer struct {
 	NewID    func() string
 	// Watchers see every observation, after the decisions on it.
 	Watchers []Watcher
+	Metrics  *metrics.Metrics // nil: none
 
 	engine *reclaim.Engine
 }
@@ -114,6 +116,7 @@ func (r *Reclaimer) Pass(ctx context.Context) error {
 			r.engine.Retract(d)
 			return fmt.Errorf("record decision of rule %s on %s/%s: %w", d.Rule, d.Namespace, d.JobID, err)
 		}
+		r.Metrics.Decision(rec.Rule, string(rec.Action), string(rec.State))
 		r.Log.Info("reclaim decision", "id", rec.ID, "rule", rec.Rule, "action", rec.Action, "state", rec.State,
 			"namespace", rec.Namespace, "job", rec.Job, "allocs", rec.Allocs, "gpus", rec.GPUs, "act_after", rec.ActAfter, "evidence", rec.Evidence)
 		records = append(records, rec)
@@ -163,6 +166,7 @@ func (r *Reclaimer) act(ctx context.Context, rec reclaim.Record, now time.Time) 
 	if ok, err := r.Records.Update(ctx, cur); err != nil || !ok {
 		return fmt.Errorf("record the result of reclaim decision %s (%s): %w", cur.ID, cur.Result, err)
 	}
+	r.Metrics.Decision(cur.Rule, string(cur.Action), string(cur.State))
 	return nil
 }
 

@@ -14,6 +14,7 @@ import (
 
 	"github.com/nomad-gpu/nomad-gpu/broker/admission"
 	"github.com/nomad-gpu/nomad-gpu/broker/cluster"
+	"github.com/nomad-gpu/nomad-gpu/broker/metrics"
 	"github.com/nomad-gpu/nomad-gpu/broker/nomadjob"
 	"github.com/nomad-gpu/nomad-gpu/broker/queue"
 )
@@ -100,6 +101,7 @@ func (s *Server) register(w http.ResponseWriter, r *http.Request, pathJobID stri
 	}
 	d, res := s.cluster.Admit(s.policies.Current(), rj.Admission(rj.groups))
 	who := s.identity(r)
+	s.metrics.Admission(metrics.Submit, d)
 	s.log.Info("admission", "job", rj.JobID, "namespace", rj.Namespace, "outcome", d.Outcome, "tenant", d.Tenant,
 		"queue", d.Queue, "priority", d.Priority, "gpus", d.Demand.Total(), "rule", d.Rule, "reason", d.Reason, "by", who)
 	switch d.Outcome {

@@ -75,6 +75,7 @@ func (s *Server) reclaimDecision(w http.ResponseWriter, r *http.Request, id, who
 			writeError(w, http.StatusConflict, "nomad-gpu: reclaim decision %s changed meanwhile (%v); look again", id, err)
 			return
 		}
+		s.metrics.Decision(rec.Rule, string(rec.Action), string(rec.State))
 		s.log.Info("reclaim decision cancelled", "id", id, "rule", rec.Rule, "job", rec.Job, "namespace", rec.Namespace, "by", who)
 		writeJSON(w, http.StatusOK, rec)
 	default:

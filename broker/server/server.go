@@ -18,9 +18,11 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/nomad/api"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/nomad-gpu/nomad-gpu/broker/admission"
 	"github.com/nomad-gpu/nomad-gpu/broker/cluster"
+	"github.com/nomad-gpu/nomad-gpu/broker/metrics"
 	"github.com/nomad-gpu/nomad-gpu/broker/nomadjob"
 	"github.com/nomad-gpu/nomad-gpu/broker/policy"
 	"github.com/nomad-gpu/nomad-gpu/broker/queue"
@@ -97,14 +99,17 @@ type Server struct {
 	scales       Scales
 	profiles     Profiles
 	stored       StoredProfiles
-	stamper      nomadjob.Stamper
-	region       string
-	acls         bool
-	exclusive    bool
-	token        string
-	leader       Leader
-	now          func() time.Time
-	newID        func() string
+	metrics      *metrics.Metrics
+	// metricsHandler serves /metrics (nil: none).
+	metricsHandler http.Handler
+	stamper        nomadjob.Stamper
+	region         string
+	acls           bool
+	exclusive      bool
+	token          string
+	leader         Leader
+	now            func() time.Time
+	newID          func() string
 
 	large chan struct{} // slots for large bodies
 
@@ -128,6 +133,7 @@ type Options struct {
 	// far more GPUs than it kept busy; RightSizing lists them (nil: neither).
 	Profiles    Profiles
 	RightSizing StoredProfiles
+	Metrics     *metrics.Metrics // nil: no /metrics
 	Stamper     nomadjob.Stamper
 	Region      string // the Nomad region the broker governs ("" or "global": Nomad's default)
 	Leader      Leader // nil: this broker takes every admission itself
@@ -149,9 +155,12 @@ func New(o Options) (*Server, error) {
 		return nil, fmt.Errorf("nomad address %q: %w", o.Nomad, err)
 	}
 	s := &Server{log: o.Log, upstream: u, client: o.Client, policies: o.Policies, cluster: o.Cluster,
-		queue: o.Queue, decisions: o.Decisions, scales: o.Scales, profiles: o.Profiles, stored: o.RightSizing, stamper: o.Stamper, region: o.Region, acls: o.ACLs, exclusive: o.Exclusive, token: o.Token, leader: o.Leader, now: o.Now, newID: o.NewID, identities: map[[32]byte]cachedIdentity{}}
+		queue: o.Queue, decisions: o.Decisions, scales: o.Scales, profiles: o.Profiles, stored: o.RightSizing, metrics: o.Metrics, stamper: o.Stamper, region: o.Region, acls: o.ACLs, exclusive: o.Exclusive, token: o.Token, leader: o.Leader, now: o.Now, newID: o.NewID, identities: map[[32]byte]cachedIdentity{}}
 	if s.client == nil {
 		s.client = &http.Client{}
+	}
+	if o.Metrics != nil {
+		s.metricsHandler = promhttp.HandlerFor(o.Metrics.Registry, promhttp.HandlerOpts{})
 	}
 	s.leaderClient = o.Peers
 	if s.leaderClient == nil {
@@ -187,6 +196,11 @@ func (s *Server) Handler() http.Handler {
 		}
 		if strings.HasPrefix(p, "/v1/gpu/") {
 			s.serveGPU(w, r)
+			return
+		}
+		if p == "/metrics" && s.metricsHandler != nil {
+			// Nomad has no /metrics (its own are at /v1/metrics, passed through).
+			s.metricsHandler.ServeHTTP(w, r)
 			return
 		}
 		c, jobID := route(r.Method, p)

@@ -2,6 +2,7 @@ package testcluster
 
 import (
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -141,4 +142,32 @@ func (b *Broker) RSS() int64 {
 		}
 	}
 	return 0
+}
+
+// Scrape reads the broker's /metrics: each series, as Prometheus's text
+// format prints it (name{label="value",…}, labels sorted), to its value.
+func (b *Broker) Scrape() map[string]float64 {
+	b.t.Helper()
+	resp, err := b.Client.Get(b.Addr + "/metrics")
+	if err != nil {
+		b.t.Fatalf("scrape %s: %v", b.Addr, err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		b.t.Fatalf("scrape %s: %d %v\n%s", b.Addr, resp.StatusCode, err, body)
+	}
+	out := map[string]float64{}
+	for _, line := range strings.Split(string(body), "\n") {
+		i := strings.LastIndexByte(line, ' ')
+		if line == "" || line[0] == '#' || i < 0 {
+			continue
+		}
+		v, err := strconv.ParseFloat(line[i+1:], 64)
+		if err != nil {
+			b.t.Fatalf("scrape %s: %q: %v", b.Addr, line, err)
+		}
+		out[line[:i]] = v
+	}
+	return out
 }

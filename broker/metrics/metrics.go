@@ -1,0 +1,233 @@
+// Package metrics exposes the broker's Prometheus metrics: what the cluster
+// view, the policy and the queue hold, read at each scrape, and counters of
+// what the broker decided and measured. Labels are bounded: tenant, queue,
+// gpu_class, node_pool, model, rule, action, state, outcome; never a job.
+package metrics
+
+import (
+	"context"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/nomad-gpu/nomad-gpu/broker/admission"
+	"github.com/nomad-gpu/nomad-gpu/broker/cluster"
+	"github.com/nomad-gpu/nomad-gpu/broker/policy"
+	"github.com/nomad-gpu/nomad-gpu/broker/queue"
+	"github.com/nomad-gpu/nomad-gpu/broker/reclaim"
+	"github.com/nomad-gpu/nomad-gpu/broker/usage"
+)
+
+// Cluster is what the view tells at a scrape.
+type Cluster interface {
+	Inventory() []cluster.NodeInventory
+	UsageWithout(p *policy.Policy, namespace, jobID string) admission.Usage
+}
+
+// Sources are what the scrape-time metrics are read from.
+type Sources struct {
+	Cluster  Cluster
+	Policies interface{ Current() *policy.Policy }
+	Queue    interface {
+		List(ctx context.Context) ([]queue.Entry, error)
+	}
+	Leader interface{ IsLeader() bool }
+}
+
+// Metrics holds the broker's registry and counters. A nil *Metrics counts
+// nothing (components built without metrics, in tests).
+type Metrics struct {
+	Registry   *prometheus.Registry
+	admissions *prometheus.CounterVec
+	decisions  *prometheus.CounterVec
+	gpuSeconds *prometheus.CounterVec
+}
+
+// New registers the broker's metrics, Go's and the process's.
+func New(src Sources) *Metrics {
+	m := &Metrics{
+		Registry: prometheus.NewRegistry(),
+		admissions: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "nomadgpu_admissions_total",
+			Help: "GPU job decisions by source (submit: a request to the broker; queue: a queued job's turn), outcome (admit, admit-borrowed, queue, reject), the rule that decided (if one did) and queue."},
+			[]string{"source", "outcome", "rule", "queue"}),
+		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "nomadgpu_reclaim_decisions_total",
+			Help: "Reclaim decisions by rule, action and the state they reached (proposed, dry-run, executed, failed, cancelled)."},
+			[]string{"rule", "action", "state"}),
+		gpuSeconds: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "nomadgpu_gpu_seconds_total",
+			Help: "GPU time held by running allocations (allocated), split into busy and idle (below usage.idle_below); tenant and queue empty for jobs the broker did not admit."},
+			[]string{"tenant", "queue", "gpu_class", "state"}),
+	}
+	m.Registry.MustRegister(m.admissions, m.decisions, m.gpuSeconds, &scrape{src: src},
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return m
+}
+
+// Sources of admissions.
+const (
+	Submit = "submit"
+	Queued = "queue"
+)
+
+// Admission counts one decision on a GPU job, from source.
+func (m *Metrics) Admission(source string, d admission.Decision) {
+	if m != nil {
+		m.admissions.WithLabelValues(source, string(d.Outcome), d.Rule, d.Queue).Inc()
+	}
+}
+
+// Decision counts a reclaim decision reaching state.
+func (m *Metrics) Decision(rule, action, state string) {
+	if m != nil {
+		m.decisions.WithLabelValues(rule, action, state).Inc()
+	}
+}
+
+// GPUSeconds adds one interval's GPU time.
+func (m *Metrics) GPUSeconds(by map[usage.Key]usage.Seconds) {
+	if m == nil {
+		return
+	}
+	for k, s := range by {
+		m.gpuSeconds.WithLabelValues(k.Tenant, k.Queue, k.Class, "allocated").Add(s.Allocated)
+		m.gpuSeconds.WithLabelValues(k.Tenant, k.Queue, k.Class, "busy").Add(s.Busy)
+		m.gpuSeconds.WithLabelValues(k.Tenant, k.Queue, k.Class, "idle").Add(s.Idle)
+	}
+}
+
+// scrape reads the view, the policy and the queue at each scrape.
+type scrape struct{ src Sources }
+
+var (
+	gpusDesc = prometheus.NewDesc("nomadgpu_gpus",
+		"GPUs by node pool, model and state: total, healthy, unhealthy, allocated (held by running or pending allocations), free (healthy, unheld, on a schedulable node).",
+		[]string{"node_pool", "model", "state"}, nil)
+	freePerNodeDesc = prometheus.NewDesc("nomadgpu_node_free_gpus",
+		"Free GPUs per schedulable node.", nil, nil)
+	fragmentedDesc = prometheus.NewDesc("nomadgpu_free_gpus_fragmented_ratio",
+		"Share of free GPUs on nodes with fewer free than the most GPUs any node has (where the largest single-node request cannot go).", nil, nil)
+	tenantDesc = prometheus.NewDesc("nomadgpu_tenant_gpus",
+		"A tenant's GPUs: used, borrowed (of used, at the borrowing band), guaranteed and limit, per GPU class (\"all\": every class).",
+		[]string{"tenant", "gpu_class", "kind"}, nil)
+	queueDesc = prometheus.NewDesc("nomadgpu_queue_depth",
+		"Jobs waiting in the broker's queue.", []string{"queue"}, nil)
+	leaderDesc = prometheus.NewDesc("nomadgpu_leader",
+		"1 while this broker is the leader (admits, runs the queue and reclaim).", nil, nil)
+)
+
+func (c *scrape) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{gpusDesc, freePerNodeDesc, fragmentedDesc, tenantDesc, queueDesc, leaderDesc} {
+		ch <- d
+	}
+}
+
+func (c *scrape) Collect(ch chan<- prometheus.Metric) {
+	c.gpus(ch)
+	p := c.src.Policies.Current()
+	u := c.src.Cluster.UsageWithout(p, "", "")
+	for name, t := range p.Tenants {
+		tu := u.Tenants[name]
+		for kind, q := range map[string]policy.Quota{"used": tu.Used, "borrowed": tu.Borrowed, "guaranteed": t.Guaranteed, "limit": t.Limit} {
+			ch <- prometheus.MustNewConstMetric(tenantDesc, prometheus.GaugeValue, float64(q.Total()), name, "all", kind)
+			for class, n := range q {
+				if class != policy.AllGPUs {
+					ch <- prometheus.MustNewConstMetric(tenantDesc, prometheus.GaugeValue, float64(n), name, class, kind)
+				}
+			}
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if entries, err := c.src.Queue.List(ctx); err == nil {
+		depth := map[string]int{}
+		for name := range p.Queues {
+			depth[name] = 0
+		}
+		for _, e := range entries {
+			depth[e.Queue]++
+		}
+		for q, n := range depth {
+			ch <- prometheus.MustNewConstMetric(queueDesc, prometheus.GaugeValue, float64(n), q)
+		}
+	}
+	leader := 0.0
+	if c.src.Leader == nil || c.src.Leader.IsLeader() {
+		leader = 1
+	}
+	ch <- prometheus.MustNewConstMetric(leaderDesc, prometheus.GaugeValue, leader)
+}
+
+// gpus reports GPU states by pool and model, free GPUs per node and the
+// fragmented share.
+func (c *scrape) gpus(ch chan<- prometheus.Metric) {
+	type key struct{ pool, model string }
+	states := map[key]*cluster.NodeInventory{}
+	freeByNode, sizeByNode := map[string]int{}, map[string]int{}
+	for _, inv := range c.src.Cluster.Inventory() {
+		k := key{inv.Pool, inv.Model}
+		s := states[k]
+		if s == nil {
+			s = &cluster.NodeInventory{}
+			states[k] = s
+		}
+		s.Total += inv.Total
+		s.Healthy += inv.Healthy
+		s.Allocated += inv.Allocated
+		s.Free += inv.Free
+		sizeByNode[inv.Node] += inv.Total
+		if inv.Schedulable {
+			freeByNode[inv.Node] += inv.Free
+		}
+	}
+	for k, s := range states {
+		for state, n := range map[string]int{"total": s.Total, "healthy": s.Healthy, "unhealthy": s.Total - s.Healthy,
+			"allocated": s.Allocated, "free": s.Free} {
+			ch <- prometheus.MustNewConstMetric(gpusDesc, prometheus.GaugeValue, float64(n), k.pool, k.model, state)
+		}
+	}
+	largest := 0
+	for _, n := range sizeByNode {
+		largest = max(largest, n)
+	}
+	buckets := map[float64]uint64{0: 0, 1: 0, 2: 0, 4: 0, 8: 0}
+	var count uint64
+	var sum float64
+	free, fragmented := 0, 0
+	for _, n := range freeByNode {
+		count++
+		sum += float64(n)
+		for b := range buckets {
+			if float64(n) <= b {
+				buckets[b]++
+			}
+		}
+		free += n
+		if n < largest {
+			fragmented += n
+		}
+	}
+	ch <- prometheus.MustNewConstHistogram(freePerNodeDesc, count, sum, buckets)
+	ratio := 0.0
+	if free > 0 {
+		ratio = float64(fragmented) / float64(free)
+	}
+	ch <- prometheus.MustNewConstMetric(fragmentedDesc, prometheus.GaugeValue, ratio)
+}
+
+// Accountant adds each reclaim pass's GPU time to nomadgpu_gpu_seconds_total.
+// One per leader term: the first pass of a term counts nothing (nobody saw
+// the time before it).
+type Accountant struct {
+	Metrics  *Metrics
+	Policies interface{ Current() *policy.Policy }
+
+	prev time.Time
+}
+
+// Observed implements reclaimer.Watcher.
+func (a *Accountant) Observed(_ context.Context, now time.Time, allocs []reclaim.Alloc, gpus map[string]reclaim.GPU) error {
+	p := a.Policies.Current()
+	a.Metrics.GPUSeconds(usage.Interval(a.prev, now, allocs, gpus, p.Usage.IdleBelow, p.ClassOf))
+	a.prev = now
+	return nil
+}

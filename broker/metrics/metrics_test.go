@@ -1,0 +1,110 @@
+package metrics_test
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/hashicorp/nomad/api"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/nomad-gpu/nomad-gpu/broker/admission"
+	"github.com/nomad-gpu/nomad-gpu/broker/cluster"
+	"github.com/nomad-gpu/nomad-gpu/broker/metrics"
+	"github.com/nomad-gpu/nomad-gpu/broker/policy"
+	"github.com/nomad-gpu/nomad-gpu/broker/queue"
+	"github.com/nomad-gpu/nomad-gpu/broker/queue/queuetest"
+	"github.com/nomad-gpu/nomad-gpu/broker/usage"
+	"github.com/nomad-gpu/nomad-gpu/internal/testbuild"
+)
+
+type fixed struct{ p *policy.Policy }
+
+func (f fixed) Current() *policy.Policy { return f.p }
+
+const src = `
+queue "training" { priority = 60 }
+gpu_class "h100" { models = ["` + testbuild.H100 + `"] }
+tenant "vision" {
+  namespaces = ["vision"]
+  queues     = ["training"]
+  guaranteed = { h100 = 4 }
+  limit      = { h100 = 6 }
+}
+`
+
+func TestScrapeReportsGPUsTenantsAndQueues(t *testing.T) {
+	view := cluster.NewView(nil)
+	n1, n2 := testbuild.Node("n1", testbuild.H100, 7, 1), testbuild.Node("n2", testbuild.H100, 8, 0)
+	n1.NodePool, n2.NodePool = "gpu", "gpu"
+	view.Reset(cluster.Snapshot{Nodes: []*api.Node{n1, n2},
+		Jobs:   []*api.Job{testbuild.Job("vision", "train").Group("g", 1, 3, "nvidia/gpu").Build()},
+		Allocs: []*api.Allocation{testbuild.Alloc("a", "vision", "train", "n1", 5, "n1-0", "n1-1", "n1-7").Build()}})
+	q := queuetest.NewMem(queue.Entry{ID: "e1", JobID: "waits", Namespace: "vision", Tenant: "vision", Queue: "training", Demand: 2})
+	m := metrics.New(metrics.Sources{Cluster: view, Policies: fixed{testbuild.Policy(t, src)}, Queue: q})
+	m.Admission(metrics.Submit, admission.Decision{Outcome: admission.Admit, Queue: "training"})
+	m.Decision("idle-dev", "stop", "executed")
+	m.GPUSeconds(map[usage.Key]usage.Seconds{{Tenant: "vision", Queue: "training", Class: "h100"}: {Allocated: 90, Busy: 60, Idle: 30}})
+
+	// The job asks for any GPU ("nvidia/gpu"): it counts in no class.
+	// n1: 8 GPUs, one sick and held (n1-7), two more held; n2: 8 free.
+	// Free per node: n1 5, n2 8; the largest node has 8, so n1's 5 are fragmented.
+	want := `
+# HELP nomadgpu_gpus GPUs by node pool, model and state: total, healthy, unhealthy, allocated (held by running or pending allocations), free (healthy, unheld, on a schedulable node).
+# TYPE nomadgpu_gpus gauge
+nomadgpu_gpus{model="NVIDIA H100 80GB HBM3",node_pool="gpu",state="allocated"} 3
+nomadgpu_gpus{model="NVIDIA H100 80GB HBM3",node_pool="gpu",state="free"} 13
+nomadgpu_gpus{model="NVIDIA H100 80GB HBM3",node_pool="gpu",state="healthy"} 15
+nomadgpu_gpus{model="NVIDIA H100 80GB HBM3",node_pool="gpu",state="total"} 16
+nomadgpu_gpus{model="NVIDIA H100 80GB HBM3",node_pool="gpu",state="unhealthy"} 1
+# HELP nomadgpu_free_gpus_fragmented_ratio Share of free GPUs on nodes with fewer free than the most GPUs any node has (where the largest single-node request cannot go).
+# TYPE nomadgpu_free_gpus_fragmented_ratio gauge
+nomadgpu_free_gpus_fragmented_ratio 0.38461538461538464
+# HELP nomadgpu_node_free_gpus Free GPUs per schedulable node.
+# TYPE nomadgpu_node_free_gpus histogram
+nomadgpu_node_free_gpus_bucket{le="0"} 0
+nomadgpu_node_free_gpus_bucket{le="1"} 0
+nomadgpu_node_free_gpus_bucket{le="2"} 0
+nomadgpu_node_free_gpus_bucket{le="4"} 0
+nomadgpu_node_free_gpus_bucket{le="8"} 2
+nomadgpu_node_free_gpus_bucket{le="+Inf"} 2
+nomadgpu_node_free_gpus_sum 13
+nomadgpu_node_free_gpus_count 2
+# HELP nomadgpu_tenant_gpus A tenant's GPUs: used, borrowed (of used, at the borrowing band), guaranteed and limit, per GPU class ("all": every class).
+# TYPE nomadgpu_tenant_gpus gauge
+nomadgpu_tenant_gpus{gpu_class="all",kind="borrowed",tenant="vision"} 0
+nomadgpu_tenant_gpus{gpu_class="all",kind="guaranteed",tenant="vision"} 4
+nomadgpu_tenant_gpus{gpu_class="all",kind="limit",tenant="vision"} 6
+nomadgpu_tenant_gpus{gpu_class="all",kind="used",tenant="vision"} 3
+nomadgpu_tenant_gpus{gpu_class="h100",kind="guaranteed",tenant="vision"} 4
+nomadgpu_tenant_gpus{gpu_class="h100",kind="limit",tenant="vision"} 6
+# HELP nomadgpu_queue_depth Jobs waiting in the broker's queue.
+# TYPE nomadgpu_queue_depth gauge
+nomadgpu_queue_depth{queue="training"} 1
+# HELP nomadgpu_leader 1 while this broker is the leader (admits, runs the queue and reclaim).
+# TYPE nomadgpu_leader gauge
+nomadgpu_leader 1
+# HELP nomadgpu_admissions_total GPU job decisions by source (submit: a request to the broker; queue: a queued job's turn), outcome (admit, admit-borrowed, queue, reject), the rule that decided (if one did) and queue.
+# TYPE nomadgpu_admissions_total counter
+nomadgpu_admissions_total{outcome="admit",queue="training",rule="",source="submit"} 1
+# HELP nomadgpu_reclaim_decisions_total Reclaim decisions by rule, action and the state they reached (proposed, dry-run, executed, failed, cancelled).
+# TYPE nomadgpu_reclaim_decisions_total counter
+nomadgpu_reclaim_decisions_total{action="stop",rule="idle-dev",state="executed"} 1
+# HELP nomadgpu_gpu_seconds_total GPU time held by running allocations (allocated), split into busy and idle (below usage.idle_below); tenant and queue empty for jobs the broker did not admit.
+# TYPE nomadgpu_gpu_seconds_total counter
+nomadgpu_gpu_seconds_total{gpu_class="h100",queue="training",state="allocated",tenant="vision"} 90
+nomadgpu_gpu_seconds_total{gpu_class="h100",queue="training",state="busy",tenant="vision"} 60
+nomadgpu_gpu_seconds_total{gpu_class="h100",queue="training",state="idle",tenant="vision"} 30
+`
+	names := []string{"nomadgpu_gpus", "nomadgpu_free_gpus_fragmented_ratio", "nomadgpu_node_free_gpus", "nomadgpu_tenant_gpus",
+		"nomadgpu_queue_depth", "nomadgpu_leader", "nomadgpu_admissions_total", "nomadgpu_reclaim_decisions_total", "nomadgpu_gpu_seconds_total"}
+	if err := testutil.GatherAndCompare(m.Registry, strings.NewReader(want), names...); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestANilMetricsCountsNothing(t *testing.T) {
+	var m *metrics.Metrics
+	m.Admission(metrics.Queued, admission.Decision{Outcome: admission.Admit})
+	m.Decision("r", "stop", "executed")
+	m.GPUSeconds(map[usage.Key]usage.Seconds{{}: {Allocated: 1}})
+}
