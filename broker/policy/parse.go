@@ -13,7 +13,7 @@ import (
 	"github.com/zclconf/go-cty/cty"
 )
 
-var fileSchema = &hcl.BodySchema{Blocks: []hcl.BlockHeaderSchema{
+var fileSchema = &hcl.BodySchema{Attributes: []hcl.AttributeSchema{{Name: "currency"}}, Blocks: []hcl.BlockHeaderSchema{
 	{Type: "queue", LabelNames: []string{"name"}},
 	{Type: "tenant", LabelNames: []string{"name"}},
 	{Type: "gpu_class", LabelNames: []string{"name"}},
@@ -46,6 +46,7 @@ type tenantBody struct {
 
 type classBody struct {
 	Models []string `hcl:"models"`
+	Price  *float64 `hcl:"price_per_gpu_hour,optional"`
 }
 
 type borrowingBody struct {
@@ -67,7 +68,7 @@ func Parse(files map[string][]byte, capacity int) (*Policy, hcl.Diagnostics) {
 	p := &Policy{Queues: map[string]*Queue{}, Tenants: map[string]*Tenant{}, Classes: map[string]*GPUClass{}, Regions: map[string]*Region{},
 		Reclaim: map[string]*ReclaimRule{}, ReclaimSettings: ReclaimSettings{Period: DefaultReclaimPeriod, Retention: DefaultReclaimRetention},
 		Borrowing: Borrowing{Priority: defaultBorrowingPriority}, Preemption: Preemption{Batch: true, Service: true},
-		Usage: Usage{IdleBelow: DefaultIdleBelow}, byNamespace: map[string]*Tenant{}}
+		Usage: Usage{IdleBelow: DefaultIdleBelow, Retention: DefaultUsageRetention}, Currency: DefaultCurrency, byNamespace: map[string]*Tenant{}}
 	var diags hcl.Diagnostics
 	var tenantBlocks []*hcl.Block
 	var tenantBodies []tenantBody
@@ -88,6 +89,9 @@ func Parse(files map[string][]byte, capacity int) (*Policy, hcl.Diagnostics) {
 		diags = append(diags, d...)
 		if content == nil {
 			continue
+		}
+		if a, ok := content.Attributes["currency"]; ok {
+			diags = append(diags, p.currency(a, seenSingleton)...)
 		}
 		for _, b := range content.Blocks {
 			switch b.Type {
@@ -124,6 +128,12 @@ func Parse(files map[string][]byte, capacity int) (*Policy, hcl.Diagnostics) {
 					continue
 				}
 				c := &GPUClass{Name: b.Labels[0], Models: cb.Models, Range: b.DefRange}
+				if cb.Price != nil {
+					if c.PricePerGPUHour = *cb.Price; c.PricePerGPUHour < 0 {
+						diags = append(diags, errorAt(attrRange(b, "price_per_gpu_hour"), "Negative price",
+							fmt.Sprintf("gpu_class %q: price_per_gpu_hour = %g is below 0", c.Name, c.PricePerGPUHour)))
+					}
+				}
 				if prev, dup := p.Classes[c.Name]; dup {
 					diags = append(diags, duplicate("gpu_class", c.Name, b.DefRange, prev.Range))
 					continue

@@ -32,8 +32,10 @@ type Policy struct {
 	// ReclaimSettings say how often the rules are applied and how long
 	// decision records are kept.
 	ReclaimSettings ReclaimSettings
-	// Usage says how GPU use is measured.
+	// Usage says how GPU use is measured and kept.
 	Usage Usage
+	// Currency names what prices are in (top-level currency; default USD).
+	Currency string
 
 	byNamespace map[string]*Tenant
 }
@@ -121,7 +123,10 @@ type Quota map[string]int
 type GPUClass struct {
 	Name   string
 	Models []string
-	Range  hcl.Range
+	// PricePerGPUHour is what an allocated GPU of the class costs an hour,
+	// in the policy's Currency (0: not priced).
+	PricePerGPUHour float64
+	Range           hcl.Range
 }
 
 // Region names the broker that admits GPU jobs for another Nomad region:

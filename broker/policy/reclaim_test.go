@@ -46,8 +46,12 @@ func TestReclaimRulesAsWritten(t *testing.T) {
 	if s := p.ReclaimSettings; s.Period != 30*time.Second || s.Retention != 30*24*time.Hour {
 		t.Errorf("default reclaim_settings: %+v %s", s, policy.FormatDiagnostics(diags))
 	}
-	if p.Usage.IdleBelow != 5 {
-		t.Errorf("default usage idle_below %g, want 5", p.Usage.IdleBelow)
+	if p.Usage.IdleBelow != 5 || p.Usage.Retention != 400*24*time.Hour || p.Currency != "USD" {
+		t.Errorf("defaults: usage %+v, currency %q", p.Usage, p.Currency)
+	}
+	p, diags = policy.Parse(map[string][]byte{"queues.hcl": []byte(queues + "currency = \"EUR\"\ngpu_class \"h100\" {\n  models = [\"H100\"]\n  price_per_gpu_hour = 2.5\n}\nusage {\n  retention = \"48h\"\n}\n")}, 0)
+	if p == nil || p.Currency != "EUR" || p.Classes["h100"].PricePerGPUHour != 2.5 || p.Usage.Retention != 48*time.Hour {
+		t.Errorf("currency, price, retention: %s", policy.FormatDiagnostics(diags))
 	}
 	p, diags = policy.Parse(map[string][]byte{"queues.hcl": []byte(queues + "reclaim_settings {\n  period = \"5s\"\n  retention = \"48h\"\n}\n")}, 0)
 	if p == nil || p.ReclaimSettings.Period != 5*time.Second || p.ReclaimSettings.Retention != 48*time.Hour {
@@ -83,6 +87,12 @@ func TestReclaimRuleDiagnostics(t *testing.T) {
 			`reclaim.hcl:2:3: error: Invalid idle threshold: usage: idle_below = 0 is not a utilisation percentage above 0 and at most 100`},
 		{"two usage blocks", "usage {\n  idle_below = 3\n}\nusage {\n  idle_below = 4\n}\n",
 			`reclaim.hcl:4:1: error: Duplicate usage`},
+		{"short usage retention", "usage {\n  retention = \"1h\"\n}\n",
+			`reclaim.hcl:2:3: error: Invalid duration: usage: retention = "1h" is not a duration of at least 24h`},
+		{"negative price", "gpu_class \"a100\" {\n  models = [\"A100\"]\n  price_per_gpu_hour = -1\n}\n",
+			`reclaim.hcl:3:3: error: Negative price: gpu_class "a100": price_per_gpu_hour = -1 is below 0`},
+		{"bad currency", "currency = \"US dollars\"\n",
+			`reclaim.hcl:1:1: error: Invalid currency: currency = "US dollars" is not a currency code`},
 		{"unknown attribute", rule(`idle = true`, `action = "stop"`),
 			`reclaim.hcl:2:3: error: Unsupported argument: An argument named "idle" is not expected here.`},
 	}

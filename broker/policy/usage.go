@@ -2,6 +2,8 @@ package policy
 
 import (
 	"fmt"
+	"strings"
+	"time"
 
 	"github.com/hashicorp/hcl/v2"
 	"github.com/hashicorp/hcl/v2/gohcl"
@@ -12,13 +14,20 @@ type Usage struct {
 	// IdleBelow (percent): a GPU sampled below it is idle, at or above it
 	// busy (right-sizing, and the idle share of GPU-hours).
 	IdleBelow float64
+	// Retention is how long daily GPU-hour rollups are kept.
+	Retention time.Duration
 }
 
-// DefaultIdleBelow is usage.idle_below when the policy sets none.
-const DefaultIdleBelow = 5
+// Defaults of the usage block and of currency.
+const (
+	DefaultIdleBelow      = 5
+	DefaultUsageRetention = 400 * 24 * time.Hour
+	DefaultCurrency       = "USD"
+)
 
 type usageBody struct {
 	IdleBelow *float64 `hcl:"idle_below,optional"`
+	Retention *string  `hcl:"retention,optional"`
 }
 
 func (p *Policy) usage(b *hcl.Block) hcl.Diagnostics {
@@ -26,17 +35,49 @@ func (p *Policy) usage(b *hcl.Block) hcl.Diagnostics {
 	if d := gohcl.DecodeBody(b.Body, nil, &ub); d.HasErrors() {
 		return d
 	}
+	var diags hcl.Diagnostics
+	if ub.Retention != nil {
+		d, err := time.ParseDuration(*ub.Retention)
+		if err != nil || d < 24*time.Hour {
+			diags = append(diags, errorAt(attrRange(b, "retention"), "Invalid duration",
+				fmt.Sprintf("usage: retention = %q is not a duration of at least 24h (days are written in hours: 400 days is \"9600h\")", *ub.Retention)))
+		} else {
+			p.Usage.Retention = d
+		}
+	}
 	if ub.IdleBelow == nil {
-		return nil
+		return diags
 	}
 	if v := *ub.IdleBelow; v <= 0 || v > 100 {
-		attrs, _ := b.Body.JustAttributes()
-		rng := b.DefRange
-		if a, ok := attrs["idle_below"]; ok {
-			rng = a.Range
-		}
-		return hcl.Diagnostics{errorAt(rng, "Invalid idle threshold", fmt.Sprintf("usage: idle_below = %g is not a utilisation percentage above 0 and at most 100", v))}
+		return append(diags, errorAt(attrRange(b, "idle_below"), "Invalid idle threshold", fmt.Sprintf("usage: idle_below = %g is not a utilisation percentage above 0 and at most 100", v)))
 	}
 	p.Usage.IdleBelow = *ub.IdleBelow
+	return diags
+}
+
+// attrRange is where attribute name is set in block b, or the block's header.
+func attrRange(b *hcl.Block, name string) hcl.Range {
+	if attrs, _ := b.Body.JustAttributes(); attrs != nil {
+		if a, ok := attrs[name]; ok {
+			return a.Range
+		}
+	}
+	return b.DefRange
+}
+
+// currency reads the top-level currency attribute (once in the policy set).
+func (p *Policy) currency(a *hcl.Attribute, seen map[string]hcl.Range) hcl.Diagnostics {
+	if prev, dup := seen["currency"]; dup {
+		return hcl.Diagnostics{duplicate("currency", "", a.Range, prev)}
+	}
+	seen["currency"] = a.Range
+	var c string
+	if d := gohcl.DecodeExpression(a.Expr, nil, &c); d.HasErrors() {
+		return d
+	}
+	if c == "" || strings.ContainsAny(c, " \t\n") {
+		return hcl.Diagnostics{errorAt(a.Range, "Invalid currency", fmt.Sprintf("currency = %q is not a currency code such as \"USD\"", c))}
+	}
+	p.Currency = c
 	return nil
 }
