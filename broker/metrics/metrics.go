@@ -15,7 +15,6 @@ import (
 	"github.com/nomad-gpu/nomad-gpu/broker/cluster"
 	"github.com/nomad-gpu/nomad-gpu/broker/policy"
 	"github.com/nomad-gpu/nomad-gpu/broker/queue"
-	"github.com/nomad-gpu/nomad-gpu/broker/reclaim"
 	"github.com/nomad-gpu/nomad-gpu/broker/usage"
 )
 
@@ -212,22 +211,4 @@ func (c *scrape) gpus(ch chan<- prometheus.Metric) {
 		ratio = float64(fragmented) / float64(free)
 	}
 	ch <- prometheus.MustNewConstMetric(fragmentedDesc, prometheus.GaugeValue, ratio)
-}
-
-// Accountant adds each reclaim pass's GPU time to nomadgpu_gpu_seconds_total.
-// One per leader term: the first pass of a term counts nothing (nobody saw
-// the time before it).
-type Accountant struct {
-	Metrics  *Metrics
-	Policies interface{ Current() *policy.Policy }
-
-	prev time.Time
-}
-
-// Observed implements reclaimer.Watcher.
-func (a *Accountant) Observed(_ context.Context, now time.Time, allocs []reclaim.Alloc, gpus map[string]reclaim.GPU) error {
-	p := a.Policies.Current()
-	a.Metrics.GPUSeconds(usage.Interval(a.prev, now, allocs, gpus, p.Usage.IdleBelow, p.ClassOf))
-	a.prev = now
-	return nil
 }

@@ -27,22 +27,46 @@ func (s *Seconds) Add(o Seconds) {
 	s.Idle += o.Idle
 }
 
-// MaxInterval caps the time one observation is counted for: after a gap
-// (a new leader, a stalled pass) GPUs are not charged for time nobody saw.
-const MaxInterval = 2 * time.Minute
+// MaxInterval caps the time one observation is charged for: a leader
+// failover is covered, but after a longer gap (no broker running) GPUs are
+// not charged for time nobody saw.
+const MaxInterval = 10 * time.Minute
 
-// Interval is the GPU time of one observation, counted from the previous
-// one (at most MaxInterval before): every GPU that admitted, running
-// allocations hold, busy or idle by its sample (no sample: busy). An
-// allocation the broker did not admit has tenant and queue "". classOf
-// maps a GPU model to its class ("" when none).
-func Interval(prev, now time.Time, allocs []reclaim.Alloc, gpus map[string]reclaim.GPU, idleBelow float64,
-	classOf func(model string) string) map[Key]Seconds {
-	d := now.Sub(prev)
-	if prev.IsZero() || d <= 0 {
+// Charge is the GPU time of one observation at now since the last one at
+// prev (at most MaxInterval before), by UTC day (YYYY-MM-DD): every GPU
+// that running allocations hold, busy or idle by its sample (no sample:
+// busy), an allocation started since counted from its start. An allocation
+// the broker did not admit has tenant and queue "". classOf maps a GPU
+// model to its class ("" when none).
+func Charge(prev, now time.Time, allocs []reclaim.Alloc, gpus map[string]reclaim.GPU, idleBelow float64,
+	classOf func(model string) string) map[string]map[Key]Seconds {
+	if prev.IsZero() || !now.After(prev) {
 		return nil
 	}
-	d = min(d, MaxInterval)
+	prev, now = prev.UTC(), now.UTC()
+	if now.Sub(prev) > MaxInterval {
+		prev = now.Add(-MaxInterval)
+	}
+	out := map[string]map[Key]Seconds{}
+	for from := prev; from.Before(now); {
+		to := time.Date(from.Year(), from.Month(), from.Day()+1, 0, 0, 0, 0, time.UTC) // the next midnight
+		if to.After(now) {
+			to = now
+		}
+		if by := interval(from, to, allocs, gpus, idleBelow, classOf); len(by) > 0 {
+			out[from.Format(DayFormat)] = by
+		}
+		from = to
+	}
+	return out
+}
+
+// DayFormat names a UTC day.
+const DayFormat = "2006-01-02"
+
+func interval(prev, now time.Time, allocs []reclaim.Alloc, gpus map[string]reclaim.GPU, idleBelow float64,
+	classOf func(model string) string) map[Key]Seconds {
+	d := now.Sub(prev)
 	out := map[Key]Seconds{}
 	for _, a := range allocs {
 		if a.Preempted || a.StartedAt.IsZero() {

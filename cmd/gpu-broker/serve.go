@@ -113,6 +113,7 @@ func serveErr(path string, log hclog.Logger) error {
 	decisions := reclaimer.NewStore(consulClient.KV(), cfg.Consul.KVPrefix)
 	scales := scaled.NewStore(consulClient.KV(), cfg.Consul.KVPrefix)
 	profiles, storedProfiles := gpuusage.NewProfiles(), usagekv.NewStore(consulClient, cfg.Consul.KVPrefix)
+	rollups := usagekv.NewRollups(consulClient, cfg.Consul.KVPrefix)
 	elector := &leader.Elector{Client: consulClient, Key: cfg.Consul.KVPrefix + "leader", Address: cfg.Advertise,
 		Log: log.Named("leader")}
 	metrics := brokermetrics.New(brokermetrics.Sources{Cluster: view, Policies: policies, Queue: store, Leader: elector})
@@ -149,7 +150,7 @@ func serveErr(path string, log hclog.Logger) error {
 			Verify: scales.Verifier(stamper)}, Actor: nomadClient, Policies: policies, Now: time.Now, NewID: queue.NewID,
 			Requeue: &reclaimer.Requeue{Jobs: nomadClient, Actor: nomadClient, Queue: store, Policies: policies},
 			Watchers: []reclaimer.Watcher{&usagekv.Recorder{Store: storedProfiles, Table: profiles, Policies: policies},
-				&brokermetrics.Accountant{Metrics: metrics, Policies: policies}}, Metrics: metrics}
+				&usagekv.Ledger{Store: rollups, Policies: policies, Metrics: metrics}}, Metrics: metrics}
 		go rec.Run(ctx, time.After)
 		adm.Run(ctx, view.Changed(), 2*time.Second)
 	})

@@ -1,0 +1,59 @@
+package usage_test
+
+import (
+	"reflect"
+	"testing"
+	"time"
+
+	"github.com/nomad-gpu/nomad-gpu/broker/reclaim"
+	"github.com/nomad-gpu/nomad-gpu/broker/usage"
+)
+
+func noClass(string) string { return "" }
+
+func TestChargeSplitsAtMidnightAndCountsFromAnAllocationsStart(t *testing.T) {
+	midnight := time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)
+	early := running("a", "train", "g0", "g1") // started at t0, the day before
+	late := running("b", "late", "g2")
+	late.StartedAt = midnight.Add(10 * time.Second)
+	gpus := util(map[string]float64{"g0": 90, "g1": 0, "g2": 50})
+	got := usage.Charge(midnight.Add(-20*time.Second), midnight.Add(30*time.Second), []reclaim.Alloc{early, late}, gpus, 5, noClass)
+	vision := usage.Key{Tenant: "vision", Queue: "training"}
+	want := map[string]map[usage.Key]usage.Seconds{
+		"2026-11-30": {vision: {Allocated: 40, Busy: 20, Idle: 20}},
+		"2026-12-01": {vision: {Allocated: 80, Busy: 50, Idle: 30}}, // 2×30 for train, 20 for late (since its start)
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("charge:\n got %+v\nwant %+v", got, want)
+	}
+}
+
+func TestChargeCountsNothingFirstAndAtMostMaxIntervalAfterAGap(t *testing.T) {
+	allocs := []reclaim.Alloc{running("a", "train", "g0")}
+	if got := usage.Charge(time.Time{}, t0.Add(time.Hour), allocs, nil, 5, noClass); got != nil {
+		t.Errorf("first observation charged %v", got)
+	}
+	got := usage.Charge(t0.Add(time.Hour), t0.Add(5*time.Hour), allocs, nil, 5, noClass)
+	if s := got["2026-11-30"][usage.Key{Tenant: "vision", Queue: "training"}]; s.Allocated != usage.MaxInterval.Seconds() {
+		t.Errorf("after a gap: %+v", got)
+	}
+}
+
+func TestReportSumsDaysByGroupWithCost(t *testing.T) {
+	days := []usage.Rollup{{Day: "2026-11-30"}, {Day: "2026-12-01"}}
+	days[0].Add(map[usage.Key]usage.Seconds{{Tenant: "vision", Queue: "training", Class: "h100"}: {Allocated: 7200, Busy: 5400, Idle: 1800}})
+	days[1].Add(map[usage.Key]usage.Seconds{{Tenant: "vision", Queue: "dev", Class: "h100"}: {Allocated: 3600, Idle: 3600},
+		{Tenant: "search", Queue: "inference", Class: "a100"}: {Allocated: 3600, Busy: 3600}})
+	price := map[string]float64{"h100": 2.5, "a100": 1}
+	got := usage.Report(days, usage.ByTenant, func(c string) float64 { return price[c] })
+	want := []usage.ReportRow{
+		{Group: "search", AllocatedHours: 1, BusyHours: 1, Cost: 1},
+		{Group: "vision", AllocatedHours: 3, BusyHours: 1.5, IdleHours: 1.5, IdleShare: 0.5, Cost: 7.5},
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("by tenant:\n got %+v\nwant %+v", got, want)
+	}
+	if got := usage.Report(days, usage.ByQueue, func(string) float64 { return 0 }); len(got) != 3 || got[0].Group != "dev" {
+		t.Errorf("by queue: %+v", got)
+	}
+}

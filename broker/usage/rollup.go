@@ -1,0 +1,100 @@
+package usage
+
+import (
+	"sort"
+)
+
+// Rollup is one UTC day's GPU time by tenant, queue and class: bounded by
+// tenants × queues × classes, whatever the number of jobs.
+type Rollup struct {
+	Day  string `json:"day"` // YYYY-MM-DD
+	Rows []Row  `json:"rows"`
+}
+
+// Row is the GPU time of one tenant, queue and class.
+type Row struct {
+	Key
+	Seconds
+}
+
+// Add adds GPU time to the day.
+func (r *Rollup) Add(by map[Key]Seconds) {
+	at := map[Key]int{}
+	for i, row := range r.Rows {
+		at[row.Key] = i
+	}
+	for k, s := range by {
+		i, ok := at[k]
+		if !ok {
+			r.Rows = append(r.Rows, Row{Key: k})
+			i = len(r.Rows) - 1
+			at[k] = i
+		}
+		r.Rows[i].Seconds.Add(s)
+	}
+	sort.Slice(r.Rows, func(i, j int) bool { return r.Rows[i].Key.less(r.Rows[j].Key) })
+}
+
+func (k Key) less(o Key) bool {
+	if k.Tenant != o.Tenant {
+		return k.Tenant < o.Tenant
+	}
+	if k.Queue != o.Queue {
+		return k.Queue < o.Queue
+	}
+	return k.Class < o.Class
+}
+
+// Groupings of a report.
+const (
+	ByTenant = "tenant"
+	ByQueue  = "queue"
+	ByClass  = "class"
+)
+
+// ReportRow is GPU-hours and cost of one group over a period.
+type ReportRow struct {
+	Group          string  `json:"group"`
+	AllocatedHours float64 `json:"allocated_gpu_hours"`
+	BusyHours      float64 `json:"busy_gpu_hours"`
+	IdleHours      float64 `json:"idle_gpu_hours"`
+	// IdleShare is idle over allocated (0 when nothing was allocated).
+	IdleShare float64 `json:"idle_share"`
+	// Cost is the allocated hours at their class's price.
+	Cost float64 `json:"cost"`
+}
+
+// Report sums days by group (ByTenant, ByQueue or ByClass), pricing
+// allocated GPU-hours with price (per GPU-hour of a class).
+func Report(days []Rollup, by string, price func(class string) float64) []ReportRow {
+	groups := map[string]*ReportRow{}
+	for _, d := range days {
+		for _, row := range d.Rows {
+			g := row.Tenant
+			switch by {
+			case ByQueue:
+				g = row.Queue
+			case ByClass:
+				g = row.Class
+			}
+			r := groups[g]
+			if r == nil {
+				r = &ReportRow{Group: g}
+				groups[g] = r
+			}
+			r.AllocatedHours += row.Allocated / 3600
+			r.BusyHours += row.Busy / 3600
+			r.IdleHours += row.Idle / 3600
+			r.Cost += row.Allocated / 3600 * price(row.Class)
+		}
+	}
+	out := make([]ReportRow, 0, len(groups))
+	for _, r := range groups {
+		if r.AllocatedHours > 0 {
+			r.IdleShare = r.IdleHours / r.AllocatedHours
+		}
+		out = append(out, *r)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Group < out[j].Group })
+	return out
+}

@@ -1,0 +1,72 @@
+package usagekv
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/nomad-gpu/nomad-gpu/broker/metrics"
+	"github.com/nomad-gpu/nomad-gpu/broker/policy"
+	"github.com/nomad-gpu/nomad-gpu/broker/reclaim"
+	"github.com/nomad-gpu/nomad-gpu/broker/usage"
+)
+
+// DayStore is where the ledger keeps daily rollups and its mark.
+type DayStore interface {
+	Through(ctx context.Context) (time.Time, uint64, error)
+	Day(ctx context.Context, day string) (usage.Rollup, error)
+	Commit(ctx context.Context, index uint64, through time.Time, days []usage.Rollup) (bool, error)
+	DeleteBefore(ctx context.Context, day string) error
+}
+
+// ErrMarkMoved: another leader counted since the mark was read; the next
+// pass counts from where it left off.
+var ErrMarkMoved = errors.New("the usage mark moved since it was read (another leader wrote)")
+
+// Ledger charges each reclaim pass's GPU time to the daily rollups, from
+// the stored mark up to the pass, and adds what it committed to
+// nomadgpu_gpu_seconds_total.
+type Ledger struct {
+	Store    DayStore
+	Policies interface{ Current() *policy.Policy }
+	Metrics  *metrics.Metrics
+
+	expired string // the day whose expiry ran last
+}
+
+// Observed implements reclaimer.Watcher.
+func (l *Ledger) Observed(ctx context.Context, now time.Time, allocs []reclaim.Alloc, gpus map[string]reclaim.GPU) error {
+	through, index, err := l.Store.Through(ctx)
+	if err != nil {
+		return err
+	}
+	if !through.IsZero() && !now.After(through) {
+		return nil // counted up to now already
+	}
+	p := l.Policies.Current()
+	charged := usage.Charge(through, now, allocs, gpus, p.Usage.IdleBelow, p.ClassOf)
+	days := make([]usage.Rollup, 0, len(charged))
+	for day, by := range charged {
+		d, err := l.Store.Day(ctx, day)
+		if err != nil {
+			return err
+		}
+		d.Add(by)
+		days = append(days, d)
+	}
+	ok, err := l.Store.Commit(ctx, index, now, days)
+	if err != nil {
+		return err
+	}
+	if !ok {
+		return ErrMarkMoved
+	}
+	for _, by := range charged {
+		l.Metrics.GPUSeconds(by)
+	}
+	if today := now.UTC().Format(usage.DayFormat); today != l.expired {
+		l.expired = today
+		return l.Store.DeleteBefore(ctx, now.Add(-p.Usage.Retention).UTC().Format(usage.DayFormat))
+	}
+	return nil
+}

@@ -1,0 +1,100 @@
+package usagekv_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/nomad-gpu/nomad-gpu/broker/reclaim"
+	"github.com/nomad-gpu/nomad-gpu/broker/usage"
+	"github.com/nomad-gpu/nomad-gpu/broker/usagekv"
+	"github.com/nomad-gpu/nomad-gpu/internal/testbuild"
+)
+
+// days is a DayStore in memory, its mark's index bumped on every commit.
+type days struct {
+	through time.Time
+	index   uint64
+	byDay   map[string]usage.Rollup
+}
+
+func (d *days) Through(context.Context) (time.Time, uint64, error) { return d.through, d.index, nil }
+func (d *days) Day(_ context.Context, day string) (usage.Rollup, error) {
+	r, ok := d.byDay[day]
+	if !ok {
+		r.Day = day
+	}
+	r.Rows = append([]usage.Row(nil), r.Rows...)
+	return r, nil
+}
+func (d *days) Commit(_ context.Context, index uint64, through time.Time, rs []usage.Rollup) (bool, error) {
+	if index != d.index {
+		return false, nil
+	}
+	d.through, d.index = through, d.index+1
+	for _, r := range rs {
+		d.byDay[r.Day] = r
+	}
+	return true, nil
+}
+func (d *days) DeleteBefore(_ context.Context, day string) error {
+	for k := range d.byDay {
+		if k < day {
+			delete(d.byDay, k)
+		}
+	}
+	return nil
+}
+
+func TestTheLedgerCountsEachIntervalOnceAcrossLeaders(t *testing.T) {
+	t0 := time.Date(2026, 11, 30, 8, 0, 0, 0, time.UTC)
+	store := &days{byDay: map[string]usage.Rollup{"2025-01-01": {Day: "2025-01-01"}}}
+	p := fixed{testbuild.Policy(t, src)}
+	allocs := []reclaim.Alloc{{ID: "a", Namespace: "vision", JobID: "nb", Admitted: true, Tenant: "vision", Queue: "dev", StartedAt: t0,
+		GPUs: []string{"g0", "g1"}}}
+	gpus := map[string]reclaim.GPU{"g0": {Utilization: 0}, "g1": {Utilization: 80}}
+	first, second := &usagekv.Ledger{Store: store, Policies: p}, &usagekv.Ledger{Store: store, Policies: p}
+	observe := func(l *usagekv.Ledger, at time.Duration) error {
+		return l.Observed(context.Background(), t0.Add(at), allocs, gpus)
+	}
+	for _, step := range []struct {
+		l  *usagekv.Ledger
+		at time.Duration
+	}{{first, 0}, {first, 30 * time.Second}, {second, 45 * time.Second}, {first, 60 * time.Second}, {second, 60 * time.Second}} {
+		if err := observe(step.l, step.at); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Two GPUs for 60 s whichever leader saw which part: 120 allocated, half idle.
+	got := store.byDay["2026-11-30"].Rows
+	want := usage.Seconds{Allocated: 120, Busy: 60, Idle: 60}
+	if len(got) != 1 || got[0].Seconds != want || got[0].Key != (usage.Key{Tenant: "vision", Queue: "dev"}) {
+		t.Errorf("rollup %+v, want %+v", got, want)
+	}
+	if _, ok := store.byDay["2025-01-01"]; ok {
+		t.Error("a day past retention was kept")
+	}
+}
+
+func TestALedgerThatLostTheMarkCountsNothing(t *testing.T) {
+	t0 := time.Date(2026, 11, 30, 8, 0, 0, 0, time.UTC)
+	store := &days{through: t0, index: 7, byDay: map[string]usage.Rollup{}}
+	stale := &racing{days: store}
+	l := &usagekv.Ledger{Store: stale, Policies: fixed{testbuild.Policy(t, src)}}
+	allocs := []reclaim.Alloc{{ID: "a", Namespace: "vision", JobID: "nb", Admitted: true, StartedAt: t0, GPUs: []string{"g0"}}}
+	if err := l.Observed(context.Background(), t0.Add(time.Minute), allocs, nil); err == nil || !errors.Is(err, usagekv.ErrMarkMoved) {
+		t.Fatalf("err %v", err)
+	}
+	if len(store.byDay) != 0 {
+		t.Errorf("counted after losing the mark: %+v", store.byDay)
+	}
+}
+
+// racing moves the mark between the ledger's read and its commit.
+type racing struct{ *days }
+
+func (r *racing) Commit(ctx context.Context, index uint64, through time.Time, rs []usage.Rollup) (bool, error) {
+	r.days.index++
+	return r.days.Commit(ctx, index, through, rs)
+}
