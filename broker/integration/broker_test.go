@@ -505,12 +505,26 @@ func (e *env) stop(ns, id string) {
 // and the given namespaces.
 func startGPUNode(t *testing.T, name string, gpus int, namespaces ...string) *testcluster.Nomad {
 	t.Helper()
+	return startGPUNodeWithState(t, name, gpus, "", namespaces...)
+}
+
+// startGPUNodeWithState is startGPUNode whose fake GPUs read their health
+// and utilisation from the state file (when not ""), every second.
+func startGPUNodeWithState(t *testing.T, name string, gpus int, state string, namespaces ...string) *testcluster.Nomad {
+	t.Helper()
+	periods, stateFile := "", ""
+	if state != "" {
+		periods = `
+    stats_period       = "1s"
+    fingerprint_period = "1s"`
+		stateFile = fmt.Sprintf("\n      state_file = %q", state)
+	}
 	n := testcluster.StartNomad(t, testcluster.NomadOptions{Name: name, Server: true, Client: true, PluginConfig: fmt.Sprintf(`
-    backend = "fake"
+    backend = "fake"%s
     fake {
       count     = %d
-      id_prefix = %q
-    }`, gpus, name)})
+      id_prefix = %q%s
+    }`, periods, gpus, name, stateFile)})
 	n.WaitForNodes(t, 1)
 	for _, ns := range namespaces {
 		if _, err := n.API.Namespaces().Register(&api.Namespace{Name: ns}, nil); err != nil {

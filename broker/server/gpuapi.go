@@ -42,6 +42,8 @@ func (s *Server) serveGPU(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	switch {
+	case path == "usage" && r.Method == http.MethodGet && r.URL.Query().Has("from"):
+		s.usageReport(w, r)
 	case path == "usage" && r.Method == http.MethodGet:
 		s.usage(w, r)
 	case path == "queue" && r.Method == http.MethodGet:
@@ -70,6 +72,87 @@ func (s *Server) serveGPU(w http.ResponseWriter, r *http.Request) {
 	default:
 		writeError(w, http.StatusNotFound, "nomad-gpu: no such endpoint %s %s", r.Method, r.URL.Path)
 	}
+}
+
+// UsageReport is GET /v1/gpu/usage?from=&to=&by=: GPU-hours and cost of
+// the days from From up to (not including) To.
+type UsageReport struct {
+	From     string            `json:"from"`
+	To       string            `json:"to"`
+	By       string            `json:"by"`
+	Currency string            `json:"currency"`
+	Rows     []usage.ReportRow `json:"rows"`
+}
+
+// usageReport reports GPU-hours from the daily rollups. With ACLs a caller
+// sees the tenants with a namespace it may read, and not the time of jobs
+// the broker did not admit (they have no tenant).
+func (s *Server) usageReport(w http.ResponseWriter, r *http.Request) {
+	if s.rollups == nil {
+		writeError(w, http.StatusNotFound, "nomad-gpu: this broker keeps no usage history")
+		return
+	}
+	q := r.URL.Query()
+	rep := UsageReport{From: q.Get("from"), To: q.Get("to"), By: q.Get("by")}
+	from, err := time.Parse(usage.DayFormat, rep.From)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, "nomad-gpu: from=%q is not a day (YYYY-MM-DD)", rep.From)
+		return
+	}
+	to := s.now().UTC().AddDate(0, 0, 1) // through today
+	if rep.To != "" {
+		if to, err = time.Parse(usage.DayFormat, rep.To); err != nil {
+			writeError(w, http.StatusBadRequest, "nomad-gpu: to=%q is not a day (YYYY-MM-DD)", rep.To)
+			return
+		}
+	}
+	rep.To = to.Format(usage.DayFormat)
+	if !to.After(from) {
+		writeError(w, http.StatusBadRequest, "nomad-gpu: to (%s) must come after from (%s): the period runs from 'from' up to, not including, 'to'", rep.To, rep.From)
+		return
+	}
+	switch rep.By {
+	case "":
+		rep.By = usage.ByTenant
+	case usage.ByTenant, usage.ByQueue, usage.ByClass:
+	default:
+		writeError(w, http.StatusBadRequest, "nomad-gpu: by=%q: report by tenant, queue or class", rep.By)
+		return
+	}
+	days, err := s.rollups.Days(r.Context(), rep.From, to.AddDate(0, 0, -1).Format(usage.DayFormat))
+	if err != nil {
+		writeError(w, http.StatusServiceUnavailable, "nomad-gpu: %v", err)
+		return
+	}
+	p := s.policies.Current()
+	if s.acls {
+		readable, tenants := map[string]bool{}, map[string]bool{}
+		for name, t := range p.Tenants {
+			for _, ns := range t.Namespaces {
+				if s.mayRead(r, ns, readable) {
+					tenants[name] = true
+					break
+				}
+			}
+		}
+		for i := range days {
+			rows := days[i].Rows[:0:0]
+			for _, row := range days[i].Rows {
+				if tenants[row.Tenant] {
+					rows = append(rows, row)
+				}
+			}
+			days[i].Rows = rows
+		}
+	}
+	rep.Currency = p.Currency
+	rep.Rows = usage.Report(days, rep.By, func(class string) float64 {
+		if c := p.Classes[class]; c != nil {
+			return c.PricePerGPUHour
+		}
+		return 0
+	})
+	writeJSON(w, http.StatusOK, rep)
 }
 
 // RightSizing is one row of GET /v1/gpu/rightsizing: a job that kept under

@@ -77,6 +77,11 @@ type StoredProfiles interface {
 	List(ctx context.Context) ([]usage.Profile, error)
 }
 
+// Rollups are the daily GPU-hour rollups.
+type Rollups interface {
+	Days(ctx context.Context, from, to string) ([]usage.Rollup, error)
+}
+
 // Leader tells whether this broker takes GPU admissions, and where the one that
 // does is.
 type Leader interface {
@@ -100,6 +105,7 @@ type Server struct {
 	profiles     Profiles
 	stored       StoredProfiles
 	metrics      *metrics.Metrics
+	rollups      Rollups
 	// metricsHandler serves /metrics (nil: none).
 	metricsHandler http.Handler
 	stamper        nomadjob.Stamper
@@ -134,6 +140,7 @@ type Options struct {
 	Profiles    Profiles
 	RightSizing StoredProfiles
 	Metrics     *metrics.Metrics // nil: no /metrics
+	Rollups     Rollups          // nil: no usage report
 	Stamper     nomadjob.Stamper
 	Region      string // the Nomad region the broker governs ("" or "global": Nomad's default)
 	Leader      Leader // nil: this broker takes every admission itself
@@ -155,7 +162,7 @@ func New(o Options) (*Server, error) {
 		return nil, fmt.Errorf("nomad address %q: %w", o.Nomad, err)
 	}
 	s := &Server{log: o.Log, upstream: u, client: o.Client, policies: o.Policies, cluster: o.Cluster,
-		queue: o.Queue, decisions: o.Decisions, scales: o.Scales, profiles: o.Profiles, stored: o.RightSizing, metrics: o.Metrics, stamper: o.Stamper, region: o.Region, acls: o.ACLs, exclusive: o.Exclusive, token: o.Token, leader: o.Leader, now: o.Now, newID: o.NewID, identities: map[[32]byte]cachedIdentity{}}
+		queue: o.Queue, decisions: o.Decisions, scales: o.Scales, profiles: o.Profiles, stored: o.RightSizing, metrics: o.Metrics, rollups: o.Rollups, stamper: o.Stamper, region: o.Region, acls: o.ACLs, exclusive: o.Exclusive, token: o.Token, leader: o.Leader, now: o.Now, newID: o.NewID, identities: map[[32]byte]cachedIdentity{}}
 	if s.client == nil {
 		s.client = &http.Client{}
 	}

@@ -3,6 +3,7 @@ package main
 import (
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/csv"
 	"encoding/json"
 	"flag"
 	"fmt"
@@ -26,11 +27,16 @@ func client(args []string) int {
 	asJSON := fs.Bool("json", false, "print JSON")
 	token := fs.String("token", os.Getenv("NOMAD_TOKEN"), "Nomad ACL token (default: NOMAD_TOKEN)")
 	caCert := fs.String("ca-cert", os.Getenv("GPU_BROKER_CACERT"), "CA certificate to trust when the broker serves TLS")
-	var rightSizing *bool
+	var rightSizing, asCSV *bool
 	var top *int
+	var from, to, by *string
 	if args[0] == "usage" {
 		rightSizing = fs.Bool("rightsizing", false, "list each tenant's jobs that kept under half of their GPUs busy")
 		top = fs.Int("top", server.DefaultRightSizingTop, "with -rightsizing: jobs per tenant (0: all)")
+		from = fs.String("from", "", "GPU-hours and cost from this day (YYYY-MM-DD, UTC)")
+		to = fs.String("to", "", "with -from: up to, not including, this day (default: through today)")
+		by = fs.String("by", "tenant", "with -from: tenant, queue or class")
+		asCSV = fs.Bool("csv", false, "with -from: print CSV")
 	}
 	rest := args[1:]
 	sub := ""
@@ -59,8 +65,11 @@ func client(args []string) int {
 	method, path := http.MethodGet, "/v1/gpu/usage"
 	switch sub {
 	case "":
-		if *rightSizing {
+		switch {
+		case *rightSizing:
 			sub, path = "rightsizing", "/v1/gpu/rightsizing?top="+strconv.Itoa(*top)
+		case *from != "":
+			sub, path = "report", "/v1/gpu/usage?"+url.Values{"from": {*from}, "to": {*to}, "by": {*by}}.Encode()
 		}
 	case "list":
 		path = "/v1/gpu/" + args[0]
@@ -94,6 +103,9 @@ func client(args []string) int {
 	if args[0] == "reclaim" {
 		return printDecisions(sub, body)
 	}
+	if sub == "report" {
+		return printReport(body, *asCSV)
+	}
 	return printTable(sub, body)
 }
 
@@ -125,6 +137,39 @@ func printDecisions(sub string, body []byte) int {
 	}
 	if r.Result != "" {
 		fmt.Fprintf(w, "Result\t%s\n", r.Result)
+	}
+	return 0
+}
+
+// printReport prints a usage report: a table, or CSV.
+func printReport(body []byte, asCSV bool) int {
+	var rep server.UsageReport
+	if err := json.Unmarshal(body, &rep); err != nil {
+		return fail(err)
+	}
+	header := []string{strings.ToUpper(rep.By), "ALLOCATED GPU-H", "BUSY GPU-H", "IDLE GPU-H", "IDLE SHARE", "COST " + rep.Currency}
+	rows := [][]string{}
+	for _, r := range rep.Rows {
+		group := r.Group
+		if group == "" {
+			group = "(none)"
+		}
+		rows = append(rows, []string{group, strconv.FormatFloat(r.AllocatedHours, 'f', 2, 64), strconv.FormatFloat(r.BusyHours, 'f', 2, 64),
+			strconv.FormatFloat(r.IdleHours, 'f', 2, 64), strconv.FormatFloat(100*r.IdleShare, 'f', 1, 64) + "%",
+			strconv.FormatFloat(r.Cost, 'f', 2, 64)})
+	}
+	if asCSV {
+		cw := csv.NewWriter(os.Stdout)
+		cw.Write(header)
+		cw.WriteAll(rows)
+		return 0
+	}
+	w := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+	defer w.Flush()
+	fmt.Fprintf(w, "GPU-hours from %s up to %s\n", rep.From, rep.To)
+	fmt.Fprintln(w, strings.Join(header, "\t"))
+	for _, r := range rows {
+		fmt.Fprintln(w, strings.Join(r, "\t"))
 	}
 	return 0
 }

@@ -17,6 +17,8 @@ Commands:
   queue cancel ID                remove a queued job
   usage                          GPUs per tenant: used / guaranteed / limit, borrowed, queued
   usage -rightsizing [-top N]    per tenant, the N jobs (default 5) that kept under half of their GPUs busy
+  usage -from DAY [-to DAY] [-by tenant|queue|class] [-csv]
+                                 GPU-hours allocated / busy / idle and cost, from DAY up to -to (UTC days)
   reclaim list                   reclaim decisions, newest first
   reclaim show ID                one reclaim decision
   reclaim cancel ID              cancel a proposed reclaim decision

@@ -118,7 +118,7 @@ func serveErr(path string, log hclog.Logger) error {
 		Log: log.Named("leader")}
 	metrics := brokermetrics.New(brokermetrics.Sources{Cluster: view, Policies: policies, Queue: store, Leader: elector})
 	srv, err := server.New(server.Options{Leader: elector, Log: log.Named("proxy"), Nomad: cfg.Nomad.Address,
-		Client: nomadClient.HTTPClient(), Policies: policies, Cluster: view, Queue: store, Decisions: decisions, Scales: scales, Profiles: profiles, RightSizing: storedProfiles, Metrics: metrics, Stamper: stamper, Region: region, ACLs: acls,
+		Client: nomadClient.HTTPClient(), Policies: policies, Cluster: view, Queue: store, Decisions: decisions, Scales: scales, Profiles: profiles, RightSizing: storedProfiles, Metrics: metrics, Rollups: rollups, Stamper: stamper, Region: region, ACLs: acls,
 		Exclusive: exclusive, Token: cfg.Nomad.Token, Peers: peers})
 	if err != nil {
 		return err

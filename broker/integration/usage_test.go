@@ -1,0 +1,154 @@
+package integration
+
+import (
+	"encoding/json"
+	"fmt"
+	"math"
+	"net/http"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/nomad/api"
+
+	"github.com/nomad-gpu/nomad-gpu/broker/server"
+	"github.com/nomad-gpu/nomad-gpu/device-plugin/fake"
+	"github.com/nomad-gpu/nomad-gpu/internal/testbuild"
+	"github.com/nomad-gpu/nomad-gpu/internal/testcluster"
+)
+
+// TestGPUHoursSurviveLeaderFailover: a job holding 4 GPUs, two of them
+// idle, runs across a SIGKILL of the broker leader; the usage report then
+// charges its tenant the allocation's lifetime × 4 GPU-seconds (within a
+// second of lifetime), half of it idle, priced by its class, and the
+// scraped counter agrees.
+func TestGPUHoursSurviveLeaderFailover(t *testing.T) {
+	consul := testcluster.StartConsul(t)
+	state := filepath.Join(t.TempDir(), "gpu-state.json")
+	n := startGPUNodeWithState(t, "ledger", 4, state, "vision")
+	// Two GPUs idle, two busy: whichever the job gets, it holds all four.
+	s := map[string]map[string]any{}
+	for i := 0; i < 4; i++ {
+		s[fake.UUID("ledger", i)] = map[string]any{"utilization_gpu": []int{0, 0, 70, 70}[i], "healthy": true}
+	}
+	b, _ := json.Marshal(s)
+	writeFile(t, state, string(b))
+
+	policyDir := t.TempDir()
+	writeFile(t, filepath.Join(policyDir, "policy.hcl"), `
+currency = "EUR"
+queue "training" { priority = 60 }
+gpu_class "h100" {
+  models             = ["`+testbuild.H100+`"]
+  price_per_gpu_hour = 3600
+}
+tenant "vision" {
+  namespaces = ["vision"]
+  queues     = ["training"]
+  guaranteed = 4
+  limit      = 4
+}
+reclaim_settings {
+  period = "1s"
+}
+`)
+	brokers := []*testcluster.Broker{
+		testcluster.StartBroker(t, n, consul, policyDir),
+		testcluster.StartBroker(t, n, consul, policyDir),
+	}
+	testcluster.WaitFor(t, 30*time.Second, "a leader", func() error {
+		if leaderOf(consul) == "" {
+			return fmt.Errorf("no leader yet")
+		}
+		return nil
+	})
+	spec := job("vision", "train", api.JobTypeBatch).group("g", ptr(1), nil, task(dev("nvidia/gpu/"+testbuild.H100, 4)))
+	testcluster.WaitFor(t, 60*time.Second, "train admitted", func() error {
+		req, _ := http.NewRequest(http.MethodPut, brokers[0].Addr+"/v1/jobs", strings.NewReader(spec.body(nil, canonical)))
+		resp, err := brokers[0].Client.Do(req)
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		var out api.JobRegisterResponse
+		if err := json.NewDecoder(resp.Body).Decode(&out); err != nil || !strings.Contains(out.Warnings, "admitted") {
+			return fmt.Errorf("%d %v %+v", resp.StatusCode, err, out)
+		}
+		return nil
+	})
+	running := func() *api.AllocationListStub {
+		var alloc *api.AllocationListStub
+		testcluster.WaitFor(t, 60*time.Second, "train running", func() error {
+			allocs, _, err := n.API.Jobs().Allocations("train", false, &api.QueryOptions{Namespace: "vision"})
+			if err != nil {
+				return err
+			}
+			for _, a := range allocs {
+				if a.ClientStatus == api.AllocClientStatusRunning {
+					alloc = a
+					return nil
+				}
+			}
+			return fmt.Errorf("no running allocation")
+		})
+		return alloc
+	}
+	first := running()
+	time.Sleep(5 * time.Second)
+	survivor := killLeader(t, consul, brokers)
+	testcluster.WaitFor(t, 60*time.Second, "the next leader", func() error {
+		if leaderOf(consul) != survivor.Addr {
+			return fmt.Errorf("leader %q", leaderOf(consul))
+		}
+		return nil
+	})
+	time.Sleep(5 * time.Second) // some passes of the new leader
+	if _, _, err := n.API.Jobs().Deregister("train", false, &api.WriteOptions{Namespace: "vision"}); err != nil {
+		t.Fatal(err)
+	}
+	var lifetime time.Duration
+	testcluster.WaitFor(t, 60*time.Second, "train's task finished", func() error {
+		a, _, err := n.API.Allocations().Info(first.ID, nil)
+		if err != nil {
+			return err
+		}
+		ts := a.TaskStates["t0"]
+		if ts == nil || ts.FinishedAt.IsZero() {
+			return fmt.Errorf("not finished")
+		}
+		lifetime = ts.FinishedAt.Sub(ts.StartedAt)
+		return nil
+	})
+	time.Sleep(3 * time.Second) // passes after it: nothing more charged
+
+	from := time.Now().UTC().AddDate(0, 0, -1).Format("2006-01-02") // a run across midnight is still one report
+	resp, err := survivor.Client.Get(survivor.Addr + "/v1/gpu/usage?from=" + from)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var rep server.UsageReport
+	if err := json.NewDecoder(resp.Body).Decode(&rep); err != nil || len(rep.Rows) != 1 {
+		t.Fatalf("report: %v %+v", err, rep)
+	}
+	row := rep.Rows[0]
+	charged := time.Duration(row.AllocatedHours / 4 * float64(time.Hour))
+	t.Logf("allocation ran %s; charged %s per GPU across the failover; idle share %.3f", lifetime, charged, row.IdleShare)
+	if row.Group != "vision" || rep.Currency != "EUR" || (charged - lifetime).Abs() > time.Second {
+		t.Errorf("vision charged %s per GPU, the allocation ran %s: %+v", charged, lifetime, row)
+	}
+	if math.Abs(row.IdleShare-0.5) > 0.06 || math.Abs(row.Cost-row.AllocatedHours*3600) > 1e-6 {
+		t.Errorf("idle share %.3f (want 0.5), cost %.2f for %.5f GPU-hours at 3600: %+v", row.IdleShare, row.Cost, row.AllocatedHours, row)
+	}
+	// The report as the CLI prints it, and the new leader's counter: it
+	// counts only what it committed, so no more than the report.
+	cli := (&env{t: t, broker: survivor}).brokerCLI("usage", "-from", from, "-csv")
+	if !strings.Contains(cli, "TENANT,ALLOCATED GPU-H") || !strings.Contains(cli, "vision,") {
+		t.Errorf("usage -csv:\n%s", cli)
+	}
+	m := survivor.Scrape()
+	if got := m[`nomadgpu_gpu_seconds_total{gpu_class="h100",queue="training",state="allocated",tenant="vision"}`]; got <= 0 || got > row.AllocatedHours*3600+1e-6 {
+		t.Errorf("the new leader's counter: %v GPU-seconds, report %v", got, row.AllocatedHours*3600)
+	}
+}
