@@ -74,6 +74,10 @@ type Admitter struct {
 	// otherwise its token's grants must be those Nomad checked at queueing.
 	Exclusive bool
 	Metrics   *metrics.Metrics // nil: none
+	// FairShare gives the decayed GPU-hours the policy's fair_share orders by.
+	FairShare interface {
+		Decayed(ctx context.Context, now time.Time, halfLife time.Duration) (map[string]float64, error)
+	}
 }
 
 // Run makes a pass whenever the cluster changes, and every interval anyway.
@@ -116,7 +120,13 @@ func (a *Admitter) Pass(ctx context.Context) (int, error) {
 	for t, tu := range a.Cluster.UsageWithout(p, "", "").Tenants {
 		used[t] = tu.Used.Total()
 	}
-	queue.Order(entries, p, used, a.Now())
+	var decayed map[string]float64
+	if a.FairShare != nil && p.FairShare.Enabled {
+		if decayed, err = a.FairShare.Decayed(ctx, a.Now(), p.FairShare.HalfLife); err != nil {
+			return 0, err
+		}
+	}
+	queue.Order(entries, p, used, decayed, a.Now())
 	admitted := 0
 	for _, e := range entries {
 		if e.Parked != "" {

@@ -366,7 +366,13 @@ func TestPolicyValidateCLI(t *testing.T) {
 // queued submits a job the broker must queue and returns its queue id.
 func (e *env) queued(id string, gpus int, detach bool) string {
 	e.t.Helper()
-	out, err := e.run("vision", id, 1, gpus, "", detach)
+	return e.queuedIn("vision", id, gpus, detach)
+}
+
+// queuedIn submits a job in namespace ns that must be queued; it returns its entry id.
+func (e *env) queuedIn(ns, id string, gpus int, detach bool) string {
+	e.t.Helper()
+	out, err := e.run(ns, id, 1, gpus, "", detach)
 	if err != nil || !strings.Contains(out, "nomad-gpu: queued as ") || !strings.Contains(out, "in queue training") {
 		e.t.Fatalf("nomad job run (detach=%t) of a queued job must exit 0 with the message: %v\n%s", detach, err, out)
 	}

@@ -135,7 +135,7 @@ reclaim_settings {
 	row := rep.Rows[0]
 	charged := time.Duration(row.AllocatedHours / 4 * float64(time.Hour))
 	t.Logf("allocation ran %s; charged %s per GPU across the failover; idle share %.3f", lifetime, charged, row.IdleShare)
-	if row.Group != "vision" || rep.Currency != "EUR" || (charged - lifetime).Abs() > time.Second {
+	if row.Group != "vision" || rep.Currency != "EUR" || (charged-lifetime).Abs() > time.Second {
 		t.Errorf("vision charged %s per GPU, the allocation ran %s: %+v", charged, lifetime, row)
 	}
 	if math.Abs(row.IdleShare-0.5) > 0.06 || math.Abs(row.Cost-row.AllocatedHours*3600) > 1e-6 {
@@ -150,5 +150,53 @@ reclaim_settings {
 	m := survivor.Scrape()
 	if got := m[`nomadgpu_gpu_seconds_total{gpu_class="h100",queue="training",state="allocated",tenant="vision"}`]; got <= 0 || got > row.AllocatedHours*3600+1e-6 {
 		t.Errorf("the new leader's counter: %v GPU-seconds, report %v", got, row.AllocatedHours*3600)
+	}
+}
+
+// TestFairShareAdmitsTheLighterTenantFirst: two tenants with equal
+// guarantees wait for the same GPUs; the one that used none recently is
+// admitted before the one that did, although it queued later.
+func TestFairShareAdmitsTheLighterTenantFirst(t *testing.T) {
+	consul := testcluster.StartConsul(t)
+	n := startGPUNode(t, "fair", 4, "vision", "search")
+	// Guarantees of 1 each: the other GPUs are borrowed, shared by both.
+	e := brokerEnv(t, n, consul, `
+queue "training" { priority = 60 }
+tenant "vision" {
+  namespaces = ["vision"]
+  queues     = ["training"]
+  guaranteed = 1
+  limit      = 4
+}
+tenant "search" {
+  namespaces = ["search"]
+  queues     = ["training"]
+  guaranteed = 1
+  limit      = 4
+}
+borrowing {
+  enabled = true
+}
+fair_share {
+  half_life = "1h"
+}
+reclaim_settings {
+  period = "1s"
+}
+`, "vision", 4, testcluster.BrokerOptions{})
+	if out, err := e.run("vision", "heavy", 1, 4, "", true); err != nil || !strings.Contains(out, "admitted") {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	e.waitRunning("vision", "heavy")
+	time.Sleep(5 * time.Second) // vision's GPU-hours add up, pass by pass
+	first := e.queued("v-next", 4, true)
+	second := e.queuedIn("search", "s-next", 4, true)
+	if _, _, err := n.API.Jobs().Deregister("heavy", false, &api.WriteOptions{Namespace: "vision"}); err != nil {
+		t.Fatal(err)
+	}
+	e.waitRunning("search", "s-next")
+	var entries []server.QueuedJob
+	if err := json.Unmarshal([]byte(e.brokerCLI("queue", "list", "-json")), &entries); err != nil || len(entries) != 1 || entries[0].ID != first {
+		t.Errorf("want vision's v-next (%s) still queued, search's %s admitted: %v %+v", first, second, err, entries)
 	}
 }

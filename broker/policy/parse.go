@@ -23,6 +23,7 @@ var fileSchema = &hcl.BodySchema{Attributes: []hcl.AttributeSchema{{Name: "curre
 	{Type: "reclaim", LabelNames: []string{"name"}},
 	{Type: "reclaim_settings"},
 	{Type: "usage"},
+	{Type: "fair_share"},
 }}
 
 type regionBody struct {
@@ -68,7 +69,8 @@ func Parse(files map[string][]byte, capacity int) (*Policy, hcl.Diagnostics) {
 	p := &Policy{Queues: map[string]*Queue{}, Tenants: map[string]*Tenant{}, Classes: map[string]*GPUClass{}, Regions: map[string]*Region{},
 		Reclaim: map[string]*ReclaimRule{}, ReclaimSettings: ReclaimSettings{Period: DefaultReclaimPeriod, Retention: DefaultReclaimRetention},
 		Borrowing: Borrowing{Priority: defaultBorrowingPriority}, Preemption: Preemption{Batch: true, Service: true},
-		Usage: Usage{IdleBelow: DefaultIdleBelow, Retention: DefaultUsageRetention}, Currency: DefaultCurrency, byNamespace: map[string]*Tenant{}}
+		Usage: Usage{IdleBelow: DefaultIdleBelow, Retention: DefaultUsageRetention}, Currency: DefaultCurrency,
+		FairShare: FairShare{HalfLife: DefaultHalfLife, IdleWeight: DefaultIdleWeight}, byNamespace: map[string]*Tenant{}}
 	var diags hcl.Diagnostics
 	var tenantBlocks []*hcl.Block
 	var tenantBodies []tenantBody
@@ -161,7 +163,7 @@ func Parse(files map[string][]byte, capacity int) (*Policy, hcl.Diagnostics) {
 				p.Regions[r.Name] = r
 			case "reclaim":
 				diags = append(diags, p.addReclaim(b)...)
-			case "borrowing", "preemption", "reclaim_settings", "usage":
+			case "borrowing", "preemption", "reclaim_settings", "usage", "fair_share":
 				if prev, dup := seenSingleton[b.Type]; dup {
 					diags = append(diags, duplicate(b.Type, "", b.DefRange, prev))
 					continue
@@ -188,6 +190,8 @@ func decodeSingleton(p *Policy, b *hcl.Block) hcl.Diagnostics {
 		return p.reclaimSettings(b)
 	case "usage":
 		return p.usage(b)
+	case "fair_share":
+		return p.fairShare(b)
 	}
 	if b.Type == "borrowing" {
 		var bb borrowingBody

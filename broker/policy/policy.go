@@ -36,6 +36,8 @@ type Policy struct {
 	Usage Usage
 	// Currency names what prices are in (top-level currency; default USD).
 	Currency string
+	// FairShare orders the queue by decayed GPU-hours (when Enabled).
+	FairShare FairShare
 
 	byNamespace map[string]*Tenant
 }

@@ -53,6 +53,10 @@ func TestReclaimRulesAsWritten(t *testing.T) {
 	if p == nil || p.Currency != "EUR" || p.Classes["h100"].PricePerGPUHour != 2.5 || p.Usage.Retention != 48*time.Hour {
 		t.Errorf("currency, price, retention: %s", policy.FormatDiagnostics(diags))
 	}
+	p, diags = policy.Parse(map[string][]byte{"queues.hcl": []byte(queues + "fair_share {\n  idle_weight = 2\n}\n")}, 0)
+	if p == nil || p.FairShare != (policy.FairShare{Enabled: true, HalfLife: 24 * time.Hour, IdleWeight: 2}) {
+		t.Errorf("fair_share: %s", policy.FormatDiagnostics(diags))
+	}
 	p, diags = policy.Parse(map[string][]byte{"queues.hcl": []byte(queues + "reclaim_settings {\n  period = \"5s\"\n  retention = \"48h\"\n}\n")}, 0)
 	if p == nil || p.ReclaimSettings.Period != 5*time.Second || p.ReclaimSettings.Retention != 48*time.Hour {
 		t.Errorf("reclaim_settings: %v %s", p, policy.FormatDiagnostics(diags))
@@ -93,6 +97,10 @@ func TestReclaimRuleDiagnostics(t *testing.T) {
 			`reclaim.hcl:3:3: error: Negative price: gpu_class "a100": price_per_gpu_hour = -1 is below 0`},
 		{"bad currency", "currency = \"US dollars\"\n",
 			`reclaim.hcl:1:1: error: Invalid currency: currency = "US dollars" is not a currency code`},
+		{"bad half-life", "fair_share {\n  half_life = \"1s\"\n}\n",
+			`reclaim.hcl:2:3: error: Invalid duration: fair_share: half_life = "1s" is not a duration of at least 1m`},
+		{"negative idle weight", "fair_share {\n  idle_weight = -1\n}\n",
+			`reclaim.hcl:2:3: error: Invalid idle weight: fair_share: idle_weight = -1 must be from 0`},
 		{"unknown attribute", rule(`idle = true`, `action = "stop"`),
 			`reclaim.hcl:2:3: error: Unsupported argument: An argument named "idle" is not expected here.`},
 	}

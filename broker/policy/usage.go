@@ -81,3 +81,54 @@ func (p *Policy) currency(a *hcl.Attribute, seen map[string]hcl.Range) hcl.Diagn
 	p.Currency = c
 	return nil
 }
+
+// FairShare is the fair_share block: queue order by each tenant's recent
+// GPU-hours rather than by what it holds this moment.
+type FairShare struct {
+	// Enabled: a fair_share block is present. Without one the decayed
+	// GPU-hours are kept all the same (with the defaults), only not used.
+	Enabled bool
+	// HalfLife: GPU-hours this long ago count half.
+	HalfLife time.Duration
+	// IdleWeight is what an allocated but idle GPU-hour counts for, a busy
+	// one counting 1.
+	IdleWeight float64
+}
+
+// Defaults of the fair_share block.
+const (
+	DefaultHalfLife   = 24 * time.Hour
+	DefaultIdleWeight = 1.0
+)
+
+type fairShareBody struct {
+	HalfLife   *string  `hcl:"half_life,optional"`
+	IdleWeight *float64 `hcl:"idle_weight,optional"`
+}
+
+func (p *Policy) fairShare(b *hcl.Block) hcl.Diagnostics {
+	var fb fairShareBody
+	if d := gohcl.DecodeBody(b.Body, nil, &fb); d.HasErrors() {
+		return d
+	}
+	p.FairShare.Enabled = true
+	var diags hcl.Diagnostics
+	if fb.HalfLife != nil {
+		d, err := time.ParseDuration(*fb.HalfLife)
+		if err != nil || d < time.Minute {
+			diags = append(diags, errorAt(attrRange(b, "half_life"), "Invalid duration",
+				fmt.Sprintf("fair_share: half_life = %q is not a duration of at least 1m", *fb.HalfLife)))
+		} else {
+			p.FairShare.HalfLife = d
+		}
+	}
+	if fb.IdleWeight != nil {
+		if w := *fb.IdleWeight; w < 0 || w > 100 {
+			diags = append(diags, errorAt(attrRange(b, "idle_weight"), "Invalid idle weight",
+				fmt.Sprintf("fair_share: idle_weight = %g must be from 0 (idle time is free) to 100", w)))
+		} else {
+			p.FairShare.IdleWeight = w
+		}
+	}
+	return diags
+}

@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"sort"
 	"time"
 
@@ -172,16 +173,39 @@ func decode(p *consul.KVPair) (Entry, error) {
 // points) per step, so nothing waits behind newer work forever.
 const AgingStep = 30 * time.Minute
 
+// HeldHours is what a GPU held now adds to its tenant's decayed GPU-hours in
+// the fair share: a tenant that has just started long jobs must not take the
+// next GPUs too, before their hours show in the decayed sum.
+const HeldHours = 1.0
+
 // Order sorts entries in admission order: effective queue priority (the queue's
 // priority raised by age), then the tenant's share (used / guaranteed, lowest
 // first), then age; parked entries last.
-func Order(entries []Entry, p *policy.Policy, used map[string]int, now time.Time) {
+//
+// With the policy's fair_share on, the share is the tenant's decayed
+// GPU-hours (decayed, by tenant), plus HeldHours for each GPU it holds now,
+// per guaranteed GPU; and age raises an entry
+// only into the band of a higher queue (to the highest queue priority it
+// reaches): within a band the share decides, so that a tenant flooding the
+// queue does not get ahead by having the oldest entries.
+func Order(entries []Entry, p *policy.Policy, used map[string]int, decayed map[string]float64, now time.Time) {
+	fair := p.FairShare.Enabled && decayed != nil
 	prio := func(e Entry) int {
 		base := 0
 		if q, ok := p.Queues[e.Queue]; ok {
 			base = q.Priority
 		}
-		return base + policy.MinPriorityGap*int(now.Sub(e.SubmittedAt)/AgingStep)
+		aged := base + policy.MinPriorityGap*int(now.Sub(e.SubmittedAt)/AgingStep)
+		if !fair {
+			return aged
+		}
+		band := base
+		for _, q := range p.Queues {
+			if q.Priority > band && q.Priority <= aged {
+				band = q.Priority
+			}
+		}
+		return band
 	}
 	share := func(e Entry) float64 {
 		t, ok := p.Tenants[e.Tenant]
@@ -189,7 +213,12 @@ func Order(entries []Entry, p *policy.Policy, used map[string]int, now time.Time
 			return 1
 		}
 		g := t.Guaranteed.Total()
-		if g == 0 {
+		switch {
+		case fair && g == 0:
+			return math.MaxFloat64 / 2 // no guarantee: after every tenant with one
+		case fair:
+			return (decayed[e.Tenant] + HeldHours*float64(used[e.Tenant])) / float64(g)
+		case g == 0:
 			return float64(used[e.Tenant]) + 1 // no guarantee: after every tenant within its own
 		}
 		return float64(used[e.Tenant]) / float64(g)

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"net/http"
@@ -274,18 +275,28 @@ func (s *Server) ordered(r *http.Request) ([]queue.Entry, error) {
 	if err != nil {
 		return nil, err
 	}
-	return s.order(entries), nil
+	return s.order(r.Context(), entries), nil
 }
 
 // order sorts entries in admission order under the policy and usage now.
-func (s *Server) order(entries []queue.Entry) []queue.Entry {
+func (s *Server) order(ctx context.Context, entries []queue.Entry) []queue.Entry {
 	p := s.policies.Current()
 	u := s.cluster.UsageWithout(p, "", "")
 	used := map[string]int{}
 	for t, tu := range u.Tenants {
 		used[t] = tu.Used.Total()
 	}
-	queue.Order(entries, p, used, s.now())
+	var decayed map[string]float64
+	if s.fairShare != nil && p.FairShare.Enabled {
+		d, err := s.fairShare.Decayed(ctx, s.now(), p.FairShare.HalfLife)
+		if err != nil {
+			// Shown in the current share's order; the leader's admitter
+			// orders by fair share or not at all.
+			s.log.Warn("queue order: decayed GPU-hours unreadable", "error", err)
+		}
+		decayed = d
+	}
+	queue.Order(entries, p, used, decayed, s.now())
 	return entries
 }
 

@@ -82,6 +82,11 @@ type Rollups interface {
 	Days(ctx context.Context, from, to string) ([]usage.Rollup, error)
 }
 
+// FairShare gives the tenants' decayed GPU-hours as of now.
+type FairShare interface {
+	Decayed(ctx context.Context, now time.Time, halfLife time.Duration) (map[string]float64, error)
+}
+
 // Leader tells whether this broker takes GPU admissions, and where the one that
 // does is.
 type Leader interface {
@@ -106,6 +111,7 @@ type Server struct {
 	stored       StoredProfiles
 	metrics      *metrics.Metrics
 	rollups      Rollups
+	fairShare    FairShare
 	// metricsHandler serves /metrics (nil: none).
 	metricsHandler http.Handler
 	stamper        nomadjob.Stamper
@@ -141,6 +147,7 @@ type Options struct {
 	RightSizing StoredProfiles
 	Metrics     *metrics.Metrics // nil: no /metrics
 	Rollups     Rollups          // nil: no usage report
+	FairShare   FairShare        // nil: the queue is shown by current share
 	Stamper     nomadjob.Stamper
 	Region      string // the Nomad region the broker governs ("" or "global": Nomad's default)
 	Leader      Leader // nil: this broker takes every admission itself
@@ -162,7 +169,7 @@ func New(o Options) (*Server, error) {
 		return nil, fmt.Errorf("nomad address %q: %w", o.Nomad, err)
 	}
 	s := &Server{log: o.Log, upstream: u, client: o.Client, policies: o.Policies, cluster: o.Cluster,
-		queue: o.Queue, decisions: o.Decisions, scales: o.Scales, profiles: o.Profiles, stored: o.RightSizing, metrics: o.Metrics, rollups: o.Rollups, stamper: o.Stamper, region: o.Region, acls: o.ACLs, exclusive: o.Exclusive, token: o.Token, leader: o.Leader, now: o.Now, newID: o.NewID, identities: map[[32]byte]cachedIdentity{}}
+		queue: o.Queue, decisions: o.Decisions, scales: o.Scales, profiles: o.Profiles, stored: o.RightSizing, metrics: o.Metrics, rollups: o.Rollups, fairShare: o.FairShare, stamper: o.Stamper, region: o.Region, acls: o.ACLs, exclusive: o.Exclusive, token: o.Token, leader: o.Leader, now: o.Now, newID: o.NewID, identities: map[[32]byte]cachedIdentity{}}
 	if s.client == nil {
 		s.client = &http.Client{}
 	}

@@ -13,9 +13,9 @@ import (
 
 // DayStore is where the ledger keeps daily rollups and its mark.
 type DayStore interface {
-	Through(ctx context.Context) (time.Time, uint64, error)
+	Mark(ctx context.Context) (Mark, uint64, error)
 	Day(ctx context.Context, day string) (usage.Rollup, error)
-	Commit(ctx context.Context, index uint64, through time.Time, days []usage.Rollup) (bool, error)
+	Commit(ctx context.Context, index uint64, m Mark, days []usage.Rollup) (bool, error)
 	DeleteBefore(ctx context.Context, day string) error
 }
 
@@ -23,9 +23,9 @@ type DayStore interface {
 // pass counts from where it left off.
 var ErrMarkMoved = errors.New("the usage mark moved since it was read (another leader wrote)")
 
-// Ledger charges each reclaim pass's GPU time to the daily rollups, from
-// the stored mark up to the pass, and adds what it committed to
-// nomadgpu_gpu_seconds_total.
+// Ledger charges each reclaim pass's GPU time to the daily rollups and to
+// the tenants' decayed GPU-hours, from the stored mark up to the pass, and
+// adds what it committed to nomadgpu_gpu_seconds_total.
 type Ledger struct {
 	Store    DayStore
 	Policies interface{ Current() *policy.Policy }
@@ -36,10 +36,11 @@ type Ledger struct {
 
 // Observed implements reclaimer.Watcher.
 func (l *Ledger) Observed(ctx context.Context, now time.Time, allocs []reclaim.Alloc, gpus map[string]reclaim.GPU) error {
-	through, index, err := l.Store.Through(ctx)
+	mark, index, err := l.Store.Mark(ctx)
 	if err != nil {
 		return err
 	}
+	through := mark.Through
 	if !through.IsZero() && !now.After(through) {
 		return nil // counted up to now already
 	}
@@ -54,7 +55,9 @@ func (l *Ledger) Observed(ctx context.Context, now time.Time, allocs []reclaim.A
 		d.Add(by)
 		days = append(days, d)
 	}
-	ok, err := l.Store.Commit(ctx, index, now, days)
+	mark.Through = now
+	mark.Decayed.Add(now, p.FairShare.HalfLife, p.FairShare.IdleWeight, charged)
+	ok, err := l.Store.Commit(ctx, index, mark, days)
 	if err != nil {
 		return err
 	}

@@ -14,12 +14,12 @@ import (
 
 // days is a DayStore in memory, its mark's index bumped on every commit.
 type days struct {
-	through time.Time
-	index   uint64
-	byDay   map[string]usage.Rollup
+	mark  usagekv.Mark
+	index uint64
+	byDay map[string]usage.Rollup
 }
 
-func (d *days) Through(context.Context) (time.Time, uint64, error) { return d.through, d.index, nil }
+func (d *days) Mark(context.Context) (usagekv.Mark, uint64, error) { return d.mark, d.index, nil }
 func (d *days) Day(_ context.Context, day string) (usage.Rollup, error) {
 	r, ok := d.byDay[day]
 	if !ok {
@@ -28,11 +28,11 @@ func (d *days) Day(_ context.Context, day string) (usage.Rollup, error) {
 	r.Rows = append([]usage.Row(nil), r.Rows...)
 	return r, nil
 }
-func (d *days) Commit(_ context.Context, index uint64, through time.Time, rs []usage.Rollup) (bool, error) {
+func (d *days) Commit(_ context.Context, index uint64, m usagekv.Mark, rs []usage.Rollup) (bool, error) {
 	if index != d.index {
 		return false, nil
 	}
-	d.through, d.index = through, d.index+1
+	d.mark, d.index = m, d.index+1
 	for _, r := range rs {
 		d.byDay[r.Day] = r
 	}
@@ -75,11 +75,16 @@ func TestTheLedgerCountsEachIntervalOnceAcrossLeaders(t *testing.T) {
 	if _, ok := store.byDay["2025-01-01"]; ok {
 		t.Error("a day past retention was kept")
 	}
+	// Busy and idle hours count alike by default, decayed over a minute of a
+	// 24-hour half-life.
+	if h := store.mark.Decayed.Hours["vision"]; h < 0.0333 || h > 120.0/3600 {
+		t.Errorf("decayed GPU-hours %v, want just under %v", h, 120.0/3600)
+	}
 }
 
 func TestALedgerThatLostTheMarkCountsNothing(t *testing.T) {
 	t0 := time.Date(2026, 11, 30, 8, 0, 0, 0, time.UTC)
-	store := &days{through: t0, index: 7, byDay: map[string]usage.Rollup{}}
+	store := &days{mark: usagekv.Mark{Through: t0}, index: 7, byDay: map[string]usage.Rollup{}}
 	stale := &racing{days: store}
 	l := &usagekv.Ledger{Store: stale, Policies: fixed{testbuild.Policy(t, src)}}
 	allocs := []reclaim.Alloc{{ID: "a", Namespace: "vision", JobID: "nb", Admitted: true, StartedAt: t0, GPUs: []string{"g0"}}}
@@ -94,7 +99,7 @@ func TestALedgerThatLostTheMarkCountsNothing(t *testing.T) {
 // racing moves the mark between the ledger's read and its commit.
 type racing struct{ *days }
 
-func (r *racing) Commit(ctx context.Context, index uint64, through time.Time, rs []usage.Rollup) (bool, error) {
+func (r *racing) Commit(ctx context.Context, index uint64, m usagekv.Mark, rs []usage.Rollup) (bool, error) {
 	r.days.index++
-	return r.days.Commit(ctx, index, through, rs)
+	return r.days.Commit(ctx, index, m, rs)
 }

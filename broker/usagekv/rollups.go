@@ -29,18 +29,33 @@ func NewRollups(client *consul.Client, prefix string) *Rollups {
 func (r *Rollups) dayKey(day string) string { return r.prefix + "usage/" + day }
 func (r *Rollups) throughKey() string       { return r.prefix + "usage-through" }
 
-// Through is the time GPU time is counted up to (zero: never counted), and
-// the mark's index for Commit.
-func (r *Rollups) Through(ctx context.Context) (time.Time, uint64, error) {
+// Mark is how far GPU time is counted, and the tenants' decayed GPU-hours
+// up to there: both move together.
+type Mark struct {
+	Through time.Time     `json:"through"`
+	Decayed usage.Decayed `json:"decayed_gpu_hours"`
+}
+
+// Mark returns the mark (zero: never counted) and its index for Commit.
+func (r *Rollups) Mark(ctx context.Context) (Mark, uint64, error) {
 	p, _, err := r.client.KV().Get(r.throughKey(), (&consul.QueryOptions{}).WithContext(ctx))
 	if err != nil || p == nil {
-		return time.Time{}, 0, wrap("read the usage mark", err)
+		return Mark{}, 0, wrap("read the usage mark", err)
 	}
-	t, err := time.Parse(time.RFC3339Nano, string(p.Value))
+	var m Mark
+	if err := json.Unmarshal(p.Value, &m); err != nil {
+		return Mark{}, 0, fmt.Errorf("usage mark %s: %w", p.Key, err)
+	}
+	return m, p.ModifyIndex, nil
+}
+
+// Decayed returns the tenants' decayed GPU-hours as of now.
+func (r *Rollups) Decayed(ctx context.Context, now time.Time, halfLife time.Duration) (map[string]float64, error) {
+	m, _, err := r.Mark(ctx)
 	if err != nil {
-		return time.Time{}, 0, fmt.Errorf("usage mark %s: %w", p.Key, err)
+		return nil, err
 	}
-	return t, p.ModifyIndex, nil
+	return m.Decayed.As(now, halfLife), nil
 }
 
 // Day returns one day's rollup (empty if none).
@@ -60,11 +75,14 @@ func decodeRollup(p *consul.KVPair) (usage.Rollup, error) {
 	return out, nil
 }
 
-// Commit writes days and moves the mark to through, if the mark is still
-// at index (0: not set); false when another leader moved it first.
-func (r *Rollups) Commit(ctx context.Context, index uint64, through time.Time, days []usage.Rollup) (bool, error) {
-	ops := consul.TxnOps{{KV: &consul.KVTxnOp{Verb: consul.KVCAS, Key: r.throughKey(), Index: index,
-		Value: []byte(through.UTC().Format(time.RFC3339Nano))}}}
+// Commit writes days and the new mark, if the mark is still at index (0:
+// not set); false when another leader moved it first.
+func (r *Rollups) Commit(ctx context.Context, index uint64, m Mark, days []usage.Rollup) (bool, error) {
+	mark, err := json.Marshal(m)
+	if err != nil {
+		return false, fmt.Errorf("encode the usage mark: %w", err)
+	}
+	ops := consul.TxnOps{{KV: &consul.KVTxnOp{Verb: consul.KVCAS, Key: r.throughKey(), Index: index, Value: mark}}}
 	for _, d := range days {
 		b, err := json.Marshal(d)
 		if err != nil {
