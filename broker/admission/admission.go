@@ -22,7 +22,8 @@ const (
 	Reject        Outcome = "reject"
 )
 
-// Rules that refuse a job, named in the answer a user sees.
+// Rules that refuse a job (over-budget: demote it), named in the answer a
+// user sees.
 const (
 	RuleUnmappedNamespace = "unmapped-namespace"
 	RuleQueueNotAllowed   = "queue-not-allowed"
@@ -31,6 +32,8 @@ const (
 	RuleUnknownClass      = "unknown-gpu-class"
 	RulePeriodicGPU       = "periodic-gpu-job"
 	RuleInvalidTTL        = "invalid-ttl"
+	// RuleOverBudget admits a tenant's job borrowed: it spent its budget.
+	RuleOverBudget = "over-budget"
 )
 
 // Job is the GPU demand of a job, as admission sees it.
@@ -62,6 +65,9 @@ type Usage struct {
 type TenantUsage struct {
 	Used     policy.Quota // every GPU it holds, borrowed ones included
 	Borrowed policy.Quota // of which held at the borrowing band
+	// OverBudget says why the tenant has spent its GPU-hour budget ("" if
+	// it has not, or has none): its jobs then run borrowed.
+	OverBudget string
 }
 
 // Decision is the outcome and everything needed to apply and explain it.
@@ -160,8 +166,13 @@ func Decide(p *policy.Policy, job Job, u Usage) Decision {
 				demand[class], gpus(class), tenant.Name, limit))
 		}
 	}
-	used := u.Tenants[tenant.Name].Used
+	used, over := u.Tenants[tenant.Name].Used, u.Tenants[tenant.Name].OverBudget
 	if within(used, demand, tenant.Guaranteed, true) {
+		if over != "" {
+			d.Outcome, d.Priority, d.Rule = AdmitBorrowed, p.Borrowing.Priority, RuleOverBudget
+			d.Reason = fmt.Sprintf("%s: within its guarantee, but borrowed, preemptible at priority %d until then", over, p.Borrowing.Priority)
+			return d
+		}
 		d.Outcome, d.Priority = Admit, q.Priority
 		d.Reason = fmt.Sprintf("within tenant %q's guarantee", tenant.Name)
 		return d

@@ -75,6 +75,14 @@ func cluster(idle int, used map[string]int) admission.Usage {
 	return u
 }
 
+// overBudget marks tenant as having spent its GPU-hour budget.
+func overBudget(u admission.Usage, tenant string) admission.Usage {
+	tu := u.Tenants[tenant]
+	tu.OverBudget = "spent its budget (resets soon)"
+	u.Tenants[tenant] = tu
+	return u
+}
+
 func TestDecide(t *testing.T) {
 	cases := []struct {
 		name      string
@@ -119,6 +127,10 @@ func TestDecide(t *testing.T) {
 			outcome: admission.Admit, priority: 40},
 		{name: "per-class borrowing", job: job("research").gpus(3, 1).model(h100), usage: cluster(16, nil),
 			outcome: admission.AdmitBorrowed, priority: 20},
+		{name: "over budget, within guarantee: borrowed", job: job("vision").gpus(1, 1), usage: overBudget(cluster(16, nil), "vision"),
+			outcome: admission.AdmitBorrowed, priority: 20, rule: admission.RuleOverBudget, reason: "spent its budget (resets soon): within its guarantee, but borrowed"},
+		{name: "over budget, even with borrowing off", borrowOff: true, job: job("vision").gpus(1, 1), usage: overBudget(cluster(16, nil), "vision"),
+			outcome: admission.AdmitBorrowed, priority: 20, rule: admission.RuleOverBudget},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

@@ -17,8 +17,9 @@ import (
 // View is safe for concurrent use. It keeps aggregates up to date as events
 // arrive, so that a usage snapshot costs per namespace and model, not per job.
 type View struct {
-	verify func(*api.Job) bool
-	now    func() time.Time
+	verify     func(*api.Job) bool
+	now        func() time.Time
+	overBudget func(tenant string) string
 
 	mu       sync.RWMutex
 	nodes    map[string]node
@@ -92,6 +93,10 @@ func NewView(verify func(*api.Job) bool) *View {
 		canaries: map[jobKey]map[string]int{}, held: map[string]*byModel{}, total: map[string]int{},
 		reserved: map[jobKey]reservation{}, allocs: map[string]Alloc{}, changed: make(chan struct{}, 1), nodesDirty: true}
 }
+
+// SetBudgets has admission see which tenants spent their GPU-hour budget
+// (set before the view is used).
+func (v *View) SetBudgets(overBudget func(tenant string) string) { v.overBudget = overBudget }
 
 // SetClock replaces the clock reservations expire by (tests).
 func (v *View) SetClock(now func() time.Time) { v.now = now }
@@ -424,6 +429,9 @@ func (v *View) usageWithout(p *policy.Policy, namespace, id string) admission.Us
 		tu := u.Tenants[t.Name]
 		tu.Used = add(tu.Used, demand)
 		tu.Borrowed = add(tu.Borrowed, borrowed)
+		if v.overBudget != nil {
+			tu.OverBudget = v.overBudget(t.Name)
+		}
 		u.Tenants[t.Name] = tu
 	}
 	return u

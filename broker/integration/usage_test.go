@@ -13,6 +13,7 @@ import (
 	"github.com/hashicorp/nomad/api"
 
 	"github.com/nomad-gpu/nomad-gpu/broker/server"
+	"github.com/nomad-gpu/nomad-gpu/broker/usage"
 	"github.com/nomad-gpu/nomad-gpu/device-plugin/fake"
 	"github.com/nomad-gpu/nomad-gpu/internal/testbuild"
 	"github.com/nomad-gpu/nomad-gpu/internal/testcluster"
@@ -198,5 +199,49 @@ reclaim_settings {
 	var entries []server.QueuedJob
 	if err := json.Unmarshal([]byte(e.brokerCLI("queue", "list", "-json")), &entries); err != nil || len(entries) != 1 || entries[0].ID != first {
 		t.Errorf("want vision's v-next (%s) still queued, search's %s admitted: %v %+v", first, second, err, entries)
+	}
+}
+
+// TestABudgetSpentMakesTheNextJobBorrowed: a tenant past its monthly
+// GPU-hour budget gets its next job admitted borrowed, with the reason and
+// the reset, and gpu-broker usage says so.
+func TestABudgetSpentMakesTheNextJobBorrowed(t *testing.T) {
+	consul := testcluster.StartConsul(t)
+	n := startGPUNode(t, "budget", 4, "vision")
+	e := brokerEnv(t, n, consul, `
+queue "training" { priority = 60 }
+tenant "vision" {
+  namespaces = ["vision"]
+  queues     = ["training"]
+  guaranteed = 4
+  limit      = 4
+  budget {
+    gpu_hours = 0.002 # 7.2 GPU-seconds
+    period    = "month"
+  }
+}
+reclaim_settings {
+  period = "1s"
+}
+`, "vision", 4, testcluster.BrokerOptions{})
+	out, err := e.run("vision", "spender", 1, 2, "", true)
+	if err != nil || !strings.Contains(out, "borrowed: no") {
+		t.Fatalf("first job, within budget: %v\n%s", err, out)
+	}
+	e.waitRunning("vision", "spender")
+	testcluster.WaitFor(t, 30*time.Second, "vision over its budget", func() error {
+		if out := e.brokerCLI("usage"); !strings.Contains(out, "OVER: ") {
+			return fmt.Errorf("%s", out)
+		}
+		return nil
+	})
+	_, next := usage.PeriodBounds(time.Now(), "month")
+	out, err = e.run("vision", "next", 1, 1, "", true)
+	want := `borrowed: yes, preemptible when the owners need their GPUs (tenant "vision" spent`
+	if err != nil || !strings.Contains(out, want) || !strings.Contains(out, "GPU-hour budget this month (resets "+next.Format(time.RFC3339)+")") {
+		t.Errorf("next job, over budget: %v\n%s", err, out)
+	}
+	if job, _, err := n.API.Jobs().Info("next", &api.QueryOptions{Namespace: "vision"}); err != nil || *job.Priority != 20 {
+		t.Errorf("next runs at priority %v, want the borrowing band 20 (%v)", job.Priority, err)
 	}
 }

@@ -43,6 +43,13 @@ type tenantBody struct {
 	MaxQueued  *int           `hcl:"max_queued,optional"`
 	MaxRequest *int           `hcl:"max_queued_request_bytes,optional"`
 	Submitters hcl.Expression `hcl:"submitters,optional"`
+	Budget     *budgetBody    `hcl:"budget,block"`
+}
+
+type budgetBody struct {
+	GPUHours float64   `hcl:"gpu_hours"`
+	Period   string    `hcl:"period"`
+	Range    hcl.Range `hcl:",def_range"`
 }
 
 type classBody struct {
@@ -272,6 +279,18 @@ func (p *Policy) addTenant(b *hcl.Block, tb tenantBody) hcl.Diagnostics {
 	}
 	if t.Guaranteed == nil {
 		t.Guaranteed = Quota{}
+	}
+	if bb := tb.Budget; bb != nil {
+		switch {
+		case bb.GPUHours <= 0:
+			diags = append(diags, errorAt(bb.Range, "Invalid budget",
+				fmt.Sprintf("tenant %q: budget gpu_hours = %g must be above 0", t.Name, bb.GPUHours)))
+		case bb.Period != BudgetDay && bb.Period != BudgetWeek && bb.Period != BudgetMonth:
+			diags = append(diags, errorAt(bb.Range, "Invalid budget period",
+				fmt.Sprintf("tenant %q: budget period %q is none of \"day\", \"week\", \"month\"", t.Name, bb.Period)))
+		default:
+			t.Budget = &Budget{GPUHours: bb.GPUHours, Period: bb.Period}
+		}
 	}
 	return diags
 }

@@ -61,6 +61,8 @@ type Tenant struct {
 	// MaxQueuedRequestBytes the size of each one's stored request.
 	MaxQueued             int
 	MaxQueuedRequestBytes int
+	// Budget caps its GPU-hours per period (nil: none).
+	Budget *Budget
 	// Submitters are the Nomad ACL roles and policies whose holders may have
 	// the broker write jobs in the tenant's namespaces (enforcement "exclusive").
 	Submitters []Submitter

@@ -53,6 +53,10 @@ func TestReclaimRulesAsWritten(t *testing.T) {
 	if p == nil || p.Currency != "EUR" || p.Classes["h100"].PricePerGPUHour != 2.5 || p.Usage.Retention != 48*time.Hour {
 		t.Errorf("currency, price, retention: %s", policy.FormatDiagnostics(diags))
 	}
+	p, diags = policy.Parse(map[string][]byte{"queues.hcl": []byte(queues + "tenant \"t\" {\n  namespaces = [\"t\"]\n  queues = [\"dev\"]\n  budget {\n    gpu_hours = 2000\n    period = \"month\"\n  }\n}\n")}, 0)
+	if p == nil || *p.Tenants["t"].Budget != (policy.Budget{GPUHours: 2000, Period: "month"}) {
+		t.Errorf("budget: %s", policy.FormatDiagnostics(diags))
+	}
 	p, diags = policy.Parse(map[string][]byte{"queues.hcl": []byte(queues + "fair_share {\n  idle_weight = 2\n}\n")}, 0)
 	if p == nil || p.FairShare != (policy.FairShare{Enabled: true, HalfLife: 24 * time.Hour, IdleWeight: 2}) {
 		t.Errorf("fair_share: %s", policy.FormatDiagnostics(diags))
@@ -101,6 +105,8 @@ func TestReclaimRuleDiagnostics(t *testing.T) {
 			`reclaim.hcl:2:3: error: Invalid duration: fair_share: half_life = "1s" is not a duration of at least 1m`},
 		{"negative idle weight", "fair_share {\n  idle_weight = -1\n}\n",
 			`reclaim.hcl:2:3: error: Invalid idle weight: fair_share: idle_weight = -1 must be from 0`},
+		{"bad budget period", "tenant \"t\" {\n  namespaces = [\"t\"]\n  queues = [\"dev\"]\n  budget {\n    gpu_hours = 10\n    period = \"year\"\n  }\n}\n",
+			`reclaim.hcl:4:3: error: Invalid budget period: tenant "t": budget period "year" is none of "day", "week", "month"`},
 		{"unknown attribute", rule(`idle = true`, `action = "stop"`),
 			`reclaim.hcl:2:3: error: Unsupported argument: An argument named "idle" is not expected here.`},
 	}

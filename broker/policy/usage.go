@@ -132,3 +132,16 @@ func (p *Policy) fairShare(b *hcl.Block) hcl.Diagnostics {
 	}
 	return diags
 }
+
+// Budget is a tenant's budget block: GPU-hours (allocated) per period.
+type Budget struct {
+	GPUHours float64
+	Period   string // BudgetDay, BudgetWeek or BudgetMonth (UTC; weeks start on Monday)
+}
+
+// Budget periods.
+const (
+	BudgetDay   = "day"
+	BudgetWeek  = "week"
+	BudgetMonth = "month"
+)

@@ -24,6 +24,8 @@ type TenantUsage struct {
 	Guaranteed int    `json:"guaranteed"`
 	Limit      int    `json:"limit"`
 	Queued     int    `json:"queued"`
+	// Budget is its GPU-hour budget in the current period, if it has one.
+	Budget *usage.BudgetState `json:"budget,omitempty"`
 }
 
 // QueuedJob is an entry of GET /v1/gpu/queue, with its place in admission order.
@@ -309,11 +311,25 @@ func (s *Server) usage(w http.ResponseWriter, r *http.Request) {
 			queued[e.Tenant] += e.Demand
 		}
 	}
+	var budgets map[string]usage.BudgetState
+	if s.rollups != nil {
+		now := s.now()
+		days, err := s.rollups.Days(r.Context(), usage.EarliestPeriodStart(now).Format(usage.DayFormat), now.UTC().Format(usage.DayFormat))
+		if err != nil {
+			writeError(w, http.StatusServiceUnavailable, "nomad-gpu: %v", err)
+			return
+		}
+		budgets = usage.Budgets(p, days, now)
+	}
 	out := make([]TenantUsage, 0, len(p.Tenants))
 	for name, t := range p.Tenants {
 		tu := u.Tenants[name]
-		out = append(out, TenantUsage{Tenant: name, Used: tu.Used[policy.AllGPUs], Borrowed: tu.Borrowed[policy.AllGPUs],
-			Guaranteed: t.Guaranteed.Total(), Limit: t.Limit.Total(), Queued: queued[name]})
+		row := TenantUsage{Tenant: name, Used: tu.Used[policy.AllGPUs], Borrowed: tu.Borrowed[policy.AllGPUs],
+			Guaranteed: t.Guaranteed.Total(), Limit: t.Limit.Total(), Queued: queued[name]}
+		if b, ok := budgets[name]; ok {
+			row.Budget = &b
+		}
+		out = append(out, row)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Tenant < out[j].Tenant })
 	writeJSON(w, http.StatusOK, out)

@@ -17,6 +17,7 @@ type DayStore interface {
 	Day(ctx context.Context, day string) (usage.Rollup, error)
 	Commit(ctx context.Context, index uint64, m Mark, days []usage.Rollup) (bool, error)
 	DeleteBefore(ctx context.Context, day string) error
+	Days(ctx context.Context, from, to string) ([]usage.Rollup, error)
 }
 
 // ErrMarkMoved: another leader counted since the mark was read; the next
@@ -24,14 +25,17 @@ type DayStore interface {
 var ErrMarkMoved = errors.New("the usage mark moved since it was read (another leader wrote)")
 
 // Ledger charges each reclaim pass's GPU time to the daily rollups and to
-// the tenants' decayed GPU-hours, from the stored mark up to the pass, and
-// adds what it committed to nomadgpu_gpu_seconds_total.
+// the tenants' decayed GPU-hours, from the stored mark up to the pass, adds
+// what it committed to nomadgpu_gpu_seconds_total, and tells admission
+// (Budgets) which tenants spent their GPU-hour budget. One per leader term.
 type Ledger struct {
 	Store    DayStore
 	Policies interface{ Current() *policy.Policy }
 	Metrics  *metrics.Metrics
+	Budgets  *usage.BudgetBook // nil: none kept
 
-	expired string // the day whose expiry ran last
+	expired string                  // the day whose expiry ran last
+	recent  map[string]usage.Rollup // the days of the running budget periods, by day
 }
 
 // Observed implements reclaimer.Watcher.
@@ -67,9 +71,44 @@ func (l *Ledger) Observed(ctx context.Context, now time.Time, allocs []reclaim.A
 	for _, by := range charged {
 		l.Metrics.GPUSeconds(by)
 	}
+	if err := l.budgets(ctx, p, now, days); err != nil {
+		return err
+	}
 	if today := now.UTC().Format(usage.DayFormat); today != l.expired {
 		l.expired = today
 		return l.Store.DeleteBefore(ctx, now.Add(-p.Usage.Retention).UTC().Format(usage.DayFormat))
 	}
+	return nil
+}
+
+// budgets brings the days of the running budget periods up to date (read
+// once a term, then kept from what is committed) and sets the states.
+func (l *Ledger) budgets(ctx context.Context, p *policy.Policy, now time.Time, committed []usage.Rollup) error {
+	if l.Budgets == nil {
+		return nil
+	}
+	from := usage.EarliestPeriodStart(now).Format(usage.DayFormat)
+	if l.recent == nil {
+		days, err := l.Store.Days(ctx, from, now.UTC().Format(usage.DayFormat))
+		if err != nil {
+			return err
+		}
+		l.recent = map[string]usage.Rollup{}
+		for _, d := range days {
+			l.recent[d.Day] = d
+		}
+	}
+	for _, d := range committed {
+		l.recent[d.Day] = d
+	}
+	all := make([]usage.Rollup, 0, len(l.recent))
+	for day, d := range l.recent {
+		if day < from {
+			delete(l.recent, day)
+			continue
+		}
+		all = append(all, d)
+	}
+	l.Budgets.Set(usage.Budgets(p, all, now))
 	return nil
 }

@@ -38,6 +38,15 @@ func (d *days) Commit(_ context.Context, index uint64, m usagekv.Mark, rs []usag
 	}
 	return true, nil
 }
+func (d *days) Days(_ context.Context, from, to string) ([]usage.Rollup, error) {
+	var out []usage.Rollup
+	for day, r := range d.byDay {
+		if day >= from && day <= to {
+			out = append(out, r)
+		}
+	}
+	return out, nil
+}
 func (d *days) DeleteBefore(_ context.Context, day string) error {
 	for k := range d.byDay {
 		if k < day {
@@ -102,4 +111,39 @@ type racing struct{ *days }
 func (r *racing) Commit(ctx context.Context, index uint64, m usagekv.Mark, rs []usage.Rollup) (bool, error) {
 	r.days.index++
 	return r.days.Commit(ctx, index, m, rs)
+}
+
+func TestTheLedgerTellsAdmissionWhoSpentItsBudget(t *testing.T) {
+	t0 := time.Date(2026, 11, 30, 8, 0, 0, 0, time.UTC)
+	spent := usage.Rollup{Day: "2026-11-29"}
+	spent.Add(map[usage.Key]usage.Seconds{{Tenant: "vision", Queue: "dev"}: {Allocated: 3600}})
+	store := &days{mark: usagekv.Mark{Through: t0}, byDay: map[string]usage.Rollup{"2026-11-29": spent}}
+	book := &usage.BudgetBook{}
+	// A budget of one GPU-hour a week (the week began on Monday the 30th:
+	// the 29th does not count).
+	l := &usagekv.Ledger{Store: store, Policies: fixed{testbuild.Policy(t, `
+queue "dev" { priority = 40 }
+tenant "vision" {
+  namespaces = ["vision"]
+  queues     = ["dev"]
+  budget {
+    gpu_hours = 0.01
+    period    = "week"
+  }
+}
+`)}, Budgets: book}
+	allocs := []reclaim.Alloc{{ID: "a", Namespace: "vision", JobID: "nb", Admitted: true, Tenant: "vision", Queue: "dev", StartedAt: t0,
+		GPUs: []string{"g0"}}}
+	if err := l.Observed(context.Background(), t0.Add(30*time.Second), allocs, nil); err != nil {
+		t.Fatal(err)
+	}
+	if why := book.OverBudget("vision"); why != "" {
+		t.Fatalf("over budget after 30 GPU-seconds of 36: %s", why)
+	}
+	if err := l.Observed(context.Background(), t0.Add(60*time.Second), allocs, nil); err != nil {
+		t.Fatal(err)
+	}
+	if why := book.OverBudget("vision"); why == "" {
+		t.Fatal("not over budget after a minute more")
+	}
 }

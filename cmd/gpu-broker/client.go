@@ -234,9 +234,16 @@ func printTable(sub string, body []byte) int {
 		if err := json.Unmarshal(body, &rows); err != nil {
 			return fail(err)
 		}
-		fmt.Fprintln(w, "TENANT\tUSED\tGUARANTEED\tLIMIT\tBORROWED\tQUEUED")
+		fmt.Fprintln(w, "TENANT\tUSED\tGUARANTEED\tLIMIT\tBORROWED\tQUEUED\tBUDGET (GPU-HOURS)")
 		for _, r := range rows {
-			fmt.Fprintf(w, "%s\t%d\t%d\t%d\t%d\t%d\n", r.Tenant, r.Used, r.Guaranteed, r.Limit, r.Borrowed, r.Queued)
+			budget := "-"
+			if b := r.Budget; b != nil {
+				budget = fmt.Sprintf("%.1f of %g this %s, resets %s", b.Spent, b.Limit, b.Period, b.Resets.Format(time.RFC3339))
+				if b.Over() {
+					budget = "OVER: " + budget + "; its jobs run borrowed"
+				}
+			}
+			fmt.Fprintf(w, "%s\t%d\t%d\t%d\t%d\t%d\t%s\n", r.Tenant, r.Used, r.Guaranteed, r.Limit, r.Borrowed, r.Queued, budget)
 		}
 	case "list":
 		var rows []server.QueuedJob

@@ -82,6 +82,8 @@ func serveErr(path string, log hclog.Logger) error {
 	}
 	stamper := nomadjob.Stamper{Key: key}
 	view := cluster.NewView(stamper.Verify)
+	budgets := &gpuusage.BudgetBook{}
+	view.SetBudgets(budgets.OverBudget)
 	resync := time.NewTicker(cfg.ResyncInterval)
 	defer resync.Stop()
 	go view.Follow(ctx, nomadClient, log.Named("cluster"), resync.C)
@@ -150,7 +152,7 @@ func serveErr(path string, log hclog.Logger) error {
 			Verify: scales.Verifier(stamper)}, Actor: nomadClient, Policies: policies, Now: time.Now, NewID: queue.NewID,
 			Requeue: &reclaimer.Requeue{Jobs: nomadClient, Actor: nomadClient, Queue: store, Policies: policies},
 			Watchers: []reclaimer.Watcher{&usagekv.Recorder{Store: storedProfiles, Table: profiles, Policies: policies},
-				&usagekv.Ledger{Store: rollups, Policies: policies, Metrics: metrics}}, Metrics: metrics}
+				&usagekv.Ledger{Store: rollups, Policies: policies, Metrics: metrics, Budgets: budgets}}, Metrics: metrics}
 		go rec.Run(ctx, time.After)
 		adm.Run(ctx, view.Changed(), 2*time.Second)
 	})
