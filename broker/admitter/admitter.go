@@ -13,6 +13,7 @@ import (
 	"github.com/hashicorp/nomad/api"
 
 	"github.com/nomad-gpu/nomad-gpu/broker/admission"
+	"github.com/nomad-gpu/nomad-gpu/broker/audit"
 	"github.com/nomad-gpu/nomad-gpu/broker/cluster"
 	"github.com/nomad-gpu/nomad-gpu/broker/metrics"
 	"github.com/nomad-gpu/nomad-gpu/broker/nomadjob"
@@ -74,6 +75,7 @@ type Admitter struct {
 	// otherwise its token's grants must be those Nomad checked at queueing.
 	Exclusive bool
 	Metrics   *metrics.Metrics // nil: none
+	Audit     *audit.Log       // nil: none
 	// FairShare gives the decayed GPU-hours the policy's fair_share orders by.
 	FairShare interface {
 		Decayed(ctx context.Context, now time.Time, halfLife time.Duration) (map[string]float64, error)
@@ -160,6 +162,8 @@ func (a *Admitter) Pass(ctx context.Context) (int, error) {
 			// The policy changed since it was queued: it can never run as it is.
 			if ok, err := a.Queue.Remove(ctx, e); err == nil && ok {
 				a.Metrics.Admission(metrics.Queued, d)
+				a.Audit.Write(audit.Event{Who: audit.BrokerAct, What: audit.QueueDrop, ID: e.ID, Namespace: e.Namespace, Job: e.JobID,
+					Tenant: e.Tenant, Queue: e.Queue, Rule: d.Rule, Result: "dropped: " + d.Reason})
 				a.Log.Warn("queue: dropped a job the policy now rejects", "id", e.ID, "job", e.JobID,
 					"namespace", e.Namespace, "rule", d.Rule, "reason", d.Reason)
 			}
@@ -197,6 +201,8 @@ func (a *Admitter) Pass(ctx context.Context) (int, error) {
 		}
 		admitted++
 		a.Metrics.Admission(metrics.Queued, d)
+		a.Audit.Write(audit.Event{Who: e.SubmittedBy, What: audit.QueueAdmission, ID: e.ID, Namespace: e.Namespace, Job: e.JobID,
+			Tenant: d.Tenant, Queue: d.Queue, Rule: d.Rule, Result: string(d.Outcome) + ": " + d.Reason})
 		a.Log.Info("queue: admitted", "id", e.ID, "job", e.JobID, "namespace", e.Namespace, "outcome", d.Outcome,
 			"priority", d.Priority, "waited", a.Now().Sub(e.SubmittedAt).Round(time.Second))
 	}

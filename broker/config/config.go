@@ -37,6 +37,16 @@ type Config struct {
 	TLS    *TLS    `hcl:"tls,block"`
 	Nomad  *Nomad  `hcl:"nomad,block"`
 	Consul *Consul `hcl:"consul,block"`
+	// Audit is the audit trail's file (nil: none kept).
+	Audit *Audit `hcl:"audit,block"`
+}
+
+// Audit is where the audit trail is written: path, rotated to path.1 …
+// path.<max_files> when it would grow past max_bytes.
+type Audit struct {
+	Path     string `hcl:"path"`
+	MaxBytes int64  `hcl:"max_bytes,optional"`
+	MaxFiles int    `hcl:"max_files,optional"`
 }
 
 // Nomad is how the broker reaches Nomad's HTTP API.
@@ -71,6 +81,9 @@ const (
 	DefaultNomad    = "http://127.0.0.1:4646"
 	DefaultConsul   = "127.0.0.1:8500"
 	DefaultKVPrefix = "nomad-gpu/"
+	// The audit file rotates at 100 MiB, and ten rotated files are kept.
+	DefaultAuditMaxBytes = 100 << 20
+	DefaultAuditMaxFiles = 10
 )
 
 // Enforcement modes.
@@ -154,6 +167,17 @@ func (c *Config) Validate() error {
 	}
 	if !strings.HasPrefix(c.Nomad.Address, "http://") && !strings.HasPrefix(c.Nomad.Address, "https://") {
 		return fmt.Errorf("broker config: nomad.address %q must start with http:// or https://", c.Nomad.Address)
+	}
+	if a := c.Audit; a != nil {
+		if a.MaxBytes == 0 {
+			a.MaxBytes = DefaultAuditMaxBytes
+		}
+		if a.MaxFiles == 0 {
+			a.MaxFiles = DefaultAuditMaxFiles
+		}
+		if a.Path == "" || a.MaxBytes < 4096 || a.MaxFiles < 1 {
+			return fmt.Errorf("broker config: audit needs a path, max_bytes of at least 4096 and max_files of at least 1")
+		}
 	}
 	if fi, err := os.Stat(c.PolicyDir); err != nil || !fi.IsDir() {
 		return fmt.Errorf("broker config: policy_dir %q is not a directory", c.PolicyDir)

@@ -92,3 +92,30 @@ tls {
 		}
 	}
 }
+
+func TestAuditBlock(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "broker.hcl")
+	os.WriteFile(path, []byte(`policy_dir = "`+dir+`"
+audit {
+  path = "/var/log/gpu-broker/audit.log"
+}
+`), 0o644)
+	c, err := Load(path)
+	if err != nil || c.Audit == nil || c.Audit.Path != "/var/log/gpu-broker/audit.log" || c.Audit.MaxBytes != 100<<20 || c.Audit.MaxFiles != 10 {
+		t.Fatalf("audit: %v %+v", err, c.Audit)
+	}
+	os.WriteFile(path, []byte(`policy_dir = "`+dir+`"
+audit {
+  path      = "a.log"
+  max_bytes = 10
+}
+`), 0o644)
+	if _, err := Load(path); err == nil || !strings.Contains(err.Error(), "max_bytes of at least 4096") {
+		t.Fatalf("want max_bytes named, got %v", err)
+	}
+	os.WriteFile(path, []byte("audit {\n}\n"), 0o644)
+	if _, err := Load(path); err == nil || !strings.Contains(err.Error(), `broker.hcl:1:7: error: Missing required argument`) {
+		t.Fatalf("want the missing path at file:line, got %v", err)
+	}
+}

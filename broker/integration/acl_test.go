@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/hashicorp/nomad/api"
 
+	"github.com/nomad-gpu/nomad-gpu/broker/audit"
 	"github.com/nomad-gpu/nomad-gpu/internal/testcluster"
 )
 
@@ -239,6 +241,37 @@ func TestExclusiveEnforcementWithNomadACLs(t *testing.T) {
 		})
 		if _, _, err := n.API.Jobs().Info("waits", &api.QueryOptions{Namespace: "vision"}); err == nil {
 			t.Errorf("the job of a deleted token was registered")
+		}
+	})
+	t.Run("gpu-broker audit names who did what, in order, and never a secret", func(t *testing.T) {
+		out, err := exec.Command(testcluster.BrokerBinary(t), "audit", "-json", "-since", "1h", "-address", e.broker.Addr,
+			"-token", brokerToken.SecretID, "-ca-cert", certs.CAFile).CombinedOutput()
+		var events []audit.Event
+		if err != nil || json.Unmarshal(out, &events) != nil {
+			t.Fatalf("%v\n%s", err, out)
+		}
+		var seen []string
+		for i, ev := range events {
+			if i > 0 && ev.Time.Before(events[i-1].Time) {
+				t.Errorf("out of order: %+v after %+v", ev, events[i-1])
+			}
+			seen = append(seen, ev.What+" "+ev.Job+" by "+strings.Fields(ev.Who+" ?")[0]+" -> "+strings.SplitN(ev.Result, ":", 2)[0])
+		}
+		all := strings.Join(seen, "\n")
+		for _, want := range []string{"admission direct by ana -> admit", "admission waits by cai -> queue"} {
+			if !strings.Contains(all, want) {
+				t.Errorf("no %q in the audit trail:\n%s", want, all)
+			}
+		}
+		for _, tok := range []*api.ACLToken{ana, cai, bob, brokerToken} {
+			if strings.Contains(string(out), tok.SecretID) {
+				t.Errorf("token %s's secret is in the audit trail", tok.Name)
+			}
+		}
+		text, err := exec.Command(testcluster.BrokerBinary(t), "audit", "-job", "direct", "-address", e.broker.Addr,
+			"-token", ana.SecretID, "-ca-cert", certs.CAFile).CombinedOutput()
+		if err != nil || !strings.Contains(string(text), "WHO") || strings.Contains(string(text), "waits") {
+			t.Errorf("audit -job direct:\n%s", text)
 		}
 	})
 }

@@ -15,6 +15,7 @@ import (
 
 	"github.com/hashicorp/nomad/api"
 
+	"github.com/nomad-gpu/nomad-gpu/broker/audit"
 	"github.com/nomad-gpu/nomad-gpu/broker/reclaim"
 	"github.com/nomad-gpu/nomad-gpu/broker/server"
 	"github.com/nomad-gpu/nomad-gpu/broker/usage"
@@ -357,6 +358,29 @@ func TestReclaim(t *testing.T) {
 		allocated := m[`nomadgpu_gpu_seconds_total{gpu_class="",queue="training",state="allocated",tenant="vision"}`]
 		if busy <= 0 || idle <= 0 || math.Abs(allocated-busy-idle) > 1e-6 {
 			t.Errorf("training GPU-seconds: allocated %v, busy %v, idle %v", allocated, busy, idle)
+		}
+	})
+	t.Run("the audit trail has each decision and act, and who made it", func(t *testing.T) {
+		var events []audit.Event
+		if err := json.Unmarshal([]byte(e.brokerCLI("audit", "-json", "-tenant", "", "-since", "1h")), &events); err != nil {
+			t.Fatal(err)
+		}
+		var seen []string
+		for _, ev := range events {
+			seen = append(seen, ev.What+" "+ev.Job+" "+ev.Rule+" by "+ev.Who+": "+strings.Fields(ev.Result+" ")[0])
+		}
+		all := strings.Join(seen, "\n")
+		for _, want := range []string{
+			"admission idle-nb  by anonymous: admit:",
+			"reclaim-decision direct unadmitted by broker: proposed",
+			"reclaim-action direct unadmitted by broker: executed",
+			"reclaim-decision keep-nb idle-dev by broker: proposed",
+			"reclaim-cancel keep-nb idle-dev by anonymous: cancelled",
+			"reclaim-decision train idle-training by broker: dry-run",
+		} {
+			if !strings.Contains(all, want) {
+				t.Errorf("no %q in the audit trail:\n%s", want, all)
+			}
 		}
 	})
 }

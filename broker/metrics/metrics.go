@@ -41,6 +41,7 @@ type Metrics struct {
 	admissions *prometheus.CounterVec
 	decisions  *prometheus.CounterVec
 	gpuSeconds *prometheus.CounterVec
+	auditFails prometheus.Counter
 }
 
 // New registers the broker's metrics, Go's and the process's.
@@ -57,7 +58,9 @@ func New(src Sources) *Metrics {
 			Help: "GPU time held by running allocations (allocated), split into busy and idle (below usage.idle_below); tenant and queue empty for jobs the broker did not admit."},
 			[]string{"tenant", "queue", "gpu_class", "state"}),
 	}
-	m.Registry.MustRegister(m.admissions, m.decisions, m.gpuSeconds, &scrape{src: src},
+	m.auditFails = prometheus.NewCounter(prometheus.CounterOpts{Name: "nomadgpu_audit_write_failures_total",
+		Help: "Audit lines that could not be written (a user's request is then refused; the broker's own acts go on, logged)."})
+	m.Registry.MustRegister(m.admissions, m.decisions, m.gpuSeconds, m.auditFails, &scrape{src: src},
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -79,6 +82,13 @@ func (m *Metrics) Admission(source string, d admission.Decision) {
 func (m *Metrics) Decision(rule, action, state string) {
 	if m != nil {
 		m.decisions.WithLabelValues(rule, action, state).Inc()
+	}
+}
+
+// AuditFailure counts an audit line that could not be written.
+func (m *Metrics) AuditFailure() {
+	if m != nil {
+		m.auditFails.Inc()
 	}
 }
 

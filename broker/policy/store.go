@@ -21,6 +21,9 @@ type Store struct {
 	current  atomic.Pointer[Policy]
 	stamp    string
 	reloaded chan struct{}
+	// Reloads, when set (before Watch), is told of every reload: whether
+	// it took effect, and what it loaded or why it was refused.
+	Reloads func(took bool, detail string)
 }
 
 // NewStore loads dir; it fails when the first load is invalid.
@@ -45,6 +48,7 @@ func (s *Store) Reload() bool {
 	if p == nil {
 		s.log.Error("policy reload refused, the last good policy stays in force", "dir", s.dir,
 			"diagnostics", FormatDiagnostics(diags))
+		s.tell(false, "refused, the last good policy stays in force: "+FormatDiagnostics(diags))
 		return false
 	}
 	if len(diags) > 0 {
@@ -52,11 +56,18 @@ func (s *Store) Reload() bool {
 	}
 	s.current.Store(p)
 	s.log.Info("policy loaded", "dir", s.dir, "queues", len(p.Queues), "tenants", len(p.Tenants))
+	s.tell(true, fmt.Sprintf("loaded %s: %d queues, %d tenants, %d reclaim rules", s.dir, len(p.Queues), len(p.Tenants), len(p.Reclaim)))
 	select {
 	case s.reloaded <- struct{}{}:
 	default:
 	}
 	return true
+}
+
+func (s *Store) tell(took bool, detail string) {
+	if s.Reloads != nil {
+		s.Reloads(took, detail)
+	}
 }
 
 // Reloaded is signalled (at most one pending signal) when a new policy takes effect.

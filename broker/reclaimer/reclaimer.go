@@ -13,6 +13,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
+	"github.com/nomad-gpu/nomad-gpu/broker/audit"
 	"github.com/nomad-gpu/nomad-gpu/broker/metrics"
 	"github.com/nomad-gpu/nomad-gpu/broker/policy"
 	"github.com/nomad-gpu/nomad-gpu/broker/reclaim"
@@ -66,6 +67,7 @@ type Reclaimer struct {
 	// Watchers see every observation, after the decisions on it.
 	Watchers []Watcher
 	Metrics  *metrics.Metrics // nil: none
+	Audit    *audit.Log       // nil: none
 
 	engine *reclaim.Engine
 }
@@ -117,6 +119,12 @@ func (r *Reclaimer) Pass(ctx context.Context) error {
 			return fmt.Errorf("record decision of rule %s on %s/%s: %w", d.Rule, d.Namespace, d.JobID, err)
 		}
 		r.Metrics.Decision(rec.Rule, string(rec.Action), string(rec.State))
+		what := audit.ReclaimDecided
+		if rec.Rule == policy.PreemptedBorrowed.Name {
+			what = audit.Preemption
+		}
+		r.Audit.Write(audit.Event{Who: audit.BrokerAct, What: what, ID: rec.ID, Namespace: rec.Namespace, Job: rec.Job, Tenant: rec.Tenant,
+			Queue: rec.Queue, Rule: rec.Rule, Result: fmt.Sprintf("%s %s (%s): %s", rec.State, rec.Action, rec.Mode, rec.Evidence)})
 		r.Log.Info("reclaim decision", "id", rec.ID, "rule", rec.Rule, "action", rec.Action, "state", rec.State,
 			"namespace", rec.Namespace, "job", rec.Job, "allocs", rec.Allocs, "gpus", rec.GPUs, "act_after", rec.ActAfter, "evidence", rec.Evidence)
 		records = append(records, rec)
@@ -167,6 +175,8 @@ func (r *Reclaimer) act(ctx context.Context, rec reclaim.Record, now time.Time) 
 		return fmt.Errorf("record the result of reclaim decision %s (%s): %w", cur.ID, cur.Result, err)
 	}
 	r.Metrics.Decision(cur.Rule, string(cur.Action), string(cur.State))
+	r.Audit.Write(audit.Event{Who: audit.BrokerAct, What: audit.ReclaimActed, ID: cur.ID, Namespace: cur.Namespace, Job: cur.Job,
+		Tenant: cur.Tenant, Queue: cur.Queue, Rule: cur.Rule, Result: fmt.Sprintf("%s %s: %s", cur.State, cur.Action, cur.Result)})
 	return nil
 }
 

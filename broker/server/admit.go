@@ -13,6 +13,7 @@ import (
 	"github.com/hashicorp/nomad/api"
 
 	"github.com/nomad-gpu/nomad-gpu/broker/admission"
+	"github.com/nomad-gpu/nomad-gpu/broker/audit"
 	"github.com/nomad-gpu/nomad-gpu/broker/cluster"
 	"github.com/nomad-gpu/nomad-gpu/broker/metrics"
 	"github.com/nomad-gpu/nomad-gpu/broker/nomadjob"
@@ -104,21 +105,41 @@ func (s *Server) register(w http.ResponseWriter, r *http.Request, pathJobID stri
 	s.metrics.Admission(metrics.Submit, d)
 	s.log.Info("admission", "job", rj.JobID, "namespace", rj.Namespace, "outcome", d.Outcome, "tenant", d.Tenant,
 		"queue", d.Queue, "priority", d.Priority, "gpus", d.Demand.Total(), "rule", d.Rule, "reason", d.Reason, "by", who)
+	event := audit.Event{Who: who, What: audit.Admission, Namespace: rj.Namespace, Job: rj.JobID, Tenant: d.Tenant, Queue: d.Queue,
+		Rule: d.Rule, Result: string(d.Outcome) + ": " + d.Reason}
 	switch d.Outcome {
 	case admission.Reject:
-		writeError(w, http.StatusForbidden, "nomad-gpu: job %q rejected by rule %s: %s", rj.JobID, d.Rule, d.Reason)
+		if s.audited(w, event) {
+			writeError(w, http.StatusForbidden, "nomad-gpu: job %q rejected by rule %s: %s", rj.JobID, d.Rule, d.Reason)
+		}
 	case admission.Queue:
-		s.enqueue(w, r, rj, d, who)
+		s.enqueue(w, r, rj, d, who, event)
 	default:
+		if !s.audited(w, event) {
+			res.Release()
+			return
+		}
 		rj.Stamp(d, s.stamper.Stamp(rj.Namespace, rj.Job, d))
 		resp, err := s.forward(r, rj.Body(), rj.Namespace)
 		if err != nil {
 			res.Release()
+			event.What, event.Result = audit.AdmissionError, "Nomad is unreachable: "+err.Error()
+			s.audit.Write(event)
 			writeError(w, http.StatusBadGateway, "nomad-gpu: Nomad is unreachable: %v", err)
 			return
 		}
 		s.relayRegistered(w, resp, res, admittedWarning(d), s.rightSizingWarning(rj.Namespace, rj.JobID, d))
 	}
+}
+
+// audited writes e to the audit trail before anything is acknowledged or
+// done; when it cannot, the caller is answered 503 and nothing is done.
+func (s *Server) audited(w http.ResponseWriter, e audit.Event) bool {
+	if err := s.audit.Write(e); err != nil {
+		writeError(w, http.StatusServiceUnavailable, "nomad-gpu: the audit trail cannot be written, so nothing was done: %v", err)
+		return false
+	}
+	return true
 }
 
 // rightSizingWarning tells a job submitted again that its earlier runs kept
@@ -232,7 +253,7 @@ func admittedWarning(d admission.Decision) string {
 // evaluation id the broker itself serves, so that `nomad job run` (attached or
 // -detach) prints the message and exits 0. What is stored is the request as
 // the broker read it (namespace and counts pinned), never the raw body.
-func (s *Server) enqueue(w http.ResponseWriter, r *http.Request, rj *gpuJobRequest, d admission.Decision, who string) {
+func (s *Server) enqueue(w http.ResponseWriter, r *http.Request, rj *gpuJobRequest, d admission.Decision, who string, event audit.Event) {
 	// The leader registers it later with the broker's own token: first make
 	// sure the token resolves, and that the caller may submit this job here
 	// now: as a tenant submitter (exclusive), or as Nomad says for a plan
@@ -282,7 +303,14 @@ func (s *Server) enqueue(w http.ResponseWriter, r *http.Request, rj *gpuJobReque
 		others = append(others, old)
 	}
 	if err := s.withinQueueLimits(rj, d.Tenant, others); err != nil {
-		writeError(w, http.StatusTooManyRequests, "nomad-gpu: job %q not queued: %v", rj.JobID, err)
+		event.Result = "not queued: " + err.Error()
+		if s.audited(w, event) {
+			writeError(w, http.StatusTooManyRequests, "nomad-gpu: job %q not queued: %v", rj.JobID, err)
+		}
+		return
+	}
+	event.ID = e.ID
+	if !s.audited(w, event) {
 		return
 	}
 	if err := s.queue.Put(r.Context(), e); err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/url"
 	"sort"
@@ -11,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/nomad-gpu/nomad-gpu/broker/audit"
 	"github.com/nomad-gpu/nomad-gpu/broker/policy"
 	"github.com/nomad-gpu/nomad-gpu/broker/queue"
 	"github.com/nomad-gpu/nomad-gpu/broker/usage"
@@ -66,6 +68,8 @@ func (s *Server) serveGPU(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, out)
 	case strings.HasPrefix(path, "queue/"):
 		s.queueEntry(w, r, strings.TrimPrefix(path, "queue/"), who)
+	case path == "audit" && r.Method == http.MethodGet:
+		s.auditTrail(w, r)
 	case s.stored != nil && path == "rightsizing" && r.Method == http.MethodGet:
 		s.rightSizing(w, r)
 	case s.decisions != nil && path == "reclaim" && r.Method == http.MethodGet:
@@ -156,6 +160,36 @@ func (s *Server) usageReport(w http.ResponseWriter, r *http.Request) {
 		return 0
 	})
 	writeJSON(w, http.StatusOK, rep)
+}
+
+// auditTrail reads the audit trail: ?since= (a duration back from now,
+// default 24h), &tenant=, &job=; with ACLs, the events of namespaces the
+// caller may read (and those of no namespace: policy reloads).
+func (s *Server) auditTrail(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	since := 24 * time.Hour
+	if v := q.Get("since"); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil || d <= 0 {
+			writeError(w, http.StatusBadRequest, "nomad-gpu: since=%q is not a duration such as 24h", v)
+			return
+		}
+		since = d
+	}
+	tenant, job := q.Get("tenant"), q.Get("job")
+	readable := map[string]bool{}
+	events, err := s.audit.Read(s.now().Add(-since), func(e audit.Event) bool {
+		return (tenant == "" || e.Tenant == tenant) && (job == "" || e.Job == job) &&
+			(e.Namespace == "" || s.mayRead(r, e.Namespace, readable))
+	})
+	if err != nil {
+		writeError(w, http.StatusServiceUnavailable, "nomad-gpu: %v", err)
+		return
+	}
+	if events == nil {
+		events = []audit.Event{}
+	}
+	writeJSON(w, http.StatusOK, events)
 }
 
 // RightSizing is one row of GET /v1/gpu/rightsizing: a job that kept under
@@ -259,8 +293,15 @@ func (s *Server) queueEntry(w http.ResponseWriter, r *http.Request, id, who stri
 				e.JobID, e.Namespace, id)
 			return
 		}
+		event := audit.Event{Who: who, What: audit.QueueCancel, ID: id, Namespace: e.Namespace, Job: e.JobID, Tenant: e.Tenant,
+			Queue: e.Queue, Result: "cancelled"}
+		if !s.audited(w, event) {
+			return
+		}
 		ok, err := s.queue.Remove(r.Context(), e)
 		if err != nil || !ok {
+			event.Result = fmt.Sprintf("not cancelled: changed or admitted meanwhile (%v)", err)
+			s.audit.Write(event)
 			writeError(w, http.StatusConflict, "nomad-gpu: queued job %q changed or was admitted meanwhile: %v", id, err)
 			return
 		}

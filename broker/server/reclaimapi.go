@@ -4,10 +4,12 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/url"
 	"sort"
 
+	"github.com/nomad-gpu/nomad-gpu/broker/audit"
 	"github.com/nomad-gpu/nomad-gpu/broker/queue"
 	"github.com/nomad-gpu/nomad-gpu/broker/reclaim"
 )
@@ -70,8 +72,15 @@ func (s *Server) reclaimDecision(w http.ResponseWriter, r *http.Request, id, who
 				id, rec.State, map[bool]string{true: " (being carried out)", false: ""}[!rec.ActingSince.IsZero() && rec.State == reclaim.Proposed])
 			return
 		}
+		event := audit.Event{Who: who, What: audit.ReclaimCancel, ID: id, Namespace: rec.Namespace, Job: rec.Job, Tenant: rec.Tenant,
+			Queue: rec.Queue, Rule: rec.Rule, Result: "cancelled"}
+		if !s.audited(w, event) {
+			return
+		}
 		rec.State, rec.Result = reclaim.Cancelled, "cancelled by "+who
 		if ok, err := s.decisions.Update(r.Context(), rec); err != nil || !ok {
+			event.Result = fmt.Sprintf("not cancelled: changed meanwhile (%v)", err)
+			s.audit.Write(event)
 			writeError(w, http.StatusConflict, "nomad-gpu: reclaim decision %s changed meanwhile (%v); look again", id, err)
 			return
 		}

@@ -21,6 +21,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/nomad-gpu/nomad-gpu/broker/admission"
+	"github.com/nomad-gpu/nomad-gpu/broker/audit"
 	"github.com/nomad-gpu/nomad-gpu/broker/cluster"
 	"github.com/nomad-gpu/nomad-gpu/broker/metrics"
 	"github.com/nomad-gpu/nomad-gpu/broker/nomadjob"
@@ -112,6 +113,7 @@ type Server struct {
 	metrics      *metrics.Metrics
 	rollups      Rollups
 	fairShare    FairShare
+	audit        *audit.Log
 	// metricsHandler serves /metrics (nil: none).
 	metricsHandler http.Handler
 	stamper        nomadjob.Stamper
@@ -148,6 +150,7 @@ type Options struct {
 	Metrics     *metrics.Metrics // nil: no /metrics
 	Rollups     Rollups          // nil: no usage report
 	FairShare   FairShare        // nil: the queue is shown by current share
+	Audit       *audit.Log       // nil: no audit trail
 	Stamper     nomadjob.Stamper
 	Region      string // the Nomad region the broker governs ("" or "global": Nomad's default)
 	Leader      Leader // nil: this broker takes every admission itself
@@ -169,7 +172,7 @@ func New(o Options) (*Server, error) {
 		return nil, fmt.Errorf("nomad address %q: %w", o.Nomad, err)
 	}
 	s := &Server{log: o.Log, upstream: u, client: o.Client, policies: o.Policies, cluster: o.Cluster,
-		queue: o.Queue, decisions: o.Decisions, scales: o.Scales, profiles: o.Profiles, stored: o.RightSizing, metrics: o.Metrics, rollups: o.Rollups, fairShare: o.FairShare, stamper: o.Stamper, region: o.Region, acls: o.ACLs, exclusive: o.Exclusive, token: o.Token, leader: o.Leader, now: o.Now, newID: o.NewID, identities: map[[32]byte]cachedIdentity{}}
+		queue: o.Queue, decisions: o.Decisions, scales: o.Scales, profiles: o.Profiles, stored: o.RightSizing, metrics: o.Metrics, rollups: o.Rollups, fairShare: o.FairShare, audit: o.Audit, stamper: o.Stamper, region: o.Region, acls: o.ACLs, exclusive: o.Exclusive, token: o.Token, leader: o.Leader, now: o.Now, newID: o.NewID, identities: map[[32]byte]cachedIdentity{}}
 	if s.client == nil {
 		s.client = &http.Client{}
 	}

@@ -8,6 +8,8 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"sort"
 	"strings"
 	"sync"
@@ -17,6 +19,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/nomad/api"
 
+	"github.com/nomad-gpu/nomad-gpu/broker/audit"
 	"github.com/nomad-gpu/nomad-gpu/broker/cluster"
 	"github.com/nomad-gpu/nomad-gpu/broker/nomadjob"
 	"github.com/nomad-gpu/nomad-gpu/broker/policy"
@@ -346,5 +349,32 @@ func TestAJobSubmittedAgainIsWarnedWhenItKeptMostOfItsGPUsIdle(t *testing.T) {
 	}
 	if rec := do(s, http.MethodPut, "/v1/jobs", other); !strings.Contains(rec.Body.String(), "queued as") || strings.Contains(rec.Body.String(), "right-sizing") {
 		t.Fatalf("a job keeping half its GPUs busy was warned: %s", rec.Body)
+	}
+}
+
+func TestNothingIsDoneWhenTheAuditTrailCannotBeWritten(t *testing.T) {
+	s, up, _, _ := newTestServer(t)
+	path := filepath.Join(t.TempDir(), "audit.log")
+	trail, err := audit.Open(path, 1<<20, 2, "test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.audit = trail
+	// The file replaced by a directory: no line can be written.
+	trail.Close()
+	os.Remove(path)
+	os.Mkdir(path, 0o700)
+	rec := do(s, http.MethodPut, "/v1/jobs", gpuJob)
+	if rec.Code != http.StatusServiceUnavailable || !strings.Contains(rec.Body.String(), "audit trail cannot be written") || up.last != nil {
+		t.Fatalf("%d %s; forwarded %v", rec.Code, rec.Body, up.last)
+	}
+	// Writable again: decided, written, then forwarded; the GPUs it did not
+	// take before are free for it.
+	os.Remove(path)
+	rec = do(s, http.MethodPut, "/v1/jobs", gpuJob)
+	events, _ := trail.Read(time.Time{}, nil)
+	if rec.Code != http.StatusOK || up.last == nil || len(events) != 1 || events[0].What != audit.Admission || events[0].Job != "train" ||
+		!strings.HasPrefix(events[0].Result, "admit:") {
+		t.Fatalf("%d %s; audit %+v", rec.Code, rec.Body, events)
 	}
 }

@@ -16,6 +16,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/nomad-gpu/nomad-gpu/broker/audit"
 	"github.com/nomad-gpu/nomad-gpu/broker/reclaim"
 	"github.com/nomad-gpu/nomad-gpu/broker/server"
 )
@@ -38,9 +39,15 @@ func client(args []string) int {
 		by = fs.String("by", "tenant", "with -from: tenant, queue or class")
 		asCSV = fs.Bool("csv", false, "with -from: print CSV")
 	}
+	var since, tenant, jobID *string
+	if args[0] == "audit" {
+		since = fs.String("since", "24h", "events of this long back")
+		tenant = fs.String("tenant", "", "only this tenant's events")
+		jobID = fs.String("job", "", "only this job's events")
+	}
 	rest := args[1:]
 	sub := ""
-	if args[0] != "usage" {
+	if args[0] != "usage" && args[0] != "audit" {
 		if len(rest) == 0 {
 			fmt.Fprintf(os.Stderr, "usage: gpu-broker %s list|show ID|cancel ID [-address ADDR] [-json]\n", args[0])
 			return 2
@@ -66,6 +73,8 @@ func client(args []string) int {
 	switch sub {
 	case "":
 		switch {
+		case args[0] == "audit":
+			sub, path = "audit", "/v1/gpu/audit?"+url.Values{"since": {*since}, "tenant": {*tenant}, "job": {*jobID}}.Encode()
 		case *rightSizing:
 			sub, path = "rightsizing", "/v1/gpu/rightsizing?top="+strconv.Itoa(*top)
 		case *from != "":
@@ -103,8 +112,11 @@ func client(args []string) int {
 	if args[0] == "reclaim" {
 		return printDecisions(sub, body)
 	}
-	if sub == "report" {
+	switch sub {
+	case "report":
 		return printReport(body, *asCSV)
+	case "audit":
+		return printAudit(body)
 	}
 	return printTable(sub, body)
 }
@@ -137,6 +149,22 @@ func printDecisions(sub string, body []byte) int {
 	}
 	if r.Result != "" {
 		fmt.Fprintf(w, "Result\t%s\n", r.Result)
+	}
+	return 0
+}
+
+// printAudit prints audit events, oldest first.
+func printAudit(body []byte) int {
+	var events []audit.Event
+	if err := json.Unmarshal(body, &events); err != nil {
+		return fail(err)
+	}
+	w := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+	defer w.Flush()
+	fmt.Fprintln(w, "TIME\tWHO\tWHAT\tNAMESPACE\tJOB\tTENANT\tQUEUE\tRULE\tRESULT")
+	for _, e := range events {
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", e.Time.Format(time.RFC3339), e.Who, e.What, e.Namespace, e.Job,
+			e.Tenant, e.Queue, e.Rule, e.Result)
 	}
 	return 0
 }

@@ -22,8 +22,10 @@ Commands:
   reclaim list                   reclaim decisions, newest first
   reclaim show ID                one reclaim decision
   reclaim cancel ID              cancel a proposed reclaim decision
+  audit [-since 24h] [-tenant T] [-job J]
+                                 the audit trail: who decided or did what, oldest first
 
-The queue, usage and reclaim commands reach the broker at -address or
+The queue, usage, reclaim and audit commands reach the broker at -address or
 GPU_BROKER_ADDR (default http://127.0.0.1:4649) with -token or NOMAD_TOKEN,
 trust -ca-cert or GPU_BROKER_CACERT, and print JSON with -json.
 `
@@ -46,7 +48,7 @@ func run(args []string) int {
 			return 2
 		}
 		return validatePolicy(args[2:])
-	case "queue", "usage", "reclaim":
+	case "queue", "usage", "reclaim", "audit":
 		return client(args)
 	case "-h", "-help", "--help", "help":
 		fmt.Print(usage)

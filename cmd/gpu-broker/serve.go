@@ -20,6 +20,7 @@ import (
 	nomad "github.com/hashicorp/nomad/api"
 
 	"github.com/nomad-gpu/nomad-gpu/broker/admitter"
+	"github.com/nomad-gpu/nomad-gpu/broker/audit"
 	"github.com/nomad-gpu/nomad-gpu/broker/cluster"
 	"github.com/nomad-gpu/nomad-gpu/broker/config"
 	"github.com/nomad-gpu/nomad-gpu/broker/leader"
@@ -91,9 +92,6 @@ func serveErr(path string, log hclog.Logger) error {
 	if policies == nil {
 		return fmt.Errorf("policy %s is invalid:\n%s", cfg.PolicyDir, policy.FormatDiagnostics(diags))
 	}
-	hup := make(chan os.Signal, 1)
-	signal.Notify(hup, syscall.SIGHUP)
-	go policies.Watch(ctx, hup, 2*time.Second)
 
 	agentRegion, acls, err := nomadClient.Agent(ctx)
 	if err != nil {
@@ -119,8 +117,25 @@ func serveErr(path string, log hclog.Logger) error {
 	elector := &leader.Elector{Client: consulClient, Key: cfg.Consul.KVPrefix + "leader", Address: cfg.Advertise,
 		Log: log.Named("leader")}
 	metrics := brokermetrics.New(brokermetrics.Sources{Cluster: view, Policies: policies, Queue: store, Leader: elector})
+	var trail *audit.Log
+	if a := cfg.Audit; a != nil {
+		if trail, err = audit.Open(a.Path, a.MaxBytes, a.MaxFiles, cfg.Advertise); err != nil {
+			return err
+		}
+		defer trail.Close()
+		trail.Failed = func(err error) {
+			metrics.AuditFailure()
+			log.Error("audit trail cannot be written", "error", err)
+		}
+		policies.Reloads = func(took bool, detail string) {
+			trail.Write(audit.Event{Who: audit.BrokerAct, What: audit.PolicyReload, Result: detail})
+		}
+	}
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	go policies.Watch(ctx, hup, 2*time.Second)
 	srv, err := server.New(server.Options{Leader: elector, Log: log.Named("proxy"), Nomad: cfg.Nomad.Address,
-		Client: nomadClient.HTTPClient(), Policies: policies, Cluster: view, Queue: store, Decisions: decisions, Scales: scales, Profiles: profiles, RightSizing: storedProfiles, Metrics: metrics, Rollups: rollups, FairShare: rollups, Stamper: stamper, Region: region, ACLs: acls,
+		Client: nomadClient.HTTPClient(), Policies: policies, Cluster: view, Queue: store, Decisions: decisions, Scales: scales, Profiles: profiles, RightSizing: storedProfiles, Metrics: metrics, Rollups: rollups, FairShare: rollups, Audit: trail, Stamper: stamper, Region: region, ACLs: acls,
 		Exclusive: exclusive, Token: cfg.Nomad.Token, Peers: peers})
 	if err != nil {
 		return err
@@ -139,7 +154,7 @@ func serveErr(path string, log hclog.Logger) error {
 		"policy_dir", cfg.PolicyDir, "region", region, "acls", acls)
 
 	adm := &admitter.Admitter{Log: log.Named("queue"), Queue: store, Nomad: nomadClient, Cluster: view,
-		Policies: policies, Stamper: stamper, Now: time.Now, Capacity: view.Capacity, Blocked: nomadClient, Exclusive: exclusive, Metrics: metrics, FairShare: rollups}
+		Policies: policies, Stamper: stamper, Now: time.Now, Capacity: view.Capacity, Blocked: nomadClient, Exclusive: exclusive, Metrics: metrics, FairShare: rollups, Audit: trail}
 	elector.Run(ctx, func(ctx context.Context) {
 		reassert := time.NewTicker(30 * time.Second)
 		defer reassert.Stop()
@@ -152,7 +167,7 @@ func serveErr(path string, log hclog.Logger) error {
 			Verify: scales.Verifier(stamper)}, Actor: nomadClient, Policies: policies, Now: time.Now, NewID: queue.NewID,
 			Requeue: &reclaimer.Requeue{Jobs: nomadClient, Actor: nomadClient, Queue: store, Policies: policies},
 			Watchers: []reclaimer.Watcher{&usagekv.Recorder{Store: storedProfiles, Table: profiles, Policies: policies},
-				&usagekv.Ledger{Store: rollups, Policies: policies, Metrics: metrics, Budgets: budgets}}, Metrics: metrics}
+				&usagekv.Ledger{Store: rollups, Policies: policies, Metrics: metrics, Budgets: budgets}}, Metrics: metrics, Audit: trail}
 		go rec.Run(ctx, time.After)
 		adm.Run(ctx, view.Changed(), 2*time.Second)
 	})

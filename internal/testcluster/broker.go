@@ -79,8 +79,11 @@ consul {
   address = %q
   %s
 }
+audit {
+  path = %q
+}
 %s
-`, port, policyDir, nomad.Addr, o.Token, nomadTLS, consulAddr, consulTLS, o.Config)
+`, port, policyDir, nomad.Addr, o.Token, nomadTLS, consulAddr, consulTLS, filepath.Join(dir, "audit.log"), o.Config)
 	if o.TLS != nil {
 		b.Addr = fmt.Sprintf("https://127.0.0.1:%d", port)
 		b.Client = o.TLS.Client()
