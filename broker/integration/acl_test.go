@@ -255,7 +255,7 @@ func TestExclusiveEnforcementWithNomadACLs(t *testing.T) {
 			if i > 0 && ev.Time.Before(events[i-1].Time) {
 				t.Errorf("out of order: %+v after %+v", ev, events[i-1])
 			}
-			seen = append(seen, ev.What+" "+ev.Job+" by "+strings.Fields(ev.Who+" ?")[0]+" -> "+strings.SplitN(ev.Result, ":", 2)[0])
+			seen = append(seen, ev.What+" "+ev.Job+" by "+strings.Fields(ev.Who + " ?")[0]+" -> "+strings.SplitN(ev.Result, ":", 2)[0])
 		}
 		all := strings.Join(seen, "\n")
 		for _, want := range []string{"admission direct by ana -> admit", "admission waits by cai -> queue"} {

@@ -367,7 +367,7 @@ func TestReclaim(t *testing.T) {
 		}
 		var seen []string
 		for _, ev := range events {
-			seen = append(seen, ev.What+" "+ev.Job+" "+ev.Rule+" by "+ev.Who+": "+strings.Fields(ev.Result+" ")[0])
+			seen = append(seen, ev.What+" "+ev.Job+" "+ev.Rule+" by "+ev.Who+": "+strings.Fields(ev.Result + " ")[0])
 		}
 		all := strings.Join(seen, "\n")
 		for _, want := range []string{
