@@ -1,5 +1,6 @@
 gpu_class "h100" {
-  models = ["NVIDIA H100*"]
+  models             = ["NVIDIA H100*"]
+  price_per_gpu_hour = 2.50 # in the policy's currency (usage.hcl); for usage reports
 }
 
 tenant "vision" {
@@ -21,4 +22,10 @@ tenant "research" {
   queues     = ["dev", "training"]
   guaranteed = { h100 = 2 }
   limit      = { h100 = 8 }
+  # Past 2000 GPU-hours in a month, its jobs run borrowed (preemptible)
+  # until the month ends.
+  budget {
+    gpu_hours = 2000
+    period    = "month"
+  }
 }

@@ -4,3 +4,17 @@
 usage {
   idle_below = 5
 }
+
+# GPU-hours are kept per day (nomad-gpu/usage/<day> in Consul KV) this long.
+# Days are written in hours: 400 days is 9600h.
+# usage { retention = "9600h" }
+
+# Prices for usage reports (gpu-broker usage -from ...), per allocated GPU-hour.
+currency = "USD"
+
+# Queue order by each tenant's recent GPU-hours per guaranteed GPU: a tenant
+# that held many GPUs yesterday yields to one that held few.
+fair_share {
+  half_life   = "24h"
+  idle_weight = 1.0
+}
