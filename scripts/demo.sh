@@ -104,6 +104,7 @@ listen     = "127.0.0.1:4649"
 policy_dir = "$DEMO_DIR/policies"
 nomad  { address = "$NOMAD_ADDR" }
 consul { address = "127.0.0.1:8500" }
+audit  { path = "$DEMO_DIR/audit.log" }
 HCL
   start gpu-broker bin/gpu-broker serve -config "$DEMO_DIR/broker.hcl"
   wait_for "gpu-broker" 30 curl -sf $BROKER_ADDR/v1/gpu/usage
@@ -155,6 +156,15 @@ scenario() {
   NOMAD_ADDR=$BROKER_ADDR "$NOMAD" job run -detach jobspecs/dev.nomad.hcl | grep -v '^$'
   wait_for "idle-dev to stop the idle dev environment" 90 reclaimed dev-env
   bin/gpu-broker reclaim list -address $BROKER_ADDR
+  echo
+  echo "== GPU-hours so far today, and what they cost (idle ones included):"
+  bin/gpu-broker usage -address $BROKER_ADDR -from "$(date -u +%F)"
+  echo
+  echo "== who decided what (the audit trail, $DEMO_DIR/audit.log):"
+  bin/gpu-broker audit -address $BROKER_ADDR -since 1h | cut -c1-160
+  echo
+  echo "== the same for Prometheus, at $BROKER_ADDR/metrics:"
+  curl -s $BROKER_ADDR/metrics | grep -E '^nomadgpu_(gpus\{.*state="(allocated|free)"|tenant_gpus\{gpu_class="all",kind="used")'
 }
 
 # queued JOB: JOB waits in the broker's queue.
