@@ -13,6 +13,7 @@ import (
 	"github.com/hashicorp/nomad/api"
 
 	"github.com/nomad-gpu/nomad-gpu/broker/admission"
+	"github.com/nomad-gpu/nomad-gpu/broker/approval"
 	"github.com/nomad-gpu/nomad-gpu/broker/audit"
 	"github.com/nomad-gpu/nomad-gpu/broker/cluster"
 	"github.com/nomad-gpu/nomad-gpu/broker/metrics"
@@ -76,6 +77,8 @@ type Admitter struct {
 	Exclusive bool
 	Metrics   *metrics.Metrics // nil: none
 	Audit     *audit.Log       // nil: none
+	// Approvals in force raise a queued job's limit or band.
+	Approvals interface{ Current() []approval.Approval }
 	// FairShare gives the decayed GPU-hours the policy's fair_share orders by.
 	FairShare interface {
 		Decayed(ctx context.Context, now time.Time, halfLife time.Duration) (map[string]float64, error)
@@ -151,7 +154,12 @@ func (a *Admitter) Pass(ctx context.Context) (int, error) {
 			continue
 		}
 		req.Pin()
-		d, res := a.Cluster.Admit(p, req.Admission(groups))
+		approved, priority := p, 0
+		if a.Approvals != nil {
+			approved, priority = approval.Apply(p, a.Approvals.Current(), e.Namespace, e.JobID, a.Now())
+		}
+		d, res := a.Cluster.Admit(approved, req.Admission(groups))
+		d = approval.Raise(d, approved != p, priority)
 		switch d.Outcome {
 		case admission.Queue:
 			if d.WaitsFor == admission.WaitCapacity {

@@ -47,6 +47,10 @@ const (
 	ReclaimActed   = "reclaim-action"
 	ReclaimCancel  = "reclaim-cancel"
 	PolicyReload   = "policy-reload"
+	ApprovalAsk    = "approval-request"
+	ApprovalGrant  = "approval-grant"
+	ApprovalDeny   = "approval-deny"
+	ApprovalExpire = "approval-expire"
 	BrokerAct      = "broker" // Who of the broker's own acts
 )
 

@@ -599,3 +599,11 @@ func add(q, d policy.Quota) policy.Quota {
 	}
 	return q
 }
+
+// HasJob reports whether the view holds a live GPU job.
+func (v *View) HasJob(namespace, id string) bool {
+	v.mu.RLock()
+	defer v.mu.RUnlock()
+	_, ok := v.jobs[jobKey{namespace, id}]
+	return ok
+}

@@ -13,7 +13,7 @@ import (
 	"github.com/zclconf/go-cty/cty"
 )
 
-var fileSchema = &hcl.BodySchema{Attributes: []hcl.AttributeSchema{{Name: "currency"}}, Blocks: []hcl.BlockHeaderSchema{
+var fileSchema = &hcl.BodySchema{Attributes: []hcl.AttributeSchema{{Name: "currency"}, {Name: "approvers"}}, Blocks: []hcl.BlockHeaderSchema{
 	{Type: "queue", LabelNames: []string{"name"}},
 	{Type: "tenant", LabelNames: []string{"name"}},
 	{Type: "gpu_class", LabelNames: []string{"name"}},
@@ -101,6 +101,9 @@ func Parse(files map[string][]byte, capacity int) (*Policy, hcl.Diagnostics) {
 		}
 		if a, ok := content.Attributes["currency"]; ok {
 			diags = append(diags, p.currency(a, seenSingleton)...)
+		}
+		if a, ok := content.Attributes["approvers"]; ok {
+			diags = append(diags, p.approvers(a, seenSingleton)...)
 		}
 		for _, b := range content.Blocks {
 			switch b.Type {

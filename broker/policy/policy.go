@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 
@@ -38,6 +39,8 @@ type Policy struct {
 	Currency string
 	// FairShare orders the queue by decayed GPU-hours (when Enabled).
 	FairShare FairShare
+	// Approvers may grant approvals (top-level approvers).
+	Approvers []string
 
 	byNamespace map[string]*Tenant
 }
@@ -239,4 +242,50 @@ func FormatDiagnostics(diags hcl.Diagnostics) string {
 		}
 	}
 	return sb.String()
+}
+
+// WithExtraLimit is the policy with tenant's limit raised by n GPUs (in
+// total and in each class it names): what an approval grants one job.
+func (p *Policy) WithExtraLimit(tenant string, n int) *Policy {
+	t, ok := p.Tenants[tenant]
+	if !ok || n <= 0 {
+		return p
+	}
+	raised := *t
+	raised.Limit = Quota{}
+	for class, l := range t.Limit {
+		raised.Limit[class] = l + n
+	}
+	out := *p
+	out.Tenants = make(map[string]*Tenant, len(p.Tenants))
+	for name, other := range p.Tenants {
+		out.Tenants[name] = other
+	}
+	out.Tenants[tenant] = &raised
+	out.byNamespace = make(map[string]*Tenant, len(p.byNamespace))
+	for ns, other := range p.byNamespace {
+		if other.Name == tenant {
+			other = &raised
+		}
+		out.byNamespace[ns] = other
+	}
+	return &out
+}
+
+// MayApprove reports whether a caller (its token's name and grants) is one
+// of the policy's approvers: an entry names a token, or "role:<name>" /
+// "policy:<name>" one of its roles or policies.
+func (p *Policy) MayApprove(tokenName string, g Grants) bool {
+	for _, a := range p.Approvers {
+		kind, name, qualified := strings.Cut(a, ":")
+		switch {
+		case !qualified && a == tokenName:
+			return true
+		case qualified && kind == SubmitterRole && slices.Contains(g.Roles, name):
+			return true
+		case qualified && kind == SubmitterPolicy && slices.Contains(g.Policies, name):
+			return true
+		}
+	}
+	return false
 }

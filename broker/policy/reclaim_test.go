@@ -107,6 +107,8 @@ func TestReclaimRuleDiagnostics(t *testing.T) {
 			`reclaim.hcl:2:3: error: Invalid idle weight: fair_share: idle_weight = -1 must be from 0`},
 		{"bad budget period", "tenant \"t\" {\n  namespaces = [\"t\"]\n  queues = [\"dev\"]\n  budget {\n    gpu_hours = 10\n    period = \"year\"\n  }\n}\n",
 			`reclaim.hcl:4:3: error: Invalid budget period: tenant "t": budget period "year" is none of "day", "week", "month"`},
+		{"bad approver", "approvers = [\"ops\", \"group:sre\"]\n",
+			`reclaim.hcl:1:1: error: Invalid approver: approvers: "group:sre" is neither a token name nor "role:<name>" or "policy:<name>"`},
 		{"unknown attribute", rule(`idle = true`, `action = "stop"`),
 			`reclaim.hcl:2:3: error: Unsupported argument: An argument named "idle" is not expected here.`},
 	}
@@ -117,5 +119,38 @@ func TestReclaimRuleDiagnostics(t *testing.T) {
 				t.Errorf("want a diagnostic containing\n  %s\ngot\n%s", c.want, out)
 			}
 		})
+	}
+}
+
+func TestApproversAndAnExtraLimitForOneJob(t *testing.T) {
+	p, diags := policy.Parse(map[string][]byte{"queues.hcl": []byte(queues + `
+approvers = ["ops-oncall", "role:sre", "policy:gpu-approve"]
+tenant "vision" {
+  namespaces = ["vision", "vision-dev"]
+  queues     = ["training"]
+  guaranteed = 2
+  limit      = 4
+}
+`)}, 0)
+	if p == nil {
+		t.Fatal(policy.FormatDiagnostics(diags))
+	}
+	for _, c := range []struct {
+		name string
+		g    policy.Grants
+		want bool
+	}{
+		{"ops-oncall", policy.Grants{}, true},
+		{"ana", policy.Grants{Roles: []string{"sre"}}, true},
+		{"ana", policy.Grants{Policies: []string{"gpu-approve"}}, true},
+		{"ana", policy.Grants{Roles: []string{"ops-oncall"}, Policies: []string{"sre"}}, false},
+	} {
+		if got := p.MayApprove(c.name, c.g); got != c.want {
+			t.Errorf("MayApprove(%s, %+v) = %t", c.name, c.g, got)
+		}
+	}
+	raised := p.WithExtraLimit("vision", 3)
+	if raised.TenantOf("vision-dev").Limit.Total() != 7 || p.TenantOf("vision-dev").Limit.Total() != 4 || raised.TenantOf("vision").Guaranteed.Total() != 2 {
+		t.Errorf("raised %v, original %v", raised.TenantOf("vision-dev").Limit, p.TenantOf("vision-dev").Limit)
 	}
 }

@@ -145,3 +145,25 @@ const (
 	BudgetWeek  = "week"
 	BudgetMonth = "month"
 )
+
+// approvers reads the top-level approvers attribute (once in the policy set):
+// token names, "role:<name>" or "policy:<name>".
+func (p *Policy) approvers(a *hcl.Attribute, seen map[string]hcl.Range) hcl.Diagnostics {
+	if prev, dup := seen["approvers"]; dup {
+		return hcl.Diagnostics{duplicate("approvers", "", a.Range, prev)}
+	}
+	seen["approvers"] = a.Range
+	var list []string
+	if d := gohcl.DecodeExpression(a.Expr, nil, &list); d.HasErrors() {
+		return d
+	}
+	for _, entry := range list {
+		kind, name, qualified := strings.Cut(entry, ":")
+		if entry == "" || (qualified && (name == "" || (kind != SubmitterRole && kind != SubmitterPolicy))) {
+			return hcl.Diagnostics{errorAt(a.Range, "Invalid approver",
+				fmt.Sprintf("approvers: %q is neither a token name nor \"role:<name>\" or \"policy:<name>\"", entry))}
+		}
+	}
+	p.Approvers = list
+	return nil
+}

@@ -13,6 +13,7 @@ import (
 	"github.com/hashicorp/nomad/api"
 
 	"github.com/nomad-gpu/nomad-gpu/broker/admission"
+	"github.com/nomad-gpu/nomad-gpu/broker/approval"
 	"github.com/nomad-gpu/nomad-gpu/broker/audit"
 	"github.com/nomad-gpu/nomad-gpu/broker/cluster"
 	"github.com/nomad-gpu/nomad-gpu/broker/metrics"
@@ -100,7 +101,7 @@ func (s *Server) register(w http.ResponseWriter, r *http.Request, pathJobID stri
 		s.registerParent(w, r, rj)
 		return
 	}
-	d, res := s.cluster.Admit(s.policies.Current(), rj.Admission(rj.groups))
+	d, res := s.admit(rj.Namespace, rj.JobID, rj.Admission(rj.groups))
 	who := s.identity(r)
 	s.metrics.Admission(metrics.Submit, d)
 	s.log.Info("admission", "job", rj.JobID, "namespace", rj.Namespace, "outcome", d.Outcome, "tenant", d.Tenant,
@@ -130,6 +131,18 @@ func (s *Server) register(w http.ResponseWriter, r *http.Request, pathJobID stri
 		}
 		s.relayRegistered(w, resp, res, admittedWarning(d), s.rightSizingWarning(rj.Namespace, rj.JobID, d))
 	}
+}
+
+// admit decides on a job under the approvals granted for it: GPUs above its
+// tenant's limit, and its band.
+func (s *Server) admit(namespace, job string, j admission.Job) (admission.Decision, *cluster.Reservation) {
+	p := s.policies.Current()
+	if s.approvalStore == nil {
+		return s.cluster.Admit(p, j)
+	}
+	approved, priority := approval.Apply(p, s.approvalStore.Current(), namespace, job, s.now())
+	d, res := s.cluster.Admit(approved, j)
+	return approval.Raise(d, approved != p, priority), res
 }
 
 // audited writes e to the audit trail before anything is acknowledged or

@@ -68,6 +68,8 @@ func (s *Server) serveGPU(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, out)
 	case strings.HasPrefix(path, "queue/"):
 		s.queueEntry(w, r, strings.TrimPrefix(path, "queue/"), who)
+	case s.approvalStore != nil && (path == "approvals" || strings.HasPrefix(path, "approvals/")):
+		s.approvals(w, r, strings.TrimPrefix(strings.TrimPrefix(path, "approvals"), "/"), who)
 	case path == "audit" && r.Method == http.MethodGet:
 		s.auditTrail(w, r)
 	case s.stored != nil && path == "rightsizing" && r.Method == http.MethodGet:

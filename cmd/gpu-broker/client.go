@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/csv"
@@ -100,7 +101,7 @@ func client(args []string) int {
 		fmt.Fprintf(os.Stderr, "gpu-broker: %v\n", err)
 		return 1
 	}
-	body, err := call(hc, method, strings.TrimRight(*addr, "/")+path, *token)
+	body, err := call(hc, method, strings.TrimRight(*addr, "/")+path, *token, nil)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "gpu-broker: %v\n", err)
 		return 1
@@ -223,8 +224,10 @@ func httpClient(caCert string) (*http.Client, error) {
 	return hc, nil
 }
 
-func call(hc *http.Client, method, u, token string) ([]byte, error) {
-	req, err := http.NewRequest(method, u, nil)
+// call makes a request of the broker's API (with a JSON body unless nil)
+// and returns the answer's body, or its error text.
+func call(hc *http.Client, method, u, token string, body []byte) ([]byte, error) {
+	req, err := http.NewRequest(method, u, bytes.NewReader(body))
 	if err != nil {
 		return nil, err
 	}
@@ -236,11 +239,11 @@ func call(hc *http.Client, method, u, token string) ([]byte, error) {
 		return nil, fmt.Errorf("reach the broker: %w", err)
 	}
 	defer resp.Body.Close()
-	body, _ := io.ReadAll(resp.Body)
+	out, _ := io.ReadAll(resp.Body)
 	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("%s", strings.TrimSpace(string(body)))
+		return nil, fmt.Errorf("%s", strings.TrimSpace(string(out)))
 	}
-	return body, nil
+	return out, nil
 }
 
 func printTable(sub string, body []byte) int {

@@ -22,10 +22,13 @@ Commands:
   reclaim list                   reclaim decisions, newest first
   reclaim show ID                one reclaim decision
   reclaim cancel ID              cancel a proposed reclaim decision
+  approval request -job ID -namespace NS -reason "..." (-priority N | -extra-gpus N) -for 4h
+  approval grant ID | deny ID    (an approver of the policy; never one's own request)
+  approval list | show ID        approvals and their state
   audit [-since 24h] [-tenant T] [-job J]
                                  the audit trail: who decided or did what, oldest first
 
-The queue, usage, reclaim and audit commands reach the broker at -address or
+The queue, usage, reclaim, approval and audit commands reach the broker at -address or
 GPU_BROKER_ADDR (default http://127.0.0.1:4649) with -token or NOMAD_TOKEN,
 trust -ca-cert or GPU_BROKER_CACERT, and print JSON with -json.
 `
@@ -50,6 +53,8 @@ func run(args []string) int {
 		return validatePolicy(args[2:])
 	case "queue", "usage", "reclaim", "audit":
 		return client(args)
+	case "approval":
+		return approvalCmd(args[1:])
 	case "-h", "-help", "--help", "help":
 		fmt.Print(usage)
 		return 0

@@ -20,6 +20,7 @@ import (
 	nomad "github.com/hashicorp/nomad/api"
 
 	"github.com/nomad-gpu/nomad-gpu/broker/admitter"
+	"github.com/nomad-gpu/nomad-gpu/broker/approvalkv"
 	"github.com/nomad-gpu/nomad-gpu/broker/audit"
 	"github.com/nomad-gpu/nomad-gpu/broker/cluster"
 	"github.com/nomad-gpu/nomad-gpu/broker/config"
@@ -112,6 +113,8 @@ func serveErr(path string, log hclog.Logger) error {
 	store := queue.NewStore(consulClient.KV(), cfg.Consul.KVPrefix)
 	decisions := reclaimer.NewStore(consulClient.KV(), cfg.Consul.KVPrefix)
 	scales := scaled.NewStore(consulClient.KV(), cfg.Consul.KVPrefix)
+	approvals := approvalkv.NewStore(consulClient.KV(), cfg.Consul.KVPrefix)
+	go approvals.Follow(ctx)
 	profiles, storedProfiles := gpuusage.NewProfiles(), usagekv.NewStore(consulClient, cfg.Consul.KVPrefix)
 	rollups := usagekv.NewRollups(consulClient, cfg.Consul.KVPrefix)
 	elector := &leader.Elector{Client: consulClient, Key: cfg.Consul.KVPrefix + "leader", Address: cfg.Advertise,
@@ -135,7 +138,7 @@ func serveErr(path string, log hclog.Logger) error {
 	signal.Notify(hup, syscall.SIGHUP)
 	go policies.Watch(ctx, hup, 2*time.Second)
 	srv, err := server.New(server.Options{Leader: elector, Log: log.Named("proxy"), Nomad: cfg.Nomad.Address,
-		Client: nomadClient.HTTPClient(), Policies: policies, Cluster: view, Queue: store, Decisions: decisions, Scales: scales, Profiles: profiles, RightSizing: storedProfiles, Metrics: metrics, Rollups: rollups, FairShare: rollups, Audit: trail, Stamper: stamper, Region: region, ACLs: acls,
+		Client: nomadClient.HTTPClient(), Policies: policies, Cluster: view, Queue: store, Decisions: decisions, Scales: scales, Profiles: profiles, RightSizing: storedProfiles, Metrics: metrics, Rollups: rollups, FairShare: rollups, Audit: trail, Approvals: approvals, Stamper: stamper, Region: region, ACLs: acls,
 		Exclusive: exclusive, Token: cfg.Nomad.Token, Peers: peers})
 	if err != nil {
 		return err
@@ -154,7 +157,7 @@ func serveErr(path string, log hclog.Logger) error {
 		"policy_dir", cfg.PolicyDir, "region", region, "acls", acls)
 
 	adm := &admitter.Admitter{Log: log.Named("queue"), Queue: store, Nomad: nomadClient, Cluster: view,
-		Policies: policies, Stamper: stamper, Now: time.Now, Capacity: view.Capacity, Blocked: nomadClient, Exclusive: exclusive, Metrics: metrics, FairShare: rollups, Audit: trail}
+		Policies: policies, Stamper: stamper, Now: time.Now, Capacity: view.Capacity, Blocked: nomadClient, Exclusive: exclusive, Metrics: metrics, FairShare: rollups, Audit: trail, Approvals: approvals}
 	elector.Run(ctx, func(ctx context.Context) {
 		reassert := time.NewTicker(30 * time.Second)
 		defer reassert.Stop()
@@ -167,7 +170,9 @@ func serveErr(path string, log hclog.Logger) error {
 			Verify: scales.Verifier(stamper)}, Actor: nomadClient, Policies: policies, Now: time.Now, NewID: queue.NewID,
 			Requeue: &reclaimer.Requeue{Jobs: nomadClient, Actor: nomadClient, Queue: store, Policies: policies},
 			Watchers: []reclaimer.Watcher{&usagekv.Recorder{Store: storedProfiles, Table: profiles, Policies: policies},
-				&usagekv.Ledger{Store: rollups, Policies: policies, Metrics: metrics, Budgets: budgets}}, Metrics: metrics, Audit: trail}
+				&usagekv.Ledger{Store: rollups, Policies: policies, Metrics: metrics, Budgets: budgets},
+				&approvalkv.Expirer{Store: approvals, Jobs: view, Policies: policies, Records: decisions, NewID: queue.NewID, Audit: trail}},
+			Metrics: metrics, Audit: trail}
 		go rec.Run(ctx, time.After)
 		adm.Run(ctx, view.Changed(), 2*time.Second)
 	})

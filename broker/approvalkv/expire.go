@@ -1,0 +1,82 @@
+package approvalkv
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nomad-gpu/nomad-gpu/broker/admission"
+	"github.com/nomad-gpu/nomad-gpu/broker/approval"
+	"github.com/nomad-gpu/nomad-gpu/broker/audit"
+	"github.com/nomad-gpu/nomad-gpu/broker/policy"
+	"github.com/nomad-gpu/nomad-gpu/broker/reclaim"
+)
+
+// ExpiredRule names the reclaim decision that requeues a job whose
+// approval for GPUs above its tenant's limit expired.
+const ExpiredRule = "approval-expired"
+
+// Jobs is what expiry looks at: whether a job is live, and its tenant's usage.
+type Jobs interface {
+	HasJob(namespace, id string) bool
+	UsageWithout(p *policy.Policy, namespace, jobID string) admission.Usage
+}
+
+// Expirer, on the leader, marks granted approvals expired once their time
+// is up, with nobody acting. A job that GPUs above its tenant's limit let in
+// is then requeued when its tenant still holds more than its limit: a
+// reclaim decision (rule approval-expired) stops it and puts it back in the
+// queue, where it waits for its tenant's own GPUs like any job.
+type Expirer struct {
+	Store    *Store
+	Jobs     Jobs
+	Policies interface{ Current() *policy.Policy }
+	Records  interface {
+		Create(ctx context.Context, r reclaim.Record) (bool, error)
+	}
+	NewID func() string
+	Audit *audit.Log
+}
+
+// Observed implements reclaimer.Watcher.
+func (e *Expirer) Observed(ctx context.Context, now time.Time, _ []reclaim.Alloc, _ map[string]reclaim.GPU) error {
+	var errs []error
+	for _, a := range e.Store.Current() {
+		if a.State == approval.Granted && !a.Active(now) {
+			errs = append(errs, e.expire(ctx, a.ID, now))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func (e *Expirer) expire(ctx context.Context, id string, now time.Time) error {
+	a, err := e.Store.Get(ctx, id)
+	if err != nil || a.State != approval.Granted {
+		return err
+	}
+	a.State = approval.Expired
+	if ok, err := e.Store.Update(ctx, a); err != nil || !ok {
+		return err // changed meanwhile: the next pass looks again
+	}
+	p := e.Policies.Current()
+	t := p.TenantOf(a.Namespace)
+	result := "expired"
+	if a.ExtraGPUs > 0 && t != nil && e.Jobs.HasJob(a.Namespace, a.Job) {
+		used := e.Jobs.UsageWithout(p, a.Namespace, "").Tenants[t.Name].Used.Total()
+		if limit := t.Limit.Total(); used > limit {
+			d := reclaim.Decision{Rule: ExpiredRule, Action: policy.ActionRequeue, Mode: policy.ModeEnforce, Namespace: a.Namespace,
+				JobID: a.Job, WholeJob: true, Tenant: t.Name, ActAfter: now,
+				Evidence: fmt.Sprintf("approval %s (%d GPUs above the limit) expired at %s; tenant %q holds %d GPUs, its limit is %d",
+					a.ID, a.ExtraGPUs, a.ExpiresAt.Format(time.RFC3339), t.Name, used, limit)}
+			rec := reclaim.NewRecord(e.NewID(), d, now)
+			if _, err := e.Records.Create(ctx, rec); err != nil {
+				return fmt.Errorf("requeue %s/%s after its approval expired: %w", a.Namespace, a.Job, err)
+			}
+			result = "expired; the job is requeued (reclaim decision " + rec.ID + ")"
+		}
+	}
+	e.Audit.Write(audit.Event{Who: audit.BrokerAct, What: audit.ApprovalExpire, ID: a.ID, Namespace: a.Namespace, Job: a.Job,
+		Result: result})
+	return nil
+}

@@ -1,0 +1,166 @@
+package server
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/nomad-gpu/nomad-gpu/broker/approval"
+	"github.com/nomad-gpu/nomad-gpu/broker/audit"
+)
+
+// Approvals are the approval records, and the snapshot admission reads.
+type Approvals interface {
+	Create(ctx context.Context, a approval.Approval) (bool, error)
+	Update(ctx context.Context, a approval.Approval) (bool, error)
+	Get(ctx context.Context, id string) (approval.Approval, error)
+	List(ctx context.Context) ([]approval.Approval, error)
+	Current() []approval.Approval
+}
+
+// ApprovalRequest is the body of POST /v1/gpu/approvals.
+type ApprovalRequest struct {
+	Namespace string `json:"namespace"`
+	Job       string `json:"job"`
+	Reason    string `json:"reason"`
+	Priority  int    `json:"priority,omitempty"`
+	ExtraGPUs int    `json:"extra_gpus,omitempty"`
+	For       string `json:"for"`
+}
+
+// approvals serves /v1/gpu/approvals[/<id>[/grant|/deny]].
+func (s *Server) approvals(w http.ResponseWriter, r *http.Request, rest, who string) {
+	id, verb, _ := strings.Cut(rest, "/")
+	switch {
+	case id == "" && r.Method == http.MethodGet:
+		all, err := s.approvalStore.List(r.Context())
+		if err != nil {
+			writeError(w, http.StatusServiceUnavailable, "nomad-gpu: %v", err)
+			return
+		}
+		out := []approval.Approval{}
+		readable := map[string]bool{}
+		for _, a := range all {
+			if s.mayRead(r, a.Namespace, readable) {
+				out = append(out, a)
+			}
+		}
+		writeJSON(w, http.StatusOK, out)
+	case id == "" && (r.Method == http.MethodPost || r.Method == http.MethodPut):
+		s.requestApproval(w, r, who)
+	case id != "" && verb == "" && r.Method == http.MethodGet:
+		a, ok := s.readApproval(w, r, id)
+		if ok {
+			writeJSON(w, http.StatusOK, a)
+		}
+	case id != "" && (verb == "grant" || verb == "deny") && (r.Method == http.MethodPost || r.Method == http.MethodPut):
+		s.decideApproval(w, r, id, verb == "grant", who)
+	default:
+		writeError(w, http.StatusMethodNotAllowed, "nomad-gpu: %s not allowed on %s", r.Method, r.URL.Path)
+	}
+}
+
+func (s *Server) readApproval(w http.ResponseWriter, r *http.Request, id string) (approval.Approval, bool) {
+	a, err := s.approvalStore.Get(r.Context(), id)
+	switch {
+	case errors.Is(err, approval.ErrNotFound) || (err == nil && !s.mayRead(r, a.Namespace, map[string]bool{})):
+		writeError(w, http.StatusNotFound, "nomad-gpu: no approval %q", id)
+		return a, false
+	case err != nil:
+		writeError(w, http.StatusServiceUnavailable, "nomad-gpu: %v", err)
+		return a, false
+	}
+	return a, true
+}
+
+// requestApproval records a pending request by a caller who may read the
+// job's namespace.
+func (s *Server) requestApproval(w http.ResponseWriter, r *http.Request, who string) {
+	var req ApprovalRequest
+	if err := json.NewDecoder(io.LimitReader(r.Body, 64<<10)).Decode(&req); err != nil {
+		writeError(w, http.StatusBadRequest, "nomad-gpu: approval request: %v", err)
+		return
+	}
+	_, accessor, _ := s.resolve(r)
+	a := approval.Approval{ID: s.newID(), Namespace: req.Namespace, Job: req.Job, Reason: req.Reason, Priority: req.Priority,
+		ExtraGPUs: req.ExtraGPUs, For: req.For, State: approval.Pending, RequestedBy: who, RequestedAccessor: accessor,
+		RequestedAt: s.now().UTC()}
+	if err := a.Check(); err != nil {
+		writeError(w, http.StatusBadRequest, "nomad-gpu: approval request: %v", err)
+		return
+	}
+	if s.policies.Current().TenantOf(a.Namespace) == nil {
+		writeError(w, http.StatusBadRequest, "nomad-gpu: approval request: namespace %q belongs to no tenant", a.Namespace)
+		return
+	}
+	if !s.mayRead(r, a.Namespace, map[string]bool{}) {
+		writeError(w, http.StatusForbidden, "nomad-gpu: your token may not read namespace %q", a.Namespace)
+		return
+	}
+	if !s.audited(w, audit.Event{Who: who, What: audit.ApprovalAsk, ID: a.ID, Namespace: a.Namespace, Job: a.Job, Result: approvalAsks(a)}) {
+		return
+	}
+	if ok, err := s.approvalStore.Create(r.Context(), a); err != nil || !ok {
+		writeError(w, http.StatusServiceUnavailable, "nomad-gpu: approval request not recorded: %v", err)
+		return
+	}
+	writeJSON(w, http.StatusOK, a)
+}
+
+// decideApproval grants or denies a pending request: only an approver the
+// policy names, and never the one who asked.
+func (s *Server) decideApproval(w http.ResponseWriter, r *http.Request, id string, grant bool, who string) {
+	a, ok := s.readApproval(w, r, id)
+	if !ok {
+		return
+	}
+	name, accessor, err := s.resolve(r)
+	if err != nil || accessor == "" {
+		writeError(w, http.StatusForbidden, "nomad-gpu: granting or denying an approval needs your Nomad ACL token (ACLs on): %v", err)
+		return
+	}
+	g, err := s.grants(r)
+	if err != nil {
+		writeError(w, http.StatusForbidden, "nomad-gpu: reading your token's grants: %v", err)
+		return
+	}
+	tokenName := strings.TrimSuffix(name, " ("+accessor+")")
+	switch {
+	case !s.policies.Current().MayApprove(tokenName, g):
+		writeError(w, http.StatusForbidden, "nomad-gpu: %s is not one of the policy's approvers", tokenName)
+		return
+	case accessor == a.RequestedAccessor:
+		writeError(w, http.StatusForbidden, "nomad-gpu: nobody grants or denies their own request; another approver must")
+		return
+	case a.State != approval.Pending:
+		writeError(w, http.StatusConflict, "nomad-gpu: approval %s is %s, not pending", id, a.State)
+		return
+	}
+	what, result := audit.ApprovalDeny, "denied"
+	if grant {
+		a.Grant(who, s.now())
+		what, result = audit.ApprovalGrant, "granted until "+a.ExpiresAt.Format(time.RFC3339)+": "+approvalAsks(a)
+	} else {
+		a.State, a.DecidedBy, a.DecidedAt = approval.Denied, who, s.now().UTC()
+	}
+	if !s.audited(w, audit.Event{Who: who, What: what, ID: a.ID, Namespace: a.Namespace, Job: a.Job, Result: result}) {
+		return
+	}
+	if ok, err := s.approvalStore.Update(r.Context(), a); err != nil || !ok {
+		writeError(w, http.StatusConflict, "nomad-gpu: approval %s changed meanwhile (%v); look again", id, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, a)
+}
+
+func approvalAsks(a approval.Approval) string {
+	if a.Priority > 0 {
+		return fmt.Sprintf("priority %d for %s: %s", a.Priority, a.For, a.Reason)
+	}
+	return fmt.Sprintf("%d GPUs above the tenant's limit for %s: %s", a.ExtraGPUs, a.For, a.Reason)
+}
