@@ -121,7 +121,7 @@ reclaim_settings {
 	}
 	var seen []string
 	for _, ev := range events {
-		seen = append(seen, ev.What+" by "+strings.Fields(ev.Who+" ?")[0])
+		seen = append(seen, ev.What+" by "+strings.Fields(ev.Who + " ?")[0])
 	}
 	all := strings.Join(seen, ", ")
 	for _, want := range []string{"approval-request by ana", "approval-grant by ops-oncall", "queue-admission by ana", "approval-expire by broker",
