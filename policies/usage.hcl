@@ -18,3 +18,7 @@ fair_share {
   half_life   = "24h"
   idle_weight = 1.0
 }
+
+# Who may grant approvals (gpu-broker approval grant ID): token names, or
+# "role:<name>" / "policy:<name>" a token holds. Nobody grants their own.
+approvers = ["ops-oncall"]
