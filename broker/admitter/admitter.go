@@ -170,6 +170,7 @@ func (a *Admitter) Pass(ctx context.Context) (int, error) {
 			// The policy changed since it was queued: it can never run as it is.
 			if ok, err := a.Queue.Remove(ctx, e); err == nil && ok {
 				a.Metrics.Admission(metrics.Queued, d)
+				a.Metrics.QueueWait(e.Queue, "dropped", a.Now().Sub(e.SubmittedAt))
 				a.Audit.Write(audit.Event{Who: audit.BrokerAct, What: audit.QueueDrop, ID: e.ID, Namespace: e.Namespace, Job: e.JobID,
 					Tenant: e.Tenant, Queue: e.Queue, Rule: d.Rule, Result: "dropped: " + d.Reason})
 				a.Log.Warn("queue: dropped a job the policy now rejects", "id", e.ID, "job", e.JobID,
@@ -209,6 +210,7 @@ func (a *Admitter) Pass(ctx context.Context) (int, error) {
 		}
 		admitted++
 		a.Metrics.Admission(metrics.Queued, d)
+		a.Metrics.QueueWait(d.Queue, string(d.Outcome), a.Now().Sub(e.SubmittedAt))
 		a.Audit.Write(audit.Event{Who: e.SubmittedBy, What: audit.QueueAdmission, ID: e.ID, Namespace: e.Namespace, Job: e.JobID,
 			Tenant: d.Tenant, Queue: d.Queue, Rule: d.Rule, Result: string(d.Outcome) + ": " + d.Reason})
 		a.Log.Info("queue: admitted", "id", e.ID, "job", e.JobID, "namespace", e.Namespace, "outcome", d.Outcome,

@@ -470,6 +470,28 @@ func TestPreemptedBorrowedJobRunsAgainOnce(t *testing.T) {
 	if out := e.brokerCLI("reclaim", "list"); !strings.Contains(out, "preempted-borrowed") || !strings.Contains(out, "executed") {
 		t.Errorf("reclaim list:\n%s", out)
 	}
+	// The scenario as Prometheus sees it: borrowed, preempted once (work
+	// lost), requeued, admitted again from the queue.
+	m := e.broker.Scrape()
+	for series, want := range map[string]float64{
+		`nomadgpu_admissions_total{outcome="admit-borrowed",queue="training",rule="",source="submit"}`:  1,
+		`nomadgpu_preemptions_total{queue="training",tenant="vision"}`:                                  1,
+		`nomadgpu_reclaimed_gpus_total{action="requeue",rule="preempted-borrowed"}`:                     2,
+		`nomadgpu_admissions_total{outcome="admit-borrowed",queue="training",rule="",source="queue"}`:   1,
+		`nomadgpu_queue_wait_seconds_count{outcome="admit-borrowed",queue="training"}`:                  1,
+		`nomadgpu_reclaim_decisions_total{action="requeue",rule="preempted-borrowed",state="executed"}`: 1,
+		`nomadgpu_tenant_gpus{gpu_class="all",kind="borrowed",tenant="vision"}`:                         2,
+	} {
+		if got, ok := m[series]; !ok || got != want {
+			t.Errorf("%s = %v (present %t), want %v", series, got, ok, want)
+		}
+	}
+	if lost := m[`nomadgpu_preempted_gpu_seconds_total{queue="training",tenant="vision"}`]; lost <= 0 {
+		t.Errorf("no work lost to the preemption: %v", lost)
+	}
+	if n := m[`nomadgpu_request_duration_seconds_count{class="register"}`]; n < 3 {
+		t.Errorf("%v registrations timed, want at least own, extra and svc", n)
+	}
 }
 
 // TestReclaimDecisionSurvivesLeaderKill: the leader records a decision and is

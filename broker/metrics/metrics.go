@@ -42,6 +42,11 @@ type Metrics struct {
 	decisions  *prometheus.CounterVec
 	gpuSeconds *prometheus.CounterVec
 	auditFails prometheus.Counter
+	queueWait  *prometheus.HistogramVec
+	preempted  *prometheus.CounterVec
+	lostWork   *prometheus.CounterVec
+	reclaimed  *prometheus.CounterVec
+	requests   *prometheus.HistogramVec
 }
 
 // New registers the broker's metrics, Go's and the process's.
@@ -60,7 +65,20 @@ func New(src Sources) *Metrics {
 	}
 	m.auditFails = prometheus.NewCounter(prometheus.CounterOpts{Name: "nomadgpu_audit_write_failures_total",
 		Help: "Audit lines that could not be written (a user's request is then refused; the broker's own acts go on, logged)."})
-	m.Registry.MustRegister(m.admissions, m.decisions, m.gpuSeconds, m.auditFails, &scrape{src: src},
+	m.queueWait = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "nomadgpu_queue_wait_seconds",
+		Help:    "Time jobs waited in the broker's queue, by queue and how the wait ended (admit, admit-borrowed, cancelled, dropped).",
+		Buckets: []float64{1, 10, 60, 300, 900, 1800, 3600, 4 * 3600, 12 * 3600, 24 * 3600, 72 * 3600}}, []string{"queue", "outcome"})
+	m.preempted = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "nomadgpu_preemptions_total",
+		Help: "Allocations of borrowed jobs that Nomad preempted, as the broker observed them."}, []string{"tenant", "queue"})
+	m.lostWork = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "nomadgpu_preempted_gpu_seconds_total",
+		Help: "GPU-seconds of work lost to preemption: each preempted allocation's GPUs × the time since it started."}, []string{"tenant", "queue"})
+	m.reclaimed = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "nomadgpu_reclaimed_gpus_total",
+		Help: "GPUs freed by executed reclaim decisions (stop, reschedule, requeue)."}, []string{"rule", "action"})
+	m.requests = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "nomadgpu_request_duration_seconds",
+		Help:    "Time the broker took to answer, by class of request: register, plan, validate, scale, dispatch, revert, periodic force, job write, deployment write, gpu-api, read (passed through).",
+		Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5}}, []string{"class"})
+	m.Registry.MustRegister(m.admissions, m.decisions, m.gpuSeconds, m.auditFails, m.queueWait, m.preempted, m.lostWork, m.reclaimed,
+		m.requests, &scrape{src: src},
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -82,6 +100,36 @@ func (m *Metrics) Admission(source string, d admission.Decision) {
 func (m *Metrics) Decision(rule, action, state string) {
 	if m != nil {
 		m.decisions.WithLabelValues(rule, action, state).Inc()
+	}
+}
+
+// QueueWait observes how long a queued job waited, and how that ended.
+func (m *Metrics) QueueWait(queue, outcome string, waited time.Duration) {
+	if m != nil {
+		m.queueWait.WithLabelValues(queue, outcome).Observe(waited.Seconds())
+	}
+}
+
+// Preempted counts a preempted allocation of tenant's and the GPU-seconds
+// of work it lost.
+func (m *Metrics) Preempted(tenant, queue string, lostGPUSeconds float64) {
+	if m != nil {
+		m.preempted.WithLabelValues(tenant, queue).Inc()
+		m.lostWork.WithLabelValues(tenant, queue).Add(lostGPUSeconds)
+	}
+}
+
+// Reclaimed counts the GPUs an executed reclaim decision freed.
+func (m *Metrics) Reclaimed(rule, action string, gpus int) {
+	if m != nil {
+		m.reclaimed.WithLabelValues(rule, action).Add(float64(gpus))
+	}
+}
+
+// Request observes the time the broker took to answer a request of class.
+func (m *Metrics) Request(class string, took time.Duration) {
+	if m != nil {
+		m.requests.WithLabelValues(class).Observe(took.Seconds())
 	}
 }
 

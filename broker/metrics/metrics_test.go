@@ -3,6 +3,7 @@ package metrics_test
 import (
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/hashicorp/nomad/api"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -107,4 +108,30 @@ func TestANilMetricsCountsNothing(t *testing.T) {
 	m.Admission(metrics.Queued, admission.Decision{Outcome: admission.Admit})
 	m.Decision("r", "stop", "executed")
 	m.GPUSeconds(map[usage.Key]usage.Seconds{{}: {Allocated: 1}})
+}
+
+func TestPreemptionsReclaimAndQueueWaits(t *testing.T) {
+	m := metrics.New(metrics.Sources{Cluster: cluster.NewView(nil), Policies: fixed{testbuild.Policy(t, src)}, Queue: queuetest.NewMem()})
+	m.Preempted("vision", "training", 7200)
+	m.Preempted("vision", "training", 3600)
+	m.Reclaimed("idle-dev", "stop", 2)
+	m.QueueWait("training", "admit", 90*time.Second)
+	want := `
+# HELP nomadgpu_preemptions_total Allocations of borrowed jobs that Nomad preempted, as the broker observed them.
+# TYPE nomadgpu_preemptions_total counter
+nomadgpu_preemptions_total{queue="training",tenant="vision"} 2
+# HELP nomadgpu_preempted_gpu_seconds_total GPU-seconds of work lost to preemption: each preempted allocation's GPUs × the time since it started.
+# TYPE nomadgpu_preempted_gpu_seconds_total counter
+nomadgpu_preempted_gpu_seconds_total{queue="training",tenant="vision"} 10800
+# HELP nomadgpu_reclaimed_gpus_total GPUs freed by executed reclaim decisions (stop, reschedule, requeue).
+# TYPE nomadgpu_reclaimed_gpus_total counter
+nomadgpu_reclaimed_gpus_total{action="stop",rule="idle-dev"} 2
+`
+	if err := testutil.GatherAndCompare(m.Registry, strings.NewReader(want), "nomadgpu_preemptions_total",
+		"nomadgpu_preempted_gpu_seconds_total", "nomadgpu_reclaimed_gpus_total"); err != nil {
+		t.Fatal(err)
+	}
+	if n := testutil.CollectAndCount(m.Registry, "nomadgpu_queue_wait_seconds"); n != 1 {
+		t.Errorf("queue wait series: %d", n)
+	}
 }

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand"
+	"slices"
 	"strings"
 	"time"
 
@@ -122,6 +123,7 @@ func (r *Reclaimer) Pass(ctx context.Context) error {
 		what := audit.ReclaimDecided
 		if rec.Rule == policy.PreemptedBorrowed.Name {
 			what = audit.Preemption
+			r.countPreempted(now, rec, allocs)
 		}
 		r.Audit.Write(audit.Event{Who: audit.BrokerAct, What: what, ID: rec.ID, Namespace: rec.Namespace, Job: rec.Job, Tenant: rec.Tenant,
 			Queue: rec.Queue, Rule: rec.Rule, Result: fmt.Sprintf("%s %s (%s): %s", rec.State, rec.Action, rec.Mode, rec.Evidence)})
@@ -145,6 +147,20 @@ func (r *Reclaimer) Pass(ctx context.Context) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// countPreempted counts the allocations a preemption decision is about and
+// the work they lost: their GPUs × the time since they started.
+func (r *Reclaimer) countPreempted(now time.Time, rec reclaim.Record, allocs []reclaim.Alloc) {
+	for _, a := range allocs {
+		if slices.Contains(rec.Allocs, a.ID) {
+			lost := 0.0
+			if !a.StartedAt.IsZero() {
+				lost = now.Sub(a.StartedAt).Seconds() * float64(len(a.GPUs))
+			}
+			r.Metrics.Preempted(rec.Tenant, rec.Queue, lost)
+		}
+	}
 }
 
 // act carries out a due decision: claim it (it can no longer be cancelled),
@@ -175,6 +191,9 @@ func (r *Reclaimer) act(ctx context.Context, rec reclaim.Record, now time.Time) 
 		return fmt.Errorf("record the result of reclaim decision %s (%s): %w", cur.ID, cur.Result, err)
 	}
 	r.Metrics.Decision(cur.Rule, string(cur.Action), string(cur.State))
+	if cur.State == reclaim.Executed && cur.Action != policy.ActionNotify {
+		r.Metrics.Reclaimed(cur.Rule, string(cur.Action), cur.GPUs)
+	}
 	r.Audit.Write(audit.Event{Who: audit.BrokerAct, What: audit.ReclaimActed, ID: cur.ID, Namespace: cur.Namespace, Job: cur.Job,
 		Tenant: cur.Tenant, Queue: cur.Queue, Rule: cur.Rule, Result: fmt.Sprintf("%s %s: %s", cur.State, cur.Action, cur.Result)})
 	return nil

@@ -307,6 +307,7 @@ func (s *Server) queueEntry(w http.ResponseWriter, r *http.Request, id, who stri
 			writeError(w, http.StatusConflict, "nomad-gpu: queued job %q changed or was admitted meanwhile: %v", id, err)
 			return
 		}
+		s.metrics.QueueWait(e.Queue, "cancelled", s.now().Sub(e.SubmittedAt))
 		s.log.Info("queue: cancelled", "id", id, "job", e.JobID, "namespace", e.Namespace, "by", who)
 		writeJSON(w, http.StatusOK, e)
 	default:

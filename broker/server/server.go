@@ -204,6 +204,10 @@ func New(o Options) (*Server, error) {
 // Handler routes a request: intercepted calls, the broker's API, or Nomad.
 func (s *Server) Handler() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if s.metrics != nil {
+			start := time.Now()
+			defer func() { s.metrics.Request(requestClass(r), time.Since(start)) }()
+		}
 		r = withWriteAuth(r)
 		p := r.URL.Path
 		if clean := cleanPath(p); clean != p {
@@ -337,6 +341,17 @@ func (s *Server) relayBody(w http.ResponseWriter, resp *http.Response, body []by
 	}
 	w.WriteHeader(resp.StatusCode)
 	w.Write(body)
+}
+
+// requestClass names the class of a request for the latency metric.
+func requestClass(r *http.Request) string {
+	if strings.HasPrefix(r.URL.Path, "/v1/gpu/") {
+		return "gpu-api"
+	}
+	if c, _ := route(r.Method, r.URL.Path); c != callNone {
+		return c.String()
+	}
+	return "read"
 }
 
 func joinWarnings(ws ...string) string {
