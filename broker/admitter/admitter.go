@@ -211,8 +211,14 @@ func (a *Admitter) Pass(ctx context.Context) (int, error) {
 		admitted++
 		a.Metrics.Admission(metrics.Queued, d)
 		a.Metrics.QueueWait(d.Queue, string(d.Outcome), a.Now().Sub(e.SubmittedAt))
+		result := string(d.Outcome) + ": " + d.Reason
+		if !e.EstimatedStart.IsZero() {
+			off := a.Now().Sub(e.EstimatedStart)
+			a.Metrics.EstimateError(d.Queue, off)
+			result += fmt.Sprintf(" (estimated start %s, %s off)", e.EstimatedStart.UTC().Format(time.RFC3339), off.Round(time.Second))
+		}
 		a.Audit.Write(audit.Event{Who: e.SubmittedBy, What: audit.QueueAdmission, ID: e.ID, Namespace: e.Namespace, Job: e.JobID,
-			Tenant: d.Tenant, Queue: d.Queue, Rule: d.Rule, Result: string(d.Outcome) + ": " + d.Reason})
+			Tenant: d.Tenant, Queue: d.Queue, Rule: d.Rule, Result: result})
 		a.Log.Info("queue: admitted", "id", e.ID, "job", e.JobID, "namespace", e.Namespace, "outcome", d.Outcome,
 			"priority", d.Priority, "waited", a.Now().Sub(e.SubmittedAt).Round(time.Second))
 	}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/hashicorp/nomad/api"
 
+	"github.com/nomad-gpu/nomad-gpu/broker/audit"
 	"github.com/nomad-gpu/nomad-gpu/broker/server"
 	"github.com/nomad-gpu/nomad-gpu/broker/usage"
 	"github.com/nomad-gpu/nomad-gpu/device-plugin/fake"
@@ -244,4 +245,76 @@ reclaim_settings {
 	if job, _, err := n.API.Jobs().Info("next", &api.QueryOptions{Namespace: "vision"}); err != nil || *job.Priority != 20 {
 		t.Errorf("next runs at priority %v, want the borrowing band 20 (%v)", job.Priority, err)
 	}
+}
+
+// TestAQueuedJobIsToldWhenItWillStart: a job queued behind a dev job with a
+// lifetime is told when it will start; it starts then, and the estimate's
+// error is recorded.
+func TestAQueuedJobIsToldWhenItWillStart(t *testing.T) {
+	consul := testcluster.StartConsul(t)
+	n := startGPUNode(t, "estimate", 2, "vision")
+	e := brokerEnv(t, n, consul, `
+queue "dev" { priority = 40 }
+tenant "vision" {
+  namespaces = ["vision"]
+  queues     = ["dev"]
+  guaranteed = 2
+  limit      = 2
+}
+borrowing {
+  enabled = false
+}
+reclaim "dev-ttl" {
+  workload     = "dev"
+  max_lifetime = "20s"
+  action       = "stop"
+  mode         = "enforce"
+}
+reclaim_settings {
+  period = "1s"
+}
+`, "vision", 2, testcluster.BrokerOptions{})
+	if out, err := e.run("vision", "holder", 1, 2, "", true); err != nil || !strings.Contains(out, "admitted") {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	held := e.waitRunning("vision", "holder")
+	alloc, _, err := n.API.Allocations().Info(held.ID, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ends := alloc.TaskStates["t"].StartedAt.Add(20 * time.Second)
+	time.Sleep(2 * time.Second) // a reclaim pass has seen it running
+	out, err := e.run("vision", "next", 1, 2, "", true)
+	i := strings.Index(out, "Estimated start: ")
+	if err != nil || i < 0 {
+		t.Fatalf("no estimate: %v\n%s", err, out)
+	}
+	estimated, err := time.Parse(time.RFC3339, strings.Fields(out[i+len("Estimated start: "):])[0])
+	if err != nil || (estimated.Sub(ends)).Abs() > 2*time.Second || !strings.Contains(out, "when 1 running allocations reach the end of their lifetimes") {
+		t.Fatalf("estimated %v (%v), holder's lifetime ends %s:\n%s", estimated, err, ends, out)
+	}
+	if show := e.brokerCLI("queue", "list", "-json"); !strings.Contains(show, `"estimate":{"at":"`) {
+		t.Errorf("queue list without the estimate: %s", show)
+	}
+	e.waitRunning("vision", "next")
+	var events []audit.Event
+	if err := json.Unmarshal([]byte(e.brokerCLI("audit", "-json", "-job", "next")), &events); err != nil {
+		t.Fatal(err)
+	}
+	for _, ev := range events {
+		if ev.What == audit.QueueAdmission {
+			t.Logf("queue admission of next: %s", ev.Result)
+			j := strings.Index(ev.Result, "s off)")
+			k := strings.LastIndex(ev.Result[:max(j, 0)], ", ")
+			if j < 0 || k < 0 {
+				t.Fatalf("no estimate error in %q", ev.Result)
+			}
+			off, err := time.ParseDuration(ev.Result[k+2:j] + "s")
+			if err != nil || off.Abs() > 5*time.Second {
+				t.Errorf("started %v after the estimate (%v), want within 5s", off, err)
+			}
+			return
+		}
+	}
+	t.Errorf("no queue admission of next in the audit trail: %+v", events)
 }

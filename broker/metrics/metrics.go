@@ -47,6 +47,7 @@ type Metrics struct {
 	lostWork   *prometheus.CounterVec
 	reclaimed  *prometheus.CounterVec
 	requests   *prometheus.HistogramVec
+	estimates  *prometheus.HistogramVec
 }
 
 // New registers the broker's metrics, Go's and the process's.
@@ -77,8 +78,11 @@ func New(src Sources) *Metrics {
 	m.requests = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "nomadgpu_request_duration_seconds",
 		Help:    "Time the broker took to answer, by class of request: register, plan, validate, scale, dispatch, revert, periodic force, job write, deployment write, gpu-api, read (passed through).",
 		Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5}}, []string{"class"})
+	m.estimates = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "nomadgpu_queue_start_estimate_error_seconds",
+		Help:    "How far a queued job's actual start was from the start estimated when it was queued (jobs with an estimate).",
+		Buckets: []float64{1, 5, 15, 60, 300, 900, 3600, 4 * 3600, 24 * 3600}}, []string{"queue"})
 	m.Registry.MustRegister(m.admissions, m.decisions, m.gpuSeconds, m.auditFails, m.queueWait, m.preempted, m.lostWork, m.reclaimed,
-		m.requests, &scrape{src: src},
+		m.requests, m.estimates, &scrape{src: src},
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -107,6 +111,13 @@ func (m *Metrics) Decision(rule, action, state string) {
 func (m *Metrics) QueueWait(queue, outcome string, waited time.Duration) {
 	if m != nil {
 		m.queueWait.WithLabelValues(queue, outcome).Observe(waited.Seconds())
+	}
+}
+
+// EstimateError observes how far a queued job's start was from its estimate.
+func (m *Metrics) EstimateError(queue string, off time.Duration) {
+	if m != nil {
+		m.estimates.WithLabelValues(queue).Observe(off.Abs().Seconds())
 	}
 }
 

@@ -43,6 +43,9 @@ type Entry struct {
 	// waits or holds up the entries behind it.
 	Parked   string    `json:"parked,omitempty"`
 	ParkedAt time.Time `json:"parked_at,omitzero"`
+	// EstimatedStart is when it was expected to start when it was queued
+	// (zero: unknown), to measure the estimate against what happened.
+	EstimatedStart time.Time `json:"queued_estimate,omitzero"`
 
 	ModifyIndex uint64 `json:"-"` // Consul's, for check-and-set
 }

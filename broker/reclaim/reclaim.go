@@ -197,10 +197,7 @@ func (e *Engine) matches(now time.Time, r *policy.ReclaimRule, a Alloc, gpus map
 		if a.StartedAt.IsZero() {
 			return "", false // not started: no lifetime yet
 		}
-		limit := r.MaxLifetime
-		if a.TTL > 0 {
-			limit = min(a.TTL, r.MaxLifetime+r.MaxExtend)
-		}
+		limit := lifetime(r, a)
 		if age := now.Sub(a.StartedAt); age >= limit {
 			return fmt.Sprintf("running since %s (%s), lifetime %s", a.StartedAt.UTC().Format(time.RFC3339), age.Round(time.Second), limit), true
 		}
@@ -230,6 +227,30 @@ func (e *Engine) matches(now time.Time, r *policy.ReclaimRule, a Alloc, gpus map
 		}
 	}
 	return "", false
+}
+
+// lifetime is how long rule r lets a run: its max_lifetime, or the job's
+// own nomad-gpu.ttl up to max_lifetime + max_extend.
+func lifetime(r *policy.ReclaimRule, a Alloc) time.Duration {
+	if a.TTL > 0 {
+		return min(a.TTL, r.MaxLifetime+r.MaxExtend)
+	}
+	return r.MaxLifetime
+}
+
+// Ends is when the first lifetime rule in enforce mode that selects a
+// started allocation stops it (its grace included); false when none does.
+func Ends(rules []*policy.ReclaimRule, a Alloc) (time.Time, bool) {
+	var end time.Time
+	for _, r := range rules {
+		if r.Condition != policy.CondLifetime || r.Mode != policy.ModeEnforce || a.StartedAt.IsZero() || a.Preempted || !selects(r, a) {
+			continue
+		}
+		if at := a.StartedAt.Add(lifetime(r, a) + r.Grace); end.IsZero() || at.Before(end) {
+			end = at
+		}
+	}
+	return end, !end.IsZero()
 }
 
 // selects applies the rule's selectors. An unadmitted job has no tenant,

@@ -8,6 +8,7 @@ import (
 
 	"github.com/nomad-gpu/nomad-gpu/broker/policy"
 	"github.com/nomad-gpu/nomad-gpu/broker/reclaim"
+	"github.com/nomad-gpu/nomad-gpu/internal/testbuild"
 )
 
 // examplePolicy is the example policy set, with issue 7's reclaim rules.
@@ -206,5 +207,40 @@ func TestAPreemptedBorrowedJobIsRequeuedWithoutARule(t *testing.T) {
 	// unverified borrowed flag is not trusted.
 	if got := summary(ds); got != "preempted-borrowed requeue vision/borrower [a1] whole=true gpus=1" {
 		t.Errorf("got %s", got)
+	}
+}
+
+func TestEndsIsTheFirstEnforcedLifetime(t *testing.T) {
+	p := testbuild.Policy(t, `
+queue "dev" { priority = 40 }
+tenant "vision" {
+  namespaces = ["vision"]
+  queues     = ["dev"]
+}
+reclaim "dev-ttl" {
+  workload     = "dev"
+  max_lifetime = "8h"
+  max_extend   = "4h"
+  action       = "stop"
+  grace        = "1m"
+  mode         = "enforce"
+}
+reclaim "watch" {
+  max_lifetime = "1h"
+  action       = "notify"
+}
+`)
+	a := reclaim.Alloc{ID: "a", Namespace: "vision", JobID: "nb", Admitted: true, Tenant: "vision", Queue: "dev", Workload: "dev",
+		StartedAt: t0, GPUs: []string{"g0"}}
+	if end, ok := reclaim.Ends(p.ReclaimRules(), a); !ok || !end.Equal(t0.Add(8*time.Hour+time.Minute)) {
+		t.Errorf("max_lifetime: %v %t", end, ok)
+	}
+	a.TTL = 2 * time.Hour
+	if end, _ := reclaim.Ends(p.ReclaimRules(), a); !end.Equal(t0.Add(2*time.Hour + time.Minute)) {
+		t.Errorf("its own ttl: %v", end)
+	}
+	a.Workload = "training" // only the dry-run rule selects it: no end known
+	if _, ok := reclaim.Ends(p.ReclaimRules(), a); ok {
+		t.Error("an end from a dry-run rule")
 	}
 }

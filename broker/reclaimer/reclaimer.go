@@ -17,6 +17,7 @@ import (
 	"github.com/nomad-gpu/nomad-gpu/broker/audit"
 	"github.com/nomad-gpu/nomad-gpu/broker/metrics"
 	"github.com/nomad-gpu/nomad-gpu/broker/policy"
+	"github.com/nomad-gpu/nomad-gpu/broker/queue"
 	"github.com/nomad-gpu/nomad-gpu/broker/reclaim"
 )
 
@@ -69,6 +70,9 @@ type Reclaimer struct {
 	Watchers []Watcher
 	Metrics  *metrics.Metrics // nil: none
 	Audit    *audit.Log       // nil: none
+	// Forecast is given, each pass, when running allocations end (queue
+	// start estimates); nil: none kept.
+	Forecast *queue.Forecast
 
 	engine *reclaim.Engine
 }
@@ -113,6 +117,15 @@ func (r *Reclaimer) Pass(ctx context.Context) error {
 		return err
 	}
 	now := r.Now()
+	if r.Forecast != nil {
+		var releases []queue.Release
+		for _, a := range allocs {
+			if end, ok := reclaim.Ends(rules, a); ok {
+				releases = append(releases, queue.Release{At: end, GPUs: len(a.GPUs), Tenant: a.Tenant})
+			}
+		}
+		r.Forecast.Set(releases)
+	}
 	for _, d := range r.engine.Pass(now, rules, allocs, gpus) {
 		rec := reclaim.NewRecord(r.NewID(), d, now)
 		if ok, err := r.Records.Create(ctx, rec); err != nil || !ok {

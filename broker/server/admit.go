@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"time"
 
 	"github.com/hashicorp/nomad/api"
 
@@ -322,6 +323,9 @@ func (s *Server) enqueue(w http.ResponseWriter, r *http.Request, rj *gpuJobReque
 		}
 		return
 	}
+	ordered := s.order(r.Context(), append(others, e))
+	estimate, estimated := s.estimates(ordered)[e.ID]
+	e.EstimatedStart = estimate.At
 	event.ID = e.ID
 	if !s.audited(w, event) {
 		return
@@ -330,10 +334,17 @@ func (s *Server) enqueue(w http.ResponseWriter, r *http.Request, rj *gpuJobReque
 		writeError(w, http.StatusServiceUnavailable, "nomad-gpu: job %q could not be queued: %v", rj.JobID, err)
 		return
 	}
-	position := positionOf(s.order(r.Context(), append(others, e)), e.ID)
+	starts := ""
+	switch {
+	case estimated && !estimate.At.IsZero():
+		starts = fmt.Sprintf(" Estimated start: %s (%s).", estimate.At.UTC().Format(time.RFC3339), estimate.Why)
+	case estimated:
+		starts = " Estimated start: " + estimate.Why + "."
+	}
 	writeJSON(w, http.StatusOK, api.JobRegisterResponse{EvalID: e.ID, Warnings: joinWarnings(fmt.Sprintf(
-		"nomad-gpu: queued as %s, position %d in queue %s: %s. It is registered with Nomad as soon as GPUs free up; "+
-			"`gpu-broker queue show %s` follows it.", e.ID, position, d.Queue, d.Reason, e.ID), s.rightSizingWarning(rj.Namespace, rj.JobID, d))})
+		"nomad-gpu: queued as %s, position %d in queue %s: %s.%s It is registered with Nomad as soon as GPUs free up; "+
+			"`gpu-broker queue show %s` follows it.", e.ID, positionOf(ordered, e.ID), d.Queue, d.Reason, starts, e.ID),
+		s.rightSizingWarning(rj.Namespace, rj.JobID, d))})
 }
 
 // withinQueueLimits checks the tenant's caps on queued jobs and request size.
@@ -365,15 +376,6 @@ func (s *Server) mayRegister(r *http.Request, rj *gpuJobRequest) error {
 func (s *Server) planAsCaller(r *http.Request, ns, id string, job json.RawMessage) error {
 	body, _ := json.Marshal(map[string]any{"Job": job})
 	return s.asCaller(r, http.MethodPost, "/v1/job/"+url.PathEscape(id)+"/plan", ns, body, nil)
-}
-
-// position is the entry's 1-based place in admission order.
-func (s *Server) position(r *http.Request, id string) int {
-	entries, err := s.ordered(r)
-	if err != nil {
-		return 0
-	}
-	return positionOf(entries, id)
 }
 
 // positionOf is an entry's 1-based place in ordered entries, 0 if absent.

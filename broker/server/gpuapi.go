@@ -33,6 +33,9 @@ type TenantUsage struct {
 // QueuedJob is an entry of GET /v1/gpu/queue, with its place in admission order.
 type QueuedJob struct {
 	Position int `json:"position"`
+	// Estimate is when it is expected to start (the leader's estimate;
+	// absent on another broker).
+	Estimate *queue.Estimate `json:"estimate,omitempty"`
 	queue.Entry
 }
 
@@ -59,10 +62,11 @@ func (s *Server) serveGPU(w http.ResponseWriter, r *http.Request) {
 		}
 		out := []QueuedJob{}
 		readable := map[string]bool{}
+		estimates := s.estimates(entries)
 		for i, e := range entries {
 			if s.mayRead(r, e.Namespace, readable) {
 				e.Request = nil // the request body is its submitter's alone
-				out = append(out, QueuedJob{Position: i + 1, Entry: e})
+				out = append(out, QueuedJob{Position: i + 1, Entry: e, Estimate: estimateOf(estimates, e.ID)})
 			}
 		}
 		writeJSON(w, http.StatusOK, out)
@@ -288,7 +292,12 @@ func (s *Server) queueEntry(w http.ResponseWriter, r *http.Request, id, who stri
 		if s.acls && who != e.SubmittedBy {
 			e.Request = nil
 		}
-		writeJSON(w, http.StatusOK, QueuedJob{Position: s.position(r, id), Entry: e})
+		entries, err := s.ordered(r)
+		if err != nil {
+			writeError(w, http.StatusServiceUnavailable, "nomad-gpu: %v", err)
+			return
+		}
+		writeJSON(w, http.StatusOK, QueuedJob{Position: positionOf(entries, id), Entry: e, Estimate: estimateOf(s.estimates(entries), id)})
 	case http.MethodDelete:
 		if !s.mayCancel(r, e, who) {
 			writeError(w, http.StatusForbidden, "nomad-gpu: only its submitter, or a token that may submit job %q in namespace %q, may cancel queued job %s",
@@ -313,6 +322,32 @@ func (s *Server) queueEntry(w http.ResponseWriter, r *http.Request, id, who stri
 	default:
 		writeError(w, http.StatusMethodNotAllowed, "nomad-gpu: %s not allowed on %s", r.Method, r.URL.Path)
 	}
+}
+
+// estimates are the leader's start estimates for entries in admission
+// order; nil on a broker that has not led a reclaim pass.
+func (s *Server) estimates(ordered []queue.Entry) map[string]queue.Estimate {
+	if s.forecast == nil {
+		return nil
+	}
+	releases, ok := s.forecast.Get()
+	if !ok {
+		return nil
+	}
+	p := s.policies.Current()
+	u := s.cluster.UsageWithout(p, "", "")
+	used := map[string]int{}
+	for t, tu := range u.Tenants {
+		used[t] = tu.Used.Total()
+	}
+	return queue.Estimates(ordered, p, u.Idle[policy.AllGPUs], used, releases, s.now())
+}
+
+func estimateOf(estimates map[string]queue.Estimate, id string) *queue.Estimate {
+	if e, ok := estimates[id]; ok {
+		return &e
+	}
+	return nil
 }
 
 // ordered lists the queue in admission order.

@@ -308,6 +308,11 @@ func printTable(sub string, body []byte) int {
 			fmt.Fprintf(w, ", position %d", r.Position)
 		}
 		fmt.Fprintln(w)
+		if e := r.Estimate; e != nil && !e.At.IsZero() {
+			fmt.Fprintf(w, "Estimated start\t%s (%s)\n", e.At.Format(time.RFC3339), e.Why)
+		} else if e != nil {
+			fmt.Fprintf(w, "Estimated start\t%s\n", e.Why)
+		}
 	}
 	return 0
 }

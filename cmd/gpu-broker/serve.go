@@ -117,6 +117,7 @@ func serveErr(path string, log hclog.Logger) error {
 	go approvals.Follow(ctx)
 	profiles, storedProfiles := gpuusage.NewProfiles(), usagekv.NewStore(consulClient, cfg.Consul.KVPrefix)
 	rollups := usagekv.NewRollups(consulClient, cfg.Consul.KVPrefix)
+	forecast := &queue.Forecast{}
 	elector := &leader.Elector{Client: consulClient, Key: cfg.Consul.KVPrefix + "leader", Address: cfg.Advertise,
 		Log: log.Named("leader")}
 	metrics := brokermetrics.New(brokermetrics.Sources{Cluster: view, Policies: policies, Queue: store, Leader: elector})
@@ -138,7 +139,7 @@ func serveErr(path string, log hclog.Logger) error {
 	signal.Notify(hup, syscall.SIGHUP)
 	go policies.Watch(ctx, hup, 2*time.Second)
 	srv, err := server.New(server.Options{Leader: elector, Log: log.Named("proxy"), Nomad: cfg.Nomad.Address,
-		Client: nomadClient.HTTPClient(), Policies: policies, Cluster: view, Queue: store, Decisions: decisions, Scales: scales, Profiles: profiles, RightSizing: storedProfiles, Metrics: metrics, Rollups: rollups, FairShare: rollups, Audit: trail, Approvals: approvals, Stamper: stamper, Region: region, ACLs: acls,
+		Client: nomadClient.HTTPClient(), Policies: policies, Cluster: view, Queue: store, Decisions: decisions, Scales: scales, Profiles: profiles, RightSizing: storedProfiles, Metrics: metrics, Rollups: rollups, FairShare: rollups, Audit: trail, Approvals: approvals, Forecast: forecast, Stamper: stamper, Region: region, ACLs: acls,
 		Exclusive: exclusive, Token: cfg.Nomad.Token, Peers: peers})
 	if err != nil {
 		return err
@@ -172,7 +173,7 @@ func serveErr(path string, log hclog.Logger) error {
 			Watchers: []reclaimer.Watcher{&usagekv.Recorder{Store: storedProfiles, Table: profiles, Policies: policies},
 				&usagekv.Ledger{Store: rollups, Policies: policies, Metrics: metrics, Budgets: budgets},
 				&approvalkv.Expirer{Store: approvals, Jobs: view, Policies: policies, Records: decisions, NewID: queue.NewID, Audit: trail}},
-			Metrics: metrics, Audit: trail}
+			Metrics: metrics, Audit: trail, Forecast: forecast}
 		go rec.Run(ctx, time.After)
 		adm.Run(ctx, view.Changed(), 2*time.Second)
 	})

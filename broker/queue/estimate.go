@@ -1,0 +1,102 @@
+package queue
+
+import (
+	"fmt"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/nomad-gpu/nomad-gpu/broker/policy"
+)
+
+// Release is GPUs a running allocation frees when its lifetime ends (its
+// nomad-gpu.ttl or a max_lifetime rule, grace included).
+type Release struct {
+	At     time.Time
+	GPUs   int
+	Tenant string
+}
+
+// Forecast holds the releases the leader last observed; safe for
+// concurrent use.
+type Forecast struct {
+	mu       sync.RWMutex
+	releases []Release
+	known    bool
+}
+
+// Set replaces the releases.
+func (f *Forecast) Set(rs []Release) {
+	f.mu.Lock()
+	f.releases, f.known = rs, true
+	f.mu.Unlock()
+}
+
+// Get returns the releases, and false before the leader observed any.
+func (f *Forecast) Get() ([]Release, bool) {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	return f.releases, f.known
+}
+
+// Estimate is when a queued job is expected to start, and why then.
+type Estimate struct {
+	At  time.Time `json:"at,omitzero"` // zero: unknown
+	Why string    `json:"why"`
+}
+
+// Estimates walks entries in admission order as the leader admits them:
+// each starts once enough GPUs are idle and its tenant is within its limit,
+// the running allocations freeing theirs at the end of their lifetimes, in
+// time order. GPUs of any class count alike. An entry that waits for GPUs
+// no known end frees is unknown, and so is every one behind it (they wait
+// behind it); one that waits for its own tenant's jobs only, alone.
+func Estimates(ordered []Entry, p *policy.Policy, idle int, used map[string]int, releases []Release, now time.Time) map[string]Estimate {
+	rs := append([]Release(nil), releases...)
+	sort.Slice(rs, func(i, j int) bool { return rs[i].At.Before(rs[j].At) })
+	held := map[string]int{}
+	for t, n := range used {
+		held[t] = n
+	}
+	out := map[string]Estimate{}
+	free, clock, next, waited := idle, now, 0, 0
+	blocked := ""
+	for _, e := range ordered {
+		if e.Parked != "" {
+			continue
+		}
+		if blocked != "" {
+			out[e.ID] = Estimate{Why: "unknown: it waits behind " + blocked}
+			continue
+		}
+		limit := e.Demand
+		if t, ok := p.Tenants[e.Tenant]; ok {
+			limit = t.Limit.Total()
+		}
+		for next < len(rs) && (free < e.Demand || held[e.Tenant]+e.Demand > limit) {
+			if rs[next].At.After(clock) {
+				clock = rs[next].At
+			}
+			free += rs[next].GPUs
+			held[rs[next].Tenant] -= rs[next].GPUs
+			next++
+			waited++
+		}
+		switch {
+		case free < e.Demand:
+			blocked = e.ID
+			out[e.ID] = Estimate{Why: fmt.Sprintf("unknown: the %d GPUs it waits for are held by jobs with no known end (nomad-gpu.ttl or a max_lifetime rule gives one)", e.Demand-free)}
+		case held[e.Tenant]+e.Demand > limit:
+			out[e.ID] = Estimate{Why: fmt.Sprintf("unknown: tenant %q's own jobs with no known end hold its limit", e.Tenant)}
+		default:
+			free -= e.Demand
+			held[e.Tenant] += e.Demand
+			why := "now: GPUs are free"
+			if clock.After(now) {
+				why = fmt.Sprintf("when %d running allocations reach the end of their lifetimes", waited)
+			}
+			out[e.ID] = Estimate{At: clock, Why: why}
+		}
+	}
+	return out
+}
