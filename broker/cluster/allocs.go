@@ -122,6 +122,8 @@ type NodeInventory struct {
 	// Total = Healthy + unhealthy; Allocated are held by running or
 	// pending allocations; Free are healthy, unheld, on a schedulable node.
 	Total, Healthy, Allocated, Free int
+	// Unhealthy counts the unhealthy GPUs by why (GPU.Why).
+	Unhealthy map[string]int
 }
 
 // Inventory returns, per node and model, its GPUs by state.
@@ -142,10 +144,13 @@ func (v *View) Inventory() []NodeInventory {
 		for dev, g := range n.devices {
 			inv := byModel[g.Model]
 			if inv == nil {
-				inv = &NodeInventory{Node: id, Pool: n.pool, Model: g.Model, Schedulable: n.schedulable}
+				inv = &NodeInventory{Node: id, Pool: n.pool, Model: g.Model, Schedulable: n.schedulable, Unhealthy: map[string]int{}}
 				byModel[g.Model] = inv
 			}
 			inv.Total++
+			if !g.Healthy {
+				inv.Unhealthy[g.Why]++
+			}
 			switch {
 			case held[dev]:
 				inv.Allocated++

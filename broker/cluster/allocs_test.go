@@ -63,7 +63,7 @@ func TestNodeGPUsComeFromTheNode(t *testing.T) {
 	if !v.Synced() {
 		t.Fatal("not synced after a listing")
 	}
-	if got, want := v.NodeGPUs("n1"), map[string]GPU{"n1-0": {testbuild.H100, true}, "n1-1": {testbuild.H100, false}}; !reflect.DeepEqual(got, want) {
+	if got, want := v.NodeGPUs("n1"), map[string]GPU{"n1-0": {Model: testbuild.H100, Healthy: true}, "n1-1": {Model: testbuild.H100, Why: "other"}}; !reflect.DeepEqual(got, want) {
 		t.Fatalf("health %v, want %v", got, want)
 	}
 }

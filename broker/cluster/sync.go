@@ -64,6 +64,8 @@ func (v *View) followOnce(ctx context.Context, src Source, resync <-chan time.Ti
 		return fmt.Errorf("list cluster: %w", err)
 	}
 	v.Reset(snap)
+	v.relisted.Add(1)
+	v.index.Store(snap.Index)
 	events, err := src.Events(ctx, snap.Index+1)
 	if err != nil {
 		return fmt.Errorf("open event stream: %w", err)
@@ -85,6 +87,9 @@ func (v *View) followOnce(ctx context.Context, src Source, resync <-chan time.Ti
 				if err := v.apply(&batch.Events[i]); err != nil {
 					return err
 				}
+			}
+			if batch.Index > v.index.Load() {
+				v.index.Store(batch.Index)
 			}
 		}
 	}
@@ -127,3 +132,7 @@ func (v *View) apply(e *api.Event) error {
 	}
 	return nil
 }
+
+// Followed is how far the view follows Nomad: the index of the last event
+// (or listing) it applied, and how many full listings it made.
+func (v *View) Followed() (index, listings uint64) { return v.index.Load(), v.relisted.Load() }

@@ -4,7 +4,9 @@
 package cluster
 
 import (
+	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/nomad/api"
@@ -33,6 +35,9 @@ type View struct {
 	changed  chan struct{}
 	synced   bool // a full listing has been applied
 
+	index    atomic.Uint64 // of the last event or listing applied
+	relisted atomic.Uint64 // full listings made
+
 	// Derived from nodes under one policy; recomputed when either changes.
 	nodesDirty bool
 	capPolicy  *policy.Policy
@@ -51,6 +56,25 @@ type node struct {
 type GPU struct {
 	Model   string
 	Healthy bool
+	// Why is the class of what made it unhealthy: xid, ecc, lost,
+	// recovering (healthy again, waiting out its hysteresis) or other.
+	Why string
+}
+
+// whyUnhealthy classes the device plugin's health description.
+func whyUnhealthy(desc string) string {
+	d := strings.ToLower(desc)
+	switch {
+	case strings.HasPrefix(d, "recovering"):
+		return "recovering"
+	case strings.Contains(d, "xid"):
+		return "xid"
+	case strings.Contains(d, "ecc"):
+		return "ecc"
+	case strings.Contains(d, "lost"):
+		return "lost"
+	}
+	return "other"
 }
 
 type jobKey struct{ namespace, id string }
@@ -161,7 +185,11 @@ func (v *View) observeNode(n *api.Node) {
 				if inst == nil {
 					continue
 				}
-				nd.devices[inst.ID] = GPU{Model: d.Name, Healthy: inst.Healthy}
+				g := GPU{Model: d.Name, Healthy: inst.Healthy}
+				if !inst.Healthy {
+					g.Why = whyUnhealthy(inst.HealthDescription)
+				}
+				nd.devices[inst.ID] = g
 				if inst.Healthy {
 					nd.gpus[d.Name]++
 				}

@@ -359,6 +359,18 @@ func TestReclaim(t *testing.T) {
 		if busy <= 0 || idle <= 0 || math.Abs(allocated-busy-idle) > 1e-6 {
 			t.Errorf("training GPU-seconds: allocated %v, busy %v, idle %v", allocated, busy, idle)
 		}
+		if m["nomadgpu_cluster_view_index"] <= 0 || m["nomadgpu_cluster_view_listings_total"] < 1 {
+			t.Errorf("cluster view index %v, listings %v", m["nomadgpu_cluster_view_index"], m["nomadgpu_cluster_view_listings_total"])
+		}
+		sick := 0.0
+		for series, v := range m {
+			if strings.HasPrefix(series, "nomadgpu_unhealthy_gpus{") {
+				sick += v
+			}
+		}
+		if sick != 1 {
+			t.Errorf("%v unhealthy GPUs by reason, want the 1 made sick", sick)
+		}
 	})
 	t.Run("the audit trail has each decision and act, and who made it", func(t *testing.T) {
 		var events []audit.Event

@@ -21,6 +21,7 @@ import (
 // Cluster is what the view tells at a scrape.
 type Cluster interface {
 	Inventory() []cluster.NodeInventory
+	Followed() (index, listings uint64)
 	UsageWithout(p *policy.Policy, namespace, jobID string) admission.Usage
 }
 
@@ -170,6 +171,9 @@ var (
 	gpusDesc = prometheus.NewDesc("nomadgpu_gpus",
 		"GPUs by node pool, model and state: total, healthy, unhealthy, allocated (held by running or pending allocations), free (healthy, unheld, on a schedulable node).",
 		[]string{"node_pool", "model", "state"}, nil)
+	unhealthyDesc = prometheus.NewDesc("nomadgpu_unhealthy_gpus",
+		"Unhealthy GPUs by node pool, model and reason class: xid, ecc, lost, recovering (waiting out its hysteresis), other.",
+		[]string{"node_pool", "model", "reason"}, nil)
 	freePerNodeDesc = prometheus.NewDesc("nomadgpu_node_free_gpus",
 		"Free GPUs per schedulable node.", nil, nil)
 	fragmentedDesc = prometheus.NewDesc("nomadgpu_free_gpus_fragmented_ratio",
@@ -179,12 +183,16 @@ var (
 		[]string{"tenant", "gpu_class", "kind"}, nil)
 	queueDesc = prometheus.NewDesc("nomadgpu_queue_depth",
 		"Jobs waiting in the broker's queue.", []string{"queue"}, nil)
+	viewIndexDesc = prometheus.NewDesc("nomadgpu_cluster_view_index",
+		"Nomad's Raft index of the last event (or listing) the broker's cluster view applied; nomad_raft_appliedIndex minus this is how far it lags.", nil, nil)
+	listingsDesc = prometheus.NewDesc("nomadgpu_cluster_view_listings_total",
+		"Full listings of the cluster (at start, after the event stream broke, and every resync).", nil, nil)
 	leaderDesc = prometheus.NewDesc("nomadgpu_leader",
 		"1 while this broker is the leader (admits, runs the queue and reclaim).", nil, nil)
 )
 
 func (c *scrape) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{gpusDesc, freePerNodeDesc, fragmentedDesc, tenantDesc, queueDesc, leaderDesc} {
+	for _, d := range []*prometheus.Desc{gpusDesc, unhealthyDesc, freePerNodeDesc, fragmentedDesc, tenantDesc, queueDesc, leaderDesc, viewIndexDesc, listingsDesc} {
 		ch <- d
 	}
 }
@@ -218,6 +226,9 @@ func (c *scrape) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(queueDesc, prometheus.GaugeValue, float64(n), q)
 		}
 	}
+	index, listings := c.src.Cluster.Followed()
+	ch <- prometheus.MustNewConstMetric(viewIndexDesc, prometheus.GaugeValue, float64(index))
+	ch <- prometheus.MustNewConstMetric(listingsDesc, prometheus.CounterValue, float64(listings))
 	leader := 0.0
 	if c.src.Leader == nil || c.src.Leader.IsLeader() {
 		leader = 1
@@ -242,6 +253,12 @@ func (c *scrape) gpus(ch chan<- prometheus.Metric) {
 		s.Healthy += inv.Healthy
 		s.Allocated += inv.Allocated
 		s.Free += inv.Free
+		if s.Unhealthy == nil {
+			s.Unhealthy = map[string]int{}
+		}
+		for why, n := range inv.Unhealthy {
+			s.Unhealthy[why] += n
+		}
 		sizeByNode[inv.Node] += inv.Total
 		if inv.Schedulable {
 			freeByNode[inv.Node] += inv.Free
@@ -251,6 +268,9 @@ func (c *scrape) gpus(ch chan<- prometheus.Metric) {
 		for state, n := range map[string]int{"total": s.Total, "healthy": s.Healthy, "unhealthy": s.Total - s.Healthy,
 			"allocated": s.Allocated, "free": s.Free} {
 			ch <- prometheus.MustNewConstMetric(gpusDesc, prometheus.GaugeValue, float64(n), k.pool, k.model, state)
+		}
+		for why, n := range s.Unhealthy {
+			ch <- prometheus.MustNewConstMetric(unhealthyDesc, prometheus.GaugeValue, float64(n), k.pool, k.model, why)
 		}
 	}
 	largest := 0

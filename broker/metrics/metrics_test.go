@@ -37,6 +37,7 @@ func TestScrapeReportsGPUsTenantsAndQueues(t *testing.T) {
 	view := cluster.NewView(nil)
 	n1, n2 := testbuild.Node("n1", testbuild.H100, 7, 1), testbuild.Node("n2", testbuild.H100, 8, 0)
 	n1.NodePool, n2.NodePool = "gpu", "gpu"
+	n1.NodeResources.Devices[0].Instances[7].HealthDescription = "XID 79 critical error"
 	view.Reset(cluster.Snapshot{Nodes: []*api.Node{n1, n2},
 		Jobs:   []*api.Job{testbuild.Job("vision", "train").Group("g", 1, 3, "nvidia/gpu").Build()},
 		Allocs: []*api.Allocation{testbuild.Alloc("a", "vision", "train", "n1", 5, "n1-0", "n1-1", "n1-7").Build()}})
@@ -57,6 +58,9 @@ nomadgpu_gpus{model="NVIDIA H100 80GB HBM3",node_pool="gpu",state="free"} 13
 nomadgpu_gpus{model="NVIDIA H100 80GB HBM3",node_pool="gpu",state="healthy"} 15
 nomadgpu_gpus{model="NVIDIA H100 80GB HBM3",node_pool="gpu",state="total"} 16
 nomadgpu_gpus{model="NVIDIA H100 80GB HBM3",node_pool="gpu",state="unhealthy"} 1
+# HELP nomadgpu_unhealthy_gpus Unhealthy GPUs by node pool, model and reason class: xid, ecc, lost, recovering (waiting out its hysteresis), other.
+# TYPE nomadgpu_unhealthy_gpus gauge
+nomadgpu_unhealthy_gpus{model="NVIDIA H100 80GB HBM3",node_pool="gpu",reason="xid"} 1
 # HELP nomadgpu_free_gpus_fragmented_ratio Share of free GPUs on nodes with fewer free than the most GPUs any node has (where the largest single-node request cannot go).
 # TYPE nomadgpu_free_gpus_fragmented_ratio gauge
 nomadgpu_free_gpus_fragmented_ratio 0.38461538461538464
@@ -96,7 +100,7 @@ nomadgpu_gpu_seconds_total{gpu_class="h100",queue="training",state="allocated",t
 nomadgpu_gpu_seconds_total{gpu_class="h100",queue="training",state="busy",tenant="vision"} 60
 nomadgpu_gpu_seconds_total{gpu_class="h100",queue="training",state="idle",tenant="vision"} 30
 `
-	names := []string{"nomadgpu_gpus", "nomadgpu_free_gpus_fragmented_ratio", "nomadgpu_node_free_gpus", "nomadgpu_tenant_gpus",
+	names := []string{"nomadgpu_gpus", "nomadgpu_unhealthy_gpus", "nomadgpu_free_gpus_fragmented_ratio", "nomadgpu_node_free_gpus", "nomadgpu_tenant_gpus",
 		"nomadgpu_queue_depth", "nomadgpu_leader", "nomadgpu_admissions_total", "nomadgpu_reclaim_decisions_total", "nomadgpu_gpu_seconds_total"}
 	if err := testutil.GatherAndCompare(m.Registry, strings.NewReader(want), names...); err != nil {
 		t.Fatal(err)
