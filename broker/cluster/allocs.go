@@ -29,6 +29,8 @@ type Alloc struct {
 	Restarts  []time.Time
 	// ModifyIndex orders what the listing and the events say of it.
 	ModifyIndex uint64
+	// Tenant and Queue are its job's, from a verified stamp ("" if not).
+	Tenant, Queue string
 }
 
 // ObserveAlloc records an allocation from an event or a listing (the
@@ -37,24 +39,41 @@ type Alloc struct {
 // demand, not allocations.
 func (v *View) ObserveAlloc(a *api.Allocation) {
 	v.mu.Lock()
-	v.observeAlloc(a)
+	v.observeAlloc(a, true)
 	v.mu.Unlock()
 }
 
-func (v *View) observeAlloc(a *api.Allocation) {
-	if old, ok := v.allocs[a.ID]; ok && a.ModifyIndex < old.ModifyIndex {
+// observeAlloc records a; fromEvent: what became of it is told (a listing
+// says what is, not what happened).
+func (v *View) observeAlloc(a *api.Allocation, fromEvent bool) {
+	old, had := v.allocs[a.ID]
+	if had && a.ModifyIndex < old.ModifyIndex {
 		return
 	}
 	preempted := a.DesiredStatus == api.AllocDesiredStatusEvict && a.PreemptedByAllocation != ""
 	live := a.DesiredStatus == api.AllocDesiredStatusRun &&
 		(a.ClientStatus == api.AllocClientStatusRunning || a.ClientStatus == api.AllocClientStatusPending)
 	gpus := gpuIDs(a.AllocatedResources)
+	tenant, queue := old.Tenant, old.Queue
+	if j, ok := v.jobs[jobKey{a.Namespace, a.JobID}]; ok && !had {
+		tenant, queue = j.tenant, j.queue
+	}
+	if fromEvent && v.allocEvent != nil && len(gpus) > 0 {
+		switch {
+		case !had && a.PreviousAllocation != "" && live:
+			v.allocEvent(tenant, queue, "retried")
+		case had && !old.Preempted && preempted:
+			v.allocEvent(tenant, queue, "preempted")
+		case had && !old.Preempted && !live && !preempted:
+			v.allocEvent(tenant, queue, allocEnd(a))
+		}
+	}
 	if (!preempted && !live) || len(gpus) == 0 {
 		delete(v.allocs, a.ID)
 		return
 	}
 	out := Alloc{ID: a.ID, Namespace: a.Namespace, JobID: a.JobID, Group: a.TaskGroup, NodeID: a.NodeID,
-		CreateIndex: a.CreateIndex, Preempted: preempted, GPUs: gpus, ModifyIndex: a.ModifyIndex}
+		CreateIndex: a.CreateIndex, Preempted: preempted, GPUs: gpus, ModifyIndex: a.ModifyIndex, Tenant: tenant, Queue: queue}
 	for _, ts := range a.TaskStates {
 		if ts == nil {
 			continue
@@ -69,6 +88,19 @@ func (v *View) observeAlloc(a *api.Allocation) {
 		}
 	}
 	v.allocs[a.ID] = out
+}
+
+// allocEnd names how an allocation that held GPUs ended: complete, failed
+// or lost by its tasks or its node, else stopped (by a user, a reclaim
+// decision, a job update or a drain).
+func allocEnd(a *api.Allocation) string {
+	switch a.ClientStatus {
+	case api.AllocClientStatusComplete, api.AllocClientStatusFailed, api.AllocClientStatusLost:
+		if a.DesiredStatus == api.AllocDesiredStatusRun {
+			return a.ClientStatus
+		}
+	}
+	return "stopped"
 }
 
 // gpuIDs are the GPU device ids an allocation holds.

@@ -22,6 +22,7 @@ type View struct {
 	verify     func(*api.Job) bool
 	now        func() time.Time
 	overBudget func(tenant string) string
+	allocEvent func(tenant, queue, event string)
 
 	mu       sync.RWMutex
 	nodes    map[string]node
@@ -81,10 +82,11 @@ type jobKey struct{ namespace, id string }
 
 // job is a live job's demand.
 type job struct {
-	groups      []admission.Group
-	borrowed    bool
-	modifyIndex uint64 // Nomad's JobModifyIndex of the version recorded
-	demand      map[string]int
+	groups        []admission.Group
+	borrowed      bool
+	tenant, queue string // from a verified stamp, else ""
+	modifyIndex   uint64 // Nomad's JobModifyIndex of the version recorded
+	demand        map[string]int
 }
 
 type byModel struct {
@@ -122,6 +124,12 @@ func NewView(verify func(*api.Job) bool) *View {
 // (set before the view is used).
 func (v *View) SetBudgets(overBudget func(tenant string) string) { v.overBudget = overBudget }
 
+// SetAllocEvents has the view tell what becomes of GPU allocations it
+// follows in events: complete, failed, lost, stopped, preempted, and
+// retried (a replacement placed for one); tenant and queue from the job's
+// verified stamp, else "" (set before the view is used).
+func (v *View) SetAllocEvents(f func(tenant, queue, event string)) { v.allocEvent = f }
+
 // SetClock replaces the clock reservations expire by (tests).
 func (v *View) SetClock(now func() time.Time) { v.now = now }
 
@@ -151,7 +159,7 @@ func (v *View) Reset(snap Snapshot) {
 		v.observeDeployment(d)
 	}
 	for _, a := range snap.Allocs {
-		v.observeAlloc(a)
+		v.observeAlloc(a, false)
 	}
 	v.synced = true
 	v.mu.Unlock()
@@ -251,7 +259,8 @@ func (v *View) observeJob(j *api.Job) {
 	}
 	key := jobKey{nomadjob.Namespace(j), *j.ID}
 	live := !(j.Stop != nil && *j.Stop) && !(j.Status != nil && *j.Status == "dead")
-	borrowed := j.Meta[nomadjob.MetaBorrowed] == "true" && v.verify(j)
+	verified := v.verify(j)
+	borrowed := j.Meta[nomadjob.MetaBorrowed] == "true" && verified
 	var modifyIndex uint64
 	if j.JobModifyIndex != nil {
 		modifyIndex = *j.JobModifyIndex
@@ -265,6 +274,9 @@ func (v *View) observeJob(j *api.Job) {
 	v.remove(key)
 	if live && len(a.Groups) > 0 {
 		jb := job{groups: a.Groups, borrowed: borrowed, modifyIndex: modifyIndex}
+		if verified {
+			jb.tenant, jb.queue = j.Meta[nomadjob.MetaTenant], j.Meta[nomadjob.MetaQueue]
+		}
 		v.add(key, jb)
 	}
 }

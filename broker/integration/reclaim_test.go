@@ -488,6 +488,8 @@ func TestPreemptedBorrowedJobRunsAgainOnce(t *testing.T) {
 	for series, want := range map[string]float64{
 		`nomadgpu_admissions_total{outcome="admit-borrowed",queue="training",rule="",source="submit"}`:  1,
 		`nomadgpu_preemptions_total{queue="training",tenant="vision"}`:                                  1,
+		`nomadgpu_allocations_total{event="preempted",queue="training",tenant="vision"}`:                1,
+		`nomadgpu_allocations_total{event="stopped",queue="inference",tenant="search"}`:                 1,
 		`nomadgpu_reclaimed_gpus_total{action="requeue",rule="preempted-borrowed"}`:                     2,
 		`nomadgpu_admissions_total{outcome="admit-borrowed",queue="training",rule="",source="queue"}`:   1,
 		`nomadgpu_queue_wait_seconds_count{outcome="admit-borrowed",queue="training"}`:                  1,

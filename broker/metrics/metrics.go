@@ -49,6 +49,7 @@ type Metrics struct {
 	reclaimed  *prometheus.CounterVec
 	requests   *prometheus.HistogramVec
 	estimates  *prometheus.HistogramVec
+	allocs     *prometheus.CounterVec
 }
 
 // New registers the broker's metrics, Go's and the process's.
@@ -82,8 +83,11 @@ func New(src Sources) *Metrics {
 	m.estimates = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "nomadgpu_queue_start_estimate_error_seconds",
 		Help:    "How far a queued job's actual start was from the start estimated when it was queued (jobs with an estimate).",
 		Buckets: []float64{1, 5, 15, 60, 300, 900, 3600, 4 * 3600, 24 * 3600}}, []string{"queue"})
+	m.allocs = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "nomadgpu_allocations_total",
+		Help: "What became of GPU allocations: complete, failed, lost, stopped (by a user, reclaim, an update or a drain), preempted, retried (a replacement placed)."},
+		[]string{"tenant", "queue", "event"})
 	m.Registry.MustRegister(m.admissions, m.decisions, m.gpuSeconds, m.auditFails, m.queueWait, m.preempted, m.lostWork, m.reclaimed,
-		m.requests, m.estimates, &scrape{src: src},
+		m.requests, m.estimates, m.allocs, &scrape{src: src},
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -112,6 +116,13 @@ func (m *Metrics) Decision(rule, action, state string) {
 func (m *Metrics) QueueWait(queue, outcome string, waited time.Duration) {
 	if m != nil {
 		m.queueWait.WithLabelValues(queue, outcome).Observe(waited.Seconds())
+	}
+}
+
+// AllocEvent counts what became of a GPU allocation.
+func (m *Metrics) AllocEvent(tenant, queue, event string) {
+	if m != nil {
+		m.allocs.WithLabelValues(tenant, queue, event).Inc()
 	}
 }
 

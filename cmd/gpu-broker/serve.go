@@ -86,9 +86,6 @@ func serveErr(path string, log hclog.Logger) error {
 	view := cluster.NewView(stamper.Verify)
 	budgets := &gpuusage.BudgetBook{}
 	view.SetBudgets(budgets.OverBudget)
-	resync := time.NewTicker(cfg.ResyncInterval)
-	defer resync.Stop()
-	go view.Follow(ctx, nomadClient, log.Named("cluster"), resync.C)
 	policies, diags := policy.NewStore(cfg.PolicyDir, view.Capacity, log.Named("policy"))
 	if policies == nil {
 		return fmt.Errorf("policy %s is invalid:\n%s", cfg.PolicyDir, policy.FormatDiagnostics(diags))
@@ -121,6 +118,10 @@ func serveErr(path string, log hclog.Logger) error {
 	elector := &leader.Elector{Client: consulClient, Key: cfg.Consul.KVPrefix + "leader", Address: cfg.Advertise,
 		Log: log.Named("leader")}
 	metrics := brokermetrics.New(brokermetrics.Sources{Cluster: view, Policies: policies, Queue: store, Leader: elector})
+	view.SetAllocEvents(metrics.AllocEvent)
+	resync := time.NewTicker(cfg.ResyncInterval)
+	defer resync.Stop()
+	go view.Follow(ctx, nomadClient, log.Named("cluster"), resync.C)
 	var trail *audit.Log
 	if a := cfg.Audit; a != nil {
 		if trail, err = audit.Open(a.Path, a.MaxBytes, a.MaxFiles, cfg.Advertise); err != nil {
