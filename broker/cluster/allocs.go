@@ -59,13 +59,22 @@ func (v *View) observeAlloc(a *api.Allocation, fromEvent bool) {
 		tenant, queue = j.tenant, j.queue
 	}
 	if fromEvent && v.allocEvent != nil && len(gpus) > 0 {
+		ev := AllocEvent{Namespace: a.Namespace, Job: a.JobID, Tenant: tenant, Queue: queue}
+		if !had && a.PreviousAllocation != "" && live {
+			ev.Event = "retried"
+			v.allocEvent(ev)
+		}
+		if a.ClientStatus == api.AllocClientStatusRunning && live && (!had || old.StartedAt.IsZero()) {
+			ev.Event = "running"
+			v.allocEvent(ev)
+		}
 		switch {
-		case !had && a.PreviousAllocation != "" && live:
-			v.allocEvent(tenant, queue, "retried")
 		case had && !old.Preempted && preempted:
-			v.allocEvent(tenant, queue, "preempted")
+			ev.Event = "preempted"
+			v.allocEvent(ev)
 		case had && !old.Preempted && !live && !preempted:
-			v.allocEvent(tenant, queue, allocEnd(a))
+			ev.Event = allocEnd(a)
+			v.allocEvent(ev)
 		}
 	}
 	if (!preempted && !live) || len(gpus) == 0 {
@@ -88,6 +97,14 @@ func (v *View) observeAlloc(a *api.Allocation, fromEvent bool) {
 		}
 	}
 	v.allocs[a.ID] = out
+}
+
+// AllocEvent is what became of a GPU allocation: Event is running (its
+// first task started), complete, failed, lost, stopped, preempted, or
+// retried (a replacement placed for one). Tenant and Queue are its job's,
+// from a verified stamp, else "".
+type AllocEvent struct {
+	Namespace, Job, Tenant, Queue, Event string
 }
 
 // allocEnd names how an allocation that held GPUs ended: complete, failed

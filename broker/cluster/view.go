@@ -22,7 +22,7 @@ type View struct {
 	verify     func(*api.Job) bool
 	now        func() time.Time
 	overBudget func(tenant string) string
-	allocEvent func(tenant, queue, event string)
+	allocEvent func(AllocEvent)
 
 	mu       sync.RWMutex
 	nodes    map[string]node
@@ -124,11 +124,9 @@ func NewView(verify func(*api.Job) bool) *View {
 // (set before the view is used).
 func (v *View) SetBudgets(overBudget func(tenant string) string) { v.overBudget = overBudget }
 
-// SetAllocEvents has the view tell what becomes of GPU allocations it
-// follows in events: complete, failed, lost, stopped, preempted, and
-// retried (a replacement placed for one); tenant and queue from the job's
-// verified stamp, else "" (set before the view is used).
-func (v *View) SetAllocEvents(f func(tenant, queue, event string)) { v.allocEvent = f }
+// SetAllocEvents has the view tell what becomes of the GPU allocations it
+// follows in events (set before the view is used).
+func (v *View) SetAllocEvents(f func(AllocEvent)) { v.allocEvent = f }
 
 // SetClock replaces the clock reservations expire by (tests).
 func (v *View) SetClock(now func() time.Time) { v.now = now }

@@ -359,6 +359,9 @@ func TestReclaim(t *testing.T) {
 		if busy <= 0 || idle <= 0 || math.Abs(allocated-busy-idle) > 1e-6 {
 			t.Errorf("training GPU-seconds: allocated %v, busy %v, idle %v", allocated, busy, idle)
 		}
+		if n := m[`nomadgpu_scale_up_seconds_count{queue="training",tenant="vision"}`]; n != 1 {
+			t.Errorf("%v scale-ups timed, want the one through the broker", n)
+		}
 		if m["nomadgpu_cluster_view_index"] <= 0 || m["nomadgpu_cluster_view_listings_total"] < 1 {
 			t.Errorf("cluster view index %v, listings %v", m["nomadgpu_cluster_view_index"], m["nomadgpu_cluster_view_listings_total"])
 		}

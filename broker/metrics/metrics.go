@@ -6,6 +6,7 @@ package metrics
 
 import (
 	"context"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -50,6 +51,15 @@ type Metrics struct {
 	requests   *prometheus.HistogramVec
 	estimates  *prometheus.HistogramVec
 	allocs     *prometheus.CounterVec
+	scaleUp    *prometheus.HistogramVec
+
+	scaleMu   sync.Mutex
+	scalingUp map[[2]string]scaleUp // admitted scale-ups waiting for an allocation to run
+}
+
+type scaleUp struct {
+	at            time.Time
+	tenant, queue string
 }
 
 // New registers the broker's metrics, Go's and the process's.
@@ -86,8 +96,12 @@ func New(src Sources) *Metrics {
 	m.allocs = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "nomadgpu_allocations_total",
 		Help: "What became of GPU allocations: complete, failed, lost, stopped (by a user, reclaim, an update or a drain), preempted, retried (a replacement placed)."},
 		[]string{"tenant", "queue", "event"})
+	m.scaleUp = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "nomadgpu_scale_up_seconds",
+		Help:    "From a scale-up the broker admitted to the first new allocation of that job running.",
+		Buckets: []float64{1, 2, 5, 10, 20, 30, 60, 120, 300, 600}}, []string{"tenant", "queue"})
+	m.scalingUp = map[[2]string]scaleUp{}
 	m.Registry.MustRegister(m.admissions, m.decisions, m.gpuSeconds, m.auditFails, m.queueWait, m.preempted, m.lostWork, m.reclaimed,
-		m.requests, m.estimates, m.allocs, &scrape{src: src},
+		m.requests, m.estimates, m.allocs, m.scaleUp, &scrape{src: src},
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -119,10 +133,34 @@ func (m *Metrics) QueueWait(queue, outcome string, waited time.Duration) {
 	}
 }
 
-// AllocEvent counts what became of a GPU allocation.
-func (m *Metrics) AllocEvent(tenant, queue, event string) {
-	if m != nil {
-		m.allocs.WithLabelValues(tenant, queue, event).Inc()
+// ScaledUp notes a scale-up the broker admitted at, to time it to its first
+// new allocation running.
+func (m *Metrics) ScaledUp(namespace, job, tenant, queue string, at time.Time) {
+	if m == nil {
+		return
+	}
+	m.scaleMu.Lock()
+	m.scalingUp[[2]string{namespace, job}] = scaleUp{at: at, tenant: tenant, queue: queue}
+	m.scaleMu.Unlock()
+}
+
+// AllocEvent counts what became of a GPU allocation, and times a scale-up
+// whose first new allocation runs.
+func (m *Metrics) AllocEvent(e cluster.AllocEvent) {
+	if m == nil {
+		return
+	}
+	if e.Event != "running" {
+		m.allocs.WithLabelValues(e.Tenant, e.Queue, e.Event).Inc()
+		return
+	}
+	key := [2]string{e.Namespace, e.Job}
+	m.scaleMu.Lock()
+	s, ok := m.scalingUp[key]
+	delete(m.scalingUp, key)
+	m.scaleMu.Unlock()
+	if ok {
+		m.scaleUp.WithLabelValues(s.tenant, s.queue).Observe(time.Since(s.at).Seconds())
 	}
 }
 

@@ -9,10 +9,13 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"time"
 
 	"github.com/hashicorp/nomad/api"
 
 	"github.com/nomad-gpu/nomad-gpu/broker/admission"
+	"github.com/nomad-gpu/nomad-gpu/broker/audit"
+	"github.com/nomad-gpu/nomad-gpu/broker/metrics"
 	"github.com/nomad-gpu/nomad-gpu/broker/nomadjob"
 )
 
@@ -45,9 +48,11 @@ func (s *Server) scale(w http.ResponseWriter, r *http.Request, jobID string) {
 		return
 	}
 	stamped, admittedBefore := s.stampedCounts(r, ns, jobID, job)
+	up := false
 	for _, tg := range job.TaskGroups {
 		if tg != nil && tg.Name != nil && *tg.Name == group {
 			n := int(*req.Count)
+			up = tg.Count == nil || n > *tg.Count
 			tg.Count = &n
 		}
 	}
@@ -58,6 +63,19 @@ func (s *Server) scale(w http.ResponseWriter, r *http.Request, jobID string) {
 		// Nomad does not).
 		grant := nomadjob.ScaleGrant{Stamp: job.Meta[nomadjob.MetaAdmission], Stamped: stamped, Admitted: nomadjob.GPUGroupCounts(job)}
 		record = func() error { return s.scales.Put(r.Context(), ns, jobID, grant) }
+	}
+	if up && admittedBefore && s.metrics != nil {
+		// Timed from here to the first new allocation running.
+		grant := record
+		record = func() error {
+			if grant != nil {
+				if err := grant(); err != nil {
+					return err
+				}
+			}
+			s.metrics.ScaledUp(ns, jobID, job.Meta[nomadjob.MetaTenant], job.Meta[nomadjob.MetaQueue], time.Now())
+			return nil
+		}
 	}
 	// Scaling changes no spec: Nomad places no canaries for it.
 	s.checkThenForward(w, r, doc.Bytes(), job, ns, jobID, "scale", record)
@@ -218,8 +236,19 @@ func (s *Server) decideThenForward(w http.ResponseWriter, r *http.Request, body 
 	if job.Priority != nil {
 		current = *job.Priority
 	}
+	who := s.identity(r)
 	s.log.Info("admission", "call", what, "job", jobID, "namespace", ns, "outcome", d.Outcome, "priority", d.Priority,
-		"gpus", d.Demand.Total(), "rule", d.Rule, "by", s.identity(r))
+		"gpus", d.Demand.Total(), "rule", d.Rule, "by", who)
+	s.metrics.Admission(metrics.Submit, d)
+	event := audit.Event{Who: who, What: audit.Admission, Namespace: ns, Job: jobID, Tenant: d.Tenant, Queue: d.Queue, Rule: d.Rule,
+		Result: what + ": " + string(d.Outcome) + ": " + d.Reason}
+	if d.Outcome != admission.Reject && d.Outcome != admission.Queue && d.Priority != current {
+		event.Result = fmt.Sprintf("%s: refused: it would run at priority %d but the job runs at %d", what, d.Priority, current)
+	}
+	if !s.audited(w, event) {
+		res.Release()
+		return
+	}
 	switch {
 	case d.Outcome == admission.Reject:
 		writeError(w, http.StatusForbidden, "nomad-gpu: %s of %q rejected by rule %s: %s", what, jobID, d.Rule, d.Reason)
