@@ -73,6 +73,9 @@ func TestConsulOutage(t *testing.T) {
 	if out, err := e.nomadCLI("job", "stop", "-namespace", "vision", "-detach", "first"); err != nil {
 		t.Errorf("stop did not pass through with Consul down: %v\n%s", err, out)
 	}
+	if n := e.broker.Scrape()[`nomadgpu_consul_errors_total{kind="unreachable"}`]; n < 1 {
+		t.Errorf("the metrics count %v failed requests to Consul while it was down", n)
+	}
 
 	consul.Start()
 	e.waitAdmitted(t, "vision", "waits", 90*time.Second)

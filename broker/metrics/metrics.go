@@ -6,6 +6,7 @@ package metrics
 
 import (
 	"context"
+	"net/http"
 	"sync"
 	"time"
 
@@ -52,6 +53,7 @@ type Metrics struct {
 	estimates  *prometheus.HistogramVec
 	allocs     *prometheus.CounterVec
 	scaleUp    *prometheus.HistogramVec
+	consulErrs *prometheus.CounterVec
 
 	scaleMu   sync.Mutex
 	scalingUp map[[2]string]scaleUp // admitted scale-ups waiting for an allocation to run
@@ -62,8 +64,9 @@ type scaleUp struct {
 	tenant, queue string
 }
 
-// New registers the broker's metrics, Go's and the process's.
-func New(src Sources) *Metrics {
+// New registers the broker's counters, Go's and the process's; Observe
+// adds what is read at each scrape.
+func New() *Metrics {
 	m := &Metrics{
 		Registry: prometheus.NewRegistry(),
 		admissions: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "nomadgpu_admissions_total",
@@ -100,11 +103,16 @@ func New(src Sources) *Metrics {
 		Help:    "From a scale-up the broker admitted to the first new allocation of that job running.",
 		Buckets: []float64{1, 2, 5, 10, 20, 30, 60, 120, 300, 600}}, []string{"tenant", "queue"})
 	m.scalingUp = map[[2]string]scaleUp{}
+	m.consulErrs = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "nomadgpu_consul_errors_total",
+		Help: "Requests to Consul that failed: unreachable (no answer) or server (a 5xx answer)."}, []string{"kind"})
 	m.Registry.MustRegister(m.admissions, m.decisions, m.gpuSeconds, m.auditFails, m.queueWait, m.preempted, m.lostWork, m.reclaimed,
-		m.requests, m.estimates, m.allocs, m.scaleUp, &scrape{src: src},
+		m.requests, m.estimates, m.allocs, m.scaleUp, m.consulErrs,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
+
+// Observe has each scrape read the cluster view, the policy and the queue.
+func (m *Metrics) Observe(src Sources) { m.Registry.MustRegister(&scrape{src: src}) }
 
 // Sources of admissions.
 const (
@@ -193,6 +201,28 @@ func (m *Metrics) Request(class string, took time.Duration) {
 		m.requests.WithLabelValues(class).Observe(took.Seconds())
 	}
 }
+
+// CountingTransport counts the failed requests next (nil: Go's default)
+// makes to Consul.
+func (m *Metrics) CountingTransport(next http.RoundTripper) http.RoundTripper {
+	if next == nil {
+		next = http.DefaultTransport
+	}
+	return roundTripper(func(req *http.Request) (*http.Response, error) {
+		resp, err := next.RoundTrip(req)
+		switch {
+		case err != nil && req.Context().Err() == nil:
+			m.consulErrs.WithLabelValues("unreachable").Inc()
+		case err == nil && resp.StatusCode >= 500:
+			m.consulErrs.WithLabelValues("server").Inc()
+		}
+		return resp, err
+	})
+}
+
+type roundTripper func(*http.Request) (*http.Response, error)
+
+func (f roundTripper) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
 
 // AuditFailure counts an audit line that could not be written.
 func (m *Metrics) AuditFailure() {

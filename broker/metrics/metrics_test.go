@@ -42,7 +42,8 @@ func TestScrapeReportsGPUsTenantsAndQueues(t *testing.T) {
 		Jobs:   []*api.Job{testbuild.Job("vision", "train").Group("g", 1, 3, "nvidia/gpu").Build()},
 		Allocs: []*api.Allocation{testbuild.Alloc("a", "vision", "train", "n1", 5, "n1-0", "n1-1", "n1-7").Build()}})
 	q := queuetest.NewMem(queue.Entry{ID: "e1", JobID: "waits", Namespace: "vision", Tenant: "vision", Queue: "training", Demand: 2})
-	m := metrics.New(metrics.Sources{Cluster: view, Policies: fixed{testbuild.Policy(t, src)}, Queue: q})
+	m := metrics.New()
+	m.Observe(metrics.Sources{Cluster: view, Policies: fixed{testbuild.Policy(t, src)}, Queue: q})
 	m.Admission(metrics.Submit, admission.Decision{Outcome: admission.Admit, Queue: "training"})
 	m.Decision("idle-dev", "stop", "executed")
 	m.GPUSeconds(map[usage.Key]usage.Seconds{{Tenant: "vision", Queue: "training", Class: "h100"}: {Allocated: 90, Busy: 60, Idle: 30}})
@@ -115,7 +116,7 @@ func TestANilMetricsCountsNothing(t *testing.T) {
 }
 
 func TestPreemptionsReclaimAndQueueWaits(t *testing.T) {
-	m := metrics.New(metrics.Sources{Cluster: cluster.NewView(nil), Policies: fixed{testbuild.Policy(t, src)}, Queue: queuetest.NewMem()})
+	m := metrics.New()
 	m.Preempted("vision", "training", 7200)
 	m.Preempted("vision", "training", 3600)
 	m.Reclaimed("idle-dev", "stop", 2)

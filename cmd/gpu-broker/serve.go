@@ -68,6 +68,7 @@ func serveErr(path string, log hclog.Logger) error {
 	if err != nil {
 		return err
 	}
+	metrics := brokermetrics.New()
 	consulCfg := consul.DefaultConfig()
 	consulCfg.Address, consulCfg.Token = cfg.Consul.Address, cfg.Consul.Token
 	if t := cfg.Consul.TLS; t != nil {
@@ -77,6 +78,8 @@ func serveErr(path string, log hclog.Logger) error {
 	if err != nil {
 		return fmt.Errorf("consul client: %w", err)
 	}
+	// The client keeps this *http.Client (TLS set up): count its failures.
+	consulCfg.HttpClient.Transport = metrics.CountingTransport(consulCfg.HttpClient.Transport)
 
 	key, err := stampKey(ctx, consulClient.KV(), cfg.Consul.KVPrefix)
 	if err != nil {
@@ -117,7 +120,7 @@ func serveErr(path string, log hclog.Logger) error {
 	forecast := &queue.Forecast{}
 	elector := &leader.Elector{Client: consulClient, Key: cfg.Consul.KVPrefix + "leader", Address: cfg.Advertise,
 		Log: log.Named("leader")}
-	metrics := brokermetrics.New(brokermetrics.Sources{Cluster: view, Policies: policies, Queue: store, Leader: elector})
+	metrics.Observe(brokermetrics.Sources{Cluster: view, Policies: policies, Queue: store, Leader: elector})
 	view.SetAllocEvents(metrics.AllocEvent)
 	resync := time.NewTicker(cfg.ResyncInterval)
 	defer resync.Stop()
