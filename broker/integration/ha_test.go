@@ -108,6 +108,23 @@ func leaderOf(consul *testcluster.Consul) string {
 	return string(pair.Value)
 }
 
+// startBrokerPair starts two brokers on one policy directory and waits for
+// one of them to lead.
+func startBrokerPair(t *testing.T, n *testcluster.Nomad, consul *testcluster.Consul, policyDir string) []*testcluster.Broker {
+	t.Helper()
+	brokers := []*testcluster.Broker{
+		testcluster.StartBroker(t, n, consul, policyDir),
+		testcluster.StartBroker(t, n, consul, policyDir),
+	}
+	testcluster.WaitFor(t, 30*time.Second, "a leader", func() error {
+		if leaderOf(consul) == "" {
+			return fmt.Errorf("no leader yet")
+		}
+		return nil
+	})
+	return brokers
+}
+
 // killLeader SIGKILLs the one of brokers that leads, and returns the other.
 func killLeader(t *testing.T, consul *testcluster.Consul, brokers []*testcluster.Broker) *testcluster.Broker {
 	t.Helper()

@@ -529,16 +529,7 @@ reclaim "unadmitted" {
   mode       = "enforce"
 }
 `)
-	brokers := []*testcluster.Broker{
-		testcluster.StartBroker(t, n, consul, policyDir),
-		testcluster.StartBroker(t, n, consul, policyDir),
-	}
-	testcluster.WaitFor(t, 30*time.Second, "a leader", func() error {
-		if leaderOf(consul) == "" {
-			return fmt.Errorf("no leader yet")
-		}
-		return nil
-	})
+	brokers := startBrokerPair(t, n, consul, policyDir)
 	direct := job("vision", "direct", api.JobTypeBatch).group("g", ptr(1), nil, task(dev("nvidia/gpu", 1))).j
 	if _, _, err := n.API.Jobs().Register(direct, nil); err != nil {
 		t.Fatal(err)

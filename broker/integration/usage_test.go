@@ -55,16 +55,7 @@ reclaim_settings {
   period = "1s"
 }
 `)
-	brokers := []*testcluster.Broker{
-		testcluster.StartBroker(t, n, consul, policyDir),
-		testcluster.StartBroker(t, n, consul, policyDir),
-	}
-	testcluster.WaitFor(t, 30*time.Second, "a leader", func() error {
-		if leaderOf(consul) == "" {
-			return fmt.Errorf("no leader yet")
-		}
-		return nil
-	})
+	brokers := startBrokerPair(t, n, consul, policyDir)
 	spec := job("vision", "train", api.JobTypeBatch).group("g", ptr(1), nil, task(dev("nvidia/gpu/"+testbuild.H100, 4)))
 	testcluster.WaitFor(t, 60*time.Second, "train admitted", func() error {
 		req, _ := http.NewRequest(http.MethodPut, brokers[0].Addr+"/v1/jobs", strings.NewReader(spec.body(nil, canonical)))

@@ -7,7 +7,6 @@ import (
 	"net/http"
 	"net/url"
 	"os"
-	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -78,19 +77,9 @@ func approvalCmd(args []string) int {
 			path += "/" + sub
 		}
 	}
-	hc, err := httpClient(*caCert)
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "gpu-broker: %v\n", err)
-		return 1
-	}
-	out, err := call(hc, method, strings.TrimRight(*addr, "/")+path, *token, body)
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "gpu-broker: %v\n", err)
-		return 1
-	}
-	if *asJSON {
-		os.Stdout.Write(out)
-		return 0
+	out, ok := fetch(*caCert, *addr, method, path, *token, body, *asJSON)
+	if !ok || *asJSON {
+		return exit(ok)
 	}
 	var list []approval.Approval
 	if sub == "list" {

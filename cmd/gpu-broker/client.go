@@ -96,19 +96,9 @@ func client(args []string) int {
 		fmt.Fprintf(os.Stderr, "gpu-broker %s: unknown subcommand %q\n", args[0], sub)
 		return 2
 	}
-	hc, err := httpClient(*caCert)
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "gpu-broker: %v\n", err)
-		return 1
-	}
-	body, err := call(hc, method, strings.TrimRight(*addr, "/")+path, *token, nil)
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "gpu-broker: %v\n", err)
-		return 1
-	}
-	if *asJSON {
-		os.Stdout.Write(body)
-		return 0
+	body, ok := fetch(*caCert, *addr, method, path, *token, nil, *asJSON)
+	if !ok || *asJSON {
+		return exit(ok)
 	}
 	if args[0] == "reclaim" {
 		return printDecisions(sub, body)
@@ -222,6 +212,32 @@ func httpClient(caCert string) (*http.Client, error) {
 	}
 	hc.Transport = &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}}
 	return hc, nil
+}
+
+// fetch calls the broker (trusting caCert) and returns the answer's body;
+// false (the error printed) when it failed. With asJSON the body is
+// printed as it came.
+func fetch(caCert, addr, method, path, token string, body []byte, asJSON bool) ([]byte, bool) {
+	hc, err := httpClient(caCert)
+	if err == nil {
+		body, err = call(hc, method, strings.TrimRight(addr, "/")+path, token, body)
+	}
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "gpu-broker: %v\n", err)
+		return nil, false
+	}
+	if asJSON {
+		os.Stdout.Write(body)
+	}
+	return body, true
+}
+
+// exit is the exit status of a command that did, or did not, succeed.
+func exit(ok bool) int {
+	if ok {
+		return 0
+	}
+	return 1
 }
 
 // call makes a request of the broker's API (with a JSON body unless nil)
