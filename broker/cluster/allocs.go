@@ -39,16 +39,20 @@ type Alloc struct {
 // demand, not allocations.
 func (v *View) ObserveAlloc(a *api.Allocation) {
 	v.mu.Lock()
-	v.observeAlloc(a, true)
+	changed := v.observeAlloc(a, true)
 	v.mu.Unlock()
+	if changed {
+		v.notify() // what stopped allocations held is free now
+	}
 }
 
 // observeAlloc records a; fromEvent: what became of it is told (a listing
-// says what is, not what happened).
-func (v *View) observeAlloc(a *api.Allocation, fromEvent bool) {
+// says what is, not what happened). It reports whether the GPUs counted as
+// used changed.
+func (v *View) observeAlloc(a *api.Allocation, fromEvent bool) bool {
 	old, had := v.allocs[a.ID]
 	if had && a.ModifyIndex < old.ModifyIndex {
-		return
+		return false
 	}
 	preempted := a.DesiredStatus == api.AllocDesiredStatusEvict && a.PreemptedByAllocation != ""
 	live := a.DesiredStatus == api.AllocDesiredStatusRun &&
@@ -77,9 +81,10 @@ func (v *View) observeAlloc(a *api.Allocation, fromEvent bool) {
 			v.allocEvent(ev)
 		}
 	}
+	changed := v.hold(a, live)
 	if (!preempted && !live) || len(gpus) == 0 {
 		delete(v.allocs, a.ID)
-		return
+		return changed
 	}
 	out := Alloc{ID: a.ID, Namespace: a.Namespace, JobID: a.JobID, Group: a.TaskGroup, NodeID: a.NodeID,
 		CreateIndex: a.CreateIndex, Preempted: preempted, GPUs: gpus, ModifyIndex: a.ModifyIndex, Tenant: tenant, Queue: queue}
@@ -97,6 +102,51 @@ func (v *View) observeAlloc(a *api.Allocation, fromEvent bool) {
 		}
 	}
 	v.allocs[a.ID] = out
+	return changed
+}
+
+// hold is what a live allocation holds, by model, for its job.
+type hold struct {
+	key     jobKey
+	byModel map[string]int
+}
+
+// hold records what a holds while live (running or pending), and what it
+// no longer holds otherwise; it reports whether the GPUs counted as used
+// changed.
+func (v *View) hold(a *api.Allocation, live bool) bool {
+	key := jobKey{a.Namespace, a.JobID}
+	if old, ok := v.holds[a.ID]; ok {
+		for m, n := range old.byModel {
+			if v.heldBy[key][m] -= n; v.heldBy[key][m] <= 0 {
+				delete(v.heldBy[key], m)
+			}
+		}
+		if len(v.heldBy[key]) == 0 {
+			delete(v.heldBy, key)
+		}
+		delete(v.holds, a.ID)
+	}
+	if live && a.AllocatedResources != nil {
+		h := hold{key: key, byModel: map[string]int{}}
+		for _, t := range a.AllocatedResources.Tasks {
+			for _, d := range t.Devices {
+				if d != nil && nomadjob.IsGPUGroup(d.Vendor, d.Type) {
+					h.byModel[d.Name] += len(d.DeviceIDs)
+				}
+			}
+		}
+		if len(h.byModel) > 0 {
+			v.holds[a.ID] = h
+			if v.heldBy[key] == nil {
+				v.heldBy[key] = map[string]int{}
+			}
+			for m, n := range h.byModel {
+				v.heldBy[key][m] += n
+			}
+		}
+	}
+	return v.reexcess(key)
 }
 
 // AllocEvent is what became of a GPU allocation: Event is running (its

@@ -4,6 +4,8 @@
 package cluster
 
 import (
+	"maps"
+	"sort"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -32,9 +34,18 @@ type View struct {
 	total    map[string]int            // GPUs live jobs hold, by model, all namespaces
 	reserved map[jobKey]reservation    // admitted, maybe not seen in an event yet
 	allocs   map[string]Alloc          // allocations holding GPUs, by id
-	nextRes  uint64
-	changed  chan struct{}
-	synced   bool // a full listing has been applied
+	// What running and pending allocations hold beyond their job's demand
+	// (all they hold once the job is stopped): counted as used until Nomad
+	// stops them, so that GPUs a stop or scale-down frees are not admitted
+	// twice in between.
+	holds  map[string]hold           // by allocation id
+	heldBy map[jobKey]map[string]int // GPUs by model, of a job's live allocations
+	excess map[jobKey]map[string]int // of which beyond its demand, in the totals
+	// excessBorrowed: the excess was counted as borrowed (its job\'s flag then).
+	excessBorrowed map[jobKey]bool
+	nextRes        uint64
+	changed        chan struct{}
+	synced         bool // a full listing has been applied
 
 	index    atomic.Uint64 // of the last event or listing applied
 	relisted atomic.Uint64 // full listings made
@@ -117,7 +128,8 @@ func NewView(verify func(*api.Job) bool) *View {
 	}
 	return &View{verify: verify, now: time.Now, nodes: map[string]node{}, jobs: map[jobKey]job{},
 		canaries: map[jobKey]map[string]int{}, held: map[string]*byModel{}, total: map[string]int{},
-		reserved: map[jobKey]reservation{}, allocs: map[string]Alloc{}, changed: make(chan struct{}, 1), nodesDirty: true}
+		reserved: map[jobKey]reservation{}, allocs: map[string]Alloc{}, holds: map[string]hold{}, heldBy: map[jobKey]map[string]int{},
+		excess: map[jobKey]map[string]int{}, excessBorrowed: map[jobKey]bool{}, changed: make(chan struct{}, 1), nodesDirty: true}
 }
 
 // SetBudgets has admission see which tenants spent their GPU-hour budget
@@ -147,6 +159,8 @@ func (v *View) Reset(snap Snapshot) {
 	v.mu.Lock()
 	v.nodes, v.jobs, v.held, v.total, v.nodesDirty = map[string]node{}, map[jobKey]job{}, map[string]*byModel{}, map[string]int{}, true
 	v.canaries, v.allocs = map[jobKey]map[string]int{}, map[string]Alloc{}
+	v.holds, v.heldBy, v.excess = map[string]hold{}, map[jobKey]map[string]int{}, map[jobKey]map[string]int{}
+	v.excessBorrowed = map[jobKey]bool{}
 	for _, n := range snap.Nodes {
 		v.observeNode(n)
 	}
@@ -550,6 +564,7 @@ func (v *View) add(key jobKey, j job) {
 	}
 	v.jobs[key] = j
 	v.account(key.namespace, j, 1)
+	v.reexcess(key)
 	v.settle(key)
 }
 
@@ -557,7 +572,54 @@ func (v *View) remove(key jobKey) {
 	if old, ok := v.jobs[key]; ok {
 		v.account(key.namespace, old, -1)
 		delete(v.jobs, key)
+		v.reexcess(key)
 	}
+}
+
+// reexcess recounts in the totals what a job's live allocations hold beyond
+// its demand (all of it once the job is gone); it reports whether that changed.
+func (v *View) reexcess(key jobKey) bool {
+	old := v.excess[key]
+	if old != nil {
+		v.account(key.namespace, job{demand: old, borrowed: v.excessBorrowed[key]}, -1)
+		delete(v.excess, key)
+		delete(v.excessBorrowed, key)
+	}
+	held := v.heldBy[key]
+	if len(held) == 0 {
+		return old != nil
+	}
+	demand := v.jobs[key].demand
+	over := 0
+	for _, n := range held {
+		over += n
+	}
+	for _, n := range demand {
+		over -= n
+	}
+	if over <= 0 {
+		return old != nil
+	}
+	models := make([]string, 0, len(held))
+	for m := range held {
+		models = append(models, m)
+	}
+	sort.Strings(models)
+	ex := map[string]int{}
+	// Models the demand names count against it first; the rest is excess.
+	for _, m := range models {
+		if take := min(over, max(0, held[m]-demand[m])); take > 0 {
+			ex[m], over = take, over-take
+		}
+	}
+	for _, m := range models {
+		if take := min(over, held[m]-ex[m]); take > 0 {
+			ex[m], over = ex[m]+take, over-take
+		}
+	}
+	v.excess[key], v.excessBorrowed[key] = ex, v.jobs[key].borrowed
+	v.account(key.namespace, job{demand: ex, borrowed: v.jobs[key].borrowed}, 1)
+	return !maps.Equal(old, ex)
 }
 
 // account adds (sign 1) or removes (-1) a job's demand from its namespace's totals.
