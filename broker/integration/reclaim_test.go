@@ -611,8 +611,11 @@ reclaim "dev-ttl" {
 		return at
 	}
 	short, def := stoppedAfter("short"), stoppedAfter("default")
-	if short >= def || def < 8*time.Second {
+	if short >= 7*time.Second || def < 8*time.Second {
 		t.Errorf("stopped after %s (ttl 3s) and %s (lifetime 8s)", short, def)
+	}
+	if job := e.job("vision", "short"); job.Meta["nomad-gpu.ttl"] != "3s" {
+		t.Errorf("the job's own ttl did not reach Nomad: meta %v", job.Meta)
 	}
 }
 

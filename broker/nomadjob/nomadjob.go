@@ -61,8 +61,8 @@ func BrokerMeta(d admission.Decision, stamp string) map[string]string {
 type Stamper struct{ Key []byte }
 
 // Stamp is "v2:<signature>" over what the admission decided: namespace, job
-// id, tenant, queue, priority, borrowed, and each GPU task group's name, model,
-// GPUs per allocation and count. It has no time in it, so that registering the
+// id, tenant, queue, priority, borrowed, each GPU task group's name, model,
+// GPUs per allocation and count, and the job's nomad-gpu.ttl if it has one. It has no time in it, so that registering the
 // same job again changes nothing in Nomad.
 func (s Stamper) Stamp(namespace string, job *api.Job, d admission.Decision) string {
 	return "v2:" + s.sign(namespace, job, d.Tenant, d.Queue, d.Priority, strconv.FormatBool(d.Outcome == admission.AdmitBorrowed), nil)
@@ -145,6 +145,11 @@ func (s Stamper) sign(namespace string, job *api.Job, tenant, queue string, prio
 		for _, m := range perModel {
 			fields = append(fields, fmt.Sprintf("%s\x01%s\x01%d\x01%d", deref(tg.Name), m.model, m.gpus, count))
 		}
+	}
+	if ttl := job.Meta[MetaTTL]; ttl != "" {
+		// The lifetime admission allowed: one written into Nomad later is
+		// not. (Absent, nothing is added: stamps made before it still verify.)
+		fields = append(fields, "\x02ttl\x01"+ttl)
 	}
 	for _, f := range fields {
 		fmt.Fprintf(mac, "%d:%s", len(f), f) // length-prefixed: no two field lists sign alike

@@ -182,7 +182,8 @@ func TestReadRequestReadsKeysAsNomadDoes(t *testing.T) {
 }
 
 func TestStampReplacesTheCallersBrokerMetaWhateverTheSpelling(t *testing.T) {
-	body := `{"Job":{"ID":"j","Priority":90,"Meta":{"NOMAD-GPU.borrowed":"false","nomad-gpu.admission":"v2:copied","Nomad-Gpu.Tenant":"x","team":"cv"},
+	body := `{"Job":{"ID":"j","Priority":90,"Meta":{"NOMAD-GPU.borrowed":"false","nomad-gpu.admission":"v2:copied","Nomad-Gpu.Tenant":"x","team":"cv",
+	  "nomad-gpu.ttl":"2h","Nomad-GPU.TTL":"9h"},
 	  "TaskGroups":[{"Name":"g","Tasks":[{"Name":"t","Resources":{"Devices":[{"Name":"gpu"}]}}]}]}}`
 	r, err := read(t, body, "")
 	if err != nil {
@@ -192,8 +193,9 @@ func TestStampReplacesTheCallersBrokerMetaWhateverTheSpelling(t *testing.T) {
 	r.Stamp(d, "v2:sig")
 	var back api.JobRegisterRequest
 	json.Unmarshal(r.Body(), &back)
+	// The caller's own lifetime stays (exactly so spelt: what admission read).
 	want := map[string]string{"team": "cv", "nomad-gpu.tenant": "vision", "nomad-gpu.queue": "training", "nomad-gpu.workload": "",
-		"nomad-gpu.borrowed": "true", "nomad-gpu.admission": "v2:sig"}
+		"nomad-gpu.borrowed": "true", "nomad-gpu.admission": "v2:sig", "nomad-gpu.ttl": "2h"}
 	if len(back.Job.Meta) != len(want) || *back.Job.Priority != 20 {
 		t.Fatalf("meta %v priority %d", back.Job.Meta, *back.Job.Priority)
 	}
@@ -254,6 +256,7 @@ func TestStampCoversWhatAdmissionDecidedOn(t *testing.T) {
 		"model":     func(j *api.Job) { j.TaskGroups[0].Tasks[0].Resources.Devices[0].Name = "nvidia/gpu/H100" },
 		"borrowed":  func(j *api.Job) { j.Meta[nomadjob.MetaBorrowed] = "true" },
 		"tenant":    func(j *api.Job) { j.Meta[nomadjob.MetaTenant] = "search" },
+		"ttl":       func(j *api.Job) { j.Meta[nomadjob.MetaTTL] = "99h" },
 		"another group": func(j *api.Job) {
 			j.TaskGroups = append(j.TaskGroups, build().TaskGroups[0])
 		},

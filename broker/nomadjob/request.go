@@ -150,12 +150,13 @@ func (r *Request) Pin() {
 }
 
 // Stamp writes an admission into the document: the priority, and the broker's
-// meta keys in place of any the caller wrote, whatever their spelling.
+// meta keys in place of any the caller wrote, whatever their spelling. The
+// caller's nomad-gpu.ttl (exactly so spelt: what admission read) stays.
 func (r *Request) Stamp(d admission.Decision, stamp string) {
 	job := r.Doc.Root().Get("Job")
 	job.Set("Priority", d.Priority)
 	meta := job.Object("Meta")
-	meta.Delete(IsBrokerMeta)
+	meta.Delete(func(k string) bool { return IsBrokerMeta(k) && k != MetaTTL })
 	for k, v := range BrokerMeta(d, stamp) {
 		meta.Set(k, v)
 	}
