@@ -34,6 +34,11 @@ const (
 	RuleInvalidTTL        = "invalid-ttl"
 	// RuleOverBudget admits a tenant's job borrowed: it spent its budget.
 	RuleOverBudget = "over-budget"
+	// Workload rules.
+	RuleWorkloadMaxGPUs   = "workload-max-gpus"
+	RuleRequireUpdate     = "workload-require-update"
+	RuleGang              = "workload-gang"
+	RuleProtectedMinCount = "workload-protect-min-count"
 )
 
 // Job is the GPU demand of a job, as admission sees it.
@@ -44,6 +49,9 @@ type Job struct {
 	// TTL is the lifetime the job asks for (meta nomad-gpu.ttl), as written.
 	TTL    string
 	Groups []Group
+	// CanaryAutoRevert: every GPU group has an update block with canaries
+	// and auto_revert (a workload's require_update asks for it).
+	CanaryAutoRevert bool
 }
 
 // Group is one task group's GPU demand.
@@ -59,6 +67,16 @@ type Usage struct {
 	Tenants  map[string]TenantUsage
 	Idle     policy.Quota // healthy GPUs nobody holds, by class and in all
 	MaxAlloc policy.Quota // most healthy GPUs on any one node, by class and in all
+	// Nodes are the schedulable nodes' GPUs, for gang workloads (filled
+	// only when the policy has one).
+	Nodes []NodeRoom
+}
+
+// NodeRoom is what one schedulable node has for a new allocation: healthy
+// GPUs nobody holds, and those borrowed work holds (Nomad preempts it for
+// work within a guarantee).
+type NodeRoom struct {
+	Free, Borrowed int
 }
 
 // TenantUsage is what a tenant holds now.
@@ -137,6 +155,13 @@ func Decide(p *policy.Policy, job Job, u Usage) Decision {
 	}
 	q := p.Queues[d.Queue]
 	d.Workload = q.Workload
+	w := p.Workloads[q.Workload]
+	if w != nil && w.MaxGPUs > 0 && demand[policy.AllGPUs] > w.MaxGPUs {
+		return reject(d, RuleWorkloadMaxGPUs, fmt.Sprintf("workload %q jobs take at most %d GPUs; this one asks for %d", w.Name, w.MaxGPUs, demand[policy.AllGPUs]))
+	}
+	if w != nil && w.RequireUpdate && !job.CanaryAutoRevert {
+		return reject(d, RuleRequireUpdate, fmt.Sprintf("workload %q jobs need an update block with canary > 0 and auto_revert = true in every GPU task group (or the job)", w.Name))
+	}
 	if rule, why := ttlRefused(p, job.TTL, d); why != "" {
 		return reject(d, rule, why)
 	}
@@ -166,6 +191,12 @@ func Decide(p *policy.Policy, job Job, u Usage) Decision {
 				demand[class], gpus(class), tenant.Name, limit))
 		}
 	}
+	return workloadGate(w, job, u, decideQuota(p, u, d, tenant, q, demand))
+}
+
+// decideQuota admits within the guarantee, borrowed within the limit on
+// idle GPUs, or queues.
+func decideQuota(p *policy.Policy, u Usage, d Decision, tenant *policy.Tenant, q *policy.Queue, demand policy.Quota) Decision {
 	used, over := u.Tenants[tenant.Name].Used, u.Tenants[tenant.Name].OverBudget
 	if within(used, demand, tenant.Guaranteed, true) {
 		if over != "" {
@@ -195,6 +226,70 @@ func Decide(p *policy.Policy, job Job, u Usage) Decision {
 		d.Reason = fmt.Sprintf("beyond tenant %q's guarantee and only %d GPUs are idle; queued until GPUs free", tenant.Name, u.Idle[policy.AllGPUs])
 	}
 	return d
+}
+
+// workloadGate holds back an admission its workload does not allow yet: a
+// gang whose allocations do not all fit node by node, or borrowed work whose
+// minimum replicas must not be preemptible.
+func workloadGate(w *policy.Workload, job Job, u Usage, d Decision) Decision {
+	if w == nil || (d.Outcome != Admit && d.Outcome != AdmitBorrowed) {
+		return d
+	}
+	if w.ProtectMinCount && d.Outcome == AdmitBorrowed {
+		d.Outcome, d.WaitsFor, d.Priority, d.Rule = Queue, WaitLimit, 0, RuleProtectedMinCount
+		d.Reason = fmt.Sprintf("workload %q is never admitted borrowed (its minimum replicas must not be preempted): queued until its tenant's guarantee has room", w.Name)
+		return d
+	}
+	if w.Gang && u.Nodes != nil {
+		if sizes := allocSizes(job); len(sizes) > 1 && !packs(sizes, u.Nodes, d.Outcome == Admit) {
+			free := make([]int, len(u.Nodes))
+			for i, n := range u.Nodes {
+				free[i] = n.Free
+			}
+			d.Outcome, d.WaitsFor, d.Priority, d.Rule = Queue, WaitCapacity, 0, RuleGang
+			d.Reason = fmt.Sprintf("workload %q is a gang: its %d allocations (%v GPUs) do not all fit the free GPUs node by node (free per node: %v); queued, not placed in part",
+				w.Name, len(sizes), sizes, free)
+		}
+	}
+	return d
+}
+
+// allocSizes are the GPUs of each allocation of a job, largest first.
+func allocSizes(job Job) []int {
+	var out []int
+	for _, g := range job.Groups {
+		for i := 0; i < g.Count; i++ {
+			out = append(out, g.GPUsPerAlloc)
+		}
+	}
+	sort.Sort(sort.Reverse(sort.IntSlice(out)))
+	return out
+}
+
+// packs reports whether allocations of sizes (largest first) fit nodes,
+// first fit; with preempt, GPUs borrowed work holds count as room.
+func packs(sizes []int, nodes []NodeRoom, preempt bool) bool {
+	room := make([]int, len(nodes))
+	for i, n := range nodes {
+		room[i] = n.Free
+		if preempt {
+			room[i] += n.Borrowed
+		}
+	}
+	for _, s := range sizes {
+		placed := false
+		for i := range room {
+			if room[i] >= s {
+				room[i] -= s
+				placed = true
+				break
+			}
+		}
+		if !placed {
+			return false
+		}
+	}
+	return true
 }
 
 // within reports whether used+demand stays inside quota for every class the

@@ -180,3 +180,67 @@ reclaim "dev-ttl" {
 		}
 	}
 }
+
+func TestWorkloadClasses(t *testing.T) {
+	p, diags := policy.Parse(map[string][]byte{"p.hcl": []byte(`
+queue "training" {
+  priority = 60
+}
+queue "inference" { priority = 80 }
+queue "dev" { priority = 40 }
+workload "training" {
+  gang = true
+}
+workload "inference" {
+  require_update    = true
+  protect_min_count = true
+}
+workload "dev" {
+  max_gpus = 1
+}
+tenant "vision" {
+  namespaces = ["vision"]
+  queues     = ["training", "inference", "dev"]
+  guaranteed = 12
+  limit      = 16
+}
+borrowing {
+  enabled  = true
+  priority = 20
+}`)}, 0)
+	if diags.HasErrors() {
+		t.Fatal(policy.FormatDiagnostics(diags))
+	}
+	// 2 nodes × 8 GPUs, 5 free on each (3 held by others on each).
+	u := cluster(10, map[string]int{"search": 6})
+	u.Nodes = []admission.NodeRoom{{Free: 5}, {Free: 5}}
+	gang := job("vision").gpus(2, 6)
+	if d := admission.Decide(p, gang.Job, u); d.Outcome != admission.Queue || d.Rule != admission.RuleGang || d.WaitsFor != admission.WaitCapacity ||
+		!strings.Contains(d.Reason, "do not all fit the free GPUs node by node (free per node: [5 5])") {
+		t.Errorf("2 × 6 GPUs on 5 + 5 free: %s %s: %s", d.Outcome, d.Rule, d.Reason)
+	}
+	if d := admission.Decide(p, job("vision").gpus(2, 5).Job, u); d.Outcome != admission.Admit {
+		t.Errorf("2 × 5 GPUs on 5 + 5 free: %s: %s", d.Outcome, d.Reason)
+	}
+	// Within its guarantee, GPUs borrowed work holds count: Nomad preempts it.
+	u.Nodes = []admission.NodeRoom{{Free: 5, Borrowed: 3}, {Free: 5, Borrowed: 3}}
+	if d := admission.Decide(p, gang.Job, u); d.Outcome != admission.Admit {
+		t.Errorf("2 × 6 GPUs with borrowed work to preempt: %s: %s", d.Outcome, d.Reason)
+	}
+	if d := admission.Decide(p, job("vision").gpus(2, 1).queue("dev").Job, u); d.Outcome != admission.Reject || d.Rule != admission.RuleWorkloadMaxGPUs {
+		t.Errorf("2 GPUs for dev: %s %s", d.Outcome, d.Rule)
+	}
+	inference := job("vision").gpus(2, 1).queue("inference")
+	if d := admission.Decide(p, inference.Job, u); d.Outcome != admission.Reject || d.Rule != admission.RuleRequireUpdate {
+		t.Errorf("inference without canary: %s %s", d.Outcome, d.Rule)
+	}
+	inference.CanaryAutoRevert = true
+	if d := admission.Decide(p, inference.Job, u); d.Outcome != admission.Admit || d.Priority != 80 {
+		t.Errorf("inference with canary: %s %d: %s", d.Outcome, d.Priority, d.Reason)
+	}
+	// Beyond its guarantee it would be borrowed: protected, it waits instead.
+	full := cluster(10, map[string]int{"vision": 12})
+	if d := admission.Decide(p, inference.Job, full); d.Outcome != admission.Queue || d.Rule != admission.RuleProtectedMinCount || d.WaitsFor != admission.WaitLimit {
+		t.Errorf("inference beyond guarantee: %s %s: %s", d.Outcome, d.Rule, d.Reason)
+	}
+}

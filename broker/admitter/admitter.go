@@ -154,6 +154,7 @@ func (a *Admitter) Pass(ctx context.Context) (int, error) {
 			continue
 		}
 		req.Pin()
+		req.ApplyWorkload(p.WorkloadFor(e.Namespace, req.Job.Meta[nomadjob.MetaQueue]))
 		approved, priority := p, 0
 		if a.Approvals != nil {
 			approved, priority = approval.Apply(p, a.Approvals.Current(), e.Namespace, e.JobID, a.Now())

@@ -445,6 +445,9 @@ func (v *View) usageWithout(p *policy.Policy, namespace, id string) admission.Us
 		v.capPolicy, v.nodesDirty = p, false
 	}
 	u := admission.Usage{Tenants: map[string]admission.TenantUsage{}, Idle: policy.Quota{}, MaxAlloc: copyQuota(v.maxAlloc)}
+	if hasGang(p) {
+		u.Nodes = v.nodeRooms()
+	}
 	except := jobKey{namespace, id}
 	// What live reservations add beyond the jobs' recorded demand, by namespace.
 	extra, extraBorrowed := v.reservationExtra(except)
@@ -706,4 +709,44 @@ func (v *View) HasJob(namespace, id string) bool {
 	defer v.mu.RUnlock()
 	_, ok := v.jobs[jobKey{namespace, id}]
 	return ok
+}
+
+func hasGang(p *policy.Policy) bool {
+	for _, w := range p.Workloads {
+		if w.Gang {
+			return true
+		}
+	}
+	return false
+}
+
+// nodeRooms is, per schedulable node, its healthy GPUs no live allocation
+// holds, and those that allocations of borrowed jobs hold.
+func (v *View) nodeRooms() []admission.NodeRoom {
+	held, borrowed := map[string]int{}, map[string]int{}
+	for _, a := range v.allocs {
+		if a.Preempted {
+			continue
+		}
+		held[a.NodeID] += len(a.GPUs)
+		if v.jobs[jobKey{a.Namespace, a.JobID}].borrowed {
+			borrowed[a.NodeID] += len(a.GPUs)
+		}
+	}
+	ids := make([]string, 0, len(v.nodes))
+	for id, n := range v.nodes {
+		if n.schedulable {
+			ids = append(ids, id)
+		}
+	}
+	sort.Strings(ids)
+	out := make([]admission.NodeRoom, 0, len(ids))
+	for _, id := range ids {
+		healthy := 0
+		for _, c := range v.nodes[id].gpus {
+			healthy += c
+		}
+		out = append(out, admission.NodeRoom{Free: max(healthy-held[id], 0), Borrowed: borrowed[id]})
+	}
+	return out
 }

@@ -43,7 +43,8 @@ func Admission(job *api.Job, nodesFitting func(string, int) int) (admission.Job,
 		return admission.Job{ID: deref(job.ID), Namespace: Namespace(job)}, nil
 	}
 	groups, err := Groups(job, Placement{NodesFitting: nodesFitting})
-	return admission.Job{ID: deref(job.ID), Namespace: Namespace(job), Queue: job.Meta[MetaQueue], TTL: job.Meta[MetaTTL], Groups: groups}, err
+	return admission.Job{ID: deref(job.ID), Namespace: Namespace(job), Queue: job.Meta[MetaQueue], TTL: job.Meta[MetaTTL], Groups: groups,
+		CanaryAutoRevert: CanaryAutoRevert(job)}, err
 }
 
 // IsParent reports whether a job only launches other jobs: parameterized

@@ -5,11 +5,13 @@ import (
 	"net/url"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/hashicorp/nomad/api"
 
 	"github.com/nomad-gpu/nomad-gpu/broker/admission"
 	"github.com/nomad-gpu/nomad-gpu/broker/nomadjob"
+	"github.com/nomad-gpu/nomad-gpu/broker/policy"
 	"github.com/nomad-gpu/nomad-gpu/internal/testbuild"
 )
 
@@ -301,5 +303,41 @@ func TestAScaleThroughTheBrokerKeepsTheJobVerifiable(t *testing.T) {
 	j.Meta[nomadjob.MetaAdmission] = "v2:"
 	if s.Verify(j) || s.VerifyScaled(j, nomadjob.ScaleGrant{Stamp: "v2:", Admitted: map[string]int{"g": 3}}) {
 		t.Error("an empty signature verified")
+	}
+}
+
+func TestAWorkloadWritesWhatTheJobLeavesOpen(t *testing.T) {
+	body := `{"Job":{"ID":"j","Meta":{"team":"cv"},"TaskGroups":[
+	  {"Name":"open","Tasks":[{"Name":"a","Resources":{"Devices":[{"Name":"gpu"}]}},{"Name":"b","KillTimeout":300000000000}]},
+	  {"Name":"set","RestartPolicy":{"Attempts":0},"Tasks":[{"Name":"c","KillTimeout":1000000000,"Resources":{"Devices":[{"Name":"gpu"}]}}]},
+	  {"Name":"cpu","Tasks":[{"Name":"d"}]}]}}`
+	r, err := read(t, body, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := &policy.Workload{Name: "training", DefaultTTL: 8 * time.Hour, RestartAttempts: 3, CheckpointGrace: 2 * time.Minute}
+	notes := r.ApplyWorkload(w)
+	var back api.JobRegisterRequest
+	if err := json.Unmarshal(r.Body(), &back); err != nil {
+		t.Fatal(err)
+	}
+	groups := back.Job.TaskGroups
+	if back.Job.Meta["nomad-gpu.ttl"] != "8h0m0s" || back.Job.Meta["team"] != "cv" {
+		t.Errorf("meta %v", back.Job.Meta)
+	}
+	if groups[0].RestartPolicy == nil || *groups[0].RestartPolicy.Attempts != 3 || *groups[1].RestartPolicy.Attempts != 0 || groups[2].RestartPolicy != nil {
+		t.Errorf("restart: %+v %+v %+v", groups[0].RestartPolicy, groups[1].RestartPolicy, groups[2].RestartPolicy)
+	}
+	if *groups[0].Tasks[0].KillTimeout != 2*time.Minute || *groups[0].Tasks[1].KillTimeout != 5*time.Minute ||
+		*groups[1].Tasks[0].KillTimeout != 2*time.Minute || groups[2].Tasks[0].KillTimeout != nil {
+		t.Errorf("kill timeouts: %v %v %v", *groups[0].Tasks[0].KillTimeout, *groups[0].Tasks[1].KillTimeout, *groups[1].Tasks[0].KillTimeout)
+	}
+	if len(notes) != 4 || r.Admission(nil).TTL != "8h0m0s" {
+		t.Errorf("notes %q, admission ttl %q", notes, r.Admission(nil).TTL)
+	}
+	// A job that sets its own lifetime keeps it.
+	r, _ = read(t, `{"Job":{"ID":"j","Meta":{"nomad-gpu.ttl":"1h"},"TaskGroups":[{"Name":"g","Tasks":[{"Name":"t","Resources":{"Devices":[{"Name":"gpu"}]}}]}]}}`, "")
+	if r.ApplyWorkload(&policy.Workload{Name: "dev", DefaultTTL: 8 * time.Hour}); r.Admission(nil).TTL != "1h" {
+		t.Errorf("own ttl overridden: %q", r.Admission(nil).TTL)
 	}
 }

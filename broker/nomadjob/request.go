@@ -118,7 +118,8 @@ func (r *Request) Groups(current *api.Job, nodesFitting func(string, int) int) (
 
 // Admission is the request as admission sees it.
 func (r *Request) Admission(groups []admission.Group) admission.Job {
-	return admission.Job{ID: r.JobID, Namespace: r.Namespace, Queue: r.Job.Meta[MetaQueue], TTL: r.Job.Meta[MetaTTL], Groups: groups}
+	return admission.Job{ID: r.JobID, Namespace: r.Namespace, Queue: r.Job.Meta[MetaQueue], TTL: r.Job.Meta[MetaTTL], Groups: groups,
+		CanaryAutoRevert: CanaryAutoRevert(r.Job)}
 }
 
 // Pin writes into the document what Nomad must read exactly as the broker

@@ -24,6 +24,7 @@ var fileSchema = &hcl.BodySchema{Attributes: []hcl.AttributeSchema{{Name: "curre
 	{Type: "reclaim_settings"},
 	{Type: "usage"},
 	{Type: "fair_share"},
+	{Type: "workload", LabelNames: []string{"name"}},
 }}
 
 type regionBody struct {
@@ -74,7 +75,7 @@ const defaultBorrowingPriority = 20
 // the cluster's GPU count for the over-commitment warning (0: unknown, no check).
 func Parse(files map[string][]byte, capacity int) (*Policy, hcl.Diagnostics) {
 	p := &Policy{Queues: map[string]*Queue{}, Tenants: map[string]*Tenant{}, Classes: map[string]*GPUClass{}, Regions: map[string]*Region{},
-		Reclaim: map[string]*ReclaimRule{}, ReclaimSettings: ReclaimSettings{Period: DefaultReclaimPeriod, Retention: DefaultReclaimRetention},
+		Reclaim: map[string]*ReclaimRule{}, Workloads: map[string]*Workload{}, ReclaimSettings: ReclaimSettings{Period: DefaultReclaimPeriod, Retention: DefaultReclaimRetention},
 		Borrowing: Borrowing{Priority: defaultBorrowingPriority}, Preemption: Preemption{Batch: true, Service: true},
 		Usage: Usage{IdleBelow: DefaultIdleBelow, Retention: DefaultUsageRetention}, Currency: DefaultCurrency,
 		FairShare: FairShare{HalfLife: DefaultHalfLife, IdleWeight: DefaultIdleWeight}, byNamespace: map[string]*Tenant{}}
@@ -173,6 +174,8 @@ func Parse(files map[string][]byte, capacity int) (*Policy, hcl.Diagnostics) {
 				p.Regions[r.Name] = r
 			case "reclaim":
 				diags = append(diags, p.addReclaim(b)...)
+			case "workload":
+				diags = append(diags, p.addWorkload(b)...)
 			case "borrowing", "preemption", "reclaim_settings", "usage", "fair_share":
 				if prev, dup := seenSingleton[b.Type]; dup {
 					diags = append(diags, duplicate(b.Type, "", b.DefRange, prev))
@@ -187,6 +190,7 @@ func Parse(files map[string][]byte, capacity int) (*Policy, hcl.Diagnostics) {
 		diags = append(diags, p.addTenant(b, tenantBodies[i])...)
 	}
 	diags = append(diags, p.checkReclaimSelectors()...)
+	diags = append(diags, p.checkWorkloads()...)
 	diags = append(diags, p.check(capacity, seenSingleton["borrowing"])...)
 	if diags.HasErrors() {
 		return nil, diags

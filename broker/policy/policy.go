@@ -41,6 +41,8 @@ type Policy struct {
 	FairShare FairShare
 	// Approvers may grant approvals (top-level approvers).
 	Approvers []string
+	// Workloads say how each kind of GPU work is treated, by name.
+	Workloads map[string]*Workload
 
 	byNamespace map[string]*Tenant
 }

@@ -109,6 +109,10 @@ func TestReclaimRuleDiagnostics(t *testing.T) {
 			`reclaim.hcl:4:3: error: Invalid budget period: tenant "t": budget period "year" is none of "day", "week", "month"`},
 		{"bad approver", "approvers = [\"ops\", \"group:sre\"]\n",
 			`reclaim.hcl:1:1: error: Invalid approver: approvers: "group:sre" is neither a token name nor "role:<name>" or "policy:<name>"`},
+		{"queue of no workload", "workload \"dev\" {\n  max_gpus = 1\n}\n",
+			`queues.hcl:2:1: error: Unknown workload: queue "inference" has workload "inference", which no workload block defines`},
+		{"bad default ttl", "workload \"dev\" {\n  default_ttl = \"a day\"\n}\n",
+			`reclaim.hcl:2:3: error: Invalid workload: workload "dev": default_ttl = "a day" is not a duration above 0`},
 		{"unknown attribute", rule(`idle = true`, `action = "stop"`),
 			`reclaim.hcl:2:3: error: Unsupported argument: An argument named "idle" is not expected here.`},
 	}

@@ -102,6 +102,7 @@ func (s *Server) register(w http.ResponseWriter, r *http.Request, pathJobID stri
 		s.registerParent(w, r, rj)
 		return
 	}
+	wrote := rj.ApplyWorkload(s.policies.Current().WorkloadFor(rj.Namespace, rj.Job.Meta[nomadjob.MetaQueue]))
 	d, res := s.admit(rj.Namespace, rj.JobID, rj.Admission(rj.groups))
 	who := s.identity(r)
 	s.metrics.Admission(metrics.Submit, d)
@@ -115,7 +116,7 @@ func (s *Server) register(w http.ResponseWriter, r *http.Request, pathJobID stri
 			writeError(w, http.StatusForbidden, "nomad-gpu: job %q rejected by rule %s: %s", rj.JobID, d.Rule, d.Reason)
 		}
 	case admission.Queue:
-		s.enqueue(w, r, rj, d, who, event)
+		s.enqueue(w, r, rj, d, who, event, workloadWarning(wrote))
 	default:
 		if !s.audited(w, event) {
 			res.Release()
@@ -130,8 +131,16 @@ func (s *Server) register(w http.ResponseWriter, r *http.Request, pathJobID stri
 			writeError(w, http.StatusBadGateway, "nomad-gpu: Nomad is unreachable: %v", err)
 			return
 		}
-		s.relayRegistered(w, resp, res, admittedWarning(d), s.rightSizingWarning(rj.Namespace, rj.JobID, d))
+		s.relayRegistered(w, resp, res, admittedWarning(d), workloadWarning(wrote), s.rightSizingWarning(rj.Namespace, rj.JobID, d))
 	}
+}
+
+// workloadWarning tells the user what the job's workload wrote into it.
+func workloadWarning(wrote []string) string {
+	if len(wrote) == 0 {
+		return ""
+	}
+	return "nomad-gpu: written into the job for its workload: " + strings.Join(wrote, "; ")
 }
 
 // admit decides on a job under the approvals granted for it: GPUs above its
@@ -267,7 +276,7 @@ func admittedWarning(d admission.Decision) string {
 // evaluation id the broker itself serves, so that `nomad job run` (attached or
 // -detach) prints the message and exits 0. What is stored is the request as
 // the broker read it (namespace and counts pinned), never the raw body.
-func (s *Server) enqueue(w http.ResponseWriter, r *http.Request, rj *gpuJobRequest, d admission.Decision, who string, event audit.Event) {
+func (s *Server) enqueue(w http.ResponseWriter, r *http.Request, rj *gpuJobRequest, d admission.Decision, who string, event audit.Event, warnings ...string) {
 	// The leader registers it later with the broker's own token: first make
 	// sure the token resolves, and that the caller may submit this job here
 	// now: as a tenant submitter (exclusive), or as Nomad says for a plan
@@ -344,7 +353,7 @@ func (s *Server) enqueue(w http.ResponseWriter, r *http.Request, rj *gpuJobReque
 	writeJSON(w, http.StatusOK, api.JobRegisterResponse{EvalID: e.ID, Warnings: joinWarnings(fmt.Sprintf(
 		"nomad-gpu: queued as %s, position %d in queue %s: %s.%s It is registered with Nomad as soon as GPUs free up; "+
 			"`gpu-broker queue show %s` follows it.", e.ID, positionOf(ordered, e.ID), d.Queue, d.Reason, starts, e.ID),
-		s.rightSizingWarning(rj.Namespace, rj.JobID, d))})
+		joinWarnings(warnings...), s.rightSizingWarning(rj.Namespace, rj.JobID, d))})
 }
 
 // withinQueueLimits checks the tenant's caps on queued jobs and request size.

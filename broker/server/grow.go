@@ -230,7 +230,8 @@ func (s *Server) decideThenForward(w http.ResponseWriter, r *http.Request, body 
 	if !s.admitsHere(w, r, body) {
 		return
 	}
-	a := admission.Job{ID: derefString(job.ID), Namespace: ns, Queue: job.Meta[nomadjob.MetaQueue], Groups: groups}
+	a := admission.Job{ID: derefString(job.ID), Namespace: ns, Queue: job.Meta[nomadjob.MetaQueue], TTL: job.Meta[nomadjob.MetaTTL], Groups: groups,
+		CanaryAutoRevert: nomadjob.CanaryAutoRevert(job)}
 	d, res := s.cluster.Admit(s.policies.Current(), a)
 	current := 0
 	if job.Priority != nil {

@@ -1,0 +1,86 @@
+package nomadjob
+
+import (
+	"fmt"
+
+	"github.com/hashicorp/nomad/api"
+
+	"github.com/nomad-gpu/nomad-gpu/broker/policy"
+)
+
+// CanaryAutoRevert reports whether every GPU task group of job updates with
+// canaries and auto_revert (its own update block over the job's).
+func CanaryAutoRevert(job *api.Job) bool {
+	seen := false
+	for _, tg := range job.TaskGroups {
+		if tg == nil {
+			continue
+		}
+		if perModel, err := gpusPerAlloc(tg); err != nil || len(perModel) == 0 {
+			continue
+		}
+		seen = true
+		revert := false
+		if job.Update != nil && job.Update.AutoRevert != nil {
+			revert = *job.Update.AutoRevert
+		}
+		if tg.Update != nil && tg.Update.AutoRevert != nil {
+			revert = *tg.Update.AutoRevert
+		}
+		if canaryCount(job, tg) == 0 || !revert {
+			return false
+		}
+	}
+	return seen
+}
+
+// ApplyWorkload writes what workload w asks of a job into the request, where
+// the job leaves it open, and says what it wrote: nomad-gpu.ttl (its
+// default_ttl), a restart block in GPU task groups without one
+// (restart_attempts), and a kill_timeout of at least checkpoint_grace in
+// their tasks, so that a preempted task can write its checkpoint.
+func (r *Request) ApplyWorkload(w *policy.Workload) []string {
+	if w == nil {
+		return nil
+	}
+	var notes []string
+	job := r.Doc.Root().Get("Job")
+	if w.DefaultTTL > 0 && r.Job.Meta[MetaTTL] == "" {
+		ttl := w.DefaultTTL.String()
+		if r.Job.Meta == nil {
+			r.Job.Meta = map[string]string{}
+		}
+		r.Job.Meta[MetaTTL] = ttl
+		job.Object("Meta").Set(MetaTTL, ttl)
+		notes = append(notes, fmt.Sprintf("meta %s = %q (workload %s's default_ttl)", MetaTTL, ttl, w.Name))
+	}
+	groups := job.Get("TaskGroups").Elems()
+	for i, tg := range r.Job.TaskGroups {
+		if tg == nil || i >= len(groups) || !groups[i].IsObject() {
+			continue
+		}
+		if perModel, err := gpusPerAlloc(tg); err != nil || len(perModel) == 0 {
+			continue
+		}
+		name := deref(tg.Name)
+		if w.RestartAttempts > 0 && tg.RestartPolicy == nil {
+			tg.RestartPolicy = &api.RestartPolicy{Attempts: &w.RestartAttempts}
+			groups[i].Set("RestartPolicy", map[string]any{"Attempts": w.RestartAttempts})
+			notes = append(notes, fmt.Sprintf("group %q: restart { attempts = %d } (workload %s)", name, w.RestartAttempts, w.Name))
+		}
+		if w.CheckpointGrace <= 0 {
+			continue
+		}
+		tasks := groups[i].Get("Tasks").Elems()
+		for j, t := range tg.Tasks {
+			if t == nil || j >= len(tasks) || !tasks[j].IsObject() || (t.KillTimeout != nil && *t.KillTimeout >= w.CheckpointGrace) {
+				continue
+			}
+			grace := w.CheckpointGrace
+			t.KillTimeout = &grace
+			tasks[j].Set("KillTimeout", int64(grace))
+			notes = append(notes, fmt.Sprintf("task %q: kill_timeout = %s (workload %s's checkpoint_grace)", t.Name, grace, w.Name))
+		}
+	}
+	return notes
+}
