@@ -1,0 +1,104 @@
+package integration
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/nomad/api"
+
+	"github.com/nomad-gpu/nomad-gpu/internal/testcluster"
+)
+
+// TestAGangWaitsUntilAllItsAllocationsFit: 2 nodes × 8 GPUs with 5 free on
+// each; a training job of 2 × 6 GPUs is queued, not half-placed, and runs
+// whole once GPUs free.
+func TestAGangWaitsUntilAllItsAllocationsFit(t *testing.T) {
+	consul := testcluster.StartConsul(t)
+	plugin := func(prefix string) string {
+		return fmt.Sprintf(`
+    backend = "fake"
+    fake {
+      count     = 8
+      id_prefix = %q
+    }`, prefix)
+	}
+	n := testcluster.StartNomad(t, testcluster.NomadOptions{Name: "gang-1", Server: true, Client: true, PluginConfig: plugin("g1")})
+	testcluster.StartNomad(t, testcluster.NomadOptions{Name: "gang-2", Client: true, Join: []string{n.RPCAddr}, PluginConfig: plugin("g2")})
+	n.WaitForNodes(t, 2)
+	if _, err := n.API.Namespaces().Register(&api.Namespace{Name: "vision"}, nil); err != nil {
+		t.Fatal(err)
+	}
+	e := brokerEnv(t, n, consul, `
+queue "training" { priority = 60 }
+queue "batch" { priority = 50 }
+workload "training" {
+  gang = true
+}
+workload "batch" {}
+tenant "vision" {
+  namespaces = ["vision"]
+  queues     = ["training", "batch"]
+  guaranteed = 24 # quota is no obstacle here: the nodes are
+  limit      = 24
+}
+`, "vision", 8, testcluster.BrokerOptions{})
+	register := func(j *jobBuilder) string {
+		req, _ := http.NewRequest(http.MethodPut, e.broker.Addr+"/v1/jobs", strings.NewReader(j.body(nil, canonical)))
+		resp, err := e.broker.Client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var out api.JobRegisterResponse
+		if err := json.NewDecoder(resp.Body).Decode(&out); err != nil || resp.StatusCode != http.StatusOK {
+			t.Fatalf("register %s: %d %v", *j.j.ID, resp.StatusCode, err)
+		}
+		return out.Warnings
+	}
+	// 3 GPUs taken on each node.
+	filler := job("vision", "filler", api.JobTypeService).group("g", ptr(2), nil, task(dev("nvidia/gpu", 3)))
+	filler.j.Meta = map[string]string{"nomad-gpu.queue": "batch"}
+	filler.j.Constraints = []*api.Constraint{{Operand: "distinct_hosts", RTarget: "true"}}
+	if w := register(filler); !strings.Contains(w, "admitted") {
+		t.Fatalf("filler: %s", w)
+	}
+	testcluster.WaitFor(t, 60*time.Second, "the filler on both nodes", func() error {
+		allocs, _, err := n.API.Jobs().Allocations("filler", false, &api.QueryOptions{Namespace: "vision"})
+		running := 0
+		for _, a := range allocs {
+			if a.ClientStatus == api.AllocClientStatusRunning {
+				running++
+			}
+		}
+		if err != nil || running != 2 {
+			return fmt.Errorf("%d running (%v)", running, err)
+		}
+		return nil
+	})
+	gang := job("vision", "gang", api.JobTypeBatch).group("workers", ptr(2), nil, task(dev("nvidia/gpu", 6)))
+	w := register(gang)
+	if !strings.Contains(w, "queued as") || !strings.Contains(w, `workload "training" is a gang`) || !strings.Contains(w, "free per node: [5 5]") {
+		t.Fatalf("gang of 2 × 6 on 5 + 5 free GPUs:\n%s", w)
+	}
+	if _, _, err := n.API.Jobs().Info("gang", &api.QueryOptions{Namespace: "vision"}); err == nil {
+		t.Fatal("the gang reached Nomad while it cannot be placed whole")
+	}
+	e.stop("vision", "filler")
+	testcluster.WaitFor(t, 90*time.Second, "both gang workers running", func() error {
+		allocs, _, err := n.API.Jobs().Allocations("gang", false, &api.QueryOptions{Namespace: "vision"})
+		running := 0
+		for _, a := range allocs {
+			if a.ClientStatus == api.AllocClientStatusRunning {
+				running++
+			}
+		}
+		if err != nil || running != 2 {
+			return fmt.Errorf("%d running (%v)", running, err)
+		}
+		return nil
+	})
+}
