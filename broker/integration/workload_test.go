@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -101,4 +103,11 @@ tenant "vision" {
 		}
 		return nil
 	})
+	// The jobspecs in git, checked as HCL through this Nomad's parser.
+	specs, _ := filepath.Glob("../../jobspecs/*.nomad.hcl")
+	out, err := exec.Command(testcluster.BrokerBinary(t), append([]string{"job", "check", "-policy", "../../policies",
+		"-max-gpus-per-node", "8", "-address", n.Addr}, specs...)...).CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "training.nomad.hcl: warning: the broker writes into it") {
+		t.Errorf("gpu-broker job check -address of jobspecs/: %v\n%s", err, out)
+	}
 }

@@ -12,6 +12,8 @@ const usage = `Usage: gpu-broker <command> [options]
 Commands:
   serve -config broker.hcl       run the broker
   policy validate DIR            check a policy set (-capacity N to check guarantees against N GPUs)
+  job check -policy DIR FILE...  check jobspecs against a policy set as admission would (-max-gpus-per-node N,
+                                 -address NOMAD to parse HCL)
   queue list                     queued jobs in admission order
   queue show ID                  one queued job
   queue cancel ID                remove a queued job
@@ -55,6 +57,12 @@ func run(args []string) int {
 		return client(args)
 	case "approval":
 		return approvalCmd(args[1:])
+	case "job":
+		if len(args) < 2 || args[1] != "check" {
+			fmt.Fprint(os.Stderr, jobCheckUsage)
+			return 2
+		}
+		return checkJobs(args[2:])
 	case "-h", "-help", "--help", "help":
 		fmt.Print(usage)
 		return 0
