@@ -2,6 +2,8 @@
 // healthy it is and what it is doing, independent of NVML, gRPC and Nomad.
 package gpu
 
+import "fmt"
+
 // Vendor and Type are the first two parts of the device group name: jobs ask for
 // devices as "nvidia/gpu" or "nvidia/gpu/<model>".
 const (
@@ -61,3 +63,12 @@ func UnknownStats(uuid string) Stats {
 		MemTotalMiB: Unknown, TemperatureC: Unknown, PowerW: Unknown, PowerLimitW: Unknown,
 		SMClockMHz: Unknown, ECCCorrected: Unknown, ECCUncorrected: Unknown}
 }
+
+// ReplicaID is the id of replica i of a shared GPU: Nomad takes any string
+// as a device id, and this one names its GPU.
+func ReplicaID(uuid string, i int) string { return fmt.Sprintf("%s-%d", uuid, i) }
+
+// SharedGroup is the device group name of a model's time-sliced replicas:
+// a job asks for them as nvidia/gpu/<model> (shared), or by the shared
+// attribute.
+func SharedGroup(model string) string { return model + " (shared)" }

@@ -9,7 +9,6 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/nomad-gpu/nomad-gpu/device-plugin/fake"
-	"github.com/nomad-gpu/nomad-gpu/device-plugin/gpu"
 )
 
 var benchSizes = []int{8, 64, 1024}
@@ -48,9 +47,9 @@ func BenchmarkStats(b *testing.B) {
 		b.Run(fmt.Sprintf("gpus=%d", n), func(b *testing.B) {
 			backend := benchBackend(n)
 			devices, _ := backend.Devices(context.Background())
-			inventory := map[string]gpu.Device{}
+			inventory := map[string]offer{}
 			for _, d := range devices {
-				inventory[d.UUID] = d
+				inventory[d.UUID] = offer{ID: d.UUID, Group: d.Model, Device: d}
 			}
 			ctx, now := context.Background(), time.Now()
 			b.ReportAllocs()

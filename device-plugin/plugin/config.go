@@ -31,6 +31,8 @@ type Config struct {
 	IgnoredXIDs       []int      `msgpack:"ignored_xids"`
 	HealthRecovery    string     `msgpack:"health_recovery"`
 	Fake              FakeConfig `msgpack:"fake"`
+	// Sharing offers GPUs as time-sliced replicas.
+	Sharing SharingConfig `msgpack:"sharing"`
 
 	// Parsed durations, filled by Validate.
 	fingerprintPeriod time.Duration
@@ -46,6 +48,17 @@ type FakeConfig struct {
 	IDPrefix  string `msgpack:"id_prefix"`
 	StateFile string `msgpack:"state_file"`
 }
+
+// SharingConfig is the `sharing { ... }` block: each of the first GPUs GPUs of
+// the node (by PCI bus id; 0: all) is offered as Replicas devices of a
+// separate "(shared)" group instead of whole (Replicas 0: no sharing).
+type SharingConfig struct {
+	Replicas int `msgpack:"replicas"`
+	GPUs     int `msgpack:"gpus"`
+}
+
+// MaxReplicas bounds the replicas of one GPU.
+const MaxReplicas = 64
 
 // DefaultConfig is what an absent `config` block means.
 func DefaultConfig() Config {
@@ -108,6 +121,8 @@ func decodeKey(cfg *Config, key string, v msgpack.RawMessage) error {
 		dst = &cfg.HealthRecovery
 	case "fake":
 		dst = &cfg.Fake
+	case "sharing":
+		dst = &cfg.Sharing
 	default:
 		return fmt.Errorf("plugin config: unknown option %q", key)
 	}
@@ -157,6 +172,12 @@ func (c *Config) Validate() error {
 	if c.Fake.Model == "" {
 		errs = append(errs, errors.New("option fake.model: must not be empty"))
 	}
+	if r := c.Sharing.Replicas; r != 0 && (r < 2 || r > MaxReplicas) {
+		errs = append(errs, fmt.Errorf("option sharing.replicas: %d is outside 2..%d (0: no sharing)", r, MaxReplicas))
+	}
+	if c.Sharing.GPUs < 0 {
+		errs = append(errs, fmt.Errorf("option sharing.gpus: %d must be 0 (all) or more", c.Sharing.GPUs))
+	}
 	if c.Fake.MemoryMiB <= 0 {
 		errs = append(errs, fmt.Errorf("option fake.memory_mib: %d must be positive", c.Fake.MemoryMiB))
 	}
@@ -186,6 +207,13 @@ func ConfigSpec() *hclspecpb.Spec {
 				"memory_mib": withDefault("memory_mib", "number", fmt.Sprint(d.Fake.MemoryMiB)),
 				"id_prefix":  withDefault("id_prefix", "string", `""`),
 				"state_file": withDefault("state_file", "string", `""`),
+			}),
+		}}},
+		"sharing": {Block: &hclspecpb.Spec_BlockValue{BlockValue: &hclspecpb.Block{
+			Name: "sharing",
+			Nested: object(map[string]*hclspecpb.Spec{
+				"replicas": withDefault("replicas", "number", "0"),
+				"gpus":     withDefault("gpus", "number", "0"),
 			}),
 		}}},
 	})

@@ -1,6 +1,7 @@
 package plugin
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -178,5 +179,18 @@ func TestEmptySetConfigMeansDefaults(t *testing.T) {
 	cfg, err := DecodeConfig(nil)
 	if err != nil || cfg.Backend != BackendAuto || cfg.FingerprintEvery() != time.Minute {
 		t.Fatalf("got %+v, %v", cfg, err)
+	}
+}
+
+func TestSharingOptionsAreChecked(t *testing.T) {
+	for cfg, want := range map[string]string{
+		`{"sharing":{"replicas":1,"gpus":0}}`:  "option sharing.replicas: 1 is outside 2..64",
+		`{"sharing":{"replicas":4,"gpus":-1}}`: "option sharing.gpus: -1 must be 0 (all) or more",
+	} {
+		c := DefaultConfig()
+		fmt.Sscanf(cfg, `{"sharing":{"replicas":%d,"gpus":%d}}`, &c.Sharing.Replicas, &c.Sharing.GPUs)
+		if err := c.Validate(); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: %v, want %q", cfg, err, want)
+		}
 	}
 }

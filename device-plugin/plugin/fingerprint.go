@@ -2,6 +2,7 @@ package plugin
 
 import (
 	"context"
+	"sort"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -23,6 +24,14 @@ type scanner struct {
 	tracker *gpu.HealthTracker
 	ignored map[string]bool
 	known   map[string]gpu.Device // every device seen since start, so a lost one stays visible
+	sharing SharingConfig
+}
+
+// offer is one device Nomad is offered: a whole GPU, or a time-sliced
+// replica of one (its health and stats are its GPU's).
+type offer struct {
+	ID, Group string
+	Device    gpu.Device
 }
 
 func newScanner(cfg Config, backend Backend, log hclog.Logger) *scanner {
@@ -31,11 +40,33 @@ func newScanner(cfg Config, backend Backend, log hclog.Logger) *scanner {
 		ignored[id] = true
 	}
 	return &scanner{backend: backend, log: log, tracker: gpu.NewHealthTracker(cfg.HealthRecoveryAfter()),
-		ignored: ignored, known: map[string]gpu.Device{}}
+		ignored: ignored, known: map[string]gpu.Device{}, sharing: cfg.Sharing}
 }
 
-// scan returns the fingerprint to send and the devices it lists.
-func (s *scanner) scan(ctx context.Context, now time.Time) (*devicepb.FingerprintResponse, []gpu.Device) {
+// shared is the set of GPUs offered as replicas: the first sharing.gpus (0:
+// all) by PCI bus id, MIG devices never (time-slicing does not apply to them).
+func (s *scanner) shared() map[string]bool {
+	out := map[string]bool{}
+	if s.sharing.Replicas < 2 {
+		return out
+	}
+	var whole []gpu.Device
+	for _, d := range s.known {
+		if !d.MIG {
+			whole = append(whole, d)
+		}
+	}
+	sort.Slice(whole, func(i, j int) bool { return whole[i].PCIBusID+whole[i].UUID < whole[j].PCIBusID+whole[j].UUID })
+	for i, d := range whole {
+		if s.sharing.GPUs == 0 || i < s.sharing.GPUs {
+			out[d.UUID] = true
+		}
+	}
+	return out
+}
+
+// scan returns the fingerprint to send and the devices it offers.
+func (s *scanner) scan(ctx context.Context, now time.Time) (*devicepb.FingerprintResponse, []offer) {
 	present := map[string]bool{}
 	devices, err := s.backend.Devices(ctx)
 	unreadable := ""
@@ -56,8 +87,9 @@ func (s *scanner) scan(ctx context.Context, now time.Time) (*devicepb.Fingerprin
 		unreadable = "cannot check GPU health: " + err.Error()
 	}
 
-	listed := make([]gpu.Device, 0, len(s.known))
+	listed := make([]offer, 0, len(s.known))
 	groups := map[string]*devicepb.DeviceGroup{}
+	shared := s.shared()
 	for _, uuid := range sortedKeys(s.known) {
 		d := s.known[uuid]
 		raw, ok := health[uuid]
@@ -70,16 +102,25 @@ func (s *scanner) scan(ctx context.Context, now time.Time) (*devicepb.Fingerprin
 			raw = gpu.Healthy
 		}
 		h := s.tracker.Observe(now, uuid, raw)
-		g, ok := groups[d.Model]
-		if !ok {
-			g = &devicepb.DeviceGroup{Vendor: gpu.Vendor, DeviceType: gpu.Type, DeviceName: d.Model, Attributes: attributes(d)}
-			groups[d.Model] = g
+		name, ids := d.Model, []string{d.UUID}
+		if shared[uuid] {
+			name, ids = gpu.SharedGroup(d.Model), nil
+			for i := 0; i < s.sharing.Replicas; i++ {
+				ids = append(ids, gpu.ReplicaID(uuid, i))
+			}
 		}
-		g.Devices = append(g.Devices, &devicepb.DetectedDevice{
-			ID: d.UUID, Healthy: h.Healthy, HealthDescription: h.Reason,
-			HwLocality: &devicepb.DeviceLocality{PciBusId: d.PCIBusID},
-		})
-		listed = append(listed, d)
+		g, ok := groups[name]
+		if !ok {
+			g = &devicepb.DeviceGroup{Vendor: gpu.Vendor, DeviceType: gpu.Type, DeviceName: name, Attributes: attributes(d, shared[uuid], s.sharing.Replicas)}
+			groups[name] = g
+		}
+		for _, id := range ids {
+			g.Devices = append(g.Devices, &devicepb.DetectedDevice{
+				ID: id, Healthy: h.Healthy, HealthDescription: h.Reason,
+				HwLocality: &devicepb.DeviceLocality{PciBusId: d.PCIBusID},
+			})
+			listed = append(listed, offer{ID: id, Group: name, Device: d})
+		}
 	}
 	resp := &devicepb.FingerprintResponse{}
 	for _, model := range sortedKeys(groups) {
@@ -88,8 +129,9 @@ func (s *scanner) scan(ctx context.Context, now time.Time) (*devicepb.Fingerprin
 	return resp, listed
 }
 
-// attributes are what a jobspec can constrain on, taken from the group's first device.
-func attributes(d gpu.Device) map[string]*structspb.Attribute {
+// attributes are what a jobspec can constrain on, taken from the group's
+// first device; shared says whether its devices are replicas (of replicas).
+func attributes(d gpu.Device, shared bool, replicas int) map[string]*structspb.Attribute {
 	attrs := map[string]*structspb.Attribute{}
 	intAttr := func(key string, v int64, unit string) {
 		if v >= 0 {
@@ -110,6 +152,10 @@ func attributes(d gpu.Device) map[string]*structspb.Attribute {
 	strAttr("driver_version", d.DriverVersion)
 	strAttr("cuda_version", d.CUDAVersion)
 	attrs["mig"] = &structspb.Attribute{Value: &structspb.Attribute_BoolVal{BoolVal: d.MIG}}
+	attrs["shared"] = &structspb.Attribute{Value: &structspb.Attribute_BoolVal{BoolVal: shared}}
+	if shared {
+		intAttr("replicas", int64(replicas), "")
+	}
 	return attrs
 }
 

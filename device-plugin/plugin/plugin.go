@@ -6,6 +6,7 @@ package plugin
 import (
 	"context"
 	"os"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -55,8 +56,8 @@ type Plugin struct {
 	mu        sync.Mutex
 	cfg       Config
 	backend   Backend
-	opened    chan struct{}         // closed once the backend is open
-	inventory map[string]gpu.Device // last fingerprinted devices, by UUID
+	opened    chan struct{}    // closed once the backend is open
+	inventory map[string]offer // last fingerprinted devices, by the id Nomad knows
 }
 
 var (
@@ -68,7 +69,7 @@ var (
 func New(log hclog.Logger, version string, open OpenBackend) *Plugin {
 	return &Plugin{
 		log: log, version: version, open: open, now: time.Now, stat: os.Stat,
-		cfg: DefaultConfig(), opened: make(chan struct{}), inventory: map[string]gpu.Device{},
+		cfg: DefaultConfig(), opened: make(chan struct{}), inventory: map[string]offer{},
 	}
 }
 
@@ -162,7 +163,7 @@ func (p *Plugin) Fingerprint(_ *devicepb.FingerprintRequest, stream devicepb.Dev
 				scanner = newScanner(cfg, backend, p.log)
 			}
 		}
-		resp, devices := &devicepb.FingerprintResponse{}, []gpu.Device(nil)
+		resp, devices := &devicepb.FingerprintResponse{}, []offer(nil)
 		if scanner != nil {
 			resp, devices = scanner.scan(ctx, p.now())
 		}
@@ -182,10 +183,10 @@ func (p *Plugin) Fingerprint(_ *devicepb.FingerprintRequest, stream devicepb.Dev
 	}
 }
 
-func (p *Plugin) setInventory(devices []gpu.Device) {
-	inv := make(map[string]gpu.Device, len(devices))
+func (p *Plugin) setInventory(devices []offer) {
+	inv := make(map[string]offer, len(devices))
 	for _, d := range devices {
-		inv[d.UUID] = d
+		inv[d.ID] = d
 	}
 	p.mu.Lock()
 	p.inventory = inv
@@ -203,21 +204,24 @@ func (p *Plugin) Reserve(_ context.Context, req *devicepb.ReserveRequest) (*devi
 		return nil, status.Error(codes.FailedPrecondition, "nomad-device-gpu is disabled by config")
 	}
 	p.mu.Lock()
-	var unknown []string
+	var unknown, gpus []string
 	var nodes []string
 	for _, id := range ids {
-		d, ok := p.inventory[id]
+		o, ok := p.inventory[id]
 		if !ok {
 			unknown = append(unknown, id)
 			continue
 		}
-		nodes = append(nodes, d.DeviceNodes...)
+		if !slices.Contains(gpus, o.Device.UUID) {
+			gpus = append(gpus, o.Device.UUID) // replicas of one GPU: that GPU, once
+		}
+		nodes = append(nodes, o.Device.DeviceNodes...)
 	}
 	p.mu.Unlock()
 	if len(unknown) > 0 {
 		return nil, status.Errorf(codes.NotFound, "reserve: unknown GPU ids %s (not in the current fingerprint)", strings.Join(unknown, ", "))
 	}
-	visible := strings.Join(ids, ",")
+	visible := strings.Join(gpus, ",")
 	// UUIDs, not indices: CUDA_VISIBLE_DEVICES indices would be renumbered inside
 	// a container that sees only these GPUs, UUIDs mean the same GPU everywhere.
 	res.Envs = map[string]string{"NVIDIA_VISIBLE_DEVICES": visible, "CUDA_VISIBLE_DEVICES": visible}

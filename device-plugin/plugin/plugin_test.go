@@ -3,6 +3,7 @@ package plugin
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"os"
 	"strings"
@@ -337,5 +338,45 @@ func TestBackendThatFailsToOpenIsRetried(t *testing.T) {
 	}
 	if second := next(); find(second, "GPU-a") == nil {
 		t.Fatalf("the backend was not retried: %v", second)
+	}
+}
+
+// sharing { replicas = 4  gpus = 2 }: the first two GPUs (by PCI bus id) are
+// offered as four replicas each in a "(shared)" group; a task given replicas
+// sees their GPU, once; replicas report their GPU's health and stats.
+func TestSharedGPUsAreOfferedAsReplicas(t *testing.T) {
+	a, b, c := device("GPU-a", "H100"), device("GPU-b", "H100"), device("GPU-c", "H100")
+	a.PCIBusID, b.PCIBusID, c.PCIBusID = "0000:02:00.0", "0000:01:00.0", "0000:03:00.0"
+	st := gpu.UnknownStats("GPU-a")
+	st.GPUUtilPct = 37
+	backend := &testBackend{devices: []gpu.Device{a, b, c}, health: map[string]gpu.Health{"GPU-a": {Reason: "XID 79"}, "GPU-b": gpu.Healthy, "GPU-c": gpu.Healthy},
+		stats: []gpu.Stats{st}}
+	cl := serve(t, backend, map[string]any{"fingerprint_period": "1h", "sharing": map[string]any{"replicas": 4, "gpus": 2}})
+	next, _ := fingerprints(t, cl)
+	fp := next()
+	groups := map[string][]string{}
+	for _, g := range fp.DeviceGroup {
+		for _, d := range g.Devices {
+			groups[g.DeviceName] = append(groups[g.DeviceName], fmt.Sprintf("%s:%t", d.ID, d.Healthy))
+		}
+		if shared := g.Attributes["shared"].GetBoolVal(); shared != strings.HasSuffix(g.DeviceName, "(shared)") {
+			t.Errorf("group %s: shared = %t", g.DeviceName, shared)
+		}
+	}
+	want := map[string][]string{
+		"H100":          {"GPU-c:true"},
+		"H100 (shared)": {"GPU-a-0:false", "GPU-a-1:false", "GPU-a-2:false", "GPU-a-3:false", "GPU-b-0:true", "GPU-b-1:true", "GPU-b-2:true", "GPU-b-3:true"},
+	}
+	if fmt.Sprint(groups) != fmt.Sprint(want) {
+		t.Fatalf("groups:\n got %v\nwant %v", groups, want)
+	}
+	resp, err := cl.device.Reserve(context.Background(), &devicepb.ReserveRequest{DeviceIds: []string{"GPU-b-1", "GPU-b-3", "GPU-c"}})
+	if err != nil || resp.ContainerRes.Envs["NVIDIA_VISIBLE_DEVICES"] != "GPU-b,GPU-c" {
+		t.Fatalf("reserve two replicas of GPU-b and GPU-c: %v %v", resp, err)
+	}
+	stats := cl.plugin.collectStats(context.Background(), backend)
+	if len(stats.Groups) != 1 || stats.Groups[0].Name != "H100 (shared)" || len(stats.Groups[0].InstanceStats) != 4 ||
+		stats.Groups[0].InstanceStats["GPU-a-2"].Summary.IntNumeratorVal.GetValue() != 37 {
+		t.Errorf("replica stats: %v", stats)
 	}
 }

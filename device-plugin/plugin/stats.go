@@ -24,41 +24,48 @@ const (
 )
 
 // statsResponse groups samples like the fingerprint, for fingerprinted devices only.
-func statsResponse(inventory map[string]gpu.Device, samples []gpu.Stats, now time.Time) *devicepb.StatsResponse {
+// A replica reports its GPU's samples.
+func statsResponse(inventory map[string]offer, samples []gpu.Stats, now time.Time) *devicepb.StatsResponse {
 	ts := timestamppb.New(now)
 	groups := map[string]*devicepb.DeviceGroupStats{}
+	offers := map[string][]offer{}
+	for _, o := range inventory {
+		offers[o.Device.UUID] = append(offers[o.Device.UUID], o)
+	}
 	for _, s := range samples {
-		d, ok := inventory[s.UUID]
-		if !ok {
-			continue
-		}
-		g, ok := groups[d.Model]
-		if !ok {
-			g = &devicepb.DeviceGroupStats{Vendor: gpu.Vendor, Type: gpu.Type, Name: d.Model,
-				InstanceStats: map[string]*devicepb.DeviceStats{}}
-			groups[d.Model] = g
-		}
-		util := intStat(s.GPUUtilPct, "%", "share of time kernels were running")
-		g.InstanceStats[s.UUID] = &devicepb.DeviceStats{
-			Summary:   util,
-			Timestamp: ts,
-			Stats: &structspb.StatObject{Attributes: map[string]*structspb.StatValue{
-				StatGPUUtil:        util,
-				StatMemUtil:        intStat(s.MemUtilPct, "%", "share of frame-buffer memory in use"),
-				StatMemory:         fraction(s.MemUsedMiB, s.MemTotalMiB, "MiB", "frame-buffer memory used / total"),
-				StatTemperature:    intStat(s.TemperatureC, "C", "GPU temperature"),
-				StatPower:          fraction(s.PowerW, s.PowerLimitW, "W", "power drawn / power limit"),
-				StatSMClock:        intStat(s.SMClockMHz, "MHz", "streaming multiprocessor clock"),
-				StatECCCorrected:   intStat(s.ECCCorrected, "#", "corrected ECC errors since the driver loaded"),
-				StatECCUncorrected: intStat(s.ECCUncorrected, "#", "uncorrected ECC errors since the driver loaded"),
-			}},
+		for _, o := range offers[s.UUID] {
+			g, ok := groups[o.Group]
+			if !ok {
+				g = &devicepb.DeviceGroupStats{Vendor: gpu.Vendor, Type: gpu.Type, Name: o.Group,
+					InstanceStats: map[string]*devicepb.DeviceStats{}}
+				groups[o.Group] = g
+			}
+			g.InstanceStats[o.ID] = deviceStats(s, ts)
 		}
 	}
 	resp := &devicepb.StatsResponse{}
-	for _, model := range sortedKeys(groups) {
-		resp.Groups = append(resp.Groups, groups[model])
+	for _, name := range sortedKeys(groups) {
+		resp.Groups = append(resp.Groups, groups[name])
 	}
 	return resp
+}
+
+func deviceStats(s gpu.Stats, ts *timestamppb.Timestamp) *devicepb.DeviceStats {
+	util := intStat(s.GPUUtilPct, "%", "share of time kernels were running")
+	return &devicepb.DeviceStats{
+		Summary:   util,
+		Timestamp: ts,
+		Stats: &structspb.StatObject{Attributes: map[string]*structspb.StatValue{
+			StatGPUUtil:        util,
+			StatMemUtil:        intStat(s.MemUtilPct, "%", "share of frame-buffer memory in use"),
+			StatMemory:         fraction(s.MemUsedMiB, s.MemTotalMiB, "MiB", "frame-buffer memory used / total"),
+			StatTemperature:    intStat(s.TemperatureC, "C", "GPU temperature"),
+			StatPower:          fraction(s.PowerW, s.PowerLimitW, "W", "power drawn / power limit"),
+			StatSMClock:        intStat(s.SMClockMHz, "MHz", "streaming multiprocessor clock"),
+			StatECCCorrected:   intStat(s.ECCCorrected, "#", "corrected ECC errors since the driver loaded"),
+			StatECCUncorrected: intStat(s.ECCUncorrected, "#", "uncorrected ECC errors since the driver loaded"),
+		}},
+	}
 }
 
 func intStat(v int64, unit, desc string) *structspb.StatValue {
