@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -110,4 +111,68 @@ tenant "vision" {
 	if err != nil || !strings.Contains(string(out), "training.nomad.hcl: warning: the broker writes into it") {
 		t.Errorf("gpu-broker job check -address of jobspecs/: %v\n%s", err, out)
 	}
+}
+
+// TestTheJobspecsRunThroughTheBroker: every jobspec in jobspecs/ validates,
+// is admitted by the broker under the example policies, and reaches its
+// state on a cluster like the demo's (2 nodes × 8 GPUs); a dispatch of the
+// parameterized batch job is admitted on its own and completes.
+func TestTheJobspecsRunThroughTheBroker(t *testing.T) {
+	consul := testcluster.StartConsul(t)
+	plugin := func(prefix string) string {
+		return fmt.Sprintf("\n    backend = \"fake\"\n    fake {\n      count     = 8\n      id_prefix = %q\n    }", prefix)
+	}
+	n := testcluster.StartNomad(t, testcluster.NomadOptions{Name: "specs-1", Server: true, Client: true, PluginConfig: plugin("s1")})
+	testcluster.StartNomad(t, testcluster.NomadOptions{Name: "specs-2", Client: true, Join: []string{n.RPCAddr}, PluginConfig: plugin("s2")})
+	n.WaitForNodes(t, 2)
+	for _, ns := range []string{"vision", "search", "research"} {
+		if _, err := n.API.Namespaces().Register(&api.Namespace{Name: ns}, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var policies strings.Builder
+	files, _ := filepath.Glob("../../policies/*.hcl")
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		policies.Write(b)
+		policies.WriteString("\n")
+	}
+	e := brokerEnv(t, n, consul, policies.String(), "vision", 8, testcluster.BrokerOptions{})
+	// Training first, as in the demo: submitted after the others, its two
+	// 4-GPU workers would find 3 and 6 GPUs free and, a gang, wait.
+	specs := []string{"training", "inference", "dev", "batch-inference"}
+	if all, _ := filepath.Glob("../../jobspecs/*.nomad.hcl"); len(all) != len(specs) {
+		t.Fatalf("jobspecs: %v, this test runs %v", all, specs)
+	}
+	for _, name := range specs {
+		spec := "../../jobspecs/" + name + ".nomad.hcl"
+		if out, err := e.nomadCLI("job", "validate", spec); err != nil || !strings.Contains(out, "Job validation successful") {
+			t.Errorf("nomad job validate %s: %v\n%s", spec, err, out)
+		}
+		if out, err := e.nomadCLI("job", "run", "-detach", spec); err != nil || !strings.Contains(out, "nomad-gpu: admitted") {
+			t.Fatalf("nomad job run %s through the broker: %v\n%s", spec, err, out)
+		}
+	}
+	e.waitRunning("vision", "train-resnet")
+	e.waitRunning("search", "ranker")
+	e.waitRunning("vision", "dev-env")
+	out, err := e.nomadCLI("job", "dispatch", "-namespace", "research", "-detach", "-meta", "input=part-0001", "batch-infer")
+	if err != nil || !strings.Contains(out, "Dispatched Job ID") { // the CLI prints no warnings for a dispatch
+		t.Fatalf("dispatch through the broker: %v\n%s", err, out)
+	}
+	testcluster.WaitFor(t, 60*time.Second, "the dispatched child complete", func() error {
+		jobs, _, err := n.API.Jobs().List(&api.QueryOptions{Namespace: "research", Prefix: "batch-infer/dispatch-"})
+		if err != nil {
+			return err
+		}
+		for _, j := range jobs {
+			if j.Namespace == "research" && j.JobSummary != nil && j.JobSummary.Summary["infer"].Complete == 1 {
+				return nil
+			}
+		}
+		return fmt.Errorf("children %+v", jobs)
+	})
 }
