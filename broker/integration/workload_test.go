@@ -69,19 +69,7 @@ tenant "vision" {
 	if w := register(filler); !strings.Contains(w, "admitted") {
 		t.Fatalf("filler: %s", w)
 	}
-	testcluster.WaitFor(t, 60*time.Second, "the filler on both nodes", func() error {
-		allocs, _, err := n.API.Jobs().Allocations("filler", false, &api.QueryOptions{Namespace: "vision"})
-		running := 0
-		for _, a := range allocs {
-			if a.ClientStatus == api.AllocClientStatusRunning {
-				running++
-			}
-		}
-		if err != nil || running != 2 {
-			return fmt.Errorf("%d running (%v)", running, err)
-		}
-		return nil
-	})
+	waitAllocsRunning(t, n, "vision", "filler", 2)
 	gang := job("vision", "gang", api.JobTypeBatch).group("workers", ptr(2), nil, task(dev("nvidia/gpu", 6)))
 	w := register(gang)
 	if !strings.Contains(w, "queued as") || !strings.Contains(w, `workload "training" is a gang`) || !strings.Contains(w, "free per node: [5 5]") {
@@ -91,19 +79,7 @@ tenant "vision" {
 		t.Fatal("the gang reached Nomad while it cannot be placed whole")
 	}
 	e.stop("vision", "filler")
-	testcluster.WaitFor(t, 90*time.Second, "both gang workers running", func() error {
-		allocs, _, err := n.API.Jobs().Allocations("gang", false, &api.QueryOptions{Namespace: "vision"})
-		running := 0
-		for _, a := range allocs {
-			if a.ClientStatus == api.AllocClientStatusRunning {
-				running++
-			}
-		}
-		if err != nil || running != 2 {
-			return fmt.Errorf("%d running (%v)", running, err)
-		}
-		return nil
-	})
+	waitAllocsRunning(t, n, "vision", "gang", 2)
 	// The jobspecs in git, checked as HCL through this Nomad's parser.
 	specs, _ := filepath.Glob("../../jobspecs/*.nomad.hcl")
 	out, err := exec.Command(testcluster.BrokerBinary(t), append([]string{"job", "check", "-policy", "../../policies",
@@ -174,5 +150,23 @@ func TestTheJobspecsRunThroughTheBroker(t *testing.T) {
 			}
 		}
 		return fmt.Errorf("children %+v", jobs)
+	})
+}
+
+// waitAllocsRunning waits until want allocations of a job run.
+func waitAllocsRunning(t *testing.T, n *testcluster.Nomad, ns, id string, want int) {
+	t.Helper()
+	testcluster.WaitFor(t, 90*time.Second, fmt.Sprintf("%d allocations of %s running", want, id), func() error {
+		allocs, _, err := n.API.Jobs().Allocations(id, false, &api.QueryOptions{Namespace: ns})
+		running := 0
+		for _, a := range allocs {
+			if a.ClientStatus == api.AllocClientStatusRunning {
+				running++
+			}
+		}
+		if err != nil || running != want {
+			return fmt.Errorf("%d running (%v)", running, err)
+		}
+		return nil
 	})
 }

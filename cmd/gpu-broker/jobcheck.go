@@ -138,7 +138,7 @@ func jobBody(file, addr string) ([]byte, error) {
 	defer resp.Body.Close()
 	job, _ := io.ReadAll(resp.Body)
 	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("Nomad could not parse it: %s", bytes.TrimSpace(job))
+		return nil, fmt.Errorf("parse with Nomad: %s", bytes.TrimSpace(job))
 	}
 	return append(append([]byte(`{"Job":`), job...), '}'), nil
 }
