@@ -287,6 +287,9 @@ reclaim_settings {
 	if show := e.brokerCLI("queue", "list", "-json"); !strings.Contains(show, `"estimate":{"at":"`) {
 		t.Errorf("queue list without the estimate: %s", show)
 	}
+	if list := e.brokerCLI("queue", "list"); !strings.Contains(list, "ESTIMATED START") || !strings.Contains(list, estimated.Format(time.RFC3339)) {
+		t.Errorf("gpu-broker queue list does not show the estimate %s:\n%s", estimated.Format(time.RFC3339), list)
+	}
 	e.waitRunning("vision", "next")
 	var events []audit.Event
 	if err := json.Unmarshal([]byte(e.brokerCLI("audit", "-json", "-job", "next")), &events); err != nil {

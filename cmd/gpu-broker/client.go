@@ -297,14 +297,21 @@ func printTable(sub string, body []byte) int {
 		if err := json.Unmarshal(body, &rows); err != nil {
 			return fail(err)
 		}
-		fmt.Fprintln(w, "POS\tID\tJOB\tNAMESPACE\tTENANT\tQUEUE\tGPUS\tWAITING\tREASON")
+		fmt.Fprintln(w, "POS\tID\tJOB\tNAMESPACE\tTENANT\tQUEUE\tGPUS\tWAITING\tESTIMATED START\tREASON")
 		for _, r := range rows {
 			reason := r.Reason
 			if r.Parked != "" {
 				reason = "parked: " + r.Parked
 			}
-			fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\n", r.Position, r.ID, r.JobID, r.Namespace, r.Tenant,
-				r.Queue, r.Demand, time.Since(r.SubmittedAt).Round(time.Second), reason)
+			start := "-" // estimated by the leader only
+			switch e := r.Estimate; {
+			case e != nil && !e.At.IsZero():
+				start = e.At.Format(time.RFC3339)
+			case e != nil:
+				start = "unknown"
+			}
+			fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n", r.Position, r.ID, r.JobID, r.Namespace, r.Tenant,
+				r.Queue, r.Demand, time.Since(r.SubmittedAt).Round(time.Second), start, reason)
 		}
 	default:
 		var r server.QueuedJob
