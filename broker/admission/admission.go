@@ -67,8 +67,8 @@ type Usage struct {
 	Tenants  map[string]TenantUsage
 	Idle     policy.Quota // healthy GPUs nobody holds, by class and in all
 	MaxAlloc policy.Quota // most healthy GPUs on any one node, by class and in all
-	// Nodes are the schedulable nodes' GPUs, for gang workloads (filled
-	// only when the policy has one).
+	// Nodes are the schedulable nodes' GPUs, for a gang job (filled only
+	// when deciding on one; nil: not checked node by node).
 	Nodes []NodeRoom
 }
 

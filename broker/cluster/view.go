@@ -363,7 +363,11 @@ const ReservationHold = 2 * time.Minute
 func (v *View) Admit(p *policy.Policy, j admission.Job) (admission.Decision, *Reservation) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	d := admission.Decide(p, j, v.usageWithout(p, j.Namespace, j.ID))
+	u := v.usageWithout(p, j.Namespace, j.ID)
+	if isGang(p, j) {
+		u.Nodes = v.nodeRooms() // O(allocations): only for the jobs that need it
+	}
+	d := admission.Decide(p, j, u)
 	if d.Demand.Total() == 0 || (d.Outcome != admission.Admit && d.Outcome != admission.AdmitBorrowed) {
 		return d, nil
 	}
@@ -445,9 +449,6 @@ func (v *View) usageWithout(p *policy.Policy, namespace, id string) admission.Us
 		v.capPolicy, v.nodesDirty = p, false
 	}
 	u := admission.Usage{Tenants: map[string]admission.TenantUsage{}, Idle: policy.Quota{}, MaxAlloc: copyQuota(v.maxAlloc)}
-	if hasGang(p) {
-		u.Nodes = v.nodeRooms()
-	}
 	except := jobKey{namespace, id}
 	// What live reservations add beyond the jobs' recorded demand, by namespace.
 	extra, extraBorrowed := v.reservationExtra(except)
@@ -711,13 +712,18 @@ func (v *View) HasJob(namespace, id string) bool {
 	return ok
 }
 
-func hasGang(p *policy.Policy) bool {
-	for _, w := range p.Workloads {
-		if w.Gang {
-			return true
-		}
+// isGang reports whether j is a job of several allocations in a gang
+// workload: the one admission checks node by node.
+func isGang(p *policy.Policy, j admission.Job) bool {
+	w := p.WorkloadFor(j.Namespace, j.Queue)
+	if w == nil || !w.Gang {
+		return false
 	}
-	return false
+	allocs := 0
+	for _, g := range j.Groups {
+		allocs += g.Count
+	}
+	return allocs > 1
 }
 
 // nodeRooms is, per schedulable node, its healthy GPUs no live allocation
