@@ -74,7 +74,7 @@ demo-down: ## Stop the demo and remove everything it left
 	DEMO_DIR=$(DEMO_DIR) ./scripts/demo.sh down
 
 .PHONY: tools
-tools: ## Build Nomad v1.6.3 and Consul v1.16.3 from the Go module proxy into TOOLS_DIR (once per machine)
+tools: ## Build Nomad v1.6.3, Consul v1.16.3 and OpenTofu v1.12.6 from the Go module proxy into TOOLS_DIR (once per machine)
 	./scripts/build-tools.sh all
 
 .PHONY: proto-tools

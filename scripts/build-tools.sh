@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Builds the real Nomad and Consul agents used by tests and the demo from the Go
-# module proxy (the last MPL-2.0 releases), once per machine, into TOOLS_DIR.
+# Builds the real Nomad and Consul agents used by tests and the demo, and OpenTofu
+# for terraform/, from the Go module proxy (MPL-2.0 releases), once per machine,
+# into TOOLS_DIR.
 # Idempotent: a binary that already reports the wanted version is kept.
 set -euo pipefail
 
@@ -8,6 +9,7 @@ NOMAD_VERSION=1.6.3
 NOMAD_API=v0.0.0-20231030125810-e0497bff1437 # the api module at the v1.6.3 commit
 CONSUL_VERSION=1.16.3
 CONSUL_SUBMODULES="api@v1.25.1 envoyextensions@v0.4.1 proto-public@v0.4.1 sdk@v0.14.1 troubleshoot@v0.3.1"
+TOFU_VERSION=1.12.6
 
 TOOLS_DIR=${TOOLS_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/nomad-gpu/tools}
 mkdir -p "$TOOLS_DIR/bin"
@@ -61,10 +63,29 @@ build_consul() {
   has_version "$TOOLS_DIR/bin/consul" "$CONSUL_VERSION"
 }
 
+# OpenTofu (MPL-2.0) tests terraform/. Its go.mod replaces hcl, so `go install`
+# refuses it; it is built from a copy of its module like the agents.
+build_tofu() {
+  # The machine's TF_CLI_CONFIG_FILE may name a missing file: tofu then warns
+  # before its version line.
+  export TF_CLI_CONFIG_FILE=/dev/null
+  if has_version "$TOOLS_DIR/bin/tofu" "$TOFU_VERSION"; then log "tofu v$TOFU_VERSION present"; return; fi
+  log "building tofu v$TOFU_VERSION (a few minutes, once per machine)"
+  local src="$TOOLS_DIR/src/opentofu"
+  fetch "github.com/opentofu/opentofu@v$TOFU_VERSION" "$src"
+  require_mpl "$src"
+  (cd "$src" && CGO_ENABLED=0 go build -trimpath -ldflags "-X github.com/opentofu/opentofu/version.dev=no" \
+    -o "$TOOLS_DIR/bin/tofu.tmp" ./cmd/tofu)
+  mv "$TOOLS_DIR/bin/tofu.tmp" "$TOOLS_DIR/bin/tofu"
+  rm -rf "$src"
+  has_version "$TOOLS_DIR/bin/tofu" "$TOFU_VERSION"
+}
+
 case "${1:-all}" in
   nomad) build_nomad ;;
   consul) build_consul ;;
-  all) build_nomad; build_consul ;;
+  tofu) build_tofu ;;
+  all) build_nomad; build_consul; build_tofu ;;
   dir) echo "$TOOLS_DIR" ;;
-  *) log "usage: $0 [all|nomad|consul|dir]"; exit 2 ;;
+  *) log "usage: $0 [all|nomad|consul|tofu|dir]"; exit 2 ;;
 esac

@@ -12,6 +12,8 @@ const usage = `Usage: gpu-broker <command> [options]
 Commands:
   serve -config broker.hcl       run the broker
   policy validate DIR            check a policy set (-capacity N to check guarantees against N GPUs)
+  policy tenants [-tfvars] DIR   each tenant's namespaces and submitters; -tfvars: as JSON variables for
+                                 terraform/modules/cluster-config
   job check -policy DIR FILE...  check jobspecs against a policy set as admission would (-max-gpus-per-node N,
                                  -address NOMAD to parse HCL)
   queue list                     queued jobs in admission order
@@ -48,11 +50,14 @@ func run(args []string) int {
 	case "serve":
 		return serve(args[1:])
 	case "policy":
-		if len(args) < 2 || args[1] != "validate" {
-			fmt.Fprint(os.Stderr, usage)
-			return 2
+		switch {
+		case len(args) > 1 && args[1] == "validate":
+			return validatePolicy(args[2:])
+		case len(args) > 1 && args[1] == "tenants":
+			return policyTenants(args[2:])
 		}
-		return validatePolicy(args[2:])
+		fmt.Fprint(os.Stderr, usage)
+		return 2
 	case "queue", "usage", "reclaim", "audit":
 		return client(args)
 	case "approval":

@@ -1,9 +1,13 @@
 package main
 
 import (
+	"encoding/json"
 	"flag"
 	"fmt"
 	"os"
+	"sort"
+	"strings"
+	"text/tabwriter"
 
 	"github.com/nomad-gpu/nomad-gpu/broker/policy"
 )
@@ -25,5 +29,62 @@ func validatePolicy(args []string) int {
 		return 1
 	}
 	fmt.Printf("%s: valid: %d queues, %d tenants, %d GPU classes, %d reclaim rules\n", fs.Arg(0), len(p.Queues), len(p.Tenants), len(p.Classes), len(p.Reclaim))
+	return 0
+}
+
+// TenantVars is `gpu-broker policy tenants -tfvars`: the `tenants` variable of
+// terraform/modules/cluster-config, read from a policy directory.
+type TenantVars struct {
+	Tenants map[string]TenantVar `json:"tenants"`
+}
+
+// TenantVar is one tenant's namespaces and submitters ("role:x", "policy:y").
+type TenantVar struct {
+	Namespaces []string `json:"namespaces"`
+	Submitters []string `json:"submitters"`
+}
+
+// policyTenants prints each tenant's namespaces, or with -tfvars a JSON
+// variables file for Terraform, so namespaces and ACLs follow the policy files.
+func policyTenants(args []string) int {
+	fs := flag.NewFlagSet("policy tenants", flag.ContinueOnError)
+	tfvars := fs.Bool("tfvars", false, "print a Terraform variables file (JSON) for terraform/modules/cluster-config")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if fs.NArg() != 1 {
+		fmt.Fprintln(os.Stderr, "usage: gpu-broker policy tenants [-tfvars] DIR")
+		return 2
+	}
+	p, diags := policy.LoadDir(fs.Arg(0), 0)
+	if p == nil {
+		fmt.Fprint(os.Stderr, policy.FormatDiagnostics(diags))
+		return 1
+	}
+	out := TenantVars{Tenants: map[string]TenantVar{}}
+	for name, t := range p.Tenants {
+		v := TenantVar{Namespaces: t.Namespaces, Submitters: []string{}}
+		for _, s := range t.Submitters {
+			v.Submitters = append(v.Submitters, s.String())
+		}
+		out.Tenants[name] = v
+	}
+	if *tfvars {
+		b, _ := json.MarshalIndent(out, "", "  ")
+		fmt.Println(string(b))
+		return 0
+	}
+	names := make([]string, 0, len(out.Tenants))
+	for name := range out.Tenants {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	w := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(w, "TENANT\tNAMESPACES\tSUBMITTERS")
+	for _, name := range names {
+		v := out.Tenants[name]
+		fmt.Fprintf(w, "%s\t%s\t%s\n", name, strings.Join(v.Namespaces, ","), strings.Join(v.Submitters, ","))
+	}
+	w.Flush()
 	return 0
 }

@@ -29,6 +29,7 @@ type NomadOptions struct {
 	ConsulAddr   string // empty: a closed loopback port, so nothing is reached
 	ExtraHCL     string
 	ServerHCL    string // more of the server block
+	ClientHCL    string // more of the client block
 	TLS          *Certs // serve the HTTP API over TLS with these
 }
 
@@ -81,6 +82,7 @@ client {
   options {
     "fingerprint.denylist" = "{{.Denylist}}"
   }
+{{.ClientHCL}}
 }
 consul {
   address             = "{{.ConsulAddr}}"
@@ -118,14 +120,20 @@ tls {
 func StartNomad(t testing.TB, o NomadOptions) *Nomad {
 	t.Helper()
 	n := LaunchNomad(t, o)
-	WaitFor(t, 90*time.Second, "nomad agent "+o.Name, func() error {
+	n.waitForAPI(t, "nomad agent "+o.Name)
+	return n
+}
+
+// waitForAPI waits until the agent answers, and fails the test if it exits.
+func (n *Nomad) waitForAPI(t testing.TB, what string) {
+	t.Helper()
+	WaitFor(t, 90*time.Second, what, func() error {
 		if n.Exited() {
-			t.Fatalf("nomad agent %s exited:\n%s", o.Name, n.Log())
+			t.Fatalf("nomad agent %s exited:\n%s", n.Name, n.Log())
 		}
 		_, err := n.API.Agent().Self()
 		return err
 	})
-	return n
 }
 
 // LaunchNomad starts an agent without waiting for it: for tests of start failures.
@@ -159,7 +167,7 @@ func LaunchNomad(t testing.TB, o NomadOptions) *Nomad {
 		"HTTP": ports[0], "RPC": ports[1], "Serf": ports[2],
 		"Server": o.Server, "Client": o.Client, "Join": strings.Join(join, ", "),
 		"Denylist": CloudFingerprinters, "ConsulAddr": consul, "HasConsul": o.ConsulAddr != "",
-		"PluginConfig": o.PluginConfig, "ExtraHCL": o.ExtraHCL, "ServerHCL": o.ServerHCL, "TLS": o.TLS,
+		"PluginConfig": o.PluginConfig, "ExtraHCL": o.ExtraHCL, "ServerHCL": o.ServerHCL, "ClientHCL": o.ClientHCL, "TLS": o.TLS,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -170,23 +178,42 @@ func LaunchNomad(t testing.TB, o NomadOptions) *Nomad {
 	}
 	n := &Nomad{
 		Name: o.Name, Addr: fmt.Sprintf("http://127.0.0.1:%d", ports[0]),
-		RPCAddr: fmt.Sprintf("127.0.0.1:%d", ports[1]), DataDir: dataDir, client: o.Client,
+		RPCAddr: fmt.Sprintf("127.0.0.1:%d", ports[1]), DataDir: dataDir, client: o.Client, tls: o.TLS,
 	}
+	if o.TLS != nil {
+		n.Addr = "https" + strings.TrimPrefix(n.Addr, "http")
+	}
+	n.launch(t, bin, dir, cfgPath)
+	return n
+}
+
+// launch starts `nomad agent -config cfgPath` for n, stopped with the test.
+func (n *Nomad) launch(t testing.TB, bin, dir, cfgPath string) {
+	t.Helper()
 	n.t, n.dir, n.args = t, dir, []string{bin, "agent", "-config", cfgPath}
-	n.process = start(t, "nomad-"+o.Name, dir, bin, "agent", "-config", cfgPath)
+	n.process = start(t, "nomad-"+n.Name, dir, bin, "agent", "-config", cfgPath)
 	t.Cleanup(func() {
 		dumpOnFailure(t, n.process)
 		n.Stop()
 	})
 	apiCfg := &api.Config{Address: n.Addr}
-	if n.tls = o.TLS; o.TLS != nil {
-		n.Addr = "https" + strings.TrimPrefix(n.Addr, "http")
-		apiCfg = &api.Config{Address: n.Addr, TLSConfig: &api.TLSConfig{CACert: o.TLS.CAFile}}
+	if n.tls != nil {
+		apiCfg.TLSConfig = &api.TLSConfig{CACert: n.tls.CAFile}
 	}
-	n.API, err = api.NewClient(apiCfg)
-	if err != nil {
+	var err error
+	if n.API, err = api.NewClient(apiCfg); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// StartClientFromConfig starts a Nomad client agent from a configuration file
+// written by someone else (a Terraform module, say), whose HTTP API is at addr
+// and whose data_dir is dataDir, and waits for its API.
+func StartClientFromConfig(t testing.TB, name, cfgPath, addr, dataDir string) *Nomad {
+	t.Helper()
+	n := &Nomad{Name: name, Addr: addr, DataDir: dataDir, client: true}
+	n.launch(t, Binary(t, "nomad"), t.TempDir(), cfgPath)
+	n.waitForAPI(t, "nomad agent "+name)
 	return n
 }
 
@@ -318,11 +345,5 @@ func (n *Nomad) Restart() {
 	n.stop()
 	n.runs++
 	n.process = start(n.t, fmt.Sprintf("nomad-%s-%d", n.Name, n.runs), n.dir, n.args[0], n.args[1:]...)
-	WaitFor(n.t, 90*time.Second, "nomad agent "+n.Name+" back", func() error {
-		if n.Exited() {
-			n.t.Fatalf("nomad agent %s exited:\n%s", n.Name, n.Log())
-		}
-		_, err := n.API.Agent().Self()
-		return err
-	})
+	n.waitForAPI(n.t, "nomad agent "+n.Name+" back")
 }

@@ -1,0 +1,161 @@
+# gpu-broker as a Nomad job: every instance serves the Nomad API proxy, one of
+# them (the holder of a Consul lock) runs the queue and reclaim loops. Applied
+# by this module with `hcl2 { vars }`; also runnable by hand:
+#   nomad job run -var policies="$(jq -n ...)" gpu-broker.nomad.hcl
+# Its tokens come from the Nomad variable nomad/jobs/gpu-broker (items
+# nomad_token, consul_token), which this module writes.
+
+variable "namespace" {
+  type    = string
+  default = "default"
+}
+
+variable "count" {
+  type    = number
+  default = 2
+}
+
+variable "datacenters" {
+  description = "JSON list of datacenters."
+  type        = string
+  default     = "[\"*\"]"
+}
+
+variable "node_pool" {
+  type    = string
+  default = "default"
+}
+
+variable "driver" {
+  description = "exec isolates the broker; raw_exec where the exec driver is not available."
+  type        = string
+  default     = "exec"
+}
+
+variable "binary" {
+  description = "Path of the gpu-broker binary on the nodes."
+  type        = string
+  default     = "/usr/local/bin/gpu-broker"
+}
+
+variable "port" {
+  type    = number
+  default = 4649
+}
+
+variable "nomad_address" {
+  type    = string
+  default = "http://127.0.0.1:4646"
+}
+
+variable "consul_addr" {
+  type    = string
+  default = "127.0.0.1:8500"
+}
+
+variable "kv_prefix" {
+  type    = string
+  default = "nomad-gpu/"
+}
+
+variable "enforcement" {
+  type    = string
+  default = "passthrough"
+}
+
+variable "policies" {
+  description = "JSON object: policy file name => its text."
+  type        = string
+}
+
+job "gpu-broker" {
+  namespace   = var.namespace
+  type        = "service"
+  datacenters = jsondecode(var.datacenters)
+  node_pool   = var.node_pool
+  # Above every queue's band: Nomad never preempts the broker for GPU work.
+  priority = 90
+
+  group "broker" {
+    count = var.count
+
+    # Users reach every instance at the same port; one per node.
+    constraint {
+      distinct_hosts = true
+    }
+
+    network {
+      port "http" {
+        static = var.port
+      }
+    }
+
+    service {
+      name     = "gpu-broker"
+      port     = "http"
+      provider = "consul"
+
+      # /metrics needs no token, so the check works with Nomad ACLs on.
+      check {
+        type     = "http"
+        path     = "/metrics"
+        interval = "10s"
+        timeout  = "2s"
+      }
+    }
+
+    update {
+      max_parallel = 1
+      auto_revert  = true
+    }
+
+    task "gpu-broker" {
+      driver = var.driver
+
+      config {
+        command = var.binary
+        args    = ["serve", "-config", "local/broker.hcl"]
+      }
+
+      template {
+        destination = "local/broker.hcl"
+        # A new token restarts the broker; a policy change only reloads it.
+        change_mode = "restart"
+        data        = <<-EOT
+          listen      = "{{ env "NOMAD_ADDR_http" }}"
+          advertise   = "http://{{ env "NOMAD_ADDR_http" }}"
+          policy_dir  = "{{ env "NOMAD_TASK_DIR" }}/policies"
+          enforcement = "${var.enforcement}"
+          nomad {
+            address = "${var.nomad_address}"
+            token   = "{{ with nomadVar "nomad/jobs/gpu-broker" }}{{ .nomad_token }}{{ end }}"
+          }
+          consul {
+            address   = "${var.consul_addr}"
+            token     = "{{ with nomadVar "nomad/jobs/gpu-broker" }}{{ .consul_token }}{{ end }}"
+            kv_prefix = "${var.kv_prefix}"
+          }
+        EOT
+      }
+
+      dynamic "template" {
+        for_each = jsondecode(var.policies)
+
+        content {
+          destination   = "local/policies/${template.key}"
+          data          = template.value
+          change_mode   = "signal"
+          change_signal = "SIGHUP"
+          # Policy files are HCL, not templates: delimiters they never contain.
+          left_delimiter  = "[[[nomad-gpu:"
+          right_delimiter = ":nomad-gpu]]]"
+        }
+      }
+
+      resources {
+        cpu    = 500
+        memory = 256
+      }
+    }
+  }
+}

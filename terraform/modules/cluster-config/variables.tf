@@ -1,0 +1,66 @@
+variable "tenants" {
+  description = "Tenants as the broker's policy files define them; `gpu-broker policy tenants -tfvars DIR` prints this variable from a policy directory."
+  type = map(object({
+    namespaces = list(string)
+    submitters = optional(list(string), [])
+  }))
+
+  validation {
+    condition     = length(flatten([for t in values(var.tenants) : t.namespaces])) == length(distinct(flatten([for t in values(var.tenants) : t.namespaces])))
+    error_message = "A namespace belongs to one tenant only."
+  }
+}
+
+variable "enforcement" {
+  description = "The broker's enforcement mode: \"passthrough\" (users keep job-write rights in Nomad) or \"exclusive\" (only the broker writes jobs in tenant namespaces)."
+  type        = string
+  default     = "passthrough"
+
+  validation {
+    condition     = contains(["passthrough", "exclusive"], var.enforcement)
+    error_message = "enforcement must be \"passthrough\" or \"exclusive\"."
+  }
+}
+
+variable "scheduler_algorithm" {
+  description = "binpack keeps whole nodes free for large GPU jobs; spread evens load out."
+  type        = string
+  default     = "binpack"
+}
+
+variable "policy_dir" {
+  description = "Directory of the broker's policy files (*.hcl), shipped to the broker job."
+  type        = string
+
+  validation {
+    condition     = length(fileset(var.policy_dir, "*.hcl")) > 0
+    error_message = "policy_dir holds no *.hcl policy files."
+  }
+}
+
+variable "kv_prefix" {
+  description = "The broker's Consul KV prefix (broker.hcl consul.kv_prefix)."
+  type        = string
+  default     = "nomad-gpu/"
+
+  validation {
+    condition     = endswith(var.kv_prefix, "/")
+    error_message = "kv_prefix must end with \"/\"."
+  }
+}
+
+variable "broker" {
+  description = "The gpu-broker Nomad job: instances (one leader through a Consul lock, all serve), where its binary is on the nodes, and its port."
+  type = object({
+    count         = optional(number, 2)
+    namespace     = optional(string, "default")
+    datacenters   = optional(list(string), ["*"])
+    node_pool     = optional(string, "default")
+    driver        = optional(string, "exec")
+    binary        = optional(string, "/usr/local/bin/gpu-broker")
+    port          = optional(number, 4649)
+    nomad_address = optional(string, "http://127.0.0.1:4646")
+    consul_addr   = optional(string, "127.0.0.1:8500")
+  })
+  default = {}
+}
