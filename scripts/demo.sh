@@ -44,6 +44,9 @@ client {
   servers       = ["127.0.0.1:4647"]
   cgroup_parent = "/nomad-gpu-demo-$1"
   options { "fingerprint.denylist" = "$DENYLIST" }
+  # Shared by both clients, as a network filesystem would be: training
+  # checkpoints (jobspecs/training.nomad.hcl).
+  host_volume "checkpoints" { path = "$DEMO_DIR/checkpoints" }
 }
 consul { address = "127.0.0.1:8500" }
 plugin "raw_exec" { config { enabled = true } }
@@ -68,7 +71,7 @@ up() {
   if [ -f "$DEMO_DIR/nomad-server.pid" ] && kill -0 "$(cat "$DEMO_DIR/nomad-server.pid")" 2>/dev/null; then
     log "already running; 'make demo-down' stops it"; exit 1
   fi
-  mkdir -p "$DEMO_DIR/plugins"
+  mkdir -p "$DEMO_DIR/plugins" "$DEMO_DIR/checkpoints"
   cp bin/nomad-device-gpu "$DEMO_DIR/plugins/"
 
   start consul "$CONSUL" agent -dev -bind 127.0.0.1 -client 127.0.0.1 -advertise 127.0.0.1 \
@@ -135,9 +138,11 @@ broker_sees_gpus() {
 scenario() {
   echo
   echo "== vision: 2 workers x 4 GPUs, within its guarantee of 8 (training band, priority 60)"
-  NOMAD_ADDR=$BROKER_ADDR "$NOMAD" job run -detach jobspecs/training.nomad.hcl | grep -v '^$'
+  NOMAD_ADDR=$BROKER_ADDR "$NOMAD" job run -detach -var checkpoint_dir="$DEMO_DIR/checkpoints" \
+    jobspecs/training.nomad.hcl | grep -v '^$'
   echo "== vision: 4 more GPUs, beyond its guarantee: borrowed from idle GPUs (priority 20)"
   NOMAD_ADDR=$BROKER_ADDR "$NOMAD" job run -detach -var workers=1 -var gpus_per_worker=4 \
+    -var checkpoint_dir="$DEMO_DIR/checkpoints" \
     <(sed 's/job "train-resnet"/job "train-borrowed"/' jobspecs/training.nomad.hcl) | grep -v '^$'
   wait_for "vision's jobs running" 60 running vision train-borrowed
   echo "== search: 3 replicas x 2 GPUs, within its guarantee of 6 (inference band, priority 80)"
@@ -156,6 +161,13 @@ scenario() {
   NOMAD_ADDR=$BROKER_ADDR "$NOMAD" job run -detach jobspecs/dev.nomad.hcl | grep -v '^$'
   wait_for "idle-dev to stop the idle dev environment" 90 reclaimed dev-env
   bin/gpu-broker reclaim list -address $BROKER_ADDR
+  echo
+  echo "== search stops its service: vision's preempted job leaves the queue and resumes from its checkpoint"
+  NOMAD_ADDR=$BROKER_ADDR "$NOMAD" job stop -namespace search -detach ranker >/dev/null
+  wait_for "train-borrowed running again" 60 running vision train-borrowed
+  wait_for "train-borrowed's first line" 15 task_says resuming train-borrowed
+  task_says stopping train-borrowed
+  task_says resuming train-borrowed
   echo
   echo "== GPU-hours so far today, and what they cost (idle ones included):"
   bin/gpu-broker usage -address $BROKER_ADDR -from "$(date -u +%F)"
@@ -176,6 +188,15 @@ reclaimed() {
 }
 
 running() { "$NOMAD" job allocs -namespace "$1" "$2" 2>/dev/null | grep -q ' running '; }
+
+# task_says WORD JOB: prints (and succeeds on) the line of vision's JOB's
+# train task that has WORD, from the allocation that stopped or the one running.
+task_says() {
+  local status=running id
+  [ "$1" = stopping ] && status=complete
+  id=$("$NOMAD" job allocs -namespace vision "$2" 2>/dev/null | awk -v s="$status" '$6 == s { print $1; exit }')
+  [ -n "$id" ] && "$NOMAD" alloc logs -namespace vision "$id" train 2>/dev/null | grep -m1 "$1" | sed "s/^/   $2 ($id): /" | grep .
+}
 
 two_gpu_nodes() {
   [ "$("$NOMAD" node status -json 2>/dev/null | grep -c '"Status": "ready"')" -ge 2 ] || return 1

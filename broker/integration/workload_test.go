@@ -98,8 +98,11 @@ func TestTheJobspecsRunThroughTheBroker(t *testing.T) {
 	plugin := func(prefix string) string {
 		return fmt.Sprintf("\n    backend = \"fake\"\n    fake {\n      count     = 8\n      id_prefix = %q\n    }", prefix)
 	}
-	n := testcluster.StartNomad(t, testcluster.NomadOptions{Name: "specs-1", Server: true, Client: true, PluginConfig: plugin("s1")})
-	testcluster.StartNomad(t, testcluster.NomadOptions{Name: "specs-2", Client: true, Join: []string{n.RPCAddr}, PluginConfig: plugin("s2")})
+	// Both nodes see the same checkpoints directory, as a shared filesystem.
+	ckpt := t.TempDir()
+	volume := checkpointsVolume(ckpt)
+	n := testcluster.StartNomad(t, testcluster.NomadOptions{Name: "specs-1", Server: true, Client: true, PluginConfig: plugin("s1"), ClientHCL: volume})
+	testcluster.StartNomad(t, testcluster.NomadOptions{Name: "specs-2", Client: true, Join: []string{n.RPCAddr}, PluginConfig: plugin("s2"), ClientHCL: volume})
 	n.WaitForNodes(t, 2)
 	for _, ns := range []string{"vision", "search", "research"} {
 		if _, err := n.API.Namespaces().Register(&api.Namespace{Name: ns}, nil); err != nil {
@@ -128,7 +131,11 @@ func TestTheJobspecsRunThroughTheBroker(t *testing.T) {
 		if out, err := e.nomadCLI("job", "validate", spec); err != nil || !strings.Contains(out, "Job validation successful") {
 			t.Errorf("nomad job validate %s: %v\n%s", spec, err, out)
 		}
-		if out, err := e.nomadCLI("job", "run", "-detach", spec); err != nil || !strings.Contains(out, "nomad-gpu: admitted") {
+		run := []string{"job", "run", "-detach", spec}
+		if name == "training" {
+			run = []string{"job", "run", "-detach", "-var", "checkpoint_dir=" + ckpt, spec}
+		}
+		if out, err := e.nomadCLI(run...); err != nil || !strings.Contains(out, "nomad-gpu: admitted") {
 			t.Fatalf("nomad job run %s through the broker: %v\n%s", spec, err, out)
 		}
 	}
@@ -169,4 +176,84 @@ func waitAllocsRunning(t *testing.T, n *testcluster.Nomad, ns, id string, want i
 		}
 		return nil
 	})
+}
+
+// checkpointsVolume is the client configuration of the host volume that
+// jobspecs/training.nomad.hcl keeps its checkpoints in.
+func checkpointsVolume(path string) string {
+	return fmt.Sprintf("host_volume \"checkpoints\" {\n    path = %q\n  }", path)
+}
+
+// TestATrainingJobResumesFromItsCheckpointAfterPreemption: the training
+// jobspec, borrowing, is preempted by Nomad for an owner's job; its task
+// writes a checkpoint on SIGTERM; the broker requeues it; when the owner's job
+// stops, it is registered again, gets a new allocation, and resumes from the
+// step it reached, not from zero.
+func TestATrainingJobResumesFromItsCheckpointAfterPreemption(t *testing.T) {
+	consul := testcluster.StartConsul(t)
+	ckpt := t.TempDir()
+	n := testcluster.StartNomad(t, testcluster.NomadOptions{Name: "ckpt", Server: true, Client: true,
+		PluginConfig: "\n    backend = \"fake\"\n    fake {\n      count = 4\n    }", ClientHCL: checkpointsVolume(ckpt)})
+	n.WaitForNodes(t, 1)
+	for _, ns := range []string{"vision", "search"} {
+		if _, err := n.API.Namespaces().Register(&api.Namespace{Name: ns}, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e := brokerEnv(t, n, consul, preemptPolicy, "vision", 4, testcluster.BrokerOptions{})
+	if out, err := e.run("vision", "own", 1, 2, "", true); err != nil || !strings.Contains(out, "borrowed: no") {
+		t.Fatalf("own: %v\n%s", err, out)
+	}
+	e.waitRunning("vision", "own")
+	out, err := e.nomadCLI("job", "run", "-detach", "-var", "workers=1", "-var", "gpus_per_worker=2",
+		"-var", "checkpoint_dir="+ckpt, "../../jobspecs/training.nomad.hcl")
+	if err != nil || !strings.Contains(out, "borrowed: yes") {
+		t.Fatalf("training, borrowing: %v\n%s", err, out)
+	}
+	first := e.waitRunning("vision", "train-resnet").ID
+	file := filepath.Join(ckpt, "vision", "train-resnet", "worker-0")
+	testcluster.WaitFor(t, 60*time.Second, "a periodic checkpoint", func() error {
+		_, err := os.Stat(file)
+		return err
+	})
+	time.Sleep(3 * time.Second) // a few steps past the periodic checkpoint
+
+	if out, err := e.run("search", "svc", 1, 2, "", true); err != nil || !strings.Contains(out, "borrowed: no") {
+		t.Fatalf("svc: %v\n%s", err, out)
+	}
+	testcluster.WaitFor(t, 60*time.Second, "train-resnet preempted and back in the queue", func() error {
+		if out := e.brokerCLI("queue", "list"); !strings.Contains(out, "train-resnet") {
+			return fmt.Errorf("queue:\n%s", out)
+		}
+		return nil
+	})
+	stopped := taskLog(n, first, "train")
+	at := strings.Index(stopped, "checkpoint at step ")
+	var reached int
+	if at < 0 {
+		t.Fatalf("the preempted task wrote no checkpoint on SIGTERM:\n%s", stopped)
+	}
+	if _, err := fmt.Sscanf(stopped[at:], "checkpoint at step %d", &reached); err != nil || reached <= 10 {
+		t.Fatalf("checkpoint on SIGTERM at step %d (%v), want past the first periodic one:\n%s", reached, err, stopped)
+	}
+
+	e.stop("search", "svc")
+	second := e.waitRunning("vision", "train-resnet").ID
+	if second == first {
+		t.Fatalf("the same allocation %s runs again", first)
+	}
+	want := fmt.Sprintf("resuming at step %d", reached)
+	t.Logf("preempted at step %d; allocation %s follows %s", reached, second, first)
+	testcluster.WaitFor(t, 30*time.Second, "the new allocation's first line", func() error {
+		if log := taskLog(n, second, "train"); !strings.Contains(log, want) {
+			return fmt.Errorf("log of %s:\n%s", second, log)
+		}
+		return nil
+	})
+}
+
+// taskLog is what a task of an allocation on n wrote to its standard output.
+func taskLog(n *testcluster.Nomad, allocID, task string) string {
+	b, _ := os.ReadFile(filepath.Join(n.DataDir, "alloc", allocID, "alloc", "logs", task+".stdout.0"))
+	return string(b)
 }
