@@ -39,6 +39,7 @@ const (
 	RuleRequireUpdate     = "workload-require-update"
 	RuleGang              = "workload-gang"
 	RuleProtectedMinCount = "workload-protect-min-count"
+	RuleWorkloadShared    = "workload-shared"
 )
 
 // Job is the GPU demand of a job, as admission sees it.
@@ -60,6 +61,9 @@ type Group struct {
 	Count        int    // allocations
 	GPUsPerAlloc int    // GPUs each allocation asks for, all tasks together
 	Model        string // the device name asked for, if the job names a model
+	// Shared: only time-sliced replicas can meet the request; each counts
+	// as 1/N of a GPU, N the replicas per GPU (Usage.Replicas).
+	Shared bool
 }
 
 // Usage is the cluster as the broker sees it when deciding.
@@ -70,6 +74,39 @@ type Usage struct {
 	// Nodes are the schedulable nodes' GPUs, for a gang job (filled only
 	// when deciding on one; nil: not checked node by node).
 	Nodes []NodeRoom
+	// Replicas is, per shared device group ("<model> (shared)"), how many
+	// replicas each of its GPUs is offered as (the fewest where nodes differ).
+	Replicas map[string]int
+}
+
+// UsedBy is every tenant's GPUs held, in all.
+func (u Usage) UsedBy() map[string]float64 {
+	out := make(map[string]float64, len(u.Tenants))
+	for t, tu := range u.Tenants {
+		out[t] = tu.Used.Total()
+	}
+	return out
+}
+
+// Share is the part of a GPU one device of g is: 1, or 1/N for a replica.
+// A request for replicas of no named model takes the fewest replicas of any
+// shared group (the largest share it could get).
+func (u Usage) Share(g Group) float64 {
+	if !g.Shared {
+		return 1
+	}
+	n, ok := u.Replicas[g.Model]
+	if g.Model == "" {
+		for _, r := range u.Replicas {
+			if !ok || r < n {
+				n, ok = r, true
+			}
+		}
+	}
+	if !ok || n < 2 {
+		return 1
+	}
+	return 1 / float64(n)
 }
 
 // NodeRoom is what one schedulable node has for a new allocation: healthy
@@ -107,12 +144,13 @@ const (
 	WaitCapacity = "capacity" // GPUs to become idle
 )
 
-// Demand sums GPUs per class (and in all) over the job's groups.
-func Demand(p *policy.Policy, job Job) (policy.Quota, []string) {
+// Demand sums GPUs per class (and in all) over the job's groups, a replica
+// counting as its share of a GPU.
+func Demand(p *policy.Policy, job Job, u Usage) (policy.Quota, []string) {
 	d := policy.Quota{}
 	var unclassified []string
 	for _, g := range job.Groups {
-		n := g.Count * g.GPUsPerAlloc
+		n := float64(g.Count*g.GPUsPerAlloc) * u.Share(g)
 		if n == 0 {
 			continue
 		}
@@ -134,7 +172,7 @@ func Demand(p *policy.Policy, job Job) (policy.Quota, []string) {
 // group no node can hold, above the limit, unknown class), else admit within the guarantee,
 // else admit borrowed within the limit when enough GPUs are idle, else queue.
 func Decide(p *policy.Policy, job Job, u Usage) Decision {
-	demand, unclassified := Demand(p, job)
+	demand, unclassified := Demand(p, job, u)
 	d := Decision{Demand: demand}
 	if demand[policy.AllGPUs] == 0 {
 		d.Outcome, d.Reason = Admit, "no GPU demand"
@@ -156,11 +194,18 @@ func Decide(p *policy.Policy, job Job, u Usage) Decision {
 	q := p.Queues[d.Queue]
 	d.Workload = q.Workload
 	w := p.Workloads[q.Workload]
-	if w != nil && w.MaxGPUs > 0 && demand[policy.AllGPUs] > w.MaxGPUs {
-		return reject(d, RuleWorkloadMaxGPUs, fmt.Sprintf("workload %q jobs take at most %d GPUs; this one asks for %d", w.Name, w.MaxGPUs, demand[policy.AllGPUs]))
+	if w != nil && w.MaxGPUs > 0 && exceeds(demand[policy.AllGPUs], float64(w.MaxGPUs)) {
+		return reject(d, RuleWorkloadMaxGPUs, fmt.Sprintf("workload %q jobs take at most %d GPUs; this one asks for %g", w.Name, w.MaxGPUs, demand[policy.AllGPUs]))
 	}
 	if w != nil && w.RequireUpdate && !job.CanaryAutoRevert {
 		return reject(d, RuleRequireUpdate, fmt.Sprintf("workload %q jobs need an update block with canary > 0 and auto_revert = true in every GPU task group (or the job)", w.Name))
+	}
+	if w != nil && !w.Shared {
+		for _, g := range job.Groups {
+			if g.Shared {
+				return reject(d, RuleWorkloadShared, fmt.Sprintf("workload %q takes whole GPUs, but task group %q asks for time-sliced replicas (a workload with shared = true may)", w.Name, g.Name))
+			}
+		}
 	}
 	if rule, why := ttlRefused(p, job.TTL, d); why != "" {
 		return reject(d, rule, why)
@@ -179,15 +224,15 @@ func Decide(p *policy.Policy, job Job, u Usage) Decision {
 		if class == "" {
 			class = policy.AllGPUs
 		}
-		if g.GPUsPerAlloc > u.MaxAlloc[class] {
-			return reject(d, RuleNoNodeFits, fmt.Sprintf("task group %q needs %d %s in one allocation, but no node has more than %d",
-				g.Name, g.GPUsPerAlloc, gpus(class), u.MaxAlloc[class]))
+		if need := float64(g.GPUsPerAlloc) * u.Share(g); exceeds(need, u.MaxAlloc[class]) {
+			return reject(d, RuleNoNodeFits, fmt.Sprintf("task group %q needs %g %s in one allocation, but no node has more than %g",
+				g.Name, need, gpus(class), u.MaxAlloc[class]))
 		}
 	}
 
 	for _, class := range keys(demand) {
-		if limit, ok := tenant.Limit[class]; ok && demand[class] > limit {
-			return reject(d, RuleAboveLimit, fmt.Sprintf("the job needs %d %s, above tenant %q's limit of %d",
+		if limit, ok := tenant.Limit[class]; ok && exceeds(demand[class], limit) {
+			return reject(d, RuleAboveLimit, fmt.Sprintf("the job needs %g %s, above tenant %q's limit of %g",
 				demand[class], gpus(class), tenant.Name, limit))
 		}
 	}
@@ -210,7 +255,7 @@ func decideQuota(p *policy.Policy, u Usage, d Decision, tenant *policy.Tenant, q
 	}
 	if !within(used, demand, tenant.Limit, false) {
 		d.Outcome, d.WaitsFor = Queue, WaitLimit
-		d.Reason = fmt.Sprintf("tenant %q would hold %d of its limit of %d GPUs; queued until its own jobs free GPUs",
+		d.Reason = fmt.Sprintf("tenant %q would hold %g of its limit of %g GPUs; queued until its own jobs free GPUs",
 			tenant.Name, used[policy.AllGPUs]+demand[policy.AllGPUs], tenant.Limit.Total())
 		return d
 	}
@@ -223,7 +268,7 @@ func decideQuota(p *policy.Policy, u Usage, d Decision, tenant *policy.Tenant, q
 	if !p.Borrowing.Enabled {
 		d.Reason = fmt.Sprintf("beyond tenant %q's guarantee and borrowing is off; queued until its own jobs free GPUs", tenant.Name)
 	} else {
-		d.Reason = fmt.Sprintf("beyond tenant %q's guarantee and only %d GPUs are idle; queued until GPUs free", tenant.Name, u.Idle[policy.AllGPUs])
+		d.Reason = fmt.Sprintf("beyond tenant %q's guarantee and only %g GPUs are idle; queued until GPUs free", tenant.Name, u.Idle[policy.AllGPUs])
 	}
 	return d
 }
@@ -297,7 +342,7 @@ func packs(sizes []int, nodes []NodeRoom, preempt bool) bool {
 // GPUs of no class) fail unless the quota counts all GPUs.
 func within(used, demand, quota policy.Quota, strict bool) bool {
 	total := hasKey(quota, policy.AllGPUs)
-	classified := 0
+	classified := 0.0
 	for class, n := range demand {
 		if class != policy.AllGPUs {
 			classified += n
@@ -309,12 +354,16 @@ func within(used, demand, quota policy.Quota, strict bool) bool {
 			}
 			continue
 		}
-		if used[class]+n > limit {
+		if exceeds(used[class]+n, limit) {
 			return false
 		}
 	}
-	return !strict || total || demand[policy.AllGPUs] <= classified
+	return !strict || total || !exceeds(demand[policy.AllGPUs], classified)
 }
+
+// exceeds compares GPU counts that may hold sums of replica shares (thirds,
+// say), which floating point gets only nearly right.
+func exceeds(n, limit float64) bool { return n > limit+1e-9 }
 
 func reject(d Decision, rule, reason string) Decision {
 	d.Outcome, d.Rule, d.Reason = Reject, rule, reason

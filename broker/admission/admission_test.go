@@ -64,8 +64,14 @@ func (b *jobBuilder) model(m string) *jobBuilder {
 
 func (b *jobBuilder) queue(q string) *jobBuilder { b.Queue = q; return b }
 
+// shared makes the last group ask for time-sliced replicas only.
+func (b *jobBuilder) shared() *jobBuilder {
+	b.Groups[len(b.Groups)-1].Shared = true
+	return b
+}
+
 // cluster is 16 GPUs (8 a node, all H100) with some held.
-func cluster(idle int, used map[string]int) admission.Usage {
+func cluster(idle float64, used map[string]float64) admission.Usage {
 	u := admission.Usage{Tenants: map[string]admission.TenantUsage{},
 		Idle:     policy.Quota{"": idle, "h100": idle},
 		MaxAlloc: policy.Quota{"": 8, "h100": 8}}
@@ -114,14 +120,14 @@ func TestDecide(t *testing.T) {
 		{name: "second namespace of a tenant", job: job("search-canary").gpus(1, 1), usage: cluster(16, nil),
 			outcome: admission.Admit, priority: 80},
 		{name: "guarantee even with no idle GPUs (Nomad preempts borrowed work)", job: job("search").gpus(4, 1),
-			usage: cluster(0, map[string]int{"vision": 16}), outcome: admission.Admit, priority: 80},
-		{name: "beyond guarantee on idle GPUs: borrowed", job: job("vision").gpus(1, 4), usage: cluster(8, map[string]int{"vision": 8}),
+			usage: cluster(0, map[string]float64{"vision": 16}), outcome: admission.Admit, priority: 80},
+		{name: "beyond guarantee on idle GPUs: borrowed", job: job("vision").gpus(1, 4), usage: cluster(8, map[string]float64{"vision": 8}),
 			outcome: admission.AdmitBorrowed, priority: 20},
-		{name: "beyond guarantee, not enough idle: queued", job: job("vision").gpus(1, 4), usage: cluster(2, map[string]int{"vision": 8}),
+		{name: "beyond guarantee, not enough idle: queued", job: job("vision").gpus(1, 4), usage: cluster(2, map[string]float64{"vision": 8}),
 			outcome: admission.Queue, reason: "only 2 GPUs are idle"},
-		{name: "beyond guarantee, borrowing off: queued", borrowOff: true, job: job("vision").gpus(1, 4), usage: cluster(8, map[string]int{"vision": 8}),
+		{name: "beyond guarantee, borrowing off: queued", borrowOff: true, job: job("vision").gpus(1, 4), usage: cluster(8, map[string]float64{"vision": 8}),
 			outcome: admission.Queue, reason: "borrowing is off"},
-		{name: "over limit with what it holds: queued", job: job("search").gpus(1, 1), usage: cluster(12, map[string]int{"search": 4}),
+		{name: "over limit with what it holds: queued", job: job("search").gpus(1, 1), usage: cluster(12, map[string]float64{"search": 4}),
 			outcome: admission.Queue, reason: `tenant "search" would hold 5 of its limit of 4 GPUs`},
 		{name: "per-class guarantee", job: job("research").gpus(2, 1).model(h100), usage: cluster(16, nil),
 			outcome: admission.Admit, priority: 40},
@@ -197,6 +203,7 @@ workload "inference" {
 }
 workload "dev" {
   max_gpus = 1
+  shared   = true
 }
 tenant "vision" {
   namespaces = ["vision"]
@@ -212,7 +219,7 @@ borrowing {
 		t.Fatal(policy.FormatDiagnostics(diags))
 	}
 	// 2 nodes × 8 GPUs, 5 free on each (3 held by others on each).
-	u := cluster(10, map[string]int{"search": 6})
+	u := cluster(10, map[string]float64{"search": 6})
 	u.Nodes = []admission.NodeRoom{{Free: 5}, {Free: 5}}
 	gang := job("vision").gpus(2, 6)
 	if d := admission.Decide(p, gang.Job, u); d.Outcome != admission.Queue || d.Rule != admission.RuleGang || d.WaitsFor != admission.WaitCapacity ||
@@ -239,8 +246,73 @@ borrowing {
 		t.Errorf("inference with canary: %s %d: %s", d.Outcome, d.Priority, d.Reason)
 	}
 	// Beyond its guarantee it would be borrowed: protected, it waits instead.
-	full := cluster(10, map[string]int{"vision": 12})
+	full := cluster(10, map[string]float64{"vision": 12})
 	if d := admission.Decide(p, inference.Job, full); d.Outcome != admission.Queue || d.Rule != admission.RuleProtectedMinCount || d.WaitsFor != admission.WaitLimit {
 		t.Errorf("inference beyond guarantee: %s %s: %s", d.Outcome, d.Rule, d.Reason)
 	}
+	// Replicas only for a shared workload.
+	u.Replicas = map[string]int{h100 + " (shared)": 4}
+	if d := admission.Decide(p, job("vision").gpus(1, 1).shared().Job, u); d.Outcome != admission.Reject || d.Rule != admission.RuleWorkloadShared {
+		t.Errorf("replicas for training: %s %s: %s", d.Outcome, d.Rule, d.Reason)
+	}
+	if d := admission.Decide(p, job("vision").gpus(1, 4).shared().queue("dev").Job, u); d.Outcome != admission.Admit {
+		t.Errorf("4 replicas (one GPU) for dev, max_gpus 1: %s %s: %s", d.Outcome, d.Rule, d.Reason)
+	}
+}
+
+// A time-sliced replica counts as 1/N of a GPU against guarantees, limits and
+// idle GPUs, N the replicas per GPU its group is offered as.
+func TestAReplicaCountsAsItsShareOfAGPU(t *testing.T) {
+	p := testPolicy(t, true)
+	shared := h100 + " (shared)"
+	withReplicas := func(u admission.Usage, r map[string]int) admission.Usage { u.Replicas = r; return u }
+	four := map[string]int{shared: 4}
+	for _, c := range []struct {
+		name    string
+		job     *jobBuilder
+		usage   admission.Usage
+		outcome admission.Outcome
+		demand  float64
+	}{
+		{"the last quarter of the guarantee", job("research").gpus(1, 1).model(shared).shared(),
+			withReplicas(cluster(16, map[string]float64{"research": 1.75}), four), admission.Admit, 0.25},
+		{"beyond the guarantee: borrowed", job("research").gpus(1, 1).model(shared).shared(),
+			withReplicas(cluster(16, map[string]float64{"research": 2}), four), admission.AdmitBorrowed, 0.25},
+		{"four replicas are one GPU", job("research").gpus(2, 2).model(shared).shared(),
+			withReplicas(cluster(16, map[string]float64{"research": 3}), four), admission.AdmitBorrowed, 1},
+		{"a quarter above the limit", job("research").gpus(1, 1).model(shared).shared(),
+			withReplicas(cluster(16, map[string]float64{"research": 3.9}), four), admission.Queue, 0.25},
+		{"any model's replicas: the largest share", job("vision").gpus(1, 1).shared(),
+			withReplicas(cluster(16, nil), map[string]int{shared: 4, "NVIDIA A100-SXM4-80GB (shared)": 2}), admission.Admit, 0.5},
+		{"no shared group known: a whole GPU", job("vision").gpus(1, 1).shared(), cluster(16, nil), admission.Admit, 1},
+		{"the same model whole", job("research").gpus(1, 1).model(h100),
+			withReplicas(cluster(16, map[string]float64{"research": 1.75}), four), admission.AdmitBorrowed, 1},
+	} {
+		d := admission.Decide(p, c.job.Job, c.usage)
+		if d.Outcome != c.outcome || d.Demand[policy.AllGPUs] != c.demand {
+			t.Errorf("%s: %s of %g GPUs (%s), want %s of %g", c.name, d.Outcome, d.Demand[policy.AllGPUs], d.Reason, c.outcome, c.demand)
+		}
+	}
+	// Ten tenths fill a guarantee of one GPU, though in floating point the
+	// tenths held in two namespaces (3 and 6) and one more sum past 1.
+	tenth := 1 / float64(10)
+	held := 3*tenth + 6*tenth
+	u := withReplicas(cluster(16, map[string]float64{"solo": held}), map[string]int{shared: 10})
+	if d := admission.Decide(soloPolicy(t), job("solo").gpus(1, 1).model(shared).shared().Job, u); d.Outcome != admission.Admit {
+		t.Errorf("the tenth tenth (%.17g held): %s (%s)", held, d.Outcome, d.Reason)
+	}
+}
+
+func soloPolicy(t *testing.T) *policy.Policy {
+	p, diags := policy.Parse(map[string][]byte{"p.hcl": []byte(`
+queue "dev" { priority = 40 }
+tenant "solo" {
+  namespaces = ["solo"]
+  queues     = ["dev"]
+  guaranteed = 1
+}`)}, 0)
+	if diags.HasErrors() {
+		t.Fatal(policy.FormatDiagnostics(diags))
+	}
+	return p
 }

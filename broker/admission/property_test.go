@@ -28,9 +28,9 @@ func genJob(t *rapid.T) admission.Job {
 }
 
 func genUsage(t *rapid.T) admission.Usage {
-	u := cluster(rapid.IntRange(0, 16).Draw(t, "idle"), nil)
+	u := cluster(float64(rapid.IntRange(0, 16).Draw(t, "idle")), nil)
 	for _, tenant := range []string{"vision", "search", "research"} {
-		n := rapid.IntRange(0, 16).Draw(t, "used-"+tenant)
+		n := float64(rapid.IntRange(0, 16).Draw(t, "used-"+tenant))
 		u.Tenants[tenant] = admission.TenantUsage{Used: policy.Quota{"": n, "h100": n}}
 	}
 	return u
@@ -48,11 +48,11 @@ func TestNeverAboveLimit(t *testing.T) {
 		tenant := p.Tenants[d.Tenant]
 		for class, limit := range tenant.Limit {
 			if got := u.Tenants[d.Tenant].Used[class] + d.Demand[class]; got > limit {
-				t.Fatalf("%s admitted: tenant %s would hold %d %q GPUs, limit %d", d.Outcome, d.Tenant, got, class, limit)
+				t.Fatalf("%s admitted: tenant %s would hold %g %q GPUs, limit %g", d.Outcome, d.Tenant, got, class, limit)
 			}
 		}
 		if d.Outcome == admission.AdmitBorrowed && d.Demand[policy.AllGPUs] > u.Idle[policy.AllGPUs] {
-			t.Fatalf("borrowed %d GPUs with only %d idle", d.Demand[policy.AllGPUs], u.Idle[policy.AllGPUs])
+			t.Fatalf("borrowed %g GPUs with only %g idle", d.Demand[policy.AllGPUs], u.Idle[policy.AllGPUs])
 		}
 	})
 }

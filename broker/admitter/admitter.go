@@ -121,10 +121,7 @@ func (a *Admitter) Pass(ctx context.Context) (int, error) {
 		return 0, err
 	}
 	p := a.Policies.Current()
-	used := map[string]int{}
-	for t, tu := range a.Cluster.UsageWithout(p, "", "").Tenants {
-		used[t] = tu.Used.Total()
-	}
+	used := a.Cluster.UsageWithout(p, "", "").UsedBy()
 	var decayed map[string]float64
 	if a.FairShare != nil && p.FairShare.Enabled {
 		if decayed, err = a.FairShare.Decayed(ctx, a.Now(), p.FairShare.HalfLife); err != nil {

@@ -66,7 +66,7 @@ func entry(id string, gpus int, age time.Duration, now time.Time) queue.Entry {
 	req := fmt.Sprintf(`{"Job":{"ID":%q,"Namespace":"vision","TaskGroups":[{"Name":"g","Count":1,
 	  "Tasks":[{"Name":"t","Resources":{"Devices":[{"Name":"nvidia/gpu","Count":%d}]}}]}]}}`, id, gpus)
 	return queue.Entry{ID: "q-" + id, JobID: id, Namespace: "vision", Tenant: "vision", Queue: "training",
-		Demand: gpus, SubmittedAt: now.Add(-age), Request: json.RawMessage(req)}
+		Demand: float64(gpus), SubmittedAt: now.Add(-age), Request: json.RawMessage(req)}
 }
 
 func setup(t *testing.T, src string, capacity int) (*admitter.Admitter, *queuetest.Mem, *nomad, *cluster.View, time.Time) {

@@ -47,13 +47,13 @@ tenant "vision" {
 	prio.Grant("ops", now)
 	q, pr := approval.Apply(p, []approval.Approval{extra, prio}, "vision", "big", now.Add(10*time.Minute))
 	if q.TenantOf("vision").Limit.Total() != 5 || pr != 90 {
-		t.Errorf("granted: limit %d, priority %d", q.TenantOf("vision").Limit.Total(), pr)
+		t.Errorf("granted: limit %g, priority %d", q.TenantOf("vision").Limit.Total(), pr)
 	}
 	if q, pr := approval.Apply(p, []approval.Approval{extra, prio}, "vision", "other", now); q != p || pr != 0 {
 		t.Error("applied to another job")
 	}
 	if q, pr := approval.Apply(p, []approval.Approval{extra, prio}, "vision", "big", now.Add(45*time.Minute)); q.TenantOf("vision").Limit.Total() != 5 || pr != 0 {
-		t.Errorf("after the priority expired: limit %d, priority %d", q.TenantOf("vision").Limit.Total(), pr)
+		t.Errorf("after the priority expired: limit %g, priority %d", q.TenantOf("vision").Limit.Total(), pr)
 	}
 	if q, _ := approval.Apply(p, []approval.Approval{extra}, "vision", "big", now.Add(time.Hour)); q != p {
 		t.Error("applied at its expiry")

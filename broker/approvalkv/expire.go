@@ -67,7 +67,7 @@ func (e *Expirer) expire(ctx context.Context, id string, now time.Time) error {
 		if limit := t.Limit.Total(); used > limit {
 			d := reclaim.Decision{Rule: ExpiredRule, Action: policy.ActionRequeue, Mode: policy.ModeEnforce, Namespace: a.Namespace,
 				JobID: a.Job, WholeJob: true, Tenant: t.Name, ActAfter: now,
-				Evidence: fmt.Sprintf("approval %s (%d GPUs above the limit) expired at %s; tenant %q holds %d GPUs, its limit is %d",
+				Evidence: fmt.Sprintf("approval %s (%d GPUs above the limit) expired at %s; tenant %q holds %g GPUs, its limit is %g",
 					a.ID, a.ExtraGPUs, a.ExpiresAt.Format(time.RFC3339), t.Name, used, limit)}
 			rec := reclaim.NewRecord(e.NewID(), d, now)
 			if _, err := e.Records.Create(ctx, rec); err != nil {

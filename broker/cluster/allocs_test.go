@@ -79,26 +79,26 @@ func TestGPUsStayUsedUntilNomadStopsTheAllocations(t *testing.T) {
 	v.Reset(Snapshot{Nodes: []*api.Node{testbuild.Node("n", testbuild.H100, 8, 0)},
 		Jobs:   []*api.Job{testbuild.Job("vision", "train").Group("g", 2, 2, "nvidia/gpu").ModifyIndex(5).Build()},
 		Allocs: []*api.Allocation{running("a1", 6, "n-0", "n-1"), running("a2", 6, "n-2", "n-3")}})
-	used := func() int { return v.Usage(p).Tenants["vision"].Used.Total() }
+	used := func() float64 { return v.Usage(p).Tenants["vision"].Used.Total() }
 	if used() != 4 {
-		t.Fatalf("running: %d", used())
+		t.Fatalf("running: %g", used())
 	}
 	// Scaled down to one: a2 still runs until Nomad stops it.
 	v.ObserveJob(testbuild.Job("vision", "train").Group("g", 1, 2, "nvidia/gpu").ModifyIndex(7).Build())
 	if used() != 4 {
-		t.Errorf("scaled down, a2 still running: %d used, want 4", used())
+		t.Errorf("scaled down, a2 still running: %g used, want 4", used())
 	}
 	v.ObserveAlloc(testbuild.Alloc("a2", "vision", "train", "n", 6, "n-2", "n-3").Status(api.AllocDesiredStatusStop, api.AllocClientStatusRunning, 8).Build())
 	if used() != 2 {
-		t.Errorf("a2 stopped: %d used, want 2", used())
+		t.Errorf("a2 stopped: %g used, want 2", used())
 	}
 	// Stopped: a1's GPUs stay used until its own stop.
 	v.ObserveJob(testbuild.Job("vision", "train").Group("g", 1, 2, "nvidia/gpu").ModifyIndex(9).Stopped().Build())
 	if used() != 2 {
-		t.Errorf("job stopped, a1 still running: %d used, want 2", used())
+		t.Errorf("job stopped, a1 still running: %g used, want 2", used())
 	}
 	v.ObserveAlloc(testbuild.Alloc("a1", "vision", "train", "n", 6, "n-0", "n-1").Status(api.AllocDesiredStatusStop, api.AllocClientStatusRunning, 10).Build())
 	if used() != 0 {
-		t.Errorf("all stopped: %d used", used())
+		t.Errorf("all stopped: %g used", used())
 	}
 }

@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
@@ -98,7 +99,7 @@ func (v *View) followOnce(ctx context.Context, src Source, resync <-chan time.Ti
 func (v *View) apply(e *api.Event) error {
 	switch e.Topic {
 	case api.TopicNode:
-		n, err := e.Node()
+		n, err := eventNode(e)
 		if err != nil || n == nil {
 			return fmt.Errorf("decode node event: %v", err)
 		}
@@ -136,3 +137,18 @@ func (v *View) apply(e *api.Event) error {
 // Followed is how far the view follows Nomad: the index of the last event
 // (or listing) it applied, and how many full listings it made.
 func (v *View) Followed() (index, listings uint64) { return v.index.Load(), v.relisted.Load() }
+
+// eventNode decodes a node event as Nomad wrote it, by its JSON names. The
+// api's own decoder (mapstructure) ignores JSON tags, and so loses every
+// device attribute: their fields are IntVal, BoolVal…, written Int, Bool….
+func eventNode(e *api.Event) (*api.Node, error) {
+	raw, err := json.Marshal(e.Payload["Node"])
+	if err != nil {
+		return nil, err
+	}
+	var n *api.Node
+	if err := json.Unmarshal(raw, &n); err != nil {
+		return nil, err
+	}
+	return n, nil
+}

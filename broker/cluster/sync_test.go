@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"context"
+	"encoding/json"
 	"sync"
 	"testing"
 	"time"
@@ -44,12 +45,12 @@ func TestResyncDropsAPurgedJob(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go v.Follow(ctx, src, hclog.NewNullLogger(), tick)
-	waitUsage := func(want int) {
+	waitUsage := func(want float64) {
 		t.Helper()
 		deadline := time.Now().Add(5 * time.Second)
 		for v.Usage(p).Tenants["vision"].Used.Total() != want {
 			if time.Now().After(deadline) {
-				t.Fatalf("vision uses %d GPUs, want %d", v.Usage(p).Tenants["vision"].Used.Total(), want)
+				t.Fatalf("vision uses %g GPUs, want %g", v.Usage(p).Tenants["vision"].Used.Total(), want)
 			}
 			time.Sleep(5 * time.Millisecond)
 		}
@@ -57,4 +58,25 @@ func TestResyncDropsAPurgedJob(t *testing.T) {
 	waitUsage(4)
 	tick <- time.Now()
 	waitUsage(0)
+}
+
+// A node event keeps its device groups' attributes (a shared group's
+// replicas), which the api's own event decoder drops.
+func TestNodeEventsKeepDeviceAttributes(t *testing.T) {
+	p := testbuild.Policy(t, visionPolicy)
+	raw, err := json.Marshal(testbuild.SharedGPUs(testbuild.Node("n", testbuild.H100, 6, 0), testbuild.H100, 2, 4))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var payload map[string]any
+	if err := json.Unmarshal(raw, &payload); err != nil {
+		t.Fatal(err)
+	}
+	v := NewView(nil)
+	if err := v.apply(&api.Event{Topic: api.TopicNode, Type: "NodeRegistration", Payload: map[string]any{"Node": payload}}); err != nil {
+		t.Fatal(err)
+	}
+	if u := v.Usage(p); u.Replicas[testbuild.H100+" (shared)"] != 4 || u.MaxAlloc["h100"] != 8 {
+		t.Errorf("from the event: replicas %v, max per node %v; want 4 replicas, 8 GPUs", u.Replicas, u.MaxAlloc)
+	}
 }

@@ -5,6 +5,7 @@ package cluster
 
 import (
 	"maps"
+	"math"
 	"sort"
 	"strings"
 	"sync"
@@ -55,6 +56,7 @@ type View struct {
 	capPolicy  *policy.Policy
 	capacity   policy.Quota
 	maxAlloc   policy.Quota
+	replicas   map[string]int // replicas per GPU of each shared group, the fewest of any node
 }
 
 type node struct {
@@ -62,12 +64,16 @@ type node struct {
 	pool        string
 	gpus        map[string]int // healthy GPUs by model
 	devices     map[string]GPU // every GPU, by device id
+	replicas    map[string]int // replicas per GPU of its shared groups, by group name
 }
 
 // GPU is one GPU of a node.
 type GPU struct {
 	Model   string
 	Healthy bool
+	// Replicas is how many devices its physical GPU is offered as (0 for a
+	// whole GPU): such a device is 1/Replicas of a GPU.
+	Replicas int
 	// Why is the class of what made it unhealthy: xid, ecc, lost,
 	// recovering (healthy again, waiting out its hysteresis) or other.
 	Why string
@@ -195,17 +201,24 @@ func (v *View) ObserveNode(n *api.Node) {
 
 func (v *View) observeNode(n *api.Node) {
 	nd := node{schedulable: n.Status == api.NodeStatusReady && n.SchedulingEligibility != api.NodeSchedulingIneligible,
-		pool: n.NodePool, gpus: map[string]int{}, devices: map[string]GPU{}}
+		pool: n.NodePool, gpus: map[string]int{}, devices: map[string]GPU{}, replicas: map[string]int{}}
 	if n.NodeResources != nil {
 		for _, d := range n.NodeResources.Devices {
 			if d == nil || !nomadjob.IsGPUGroup(d.Vendor, d.Type) {
 				continue
 			}
+			replicas := 0
+			if shared, ok := d.Attributes["shared"]; ok && shared != nil && shared.BoolVal != nil && *shared.BoolVal {
+				if r := d.Attributes["replicas"]; r != nil && r.IntVal != nil && *r.IntVal > 1 && *r.IntVal <= 64 {
+					replicas = int(*r.IntVal)
+					nd.replicas[d.Name] = replicas
+				}
+			}
 			for _, inst := range d.Instances {
 				if inst == nil {
 					continue
 				}
-				g := GPU{Model: d.Name, Healthy: inst.Healthy}
+				g := GPU{Model: d.Name, Healthy: inst.Healthy, Replicas: replicas}
 				if !inst.Healthy {
 					g.Why = whyUnhealthy(inst.HealthDescription)
 				}
@@ -445,22 +458,25 @@ func (r *Reservation) Release() {
 
 func (v *View) usageWithout(p *policy.Policy, namespace, id string) admission.Usage {
 	if v.nodesDirty || v.capPolicy != p {
+		v.replicas = v.sharedReplicas()
 		v.capacity, v.maxAlloc = v.nodeTotals(p)
 		v.capPolicy, v.nodesDirty = p, false
 	}
-	u := admission.Usage{Tenants: map[string]admission.TenantUsage{}, Idle: policy.Quota{}, MaxAlloc: copyQuota(v.maxAlloc)}
+	u := admission.Usage{Tenants: map[string]admission.TenantUsage{}, Idle: policy.Quota{}, MaxAlloc: copyQuota(v.maxAlloc),
+		Replicas: v.replicas}
+	classify := func(byModel map[string]int) policy.Quota { return classify(p, byModel, u) }
 	except := jobKey{namespace, id}
 	// What live reservations add beyond the jobs' recorded demand, by namespace.
 	extra, extraBorrowed := v.reservationExtra(except)
 	exceptDemand := policy.Quota{}
 	exceptBorrowed := false
 	if old, ok := v.jobs[except]; ok {
-		exceptDemand, exceptBorrowed = classify(p, old.demand), old.borrowed
+		exceptDemand, exceptBorrowed = classify(old.demand), old.borrowed
 	}
-	held := classify(p, v.total)
+	held := classify(v.total)
 	sub(held, exceptDemand)
 	for _, byNS := range extra {
-		add(held, classify(p, byNS))
+		add(held, classify(byNS))
 	}
 	for class, c := range v.capacity {
 		u.Idle[class] = max(c-held[class], 0)
@@ -472,7 +488,7 @@ func (v *View) usageWithout(p *policy.Policy, namespace, id string) admission.Us
 		}
 		demand, borrowed := policy.Quota{}, policy.Quota{}
 		if agg, ok := v.held[ns]; ok {
-			demand, borrowed = classify(p, agg.held), classify(p, agg.borrowed)
+			demand, borrowed = classify(agg.held), classify(agg.borrowed)
 		}
 		if ns == namespace {
 			sub(demand, exceptDemand)
@@ -480,8 +496,8 @@ func (v *View) usageWithout(p *policy.Policy, namespace, id string) admission.Us
 				sub(borrowed, exceptDemand)
 			}
 		}
-		add(demand, classify(p, extra[ns]))
-		add(borrowed, classify(p, extraBorrowed[ns]))
+		add(demand, classify(extra[ns]))
+		add(borrowed, classify(extraBorrowed[ns]))
 		tu := u.Tenants[t.Name]
 		tu.Used = add(tu.Used, demand)
 		tu.Borrowed = add(tu.Borrowed, borrowed)
@@ -550,7 +566,7 @@ func (v *View) nodeTotals(p *policy.Policy) (capacity, maxAlloc policy.Quota) {
 		if !n.schedulable {
 			continue
 		}
-		perNode := classify(p, n.gpus)
+		perNode := classify(p, n.gpus, admission.Usage{Replicas: v.replicas})
 		for class, count := range perNode {
 			capacity[class] += count
 			maxAlloc[class] = max(maxAlloc[class], count)
@@ -642,27 +658,53 @@ func (v *View) account(ns string, j job, sign int) {
 	}
 }
 
+// demandByModel is the devices a job's groups ask for, by model; a request
+// for replicas of any model is under nomadjob.SharedSuffix alone.
 func demandByModel(groups []admission.Group) map[string]int {
 	out := map[string]int{}
 	for _, g := range groups {
-		out[g.Model] += g.Count * g.GPUsPerAlloc
+		model := g.Model
+		if g.Shared && model == "" {
+			model = nomadjob.SharedSuffix
+		}
+		out[model] += g.Count * g.GPUsPerAlloc
 	}
 	return out
 }
 
-// classify turns GPUs by model into a quota: all GPUs, and per class.
-func classify(p *policy.Policy, byModel map[string]int) policy.Quota {
+// classify turns devices by model into a quota: all GPUs, and per class, a
+// replica counting as its share of a GPU (u.Share).
+func classify(p *policy.Policy, byModel map[string]int, u admission.Usage) policy.Quota {
 	q := policy.Quota{}
 	for model, n := range byModel {
 		if n == 0 {
 			continue
 		}
-		q[policy.AllGPUs] += n
+		g := admission.Group{Model: model, Shared: strings.HasSuffix(model, nomadjob.SharedSuffix)}
+		if model == nomadjob.SharedSuffix {
+			g.Model = ""
+		}
+		gpus := float64(n) * u.Share(g)
+		q[policy.AllGPUs] += gpus
 		if c := p.ClassOf(model); c != "" {
-			q[c] += n
+			q[c] += gpus
 		}
 	}
 	return q
+}
+
+// sharedReplicas is, per shared group, the fewest replicas per GPU any node
+// offers it as.
+func (v *View) sharedReplicas() map[string]int {
+	out := map[string]int{}
+	for _, n := range v.nodes {
+		for group, r := range n.replicas {
+			if cur, ok := out[group]; !ok || r < cur {
+				out[group] = r
+			}
+		}
+	}
+	return out
 }
 
 func sub(q, d policy.Quota) {
@@ -679,19 +721,24 @@ func copyQuota(q policy.Quota) policy.Quota {
 	return out
 }
 
-// Capacity is the number of schedulable, healthy GPUs.
+// Capacity is the number of schedulable, healthy GPUs (a GPU offered as
+// replicas counted once).
 func (v *View) Capacity() int {
 	v.mu.RLock()
 	defer v.mu.RUnlock()
-	total := 0
+	total := 0.0
 	for _, n := range v.nodes {
 		if n.schedulable {
-			for _, c := range n.gpus {
-				total += c
+			for model, c := range n.gpus {
+				if r := n.replicas[model]; r > 1 {
+					total += float64(c) / float64(r)
+				} else {
+					total += float64(c)
+				}
 			}
 		}
 	}
-	return total
+	return int(math.Round(total))
 }
 
 func add(q, d policy.Quota) policy.Quota {

@@ -91,7 +91,7 @@ func TestStaleJobEventsAreIgnored(t *testing.T) {
 	v.ObserveJob(testbuild.Job("vision", "a").Group("g", 4, 1, "gpu").ModifyIndex(20).Build())
 	v.ObserveJob(testbuild.Job("vision", "a").Group("g", 1, 1, "gpu").ModifyIndex(10).Build()) // an older version, late
 	if got := v.Usage(p).Tenants["vision"].Used.Total(); got != 4 {
-		t.Errorf("a late event of an older version replaced the newer one: %d", got)
+		t.Errorf("a late event of an older version replaced the newer one: %g", got)
 	}
 }
 
@@ -118,27 +118,27 @@ func TestReservationsCountUntilTheJobsEventShowsThem(t *testing.T) {
 	// A failed registration gives its GPUs back.
 	res.Release()
 	if got := v.Usage(p).Tenants["vision"].Used.Total(); got != 4 {
-		t.Fatalf("after release: %d, want 4 (job b's)", got)
+		t.Fatalf("after release: %g, want 4 (job b's)", got)
 	}
 	// A confirmed one ends when the job's event shows it, not counted twice.
 	_, res = v.Admit(p, job("a", 4))
 	res.Confirm(30)
 	v.ObserveJob(testbuild.Job("vision", "a").Group("g", 1, 4, "gpu").ModifyIndex(30).Build())
 	if got := v.Usage(p).Tenants["vision"].Used.Total(); got != 8 {
-		t.Fatalf("after the event: %d, want 8", got)
+		t.Fatalf("after the event: %g, want 8", got)
 	}
 	v.ObserveJob(testbuild.Job("vision", "a").Group("g", 1, 4, "gpu").ModifyIndex(31).Stopped().Build())
 	if got := v.Usage(p).Tenants["vision"].Used.Total(); got != 4 {
-		t.Fatalf("a stopped job still counted through its old reservation: %d", got)
+		t.Fatalf("a stopped job still counted through its old reservation: %g", got)
 	}
 	// Those never seen in an event (b, and lost) expire.
 	v.Admit(p, job("lost", 2))
 	if got := v.Usage(p).Tenants["vision"].Used.Total(); got != 6 {
-		t.Fatalf("before expiry: %d, want 6", got)
+		t.Fatalf("before expiry: %g, want 6", got)
 	}
 	now = now.Add(ReservationHold)
 	if got := v.Usage(p).Tenants["vision"].Used.Total(); got != 0 {
-		t.Fatalf("expired reservations still count: %d", got)
+		t.Fatalf("expired reservations still count: %g", got)
 	}
 }
 
@@ -151,12 +151,12 @@ func TestCanariesOfAnUnpromotedDeploymentCount(t *testing.T) {
 		TaskGroups: map[string]*api.DeploymentState{"web": {DesiredCanaries: 1}}}
 	v.ObserveDeployment(dep)
 	if got := v.Usage(p).Tenants["vision"].Used.Total(); got != 3 {
-		t.Fatalf("while canarying: %d, want 3", got)
+		t.Fatalf("while canarying: %g, want 3", got)
 	}
 	dep.TaskGroups["web"].Promoted = true
 	v.ObserveDeployment(dep)
 	if got := v.Usage(p).Tenants["vision"].Used.Total(); got != 2 {
-		t.Fatalf("after promotion: %d, want 2", got)
+		t.Fatalf("after promotion: %g, want 2", got)
 	}
 }
 
@@ -168,6 +168,25 @@ func TestSystemJobsCountOneAllocationPerFittingNode(t *testing.T) {
 	v.ObserveNode(testbuild.Node("n3", testbuild.H100, 1, 0)) // too few GPUs: no allocation there
 	v.ObserveJob(testbuild.Job("vision", "sys").Type(api.JobTypeSystem).Group("g", 1, 2, "gpu").Build())
 	if got := v.Usage(p).Tenants["vision"].Used.Total(); got != 4 {
-		t.Fatalf("system job: %d GPUs, want 2 nodes x 2", got)
+		t.Fatalf("system job: %g GPUs, want 2 nodes x 2", got)
+	}
+}
+
+// A node's shared group counts each GPU once in capacity, and a job holding
+// replicas holds their share of a GPU each.
+func TestReplicasAreSharesOfTheirGPU(t *testing.T) {
+	p := testbuild.Policy(t, visionPolicy)
+	v := NewView(stamper.Verify)
+	v.ObserveNode(testbuild.SharedGPUs(testbuild.Node("n1", testbuild.H100, 6, 0), testbuild.H100, 2, 4))
+	v.ObserveJob(testbuild.Job("vision", "notebooks").Group("g", 3, 1, "nvidia/gpu/"+testbuild.H100+" (shared)").Build())
+	u := v.Usage(p)
+	if got := u.Tenants["vision"].Used; got[policy.AllGPUs] != 0.75 || got["h100"] != 0.75 {
+		t.Errorf("3 replicas of 4 held: %v, want 0.75 GPUs", got)
+	}
+	if u.Idle[policy.AllGPUs] != 7.25 || u.MaxAlloc[policy.AllGPUs] != 8 || v.Capacity() != 8 {
+		t.Errorf("6 whole GPUs and 2 shared: idle %v, max %v, capacity %d", u.Idle, u.MaxAlloc, v.Capacity())
+	}
+	if r := u.Replicas; len(r) != 1 || r[testbuild.H100+" (shared)"] != 4 {
+		t.Errorf("replicas %v", r)
 	}
 }

@@ -225,7 +225,7 @@ func TestBroker(t *testing.T) {
 		}
 		for _, u := range e.usage() {
 			if u.Used > u.Limit || (u.Tenant == "vision" && u.Used != 4) {
-				t.Errorf("tenant %s is charged %d GPUs (limit %d); vision holds 4", u.Tenant, u.Used, u.Limit)
+				t.Errorf("tenant %s is charged %g GPUs (limit %g); vision holds 4", u.Tenant, u.Used, u.Limit)
 			}
 		}
 		// Its owner would rather not wait.
@@ -329,7 +329,7 @@ func TestBroker(t *testing.T) {
 		writeFile(t, path, strings.Replace(policies, "limit      = 8", "limit      = 8\n  bogus = true", 1))
 		time.Sleep(3 * time.Second)
 		if limit := e.limitOf("vision"); limit != 8 {
-			t.Fatalf("a broken policy was applied: vision limit %d", limit)
+			t.Fatalf("a broken policy was applied: vision limit %g", limit)
 		}
 		testcluster.WaitFor(t, 10*time.Second, "refusal logged", func() error {
 			if !strings.Contains(e.broker.Log(), "policy reload refused") {
@@ -340,7 +340,7 @@ func TestBroker(t *testing.T) {
 		writeFile(t, path, strings.Replace(policies, "limit      = 8", "limit      = 6", 1))
 		testcluster.WaitFor(t, 10*time.Second, "fixed policy applied", func() error {
 			if l := e.limitOf("vision"); l != 6 {
-				return fmt.Errorf("vision limit %d", l)
+				return fmt.Errorf("vision limit %g", l)
 			}
 			return nil
 		})
@@ -463,7 +463,7 @@ func (e *env) usage() []server.TenantUsage {
 	return rows
 }
 
-func (e *env) limitOf(tenant string) int {
+func (e *env) limitOf(tenant string) float64 {
 	for _, u := range e.usage() {
 		if u.Tenant == tenant {
 			return u.Limit
@@ -567,7 +567,7 @@ func brokerEnv(t *testing.T, n *testcluster.Nomad, consul *testcluster.Consul, s
 }
 
 // usedBy is the GPUs the broker charges tenant.
-func (e *env) usedBy(tenant string) int {
+func (e *env) usedBy(tenant string) float64 {
 	for _, u := range e.usage() {
 		if u.Tenant == tenant {
 			return u.Used

@@ -87,7 +87,7 @@ func TestConsulOutage(t *testing.T) {
 	}
 	for _, u := range e.usage() {
 		if u.Used > u.Limit {
-			t.Errorf("tenant %s uses %d GPUs, its limit is %d", u.Tenant, u.Used, u.Limit)
+			t.Errorf("tenant %s uses %g GPUs, its limit is %g", u.Tenant, u.Used, u.Limit)
 		}
 	}
 	if _, _, err := n.API.Jobs().Info("during-again", &api.QueryOptions{Namespace: "search"}); err == nil {
@@ -150,7 +150,7 @@ func TestGPUClientDies(t *testing.T) {
 		return nil
 	})
 	if used := e.usedBy("vision"); used != 2 {
-		t.Errorf("vision is charged %d GPUs, want 2: its lost allocation and the replacement are one job", used)
+		t.Errorf("vision is charged %g GPUs, want 2: its lost allocation and the replacement are one job", used)
 	}
 	if out := e.brokerCLI("queue", "list"); !strings.Contains(out, queued) {
 		t.Fatalf("the queued job is gone:\n%s", out)
@@ -163,7 +163,7 @@ func TestGPUClientDies(t *testing.T) {
 		t.Errorf("waits placed on the dead node %s", running.NodeName)
 	}
 	if used := e.usedBy("vision"); used != 2 {
-		t.Errorf("vision is charged %d GPUs, want 2", used)
+		t.Errorf("vision is charged %g GPUs, want 2", used)
 	}
 }
 
@@ -199,7 +199,7 @@ func TestNomadRestartedWhileAdmitting(t *testing.T) {
 	}
 	for _, u := range e.usage() {
 		if u.Tenant == "vision" && u.Used != 2 {
-			t.Errorf("vision is charged %d GPUs, want 2", u.Used)
+			t.Errorf("vision is charged %g GPUs, want 2", u.Used)
 		}
 	}
 
@@ -211,7 +211,7 @@ func TestNomadRestartedWhileAdmitting(t *testing.T) {
 	testcluster.WaitFor(t, 30*time.Second, "the purged job no longer charged", func() error {
 		for _, u := range e.usage() {
 			if u.Tenant == "vision" && u.Used != 1 {
-				return fmt.Errorf("vision is charged %d GPUs", u.Used)
+				return fmt.Errorf("vision is charged %g GPUs", u.Used)
 			}
 		}
 		return nil

@@ -451,7 +451,7 @@ func TestPreemptedBorrowedJobRunsAgainOnce(t *testing.T) {
 		return nil
 	})
 	if used := e.usedBy("vision"); used != 2 {
-		t.Errorf("vision is charged %d GPUs, holds 2", used)
+		t.Errorf("vision is charged %g GPUs, holds 2", used)
 	}
 	e.stop("search", "svc")
 	testcluster.WaitFor(t, 60*time.Second, "extra running again", func() error {

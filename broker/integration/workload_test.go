@@ -257,3 +257,54 @@ func taskLog(n *testcluster.Nomad, allocID, task string) string {
 	b, _ := os.ReadFile(filepath.Join(n.DataDir, "alloc", allocID, "alloc", "logs", task+".stdout.0"))
 	return string(b)
 }
+
+// TestReplicasCountAsAShareOfAGPU: on a node whose plugin offers one GPU as 4
+// time-sliced replicas, a tenant limited to 1 GPU runs 4 one-replica jobs at
+// once (each a quarter of a GPU), and a fifth waits for its limit.
+func TestReplicasCountAsAShareOfAGPU(t *testing.T) {
+	consul := testcluster.StartConsul(t)
+	n := testcluster.StartNomad(t, testcluster.NomadOptions{Name: "shared", Server: true, Client: true,
+		PluginConfig: "\n    backend = \"fake\"\n    fake {\n      count = 2\n    }\n    sharing {\n      replicas = 4\n      gpus     = 1\n    }"})
+	n.WaitForNodes(t, 1)
+	if _, err := n.API.Namespaces().Register(&api.Namespace{Name: "vision"}, nil); err != nil {
+		t.Fatal(err)
+	}
+	e := brokerEnv(t, n, consul, `
+queue "dev" { priority = 40 }
+tenant "vision" {
+  namespaces = ["vision"]
+  queues     = ["dev"]
+  guaranteed = 1
+  limit      = 1
+}
+`, "vision", 2, testcluster.BrokerOptions{})
+	replica := func(id string) string {
+		spec := e.spec("vision", id, 1, 1, "")
+		b, _ := os.ReadFile(spec)
+		writeFile(t, spec, strings.Replace(string(b), `device "nvidia/gpu"`, `device "nvidia/gpu/NVIDIA H100 80GB HBM3 (shared)"`, 1))
+		out, err := e.nomadCLI("job", "run", "-detach", spec)
+		if err != nil {
+			t.Fatalf("%s: %v\n%s", id, err, out)
+		}
+		return out
+	}
+	for i := 1; i <= 3; i++ {
+		id := fmt.Sprintf("notebook-%d", i)
+		if out := replica(id); !strings.Contains(out, "0.25 GPUs, borrowed: no") {
+			t.Fatalf("%s, a quarter of a GPU within the guarantee:\n%s", id, out)
+		}
+		e.waitRunning("vision", id)
+	}
+	// The dev jobspec asks for a replica by constraint.
+	out, err := e.nomadCLI("job", "run", "-detach", "-var", "replica=true", "../../jobspecs/dev.nomad.hcl")
+	if err != nil || !strings.Contains(out, "0.25 GPUs, borrowed: no") {
+		t.Fatalf("jobspecs/dev.nomad.hcl -var replica=true: %v\n%s", err, out)
+	}
+	e.waitRunning("vision", "dev-env")
+	if out := replica("notebook-5"); !strings.Contains(out, "would hold 1.25 of its limit of 1 GPUs") {
+		t.Errorf("the fifth replica:\n%s", out)
+	}
+	if used := e.usedBy("vision"); used != 1 {
+		t.Errorf("vision is charged %g GPUs for 4 replicas of one GPU", used)
+	}
+}

@@ -132,7 +132,7 @@ func (o *Observer) node(ctx context.Context, id string, gpus map[string]reclaim.
 		if !ok {
 			u = 100 // no sample: not idle
 		}
-		gpus[dev] = reclaim.GPU{Utilization: u, Healthy: g.Healthy, Model: g.Model}
+		gpus[dev] = reclaim.GPU{Utilization: u, Healthy: g.Healthy, Model: g.Model, Replicas: g.Replicas}
 	}
 }
 

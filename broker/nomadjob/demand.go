@@ -57,6 +57,34 @@ func GPURequest(name string) (model string, ok bool) {
 	return id.Name, id.Matches(GPUVendor, GPUType, id.Name)
 }
 
+// SharedSuffix ends the name of the plugin's device group of time-sliced
+// replicas of a model ("<model> (shared)"), whose devices carry the attribute
+// shared = true.
+const SharedSuffix = " (shared)"
+
+// SharedOnly reports whether a GPU request can be given time-sliced replicas
+// only: it names a shared group, or constrains ${device.attr.shared} to true
+// the way Nomad compares device attributes (the value parsed as Nomad parses
+// it: "true", "True", "TRUE", "t" or "T" is the boolean true).
+func SharedOnly(dev *api.RequestedDevice) bool {
+	if strings.HasSuffix(ParseDeviceID(dev.Name).Name, SharedSuffix) {
+		return true
+	}
+	for _, c := range dev.Constraints {
+		if c == nil || c.LTarget != SharedAttr {
+			continue
+		}
+		switch c.Operand {
+		case "", "=", "==", "is":
+			switch c.RTarget {
+			case "true", "True", "TRUE", "t", "T":
+				return true
+			}
+		}
+	}
+	return false
+}
+
 // IsGPUGroup reports whether a node's device group is one of this project's GPUs.
 func IsGPUGroup(vendor, typ string) bool { return vendor == GPUVendor && typ == GPUType }
 
@@ -121,7 +149,7 @@ func Groups(job *api.Job, pl Placement) ([]admission.Group, error) {
 					n = pl.NodesFitting(m.model, m.gpus)
 				}
 			}
-			out = append(out, admission.Group{Name: name, Count: n + canaries, GPUsPerAlloc: m.gpus, Model: m.model})
+			out = append(out, admission.Group{Name: name, Count: n + canaries, GPUsPerAlloc: m.gpus, Model: m.model, Shared: m.shared})
 		}
 	}
 	return out, nil
@@ -145,12 +173,13 @@ func HasCanaries(job *api.Job) bool {
 }
 
 type modelGPUs struct {
-	model string
-	gpus  int
+	model  string
+	shared bool // replicas only (SharedOnly)
+	gpus   int
 }
 
-// gpusPerAlloc sums the GPUs one allocation of tg asks for, per model, in the
-// order the models first appear.
+// gpusPerAlloc sums the GPUs one allocation of tg asks for, per model and
+// sharing, in the order they first appear.
 func gpusPerAlloc(tg *api.TaskGroup) ([]modelGPUs, error) {
 	if len(tg.Tasks) > MaxGroupsOrTask {
 		return nil, fmt.Errorf("%d tasks, more than %d", len(tg.Tasks), MaxGroupsOrTask)
@@ -178,15 +207,16 @@ func gpusPerAlloc(tg *api.TaskGroup) ([]modelGPUs, error) {
 			if n > MaxDeviceCount {
 				return nil, fmt.Errorf("task %q asks for %d devices %q, more than %d", task.Name, n, dev.Name, MaxDeviceCount)
 			}
+			shared := SharedOnly(dev)
 			found := false
 			for k := range out {
-				if out[k].model == model {
+				if out[k].model == model && out[k].shared == shared {
 					out[k].gpus += int(n)
 					found = true
 				}
 			}
 			if !found && n > 0 {
-				out = append(out, modelGPUs{model: model, gpus: int(n)})
+				out = append(out, modelGPUs{model: model, shared: shared, gpus: int(n)})
 			}
 		}
 	}

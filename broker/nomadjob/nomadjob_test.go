@@ -107,6 +107,43 @@ func TestGroupsCountAsNomadPlaces(t *testing.T) {
 	}
 }
 
+// A request counts as replicas only when nothing but a shared group can meet
+// it: by its name, or a constraint that Nomad reads as shared == true.
+func TestSharedOnlyReadsTheRequestAsNomadMatchesIt(t *testing.T) {
+	shared := func(op, val string) *api.RequestedDevice {
+		return &api.RequestedDevice{Name: "nvidia/gpu", Constraints: []*api.Constraint{{LTarget: "${device.attr.shared}", Operand: op, RTarget: val}}}
+	}
+	for _, c := range []struct {
+		name string
+		dev  *api.RequestedDevice
+		want bool
+	}{
+		{"the shared group by name", &api.RequestedDevice{Name: "nvidia/gpu/NVIDIA H100 80GB HBM3 (shared)"}, true},
+		{"any GPU", &api.RequestedDevice{Name: "nvidia/gpu"}, false},
+		{"a model, whole", &api.RequestedDevice{Name: "nvidia/gpu/NVIDIA H100 80GB HBM3"}, false},
+		{"= true", shared("=", "true"), true},
+		{"== True", shared("==", "True"), true},
+		{"is t", shared("is", "t"), true},
+		{"no operand (Nomad's default =) TRUE", shared("", "TRUE"), true},
+		{"= 1 (an int to Nomad, never equal to a bool)", shared("=", "1"), false},
+		{"!= true", shared("!=", "true"), false},
+		{"= false", shared("=", "false"), false},
+	} {
+		if got := nomadjob.SharedOnly(c.dev); got != c.want {
+			t.Errorf("%s: shared only %t, want %t", c.name, got, c.want)
+		}
+	}
+	other := &api.RequestedDevice{Name: "nvidia/gpu", Constraints: []*api.Constraint{{LTarget: "${device.attr.mig}", Operand: "=", RTarget: "true"}}}
+	if nomadjob.SharedOnly(other) {
+		t.Error("a constraint on another attribute")
+	}
+	job := testbuild.Job("vision", "j").Group("g", 2, 1, "nvidia/gpu/H100 (shared)").Group("h", 1, 1, "nvidia/gpu").Build()
+	gs, err := nomadjob.Groups(job, nomadjob.Placement{})
+	if err != nil || len(gs) != 2 || !gs[0].Shared || gs[1].Shared {
+		t.Errorf("groups %+v (%v): want g shared, h not", gs, err)
+	}
+}
+
 func TestGroupsRefuseAbsurdAndNullEntries(t *testing.T) {
 	cases := map[string]func(j *api.Job){
 		"null task group": func(j *api.Job) { j.TaskGroups = append(j.TaskGroups, nil) },
@@ -332,8 +369,29 @@ func TestAWorkloadWritesWhatTheJobLeavesOpen(t *testing.T) {
 		*groups[1].Tasks[0].KillTimeout != 2*time.Minute || groups[2].Tasks[0].KillTimeout != nil {
 		t.Errorf("kill timeouts: %v %v %v", *groups[0].Tasks[0].KillTimeout, *groups[0].Tasks[1].KillTimeout, *groups[1].Tasks[0].KillTimeout)
 	}
-	if len(notes) != 4 || r.Admission(nil).TTL != "8h0m0s" {
+	for _, dev := range []*api.RequestedDevice{groups[0].Tasks[0].Resources.Devices[0], groups[1].Tasks[0].Resources.Devices[0]} {
+		if len(dev.Constraints) != 1 || *dev.Constraints[0] != (api.Constraint{LTarget: "${device.attr.shared}", Operand: "!=", RTarget: "true"}) {
+			t.Errorf("a training GPU may land on a replica: constraints %v", dev.Constraints)
+		}
+	}
+	if len(notes) != 6 || r.Admission(nil).TTL != "8h0m0s" {
 		t.Errorf("notes %q, admission ttl %q", notes, r.Admission(nil).TTL)
+	}
+	// A shared workload may take replicas; a request that says something of
+	// sharing, or names the shared group, is left as it is.
+	for name, c := range map[string]struct {
+		dev    string
+		shared bool
+	}{
+		"shared workload":        {`{"Name":"gpu"}`, true},
+		"its own constraint":     {`{"Name":"gpu","Constraints":[{"LTarget":"${device.attr.shared}","Operand":"=","RTarget":"false"}]}`, false},
+		"the shared group named": {`{"Name":"nvidia/gpu/H100 (shared)"}`, false},
+	} {
+		r, _ = read(t, `{"Job":{"ID":"j","TaskGroups":[{"Name":"g","Tasks":[{"Name":"t","Resources":{"Devices":[`+c.dev+`]}}]}]}}`, "")
+		before := string(r.Body())
+		if notes := r.ApplyWorkload(&policy.Workload{Name: "w", Shared: c.shared}); len(notes) != 0 || string(r.Body()) != before {
+			t.Errorf("%s: wrote %q", name, notes)
+		}
 	}
 	// A job that sets its own lifetime keeps it.
 	r, _ = read(t, `{"Job":{"ID":"j","Meta":{"nomad-gpu.ttl":"1h"},"TaskGroups":[{"Name":"g","Tasks":[{"Name":"t","Resources":{"Devices":[{"Name":"gpu"}]}}]}]}}`, "")

@@ -37,8 +37,9 @@ func CanaryAutoRevert(job *api.Job) bool {
 // ApplyWorkload writes what workload w asks of a job into the request, where
 // the job leaves it open, and says what it wrote: nomad-gpu.ttl (its
 // default_ttl), a restart block in GPU task groups without one
-// (restart_attempts), and a kill_timeout of at least checkpoint_grace in
-// their tasks, so that a preempted task can write its checkpoint.
+// (restart_attempts), a kill_timeout of at least checkpoint_grace in their
+// tasks, so that a preempted task can write its checkpoint, and, unless the
+// workload is shared, a constraint keeping its GPUs off time-sliced replicas.
 func (r *Request) ApplyWorkload(w *policy.Workload) []string {
 	if w == nil {
 		return nil
@@ -68,12 +69,15 @@ func (r *Request) ApplyWorkload(w *policy.Workload) []string {
 			groups[i].Set("RestartPolicy", map[string]any{"Attempts": w.RestartAttempts})
 			notes = append(notes, fmt.Sprintf("group %q: restart { attempts = %d } (workload %s)", name, w.RestartAttempts, w.Name))
 		}
-		if w.CheckpointGrace <= 0 {
-			continue
-		}
 		tasks := groups[i].Get("Tasks").Elems()
 		for j, t := range tg.Tasks {
-			if t == nil || j >= len(tasks) || !tasks[j].IsObject() || (t.KillTimeout != nil && *t.KillTimeout >= w.CheckpointGrace) {
+			if t == nil || j >= len(tasks) || !tasks[j].IsObject() {
+				continue
+			}
+			if !w.Shared {
+				notes = append(notes, wholeGPUsOnly(t, tasks[j], w)...)
+			}
+			if w.CheckpointGrace <= 0 || (t.KillTimeout != nil && *t.KillTimeout >= w.CheckpointGrace) {
 				continue
 			}
 			grace := w.CheckpointGrace
@@ -81,6 +85,37 @@ func (r *Request) ApplyWorkload(w *policy.Workload) []string {
 			tasks[j].Set("KillTimeout", int64(grace))
 			notes = append(notes, fmt.Sprintf("task %q: kill_timeout = %s (workload %s's checkpoint_grace)", t.Name, grace, w.Name))
 		}
+	}
+	return notes
+}
+
+// SharedAttr is the device attribute that tells a time-sliced replica.
+const SharedAttr = "${device.attr.shared}"
+
+// wholeGPUsOnly constrains task t's GPU requests (doc is its node in the
+// request) to devices that are not replicas, where they say nothing of
+// sharing: a workload without `shared` never lands on a time-sliced GPU. "!="
+// also matches GPUs whose plugin reports no such attribute.
+func wholeGPUsOnly(t *api.Task, doc *Node, w *policy.Workload) []string {
+	if t.Resources == nil {
+		return nil
+	}
+	devices := doc.Get("Resources").Get("Devices").Elems()
+	var notes []string
+	for k, dev := range t.Resources.Devices {
+		if _, gpu := GPURequest(deref(dev).Name); !gpu || k >= len(devices) || !devices[k].IsObject() || SharedOnly(dev) {
+			continue
+		}
+		constrained := false
+		for _, c := range dev.Constraints {
+			constrained = constrained || (c != nil && c.LTarget == SharedAttr)
+		}
+		if constrained {
+			continue
+		}
+		dev.Constraints = append(dev.Constraints, &api.Constraint{LTarget: SharedAttr, Operand: "!=", RTarget: "true"})
+		devices[k].Set("Constraints", dev.Constraints)
+		notes = append(notes, fmt.Sprintf("task %q: device %q constraint %s != true (workload %s takes whole GPUs)", t.Name, dev.Name, SharedAttr, w.Name))
 	}
 	return notes
 }

@@ -281,7 +281,7 @@ func (p *Policy) addTenant(b *hcl.Block, tb tenantBody) hcl.Diagnostics {
 	for class, g := range t.Guaranteed {
 		if l, ok := t.Limit[class]; ok && g > l {
 			diags = append(diags, errorAt(tb.Guaranteed.Range(), "Guarantee above limit",
-				fmt.Sprintf("tenant %q is guaranteed %d %s but limited to %d", t.Name, g, className(class), l)))
+				fmt.Sprintf("tenant %q is guaranteed %g %s but limited to %g", t.Name, g, className(class), l)))
 		}
 	}
 	if t.Guaranteed == nil {
@@ -350,7 +350,7 @@ func (p *Policy) quota(expr hcl.Expression, attr, tenant string) (Quota, hcl.Dia
 		if !ok {
 			return bad("a quota is a whole number of GPUs, 0 or more")
 		}
-		return Quota{AllGPUs: n}, nil
+		return Quota{AllGPUs: float64(n)}, nil
 	}
 	if !v.Type().IsObjectType() && !v.Type().IsMapType() {
 		return bad("write a number of GPUs, or { <gpu_class> = <number>, ... }")
@@ -364,7 +364,7 @@ func (p *Policy) quota(expr hcl.Expression, attr, tenant string) (Quota, hcl.Dia
 		if !ok {
 			return bad(fmt.Sprintf("class %q: a quota is a whole number of GPUs, 0 or more", k))
 		}
-		q[k] = n
+		q[k] = float64(n)
 	}
 	return q, nil
 }
@@ -399,24 +399,24 @@ func (p *Policy) check(capacity int, borrowingRange hcl.Range) hcl.Diagnostics {
 		}
 	}
 	if capacity > 0 {
-		total := 0
+		total := 0.0
 		for _, t := range p.Tenants {
 			total += t.Guaranteed.Total()
 		}
-		if total > capacity {
+		if total > float64(capacity) {
 			diags = append(diags, &hcl.Diagnostic{Severity: hcl.DiagWarning, Summary: "Guarantees exceed capacity",
-				Detail: fmt.Sprintf("tenants are guaranteed %d GPUs in all, the cluster has %d", total, capacity)})
+				Detail: fmt.Sprintf("tenants are guaranteed %g GPUs in all, the cluster has %d", total, capacity)})
 		}
 	}
 	return diags
 }
 
 // Total is the quota's count of all GPUs: the AllGPUs key, or the sum of classes.
-func (q Quota) Total() int {
+func (q Quota) Total() float64 {
 	if n, ok := q[AllGPUs]; ok {
 		return n
 	}
-	total := 0
+	total := 0.0
 	for _, n := range q {
 		total += n
 	}

@@ -125,8 +125,10 @@ const (
 	DefaultMaxQueuedRequestBytes = 1 << 20
 )
 
-// Quota is a number of GPUs per class; the AllGPUs key counts every GPU.
-type Quota map[string]int
+// Quota is a number of GPUs per class; the AllGPUs key counts every GPU. A
+// policy's quotas are whole GPUs; what jobs hold may not be, since a
+// time-sliced replica counts as a fraction of its GPU.
+type Quota map[string]float64
 
 // GPUClass groups GPU models (device names) under one quota name.
 type GPUClass struct {
@@ -256,7 +258,7 @@ func (p *Policy) WithExtraLimit(tenant string, n int) *Policy {
 	raised := *t
 	raised.Limit = Quota{}
 	for class, l := range t.Limit {
-		raised.Limit[class] = l + n
+		raised.Limit[class] = l + float64(n)
 	}
 	out := *p
 	out.Tenants = make(map[string]*Tenant, len(p.Tenants))

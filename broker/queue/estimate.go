@@ -13,7 +13,7 @@ import (
 // nomad-gpu.ttl or a max_lifetime rule, grace included).
 type Release struct {
 	At     time.Time
-	GPUs   int
+	GPUs   float64
 	Tenant string
 }
 
@@ -51,10 +51,10 @@ type Estimate struct {
 // time order. GPUs of any class count alike. An entry that waits for GPUs
 // no known end frees is unknown, and so is every one behind it (they wait
 // behind it); one that waits for its own tenant's jobs only, alone.
-func Estimates(ordered []Entry, p *policy.Policy, idle int, used map[string]int, releases []Release, now time.Time) map[string]Estimate {
+func Estimates(ordered []Entry, p *policy.Policy, idle float64, used map[string]float64, releases []Release, now time.Time) map[string]Estimate {
 	rs := append([]Release(nil), releases...)
 	sort.Slice(rs, func(i, j int) bool { return rs[i].At.Before(rs[j].At) })
-	held := map[string]int{}
+	held := map[string]float64{}
 	for t, n := range used {
 		held[t] = n
 	}
@@ -85,7 +85,7 @@ func Estimates(ordered []Entry, p *policy.Policy, idle int, used map[string]int,
 		switch {
 		case free < e.Demand:
 			blocked = e.ID
-			out[e.ID] = Estimate{Why: fmt.Sprintf("unknown: the %d GPUs it waits for are held by jobs with no known end (nomad-gpu.ttl or a max_lifetime rule gives one)", e.Demand-free)}
+			out[e.ID] = Estimate{Why: fmt.Sprintf("unknown: the %g GPUs it waits for are held by jobs with no known end (nomad-gpu.ttl or a max_lifetime rule gives one)", e.Demand-free)}
 		case held[e.Tenant]+e.Demand > limit:
 			out[e.ID] = Estimate{Why: fmt.Sprintf("unknown: tenant %q's own jobs with no known end hold its limit", e.Tenant)}
 		default:

@@ -31,7 +31,7 @@ tenant "search" {
 		{At: now.Add(2 * time.Hour), GPUs: 2, Tenant: "search"},
 		{At: now.Add(time.Hour), GPUs: 4, Tenant: "vision"},
 	}
-	used := map[string]int{"vision": 6, "search": 2}
+	used := map[string]float64{"vision": 6, "search": 2}
 	entries := []queue.Entry{
 		{ID: "s1", Tenant: "search", Demand: 2}, // search has room; GPUs free in 1 h
 		{ID: "v1", Tenant: "vision", Demand: 2}, // vision at its limit until its 4 end (1 h); 2 left then

@@ -52,21 +52,21 @@ tenant "small" {
 		n++
 		id := fmt.Sprintf("%s-%06d", tenant, n)
 		byID[id] = shape[tenant]
-		entries = append(entries, queue.Entry{ID: id, Tenant: tenant, Queue: "training", Demand: shape[tenant].gpus, SubmittedAt: at})
+		entries = append(entries, queue.Entry{ID: id, Tenant: tenant, Queue: "training", Demand: float64(shape[tenant].gpus), SubmittedAt: at})
 	}
 	hours := map[string]float64{}
 	var decayed usage.Decayed
 	for now := start; now.Before(start.Add(time.Duration(days) * 24 * time.Hour)); now = now.Add(time.Minute) {
 		// Charge the minute that ended, as the leader's passes do.
-		used, held, busy := map[string]int{}, 0, map[usage.Key]usage.Seconds{}
+		used, held, busy := map[string]float64{}, 0.0, map[usage.Key]usage.Seconds{}
 		kept := run[:0]
 		for _, r := range run {
 			if !now.Before(r.until) {
 				continue
 			}
 			kept = append(kept, r)
-			used[r.tenant] += r.gpus
-			held += r.gpus
+			used[r.tenant] += float64(r.gpus)
+			held += float64(r.gpus)
 			s := busy[usage.Key{Tenant: r.tenant}]
 			s.Add(usage.Seconds{Allocated: 60 * float64(r.gpus), Busy: 60 * float64(r.gpus)})
 			busy[usage.Key{Tenant: r.tenant}] = s
@@ -88,11 +88,11 @@ tenant "small" {
 			}
 		}
 		queue.Order(entries, p, used, decayed.As(now, p.FairShare.HalfLife), now)
-		for len(entries) > 0 && held+entries[0].Demand <= capacity {
+		for len(entries) > 0 && held+entries[0].Demand <= float64(capacity) {
 			j := byID[entries[0].ID]
 			run = append(run, running{job: j, until: now.Add(j.dur)})
-			held += j.gpus
-			used[j.tenant] += j.gpus
+			held += float64(j.gpus)
+			used[j.tenant] += float64(j.gpus)
 			entries = entries[1:]
 			queue.Order(entries, p, used, decayed.As(now, p.FairShare.HalfLife), now)
 		}

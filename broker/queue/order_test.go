@@ -36,7 +36,7 @@ tenant "b" {
 		{ID: "a-training-starving", Tenant: "a", Queue: "training", SubmittedAt: now.Add(-3 * time.Hour)},
 	}
 	// a holds 6 of 4 guaranteed, b 2 of 4: b goes first within a band.
-	queue.Order(entries, p, map[string]int{"a": 6, "b": 2}, nil, now)
+	queue.Order(entries, p, map[string]float64{"a": 6, "b": 2}, nil, now)
 	want := []string{"a-training-starving", "a-inference", "b-training-older", "b-training-new", "a-training-old"}
 	for i, e := range entries {
 		if e.ID != want[i] {
@@ -87,7 +87,7 @@ fair_share {
 		{ID: "a-inference", Tenant: "a", Queue: "inference", SubmittedAt: now},
 	}
 	// a used 100 decayed GPU-hours, b 10 (and holds 2 GPUs: +2 h).
-	queue.Order(entries, p, map[string]int{"b": 2}, map[string]float64{"a": 100, "b": 10}, now)
+	queue.Order(entries, p, map[string]float64{"b": 2}, map[string]float64{"a": 100, "b": 10}, now)
 	want := []string{"a-inference", "b-dev-aged", "b-training-new", "a-training-old"}
 	for i, e := range entries {
 		if e.ID != want[i] {

@@ -19,14 +19,14 @@ import (
 
 // Entry is one queued job, with everything needed to register it later.
 type Entry struct {
-	ID          string `json:"id"`
-	JobID       string `json:"job_id"`
-	Namespace   string `json:"namespace"`
-	Tenant      string `json:"tenant"`
-	Queue       string `json:"queue"`
-	Demand      int    `json:"demand"`
-	Reason      string `json:"reason"` // why it was queued
-	SubmittedBy string `json:"submitted_by"`
+	ID          string  `json:"id"`
+	JobID       string  `json:"job_id"`
+	Namespace   string  `json:"namespace"`
+	Tenant      string  `json:"tenant"`
+	Queue       string  `json:"queue"`
+	Demand      float64 `json:"demand"` // GPUs; a replica is a share of one
+	Reason      string  `json:"reason"` // why it was queued
+	SubmittedBy string  `json:"submitted_by"`
 	// Accessor is the submitter's ACL token accessor (never its secret); the
 	// leader admits the job only while that token still exists.
 	Accessor string `json:"accessor,omitempty"`
@@ -191,7 +191,7 @@ const HeldHours = 1.0
 // only into the band of a higher queue (to the highest queue priority it
 // reaches): within a band the share decides, so that a tenant flooding the
 // queue does not get ahead by having the oldest entries.
-func Order(entries []Entry, p *policy.Policy, used map[string]int, decayed map[string]float64, now time.Time) {
+func Order(entries []Entry, p *policy.Policy, used map[string]float64, decayed map[string]float64, now time.Time) {
 	fair := p.FairShare.Enabled && decayed != nil
 	prio := func(e Entry) int {
 		base := 0
@@ -220,11 +220,11 @@ func Order(entries []Entry, p *policy.Policy, used map[string]int, decayed map[s
 		case fair && g == 0:
 			return math.MaxFloat64 / 2 // no guarantee: after every tenant with one
 		case fair:
-			return (decayed[e.Tenant] + HeldHours*float64(used[e.Tenant])) / float64(g)
+			return (decayed[e.Tenant] + HeldHours*used[e.Tenant]) / g
 		case g == 0:
-			return float64(used[e.Tenant]) + 1 // no guarantee: after every tenant within its own
+			return used[e.Tenant] + 1 // no guarantee: after every tenant within its own
 		}
-		return float64(used[e.Tenant]) / float64(g)
+		return used[e.Tenant] / g
 	}
 	sort.SliceStable(entries, func(i, j int) bool {
 		a, b := entries[i], entries[j]

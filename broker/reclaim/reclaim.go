@@ -40,6 +40,17 @@ type GPU struct {
 	Utilization float64 // percent, from the latest sample
 	Healthy     bool
 	Model       string
+	// Replicas: the device is one of this many time-sliced replicas of its
+	// GPU (0 or 1: a whole GPU).
+	Replicas int
+}
+
+// Share is the part of a physical GPU the device is.
+func (g GPU) Share() float64 {
+	if g.Replicas > 1 {
+		return 1 / float64(g.Replicas)
+	}
+	return 1
 }
 
 // Decision is a rule's verdict on allocations of one job.

@@ -121,7 +121,7 @@ func (r *Reclaimer) Pass(ctx context.Context) error {
 		var releases []queue.Release
 		for _, a := range allocs {
 			if end, ok := reclaim.Ends(rules, a); ok {
-				releases = append(releases, queue.Release{At: end, GPUs: len(a.GPUs), Tenant: a.Tenant})
+				releases = append(releases, queue.Release{At: end, GPUs: float64(len(a.GPUs)), Tenant: a.Tenant})
 			}
 		}
 		r.Forecast.Set(releases)

@@ -44,9 +44,10 @@ func (q *Requeue) Requeue(ctx context.Context, rec reclaim.Record) (string, erro
 	if err != nil {
 		return "", fmt.Errorf("read the job's demand: %w", err)
 	}
-	demand := 0
+	// Devices, a replica counted whole: the queue decides again on admission.
+	demand := 0.0
 	for _, g := range a.Groups {
-		demand += g.Count * g.GPUsPerAlloc
+		demand += float64(g.Count * g.GPUsPerAlloc)
 	}
 	tenant, queueName := rec.Tenant, rec.Queue
 	if t := q.Policies.Current().TenantOf(rec.Namespace); t != nil && tenant == "" {

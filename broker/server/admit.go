@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"net/url"
 	"strings"
@@ -175,7 +176,7 @@ func (s *Server) rightSizingWarning(namespace, job string, d admission.Decision)
 	if !ok {
 		return ""
 	}
-	return p.Warning(d.Demand.Total())
+	return p.Warning(int(math.Ceil(d.Demand.Total())))
 }
 
 // registerParent registers a parameterized job: it places nothing itself and
@@ -268,7 +269,7 @@ func admittedWarning(d admission.Decision) string {
 	if d.Outcome == admission.AdmitBorrowed {
 		borrowed = "yes, preemptible when the owners need their GPUs"
 	}
-	return fmt.Sprintf("nomad-gpu: admitted: tenant %s, queue %s, priority %d, %d GPUs, borrowed: %s (%s)",
+	return fmt.Sprintf("nomad-gpu: admitted: tenant %s, queue %s, priority %d, %g GPUs, borrowed: %s (%s)",
 		d.Tenant, d.Queue, d.Priority, d.Demand.Total(), borrowed, d.Reason)
 }
 

@@ -20,12 +20,13 @@ import (
 
 // TenantUsage is one row of GET /v1/gpu/usage.
 type TenantUsage struct {
-	Tenant     string `json:"tenant"`
-	Used       int    `json:"used"`
-	Borrowed   int    `json:"borrowed"`
-	Guaranteed int    `json:"guaranteed"`
-	Limit      int    `json:"limit"`
-	Queued     int    `json:"queued"`
+	// GPUs; a time-sliced replica counts as its share of one.
+	Tenant     string  `json:"tenant"`
+	Used       float64 `json:"used"`
+	Borrowed   float64 `json:"borrowed"`
+	Guaranteed float64 `json:"guaranteed"`
+	Limit      float64 `json:"limit"`
+	Queued     float64 `json:"queued"`
 	// Budget is its GPU-hour budget in the current period, if it has one.
 	Budget *usage.BudgetState `json:"budget,omitempty"`
 }
@@ -336,11 +337,7 @@ func (s *Server) estimates(ordered []queue.Entry) map[string]queue.Estimate {
 	}
 	p := s.policies.Current()
 	u := s.cluster.UsageWithout(p, "", "")
-	used := map[string]int{}
-	for t, tu := range u.Tenants {
-		used[t] = tu.Used.Total()
-	}
-	return queue.Estimates(ordered, p, u.Idle[policy.AllGPUs], used, releases, s.now())
+	return queue.Estimates(ordered, p, u.Idle[policy.AllGPUs], u.UsedBy(), releases, s.now())
 }
 
 func estimateOf(estimates map[string]queue.Estimate, id string) *queue.Estimate {
@@ -363,10 +360,7 @@ func (s *Server) ordered(r *http.Request) ([]queue.Entry, error) {
 func (s *Server) order(ctx context.Context, entries []queue.Entry) []queue.Entry {
 	p := s.policies.Current()
 	u := s.cluster.UsageWithout(p, "", "")
-	used := map[string]int{}
-	for t, tu := range u.Tenants {
-		used[t] = tu.Used.Total()
-	}
+	used := u.UsedBy()
 	var decayed map[string]float64
 	if s.fairShare != nil && p.FairShare.Enabled {
 		d, err := s.fairShare.Decayed(ctx, s.now(), p.FairShare.HalfLife)
@@ -384,7 +378,7 @@ func (s *Server) order(ctx context.Context, entries []queue.Entry) []queue.Entry
 func (s *Server) usage(w http.ResponseWriter, r *http.Request) {
 	p := s.policies.Current()
 	u := s.cluster.UsageWithout(p, "", "")
-	queued := map[string]int{}
+	queued := map[string]float64{}
 	if entries, err := s.queue.List(r.Context()); err == nil {
 		for _, e := range entries {
 			queued[e.Tenant] += e.Demand

@@ -237,7 +237,7 @@ func TestAJobSubmittedAgainWhileQueuedReplacesItsEntry(t *testing.T) {
 	entries, _ := q.List(t.Context())
 	var got []string
 	for _, e := range entries {
-		got = append(got, fmt.Sprintf("%s %s %d", e.ID[len(e.ID)-1:], e.JobID, e.Demand))
+		got = append(got, fmt.Sprintf("%s %s %g", e.ID[len(e.ID)-1:], e.JobID, e.Demand))
 	}
 	sort.Strings(got)
 	if fmt.Sprint(got) != "[1 waits 2 2 other 1]" || !strings.Contains(again.Body.String(), "position 1") {

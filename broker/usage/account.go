@@ -81,11 +81,13 @@ func interval(prev, now time.Time, allocs []reclaim.Alloc, gpus map[string]recla
 			g, ok := gpus[id]
 			k := Key{Tenant: a.Tenant, Queue: a.Queue, Class: classOf(g.Model)}
 			s := out[k]
-			s.Allocated += span
+			// A time-sliced replica is charged its share of the GPU.
+			t := span * g.Share()
+			s.Allocated += t
 			if ok && g.Utilization < idleBelow {
-				s.Idle += span
+				s.Idle += t
 			} else {
-				s.Busy += span
+				s.Busy += t
 			}
 			out[k] = s
 		}

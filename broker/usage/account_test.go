@@ -28,6 +28,22 @@ func TestChargeSplitsAtMidnightAndCountsFromAnAllocationsStart(t *testing.T) {
 	}
 }
 
+// A time-sliced replica is charged its share of the GPU's hours.
+func TestChargeCountsAReplicaAsItsShare(t *testing.T) {
+	gpus := util(map[string]float64{"g0": 90, "r0": 90, "r1": 0})
+	for _, id := range []string{"r0", "r1"} {
+		g := gpus[id]
+		g.Replicas = 4
+		gpus[id] = g
+	}
+	allocs := []reclaim.Alloc{running("a", "whole", "g0"), running("b", "notebook", "r0", "r1")}
+	got := usage.Charge(t0.Add(time.Minute), t0.Add(2*time.Minute), allocs, gpus, 5, noClass)
+	want := usage.Seconds{Allocated: 60 + 2*15, Busy: 60 + 15, Idle: 15}
+	if s := got["2026-11-30"][usage.Key{Tenant: "vision", Queue: "training"}]; s != want {
+		t.Errorf("a whole GPU and 2 replicas of 4 for a minute: %+v, want %+v", s, want)
+	}
+}
+
 func TestChargeCountsNothingFirstAndAtMostMaxIntervalAfterAGap(t *testing.T) {
 	allocs := []reclaim.Alloc{running("a", "train", "g0")}
 	if got := usage.Charge(time.Time{}, t0.Add(time.Hour), allocs, nil, 5, noClass); got != nil {

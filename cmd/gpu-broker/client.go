@@ -290,7 +290,7 @@ func printTable(sub string, body []byte) int {
 					budget = "OVER: " + budget + "; its jobs run borrowed"
 				}
 			}
-			fmt.Fprintf(w, "%s\t%d\t%d\t%d\t%d\t%d\t%s\n", r.Tenant, r.Used, r.Guaranteed, r.Limit, r.Borrowed, r.Queued, budget)
+			fmt.Fprintf(w, "%s\t%g\t%g\t%g\t%g\t%g\t%s\n", r.Tenant, r.Used, r.Guaranteed, r.Limit, r.Borrowed, r.Queued, budget)
 		}
 	case "list":
 		var rows []server.QueuedJob
@@ -310,7 +310,7 @@ func printTable(sub string, body []byte) int {
 			case e != nil:
 				start = "unknown"
 			}
-			fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\t%s\n", r.Position, r.ID, r.JobID, r.Namespace, r.Tenant,
+			fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%s\t%s\t%g\t%s\t%s\t%s\n", r.Position, r.ID, r.JobID, r.Namespace, r.Tenant,
 				r.Queue, r.Demand, time.Since(r.SubmittedAt).Round(time.Second), start, reason)
 		}
 	default:
@@ -322,7 +322,7 @@ func printTable(sub string, body []byte) int {
 		if sub == "cancel" {
 			verb = "cancelled"
 		}
-		fmt.Fprintf(w, "ID\t%s\nJob\t%s\nNamespace\t%s\nTenant\t%s\nQueue\t%s\nGPUs\t%d\nSubmitted\t%s by %s\nReason\t%s\nStatus\t%s",
+		fmt.Fprintf(w, "ID\t%s\nJob\t%s\nNamespace\t%s\nTenant\t%s\nQueue\t%s\nGPUs\t%g\nSubmitted\t%s by %s\nReason\t%s\nStatus\t%s",
 			r.ID, r.JobID, r.Namespace, r.Tenant, r.Queue, r.Demand, r.SubmittedAt.Format(time.RFC3339), r.SubmittedBy, r.Reason, verb)
 		switch {
 		case r.Parked != "":

@@ -101,9 +101,9 @@ func emptyCluster(p *policy.Policy, perNode int) admission.Usage {
 		perNode = plenty
 	}
 	u := admission.Usage{Tenants: map[string]admission.TenantUsage{}, Idle: policy.Quota{policy.AllGPUs: plenty},
-		MaxAlloc: policy.Quota{policy.AllGPUs: perNode}}
+		MaxAlloc: policy.Quota{policy.AllGPUs: float64(perNode)}}
 	for c := range p.Classes {
-		u.Idle[c], u.MaxAlloc[c] = plenty, perNode
+		u.Idle[c], u.MaxAlloc[c] = plenty, float64(perNode)
 	}
 	return u
 }

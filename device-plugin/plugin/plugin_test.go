@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"strings"
@@ -217,8 +218,11 @@ func TestFingerprintWhenDisabledReportsNothingAndStaysOpen(t *testing.T) {
 	if resp, err := stream.Recv(); err != nil || len(resp.DeviceGroup) != 0 {
 		t.Fatalf("want one empty fingerprint, got %v %v", resp, err)
 	}
-	if _, err := stream.Recv(); status.Code(err) != codes.DeadlineExceeded {
-		t.Fatalf("the stream must stay open until Nomad cancels it, got %v", err)
+	// It ends at the deadline: the client's own error, or the end of stream
+	// from the server, which got the same deadline and may close first.
+	deadline, _ := ctx.Deadline()
+	if _, err := stream.Recv(); time.Now().Before(deadline) || (status.Code(err) != codes.DeadlineExceeded && err != io.EOF) {
+		t.Fatalf("the stream must stay open until Nomad cancels it, got %v %s before the deadline", err, time.Until(deadline))
 	}
 }
 

@@ -37,6 +37,22 @@ func Node(id, model string, healthy, sick int) *api.Node {
 			{Vendor: "nvidia", Type: "gpu", Name: model, Instances: inst}}}}
 }
 
+// SharedGPUs adds to node n gpus GPUs of model offered as replicas each, in
+// their own group as the device plugin offers them: "<model> (shared)", with
+// the attributes shared = true and replicas.
+func SharedGPUs(n *api.Node, model string, gpus, replicas int) *api.Node {
+	var inst []*api.NodeDevice
+	for g := 0; g < gpus; g++ {
+		for r := 0; r < replicas; r++ {
+			inst = append(inst, &api.NodeDevice{ID: fmt.Sprintf("%s-shared-%d-%d", n.ID, g, r), Healthy: true})
+		}
+	}
+	n.NodeResources.Devices = append(n.NodeResources.Devices, &api.NodeDeviceResource{Vendor: "nvidia", Type: "gpu",
+		Name: model + " (shared)", Instances: inst, Attributes: map[string]*api.Attribute{
+			"shared": {BoolVal: ptr(true)}, "replicas": {IntVal: ptr(int64(replicas))}}})
+	return n
+}
+
 // JobBuilder makes an *api.Job.
 type JobBuilder struct{ job *api.Job }
 
