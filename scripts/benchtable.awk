@@ -14,3 +14,5 @@
   printf "%-48s %14.0f %9.2f %12s %10s%s\n", name, ns, ns / base[group], bytes, allocs, extra
 }
 /^(ok|FAIL|PASS)/ { print }
+# Tables a benchmark prints itself (markdown rows).
+/^\|/ { print }

@@ -39,6 +39,10 @@ type Config struct {
 	Consul *Consul `hcl:"consul,block"`
 	// Audit is the audit trail's file (nil: none kept).
 	Audit *Audit `hcl:"audit,block"`
+	// EnableDebug serves Go's profiler at /debug/pprof/ on the listener, as
+	// Nomad's enable_debug does; off by default, since anyone who reaches the
+	// listener could read it.
+	EnableDebug bool `hcl:"enable_debug,optional"`
 }
 
 // Audit is where the audit trail is written: path, rotated to path.1 …

@@ -105,6 +105,9 @@ audit {
 	if err != nil || c.Audit == nil || c.Audit.Path != "/var/log/gpu-broker/audit.log" || c.Audit.MaxBytes != 100<<20 || c.Audit.MaxFiles != 10 {
 		t.Fatalf("audit: %v %+v", err, c.Audit)
 	}
+	if c.EnableDebug {
+		t.Error("enable_debug is on by default")
+	}
 	os.WriteFile(path, []byte(`policy_dir = "`+dir+`"
 audit {
   path      = "a.log"

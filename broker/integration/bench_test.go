@@ -2,10 +2,17 @@ package integration
 
 import (
 	"bytes"
+	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
+	"os"
 	"path/filepath"
 	"sort"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -14,54 +21,248 @@ import (
 	"github.com/nomad-gpu/nomad-gpu/internal/testcluster"
 )
 
-// BenchmarkRegisterThroughBroker registers the same one-GPU job straight to a
-// real Nomad agent and through the broker, interleaved in one run, and reports
-// the latency percentiles of both and their ratios.
-func BenchmarkRegisterThroughBroker(b *testing.B) {
+// registerPath is one way to Nomad: straight, through a bare reverse-proxy
+// hop, or through the broker; each registers its own job, again and again.
+type registerPath struct {
+	name, base string
+	body       []byte
+}
+
+// registerRun is what one path did in one repetition.
+type registerRun struct {
+	p50, p99 time.Duration
+	perSec   float64
+	count    int
+	cpu      time.Duration // the broker's CPU over the run, idle rate taken out (broker path only)
+}
+
+// BenchmarkRegister registers a one-GPU job straight to a real Nomad agent,
+// through a bare httputil.ReverseProxy hop and through the broker (its
+// release build), at 1, 8 and 64 concurrent clients, paced (30 ms between a
+// client's calls) and unpaced. The three paths take turns in each of 5
+// repetitions; it prints one table: p50 and p99 (median, and the spread over
+// repetitions), registrations/s, the ratio to Nomad at p50, and the broker's
+// CPU per registration, background work included (the broker process's CPU
+// time from the first call until it is idle again, less its idle rate).
+// BENCH_CPUPROFILE=FILE then saves the broker's CPU profile of 10 s of
+// unpaced registrations by 8 clients.
+func BenchmarkRegister(b *testing.B) {
 	consul := testcluster.StartConsul(b)
+	// Three paths of up to 64 connections each come from one address:
+	// above Nomad's default of 100 per client.
 	n := testcluster.StartNomad(b, testcluster.NomadOptions{Name: "bench", Server: true, Client: true,
-		ConsulAddr: consul.Addr, PluginConfig: `backend = "fake"`})
+		ConsulAddr: consul.Addr, PluginConfig: `backend = "fake"`, ExtraHCL: "limits {\n  http_max_conns_per_client = 0\n}"})
 	n.WaitForNodes(b, 1)
 	if _, err := n.API.Namespaces().Register(&api.Namespace{Name: "vision"}, nil); err != nil {
 		b.Fatal(err)
 	}
 	dir := b.TempDir()
 	writeFile(b, filepath.Join(dir, "p.hcl"), policies)
-	broker := testcluster.StartReleaseBroker(b, n, consul, dir)
-	body := []byte(`{"Job":{"ID":"bench","Namespace":"vision","Type":"batch","Datacenters":["*"],"TaskGroups":[{"Name":"g","Count":1,
+	broker := testcluster.StartReleaseBrokerWith(b, n, consul, dir, testcluster.BrokerOptions{Config: "enable_debug = true"})
+	target, _ := url.Parse(n.Addr)
+	proxy := httputil.NewSingleHostReverseProxy(target)
+	proxy.Transport = &http.Transport{MaxIdleConnsPerHost: 128} // as many kept connections as the broker's
+	hop := httptest.NewServer(proxy)
+	b.Cleanup(hop.Close)
+	job := func(id string) []byte {
+		return []byte(`{"Job":{"ID":"` + id + `","Namespace":"vision","Type":"batch","Datacenters":["*"],"TaskGroups":[{"Name":"g","Count":1,
 	  "Tasks":[{"Name":"t","Driver":"raw_exec","Config":{"command":"/bin/sleep","args":["3600"]},
 	  "Resources":{"CPU":20,"MemoryMB":16,"Devices":[{"Name":"nvidia/gpu","Count":1}]}}]}]}}`)
-	client := &http.Client{}
-	send := func(base string) time.Duration {
+	}
+	paths := []registerPath{{"nomad", n.Addr, job("bench-nomad")}, {"hop", hop.URL, job("bench-hop")}, {"broker", broker.Addr, job("bench-broker")}}
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 128}}
+	var failed sync.Once
+	send := func(p registerPath) time.Duration {
 		start := time.Now()
-		resp, err := client.Post(base+"/v1/jobs", "application/json", bytes.NewReader(body))
-		if err != nil {
-			b.Fatal(err)
+		resp, err := client.Post(p.base+"/v1/jobs", "application/json", bytes.NewReader(p.body))
+		if err == nil {
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusOK {
+				err = fmt.Errorf("%s answered %s", p.name, resp.Status)
+			}
 		}
-		io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
-			b.Fatalf("%s answered %s", base, resp.Status)
+		if err != nil {
+			failed.Do(func() { b.Error(err) }) // from the clients' goroutines: no Fatal
 		}
 		return time.Since(start)
 	}
-	send(broker.Addr) // the broker's first decision waits for nothing after this
-	var direct, brokered []time.Duration
-	b.ResetTimer()
-	for i := 0; i < b.N; i++ {
-		direct = append(direct, send(n.Addr))
-		brokered = append(brokered, send(broker.Addr))
+	for _, p := range paths {
+		for i := 0; i < 20; i++ {
+			send(p) // warm up: connections, the first decision, the job's first version
+		}
 	}
-	b.StopTimer()
-	pct := func(ds []time.Duration, q float64) float64 {
-		sort.Slice(ds, func(i, j int) bool { return ds[i] < ds[j] })
-		return float64(ds[int(q*float64(len(ds)-1))].Microseconds())
+	idle := idleCPURate(broker)
+
+	// run sends count registrations on p from clients goroutines.
+	run := func(p registerPath, clients, count int, pace time.Duration) registerRun {
+		lat := make([]time.Duration, count)
+		var wg sync.WaitGroup
+		next := make(chan int)
+		cpu0, start := broker.CPUTime(), time.Now()
+		for c := 0; c < clients; c++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := range next {
+					lat[i] = send(p)
+					time.Sleep(pace)
+				}
+			}()
+		}
+		for i := 0; i < count; i++ {
+			next <- i
+		}
+		close(next)
+		wg.Wait()
+		wall := time.Since(start)
+		r := registerRun{perSec: float64(count) / wall.Seconds(), count: count}
+		if p.name == "broker" {
+			// The work a registration sets off (events, queue passes) ends
+			// shortly after: wait until a quiet 100 ms.
+			settle(broker, idle)
+			r.cpu = broker.CPUTime() - cpu0 - time.Duration(float64(time.Since(start))*idle)
+		}
+		sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
+		r.p50, r.p99 = lat[count/2], lat[(count*99)/100]
+		return r
 	}
-	d50, d99, b50, b99 := pct(direct, .5), pct(direct, .99), pct(brokered, .5), pct(brokered, .99)
-	b.ReportMetric(d50, "nomad-p50-µs")
-	b.ReportMetric(b50, "broker-p50-µs")
-	b.ReportMetric(d99, "nomad-p99-µs")
-	b.ReportMetric(b99, "broker-p99-µs")
-	b.ReportMetric(b50/max(d50, 1), "p50-ratio")
-	b.ReportMetric(b99/max(d99, 1), "p99-ratio")
+
+	var table []string
+	for _, clients := range []int{1, 8, 64} {
+		for _, pace := range []time.Duration{30 * time.Millisecond, 0} {
+			name := fmt.Sprintf("c%d-paced", clients)
+			if pace == 0 {
+				name = fmt.Sprintf("c%d-unpaced", clients)
+			}
+			b.Run(name, func(b *testing.B) {
+				const reps = 5
+				count := max(b.N/reps, 4*clients)
+				runs := map[string][]registerRun{}
+				b.ResetTimer()
+				for rep := 0; rep < reps; rep++ {
+					for _, p := range paths {
+						runs[p.name] = append(runs[p.name], run(p, clients, count, pace))
+					}
+				}
+				b.StopTimer()
+				rows := make([]string, 0, len(paths))
+				nomad := median(runs["nomad"], func(r registerRun) float64 { return float64(r.p50) })
+				for _, p := range paths {
+					rs := runs[p.name]
+					p50 := median(rs, func(r registerRun) float64 { return float64(r.p50) })
+					row := fmt.Sprintf("| %s | %s | %s | %s | %.0f | %.2f |", name, p.name,
+						spread(rs, func(r registerRun) time.Duration { return r.p50 }),
+						spread(rs, func(r registerRun) time.Duration { return r.p99 }),
+						median(rs, func(r registerRun) float64 { return r.perSec }), p50/nomad)
+					if p.name == "broker" {
+						// Summed over the repetitions: CPU time comes in 10 ms ticks.
+						var used time.Duration
+						regs := 0
+						for _, r := range rs {
+							used, regs = used+r.cpu, regs+r.count
+						}
+						cpu := float64(max(used, 0)) / float64(regs)
+						row += fmt.Sprintf(" %.2f |", cpu/1e6)
+						b.ReportMetric(p50/nomad, "p50-ratio")
+						b.ReportMetric(cpu/1e3, "cpu-µs/reg")
+					} else {
+						row += " |"
+						if p.name == "hop" {
+							b.ReportMetric(p50/nomad, "hop-p50-ratio")
+						}
+					}
+					rows = append(rows, row)
+				}
+				table = replaceRows(table, name, rows)
+			})
+		}
+	}
+	if path := os.Getenv("BENCH_CPUPROFILE"); path != "" {
+		// 10 s of unpaced registrations by 8 clients through the broker.
+		wait := cpuProfile(b, broker, path, 10)
+		for end := time.Now().Add(10 * time.Second); time.Now().Before(end); {
+			run(paths[2], 8, 64, 0)
+		}
+		wait()
+	}
+	fmt.Println("\n| clients | path | p50 ms (spread) | p99 ms (spread) | registrations/s | p50 / nomad | broker CPU ms/registration |")
+	fmt.Println("|---|---|---|---|---|---|---|")
+	fmt.Println(strings.Join(table, "\n"))
+}
+
+// replaceRows puts rows in place of the table's rows for name: a
+// sub-benchmark runs more than once (b.N = 1 first), the last run counts.
+func replaceRows(table []string, name string, rows []string) []string {
+	out := table[:0:0]
+	for _, r := range table {
+		if !strings.HasPrefix(r, "| "+name+" |") {
+			out = append(out, r)
+		}
+	}
+	return append(out, rows...)
+}
+
+// median of f over runs.
+func median(runs []registerRun, f func(registerRun) float64) float64 {
+	v := make([]float64, len(runs))
+	for i, r := range runs {
+		v[i] = f(r)
+	}
+	sort.Float64s(v)
+	return v[len(v)/2]
+}
+
+// spread prints the median of f over runs, in ms, and its range.
+func spread(runs []registerRun, f func(registerRun) time.Duration) string {
+	v := make([]time.Duration, len(runs))
+	for i, r := range runs {
+		v[i] = f(r)
+	}
+	sort.Slice(v, func(i, j int) bool { return v[i] < v[j] })
+	ms := func(d time.Duration) float64 { return float64(d) / 1e6 }
+	return fmt.Sprintf("%.2f (%.2f–%.2f)", ms(v[len(v)/2]), ms(v[0]), ms(v[len(v)-1]))
+}
+
+// idleCPURate is the share of a core the broker uses when nothing happens
+// (its loops, the event stream), measured over 3 s.
+func idleCPURate(broker *testcluster.Broker) float64 {
+	cpu0, start := broker.CPUTime(), time.Now()
+	time.Sleep(3 * time.Second)
+	return float64(broker.CPUTime()-cpu0) / float64(time.Since(start))
+}
+
+// settle waits until the broker has used no more than its idle rate over
+// 100 ms (a clock tick of CPU time is 10 ms), at most 2 s.
+func settle(broker *testcluster.Broker, idle float64) {
+	for deadline := time.Now().Add(2 * time.Second); time.Now().Before(deadline); {
+		cpu0, start := broker.CPUTime(), time.Now()
+		time.Sleep(100 * time.Millisecond)
+		if float64(broker.CPUTime()-cpu0) <= float64(time.Since(start))*idle+float64(10*time.Millisecond) {
+			return
+		}
+	}
+}
+
+// cpuProfile starts a CPU profile of the broker (enable_debug) for seconds
+// and returns the function that waits for it and writes it to path.
+func cpuProfile(b *testing.B, broker *testcluster.Broker, path string, seconds int) func() {
+	done := make(chan []byte)
+	go func() {
+		resp, err := broker.Client.Get(fmt.Sprintf("%s/debug/pprof/profile?seconds=%d", broker.Addr, seconds))
+		if err != nil {
+			done <- nil
+			return
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		done <- body
+	}()
+	return func() {
+		if prof := <-done; len(prof) > 0 {
+			if err := os.WriteFile(path, prof, 0o644); err != nil {
+				b.Error(err)
+			}
+		}
+	}
 }

@@ -44,7 +44,15 @@ func New(address, token string, tls *api.TLSConfig) (*Client, error) {
 	hc := cfg.HttpClient
 	if hc == nil {
 		// ConfigureTLS sets up the transport it is given: give it one.
-		hc = &http.Client{Transport: http.DefaultTransport.(*http.Transport).Clone()}
+		t := http.DefaultTransport.(*http.Transport).Clone()
+		// Every user's call goes to this one agent: keep connections for
+		// many at once (the default keeps 2, so the rest dial anew).
+		t.MaxIdleConnsPerHost = 256
+		// The broker reads Nomad's answers to registrations: asking for gzip
+		// would have Nomad compress what the broker decompresses at once.
+		// (Passed-through calls keep the caller's own Accept-Encoding.)
+		t.DisableCompression = true
+		hc = &http.Client{Transport: t}
 		if tls != nil {
 			if err := api.ConfigureTLS(hc, tls); err != nil {
 				return nil, fmt.Errorf("nomad TLS: %w", err)

@@ -10,8 +10,10 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -152,7 +154,23 @@ func serveErr(path string, log hclog.Logger) error {
 	if err != nil {
 		return fmt.Errorf("listen on %s: %w", cfg.Listen, err)
 	}
-	httpServer := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	handler := srv.Handler()
+	if cfg.EnableDebug {
+		// Only these paths; everything else reaches the broker's handler as
+		// it came (a ServeMux would clean paths before the broker reads them).
+		proxy := handler
+		handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			switch {
+			case r.URL.Path == "/debug/pprof/profile":
+				pprof.Profile(w, r)
+			case strings.HasPrefix(r.URL.Path, "/debug/pprof/"):
+				pprof.Index(w, r)
+			default:
+				proxy.ServeHTTP(w, r)
+			}
+		})
+	}
+	httpServer := &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second}
 	if cfg.TLS != nil {
 		go httpServer.ServeTLS(ln, cfg.TLS.CertFile, cfg.TLS.KeyFile)
 	} else {

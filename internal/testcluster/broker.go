@@ -49,10 +49,10 @@ func StartBrokerWith(t testing.TB, nomad *Nomad, consul *Consul, policyDir strin
 	return startBroker(t, BrokerBinary(t), nomad, consul, policyDir, o)
 }
 
-// StartReleaseBroker is StartBroker with the released build, for benchmarks.
-func StartReleaseBroker(t testing.TB, nomad *Nomad, consul *Consul, policyDir string) *Broker {
+// StartReleaseBrokerWith is StartBrokerWith with the released build, for benchmarks.
+func StartReleaseBrokerWith(t testing.TB, nomad *Nomad, consul *Consul, policyDir string, o BrokerOptions) *Broker {
 	t.Helper()
-	return startBroker(t, BrokerReleaseBinary(t), nomad, consul, policyDir, BrokerOptions{})
+	return startBroker(t, BrokerReleaseBinary(t), nomad, consul, policyDir, o)
 }
 
 func startBroker(t testing.TB, bin string, nomad *Nomad, consul *Consul, policyDir string, o BrokerOptions) *Broker {
@@ -145,6 +145,23 @@ func (b *Broker) RSS() int64 {
 		}
 	}
 	return 0
+}
+
+// CPUTime is the CPU time (user and system) the broker process has used.
+// Linux counts it in clock ticks of 10 ms.
+func (b *Broker) CPUTime() time.Duration {
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", b.cmd.Process.Pid))
+	if err != nil {
+		return 0
+	}
+	// pid (comm) state ppid …: utime and stime are the 12th and 13th fields after ")".
+	f := strings.Fields(string(stat[strings.LastIndexByte(string(stat), ')')+1:]))
+	if len(f) < 13 {
+		return 0
+	}
+	utime, _ := strconv.ParseInt(f[11], 10, 64)
+	stime, _ := strconv.ParseInt(f[12], 10, 64)
+	return time.Duration(utime+stime) * 10 * time.Millisecond
 }
 
 // Scrape reads the broker's /metrics: each series, as Prometheus's text
