@@ -46,29 +46,26 @@ type member struct {
 // ParseDoc reads body as a document for the Go type of target (a pointer to a
 // struct, e.g. *api.JobRegisterRequest): it refuses trailing data, nesting
 // deeper than MaxDepth and any key given twice, and canonicalises the keys of
-// target's fields.
+// target's fields. It then reads the document into target the way Nomad
+// reads it.
 func ParseDoc(body []byte, target any) (*Doc, error) {
-	dec := json.NewDecoder(bytes.NewReader(body))
-	dec.UseNumber()
-	root, err := readNode(dec, 0)
+	root, err := readDoc(body)
 	if err != nil {
 		return nil, fmt.Errorf("malformed JSON in request body: %w", err)
 	}
-	if _, err := dec.Token(); err != io.EOF {
-		return nil, errors.New("malformed JSON in request body: data after the JSON object")
-	}
-	if err := canonicalize(root, reflect.TypeOf(target), ""); err != nil {
+	renamed := false
+	if err := canonicalize(root, reflect.TypeOf(target), "", &renamed); err != nil {
 		return nil, err
 	}
-	return &Doc{root: root}, nil
-}
-
-// Decode reads the document into out the way Nomad reads it.
-func (d *Doc) Decode(out any) error {
-	if err := json.Unmarshal(d.Bytes(), out); err != nil {
-		return fmt.Errorf("malformed request: %w", err)
+	doc := &Doc{root: root}
+	src := body
+	if renamed {
+		src = doc.Bytes()
+	} // else the body is the document: every key as its field spells it, none twice
+	if err := json.Unmarshal(src, target); err != nil {
+		return nil, fmt.Errorf("malformed request: %w", err)
 	}
-	return nil
+	return doc, nil
 }
 
 // Root is the document's top-level value.
@@ -81,55 +78,133 @@ func (d *Doc) Bytes() []byte {
 	return b.Bytes()
 }
 
-func readNode(dec *json.Decoder, depth int) (*Node, error) {
+// readDoc reads one JSON value. encoding/json checks the syntax first (it is
+// what Nomad reads with); the tree is then cut from the bytes as they are:
+// scalars keep their text, which encoding/json reads as it read the original.
+func readDoc(data []byte) (*Node, error) {
+	if !json.Valid(data) {
+		return nil, syntaxError(data)
+	}
+	r := reader{data: data}
+	return r.value(0)
+}
+
+// syntaxError says what is wrong with data, which json.Valid refused.
+func syntaxError(data []byte) error {
+	dec := json.NewDecoder(bytes.NewReader(data))
+	var v json.RawMessage
+	switch err := dec.Decode(&v); {
+	case err == io.EOF:
+		return errors.New("empty body")
+	case err != nil:
+		return err
+	}
+	return errors.New("data after the JSON object")
+}
+
+// reader walks valid JSON.
+type reader struct {
+	data []byte
+	i    int
+}
+
+func (r *reader) space() {
+	for r.i < len(r.data) {
+		switch r.data[r.i] {
+		case ' ', '\t', '\n', '\r':
+			r.i++
+		default:
+			return
+		}
+	}
+}
+
+func (r *reader) value(depth int) (*Node, error) {
 	if depth > MaxDepth {
 		return nil, fmt.Errorf("nested deeper than %d levels", MaxDepth)
 	}
-	tok, err := dec.Token()
-	if err != nil {
-		if err == io.EOF {
-			return nil, errors.New("empty body")
-		}
-		return nil, err
-	}
-	switch t := tok.(type) {
-	case json.Delim:
-		switch t {
-		case '{':
-			n := &Node{object: true}
-			for dec.More() {
-				kt, err := dec.Token()
-				if err != nil {
-					return nil, err
-				}
-				key, _ := kt.(string)
-				v, err := readNode(dec, depth+1)
-				if err != nil {
-					return nil, err
-				}
-				n.members = append(n.members, member{key: key, val: v})
+	r.space()
+	switch r.data[r.i] {
+	case '{':
+		r.i++
+		n := &Node{object: true}
+		for r.space(); r.data[r.i] != '}'; r.space() {
+			if r.data[r.i] == ',' {
+				r.i++
+				r.space()
 			}
-			_, err := dec.Token() // '}'
-			return n, err
-		case '[':
-			n := &Node{array: true}
-			for dec.More() {
-				v, err := readNode(dec, depth+1)
-				if err != nil {
-					return nil, err
-				}
-				n.elems = append(n.elems, v)
+			key, err := r.key()
+			if err != nil {
+				return nil, err
 			}
-			_, err := dec.Token() // ']'
-			return n, err
+			r.space()
+			r.i++ // ':'
+			v, err := r.value(depth + 1)
+			if err != nil {
+				return nil, err
+			}
+			n.members = append(n.members, member{key: key, val: v})
 		}
-		return nil, fmt.Errorf("unexpected %v", t)
-	case json.Number:
-		return &Node{raw: []byte(t)}, nil
-	default: // string, bool, nil: encoding/json reads the re-encoded form as it read the original
-		b, err := json.Marshal(t)
-		return &Node{raw: b}, err
+		r.i++
+		return n, nil
+	case '[':
+		r.i++
+		n := &Node{array: true}
+		for r.space(); r.data[r.i] != ']'; r.space() {
+			if r.data[r.i] == ',' {
+				r.i++
+			}
+			v, err := r.value(depth + 1)
+			if err != nil {
+				return nil, err
+			}
+			n.elems = append(n.elems, v)
+		}
+		r.i++
+		return n, nil
 	}
+	return &Node{raw: r.scalar()}, nil
+}
+
+// scalar is the text of the string, number, true, false or null at r.i.
+func (r *reader) scalar() []byte {
+	start := r.i
+	if r.data[r.i] == '"' {
+		for r.i++; r.data[r.i] != '"'; r.i++ {
+			if r.data[r.i] == '\\' {
+				r.i++
+			}
+		}
+		r.i++
+		return r.data[start:r.i]
+	}
+	for r.i < len(r.data) {
+		switch r.data[r.i] {
+		case ',', '}', ']', ' ', '\t', '\n', '\r':
+			return r.data[start:r.i]
+		}
+		r.i++
+	}
+	return r.data[start:r.i]
+}
+
+// key is an object key as encoding/json reads it: escapes decoded, invalid
+// UTF-8 replaced.
+func (r *reader) key() (string, error) {
+	raw := r.scalar()
+	plain := true
+	for _, c := range raw[1 : len(raw)-1] {
+		if c == '\\' || c >= utf8.RuneSelf {
+			plain = false
+			break
+		}
+	}
+	if plain {
+		return string(raw[1 : len(raw)-1]), nil
+	}
+	var key string
+	err := json.Unmarshal(raw, &key)
+	return key, err
 }
 
 func (n *Node) encode(b *bytes.Buffer) {
@@ -198,7 +273,7 @@ func (n *Node) Set(key string, v any) {
 		b, _ := json.Marshal(v)
 		val = &Node{raw: b}
 		if len(b) > 0 && (b[0] == '{' || b[0] == '[') {
-			val, _ = readNode(json.NewDecoder(bytes.NewReader(b)), 0)
+			val, _ = readDoc(b)
 		}
 	}
 	for i, m := range n.members {
@@ -242,7 +317,7 @@ var (
 
 // canonicalize walks n along the Go type t the way encoding/json would decode
 // it, renaming matched keys to their field names and refusing duplicates.
-func canonicalize(n *Node, t reflect.Type, path string) error {
+func canonicalize(n *Node, t reflect.Type, path string, renamed *bool) error {
 	for t.Kind() == reflect.Pointer {
 		t = t.Elem()
 	}
@@ -269,8 +344,10 @@ func canonicalize(n *Node, t reflect.Type, path string) error {
 			if !ok {
 				continue
 			}
-			n.members[i].key = f.name
-			if err := canonicalize(m.val, f.typ, join(path, f.name)); err != nil {
+			if m.key != f.name {
+				n.members[i].key, *renamed = f.name, true
+			}
+			if err := canonicalize(m.val, f.typ, join(path, f.name), renamed); err != nil {
 				return err
 			}
 		}
@@ -285,7 +362,7 @@ func canonicalize(n *Node, t reflect.Type, path string) error {
 				return duplicate(path, m.key, m.key)
 			}
 			seen[m.key] = true
-			if err := canonicalize(m.val, elem, join(path, m.key)); err != nil {
+			if err := canonicalize(m.val, elem, join(path, m.key), renamed); err != nil {
 				return err
 			}
 		}
@@ -295,7 +372,7 @@ func canonicalize(n *Node, t reflect.Type, path string) error {
 			elem = t.Elem()
 		}
 		for i, e := range n.elems {
-			if err := canonicalize(e, elem, fmt.Sprintf("%s[%d]", path, i)); err != nil {
+			if err := canonicalize(e, elem, fmt.Sprintf("%s[%d]", path, i), renamed); err != nil {
 				return err
 			}
 		}

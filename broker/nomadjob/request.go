@@ -58,17 +58,11 @@ func ReadRequest(kind Kind, body []byte, query url.Values) (*Request, error) {
 	)
 	switch t := target.(type) {
 	case *api.JobPlanRequest:
-		err = doc.Decode(t)
 		job, w = t.Job, t.WriteRequest
 	case *api.JobValidateRequest:
-		err = doc.Decode(t)
 		job, w = t.Job, t.WriteRequest
 	case *api.JobRegisterRequest:
-		err = doc.Decode(t)
 		job, w, preserveCounts = t.Job, t.WriteRequest, t.PreserveCounts
-	}
-	if err != nil {
-		return nil, err
 	}
 	if job.ID == nil && kind != Validate {
 		return nil, errors.New("malformed request: the job has no ID")

@@ -178,9 +178,6 @@ func (s *Server) readCall(w http.ResponseWriter, r *http.Request, out any) (*nom
 		return nil, false
 	}
 	doc, err := nomadjob.ParseDoc(body, out)
-	if err == nil {
-		err = doc.Decode(out)
-	}
 	if err != nil {
 		writeError(w, http.StatusBadRequest, "nomad-gpu: %v", err)
 		return nil, false
