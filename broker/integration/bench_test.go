@@ -5,9 +5,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"net/http/httptest"
-	"net/http/httputil"
-	"net/url"
 	"os"
 	"path/filepath"
 	"sort"
@@ -37,7 +34,7 @@ type registerRun struct {
 }
 
 // BenchmarkRegister registers a one-GPU job straight to a real Nomad agent,
-// through a bare httputil.ReverseProxy hop and through the broker (its
+// through a bare httputil.ReverseProxy hop (internal/barehop) and through the broker (its
 // release build), at 1, 8 and 64 concurrent clients, paced (30 ms between a
 // client's calls) and unpaced. The three paths take turns in each of 5
 // repetitions; it prints one table: p50 and p99 (median, and the spread over
@@ -59,17 +56,13 @@ func BenchmarkRegister(b *testing.B) {
 	dir := b.TempDir()
 	writeFile(b, filepath.Join(dir, "p.hcl"), policies)
 	broker := testcluster.StartReleaseBrokerWith(b, n, consul, dir, testcluster.BrokerOptions{Config: "enable_debug = true"})
-	target, _ := url.Parse(n.Addr)
-	proxy := httputil.NewSingleHostReverseProxy(target)
-	proxy.Transport = &http.Transport{MaxIdleConnsPerHost: 128} // as many kept connections as the broker's
-	hop := httptest.NewServer(proxy)
-	b.Cleanup(hop.Close)
+	hop := testcluster.StartBareHop(b, n) // a process of its own, as the broker is
 	job := func(id string) []byte {
 		return []byte(`{"Job":{"ID":"` + id + `","Namespace":"vision","Type":"batch","Datacenters":["*"],"TaskGroups":[{"Name":"g","Count":1,
 	  "Tasks":[{"Name":"t","Driver":"raw_exec","Config":{"command":"/bin/sleep","args":["3600"]},
 	  "Resources":{"CPU":20,"MemoryMB":16,"Devices":[{"Name":"nvidia/gpu","Count":1}]}}]}]}}`)
 	}
-	paths := []registerPath{{"nomad", n.Addr, job("bench-nomad")}, {"hop", hop.URL, job("bench-hop")}, {"broker", broker.Addr, job("bench-broker")}}
+	paths := []registerPath{{"nomad", n.Addr, job("bench-nomad")}, {"hop", hop, job("bench-hop")}, {"broker", broker.Addr, job("bench-broker")}}
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 128}}
 	var failed sync.Once
 	send := func(p registerPath) time.Duration {

@@ -147,6 +147,24 @@ func (b *Broker) RSS() int64 {
 	return 0
 }
 
+// StartBareHop runs internal/barehop, a bare reverse proxy in front of
+// nomad in a process of its own, and returns its address.
+func StartBareHop(t testing.TB, nomad *Nomad) string {
+	t.Helper()
+	bin := buildOnce(t, "github.com/nomad-gpu/nomad-gpu/internal/barehop", "barehop", false)
+	addr := fmt.Sprintf("127.0.0.1:%d", FreePorts(t, 1)[0])
+	p := start(t, "barehop", t.TempDir(), bin, "-listen", addr, "-target", nomad.Addr)
+	t.Cleanup(p.stop)
+	WaitFor(t, 30*time.Second, "the bare hop", func() error {
+		resp, err := http.Get("http://" + addr + "/v1/agent/health")
+		if err == nil {
+			resp.Body.Close()
+		}
+		return err
+	})
+	return "http://" + addr
+}
+
 // CPUTime is the CPU time (user and system) the broker process has used.
 // Linux counts it in clock ticks of 10 ms.
 func (b *Broker) CPUTime() time.Duration {
