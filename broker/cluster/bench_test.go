@@ -1,8 +1,11 @@
 package cluster
 
 import (
+	"encoding/json"
 	"fmt"
 	"testing"
+
+	"github.com/hashicorp/nomad/api"
 
 	"github.com/nomad-gpu/nomad-gpu/broker/policy"
 	"github.com/nomad-gpu/nomad-gpu/internal/testbuild"
@@ -46,4 +49,41 @@ func BenchmarkUsageSnapshot(b *testing.B) {
 			})
 		}
 	}
+}
+
+// BenchmarkFollowEvents is the view absorbing Nomad's event stream as the
+// stream delivers it (each payload JSON): per 100 events, 90
+// allocation updates of 1,000 running one-GPU jobs, 8 job registrations and
+// 2 node updates, on 125 nodes of 8 GPUs. It reports events/s.
+func BenchmarkFollowEvents(b *testing.B) {
+	payload := func(key string, v any) map[string]json.RawMessage {
+		raw, err := json.Marshal(v)
+		if err != nil {
+			b.Fatal(err)
+		}
+		return map[string]json.RawMessage{key: raw}
+	}
+	var events []Event
+	for i := 0; i < 1000; i++ {
+		node := fmt.Sprint(i % 125)
+		for k := 0; k < 9; k++ {
+			a := testbuild.Alloc(fmt.Sprintf("a%d", i), "ns0", fmt.Sprint(i), node, uint64(10*i+k), fmt.Sprintf("%s-%d", node, i%8)).Build()
+			events = append(events, Event{Topic: api.TopicAllocation, Type: "AllocationUpdated", Payload: payload("Allocation", a)})
+		}
+		if i%10 < 8 {
+			j := testbuild.Job("ns0", fmt.Sprint(i)).Group("g", 1, 1, "nvidia/gpu").ModifyIndex(uint64(10 * i)).Build()
+			events = append(events, Event{Topic: api.TopicJob, Type: "JobRegistered", Payload: payload("Job", j)})
+		} else {
+			events = append(events, Event{Topic: api.TopicNode, Type: "NodeRegistration", Payload: payload("Node", testbuild.Node(node, testbuild.H100, 8, 0))})
+		}
+	}
+	v := NewView(nil)
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if err := v.apply(&events[i%len(events)]); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "events/s")
 }

@@ -27,7 +27,37 @@ type Snapshot struct {
 // Source is what the view is kept from: a full listing, then events after its index.
 type Source interface {
 	List(ctx context.Context) (Snapshot, error)
-	Events(ctx context.Context, index uint64) (<-chan *api.Events, error)
+	Events(ctx context.Context, index uint64) (<-chan *Events, error)
+}
+
+// Events is one frame of Nomad's event stream (Err: the stream broke).
+type Events struct {
+	Index  uint64
+	Events []Event
+	Err    error `json:"-"`
+}
+
+// Event is one event, its payload kept as JSON: it is decoded once, into
+// its api type, by its JSON names. (The api's own event decoder goes through
+// maps and mapstructure: several times slower, and blind to JSON tags, so it
+// loses device attributes, spelled Int, Bool… for fields IntVal, BoolVal….)
+type Event struct {
+	Topic   api.Topic
+	Type    string
+	Index   uint64
+	Payload map[string]json.RawMessage
+}
+
+// decode reads the payload's key (Node, Job, Allocation, Deployment) into out.
+func (e *Event) decode(key string, out any) error {
+	raw, ok := e.Payload[key]
+	if !ok {
+		return fmt.Errorf("decode %s event: no %s in it", e.Topic, key)
+	}
+	if err := json.Unmarshal(raw, out); err != nil {
+		return fmt.Errorf("decode %s event: %w", e.Topic, err)
+	}
+	return nil
 }
 
 // errResync ends one pass of following for a full listing.
@@ -96,11 +126,11 @@ func (v *View) followOnce(ctx context.Context, src Source, resync <-chan time.Ti
 	}
 }
 
-func (v *View) apply(e *api.Event) error {
+func (v *View) apply(e *Event) error {
 	switch e.Topic {
 	case api.TopicNode:
-		n, err := eventNode(e)
-		if err != nil || n == nil {
+		var n *api.Node
+		if err := e.decode("Node", &n); err != nil || n == nil {
 			return fmt.Errorf("decode node event: %v", err)
 		}
 		if e.Type == "NodeDeregistration" {
@@ -109,8 +139,8 @@ func (v *View) apply(e *api.Event) error {
 			v.ObserveNode(n)
 		}
 	case api.TopicJob:
-		j, err := e.Job()
-		if err != nil || j == nil {
+		var j *api.Job
+		if err := e.decode("Job", &j); err != nil || j == nil {
 			return fmt.Errorf("decode job event: %v", err)
 		}
 		if e.Type == "JobDeregistered" || e.Type == "JobBatchDeregistered" {
@@ -119,14 +149,14 @@ func (v *View) apply(e *api.Event) error {
 			v.ObserveJob(j)
 		}
 	case api.TopicDeployment:
-		d, err := e.Deployment()
-		if err != nil || d == nil {
+		var d *api.Deployment
+		if err := e.decode("Deployment", &d); err != nil || d == nil {
 			return fmt.Errorf("decode deployment event: %v", err)
 		}
 		v.ObserveDeployment(d)
 	case api.TopicAllocation:
-		a, err := e.Allocation()
-		if err != nil || a == nil {
+		var a *api.Allocation
+		if err := e.decode("Allocation", &a); err != nil || a == nil {
 			return fmt.Errorf("decode allocation event: %v", err)
 		}
 		v.ObserveAlloc(a)
@@ -137,18 +167,3 @@ func (v *View) apply(e *api.Event) error {
 // Followed is how far the view follows Nomad: the index of the last event
 // (or listing) it applied, and how many full listings it made.
 func (v *View) Followed() (index, listings uint64) { return v.index.Load(), v.relisted.Load() }
-
-// eventNode decodes a node event as Nomad wrote it, by its JSON names. The
-// api's own decoder (mapstructure) ignores JSON tags, and so loses every
-// device attribute: their fields are IntVal, BoolVal…, written Int, Bool….
-func eventNode(e *api.Event) (*api.Node, error) {
-	raw, err := json.Marshal(e.Payload["Node"])
-	if err != nil {
-		return nil, err
-	}
-	var n *api.Node
-	if err := json.Unmarshal(raw, &n); err != nil {
-		return nil, err
-	}
-	return n, nil
-}

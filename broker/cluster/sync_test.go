@@ -29,8 +29,8 @@ func (l *listings) List(context.Context) (Snapshot, error) {
 	return s, nil
 }
 
-func (l *listings) Events(ctx context.Context, _ uint64) (<-chan *api.Events, error) {
-	return make(chan *api.Events), nil
+func (l *listings) Events(ctx context.Context, _ uint64) (<-chan *Events, error) {
+	return make(chan *Events), nil
 }
 
 func TestResyncDropsAPurgedJob(t *testing.T) {
@@ -61,19 +61,15 @@ func TestResyncDropsAPurgedJob(t *testing.T) {
 }
 
 // A node event keeps its device groups' attributes (a shared group's
-// replicas), which the api's own event decoder drops.
+// replicas), which the api's own event decoder (mapstructure) drops.
 func TestNodeEventsKeepDeviceAttributes(t *testing.T) {
 	p := testbuild.Policy(t, visionPolicy)
 	raw, err := json.Marshal(testbuild.SharedGPUs(testbuild.Node("n", testbuild.H100, 6, 0), testbuild.H100, 2, 4))
 	if err != nil {
 		t.Fatal(err)
 	}
-	var payload map[string]any
-	if err := json.Unmarshal(raw, &payload); err != nil {
-		t.Fatal(err)
-	}
 	v := NewView(nil)
-	if err := v.apply(&api.Event{Topic: api.TopicNode, Type: "NodeRegistration", Payload: map[string]any{"Node": payload}}); err != nil {
+	if err := v.apply(&Event{Topic: api.TopicNode, Type: "NodeRegistration", Payload: map[string]json.RawMessage{"Node": raw}}); err != nil {
 		t.Fatal(err)
 	}
 	if u := v.Usage(p); u.Replicas[testbuild.H100+" (shared)"] != 4 || u.MaxAlloc["h100"] != 8 {

@@ -12,6 +12,8 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/hashicorp/nomad/api"
@@ -138,10 +140,50 @@ func (c *Client) list(ctx context.Context) ([]*api.Node, []*api.Job, uint64, err
 
 // Events streams node, job, deployment and allocation events of every
 // namespace from index.
-func (c *Client) Events(ctx context.Context, index uint64) (<-chan *api.Events, error) {
-	topics := map[api.Topic][]string{api.TopicNode: {"*"}, api.TopicJob: {"*"}, api.TopicDeployment: {"*"},
-		api.TopicAllocation: {"*"}}
-	return c.api.EventStream().Stream(ctx, topics, index, &api.QueryOptions{Namespace: "*"})
+func (c *Client) Events(ctx context.Context, index uint64) (<-chan *cluster.Events, error) {
+	q := url.Values{"index": {strconv.FormatUint(index, 10)}, "namespace": {"*"}}
+	for _, t := range []api.Topic{api.TopicNode, api.TopicJob, api.TopicDeployment, api.TopicAllocation} {
+		q.Add("topic", string(t)+":*")
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimSuffix(c.address, "/")+"/v1/event/stream?"+q.Encode(), nil)
+	if err != nil {
+		return nil, err
+	}
+	if c.token != "" {
+		req.Header.Set("X-Nomad-Token", c.token)
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("event stream: %w", err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		body, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+		resp.Body.Close()
+		return nil, fmt.Errorf("event stream: Nomad answered %s: %s", resp.Status, strings.TrimSpace(string(body)))
+	}
+	out := make(chan *cluster.Events, 16)
+	go func() {
+		defer close(out)
+		defer resp.Body.Close()
+		dec := json.NewDecoder(resp.Body)
+		for {
+			frame := &cluster.Events{}
+			if err := dec.Decode(frame); err != nil {
+				frame = &cluster.Events{Err: fmt.Errorf("event stream: %w", err)}
+			} else if frame.Index == 0 && len(frame.Events) == 0 {
+				continue // Nomad's heartbeat, {}
+			}
+			select {
+			case out <- frame:
+			case <-ctx.Done():
+				return
+			}
+			if frame.Err != nil {
+				return
+			}
+		}
+	}()
+	return out, nil
 }
 
 // Agent is the region of the Nomad agent the broker talks to and whether it
