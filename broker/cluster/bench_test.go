@@ -3,6 +3,7 @@ package cluster
 import (
 	"encoding/json"
 	"fmt"
+	"runtime"
 	"testing"
 
 	"github.com/hashicorp/nomad/api"
@@ -86,4 +87,28 @@ func BenchmarkFollowEvents(b *testing.B) {
 		}
 	}
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "events/s")
+}
+
+// BenchmarkViewMemory is the heap the view holds for 100,000 running one-GPU
+// jobs, each with its allocation, on 12,500 nodes of 8 GPUs (the memory goal
+// is 300 MB for the whole broker at this size and 10,000 queued jobs).
+func BenchmarkViewMemory(b *testing.B) {
+	const jobs = 100_000
+	var heap float64
+	for i := 0; i < b.N; i++ {
+		var before, after runtime.MemStats
+		runtime.GC()
+		runtime.ReadMemStats(&before)
+		v := benchView(jobs, 1000)
+		for j := 0; j < jobs; j++ {
+			node := fmt.Sprint(j / 8)
+			v.ObserveAlloc(testbuild.Alloc(fmt.Sprintf("a%d", j), fmt.Sprintf("ns%d", j%1000), fmt.Sprint(j), node, uint64(j+1),
+				fmt.Sprintf("%s-%d", node, j%8)).Build())
+		}
+		runtime.GC()
+		runtime.ReadMemStats(&after)
+		heap = float64(after.HeapAlloc-before.HeapAlloc) / (1 << 20)
+		runtime.KeepAlive(v)
+	}
+	b.ReportMetric(heap, "heap-MB")
 }

@@ -1,6 +1,7 @@
 package queue_test
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
@@ -93,5 +94,36 @@ fair_share {
 		if e.ID != want[i] {
 			t.Fatalf("position %d: got %s, want order %v", i, e.ID, want)
 		}
+	}
+}
+
+// BenchmarkOrder is the queue put in admission order, as each pass and each
+// `queue list` does: 10,000 entries of 1,000 tenants, with fair share.
+func BenchmarkOrder(b *testing.B) {
+	src := "queue \"training\" { priority = 60 }\nqueue \"dev\" { priority = 40 }\nfair_share {\n half_life = \"24h\"\n}\n"
+	for i := 0; i < 1000; i++ {
+		src += fmt.Sprintf("tenant \"t%d\" {\n namespaces = [\"ns%d\"]\n queues = [\"training\", \"dev\"]\n guaranteed = 8\n limit = 16\n}\n", i, i)
+	}
+	p, diags := policy.Parse(map[string][]byte{"p.hcl": []byte(src)}, 0)
+	if diags.HasErrors() {
+		b.Fatal(diags)
+	}
+	now := time.Now()
+	entries := make([]queue.Entry, 10_000)
+	used, decayed := map[string]float64{}, map[string]float64{}
+	for i := range entries {
+		t := fmt.Sprintf("t%d", i%1000)
+		entries[i] = queue.Entry{ID: fmt.Sprint(i), Tenant: t, Queue: []string{"training", "dev"}[i%2], Demand: 1,
+			SubmittedAt: now.Add(-time.Duration(i) * time.Second)}
+		used[t], decayed[t] = float64(i%16), float64(i%100)
+	}
+	work := make([]queue.Entry, len(entries))
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		b.StopTimer()
+		copy(work, entries)
+		b.StartTimer()
+		queue.Order(work, p, used, decayed, now)
 	}
 }

@@ -226,20 +226,39 @@ func Order(entries []Entry, p *policy.Policy, used map[string]float64, decayed m
 		}
 		return used[e.Tenant] / g
 	}
-	sort.SliceStable(entries, func(i, j int) bool {
-		a, b := entries[i], entries[j]
-		if (a.Parked == "") != (b.Parked == "") {
-			return a.Parked == "" // parked entries wait for nothing: after every waiting one
+	// Each entry's order is computed once, not at every comparison, and the
+	// keys are sorted rather than the (large) entries.
+	type orderKey struct {
+		parked bool
+		prio   int
+		share  float64
+		at     time.Time
+		id     string
+		index  int
+	}
+	keys := make([]orderKey, len(entries))
+	for i, e := range entries {
+		keys[i] = orderKey{e.Parked != "", prio(e), share(e), e.SubmittedAt, e.ID, i}
+	}
+	sort.Slice(keys, func(i, j int) bool {
+		a, b := keys[i], keys[j]
+		if a.parked != b.parked {
+			return !a.parked // parked entries wait for nothing: after every waiting one
 		}
-		if pa, pb := prio(a), prio(b); pa != pb {
-			return pa > pb
+		if a.prio != b.prio {
+			return a.prio > b.prio
 		}
-		if sa, sb := share(a), share(b); sa != sb {
-			return sa < sb
+		if a.share != b.share {
+			return a.share < b.share
 		}
-		if !a.SubmittedAt.Equal(b.SubmittedAt) {
-			return a.SubmittedAt.Before(b.SubmittedAt)
+		if !a.at.Equal(b.at) {
+			return a.at.Before(b.at)
 		}
-		return a.ID < b.ID
+		return a.id < b.id
 	})
+	sorted := make([]Entry, len(entries))
+	for i, k := range keys {
+		sorted[i] = entries[k.index]
+	}
+	copy(entries, sorted)
 }
