@@ -15,6 +15,7 @@ import (
 
 	"github.com/hashicorp/nomad/api"
 
+	"github.com/nomad-gpu/nomad-gpu/broker/queue"
 	"github.com/nomad-gpu/nomad-gpu/internal/testcluster"
 )
 
@@ -258,4 +259,101 @@ func cpuProfile(b *testing.B, broker *testcluster.Broker, path string, seconds i
 			}
 		}
 	}
+}
+
+// BenchmarkQueueAdmission: 5,000 one-GPU jobs wait in the broker's queue for
+// their tenant's limit while a blocker holds all 800 GPUs of a real Nomad
+// client; the blocker stops, and the leader admits from the queue into Nomad.
+// It reports admissions/s until 800 are admitted (the tasks use Nomad's mock
+// driver, so that 800 allocations start no processes) and the cores the
+// broker and the Nomad agent used meanwhile; BENCH_CPUPROFILE=FILE saves its CPU profile of the
+// drain's first 20 s.
+func BenchmarkQueueAdmission(b *testing.B) {
+	const gpus, queued = 800, 5000
+	consul := testcluster.StartConsul(b)
+	n := testcluster.StartNomad(b, testcluster.NomadOptions{Name: "qbench", Server: true, Client: true,
+		PluginConfig: fmt.Sprintf("\n    backend = \"fake\"\n    fake {\n      count = %d\n    }", gpus),
+		ExtraHCL:     "plugin \"mock_driver\" {}\nlimits {\n  http_max_conns_per_client = 0\n}"})
+	n.WaitForNodes(b, 1)
+	if _, err := n.API.Namespaces().Register(&api.Namespace{Name: "vision"}, nil); err != nil {
+		b.Fatal(err)
+	}
+	dir := b.TempDir()
+	writeFile(b, filepath.Join(dir, "p.hcl"), fmt.Sprintf(`
+queue "training" { priority = 60 }
+tenant "vision" {
+  namespaces = ["vision"]
+  queues     = ["training"]
+  guaranteed = %d
+  limit      = %d
+  max_queued = %d
+}
+`, gpus, gpus, queued))
+	broker := testcluster.StartReleaseBrokerWith(b, n, consul, dir, testcluster.BrokerOptions{Config: "enable_debug = true"})
+	job := func(id string, count int) []byte {
+		return []byte(fmt.Sprintf(`{"Job":{"ID":%q,"Namespace":"vision","Type":"batch","Datacenters":["*"],"TaskGroups":[{"Name":"g","Count":1,
+	  "Tasks":[{"Name":"t","Driver":"mock_driver","Config":{"run_for":"1h"},
+	  "Resources":{"CPU":1,"MemoryMB":10,"Devices":[{"Name":"nvidia/gpu","Count":%d}]}}]}]}}`, id, count))
+	}
+	post := func(body []byte) string {
+		resp, err := http.Post(broker.Addr+"/v1/jobs", "application/json", bytes.NewReader(body))
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer resp.Body.Close()
+		out, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != http.StatusOK {
+			b.Fatalf("register: %s %s", resp.Status, out)
+		}
+		return string(out)
+	}
+	testcluster.WaitFor(b, 60*time.Second, "the broker's view of the GPUs", func() error {
+		if out := post(job("blocker", gpus)); !strings.Contains(out, "admitted") {
+			return fmt.Errorf("blocker: %s", out)
+		}
+		return nil
+	})
+	// The queue is written as the broker writes it, straight into Consul: 5,000
+	// registrations through the broker would each list the queue first.
+	store := queue.NewStore(consulKV(consul), "nomad-gpu/")
+	now := time.Now()
+	for i := 0; i < queued; i++ {
+		id := fmt.Sprintf("q-%05d", i)
+		e := queue.Entry{ID: queue.NewID(), JobID: id, Namespace: "vision", Tenant: "vision", Queue: "training", Demand: 1,
+			Reason: "benchmark", SubmittedBy: "bench", SubmittedAt: now.Add(time.Duration(i) * time.Millisecond), Request: job(id, 1)}
+		if err := store.Put(b.Context(), e); err != nil {
+			b.Fatal(err)
+		}
+	}
+	var wait func()
+	if path := os.Getenv("BENCH_CPUPROFILE"); path != "" {
+		wait = cpuProfile(b, broker, path, 20) // the first 20 s of the drain
+	}
+	b.ResetTimer()
+	start, cpu0, nomadCPU0 := time.Now(), broker.CPUTime(), n.CPUTime()
+	if _, _, err := n.API.Jobs().Deregister("blocker", false, &api.WriteOptions{Namespace: "vision"}); err != nil {
+		b.Fatal(err)
+	}
+	left := queued
+	for time.Since(start) < 5*time.Minute {
+		entries, err := store.List(b.Context())
+		if err != nil {
+			b.Fatal(err)
+		}
+		if left = len(entries); left <= queued-gpus {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	elapsed, cpu, nomadCPU := time.Since(start), broker.CPUTime()-cpu0, n.CPUTime()-nomadCPU0
+	b.StopTimer()
+	if wait != nil {
+		wait()
+	}
+	if left > queued-gpus {
+		b.Fatalf("%d of %d admitted in %s", queued-left, gpus, elapsed)
+	}
+	b.ReportMetric(float64(queued-left)/elapsed.Seconds(), "admissions/s")
+	b.ReportMetric(cpu.Seconds()/elapsed.Seconds(), "broker-cores")
+	b.ReportMetric(nomadCPU.Seconds()/elapsed.Seconds(), "nomad-cores")
 }

@@ -165,10 +165,10 @@ func StartBareHop(t testing.TB, nomad *Nomad) string {
 	return "http://" + addr
 }
 
-// CPUTime is the CPU time (user and system) the broker process has used.
-// Linux counts it in clock ticks of 10 ms.
-func (b *Broker) CPUTime() time.Duration {
-	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", b.cmd.Process.Pid))
+// CPUTime is the CPU time (user and system) the agent's process has used (its
+// children's not counted). Linux counts it in clock ticks of 10 ms.
+func (p *process) CPUTime() time.Duration {
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p.cmd.Process.Pid))
 	if err != nil {
 		return 0
 	}
