@@ -680,17 +680,23 @@ func classify(p *policy.Policy, byModel map[string]int, u admission.Usage) polic
 		if n == 0 {
 			continue
 		}
-		g := admission.Group{Model: model, Shared: strings.HasSuffix(model, nomadjob.SharedSuffix)}
-		if model == nomadjob.SharedSuffix {
-			g.Model = ""
-		}
-		gpus := float64(n) * u.Share(g)
+		gpus := float64(n) * modelShare(model, u)
 		q[policy.AllGPUs] += gpus
 		if c := p.ClassOf(model); c != "" {
 			q[c] += gpus
 		}
 	}
 	return q
+}
+
+// modelShare is the part of a GPU one device of model is (u.Share): a
+// replica of a shared group, or of any one (nomadjob.SharedSuffix alone).
+func modelShare(model string, u admission.Usage) float64 {
+	g := admission.Group{Model: model, Shared: strings.HasSuffix(model, nomadjob.SharedSuffix)}
+	if model == nomadjob.SharedSuffix {
+		g.Model = ""
+	}
+	return u.Share(g)
 }
 
 // sharedReplicas is, per shared group, the fewest replicas per GPU any node
@@ -726,15 +732,13 @@ func copyQuota(q policy.Quota) policy.Quota {
 func (v *View) Capacity() int {
 	v.mu.RLock()
 	defer v.mu.RUnlock()
+	// Replicas weigh as in admission: the same share, whatever the node.
+	u := admission.Usage{Replicas: v.sharedReplicas()}
 	total := 0.0
 	for _, n := range v.nodes {
 		if n.schedulable {
 			for model, c := range n.gpus {
-				if r := n.replicas[model]; r > 1 {
-					total += float64(c) / float64(r)
-				} else {
-					total += float64(c)
-				}
+				total += float64(c) * modelShare(model, u)
 			}
 		}
 	}
