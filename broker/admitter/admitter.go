@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"sync"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -83,6 +84,11 @@ type Admitter struct {
 	FairShare interface {
 		Decayed(ctx context.Context, now time.Time, halfLife time.Duration) (map[string]float64, error)
 	}
+	// Parallel bounds the registrations in flight at once (0 or 1: one at a
+	// time). Decisions stay sequential, in queue order, each reserving its GPUs
+	// in the view; only the round trips to Nomad and Consul overlap, which is
+	// what a drain after a large release waits on.
+	Parallel int
 }
 
 // Run makes a pass whenever the cluster changes, and every interval anyway.
@@ -116,21 +122,31 @@ func (a *Admitter) Run(ctx context.Context, changed <-chan struct{}, interval ti
 // waiting for idle GPUs stops the pass, so that smaller jobs behind it cannot
 // take the GPUs it waits for (aging then lifts it above newer work).
 func (a *Admitter) Pass(ctx context.Context) (int, error) {
+	r := &registrations{sem: make(chan struct{}, max(a.Parallel, 1))}
+	err := a.decide(ctx, r)
+	admitted, rerr := r.wait()
+	return admitted, errors.Join(err, rerr)
+}
+
+// decide makes the pass's decisions and hands each admission to r.
+func (a *Admitter) decide(ctx context.Context, r *registrations) error {
 	entries, err := a.Queue.List(ctx)
 	if err != nil || len(entries) == 0 {
-		return 0, err
+		return err
 	}
 	p := a.Policies.Current()
 	used := a.Cluster.UsageWithout(p, "", "").UsedBy()
 	var decayed map[string]float64
 	if a.FairShare != nil && p.FairShare.Enabled {
 		if decayed, err = a.FairShare.Decayed(ctx, a.Now(), p.FairShare.HalfLife); err != nil {
-			return 0, err
+			return err
 		}
 	}
 	queue.Order(entries, p, used, decayed, a.Now())
-	admitted := 0
 	for _, e := range entries {
+		if r.failed() {
+			return nil
+		}
 		if e.Parked != "" {
 			continue
 		}
@@ -142,7 +158,7 @@ func (a *Admitter) Pass(ctx context.Context) (int, error) {
 		var current *api.Job
 		if nomadjob.HasCanaries(req.Job) {
 			if current, err = a.Nomad.Job(ctx, e.Namespace, e.JobID); err != nil {
-				return admitted, fmt.Errorf("queue entry %s: %w", e.ID, err)
+				return fmt.Errorf("queue entry %s: %w", e.ID, err)
 			}
 		}
 		groups, err := req.Groups(current, a.Cluster.NodesFitting)
@@ -161,7 +177,7 @@ func (a *Admitter) Pass(ctx context.Context) (int, error) {
 		switch d.Outcome {
 		case admission.Queue:
 			if d.WaitsFor == admission.WaitCapacity {
-				return admitted, nil
+				return nil
 			}
 			continue
 		case admission.Reject:
@@ -181,7 +197,7 @@ func (a *Admitter) Pass(ctx context.Context) (int, error) {
 			why, err := a.submitterMay(ctx, p, e)
 			if err != nil {
 				res.Release()
-				return admitted, fmt.Errorf("queue entry %s: %w", e.ID, err)
+				return fmt.Errorf("queue entry %s: %w", e.ID, err)
 			}
 			if why != "" {
 				res.Release()
@@ -190,37 +206,100 @@ func (a *Admitter) Pass(ctx context.Context) (int, error) {
 			}
 		}
 		req.Stamp(d, a.Stamper.Stamp(e.Namespace, req.Job, d))
-		// Register first, then remove: a crash in between registers the same job
-		// again, which Nomad treats as the same job, never as a second one.
-		index, err := a.Nomad.Register(ctx, e.Namespace, req.Body())
-		if err != nil {
+		body := req.Body()
+		if !r.start(func() error { return a.register(ctx, e, d, res, body) }) {
 			res.Release()
-			var r refusal
-			if errors.As(err, &r) && r.Refused() {
-				a.park(ctx, e, err)
-				continue
-			}
-			return admitted, fmt.Errorf("admit queued job %s (%s): %w", e.ID, e.JobID, err)
+			return nil
 		}
-		res.Confirm(index)
-		if _, err := a.Queue.Remove(ctx, e); err != nil {
-			return admitted, err
-		}
-		admitted++
-		a.Metrics.Admission(metrics.Queued, d)
-		a.Metrics.QueueWait(d.Queue, string(d.Outcome), a.Now().Sub(e.SubmittedAt))
-		result := string(d.Outcome) + ": " + d.Reason
-		if !e.EstimatedStart.IsZero() {
-			off := a.Now().Sub(e.EstimatedStart)
-			a.Metrics.EstimateError(d.Queue, off)
-			result += fmt.Sprintf(" (estimated start %s, %s off)", e.EstimatedStart.UTC().Format(time.RFC3339), off.Round(time.Second))
-		}
-		a.Audit.Write(audit.Event{Who: e.SubmittedBy, What: audit.QueueAdmission, ID: e.ID, Namespace: e.Namespace, Job: e.JobID,
-			Tenant: d.Tenant, Queue: d.Queue, Rule: d.Rule, Result: result})
-		a.Log.Info("queue: admitted", "id", e.ID, "job", e.JobID, "namespace", e.Namespace, "outcome", d.Outcome,
-			"priority", d.Priority, "waited", a.Now().Sub(e.SubmittedAt).Round(time.Second))
 	}
-	return admitted, nil
+	return nil
+}
+
+// register registers one admitted job with Nomad, then removes its entry; it
+// returns an error only when Nomad could not be reached or the queue not
+// updated, which ends the pass.
+func (a *Admitter) register(ctx context.Context, e queue.Entry, d admission.Decision, res *cluster.Reservation, body []byte) error {
+	// Register first, then remove: a crash in between registers the same job
+	// again, which Nomad treats as the same job, never as a second one.
+	index, err := a.Nomad.Register(ctx, e.Namespace, body)
+	if err != nil {
+		res.Release()
+		var r refusal
+		if errors.As(err, &r) && r.Refused() {
+			a.park(ctx, e, err)
+			return errRefused
+		}
+		return fmt.Errorf("admit queued job %s (%s): %w", e.ID, e.JobID, err)
+	}
+	res.Confirm(index)
+	if _, err := a.Queue.Remove(ctx, e); err != nil {
+		return err
+	}
+	a.Metrics.Admission(metrics.Queued, d)
+	a.Metrics.QueueWait(d.Queue, string(d.Outcome), a.Now().Sub(e.SubmittedAt))
+	result := string(d.Outcome) + ": " + d.Reason
+	if !e.EstimatedStart.IsZero() {
+		off := a.Now().Sub(e.EstimatedStart)
+		a.Metrics.EstimateError(d.Queue, off)
+		result += fmt.Sprintf(" (estimated start %s, %s off)", e.EstimatedStart.UTC().Format(time.RFC3339), off.Round(time.Second))
+	}
+	a.Audit.Write(audit.Event{Who: e.SubmittedBy, What: audit.QueueAdmission, ID: e.ID, Namespace: e.Namespace, Job: e.JobID,
+		Tenant: d.Tenant, Queue: d.Queue, Rule: d.Rule, Result: result})
+	a.Log.Info("queue: admitted", "id", e.ID, "job", e.JobID, "namespace", e.Namespace, "outcome", d.Outcome,
+		"priority", d.Priority, "waited", a.Now().Sub(e.SubmittedAt).Round(time.Second))
+	return nil
+}
+
+// errRefused is a registration Nomad refused: the entry is parked, the pass goes on.
+var errRefused = errors.New("refused by Nomad")
+
+// registrations runs a pass's registrations, at most cap(sem) at once, and
+// counts those that got through.
+type registrations struct {
+	sem      chan struct{}
+	wg       sync.WaitGroup
+	mu       sync.Mutex
+	admitted int
+	err      error
+}
+
+// start runs register once a slot is free; false: it did not, because an
+// earlier registration failed meanwhile.
+func (r *registrations) start(register func() error) bool {
+	r.sem <- struct{}{}
+	if r.failed() {
+		<-r.sem
+		return false
+	}
+	r.wg.Add(1)
+	go func() {
+		defer r.wg.Done()
+		err := register()
+		<-r.sem
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		switch {
+		case err == nil:
+			r.admitted++
+		case errors.Is(err, errRefused):
+		case r.err == nil:
+			r.err = err
+		}
+	}()
+	return true
+}
+
+// failed says a registration could not reach Nomad or Consul: the pass stops
+// deciding, and the next one starts from the queue as it then is.
+func (r *registrations) failed() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.err != nil
+}
+
+func (r *registrations) wait() (int, error) {
+	r.wg.Wait()
+	return r.admitted, r.err
 }
 
 // submitterMay says why the submitter of e may no longer submit it ("" if it

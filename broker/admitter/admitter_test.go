@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -219,5 +220,50 @@ func TestJobWhoseSubmitterMayNoLongerSubmitIsParked(t *testing.T) {
 				t.Errorf("parked with %q, want %q", e.Parked, c.why)
 			}
 		})
+	}
+}
+
+// gated lets registrations through only in groups of size: each waits until
+// size of them are in Nomad's hands at once.
+type gated struct {
+	*nomad
+	mu      sync.Mutex
+	size    int
+	waiting int
+	open    chan struct{}
+}
+
+func (g *gated) Register(ctx context.Context, ns string, body []byte) (uint64, error) {
+	g.mu.Lock()
+	if g.waiting++; g.waiting == g.size {
+		close(g.open)
+		g.waiting, g.open = 0, make(chan struct{})
+	} else {
+		open := g.open
+		g.mu.Unlock()
+		select {
+		case <-open:
+		case <-time.After(5 * time.Second):
+			return 0, fmt.Errorf("registrations were not in flight %d at once", g.size)
+		}
+		g.mu.Lock()
+	}
+	defer g.mu.Unlock()
+	return g.nomad.Register(ctx, ns, body)
+}
+
+func TestRegistrationsOverlapWithoutOvercommitting(t *testing.T) {
+	a, q, n, _, now := setup(t, visionPolicy, 8)
+	a.Nomad, a.Parallel = &gated{nomad: n, size: 4, open: make(chan struct{})}, 4
+	for i := range 10 {
+		q.Put(context.Background(), entry(fmt.Sprintf("j%d", i), 1, time.Duration(10-i)*time.Minute, now))
+	}
+	got, err := a.Pass(context.Background())
+	if err != nil || got != 8 || len(n.registered) != 8 {
+		t.Fatalf("admitted %d (%v): %v", got, err, n.registered)
+	}
+	// The vision limit is 8 and the node has 8 GPUs: the two youngest wait.
+	if ids := q.IDs(); len(ids) != 2 || !ids["q-j8"] || !ids["q-j9"] {
+		t.Errorf("queue after the pass: %v", ids)
 	}
 }

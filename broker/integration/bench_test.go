@@ -356,4 +356,36 @@ tenant "vision" {
 	b.ReportMetric(float64(queued-left)/elapsed.Seconds(), "admissions/s")
 	b.ReportMetric(cpu.Seconds()/elapsed.Seconds(), "broker-cores")
 	b.ReportMetric(nomadCPU.Seconds()/elapsed.Seconds(), "nomad-cores")
+	b.ReportMetric(nomadRate(b, n, gpus, job), "nomad-registrations/s")
+}
+
+// nomadRate is the bound a drain cannot beat: the same jobs registered
+// straight with Nomad, as many at once as the broker's leader sends
+// (Admitter.Parallel in gpu-broker serve).
+func nomadRate(b *testing.B, n *testcluster.Nomad, jobs int, job func(string, int) []byte) float64 {
+	const parallel = 32
+	sem, errs := make(chan struct{}, parallel), make(chan error, jobs)
+	start := time.Now()
+	for i := range jobs {
+		sem <- struct{}{}
+		go func() {
+			defer func() { <-sem }()
+			req, _ := http.NewRequest(http.MethodPut, n.Addr+"/v1/jobs?namespace=vision", bytes.NewReader(job(fmt.Sprintf("direct-%05d", i), 1)))
+			resp, err := http.DefaultClient.Do(req)
+			if err == nil {
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode != http.StatusOK {
+					err = fmt.Errorf("register straight with Nomad: %s", resp.Status)
+				}
+			}
+			errs <- err
+		}()
+	}
+	for range jobs {
+		if err := <-errs; err != nil {
+			b.Fatal(err)
+		}
+	}
+	return float64(jobs) / time.Since(start).Seconds()
 }

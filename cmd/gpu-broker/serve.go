@@ -179,8 +179,11 @@ func serveErr(path string, log hclog.Logger) error {
 	log.Info("broker listening", "address", cfg.Listen, "tls", cfg.TLS != nil, "enforcement", cfg.Enforcement, "nomad", cfg.Nomad.Address, "consul", cfg.Consul.Address,
 		"policy_dir", cfg.PolicyDir, "region", region, "acls", acls)
 
+	// 32 registrations in flight stays well inside Nomad's default limit of 100
+	// HTTP connections per client.
 	adm := &admitter.Admitter{Log: log.Named("queue"), Queue: store, Nomad: nomadClient, Cluster: view,
-		Policies: policies, Stamper: stamper, Now: time.Now, Capacity: view.Capacity, Blocked: nomadClient, Exclusive: exclusive, Metrics: metrics, FairShare: rollups, Audit: trail, Approvals: approvals}
+		Policies: policies, Stamper: stamper, Now: time.Now, Capacity: view.Capacity, Blocked: nomadClient, Exclusive: exclusive, Metrics: metrics, FairShare: rollups, Audit: trail, Approvals: approvals,
+		Parallel: 32}
 	elector.Run(ctx, func(ctx context.Context) {
 		reassert := time.NewTicker(30 * time.Second)
 		defer reassert.Stop()
