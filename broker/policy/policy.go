@@ -251,27 +251,47 @@ func FormatDiagnostics(diags hcl.Diagnostics) string {
 // WithExtraLimit is the policy with tenant's limit raised by n GPUs (in
 // total and in each class it names): what an approval grants one job.
 func (p *Policy) WithExtraLimit(tenant string, n int) *Policy {
-	t, ok := p.Tenants[tenant]
-	if !ok || n <= 0 {
+	if _, ok := p.Tenants[tenant]; !ok || n <= 0 {
 		return p
 	}
-	raised := *t
-	raised.Limit = Quota{}
-	for class, l := range t.Limit {
-		raised.Limit[class] = l + float64(n)
-	}
+	return p.withTenants(func(t *Tenant) *Tenant {
+		if t.Name != tenant {
+			return t
+		}
+		raised := *t
+		raised.Limit = Quota{}
+		for class, l := range t.Limit {
+			raised.Limit[class] = l + float64(n)
+		}
+		return &raised
+	})
+}
+
+// StrictQuotas is the policy as hard quotas: every tenant's limit is its
+// guarantee, and nothing is borrowed (what the simulator compares with).
+func (p *Policy) StrictQuotas() *Policy {
+	out := p.withTenants(func(t *Tenant) *Tenant {
+		capped := *t
+		capped.Limit = Quota{}
+		for class, g := range t.Guaranteed {
+			capped.Limit[class] = g
+		}
+		return &capped
+	})
+	out.Borrowing.Enabled = false
+	return out
+}
+
+// withTenants is a copy of the policy with each tenant replaced by change's.
+func (p *Policy) withTenants(change func(*Tenant) *Tenant) *Policy {
 	out := *p
 	out.Tenants = make(map[string]*Tenant, len(p.Tenants))
-	for name, other := range p.Tenants {
-		out.Tenants[name] = other
+	for name, t := range p.Tenants {
+		out.Tenants[name] = change(t)
 	}
-	out.Tenants[tenant] = &raised
 	out.byNamespace = make(map[string]*Tenant, len(p.byNamespace))
-	for ns, other := range p.byNamespace {
-		if other.Name == tenant {
-			other = &raised
-		}
-		out.byNamespace[ns] = other
+	for ns, t := range p.byNamespace {
+		out.byNamespace[ns] = out.Tenants[t.Name]
 	}
 	return &out
 }

@@ -190,7 +190,7 @@ func (e *Engine) observe(now time.Time, rules []*policy.ReclaimRule, allocs []Al
 
 // matches reports whether rule r holds for a, and the evidence.
 func (e *Engine) matches(now time.Time, r *policy.ReclaimRule, a Alloc, gpus map[string]GPU) (string, bool) {
-	if a.Preempted != (r.Condition == policy.CondPreempted) || !selects(r, a) {
+	if a.Preempted != (r.Condition == policy.CondPreempted) || !Selects(r, a) {
 		return "", false
 	}
 	switch r.Condition {
@@ -254,7 +254,7 @@ func lifetime(r *policy.ReclaimRule, a Alloc) time.Duration {
 func Ends(rules []*policy.ReclaimRule, a Alloc) (time.Time, bool) {
 	var end time.Time
 	for _, r := range rules {
-		if r.Condition != policy.CondLifetime || r.Mode != policy.ModeEnforce || a.StartedAt.IsZero() || a.Preempted || !selects(r, a) {
+		if r.Condition != policy.CondLifetime || r.Mode != policy.ModeEnforce || a.StartedAt.IsZero() || a.Preempted || !Selects(r, a) {
 			continue
 		}
 		if at := a.StartedAt.Add(lifetime(r, a) + r.Grace); end.IsZero() || at.Before(end) {
@@ -264,10 +264,10 @@ func Ends(rules []*policy.ReclaimRule, a Alloc) (time.Time, bool) {
 	return end, !end.IsZero()
 }
 
-// selects applies the rule's selectors. An unadmitted job has no tenant,
-// queue or workload the broker can trust, so only a rule without selectors
-// (or an unadmitted rule) reaches it.
-func selects(r *policy.ReclaimRule, a Alloc) bool {
+// Selects applies the rule's selectors: whether r can ever decide on a. An
+// unadmitted job has no tenant, queue or workload the broker can trust, so
+// only a rule without selectors (or an unadmitted rule) reaches it.
+func Selects(r *policy.ReclaimRule, a Alloc) bool {
 	if r.Condition != policy.CondUnadmitted && !a.Admitted && (r.Workload != "" || r.Queue != "" || r.Tenant != "") {
 		return false
 	}

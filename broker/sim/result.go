@@ -1,0 +1,271 @@
+package sim
+
+import (
+	"math"
+	"slices"
+	"sort"
+	"time"
+)
+
+// Result is what one mode did with the workload.
+type Result struct {
+	Mode Mode `json:"mode"`
+	Jobs int  `json:"jobs"`
+	GPUs int  `json:"gpus"`
+	// Started ran at least once; Finished ran to the end (or were stopped by
+	// a reclaim rule); Rejected were refused by the broker; NeverStarted
+	// still waited when nothing more could change.
+	Started      int            `json:"started"`
+	Finished     int            `json:"finished"`
+	Rejected     int            `json:"rejected"`
+	RejectedBy   map[string]int `json:"rejected_by,omitempty"`
+	NeverStarted int            `json:"never_started"`
+	// AboveMaxQueued counts jobs queued beyond their tenant's max_queued:
+	// a real broker refuses those; the replay queues them all the same.
+	AboveMaxQueued int `json:"above_max_queued"`
+	// Span is the simulated seconds until the last job ended.
+	Span float64 `json:"span_seconds"`
+	// Allocation and Busy are the shares of GPU time allocated, and
+	// allocated to running jobs that use their GPUs: over the whole span,
+	// and while work waits (queued in the broker or unplaced in Nomad).
+	Allocation        float64 `json:"allocation"`
+	Busy              float64 `json:"busy"`
+	AllocationWaiting float64 `json:"allocation_while_waiting"`
+	BusyWaiting       float64 `json:"busy_while_waiting"`
+	WaitingShare      float64 `json:"waiting_share"` // of the span, the time work waits
+	Wait              Stats   `json:"wait"`          // submission to first start, seconds
+	JCT               Stats   `json:"jct"`           // submission to end, seconds
+	// ViolationHours: hours a tenant below its guarantee has waiting work
+	// that fits under it while another tenant holds more than its own
+	// guarantee, summed over tenants; ViolationShare is that over the
+	// span times the tenants with a guarantee.
+	ViolationHours float64 `json:"guarantee_violation_hours"`
+	ViolationShare float64 `json:"guarantee_violation_share"`
+	// Jain is Jain's fairness index over tenants' GPU-hours per guaranteed GPU.
+	Jain              float64 `json:"jain_fairness"`
+	Preemptions       int     `json:"preemptions"`
+	LostGPUHours      float64 `json:"gpu_hours_lost_to_preemption"`
+	Reclaims          int     `json:"reclaims"`
+	ReclaimedGPUHours float64 `json:"gpu_hours_reclaimed"`
+	// Fragmentation is, while work waits, the share of the cluster's GPUs
+	// free on nodes too full for the smallest waiting allocation.
+	Fragmentation float64           `json:"fragmentation"`
+	Wall          time.Duration     `json:"wall_ns"`
+	JobsPerSecond float64           `json:"simulated_jobs_per_second"`
+	ByTenant      map[string]*Group `json:"by_tenant"`
+	ByQueue       map[string]*Group `json:"by_queue"`
+	Samples       []Sample          `json:"samples"`
+
+	waits, jcts      []float32
+	allocated, busy  float64 // GPU-seconds
+	waitingSeconds   float64
+	allocatedWaiting float64
+	busyWaiting      float64
+	strandedWaiting  float64
+}
+
+// Stats are a mean and 95th percentile, in seconds.
+type Stats struct {
+	Mean float64 `json:"mean"`
+	P95  float64 `json:"p95"`
+}
+
+// Group is a tenant's or queue's share of the result.
+type Group struct {
+	Jobs           int     `json:"jobs"`
+	GPUHours       float64 `json:"gpu_hours,omitempty"`
+	Wait           Stats   `json:"wait"`
+	ViolationHours float64 `json:"guarantee_violation_hours,omitempty"`
+	waits          []float32
+}
+
+// Sample is the cluster at one time, for the chart.
+type Sample struct {
+	T          float64 `json:"t"`
+	Allocation float64 `json:"allocation"`
+	Busy       float64 `json:"busy"`
+	Queued     int     `json:"queued"`  // in the broker's queue
+	Waiting    int     `json:"waiting"` // queued or unplaced in Nomad
+}
+
+func (res *Result) record(tenant, queue string, submit, start, end float64) {
+	res.Finished++
+	wait, jct := float32(start-submit), float32(end-submit)
+	res.waits, res.jcts = append(res.waits, wait), append(res.jcts, jct)
+	for _, g := range []*Group{res.group(res.ByTenant, tenant), res.group(res.ByQueue, queue)} {
+		g.Jobs++
+		g.waits = append(g.waits, wait)
+	}
+}
+
+func (res *Result) group(m map[string]*Group, name string) *Group {
+	g, ok := m[name]
+	if !ok {
+		g = &Group{}
+		m[name] = g
+	}
+	return g
+}
+
+// advance integrates the cluster's state up to t.
+func (r *run) advance(t float64) {
+	dt := t - r.now
+	if dt <= 0 {
+		return
+	}
+	res := &r.res
+	for r.nextSample <= t {
+		res.Samples = append(res.Samples, Sample{T: r.nextSample, Allocation: float64(r.placed) / float64(res.GPUs),
+			Busy: float64(r.busy) / float64(res.GPUs), Queued: len(r.queued), Waiting: r.waitingJobs})
+		r.nextSample += r.sampleEvery
+	}
+	res.allocated += float64(r.placed) * dt
+	res.busy += float64(r.busy) * dt
+	if r.waitingJobs > 0 {
+		smallest := math.MaxInt
+		for size := range r.waitingSizes {
+			smallest = min(smallest, size)
+		}
+		res.waitingSeconds += dt
+		res.allocatedWaiting += float64(r.placed) * dt
+		res.busyWaiting += float64(r.busy) * dt
+		res.strandedWaiting += float64(r.c.stranded(smallest)) * dt
+	}
+	r.now = t
+}
+
+// touch brings a tenant's integrals up to now, then recomputes whether it
+// is kept from its guarantee.
+func (r *run) touch(t *tenant) {
+	if dt := r.now - t.since; dt > 0 {
+		t.gpuSeconds += float64(t.placed) * dt
+		t.busy += float64(t.busyGPUs) * dt
+		t.idle += float64(t.placed-t.busyGPUs) * dt
+		if t.violating {
+			t.violation += dt
+		}
+		t.since = r.now
+	}
+	t.violating = false
+	if r.borrowers == 0 || t.guaranteed == 0 {
+		return
+	}
+	for size := range t.waiting {
+		if float64(t.placed+size) <= t.guaranteed {
+			t.violating = true
+			return
+		}
+	}
+}
+
+// finish computes the figures once nothing more happens.
+func (r *run) finish(wall time.Duration) {
+	res := &r.res
+	for _, t := range r.tenants {
+		r.touch(t)
+	}
+	res.Span = r.now
+	res.NeverStarted = res.Jobs - res.Started - res.Rejected
+	res.Wall = wall
+	if wall > 0 {
+		res.JobsPerSecond = float64(res.Jobs) / wall.Seconds()
+	}
+	gpuTime := float64(res.GPUs) * res.Span
+	if gpuTime > 0 {
+		res.Allocation, res.Busy = res.allocated/gpuTime, res.busy/gpuTime
+		res.WaitingShare = res.waitingSeconds / res.Span
+	}
+	if res.waitingSeconds > 0 {
+		w := float64(res.GPUs) * res.waitingSeconds
+		res.AllocationWaiting, res.BusyWaiting = res.allocatedWaiting/w, res.busyWaiting/w
+		res.Fragmentation = res.strandedWaiting / w
+	}
+	res.Wait, res.JCT = stats(res.waits), stats(res.jcts)
+	var xs []float64
+	guaranteed := 0
+	for _, t := range r.tenants {
+		if t.gpuSeconds == 0 && t.guaranteed == 0 && len(t.waiting) == 0 {
+			if _, ok := res.ByTenant[t.name]; !ok {
+				continue
+			}
+		}
+		g := res.group(res.ByTenant, t.name)
+		g.GPUHours = t.gpuSeconds / 3600
+		g.ViolationHours = t.violation / 3600
+		res.ViolationHours += g.ViolationHours
+		if t.guaranteed > 0 {
+			guaranteed++
+			xs = append(xs, g.GPUHours/t.guaranteed)
+		}
+	}
+	if guaranteed > 0 && res.Span > 0 {
+		res.ViolationShare = res.ViolationHours * 3600 / (res.Span * float64(guaranteed))
+	}
+	res.Jain = jain(xs)
+	for _, m := range []map[string]*Group{res.ByTenant, res.ByQueue} {
+		for _, g := range m {
+			g.Wait, g.waits = stats(g.waits), nil
+		}
+	}
+	res.waits, res.jcts = nil, nil
+}
+
+func stats(xs []float32) Stats {
+	if len(xs) == 0 {
+		return Stats{}
+	}
+	sum := 0.0
+	for _, x := range xs {
+		sum += float64(x)
+	}
+	s := slices.Clone(xs)
+	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
+	return Stats{Mean: sum / float64(len(xs)), P95: float64(s[int(math.Ceil(0.95*float64(len(s))))-1])}
+}
+
+// jain is (Σx)² / (n·Σx²): 1 when all are equal, 1/n when one has all.
+func jain(xs []float64) float64 {
+	var sum, sq float64
+	for _, x := range xs {
+		sum, sq = sum+x, sq+x*x
+	}
+	if sq == 0 {
+		return 1
+	}
+	return sum * sum / (float64(len(xs)) * sq)
+}
+
+// event is an allocation set that ends (finishes, or a reclaim rule stops it).
+type event struct {
+	t         float64
+	job       *simJob
+	gen       int
+	reclaimed bool
+}
+
+type eventHeap []event
+
+func (h eventHeap) Len() int { return len(h) }
+func (h eventHeap) Less(i, j int) bool {
+	if h[i].t != h[j].t {
+		return h[i].t < h[j].t
+	}
+	return h[i].job.idx < h[j].job.idx
+}
+func (h eventHeap) Swap(i, j int) { h[i], h[j] = h[j], h[i] }
+func (h *eventHeap) Push(x any)   { *h = append(*h, x.(event)) }
+func (h *eventHeap) Pop() any {
+	old := *h
+	e := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return e
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}

@@ -1,0 +1,235 @@
+package sim_test
+
+import (
+	"math"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/nomad-gpu/nomad-gpu/broker/sim"
+	"github.com/nomad-gpu/nomad-gpu/internal/testbuild"
+)
+
+const twoTenants = `
+queue "training" { priority = 60 }
+queue "dev" { priority = 40 }
+tenant "a" {
+  namespaces = ["a"]
+  queues     = ["training", "dev"]
+  guaranteed = 4
+  limit      = 8
+}
+tenant "b" {
+  namespaces = ["b"]
+  queues     = ["training"]
+  guaranteed = 4
+  limit      = 8
+}
+borrowing {
+  enabled  = true
+  priority = 20
+}
+preemption {
+  batch = true
+}
+`
+
+var oneNode = []sim.NodeGroup{{Model: "H100", GPUs: 8, Count: 1}}
+
+func runAll(t *testing.T, policySrc string, nodes []sim.NodeGroup, jobs []sim.Job) map[sim.Mode]*sim.Result {
+	t.Helper()
+	out := map[sim.Mode]*sim.Result{}
+	for _, m := range sim.Modes {
+		res, err := sim.Run(jobs, sim.Options{Policy: testbuild.Policy(t, policySrc), Nodes: nodes, Mode: m})
+		if err != nil {
+			t.Fatal(err)
+		}
+		out[m] = res
+	}
+	return out
+}
+
+func near(t *testing.T, what string, got, want float64) {
+	t.Helper()
+	if math.Abs(got-want) > 1e-6 {
+		t.Errorf("%s = %v, want %v", what, got, want)
+	}
+}
+
+// One node of 8 GPUs. Tenant a runs two 4-GPU jobs at 0 (the second beyond
+// its guarantee); tenant b asks for its guaranteed 4 at 10.
+func TestBorrowedWorkYieldsToAGuaranteeAndComesBack(t *testing.T) {
+	jobs := []sim.Job{
+		{ID: "a1", Submit: 0, Namespace: "a", GPUs: 4, Duration: 100},
+		{ID: "a2", Submit: 0, Namespace: "a", GPUs: 4, Duration: 100},
+		{ID: "b1", Submit: 10, Namespace: "b", GPUs: 4, Duration: 50},
+	}
+	res := runAll(t, twoTenants, oneNode, jobs)
+
+	// Nomad alone: all at priority 60, no preemption: b1 waits for a1 and
+	// a2 to end at 100, and b sits below its guarantee meanwhile.
+	alone := res[sim.NomadAlone]
+	near(t, "nomad-alone span", alone.Span, 150)
+	near(t, "nomad-alone b wait", alone.ByTenant["b"].Wait.Mean, 90)
+	near(t, "nomad-alone violation hours", alone.ViolationHours, 90.0/3600)
+	if alone.Preemptions != 0 {
+		t.Errorf("nomad alone preempted %d", alone.Preemptions)
+	}
+
+	// Strict quotas: a2 waits for a's own a1 (ends 100; the queue pass at
+	// 110); b1 starts at once.
+	strict := res[sim.StrictQuotas]
+	near(t, "strict span", strict.Span, 210)
+	near(t, "strict a wait", strict.ByTenant["a"].Wait.Mean, 55)
+	near(t, "strict b wait", strict.ByTenant["b"].Wait.Mean, 0)
+	near(t, "strict violation", strict.ViolationHours, 0)
+
+	// nomad-gpu: a2 borrows at 0; b1 preempts it at 10 (10 s x 4 GPUs lost)
+	// and ends at 60; a2, requeued, is admitted again at the pass at 70 and
+	// runs its 100 s again: until 170.
+	gpu := res[sim.NomadGPU]
+	near(t, "nomad-gpu span", gpu.Span, 170)
+	near(t, "nomad-gpu b wait", gpu.ByTenant["b"].Wait.Mean, 0)
+	near(t, "nomad-gpu violation", gpu.ViolationHours, 0)
+	if gpu.Preemptions != 1 {
+		t.Errorf("preemptions %d, want 1", gpu.Preemptions)
+	}
+	near(t, "lost GPU-hours", gpu.LostGPUHours, 40.0/3600)
+	// GPUs held: 8 until 60, 4 until 70, 8 until 100, 4 until 170.
+	near(t, "nomad-gpu allocation", gpu.Allocation, (8*60+4*10+8*30+4*70)/(8*170.0))
+	near(t, "nomad-gpu JCT", gpu.JCT.Mean, (100+170+50)/3.0)
+	for _, r := range res {
+		if r.Finished != 3 || r.Rejected != 0 || r.NeverStarted != 0 {
+			t.Errorf("%s: finished %d, rejected %d, never started %d", r.Mode, r.Finished, r.Rejected, r.NeverStarted)
+		}
+	}
+}
+
+// A development session left idle is stopped by the idle rule after
+// idle_for and its grace; what it would have held idle is reclaimed.
+func TestIdleSessionIsReclaimed(t *testing.T) {
+	policySrc := twoTenants + `
+reclaim "idle-dev" {
+  queue      = "dev"
+  idle_below = 5
+  idle_for   = "30m"
+  action     = "stop"
+  grace      = "5m"
+  mode       = "enforce"
+}`
+	jobs := []sim.Job{
+		{ID: "idle", Submit: 0, Namespace: "a", Queue: "dev", GPUs: 1, Duration: 4 * 3600, Idle: true},
+		{ID: "busy", Submit: 0, Namespace: "a", Queue: "dev", GPUs: 1, Duration: 4 * 3600},
+	}
+	res := runAll(t, policySrc, oneNode, jobs)
+	gpu := res[sim.NomadGPU]
+	if gpu.Reclaims != 1 {
+		t.Fatalf("reclaims %d, want 1", gpu.Reclaims)
+	}
+	// Idle from the first reclaim pass (at 5 min) for 30 min: decided at
+	// 35 min, stopped 5 min later, at 40 min.
+	near(t, "reclaimed GPU-hours", gpu.ReclaimedGPUHours, 4-40.0/60)
+	near(t, "busy share", gpu.Busy, 1.0/8)
+	for _, m := range []sim.Mode{sim.NomadAlone, sim.StrictQuotas} {
+		if res[m].Reclaims != 0 {
+			t.Errorf("%s reclaimed %d: only the broker reclaims", m, res[m].Reclaims)
+		}
+	}
+}
+
+// Best fit leaves the emptier node whole for an 8-GPU job; a job for a
+// model the cluster lacks is rejected by the broker, and never starts in
+// Nomad alone.
+func TestPlacementBestFitAndImpossibleJobs(t *testing.T) {
+	nodes := []sim.NodeGroup{{Model: "H100", GPUs: 8, Count: 2}}
+	jobs := []sim.Job{
+		{ID: "small1", Submit: 0, Namespace: "a", GPUs: 2, Duration: 100},
+		{ID: "small2", Submit: 1, Namespace: "a", GPUs: 2, Duration: 100},
+		{ID: "big", Submit: 2, Namespace: "b", GPUs: 8, Duration: 10},
+		{ID: "nine", Submit: 3, Namespace: "b", GPUs: 9, Duration: 10},
+	}
+	res := runAll(t, strings.Replace(twoTenants, "limit      = 8\n}\nborrowing", "limit      = 9\n}\nborrowing", 1), nodes, jobs)
+	alone := res[sim.NomadAlone]
+	if alone.ByTenant["b"].Wait.Mean != 0 || alone.NeverStarted != 1 {
+		t.Errorf("nomad alone: b waited %v, never started %d", alone.ByTenant["b"].Wait, alone.NeverStarted)
+	}
+	gpu := res[sim.NomadGPU]
+	if gpu.Rejected != 1 || gpu.RejectedBy["no-node-fits"] != 1 {
+		t.Errorf("nomad-gpu rejected %v", gpu.RejectedBy)
+	}
+}
+
+func TestTraceRoundTripAndErrors(t *testing.T) {
+	jobs := []sim.Job{{ID: "x", Submit: 5, Namespace: "a", GPUs: 2, Duration: 60, Outcome: "failed"}}
+	var sb strings.Builder
+	if err := sim.WriteTrace(&sb, jobs); err != nil {
+		t.Fatal(err)
+	}
+	back, err := sim.ReadTrace(strings.NewReader("# a comment\n"+sb.String()), "t.jsonl")
+	if err != nil || len(back) != 1 || back[0] != jobs[0] {
+		t.Fatalf("read back %+v, %v", back, err)
+	}
+	for in, want := range map[string]string{
+		`{"id":"x","namespace":"a","gpus":0,"duration":1}`:                   "t.jsonl:1: job \"x\": gpus must be at least 1",
+		`{"id":"x","namespace":"a","gpus":1,"duration":1,"gpu":2}`:           "t.jsonl:1: json: unknown field \"gpu\"",
+		"{\"id\":\"x\",\"tenant\":\"a\",\"gpus\":1,\"duration\":1}\n{\"id\":\"x\",\"tenant\":\"a\",\"gpus\":1,\"duration\":1}": "t.jsonl:2: job \"x\": the same id as on line 1",
+		`{"id":"x","gpus":1,"duration":1}`: "neither namespace nor tenant",
+	} {
+		if _, err := sim.ReadTrace(strings.NewReader(in), "t.jsonl"); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: got %v, want %q", in, err, want)
+		}
+	}
+}
+
+// The generated workloads follow the published statistics they are drawn from.
+func TestGeneratedWorkloadsFollowTheirTraces(t *testing.T) {
+	p := testbuild.Policy(t, strings.ReplaceAll(twoTenants, `queues     = ["training", "dev"]`, `queues     = ["training"]`))
+	nodes := []sim.NodeGroup{{Model: "H100", GPUs: 8, Count: 100}}
+	philly, err := sim.Generate(p, nodes, sim.Generator{Trace: sim.Philly, Jobs: 20000, Seed: 1, Load: 0.9})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sizes := map[int]float64{}
+	short, work := 0.0, 0.0
+	for _, j := range philly {
+		sizes[j.GPUs]++
+		if j.Duration >= 32*60-1 && j.Duration <= 16.7*3600+1 {
+			short++
+		}
+		work += float64(j.GPUs) * j.Duration
+	}
+	n := float64(len(philly))
+	for size, want := range map[int]float64{1: .70, 2: .10, 4: .15, 8: .05} {
+		if got := sizes[size] / n; math.Abs(got-want) > 0.015 {
+			t.Errorf("philly: %d-GPU jobs %.3f, want %.2f", size, got, want)
+		}
+	}
+	if got := short / n; math.Abs(got-0.8) > 0.015 {
+		t.Errorf("philly: %.3f of durations within 32 min-16.7 h, want 0.80", got)
+	}
+	span := philly[len(philly)-1].Submit
+	if load := work / (span * 800); math.Abs(load-0.9) > 0.1 {
+		t.Errorf("offered load %.2f, want about 0.9", load)
+	}
+	helios, err := sim.Generate(p, nodes, sim.Generator{Trace: sim.Helios, Jobs: 20000, Seed: 1, Load: 0.9})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var gpus []int
+	var durations []float64
+	total := 0
+	for _, j := range helios {
+		g := j.GPUs * max(j.Count, 1)
+		gpus, durations, total = append(gpus, g), append(durations, j.Duration), total+g
+	}
+	if mean := float64(total) / float64(len(helios)); math.Abs(mean-3.7) > 0.25 {
+		t.Errorf("helios: mean GPUs %.2f, want 3.7", mean)
+	}
+	if m := median(durations); m < 185 || m > 230 {
+		t.Errorf("helios: median duration %.0f s, want about 206", m)
+	}
+}
+
+func median(xs []float64) float64 {
+	return slices.Sorted(slices.Values(xs))[len(xs)/2]
+}
