@@ -116,7 +116,7 @@ func (r *run) advance(t float64) {
 	res := &r.res
 	for r.nextSample <= t {
 		res.Samples = append(res.Samples, Sample{T: r.nextSample, Allocation: float64(r.placed) / float64(res.GPUs),
-			Busy: float64(r.busy) / float64(res.GPUs), Queued: len(r.queued), Waiting: r.waitingJobs})
+			Busy: float64(r.busy) / float64(res.GPUs), Queued: r.queued, Waiting: r.waitingJobs})
 		r.nextSample += r.sampleEvery
 	}
 	res.allocated += float64(r.placed) * dt

@@ -99,6 +99,8 @@ type tenant struct {
 	placed     int         // GPUs its allocations hold
 	busyGPUs   int         // of which running jobs use
 	waiting    map[int]int // jobs waiting (queued or unplaced), by GPUs in all
+	queued     []queue.Entry
+	demands    map[float64]int // of the queued entries, by demand
 	since      float64
 	gpuSeconds float64
 	busy, idle float64 // GPU-seconds, for the fair share's decay
@@ -116,7 +118,7 @@ type run struct {
 	now      float64
 	events   eventHeap
 	nomadQ   *pending
-	queued   []queue.Entry
+	queued   int // entries in the tenants' queues
 	dirty    bool // GPUs were released since the last queue pass
 	passAt   float64
 	watched  map[*simJob]struct{}
@@ -180,10 +182,10 @@ func newRun(jobs []Job, o Options) *run {
 	for _, name := range sortedKeys(p.Tenants) {
 		t := p.Tenants[name]
 		r.byName[name] = len(r.tenants)
-		r.tenants = append(r.tenants, &tenant{name: name, guaranteed: t.Guaranteed.Total(), waiting: map[int]int{}})
+		r.tenants = append(r.tenants, &tenant{name: name, guaranteed: t.Guaranteed.Total(), waiting: map[int]int{}, demands: map[float64]int{}})
 		r.tu[name] = admission.TenantUsage{Used: policy.Quota{}, Borrowed: policy.Quota{}}
 	}
-	r.tenants = append(r.tenants, &tenant{name: "(no tenant)", waiting: map[int]int{}})
+	r.tenants = append(r.tenants, &tenant{name: "(no tenant)", waiting: map[int]int{}, demands: map[float64]int{}})
 	for _, g := range o.Nodes {
 		classes := []string{policy.AllGPUs}
 		if c := p.ClassOf(g.Model); c != "" {
@@ -251,7 +253,7 @@ func (r *run) loop() error {
 		if next < len(r.jobs) && r.jobs[next].Submit < t {
 			t, what = r.jobs[next].Submit, "submit"
 		}
-		if r.dirty && len(r.queued) > 0 && r.passAt < t {
+		if r.dirty && r.queued > 0 && r.passAt < t {
 			t, what = r.passAt, "pass"
 		}
 		if len(r.watched) > 0 {
@@ -310,19 +312,20 @@ func (r *run) submit(j *simJob) {
 }
 
 func (r *run) enqueue(j *simJob, d admission.Decision) {
-	t := r.p.Tenants[d.Tenant]
-	n := 0
-	for _, e := range r.queued {
-		if e.Tenant == d.Tenant {
-			n++
-		}
-	}
-	if n >= t.MaxQueued {
+	if len(r.tenants[j.tenant].queued) >= r.p.Tenants[d.Tenant].MaxQueued {
 		r.res.AboveMaxQueued++ // a real broker refuses it: replayed as queued all the same
 	}
+	r.requeue(j, d.Queue, d.Demand.Total())
+}
+
+// requeue puts j in its tenant's queue, as first submitted.
+func (r *run) requeue(j *simJob, queueName string, demand float64) {
+	t := r.tenants[j.tenant]
 	j.state = stQueued
-	r.queued = append(r.queued, queue.Entry{ID: strconv.Itoa(j.idx), JobID: j.ID, Namespace: j.adm.Namespace, Tenant: d.Tenant,
-		Queue: d.Queue, Demand: d.Demand.Total(), SubmittedAt: r.time(j.Submit)})
+	t.queued = append(t.queued, queue.Entry{ID: strconv.Itoa(j.idx), JobID: j.ID, Namespace: j.adm.Namespace, Tenant: t.name,
+		Queue: queueName, Demand: demand, SubmittedAt: r.time(j.Submit)})
+	t.demands[demand]++
+	r.queued++
 	r.wait(j, 1)
 }
 
@@ -412,10 +415,19 @@ func (r *run) pass() {
 	}
 	// Entries their tenant's limit holds back wait whatever the order (usage
 	// only grows during a pass): they are left out of it.
-	candidates := make([]queue.Entry, 0, len(r.queued))
-	for _, e := range r.queued {
-		if l, ok := p.Tenants[e.Tenant].Limit[policy.AllGPUs]; !ok || used[e.Tenant]+e.Demand <= l+1e-9 {
-			candidates = append(candidates, e)
+	var candidates []queue.Entry
+	for _, t := range r.tenants {
+		if len(t.queued) == 0 {
+			continue
+		}
+		l, total := p.Tenants[t.name].Limit[policy.AllGPUs]
+		if total && used[t.name]+minKey(t.demands) > l+1e-9 {
+			continue
+		}
+		for _, e := range t.queued {
+			if !total || used[t.name]+e.Demand <= l+1e-9 {
+				candidates = append(candidates, e)
+			}
 		}
 	}
 	queue.Order(candidates, p, used, decayed, r.time(r.now))
@@ -436,6 +448,8 @@ func (r *run) pass() {
 			continue
 		}
 		admitted[e.ID] = true
+		r.queued--
+		r.tenants[j.tenant].demands[e.Demand]--
 		if d.Outcome == admission.Reject {
 			j.state = stRejected
 			r.wait(j, -1)
@@ -446,14 +460,22 @@ func (r *run) pass() {
 		r.admit(j, d)
 		r.place()
 	}
-	if len(admitted) > 0 {
-		kept := r.queued[:0]
-		for _, e := range r.queued {
+	if len(admitted) == 0 {
+		return
+	}
+	for _, t := range r.tenants {
+		kept := t.queued[:0]
+		for _, e := range t.queued {
 			if !admitted[e.ID] {
 				kept = append(kept, e)
 			}
 		}
-		r.queued = kept
+		t.queued = kept
+		for d, n := range t.demands {
+			if n == 0 {
+				delete(t.demands, d)
+			}
+		}
 	}
 }
 
@@ -597,11 +619,7 @@ func (r *run) preempt(j *simJob) {
 	r.res.LostGPUHours += r.stop(j) / 3600
 	if j.borrowed && r.o.Mode != NomadAlone {
 		r.deregister(j)
-		j.state = stQueued
-		tenant := r.tenants[j.tenant].name
-		r.queued = append(r.queued, queue.Entry{ID: strconv.Itoa(j.idx), JobID: j.ID, Namespace: j.adm.Namespace, Tenant: tenant,
-			Queue: j.queue, Demand: float64(j.gpus()), SubmittedAt: r.time(j.Submit)})
-		r.wait(j, 1)
+		r.requeue(j, j.queue, float64(j.gpus()))
 		return
 	}
 	j.state = stNew
@@ -702,6 +720,14 @@ func (r *run) reclaimPass() {
 }
 
 func (r *run) time(t float64) time.Time { return epoch.Add(time.Duration(t * float64(time.Second))) }
+
+func minKey(m map[float64]int) float64 {
+	least := math.Inf(1)
+	for k := range m {
+		least = min(least, k)
+	}
+	return least
+}
 
 func atoi(s string) int {
 	n, _ := strconv.Atoi(s)

@@ -16,6 +16,9 @@ Commands:
                                  terraform/modules/cluster-config
   job check -policy DIR FILE...  check jobspecs against a policy set as admission would (-max-gpus-per-node N,
                                  -address NOMAD to parse HCL)
+  simulate -policy DIR [-trace FILE | -workload philly|helios] [-nodes COUNTxGPUS:MODEL] [-svg FILE]
+                                 replay a workload in simulated time: Nomad alone, strict quotas and
+                                 nomad-gpu side by side (gpu-broker simulate -h for every option)
   queue list                     queued jobs in admission order
   queue show ID                  one queued job
   queue cancel ID                remove a queued job
@@ -62,6 +65,8 @@ func run(args []string) int {
 		return client(args)
 	case "approval":
 		return approvalCmd(args[1:])
+	case "simulate":
+		return simulate(args[1:], os.Stdout)
 	case "job":
 		if len(args) < 2 || args[1] != "check" {
 			fmt.Fprint(os.Stderr, jobCheckUsage)

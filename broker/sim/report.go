@@ -1,0 +1,176 @@
+package sim
+
+import (
+	"fmt"
+	"io"
+	"math"
+	"strings"
+	"text/tabwriter"
+	"time"
+)
+
+// Goals nomad-gpu is held to against the other two modes, on one workload.
+const (
+	// AllocationGoal: its GPU allocation at most this far below Nomad
+	// alone's (work-conserving).
+	AllocationGoal = 0.03
+	// ViolationGoal: its guarantee-violation share at most this far above
+	// strict quotas' (in points of the share of tenant-time).
+	ViolationGoal = 0.05
+)
+
+// Goals says whether nomad-gpu met both goals, and how, in one line each.
+func Goals(results []*Result) []string {
+	by := map[Mode]*Result{}
+	for _, r := range results {
+		by[r.Mode] = r
+	}
+	alone, strict, gpu := by[NomadAlone], by[StrictQuotas], by[NomadGPU]
+	if alone == nil || strict == nil || gpu == nil {
+		return nil
+	}
+	verdict := func(ok bool) string {
+		if ok {
+			return "met"
+		}
+		return "MISSED"
+	}
+	return []string{
+		fmt.Sprintf("allocation: nomad-gpu %.1f %% vs Nomad alone %.1f %% (goal: within %.0f %%): %s",
+			100*gpu.Allocation, 100*alone.Allocation, 100*AllocationGoal, verdict(gpu.Allocation >= alone.Allocation*(1-AllocationGoal))),
+		fmt.Sprintf("guarantee violation: nomad-gpu %.2f %% of tenant-time vs strict quotas %.2f %% (goal: within %.0f points): %s",
+			100*gpu.ViolationShare, 100*strict.ViolationShare, 100*ViolationGoal, verdict(gpu.ViolationShare <= strict.ViolationShare+ViolationGoal)),
+	}
+}
+
+// WriteReport prints the modes side by side, then each tenant's and queue's
+// waits, then the goals.
+func WriteReport(w io.Writer, results []*Result) error {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	row := func(name string, f func(r *Result) string) {
+		fmt.Fprintf(tw, "%s\t", name)
+		for _, r := range results {
+			fmt.Fprintf(tw, "%s\t", f(r))
+		}
+		fmt.Fprintln(tw)
+	}
+	pct := func(x float64) string { return fmt.Sprintf("%.1f %%", 100*x) }
+	row("", func(r *Result) string { return string(r.Mode) })
+	row("jobs finished / rejected / never started", func(r *Result) string {
+		return fmt.Sprintf("%d / %d / %d", r.Finished, r.Rejected, r.NeverStarted)
+	})
+	row("simulated span", func(r *Result) string { return duration(r.Span) })
+	row("GPU allocation", func(r *Result) string { return pct(r.Allocation) })
+	row("GPU busy", func(r *Result) string { return pct(r.Busy) })
+	row("allocation while work waits", func(r *Result) string { return pct(r.AllocationWaiting) })
+	row("busy while work waits", func(r *Result) string { return pct(r.BusyWaiting) })
+	row("time work waits", func(r *Result) string { return pct(r.WaitingShare) })
+	row("wait mean / p95", func(r *Result) string { return duration(r.Wait.Mean) + " / " + duration(r.Wait.P95) })
+	row("JCT mean / p95", func(r *Result) string { return duration(r.JCT.Mean) + " / " + duration(r.JCT.P95) })
+	row("guarantee violation (tenant-hours, share)", func(r *Result) string {
+		return fmt.Sprintf("%.1f h, %s", r.ViolationHours, pct(r.ViolationShare))
+	})
+	row("Jain fairness (GPU-hours per guaranteed GPU)", func(r *Result) string { return fmt.Sprintf("%.3f", r.Jain) })
+	row("preemptions / GPU-hours lost", func(r *Result) string { return fmt.Sprintf("%d / %.1f", r.Preemptions, r.LostGPUHours) })
+	row("reclaims / GPU-hours reclaimed", func(r *Result) string { return fmt.Sprintf("%d / %.1f", r.Reclaims, r.ReclaimedGPUHours) })
+	row("fragmentation while work waits", func(r *Result) string { return pct(r.Fragmentation) })
+	row("queued beyond max_queued", func(r *Result) string { return fmt.Sprint(r.AboveMaxQueued) })
+	row("simulated jobs/s (wall time)", func(r *Result) string {
+		return fmt.Sprintf("%.0f (%s)", r.JobsPerSecond, r.Wall.Round(time.Millisecond))
+	})
+	for _, by := range []struct {
+		name   string
+		groups func(r *Result) map[string]*Group
+	}{{"tenant", func(r *Result) map[string]*Group { return r.ByTenant }}, {"queue", func(r *Result) map[string]*Group { return r.ByQueue }}} {
+		fmt.Fprintln(tw, "\t")
+		names := map[string]bool{}
+		for _, r := range results {
+			for n := range by.groups(r) {
+				names[n] = true
+			}
+		}
+		for _, n := range sortedKeys(names) {
+			row(by.name+" "+n+": wait mean / p95", func(r *Result) string {
+				g, ok := by.groups(r)[n]
+				if !ok {
+					return "-"
+				}
+				s := duration(g.Wait.Mean) + " / " + duration(g.Wait.P95)
+				if g.ViolationHours > 0 {
+					s += fmt.Sprintf(" (below guarantee %.1f h)", g.ViolationHours)
+				}
+				return s
+			})
+		}
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	for _, g := range Goals(results) {
+		if _, err := fmt.Fprintln(w, g); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// duration prints seconds as the largest sensible unit.
+func duration(s float64) string {
+	switch {
+	case s < 120:
+		return fmt.Sprintf("%.0fs", s)
+	case s < 7200:
+		return fmt.Sprintf("%.1fm", s/60)
+	case s < 3*86400:
+		return fmt.Sprintf("%.1fh", s/3600)
+	}
+	return fmt.Sprintf("%.1fd", s/86400)
+}
+
+// WriteSVG draws each mode's GPU allocation (top) and jobs waiting (bottom)
+// over simulated time.
+func WriteSVG(w io.Writer, results []*Result) error {
+	const width, height, left, top, panel, gap = 900, 520, 70, 30, 200, 50
+	colours := []string{"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728"}
+	end, most := 0.0, 1
+	for _, r := range results {
+		for _, s := range r.Samples {
+			end, most = math.Max(end, s.T), max(most, s.Waiting)
+		}
+	}
+	if end == 0 {
+		end = 1
+	}
+	plotW := float64(width - left - 20)
+	x := func(t float64) float64 { return left + plotW*t/end }
+	var b strings.Builder
+	fmt.Fprintf(&b, `<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" font-family="sans-serif" font-size="12">`+"\n", width, height)
+	fmt.Fprintf(&b, `<rect width="100%%" height="100%%" fill="white"/>`+"\n")
+	for i, title := range []string{"GPU allocation (share of GPUs)", fmt.Sprintf("jobs waiting (queued or unplaced; most %d)", most)} {
+		y0 := float64(top + i*(panel+gap))
+		fmt.Fprintf(&b, `<text x="%d" y="%.0f">%s</text>`+"\n", left, y0-8, title)
+		fmt.Fprintf(&b, `<rect x="%d" y="%.0f" width="%.0f" height="%d" fill="none" stroke="#999"/>`+"\n", left, y0, plotW, panel)
+		for k, r := range results {
+			var pts []string
+			for _, s := range r.Samples {
+				v := s.Allocation
+				if i == 1 {
+					v = float64(s.Waiting) / float64(most)
+				}
+				pts = append(pts, fmt.Sprintf("%.1f,%.1f", x(s.T), y0+float64(panel)*(1-v)))
+			}
+			fmt.Fprintf(&b, `<polyline fill="none" stroke="%s" stroke-width="1.2" points="%s"/>`+"\n", colours[k%len(colours)], strings.Join(pts, " "))
+		}
+	}
+	axis := float64(top + 2*panel + gap + 18)
+	for k := 0; k <= 4; k++ {
+		t := end * float64(k) / 4
+		fmt.Fprintf(&b, `<text x="%.0f" y="%.0f" text-anchor="middle">%s</text>`+"\n", x(t), axis, duration(t))
+	}
+	for k, r := range results {
+		fmt.Fprintf(&b, `<text x="%d" y="%.0f" fill="%s">%s</text>`+"\n", left+k*200, axis+24, colours[k%len(colours)], r.Mode)
+	}
+	b.WriteString("</svg>\n")
+	_, err := io.WriteString(w, b.String())
+	return err
+}
