@@ -3,13 +3,15 @@
 package queue
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
-	"sort"
+	"slices"
+	"strings"
 	"time"
 
 	consul "github.com/hashicorp/consul/api"
@@ -193,72 +195,104 @@ const HeldHours = 1.0
 // queue does not get ahead by having the oldest entries.
 func Order(entries []Entry, p *policy.Policy, used map[string]float64, decayed map[string]float64, now time.Time) {
 	fair := p.FairShare.Enabled && decayed != nil
-	prio := func(e Entry) int {
-		base := 0
-		if q, ok := p.Queues[e.Queue]; ok {
-			base = q.Priority
+	priorities := make([]int, 0, len(p.Queues))
+	for _, q := range p.Queues {
+		priorities = append(priorities, q.Priority)
+	}
+	lastQueue, lastBase := "", 0 // entries come in runs of one queue: one lookup a run
+	prio := func(e *Entry) int {
+		if e.Queue != lastQueue || lastQueue == "" {
+			lastQueue, lastBase = e.Queue, 0
+			if q, ok := p.Queues[e.Queue]; ok {
+				lastBase = q.Priority
+			}
 		}
+		base := lastBase
 		aged := base + policy.MinPriorityGap*int(now.Sub(e.SubmittedAt)/AgingStep)
 		if !fair {
 			return aged
 		}
 		band := base
-		for _, q := range p.Queues {
-			if q.Priority > band && q.Priority <= aged {
-				band = q.Priority
+		for _, q := range priorities {
+			if q > band && q <= aged {
+				band = q
 			}
 		}
 		return band
 	}
-	share := func(e Entry) float64 {
-		t, ok := p.Tenants[e.Tenant]
-		if !ok {
-			return 1
+	// A tenant's share is the same for each of its entries: computed once.
+	shares := map[string]float64{}
+	lastTenant, lastShare := "", 0.0
+	share := func(tenant string) float64 {
+		if tenant == lastTenant && tenant != "" {
+			return lastShare
 		}
-		g := t.Guaranteed.Total()
-		switch {
-		case fair && g == 0:
-			return math.MaxFloat64 / 2 // no guarantee: after every tenant with one
-		case fair:
-			return (decayed[e.Tenant] + HeldHours*used[e.Tenant]) / g
-		case g == 0:
-			return used[e.Tenant] + 1 // no guarantee: after every tenant within its own
+		if s, ok := shares[tenant]; ok {
+			lastTenant, lastShare = tenant, s
+			return s
 		}
-		return used[e.Tenant] / g
+		s := 1.0
+		if t, ok := p.Tenants[tenant]; ok {
+			switch g := t.Guaranteed.Total(); {
+			case fair && g == 0:
+				s = math.MaxFloat64 / 2 // no guarantee: after every tenant with one
+			case fair:
+				s = (decayed[tenant] + HeldHours*used[tenant]) / g
+			case g == 0:
+				s = used[tenant] + 1 // no guarantee: after every tenant within its own
+			default:
+				s = used[tenant] / g
+			}
+		}
+		shares[tenant], lastTenant, lastShare = s, tenant, s
+		return s
 	}
-	// Each entry's order is computed once, not at every comparison, and the
-	// keys are sorted rather than the (large) entries.
+	// Each entry's order is computed once, not at every comparison, into keys
+	// without pointers (cheap to move, nothing for the collector to scan).
 	type orderKey struct {
-		parked bool
-		prio   int
 		share  float64
-		at     time.Time
-		id     string
-		index  int
+		at     int64
+		prio   int
+		index  int32
+		parked bool
 	}
 	keys := make([]orderKey, len(entries))
-	for i, e := range entries {
-		keys[i] = orderKey{e.Parked != "", prio(e), share(e), e.SubmittedAt, e.ID, i}
+	for i := range entries {
+		e := &entries[i]
+		keys[i] = orderKey{share(e.Tenant), e.SubmittedAt.UnixNano(), prio(e), int32(i), e.Parked != ""}
 	}
-	sort.Slice(keys, func(i, j int) bool {
-		a, b := keys[i], keys[j]
-		if a.parked != b.parked {
-			return !a.parked // parked entries wait for nothing: after every waiting one
+	slices.SortFunc(keys, func(a, b orderKey) int {
+		switch {
+		case a.parked != b.parked: // parked entries wait for nothing: after every waiting one
+			if a.parked {
+				return 1
+			}
+			return -1
+		case a.prio != b.prio:
+			return cmp.Compare(b.prio, a.prio)
+		case a.share != b.share:
+			return cmp.Compare(a.share, b.share)
+		case a.at != b.at:
+			return cmp.Compare(a.at, b.at)
 		}
-		if a.prio != b.prio {
-			return a.prio > b.prio
-		}
-		if a.share != b.share {
-			return a.share < b.share
-		}
-		if !a.at.Equal(b.at) {
-			return a.at.Before(b.at)
-		}
-		return a.id < b.id
+		return strings.Compare(entries[a.index].ID, entries[b.index].ID)
 	})
-	sorted := make([]Entry, len(entries))
-	for i, k := range keys {
-		sorted[i] = entries[k.index]
+	// Move each entry to its place by following the permutation's cycles.
+	for i := range keys {
+		if keys[i].index < 0 {
+			continue
+		}
+		first := entries[i]
+		at := i
+		for {
+			from := int(keys[at].index)
+			keys[at].index = -1
+			if from == i {
+				entries[at] = first
+				break
+			}
+			entries[at] = entries[from]
+			at = from
+		}
 	}
-	copy(entries, sorted)
 }

@@ -109,24 +109,26 @@ type tenant struct {
 }
 
 type run struct {
-	o        Options
-	p        *policy.Policy
-	jobs     []simJob
-	c        *cluster
-	tenants  []*tenant
-	byName   map[string]int
-	now      float64
-	events   eventHeap
-	nomadQ   *pending
-	queued   int // entries in the tenants' queues
-	dirty    bool // GPUs were released since the last queue pass
-	passAt   float64
-	watched  map[*simJob]struct{}
-	engine   *reclaim.Engine
-	rules    []*policy.ReclaimRule
-	decayed  usage.Decayed
-	seq      uint64
-	preempts bool
+	o       Options
+	p       *policy.Policy
+	jobs    []simJob
+	c       *cluster
+	tenants []*tenant
+	byName  map[string]int
+	now     float64
+	events  eventHeap
+	nomadQ  *pending
+	queued  int // entries in the tenants' queues
+	// candidates is the pass's buffer, kept between passes.
+	candidates []queue.Entry
+	dirty      bool // GPUs were released since the last queue pass
+	passAt     float64
+	watched    map[*simJob]struct{}
+	engine     *reclaim.Engine
+	rules      []*policy.ReclaimRule
+	decayed    usage.Decayed
+	seq        uint64
+	preempts   bool
 
 	// The broker's view: GPUs registered jobs hold, by tenant and in all.
 	tu       map[string]admission.TenantUsage
@@ -415,8 +417,14 @@ func (r *run) pass() {
 	}
 	// Entries their tenant's limit holds back wait whatever the order (usage
 	// only grows during a pass): they are left out of it.
-	var candidates []queue.Entry
-	for _, t := range r.tenants {
+	candidates := r.candidates[:0]
+	defer func() { r.candidates = candidates[:0] }()
+	// Each tenant's least demand among its candidates: once its limit held
+	// back that much, none of its entries can be admitted in this pass.
+	least := make([]float64, len(r.tenants))
+	open := 0
+	for i, t := range r.tenants {
+		least[i] = math.Inf(1)
 		if len(t.queued) == 0 {
 			continue
 		}
@@ -427,16 +435,31 @@ func (r *run) pass() {
 		for _, e := range t.queued {
 			if !total || used[t.name]+e.Demand <= l+1e-9 {
 				candidates = append(candidates, e)
+				least[i] = min(least[i], e.Demand)
 			}
+		}
+		if !math.IsInf(least[i], 1) {
+			open++
 		}
 	}
 	queue.Order(candidates, p, used, decayed, r.time(r.now))
 	admitted := map[string]bool{}
-	limited := map[[2]string]float64{} // tenant and model: the least demand its limit held back
+	// By tenant, the least demand its limit held back (for jobs of a model,
+	// by tenant and model).
+	limited := make([]float64, len(r.tenants))
+	for i := range limited {
+		limited[i] = math.Inf(1)
+	}
+	limitedModel := map[[2]string]float64{}
 	for _, e := range candidates {
+		if open == 0 {
+			break
+		}
 		j := &r.jobs[atoi(e.ID)]
-		key := [2]string{e.Tenant, j.Model}
-		if least, ok := limited[key]; ok && e.Demand >= least {
+		if e.Demand >= limited[j.tenant] {
+			continue
+		}
+		if l, ok := limitedModel[[2]string{e.Tenant, j.Model}]; ok && j.Model != "" && e.Demand >= l {
 			continue
 		}
 		d := admission.Decide(p, j.adm, r.usage(j))
@@ -444,7 +467,13 @@ func (r *run) pass() {
 			break
 		}
 		if d.Outcome == admission.Queue {
-			limited[key] = e.Demand
+			if j.Model != "" {
+				limitedModel[[2]string{e.Tenant, j.Model}] = e.Demand
+				continue
+			}
+			if limited[j.tenant] = e.Demand; e.Demand <= least[j.tenant] {
+				open--
+			}
 			continue
 		}
 		admitted[e.ID] = true

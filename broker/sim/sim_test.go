@@ -170,10 +170,10 @@ func TestTraceRoundTripAndErrors(t *testing.T) {
 		t.Fatalf("read back %+v, %v", back, err)
 	}
 	for in, want := range map[string]string{
-		`{"id":"x","namespace":"a","gpus":0,"duration":1}`:                   "t.jsonl:1: job \"x\": gpus must be at least 1",
-		`{"id":"x","namespace":"a","gpus":1,"duration":1,"gpu":2}`:           "t.jsonl:1: json: unknown field \"gpu\"",
+		`{"id":"x","namespace":"a","gpus":0,"duration":1}`:                                                                     "t.jsonl:1: job \"x\": gpus must be at least 1",
+		`{"id":"x","namespace":"a","gpus":1,"duration":1,"gpu":2}`:                                                             "t.jsonl:1: json: unknown field \"gpu\"",
 		"{\"id\":\"x\",\"tenant\":\"a\",\"gpus\":1,\"duration\":1}\n{\"id\":\"x\",\"tenant\":\"a\",\"gpus\":1,\"duration\":1}": "t.jsonl:2: job \"x\": the same id as on line 1",
-		`{"id":"x","gpus":1,"duration":1}`: "neither namespace nor tenant",
+		`{"id":"x","gpus":1,"duration":1}`:                                                                                     "neither namespace nor tenant",
 	} {
 		if _, err := sim.ReadTrace(strings.NewReader(in), "t.jsonl"); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("%s: got %v, want %q", in, err, want)
