@@ -1,10 +1,13 @@
 package sim
 
 import (
+	"cmp"
 	"container/heap"
 	"fmt"
 	"math"
+	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/nomad-gpu/nomad-gpu/broker/admission"
@@ -99,8 +102,10 @@ type tenant struct {
 	placed     int         // GPUs its allocations hold
 	busyGPUs   int         // of which running jobs use
 	waiting    map[int]int // jobs waiting (queued or unplaced), by GPUs in all
-	queued     []queue.Entry
-	demands    map[float64]int // of the queued entries, by demand
+	// lists are its queued entries by queue and demand, each in the order
+	// queue.Order keeps among them whatever the time: oldest first.
+	lists      map[listKey][]queue.Entry
+	queued     int
 	since      float64
 	gpuSeconds float64
 	busy, idle float64 // GPU-seconds, for the fair share's decay
@@ -119,16 +124,18 @@ type run struct {
 	events  eventHeap
 	nomadQ  *pending
 	queued  int // entries in the tenants' queues
-	// candidates is the pass's buffer, kept between passes.
-	candidates []queue.Entry
-	dirty      bool // GPUs were released since the last queue pass
-	passAt     float64
-	watched    map[*simJob]struct{}
-	engine     *reclaim.Engine
-	rules      []*policy.ReclaimRule
-	decayed    usage.Decayed
-	seq        uint64
-	preempts   bool
+	// wholeQueue orders every entry in each pass (the bound's own test).
+	wholeQueue bool
+	// buffer holds a pass's candidates, kept between passes.
+	buffer   []queue.Entry
+	dirty    bool // GPUs were released since the last queue pass
+	passAt   float64
+	watched  map[*simJob]struct{}
+	engine   *reclaim.Engine
+	rules    []*policy.ReclaimRule
+	decayed  usage.Decayed
+	seq      uint64
+	preempts bool
 
 	// The broker's view: GPUs registered jobs hold, by tenant and in all.
 	tu       map[string]admission.TenantUsage
@@ -184,10 +191,10 @@ func newRun(jobs []Job, o Options) *run {
 	for _, name := range sortedKeys(p.Tenants) {
 		t := p.Tenants[name]
 		r.byName[name] = len(r.tenants)
-		r.tenants = append(r.tenants, &tenant{name: name, guaranteed: t.Guaranteed.Total(), waiting: map[int]int{}, demands: map[float64]int{}})
+		r.tenants = append(r.tenants, &tenant{name: name, guaranteed: t.Guaranteed.Total(), waiting: map[int]int{}, lists: map[listKey][]queue.Entry{}})
 		r.tu[name] = admission.TenantUsage{Used: policy.Quota{}, Borrowed: policy.Quota{}}
 	}
-	r.tenants = append(r.tenants, &tenant{name: "(no tenant)", waiting: map[int]int{}, demands: map[float64]int{}})
+	r.tenants = append(r.tenants, &tenant{name: "(no tenant)", waiting: map[int]int{}, lists: map[listKey][]queue.Entry{}})
 	for _, g := range o.Nodes {
 		classes := []string{policy.AllGPUs}
 		if c := p.ClassOf(g.Model); c != "" {
@@ -314,7 +321,7 @@ func (r *run) submit(j *simJob) {
 }
 
 func (r *run) enqueue(j *simJob, d admission.Decision) {
-	if len(r.tenants[j.tenant].queued) >= r.p.Tenants[d.Tenant].MaxQueued {
+	if r.tenants[j.tenant].queued >= r.p.Tenants[d.Tenant].MaxQueued {
 		r.res.AboveMaxQueued++ // a real broker refuses it: replayed as queued all the same
 	}
 	r.requeue(j, d.Queue, d.Demand.Total())
@@ -324,11 +331,81 @@ func (r *run) enqueue(j *simJob, d admission.Decision) {
 func (r *run) requeue(j *simJob, queueName string, demand float64) {
 	t := r.tenants[j.tenant]
 	j.state = stQueued
-	t.queued = append(t.queued, queue.Entry{ID: strconv.Itoa(j.idx), JobID: j.ID, Namespace: j.adm.Namespace, Tenant: t.name,
-		Queue: queueName, Demand: demand, SubmittedAt: r.time(j.Submit)})
-	t.demands[demand]++
+	e := queue.Entry{ID: strconv.Itoa(j.idx), JobID: j.ID, Namespace: j.adm.Namespace, Tenant: t.name,
+		Queue: queueName, Demand: demand, SubmittedAt: r.time(j.Submit)}
+	k := listKey{queueName, demand}
+	l := t.lists[k]
+	i, _ := slices.BinarySearchFunc(l, e, olderFirst)
+	t.lists[k] = slices.Insert(l, i, e)
+	t.queued++
 	r.queued++
 	r.wait(j, 1)
+}
+
+// listKey is one of a tenant's queue lists.
+type listKey struct {
+	queue  string
+	demand float64
+}
+
+// olderFirst is queue.Order among entries of one tenant and queue: the
+// older first (aging only raises it further), then by id.
+func olderFirst(a, b queue.Entry) int {
+	if c := a.SubmittedAt.Compare(b.SubmittedAt); c != 0 {
+		return c
+	}
+	return strings.Compare(a.ID, b.ID)
+}
+
+// candidates are the entries a pass can reach before it ends: the rest of
+// each list waits whatever the order. Usage only grows during a pass, so a
+// tenant takes at most room GPUs (its limit, and with quotas in all GPUs,
+// its guarantee plus the idle GPUs): of each list of demand d, the first
+// room/d+1 decide. A list its limit holds back entirely is left out.
+func (r *run) candidates(used map[string]float64) []queue.Entry {
+	out := r.buffer[:0]
+	idle := math.Max(0, r.capacity[policy.AllGPUs]-r.held[policy.AllGPUs])
+	for _, t := range r.tenants {
+		if t.queued == 0 {
+			continue
+		}
+		pt := r.p.Tenants[t.name]
+		limit, total := pt.Limit[policy.AllGPUs]
+		guaranteed, gTotal := pt.Guaranteed[policy.AllGPUs]
+		bounded := total && gTotal && len(pt.Limit) == 1 && len(pt.Guaranteed) == 1
+		limitRoom := limit - used[t.name]
+		room := math.Max(0, guaranteed-used[t.name])
+		if r.p.Borrowing.Enabled {
+			room += idle
+		}
+		room = math.Min(room, limitRoom)
+		for _, k := range sortedLists(t.lists) {
+			l := t.lists[k]
+			switch {
+			case total && k.demand > limitRoom+1e-9:
+				continue
+			case bounded && !r.wholeQueue:
+				l = l[:min(len(l), int(room/k.demand+1e-9)+1)]
+			}
+			out = append(out, l...)
+		}
+	}
+	r.buffer = out
+	return out
+}
+
+func sortedLists(m map[listKey][]queue.Entry) []listKey {
+	keys := make([]listKey, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.SortFunc(keys, func(a, b listKey) int {
+		if c := strings.Compare(a.queue, b.queue); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.demand, b.demand)
+	})
+	return keys
 }
 
 // admit registers a job the broker admitted, at the decision's band.
@@ -415,33 +492,7 @@ func (r *run) pass() {
 	for name, tu := range r.tu {
 		used[name] = tu.Used.Total()
 	}
-	// Entries their tenant's limit holds back wait whatever the order (usage
-	// only grows during a pass): they are left out of it.
-	candidates := r.candidates[:0]
-	defer func() { r.candidates = candidates[:0] }()
-	// Each tenant's least demand among its candidates: once its limit held
-	// back that much, none of its entries can be admitted in this pass.
-	least := make([]float64, len(r.tenants))
-	open := 0
-	for i, t := range r.tenants {
-		least[i] = math.Inf(1)
-		if len(t.queued) == 0 {
-			continue
-		}
-		l, total := p.Tenants[t.name].Limit[policy.AllGPUs]
-		if total && used[t.name]+minKey(t.demands) > l+1e-9 {
-			continue
-		}
-		for _, e := range t.queued {
-			if !total || used[t.name]+e.Demand <= l+1e-9 {
-				candidates = append(candidates, e)
-				least[i] = min(least[i], e.Demand)
-			}
-		}
-		if !math.IsInf(least[i], 1) {
-			open++
-		}
-	}
+	candidates := r.candidates(used)
 	queue.Order(candidates, p, used, decayed, r.time(r.now))
 	admitted := map[string]bool{}
 	// By tenant, the least demand its limit held back (for jobs of a model,
@@ -452,9 +503,6 @@ func (r *run) pass() {
 	}
 	limitedModel := map[[2]string]float64{}
 	for _, e := range candidates {
-		if open == 0 {
-			break
-		}
 		j := &r.jobs[atoi(e.ID)]
 		if e.Demand >= limited[j.tenant] {
 			continue
@@ -471,14 +519,12 @@ func (r *run) pass() {
 				limitedModel[[2]string{e.Tenant, j.Model}] = e.Demand
 				continue
 			}
-			if limited[j.tenant] = e.Demand; e.Demand <= least[j.tenant] {
-				open--
-			}
+			limited[j.tenant] = e.Demand
 			continue
 		}
 		admitted[e.ID] = true
 		r.queued--
-		r.tenants[j.tenant].demands[e.Demand]--
+		r.tenants[j.tenant].queued--
 		if d.Outcome == admission.Reject {
 			j.state = stRejected
 			r.wait(j, -1)
@@ -492,17 +538,19 @@ func (r *run) pass() {
 	if len(admitted) == 0 {
 		return
 	}
+	// What a pass admits is at the head of its list (the candidates).
 	for _, t := range r.tenants {
-		kept := t.queued[:0]
-		for _, e := range t.queued {
-			if !admitted[e.ID] {
-				kept = append(kept, e)
+		for k, l := range t.lists {
+			kept := l[:0]
+			for _, e := range l {
+				if !admitted[e.ID] {
+					kept = append(kept, e)
+				}
 			}
-		}
-		t.queued = kept
-		for d, n := range t.demands {
-			if n == 0 {
-				delete(t.demands, d)
+			if len(kept) == 0 {
+				delete(t.lists, k)
+			} else {
+				t.lists[k] = kept
 			}
 		}
 	}
@@ -749,14 +797,6 @@ func (r *run) reclaimPass() {
 }
 
 func (r *run) time(t float64) time.Time { return epoch.Add(time.Duration(t * float64(time.Second))) }
-
-func minKey(m map[float64]int) float64 {
-	least := math.Inf(1)
-	for k := range m {
-		least = min(least, k)
-	}
-	return least
-}
 
 func atoi(s string) int {
 	n, _ := strconv.Atoi(s)

@@ -1,0 +1,43 @@
+package sim
+
+import (
+	"reflect"
+	"testing"
+
+	"github.com/nomad-gpu/nomad-gpu/broker/policy"
+)
+
+// The passes that order only the entries they can reach admit exactly what
+// passes ordering the whole queue admit.
+func TestBoundedPassesDecideAsWholeQueues(t *testing.T) {
+	p, diags := policy.LoadDir("testdata/ten-tenants", 800)
+	if p == nil {
+		t.Fatal(diags)
+	}
+	nodes := []NodeGroup{{Model: "H100", GPUs: 8, Count: 100}}
+	for _, load := range []float64{0.9, 1.4} {
+		jobs, err := Generate(p, nodes, Generator{Trace: Philly, Jobs: 3000, Seed: 7, Load: load})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, mode := range []Mode{StrictQuotas, NomadGPU} {
+			var got [2]Result
+			for i, whole := range []bool{false, true} {
+				r := newRun(jobs, Options{Policy: p, Nodes: nodes, Mode: mode, PassInterval: DefaultPassInterval,
+					ReclaimPeriod: DefaultReclaimPeriod, Samples: DefaultSamples})
+				r.wholeQueue = whole
+				if err := r.loop(); err != nil {
+					t.Fatal(err)
+				}
+				r.finish(0)
+				got[i] = r.res
+			}
+			if got[0].Wait.Mean == 0 {
+				t.Errorf("load %g, %s: nothing waited, nothing tested", load, mode)
+			}
+			if !reflect.DeepEqual(got[0], got[1]) {
+				t.Errorf("load %g, %s: bounded %+v\nwhole queue %+v", load, mode, got[0], got[1])
+			}
+		}
+	}
+}
