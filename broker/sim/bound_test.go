@@ -1,7 +1,9 @@
 package sim
 
 import (
+	"os"
 	"reflect"
+	"strings"
 	"testing"
 
 	"github.com/nomad-gpu/nomad-gpu/broker/policy"
@@ -10,7 +12,13 @@ import (
 // The passes that order only the entries they can reach admit exactly what
 // passes ordering the whole queue admit.
 func TestBoundedPassesDecideAsWholeQueues(t *testing.T) {
-	p, diags := policy.LoadDir("testdata/ten-tenants", 800)
+	// testdata/ten-tenants at a tenth of its size.
+	src, err := os.ReadFile("testdata/ten-tenants/policy.hcl")
+	if err != nil {
+		t.Fatal(err)
+	}
+	scaled := strings.NewReplacer("guaranteed = 1000", "guaranteed = 80", "limit      = 10000", "limit      = 800").Replace(string(src))
+	p, diags := policy.Parse(map[string][]byte{"policy.hcl": []byte(scaled)}, 800)
 	if p == nil {
 		t.Fatal(diags)
 	}
@@ -36,7 +44,8 @@ func TestBoundedPassesDecideAsWholeQueues(t *testing.T) {
 				t.Errorf("load %g, %s: nothing waited, nothing tested", load, mode)
 			}
 			if !reflect.DeepEqual(got[0], got[1]) {
-				t.Errorf("load %g, %s: bounded %+v\nwhole queue %+v", load, mode, got[0], got[1])
+				t.Errorf("load %g, %s: bounded: wait %v, JCT %v, %d preemptions; whole queue: wait %v, JCT %v, %d preemptions",
+					load, mode, got[0].Wait, got[0].JCT, got[0].Preemptions, got[1].Wait, got[1].JCT, got[1].Preemptions)
 			}
 		}
 	}
