@@ -118,9 +118,11 @@ func (a *Admitter) Run(ctx context.Context, changed <-chan struct{}, interval ti
 }
 
 // Pass goes through the queue once in admission order and returns how many jobs
-// it admitted. An entry waiting for its tenant's own quota is passed over; one
-// waiting for idle GPUs stops the pass, so that smaller jobs behind it cannot
-// take the GPUs it waits for (aging then lifts it above newer work).
+// it admitted. An entry waiting for its tenant's own quota is passed over; once
+// one waits for idle GPUs, nothing behind it is admitted borrowed, so that
+// smaller jobs cannot take the GPUs it waits for (aging then lifts it above
+// newer work), while jobs within their tenant's guarantee still are: they
+// are owed their GPUs and take them back from borrowed work.
 func (a *Admitter) Pass(ctx context.Context) (int, error) {
 	r := &registrations{sem: make(chan struct{}, max(a.Parallel, 1))}
 	err := a.decide(ctx, r)
@@ -143,6 +145,7 @@ func (a *Admitter) decide(ctx context.Context, r *registrations) error {
 		}
 	}
 	queue.Order(entries, p, used, decayed, a.Now())
+	waiting := false // an entry ahead waits for idle GPUs
 	for _, e := range entries {
 		if r.failed() {
 			return nil
@@ -176,10 +179,13 @@ func (a *Admitter) decide(ctx context.Context, r *registrations) error {
 		d = approval.Raise(d, approved != p, priority)
 		switch d.Outcome {
 		case admission.Queue:
-			if d.WaitsFor == admission.WaitCapacity {
-				return nil
-			}
+			waiting = waiting || d.WaitsFor == admission.WaitCapacity
 			continue
+		case admission.AdmitBorrowed:
+			if waiting {
+				res.Release()
+				continue
+			}
 		case admission.Reject:
 			// The policy changed since it was queued: it can never run as it is.
 			if ok, err := a.Queue.Remove(ctx, e); err == nil && ok {

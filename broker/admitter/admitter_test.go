@@ -121,14 +121,30 @@ func TestPassAdmitsInOrderWholeAndOnce(t *testing.T) {
 	}
 }
 
-func TestWaitingForCapacityIsNotOvertaken(t *testing.T) {
-	a, q, n, view, now := setup(t, visionPolicy, 8)
-	// Another namespace holds 4 GPUs: only 4 are idle.
-	view.ObserveJob(testbuild.Job("other", "other").Group("g", 1, 4, "gpu").Build())
-	q.Put(context.Background(), entry("first", 6, time.Hour, now)) // beyond guarantee, needs 6 idle
-	q.Put(context.Background(), entry("small", 1, time.Minute, now))
-	if got, _ := a.Pass(context.Background()); got != 0 || len(n.registered) != 0 {
-		t.Fatalf("a small job overtook one waiting for GPUs: %v", n.registered)
+func TestWaitingForCapacityIsNotOvertakenByBorrowers(t *testing.T) {
+	a, q, n, view, now := setup(t, visionPolicy+`
+tenant "search" {
+  namespaces = ["search"]
+  queues = ["training"]
+  guaranteed = 4
+  limit = 8
+}`, 8)
+	// vision holds its guarantee of 4, search 2 of its 4: 2 GPUs are idle.
+	view.ObserveJob(testbuild.Job("vision", "held").Group("g", 1, 4, "gpu").Build())
+	view.ObserveJob(testbuild.Job("search", "held").Group("g", 1, 2, "gpu").Build())
+	// In order: first (aged an hour), then owed and small.
+	q.Put(context.Background(), entry("first", 3, time.Hour, now))  // borrowed: needs 3 idle
+	q.Put(context.Background(), entry("small", 1, time.Minute, now)) // borrowed: would fit the 2 idle
+	owed := entry("owed", 2, time.Second, now)                      // within search's guarantee
+	owed.Namespace, owed.Tenant = "search", "search"
+	owed.Request = json.RawMessage(strings.Replace(string(owed.Request), `"Namespace":"vision"`, `"Namespace":"search"`, 1))
+	q.Put(context.Background(), owed)
+	// small may not take GPUs first waits for; search is owed its GPUs.
+	if got, _ := a.Pass(context.Background()); got != 1 || fmt.Sprint(n.registered) != "[search/owed]" || n.priorities["owed"] != 60 {
+		t.Fatalf("admitted %d: %v %v", got, n.registered, n.priorities)
+	}
+	if ids := q.IDs(); len(ids) != 2 || !ids["q-first"] || !ids["q-small"] {
+		t.Errorf("queue after the pass: %v", ids)
 	}
 }
 

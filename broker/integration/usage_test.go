@@ -275,15 +275,33 @@ reclaim_settings {
 	}
 	ends := alloc.TaskStates["t"].StartedAt.Add(20 * time.Second)
 	time.Sleep(2 * time.Second) // a reclaim pass has seen it running
+	estimate := func(what, out string) time.Time {
+		t.Helper()
+		i := strings.Index(out, "Estimated start: ")
+		if i < 0 {
+			t.Fatalf("%s: no estimate:\n%s", what, out)
+		}
+		estimated, err := time.Parse(time.RFC3339, strings.Fields(out[i+len("Estimated start: "):])[0])
+		if err != nil || (estimated.Sub(ends)).Abs() > 2*time.Second || !strings.Contains(out, "when 1 running allocations reach the end of their lifetimes") {
+			t.Fatalf("%s: estimated %v (%v), holder's lifetime ends %s:\n%s", what, estimated, err, ends, out)
+		}
+		return estimated
+	}
+	// A plan tells the same before anything is queued.
+	plan, _ := e.nomadCLI("job", "plan", e.spec("vision", "next", 1, 2, ""))
+	if !strings.Contains(plan, "would be queued in queue dev") || !strings.Contains(plan, "It would be position 1 in queue dev.") {
+		t.Fatalf("plan:\n%s", plan)
+	}
+	estimate("nomad job plan", plan)
+	var queued []server.QueuedJob
+	if err := json.Unmarshal([]byte(e.brokerCLI("queue", "list", "-json")), &queued); err != nil || len(queued) != 0 {
+		t.Fatalf("a plan queued %v (%v)", queued, err)
+	}
 	out, err := e.run("vision", "next", 1, 2, "", true)
-	i := strings.Index(out, "Estimated start: ")
-	if err != nil || i < 0 {
-		t.Fatalf("no estimate: %v\n%s", err, out)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
 	}
-	estimated, err := time.Parse(time.RFC3339, strings.Fields(out[i+len("Estimated start: "):])[0])
-	if err != nil || (estimated.Sub(ends)).Abs() > 2*time.Second || !strings.Contains(out, "when 1 running allocations reach the end of their lifetimes") {
-		t.Fatalf("estimated %v (%v), holder's lifetime ends %s:\n%s", estimated, err, ends, out)
-	}
+	estimated := estimate("nomad job run", out)
 	if show := e.brokerCLI("queue", "list", "-json"); !strings.Contains(show, `"estimate":{"at":"`) {
 		t.Errorf("queue list without the estimate: %s", show)
 	}

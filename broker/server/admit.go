@@ -336,6 +336,7 @@ func (s *Server) enqueue(w http.ResponseWriter, r *http.Request, rj *gpuJobReque
 	ordered := s.order(r.Context(), append(others, e))
 	estimate, estimated := s.estimates(ordered)[e.ID]
 	e.EstimatedStart = estimate.At
+	starts := startsText(estimate, estimated)
 	event.ID = e.ID
 	if !s.audited(w, event) {
 		return
@@ -344,17 +345,45 @@ func (s *Server) enqueue(w http.ResponseWriter, r *http.Request, rj *gpuJobReque
 		writeError(w, http.StatusServiceUnavailable, "nomad-gpu: job %q could not be queued: %v", rj.JobID, err)
 		return
 	}
-	starts := ""
-	switch {
-	case estimated && !estimate.At.IsZero():
-		starts = fmt.Sprintf(" Estimated start: %s (%s).", estimate.At.UTC().Format(time.RFC3339), estimate.Why)
-	case estimated:
-		starts = " Estimated start: " + estimate.Why + "."
-	}
 	writeJSON(w, http.StatusOK, api.JobRegisterResponse{EvalID: e.ID, Warnings: joinWarnings(fmt.Sprintf(
 		"nomad-gpu: queued as %s, position %d in queue %s: %s.%s It is registered with Nomad as soon as GPUs free up; "+
 			"`gpu-broker queue show %s` follows it.", e.ID, positionOf(ordered, e.ID), d.Queue, d.Reason, starts, e.ID),
 		joinWarnings(warnings...), s.rightSizingWarning(rj.Namespace, rj.JobID, d))})
+}
+
+// startsText is a queued job's estimated start, as a sentence to append
+// ("" when there is no estimate).
+func startsText(estimate queue.Estimate, estimated bool) string {
+	switch {
+	case estimated && !estimate.At.IsZero():
+		return fmt.Sprintf(" Estimated start: %s (%s).", estimate.At.UTC().Format(time.RFC3339), estimate.Why)
+	case estimated:
+		return " Estimated start: " + estimate.Why + "."
+	}
+	return ""
+}
+
+// planEstimate is where a job a plan would queue would wait, and when it
+// would start: the same estimate a real submission gets ("" when the queue
+// cannot be read or there is no estimate).
+func (s *Server) planEstimate(r *http.Request, rj *gpuJobRequest, d admission.Decision) string {
+	entries, err := s.queue.List(r.Context())
+	if err != nil {
+		return ""
+	}
+	e := queue.Entry{ID: "plan", JobID: rj.JobID, Namespace: rj.Namespace, Tenant: d.Tenant, Queue: d.Queue,
+		Demand: d.Demand.Total(), SubmittedAt: s.now().UTC()}
+	others := entries[:0:0]
+	for _, old := range entries {
+		if old.Namespace == e.Namespace && old.JobID == e.JobID && old.Parked == "" {
+			e.SubmittedAt = old.SubmittedAt // submitted again, it keeps the place of the version waiting
+			continue
+		}
+		others = append(others, old)
+	}
+	ordered := s.order(r.Context(), append(others, e))
+	estimate, estimated := s.estimates(ordered)[e.ID]
+	return fmt.Sprintf(" It would be position %d in queue %s.%s", positionOf(ordered, e.ID), d.Queue, startsText(estimate, estimated))
 }
 
 // withinQueueLimits checks the tenant's caps on queued jobs and request size.
@@ -413,7 +442,10 @@ func (s *Server) annotate(w http.ResponseWriter, r *http.Request, kind nomadjob.
 	case admission.Reject:
 		note = fmt.Sprintf("nomad-gpu: would be rejected by rule %s: %s", d.Rule, d.Reason)
 	case admission.Queue:
-		note = fmt.Sprintf("nomad-gpu: would be queued in queue %s: %s", d.Queue, d.Reason)
+		note = fmt.Sprintf("nomad-gpu: would be queued in queue %s: %s.", d.Queue, d.Reason)
+		if kind == nomadjob.Plan {
+			note += s.planEstimate(r, rj, d)
+		}
 	default:
 		note = "nomad-gpu: would be " + admittedWarning(d)[len("nomad-gpu: "):]
 		if kind == nomadjob.Plan {

@@ -38,6 +38,9 @@ func TestBoundedPassesDecideAsWholeQueues(t *testing.T) {
 					t.Fatal(err)
 				}
 				r.finish(0)
+				if r.queued != 0 || r.waitingJobs != 0 || r.placed != 0 {
+					t.Errorf("load %g, %s: at the end %d queued, %d waiting, %d GPUs held", load, mode, r.queued, r.waitingJobs, r.placed)
+				}
 				got[i] = r.res
 			}
 			if got[0].Wait.Mean == 0 {

@@ -357,11 +357,12 @@ func olderFirst(a, b queue.Entry) int {
 	return strings.Compare(a.ID, b.ID)
 }
 
-// candidates are the entries a pass can reach before it ends: the rest of
-// each list waits whatever the order. Usage only grows during a pass, so a
-// tenant takes at most room GPUs (its limit, and with quotas in all GPUs,
-// its guarantee plus the idle GPUs): of each list of demand d, the first
-// room/d+1 decide. A list its limit holds back entirely is left out.
+// candidates are the entries that can make a difference to a pass. A tenant
+// takes at most room GPUs in one (its limit, and with quotas in all GPUs,
+// its guarantee plus the idle GPUs); usage only grows during a pass, so once
+// an entry of a list (one tenant, queue and demand d) is not admitted, none
+// after it is: of each list, the first room/d+1 decide. A list its limit
+// holds back entirely is left out.
 func (r *run) candidates(used map[string]float64) []queue.Entry {
 	out := r.buffer[:0]
 	idle := math.Max(0, r.capacity[policy.AllGPUs]-r.held[policy.AllGPUs])
@@ -471,9 +472,9 @@ func (r *run) usage(j *simJob) admission.Usage {
 	return u
 }
 
-// pass admits from the queue as the leader does: in queue.Order, an entry
-// waiting for its tenant's limit passed over, one waiting for GPUs ending
-// the pass.
+// pass admits from the queue as the leader does (admitter.Pass): in
+// queue.Order, an entry waiting for its tenant's limit passed over, and once
+// one waits for idle GPUs, only jobs within their guarantee admitted.
 func (r *run) pass() {
 	r.dirty = false
 	p := r.p
@@ -494,7 +495,6 @@ func (r *run) pass() {
 	}
 	candidates := r.candidates(used)
 	queue.Order(candidates, p, used, decayed, r.time(r.now))
-	admitted := map[string]bool{}
 	// By tenant, the least demand its limit held back (for jobs of a model,
 	// by tenant and model).
 	limited := make([]float64, len(r.tenants))
@@ -502,6 +502,7 @@ func (r *run) pass() {
 		limited[i] = math.Inf(1)
 	}
 	limitedModel := map[[2]string]float64{}
+	waiting := false
 	for _, e := range candidates {
 		j := &r.jobs[atoi(e.ID)]
 		if e.Demand >= limited[j.tenant] {
@@ -511,8 +512,9 @@ func (r *run) pass() {
 			continue
 		}
 		d := admission.Decide(p, j.adm, r.usage(j))
-		if d.Outcome == admission.Queue && d.WaitsFor == admission.WaitCapacity {
-			break
+		if d.Outcome == admission.Queue && d.WaitsFor == admission.WaitCapacity || d.Outcome == admission.AdmitBorrowed && waiting {
+			waiting = true
+			continue
 		}
 		if d.Outcome == admission.Queue {
 			if j.Model != "" {
@@ -522,9 +524,7 @@ func (r *run) pass() {
 			limited[j.tenant] = e.Demand
 			continue
 		}
-		admitted[e.ID] = true
-		r.queued--
-		r.tenants[j.tenant].queued--
+		r.unqueue(j.tenant, e)
 		if d.Outcome == admission.Reject {
 			j.state = stRejected
 			r.wait(j, -1)
@@ -535,25 +535,22 @@ func (r *run) pass() {
 		r.admit(j, d)
 		r.place()
 	}
-	if len(admitted) == 0 {
-		return
+}
+
+// unqueue takes an entry out of its tenant's queue (a job the pass took
+// out may be back by the end of it, preempted by a later admission).
+func (r *run) unqueue(tenant int, e queue.Entry) {
+	t := r.tenants[tenant]
+	k := listKey{e.Queue, e.Demand}
+	l := t.lists[k]
+	i := slices.IndexFunc(l, func(o queue.Entry) bool { return o.ID == e.ID })
+	if l = slices.Delete(l, i, i+1); len(l) == 0 {
+		delete(t.lists, k)
+	} else {
+		t.lists[k] = l
 	}
-	// What a pass admits is at the head of its list (the candidates).
-	for _, t := range r.tenants {
-		for k, l := range t.lists {
-			kept := l[:0]
-			for _, e := range l {
-				if !admitted[e.ID] {
-					kept = append(kept, e)
-				}
-			}
-			if len(kept) == 0 {
-				delete(t.lists, k)
-			} else {
-				t.lists[k] = kept
-			}
-		}
-	}
+	t.queued--
+	r.queued--
 }
 
 // place puts waiting allocations on nodes as Nomad's scheduler does: in

@@ -66,9 +66,10 @@ type Generator struct {
 
 // Generate makes g.Jobs jobs for the policy's tenants on nodes. Tenants
 // submit in proportion to their guarantee, in bursts, more by day than by
-// night; a job's kind follows its queue's workload: dev sessions (1 GPU, half
-// of them left idle, 1-10 h), inference services (1-2 GPUs, 1-3 days), and
-// training jobs drawn from the trace's statistics, checkpointing hourly.
+// night, to their queues (7:2:1 training, dev, inference); a job's kind
+// follows its queue's workload: dev sessions (1 GPU, half of them left idle,
+// 1-10 h), inference services (1-2 GPUs, 1-3 days), and training jobs drawn
+// from the trace's statistics, checkpointing hourly.
 func Generate(p *policy.Policy, nodes []NodeGroup, g Generator) ([]Job, error) {
 	if g.Trace != Philly && g.Trace != Helios {
 		return nil, fmt.Errorf("workload %q: want %s or %s", g.Trace, Philly, Helios)
@@ -154,7 +155,20 @@ func pick(rng *rand.Rand, weights []float64) int {
 
 // shape draws one job of tenant t: its queue, kind, size and duration.
 func shape(rng *rand.Rand, trace string, p *policy.Policy, t *policy.Tenant, nodes []NodeGroup, nodeGPUs int) Job {
-	j := Job{Namespace: t.Namespaces[0], Queue: t.Queues[rng.IntN(len(t.Queues))], Outcome: "completed"}
+	// Most work is training: a queue of a dev workload gets 2 parts, of an
+	// inference workload 1, any other 7.
+	weights := make([]float64, len(t.Queues))
+	for i, q := range t.Queues {
+		switch kind := workloadKind(p, t.Namespaces[0], q); {
+		case strings.Contains(kind, "dev"):
+			weights[i] = 2
+		case strings.Contains(kind, "inference"):
+			weights[i] = 1
+		default:
+			weights[i] = 7
+		}
+	}
+	j := Job{Namespace: t.Namespaces[0], Queue: t.Queues[pick(rng, weights)], Outcome: "completed"}
 	// Tenants with quotas per class only must name a model of a class.
 	if _, any := t.Limit[policy.AllGPUs]; !any {
 		for _, n := range nodes {
@@ -164,12 +178,7 @@ func shape(rng *rand.Rand, trace string, p *policy.Policy, t *policy.Tenant, nod
 			}
 		}
 	}
-	workload := p.WorkloadFor(j.Namespace, j.Queue)
-	kind := j.Queue
-	if workload != nil {
-		kind = workload.Name
-	}
-	switch {
+	switch kind := workloadKind(p, j.Namespace, j.Queue); {
 	case strings.Contains(kind, "dev"):
 		j.GPUs, j.Duration, j.Idle = 1, 3600*(1+9*rng.Float64()), rng.Float64() < 0.5
 		return j
@@ -201,6 +210,14 @@ func shape(rng *rand.Rand, trace string, p *policy.Policy, t *policy.Tenant, nod
 	}
 	j.Duration = math.Round(j.Duration)
 	return j
+}
+
+// workloadKind is the name of the queue's workload, or the queue's.
+func workloadKind(p *policy.Policy, namespace, queue string) string {
+	if w := p.WorkloadFor(namespace, queue); w != nil {
+		return w.Name
+	}
+	return queue
 }
 
 func logUniform(rng *rand.Rand, lo, hi float64) float64 {
