@@ -133,9 +133,9 @@ tenant "search" {
 	view.ObserveJob(testbuild.Job("vision", "held").Group("g", 1, 4, "gpu").Build())
 	view.ObserveJob(testbuild.Job("search", "held").Group("g", 1, 2, "gpu").Build())
 	// In order: first (aged an hour), then owed and small.
-	q.Put(context.Background(), entry("first", 3, time.Hour, now))  // borrowed: needs 3 idle
+	q.Put(context.Background(), entry("first", 3, time.Hour, now))   // borrowed: needs 3 idle
 	q.Put(context.Background(), entry("small", 1, time.Minute, now)) // borrowed: would fit the 2 idle
-	owed := entry("owed", 2, time.Second, now)                      // within search's guarantee
+	owed := entry("owed", 2, time.Second, now)                       // within search's guarantee
 	owed.Namespace, owed.Tenant = "search", "search"
 	owed.Request = json.RawMessage(strings.Replace(string(owed.Request), `"Namespace":"vision"`, `"Namespace":"search"`, 1))
 	q.Put(context.Background(), owed)
