@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"net/http"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -325,8 +326,31 @@ reclaim_settings {
 			if err != nil || off.Abs() > 5*time.Second {
 				t.Errorf("started %v after the estimate (%v), want within 5s", off, err)
 			}
+			replayTheRecords(t, e)
 			return
 		}
 	}
 	t.Errorf("no queue admission of next in the audit trail: %+v", events)
+}
+
+// replayTheRecords: what the broker recorded (holder, then next) is a trace
+// the simulator replays under the same policy.
+func replayTheRecords(t *testing.T, e *env) {
+	var trace string
+	testcluster.WaitFor(t, 30*time.Second, "holder and next in the trace", func() error {
+		trace = e.brokerCLI("usage", "-trace", "-since", "1h")
+		if !strings.Contains(trace, `"id":"vision/holder","submit":0,"namespace":"vision","queue":"dev","gpus":2`) ||
+			!strings.Contains(trace, `"id":"vision/next"`) {
+			return fmt.Errorf("%s", trace)
+		}
+		return nil
+	})
+	path := filepath.Join(e.dir, "last-hour.jsonl")
+	writeFile(t, path, trace)
+	out, err := exec.Command(testcluster.BrokerBinary(t), "simulate", "-policy", e.policyDir, "-trace", path, "-nodes", "1x2:GPU").CombinedOutput()
+	jobs := strings.Count(trace, "\n")
+	if err != nil || !strings.Contains(string(out), fmt.Sprintf("%d jobs on 2 GPUs", jobs)) ||
+		!strings.Contains(string(out), fmt.Sprintf("%d / 0 / 0", jobs)) {
+		t.Errorf("replaying the broker's records (%v):\n%s\n%s", err, trace, out)
+	}
 }

@@ -5,8 +5,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"net/http"
 	"net/url"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -15,6 +17,7 @@ import (
 	"github.com/nomad-gpu/nomad-gpu/broker/audit"
 	"github.com/nomad-gpu/nomad-gpu/broker/policy"
 	"github.com/nomad-gpu/nomad-gpu/broker/queue"
+	"github.com/nomad-gpu/nomad-gpu/broker/sim"
 	"github.com/nomad-gpu/nomad-gpu/broker/usage"
 )
 
@@ -77,6 +80,8 @@ func (s *Server) serveGPU(w http.ResponseWriter, r *http.Request) {
 		s.approvals(w, r, strings.TrimPrefix(strings.TrimPrefix(path, "approvals"), "/"), who)
 	case path == "audit" && r.Method == http.MethodGet:
 		s.auditTrail(w, r)
+	case s.stored != nil && path == "trace" && r.Method == http.MethodGet:
+		s.trace(w, r)
 	case s.stored != nil && path == "rightsizing" && r.Method == http.MethodGet:
 		s.rightSizing(w, r)
 	case s.decisions != nil && path == "reclaim" && r.Method == http.MethodGet:
@@ -197,6 +202,71 @@ func (s *Server) auditTrail(w http.ResponseWriter, r *http.Request) {
 		events = []audit.Event{}
 	}
 	writeJSON(w, http.StatusOK, events)
+}
+
+// trace serves GET /v1/gpu/trace?since=168h: the GPU jobs the broker
+// recorded since then as a simulator trace (JSON lines, see sim.Job), for
+// `gpu-broker simulate -trace`: "what would last week have looked like
+// under another policy?". Each job's GPUs, run time and idleness come from
+// its usage profile, its submission from the audit trail (or its first
+// sample, when the trail has no admission of it).
+func (s *Server) trace(w http.ResponseWriter, r *http.Request) {
+	since := 7 * 24 * time.Hour
+	if v := r.URL.Query().Get("since"); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil || d <= 0 {
+			writeError(w, http.StatusBadRequest, "nomad-gpu: since=%q is not a duration such as 168h", v)
+			return
+		}
+		since = d
+	}
+	from := s.now().Add(-since)
+	profiles, err := s.stored.List(r.Context())
+	if err != nil {
+		writeError(w, http.StatusServiceUnavailable, "nomad-gpu: %v", err)
+		return
+	}
+	readable := map[string]bool{}
+	submitted := map[[2]string]time.Time{}
+	events, err := s.audit.Read(from, func(e audit.Event) bool {
+		return e.What == audit.Admission && s.mayRead(r, e.Namespace, readable)
+	})
+	if err != nil {
+		writeError(w, http.StatusServiceUnavailable, "nomad-gpu: %v", err)
+		return
+	}
+	for _, e := range events {
+		k := [2]string{e.Namespace, e.Job}
+		if at, ok := submitted[k]; !ok || e.Time.Before(at) {
+			submitted[k] = e.Time
+		}
+	}
+	period := s.policies.Current().ReclaimSettings.Period // between two samples
+	var jobs []sim.Job
+	var at []time.Time
+	for _, p := range profiles {
+		if p.Last.Before(from) || p.Asked == 0 || !s.mayRead(r, p.Namespace, readable) {
+			continue
+		}
+		t, ok := submitted[[2]string{p.Namespace, p.Job}]
+		if !ok || t.After(p.First) {
+			t = p.First
+		}
+		at = append(at, t)
+		jobs = append(jobs, sim.Job{ID: p.Namespace + "/" + p.Job, Namespace: p.Namespace, Queue: p.Queue, GPUs: p.Asked,
+			Duration: math.Max(1, math.Round((p.Last.Sub(p.First) + period).Seconds())), Idle: p.BusyAt(0.95) == 0, Outcome: "completed"})
+	}
+	if len(at) > 0 {
+		start := slices.MinFunc(at, time.Time.Compare)
+		for i := range jobs {
+			jobs[i].Submit = math.Round(at[i].Sub(start).Seconds())
+		}
+	}
+	sort.SliceStable(jobs, func(i, j int) bool { return jobs[i].Submit < jobs[j].Submit })
+	w.Header().Set("Content-Type", "application/x-ndjson")
+	if err := sim.WriteTrace(w, jobs); err != nil {
+		s.log.Warn("trace: writing the answer failed", "error", err)
+	}
 }
 
 // RightSizing is one row of GET /v1/gpu/rightsizing: a job that kept under

@@ -29,7 +29,7 @@ func client(args []string) int {
 	asJSON := fs.Bool("json", false, "print JSON")
 	token := fs.String("token", os.Getenv("NOMAD_TOKEN"), "Nomad ACL token (default: NOMAD_TOKEN)")
 	caCert := fs.String("ca-cert", os.Getenv("GPU_BROKER_CACERT"), "CA certificate to trust when the broker serves TLS")
-	var rightSizing, asCSV *bool
+	var rightSizing, asCSV, trace *bool
 	var top *int
 	var from, to, by *string
 	if args[0] == "usage" {
@@ -39,9 +39,13 @@ func client(args []string) int {
 		to = fs.String("to", "", "with -from: up to, not including, this day (default: through today)")
 		by = fs.String("by", "tenant", "with -from: tenant, queue or class")
 		asCSV = fs.Bool("csv", false, "with -from: print CSV")
+		trace = fs.Bool("trace", false, "the GPU jobs of the last -since as a trace for gpu-broker simulate -trace (JSON lines)")
 	}
 	var since, tenant, jobID *string
-	if args[0] == "audit" {
+	switch args[0] {
+	case "usage":
+		since = fs.String("since", "168h", "with -trace: jobs of this long back")
+	case "audit":
 		since = fs.String("since", "24h", "events of this long back")
 		tenant = fs.String("tenant", "", "only this tenant's events")
 		jobID = fs.String("job", "", "only this job's events")
@@ -78,6 +82,8 @@ func client(args []string) int {
 			sub, path = "audit", "/v1/gpu/audit?"+url.Values{"since": {*since}, "tenant": {*tenant}, "job": {*jobID}}.Encode()
 		case *rightSizing:
 			sub, path = "rightsizing", "/v1/gpu/rightsizing?top="+strconv.Itoa(*top)
+		case *trace:
+			sub, path = "trace", "/v1/gpu/trace?"+url.Values{"since": {*since}}.Encode()
 		case *from != "":
 			sub, path = "report", "/v1/gpu/usage?"+url.Values{"from": {*from}, "to": {*to}, "by": {*by}}.Encode()
 		}
@@ -104,6 +110,9 @@ func client(args []string) int {
 		return printDecisions(sub, body)
 	}
 	switch sub {
+	case "trace":
+		os.Stdout.Write(body)
+		return 0
 	case "report":
 		return printReport(body, *asCSV)
 	case "audit":

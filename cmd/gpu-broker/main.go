@@ -24,6 +24,7 @@ Commands:
   queue cancel ID                remove a queued job
   usage                          GPUs per tenant: used / guaranteed / limit, borrowed, queued
   usage -rightsizing [-top N]    per tenant, the N jobs (default 5) that kept under half of their GPUs busy
+  usage -trace [-since 168h]     the GPU jobs of that time as a trace for simulate -trace (JSON lines)
   usage -from DAY [-to DAY] [-by tenant|queue|class] [-csv]
                                  GPU-hours allocated / busy / idle and cost, from DAY up to -to (UTC days)
   reclaim list                   reclaim decisions, newest first
