@@ -23,7 +23,7 @@ func BenchmarkSimulate(b *testing.B) {
 		b.Fatal(diags)
 	}
 	nodes := []sim.NodeGroup{{Model: "NVIDIA H100 80GB HBM3", GPUs: 8, Count: 1250}}
-	work, err := sim.Generate(p, nodes, sim.Generator{Trace: sim.Philly, Jobs: jobs, Seed: 1, Load: 1.1})
+	work, err := sim.Generate(p, nodes, sim.Generator{Trace: sim.Philly, Jobs: jobs, Seed: 1, Load: 1.0})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -1,5 +1,7 @@
 package sim
 
+import "math"
+
 // The simulated Nomad: nodes with GPUs, allocations placed best fit (Nomad's
 // bin-packing: the fullest node the allocation fits on), and priority
 // preemption of allocations at least policy.MinPriorityGap below, lowest
@@ -11,6 +13,7 @@ type node struct {
 	gpus   int
 	free   int
 	allocs []*alloc
+	lowest int // the lowest priority of its allocations (MaxInt: none)
 }
 
 // alloc is one placed allocation.
@@ -48,7 +51,7 @@ func newCluster(groups []NodeGroup) *cluster {
 		}
 		for i := 0; i < g.Count; i++ {
 			id := len(c.nodes)
-			c.nodes = append(c.nodes, node{model: m, gpus: g.GPUs, free: g.GPUs})
+			c.nodes = append(c.nodes, node{model: m, gpus: g.GPUs, free: g.GPUs, lowest: math.MaxInt})
 			c.pos = append(c.pos, len(c.byFree[m][g.GPUs]))
 			c.byFree[m][g.GPUs] = append(c.byFree[m][g.GPUs], id)
 			c.freeNodes[g.GPUs]++
@@ -114,6 +117,7 @@ func (c *cluster) setFree(id, free int) {
 func (c *cluster) place(a *alloc) {
 	n := &c.nodes[a.node]
 	n.allocs = append(n.allocs, a)
+	n.lowest = min(n.lowest, a.prio)
 	c.setFree(a.node, n.free-a.gpus)
 }
 
@@ -125,6 +129,10 @@ func (c *cluster) remove(a *alloc) {
 			n.allocs = n.allocs[:len(n.allocs)-1]
 			break
 		}
+	}
+	n.lowest = math.MaxInt
+	for _, o := range n.allocs {
+		n.lowest = min(n.lowest, o.prio)
 	}
 	c.setFree(a.node, n.free+a.gpus)
 }
@@ -139,7 +147,7 @@ func (c *cluster) victims(model string, gpus, prio, gap int) ([]*alloc, int) {
 	var cand []*alloc
 	for id := range c.nodes {
 		n := &c.nodes[id]
-		if n.model < lo || n.model >= hi || n.gpus < gpus {
+		if n.model < lo || n.model >= hi || n.gpus < gpus || n.lowest > prio-gap {
 			continue
 		}
 		cand = cand[:0]

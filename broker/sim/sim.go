@@ -140,6 +140,7 @@ type run struct {
 	// The broker's view: GPUs registered jobs hold, by tenant and in all.
 	tu       map[string]admission.TenantUsage
 	held     policy.Quota
+	idle     policy.Quota // capacity less held, by class (nil: to compute)
 	capacity policy.Quota
 	maxAlloc policy.Quota
 
@@ -416,6 +417,7 @@ func (r *run) admit(j *simJob, d admission.Decision) {
 	for class, n := range d.Demand {
 		tu.Used[class] += n
 		r.held[class] += n
+		r.idle = nil
 		if j.borrowed {
 			tu.Borrowed[class] += n
 		}
@@ -444,6 +446,7 @@ func (r *run) deregister(j *simJob) {
 	for class, n := range j.demand {
 		tu.Used[class] -= n
 		r.held[class] -= n
+		r.idle = nil
 		if j.borrowed {
 			tu.Borrowed[class] -= n
 		}
@@ -453,11 +456,13 @@ func (r *run) deregister(j *simJob) {
 
 // usage is the broker's snapshot for deciding on j.
 func (r *run) usage(j *simJob) admission.Usage {
-	idle := policy.Quota{}
-	for class, n := range r.capacity {
-		idle[class] = math.Max(0, n-r.held[class])
+	if r.idle == nil {
+		r.idle = policy.Quota{}
+		for class, n := range r.capacity {
+			r.idle[class] = math.Max(0, n-r.held[class])
+		}
 	}
-	u := admission.Usage{Tenants: r.tu, Idle: idle, MaxAlloc: r.maxAlloc}
+	u := admission.Usage{Tenants: r.tu, Idle: r.idle, MaxAlloc: r.maxAlloc}
 	if w := r.p.WorkloadFor(j.adm.Namespace, j.queue); w != nil && w.Gang && j.allocs() > 1 {
 		u.Nodes = make([]admission.NodeRoom, len(r.c.nodes))
 		for i, n := range r.c.nodes {
@@ -510,6 +515,9 @@ func (r *run) pass() {
 		}
 		if l, ok := limitedModel[[2]string{e.Tenant, j.Model}]; ok && j.Model != "" && e.Demand >= l {
 			continue
+		}
+		if waiting && beyond(p.Tenants[e.Tenant], r.tu[e.Tenant].Used, e.Demand) {
+			continue // only an admission within its guarantee could follow, and it is beyond it
 		}
 		d := admission.Decide(p, j.adm, r.usage(j))
 		if d.Outcome == admission.Queue && d.WaitsFor == admission.WaitCapacity || d.Outcome == admission.AdmitBorrowed && waiting {
@@ -794,6 +802,13 @@ func (r *run) reclaimPass() {
 }
 
 func (r *run) time(t float64) time.Time { return epoch.Add(time.Duration(t * float64(time.Second))) }
+
+// beyond reports whether demand more GPUs take a tenant whose quotas count
+// all GPUs beyond its guarantee (false when its quotas are per class).
+func beyond(t *policy.Tenant, used policy.Quota, demand float64) bool {
+	g, ok := t.Guaranteed[policy.AllGPUs]
+	return ok && len(t.Guaranteed) == 1 && used[policy.AllGPUs]+demand > g+1e-9
+}
 
 func atoi(s string) int {
 	n, _ := strconv.Atoi(s)
