@@ -66,6 +66,8 @@ bench: ## Benchmarks, side by side with ratios to each group's baseline
 	@# the queue's drain is one measurement of its own.
 	@$(GO) test -run '^$$' -bench 'BenchmarkRegister$$' -benchtime $(or $(AGENT_BENCHTIME),300x) ./broker/integration/ | awk -f scripts/benchtable.awk
 	@$(GO) test -run '^$$' -bench 'BenchmarkQueueAdmission$$' -benchtime 1x ./broker/integration/ | awk -f scripts/benchtable.awk
+	@# The simulator at its goal's size: 10,000 GPUs, 1,000,000 jobs.
+	@SIM_BENCH_JOBS=1000000 $(GO) test -run '^$$' -bench 'BenchmarkSimulate$$' -benchtime 1x ./broker/sim/ | awk -f scripts/benchtable.awk
 
 .PHONY: demo
 demo: tools build ## Local Consul + Nomad (2 clients x 8 simulated H100) with the plugin

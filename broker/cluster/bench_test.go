@@ -8,6 +8,7 @@ import (
 
 	"github.com/hashicorp/nomad/api"
 
+	"github.com/nomad-gpu/nomad-gpu/broker/admission"
 	"github.com/nomad-gpu/nomad-gpu/broker/policy"
 	"github.com/nomad-gpu/nomad-gpu/internal/testbuild"
 )
@@ -46,6 +47,31 @@ func BenchmarkUsageSnapshot(b *testing.B) {
 					if u := v.UsageWithout(p, "ns0", "x"); u.Idle[policy.AllGPUs] < 0 {
 						b.Fatal("negative idle")
 					}
+				}
+			})
+		}
+	}
+}
+
+// BenchmarkAdmit is one admission decision as the proxy makes it: the
+// tenant's usage snapshot, the decision and its reservation, for 10 and
+// 1,000 tenants and 1,000 and 100,000 running jobs (the queue, however
+// long, is not read to decide).
+func BenchmarkAdmit(b *testing.B) {
+	for _, allocs := range []int{1_000, 100_000} {
+		for _, tenants := range []int{10, 1000} {
+			b.Run(fmt.Sprintf("allocs=%d/tenants=%d", allocs, tenants), func(b *testing.B) {
+				p := benchPolicy(b, tenants)
+				v := benchView(allocs, tenants)
+				job := admission.Job{ID: "new", Namespace: "ns0", Groups: []admission.Group{{Name: "g", Count: 1, GPUsPerAlloc: 1}}}
+				b.ReportAllocs()
+				b.ResetTimer()
+				for i := 0; i < b.N; i++ {
+					d, res := v.Admit(p, job)
+					if d.Outcome == admission.Reject {
+						b.Fatal(d.Reason)
+					}
+					res.Release()
 				}
 			})
 		}

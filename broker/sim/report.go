@@ -130,7 +130,7 @@ func duration(s float64) string {
 // WriteSVG draws each mode's GPU allocation (top) and jobs waiting (bottom)
 // over simulated time.
 func WriteSVG(w io.Writer, results []*Result) error {
-	const width, height, left, top, panel, gap = 900, 520, 70, 30, 200, 50
+	const width, height, left, top, panel, gap = 900, 540, 70, 30, 200, 50
 	colours := []string{"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728"}
 	end, most := 0.0, 1
 	for _, r := range results {

@@ -1,6 +1,8 @@
 package sim_test
 
 import (
+	"encoding/xml"
+	"io"
 	"math"
 	"slices"
 	"strings"
@@ -232,4 +234,48 @@ func TestGeneratedWorkloadsFollowTheirTraces(t *testing.T) {
 
 func median(xs []float64) float64 {
 	return slices.Sorted(slices.Values(xs))[len(xs)/2]
+}
+
+// The report shows each mode and the goals' verdicts; the chart is SVG with
+// one line per mode and panel.
+func TestReportAndChart(t *testing.T) {
+	jobs := []sim.Job{
+		{ID: "a1", Submit: 0, Namespace: "a", GPUs: 4, Duration: 100},
+		{ID: "a2", Submit: 0, Namespace: "a", GPUs: 4, Duration: 100},
+		{ID: "b1", Submit: 10, Namespace: "b", GPUs: 4, Duration: 50},
+	}
+	res := runAll(t, twoTenants, oneNode, jobs)
+	results := []*sim.Result{res[sim.NomadAlone], res[sim.StrictQuotas], res[sim.NomadGPU]}
+	var report strings.Builder
+	if err := sim.WriteReport(&report, results); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"nomad-alone", "strict-quotas", "nomad-gpu", "tenant b: wait mean / p95",
+		"allocation: nomad-gpu 76.5 % vs Nomad alone 83.3 % (goal: within 3 %): MISSED",
+		"guarantee violation: nomad-gpu 0.00 % of tenant-time vs strict quotas 0.00 % (goal: within 5 points): met"} {
+		if !strings.Contains(report.String(), want) {
+			t.Errorf("report without %q:\n%s", want, report.String())
+		}
+	}
+	var svg strings.Builder
+	if err := sim.WriteSVG(&svg, results); err != nil {
+		t.Fatal(err)
+	}
+	dec := xml.NewDecoder(strings.NewReader(svg.String()))
+	lines := 0
+	for {
+		tok, err := dec.Token()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatalf("not XML: %v", err)
+		}
+		if e, ok := tok.(xml.StartElement); ok && e.Name.Local == "polyline" {
+			lines++
+		}
+	}
+	if lines != 6 {
+		t.Errorf("%d lines, want 3 modes x 2 panels", lines)
+	}
 }
