@@ -58,15 +58,16 @@ func near(t *testing.T, what string, got, want float64) {
 	}
 }
 
-// One node of 8 GPUs. Tenant a runs two 4-GPU jobs at 0 (the second beyond
-// its guarantee); tenant b asks for its guaranteed 4 at 10.
+// borrowing is for one node of 8 GPUs: tenant a runs two 4-GPU jobs at 0
+// (the second beyond its guarantee); tenant b asks for its guaranteed 4 at 10.
+var borrowing = []sim.Job{
+	{ID: "a1", Submit: 0, Namespace: "a", GPUs: 4, Duration: 100},
+	{ID: "a2", Submit: 0, Namespace: "a", GPUs: 4, Duration: 100},
+	{ID: "b1", Submit: 10, Namespace: "b", GPUs: 4, Duration: 50},
+}
+
 func TestBorrowedWorkYieldsToAGuaranteeAndComesBack(t *testing.T) {
-	jobs := []sim.Job{
-		{ID: "a1", Submit: 0, Namespace: "a", GPUs: 4, Duration: 100},
-		{ID: "a2", Submit: 0, Namespace: "a", GPUs: 4, Duration: 100},
-		{ID: "b1", Submit: 10, Namespace: "b", GPUs: 4, Duration: 50},
-	}
-	res := runAll(t, twoTenants, oneNode, jobs)
+	res := runAll(t, twoTenants, oneNode, borrowing)
 
 	// Nomad alone: all at priority 60, no preemption: b1 waits for a1 and
 	// a2 to end at 100, and b sits below its guarantee meanwhile.
@@ -239,12 +240,7 @@ func median(xs []float64) float64 {
 // The report shows each mode and the goals' verdicts; the chart is SVG with
 // one line per mode and panel.
 func TestReportAndChart(t *testing.T) {
-	jobs := []sim.Job{
-		{ID: "a1", Submit: 0, Namespace: "a", GPUs: 4, Duration: 100},
-		{ID: "a2", Submit: 0, Namespace: "a", GPUs: 4, Duration: 100},
-		{ID: "b1", Submit: 10, Namespace: "b", GPUs: 4, Duration: 50},
-	}
-	res := runAll(t, twoTenants, oneNode, jobs)
+	res := runAll(t, twoTenants, oneNode, borrowing)
 	results := []*sim.Result{res[sim.NomadAlone], res[sim.StrictQuotas], res[sim.NomadGPU]}
 	var report strings.Builder
 	if err := sim.WriteReport(&report, results); err != nil {
