@@ -233,8 +233,10 @@ func newRun(jobs []Job, o Options) *run {
 				j.queue = t.DefaultQueue()
 			}
 		}
+		// Inference is a service, everything else a batch job (Nomad's
+		// preemption is switched on per scheduler).
 		w := p.WorkloadFor(ns, j.queue)
-		j.service = w != nil && w.RequireUpdate || j.queue == "inference"
+		j.service = w != nil && w.RequireUpdate || strings.Contains(workloadKind(p, ns, j.queue), "inference")
 		j.adm = admission.Job{ID: j.ID, Namespace: ns, Queue: j.Queue,
 			Groups:           []admission.Group{{Name: "g", Count: j.allocs(), GPUsPerAlloc: j.GPUs, Model: j.Model}},
 			CanaryAutoRevert: true}
