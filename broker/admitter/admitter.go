@@ -89,16 +89,21 @@ type Admitter struct {
 	// in the view; only the round trips to Nomad and Consul overlap, which is
 	// what a drain after a large release waits on.
 	Parallel int
+
+	listed int // entries the last pass found (Run's own)
 }
 
-// Run makes a pass whenever the cluster changes, and every interval anyway.
-func (a *Admitter) Run(ctx context.Context, changed <-chan struct{}, interval time.Duration) {
-	t := time.NewTicker(interval)
-	defer t.Stop()
+// Run makes a pass whenever the cluster changes while jobs are queued, and
+// at every tick anyway (which finds the first jobs queued, by any broker).
+// A change with nothing queued costs no round trip to Consul.
+func (a *Admitter) Run(ctx context.Context, changed <-chan struct{}, tick <-chan time.Time) {
 	lastCapacity := -1
+	pass := true
 	for {
-		if _, err := a.Pass(ctx); err != nil && ctx.Err() == nil {
-			a.Log.Warn("queue pass failed", "error", err)
+		if pass {
+			if _, err := a.Pass(ctx); err != nil && ctx.Err() == nil {
+				a.Log.Warn("queue pass failed", "error", err)
+			}
 		}
 		if a.Capacity != nil && a.Blocked != nil {
 			c := a.Capacity()
@@ -112,7 +117,9 @@ func (a *Admitter) Run(ctx context.Context, changed <-chan struct{}, interval ti
 		case <-ctx.Done():
 			return
 		case <-changed:
-		case <-t.C:
+			pass = a.listed > 0
+		case <-tick:
+			pass = true
 		}
 	}
 }
@@ -133,6 +140,9 @@ func (a *Admitter) Pass(ctx context.Context) (int, error) {
 // decide makes the pass's decisions and hands each admission to r.
 func (a *Admitter) decide(ctx context.Context, r *registrations) error {
 	entries, err := a.Queue.List(ctx)
+	if err == nil {
+		a.listed = len(entries)
+	}
 	if err != nil || len(entries) == 0 {
 		return err
 	}

@@ -283,3 +283,48 @@ func TestRegistrationsOverlapWithoutOvercommitting(t *testing.T) {
 		t.Errorf("queue after the pass: %v", ids)
 	}
 }
+
+// listings counts the queue's listings.
+type listings struct {
+	*queuetest.Mem
+	n chan struct{}
+}
+
+func (l listings) List(ctx context.Context) ([]queue.Entry, error) {
+	defer func() { l.n <- struct{}{} }()
+	return l.Mem.List(ctx)
+}
+
+func TestChangesPassOnlyWhileJobsAreQueued(t *testing.T) {
+	a, q, _, view, now := setup(t, visionPolicy, 8)
+	counted := listings{q, make(chan struct{}, 10)}
+	a.Queue = counted
+	changed, tick := make(chan struct{}), make(chan time.Time)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go a.Run(ctx, changed, tick)
+	listed := func(want bool) {
+		t.Helper()
+		select {
+		case <-counted.n:
+			if !want {
+				t.Fatal("a change listed an empty queue")
+			}
+		case <-time.After(200 * time.Millisecond):
+			if want {
+				t.Fatal("no pass")
+			}
+		}
+	}
+	listed(true) // the first pass
+	changed <- struct{}{}
+	listed(false)
+	// Something waits for its tenant's limit: the next tick finds it, and
+	// changes pass again.
+	view.ObserveJob(testbuild.Job("vision", "all").Group("g", 1, 8, "gpu").Build())
+	q.Put(context.Background(), entry("more", 2, time.Minute, now))
+	tick <- now
+	listed(true)
+	changed <- struct{}{}
+	listed(true)
+}

@@ -200,7 +200,9 @@ func serveErr(path string, log hclog.Logger) error {
 				&approvalkv.Expirer{Store: approvals, Jobs: view, Policies: policies, Records: decisions, NewID: queue.NewID, Audit: trail}},
 			Metrics: metrics, Audit: trail, Forecast: forecast}
 		go rec.Run(ctx, time.After)
-		adm.Run(ctx, view.Changed(), 2*time.Second)
+		passes := time.NewTicker(2 * time.Second)
+		defer passes.Stop()
+		adm.Run(ctx, view.Changed(), passes.C)
 	})
 
 	shutdown, cancel := context.WithTimeout(context.Background(), 10*time.Second)
