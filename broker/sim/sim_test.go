@@ -218,15 +218,16 @@ func TestGeneratedWorkloadsFollowTheirTraces(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var gpus []int
-	var durations []float64
-	total := 0
+	var gpus, durations []float64
 	for _, j := range helios {
-		g := j.GPUs * max(j.Count, 1)
-		gpus, durations, total = append(gpus, g), append(durations, j.Duration), total+g
+		gpus, durations = append(gpus, float64(j.GPUs*max(j.Count, 1))), append(durations, j.Duration)
 	}
-	if mean := float64(total) / float64(len(helios)); math.Abs(mean-3.7) > 0.25 {
-		t.Errorf("helios: mean GPUs %.2f, want 3.7", mean)
+	total := 0.0
+	for _, g := range gpus {
+		total += g
+	}
+	if mean, m := total/float64(len(gpus)), median(gpus); math.Abs(mean-3.7) > 0.25 || m != 1 {
+		t.Errorf("helios: GPUs mean %.2f, median %g; want 3.7 and 1", mean, m)
 	}
 	if m := median(durations); m < 185 || m > 230 {
 		t.Errorf("helios: median duration %.0f s, want about 206", m)
