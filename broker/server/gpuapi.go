@@ -179,14 +179,9 @@ func (s *Server) usageReport(w http.ResponseWriter, r *http.Request) {
 // caller may read (and those of no namespace: policy reloads).
 func (s *Server) auditTrail(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
-	since := 24 * time.Hour
-	if v := q.Get("since"); v != "" {
-		d, err := time.ParseDuration(v)
-		if err != nil || d <= 0 {
-			writeError(w, http.StatusBadRequest, "nomad-gpu: since=%q is not a duration such as 24h", v)
-			return
-		}
-		since = d
+	since, ok := sinceParam(w, r, 24*time.Hour)
+	if !ok {
+		return
 	}
 	tenant, job := q.Get("tenant"), q.Get("job")
 	readable := map[string]bool{}
@@ -211,14 +206,9 @@ func (s *Server) auditTrail(w http.ResponseWriter, r *http.Request) {
 // its usage profile, its submission from the audit trail (or its first
 // sample, when the trail has no admission of it).
 func (s *Server) trace(w http.ResponseWriter, r *http.Request) {
-	since := 7 * 24 * time.Hour
-	if v := r.URL.Query().Get("since"); v != "" {
-		d, err := time.ParseDuration(v)
-		if err != nil || d <= 0 {
-			writeError(w, http.StatusBadRequest, "nomad-gpu: since=%q is not a duration such as 168h", v)
-			return
-		}
-		since = d
+	since, ok := sinceParam(w, r, 7*24*time.Hour)
+	if !ok {
+		return
 	}
 	from := s.now().Add(-since)
 	profiles, err := s.stored.List(r.Context())
@@ -267,6 +257,21 @@ func (s *Server) trace(w http.ResponseWriter, r *http.Request) {
 	if err := sim.WriteTrace(w, jobs); err != nil {
 		s.log.Warn("trace: writing the answer failed", "error", err)
 	}
+}
+
+// sinceParam reads the request's since= (a positive duration; def when
+// absent); false when it answered 400.
+func sinceParam(w http.ResponseWriter, r *http.Request, def time.Duration) (time.Duration, bool) {
+	v := r.URL.Query().Get("since")
+	if v == "" {
+		return def, true
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil || d <= 0 {
+		writeError(w, http.StatusBadRequest, "nomad-gpu: since=%q is not a duration such as %gh", v, def.Hours())
+		return 0, false
+	}
+	return d, true
 }
 
 // RightSizing is one row of GET /v1/gpu/rightsizing: a job that kept under
