@@ -275,3 +275,17 @@ func (v *View) Inventory() []NodeInventory {
 	})
 	return out
 }
+
+// GPUNodes returns the ids of the nodes that have GPUs.
+func (v *View) GPUNodes() []string {
+	v.mu.RLock()
+	defer v.mu.RUnlock()
+	var out []string
+	for id, n := range v.nodes {
+		if len(n.devices) > 0 {
+			out = append(out, id)
+		}
+	}
+	sort.Strings(out)
+	return out
+}

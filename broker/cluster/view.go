@@ -35,6 +35,7 @@ type View struct {
 	total    map[string]int            // GPUs live jobs hold, by model, all namespaces
 	reserved map[jobKey]reservation    // admitted, maybe not seen in an event yet
 	allocs   map[string]Alloc          // allocations holding GPUs, by id
+	samples  map[string]Sample         // the GPUs' latest telemetry, by device id (the leader's)
 	// What running and pending allocations hold beyond their job's demand
 	// (all they hold once the job is stopped): counted as used until Nomad
 	// stops them, so that GPUs a stop or scale-down frees are not admitted
@@ -62,9 +63,13 @@ type View struct {
 type node struct {
 	schedulable bool
 	pool        string
-	gpus        map[string]int // healthy GPUs by model
-	devices     map[string]GPU // every GPU, by device id
-	replicas    map[string]int // replicas per GPU of its shared groups, by group name
+	// For the GPU map: what Nomad says of the node.
+	name, status string
+	draining     bool
+	eligible     bool
+	gpus         map[string]int // healthy GPUs by model
+	devices      map[string]GPU // every GPU, by device id
+	replicas     map[string]int // replicas per GPU of its shared groups, by group name
 }
 
 // GPU is one GPU of a node.
@@ -77,6 +82,8 @@ type GPU struct {
 	// Why is the class of what made it unhealthy: xid, ecc, lost,
 	// recovering (healthy again, waiting out its hysteresis) or other.
 	Why string
+	// Health is the device plugin's description of its health.
+	Health string
 }
 
 // whyUnhealthy classes the device plugin's health description.
@@ -201,7 +208,8 @@ func (v *View) ObserveNode(n *api.Node) {
 
 func (v *View) observeNode(n *api.Node) {
 	nd := node{schedulable: n.Status == api.NodeStatusReady && n.SchedulingEligibility != api.NodeSchedulingIneligible,
-		pool: n.NodePool, gpus: map[string]int{}, devices: map[string]GPU{}, replicas: map[string]int{}}
+		pool: n.NodePool, gpus: map[string]int{}, devices: map[string]GPU{}, replicas: map[string]int{},
+		name: n.Name, status: n.Status, draining: n.Drain || n.DrainStrategy != nil, eligible: n.SchedulingEligibility != api.NodeSchedulingIneligible}
 	if n.NodeResources != nil {
 		for _, d := range n.NodeResources.Devices {
 			if d == nil || !nomadjob.IsGPUGroup(d.Vendor, d.Type) {
@@ -218,7 +226,7 @@ func (v *View) observeNode(n *api.Node) {
 				if inst == nil {
 					continue
 				}
-				g := GPU{Model: d.Name, Healthy: inst.Healthy, Replicas: replicas}
+				g := GPU{Model: d.Name, Healthy: inst.Healthy, Replicas: replicas, Health: inst.HealthDescription}
 				if !inst.Healthy {
 					g.Why = whyUnhealthy(inst.HealthDescription)
 				}

@@ -2,6 +2,8 @@
 // view, the policy and the queue hold, read at each scrape, and counters of
 // what the broker decided and measured. Labels are bounded: tenant, queue,
 // gpu_class, node_pool, model, rule, action, state, outcome; never a job.
+// The per-GPU telemetry gauges are labelled by node and gpu: as many series
+// as the cluster has GPUs, and only on the leader, which samples them.
 package metrics
 
 import (
@@ -25,6 +27,7 @@ type Cluster interface {
 	Inventory() []cluster.NodeInventory
 	Followed() (index, listings uint64)
 	UsageWithout(p *policy.Policy, namespace, jobID string) admission.Usage
+	Map(idleBelow float64) []cluster.MapNode
 }
 
 // Sources are what the scrape-time metrics are read from.
@@ -268,10 +271,25 @@ var (
 		"Full listings of the cluster (at start, after the event stream broke, and every resync).", nil, nil)
 	leaderDesc = prometheus.NewDesc("nomadgpu_leader",
 		"1 while this broker is the leader (admits, runs the queue and reclaim).", nil, nil)
+	gpuLabels = []string{"node", "gpu", "model"}
+	utilDesc  = prometheus.NewDesc("nomadgpu_gpu_utilization_percent",
+		"A GPU's utilisation at its last sample (the leader reads every GPU node's stats from Nomad each reclaim period).", gpuLabels, nil)
+	memUsedDesc = prometheus.NewDesc("nomadgpu_gpu_memory_used_bytes",
+		"A GPU's frame-buffer memory in use at its last sample.", gpuLabels, nil)
+	memTotalDesc = prometheus.NewDesc("nomadgpu_gpu_memory_total_bytes",
+		"A GPU's frame-buffer memory.", gpuLabels, nil)
+	tempDesc = prometheus.NewDesc("nomadgpu_gpu_temperature_celsius",
+		"A GPU's temperature at its last sample.", gpuLabels, nil)
+	powerDesc = prometheus.NewDesc("nomadgpu_gpu_power_watts",
+		"A GPU's power draw at its last sample.", gpuLabels, nil)
+	allDescs = []*prometheus.Desc{gpusDesc, unhealthyDesc, freePerNodeDesc, fragmentedDesc, tenantDesc, queueDesc, leaderDesc, viewIndexDesc, listingsDesc,
+		utilDesc, memUsedDesc, memTotalDesc, tempDesc, powerDesc}
 )
 
+const mib = 1 << 20
+
 func (c *scrape) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{gpusDesc, unhealthyDesc, freePerNodeDesc, fragmentedDesc, tenantDesc, queueDesc, leaderDesc, viewIndexDesc, listingsDesc} {
+	for _, d := range allDescs {
 		ch <- d
 	}
 }
@@ -279,6 +297,7 @@ func (c *scrape) Describe(ch chan<- *prometheus.Desc) {
 func (c *scrape) Collect(ch chan<- prometheus.Metric) {
 	c.gpus(ch)
 	p := c.src.Policies.Current()
+	c.telemetry(ch, p)
 	u := c.src.Cluster.UsageWithout(p, "", "")
 	for name, t := range p.Tenants {
 		tu := u.Tenants[name]
@@ -313,6 +332,23 @@ func (c *scrape) Collect(ch chan<- prometheus.Metric) {
 		leader = 1
 	}
 	ch <- prometheus.MustNewConstMetric(leaderDesc, prometheus.GaugeValue, leader)
+}
+
+// telemetry reports each sampled GPU's last sample.
+func (c *scrape) telemetry(ch chan<- prometheus.Metric, p *policy.Policy) {
+	for _, n := range c.src.Cluster.Map(p.Usage.IdleBelow) {
+		for _, g := range n.GPUs {
+			for _, v := range []struct {
+				desc  *prometheus.Desc
+				value *float64
+				scale float64
+			}{{utilDesc, g.Utilization, 1}, {memUsedDesc, g.MemoryUsed, mib}, {memTotalDesc, g.MemoryTotal, mib}, {tempDesc, g.Temperature, 1}, {powerDesc, g.Power, 1}} {
+				if v.value != nil {
+					ch <- prometheus.MustNewConstMetric(v.desc, prometheus.GaugeValue, *v.value*v.scale, n.Name, g.ID, g.Model)
+				}
+			}
+		}
+	}
 }
 
 // gpus reports GPU states by pool and model, free GPUs per node and the

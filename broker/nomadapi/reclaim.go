@@ -20,17 +20,20 @@ type Allocations interface {
 	Synced() bool
 	GPUAllocs() []cluster.Alloc
 	NodeGPUs(nodeID string) map[string]cluster.GPU
+	GPUNodes() []string
 }
 
 // Observer gives the reclaim rules what they look at: every GPU allocation
 // (from the view), its job's admission (read from Nomad once per job
-// version), and for each node holding running GPU allocations one stats
-// call, which carries every GPU's utilisation.
+// version), and for each node with GPUs one stats call, which carries every
+// GPU's utilisation, memory, temperature and power.
 type Observer struct {
 	Client *Client
 	View   Allocations
 	// Verify checks a job's admission.
 	Verify func(context.Context, *api.Job) bool
+	// Samples, if set, is given each pass's telemetry of every GPU sampled.
+	Samples func(map[string]cluster.Sample)
 
 	jobs map[[2]string]observedJob
 }
@@ -51,7 +54,6 @@ func (o *Observer) Observe(ctx context.Context) ([]reclaim.Alloc, map[string]rec
 		return nil, nil, errors.New("the cluster view has not listed Nomad yet")
 	}
 	seen := map[[2]string]observedJob{}
-	nodes := map[string]bool{}
 	var allocs []reclaim.Alloc
 	for _, s := range o.View.GPUAllocs() {
 		key := [2]string{s.Namespace, s.JobID}
@@ -75,14 +77,14 @@ func (o *Observer) Observe(ctx context.Context) ([]reclaim.Alloc, map[string]rec
 			a.Tenant, a.Queue, a.Workload = job.tenant, job.queue, job.workload
 		}
 		allocs = append(allocs, a)
-		if !s.Preempted {
-			nodes[s.NodeID] = true
-		}
 	}
 	o.jobs = seen
-	gpus := map[string]reclaim.GPU{}
-	for node := range nodes {
-		o.node(ctx, node, gpus)
+	gpus, samples := map[string]reclaim.GPU{}, map[string]cluster.Sample{}
+	for _, node := range o.View.GPUNodes() {
+		o.node(ctx, node, gpus, samples)
+	}
+	if o.Samples != nil {
+		o.Samples(samples)
 	}
 	return allocs, gpus, nil
 }
@@ -116,25 +118,71 @@ func (o *Observer) job(ctx context.Context, key [2]string, index uint64) (observ
 
 // node adds the GPUs of a node: health from the view, utilisation from its
 // client's stats. A GPU without stats gets none (it is then never idle).
-func (o *Observer) node(ctx context.Context, id string, gpus map[string]reclaim.GPU) {
-	util := map[string]float64{}
-	if stats, err := o.Client.api.Nodes().Stats(id, (&api.QueryOptions{}).WithContext(ctx)); err == nil {
+func (o *Observer) node(ctx context.Context, id string, gpus map[string]reclaim.GPU, samples map[string]cluster.Sample) {
+	stats, err := o.Client.api.Nodes().Stats(id, (&api.QueryOptions{}).WithContext(ctx))
+	devices := o.View.NodeGPUs(id)
+	if err == nil {
 		for _, g := range stats.DeviceStats {
 			for dev, st := range g.InstanceStats {
-				if st != nil && st.Summary != nil && st.Summary.IntNumeratorVal != nil {
-					util[dev] = float64(*st.Summary.IntNumeratorVal)
+				if gpu, ok := devices[dev]; ok && st != nil {
+					samples[dev] = sampleOf(id, gpu.Model, st)
 				}
 			}
 		}
 	}
-	for dev, g := range o.View.NodeGPUs(id) {
-		u, ok := util[dev]
-		if !ok {
-			u = 100 // no sample: not idle
+	for dev, g := range devices {
+		u := 100.0 // no sample: not idle
+		if s, ok := samples[dev]; ok && s.Utilization != nil {
+			u = *s.Utilization
 		}
 		gpus[dev] = reclaim.GPU{Utilization: u, Healthy: g.Healthy, Model: g.Model, Replicas: g.Replicas}
 	}
 }
+
+// Stat names the device plugin reports (as `nomad node status -stats` shows them).
+const (
+	statMemory      = "Memory state"
+	statTemperature = "Temperature"
+	statPower       = "Power usage"
+)
+
+// sampleOf reads a GPU's stats: the summary is its utilisation; memory and
+// power are used / total.
+func sampleOf(node, model string, st *api.DeviceStats) cluster.Sample {
+	s := cluster.Sample{Node: node, Model: model, At: st.Timestamp}
+	s.Utilization, _ = statValue(st.Summary)
+	if st.Stats != nil {
+		s.MemoryUsedMiB, s.MemoryTotalMiB = statValue(st.Stats.Attributes[statMemory])
+		s.TemperatureC, _ = statValue(st.Stats.Attributes[statTemperature])
+		s.PowerW, _ = statValue(st.Stats.Attributes[statPower])
+	}
+	return s
+}
+
+// statValue is a stat's value and, for a fraction, its denominator; nil
+// where the device reports none ("N/A").
+func statValue(v *api.StatValue) (value, of *float64) {
+	if v == nil {
+		return nil, nil
+	}
+	switch {
+	case v.IntNumeratorVal != nil:
+		value = ptr(float64(*v.IntNumeratorVal))
+	case v.FloatNumeratorVal != nil:
+		value = ptr(*v.FloatNumeratorVal)
+	default:
+		return nil, nil
+	}
+	switch {
+	case v.IntDenominatorVal != nil:
+		of = ptr(float64(*v.IntDenominatorVal))
+	case v.FloatDenominatorVal != nil:
+		of = ptr(*v.FloatDenominatorVal)
+	}
+	return value, of
+}
+
+func ptr[T any](v T) *T { return &v }
 
 // StopJob stops (does not purge) a job, unless it has stopped already.
 func (c *Client) StopJob(ctx context.Context, namespace, id string) (string, error) {

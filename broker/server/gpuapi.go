@@ -58,6 +58,8 @@ func (s *Server) serveGPU(w http.ResponseWriter, r *http.Request) {
 		s.usageReport(w, r)
 	case path == "usage" && r.Method == http.MethodGet:
 		s.usage(w, r)
+	case path == "nodes" && r.Method == http.MethodGet:
+		s.gpuMap(w, r)
 	case path == "queue" && r.Method == http.MethodGet:
 		entries, err := s.ordered(r)
 		if err != nil {

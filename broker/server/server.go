@@ -52,6 +52,9 @@ type Cluster interface {
 	// Admit decides and, when it admits, reserves the demand at once.
 	Admit(p *policy.Policy, job admission.Job) (admission.Decision, *cluster.Reservation)
 	NodesFitting(model string, gpus int) int
+	// Map and Followed serve the GPU map.
+	Map(idleBelow float64) []cluster.MapNode
+	Followed() (index, listings uint64)
 }
 
 // Queue is where jobs wait.

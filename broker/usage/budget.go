@@ -14,7 +14,11 @@ type BudgetState struct {
 	Period string    `json:"period"`
 	Limit  float64   `json:"gpu_hours"`
 	Spent  float64   `json:"spent_gpu_hours"` // allocated GPU-hours since the period began
+	Began  time.Time `json:"began"`
 	Resets time.Time `json:"resets"`
+	// Daily are the GPU-hours spent each day of the period so far, from
+	// its first day: what a burn-down is drawn from.
+	Daily []float64 `json:"daily_gpu_hours"`
 }
 
 // Over reports whether the budget is spent.
@@ -62,15 +66,20 @@ func Budgets(p *policy.Policy, days []Rollup, now time.Time) map[string]BudgetSt
 			continue
 		}
 		start, next := PeriodBounds(now, t.Budget.Period)
-		b := BudgetState{Tenant: name, Period: t.Budget.Period, Limit: t.Budget.GPUHours, Resets: next}
+		b := BudgetState{Tenant: name, Period: t.Budget.Period, Limit: t.Budget.GPUHours, Began: start, Resets: next,
+			Daily: make([]float64, int(now.UTC().Sub(start).Hours()/24)+1)}
 		from := start.Format(DayFormat)
 		for _, d := range days {
-			if d.Day < from || d.Day >= next.Format(DayFormat) {
+			day, err := time.Parse(DayFormat, d.Day)
+			if err != nil || d.Day < from || d.Day >= next.Format(DayFormat) {
 				continue
 			}
 			for _, r := range d.Rows {
 				if r.Tenant == name {
 					b.Spent += r.Allocated / 3600
+					if i := int(day.Sub(start).Hours() / 24); i < len(b.Daily) {
+						b.Daily[i] += r.Allocated / 3600
+					}
 				}
 			}
 		}

@@ -1,0 +1,122 @@
+package cluster
+
+import (
+	"sort"
+	"time"
+)
+
+// States of a GPU on the map.
+const (
+	GPUFree       = "free"       // healthy, held by no allocation
+	GPUHeld       = "held"       // held by a running or pending allocation
+	GPUIdle       = "idle"       // held, but its last sample was below the idle threshold
+	GPUUnhealthy  = "unhealthy"  // the device plugin reports it unhealthy
+	GPURecovering = "recovering" // healthy again, waiting out the plugin's hysteresis
+)
+
+// Sample is a GPU's latest telemetry, from its Nomad client's stats. A
+// value the device does not report is nil.
+type Sample struct {
+	Node, Model    string
+	At             time.Time
+	Utilization    *float64 // percent
+	MemoryUsedMiB  *float64
+	MemoryTotalMiB *float64
+	TemperatureC   *float64
+	PowerW         *float64
+}
+
+// MapNode is one node of the GPU map: what Nomad says of it, and each of
+// its GPUs.
+type MapNode struct {
+	ID       string   `json:"id"`
+	Name     string   `json:"name"`
+	Pool     string   `json:"node_pool"`
+	Status   string   `json:"status"`
+	Draining bool     `json:"draining"`
+	Eligible bool     `json:"eligible"`
+	GPUs     []MapGPU `json:"gpus"`
+}
+
+// MapGPU is one GPU of the map. The holder's fields are set when an
+// allocation holds it; Tenant, Queue and Borrowed come from the job's
+// verified admission stamp.
+type MapGPU struct {
+	ID    string `json:"id"`
+	Model string `json:"model"`
+	State string `json:"state"`
+	// Health is the device plugin's description of an unhealthy GPU.
+	Health    string `json:"health,omitempty"`
+	Namespace string `json:"namespace,omitempty"`
+	Job       string `json:"job,omitempty"`
+	Alloc     string `json:"alloc,omitempty"`
+	Tenant    string `json:"tenant,omitempty"`
+	Queue     string `json:"queue,omitempty"`
+	Borrowed  bool   `json:"borrowed,omitempty"`
+	// Replicas: the device is one of this many time-sliced replicas of a GPU.
+	Replicas    int      `json:"replicas,omitempty"`
+	Utilization *float64 `json:"utilization,omitempty"`
+	MemoryUsed  *float64 `json:"memory_used_mib,omitempty"`
+	MemoryTotal *float64 `json:"memory_total_mib,omitempty"`
+	Temperature *float64 `json:"temperature_c,omitempty"`
+	Power       *float64 `json:"power_w,omitempty"`
+}
+
+// SetSamples replaces the GPUs' telemetry with the latest pass's.
+func (v *View) SetSamples(s map[string]Sample) {
+	v.mu.Lock()
+	v.samples = s
+	v.mu.Unlock()
+}
+
+// Map returns every node with GPUs, by name, each GPU in device id order
+// with its state; a held GPU sampled below idleBelow percent is idle.
+func (v *View) Map(idleBelow float64) []MapNode {
+	v.mu.RLock()
+	defer v.mu.RUnlock()
+	holder := map[string]Alloc{}
+	for _, a := range v.allocs {
+		if !a.Preempted {
+			for _, id := range a.GPUs {
+				holder[id] = a
+			}
+		}
+	}
+	out := make([]MapNode, 0, len(v.nodes))
+	for id, n := range v.nodes {
+		if len(n.devices) == 0 {
+			continue
+		}
+		mn := MapNode{ID: id, Name: n.name, Pool: n.pool, Status: n.status, Draining: n.draining, Eligible: n.eligible,
+			GPUs: make([]MapGPU, 0, len(n.devices))}
+		for dev, g := range n.devices {
+			mg := MapGPU{ID: dev, Model: g.Model, State: GPUFree, Replicas: g.Replicas}
+			if s, ok := v.samples[dev]; ok {
+				mg.Utilization, mg.MemoryUsed, mg.MemoryTotal, mg.Temperature, mg.Power = s.Utilization, s.MemoryUsedMiB, s.MemoryTotalMiB, s.TemperatureC, s.PowerW
+			}
+			if a, ok := holder[dev]; ok {
+				mg.State, mg.Namespace, mg.Job, mg.Alloc, mg.Tenant, mg.Queue = GPUHeld, a.Namespace, a.JobID, a.ID, a.Tenant, a.Queue
+				mg.Borrowed = v.jobs[jobKey{a.Namespace, a.JobID}].borrowed
+				if mg.Utilization != nil && *mg.Utilization < idleBelow {
+					mg.State = GPUIdle
+				}
+			}
+			if !g.Healthy {
+				mg.State, mg.Health = GPUUnhealthy, g.Health
+				if g.Why == "recovering" {
+					mg.State = GPURecovering
+				}
+			}
+			mn.GPUs = append(mn.GPUs, mg)
+		}
+		sort.Slice(mn.GPUs, func(i, j int) bool { return mn.GPUs[i].ID < mn.GPUs[j].ID })
+		out = append(out, mn)
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].Name != out[j].Name {
+			return out[i].Name < out[j].Name
+		}
+		return out[i].ID < out[j].ID
+	})
+	return out
+}

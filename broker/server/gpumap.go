@@ -1,0 +1,94 @@
+package server
+
+import (
+	"fmt"
+	"net/http"
+	"net/url"
+	"strconv"
+	"time"
+
+	"github.com/nomad-gpu/nomad-gpu/broker/cluster"
+)
+
+// GPUMap is GET /v1/gpu/nodes: every node with GPUs, and what each GPU is
+// doing. Index is the Nomad index the broker's view had applied.
+type GPUMap struct {
+	Index uint64 `json:"index"`
+	// IdleBelow is the utilisation (percent) under which a held GPU is idle.
+	IdleBelow float64           `json:"idle_below"`
+	Nodes     []cluster.MapNode `json:"nodes"`
+}
+
+// Blocking queries on the map wait at most this long (Nomad's default is
+// five minutes; the map's telemetry changes without a new index, so it is
+// read again sooner).
+const (
+	maxMapWait = 30 * time.Second
+	mapPoll    = 200 * time.Millisecond
+)
+
+// gpuMap serves the GPU map. As a Nomad blocking query: with ?index=N it
+// answers once the view has applied an index above N, or after ?wait=
+// (default and at most 30s). With ACLs the caller needs node read (asked
+// of Nomad for one node), and sees who holds a GPU only in namespaces it may
+// read.
+func (s *Server) gpuMap(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	if q.Has("index") {
+		after, err := strconv.ParseUint(q.Get("index"), 10, 64)
+		if err != nil {
+			writeError(w, http.StatusBadRequest, "nomad-gpu: index=%q is not a Nomad index", q.Get("index"))
+			return
+		}
+		wait := maxMapWait
+		if q.Has("wait") {
+			if wait, err = time.ParseDuration(q.Get("wait")); err != nil || wait <= 0 {
+				writeError(w, http.StatusBadRequest, "nomad-gpu: wait=%q is not a duration (as 10s or 1m)", q.Get("wait"))
+				return
+			}
+			wait = min(wait, maxMapWait)
+		}
+		s.waitIndex(r, after, wait)
+	}
+	p := s.policies.Current()
+	index, _ := s.cluster.Followed()
+	m := GPUMap{Index: index, IdleBelow: p.Usage.IdleBelow, Nodes: s.cluster.Map(p.Usage.IdleBelow)}
+	if s.acls && len(m.Nodes) > 0 {
+		if err := s.get(r, "/v1/node/"+url.PathEscape(m.Nodes[0].ID), "", nil); err != nil {
+			writeError(w, http.StatusForbidden, "nomad-gpu: the GPU map needs a token that may read nodes: %v", err)
+			return
+		}
+		readable := map[string]bool{}
+		for _, n := range m.Nodes {
+			for i, g := range n.GPUs {
+				if g.Namespace != "" && !s.mayRead(r, g.Namespace, readable) {
+					n.GPUs[i] = cluster.MapGPU{ID: g.ID, Model: g.Model, State: g.State, Health: g.Health, Replicas: g.Replicas,
+						Utilization: g.Utilization, MemoryUsed: g.MemoryUsed, MemoryTotal: g.MemoryTotal, Temperature: g.Temperature, Power: g.Power}
+				}
+			}
+		}
+	}
+	w.Header().Set("X-Nomad-Index", fmt.Sprint(index))
+	writeJSON(w, http.StatusOK, m)
+}
+
+// waitIndex waits until the view has applied an index above after, for at
+// most wait or until the caller goes.
+func (s *Server) waitIndex(r *http.Request, after uint64, wait time.Duration) {
+	deadline := time.NewTimer(wait)
+	defer deadline.Stop()
+	tick := time.NewTicker(mapPoll)
+	defer tick.Stop()
+	for {
+		if index, _ := s.cluster.Followed(); index > after {
+			return
+		}
+		select {
+		case <-r.Context().Done():
+			return
+		case <-deadline.C:
+			return
+		case <-tick.C:
+		}
+	}
+}
