@@ -48,7 +48,9 @@ func (s *Server) gpuMap(w http.ResponseWriter, r *http.Request) {
 			}
 			wait = min(wait, maxMapWait)
 		}
-		s.waitIndex(r, after, wait)
+		if after > 0 { // as Nomad: index 0 does not block
+			s.waitIndex(r, after, wait)
+		}
 	}
 	p := s.policies.Current()
 	index, _ := s.cluster.Followed()

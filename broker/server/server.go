@@ -28,6 +28,7 @@ import (
 	"github.com/nomad-gpu/nomad-gpu/broker/policy"
 	"github.com/nomad-gpu/nomad-gpu/broker/queue"
 	"github.com/nomad-gpu/nomad-gpu/broker/usage"
+	"github.com/nomad-gpu/nomad-gpu/broker/webui"
 )
 
 // MaxBody is the largest request body the broker reads (Nomad's jobs are far smaller).
@@ -119,6 +120,7 @@ type Server struct {
 	audit         *audit.Log
 	approvalStore Approvals
 	forecast      *queue.Forecast
+	ui            http.Handler // the web UI at /gpu/
 	// metricsHandler serves /metrics (nil: none).
 	metricsHandler http.Handler
 	stamper        nomadjob.Stamper
@@ -179,7 +181,7 @@ func New(o Options) (*Server, error) {
 		return nil, fmt.Errorf("nomad address %q: %w", o.Nomad, err)
 	}
 	s := &Server{log: o.Log, upstream: u, client: o.Client, policies: o.Policies, cluster: o.Cluster,
-		queue: o.Queue, decisions: o.Decisions, scales: o.Scales, profiles: o.Profiles, stored: o.RightSizing, metrics: o.Metrics, rollups: o.Rollups, fairShare: o.FairShare, audit: o.Audit, approvalStore: o.Approvals, forecast: o.Forecast, stamper: o.Stamper, region: o.Region, acls: o.ACLs, exclusive: o.Exclusive, token: o.Token, leader: o.Leader, now: o.Now, newID: o.NewID, identities: map[[32]byte]cachedIdentity{}}
+		queue: o.Queue, decisions: o.Decisions, scales: o.Scales, profiles: o.Profiles, stored: o.RightSizing, metrics: o.Metrics, rollups: o.Rollups, fairShare: o.FairShare, audit: o.Audit, approvalStore: o.Approvals, forecast: o.Forecast, stamper: o.Stamper, region: o.Region, acls: o.ACLs, exclusive: o.Exclusive, token: o.Token, leader: o.Leader, now: o.Now, newID: o.NewID, identities: map[[32]byte]cachedIdentity{}, ui: webui.Handler()}
 	if s.client == nil {
 		s.client = &http.Client{}
 	}
@@ -224,6 +226,14 @@ func (s *Server) Handler() http.Handler {
 		}
 		if strings.HasPrefix(p, "/v1/gpu/") {
 			s.serveGPU(w, r)
+			return
+		}
+		if p == strings.TrimSuffix(webui.Prefix, "/") {
+			http.Redirect(w, r, webui.Prefix, http.StatusMovedPermanently)
+			return
+		}
+		if strings.HasPrefix(p, webui.Prefix) {
+			s.ui.ServeHTTP(w, r)
 			return
 		}
 		if p == "/metrics" && s.metricsHandler != nil {

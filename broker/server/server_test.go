@@ -10,6 +10,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -81,6 +82,14 @@ func (u *upstream) acl(w http.ResponseWriter, r *http.Request) bool {
 	}
 	if strings.HasPrefix(r.URL.Path, "/v1/acl/policy/") {
 		fmt.Fprint(w, `{"ModifyIndex":7}`)
+		return true
+	}
+	if strings.HasPrefix(r.URL.Path, "/v1/node/") {
+		if slices.Contains(tok.policies, "node-read") {
+			fmt.Fprint(w, `{}`)
+		} else {
+			http.Error(w, "Permission denied", http.StatusForbidden)
+		}
 		return true
 	}
 	ns := r.URL.Query().Get("namespace")

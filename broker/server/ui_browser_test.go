@@ -1,0 +1,118 @@
+package server
+
+import (
+	"fmt"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/nomad/api"
+
+	"github.com/nomad-gpu/nomad-gpu/broker/admission"
+	"github.com/nomad-gpu/nomad-gpu/broker/cluster"
+	"github.com/nomad-gpu/nomad-gpu/broker/nomadjob"
+	"github.com/nomad-gpu/nomad-gpu/internal/browser"
+	"github.com/nomad-gpu/nomad-gpu/internal/testbuild"
+)
+
+// largeCluster fills the view as a listing of a 1,000-node cluster would:
+// 8 GPUs a node, a third held by admitted jobs (some borrowed), some idle,
+// unhealthy and recovering, every 50th node draining.
+func largeCluster(t testing.TB, s *Server) {
+	snap := cluster.Snapshot{}
+	samples := map[string]cluster.Sample{}
+	for i := range 1000 {
+		n := testbuild.Node(fmt.Sprintf("node-%04d", i), testbuild.H100, 7, 1)
+		n.Name, n.NodePool = fmt.Sprintf("gpu-%04d", i), []string{"training", "inference"}[i%2]
+		if i%50 == 0 {
+			n.DrainStrategy = &api.DrainStrategy{}
+			n.SchedulingEligibility = api.NodeSchedulingIneligible
+		}
+		n.NodeResources.Devices[0].Instances[7].HealthDescription = []string{"XID 79: GPU has fallen off the bus", "recovering: healthy for 20s of 60s"}[i%2]
+		snap.Nodes = append(snap.Nodes, n)
+		if i%3 == 0 {
+			tenant := []string{"vision", "speech"}[i%2]
+			job := testbuild.Job(tenant, fmt.Sprintf("train-%d", i)).Group("g", 1, 4, "gpu").Priority(60).Build()
+			d := admission.Decision{Outcome: admission.Admit, Tenant: tenant, Queue: "training", Priority: 60}
+			if i%9 == 0 {
+				d.Outcome = admission.AdmitBorrowed
+			}
+			for k, v := range nomadjob.BrokerMeta(d, s.stamper.Stamp(nomadjob.Namespace(job), job, d)) {
+				job.Meta[k] = v
+			}
+			snap.Jobs = append(snap.Jobs, job)
+			var gpus []string
+			for g := range 4 {
+				id := fmt.Sprintf("%s-%d", n.ID, g)
+				gpus = append(gpus, id)
+				util := 90.0
+				if i%6 == 0 {
+					util = 1
+				}
+				samples[id] = cluster.Sample{Utilization: &util}
+			}
+			snap.Allocs = append(snap.Allocs, testbuild.Alloc(fmt.Sprintf("alloc-%d", i), tenant, *job.ID, n.ID, uint64(10+i), gpus...).Build())
+		}
+	}
+	view := cluster.NewView(s.stamper.Verify)
+	view.Reset(snap)
+	view.SetSamples(samples)
+	s.cluster = view
+}
+
+// The map of a 1,000-node cluster in a real browser: every node and GPU
+// counted, only the rows in sight in the page, scrolling and filters work;
+// the render time is logged (a figure, not a pass mark: see the README).
+func TestTheMapOfALargeClusterInABrowser(t *testing.T) {
+	tab := browser.New(t)
+	s, _, _, _ := newTestServer(t)
+	largeCluster(t, s)
+	srv := httptest.NewServer(s.Handler())
+	t.Cleanup(srv.Close)
+
+	browser.Navigate(t, tab, srv.URL+"/gpu/#map")
+	browser.WaitFor(t, tab, 20*time.Second, "the map", "window.nomadGPU.renders > 0", "document.getElementById('status').textContent")
+	if nodes, gpus := browser.Eval[int](t, tab, "window.nomadGPU.nodes"), browser.Eval[int](t, tab, "window.nomadGPU.gpus"); nodes != 1000 || gpus != 8000 {
+		t.Fatalf("the map counts %d nodes, %d GPUs; want 1000, 8000", nodes, gpus)
+	}
+	rows := browser.Eval[int](t, tab, "document.querySelectorAll('#map-rows .row').length")
+	if rows == 0 || rows > 100 {
+		t.Errorf("%d node rows in the page: want only those in sight (under 100)", rows)
+	}
+	ms := browser.Eval[float64](t, tab, "window.nomadGPU.lastRenderMs")
+	t.Logf("render of 1,000 nodes / 8,000 GPUs: %.1f ms, %d rows in the DOM", ms, rows)
+	// Each state as many times as the broker's map has it.
+	count := map[string]int{}
+	for _, n := range s.cluster.Map(5) {
+		for _, g := range n.GPUs {
+			k := g.State
+			if g.Borrowed {
+				k += " (borrowed)"
+			}
+			count[k]++
+		}
+	}
+	summary := browser.Eval[string](t, tab, "document.getElementById('map-summary').textContent")
+	for state, n := range count {
+		if !strings.Contains(summary, fmt.Sprintf(" %d %s,", n, state)) && !strings.Contains(summary, fmt.Sprintf(" %d %s.", n, state)) {
+			t.Errorf("summary %q lacks %d %s", summary, n, state)
+		}
+	}
+	if len(count) != 7 {
+		t.Errorf("the large cluster has GPUs in %d states, want all 7: %v", len(count), count)
+	}
+	if got := browser.Eval[string](t, tab, "document.querySelector('.row[data-node=\"gpu-0000\"] .marks').textContent"); got != "draining · ineligible" {
+		t.Errorf("gpu-0000's marks %q, want draining · ineligible", got)
+	}
+	browser.Screenshot(t, tab, "map-1000-nodes")
+
+	browser.Eval[bool](t, tab, "(() => { const b = document.getElementById('map-rows'); b.scrollTop = b.scrollHeight; b.dispatchEvent(new Event('scroll')); return true })()")
+	browser.WaitFor(t, tab, 5*time.Second, "the last node after scrolling", "document.querySelector('.row[data-node=\"gpu-0999\"]')",
+		"[...document.querySelectorAll('#map-rows .row')].map(r => r.dataset.node).join(' ')")
+
+	browser.Eval[bool](t, tab, "(() => { const f = document.getElementById('f-tenant'); f.value = 'speech'; f.dispatchEvent(new Event('input')); return true })()")
+	if nodes := browser.Eval[int](t, tab, "window.nomadGPU.nodes"); nodes != 167 {
+		t.Errorf("filtered by tenant speech: %d nodes, want 167", nodes)
+	}
+}
