@@ -282,7 +282,10 @@ var (
 		"A GPU's temperature at its last sample.", gpuLabels, nil)
 	powerDesc = prometheus.NewDesc("nomadgpu_gpu_power_watts",
 		"A GPU's power draw at its last sample.", gpuLabels, nil)
-	allDescs = []*prometheus.Desc{gpusDesc, unhealthyDesc, freePerNodeDesc, fragmentedDesc, tenantDesc, queueDesc, leaderDesc, viewIndexDesc, listingsDesc,
+	priceDesc = prometheus.NewDesc("nomadgpu_gpu_price_per_hour",
+		"What an allocated GPU of a class costs an hour (the policy's price_per_gpu_hour, in its currency): multiply nomadgpu_gpu_seconds_total by it for cost.",
+		[]string{"gpu_class", "currency"}, nil)
+	allDescs = []*prometheus.Desc{priceDesc, gpusDesc, unhealthyDesc, freePerNodeDesc, fragmentedDesc, tenantDesc, queueDesc, leaderDesc, viewIndexDesc, listingsDesc,
 		utilDesc, memUsedDesc, memTotalDesc, tempDesc, powerDesc}
 )
 
@@ -298,6 +301,11 @@ func (c *scrape) Collect(ch chan<- prometheus.Metric) {
 	c.gpus(ch)
 	p := c.src.Policies.Current()
 	c.telemetry(ch, p)
+	for name, class := range p.Classes {
+		if class.PricePerGPUHour > 0 {
+			ch <- prometheus.MustNewConstMetric(priceDesc, prometheus.GaugeValue, class.PricePerGPUHour, name, p.Currency)
+		}
+	}
 	u := c.src.Cluster.UsageWithout(p, "", "")
 	for name, t := range p.Tenants {
 		tu := u.Tenants[name]

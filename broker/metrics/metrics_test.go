@@ -140,3 +140,47 @@ nomadgpu_reclaimed_gpus_total{action="stop",rule="idle-dev"} 2
 		t.Errorf("queue wait series: %d", n)
 	}
 }
+
+// Each sampled GPU's telemetry, labelled by node name and device id; a
+// value the device does not report is left out. The price of a priced class.
+func TestPerGPUTelemetryAndPrice(t *testing.T) {
+	view := cluster.NewView(nil)
+	n := testbuild.Node("n1", testbuild.H100, 2, 0)
+	n.Name = "gpu-1"
+	view.Reset(cluster.Snapshot{Nodes: []*api.Node{n}})
+	f := func(v float64) *float64 { return &v }
+	view.SetSamples(map[string]cluster.Sample{"n1-0": {Utilization: f(42), MemoryUsedMiB: f(1024), MemoryTotalMiB: f(81559), TemperatureC: f(55), PowerW: f(300)},
+		"n1-1": {Utilization: f(0)}})
+	m := metrics.New()
+	m.Observe(metrics.Sources{Cluster: view, Queue: queuetest.NewMem(), Policies: fixed{testbuild.Policy(t, `
+currency = "EUR"
+gpu_class "h100" {
+  models             = ["`+testbuild.H100+`"]
+  price_per_gpu_hour = 2.5
+}`)}})
+	want := `
+# HELP nomadgpu_gpu_utilization_percent A GPU's utilisation at its last sample (the leader reads every GPU node's stats from Nomad each reclaim period).
+# TYPE nomadgpu_gpu_utilization_percent gauge
+nomadgpu_gpu_utilization_percent{gpu="n1-0",model="NVIDIA H100 80GB HBM3",node="gpu-1"} 42
+nomadgpu_gpu_utilization_percent{gpu="n1-1",model="NVIDIA H100 80GB HBM3",node="gpu-1"} 0
+# HELP nomadgpu_gpu_memory_used_bytes A GPU's frame-buffer memory in use at its last sample.
+# TYPE nomadgpu_gpu_memory_used_bytes gauge
+nomadgpu_gpu_memory_used_bytes{gpu="n1-0",model="NVIDIA H100 80GB HBM3",node="gpu-1"} 1.073741824e+09
+# HELP nomadgpu_gpu_memory_total_bytes A GPU's frame-buffer memory.
+# TYPE nomadgpu_gpu_memory_total_bytes gauge
+nomadgpu_gpu_memory_total_bytes{gpu="n1-0",model="NVIDIA H100 80GB HBM3",node="gpu-1"} 8.5520809984e+10
+# HELP nomadgpu_gpu_temperature_celsius A GPU's temperature at its last sample.
+# TYPE nomadgpu_gpu_temperature_celsius gauge
+nomadgpu_gpu_temperature_celsius{gpu="n1-0",model="NVIDIA H100 80GB HBM3",node="gpu-1"} 55
+# HELP nomadgpu_gpu_power_watts A GPU's power draw at its last sample.
+# TYPE nomadgpu_gpu_power_watts gauge
+nomadgpu_gpu_power_watts{gpu="n1-0",model="NVIDIA H100 80GB HBM3",node="gpu-1"} 300
+# HELP nomadgpu_gpu_price_per_hour What an allocated GPU of a class costs an hour (the policy's price_per_gpu_hour, in its currency): multiply nomadgpu_gpu_seconds_total by it for cost.
+# TYPE nomadgpu_gpu_price_per_hour gauge
+nomadgpu_gpu_price_per_hour{currency="EUR",gpu_class="h100"} 2.5
+`
+	if err := testutil.GatherAndCompare(m.Registry, strings.NewReader(want), "nomadgpu_gpu_utilization_percent", "nomadgpu_gpu_memory_used_bytes",
+		"nomadgpu_gpu_memory_total_bytes", "nomadgpu_gpu_temperature_celsius", "nomadgpu_gpu_power_watts", "nomadgpu_gpu_price_per_hour"); err != nil {
+		t.Fatal(err)
+	}
+}

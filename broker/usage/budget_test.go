@@ -1,6 +1,7 @@
 package usage_test
 
 import (
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -49,5 +50,9 @@ tenant "free" {
 	b, ok := got["research"]
 	if len(got) != 1 || !ok || b.Spent != 10.5 || !b.Over() || !strings.Contains(b.Reason(), "spent 10.5 of its 10 GPU-hour budget this month (resets 2027-01-01T00:00:00Z)") {
 		t.Errorf("budgets %+v; reason %q", got, b.Reason())
+	}
+	// What a burn-down is drawn from: the period's days so far, each day's spend.
+	if !b.Began.Equal(time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)) || !slices.Equal(b.Daily, []float64{6, 4.5}) {
+		t.Errorf("began %s, daily %v; want 2026-12-01, [6 4.5]", b.Began, b.Daily)
 	}
 }
