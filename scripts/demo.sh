@@ -116,6 +116,7 @@ HCL
   cat <<TXT
 
 Demo cluster is up: Nomad $NOMAD_ADDR, Consul http://127.0.0.1:8500, gpu-broker $BROKER_ADDR.
+  open $BROKER_ADDR/gpu/           the web UI: GPU map, queues, tenants, reclaim
   export NOMAD_ADDR=$BROKER_ADDR            submit through the broker, as users do
   nomad job run jobspecs/dev.nomad.hcl
   bin/gpu-broker usage | bin/gpu-broker queue list | bin/gpu-broker reclaim list

@@ -229,14 +229,7 @@ type NodeInventory struct {
 func (v *View) Inventory() []NodeInventory {
 	v.mu.RLock()
 	defer v.mu.RUnlock()
-	held := map[string]bool{}
-	for _, a := range v.allocs {
-		if !a.Preempted {
-			for _, id := range a.GPUs {
-				held[id] = true
-			}
-		}
-	}
+	held := v.holders()
 	var out []NodeInventory
 	for id, n := range v.nodes {
 		byModel := map[string]*NodeInventory{}
@@ -250,8 +243,9 @@ func (v *View) Inventory() []NodeInventory {
 			if !g.Healthy {
 				inv.Unhealthy[g.Why]++
 			}
+			_, isHeld := held[dev]
 			switch {
-			case held[dev]:
+			case isHeld:
 				inv.Allocated++
 				if g.Healthy {
 					inv.Healthy++
@@ -287,5 +281,19 @@ func (v *View) GPUNodes() []string {
 		}
 	}
 	sort.Strings(out)
+	return out
+}
+
+// holders are the allocations holding each GPU, by device id (not those
+// preempted: they hold theirs no more). The caller holds v.mu.
+func (v *View) holders() map[string]Alloc {
+	out := map[string]Alloc{}
+	for _, a := range v.allocs {
+		if !a.Preempted {
+			for _, id := range a.GPUs {
+				out[id] = a
+			}
+		}
+	}
 	return out
 }

@@ -74,14 +74,7 @@ func (v *View) SetSamples(s map[string]Sample) {
 func (v *View) Map(idleBelow float64) []MapNode {
 	v.mu.RLock()
 	defer v.mu.RUnlock()
-	holder := map[string]Alloc{}
-	for _, a := range v.allocs {
-		if !a.Preempted {
-			for _, id := range a.GPUs {
-				holder[id] = a
-			}
-		}
-	}
+	holder := v.holders()
 	out := make([]MapNode, 0, len(v.nodes))
 	for id, n := range v.nodes {
 		if len(n.devices) == 0 {

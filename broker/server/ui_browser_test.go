@@ -116,3 +116,28 @@ func TestTheMapOfALargeClusterInABrowser(t *testing.T) {
 		t.Errorf("filtered by tenant speech: %d nodes, want 167", nodes)
 	}
 }
+
+// With ACLs the UI says what it needs, takes the token once, keeps it in
+// the tab's session storage (never the URL) and sends it as Nomad's header.
+func TestTheUIWithACLsInABrowser(t *testing.T) {
+	tab := browser.New(t)
+	s, up, _, _ := newTestServer(t)
+	s.acls = true
+	up.tokens = map[string]testToken{"secret-of-ana": {"ana", []string{"vision"}, []string{"node-read"}}}
+	srv := httptest.NewServer(s.Handler())
+	t.Cleanup(srv.Close)
+
+	browser.Navigate(t, tab, srv.URL+"/gpu/#map")
+	browser.WaitFor(t, tab, 10*time.Second, "a request for a token", "document.getElementById('status').textContent.includes('Enter a Nomad ACL token')",
+		"document.getElementById('status').textContent")
+	browser.Eval[bool](t, tab, `(() => { document.getElementById('token').value = 'secret-of-ana'; document.getElementById('token-form').requestSubmit(); return true })()`)
+	browser.WaitFor(t, tab, 10*time.Second, "the map with the token", "window.nomadGPU.renders > 0", "document.getElementById('status').textContent")
+	if got := browser.Eval[string](t, tab, "sessionStorage.getItem('nomad-gpu-token') + ' ' + localStorage.length + ' ' + location.href + ' ' + document.getElementById('token').value"); got != "secret-of-ana 0 "+srv.URL+"/gpu/#map " {
+		t.Errorf("token kept as %q: want it in session storage only, not in the URL nor left in the field", got)
+	}
+	// Entered once: a reload of the tab still has it.
+	browser.Navigate(t, tab, srv.URL+"/gpu/#queues")
+	browser.WaitFor(t, tab, 10*time.Second, "the queue with the kept token", "document.getElementById('status').textContent.startsWith('live')",
+		"document.getElementById('status').textContent")
+	browser.Screenshot(t, tab, "webui-acl-token")
+}

@@ -186,14 +186,20 @@ func (p *process) CPUTime() time.Duration {
 // format prints it (name{label="value",…}, labels sorted), to its value.
 func (b *Broker) Scrape() map[string]float64 {
 	b.t.Helper()
-	resp, err := b.Client.Get(b.Addr + "/metrics")
+	return Scrape(b.t, b.Client, b.Addr+"/metrics")
+}
+
+// Scrape reads metrics in Prometheus's text format from url.
+func Scrape(t testing.TB, client *http.Client, url string) map[string]float64 {
+	t.Helper()
+	resp, err := client.Get(url)
 	if err != nil {
-		b.t.Fatalf("scrape %s: %v", b.Addr, err)
+		t.Fatalf("scrape %s: %v", url, err)
 	}
 	defer resp.Body.Close()
 	body, err := io.ReadAll(resp.Body)
 	if err != nil || resp.StatusCode != http.StatusOK {
-		b.t.Fatalf("scrape %s: %d %v\n%s", b.Addr, resp.StatusCode, err, body)
+		t.Fatalf("scrape %s: %d %v\n%s", url, resp.StatusCode, err, body)
 	}
 	out := map[string]float64{}
 	for _, line := range strings.Split(string(body), "\n") {
@@ -203,7 +209,7 @@ func (b *Broker) Scrape() map[string]float64 {
 		}
 		v, err := strconv.ParseFloat(line[i+1:], 64)
 		if err != nil {
-			b.t.Fatalf("scrape %s: %q: %v", b.Addr, line, err)
+			t.Fatalf("scrape %s: %q: %v", url, line, err)
 		}
 		out[line[:i]] = v
 	}

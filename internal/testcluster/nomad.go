@@ -30,6 +30,7 @@ type NomadOptions struct {
 	ExtraHCL     string
 	ServerHCL    string // more of the server block
 	ClientHCL    string // more of the client block
+	TelemetryHCL string // more of the telemetry block
 	TLS          *Certs // serve the HTTP API over TLS with these
 }
 
@@ -92,6 +93,7 @@ consul {
 }
 telemetry {
   collection_interval = "1s"
+{{.TelemetryHCL}}
 }
 plugin "raw_exec" {
   config {
@@ -167,7 +169,7 @@ func LaunchNomad(t testing.TB, o NomadOptions) *Nomad {
 		"HTTP": ports[0], "RPC": ports[1], "Serf": ports[2],
 		"Server": o.Server, "Client": o.Client, "Join": strings.Join(join, ", "),
 		"Denylist": CloudFingerprinters, "ConsulAddr": consul, "HasConsul": o.ConsulAddr != "",
-		"PluginConfig": o.PluginConfig, "ExtraHCL": o.ExtraHCL, "ServerHCL": o.ServerHCL, "ClientHCL": o.ClientHCL, "TLS": o.TLS,
+		"PluginConfig": o.PluginConfig, "ExtraHCL": o.ExtraHCL, "ServerHCL": o.ServerHCL, "ClientHCL": o.ClientHCL, "TelemetryHCL": o.TelemetryHCL, "TLS": o.TLS,
 	})
 	if err != nil {
 		t.Fatal(err)

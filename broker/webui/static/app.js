@@ -251,7 +251,7 @@ async function queuesLoop(gen) {
 function startText(e) {
   if (e.parked) return `parked: ${e.parked}`;
   if (!e.estimate) return 'unknown (ask the leader broker)';
-  if (!e.estimate.at) return `unknown: ${e.estimate.why}`;
+  if (!e.estimate.at) return e.estimate.why || 'unknown';
   const s = (new Date(e.estimate.at).getTime() - Date.now()) / 1000;
   return (s <= 0 ? 'any moment' : `in ${duration(s)}`) + (e.estimate.why ? ` (${e.estimate.why})` : '');
 }
@@ -262,7 +262,7 @@ function renderQueues(entries) {
     if (!byQueue.has(e.queue)) byQueue.set(e.queue, []);
     byQueue.get(e.queue).push(e);
   }
-  $('queue-summary').textContent = entries.length ? `${entries.length} jobs waiting, in admission order.` : 'No job is waiting.';
+  $('queue-summary').textContent = entries.length ? `${entries.length} job${entries.length > 1 ? 's' : ''} waiting, in admission order.` : 'No job is waiting.';
   const out = [];
   for (const [name, list] of [...byQueue.entries()].sort()) {
     const body = el('tbody');
@@ -377,17 +377,18 @@ function burnDown(b) {
   const pts = [[0, remaining]];
   (b.daily_gpu_hours || []).forEach((h, i) => { remaining -= h; pts.push([i + 1, remaining]); });
   line(pts, { stroke: '#0072b2', 'stroke-width': 3 });
-  const text = (tx, ty, s) => {
+  const text = (tx, ty, s, anchor) => {
     const t = document.createElementNS(ns, 'text');
     t.setAttribute('x', tx);
     t.setAttribute('y', ty);
     t.setAttribute('font-size', '11');
+    t.setAttribute('text-anchor', anchor || 'start');
     t.textContent = s;
     svg.append(t);
   };
   text(pad, 14, `${b.gpu_hours} GPU-h`);
   text(pad, H - 8, new Date(b.began).toISOString().slice(0, 10));
-  text(W - pad - 70, H - 8, `resets ${new Date(b.resets).toISOString().slice(0, 10)}`);
+  text(W - pad, H - 8, `resets ${new Date(b.resets).toISOString().slice(0, 10)}`, 'end');
   const over = b.spent_gpu_hours >= b.gpu_hours;
   return el('div', { class: 'budget', 'data-tenant': b.tenant },
     el('p', { class: over ? 'over' : '', text: `${b.tenant}: spent ${num(b.spent_gpu_hours, 1)} of ${b.gpu_hours} GPU-hours this ${b.period}` +
