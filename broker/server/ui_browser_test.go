@@ -16,13 +16,13 @@ import (
 	"github.com/nomad-gpu/nomad-gpu/internal/testbuild"
 )
 
-// largeCluster fills the view as a listing of a 1,000-node cluster would:
+// largeCluster fills the view as a listing of a cluster of nodes would:
 // 8 GPUs a node, a third held by admitted jobs (some borrowed), some idle,
 // unhealthy and recovering, every 50th node draining.
-func largeCluster(t testing.TB, s *Server) {
+func largeCluster(s *Server, nodes int) {
 	snap := cluster.Snapshot{}
 	samples := map[string]cluster.Sample{}
-	for i := range 1000 {
+	for i := range nodes {
 		n := testbuild.Node(fmt.Sprintf("node-%04d", i), testbuild.H100, 7, 1)
 		n.Name, n.NodePool = fmt.Sprintf("gpu-%04d", i), []string{"training", "inference"}[i%2]
 		if i%50 == 0 {
@@ -67,7 +67,7 @@ func largeCluster(t testing.TB, s *Server) {
 func TestTheMapOfALargeClusterInABrowser(t *testing.T) {
 	tab := browser.New(t)
 	s, _, _, _ := newTestServer(t)
-	largeCluster(t, s)
+	largeCluster(s, 1000)
 	srv := httptest.NewServer(s.Handler())
 	t.Cleanup(srv.Close)
 
@@ -140,4 +140,25 @@ func TestTheUIWithACLsInABrowser(t *testing.T) {
 	browser.WaitFor(t, tab, 10*time.Second, "the queue with the kept token", "document.getElementById('status').textContent.startsWith('live')",
 		"document.getElementById('status').textContent")
 	browser.Screenshot(t, tab, "webui-acl-token")
+}
+
+// BenchmarkMapRender: one render of the GPU map in headless Chromium, in
+// the page's own time (ms/render), for clusters of 10, 100 and 1,000 nodes.
+func BenchmarkMapRender(b *testing.B) {
+	tab := browser.New(b)
+	for _, nodes := range []int{10, 100, 1000} {
+		b.Run(fmt.Sprintf("nodes=%d", nodes), func(b *testing.B) {
+			s, _, _, _ := newTestServer(b)
+			largeCluster(s, nodes)
+			srv := httptest.NewServer(s.Handler())
+			defer srv.Close()
+			browser.Navigate(b, tab, srv.URL+"/gpu/#map")
+			browser.WaitFor(b, tab, 20*time.Second, "the map", fmt.Sprintf("window.nomadGPU.nodes == %d", nodes), "document.getElementById('status').textContent")
+			var ms float64
+			for b.Loop() {
+				ms += browser.Eval[float64](b, tab, "(renderMap(), window.nomadGPU.lastRenderMs)")
+			}
+			b.ReportMetric(ms/float64(b.N), "ms/render")
+		})
+	}
 }
