@@ -12,6 +12,9 @@ import (
 	"github.com/nomad-gpu/nomad-gpu/broker/admission"
 	"github.com/nomad-gpu/nomad-gpu/broker/cluster"
 	"github.com/nomad-gpu/nomad-gpu/broker/nomadjob"
+	"github.com/nomad-gpu/nomad-gpu/broker/policy"
+	"github.com/nomad-gpu/nomad-gpu/broker/reclaim"
+	"github.com/nomad-gpu/nomad-gpu/broker/reclaim/reclaimtest"
 	"github.com/nomad-gpu/nomad-gpu/internal/browser"
 	"github.com/nomad-gpu/nomad-gpu/internal/testbuild"
 )
@@ -160,5 +163,39 @@ func BenchmarkMapRender(b *testing.B) {
 			}
 			b.ReportMetric(ms/float64(b.N), "ms/render")
 		})
+	}
+}
+
+// The reclaim view: a proposed decision counts its grace down live and can
+// be cancelled from the page, and then shows as decided.
+func TestReclaimDecisionsInABrowser(t *testing.T) {
+	tab := browser.New(t)
+	s, _, _, _ := newTestServer(t)
+	recs := reclaimtest.NewMem()
+	s.decisions = recs
+	now := time.Now().UTC()
+	proposed := reclaim.Record{ID: "2b9f6b1e-4f5c-4d8a-9a55-6c1f0e0b7a10", Rule: "idle-dev", Action: policy.ActionStop, Namespace: "vision", Job: "notebook",
+		Tenant: "vision", GPUs: 1, Evidence: "GPU util below 5% for 30m", State: reclaim.Proposed, ProposedAt: now, ActAfter: now.Add(90 * time.Second)}
+	if ok, err := recs.Create(t.Context(), proposed); !ok || err != nil {
+		t.Fatal(ok, err)
+	}
+	srv := httptest.NewServer(s.Handler())
+	t.Cleanup(srv.Close)
+
+	browser.Navigate(t, tab, srv.URL+"/gpu/#reclaim")
+	row := `document.querySelector('#proposed tr[data-job="notebook"]')`
+	browser.WaitFor(t, tab, 10*time.Second, "the proposed decision", row, "document.getElementById('proposed').innerText")
+	first := browser.Eval[string](t, tab, row+".querySelector('.countdown').textContent")
+	if !strings.HasPrefix(first, "1m ") || !strings.Contains(browser.Eval[string](t, tab, row+".innerText"), "GPU util below 5% for 30m") {
+		t.Errorf("countdown %q (want 1m …s) or evidence missing: %q", first, browser.Eval[string](t, tab, row+".innerText"))
+	}
+	browser.WaitFor(t, tab, 5*time.Second, "the countdown moving", fmt.Sprintf("%s.querySelector('.countdown').textContent != %q", row, first), row+".innerText")
+	browser.Screenshot(t, tab, "webui-reclaim-proposed")
+
+	browser.Eval[bool](t, tab, "(() => { window.confirm = () => true; "+row+".querySelector('button').click(); return true })()")
+	browser.WaitFor(t, tab, 10*time.Second, "the cancelled decision among the decided", `[...document.querySelectorAll('#decided tr[data-job="notebook"]')].some(r => r.innerText.includes('cancelled'))`,
+		"document.getElementById('decided').innerText + ' / ' + document.getElementById('status').textContent")
+	if rec, _ := recs.Get(t.Context(), proposed.ID); rec.State != reclaim.Cancelled {
+		t.Errorf("the store has the decision %s", rec.State)
 	}
 }
