@@ -64,8 +64,8 @@ func (s *Server) gpuMap(w http.ResponseWriter, r *http.Request) {
 		for _, n := range m.Nodes {
 			for i, g := range n.GPUs {
 				if g.Namespace != "" && !s.mayRead(r, g.Namespace, readable) {
-					n.GPUs[i] = cluster.MapGPU{ID: g.ID, Model: g.Model, State: g.State, Health: g.Health, Replicas: g.Replicas,
-						Utilization: g.Utilization, MemoryUsed: g.MemoryUsed, MemoryTotal: g.MemoryTotal, Temperature: g.Temperature, Power: g.Power}
+					h := &n.GPUs[i] // its state stays; who holds it does not show
+					h.Namespace, h.Job, h.Alloc, h.Tenant, h.Queue, h.Borrowed = "", "", "", "", "", false
 				}
 			}
 		}
