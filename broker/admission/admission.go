@@ -53,6 +53,15 @@ type Job struct {
 	// CanaryAutoRevert: every GPU group has an update block with canaries
 	// and auto_revert (a workload's require_update asks for it).
 	CanaryAutoRevert bool
+	// Granted is what approvals in force grant this job.
+	Granted Granted
+}
+
+// Granted is what approvals in force grant one job: GPUs above its tenant's
+// limit, and the least band it runs at once admitted (0: none).
+type Granted struct {
+	ExtraGPUs int
+	Priority  int
 }
 
 // Group is one task group's GPU demand.
@@ -171,7 +180,30 @@ func Demand(p *policy.Policy, job Job, u Usage) (policy.Quota, []string) {
 // Decide applies the policy to a job: reject (no tenant, queue not allowed, a
 // group no node can hold, above the limit, unknown class), else admit within the guarantee,
 // else admit borrowed within the limit when enough GPUs are idle, else queue.
+// What approvals granted the job (job.Granted) raises its tenant's limit for
+// it and the band it is admitted at. Every decision the broker makes comes
+// from here: registrations, plans, scale, dispatch and revert, the queue's
+// passes, `job check` and the simulator.
 func Decide(p *policy.Policy, job Job, u Usage) Decision {
+	raised := p
+	if t := p.TenantOf(job.Namespace); t != nil && job.Granted.ExtraGPUs > 0 {
+		raised = p.WithExtraLimit(t.Name, job.Granted.ExtraGPUs)
+	}
+	d := decide(raised, job, u)
+	if d.Outcome != Admit && d.Outcome != AdmitBorrowed {
+		return d
+	}
+	if raised != p {
+		d.Reason += "; the tenant's limit raised for this job by approval"
+	}
+	if job.Granted.Priority > d.Priority {
+		d.Priority = job.Granted.Priority
+		d.Reason += fmt.Sprintf("; priority %d by approval", job.Granted.Priority)
+	}
+	return d
+}
+
+func decide(p *policy.Policy, job Job, u Usage) Decision {
 	demand, unclassified := Demand(p, job, u)
 	d := Decision{Demand: demand}
 	if demand[policy.AllGPUs] == 0 {

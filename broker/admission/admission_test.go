@@ -316,3 +316,36 @@ tenant "solo" {
 	}
 	return p
 }
+
+func TestApprovalsRaiseTheLimitAndTheBandOfTheirJobOnly(t *testing.T) {
+	p := testPolicy(t, true)
+	u := cluster(16, map[string]float64{"search": 4})
+	// search's limit is 4, all held: one more GPU waits for its own jobs.
+	j := job("search").gpus(1, 1)
+	if d := admission.Decide(p, j.Job, u); d.Outcome != admission.Queue || d.WaitsFor != admission.WaitLimit {
+		t.Fatalf("without approval: %+v", d)
+	}
+	j.Granted = admission.Granted{ExtraGPUs: 1}
+	d := admission.Decide(p, j.Job, u)
+	if d.Outcome != admission.AdmitBorrowed || !strings.Contains(d.Reason, "limit raised for this job by approval") {
+		t.Errorf("one extra GPU granted: %+v", d)
+	}
+	if p.TenantOf("search").Limit.Total() != 4 {
+		t.Error("the policy itself was changed")
+	}
+	j.Granted = admission.Granted{ExtraGPUs: 1, Priority: 90}
+	if d := admission.Decide(p, j.Job, u); d.Priority != 90 || !strings.Contains(d.Reason, "priority 90 by approval") {
+		t.Errorf("band granted: %+v", d)
+	}
+	// A band lower than the queue's changes nothing; nor does any grant a refusal.
+	within := job("vision").gpus(1, 1)
+	within.Granted = admission.Granted{Priority: 30}
+	if d := admission.Decide(p, within.Job, u); d.Priority != 60 || strings.Contains(d.Reason, "approval") {
+		t.Errorf("lower band granted: %+v", d)
+	}
+	over := job("vision").gpus(1, 20)
+	over.Granted = admission.Granted{ExtraGPUs: 1, Priority: 90}
+	if d := admission.Decide(p, over.Job, u); d.Outcome != admission.Reject || d.Priority == 90 {
+		t.Errorf("a refusal raised: %+v", d)
+	}
+}

@@ -181,12 +181,11 @@ func (a *Admitter) decide(ctx context.Context, r *registrations) error {
 		}
 		req.Pin()
 		req.ApplyWorkload(p.WorkloadFor(e.Namespace, req.Job.Meta[nomadjob.MetaQueue]))
-		approved, priority := p, 0
+		j := req.Admission(groups)
 		if a.Approvals != nil {
-			approved, priority = approval.Apply(p, a.Approvals.Current(), e.Namespace, e.JobID, a.Now())
+			j.Granted = approval.For(a.Approvals.Current(), e.Namespace, e.JobID, a.Now())
 		}
-		d, res := a.Cluster.Admit(approved, req.Admission(groups))
-		d = approval.Raise(d, approved != p, priority)
+		d, res := a.Cluster.Admit(p, j)
 		switch d.Outcome {
 		case admission.Queue:
 			waiting = waiting || d.WaitsFor == admission.WaitCapacity

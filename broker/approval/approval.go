@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/nomad-gpu/nomad-gpu/broker/admission"
-	"github.com/nomad-gpu/nomad-gpu/broker/policy"
 )
 
 // States of an approval.
@@ -80,37 +79,16 @@ func (a *Approval) Grant(approver string, now time.Time) {
 // Active reports whether the approval is in force at now.
 func (a Approval) Active(now time.Time) bool { return a.State == Granted && now.Before(a.ExpiresAt) }
 
-// Apply is the policy and the least priority a decision on job must use
-// under the approvals in force at now: the tenant's limit raised by the
-// extra GPUs granted for that job, and the band granted for it (0: none).
-func Apply(p *policy.Policy, approvals []Approval, namespace, job string, now time.Time) (*policy.Policy, int) {
-	extra, priority := 0, 0
+// For is what the approvals in force at now grant job namespace/job: the
+// extra GPUs of each, and the highest band granted.
+func For(approvals []Approval, namespace, job string, now time.Time) admission.Granted {
+	var g admission.Granted
 	for _, a := range approvals {
 		if a.Namespace != namespace || a.Job != job || !a.Active(now) {
 			continue
 		}
-		extra += a.ExtraGPUs
-		priority = max(priority, a.Priority)
+		g.ExtraGPUs += a.ExtraGPUs
+		g.Priority = max(g.Priority, a.Priority)
 	}
-	if t := p.TenantOf(namespace); t != nil && extra > 0 {
-		p = p.WithExtraLimit(t.Name, extra)
-	}
-	return p, priority
-}
-
-// Raise gives an admitted decision the band an approval granted (0: none),
-// and says in its reason what approvals it was admitted under (extra: a
-// raised limit was decided on).
-func Raise(d admission.Decision, extra bool, priority int) admission.Decision {
-	if d.Outcome != admission.Admit && d.Outcome != admission.AdmitBorrowed {
-		return d
-	}
-	if extra {
-		d.Reason += "; the tenant's limit raised for this job by approval"
-	}
-	if priority > d.Priority {
-		d.Priority = priority
-		d.Reason += fmt.Sprintf("; priority %d by approval", priority)
-	}
-	return d
+	return g
 }

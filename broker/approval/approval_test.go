@@ -4,8 +4,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nomad-gpu/nomad-gpu/broker/admission"
 	"github.com/nomad-gpu/nomad-gpu/broker/approval"
-	"github.com/nomad-gpu/nomad-gpu/internal/testbuild"
 )
 
 func TestCheck(t *testing.T) {
@@ -27,35 +27,26 @@ func TestCheck(t *testing.T) {
 	}
 }
 
-func TestApplyOnlyWhileGrantedAndOnlyForItsJob(t *testing.T) {
-	p := testbuild.Policy(t, `
-queue "training" { priority = 60 }
-tenant "vision" {
-  namespaces = ["vision"]
-  queues     = ["training"]
-  guaranteed = 1
-  limit      = 2
-}
-`)
+func TestForOnlyWhileGrantedAndOnlyForItsJob(t *testing.T) {
 	now := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
 	extra := approval.Approval{Namespace: "vision", Job: "big", Reason: "r", ExtraGPUs: 3, For: "1h", State: approval.Pending}
 	prio := approval.Approval{Namespace: "vision", Job: "big", Reason: "r", Priority: 90, For: "30m", State: approval.Pending}
-	if q, pr := approval.Apply(p, []approval.Approval{extra, prio}, "vision", "big", now); q != p || pr != 0 {
-		t.Fatal("pending approvals applied")
+	none := admission.Granted{}
+	if g := approval.For([]approval.Approval{extra, prio}, "vision", "big", now); g != none {
+		t.Fatalf("pending approvals applied: %+v", g)
 	}
 	extra.Grant("ops", now)
 	prio.Grant("ops", now)
-	q, pr := approval.Apply(p, []approval.Approval{extra, prio}, "vision", "big", now.Add(10*time.Minute))
-	if q.TenantOf("vision").Limit.Total() != 5 || pr != 90 {
-		t.Errorf("granted: limit %g, priority %d", q.TenantOf("vision").Limit.Total(), pr)
+	if g := approval.For([]approval.Approval{extra, prio}, "vision", "big", now.Add(10*time.Minute)); g != (admission.Granted{ExtraGPUs: 3, Priority: 90}) {
+		t.Errorf("granted: %+v", g)
 	}
-	if q, pr := approval.Apply(p, []approval.Approval{extra, prio}, "vision", "other", now); q != p || pr != 0 {
-		t.Error("applied to another job")
+	if g := approval.For([]approval.Approval{extra, prio}, "vision", "other", now); g != none {
+		t.Errorf("applied to another job: %+v", g)
 	}
-	if q, pr := approval.Apply(p, []approval.Approval{extra, prio}, "vision", "big", now.Add(45*time.Minute)); q.TenantOf("vision").Limit.Total() != 5 || pr != 0 {
-		t.Errorf("after the priority expired: limit %g, priority %d", q.TenantOf("vision").Limit.Total(), pr)
+	if g := approval.For([]approval.Approval{extra, prio}, "vision", "big", now.Add(45*time.Minute)); g != (admission.Granted{ExtraGPUs: 3}) {
+		t.Errorf("after the priority expired: %+v", g)
 	}
-	if q, _ := approval.Apply(p, []approval.Approval{extra}, "vision", "big", now.Add(time.Hour)); q != p {
-		t.Error("applied at its expiry")
+	if g := approval.For([]approval.Approval{extra}, "vision", "big", now.Add(time.Hour)); g != none {
+		t.Errorf("applied at its expiry: %+v", g)
 	}
 }

@@ -20,6 +20,7 @@ import (
 	"github.com/nomad-gpu/nomad-gpu/broker/cluster"
 	"github.com/nomad-gpu/nomad-gpu/broker/metrics"
 	"github.com/nomad-gpu/nomad-gpu/broker/nomadjob"
+	"github.com/nomad-gpu/nomad-gpu/broker/policy"
 	"github.com/nomad-gpu/nomad-gpu/broker/queue"
 )
 
@@ -104,7 +105,7 @@ func (s *Server) register(w http.ResponseWriter, r *http.Request, pathJobID stri
 		return
 	}
 	wrote := rj.ApplyWorkload(s.policies.Current().WorkloadFor(rj.Namespace, rj.Job.Meta[nomadjob.MetaQueue]))
-	d, res := s.admit(rj.Namespace, rj.JobID, rj.Admission(rj.groups))
+	d, res := s.admit(rj.Admission(rj.groups))
 	who := s.identity(r)
 	s.metrics.Admission(metrics.Submit, d)
 	s.log.Info("admission", "job", rj.JobID, "namespace", rj.Namespace, "outcome", d.Outcome, "tenant", d.Tenant,
@@ -144,16 +145,26 @@ func workloadWarning(wrote []string) string {
 	return "nomad-gpu: written into the job for its workload: " + strings.Join(wrote, "; ")
 }
 
-// admit decides on a job under the approvals granted for it: GPUs above its
-// tenant's limit, and its band.
-func (s *Server) admit(namespace, job string, j admission.Job) (admission.Decision, *cluster.Reservation) {
-	p := s.policies.Current()
+// admit decides on j under the approvals granted for it and, when it admits,
+// reserves its GPUs: the one decision of every call that grows GPU demand.
+func (s *Server) admit(j admission.Job) (admission.Decision, *cluster.Reservation) {
+	j.Granted = s.granted(j.Namespace, j.ID)
+	return s.cluster.Admit(s.policies.Current(), j)
+}
+
+// preview is admit for a call that changes nothing (a plan, a parameterized
+// parent): the same decision, with nothing reserved.
+func (s *Server) preview(p *policy.Policy, j admission.Job) admission.Decision {
+	j.Granted = s.granted(j.Namespace, j.ID)
+	return admission.Decide(p, j, s.cluster.UsageWithout(p, j.Namespace, j.ID))
+}
+
+// granted is what the approvals in force grant job namespace/id.
+func (s *Server) granted(namespace, id string) admission.Granted {
 	if s.approvalStore == nil {
-		return s.cluster.Admit(p, j)
+		return admission.Granted{}
 	}
-	approved, priority := approval.Apply(p, s.approvalStore.Current(), namespace, job, s.now())
-	d, res := s.cluster.Admit(approved, j)
-	return approval.Raise(d, approved != p, priority), res
+	return approval.For(s.approvalStore.Current(), namespace, id, s.now())
 }
 
 // audited writes e to the audit trail before anything is acknowledged or
@@ -185,7 +196,7 @@ func (s *Server) rightSizingWarning(namespace, job string, d admission.Decision)
 // dispatch is admitted on its own).
 func (s *Server) registerParent(w http.ResponseWriter, r *http.Request, rj *gpuJobRequest) {
 	p := s.policies.Current()
-	d := admission.Decide(p, rj.Admission(rj.groups), s.cluster.UsageWithout(p, rj.Namespace, rj.JobID))
+	d := s.preview(p, rj.Admission(rj.groups))
 	if d.Outcome == admission.Reject {
 		writeError(w, http.StatusForbidden, "nomad-gpu: job %q rejected by rule %s: %s", rj.JobID, d.Rule, d.Reason)
 		return
@@ -435,8 +446,7 @@ func (s *Server) annotate(w http.ResponseWriter, r *http.Request, kind nomadjob.
 	if rj == nil {
 		return
 	}
-	p := s.policies.Current()
-	d := admission.Decide(p, rj.Admission(rj.groups), s.cluster.UsageWithout(p, rj.Namespace, rj.JobID))
+	d := s.preview(s.policies.Current(), rj.Admission(rj.groups))
 	note := ""
 	switch d.Outcome {
 	case admission.Reject:

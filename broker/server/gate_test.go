@@ -12,6 +12,7 @@ import (
 
 	"github.com/hashicorp/nomad/api"
 
+	"github.com/nomad-gpu/nomad-gpu/broker/approval"
 	"github.com/nomad-gpu/nomad-gpu/broker/reclaim"
 	"github.com/nomad-gpu/nomad-gpu/broker/reclaim/reclaimtest"
 	"github.com/nomad-gpu/nomad-gpu/internal/testbuild"
@@ -440,5 +441,43 @@ func TestLookupsReachJobsWhoseIDsNeedEscaping(t *testing.T) {
 		if rec := do(s, http.MethodPut, path, `{"Count":2,"Target":{"Group":"g"}}`); rec.Code != http.StatusOK {
 			t.Errorf("scale of %q: %d %s", id, rec.Code, rec.Body)
 		}
+	}
+}
+
+// fixedApprovals serves approvals as the store would, from memory.
+type fixedApprovals struct {
+	Approvals
+	list []approval.Approval
+}
+
+func (f fixedApprovals) Current() []approval.Approval { return f.list }
+
+// A job admitted under an approval is scaled, dispatched or reverted under
+// the same approval: every call that grows demand decides as a registration
+// does.
+func TestCallsThatGrowAJobDecideUnderItsApprovals(t *testing.T) {
+	now := time.Now()
+	granted := approval.Approval{ID: "a1", Namespace: "vision", Job: "train", Reason: "deadline", Priority: 90, For: "1h"}
+	granted.Grant("ops", now.Add(-time.Minute))
+	for name, c := range map[string]struct {
+		approvals []approval.Approval
+		want      int
+	}{
+		"granted":     {[]approval.Approval{granted}, http.StatusOK},
+		"no approval": {nil, http.StatusForbidden},
+	} {
+		t.Run(name, func(t *testing.T) {
+			s, up, _, _ := newTestServer(t)
+			s.approvalStore = fixedApprovals{list: c.approvals}
+			// Admitted at 90 by the approval: without it, its queue's band is 60.
+			up.jobs["train"] = testbuild.Job("vision", "train").Priority(90).Group("g", 1, 1, "gpu").Build()
+			rec := do(s, http.MethodPut, "/v1/job/train/scale?namespace=vision", `{"Count":2,"Target":{"Group":"g"}}`)
+			if rec.Code != c.want {
+				t.Errorf("scale within the limit: %d %s", rec.Code, rec.Body)
+			}
+			if c.want == http.StatusOK && !strings.Contains(rec.Body.String(), "priority 90 by approval") {
+				t.Errorf("the answer does not say the approval: %s", rec.Body)
+			}
+		})
 	}
 }

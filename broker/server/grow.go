@@ -229,7 +229,7 @@ func (s *Server) decideThenForward(w http.ResponseWriter, r *http.Request, body 
 	}
 	a := admission.Job{ID: derefString(job.ID), Namespace: ns, Queue: job.Meta[nomadjob.MetaQueue], TTL: job.Meta[nomadjob.MetaTTL], Groups: groups,
 		CanaryAutoRevert: nomadjob.CanaryAutoRevert(job)}
-	d, res := s.cluster.Admit(s.policies.Current(), a)
+	d, res := s.admit(a)
 	current := 0
 	if job.Priority != nil {
 		current = *job.Priority
