@@ -124,12 +124,8 @@ func (a *Admitter) Run(ctx context.Context, changed <-chan struct{}, tick <-chan
 	}
 }
 
-// Pass goes through the queue once in admission order and returns how many jobs
-// it admitted. An entry waiting for its tenant's own quota is passed over; once
-// one waits for idle GPUs, nothing behind it is admitted borrowed, so that
-// smaller jobs cannot take the GPUs it waits for (aging then lifts it above
-// newer work), while jobs within their tenant's guarantee still are: they
-// are owed their GPUs and take them back from borrowed work.
+// Pass goes through the queue once in admission order, by queue.Pass's rule,
+// and returns how many jobs it admitted.
 func (a *Admitter) Pass(ctx context.Context) (int, error) {
 	r := &registrations{sem: make(chan struct{}, max(a.Parallel, 1))}
 	err := a.decide(ctx, r)
@@ -155,7 +151,7 @@ func (a *Admitter) decide(ctx context.Context, r *registrations) error {
 		}
 	}
 	queue.Order(entries, p, used, decayed, a.Now())
-	waiting := false // an entry ahead waits for idle GPUs
+	var pass queue.Pass
 	for _, e := range entries {
 		if r.failed() {
 			return nil
@@ -186,16 +182,11 @@ func (a *Admitter) decide(ctx context.Context, r *registrations) error {
 			j.Granted = approval.For(a.Approvals.Current(), e.Namespace, e.JobID, a.Now())
 		}
 		d, res := a.Cluster.Admit(p, j)
-		switch d.Outcome {
-		case admission.Queue:
-			waiting = waiting || d.WaitsFor == admission.WaitCapacity
+		if !pass.Admits(d) {
+			res.Release()
 			continue
-		case admission.AdmitBorrowed:
-			if waiting {
-				res.Release()
-				continue
-			}
-		case admission.Reject:
+		}
+		if d.Outcome == admission.Reject {
 			// The policy changed since it was queued: it can never run as it is.
 			if ok, err := a.Queue.Remove(ctx, e); err == nil && ok {
 				a.Metrics.Admission(metrics.Queued, d)

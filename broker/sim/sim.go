@@ -480,8 +480,7 @@ func (r *run) usage(j *simJob) admission.Usage {
 }
 
 // pass admits from the queue as the leader does (admitter.Pass): in
-// queue.Order, an entry waiting for its tenant's limit passed over, and once
-// one waits for idle GPUs, only jobs within their guarantee admitted.
+// queue.Order, by queue.Pass's rule.
 func (r *run) pass() {
 	r.dirty = false
 	p := r.p
@@ -509,7 +508,7 @@ func (r *run) pass() {
 		limited[i] = math.Inf(1)
 	}
 	limitedModel := map[[2]string]float64{}
-	waiting := false
+	var pass queue.Pass
 	for _, e := range candidates {
 		j := &r.jobs[atoi(e.ID)]
 		if e.Demand >= limited[j.tenant] {
@@ -518,15 +517,14 @@ func (r *run) pass() {
 		if l, ok := limitedModel[[2]string{e.Tenant, j.Model}]; ok && j.Model != "" && e.Demand >= l {
 			continue
 		}
-		if waiting && beyond(p.Tenants[e.Tenant], r.tu[e.Tenant].Used, e.Demand) {
+		if pass.HoldsBackBorrowers() && beyond(p.Tenants[e.Tenant], r.tu[e.Tenant].Used, e.Demand) {
 			continue // only an admission within its guarantee could follow, and it is beyond it
 		}
 		d := admission.Decide(p, j.adm, r.usage(j))
-		if d.Outcome == admission.Queue && d.WaitsFor == admission.WaitCapacity || d.Outcome == admission.AdmitBorrowed && waiting {
-			waiting = true
-			continue
-		}
-		if d.Outcome == admission.Queue {
+		if !pass.Admits(d) {
+			if d.Outcome != admission.Queue || d.WaitsFor == admission.WaitCapacity {
+				continue
+			}
 			if j.Model != "" {
 				limitedModel[[2]string{e.Tenant, j.Model}] = e.Demand
 				continue
