@@ -27,6 +27,19 @@ type Config struct {
 	// job sends no event); default 1m.
 	Resync         string        `hcl:"resync,optional"`
 	ResyncInterval time.Duration // Resync, parsed by Validate
+	// QueueInterval is how often the leader passes through the queue when
+	// the cluster has not changed (a job queued by another broker is found
+	// then); default 2s.
+	QueueInterval         string        `hcl:"queue_interval,optional"`
+	QueueIntervalDuration time.Duration // QueueInterval, parsed by Validate
+	// PolicyPoll is how often the policy directory is checked for changes
+	// (SIGHUP reads it at once); default 2s.
+	PolicyPoll         string        `hcl:"policy_poll,optional"`
+	PolicyPollInterval time.Duration // PolicyPoll, parsed by Validate
+	// PreemptionReassert is how often the leader sets Nomad's preemption
+	// config again (someone may have changed it); default 30s.
+	PreemptionReassert         string        `hcl:"preemption_reassert,optional"`
+	PreemptionReassertInterval time.Duration // PreemptionReassert, parsed by Validate
 	// Enforcement is "passthrough" (users keep their own job-write rights in
 	// Nomad) or "exclusive" (only the broker's token writes jobs in tenant
 	// namespaces, for the callers policy names as submitters).
@@ -142,6 +155,9 @@ func (c *Config) fill(env func(string) string) {
 	first(&c.Advertise, scheme+c.Listen)
 	first(&c.PolicyDir, "policies")
 	first(&c.Resync, "1m")
+	first(&c.QueueInterval, "2s")
+	first(&c.PolicyPoll, "2s")
+	first(&c.PreemptionReassert, "30s")
 	first(&c.Enforcement, Passthrough)
 	first(&c.Nomad.Address, env("NOMAD_ADDR"), DefaultNomad)
 	first(&c.Nomad.Token, env("NOMAD_TOKEN"))
@@ -155,11 +171,22 @@ func (c *Config) fill(env func(string) string) {
 
 // Validate checks what can be checked without connecting.
 func (c *Config) Validate() error {
-	d, err := time.ParseDuration(c.Resync)
-	if err != nil || d < time.Second {
-		return fmt.Errorf("broker config: resync %q is not a duration of at least 1s", c.Resync)
+	for _, d := range []struct {
+		key, value string
+		least      time.Duration
+		out        *time.Duration
+	}{
+		{"resync", c.Resync, time.Second, &c.ResyncInterval},
+		{"queue_interval", c.QueueInterval, 10 * time.Millisecond, &c.QueueIntervalDuration},
+		{"policy_poll", c.PolicyPoll, 10 * time.Millisecond, &c.PolicyPollInterval},
+		{"preemption_reassert", c.PreemptionReassert, 10 * time.Millisecond, &c.PreemptionReassertInterval},
+	} {
+		v, err := time.ParseDuration(d.value)
+		if err != nil || v < d.least {
+			return fmt.Errorf("broker config: %s %q is not a duration of at least %s", d.key, d.value, d.least)
+		}
+		*d.out = v
 	}
-	c.ResyncInterval = d
 	if c.Enforcement != Passthrough && c.Enforcement != Exclusive {
 		return fmt.Errorf("broker config: enforcement %q is neither %q nor %q", c.Enforcement, Passthrough, Exclusive)
 	}

@@ -122,3 +122,28 @@ audit {
 		t.Fatalf("want the missing path at file:line, got %v", err)
 	}
 }
+
+func TestLoopIntervals(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "broker.hcl")
+	os.WriteFile(path, []byte(`policy_dir = "`+dir+`"`), 0o644)
+	c, err := Load(path)
+	if err != nil || c.QueueIntervalDuration != 2*time.Second || c.PolicyPollInterval != 2*time.Second || c.PreemptionReassertInterval != 30*time.Second {
+		t.Fatalf("defaults: %v %+v", err, c)
+	}
+	os.WriteFile(path, []byte(`policy_dir = "`+dir+`"
+queue_interval      = "100ms"
+policy_poll         = "200ms"
+preemption_reassert = "1s"
+`), 0o644)
+	if c, err = Load(path); err != nil || c.QueueIntervalDuration != 100*time.Millisecond || c.PolicyPollInterval != 200*time.Millisecond || c.PreemptionReassertInterval != time.Second {
+		t.Fatalf("set: %v %+v", err, c)
+	}
+	for _, bad := range []string{`queue_interval = "0s"`, `policy_poll = "often"`, `preemption_reassert = "-1s"`} {
+		os.WriteFile(path, []byte(`policy_dir = "`+dir+`"`+"\n"+bad+"\n"), 0o644)
+		key := strings.Fields(bad)[0]
+		if _, err := Load(path); err == nil || !strings.Contains(err.Error(), key) {
+			t.Errorf("%s: want %s named, got %v", bad, key, err)
+		}
+	}
+}

@@ -1,0 +1,255 @@
+// Package agent is the broker daemon: from its configuration it builds every
+// client, store, loop and watcher, serves the proxy and the broker's API, and
+// while it leads runs the queue, reclaim and preemption loops, until its
+// context ends. cmd/gpu-broker only parses flags, loads the config and runs it.
+package agent
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/pprof"
+	"os"
+	"strings"
+	"time"
+
+	consul "github.com/hashicorp/consul/api"
+	"github.com/hashicorp/go-hclog"
+	nomad "github.com/hashicorp/nomad/api"
+
+	"github.com/nomad-gpu/nomad-gpu/broker/admitter"
+	"github.com/nomad-gpu/nomad-gpu/broker/approvalkv"
+	"github.com/nomad-gpu/nomad-gpu/broker/audit"
+	"github.com/nomad-gpu/nomad-gpu/broker/cluster"
+	"github.com/nomad-gpu/nomad-gpu/broker/config"
+	"github.com/nomad-gpu/nomad-gpu/broker/leader"
+	brokermetrics "github.com/nomad-gpu/nomad-gpu/broker/metrics"
+	"github.com/nomad-gpu/nomad-gpu/broker/nomadapi"
+	"github.com/nomad-gpu/nomad-gpu/broker/nomadjob"
+	"github.com/nomad-gpu/nomad-gpu/broker/policy"
+	"github.com/nomad-gpu/nomad-gpu/broker/queue"
+	"github.com/nomad-gpu/nomad-gpu/broker/reclaimer"
+	"github.com/nomad-gpu/nomad-gpu/broker/scaled"
+	"github.com/nomad-gpu/nomad-gpu/broker/server"
+	gpuusage "github.com/nomad-gpu/nomad-gpu/broker/usage"
+	"github.com/nomad-gpu/nomad-gpu/broker/usagekv"
+)
+
+// Agent is one broker.
+type Agent struct {
+	cfg    *config.Config
+	log    hclog.Logger
+	reload <-chan os.Signal // the policy is read again at once (SIGHUP)
+}
+
+// New is a broker for a validated configuration; reload (may be nil) asks
+// it to read its policy again at once.
+func New(cfg *config.Config, log hclog.Logger, reload <-chan os.Signal) *Agent {
+	return &Agent{cfg: cfg, log: log, reload: reload}
+}
+
+// Run serves until ctx ends, then shuts the listener down gracefully. It
+// leads whenever it holds the Consul lock; a broker that stops leading (or
+// whose context ends) stops its leader's loops.
+func (a *Agent) Run(ctx context.Context) error {
+	cfg, log := a.cfg, a.log
+	var tlsCfg *nomad.TLSConfig
+	if t := cfg.Nomad.TLS; t != nil {
+		tlsCfg = &nomad.TLSConfig{CACert: t.CAFile, ClientCert: t.CertFile, ClientKey: t.KeyFile}
+	}
+	nomadClient, err := nomadapi.New(cfg.Nomad.Address, cfg.Nomad.Token, tlsCfg)
+	if err != nil {
+		return err
+	}
+	metrics := brokermetrics.New()
+	consulCfg := consul.DefaultConfig()
+	consulCfg.Address, consulCfg.Token = cfg.Consul.Address, cfg.Consul.Token
+	if t := cfg.Consul.TLS; t != nil {
+		consulCfg.TLSConfig = consul.TLSConfig{CAFile: t.CAFile, CertFile: t.CertFile, KeyFile: t.KeyFile}
+	}
+	consulClient, err := consul.NewClient(consulCfg)
+	if err != nil {
+		return fmt.Errorf("consul client: %w", err)
+	}
+	// The client keeps this *http.Client (TLS set up): count its failures.
+	consulCfg.HttpClient.Transport = metrics.CountingTransport(consulCfg.HttpClient.Transport)
+
+	key, err := stampKey(ctx, consulClient.KV(), cfg.Consul.KVPrefix)
+	if err != nil {
+		return err
+	}
+	stamper := nomadjob.Stamper{Key: key}
+	view := cluster.NewView(stamper.Verify)
+	budgets := &gpuusage.BudgetBook{}
+	view.SetBudgets(budgets.OverBudget)
+	policies, diags := policy.NewStore(cfg.PolicyDir, view.Capacity, log.Named("policy"))
+	if policies == nil {
+		return fmt.Errorf("policy %s is invalid:\n%s", cfg.PolicyDir, policy.FormatDiagnostics(diags))
+	}
+
+	agentRegion, acls, err := nomadClient.Agent(ctx)
+	if err != nil {
+		return err
+	}
+	exclusive := cfg.Enforcement == config.Exclusive
+	if exclusive && !acls {
+		return errors.New(`enforcement = "exclusive" needs Nomad's ACLs on: without them Nomad cannot refuse the writes that do not come through the broker`)
+	}
+	peers, err := peerClient(cfg.TLS)
+	if err != nil {
+		return err
+	}
+	region := cfg.Nomad.Region
+	if region == "" {
+		region = agentRegion
+	}
+	store := queue.NewStore(consulClient.KV(), cfg.Consul.KVPrefix)
+	decisions := reclaimer.NewStore(consulClient.KV(), cfg.Consul.KVPrefix)
+	scales := scaled.NewStore(consulClient.KV(), cfg.Consul.KVPrefix)
+	approvals := approvalkv.NewStore(consulClient.KV(), cfg.Consul.KVPrefix)
+	go approvals.Follow(ctx)
+	profiles, storedProfiles := gpuusage.NewProfiles(), usagekv.NewStore(consulClient, cfg.Consul.KVPrefix)
+	rollups := usagekv.NewRollups(consulClient, cfg.Consul.KVPrefix)
+	forecast := &queue.Forecast{}
+	elector := &leader.Elector{Client: consulClient, Key: cfg.Consul.KVPrefix + "leader", Address: cfg.Advertise,
+		Log: log.Named("leader")}
+	metrics.Observe(brokermetrics.Sources{Cluster: view, Policies: policies, Queue: store, Leader: elector})
+	view.SetAllocEvents(metrics.AllocEvent)
+	resync := time.NewTicker(cfg.ResyncInterval)
+	defer resync.Stop()
+	go view.Follow(ctx, nomadClient, log.Named("cluster"), resync.C)
+	var trail *audit.Log
+	if a := cfg.Audit; a != nil {
+		if trail, err = audit.Open(a.Path, a.MaxBytes, a.MaxFiles, cfg.Advertise); err != nil {
+			return err
+		}
+		defer trail.Close()
+		trail.Failed = func(err error) {
+			metrics.AuditFailure()
+			log.Error("audit trail cannot be written", "error", err)
+		}
+		policies.Reloads = func(took bool, detail string) {
+			trail.Write(audit.Event{Who: audit.BrokerAct, What: audit.PolicyReload, Result: detail})
+		}
+	}
+	go policies.Watch(ctx, a.reload, cfg.PolicyPollInterval)
+	srv, err := server.New(server.Options{Leader: elector, Log: log.Named("proxy"), Nomad: cfg.Nomad.Address,
+		Client: nomadClient.HTTPClient(), Policies: policies, Cluster: view, Queue: store, Decisions: decisions, Scales: scales, Profiles: profiles, RightSizing: storedProfiles, Metrics: metrics, Rollups: rollups, FairShare: rollups, Audit: trail, Approvals: approvals, Forecast: forecast, Stamper: stamper, Region: region, ACLs: acls,
+		Exclusive: exclusive, Token: cfg.Nomad.Token, Peers: peers})
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("listen on %s: %w", cfg.Listen, err)
+	}
+	httpServer := &http.Server{Handler: debugHandler(cfg.EnableDebug, srv.Handler()), ReadHeaderTimeout: 10 * time.Second}
+	if cfg.TLS != nil {
+		go httpServer.ServeTLS(ln, cfg.TLS.CertFile, cfg.TLS.KeyFile)
+	} else {
+		go httpServer.Serve(ln)
+	}
+	log.Info("broker listening", "address", cfg.Listen, "tls", cfg.TLS != nil, "enforcement", cfg.Enforcement, "nomad", cfg.Nomad.Address, "consul", cfg.Consul.Address,
+		"policy_dir", cfg.PolicyDir, "region", region, "acls", acls)
+
+	// 32 registrations in flight stays well inside Nomad's default limit of 100
+	// HTTP connections per client.
+	adm := &admitter.Admitter{Log: log.Named("queue"), Queue: store, Nomad: nomadClient, Cluster: view,
+		Policies: policies, Stamper: stamper, Now: time.Now, Capacity: view.Capacity, Blocked: nomadClient, Exclusive: exclusive, Metrics: metrics, FairShare: rollups, Audit: trail, Approvals: approvals,
+		Parallel: 32}
+	elector.Run(ctx, func(ctx context.Context) {
+		reassert := time.NewTicker(cfg.PreemptionReassertInterval)
+		defer reassert.Stop()
+		go leader.KeepPreemption(ctx, reassert.C, policies.Reloaded(), func() (bool, bool) {
+			p := policies.Current()
+			return p.Preemption.Batch, p.Preemption.Service
+		}, nomadClient, log.Named("preemption"))
+		// Each term starts afresh: what earlier leaders recorded is read back.
+		rec := &reclaimer.Reclaimer{Log: log.Named("reclaim"), Records: decisions, Observer: &nomadapi.Observer{Client: nomadClient, View: view,
+			Verify: scales.Verifier(stamper), Samples: view.SetSamples}, Actor: nomadClient, Policies: policies, Now: time.Now, NewID: queue.NewID,
+			Requeue: &reclaimer.Requeue{Jobs: nomadClient, Actor: nomadClient, Queue: store, Policies: policies},
+			Watchers: []reclaimer.Watcher{&usagekv.Recorder{Store: storedProfiles, Table: profiles, Policies: policies},
+				&usagekv.Ledger{Store: rollups, Policies: policies, Metrics: metrics, Budgets: budgets},
+				&approvalkv.Expirer{Store: approvals, Jobs: view, Policies: policies, Records: decisions, NewID: queue.NewID, Audit: trail}},
+			Metrics: metrics, Audit: trail, Forecast: forecast}
+		go rec.Run(ctx, time.After)
+		passes := time.NewTicker(cfg.QueueIntervalDuration)
+		defer passes.Stop()
+		adm.Run(ctx, view.Changed(), passes.C)
+	})
+
+	shutdown, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	return httpServer.Shutdown(shutdown)
+}
+
+// debugHandler serves Go's profiler beside the broker when enabled: only
+// these paths; everything else reaches the broker's handler as it came (a
+// ServeMux would clean paths before the broker reads them).
+func debugHandler(enabled bool, broker http.Handler) http.Handler {
+	if !enabled {
+		return broker
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch {
+		case r.URL.Path == "/debug/pprof/profile":
+			pprof.Profile(w, r)
+		case strings.HasPrefix(r.URL.Path, "/debug/pprof/"):
+			pprof.Index(w, r)
+		default:
+			broker.ServeHTTP(w, r)
+		}
+	})
+}
+
+// peerClient reaches the other brokers: over TLS, trusting the CA of the
+// broker's own tls block, when it serves TLS.
+func peerClient(t *config.TLS) (*http.Client, error) {
+	if t == nil {
+		return &http.Client{}, nil
+	}
+	cfg := &tls.Config{MinVersion: tls.VersionTLS12}
+	if t.CAFile != "" {
+		pem, err := os.ReadFile(t.CAFile)
+		if err != nil {
+			return nil, fmt.Errorf("broker tls: read ca_file: %w", err)
+		}
+		cfg.RootCAs = x509.NewCertPool()
+		if !cfg.RootCAs.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("broker tls: ca_file %s holds no PEM certificate", t.CAFile)
+		}
+	}
+	return &http.Client{Transport: &http.Transport{TLSClientConfig: cfg}}, nil
+}
+
+// stampKey is the admission-stamp key every broker shares, created once in Consul.
+func stampKey(ctx context.Context, kv *consul.KV, prefix string) ([]byte, error) {
+	key := prefix + "admission-key"
+	for i := 0; i < 30; i++ {
+		pair, _, err := kv.Get(key, (&consul.QueryOptions{}).WithContext(ctx))
+		if err == nil && pair != nil {
+			return pair.Value, nil
+		}
+		if err == nil {
+			secret := make([]byte, 32)
+			rand.Read(secret)
+			if ok, _, err := kv.CAS(&consul.KVPair{Key: key, Value: secret}, (&consul.WriteOptions{}).WithContext(ctx)); err == nil && ok {
+				return secret, nil
+			}
+			continue // another broker created it first
+		}
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		select { // Consul not up yet
+		case <-ctx.Done():
+		case <-time.After(time.Second):
+		}
+	}
+	return nil, errors.New("cannot read or create the admission key in Consul KV")
+}
