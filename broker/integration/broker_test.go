@@ -347,22 +347,6 @@ func TestBroker(t *testing.T) {
 	})
 }
 
-// TestPolicyValidateCLI checks what an operator's CI sees from a policy repo.
-func TestPolicyValidateCLI(t *testing.T) {
-	bin := testcluster.BrokerBinary(t)
-	out, err := exec.Command(bin, "policy", "validate", "../../policies").CombinedOutput()
-	if err != nil || !strings.Contains(string(out), "valid: 3 queues, 3 tenants, 1 GPU classes, 5 reclaim rules") {
-		t.Errorf("policies/ must validate: %v\n%s", err, out)
-	}
-	dir := t.TempDir()
-	writeFile(t, filepath.Join(dir, "bad.hcl"), "queue \"a\" {\n  priority = 60\n  colour = \"red\"\n}\n")
-	out, err = exec.Command(bin, "policy", "validate", dir).CombinedOutput()
-	want := filepath.Join(dir, "bad.hcl") + ":3:3: error: Unsupported argument"
-	if err == nil || !strings.Contains(string(out), want) {
-		t.Errorf("want a non-zero exit and %q, got %v:\n%s", want, err, out)
-	}
-}
-
 // queued submits a job the broker must queue and returns its queue id.
 func (e *env) queued(id string, gpus int, detach bool) string {
 	e.t.Helper()

@@ -56,7 +56,7 @@ func run(args []string) int {
 	case "policy":
 		switch {
 		case len(args) > 1 && args[1] == "validate":
-			return validatePolicy(args[2:])
+			return validatePolicy(args[2:], os.Stdout, os.Stderr)
 		case len(args) > 1 && args[1] == "tenants":
 			return policyTenants(args[2:])
 		}

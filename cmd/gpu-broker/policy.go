@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"sort"
 	"strings"
@@ -13,22 +14,23 @@ import (
 )
 
 // validatePolicy prints diagnostics as file:line:col and fails on any error.
-func validatePolicy(args []string) int {
+func validatePolicy(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("policy validate", flag.ContinueOnError)
+	fs.SetOutput(stderr)
 	capacity := fs.Int("capacity", 0, "cluster GPUs, to warn when guarantees exceed them")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
 	if fs.NArg() != 1 {
-		fmt.Fprintln(os.Stderr, "usage: gpu-broker policy validate [-capacity N] DIR")
+		fmt.Fprintln(stderr, "usage: gpu-broker policy validate [-capacity N] DIR")
 		return 2
 	}
 	p, diags := policy.LoadDir(fs.Arg(0), *capacity)
-	fmt.Fprint(os.Stderr, policy.FormatDiagnostics(diags))
+	fmt.Fprint(stderr, policy.FormatDiagnostics(diags))
 	if p == nil {
 		return 1
 	}
-	fmt.Printf("%s: valid: %d queues, %d tenants, %d GPU classes, %d reclaim rules\n", fs.Arg(0), len(p.Queues), len(p.Tenants), len(p.Classes), len(p.Reclaim))
+	fmt.Fprintf(stdout, "%s: valid: %d queues, %d tenants, %d GPU classes, %d reclaim rules\n", fs.Arg(0), len(p.Queues), len(p.Tenants), len(p.Classes), len(p.Reclaim))
 	return 0
 }
 
