@@ -25,8 +25,8 @@ build: ## Build nomad-device-gpu and gpu-broker into bin/
 	$(GO) build -trimpath -o $(BIN_DIR)/ ./cmd/...
 
 .PHONY: test
-test: tools lint ## Lint, then unit and integration tests (real Nomad and Consul, built by `make tools` first)
-	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) ./...
+test: tools lint ## Lint, then unit and integration tests (real Nomad and Consul, built by `make tools` first); the soak is `make soak`
+	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) -skip '^TestSoak$$' ./...
 
 .PHONY: test-unit
 test-unit: ## Unit tests only (no agents)
@@ -55,7 +55,7 @@ fuzz: ## Fuzz every target for FUZZTIME each (default 30s)
 SOAK_DURATION ?= 5m
 
 .PHONY: soak
-soak: tools ## The soak test alone, for SOAK_DURATION (default 5m; `make test` runs it for 1m)
+soak: tools ## The soak test alone, for SOAK_DURATION (default 5m; CI runs it for 1m after `make test`)
 	SOAK_DURATION=$(SOAK_DURATION) $(GO) test -race -count=1 -timeout 60m -run '^TestSoak$$' -v ./broker/integration/
 
 .PHONY: bench
