@@ -332,6 +332,6 @@ func (a *Admitter) submitterMay(ctx context.Context, p *policy.Policy, e queue.E
 // park sets an entry aside with the reason it cannot be admitted.
 func (a *Admitter) park(ctx context.Context, e queue.Entry, why error) {
 	ok, err := a.Queue.Park(ctx, e, why.Error(), a.Now().UTC())
-	a.Log.Warn("queue: parked a job Nomad refuses", "id", e.ID, "job", e.JobID, "namespace", e.Namespace,
+	a.Log.Warn("queue: parked a job that cannot be admitted as it stands", "id", e.ID, "job", e.JobID, "namespace", e.Namespace,
 		"reason", why, "parked", ok, "error", err)
 }

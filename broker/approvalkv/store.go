@@ -1,6 +1,9 @@
 // Package approvalkv keeps approvals in Consul KV under
 // <prefix>approvals/<id>, with a snapshot every broker follows (a blocking
-// query), so that admission reads them without a round trip.
+// query), so that admission reads them without a round trip; and the
+// leader's Expirer, which marks granted approvals expired and requeues, by a
+// reclaim decision, a job that only its expired approval kept within its
+// tenant's limit.
 package approvalkv
 
 import (

@@ -125,6 +125,7 @@ func startACLCluster(t *testing.T, policies map[string]string) (*testcluster.Nom
 // with Nomad's ACLs on: users hold read rights only, the broker (serving TLS)
 // writes for the tenant's submitters with its own token.
 func TestExclusiveEnforcementWithNomadACLs(t *testing.T) {
+	t.Parallel()
 	n, consul, token := startACLCluster(t, map[string]string{"vision-user": exclusiveUserRules})
 	if _, _, err := n.API.ACLRoles().Create(&api.ACLRole{Name: "vision-ml", Policies: []*api.ACLRolePolicyLink{{Name: "vision-user"}}}, nil); err != nil {
 		t.Fatal(err)
@@ -284,6 +285,7 @@ func writeRules(ns string) string {
 // TestPassthroughWithNomadACLs walks issue 6 §3 with ACLs on and users
 // holding write rights: two tenants' users and the broker's own token.
 func TestPassthroughWithNomadACLs(t *testing.T) {
+	t.Parallel()
 	n, consul, token := startACLCluster(t, map[string]string{"vision-write": writeRules("vision"), "search-write": writeRules("search")})
 	vic := token("vic", "client", nil, []string{"vision-write"})
 	sue := token("sue", "client", nil, []string{"search-write"})

@@ -23,6 +23,7 @@ import (
 // grant it; an approver does, and the job runs; when the approval expires,
 // with nobody acting, the job goes back to the queue.
 func TestAnApprovalLetsAJobAboveTheLimitUntilItExpires(t *testing.T) {
+	t.Parallel()
 	n, consul, token := startACLCluster(t, map[string]string{"vision-write": writeRules("vision")})
 	ana := token("ana", "client", nil, []string{"vision-write"})
 	ops := token("ops-oncall", "client", nil, []string{"vision-write"})

@@ -63,6 +63,7 @@ type env struct {
 // TestBroker runs the broker scenarios in order on one cluster: a Nomad agent
 // with 8 simulated GPUs, Consul, and the broker in front, driven by the nomad CLI.
 func TestBroker(t *testing.T) {
+	t.Parallel()
 	consul := testcluster.StartConsul(t)
 	gpuState := filepath.Join(t.TempDir(), "gpu-state.json")
 	n := testcluster.StartNomad(t, testcluster.NomadOptions{Name: "dev", Server: true, Client: true,

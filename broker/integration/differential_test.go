@@ -52,6 +52,7 @@ type diffEnv struct {
 }
 
 func TestGateDifferential(t *testing.T) {
+	t.Parallel()
 	consul := testcluster.StartConsul(t)
 	plugin := func(prefix string) string {
 		return fmt.Sprintf(`

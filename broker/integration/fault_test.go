@@ -36,6 +36,7 @@ borrowing {
 // 503 while everything else passes through; when Consul is back (with its
 // data), the queue resumes, and nothing was lost or done twice.
 func TestConsulOutage(t *testing.T) {
+	t.Parallel()
 	consul := testcluster.StartDurableConsul(t)
 	n := startGPUNode(t, "fault", 4, "vision", "search")
 	e := brokerEnv(t, n, consul, twoTenantPolicy, "search", 4, testcluster.BrokerOptions{})
@@ -100,6 +101,7 @@ func TestConsulOutage(t *testing.T) {
 // job's demand once (a lost allocation and its replacement do not add up),
 // the job queued behind it stays queued, and runs there once the first ends.
 func TestGPUClientDies(t *testing.T) {
+	t.Parallel()
 	consul := testcluster.StartConsul(t)
 	server := testcluster.StartNomad(t, testcluster.NomadOptions{Name: "server", Server: true,
 		ServerHCL: `  heartbeat_grace   = "2s"
@@ -171,6 +173,7 @@ func TestGPUClientDies(t *testing.T) {
 // the queue; the broker follows it again and admits each queued job once.
 // Then a job purged in Nomad stops counting at the next resync.
 func TestNomadRestartedWhileAdmitting(t *testing.T) {
+	t.Parallel()
 	consul := testcluster.StartConsul(t)
 	n := startGPUNode(t, "restart", 4, "vision")
 	e := brokerEnv(t, n, consul, twoTenantPolicy, "vision", 4, testcluster.BrokerOptions{Config: `resync = "3s"`})

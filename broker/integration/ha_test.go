@@ -32,6 +32,7 @@ borrowing {
 // at once, through two brokers against one Consul, never admit more than the
 // tenant's limit together; the rest is queued, nothing is lost.
 func TestConcurrentAdmissionsThroughTwoBrokers(t *testing.T) {
+	t.Parallel()
 	consul := testcluster.StartConsul(t)
 	n := startGPUNode(t, "race", 32, "race")
 	policyDir := t.TempDir()
@@ -151,6 +152,7 @@ func consulKV(c *testcluster.Consul) *consulapi.KV {
 // GPUs free up for the queue; the other broker takes over and admits every
 // queued job: none lost, none placed twice, the tenant never above its limit.
 func TestLeaderKilledWhileAdmitting(t *testing.T) {
+	t.Parallel()
 	consul := testcluster.StartConsul(t)
 	n := startGPUNode(t, "failover", 8, "race")
 	policyDir := t.TempDir()

@@ -80,6 +80,7 @@ reclaim "idle-training" {
 // busy one, an idle training job under a dry-run rule, and a decision
 // cancelled during its grace.
 func TestReclaim(t *testing.T) {
+	t.Parallel()
 	consul := testcluster.StartConsul(t)
 	state := filepath.Join(t.TempDir(), "gpu-state.json")
 	n := testcluster.StartNomad(t, testcluster.NomadOptions{Name: "reclaim", Server: true, Client: true, PluginConfig: fmt.Sprintf(`
@@ -428,6 +429,7 @@ reclaim_settings {
 // for an owner's job goes back to the broker's queue (its tenant no longer
 // charged), and runs again, once, when GPUs free.
 func TestPreemptedBorrowedJobRunsAgainOnce(t *testing.T) {
+	t.Parallel()
 	consul := testcluster.StartConsul(t)
 	n := startGPUNode(t, "preempt", 4, "vision", "search")
 	e := brokerEnv(t, n, consul, preemptPolicy, "vision", 4, testcluster.BrokerOptions{})
@@ -515,6 +517,7 @@ func TestPreemptedBorrowedJobRunsAgainOnce(t *testing.T) {
 // SIGKILLed during its grace, before acting; the next leader carries it out,
 // once, without deciding it again.
 func TestReclaimDecisionSurvivesLeaderKill(t *testing.T) {
+	t.Parallel()
 	consul := testcluster.StartConsul(t)
 	n := startGPUNode(t, "reclaim-ha", 4, "vision")
 	policyDir := t.TempDir()
@@ -562,6 +565,7 @@ reclaim "unadmitted" {
 // nomad-gpu.ttl; one asking for more than the rule's max_extend is refused
 // at admission, naming the rule.
 func TestLifetime(t *testing.T) {
+	t.Parallel()
 	consul := testcluster.StartConsul(t)
 	n := startGPUNode(t, "ttl", 4, "vision")
 	e := brokerEnv(t, n, consul, reclaimBase+`

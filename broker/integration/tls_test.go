@@ -18,6 +18,7 @@ import (
 // follows Nomad, admits, queues in Consul and admits from the queue, and
 // users reach it with the nomad and gpu-broker CLIs trusting the CA.
 func TestTLSEverywhere(t *testing.T) {
+	t.Parallel()
 	certs := testcluster.NewCerts(t)
 	consul := testcluster.StartTLSConsul(t, certs)
 	n := testcluster.StartNomad(t, testcluster.NomadOptions{Name: "tls", Server: true, Client: true, TLS: certs, PluginConfig: `

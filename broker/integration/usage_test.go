@@ -27,6 +27,7 @@ import (
 // second of lifetime), half of it idle, priced by its class, and the
 // scraped counter agrees.
 func TestGPUHoursSurviveLeaderFailover(t *testing.T) {
+	t.Parallel()
 	consul := testcluster.StartConsul(t)
 	state := filepath.Join(t.TempDir(), "gpu-state.json")
 	n := startGPUNodeWithState(t, "ledger", 4, state, "vision")
@@ -151,6 +152,7 @@ reclaim_settings {
 // guarantees wait for the same GPUs; the one that used none recently is
 // admitted before the one that did, although it queued later.
 func TestFairShareAdmitsTheLighterTenantFirst(t *testing.T) {
+	t.Parallel()
 	consul := testcluster.StartConsul(t)
 	n := startGPUNode(t, "fair", 4, "vision", "search")
 	// Guarantees of 1 each: the other GPUs are borrowed, shared by both.
@@ -199,6 +201,7 @@ reclaim_settings {
 // GPU-hour budget gets its next job admitted borrowed, with the reason and
 // the reset, and gpu-broker usage says so.
 func TestABudgetSpentMakesTheNextJobBorrowed(t *testing.T) {
+	t.Parallel()
 	consul := testcluster.StartConsul(t)
 	n := startGPUNode(t, "budget", 4, "vision")
 	e := brokerEnv(t, n, consul, `
@@ -243,6 +246,7 @@ reclaim_settings {
 // lifetime is told when it will start; it starts then, and the estimate's
 // error is recorded.
 func TestAQueuedJobIsToldWhenItWillStart(t *testing.T) {
+	t.Parallel()
 	consul := testcluster.StartConsul(t)
 	n := startGPUNode(t, "estimate", 2, "vision")
 	e := brokerEnv(t, n, consul, `

@@ -63,6 +63,7 @@ reclaim_settings {
 // saving a screenshot of each view; then checks that every metric the
 // Grafana dashboard queries is one the broker or Nomad exposes.
 func TestWebUI(t *testing.T) {
+	t.Parallel()
 	tab := browser.New(t)
 	consul := testcluster.StartConsul(t)
 	state := filepath.Join(t.TempDir(), "gpu-state.json")

@@ -20,6 +20,7 @@ import (
 // each; a training job of 2 × 6 GPUs is queued, not half-placed, and runs
 // whole once GPUs free.
 func TestAGangWaitsUntilAllItsAllocationsFit(t *testing.T) {
+	t.Parallel()
 	consul := testcluster.StartConsul(t)
 	plugin := func(prefix string) string {
 		return fmt.Sprintf(`
@@ -94,6 +95,7 @@ tenant "vision" {
 // state on a cluster like the demo's (2 nodes × 8 GPUs); a dispatch of the
 // parameterized batch job is admitted on its own and completes.
 func TestTheJobspecsRunThroughTheBroker(t *testing.T) {
+	t.Parallel()
 	consul := testcluster.StartConsul(t)
 	plugin := func(prefix string) string {
 		return fmt.Sprintf("\n    backend = \"fake\"\n    fake {\n      count     = 8\n      id_prefix = %q\n    }", prefix)
@@ -190,6 +192,7 @@ func checkpointsVolume(path string) string {
 // stops, it is registered again, gets a new allocation, and resumes from the
 // step it reached, not from zero.
 func TestATrainingJobResumesFromItsCheckpointAfterPreemption(t *testing.T) {
+	t.Parallel()
 	consul := testcluster.StartConsul(t)
 	ckpt := t.TempDir()
 	n := testcluster.StartNomad(t, testcluster.NomadOptions{Name: "ckpt", Server: true, Client: true,
@@ -262,6 +265,7 @@ func taskLog(n *testcluster.Nomad, allocID, task string) string {
 // time-sliced replicas, a tenant limited to 1 GPU runs 4 one-replica jobs at
 // once (each a quarter of a GPU), and a fifth waits for its limit.
 func TestReplicasCountAsAShareOfAGPU(t *testing.T) {
+	t.Parallel()
 	consul := testcluster.StartConsul(t)
 	n := testcluster.StartNomad(t, testcluster.NomadOptions{Name: "shared", Server: true, Client: true,
 		PluginConfig: "\n    backend = \"fake\"\n    fake {\n      count = 2\n    }\n    sharing {\n      replicas = 4\n      gpus     = 1\n    }"})

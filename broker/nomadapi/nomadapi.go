@@ -1,6 +1,9 @@
 // Package nomadapi is the broker's adapter to Nomad's HTTP API: listing and
-// following the cluster, registering jobs the broker admits from its queue, and
-// setting the scheduler's preemption.
+// following the cluster (snapshot and event stream), the agent's region and
+// ACLs, reading jobs and ACL tokens' grants, registering jobs the broker
+// admits from its queue, setting the scheduler's preemption and re-evaluating
+// blocked jobs; and for reclaim, the Observer that reads allocations and each
+// node's GPU stats, and the stops of jobs and allocations.
 package nomadapi
 
 import (

@@ -1,6 +1,9 @@
 // Package policy reads the broker's HCL policy files: queues, tenants and their
-// GPU quotas, GPU classes, borrowing and preemption. Every problem is reported as
-// an HCL diagnostic with the file:line:col it is about.
+// GPU quotas and submitters, GPU classes, workload classes, borrowing and
+// preemption, reclaim rules and settings, prices, budgets, fair share,
+// approvers and regions. Every problem is reported as an HCL diagnostic with
+// the file:line:col it is about. Store keeps the policy in force and reloads
+// it from its directory (on a change or SIGHUP), keeping the last good one.
 package policy
 
 import (

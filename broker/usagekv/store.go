@@ -1,5 +1,9 @@
-// Package usagekv keeps the broker's usage data in Consul KV: the
-// right-sizing profile of each job under <prefix>rightsizing/<namespace>/<job>.
+// Package usagekv keeps the broker's usage data in Consul KV, and runs the
+// leader's two watchers that write it: the right-sizing profile of each job
+// under <prefix>rightsizing/<namespace>/<job> (Store, written by Recorder), and
+// the daily GPU-time rollups under <prefix>usage/<day> with their mark
+// <prefix>usage-through (Rollups, written by Ledger, which also feeds the GPU
+// seconds metric and the tenants' budgets).
 package usagekv
 
 import (

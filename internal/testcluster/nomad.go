@@ -76,7 +76,7 @@ server {
 {{- end}}
 client {
   enabled       = {{.Client}}
-  cgroup_parent = "/nomad-gpu-test-{{.Name}}"
+  cgroup_parent = "/nomad-gpu-test-{{.Name}}-{{.HTTP}}"
   {{- if .Join}}
   servers       = [{{.Join}}]
   {{- end}}
