@@ -1,0 +1,212 @@
+package cluster
+
+import (
+	"maps"
+	"sort"
+
+	"github.com/hashicorp/nomad/api"
+
+	"github.com/nomad-gpu/nomad-gpu/broker/admission"
+	"github.com/nomad-gpu/nomad-gpu/broker/nomadjob"
+)
+
+type jobKey struct{ namespace, id string }
+
+// job is a live job's demand.
+type job struct {
+	groups        []admission.Group
+	borrowed      bool
+	tenant, queue string // from a verified stamp, else ""
+	modifyIndex   uint64 // Nomad's JobModifyIndex of the version recorded
+	demand        map[string]int
+}
+
+type byModel struct {
+	held, borrowed map[string]int
+}
+
+// ObserveJob records a job's GPU demand while it is live (not stopped, not
+// dead). An event about an older version than the one recorded is ignored.
+func (v *View) ObserveJob(j *api.Job) {
+	v.mu.Lock()
+	v.observeJob(j)
+	v.mu.Unlock()
+	v.notify()
+}
+
+func (v *View) observeJob(j *api.Job) {
+	if j.ID == nil {
+		return
+	}
+	key := jobKey{nomadjob.Namespace(j), *j.ID}
+	live := !(j.Stop != nil && *j.Stop) && !(j.Status != nil && *j.Status == "dead")
+	verified := v.verify(j)
+	borrowed := j.Meta[nomadjob.MetaBorrowed] == "true" && verified
+	var modifyIndex uint64
+	if j.JobModifyIndex != nil {
+		modifyIndex = *j.JobModifyIndex
+	}
+	if old, ok := v.jobs[key]; ok && modifyIndex < old.modifyIndex {
+		return
+	}
+	// Nomad has already canonicalised the counts of a job it returns; a job
+	// whose demand cannot be read is counted as nothing rather than guessed.
+	a, _ := nomadjob.Admission(j, v.nodesFitting)
+	v.remove(key)
+	if live && len(a.Groups) > 0 {
+		jb := job{groups: a.Groups, borrowed: borrowed, modifyIndex: modifyIndex}
+		if verified {
+			jb.tenant, jb.queue = j.Meta[nomadjob.MetaTenant], j.Meta[nomadjob.MetaQueue]
+		}
+		v.add(key, jb)
+	}
+}
+
+// ObserveDeployment records the canaries an active, unpromoted deployment
+// places beside the job's current allocations.
+func (v *View) ObserveDeployment(d *api.Deployment) {
+	v.mu.Lock()
+	v.observeDeployment(d)
+	v.mu.Unlock()
+	v.notify()
+}
+
+func (v *View) observeDeployment(d *api.Deployment) {
+	key := jobKey{d.Namespace, d.JobID}
+	canaries := map[string]int{}
+	switch d.Status {
+	case api.DeploymentStatusSuccessful, api.DeploymentStatusFailed, api.DeploymentStatusCancelled:
+	default:
+		for tg, s := range d.TaskGroups {
+			if s != nil && !s.Promoted && s.DesiredCanaries > 0 {
+				canaries[tg] = s.DesiredCanaries
+			}
+		}
+	}
+	old, ok := v.jobs[key]
+	if ok {
+		v.remove(key)
+	}
+	if len(canaries) == 0 {
+		delete(v.canaries, key)
+	} else {
+		v.canaries[key] = canaries
+	}
+	if ok {
+		v.add(key, old)
+	}
+}
+
+// ForgetJob drops a deregistered job.
+func (v *View) ForgetJob(namespace, id string) {
+	v.mu.Lock()
+	v.remove(jobKey{namespace, id})
+	delete(v.canaries, jobKey{namespace, id})
+	v.mu.Unlock()
+	v.notify()
+}
+
+// add records a job and adds its demand (with its deployment's canaries) to
+// its namespace's totals.
+func (v *View) add(key jobKey, j job) {
+	j.demand = demandByModel(j.groups)
+	for _, g := range j.groups {
+		j.demand[g.Model] += v.canaries[key][g.Name] * g.GPUsPerAlloc
+	}
+	v.jobs[key] = j
+	v.account(key.namespace, j, 1)
+	v.reexcess(key)
+	v.settle(key)
+}
+
+func (v *View) remove(key jobKey) {
+	if old, ok := v.jobs[key]; ok {
+		v.account(key.namespace, old, -1)
+		delete(v.jobs, key)
+		v.reexcess(key)
+	}
+}
+
+// reexcess recounts in the totals what a job's live allocations hold beyond
+// its demand (all of it once the job is gone); it reports whether that changed.
+func (v *View) reexcess(key jobKey) bool {
+	old := v.excess[key]
+	if old != nil {
+		v.account(key.namespace, job{demand: old, borrowed: v.excessBorrowed[key]}, -1)
+		delete(v.excess, key)
+		delete(v.excessBorrowed, key)
+	}
+	held := v.heldBy[key]
+	if len(held) == 0 {
+		return old != nil
+	}
+	demand := v.jobs[key].demand
+	over := 0
+	for _, n := range held {
+		over += n
+	}
+	for _, n := range demand {
+		over -= n
+	}
+	if over <= 0 {
+		return old != nil
+	}
+	models := make([]string, 0, len(held))
+	for m := range held {
+		models = append(models, m)
+	}
+	sort.Strings(models)
+	ex := map[string]int{}
+	// Models the demand names count against it first; the rest is excess.
+	for _, m := range models {
+		if take := min(over, max(0, held[m]-demand[m])); take > 0 {
+			ex[m], over = take, over-take
+		}
+	}
+	for _, m := range models {
+		if take := min(over, held[m]-ex[m]); take > 0 {
+			ex[m], over = ex[m]+take, over-take
+		}
+	}
+	v.excess[key], v.excessBorrowed[key] = ex, v.jobs[key].borrowed
+	v.account(key.namespace, job{demand: ex, borrowed: v.jobs[key].borrowed}, 1)
+	return !maps.Equal(old, ex)
+}
+
+// account adds (sign 1) or removes (-1) a job's demand from its namespace's totals.
+func (v *View) account(ns string, j job, sign int) {
+	agg := v.held[ns]
+	if agg == nil {
+		agg = &byModel{held: map[string]int{}, borrowed: map[string]int{}}
+		v.held[ns] = agg
+	}
+	for model, n := range j.demand {
+		agg.held[model] += sign * n
+		v.total[model] += sign * n
+		if j.borrowed {
+			agg.borrowed[model] += sign * n
+		}
+	}
+}
+
+// demandByModel is the devices a job's groups ask for, by model; a request
+// for replicas of any model is under nomadjob.SharedSuffix alone.
+func demandByModel(groups []admission.Group) map[string]int {
+	out := map[string]int{}
+	for _, g := range groups {
+		model := g.Model
+		if g.Shared && model == "" {
+			model = nomadjob.SharedSuffix
+		}
+		out[model] += g.Count * g.GPUsPerAlloc
+	}
+	return out
+}
+
+// HasJob reports whether the view holds a live GPU job.
+func (v *View) HasJob(namespace, id string) bool {
+	v.mu.RLock()
+	defer v.mu.RUnlock()
+	_, ok := v.jobs[jobKey{namespace, id}]
+	return ok
+}

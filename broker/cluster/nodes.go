@@ -1,0 +1,213 @@
+package cluster
+
+import (
+	"math"
+	"sort"
+	"strings"
+
+	"github.com/hashicorp/nomad/api"
+
+	"github.com/nomad-gpu/nomad-gpu/broker/admission"
+	"github.com/nomad-gpu/nomad-gpu/broker/nomadjob"
+	"github.com/nomad-gpu/nomad-gpu/broker/policy"
+)
+
+type node struct {
+	schedulable bool
+	pool        string
+	// For the GPU map: what Nomad says of the node.
+	name, status string
+	draining     bool
+	eligible     bool
+	gpus         map[string]int // healthy GPUs by model
+	devices      map[string]GPU // every GPU, by device id
+	replicas     map[string]int // replicas per GPU of its shared groups, by group name
+}
+
+// GPU is one GPU of a node.
+type GPU struct {
+	Model   string
+	Healthy bool
+	// Replicas is how many devices its physical GPU is offered as (0 for a
+	// whole GPU): such a device is 1/Replicas of a GPU.
+	Replicas int
+	// Why is the class of what made it unhealthy: xid, ecc, lost,
+	// recovering (healthy again, waiting out its hysteresis) or other.
+	Why string
+	// Health is the device plugin's description of its health.
+	Health string
+}
+
+// whyUnhealthy classes the device plugin's health description.
+func whyUnhealthy(desc string) string {
+	d := strings.ToLower(desc)
+	switch {
+	case strings.HasPrefix(d, "recovering"):
+		return "recovering"
+	case strings.Contains(d, "xid"):
+		return "xid"
+	case strings.Contains(d, "ecc"):
+		return "ecc"
+	case strings.Contains(d, "lost"):
+		return "lost"
+	}
+	return "other"
+}
+
+// ObserveNode records a node's schedulable, healthy GPUs.
+func (v *View) ObserveNode(n *api.Node) {
+	v.mu.Lock()
+	v.observeNode(n)
+	v.mu.Unlock()
+	v.notify()
+}
+
+func (v *View) observeNode(n *api.Node) {
+	nd := node{schedulable: n.Status == api.NodeStatusReady && n.SchedulingEligibility != api.NodeSchedulingIneligible,
+		pool: n.NodePool, gpus: map[string]int{}, devices: map[string]GPU{}, replicas: map[string]int{},
+		name: n.Name, status: n.Status, draining: n.Drain || n.DrainStrategy != nil, eligible: n.SchedulingEligibility != api.NodeSchedulingIneligible}
+	if n.NodeResources != nil {
+		for _, d := range n.NodeResources.Devices {
+			if d == nil || !nomadjob.IsGPUGroup(d.Vendor, d.Type) {
+				continue
+			}
+			replicas := 0
+			if shared, ok := d.Attributes["shared"]; ok && shared != nil && shared.BoolVal != nil && *shared.BoolVal {
+				if r := d.Attributes["replicas"]; r != nil && r.IntVal != nil && *r.IntVal > 1 && *r.IntVal <= 64 {
+					replicas = int(*r.IntVal)
+					nd.replicas[d.Name] = replicas
+				}
+			}
+			for _, inst := range d.Instances {
+				if inst == nil {
+					continue
+				}
+				g := GPU{Model: d.Name, Healthy: inst.Healthy, Replicas: replicas, Health: inst.HealthDescription}
+				if !inst.Healthy {
+					g.Why = whyUnhealthy(inst.HealthDescription)
+				}
+				nd.devices[inst.ID] = g
+				if inst.Healthy {
+					nd.gpus[d.Name]++
+				}
+			}
+		}
+	}
+	v.nodes[n.ID], v.nodesDirty = nd, true
+}
+
+// ForgetNode drops a deregistered node.
+func (v *View) ForgetNode(id string) {
+	v.mu.Lock()
+	delete(v.nodes, id)
+	v.nodesDirty = true
+	v.mu.Unlock()
+	v.notify()
+}
+
+// NodesFitting counts schedulable nodes with at least gpus healthy GPUs of
+// model ("" any model): where a system job's allocations can go.
+func (v *View) NodesFitting(model string, gpus int) int {
+	v.mu.RLock()
+	defer v.mu.RUnlock()
+	return v.nodesFitting(model, gpus)
+}
+
+func (v *View) nodesFitting(model string, gpus int) int {
+	n := 0
+	for _, nd := range v.nodes {
+		if !nd.schedulable {
+			continue
+		}
+		have := nd.gpus[model]
+		if model == "" {
+			have = 0
+			for _, c := range nd.gpus {
+				have += c
+			}
+		}
+		if have >= gpus && have > 0 {
+			n++
+		}
+	}
+	return n
+}
+
+// nodeTotals sums schedulable, healthy GPUs by class, and the most on one node.
+func (v *View) nodeTotals(p *policy.Policy) (capacity, maxAlloc policy.Quota) {
+	capacity, maxAlloc = policy.Quota{}, policy.Quota{}
+	for _, n := range v.nodes {
+		if !n.schedulable {
+			continue
+		}
+		perNode := classify(p, n.gpus, admission.Usage{Replicas: v.replicas})
+		for class, count := range perNode {
+			capacity[class] += count
+			maxAlloc[class] = max(maxAlloc[class], count)
+		}
+	}
+	return capacity, maxAlloc
+}
+
+// sharedReplicas is, per shared group, the fewest replicas per GPU any node
+// offers it as.
+func (v *View) sharedReplicas() map[string]int {
+	out := map[string]int{}
+	for _, n := range v.nodes {
+		for group, r := range n.replicas {
+			if cur, ok := out[group]; !ok || r < cur {
+				out[group] = r
+			}
+		}
+	}
+	return out
+}
+
+// Capacity is the number of schedulable, healthy GPUs (a GPU offered as
+// replicas counted once).
+func (v *View) Capacity() int {
+	v.mu.RLock()
+	defer v.mu.RUnlock()
+	// Replicas weigh as in admission: the same share, whatever the node.
+	u := admission.Usage{Replicas: v.sharedReplicas()}
+	total := 0.0
+	for _, n := range v.nodes {
+		if n.schedulable {
+			for model, c := range n.gpus {
+				total += float64(c) * modelShare(model, u)
+			}
+		}
+	}
+	return int(math.Round(total))
+}
+
+// nodeRooms is, per schedulable node, its healthy GPUs no live allocation
+// holds, and those that allocations of borrowed jobs hold.
+func (v *View) nodeRooms() []admission.NodeRoom {
+	held, borrowed := map[string]int{}, map[string]int{}
+	for _, a := range v.allocs {
+		if a.Preempted {
+			continue
+		}
+		held[a.NodeID] += len(a.GPUs)
+		if v.jobs[jobKey{a.Namespace, a.JobID}].borrowed {
+			borrowed[a.NodeID] += len(a.GPUs)
+		}
+	}
+	ids := make([]string, 0, len(v.nodes))
+	for id, n := range v.nodes {
+		if n.schedulable {
+			ids = append(ids, id)
+		}
+	}
+	sort.Strings(ids)
+	out := make([]admission.NodeRoom, 0, len(ids))
+	for _, id := range ids {
+		healthy := 0
+		for _, c := range v.nodes[id].gpus {
+			healthy += c
+		}
+		out = append(out, admission.NodeRoom{Free: max(healthy-held[id], 0), Borrowed: borrowed[id]})
+	}
+	return out
+}

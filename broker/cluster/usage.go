@@ -1,0 +1,163 @@
+package cluster
+
+import (
+	"strings"
+
+	"github.com/nomad-gpu/nomad-gpu/broker/admission"
+	"github.com/nomad-gpu/nomad-gpu/broker/nomadjob"
+	"github.com/nomad-gpu/nomad-gpu/broker/policy"
+)
+
+// Usage is the admission snapshot under a policy. A live job counts with its
+// whole declared demand, placed or not, so that two quick submissions cannot
+// both take the same GPUs or the same quota.
+func (v *View) Usage(p *policy.Policy) admission.Usage { return v.UsageWithout(p, "", "") }
+
+// UsageWithout is Usage as if the job namespace/id did not exist: the snapshot
+// for deciding on a new version of that job. With a namespace, only the tenant
+// owning it is reported (all a decision needs), so the cost does not grow with
+// the number of tenants.
+func (v *View) UsageWithout(p *policy.Policy, namespace, id string) admission.Usage {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return v.usageWithout(p, namespace, id)
+}
+
+func (v *View) usageWithout(p *policy.Policy, namespace, id string) admission.Usage {
+	if v.nodesDirty || v.capPolicy != p {
+		v.replicas = v.sharedReplicas()
+		v.capacity, v.maxAlloc = v.nodeTotals(p)
+		v.capPolicy, v.nodesDirty = p, false
+	}
+	u := admission.Usage{Tenants: map[string]admission.TenantUsage{}, Idle: policy.Quota{}, MaxAlloc: copyQuota(v.maxAlloc),
+		Replicas: v.replicas}
+	classify := func(byModel map[string]int) policy.Quota { return classify(p, byModel, u) }
+	except := jobKey{namespace, id}
+	// What live reservations add beyond the jobs' recorded demand, by namespace.
+	extra, extraBorrowed := v.reservationExtra(except)
+	exceptDemand := policy.Quota{}
+	exceptBorrowed := false
+	if old, ok := v.jobs[except]; ok {
+		exceptDemand, exceptBorrowed = classify(old.demand), old.borrowed
+	}
+	held := classify(v.total)
+	sub(held, exceptDemand)
+	for _, byNS := range extra {
+		add(held, classify(byNS))
+	}
+	for class, c := range v.capacity {
+		u.Idle[class] = max(c-held[class], 0)
+	}
+	for _, ns := range v.namespacesToReport(p, namespace, extra) {
+		t := p.TenantOf(ns)
+		if t == nil {
+			continue
+		}
+		demand, borrowed := policy.Quota{}, policy.Quota{}
+		if agg, ok := v.held[ns]; ok {
+			demand, borrowed = classify(agg.held), classify(agg.borrowed)
+		}
+		if ns == namespace {
+			sub(demand, exceptDemand)
+			if exceptBorrowed {
+				sub(borrowed, exceptDemand)
+			}
+		}
+		add(demand, classify(extra[ns]))
+		add(borrowed, classify(extraBorrowed[ns]))
+		tu := u.Tenants[t.Name]
+		tu.Used = add(tu.Used, demand)
+		tu.Borrowed = add(tu.Borrowed, borrowed)
+		if v.overBudget != nil {
+			tu.OverBudget = v.overBudget(t.Name)
+		}
+		u.Tenants[t.Name] = tu
+	}
+	return u
+}
+
+// namespacesToReport is every namespace with jobs or reservations, or those of
+// namespace's tenant.
+func (v *View) namespacesToReport(p *policy.Policy, namespace string, extra map[string]map[string]int) []string {
+	if namespace != "" {
+		if t := p.TenantOf(namespace); t != nil {
+			return t.Namespaces
+		}
+		return nil
+	}
+	out := make([]string, 0, len(v.held)+len(extra))
+	for ns := range v.held {
+		out = append(out, ns)
+	}
+	for ns := range extra {
+		if _, ok := v.held[ns]; !ok {
+			out = append(out, ns)
+		}
+	}
+	return out
+}
+
+// classify turns devices by model into a quota: all GPUs, and per class, a
+// replica counting as its share of a GPU (u.Share).
+func classify(p *policy.Policy, byModel map[string]int, u admission.Usage) policy.Quota {
+	q := policy.Quota{}
+	for model, n := range byModel {
+		if n == 0 {
+			continue
+		}
+		gpus := float64(n) * modelShare(model, u)
+		q[policy.AllGPUs] += gpus
+		if c := p.ClassOf(model); c != "" {
+			q[c] += gpus
+		}
+	}
+	return q
+}
+
+// modelShare is the part of a GPU one device of model is (u.Share): a
+// replica of a shared group, or of any one (nomadjob.SharedSuffix alone).
+func modelShare(model string, u admission.Usage) float64 {
+	g := admission.Group{Model: model, Shared: strings.HasSuffix(model, nomadjob.SharedSuffix)}
+	if model == nomadjob.SharedSuffix {
+		g.Model = ""
+	}
+	return u.Share(g)
+}
+
+func sub(q, d policy.Quota) {
+	for k, n := range d {
+		q[k] -= n
+	}
+}
+
+func copyQuota(q policy.Quota) policy.Quota {
+	out := make(policy.Quota, len(q))
+	for k, n := range q {
+		out[k] = n
+	}
+	return out
+}
+
+func add(q, d policy.Quota) policy.Quota {
+	if q == nil {
+		q = policy.Quota{}
+	}
+	for k, n := range d {
+		q[k] += n
+	}
+	return q
+}
+
+// isGang reports whether j is a job of several allocations in a gang
+// workload: the one admission checks node by node.
+func isGang(p *policy.Policy, j admission.Job) bool {
+	w := p.WorkloadFor(j.Namespace, j.Queue)
+	if w == nil || !w.Gang {
+		return false
+	}
+	allocs := 0
+	for _, g := range j.Groups {
+		allocs += g.Count
+	}
+	return allocs > 1
+}
