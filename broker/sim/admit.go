@@ -1,0 +1,285 @@
+package sim
+
+import (
+	"cmp"
+	"math"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/nomad-gpu/nomad-gpu/broker/admission"
+	"github.com/nomad-gpu/nomad-gpu/broker/policy"
+	"github.com/nomad-gpu/nomad-gpu/broker/queue"
+	"github.com/nomad-gpu/nomad-gpu/broker/usage"
+)
+
+// submit is a job arriving: through the broker's admission, or straight to
+// Nomad.
+func (r *run) submit(j *simJob) {
+	if r.o.Mode == NomadAlone {
+		j.prio = 50 // Nomad's default, for a namespace no tenant owns
+		if q, ok := r.p.Queues[j.queue]; ok {
+			j.prio = q.Priority
+		}
+		r.register(j)
+		r.place()
+		return
+	}
+	d := admission.Decide(r.p, j.adm, r.usage(j))
+	switch d.Outcome {
+	case admission.Reject:
+		j.state = stRejected
+		r.res.Rejected++
+		r.res.RejectedBy[d.Rule]++
+	case admission.Queue:
+		r.enqueue(j, d)
+	default:
+		r.admit(j, d)
+		r.place()
+	}
+}
+
+func (r *run) enqueue(j *simJob, d admission.Decision) {
+	if r.tenants[j.tenant].queued >= r.p.Tenants[d.Tenant].MaxQueued {
+		r.res.AboveMaxQueued++ // a real broker refuses it: replayed as queued all the same
+	}
+	r.requeue(j, d.Queue, d.Demand.Total())
+}
+
+// requeue puts j in its tenant's queue, as first submitted.
+func (r *run) requeue(j *simJob, queueName string, demand float64) {
+	t := r.tenants[j.tenant]
+	j.state = stQueued
+	e := queue.Entry{ID: strconv.Itoa(j.idx), JobID: j.ID, Namespace: j.adm.Namespace, Tenant: t.name,
+		Queue: queueName, Demand: demand, SubmittedAt: r.time(j.Submit)}
+	k := listKey{queueName, demand}
+	l := t.lists[k]
+	i, _ := slices.BinarySearchFunc(l, e, olderFirst)
+	t.lists[k] = slices.Insert(l, i, e)
+	t.queued++
+	r.queued++
+	r.wait(j, 1)
+}
+
+// listKey is one of a tenant's queue lists.
+type listKey struct {
+	queue  string
+	demand float64
+}
+
+// olderFirst is queue.Order among entries of one tenant and queue: the
+// older first (aging only raises it further), then by id.
+func olderFirst(a, b queue.Entry) int {
+	if c := a.SubmittedAt.Compare(b.SubmittedAt); c != 0 {
+		return c
+	}
+	return strings.Compare(a.ID, b.ID)
+}
+
+// candidates are the entries that can make a difference to a pass. A tenant
+// takes at most room GPUs in one (its limit, and with quotas in all GPUs,
+// its guarantee plus the idle GPUs); usage only grows during a pass, so once
+// an entry of a list (one tenant, queue and demand d) is not admitted, none
+// after it is: of each list, the first room/d+1 decide. A list its limit
+// holds back entirely is left out.
+func (r *run) candidates(used map[string]float64) []queue.Entry {
+	out := r.buffer[:0]
+	idle := math.Max(0, r.capacity[policy.AllGPUs]-r.held[policy.AllGPUs])
+	for _, t := range r.tenants {
+		if t.queued == 0 {
+			continue
+		}
+		pt := r.p.Tenants[t.name]
+		limit, total := pt.Limit[policy.AllGPUs]
+		guaranteed, gTotal := pt.Guaranteed[policy.AllGPUs]
+		bounded := total && gTotal && len(pt.Limit) == 1 && len(pt.Guaranteed) == 1
+		limitRoom := limit - used[t.name]
+		room := math.Max(0, guaranteed-used[t.name])
+		if r.p.Borrowing.Enabled {
+			room += idle
+		}
+		room = math.Min(room, limitRoom)
+		for _, k := range sortedLists(t.lists) {
+			l := t.lists[k]
+			switch {
+			case total && k.demand > limitRoom+1e-9:
+				continue
+			case bounded && !r.wholeQueue:
+				l = l[:min(len(l), int(room/k.demand+1e-9)+1)]
+			}
+			out = append(out, l...)
+		}
+	}
+	r.buffer = out
+	return out
+}
+
+func sortedLists(m map[listKey][]queue.Entry) []listKey {
+	keys := make([]listKey, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.SortFunc(keys, func(a, b listKey) int {
+		if c := strings.Compare(a.queue, b.queue); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.demand, b.demand)
+	})
+	return keys
+}
+
+// admit registers a job the broker admitted, at the decision's band.
+func (r *run) admit(j *simJob, d admission.Decision) {
+	j.prio, j.borrowed, j.demand = d.Priority, d.Outcome == admission.AdmitBorrowed, d.Demand
+	tu := r.tu[d.Tenant]
+	for class, n := range d.Demand {
+		tu.Used[class] += n
+		r.held[class] += n
+		r.idle = nil
+		if j.borrowed {
+			tu.Borrowed[class] += n
+		}
+	}
+	r.register(j)
+}
+
+// register hands a job to Nomad: its allocations wait to be placed (place
+// places them).
+func (r *run) register(j *simJob) {
+	if j.state != stQueued {
+		r.wait(j, 1)
+	}
+	j.state = stPending
+	r.seq++
+	j.seq = r.seq
+	r.nomadQ.push(j, j.allocs()-len(j.placed))
+}
+
+// deregister takes a job out of the broker's counts.
+func (r *run) deregister(j *simJob) {
+	if j.demand == nil {
+		return
+	}
+	tu := r.tu[r.tenants[j.tenant].name]
+	for class, n := range j.demand {
+		tu.Used[class] -= n
+		r.held[class] -= n
+		r.idle = nil
+		if j.borrowed {
+			tu.Borrowed[class] -= n
+		}
+	}
+	j.demand = nil
+}
+
+// usage is the broker's snapshot for deciding on j.
+func (r *run) usage(j *simJob) admission.Usage {
+	if r.idle == nil {
+		r.idle = policy.Quota{}
+		for class, n := range r.capacity {
+			r.idle[class] = math.Max(0, n-r.held[class])
+		}
+	}
+	u := admission.Usage{Tenants: r.tu, Idle: r.idle, MaxAlloc: r.maxAlloc}
+	if w := r.p.WorkloadFor(j.adm.Namespace, j.queue); w != nil && w.Gang && j.allocs() > 1 {
+		u.Nodes = make([]admission.NodeRoom, len(r.c.nodes))
+		for i, n := range r.c.nodes {
+			u.Nodes[i].Free = n.free
+			for _, a := range n.allocs {
+				if a.job.borrowed {
+					u.Nodes[i].Borrowed += a.gpus
+				}
+			}
+		}
+	}
+	return u
+}
+
+// pass admits from the queue as the leader does (admitter.Pass): in
+// queue.Order, by queue.Pass's rule.
+func (r *run) pass() {
+	r.dirty = false
+	p := r.p
+	var decayed map[string]float64
+	if p.FairShare.Enabled {
+		charged := map[usage.Key]usage.Seconds{}
+		for _, t := range r.tenants[:len(r.tenants)-1] {
+			r.touch(t)
+			charged[usage.Key{Tenant: t.name}] = usage.Seconds{Busy: t.busy, Idle: t.idle}
+			t.busy, t.idle = 0, 0
+		}
+		r.decayed.Add(r.time(r.now), p.FairShare.HalfLife, p.FairShare.IdleWeight, map[string]map[usage.Key]usage.Seconds{"": charged})
+		decayed = r.decayed.As(r.time(r.now), p.FairShare.HalfLife)
+	}
+	used := make(map[string]float64, len(r.tu))
+	for name, tu := range r.tu {
+		used[name] = tu.Used.Total()
+	}
+	candidates := r.candidates(used)
+	queue.Order(candidates, p, used, decayed, r.time(r.now))
+	// By tenant, the least demand its limit held back (for jobs of a model,
+	// by tenant and model).
+	limited := make([]float64, len(r.tenants))
+	for i := range limited {
+		limited[i] = math.Inf(1)
+	}
+	limitedModel := map[[2]string]float64{}
+	var pass queue.Pass
+	for _, e := range candidates {
+		j := &r.jobs[atoi(e.ID)]
+		if e.Demand >= limited[j.tenant] {
+			continue
+		}
+		if l, ok := limitedModel[[2]string{e.Tenant, j.Model}]; ok && j.Model != "" && e.Demand >= l {
+			continue
+		}
+		if pass.HoldsBackBorrowers() && beyond(p.Tenants[e.Tenant], r.tu[e.Tenant].Used, e.Demand) {
+			continue // only an admission within its guarantee could follow, and it is beyond it
+		}
+		d := admission.Decide(p, j.adm, r.usage(j))
+		if !pass.Admits(d) {
+			if d.Outcome != admission.Queue || d.WaitsFor == admission.WaitCapacity {
+				continue
+			}
+			if j.Model != "" {
+				limitedModel[[2]string{e.Tenant, j.Model}] = e.Demand
+				continue
+			}
+			limited[j.tenant] = e.Demand
+			continue
+		}
+		r.unqueue(j.tenant, e)
+		if d.Outcome == admission.Reject {
+			j.state = stRejected
+			r.wait(j, -1)
+			r.res.Rejected++
+			r.res.RejectedBy[d.Rule]++
+			continue
+		}
+		r.admit(j, d)
+		r.place()
+	}
+}
+
+// unqueue takes an entry out of its tenant's queue (a job the pass took
+// out may be back by the end of it, preempted by a later admission).
+func (r *run) unqueue(tenant int, e queue.Entry) {
+	t := r.tenants[tenant]
+	k := listKey{e.Queue, e.Demand}
+	l := t.lists[k]
+	i := slices.IndexFunc(l, func(o queue.Entry) bool { return o.ID == e.ID })
+	if l = slices.Delete(l, i, i+1); len(l) == 0 {
+		delete(t.lists, k)
+	} else {
+		t.lists[k] = l
+	}
+	t.queued--
+	r.queued--
+}
+
+// beyond reports whether demand more GPUs take a tenant whose quotas count
+// all GPUs beyond its guarantee (false when its quotas are per class).
+func beyond(t *policy.Tenant, used policy.Quota, demand float64) bool {
+	g, ok := t.Guaranteed[policy.AllGPUs]
+	return ok && len(t.Guaranteed) == 1 && used[policy.AllGPUs]+demand > g+1e-9
+}

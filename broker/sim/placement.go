@@ -1,0 +1,103 @@
+package sim
+
+import (
+	"container/heap"
+
+	"github.com/nomad-gpu/nomad-gpu/broker/policy"
+)
+
+// place puts waiting allocations on nodes as Nomad's scheduler does: in
+// priority order, the oldest first within a priority, each wherever it fits
+// (no head-of-line blocking), then by preemption where the job may preempt.
+func (r *run) place() {
+	for {
+		if u, node := r.nomadQ.next(r.c); u != nil {
+			r.start(u, node)
+			continue
+		}
+		if !r.preempts || !r.preemptOne() {
+			return
+		}
+	}
+}
+
+// preemptOne places the first waiting allocation that can preempt its way
+// onto a node; false if none can.
+func (r *run) preemptOne() bool {
+	for _, b := range r.nomadQ.buckets {
+		j := b.peek()
+		if j == nil || !r.mayPreempt(j) || r.preemptible(b.prio) < b.size {
+			continue
+		}
+		victims, node := r.c.victims(b.model, b.size, b.prio, policy.MinPriorityGap)
+		if node < 0 {
+			continue
+		}
+		seen := map[*simJob]bool{}
+		for _, a := range victims {
+			if !seen[a.job] {
+				seen[a.job] = true
+				r.preempt(a.job)
+			}
+		}
+		r.start(b.pop(), node)
+		return true
+	}
+	return false
+}
+
+func (r *run) mayPreempt(j *simJob) bool {
+	if j.service {
+		return r.p.Preemption.Service
+	}
+	return r.p.Preemption.Batch
+}
+
+// preemptible is the GPUs held at priorities at least MinPriorityGap below prio.
+func (r *run) preemptible(prio int) int {
+	n := 0
+	for p, gpus := range r.heldByPrio {
+		if p <= prio-policy.MinPriorityGap {
+			n += gpus
+		}
+	}
+	return n
+}
+
+// start places one allocation of j on node; the job runs once all are placed.
+func (r *run) start(j *simJob, node int) {
+	a := &alloc{job: j, node: node, gpus: j.GPUs, prio: j.prio}
+	r.c.place(a)
+	j.placed = append(j.placed, a)
+	r.hold(j, a.gpus)
+	if len(j.placed) < j.allocs() {
+		return
+	}
+	j.state, j.startedAt = stRunning, r.now
+	if j.firstStart < 0 {
+		j.firstStart = r.now
+		r.res.Started++
+	}
+	r.wait(j, -1)
+	if !j.Idle {
+		r.busy += j.gpus()
+		r.tenants[j.tenant].busyGPUs += j.gpus()
+	}
+	heap.Push(&r.events, event{t: r.now + j.Duration - j.progress, job: j, gen: j.gen})
+	r.watch(j)
+}
+
+// preempt is Nomad evicting j for higher priority work. A borrowed job goes
+// back to the broker's queue (the built-in rule); any other is rescheduled
+// by Nomad.
+func (r *run) preempt(j *simJob) {
+	r.res.Preemptions++
+	r.res.LostGPUHours += r.stop(j) / 3600
+	if j.borrowed && r.o.Mode != NomadAlone {
+		r.deregister(j)
+		r.requeue(j, j.queue, float64(j.gpus()))
+		return
+	}
+	j.state = stNew
+	r.register(j)
+}
