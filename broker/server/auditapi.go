@@ -1,0 +1,112 @@
+package server
+
+import (
+	"math"
+	"net/http"
+	"slices"
+	"sort"
+	"time"
+
+	"github.com/nomad-gpu/nomad-gpu/broker/audit"
+	"github.com/nomad-gpu/nomad-gpu/broker/sim"
+)
+
+// auditTrail reads the audit trail: ?since= (a duration back from now,
+// default 24h), &tenant=, &job=; with ACLs, the events of namespaces the
+// caller may read (and those of no namespace: policy reloads).
+func (s *Server) auditTrail(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	since, ok := sinceParam(w, r, 24*time.Hour)
+	if !ok {
+		return
+	}
+	tenant, job := q.Get("tenant"), q.Get("job")
+	readable := map[string]bool{}
+	events, err := s.audit.Read(s.now().Add(-since), func(e audit.Event) bool {
+		return (tenant == "" || e.Tenant == tenant) && (job == "" || e.Job == job) &&
+			(e.Namespace == "" || s.mayRead(r, e.Namespace, readable))
+	})
+	if err != nil {
+		writeError(w, http.StatusServiceUnavailable, "nomad-gpu: %v", err)
+		return
+	}
+	if events == nil {
+		events = []audit.Event{}
+	}
+	writeJSON(w, http.StatusOK, events)
+}
+
+// trace serves GET /v1/gpu/trace?since=168h: the GPU jobs the broker
+// recorded since then as a simulator trace (JSON lines, see sim.Job), for
+// `gpu-broker simulate -trace`: "what would last week have looked like
+// under another policy?". Each job's GPUs, run time and idleness come from
+// its usage profile, its submission from the audit trail (or its first
+// sample, when the trail has no admission of it).
+func (s *Server) trace(w http.ResponseWriter, r *http.Request) {
+	since, ok := sinceParam(w, r, 7*24*time.Hour)
+	if !ok {
+		return
+	}
+	from := s.now().Add(-since)
+	profiles, err := s.stored.List(r.Context())
+	if err != nil {
+		writeError(w, http.StatusServiceUnavailable, "nomad-gpu: %v", err)
+		return
+	}
+	readable := map[string]bool{}
+	submitted := map[[2]string]time.Time{}
+	events, err := s.audit.Read(from, func(e audit.Event) bool {
+		return e.What == audit.Admission && s.mayRead(r, e.Namespace, readable)
+	})
+	if err != nil {
+		writeError(w, http.StatusServiceUnavailable, "nomad-gpu: %v", err)
+		return
+	}
+	for _, e := range events {
+		k := [2]string{e.Namespace, e.Job}
+		if at, ok := submitted[k]; !ok || e.Time.Before(at) {
+			submitted[k] = e.Time
+		}
+	}
+	period := s.policies.Current().ReclaimSettings.Period // between two samples
+	var jobs []sim.Job
+	var at []time.Time
+	for _, p := range profiles {
+		if p.Last.Before(from) || p.Asked == 0 || !s.mayRead(r, p.Namespace, readable) {
+			continue
+		}
+		t, ok := submitted[[2]string{p.Namespace, p.Job}]
+		if !ok || t.After(p.First) {
+			t = p.First
+		}
+		at = append(at, t)
+		jobs = append(jobs, sim.Job{ID: p.Namespace + "/" + p.Job, Namespace: p.Namespace, Queue: p.Queue, GPUs: p.Asked,
+			Duration: math.Max(1, math.Round((p.Last.Sub(p.First) + period).Seconds())), Idle: p.BusyAt(0.95) == 0, Outcome: "completed"})
+	}
+	if len(at) > 0 {
+		start := slices.MinFunc(at, time.Time.Compare)
+		for i := range jobs {
+			jobs[i].Submit = math.Round(at[i].Sub(start).Seconds())
+		}
+	}
+	sort.SliceStable(jobs, func(i, j int) bool { return jobs[i].Submit < jobs[j].Submit })
+	w.Header().Set("Content-Type", "application/x-ndjson")
+	if err := sim.WriteTrace(w, jobs); err != nil {
+		s.log.Warn("trace: writing the answer failed", "error", err)
+	}
+}
+
+// sinceParam reads the request's since= (a positive duration; def when
+// absent); false when it answered 400.
+func sinceParam(w http.ResponseWriter, r *http.Request, def time.Duration) (time.Duration, bool) {
+	v := r.URL.Query().Get("since")
+	if v == "" {
+		return def, true
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil || d <= 0 {
+		writeError(w, http.StatusBadRequest, "nomad-gpu: since=%q is not a duration such as %gh", v, def.Hours())
+		return 0, false
+	}
+	return d, true
+}

@@ -1,0 +1,122 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+
+	"github.com/nomad-gpu/nomad-gpu/broker/audit"
+	"github.com/nomad-gpu/nomad-gpu/broker/policy"
+	"github.com/nomad-gpu/nomad-gpu/broker/queue"
+)
+
+// QueuedJob is an entry of GET /v1/gpu/queue, with its place in admission order.
+type QueuedJob struct {
+	Position int `json:"position"`
+	// Estimate is when it is expected to start (the leader's estimate;
+	// absent on another broker).
+	Estimate *queue.Estimate `json:"estimate,omitempty"`
+	queue.Entry
+}
+
+func (s *Server) queueEntry(w http.ResponseWriter, r *http.Request, id, who string) {
+	if !queue.ValidID(id) {
+		writeError(w, http.StatusBadRequest, "nomad-gpu: %q is not a queue id (a UUID, as `gpu-broker queue list` shows)", id)
+		return
+	}
+	e, err := s.queue.Get(r.Context(), id)
+	if errors.Is(err, queue.ErrNotFound) || (err == nil && !s.mayRead(r, e.Namespace, map[string]bool{})) {
+		writeError(w, http.StatusNotFound, "nomad-gpu: no queued job %q (admitted, cancelled or never queued)", id)
+		return
+	}
+	if err != nil {
+		writeError(w, http.StatusServiceUnavailable, "nomad-gpu: %v", err)
+		return
+	}
+	switch r.Method {
+	case http.MethodGet:
+		if s.acls && who != e.SubmittedBy {
+			e.Request = nil
+		}
+		entries, err := s.ordered(r)
+		if err != nil {
+			writeError(w, http.StatusServiceUnavailable, "nomad-gpu: %v", err)
+			return
+		}
+		writeJSON(w, http.StatusOK, QueuedJob{Position: positionOf(entries, id), Entry: e, Estimate: estimateOf(s.estimates(entries), id)})
+	case http.MethodDelete:
+		if !s.mayCancel(r, e, who) {
+			writeError(w, http.StatusForbidden, "nomad-gpu: only its submitter, or a token that may submit job %q in namespace %q, may cancel queued job %s",
+				e.JobID, e.Namespace, id)
+			return
+		}
+		event := audit.Event{Who: who, What: audit.QueueCancel, ID: id, Namespace: e.Namespace, Job: e.JobID, Tenant: e.Tenant,
+			Queue: e.Queue, Result: "cancelled"}
+		if !s.audited(w, event) {
+			return
+		}
+		ok, err := s.queue.Remove(r.Context(), e)
+		if err != nil || !ok {
+			event.Result = fmt.Sprintf("not cancelled: changed or admitted meanwhile (%v)", err)
+			s.audit.Write(event)
+			writeError(w, http.StatusConflict, "nomad-gpu: queued job %q changed or was admitted meanwhile: %v", id, err)
+			return
+		}
+		s.metrics.QueueWait(e.Queue, "cancelled", s.now().Sub(e.SubmittedAt))
+		s.log.Info("queue: cancelled", "id", id, "job", e.JobID, "namespace", e.Namespace, "by", who)
+		writeJSON(w, http.StatusOK, e)
+	default:
+		writeError(w, http.StatusMethodNotAllowed, "nomad-gpu: %s not allowed on %s", r.Method, r.URL.Path)
+	}
+}
+
+// estimates are the leader's start estimates for entries in admission
+// order; nil on a broker that has not led a reclaim pass.
+func (s *Server) estimates(ordered []queue.Entry) map[string]queue.Estimate {
+	if s.forecast == nil {
+		return nil
+	}
+	releases, ok := s.forecast.Get()
+	if !ok {
+		return nil
+	}
+	p := s.policies.Current()
+	u := s.cluster.UsageWithout(p, "", "")
+	return queue.Estimates(ordered, p, u.Idle[policy.AllGPUs], u.UsedBy(), releases, s.now())
+}
+
+func estimateOf(estimates map[string]queue.Estimate, id string) *queue.Estimate {
+	if e, ok := estimates[id]; ok {
+		return &e
+	}
+	return nil
+}
+
+// ordered lists the queue in admission order.
+func (s *Server) ordered(r *http.Request) ([]queue.Entry, error) {
+	entries, err := s.queue.List(r.Context())
+	if err != nil {
+		return nil, err
+	}
+	return s.order(r.Context(), entries), nil
+}
+
+// order sorts entries in admission order under the policy and usage now.
+func (s *Server) order(ctx context.Context, entries []queue.Entry) []queue.Entry {
+	p := s.policies.Current()
+	u := s.cluster.UsageWithout(p, "", "")
+	used := u.UsedBy()
+	var decayed map[string]float64
+	if s.fairShare != nil && p.FairShare.Enabled {
+		d, err := s.fairShare.Decayed(ctx, s.now(), p.FairShare.HalfLife)
+		if err != nil {
+			// Shown in the current share's order; the leader's admitter
+			// orders by fair share or not at all.
+			s.log.Warn("queue order: decayed GPU-hours unreadable", "error", err)
+		}
+		decayed = d
+	}
+	queue.Order(entries, p, used, decayed, s.now())
+	return entries
+}

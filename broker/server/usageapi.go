@@ -1,0 +1,189 @@
+package server
+
+import (
+	"net/http"
+	"sort"
+	"strconv"
+	"time"
+
+	"github.com/nomad-gpu/nomad-gpu/broker/policy"
+	"github.com/nomad-gpu/nomad-gpu/broker/usage"
+)
+
+// TenantUsage is one row of GET /v1/gpu/usage.
+type TenantUsage struct {
+	// GPUs; a time-sliced replica counts as its share of one.
+	Tenant     string  `json:"tenant"`
+	Used       float64 `json:"used"`
+	Borrowed   float64 `json:"borrowed"`
+	Guaranteed float64 `json:"guaranteed"`
+	Limit      float64 `json:"limit"`
+	Queued     float64 `json:"queued"`
+	// Budget is its GPU-hour budget in the current period, if it has one.
+	Budget *usage.BudgetState `json:"budget,omitempty"`
+}
+
+func (s *Server) usage(w http.ResponseWriter, r *http.Request) {
+	p := s.policies.Current()
+	u := s.cluster.UsageWithout(p, "", "")
+	queued := map[string]float64{}
+	if entries, err := s.queue.List(r.Context()); err == nil {
+		for _, e := range entries {
+			queued[e.Tenant] += e.Demand
+		}
+	}
+	var budgets map[string]usage.BudgetState
+	if s.rollups != nil {
+		now := s.now()
+		days, err := s.rollups.Days(r.Context(), usage.EarliestPeriodStart(now).Format(usage.DayFormat), now.UTC().Format(usage.DayFormat))
+		if err != nil {
+			writeError(w, http.StatusServiceUnavailable, "nomad-gpu: %v", err)
+			return
+		}
+		budgets = usage.Budgets(p, days, now)
+	}
+	out := make([]TenantUsage, 0, len(p.Tenants))
+	for name, t := range p.Tenants {
+		tu := u.Tenants[name]
+		row := TenantUsage{Tenant: name, Used: tu.Used[policy.AllGPUs], Borrowed: tu.Borrowed[policy.AllGPUs],
+			Guaranteed: t.Guaranteed.Total(), Limit: t.Limit.Total(), Queued: queued[name]}
+		if b, ok := budgets[name]; ok {
+			row.Budget = &b
+		}
+		out = append(out, row)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Tenant < out[j].Tenant })
+	writeJSON(w, http.StatusOK, out)
+}
+
+// UsageReport is GET /v1/gpu/usage?from=&to=&by=: GPU-hours and cost of
+// the days from From up to (not including) To.
+type UsageReport struct {
+	From     string            `json:"from"`
+	To       string            `json:"to"`
+	By       string            `json:"by"`
+	Currency string            `json:"currency"`
+	Rows     []usage.ReportRow `json:"rows"`
+}
+
+// usageReport reports GPU-hours from the daily rollups. With ACLs a caller
+// sees the tenants with a namespace it may read, and not the time of jobs
+// the broker did not admit (they have no tenant).
+func (s *Server) usageReport(w http.ResponseWriter, r *http.Request) {
+	if s.rollups == nil {
+		writeError(w, http.StatusNotFound, "nomad-gpu: this broker keeps no usage history")
+		return
+	}
+	q := r.URL.Query()
+	rep := UsageReport{From: q.Get("from"), To: q.Get("to"), By: q.Get("by")}
+	from, err := time.Parse(usage.DayFormat, rep.From)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, "nomad-gpu: from=%q is not a day (YYYY-MM-DD)", rep.From)
+		return
+	}
+	to := s.now().UTC().AddDate(0, 0, 1) // through today
+	if rep.To != "" {
+		if to, err = time.Parse(usage.DayFormat, rep.To); err != nil {
+			writeError(w, http.StatusBadRequest, "nomad-gpu: to=%q is not a day (YYYY-MM-DD)", rep.To)
+			return
+		}
+	}
+	rep.To = to.Format(usage.DayFormat)
+	if !to.After(from) {
+		writeError(w, http.StatusBadRequest, "nomad-gpu: to (%s) must come after from (%s): the period runs from 'from' up to, not including, 'to'", rep.To, rep.From)
+		return
+	}
+	switch rep.By {
+	case "":
+		rep.By = usage.ByTenant
+	case usage.ByTenant, usage.ByQueue, usage.ByClass:
+	default:
+		writeError(w, http.StatusBadRequest, "nomad-gpu: by=%q: report by tenant, queue or class", rep.By)
+		return
+	}
+	days, err := s.rollups.Days(r.Context(), rep.From, to.AddDate(0, 0, -1).Format(usage.DayFormat))
+	if err != nil {
+		writeError(w, http.StatusServiceUnavailable, "nomad-gpu: %v", err)
+		return
+	}
+	p := s.policies.Current()
+	if s.acls {
+		readable, tenants := map[string]bool{}, map[string]bool{}
+		for name, t := range p.Tenants {
+			for _, ns := range t.Namespaces {
+				if s.mayRead(r, ns, readable) {
+					tenants[name] = true
+					break
+				}
+			}
+		}
+		for i := range days {
+			rows := days[i].Rows[:0:0]
+			for _, row := range days[i].Rows {
+				if tenants[row.Tenant] {
+					rows = append(rows, row)
+				}
+			}
+			days[i].Rows = rows
+		}
+	}
+	rep.Currency = p.Currency
+	rep.Rows = usage.Report(days, rep.By, func(class string) float64 {
+		if c := p.Classes[class]; c != nil {
+			return c.PricePerGPUHour
+		}
+		return 0
+	})
+	writeJSON(w, http.StatusOK, rep)
+}
+
+// RightSizing is one row of GET /v1/gpu/rightsizing: a job that kept under
+// half of its GPUs busy.
+type RightSizing struct {
+	Tenant    string    `json:"tenant"`
+	Namespace string    `json:"namespace"`
+	Job       string    `json:"job"`
+	Queue     string    `json:"queue"`
+	Asked     int       `json:"asked"`
+	BusyP50   int       `json:"busy_p50"`
+	BusyP95   int       `json:"busy_p95"`
+	Samples   int64     `json:"samples"`
+	Since     time.Time `json:"since"`
+	Last      time.Time `json:"last_sample"`
+}
+
+// DefaultRightSizingTop is how many jobs per tenant GET /v1/gpu/rightsizing
+// lists unless ?top= says otherwise.
+const DefaultRightSizingTop = 5
+
+// rightSizing lists each tenant's worst over-asking jobs (?top=N per
+// tenant, 0 all) that the caller may read.
+func (s *Server) rightSizing(w http.ResponseWriter, r *http.Request) {
+	top := DefaultRightSizingTop
+	if v := r.URL.Query().Get("top"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 {
+			writeError(w, http.StatusBadRequest, "nomad-gpu: top=%q is not a count of jobs per tenant", v)
+			return
+		}
+		top = n
+	}
+	all, err := s.stored.List(r.Context())
+	if err != nil {
+		writeError(w, http.StatusServiceUnavailable, "nomad-gpu: %v", err)
+		return
+	}
+	readable := map[string]bool{}
+	mine := all[:0]
+	for _, p := range all {
+		if s.mayRead(r, p.Namespace, readable) {
+			mine = append(mine, p)
+		}
+	}
+	out := []RightSizing{}
+	for _, p := range usage.Worst(mine, top) {
+		out = append(out, RightSizing{Tenant: p.Tenant, Namespace: p.Namespace, Job: p.Job, Queue: p.Queue, Asked: p.Asked,
+			BusyP50: p.BusyAt(0.5), BusyP95: p.BusyAt(0.95), Samples: p.Samples(), Since: p.First, Last: p.Last})
+	}
+	writeJSON(w, http.StatusOK, out)
+}
