@@ -8,6 +8,7 @@ import (
 	"github.com/hashicorp/nomad/api"
 
 	"github.com/nomad-gpu/nomad-gpu/broker/admission"
+	"github.com/nomad-gpu/nomad-gpu/internal/jsondoc"
 )
 
 // Kind is which job request a body is: Nomad reads each into its own struct.
@@ -21,7 +22,7 @@ const (
 
 // Request is a job register, plan or validate request read as Nomad reads it.
 type Request struct {
-	Doc            *Doc
+	Doc            *jsondoc.Doc
 	Job            *api.Job
 	JobID          string
 	Namespace      string // resolved as Nomad resolves it
@@ -44,7 +45,7 @@ func ReadRequest(kind Kind, body []byte, query url.Values) (*Request, error) {
 	default:
 		target = &api.JobRegisterRequest{}
 	}
-	doc, err := ParseDoc(body, target)
+	doc, err := jsondoc.Parse(body, target)
 	if err != nil {
 		return nil, err
 	}

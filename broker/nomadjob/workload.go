@@ -6,6 +6,7 @@ import (
 	"github.com/hashicorp/nomad/api"
 
 	"github.com/nomad-gpu/nomad-gpu/broker/policy"
+	"github.com/nomad-gpu/nomad-gpu/internal/jsondoc"
 )
 
 // CanaryAutoRevert reports whether every GPU task group of job updates with
@@ -96,7 +97,7 @@ const SharedAttr = "${device.attr.shared}"
 // request) to devices that are not replicas, where they say nothing of
 // sharing: a workload without `shared` never lands on a time-sliced GPU. "!="
 // also matches GPUs whose plugin reports no such attribute.
-func wholeGPUsOnly(t *api.Task, doc *Node, w *policy.Workload) []string {
+func wholeGPUsOnly(t *api.Task, doc *jsondoc.Node, w *policy.Workload) []string {
 	if t.Resources == nil {
 		return nil
 	}

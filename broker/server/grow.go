@@ -17,6 +17,7 @@ import (
 	"github.com/nomad-gpu/nomad-gpu/broker/audit"
 	"github.com/nomad-gpu/nomad-gpu/broker/metrics"
 	"github.com/nomad-gpu/nomad-gpu/broker/nomadjob"
+	"github.com/nomad-gpu/nomad-gpu/internal/jsondoc"
 )
 
 // Scale, dispatch, periodic force and revert change GPU demand without a job
@@ -107,7 +108,7 @@ func (s *Server) spawn(w http.ResponseWriter, r *http.Request, c call, jobID str
 	)
 	if c == callDispatch {
 		var req api.JobDispatchRequest
-		var doc *nomadjob.Doc
+		var doc *jsondoc.Doc
 		if doc, ok = s.readCall(w, r, &req); !ok {
 			return
 		}
@@ -172,12 +173,12 @@ func (s *Server) revert(w http.ResponseWriter, r *http.Request, jobID string) {
 
 // readCall reads a call's body into out, refusing what Nomad could read
 // differently (a field given twice) and calls for another region.
-func (s *Server) readCall(w http.ResponseWriter, r *http.Request, out any) (*nomadjob.Doc, bool) {
+func (s *Server) readCall(w http.ResponseWriter, r *http.Request, out any) (*jsondoc.Doc, bool) {
 	body, ok := readBody(w, r)
 	if !ok {
 		return nil, false
 	}
-	doc, err := nomadjob.ParseDoc(body, out)
+	doc, err := jsondoc.Parse(body, out)
 	if err != nil {
 		writeError(w, http.StatusBadRequest, "nomad-gpu: %v", err)
 		return nil, false

@@ -1,4 +1,10 @@
-package nomadjob
+// Package jsondoc reads a JSON request body losslessly, as Nomad will read it:
+// a document in the order it was sent, refused when it could be read two ways
+// (a key given twice, in any spelling encoding/json folds together), with the
+// keys of a target type's fields rewritten to their canonical spelling and
+// every other key kept as sent. The broker forwards the document it read, so
+// that what Nomad acts on is what the broker decided on.
+package jsondoc
 
 import (
 	"bytes"
@@ -43,12 +49,12 @@ type member struct {
 	val *Node
 }
 
-// ParseDoc reads body as a document for the Go type of target (a pointer to a
+// Parse reads body as a document for the Go type of target (a pointer to a
 // struct, e.g. *api.JobRegisterRequest): it refuses trailing data, nesting
 // deeper than MaxDepth and any key given twice, and canonicalises the keys of
 // target's fields. It then reads the document into target the way Nomad
 // reads it.
-func ParseDoc(body []byte, target any) (*Doc, error) {
+func Parse(body []byte, target any) (*Doc, error) {
 	root, err := readDoc(body)
 	if err != nil {
 		return nil, fmt.Errorf("malformed JSON in request body: %w", err)
