@@ -6,6 +6,7 @@ import (
 
 	"github.com/nomad-gpu/nomad-gpu/broker/admission"
 	"github.com/nomad-gpu/nomad-gpu/broker/policy"
+	"github.com/nomad-gpu/nomad-gpu/broker/policyhcl"
 )
 
 const h100 = "NVIDIA H100 80GB HBM3"
@@ -40,9 +41,9 @@ borrowing {
   enabled  = ` + map[bool]string{true: "true", false: "false"}[borrowing] + `
   priority = 20
 }`
-	p, diags := policy.Parse(map[string][]byte{"p.hcl": []byte(src)}, 0)
+	p, diags := policyhcl.Parse(map[string][]byte{"p.hcl": []byte(src)}, 0)
 	if diags.HasErrors() {
-		t.Fatal(policy.FormatDiagnostics(diags))
+		t.Fatal(policyhcl.FormatDiagnostics(diags))
 	}
 	return p
 }
@@ -150,7 +151,7 @@ func TestDecide(t *testing.T) {
 }
 
 func TestAJobsOwnLifetimeWithinTheRule(t *testing.T) {
-	p, diags := policy.Parse(map[string][]byte{"p.hcl": []byte(`
+	p, diags := policyhcl.Parse(map[string][]byte{"p.hcl": []byte(`
 queue "training" { priority = 60 }
 queue "dev" { priority = 40 }
 tenant "vision" {
@@ -165,7 +166,7 @@ reclaim "dev-ttl" {
   action       = "stop"
 }`)}, 0)
 	if diags.HasErrors() {
-		t.Fatal(policy.FormatDiagnostics(diags))
+		t.Fatal(policyhcl.FormatDiagnostics(diags))
 	}
 	for _, c := range []struct {
 		queue, ttl, rule, reason string
@@ -188,7 +189,7 @@ reclaim "dev-ttl" {
 }
 
 func TestWorkloadClasses(t *testing.T) {
-	p, diags := policy.Parse(map[string][]byte{"p.hcl": []byte(`
+	p, diags := policyhcl.Parse(map[string][]byte{"p.hcl": []byte(`
 queue "training" {
   priority = 60
 }
@@ -216,7 +217,7 @@ borrowing {
   priority = 20
 }`)}, 0)
 	if diags.HasErrors() {
-		t.Fatal(policy.FormatDiagnostics(diags))
+		t.Fatal(policyhcl.FormatDiagnostics(diags))
 	}
 	// 2 nodes × 8 GPUs, 5 free on each (3 held by others on each).
 	u := cluster(10, map[string]float64{"search": 6})
@@ -304,7 +305,7 @@ func TestAReplicaCountsAsItsShareOfAGPU(t *testing.T) {
 }
 
 func soloPolicy(t *testing.T) *policy.Policy {
-	p, diags := policy.Parse(map[string][]byte{"p.hcl": []byte(`
+	p, diags := policyhcl.Parse(map[string][]byte{"p.hcl": []byte(`
 queue "dev" { priority = 40 }
 tenant "solo" {
   namespaces = ["solo"]
@@ -312,7 +313,7 @@ tenant "solo" {
   guaranteed = 1
 }`)}, 0)
 	if diags.HasErrors() {
-		t.Fatal(policy.FormatDiagnostics(diags))
+		t.Fatal(policyhcl.FormatDiagnostics(diags))
 	}
 	return p
 }

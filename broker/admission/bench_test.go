@@ -6,6 +6,7 @@ import (
 
 	"github.com/nomad-gpu/nomad-gpu/broker/admission"
 	"github.com/nomad-gpu/nomad-gpu/broker/policy"
+	"github.com/nomad-gpu/nomad-gpu/broker/policyhcl"
 )
 
 // BenchmarkDecide is one admission decision, snapshot given, for policies of
@@ -17,7 +18,7 @@ func BenchmarkDecide(b *testing.B) {
 			for i := 0; i < tenants; i++ {
 				src += fmt.Sprintf("tenant \"t%d\" {\n namespaces = [\"ns%d\"]\n queues = [\"training\"]\n guaranteed = 8\n limit = 16\n}\n", i, i)
 			}
-			p, diags := policy.Parse(map[string][]byte{"p.hcl": []byte(src)}, 0)
+			p, diags := policyhcl.Parse(map[string][]byte{"p.hcl": []byte(src)}, 0)
 			if diags.HasErrors() {
 				b.Fatal(diags)
 			}

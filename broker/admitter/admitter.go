@@ -52,9 +52,6 @@ type Cluster interface {
 	NodesFitting(model string, gpus int) int
 }
 
-// Policies gives the policy in force.
-type Policies interface{ Current() *policy.Policy }
-
 // Unblocker re-evaluates jobs Nomad left blocked.
 type Unblocker interface {
 	ReevaluateBlocked(ctx context.Context) (int, error)
@@ -66,7 +63,7 @@ type Admitter struct {
 	Queue    Queue
 	Nomad    Registrar
 	Cluster  Cluster
-	Policies Policies
+	Policies policy.Source
 	Stamper  nomadjob.Stamper
 	Now      func() time.Time
 	// Capacity is the number of healthy, schedulable GPUs; when it grows (a GPU

@@ -59,10 +59,6 @@ func (n *nomad) Register(_ context.Context, ns string, body []byte) (uint64, err
 	return uint64(len(n.registered)), nil
 }
 
-type fixed struct{ p *policy.Policy }
-
-func (f fixed) Current() *policy.Policy { return f.p }
-
 func entry(id string, gpus int, age time.Duration, now time.Time) queue.Entry {
 	req := fmt.Sprintf(`{"Job":{"ID":%q,"Namespace":"vision","TaskGroups":[{"Name":"g","Count":1,
 	  "Tasks":[{"Name":"t","Resources":{"Devices":[{"Name":"nvidia/gpu","Count":%d}]}}]}]}}`, id, gpus)
@@ -77,7 +73,7 @@ func setup(t *testing.T, src string, capacity int) (*admitter.Admitter, *queuete
 	now := time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC)
 	q := queuetest.NewMem()
 	n := &nomad{priorities: map[string]float64{}, tokens: map[string]policy.Grants{}}
-	a := &admitter.Admitter{Log: hclog.NewNullLogger(), Queue: q, Nomad: n, Cluster: view, Policies: fixed{p},
+	a := &admitter.Admitter{Log: hclog.NewNullLogger(), Queue: q, Nomad: n, Cluster: view, Policies: testbuild.Fixed{P: p},
 		Stamper: nomadjob.Stamper{Key: []byte("k")}, Now: func() time.Time { return now }}
 	return a, q, n, view, now
 }

@@ -31,7 +31,8 @@ import (
 	brokermetrics "github.com/nomad-gpu/nomad-gpu/broker/metrics"
 	"github.com/nomad-gpu/nomad-gpu/broker/nomadapi"
 	"github.com/nomad-gpu/nomad-gpu/broker/nomadjob"
-	"github.com/nomad-gpu/nomad-gpu/broker/policy"
+	"github.com/nomad-gpu/nomad-gpu/broker/policyhcl"
+	"github.com/nomad-gpu/nomad-gpu/broker/policystore"
 	"github.com/nomad-gpu/nomad-gpu/broker/queue"
 	"github.com/nomad-gpu/nomad-gpu/broker/reclaimer"
 	"github.com/nomad-gpu/nomad-gpu/broker/scaled"
@@ -87,9 +88,9 @@ func (a *Agent) Run(ctx context.Context) error {
 	view := cluster.NewView(stamper.Verify)
 	budgets := &gpuusage.BudgetBook{}
 	view.SetBudgets(budgets.OverBudget)
-	policies, diags := policy.NewStore(cfg.PolicyDir, view.Capacity, log.Named("policy"))
+	policies, diags := policystore.New(cfg.PolicyDir, view.Capacity, log.Named("policy"))
 	if policies == nil {
-		return fmt.Errorf("policy %s is invalid:\n%s", cfg.PolicyDir, policy.FormatDiagnostics(diags))
+		return fmt.Errorf("policy %s is invalid:\n%s", cfg.PolicyDir, policyhcl.FormatDiagnostics(diags))
 	}
 
 	agentRegion, acls, err := nomadClient.Agent(ctx)

@@ -31,7 +31,7 @@ type Jobs interface {
 type Expirer struct {
 	Store    *Store
 	Jobs     Jobs
-	Policies interface{ Current() *policy.Policy }
+	Policies policy.Source
 	Records  interface {
 		Create(ctx context.Context, r reclaim.Record) (bool, error)
 	}

@@ -13,7 +13,7 @@ import (
 	"github.com/hashicorp/hcl/v2/gohcl"
 	"github.com/hashicorp/hcl/v2/hclsyntax"
 
-	"github.com/nomad-gpu/nomad-gpu/broker/policy"
+	"github.com/nomad-gpu/nomad-gpu/broker/policyhcl"
 )
 
 // Config is the broker's configuration after defaults and environment.
@@ -123,7 +123,7 @@ func Load(path string) (*Config, error) {
 			diags = gohcl.DecodeBody(f.Body, nil, c)
 		}
 		if diags.HasErrors() {
-			return nil, fmt.Errorf("broker config:\n%s", strings.TrimSpace(policy.FormatDiagnostics(diags)))
+			return nil, fmt.Errorf("broker config:\n%s", strings.TrimSpace(policyhcl.FormatDiagnostics(diags)))
 		}
 	}
 	c.fill(os.Getenv)

@@ -33,7 +33,7 @@ type Cluster interface {
 // Sources are what the scrape-time metrics are read from.
 type Sources struct {
 	Cluster  Cluster
-	Policies interface{ Current() *policy.Policy }
+	Policies policy.Source
 	Queue    interface {
 		List(ctx context.Context) ([]queue.Entry, error)
 	}

@@ -11,16 +11,11 @@ import (
 	"github.com/nomad-gpu/nomad-gpu/broker/admission"
 	"github.com/nomad-gpu/nomad-gpu/broker/cluster"
 	"github.com/nomad-gpu/nomad-gpu/broker/metrics"
-	"github.com/nomad-gpu/nomad-gpu/broker/policy"
 	"github.com/nomad-gpu/nomad-gpu/broker/queue"
 	"github.com/nomad-gpu/nomad-gpu/broker/queue/queuetest"
 	"github.com/nomad-gpu/nomad-gpu/broker/usage"
 	"github.com/nomad-gpu/nomad-gpu/internal/testbuild"
 )
-
-type fixed struct{ p *policy.Policy }
-
-func (f fixed) Current() *policy.Policy { return f.p }
 
 const src = `
 queue "training" { priority = 60 }
@@ -43,7 +38,7 @@ func TestScrapeReportsGPUsTenantsAndQueues(t *testing.T) {
 		Allocs: []*api.Allocation{testbuild.Alloc("a", "vision", "train", "n1", 5, "n1-0", "n1-1", "n1-7").Build()}})
 	q := queuetest.NewMem(queue.Entry{ID: "e1", JobID: "waits", Namespace: "vision", Tenant: "vision", Queue: "training", Demand: 2})
 	m := metrics.New()
-	m.Observe(metrics.Sources{Cluster: view, Policies: fixed{testbuild.Policy(t, src)}, Queue: q})
+	m.Observe(metrics.Sources{Cluster: view, Policies: testbuild.Fixed{P: testbuild.Policy(t, src)}, Queue: q})
 	m.Admission(metrics.Submit, admission.Decision{Outcome: admission.Admit, Queue: "training"})
 	m.Decision("idle-dev", "stop", "executed")
 	m.GPUSeconds(map[usage.Key]usage.Seconds{{Tenant: "vision", Queue: "training", Class: "h100"}: {Allocated: 90, Busy: 60, Idle: 30}})
@@ -152,7 +147,7 @@ func TestPerGPUTelemetryAndPrice(t *testing.T) {
 	view.SetSamples(map[string]cluster.Sample{"n1-0": {Utilization: f(42), MemoryUsedMiB: f(1024), MemoryTotalMiB: f(81559), TemperatureC: f(55), PowerW: f(300)},
 		"n1-1": {Utilization: f(0)}})
 	m := metrics.New()
-	m.Observe(metrics.Sources{Cluster: view, Queue: queuetest.NewMem(), Policies: fixed{testbuild.Policy(t, `
+	m.Observe(metrics.Sources{Cluster: view, Queue: queuetest.NewMem(), Policies: testbuild.Fixed{P: testbuild.Policy(t, `
 currency = "EUR"
 gpu_class "h100" {
   models             = ["`+testbuild.H100+`"]

@@ -1,20 +1,16 @@
-// Package policy reads the broker's HCL policy files: queues, tenants and their
-// GPU quotas and submitters, GPU classes, workload classes, borrowing and
-// preemption, reclaim rules and settings, prices, budgets, fair share,
-// approvers and regions. Every problem is reported as an HCL diagnostic with
-// the file:line:col it is about. Store keeps the policy in force and reloads
-// it from its directory (on a change or SIGHUP), keeping the last good one.
+// Package policy is the broker's policy as plain types: queues, tenants and
+// their GPU quotas and submitters, GPU classes, workload classes, borrowing
+// and preemption, reclaim rules and settings, prices, budgets, fair share,
+// approvers and regions, with the questions the engines ask of it. It reads
+// nothing: policyhcl parses the HCL files into it, and policystore keeps the
+// one in force.
 package policy
 
 import (
 	"fmt"
-	"os"
-	"path/filepath"
 	"slices"
 	"sort"
 	"strings"
-
-	"github.com/hashicorp/hcl/v2"
 )
 
 // AllGPUs is the quota key that counts every GPU, whatever its class.
@@ -23,6 +19,18 @@ const AllGPUs = ""
 // MinPriorityGap is how far apart Nomad job priorities must be for the higher
 // one to preempt the lower.
 const MinPriorityGap = 10
+
+// Source gives the policy in force: the one interface every loop and
+// handler reads it through.
+type Source interface{ Current() *Policy }
+
+// Pos is where something is defined in the policy files.
+type Pos struct {
+	File         string
+	Line, Column int
+}
+
+func (p Pos) String() string { return fmt.Sprintf("%s:%d:%d", p.File, p.Line, p.Column) }
 
 // Policy is a validated policy set.
 type Policy struct {
@@ -55,7 +63,7 @@ type Queue struct {
 	Name     string
 	Priority int
 	Workload string
-	Range    hcl.Range
+	Pos      Pos // where it is defined
 }
 
 // Tenant owns Nomad namespaces and has GPU quotas.
@@ -74,7 +82,7 @@ type Tenant struct {
 	// Submitters are the Nomad ACL roles and policies whose holders may have
 	// the broker write jobs in the tenant's namespaces (enforcement "exclusive").
 	Submitters []Submitter
-	Range      hcl.Range
+	Pos        Pos // where it is defined
 }
 
 // Submitter is a Nomad ACL role or policy, by name.
@@ -140,7 +148,7 @@ type GPUClass struct {
 	// PricePerGPUHour is what an allocated GPU of the class costs an hour,
 	// in the policy's Currency (0: not priced).
 	PricePerGPUHour float64
-	Range           hcl.Range
+	Pos             Pos // where it is defined
 }
 
 // Region names the broker that admits GPU jobs for another Nomad region:
@@ -148,7 +156,7 @@ type GPUClass struct {
 type Region struct {
 	Name   string
 	Broker string
-	Range  hcl.Range
+	Pos    Pos // where it is defined
 }
 
 // Borrowing lets a tenant use idle GPUs beyond its guarantee at a low,
@@ -162,6 +170,17 @@ type Borrowing struct {
 type Preemption struct {
 	Batch   bool
 	Service bool
+}
+
+// Index makes TenantOf answer from the tenants' namespaces; call it once the
+// tenants are set (a parser refuses a namespace claimed twice).
+func (p *Policy) Index() {
+	p.byNamespace = map[string]*Tenant{}
+	for _, t := range p.Tenants {
+		for _, ns := range t.Namespaces {
+			p.byNamespace[ns] = t
+		}
+	}
 }
 
 // TenantOf returns the tenant that owns a namespace, or nil.
@@ -208,47 +227,6 @@ func matchModel(pattern, model string) bool {
 		return strings.HasPrefix(model, prefix)
 	}
 	return pattern == model
-}
-
-// LoadDir reads every *.hcl file of dir as one policy set. The policy is nil
-// when the diagnostics hold an error; warnings come with a valid policy.
-func LoadDir(dir string, capacity int) (*Policy, hcl.Diagnostics) {
-	paths, err := filepath.Glob(filepath.Join(dir, "*.hcl"))
-	if err != nil || len(paths) == 0 {
-		return nil, hcl.Diagnostics{{Severity: hcl.DiagError, Summary: "No policy files",
-			Detail: fmt.Sprintf("%s holds no *.hcl files", dir)}}
-	}
-	sort.Strings(paths)
-	files := map[string][]byte{}
-	for _, path := range paths {
-		b, err := os.ReadFile(path)
-		if err != nil {
-			return nil, hcl.Diagnostics{{Severity: hcl.DiagError, Summary: "Cannot read policy file", Detail: err.Error()}}
-		}
-		files[path] = b
-	}
-	return Parse(files, capacity)
-}
-
-// FormatDiagnostics renders diagnostics as `file:line:col: severity: message`, one a line.
-func FormatDiagnostics(diags hcl.Diagnostics) string {
-	var sb strings.Builder
-	for _, d := range diags {
-		sev := "error"
-		if d.Severity == hcl.DiagWarning {
-			sev = "warning"
-		}
-		msg := d.Summary
-		if d.Detail != "" {
-			msg += ": " + d.Detail
-		}
-		if d.Subject != nil {
-			fmt.Fprintf(&sb, "%s:%d:%d: %s: %s\n", d.Subject.Filename, d.Subject.Start.Line, d.Subject.Start.Column, sev, msg)
-		} else {
-			fmt.Fprintf(&sb, "%s: %s\n", sev, msg)
-		}
-	}
-	return sb.String()
 }
 
 // WithExtraLimit is the policy with tenant's limit raised by n GPUs (in

@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/nomad-gpu/nomad-gpu/broker/policy"
+	"github.com/nomad-gpu/nomad-gpu/broker/policyhcl"
 )
 
 const queues = `
@@ -21,9 +22,9 @@ borrowing {
 `
 
 func TestExamplePoliciesAreValid(t *testing.T) {
-	p, diags := policy.LoadDir("../../policies", 16)
+	p, diags := policyhcl.LoadDir("../../policies", 16)
 	if diags.HasErrors() {
-		t.Fatalf("policies/ is invalid:\n%s", policy.FormatDiagnostics(diags))
+		t.Fatalf("policies/ is invalid:\n%s", policyhcl.FormatDiagnostics(diags))
 	}
 	vision := p.TenantOf("vision")
 	if vision == nil || vision.DefaultQueue() != "training" || vision.Guaranteed.Total() != 8 || vision.Limit.Total() != 12 {
@@ -110,8 +111,8 @@ tenant "a" {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			p, diags := policy.Parse(map[string][]byte{"queues.hcl": []byte(queues), "tenants.hcl": []byte(c.tenants)}, c.capacity)
-			out := policy.FormatDiagnostics(diags)
+			p, diags := policyhcl.Parse(map[string][]byte{"queues.hcl": []byte(queues), "tenants.hcl": []byte(c.tenants)}, c.capacity)
+			out := policyhcl.FormatDiagnostics(diags)
 			if !strings.Contains(out, c.want) {
 				t.Fatalf("want a diagnostic containing\n  %s\ngot\n%s", c.want, out)
 			}
@@ -130,8 +131,8 @@ borrowing {
   enabled = true
   priority = 50
 }`
-	p, diags := policy.Parse(map[string][]byte{"q.hcl": []byte(close)}, 0)
-	out := policy.FormatDiagnostics(diags)
+	p, diags := policyhcl.Parse(map[string][]byte{"q.hcl": []byte(close)}, 0)
+	out := policyhcl.FormatDiagnostics(diags)
 	if p == nil {
 		t.Fatalf("bands closer than 10 are warnings, not errors:\n%s", out)
 	}
@@ -152,15 +153,15 @@ borrowing {
   enabled  = true
   priority = 60
 }`
-	p, diags := policy.Parse(map[string][]byte{"q.hcl": []byte(src)}, 0)
+	p, diags := policyhcl.Parse(map[string][]byte{"q.hcl": []byte(src)}, 0)
 	want := `q.hcl:3:1: error: Borrowing band not below every queue: borrowing priority 60 must be below queue "a" (60)`
-	if out := policy.FormatDiagnostics(diags); p != nil || !strings.Contains(out, want) {
+	if out := policyhcl.FormatDiagnostics(diags); p != nil || !strings.Contains(out, want) {
 		t.Fatalf("want %q, got\n%s", want, out)
 	}
 }
 
 func TestSubmittersAreRolesOrPolicies(t *testing.T) {
-	p, diags := policy.Parse(map[string][]byte{"queues.hcl": []byte(queues), "tenants.hcl": []byte(`tenant "a" {
+	p, diags := policyhcl.Parse(map[string][]byte{"queues.hcl": []byte(queues), "tenants.hcl": []byte(`tenant "a" {
   namespaces = ["a"]
   queues     = ["dev"]
   submitters = ["role:ml", "policy:a-write"]
@@ -170,7 +171,7 @@ tenant "b" {
   queues     = ["dev"]
 }`)}, 0)
 	if p == nil {
-		t.Fatal(policy.FormatDiagnostics(diags))
+		t.Fatal(policyhcl.FormatDiagnostics(diags))
 	}
 	a, b := p.Tenants["a"], p.Tenants["b"]
 	cases := []struct {

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/nomad-gpu/nomad-gpu/broker/policy"
+	"github.com/nomad-gpu/nomad-gpu/broker/policyhcl"
 )
 
 // rule writes a reclaim block "r" with one attribute a line, from line 2.
@@ -16,9 +17,9 @@ func rule(attrs ...string) string {
 // The example policies carry issue 7's rules, one attribute a line (HCL
 // allows a single-line block only with a single attribute).
 func TestReclaimRulesAsWritten(t *testing.T) {
-	p, diags := policy.LoadDir("../../policies", 0)
+	p, diags := policyhcl.LoadDir("../../policies", 0)
 	if p == nil {
-		t.Fatal(policy.FormatDiagnostics(diags))
+		t.Fatal(policyhcl.FormatDiagnostics(diags))
 	}
 	var got []string
 	for _, r := range p.ReclaimRules() {
@@ -42,28 +43,28 @@ func TestReclaimRulesAsWritten(t *testing.T) {
 	if p.Usage.IdleBelow != 5 {
 		t.Errorf("usage: %+v", p.Usage)
 	}
-	p, diags = policy.Parse(map[string][]byte{"queues.hcl": []byte(queues)}, 0)
+	p, diags = policyhcl.Parse(map[string][]byte{"queues.hcl": []byte(queues)}, 0)
 	if s := p.ReclaimSettings; s.Period != 30*time.Second || s.Retention != 30*24*time.Hour {
-		t.Errorf("default reclaim_settings: %+v %s", s, policy.FormatDiagnostics(diags))
+		t.Errorf("default reclaim_settings: %+v %s", s, policyhcl.FormatDiagnostics(diags))
 	}
 	if p.Usage.IdleBelow != 5 || p.Usage.Retention != 400*24*time.Hour || p.Currency != "USD" {
 		t.Errorf("defaults: usage %+v, currency %q", p.Usage, p.Currency)
 	}
-	p, diags = policy.Parse(map[string][]byte{"queues.hcl": []byte(queues + "currency = \"EUR\"\ngpu_class \"h100\" {\n  models = [\"H100\"]\n  price_per_gpu_hour = 2.5\n}\nusage {\n  retention = \"48h\"\n}\n")}, 0)
+	p, diags = policyhcl.Parse(map[string][]byte{"queues.hcl": []byte(queues + "currency = \"EUR\"\ngpu_class \"h100\" {\n  models = [\"H100\"]\n  price_per_gpu_hour = 2.5\n}\nusage {\n  retention = \"48h\"\n}\n")}, 0)
 	if p == nil || p.Currency != "EUR" || p.Classes["h100"].PricePerGPUHour != 2.5 || p.Usage.Retention != 48*time.Hour {
-		t.Errorf("currency, price, retention: %s", policy.FormatDiagnostics(diags))
+		t.Errorf("currency, price, retention: %s", policyhcl.FormatDiagnostics(diags))
 	}
-	p, diags = policy.Parse(map[string][]byte{"queues.hcl": []byte(queues + "tenant \"t\" {\n  namespaces = [\"t\"]\n  queues = [\"dev\"]\n  budget {\n    gpu_hours = 2000\n    period = \"month\"\n  }\n}\n")}, 0)
+	p, diags = policyhcl.Parse(map[string][]byte{"queues.hcl": []byte(queues + "tenant \"t\" {\n  namespaces = [\"t\"]\n  queues = [\"dev\"]\n  budget {\n    gpu_hours = 2000\n    period = \"month\"\n  }\n}\n")}, 0)
 	if p == nil || *p.Tenants["t"].Budget != (policy.Budget{GPUHours: 2000, Period: "month"}) {
-		t.Errorf("budget: %s", policy.FormatDiagnostics(diags))
+		t.Errorf("budget: %s", policyhcl.FormatDiagnostics(diags))
 	}
-	p, diags = policy.Parse(map[string][]byte{"queues.hcl": []byte(queues + "fair_share {\n  idle_weight = 2\n}\n")}, 0)
+	p, diags = policyhcl.Parse(map[string][]byte{"queues.hcl": []byte(queues + "fair_share {\n  idle_weight = 2\n}\n")}, 0)
 	if p == nil || p.FairShare != (policy.FairShare{Enabled: true, HalfLife: 24 * time.Hour, IdleWeight: 2}) {
-		t.Errorf("fair_share: %s", policy.FormatDiagnostics(diags))
+		t.Errorf("fair_share: %s", policyhcl.FormatDiagnostics(diags))
 	}
-	p, diags = policy.Parse(map[string][]byte{"queues.hcl": []byte(queues + "reclaim_settings {\n  period = \"5s\"\n  retention = \"48h\"\n}\n")}, 0)
+	p, diags = policyhcl.Parse(map[string][]byte{"queues.hcl": []byte(queues + "reclaim_settings {\n  period = \"5s\"\n  retention = \"48h\"\n}\n")}, 0)
 	if p == nil || p.ReclaimSettings.Period != 5*time.Second || p.ReclaimSettings.Retention != 48*time.Hour {
-		t.Errorf("reclaim_settings: %v %s", p, policy.FormatDiagnostics(diags))
+		t.Errorf("reclaim_settings: %v %s", p, policyhcl.FormatDiagnostics(diags))
 	}
 }
 
@@ -118,8 +119,8 @@ func TestReclaimRuleDiagnostics(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			p, diags := policy.Parse(map[string][]byte{"queues.hcl": []byte(queues), "reclaim.hcl": []byte(c.rule)}, 0)
-			if out := policy.FormatDiagnostics(diags); p != nil || !strings.Contains(out, c.want) {
+			p, diags := policyhcl.Parse(map[string][]byte{"queues.hcl": []byte(queues), "reclaim.hcl": []byte(c.rule)}, 0)
+			if out := policyhcl.FormatDiagnostics(diags); p != nil || !strings.Contains(out, c.want) {
 				t.Errorf("want a diagnostic containing\n  %s\ngot\n%s", c.want, out)
 			}
 		})
@@ -127,7 +128,7 @@ func TestReclaimRuleDiagnostics(t *testing.T) {
 }
 
 func TestApproversAndAnExtraLimitForOneJob(t *testing.T) {
-	p, diags := policy.Parse(map[string][]byte{"queues.hcl": []byte(queues + `
+	p, diags := policyhcl.Parse(map[string][]byte{"queues.hcl": []byte(queues + `
 approvers = ["ops-oncall", "role:sre", "policy:gpu-approve"]
 tenant "vision" {
   namespaces = ["vision", "vision-dev"]
@@ -137,7 +138,7 @@ tenant "vision" {
 }
 `)}, 0)
 	if p == nil {
-		t.Fatal(policy.FormatDiagnostics(diags))
+		t.Fatal(policyhcl.FormatDiagnostics(diags))
 	}
 	for _, c := range []struct {
 		name string

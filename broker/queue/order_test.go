@@ -5,12 +5,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nomad-gpu/nomad-gpu/broker/policy"
+	"github.com/nomad-gpu/nomad-gpu/broker/policyhcl"
 	"github.com/nomad-gpu/nomad-gpu/broker/queue"
 )
 
 func TestOrder(t *testing.T) {
-	p, diags := policy.Parse(map[string][]byte{"p.hcl": []byte(`
+	p, diags := policyhcl.Parse(map[string][]byte{"p.hcl": []byte(`
 queue "inference" { priority = 80 }
 queue "training" { priority = 60 }
 tenant "a" {
@@ -60,7 +60,7 @@ func TestNewIDsAreValidAndDistinct(t *testing.T) {
 // With fair_share, decayed GPU-hours decide within a band, however old the
 // entries; age still lifts an entry into a higher queue's band.
 func TestFairShareOrder(t *testing.T) {
-	p, diags := policy.Parse(map[string][]byte{"p.hcl": []byte(`
+	p, diags := policyhcl.Parse(map[string][]byte{"p.hcl": []byte(`
 queue "inference" { priority = 80 }
 queue "training" { priority = 60 }
 queue "dev" { priority = 40 }
@@ -104,7 +104,7 @@ func BenchmarkOrder(b *testing.B) {
 	for i := 0; i < 1000; i++ {
 		src += fmt.Sprintf("tenant \"t%d\" {\n namespaces = [\"ns%d\"]\n queues = [\"training\", \"dev\"]\n guaranteed = 8\n limit = 16\n}\n", i, i)
 	}
-	p, diags := policy.Parse(map[string][]byte{"p.hcl": []byte(src)}, 0)
+	p, diags := policyhcl.Parse(map[string][]byte{"p.hcl": []byte(src)}, 0)
 	if diags.HasErrors() {
 		b.Fatal(diags)
 	}

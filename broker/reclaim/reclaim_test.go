@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/nomad-gpu/nomad-gpu/broker/policy"
+	"github.com/nomad-gpu/nomad-gpu/broker/policyhcl"
 	"github.com/nomad-gpu/nomad-gpu/broker/reclaim"
 	"github.com/nomad-gpu/nomad-gpu/internal/testbuild"
 )
@@ -14,9 +15,9 @@ import (
 // examplePolicy is the example policy set, with issue 7's reclaim rules.
 func examplePolicy(t testing.TB) *policy.Policy {
 	t.Helper()
-	p, diags := policy.LoadDir("../../policies", 0)
+	p, diags := policyhcl.LoadDir("../../policies", 0)
 	if p == nil {
-		t.Fatal(policy.FormatDiagnostics(diags))
+		t.Fatal(policyhcl.FormatDiagnostics(diags))
 	}
 	return p
 }

@@ -53,9 +53,6 @@ type Requeuer interface {
 	Requeue(ctx context.Context, rec reclaim.Record) (string, error)
 }
 
-// Policies gives the policy in force.
-type Policies interface{ Current() *policy.Policy }
-
 // Reclaimer applies the reclaim rules while this broker leads.
 type Reclaimer struct {
 	Log      hclog.Logger
@@ -63,7 +60,7 @@ type Reclaimer struct {
 	Observer Observer
 	Actor    Actor
 	Requeue  Requeuer
-	Policies Policies
+	Policies policy.Source
 	Now      func() time.Time
 	NewID    func() string
 	// Watchers see every observation, after the decisions on it.

@@ -10,7 +10,6 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
-	"github.com/nomad-gpu/nomad-gpu/broker/policy"
 	"github.com/nomad-gpu/nomad-gpu/broker/reclaim"
 	"github.com/nomad-gpu/nomad-gpu/broker/reclaim/reclaimtest"
 	"github.com/nomad-gpu/nomad-gpu/broker/reclaimer"
@@ -64,10 +63,6 @@ reclaim "watch" {
 }
 `
 
-type fixed struct{ p *policy.Policy }
-
-func (f fixed) Current() *policy.Policy { return f.p }
-
 var t0 = time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
 
 func setup(t *testing.T, recs *reclaimtest.Mem, allocs ...reclaim.Alloc) (*reclaimer.Reclaimer, *actor, *time.Time) {
@@ -75,7 +70,7 @@ func setup(t *testing.T, recs *reclaimtest.Mem, allocs ...reclaim.Alloc) (*recla
 	ids := 0
 	a := &actor{}
 	return &reclaimer.Reclaimer{Log: hclog.NewNullLogger(), Records: recs, Observer: &observer{allocs}, Actor: a,
-		Policies: fixed{testbuild.Policy(t, policySrc)}, Now: func() time.Time { return now },
+		Policies: testbuild.Fixed{P: testbuild.Policy(t, policySrc)}, Now: func() time.Time { return now },
 		NewID: func() string { ids++; return fmt.Sprintf("00000000-0000-4000-8000-%012d", ids) }}, a, &now
 }
 

@@ -9,6 +9,7 @@ import (
 	"github.com/hashicorp/nomad/api"
 
 	"github.com/nomad-gpu/nomad-gpu/broker/nomadjob"
+	"github.com/nomad-gpu/nomad-gpu/broker/policy"
 	"github.com/nomad-gpu/nomad-gpu/broker/queue"
 	"github.com/nomad-gpu/nomad-gpu/broker/reclaim"
 )
@@ -25,7 +26,7 @@ type Requeue struct {
 	Queue interface {
 		Put(ctx context.Context, e queue.Entry) error
 	}
-	Policies Policies
+	Policies policy.Source
 }
 
 // Requeue implements Requeuer.

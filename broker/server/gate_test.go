@@ -213,7 +213,7 @@ func TestFieldsUnknownToTheBrokerReachNomad(t *testing.T) {
 
 func TestQueueLimitsPerTenant(t *testing.T) {
 	s, _, q, _ := newTestServer(t)
-	s.policies = fixedPolicy{visionPolicy(t, "max_queued = 1\nmax_queued_request_bytes = 3000", "")}
+	s.policies = testbuild.Fixed{P: visionPolicy(t, "max_queued = 1\nmax_queued_request_bytes = 3000", "")}
 	do(s, http.MethodPut, "/v1/jobs", testbuild.Job("vision", "runs").Group("g", 1, 2, "gpu").Register())
 	big := testbuild.Job("vision", "big").Group("g", 1, 2, "gpu").Meta("note", strings.Repeat("x", 4000)).Register()
 	if rec := do(s, http.MethodPut, "/v1/jobs", big); rec.Code != http.StatusTooManyRequests || !strings.Contains(rec.Body.String(), "max_queued_request_bytes") {
@@ -257,7 +257,7 @@ func TestARegionsBrokerNamedInPolicyGetsItsRequests(t *testing.T) {
 	}))
 	defer eu.Close()
 	s, up, _, _ := newTestServer(t)
-	s.policies = fixedPolicy{visionPolicy(t, "", `region "eu" { broker = "`+eu.URL+`" }`)}
+	s.policies = testbuild.Fixed{P: visionPolicy(t, "", `region "eu" { broker = "`+eu.URL+`" }`)}
 	job := testbuild.Job("vision", "train").Group("g", 1, 1, "gpu").Register()
 	rec := do(s, http.MethodPut, "/v1/jobs?region=eu", job)
 	if rec.Code != http.StatusOK || !strings.Contains(rec.Body.String(), "from-eu") || len(got) != 1 || got[0] != "PUT /v1/jobs?region=eu 1" {
@@ -319,7 +319,7 @@ func TestBrokerAPIWithACLs(t *testing.T) {
 func TestExclusiveEnforcementWritesForSubmittersOnly(t *testing.T) {
 	s, up, q, _ := newTestServer(t)
 	s.acls, s.exclusive, s.token = true, true, "broker-secret"
-	s.policies = fixedPolicy{visionPolicy(t, `submitters = ["policy:vision-write"]`, `tenant "search" {
+	s.policies = testbuild.Fixed{P: visionPolicy(t, `submitters = ["policy:vision-write"]`, `tenant "search" {
   namespaces = ["search"]
   queues = ["training"]
 }`)}

@@ -42,11 +42,6 @@ const (
 	MaxLargeBodies = 4
 )
 
-// Policies gives the policy in force.
-type Policies interface {
-	Current() *policy.Policy
-}
-
 // Cluster is the usage admission decides against.
 type Cluster interface {
 	UsageWithout(p *policy.Policy, namespace, jobID string) admission.Usage
@@ -107,7 +102,7 @@ type Server struct {
 	client   *http.Client
 	// leaderClient reaches the other brokers.
 	leaderClient  *http.Client
-	policies      Policies
+	policies      policy.Source
 	cluster       Cluster
 	queue         Queue
 	decisions     Decisions
@@ -143,7 +138,7 @@ type Options struct {
 	Log      hclog.Logger
 	Nomad    string // upstream address
 	Client   *http.Client
-	Policies Policies
+	Policies policy.Source
 	Cluster  Cluster
 	Queue    Queue
 	// Decisions are the reclaim decision records (nil: none kept).

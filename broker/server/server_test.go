@@ -32,10 +32,6 @@ import (
 
 var _ Queue = (*queuetest.Mem)(nil)
 
-type fixedPolicy struct{ p *policy.Policy }
-
-func (f fixedPolicy) Current() *policy.Policy { return f.p }
-
 // upstream stands in for Nomad: it records the writes it gets and answers
 // reads of jobs from jobs (404 for others; lookup, when set, answers instead).
 type upstream struct {
@@ -181,7 +177,7 @@ func newTestServer(t testing.TB) (*Server, *upstream, *queuetest.Mem, *httptest.
 	view := cluster.NewView(nil)
 	view.ObserveNode(testbuild.Node("n", "H100", 2, 0))
 	q := queuetest.NewMem()
-	s, err := New(Options{Log: hclog.NewNullLogger(), Nomad: nomad.URL, Policies: fixedPolicy{p}, Cluster: view,
+	s, err := New(Options{Log: hclog.NewNullLogger(), Nomad: nomad.URL, Policies: testbuild.Fixed{P: p}, Cluster: view,
 		Queue: q, Stamper: nomadjob.Stamper{Key: []byte("k")}, NewID: func() string { return testQueueID }})
 	if err != nil {
 		t.Fatal(err)

@@ -6,7 +6,7 @@ import (
 	"strconv"
 	"testing"
 
-	"github.com/nomad-gpu/nomad-gpu/broker/policy"
+	"github.com/nomad-gpu/nomad-gpu/broker/policyhcl"
 	"github.com/nomad-gpu/nomad-gpu/broker/sim"
 )
 
@@ -18,7 +18,7 @@ func BenchmarkSimulate(b *testing.B) {
 	if n, err := strconv.Atoi(os.Getenv("SIM_BENCH_JOBS")); err == nil {
 		jobs = n
 	}
-	p, diags := policy.LoadDir("testdata/ten-tenants", 10_000)
+	p, diags := policyhcl.LoadDir("testdata/ten-tenants", 10_000)
 	if p == nil {
 		b.Fatal(diags)
 	}

@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/nomad-gpu/nomad-gpu/broker/policy"
+	"github.com/nomad-gpu/nomad-gpu/broker/policyhcl"
 )
 
 // The passes that order only the entries they can reach admit exactly what
@@ -18,7 +18,7 @@ func TestBoundedPassesDecideAsWholeQueues(t *testing.T) {
 		t.Fatal(err)
 	}
 	scaled := strings.NewReplacer("guaranteed = 1000", "guaranteed = 80", "limit      = 10000", "limit      = 800").Replace(string(src))
-	p, diags := policy.Parse(map[string][]byte{"policy.hcl": []byte(scaled)}, 800)
+	p, diags := policyhcl.Parse(map[string][]byte{"policy.hcl": []byte(scaled)}, 800)
 	if p == nil {
 		t.Fatal(diags)
 	}

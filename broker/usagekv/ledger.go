@@ -30,7 +30,7 @@ var ErrMarkMoved = errors.New("the usage mark moved since it was read (another l
 // (Budgets) which tenants spent their GPU-hour budget. One per leader term.
 type Ledger struct {
 	Store    DayStore
-	Policies interface{ Current() *policy.Policy }
+	Policies policy.Source
 	Metrics  *metrics.Metrics
 	Budgets  *usage.BudgetBook // nil: none kept
 

@@ -59,7 +59,7 @@ func (d *days) DeleteBefore(_ context.Context, day string) error {
 func TestTheLedgerCountsEachIntervalOnceAcrossLeaders(t *testing.T) {
 	t0 := time.Date(2026, 11, 30, 8, 0, 0, 0, time.UTC)
 	store := &days{byDay: map[string]usage.Rollup{"2025-01-01": {Day: "2025-01-01"}}}
-	p := fixed{testbuild.Policy(t, src)}
+	p := testbuild.Fixed{P: testbuild.Policy(t, src)}
 	allocs := []reclaim.Alloc{{ID: "a", Namespace: "vision", JobID: "nb", Admitted: true, Tenant: "vision", Queue: "dev", StartedAt: t0,
 		GPUs: []string{"g0", "g1"}}}
 	gpus := map[string]reclaim.GPU{"g0": {Utilization: 0}, "g1": {Utilization: 80}}
@@ -95,7 +95,7 @@ func TestALedgerThatLostTheMarkCountsNothing(t *testing.T) {
 	t0 := time.Date(2026, 11, 30, 8, 0, 0, 0, time.UTC)
 	store := &days{mark: usagekv.Mark{Through: t0}, index: 7, byDay: map[string]usage.Rollup{}}
 	stale := &racing{days: store}
-	l := &usagekv.Ledger{Store: stale, Policies: fixed{testbuild.Policy(t, src)}}
+	l := &usagekv.Ledger{Store: stale, Policies: testbuild.Fixed{P: testbuild.Policy(t, src)}}
 	allocs := []reclaim.Alloc{{ID: "a", Namespace: "vision", JobID: "nb", Admitted: true, StartedAt: t0, GPUs: []string{"g0"}}}
 	if err := l.Observed(context.Background(), t0.Add(time.Minute), allocs, nil); err == nil || !errors.Is(err, usagekv.ErrMarkMoved) {
 		t.Fatalf("err %v", err)
@@ -121,7 +121,7 @@ func TestTheLedgerTellsAdmissionWhoSpentItsBudget(t *testing.T) {
 	book := &usage.BudgetBook{}
 	// A budget of one GPU-hour a week (the week began on Monday the 30th:
 	// the 29th does not count).
-	l := &usagekv.Ledger{Store: store, Policies: fixed{testbuild.Policy(t, `
+	l := &usagekv.Ledger{Store: store, Policies: testbuild.Fixed{P: testbuild.Policy(t, `
 queue "dev" { priority = 40 }
 tenant "vision" {
   namespaces = ["vision"]

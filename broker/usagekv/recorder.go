@@ -29,7 +29,7 @@ const FlushEvery = 10
 type Recorder struct {
 	Store    Profiles
 	Table    *usage.Profiles
-	Policies interface{ Current() *policy.Policy }
+	Policies policy.Source
 
 	loaded    bool
 	lastFlush time.Time

@@ -6,7 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nomad-gpu/nomad-gpu/broker/policy"
 	"github.com/nomad-gpu/nomad-gpu/broker/reclaim"
 	"github.com/nomad-gpu/nomad-gpu/broker/usage"
 	"github.com/nomad-gpu/nomad-gpu/broker/usagekv"
@@ -46,10 +45,6 @@ func (m *mem) Delete(_ context.Context, ps []usage.Profile) ([]usage.Profile, er
 	return nil, nil
 }
 
-type fixed struct{ p *policy.Policy }
-
-func (f fixed) Current() *policy.Policy { return f.p }
-
 const src = `
 queue "dev" { priority = 40 }
 tenant "vision" {
@@ -70,7 +65,7 @@ func TestTheLeaderLoadsSamplesAndWritesProfilesEveryTenPeriods(t *testing.T) {
 			Last: t0.Add(-2 * time.Hour)},
 	}}
 	table := usage.NewProfiles()
-	rec := &usagekv.Recorder{Store: store, Table: table, Policies: fixed{testbuild.Policy(t, src)}}
+	rec := &usagekv.Recorder{Store: store, Table: table, Policies: testbuild.Fixed{P: testbuild.Policy(t, src)}}
 	allocs := []reclaim.Alloc{{ID: "a", Namespace: "vision", JobID: "nb", Admitted: true, Tenant: "vision", StartedAt: t0, GPUs: []string{"g0"}}}
 	gpus := map[string]reclaim.GPU{"g0": {Utilization: 0, Healthy: true}}
 	observe := func(i int) {

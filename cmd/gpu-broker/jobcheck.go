@@ -16,6 +16,7 @@ import (
 	"github.com/nomad-gpu/nomad-gpu/broker/admission"
 	"github.com/nomad-gpu/nomad-gpu/broker/nomadjob"
 	"github.com/nomad-gpu/nomad-gpu/broker/policy"
+	"github.com/nomad-gpu/nomad-gpu/broker/policyhcl"
 )
 
 const jobCheckUsage = `usage: gpu-broker job check -policy DIR [-max-gpus-per-node N] [-address NOMAD_ADDR] FILE...
@@ -38,9 +39,9 @@ func checkJobs(args []string) int {
 		fmt.Fprint(os.Stderr, jobCheckUsage)
 		return 2
 	}
-	p, diags := policy.LoadDir(*dir, 0)
+	p, diags := policyhcl.LoadDir(*dir, 0)
 	if p == nil {
-		fmt.Fprint(os.Stderr, policy.FormatDiagnostics(diags))
+		fmt.Fprint(os.Stderr, policyhcl.FormatDiagnostics(diags))
 		return 1
 	}
 	failed := false

@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/nomad-gpu/nomad-gpu/broker/policy"
+	"github.com/nomad-gpu/nomad-gpu/broker/policyhcl"
 	"github.com/nomad-gpu/nomad-gpu/internal/testcluster"
 )
 
@@ -38,9 +38,9 @@ func TestTheExampleJobspecsPassTheExamplePolicies(t *testing.T) {
 }
 
 func TestBrokenJobspecsAreNamed(t *testing.T) {
-	p, diags := policy.LoadDir("../../policies", 0)
+	p, diags := policyhcl.LoadDir("../../policies", 0)
 	if p == nil {
-		t.Fatal(policy.FormatDiagnostics(diags))
+		t.Fatal(policyhcl.FormatDiagnostics(diags))
 	}
 	job := func(ns, queue string, count, gpus int, meta string) string {
 		return fmt.Sprintf(`{"ID":"j","Namespace":%q,"Meta":{"nomad-gpu.queue":%q%s},"TaskGroups":[{"Name":"g","Count":%d,`+

@@ -10,7 +10,7 @@ import (
 	"strings"
 	"text/tabwriter"
 
-	"github.com/nomad-gpu/nomad-gpu/broker/policy"
+	"github.com/nomad-gpu/nomad-gpu/broker/policyhcl"
 )
 
 // validatePolicy prints diagnostics as file:line:col and fails on any error.
@@ -25,8 +25,8 @@ func validatePolicy(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "usage: gpu-broker policy validate [-capacity N] DIR")
 		return 2
 	}
-	p, diags := policy.LoadDir(fs.Arg(0), *capacity)
-	fmt.Fprint(stderr, policy.FormatDiagnostics(diags))
+	p, diags := policyhcl.LoadDir(fs.Arg(0), *capacity)
+	fmt.Fprint(stderr, policyhcl.FormatDiagnostics(diags))
 	if p == nil {
 		return 1
 	}
@@ -58,9 +58,9 @@ func policyTenants(args []string) int {
 		fmt.Fprintln(os.Stderr, "usage: gpu-broker policy tenants [-tfvars] DIR")
 		return 2
 	}
-	p, diags := policy.LoadDir(fs.Arg(0), 0)
+	p, diags := policyhcl.LoadDir(fs.Arg(0), 0)
 	if p == nil {
-		fmt.Fprint(os.Stderr, policy.FormatDiagnostics(diags))
+		fmt.Fprint(os.Stderr, policyhcl.FormatDiagnostics(diags))
 		return 1
 	}
 	out := TenantVars{Tenants: map[string]TenantVar{}}

@@ -9,7 +9,7 @@ import (
 	"strings"
 	"sync"
 
-	"github.com/nomad-gpu/nomad-gpu/broker/policy"
+	"github.com/nomad-gpu/nomad-gpu/broker/policyhcl"
 	"github.com/nomad-gpu/nomad-gpu/broker/sim"
 )
 
@@ -56,8 +56,8 @@ func simulate(args []string, stdout io.Writer) int {
 	if err != nil {
 		return fail(err)
 	}
-	p, diags := policy.LoadDir(*policyDir, sim.GPUs(cluster))
-	fmt.Fprint(os.Stderr, policy.FormatDiagnostics(diags))
+	p, diags := policyhcl.LoadDir(*policyDir, sim.GPUs(cluster))
+	fmt.Fprint(os.Stderr, policyhcl.FormatDiagnostics(diags))
 	if p == nil {
 		return 1
 	}

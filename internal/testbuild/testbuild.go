@@ -11,6 +11,7 @@ import (
 	"github.com/hashicorp/nomad/api"
 
 	"github.com/nomad-gpu/nomad-gpu/broker/policy"
+	"github.com/nomad-gpu/nomad-gpu/broker/policyhcl"
 )
 
 // H100 is the model the fake backend reports by default.
@@ -19,12 +20,18 @@ const H100 = "NVIDIA H100 80GB HBM3"
 // Policy parses one policy file, failing the test on any diagnostic.
 func Policy(t testing.TB, src string) *policy.Policy {
 	t.Helper()
-	p, diags := policy.Parse(map[string][]byte{"policy.hcl": []byte(src)}, 0)
+	p, diags := policyhcl.Parse(map[string][]byte{"policy.hcl": []byte(src)}, 0)
 	if diags.HasErrors() {
-		t.Fatal(policy.FormatDiagnostics(diags))
+		t.Fatal(policyhcl.FormatDiagnostics(diags))
 	}
 	return p
 }
+
+// Fixed is a policy.Source that always gives p.
+type Fixed struct{ P *policy.Policy }
+
+// Current is p.
+func (f Fixed) Current() *policy.Policy { return f.P }
 
 // Node is a ready, eligible Nomad node with healthy and sick GPUs of model.
 func Node(id, model string, healthy, sick int) *api.Node {

@@ -1,4 +1,7 @@
-package policy
+// Package policyhcl reads the broker's HCL policy files into a policy.Policy:
+// every block and attribute checked, every problem an HCL diagnostic with
+// the file:line:col it is about, and a policy only when there is no error.
+package policyhcl
 
 import (
 	"fmt"
@@ -11,6 +14,8 @@ import (
 	"github.com/hashicorp/hcl/v2/gohcl"
 	"github.com/hashicorp/hcl/v2/hclsyntax"
 	"github.com/zclconf/go-cty/cty"
+
+	"github.com/nomad-gpu/nomad-gpu/broker/policy"
 )
 
 var fileSchema = &hcl.BodySchema{Attributes: []hcl.AttributeSchema{{Name: "currency"}, {Name: "approvers"}}, Blocks: []hcl.BlockHeaderSchema{
@@ -68,17 +73,37 @@ type preemptionBody struct {
 	Service *bool `hcl:"service,optional"`
 }
 
+// parser builds one policy from its files, and remembers what it needs to
+// check across blocks.
+type parser struct {
+	*policy.Policy
+	byNamespace map[string]*policy.Tenant // each namespace's tenant so far
+	defs        map[string]hcl.Range      // where each "<block type> <name>" is defined, for duplicates
+}
+
+// pos is where an HCL range starts, as the policy keeps it.
+func pos(r hcl.Range) policy.Pos {
+	return policy.Pos{File: r.Filename, Line: r.Start.Line, Column: r.Start.Column}
+}
+
+// rangeOf is a policy position as an HCL range, for a diagnostic.
+func rangeOf(p policy.Pos) hcl.Range {
+	start := hcl.Pos{Line: p.Line, Column: p.Column}
+	return hcl.Range{Filename: p.File, Start: start, End: start}
+}
+
 // Defaults of the optional blocks.
 const defaultBorrowingPriority = 20
 
 // Parse reads a policy set from file contents keyed by file name. capacity is
 // the cluster's GPU count for the over-commitment warning (0: unknown, no check).
-func Parse(files map[string][]byte, capacity int) (*Policy, hcl.Diagnostics) {
-	p := &Policy{Queues: map[string]*Queue{}, Tenants: map[string]*Tenant{}, Classes: map[string]*GPUClass{}, Regions: map[string]*Region{},
-		Reclaim: map[string]*ReclaimRule{}, Workloads: map[string]*Workload{}, ReclaimSettings: ReclaimSettings{Period: DefaultReclaimPeriod, Retention: DefaultReclaimRetention},
-		Borrowing: Borrowing{Priority: defaultBorrowingPriority}, Preemption: Preemption{Batch: true, Service: true},
-		Usage: Usage{IdleBelow: DefaultIdleBelow, Retention: DefaultUsageRetention}, Currency: DefaultCurrency,
-		FairShare: FairShare{HalfLife: DefaultHalfLife, IdleWeight: DefaultIdleWeight}, byNamespace: map[string]*Tenant{}}
+func Parse(files map[string][]byte, capacity int) (*policy.Policy, hcl.Diagnostics) {
+	pol := &policy.Policy{Queues: map[string]*policy.Queue{}, Tenants: map[string]*policy.Tenant{}, Classes: map[string]*policy.GPUClass{}, Regions: map[string]*policy.Region{},
+		Reclaim: map[string]*policy.ReclaimRule{}, Workloads: map[string]*policy.Workload{}, ReclaimSettings: policy.ReclaimSettings{Period: policy.DefaultReclaimPeriod, Retention: policy.DefaultReclaimRetention},
+		Borrowing: policy.Borrowing{Priority: defaultBorrowingPriority}, Preemption: policy.Preemption{Batch: true, Service: true},
+		Usage: policy.Usage{IdleBelow: policy.DefaultIdleBelow, Retention: policy.DefaultUsageRetention}, Currency: policy.DefaultCurrency,
+		FairShare: policy.FairShare{HalfLife: policy.DefaultHalfLife, IdleWeight: policy.DefaultIdleWeight}}
+	p := &parser{Policy: pol, byNamespace: map[string]*policy.Tenant{}, defs: map[string]hcl.Range{}}
 	var diags hcl.Diagnostics
 	var tenantBlocks []*hcl.Block
 	var tenantBodies []tenantBody
@@ -114,12 +139,12 @@ func Parse(files map[string][]byte, capacity int) (*Policy, hcl.Diagnostics) {
 					diags = append(diags, d...)
 					continue
 				}
-				q := &Queue{Name: b.Labels[0], Priority: qb.Priority, Workload: b.Labels[0], Range: b.DefRange}
+				q := &policy.Queue{Name: b.Labels[0], Priority: qb.Priority, Workload: b.Labels[0], Pos: pos(b.DefRange)}
 				if qb.Workload != nil {
 					q.Workload = *qb.Workload
 				}
-				if prev, dup := p.Queues[q.Name]; dup {
-					diags = append(diags, duplicate("queue", q.Name, b.DefRange, prev.Range))
+				if _, dup := p.Queues[q.Name]; dup {
+					diags = append(diags, duplicate("queue", q.Name, b.DefRange, p.defs["queue "+q.Name]))
 					continue
 				}
 				if q.Priority < 1 || q.Priority > 100 {
@@ -127,6 +152,7 @@ func Parse(files map[string][]byte, capacity int) (*Policy, hcl.Diagnostics) {
 						fmt.Sprintf("queue %q has priority %d; Nomad priorities run from 1 to 100", q.Name, q.Priority)))
 				}
 				p.Queues[q.Name] = q
+				p.defs["queue "+q.Name] = b.DefRange
 			case "tenant":
 				var tb tenantBody
 				if d := gohcl.DecodeBody(b.Body, nil, &tb); d.HasErrors() {
@@ -140,15 +166,15 @@ func Parse(files map[string][]byte, capacity int) (*Policy, hcl.Diagnostics) {
 					diags = append(diags, d...)
 					continue
 				}
-				c := &GPUClass{Name: b.Labels[0], Models: cb.Models, Range: b.DefRange}
+				c := &policy.GPUClass{Name: b.Labels[0], Models: cb.Models, Pos: pos(b.DefRange)}
 				if cb.Price != nil {
 					if c.PricePerGPUHour = *cb.Price; c.PricePerGPUHour < 0 {
 						diags = append(diags, errorAt(attrRange(b, "price_per_gpu_hour"), "Negative price",
 							fmt.Sprintf("gpu_class %q: price_per_gpu_hour = %g is below 0", c.Name, c.PricePerGPUHour)))
 					}
 				}
-				if prev, dup := p.Classes[c.Name]; dup {
-					diags = append(diags, duplicate("gpu_class", c.Name, b.DefRange, prev.Range))
+				if _, dup := p.Classes[c.Name]; dup {
+					diags = append(diags, duplicate("gpu_class", c.Name, b.DefRange, p.defs["gpu_class "+c.Name]))
 					continue
 				}
 				if len(c.Models) == 0 {
@@ -156,15 +182,16 @@ func Parse(files map[string][]byte, capacity int) (*Policy, hcl.Diagnostics) {
 						fmt.Sprintf("gpu_class %q must list at least one model (device name)", c.Name)))
 				}
 				p.Classes[c.Name] = c
+				p.defs["gpu_class "+c.Name] = b.DefRange
 			case "region":
 				var rb regionBody
 				if d := gohcl.DecodeBody(b.Body, nil, &rb); d.HasErrors() {
 					diags = append(diags, d...)
 					continue
 				}
-				r := &Region{Name: b.Labels[0], Broker: rb.Broker, Range: b.DefRange}
-				if prev, dup := p.Regions[r.Name]; dup {
-					diags = append(diags, duplicate("region", r.Name, b.DefRange, prev.Range))
+				r := &policy.Region{Name: b.Labels[0], Broker: rb.Broker, Pos: pos(b.DefRange)}
+				if _, dup := p.Regions[r.Name]; dup {
+					diags = append(diags, duplicate("region", r.Name, b.DefRange, p.defs["region "+r.Name]))
 					continue
 				}
 				if u, err := url.Parse(r.Broker); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
@@ -172,6 +199,7 @@ func Parse(files map[string][]byte, capacity int) (*Policy, hcl.Diagnostics) {
 						fmt.Sprintf("region %q: broker %q must be an http:// or https:// address", r.Name, r.Broker)))
 				}
 				p.Regions[r.Name] = r
+				p.defs["region "+r.Name] = b.DefRange
 			case "reclaim":
 				diags = append(diags, p.addReclaim(b)...)
 			case "workload":
@@ -195,10 +223,11 @@ func Parse(files map[string][]byte, capacity int) (*Policy, hcl.Diagnostics) {
 	if diags.HasErrors() {
 		return nil, diags
 	}
-	return p, diags
+	pol.Index()
+	return pol, diags
 }
 
-func decodeSingleton(p *Policy, b *hcl.Block) hcl.Diagnostics {
+func decodeSingleton(p *parser, b *hcl.Block) hcl.Diagnostics {
 	switch b.Type {
 	case "reclaim_settings":
 		return p.reclaimSettings(b)
@@ -229,10 +258,10 @@ func decodeSingleton(p *Policy, b *hcl.Block) hcl.Diagnostics {
 	return d
 }
 
-func (p *Policy) addTenant(b *hcl.Block, tb tenantBody) hcl.Diagnostics {
+func (p *parser) addTenant(b *hcl.Block, tb tenantBody) hcl.Diagnostics {
 	var diags hcl.Diagnostics
-	t := &Tenant{Name: b.Labels[0], Namespaces: tb.Namespaces, Queues: tb.Queues, Range: b.DefRange,
-		MaxQueued: DefaultMaxQueued, MaxQueuedRequestBytes: DefaultMaxQueuedRequestBytes}
+	t := &policy.Tenant{Name: b.Labels[0], Namespaces: tb.Namespaces, Queues: tb.Queues, Pos: pos(b.DefRange),
+		MaxQueued: policy.DefaultMaxQueued, MaxQueuedRequestBytes: policy.DefaultMaxQueuedRequestBytes}
 	if tb.MaxQueued != nil {
 		t.MaxQueued = *tb.MaxQueued
 	}
@@ -247,10 +276,11 @@ func (p *Policy) addTenant(b *hcl.Block, tb tenantBody) hcl.Diagnostics {
 	if t.Submitters, subDiags = submitters(tb.Submitters, t.Name); subDiags.HasErrors() {
 		return subDiags
 	}
-	if prev, dup := p.Tenants[t.Name]; dup {
-		return hcl.Diagnostics{duplicate("tenant", t.Name, b.DefRange, prev.Range)}
+	if _, dup := p.Tenants[t.Name]; dup {
+		return hcl.Diagnostics{duplicate("tenant", t.Name, b.DefRange, p.defs["tenant "+t.Name])}
 	}
 	p.Tenants[t.Name] = t
+	p.defs["tenant "+t.Name] = b.DefRange
 	if len(t.Queues) == 0 {
 		diags = append(diags, errorAt(b.DefRange, "Default queue missing",
 			fmt.Sprintf("tenant %q lists no queues; the first one is its default queue", t.Name)))
@@ -265,7 +295,7 @@ func (p *Policy) addTenant(b *hcl.Block, tb tenantBody) hcl.Diagnostics {
 		if other, taken := p.byNamespace[ns]; taken {
 			diags = append(diags, errorAt(b.DefRange, "Namespace claimed twice",
 				fmt.Sprintf("namespace %q belongs to tenant %q (%s) and to tenant %q; a namespace belongs to one tenant",
-					ns, other.Name, other.Range, t.Name)))
+					ns, other.Name, other.Pos, t.Name)))
 			continue
 		}
 		p.byNamespace[ns] = t
@@ -285,25 +315,25 @@ func (p *Policy) addTenant(b *hcl.Block, tb tenantBody) hcl.Diagnostics {
 		}
 	}
 	if t.Guaranteed == nil {
-		t.Guaranteed = Quota{}
+		t.Guaranteed = policy.Quota{}
 	}
 	if bb := tb.Budget; bb != nil {
 		switch {
 		case bb.GPUHours <= 0:
 			diags = append(diags, errorAt(bb.Range, "Invalid budget",
 				fmt.Sprintf("tenant %q: budget gpu_hours = %g must be above 0", t.Name, bb.GPUHours)))
-		case bb.Period != BudgetDay && bb.Period != BudgetWeek && bb.Period != BudgetMonth:
+		case bb.Period != policy.BudgetDay && bb.Period != policy.BudgetWeek && bb.Period != policy.BudgetMonth:
 			diags = append(diags, errorAt(bb.Range, "Invalid budget period",
 				fmt.Sprintf("tenant %q: budget period %q is none of \"day\", \"week\", \"month\"", t.Name, bb.Period)))
 		default:
-			t.Budget = &Budget{GPUHours: bb.GPUHours, Period: bb.Period}
+			t.Budget = &policy.Budget{GPUHours: bb.GPUHours, Period: bb.Period}
 		}
 	}
 	return diags
 }
 
 // submitters reads ["role:<name>", "policy:<name>", ...].
-func submitters(expr hcl.Expression, tenant string) ([]Submitter, hcl.Diagnostics) {
+func submitters(expr hcl.Expression, tenant string) ([]policy.Submitter, hcl.Diagnostics) {
 	if expr == nil {
 		return nil, nil
 	}
@@ -314,20 +344,20 @@ func submitters(expr hcl.Expression, tenant string) ([]Submitter, hcl.Diagnostic
 	if diags := gohcl.DecodeExpression(expr, nil, &list); diags.HasErrors() {
 		return nil, diags
 	}
-	out := make([]Submitter, 0, len(list))
+	out := make([]policy.Submitter, 0, len(list))
 	for _, s := range list {
 		kind, name, _ := strings.Cut(s, ":")
-		if (kind != SubmitterRole && kind != SubmitterPolicy) || name == "" {
+		if (kind != policy.SubmitterRole && kind != policy.SubmitterPolicy) || name == "" {
 			return nil, hcl.Diagnostics{errorAt(expr.Range(), "Invalid submitter",
 				fmt.Sprintf("tenant %q: submitter %q is neither \"role:<Nomad ACL role>\" nor \"policy:<Nomad ACL policy>\"", tenant, s))}
 		}
-		out = append(out, Submitter{Kind: kind, Name: name})
+		out = append(out, policy.Submitter{Kind: kind, Name: name})
 	}
 	return out, nil
 }
 
 // quota reads `n` (all GPUs) or `{ class = n, ... }`.
-func (p *Policy) quota(expr hcl.Expression, attr, tenant string) (Quota, hcl.Diagnostics) {
+func (p *parser) quota(expr hcl.Expression, attr, tenant string) (policy.Quota, hcl.Diagnostics) {
 	if expr == nil {
 		return nil, nil
 	}
@@ -335,7 +365,7 @@ func (p *Policy) quota(expr hcl.Expression, attr, tenant string) (Quota, hcl.Dia
 	if diags.HasErrors() || v.IsNull() {
 		return nil, diags
 	}
-	bad := func(detail string) (Quota, hcl.Diagnostics) {
+	bad := func(detail string) (policy.Quota, hcl.Diagnostics) {
 		return nil, hcl.Diagnostics{errorAt(expr.Range(), "Invalid quota", fmt.Sprintf("tenant %q %s: %s", tenant, attr, detail))}
 	}
 	count := func(v cty.Value) (int, bool) {
@@ -350,12 +380,12 @@ func (p *Policy) quota(expr hcl.Expression, attr, tenant string) (Quota, hcl.Dia
 		if !ok {
 			return bad("a quota is a whole number of GPUs, 0 or more")
 		}
-		return Quota{AllGPUs: float64(n)}, nil
+		return policy.Quota{policy.AllGPUs: float64(n)}, nil
 	}
 	if !v.Type().IsObjectType() && !v.Type().IsMapType() {
 		return bad("write a number of GPUs, or { <gpu_class> = <number>, ... }")
 	}
-	q := Quota{}
+	q := policy.Quota{}
 	for k, cv := range v.AsValueMap() {
 		if _, ok := p.Classes[k]; !ok {
 			return bad(fmt.Sprintf("unknown GPU class %q (define it with a gpu_class block)", k))
@@ -370,19 +400,19 @@ func (p *Policy) quota(expr hcl.Expression, attr, tenant string) (Quota, hcl.Dia
 }
 
 // check runs the whole-set rules: bands, borrowing below queues, capacity.
-func (p *Policy) check(capacity int, borrowingRange hcl.Range) hcl.Diagnostics {
+func (p *parser) check(capacity int, borrowingRange hcl.Range) hcl.Diagnostics {
 	var diags hcl.Diagnostics
-	queues := make([]*Queue, 0, len(p.Queues))
+	queues := make([]*policy.Queue, 0, len(p.Queues))
 	for _, q := range p.Queues {
 		queues = append(queues, q)
 	}
 	sort.Slice(queues, func(i, j int) bool { return queues[i].Priority < queues[j].Priority })
 	for i := 1; i < len(queues); i++ {
 		lo, hi := queues[i-1], queues[i]
-		if hi.Priority-lo.Priority < MinPriorityGap {
-			diags = append(diags, warningAt(hi.Range, "Queue bands too close",
+		if hi.Priority-lo.Priority < policy.MinPriorityGap {
+			diags = append(diags, warningAt(rangeOf(hi.Pos), "Queue bands too close",
 				fmt.Sprintf("queues %q (%d) and %q (%d) are less than %d apart: Nomad will not preempt one for the other",
-					hi.Name, hi.Priority, lo.Name, lo.Priority, MinPriorityGap)))
+					hi.Name, hi.Priority, lo.Name, lo.Priority, policy.MinPriorityGap)))
 		}
 	}
 	if p.Borrowing.Enabled && len(queues) > 0 {
@@ -392,10 +422,10 @@ func (p *Policy) check(capacity int, borrowingRange hcl.Range) hcl.Diagnostics {
 			diags = append(diags, errorAt(borrowingRange, "Borrowing band not below every queue",
 				fmt.Sprintf("borrowing priority %d must be below queue %q (%d), or borrowed work could not be preempted",
 					p.Borrowing.Priority, lowest.Name, lowest.Priority)))
-		case lowest.Priority-p.Borrowing.Priority < MinPriorityGap:
+		case lowest.Priority-p.Borrowing.Priority < policy.MinPriorityGap:
 			diags = append(diags, warningAt(borrowingRange, "Borrowing band too close",
 				fmt.Sprintf("borrowing priority %d is less than %d below queue %q (%d): Nomad will not preempt borrowed work for it",
-					p.Borrowing.Priority, MinPriorityGap, lowest.Name, lowest.Priority)))
+					p.Borrowing.Priority, policy.MinPriorityGap, lowest.Name, lowest.Priority)))
 		}
 	}
 	if capacity > 0 {
@@ -411,20 +441,8 @@ func (p *Policy) check(capacity int, borrowingRange hcl.Range) hcl.Diagnostics {
 	return diags
 }
 
-// Total is the quota's count of all GPUs: the AllGPUs key, or the sum of classes.
-func (q Quota) Total() float64 {
-	if n, ok := q[AllGPUs]; ok {
-		return n
-	}
-	total := 0.0
-	for _, n := range q {
-		total += n
-	}
-	return total
-}
-
 func className(class string) string {
-	if class == AllGPUs {
+	if class == policy.AllGPUs {
 		return "GPUs"
 	}
 	return class + " GPUs"

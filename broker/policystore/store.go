@@ -1,4 +1,7 @@
-package policy
+// Package policystore keeps the policy in force: loaded from a directory of
+// HCL files, reloaded when they change (polled) or on SIGHUP, and an invalid
+// set refused with its diagnostics while the last good one stays.
+package policystore
 
 import (
 	"context"
@@ -10,6 +13,9 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/hcl/v2"
+
+	"github.com/nomad-gpu/nomad-gpu/broker/policy"
+	"github.com/nomad-gpu/nomad-gpu/broker/policyhcl"
 )
 
 // Store holds the policy in force and reloads it; an invalid set is refused and
@@ -18,7 +24,7 @@ type Store struct {
 	dir      string
 	log      hclog.Logger
 	capacity func() int
-	current  atomic.Pointer[Policy]
+	current  atomic.Pointer[policy.Policy]
 	stamp    string
 	reloaded chan struct{}
 	// Reloads, when set (before Watch), is told of every reload: whether
@@ -26,10 +32,10 @@ type Store struct {
 	Reloads func(took bool, detail string)
 }
 
-// NewStore loads dir; it fails when the first load is invalid.
-func NewStore(dir string, capacity func() int, log hclog.Logger) (*Store, hcl.Diagnostics) {
+// New loads dir; it fails when the first load is invalid.
+func New(dir string, capacity func() int, log hclog.Logger) (*Store, hcl.Diagnostics) {
 	s := &Store{dir: dir, log: log, capacity: capacity, reloaded: make(chan struct{}, 1)}
-	p, diags := LoadDir(dir, capacity())
+	p, diags := policyhcl.LoadDir(dir, capacity())
 	if p == nil {
 		return nil, diags
 	}
@@ -39,20 +45,20 @@ func NewStore(dir string, capacity func() int, log hclog.Logger) (*Store, hcl.Di
 }
 
 // Current is the policy in force.
-func (s *Store) Current() *Policy { return s.current.Load() }
+func (s *Store) Current() *policy.Policy { return s.current.Load() }
 
 // Reload reads the files again; it reports whether the new set took effect.
 func (s *Store) Reload() bool {
-	p, diags := LoadDir(s.dir, s.capacity())
+	p, diags := policyhcl.LoadDir(s.dir, s.capacity())
 	s.stamp = dirStamp(s.dir)
 	if p == nil {
 		s.log.Error("policy reload refused, the last good policy stays in force", "dir", s.dir,
-			"diagnostics", FormatDiagnostics(diags))
-		s.tell(false, "refused, the last good policy stays in force: "+FormatDiagnostics(diags))
+			"diagnostics", policyhcl.FormatDiagnostics(diags))
+		s.tell(false, "refused, the last good policy stays in force: "+policyhcl.FormatDiagnostics(diags))
 		return false
 	}
 	if len(diags) > 0 {
-		s.log.Warn("policy warnings", "diagnostics", FormatDiagnostics(diags))
+		s.log.Warn("policy warnings", "diagnostics", policyhcl.FormatDiagnostics(diags))
 	}
 	s.current.Store(p)
 	s.log.Info("policy loaded", "dir", s.dir, "queues", len(p.Queues), "tenants", len(p.Tenants))

@@ -1,9 +1,9 @@
-package policy_test
+package policyhcl_test
 
 import (
 	"testing"
 
-	"github.com/nomad-gpu/nomad-gpu/broker/policy"
+	"github.com/nomad-gpu/nomad-gpu/broker/policyhcl"
 )
 
 // FuzzParse: any policy text gives a policy or diagnostics, never a panic,
@@ -26,7 +26,7 @@ borrowing {
 	f.Add(`queue "q" { priority = -1 }` + "\n" + `queue "q" { priority = 2 }`)
 	f.Add("\xff\xfe{")
 	f.Fuzz(func(t *testing.T, src string) {
-		p, diags := policy.Parse(map[string][]byte{"fuzz.hcl": []byte(src)}, 8)
+		p, diags := policyhcl.Parse(map[string][]byte{"fuzz.hcl": []byte(src)}, 8)
 		if diags.HasErrors() != (p == nil) {
 			t.Fatalf("policy %v with diagnostics %v", p != nil, diags)
 		}

@@ -1,0 +1,123 @@
+package policyhcl
+
+import (
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/hashicorp/hcl/v2"
+	"github.com/hashicorp/hcl/v2/gohcl"
+
+	"github.com/nomad-gpu/nomad-gpu/broker/policy"
+)
+
+type usageBody struct {
+	IdleBelow *float64 `hcl:"idle_below,optional"`
+	Retention *string  `hcl:"retention,optional"`
+}
+
+func (p *parser) usage(b *hcl.Block) hcl.Diagnostics {
+	var ub usageBody
+	if d := gohcl.DecodeBody(b.Body, nil, &ub); d.HasErrors() {
+		return d
+	}
+	var diags hcl.Diagnostics
+	if ub.Retention != nil {
+		d, err := time.ParseDuration(*ub.Retention)
+		if err != nil || d < 24*time.Hour {
+			diags = append(diags, errorAt(attrRange(b, "retention"), "Invalid duration",
+				fmt.Sprintf("usage: retention = %q is not a duration of at least 24h (days are written in hours: 400 days is \"9600h\")", *ub.Retention)))
+		} else {
+			p.Usage.Retention = d
+		}
+	}
+	if ub.IdleBelow == nil {
+		return diags
+	}
+	if v := *ub.IdleBelow; v <= 0 || v > 100 {
+		return append(diags, errorAt(attrRange(b, "idle_below"), "Invalid idle threshold", fmt.Sprintf("usage: idle_below = %g is not a utilisation percentage above 0 and at most 100", v)))
+	}
+	p.Usage.IdleBelow = *ub.IdleBelow
+	return diags
+}
+
+// attrRange is where attribute name is set in block b, or the block's header.
+func attrRange(b *hcl.Block, name string) hcl.Range {
+	if attrs, _ := b.Body.JustAttributes(); attrs != nil {
+		if a, ok := attrs[name]; ok {
+			return a.Range
+		}
+	}
+	return b.DefRange
+}
+
+// currency reads the top-level currency attribute (once in the policy set).
+func (p *parser) currency(a *hcl.Attribute, seen map[string]hcl.Range) hcl.Diagnostics {
+	if prev, dup := seen["currency"]; dup {
+		return hcl.Diagnostics{duplicate("currency", "", a.Range, prev)}
+	}
+	seen["currency"] = a.Range
+	var c string
+	if d := gohcl.DecodeExpression(a.Expr, nil, &c); d.HasErrors() {
+		return d
+	}
+	if c == "" || strings.ContainsAny(c, " \t\n") {
+		return hcl.Diagnostics{errorAt(a.Range, "Invalid currency", fmt.Sprintf("currency = %q is not a currency code such as \"USD\"", c))}
+	}
+	p.Currency = c
+	return nil
+}
+
+type fairShareBody struct {
+	HalfLife   *string  `hcl:"half_life,optional"`
+	IdleWeight *float64 `hcl:"idle_weight,optional"`
+}
+
+func (p *parser) fairShare(b *hcl.Block) hcl.Diagnostics {
+	var fb fairShareBody
+	if d := gohcl.DecodeBody(b.Body, nil, &fb); d.HasErrors() {
+		return d
+	}
+	p.FairShare.Enabled = true
+	var diags hcl.Diagnostics
+	if fb.HalfLife != nil {
+		d, err := time.ParseDuration(*fb.HalfLife)
+		if err != nil || d < time.Minute {
+			diags = append(diags, errorAt(attrRange(b, "half_life"), "Invalid duration",
+				fmt.Sprintf("fair_share: half_life = %q is not a duration of at least 1m", *fb.HalfLife)))
+		} else {
+			p.FairShare.HalfLife = d
+		}
+	}
+	if fb.IdleWeight != nil {
+		if w := *fb.IdleWeight; w < 0 || w > 100 {
+			diags = append(diags, errorAt(attrRange(b, "idle_weight"), "Invalid idle weight",
+				fmt.Sprintf("fair_share: idle_weight = %g must be from 0 (idle time is free) to 100", w)))
+		} else {
+			p.FairShare.IdleWeight = w
+		}
+	}
+	return diags
+}
+
+// approvers reads the top-level approvers attribute (once in the policy set):
+// token names, "role:<name>" or "policy:<name>".
+func (p *parser) approvers(a *hcl.Attribute, seen map[string]hcl.Range) hcl.Diagnostics {
+	if prev, dup := seen["approvers"]; dup {
+		return hcl.Diagnostics{duplicate("approvers", "", a.Range, prev)}
+	}
+	seen["approvers"] = a.Range
+	var list []string
+	if d := gohcl.DecodeExpression(a.Expr, nil, &list); d.HasErrors() {
+		return d
+	}
+	for _, entry := range list {
+		kind, name, qualified := strings.Cut(entry, ":")
+		if entry == "" || (qualified && (name == "" || (kind != policy.SubmitterRole && kind != policy.SubmitterPolicy))) {
+			return hcl.Diagnostics{errorAt(a.Range, "Invalid approver",
+				fmt.Sprintf("approvers: %q is neither a token name nor \"role:<name>\" or \"policy:<name>\"", entry))}
+		}
+	}
+	p.Approvers = list
+	return nil
+}
