@@ -6,7 +6,6 @@ package agent
 
 import (
 	"context"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
@@ -23,10 +22,10 @@ import (
 	nomad "github.com/hashicorp/nomad/api"
 
 	"github.com/nomad-gpu/nomad-gpu/broker/admitter"
-	"github.com/nomad-gpu/nomad-gpu/broker/approvalkv"
 	"github.com/nomad-gpu/nomad-gpu/broker/audit"
 	"github.com/nomad-gpu/nomad-gpu/broker/cluster"
 	"github.com/nomad-gpu/nomad-gpu/broker/config"
+	"github.com/nomad-gpu/nomad-gpu/broker/consulkv"
 	"github.com/nomad-gpu/nomad-gpu/broker/leader"
 	brokermetrics "github.com/nomad-gpu/nomad-gpu/broker/metrics"
 	"github.com/nomad-gpu/nomad-gpu/broker/nomadapi"
@@ -35,10 +34,8 @@ import (
 	"github.com/nomad-gpu/nomad-gpu/broker/policystore"
 	"github.com/nomad-gpu/nomad-gpu/broker/queue"
 	"github.com/nomad-gpu/nomad-gpu/broker/reclaimer"
-	"github.com/nomad-gpu/nomad-gpu/broker/scaled"
 	"github.com/nomad-gpu/nomad-gpu/broker/server"
 	gpuusage "github.com/nomad-gpu/nomad-gpu/broker/usage"
-	"github.com/nomad-gpu/nomad-gpu/broker/usagekv"
 )
 
 // Agent is one broker.
@@ -80,7 +77,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	// The client keeps this *http.Client (TLS set up): count its failures.
 	consulCfg.HttpClient.Transport = metrics.CountingTransport(consulCfg.HttpClient.Transport)
 
-	key, err := stampKey(ctx, consulClient.KV(), cfg.Consul.KVPrefix)
+	key, err := consulkv.StampKey(ctx, consulClient.KV(), cfg.Consul.KVPrefix)
 	if err != nil {
 		return err
 	}
@@ -109,13 +106,13 @@ func (a *Agent) Run(ctx context.Context) error {
 	if region == "" {
 		region = agentRegion
 	}
-	store := queue.NewStore(consulClient.KV(), cfg.Consul.KVPrefix)
-	decisions := reclaimer.NewStore(consulClient.KV(), cfg.Consul.KVPrefix)
-	scales := scaled.NewStore(consulClient.KV(), cfg.Consul.KVPrefix)
-	approvals := approvalkv.NewStore(consulClient.KV(), cfg.Consul.KVPrefix)
+	store := consulkv.NewQueue(consulClient.KV(), cfg.Consul.KVPrefix)
+	decisions := consulkv.NewDecisions(consulClient.KV(), cfg.Consul.KVPrefix)
+	scales := consulkv.NewScales(consulClient.KV(), cfg.Consul.KVPrefix)
+	approvals := consulkv.NewApprovals(consulClient.KV(), cfg.Consul.KVPrefix)
 	go approvals.Follow(ctx)
-	profiles, storedProfiles := gpuusage.NewProfiles(), usagekv.NewStore(consulClient, cfg.Consul.KVPrefix)
-	rollups := usagekv.NewRollups(consulClient, cfg.Consul.KVPrefix)
+	profiles, storedProfiles := gpuusage.NewProfiles(), consulkv.NewProfiles(consulClient, cfg.Consul.KVPrefix)
+	rollups := consulkv.NewRollups(consulClient, cfg.Consul.KVPrefix)
 	forecast := &queue.Forecast{}
 	elector := &leader.Elector{Client: consulClient, Key: cfg.Consul.KVPrefix + "leader", Address: cfg.Advertise,
 		Log: log.Named("leader")}
@@ -174,9 +171,9 @@ func (a *Agent) Run(ctx context.Context) error {
 		rec := &reclaimer.Reclaimer{Log: log.Named("reclaim"), Records: decisions, Observer: &nomadapi.Observer{Client: nomadClient, View: view,
 			Verify: scales.Verifier(stamper), Samples: view.SetSamples}, Actor: nomadClient, Policies: policies, Now: time.Now, NewID: queue.NewID,
 			Requeue: &reclaimer.Requeue{Jobs: nomadClient, Actor: nomadClient, Queue: store, Policies: policies},
-			Watchers: []reclaimer.Watcher{&usagekv.Recorder{Store: storedProfiles, Table: profiles, Policies: policies},
-				&usagekv.Ledger{Store: rollups, Policies: policies, Metrics: metrics, Budgets: budgets},
-				&approvalkv.Expirer{Store: approvals, Jobs: view, Policies: policies, Records: decisions, NewID: queue.NewID, Audit: trail}},
+			Watchers: []reclaimer.Watcher{&reclaimer.Recorder{Store: storedProfiles, Table: profiles, Policies: policies},
+				&reclaimer.Ledger{Store: rollups, Policies: policies, Metrics: metrics, Budgets: budgets},
+				&reclaimer.Expirer{Store: approvals, Jobs: view, Policies: policies, Records: decisions, NewID: queue.NewID, Audit: trail}},
 			Metrics: metrics, Audit: trail, Forecast: forecast}
 		go rec.Run(ctx, time.After)
 		passes := time.NewTicker(cfg.QueueIntervalDuration)
@@ -226,31 +223,4 @@ func peerClient(t *config.TLS) (*http.Client, error) {
 		}
 	}
 	return &http.Client{Transport: &http.Transport{TLSClientConfig: cfg}}, nil
-}
-
-// stampKey is the admission-stamp key every broker shares, created once in Consul.
-func stampKey(ctx context.Context, kv *consul.KV, prefix string) ([]byte, error) {
-	key := prefix + "admission-key"
-	for i := 0; i < 30; i++ {
-		pair, _, err := kv.Get(key, (&consul.QueryOptions{}).WithContext(ctx))
-		if err == nil && pair != nil {
-			return pair.Value, nil
-		}
-		if err == nil {
-			secret := make([]byte, 32)
-			rand.Read(secret)
-			if ok, _, err := kv.CAS(&consul.KVPair{Key: key, Value: secret}, (&consul.WriteOptions{}).WithContext(ctx)); err == nil && ok {
-				return secret, nil
-			}
-			continue // another broker created it first
-		}
-		if ctx.Err() != nil {
-			return nil, ctx.Err()
-		}
-		select { // Consul not up yet
-		case <-ctx.Done():
-		case <-time.After(time.Second):
-		}
-	}
-	return nil, errors.New("cannot read or create the admission key in Consul KV")
 }

@@ -15,6 +15,7 @@ import (
 
 	"github.com/hashicorp/nomad/api"
 
+	"github.com/nomad-gpu/nomad-gpu/broker/consulkv"
 	"github.com/nomad-gpu/nomad-gpu/broker/queue"
 	"github.com/nomad-gpu/nomad-gpu/internal/testcluster"
 )
@@ -315,7 +316,7 @@ tenant "vision" {
 	})
 	// The queue is written as the broker writes it, straight into Consul: 5,000
 	// registrations through the broker would each list the queue first.
-	store := queue.NewStore(consulKV(consul), "nomad-gpu/")
+	store := consulkv.NewQueue(consulKV(consul), "nomad-gpu/")
 	now := time.Now()
 	for i := 0; i < queued; i++ {
 		id := fmt.Sprintf("q-%05d", i)

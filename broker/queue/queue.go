@@ -1,10 +1,11 @@
-// Package queue holds jobs the broker could not admit yet: durable entries in
-// Consul KV, and the order in which the leader admits them.
+// Package queue is what the broker knows of jobs it could not admit yet: an
+// entry (kept durably by consulkv.Queue), the order in which the leader
+// admits them, the rule a pass through them keeps, and estimates of when
+// each will start.
 package queue
 
 import (
 	"cmp"
-	"context"
 	"crypto/rand"
 	"encoding/json"
 	"errors"
@@ -13,8 +14,6 @@ import (
 	"slices"
 	"strings"
 	"time"
-
-	consul "github.com/hashicorp/consul/api"
 
 	"github.com/nomad-gpu/nomad-gpu/broker/policy"
 )
@@ -83,95 +82,6 @@ func ValidID(id string) bool {
 		}
 	}
 	return true
-}
-
-// Store keeps entries under <prefix>queue/ in Consul KV.
-type Store struct {
-	kv     *consul.KV
-	prefix string
-}
-
-// NewStore returns a store under prefix (e.g. "nomad-gpu/").
-func NewStore(kv *consul.KV, prefix string) *Store {
-	return &Store{kv: kv, prefix: prefix + "queue/"}
-}
-
-// Put writes an entry.
-func (s *Store) Put(ctx context.Context, e Entry) error {
-	b, err := json.Marshal(e)
-	if err != nil {
-		return fmt.Errorf("encode queue entry %s: %w", e.ID, err)
-	}
-	if _, err := s.kv.Put(&consul.KVPair{Key: s.prefix + e.ID, Value: b}, (&consul.WriteOptions{}).WithContext(ctx)); err != nil {
-		return fmt.Errorf("store queue entry %s: %w", e.ID, err)
-	}
-	return nil
-}
-
-// List returns every entry.
-func (s *Store) List(ctx context.Context) ([]Entry, error) {
-	pairs, _, err := s.kv.List(s.prefix, (&consul.QueryOptions{}).WithContext(ctx))
-	if err != nil {
-		return nil, fmt.Errorf("list queue: %w", err)
-	}
-	out := make([]Entry, 0, len(pairs))
-	for _, p := range pairs {
-		e, err := decode(p)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, e)
-	}
-	return out, nil
-}
-
-// Get returns one entry.
-func (s *Store) Get(ctx context.Context, id string) (Entry, error) {
-	if !ValidID(id) {
-		return Entry{}, ErrNotFound
-	}
-	p, _, err := s.kv.Get(s.prefix+id, (&consul.QueryOptions{}).WithContext(ctx))
-	if err != nil {
-		return Entry{}, fmt.Errorf("read queue entry %s: %w", id, err)
-	}
-	if p == nil {
-		return Entry{}, fmt.Errorf("queue entry %s: %w", id, ErrNotFound)
-	}
-	return decode(p)
-}
-
-// Remove deletes an entry if it has not changed since it was read; false means
-// another broker got there first.
-func (s *Store) Remove(ctx context.Context, e Entry) (bool, error) {
-	ok, _, err := s.kv.DeleteCAS(&consul.KVPair{Key: s.prefix + e.ID, ModifyIndex: e.ModifyIndex}, (&consul.WriteOptions{}).WithContext(ctx))
-	if err != nil {
-		return false, fmt.Errorf("remove queue entry %s: %w", e.ID, err)
-	}
-	return ok, nil
-}
-
-// Park marks an entry parked with the reason, if it has not changed since it
-// was read; false means another broker got there first.
-func (s *Store) Park(ctx context.Context, e Entry, reason string, at time.Time) (bool, error) {
-	e.Parked, e.ParkedAt = reason, at
-	b, err := json.Marshal(e)
-	if err != nil {
-		return false, fmt.Errorf("encode queue entry %s: %w", e.ID, err)
-	}
-	ok, _, err := s.kv.CAS(&consul.KVPair{Key: s.prefix + e.ID, Value: b, ModifyIndex: e.ModifyIndex}, (&consul.WriteOptions{}).WithContext(ctx))
-	if err != nil {
-		return false, fmt.Errorf("park queue entry %s: %w", e.ID, err)
-	}
-	return ok, nil
-}
-
-func decode(p *consul.KVPair) (Entry, error) {
-	var e Entry
-	if err := json.Unmarshal(p.Value, &e); err != nil {
-		return e, fmt.Errorf("decode queue entry %s: %w", p.Key, err)
-	}
-	e.ModifyIndex = p.ModifyIndex
-	return e, nil
 }
 
 // AgingStep is how much waiting raises an entry: one queue band (10 priority

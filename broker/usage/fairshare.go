@@ -5,6 +5,13 @@ import (
 	"time"
 )
 
+// Mark is how far GPU time is counted, and the tenants' decayed GPU-hours
+// up to there: both move together.
+type Mark struct {
+	Through time.Time `json:"through"`
+	Decayed Decayed   `json:"decayed_gpu_hours"`
+}
+
 // Decayed are tenants' weighted GPU-hours as of At, each hour counting half
 // after every half-life: what fair-share queue order compares.
 type Decayed struct {

@@ -1,4 +1,4 @@
-package usagekv_test
+package reclaimer_test
 
 import (
 	"context"
@@ -7,8 +7,8 @@ import (
 	"time"
 
 	"github.com/nomad-gpu/nomad-gpu/broker/reclaim"
+	"github.com/nomad-gpu/nomad-gpu/broker/reclaimer"
 	"github.com/nomad-gpu/nomad-gpu/broker/usage"
-	"github.com/nomad-gpu/nomad-gpu/broker/usagekv"
 	"github.com/nomad-gpu/nomad-gpu/internal/testbuild"
 )
 
@@ -65,7 +65,7 @@ func TestTheLeaderLoadsSamplesAndWritesProfilesEveryTenPeriods(t *testing.T) {
 			Last: t0.Add(-2 * time.Hour)},
 	}}
 	table := usage.NewProfiles()
-	rec := &usagekv.Recorder{Store: store, Table: table, Policies: testbuild.Fixed{P: testbuild.Policy(t, src)}}
+	rec := &reclaimer.Recorder{Store: store, Table: table, Policies: testbuild.Fixed{P: testbuild.Policy(t, src)}}
 	allocs := []reclaim.Alloc{{ID: "a", Namespace: "vision", JobID: "nb", Admitted: true, Tenant: "vision", StartedAt: t0, GPUs: []string{"g0"}}}
 	gpus := map[string]reclaim.GPU{"g0": {Utilization: 0, Healthy: true}}
 	observe := func(i int) {
@@ -74,19 +74,19 @@ func TestTheLeaderLoadsSamplesAndWritesProfilesEveryTenPeriods(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	for i := 1; i < usagekv.FlushEvery; i++ {
+	for i := 1; i < reclaimer.FlushEvery; i++ {
 		observe(i)
 	}
-	if p, _ := table.Get("vision", "nb"); p.Samples() != 5+usagekv.FlushEvery-1 || store.puts != 0 {
+	if p, _ := table.Get("vision", "nb"); p.Samples() != 5+reclaimer.FlushEvery-1 || store.puts != 0 {
 		t.Fatalf("before the flush: %+v, %d writes", p, store.puts)
 	}
 	store.fail = true
-	if err := rec.Observed(context.Background(), t0.Add((usagekv.FlushEvery+1)*30*time.Second), allocs, gpus); err == nil {
+	if err := rec.Observed(context.Background(), t0.Add((reclaimer.FlushEvery+1)*30*time.Second), allocs, gpus); err == nil {
 		t.Fatal("a failed write was not reported")
 	}
 	store.fail = false
-	observe(2*usagekv.FlushEvery + 1) // ten periods later: written again, with every sample
-	if p := store.byJob["vision/nb"]; p.Samples() != 5+usagekv.FlushEvery+1 {
+	observe(2*reclaimer.FlushEvery + 1) // ten periods later: written again, with every sample
+	if p := store.byJob["vision/nb"]; p.Samples() != 5+reclaimer.FlushEvery+1 {
 		t.Errorf("stored: %+v", p)
 	}
 	if _, ok := store.byJob["vision/old"]; ok {

@@ -1,4 +1,4 @@
-package queue
+package consulkv
 
 import (
 	"encoding/json"
@@ -9,6 +9,8 @@ import (
 	"time"
 
 	consul "github.com/hashicorp/consul/api"
+
+	"github.com/nomad-gpu/nomad-gpu/broker/queue"
 )
 
 // BenchmarkQueueMemory is the heap a queue pass holds for 10,000 queued jobs,
@@ -22,7 +24,7 @@ func BenchmarkQueueMemory(b *testing.B) {
 		strings.Repeat("x", 1800)))
 	pairs := make([]*consul.KVPair, queued)
 	for i := range pairs {
-		e := Entry{ID: NewID(), JobID: fmt.Sprintf("train-%d", i), Namespace: "vision", Tenant: "vision", Queue: "training", Demand: 1,
+		e := queue.Entry{ID: queue.NewID(), JobID: fmt.Sprintf("train-%d", i), Namespace: "vision", Tenant: "vision", Queue: "training", Demand: 1,
 			Reason: "beyond tenant \"vision\"'s guarantee and only 0 GPUs are idle; queued until GPUs free", SubmittedBy: "alice",
 			SubmittedAt: time.Now(), Request: request}
 		v, err := json.Marshal(e)
@@ -31,14 +33,15 @@ func BenchmarkQueueMemory(b *testing.B) {
 		}
 		pairs[i] = &consul.KVPair{Key: "nomad-gpu/queue/" + e.ID, Value: v, ModifyIndex: uint64(i + 1)}
 	}
+	q := NewQueue(nil, "nomad-gpu/")
 	var heap float64
 	for i := 0; i < b.N; i++ {
 		var before, after runtime.MemStats
 		runtime.GC()
 		runtime.ReadMemStats(&before)
-		entries := make([]Entry, 0, queued)
+		entries := make([]queue.Entry, 0, queued)
 		for _, p := range pairs {
-			e, err := decode(p)
+			e, err := q.r.decode(p)
 			if err != nil {
 				b.Fatal(err)
 			}

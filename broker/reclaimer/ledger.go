@@ -1,4 +1,4 @@
-package usagekv
+package reclaimer
 
 import (
 	"context"
@@ -13,9 +13,9 @@ import (
 
 // DayStore is where the ledger keeps daily rollups and its mark.
 type DayStore interface {
-	Mark(ctx context.Context) (Mark, uint64, error)
+	Mark(ctx context.Context) (usage.Mark, uint64, error)
 	Day(ctx context.Context, day string) (usage.Rollup, error)
-	Commit(ctx context.Context, index uint64, m Mark, days []usage.Rollup) (bool, error)
+	Commit(ctx context.Context, index uint64, m usage.Mark, days []usage.Rollup) (bool, error)
 	DeleteBefore(ctx context.Context, day string) error
 	Days(ctx context.Context, from, to string) ([]usage.Rollup, error)
 }

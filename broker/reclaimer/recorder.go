@@ -1,4 +1,4 @@
-package usagekv
+package reclaimer
 
 import (
 	"context"

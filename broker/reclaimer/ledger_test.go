@@ -1,4 +1,4 @@
-package usagekv_test
+package reclaimer_test
 
 import (
 	"context"
@@ -7,19 +7,19 @@ import (
 	"time"
 
 	"github.com/nomad-gpu/nomad-gpu/broker/reclaim"
+	"github.com/nomad-gpu/nomad-gpu/broker/reclaimer"
 	"github.com/nomad-gpu/nomad-gpu/broker/usage"
-	"github.com/nomad-gpu/nomad-gpu/broker/usagekv"
 	"github.com/nomad-gpu/nomad-gpu/internal/testbuild"
 )
 
 // days is a DayStore in memory, its mark's index bumped on every commit.
 type days struct {
-	mark  usagekv.Mark
+	mark  usage.Mark
 	index uint64
 	byDay map[string]usage.Rollup
 }
 
-func (d *days) Mark(context.Context) (usagekv.Mark, uint64, error) { return d.mark, d.index, nil }
+func (d *days) Mark(context.Context) (usage.Mark, uint64, error) { return d.mark, d.index, nil }
 func (d *days) Day(_ context.Context, day string) (usage.Rollup, error) {
 	r, ok := d.byDay[day]
 	if !ok {
@@ -28,7 +28,7 @@ func (d *days) Day(_ context.Context, day string) (usage.Rollup, error) {
 	r.Rows = append([]usage.Row(nil), r.Rows...)
 	return r, nil
 }
-func (d *days) Commit(_ context.Context, index uint64, m usagekv.Mark, rs []usage.Rollup) (bool, error) {
+func (d *days) Commit(_ context.Context, index uint64, m usage.Mark, rs []usage.Rollup) (bool, error) {
 	if index != d.index {
 		return false, nil
 	}
@@ -63,12 +63,12 @@ func TestTheLedgerCountsEachIntervalOnceAcrossLeaders(t *testing.T) {
 	allocs := []reclaim.Alloc{{ID: "a", Namespace: "vision", JobID: "nb", Admitted: true, Tenant: "vision", Queue: "dev", StartedAt: t0,
 		GPUs: []string{"g0", "g1"}}}
 	gpus := map[string]reclaim.GPU{"g0": {Utilization: 0}, "g1": {Utilization: 80}}
-	first, second := &usagekv.Ledger{Store: store, Policies: p}, &usagekv.Ledger{Store: store, Policies: p}
-	observe := func(l *usagekv.Ledger, at time.Duration) error {
+	first, second := &reclaimer.Ledger{Store: store, Policies: p}, &reclaimer.Ledger{Store: store, Policies: p}
+	observe := func(l *reclaimer.Ledger, at time.Duration) error {
 		return l.Observed(context.Background(), t0.Add(at), allocs, gpus)
 	}
 	for _, step := range []struct {
-		l  *usagekv.Ledger
+		l  *reclaimer.Ledger
 		at time.Duration
 	}{{first, 0}, {first, 30 * time.Second}, {second, 45 * time.Second}, {first, 60 * time.Second}, {second, 60 * time.Second}} {
 		if err := observe(step.l, step.at); err != nil {
@@ -93,11 +93,11 @@ func TestTheLedgerCountsEachIntervalOnceAcrossLeaders(t *testing.T) {
 
 func TestALedgerThatLostTheMarkCountsNothing(t *testing.T) {
 	t0 := time.Date(2026, 11, 30, 8, 0, 0, 0, time.UTC)
-	store := &days{mark: usagekv.Mark{Through: t0}, index: 7, byDay: map[string]usage.Rollup{}}
+	store := &days{mark: usage.Mark{Through: t0}, index: 7, byDay: map[string]usage.Rollup{}}
 	stale := &racing{days: store}
-	l := &usagekv.Ledger{Store: stale, Policies: testbuild.Fixed{P: testbuild.Policy(t, src)}}
+	l := &reclaimer.Ledger{Store: stale, Policies: testbuild.Fixed{P: testbuild.Policy(t, src)}}
 	allocs := []reclaim.Alloc{{ID: "a", Namespace: "vision", JobID: "nb", Admitted: true, StartedAt: t0, GPUs: []string{"g0"}}}
-	if err := l.Observed(context.Background(), t0.Add(time.Minute), allocs, nil); err == nil || !errors.Is(err, usagekv.ErrMarkMoved) {
+	if err := l.Observed(context.Background(), t0.Add(time.Minute), allocs, nil); err == nil || !errors.Is(err, reclaimer.ErrMarkMoved) {
 		t.Fatalf("err %v", err)
 	}
 	if len(store.byDay) != 0 {
@@ -108,7 +108,7 @@ func TestALedgerThatLostTheMarkCountsNothing(t *testing.T) {
 // racing moves the mark between the ledger's read and its commit.
 type racing struct{ *days }
 
-func (r *racing) Commit(ctx context.Context, index uint64, m usagekv.Mark, rs []usage.Rollup) (bool, error) {
+func (r *racing) Commit(ctx context.Context, index uint64, m usage.Mark, rs []usage.Rollup) (bool, error) {
 	r.days.index++
 	return r.days.Commit(ctx, index, m, rs)
 }
@@ -117,11 +117,11 @@ func TestTheLedgerTellsAdmissionWhoSpentItsBudget(t *testing.T) {
 	t0 := time.Date(2026, 11, 30, 8, 0, 0, 0, time.UTC)
 	spent := usage.Rollup{Day: "2026-11-29"}
 	spent.Add(map[usage.Key]usage.Seconds{{Tenant: "vision", Queue: "dev"}: {Allocated: 3600}})
-	store := &days{mark: usagekv.Mark{Through: t0}, byDay: map[string]usage.Rollup{"2026-11-29": spent}}
+	store := &days{mark: usage.Mark{Through: t0}, byDay: map[string]usage.Rollup{"2026-11-29": spent}}
 	book := &usage.BudgetBook{}
 	// A budget of one GPU-hour a week (the week began on Monday the 30th:
 	// the 29th does not count).
-	l := &usagekv.Ledger{Store: store, Policies: testbuild.Fixed{P: testbuild.Policy(t, `
+	l := &reclaimer.Ledger{Store: store, Policies: testbuild.Fixed{P: testbuild.Policy(t, `
 queue "dev" { priority = 40 }
 tenant "vision" {
   namespaces = ["vision"]

@@ -1,4 +1,4 @@
-package approvalkv
+package reclaimer
 
 import (
 	"context"
@@ -23,13 +23,20 @@ type Jobs interface {
 	UsageWithout(p *policy.Policy, namespace, jobID string) admission.Usage
 }
 
+// Approvals are where the expirer reads approvals and marks them expired.
+type Approvals interface {
+	Current() []approval.Approval
+	Get(ctx context.Context, id string) (approval.Approval, error)
+	Update(ctx context.Context, a approval.Approval) (bool, error)
+}
+
 // Expirer, on the leader, marks granted approvals expired once their time
 // is up, with nobody acting. A job that GPUs above its tenant's limit let in
 // is then requeued when its tenant still holds more than its limit: a
 // reclaim decision (rule approval-expired) stops it and puts it back in the
 // queue, where it waits for its tenant's own GPUs like any job.
 type Expirer struct {
-	Store    *Store
+	Store    Approvals
 	Jobs     Jobs
 	Policies policy.Source
 	Records  interface {
@@ -39,7 +46,7 @@ type Expirer struct {
 	Audit *audit.Log
 }
 
-// Observed implements reclaimer.Watcher.
+// Observed implements Watcher.
 func (e *Expirer) Observed(ctx context.Context, now time.Time, _ []reclaim.Alloc, _ map[string]reclaim.GPU) error {
 	var errs []error
 	for _, a := range e.Store.Current() {

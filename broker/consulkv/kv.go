@@ -1,0 +1,134 @@
+// Package consulkv is the broker's storage in Consul KV: every record it
+// keeps, each kind under its own path below the configured prefix (default
+// nomad-gpu/):
+//
+//	queue/<id>                      queued jobs (Queue)
+//	reclaim/<id>                    reclaim decisions (Decisions)
+//	approvals/<id>                  approvals, with a snapshot every broker follows (Approvals)
+//	scaled/<namespace>/<job>        what a scale through the broker admitted (Scales)
+//	rightsizing/<namespace>/<job>   right-sizing profiles (Profiles)
+//	usage/<day>, usage-through      daily GPU time and how far it is counted (Rollups)
+//	admission-key                   the key admission stamps are made with (StampKey)
+//
+// Values are JSON. A record's version is Consul's ModifyIndex, and every
+// change of one that was read is a check-and-set against it, so that two
+// brokers never both act on the same version. The leader lock (leader) is
+// the leader package's.
+package consulkv
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/url"
+	"strings"
+
+	consul "github.com/hashicorp/consul/api"
+)
+
+// records is one kind of JSON record under a directory of the prefix.
+type records[T any] struct {
+	kv   *consul.KV
+	dir  string // e.g. "nomad-gpu/queue/"
+	what string // what one record is, for errors: "queue entry"
+	// version sets a record's version when it is read (nil: it keeps none).
+	version func(*T, uint64)
+}
+
+// escape makes a key's name from parts that may hold "/" (namespaces, job ids).
+func escape(parts ...string) string {
+	for i, p := range parts {
+		parts[i] = url.PathEscape(p)
+	}
+	return strings.Join(parts, "/")
+}
+
+func (r records[T]) decode(p *consul.KVPair) (T, error) {
+	var v T
+	if err := json.Unmarshal(p.Value, &v); err != nil {
+		return v, fmt.Errorf("decode %s %s: %w", r.what, p.Key, err)
+	}
+	if r.version != nil {
+		r.version(&v, p.ModifyIndex)
+	}
+	return v, nil
+}
+
+func (r records[T]) encode(name string, v T) ([]byte, error) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return nil, fmt.Errorf("encode %s %s: %w", r.what, name, err)
+	}
+	return b, nil
+}
+
+// get reads the record name and its version; false when there is none.
+func (r records[T]) get(ctx context.Context, name string) (T, uint64, bool, error) {
+	var zero T
+	p, _, err := r.kv.Get(r.dir+name, (&consul.QueryOptions{}).WithContext(ctx))
+	if err != nil {
+		return zero, 0, false, fmt.Errorf("read %s %s: %w", r.what, name, err)
+	}
+	if p == nil {
+		return zero, 0, false, nil
+	}
+	v, err := r.decode(p)
+	return v, p.ModifyIndex, err == nil, err
+}
+
+// list reads the records whose names keep takes (nil: every one; q may
+// make it a blocking query) and the index of the answer.
+func (r records[T]) list(ctx context.Context, q *consul.QueryOptions, keep func(name string) bool) ([]T, uint64, error) {
+	pairs, meta, err := r.kv.List(r.dir, q.WithContext(ctx))
+	if err != nil {
+		return nil, 0, fmt.Errorf("list %s records: %w", r.what, err)
+	}
+	out := make([]T, 0, len(pairs))
+	for _, p := range pairs {
+		if keep != nil && !keep(strings.TrimPrefix(p.Key, r.dir)) {
+			continue
+		}
+		v, err := r.decode(p)
+		if err != nil {
+			return nil, 0, err
+		}
+		out = append(out, v)
+	}
+	return out, meta.LastIndex, nil
+}
+
+// put writes the record name, whatever was there.
+func (r records[T]) put(ctx context.Context, name string, v T) error {
+	b, err := r.encode(name, v)
+	if err != nil {
+		return err
+	}
+	if _, err := r.kv.Put(&consul.KVPair{Key: r.dir + name, Value: b}, (&consul.WriteOptions{}).WithContext(ctx)); err != nil {
+		return fmt.Errorf("write %s %s: %w", r.what, name, err)
+	}
+	return nil
+}
+
+// cas writes the record name if its version is still index (0: if there is
+// none); false when another writer changed it first.
+func (r records[T]) cas(ctx context.Context, name string, v T, index uint64) (bool, error) {
+	b, err := r.encode(name, v)
+	if err != nil {
+		return false, err
+	}
+	ok, _, err := r.kv.CAS(&consul.KVPair{Key: r.dir + name, Value: b, ModifyIndex: index}, (&consul.WriteOptions{}).WithContext(ctx))
+	if err != nil {
+		return false, fmt.Errorf("write %s %s: %w", r.what, name, err)
+	}
+	return ok, nil
+}
+
+// remove deletes the record name if its version is still index; false when
+// another writer changed it first.
+func (r records[T]) remove(ctx context.Context, name string, index uint64) (bool, error) {
+	ok, _, err := r.kv.DeleteCAS(&consul.KVPair{Key: r.dir + name, ModifyIndex: index}, (&consul.WriteOptions{}).WithContext(ctx))
+	if err != nil {
+		return false, fmt.Errorf("remove %s %s: %w", r.what, name, err)
+	}
+	return ok, nil
+}

@@ -1,0 +1,54 @@
+package consulkv
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	consul "github.com/hashicorp/consul/api"
+
+	"github.com/nomad-gpu/nomad-gpu/broker/queue"
+)
+
+// Queue keeps queued jobs under <prefix>queue/<id>.
+type Queue struct{ r records[queue.Entry] }
+
+// NewQueue returns the queue under prefix (e.g. "nomad-gpu/").
+func NewQueue(kv *consul.KV, prefix string) *Queue {
+	return &Queue{records[queue.Entry]{kv: kv, dir: prefix + "queue/", what: "queue entry",
+		version: func(e *queue.Entry, i uint64) { e.ModifyIndex = i }}}
+}
+
+// Put writes an entry.
+func (q *Queue) Put(ctx context.Context, e queue.Entry) error { return q.r.put(ctx, e.ID, e) }
+
+// List returns every entry.
+func (q *Queue) List(ctx context.Context) ([]queue.Entry, error) {
+	out, _, err := q.r.list(ctx, &consul.QueryOptions{}, nil)
+	return out, err
+}
+
+// Get returns one entry.
+func (q *Queue) Get(ctx context.Context, id string) (queue.Entry, error) {
+	if !queue.ValidID(id) {
+		return queue.Entry{}, queue.ErrNotFound
+	}
+	e, _, ok, err := q.r.get(ctx, id)
+	if err == nil && !ok {
+		err = fmt.Errorf("queue entry %s: %w", id, queue.ErrNotFound)
+	}
+	return e, err
+}
+
+// Remove deletes an entry if it has not changed since it was read; false means
+// another broker got there first.
+func (q *Queue) Remove(ctx context.Context, e queue.Entry) (bool, error) {
+	return q.r.remove(ctx, e.ID, e.ModifyIndex)
+}
+
+// Park marks an entry parked with the reason, if it has not changed since it
+// was read; false means another broker got there first.
+func (q *Queue) Park(ctx context.Context, e queue.Entry, reason string, at time.Time) (bool, error) {
+	e.Parked, e.ParkedAt = reason, at
+	return q.r.cas(ctx, e.ID, e, e.ModifyIndex)
+}
