@@ -1,0 +1,231 @@
+package consulkv_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	consul "github.com/hashicorp/consul/api"
+
+	"github.com/nomad-gpu/nomad-gpu/broker/approval"
+	"github.com/nomad-gpu/nomad-gpu/broker/consulkv"
+	"github.com/nomad-gpu/nomad-gpu/broker/nomadjob"
+	"github.com/nomad-gpu/nomad-gpu/broker/queue"
+	"github.com/nomad-gpu/nomad-gpu/broker/reclaim"
+	"github.com/nomad-gpu/nomad-gpu/broker/usage"
+	"github.com/nomad-gpu/nomad-gpu/internal/testcluster"
+)
+
+// TestStores runs every store against one real Consul agent, each under a
+// prefix of its own, in parallel.
+func TestStores(t *testing.T) {
+	agent := testcluster.StartConsul(t)
+	client, err := consul.NewClient(&consul.Config{Address: agent.Addr})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+
+	t.Run("queue: entries keep their version, and a stale one is neither removed nor parked", func(t *testing.T) {
+		t.Parallel()
+		q := consulkv.NewQueue(client.KV(), "queue-test/")
+		e := queue.Entry{ID: queue.NewID(), JobID: "train", Namespace: "vision", Tenant: "vision", Queue: "training", Demand: 2}
+		if err := q.Put(ctx, e); err != nil {
+			t.Fatal(err)
+		}
+		got, err := q.Get(ctx, e.ID)
+		if err != nil || got.JobID != "train" || got.ModifyIndex == 0 {
+			t.Fatalf("get: %+v %v", got, err)
+		}
+		if ok, err := q.Park(ctx, got, "no such tenant", time.Now()); !ok || err != nil {
+			t.Fatalf("park: %v %v", ok, err)
+		}
+		if ok, err := q.Remove(ctx, got); ok || err != nil {
+			t.Errorf("a stale entry was removed: %v %v", ok, err)
+		}
+		all, err := q.List(ctx)
+		if err != nil || len(all) != 1 || all[0].Parked != "no such tenant" {
+			t.Fatalf("list: %+v %v", all, err)
+		}
+		if ok, err := q.Remove(ctx, all[0]); !ok || err != nil {
+			t.Errorf("remove: %v %v", ok, err)
+		}
+		for _, id := range []string{"../reclaim/x", queue.NewID()} {
+			if _, err := q.Get(ctx, id); !errors.Is(err, queue.ErrNotFound) {
+				t.Errorf("get %q: %v", id, err)
+			}
+		}
+	})
+
+	t.Run("reclaim decisions: created once, updated only from the version read", func(t *testing.T) {
+		t.Parallel()
+		d := consulkv.NewDecisions(client.KV(), "decisions-test/")
+		r := reclaim.Record{ID: queue.NewID(), Rule: "idle", State: reclaim.Proposed}
+		if ok, err := d.Create(ctx, r); !ok || err != nil {
+			t.Fatalf("create: %v %v", ok, err)
+		}
+		if ok, _ := d.Create(ctx, r); ok {
+			t.Error("created twice")
+		}
+		read, err := d.Get(ctx, r.ID)
+		if err != nil || read.ModifyIndex == 0 {
+			t.Fatalf("get: %+v %v", read, err)
+		}
+		read.State = reclaim.Executed
+		if ok, err := d.Update(ctx, read); !ok || err != nil {
+			t.Fatalf("update: %v %v", ok, err)
+		}
+		if ok, _ := d.Update(ctx, read); ok {
+			t.Error("updated from a stale version")
+		}
+		if ok, _ := d.Delete(ctx, read); ok {
+			t.Error("deleted from a stale version")
+		}
+		all, err := d.List(ctx)
+		if err != nil || len(all) != 1 || all[0].State != reclaim.Executed {
+			t.Fatalf("list: %+v %v", all, err)
+		}
+		if ok, err := d.Delete(ctx, all[0]); !ok || err != nil {
+			t.Errorf("delete: %v %v", ok, err)
+		}
+		if _, err := d.Get(ctx, r.ID); !errors.Is(err, reclaim.ErrNotFound) {
+			t.Errorf("get after delete: %v", err)
+		}
+	})
+
+	t.Run("approvals: the writer sees its write at once, a follower within a blocking query", func(t *testing.T) {
+		t.Parallel()
+		writer, follower := consulkv.NewApprovals(client.KV(), "approvals-test/"), consulkv.NewApprovals(client.KV(), "approvals-test/")
+		fctx, stop := context.WithCancel(ctx)
+		defer stop()
+		go follower.Follow(fctx)
+		now := time.Now()
+		late := approval.Approval{ID: queue.NewID(), Namespace: "vision", Job: "b", Reason: "r", ExtraGPUs: 1, For: "1h", State: approval.Pending, RequestedAt: now}
+		early := late
+		early.ID, early.Job, early.RequestedAt = queue.NewID(), "a", now.Add(-time.Hour)
+		for _, a := range []approval.Approval{late, early} {
+			if ok, err := writer.Create(ctx, a); !ok || err != nil {
+				t.Fatalf("create: %v %v", ok, err)
+			}
+		}
+		if len(writer.Current()) != 2 {
+			t.Errorf("the writer's snapshot: %+v", writer.Current())
+		}
+		testcluster.WaitFor(t, 10*time.Second, "the follower's snapshot", func() error {
+			if n := len(follower.Current()); n != 2 {
+				return fmt.Errorf("%d approvals", n)
+			}
+			return nil
+		})
+		all, err := writer.List(ctx)
+		if err != nil || len(all) != 2 || all[0].Job != "a" {
+			t.Fatalf("list, oldest request first: %+v %v", all, err)
+		}
+		got, err := writer.Get(ctx, late.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got.Grant("ops", now)
+		if ok, err := writer.Update(ctx, got); !ok || err != nil {
+			t.Fatalf("update: %v %v", ok, err)
+		}
+		if ok, _ := writer.Update(ctx, got); ok {
+			t.Error("updated from a stale version")
+		}
+	})
+
+	t.Run("scale grants: namespaces and job ids with slashes stay apart", func(t *testing.T) {
+		t.Parallel()
+		s := consulkv.NewScales(client.KV(), "scales-test/")
+		a := nomadjob.ScaleGrant{Stamp: "a", Admitted: map[string]int{"g": 2}}
+		b := nomadjob.ScaleGrant{Stamp: "b", Admitted: map[string]int{"g": 3}}
+		if err := s.Put(ctx, "team/a", "train", a); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Put(ctx, "team", "a/train", b); err != nil {
+			t.Fatal(err)
+		}
+		for _, c := range []struct {
+			ns, job, stamp string
+		}{{"team/a", "train", "a"}, {"team", "a/train", "b"}} {
+			g, ok, err := s.Get(ctx, c.ns, c.job)
+			if err != nil || !ok || g.Stamp != c.stamp {
+				t.Errorf("%s/%s: %+v %v %v", c.ns, c.job, g, ok, err)
+			}
+		}
+		if _, ok, err := s.Get(ctx, "team", "none"); ok || err != nil {
+			t.Errorf("a job without a grant: %v %v", ok, err)
+		}
+	})
+
+	t.Run("profiles: more than one transaction's worth written and removed", func(t *testing.T) {
+		t.Parallel()
+		p := consulkv.NewProfiles(client, "profiles-test/")
+		var ps []usage.Profile
+		for i := 0; i < 150; i++ {
+			ps = append(ps, usage.Profile{Namespace: "vision", Job: fmt.Sprintf("team/job-%d", i), Asked: 2})
+		}
+		if left, err := p.Put(ctx, ps); err != nil || len(left) != 0 {
+			t.Fatalf("put: %d left, %v", len(left), err)
+		}
+		got, err := p.List(ctx)
+		if err != nil || len(got) != 150 {
+			t.Fatalf("list: %d %v", len(got), err)
+		}
+		if left, err := p.Delete(ctx, ps[:100]); err != nil || len(left) != 0 {
+			t.Fatalf("delete: %d left, %v", len(left), err)
+		}
+		if got, _ := p.List(ctx); len(got) != 50 {
+			t.Errorf("after delete: %d", len(got))
+		}
+	})
+
+	t.Run("rollups: days and the mark move together, once", func(t *testing.T) {
+		t.Parallel()
+		r := consulkv.NewRollups(client, "rollups-test/")
+		m, index, err := r.Mark(ctx)
+		if err != nil || index != 0 || !m.Through.IsZero() {
+			t.Fatalf("no mark yet: %+v %d %v", m, index, err)
+		}
+		through := time.Date(2026, 11, 30, 0, 0, 0, 0, time.UTC)
+		days := []usage.Rollup{{Day: "2026-11-28"}, {Day: "2026-11-29"}, {Day: "2026-11-30"}}
+		if ok, err := r.Commit(ctx, 0, usage.Mark{Through: through}, days); !ok || err != nil {
+			t.Fatalf("commit: %v %v", ok, err)
+		}
+		if ok, _ := r.Commit(ctx, 0, usage.Mark{Through: through.Add(time.Hour)}, days); ok {
+			t.Error("a second leader committed from the same mark")
+		}
+		m, index, err = r.Mark(ctx)
+		if err != nil || index == 0 || !m.Through.Equal(through) {
+			t.Fatalf("mark: %+v %d %v", m, index, err)
+		}
+		got, err := r.Days(ctx, "2026-11-29", "2026-11-30")
+		if err != nil || len(got) != 2 || got[0].Day != "2026-11-29" {
+			t.Fatalf("days: %+v %v", got, err)
+		}
+		if err := r.DeleteBefore(ctx, "2026-11-29"); err != nil {
+			t.Fatal(err)
+		}
+		if d, err := r.Day(ctx, "2026-11-28"); err != nil || d.Day != "2026-11-28" || len(d.Rows) != 0 {
+			t.Errorf("a deleted day reads empty: %+v %v", d, err)
+		}
+		if got, _ := r.Days(ctx, "2026-01-01", "2026-12-31"); len(got) != 2 {
+			t.Errorf("after delete: %+v", got)
+		}
+	})
+
+	t.Run("the admission key: created once, then the same for every broker", func(t *testing.T) {
+		t.Parallel()
+		a, err := consulkv.StampKey(ctx, client.KV(), "key-test/")
+		if err != nil || len(a) != 32 {
+			t.Fatalf("%x %v", a, err)
+		}
+		b, err := consulkv.StampKey(ctx, client.KV(), "key-test/")
+		if err != nil || !bytes.Equal(a, b) {
+			t.Errorf("a second broker's key differs: %x %x %v", a, b, err)
+		}
+	})
+}
