@@ -42,11 +42,11 @@ func (s *Server) readGPUJob(w http.ResponseWriter, r *http.Request, kind nomadjo
 	}
 	req, err := nomadjob.ReadRequest(kind, body, r.URL.Query())
 	if err != nil {
-		writeError(w, http.StatusBadRequest, "nomad-gpu: %v", err)
+		writeError(w, fail(errBadRequest, "%v", err))
 		return nil
 	}
 	if pathJobID != "" && req.JobID != pathJobID {
-		writeError(w, http.StatusBadRequest, "nomad-gpu: the job ID %q in the body does not match %q in the path", req.JobID, pathJobID)
+		writeError(w, fail(errBadRequest, "the job ID %q in the body does not match %q in the path", req.JobID, pathJobID))
 		return nil
 	}
 	if kind != nomadjob.Validate && !s.authorize(w, r, kindName[kind], req.Namespace) {
@@ -54,7 +54,7 @@ func (s *Server) readGPUJob(w http.ResponseWriter, r *http.Request, kind nomadjo
 	}
 	probe, err := req.Groups(nil, nil)
 	if err != nil {
-		writeError(w, http.StatusBadRequest, "nomad-gpu: job %q: %v", req.JobID, err)
+		writeError(w, fail(errBadRequest, "job %q: %v", req.JobID, err))
 		return nil
 	}
 	if len(probe) == 0 {
@@ -79,7 +79,7 @@ func (s *Server) readGPUJob(w http.ResponseWriter, r *http.Request, kind nomadjo
 	}
 	groups, err := req.Groups(current, s.cluster.NodesFitting)
 	if err != nil {
-		writeError(w, http.StatusBadRequest, "nomad-gpu: job %q: %v", req.JobID, err)
+		writeError(w, fail(errBadRequest, "job %q: %v", req.JobID, err))
 		return nil
 	}
 	req.Pin()
@@ -96,8 +96,8 @@ func (s *Server) register(w http.ResponseWriter, r *http.Request, pathJobID stri
 	}
 	if rj.Job.IsPeriodic() {
 		// Nomad launches each run on its own schedule, past the broker.
-		writeError(w, http.StatusForbidden, "nomad-gpu: job %q rejected by rule %s: periodic jobs launch GPU work on Nomad's schedule "+
-			"without admission; submit each run through the broker, or dispatch a parameterized job", rj.JobID, admission.RulePeriodicGPU)
+		writeError(w, fail(errForbidden, "job %q rejected by rule %s: periodic jobs launch GPU work on Nomad's schedule "+
+			"without admission; submit each run through the broker, or dispatch a parameterized job", rj.JobID, admission.RulePeriodicGPU))
 		return
 	}
 	if rj.Job.IsParameterized() {
@@ -115,7 +115,7 @@ func (s *Server) register(w http.ResponseWriter, r *http.Request, pathJobID stri
 	switch d.Outcome {
 	case admission.Reject:
 		if s.audited(w, event) {
-			writeError(w, http.StatusForbidden, "nomad-gpu: job %q rejected by rule %s: %s", rj.JobID, d.Rule, d.Reason)
+			writeError(w, fail(errForbidden, "job %q rejected by rule %s: %s", rj.JobID, d.Rule, d.Reason))
 		}
 	case admission.Queue:
 		s.enqueue(w, r, rj, d, who, event, workloadWarning(wrote))
@@ -130,7 +130,7 @@ func (s *Server) register(w http.ResponseWriter, r *http.Request, pathJobID stri
 			res.Release()
 			event.What, event.Result = audit.AdmissionError, "Nomad is unreachable: "+err.Error()
 			s.audit.Write(event)
-			writeError(w, http.StatusBadGateway, "nomad-gpu: Nomad is unreachable: %v", err)
+			writeError(w, fail(errNomadUnreach, "Nomad is unreachable: %v", err))
 			return
 		}
 		s.relayRegistered(w, resp, res, admittedWarning(d), workloadWarning(wrote), s.rightSizingWarning(rj.Namespace, rj.JobID, d))
@@ -171,7 +171,7 @@ func (s *Server) granted(namespace, id string) admission.Granted {
 // done; when it cannot, the caller is answered 503 and nothing is done.
 func (s *Server) audited(w http.ResponseWriter, e audit.Event) bool {
 	if err := s.audit.Write(e); err != nil {
-		writeError(w, http.StatusServiceUnavailable, "nomad-gpu: the audit trail cannot be written, so nothing was done: %v", err)
+		writeError(w, fail(errUnavailable, "the audit trail cannot be written, so nothing was done: %v", err))
 		return false
 	}
 	return true
@@ -198,7 +198,7 @@ func (s *Server) registerParent(w http.ResponseWriter, r *http.Request, rj *gpuJ
 	p := s.policies.Current()
 	d := s.preview(p, rj.Admission(rj.groups))
 	if d.Outcome == admission.Reject {
-		writeError(w, http.StatusForbidden, "nomad-gpu: job %q rejected by rule %s: %s", rj.JobID, d.Rule, d.Reason)
+		writeError(w, fail(errForbidden, "job %q rejected by rule %s: %s", rj.JobID, d.Rule, d.Reason))
 		return
 	}
 	d.Outcome, d.Priority, d.Demand = admission.Admit, p.Queues[d.Queue].Priority, nil
@@ -206,7 +206,7 @@ func (s *Server) registerParent(w http.ResponseWriter, r *http.Request, rj *gpuJ
 	rj.Stamp(d, s.stamper.Stamp(rj.Namespace, rj.Job, d))
 	resp, err := s.forward(r, rj.Body(), rj.Namespace)
 	if err != nil {
-		writeError(w, http.StatusBadGateway, "nomad-gpu: Nomad is unreachable: %v", err)
+		writeError(w, fail(errNomadUnreach, "Nomad is unreachable: %v", err))
 		return
 	}
 	s.relay(w, resp, admittedWarning(d))
@@ -228,12 +228,12 @@ func (s *Server) admitsHere(w http.ResponseWriter, r *http.Request, body []byte)
 		return true
 	}
 	if r.Header.Get(forwardedHeader) != "" {
-		writeError(w, http.StatusServiceUnavailable, "nomad-gpu: the broker leader changed while deciding; try again")
+		writeError(w, fail(errUnavailable, "the broker leader changed while deciding; try again"))
 		return false
 	}
 	addr, err := s.leader.LeaderAddress(r.Context())
 	if err != nil {
-		writeError(w, http.StatusServiceUnavailable, "nomad-gpu: GPU jobs are admitted by the broker leader, and there is none: %v", err)
+		writeError(w, fail(errUnavailable, "GPU jobs are admitted by the broker leader, and there is none: %v", err))
 		return false
 	}
 	s.sendOn(w, r, addr, body, "the broker leader", forwardedHeader)
@@ -245,7 +245,7 @@ func (s *Server) admitsHere(w http.ResponseWriter, r *http.Request, body []byte)
 func (s *Server) sendOn(w http.ResponseWriter, r *http.Request, addr string, body []byte, who, header string) {
 	req, err := http.NewRequestWithContext(r.Context(), r.Method, strings.TrimSuffix(addr, "/")+r.URL.RequestURI(), bytes.NewReader(body))
 	if err != nil {
-		writeError(w, http.StatusInternalServerError, "nomad-gpu: address of %s %q: %v", who, addr, err)
+		writeError(w, fail(errInternal, "address of %s %q: %v", who, addr, err))
 		return
 	}
 	req.Header = r.Header.Clone()
@@ -253,7 +253,7 @@ func (s *Server) sendOn(w http.ResponseWriter, r *http.Request, addr string, bod
 	req.Header.Set(header, "1")
 	resp, err := s.leaderClient.Do(req)
 	if err != nil {
-		writeError(w, http.StatusServiceUnavailable, "nomad-gpu: %s at %s is unreachable: %v", who, addr, err)
+		writeError(w, fail(errUnavailable, "%s at %s is unreachable: %v", who, addr, err))
 		return
 	}
 	s.relay(w, resp)
@@ -295,7 +295,7 @@ func (s *Server) enqueue(w http.ResponseWriter, r *http.Request, rj *gpuJobReque
 	// with the caller's token (a plan needs submit-job and changes nothing).
 	_, accessor, err := s.resolve(r)
 	if err != nil {
-		writeError(w, http.StatusForbidden, "nomad-gpu: job %q not queued: %v", rj.JobID, err)
+		writeError(w, fail(errForbidden, "job %q not queued: %v", rj.JobID, err))
 		return
 	}
 	var grants string
@@ -305,24 +305,20 @@ func (s *Server) enqueue(w http.ResponseWriter, r *http.Request, rj *gpuJobReque
 			// unchanged (read first: a change in between then parks it).
 			g, err := s.grants(r)
 			if err != nil {
-				writeError(w, http.StatusForbidden, "nomad-gpu: job %q not queued: reading your token's grants: %v", rj.JobID, err)
+				writeError(w, fail(errForbidden, "job %q not queued: reading your token's grants: %v", rj.JobID, err))
 				return
 			}
 			grants = g.Version
 		}
 		if err := s.mayRegister(r, rj); err != nil {
-			status := http.StatusBadGateway
-			var le *lookupError
-			if errors.As(err, &le) && le.status >= 400 && le.status < 500 {
-				status = le.status
-			}
-			writeError(w, status, "nomad-gpu: job %q not queued: Nomad refused to plan it with your token (%v)", rj.JobID, err)
+			// Nomad's own refusal (its status) or no answer (502).
+			writeError(w, fmt.Errorf("job %q not queued: Nomad refused to plan it with your token (%w)", rj.JobID, err))
 			return
 		}
 	}
 	entries, err := s.queue.List(r.Context())
 	if err != nil {
-		writeError(w, http.StatusServiceUnavailable, "nomad-gpu: job %q could not be queued: %v", rj.JobID, err)
+		writeError(w, fail(errUnavailable, "job %q could not be queued: %v", rj.JobID, err))
 		return
 	}
 	e := queue.Entry{ID: s.newID(), JobID: rj.JobID, Namespace: rj.Namespace, Tenant: d.Tenant, Queue: d.Queue,
@@ -340,7 +336,7 @@ func (s *Server) enqueue(w http.ResponseWriter, r *http.Request, rj *gpuJobReque
 	if err := s.withinQueueLimits(rj, d.Tenant, others); err != nil {
 		event.Result = "not queued: " + err.Error()
 		if s.audited(w, event) {
-			writeError(w, http.StatusTooManyRequests, "nomad-gpu: job %q not queued: %v", rj.JobID, err)
+			writeError(w, fail(errTooMany, "job %q not queued: %v", rj.JobID, err))
 		}
 		return
 	}
@@ -353,7 +349,7 @@ func (s *Server) enqueue(w http.ResponseWriter, r *http.Request, rj *gpuJobReque
 		return
 	}
 	if err := s.queue.Put(r.Context(), e); err != nil {
-		writeError(w, http.StatusServiceUnavailable, "nomad-gpu: job %q could not be queued: %v", rj.JobID, err)
+		writeError(w, fail(errUnavailable, "job %q could not be queued: %v", rj.JobID, err))
 		return
 	}
 	writeJSON(w, http.StatusOK, api.JobRegisterResponse{EvalID: e.ID, Warnings: joinWarnings(fmt.Sprintf(
@@ -464,7 +460,7 @@ func (s *Server) annotate(w http.ResponseWriter, r *http.Request, kind nomadjob.
 	}
 	resp, err := s.forward(r, rj.Body(), rj.Namespace)
 	if err != nil {
-		writeError(w, http.StatusBadGateway, "nomad-gpu: Nomad is unreachable: %v", err)
+		writeError(w, fail(errNomadUnreach, "Nomad is unreachable: %v", err))
 		return
 	}
 	s.relay(w, resp, note)
@@ -481,8 +477,8 @@ func (s *Server) checkRegion(w http.ResponseWriter, r *http.Request, region, job
 		s.sendOn(w, r, other.Broker, body, "region "+region+"'s broker", regionForwardedHeader)
 		return false
 	}
-	writeError(w, http.StatusForbidden, "nomad-gpu: job %q is for region %q, but this broker admits GPU jobs for region %q only, "+
-		"and policy names no broker for region %s (region %q { broker = \"...\" })", jobID, region, s.region, region, region)
+	writeError(w, fail(errForbidden, "job %q is for region %q, but this broker admits GPU jobs for region %q only, "+
+		"and policy names no broker for region %s (region %q { broker = \"...\" })", jobID, region, s.region, region, region))
 	return false
 }
 

@@ -40,7 +40,7 @@ func (s *Server) approvals(w http.ResponseWriter, r *http.Request, rest, who str
 	case id == "" && r.Method == http.MethodGet:
 		all, err := s.approvalStore.List(r.Context())
 		if err != nil {
-			writeError(w, http.StatusServiceUnavailable, "nomad-gpu: %v", err)
+			writeError(w, fail(errUnavailable, "%v", err))
 			return
 		}
 		out := []approval.Approval{}
@@ -61,7 +61,7 @@ func (s *Server) approvals(w http.ResponseWriter, r *http.Request, rest, who str
 	case id != "" && (verb == "grant" || verb == "deny") && (r.Method == http.MethodPost || r.Method == http.MethodPut):
 		s.decideApproval(w, r, id, verb == "grant", who)
 	default:
-		writeError(w, http.StatusMethodNotAllowed, "nomad-gpu: %s not allowed on %s", r.Method, r.URL.Path)
+		writeError(w, fail(errNotAllowed, "%s not allowed on %s", r.Method, r.URL.Path))
 	}
 }
 
@@ -69,10 +69,10 @@ func (s *Server) readApproval(w http.ResponseWriter, r *http.Request, id string)
 	a, err := s.approvalStore.Get(r.Context(), id)
 	switch {
 	case errors.Is(err, approval.ErrNotFound) || (err == nil && !s.mayRead(r, a.Namespace, map[string]bool{})):
-		writeError(w, http.StatusNotFound, "nomad-gpu: no approval %q", id)
+		writeError(w, fail(errNotFound, "no approval %q", id))
 		return a, false
 	case err != nil:
-		writeError(w, http.StatusServiceUnavailable, "nomad-gpu: %v", err)
+		writeError(w, fail(errUnavailable, "%v", err))
 		return a, false
 	}
 	return a, true
@@ -83,7 +83,7 @@ func (s *Server) readApproval(w http.ResponseWriter, r *http.Request, id string)
 func (s *Server) requestApproval(w http.ResponseWriter, r *http.Request, who string) {
 	var req ApprovalRequest
 	if err := json.NewDecoder(io.LimitReader(r.Body, 64<<10)).Decode(&req); err != nil {
-		writeError(w, http.StatusBadRequest, "nomad-gpu: approval request: %v", err)
+		writeError(w, fail(errBadRequest, "approval request: %v", err))
 		return
 	}
 	_, accessor, _ := s.resolve(r)
@@ -91,22 +91,22 @@ func (s *Server) requestApproval(w http.ResponseWriter, r *http.Request, who str
 		ExtraGPUs: req.ExtraGPUs, For: req.For, State: approval.Pending, RequestedBy: who, RequestedAccessor: accessor,
 		RequestedAt: s.now().UTC()}
 	if err := a.Check(); err != nil {
-		writeError(w, http.StatusBadRequest, "nomad-gpu: approval request: %v", err)
+		writeError(w, fail(errBadRequest, "approval request: %v", err))
 		return
 	}
 	if s.policies.Current().TenantOf(a.Namespace) == nil {
-		writeError(w, http.StatusBadRequest, "nomad-gpu: approval request: namespace %q belongs to no tenant", a.Namespace)
+		writeError(w, fail(errBadRequest, "approval request: namespace %q belongs to no tenant", a.Namespace))
 		return
 	}
 	if !s.mayRead(r, a.Namespace, map[string]bool{}) {
-		writeError(w, http.StatusForbidden, "nomad-gpu: your token may not read namespace %q", a.Namespace)
+		writeError(w, fail(errForbidden, "your token may not read namespace %q", a.Namespace))
 		return
 	}
 	if !s.audited(w, audit.Event{Who: who, What: audit.ApprovalAsk, ID: a.ID, Namespace: a.Namespace, Job: a.Job, Result: approvalAsks(a)}) {
 		return
 	}
 	if ok, err := s.approvalStore.Create(r.Context(), a); err != nil || !ok {
-		writeError(w, http.StatusServiceUnavailable, "nomad-gpu: approval request not recorded: %v", err)
+		writeError(w, fail(errUnavailable, "approval request not recorded: %v", err))
 		return
 	}
 	writeJSON(w, http.StatusOK, a)
@@ -121,24 +121,24 @@ func (s *Server) decideApproval(w http.ResponseWriter, r *http.Request, id strin
 	}
 	name, accessor, err := s.resolve(r)
 	if err != nil || accessor == "" {
-		writeError(w, http.StatusForbidden, "nomad-gpu: granting or denying an approval needs your Nomad ACL token (ACLs on): %v", err)
+		writeError(w, fail(errForbidden, "granting or denying an approval needs your Nomad ACL token (ACLs on): %v", err))
 		return
 	}
 	g, err := s.grants(r)
 	if err != nil {
-		writeError(w, http.StatusForbidden, "nomad-gpu: reading your token's grants: %v", err)
+		writeError(w, fail(errForbidden, "reading your token's grants: %v", err))
 		return
 	}
 	tokenName := strings.TrimSuffix(name, " ("+accessor+")")
 	switch {
 	case !s.policies.Current().MayApprove(tokenName, g):
-		writeError(w, http.StatusForbidden, "nomad-gpu: %s is not one of the policy's approvers", tokenName)
+		writeError(w, fail(errForbidden, "%s is not one of the policy's approvers", tokenName))
 		return
 	case accessor == a.RequestedAccessor:
-		writeError(w, http.StatusForbidden, "nomad-gpu: nobody grants or denies their own request; another approver must")
+		writeError(w, fail(errForbidden, "nobody grants or denies their own request; another approver must"))
 		return
 	case a.State != approval.Pending:
-		writeError(w, http.StatusConflict, "nomad-gpu: approval %s is %s, not pending", id, a.State)
+		writeError(w, fail(errConflict, "approval %s is %s, not pending", id, a.State))
 		return
 	}
 	what, result := audit.ApprovalDeny, "denied"
@@ -152,7 +152,7 @@ func (s *Server) decideApproval(w http.ResponseWriter, r *http.Request, id strin
 		return
 	}
 	if ok, err := s.approvalStore.Update(r.Context(), a); err != nil || !ok {
-		writeError(w, http.StatusConflict, "nomad-gpu: approval %s changed meanwhile (%v); look again", id, err)
+		writeError(w, fail(errConflict, "approval %s changed meanwhile (%v); look again", id, err))
 		return
 	}
 	writeJSON(w, http.StatusOK, a)

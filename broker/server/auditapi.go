@@ -27,7 +27,7 @@ func (s *Server) auditTrail(w http.ResponseWriter, r *http.Request) {
 			(e.Namespace == "" || s.mayRead(r, e.Namespace, readable))
 	})
 	if err != nil {
-		writeError(w, http.StatusServiceUnavailable, "nomad-gpu: %v", err)
+		writeError(w, fail(errUnavailable, "%v", err))
 		return
 	}
 	if events == nil {
@@ -50,7 +50,7 @@ func (s *Server) trace(w http.ResponseWriter, r *http.Request) {
 	from := s.now().Add(-since)
 	profiles, err := s.stored.List(r.Context())
 	if err != nil {
-		writeError(w, http.StatusServiceUnavailable, "nomad-gpu: %v", err)
+		writeError(w, fail(errUnavailable, "%v", err))
 		return
 	}
 	readable := map[string]bool{}
@@ -59,7 +59,7 @@ func (s *Server) trace(w http.ResponseWriter, r *http.Request) {
 		return e.What == audit.Admission && s.mayRead(r, e.Namespace, readable)
 	})
 	if err != nil {
-		writeError(w, http.StatusServiceUnavailable, "nomad-gpu: %v", err)
+		writeError(w, fail(errUnavailable, "%v", err))
 		return
 	}
 	for _, e := range events {
@@ -105,7 +105,7 @@ func sinceParam(w http.ResponseWriter, r *http.Request, def time.Duration) (time
 	}
 	d, err := time.ParseDuration(v)
 	if err != nil || d <= 0 {
-		writeError(w, http.StatusBadRequest, "nomad-gpu: since=%q is not a duration such as %gh", v, def.Hours())
+		writeError(w, fail(errBadRequest, "since=%q is not a duration such as %gh", v, def.Hours()))
 		return 0, false
 	}
 	return d, true

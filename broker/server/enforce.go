@@ -46,12 +46,12 @@ func (s *Server) authorize(w http.ResponseWriter, r *http.Request, what, ns stri
 		return true
 	}
 	if token(r) == "" {
-		writeError(w, http.StatusForbidden, "nomad-gpu: %s in namespace %q refused: send a Nomad ACL token (tenant %s's jobs are written by the broker for its submitters)", what, ns, t.Name)
+		writeError(w, fail(errForbidden, "%s in namespace %q refused: send a Nomad ACL token (tenant %s's jobs are written by the broker for its submitters)", what, ns, t.Name))
 		return false
 	}
 	g, err := s.grants(r)
 	if err != nil {
-		writeError(w, http.StatusForbidden, "nomad-gpu: %s in namespace %q refused: %v", what, ns, err)
+		writeError(w, fail(errForbidden, "%s in namespace %q refused: %v", what, ns, err))
 		return false
 	}
 	if !t.MaySubmit(g) {
@@ -59,8 +59,8 @@ func (s *Server) authorize(w http.ResponseWriter, r *http.Request, what, ns stri
 		for i, sub := range t.Submitters {
 			names[i] = sub.String()
 		}
-		writeError(w, http.StatusForbidden, "nomad-gpu: %s in namespace %q refused: jobs of tenant %s are written by the broker for its submitters (%s), "+
-			"and your token holds none of them", what, ns, t.Name, strings.Join(names, ", "))
+		writeError(w, fail(errForbidden, "%s in namespace %q refused: jobs of tenant %s are written by the broker for its submitters (%s), "+
+			"and your token holds none of them", what, ns, t.Name, strings.Join(names, ", ")))
 		return false
 	}
 	if a, ok := r.Context().Value(writeAuthKey{}).(*writeAuth); ok {

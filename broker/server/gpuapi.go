@@ -17,7 +17,7 @@ func (s *Server) serveGPU(w http.ResponseWriter, r *http.Request) {
 		if err == nil {
 			err = errors.New("no token given")
 		}
-		writeError(w, http.StatusForbidden, "nomad-gpu: the broker's API needs a valid Nomad ACL token: %v", err)
+		writeError(w, fail(errForbidden, "the broker's API needs a valid Nomad ACL token: %v", err))
 		return
 	}
 	switch {
@@ -30,7 +30,7 @@ func (s *Server) serveGPU(w http.ResponseWriter, r *http.Request) {
 	case path == "queue" && r.Method == http.MethodGet:
 		entries, err := s.ordered(r)
 		if err != nil {
-			writeError(w, http.StatusServiceUnavailable, "nomad-gpu: %v", err)
+			writeError(w, fail(errUnavailable, "%v", err))
 			return
 		}
 		out := []QueuedJob{}
@@ -58,7 +58,7 @@ func (s *Server) serveGPU(w http.ResponseWriter, r *http.Request) {
 	case s.decisions != nil && strings.HasPrefix(path, "reclaim/"):
 		s.reclaimDecision(w, r, strings.TrimPrefix(path, "reclaim/"), who)
 	default:
-		writeError(w, http.StatusNotFound, "nomad-gpu: no such endpoint %s %s", r.Method, r.URL.Path)
+		writeError(w, fail(errNotFound, "no such endpoint %s %s", r.Method, r.URL.Path))
 	}
 }
 

@@ -37,13 +37,13 @@ func (s *Server) gpuMap(w http.ResponseWriter, r *http.Request) {
 	if q.Has("index") {
 		after, err := strconv.ParseUint(q.Get("index"), 10, 64)
 		if err != nil {
-			writeError(w, http.StatusBadRequest, "nomad-gpu: index=%q is not a Nomad index", q.Get("index"))
+			writeError(w, fail(errBadRequest, "index=%q is not a Nomad index", q.Get("index")))
 			return
 		}
 		wait := maxMapWait
 		if q.Has("wait") {
 			if wait, err = time.ParseDuration(q.Get("wait")); err != nil || wait <= 0 {
-				writeError(w, http.StatusBadRequest, "nomad-gpu: wait=%q is not a duration (as 10s or 1m)", q.Get("wait"))
+				writeError(w, fail(errBadRequest, "wait=%q is not a duration (as 10s or 1m)", q.Get("wait")))
 				return
 			}
 			wait = min(wait, maxMapWait)
@@ -57,7 +57,7 @@ func (s *Server) gpuMap(w http.ResponseWriter, r *http.Request) {
 	m := GPUMap{Index: index, IdleBelow: p.Usage.IdleBelow, Nodes: s.cluster.Map(p.Usage.IdleBelow)}
 	if s.acls && len(m.Nodes) > 0 {
 		if err := s.get(r, "/v1/node/"+url.PathEscape(m.Nodes[0].ID), "", nil); err != nil {
-			writeError(w, http.StatusForbidden, "nomad-gpu: the GPU map needs a token that may read nodes: %v", err)
+			writeError(w, fail(errForbidden, "the GPU map needs a token that may read nodes: %v", err))
 			return
 		}
 		readable := map[string]bool{}

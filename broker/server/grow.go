@@ -45,7 +45,7 @@ func (s *Server) scale(w http.ResponseWriter, r *http.Request, jobID string) {
 	}
 	group := req.Target["Group"]
 	if *req.Count < 0 || *req.Count > nomadjob.MaxGroupCount {
-		writeError(w, http.StatusBadRequest, "nomad-gpu: scale of %q: count %d is out of range 0..%d", jobID, *req.Count, nomadjob.MaxGroupCount)
+		writeError(w, fail(errBadRequest, "scale of %q: count %d is out of range 0..%d", jobID, *req.Count, nomadjob.MaxGroupCount))
 		return
 	}
 	stamped, admittedBefore := s.stampedCounts(r, ns, jobID, job)
@@ -113,7 +113,7 @@ func (s *Server) spawn(w http.ResponseWriter, r *http.Request, c call, jobID str
 			return
 		}
 		if req.JobID != "" && req.JobID != jobID {
-			writeError(w, http.StatusBadRequest, "nomad-gpu: the job ID %q in the body does not match %q in the path", req.JobID, jobID)
+			writeError(w, fail(errBadRequest, "the job ID %q in the body does not match %q in the path", req.JobID, jobID))
 			return
 		}
 		body = doc.Bytes()
@@ -161,7 +161,7 @@ func (s *Server) revert(w http.ResponseWriter, r *http.Request, jobID string) {
 			// Reverting registers that version again: an update of the current one.
 			groups, err := nomadjob.Groups(v, nomadjob.Placement{Current: current, NodesFitting: s.cluster.NodesFitting})
 			if err != nil {
-				writeError(w, http.StatusBadRequest, "nomad-gpu: revert of %q: %v", jobID, err)
+				writeError(w, fail(errBadRequest, "revert of %q: %v", jobID, err))
 				return
 			}
 			s.decideThenForward(w, r, doc.Bytes(), groups, v, ns, jobID, "revert", nil)
@@ -180,7 +180,7 @@ func (s *Server) readCall(w http.ResponseWriter, r *http.Request, out any) (*jso
 	}
 	doc, err := jsondoc.Parse(body, out)
 	if err != nil {
-		writeError(w, http.StatusBadRequest, "nomad-gpu: %v", err)
+		writeError(w, fail(errBadRequest, "%v", err))
 		return nil, false
 	}
 	return doc, s.checkRegion(w, r, r.URL.Query().Get("region"), "", doc.Bytes())
@@ -197,9 +197,9 @@ func readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool) {
 	if err != nil {
 		var tooBig *http.MaxBytesError
 		if errors.As(err, &tooBig) {
-			writeError(w, http.StatusRequestEntityTooLarge, "nomad-gpu: request body larger than %d bytes", MaxBody)
+			writeError(w, fail(errTooLarge, "request body larger than %d bytes", MaxBody))
 		} else {
-			writeError(w, http.StatusBadRequest, "nomad-gpu: read request body: %v", err)
+			writeError(w, fail(errBadRequest, "read request body: %v", err))
 		}
 		return nil, false
 	}
@@ -210,7 +210,7 @@ func readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool) {
 func (s *Server) checkThenForward(w http.ResponseWriter, r *http.Request, body []byte, job *api.Job, ns, jobID, what string, record func() error) {
 	groups, err := nomadjob.Groups(job, nomadjob.Placement{NodesFitting: s.cluster.NodesFitting})
 	if err != nil {
-		writeError(w, http.StatusBadRequest, "nomad-gpu: %s of %q: %v", what, jobID, err)
+		writeError(w, fail(errBadRequest, "%s of %q: %v", what, jobID, err))
 		return
 	}
 	s.decideThenForward(w, r, body, groups, job, ns, jobID, what, record)
@@ -250,25 +250,25 @@ func (s *Server) decideThenForward(w http.ResponseWriter, r *http.Request, body 
 	}
 	switch {
 	case d.Outcome == admission.Reject:
-		writeError(w, http.StatusForbidden, "nomad-gpu: %s of %q rejected by rule %s: %s", what, jobID, d.Rule, d.Reason)
+		writeError(w, fail(errForbidden, "%s of %q rejected by rule %s: %s", what, jobID, d.Rule, d.Reason))
 	case d.Outcome == admission.Queue:
-		writeError(w, http.StatusForbidden, "nomad-gpu: %s of %q refused for now: %s", what, jobID, d.Reason)
+		writeError(w, fail(errForbidden, "%s of %q refused for now: %s", what, jobID, d.Reason))
 	case d.Priority != current:
 		res.Release()
-		writeError(w, http.StatusForbidden, "nomad-gpu: %s of %q refused: the result would run at priority %d (%s) but the job runs at %d; register it again instead",
-			what, jobID, d.Priority, d.Reason, current)
+		writeError(w, fail(errForbidden, "%s of %q refused: the result would run at priority %d (%s) but the job runs at %d; register it again instead",
+			what, jobID, d.Priority, d.Reason, current))
 	default:
 		if record != nil {
 			if err := record(); err != nil {
 				res.Release()
-				writeError(w, http.StatusServiceUnavailable, "nomad-gpu: %s of %q not forwarded: %v", what, jobID, err)
+				writeError(w, fail(errUnavailable, "%s of %q not forwarded: %v", what, jobID, err))
 				return
 			}
 		}
 		resp, err := s.forward(r, body, ns)
 		if err != nil {
 			res.Release()
-			writeError(w, http.StatusBadGateway, "nomad-gpu: Nomad is unreachable: %v", err)
+			writeError(w, fail(errNomadUnreach, "Nomad is unreachable: %v", err))
 			return
 		}
 		s.relayRegistered(w, resp, res, admittedWarning(d))
@@ -300,16 +300,9 @@ func (s *Server) currentJob(r *http.Request, ns, jobID string) (*api.Job, error)
 }
 
 // lookupFailed refuses a call the broker could not decide on.
+// Its status is Nomad's refusal's, 404 for no such job, else 502.
 func (s *Server) lookupFailed(w http.ResponseWriter, err error, what, jobID string) {
-	status := http.StatusBadGateway
-	var le *lookupError
-	switch {
-	case errors.Is(err, errNoJob):
-		status = http.StatusNotFound
-	case errors.As(err, &le) && le.status >= 400 && le.status < 500:
-		status = le.status
-	}
-	writeError(w, status, "nomad-gpu: %s of %q refused: the broker cannot read the job it acts on (%v)", what, jobID, err)
+	writeError(w, fmt.Errorf("%s of %q refused: the broker cannot read the job it acts on (%w)", what, jobID, err))
 }
 
 // get reads a Nomad API path with the caller's token headers.

@@ -22,16 +22,16 @@ type QueuedJob struct {
 
 func (s *Server) queueEntry(w http.ResponseWriter, r *http.Request, id, who string) {
 	if !queue.ValidID(id) {
-		writeError(w, http.StatusBadRequest, "nomad-gpu: %q is not a queue id (a UUID, as `gpu-broker queue list` shows)", id)
+		writeError(w, fail(errBadRequest, "%q is not a queue id (a UUID, as `gpu-broker queue list` shows)", id))
 		return
 	}
 	e, err := s.queue.Get(r.Context(), id)
 	if errors.Is(err, queue.ErrNotFound) || (err == nil && !s.mayRead(r, e.Namespace, map[string]bool{})) {
-		writeError(w, http.StatusNotFound, "nomad-gpu: no queued job %q (admitted, cancelled or never queued)", id)
+		writeError(w, fail(errNotFound, "no queued job %q (admitted, cancelled or never queued)", id))
 		return
 	}
 	if err != nil {
-		writeError(w, http.StatusServiceUnavailable, "nomad-gpu: %v", err)
+		writeError(w, fail(errUnavailable, "%v", err))
 		return
 	}
 	switch r.Method {
@@ -41,14 +41,14 @@ func (s *Server) queueEntry(w http.ResponseWriter, r *http.Request, id, who stri
 		}
 		entries, err := s.ordered(r)
 		if err != nil {
-			writeError(w, http.StatusServiceUnavailable, "nomad-gpu: %v", err)
+			writeError(w, fail(errUnavailable, "%v", err))
 			return
 		}
 		writeJSON(w, http.StatusOK, QueuedJob{Position: positionOf(entries, id), Entry: e, Estimate: estimateOf(s.estimates(entries), id)})
 	case http.MethodDelete:
 		if !s.mayCancel(r, e, who) {
-			writeError(w, http.StatusForbidden, "nomad-gpu: only its submitter, or a token that may submit job %q in namespace %q, may cancel queued job %s",
-				e.JobID, e.Namespace, id)
+			writeError(w, fail(errForbidden, "only its submitter, or a token that may submit job %q in namespace %q, may cancel queued job %s",
+				e.JobID, e.Namespace, id))
 			return
 		}
 		event := audit.Event{Who: who, What: audit.QueueCancel, ID: id, Namespace: e.Namespace, Job: e.JobID, Tenant: e.Tenant,
@@ -60,14 +60,14 @@ func (s *Server) queueEntry(w http.ResponseWriter, r *http.Request, id, who stri
 		if err != nil || !ok {
 			event.Result = fmt.Sprintf("not cancelled: changed or admitted meanwhile (%v)", err)
 			s.audit.Write(event)
-			writeError(w, http.StatusConflict, "nomad-gpu: queued job %q changed or was admitted meanwhile: %v", id, err)
+			writeError(w, fail(errConflict, "queued job %q changed or was admitted meanwhile: %v", id, err))
 			return
 		}
 		s.metrics.QueueWait(e.Queue, "cancelled", s.now().Sub(e.SubmittedAt))
 		s.log.Info("queue: cancelled", "id", id, "job", e.JobID, "namespace", e.Namespace, "by", who)
 		writeJSON(w, http.StatusOK, e)
 	default:
-		writeError(w, http.StatusMethodNotAllowed, "nomad-gpu: %s not allowed on %s", r.Method, r.URL.Path)
+		writeError(w, fail(errNotAllowed, "%s not allowed on %s", r.Method, r.URL.Path))
 	}
 }
 

@@ -27,7 +27,7 @@ type Decisions interface {
 func (s *Server) reclaimList(w http.ResponseWriter, r *http.Request) {
 	recs, err := s.decisions.List(r.Context())
 	if err != nil {
-		writeError(w, http.StatusServiceUnavailable, "nomad-gpu: %v", err)
+		writeError(w, fail(errUnavailable, "%v", err))
 		return
 	}
 	out := []reclaim.Record{}
@@ -44,7 +44,7 @@ func (s *Server) reclaimList(w http.ResponseWriter, r *http.Request) {
 // reclaimDecision serves GET and DELETE (cancel) /v1/gpu/reclaim/<id>.
 func (s *Server) reclaimDecision(w http.ResponseWriter, r *http.Request, id, who string) {
 	if !queue.ValidID(id) {
-		writeError(w, http.StatusBadRequest, "nomad-gpu: %q is not a reclaim decision id (a UUID, as `gpu-broker reclaim list` shows)", id)
+		writeError(w, fail(errBadRequest, "%q is not a reclaim decision id (a UUID, as `gpu-broker reclaim list` shows)", id))
 		return
 	}
 	rec, err := s.decisions.Get(r.Context(), id)
@@ -53,10 +53,10 @@ func (s *Server) reclaimDecision(w http.ResponseWriter, r *http.Request, id, who
 	}
 	switch {
 	case errors.Is(err, reclaim.ErrNotFound):
-		writeError(w, http.StatusNotFound, "nomad-gpu: no reclaim decision %q", id)
+		writeError(w, fail(errNotFound, "no reclaim decision %q", id))
 		return
 	case err != nil:
-		writeError(w, http.StatusServiceUnavailable, "nomad-gpu: %v", err)
+		writeError(w, fail(errUnavailable, "%v", err))
 		return
 	}
 	switch r.Method {
@@ -64,12 +64,12 @@ func (s *Server) reclaimDecision(w http.ResponseWriter, r *http.Request, id, who
 		writeJSON(w, http.StatusOK, rec)
 	case http.MethodDelete:
 		if !s.mayWriteJob(r, rec.Namespace, rec.Job) {
-			writeError(w, http.StatusForbidden, "nomad-gpu: only a token that may write job %q in namespace %q may cancel reclaim decision %s", rec.Job, rec.Namespace, id)
+			writeError(w, fail(errForbidden, "only a token that may write job %q in namespace %q may cancel reclaim decision %s", rec.Job, rec.Namespace, id))
 			return
 		}
 		if rec.State != reclaim.Proposed || !rec.ActingSince.IsZero() {
-			writeError(w, http.StatusConflict, "nomad-gpu: reclaim decision %s is %s%s: only a proposed decision not yet being carried out can be cancelled",
-				id, rec.State, map[bool]string{true: " (being carried out)", false: ""}[!rec.ActingSince.IsZero() && rec.State == reclaim.Proposed])
+			writeError(w, fail(errConflict, "reclaim decision %s is %s%s: only a proposed decision not yet being carried out can be cancelled",
+				id, rec.State, map[bool]string{true: " (being carried out)", false: ""}[!rec.ActingSince.IsZero() && rec.State == reclaim.Proposed]))
 			return
 		}
 		event := audit.Event{Who: who, What: audit.ReclaimCancel, ID: id, Namespace: rec.Namespace, Job: rec.Job, Tenant: rec.Tenant,
@@ -81,14 +81,14 @@ func (s *Server) reclaimDecision(w http.ResponseWriter, r *http.Request, id, who
 		if ok, err := s.decisions.Update(r.Context(), rec); err != nil || !ok {
 			event.Result = fmt.Sprintf("not cancelled: changed meanwhile (%v)", err)
 			s.audit.Write(event)
-			writeError(w, http.StatusConflict, "nomad-gpu: reclaim decision %s changed meanwhile (%v); look again", id, err)
+			writeError(w, fail(errConflict, "reclaim decision %s changed meanwhile (%v); look again", id, err))
 			return
 		}
 		s.metrics.Decision(rec.Rule, string(rec.Action), string(rec.State))
 		s.log.Info("reclaim decision cancelled", "id", id, "rule", rec.Rule, "job", rec.Job, "namespace", rec.Namespace, "by", who)
 		writeJSON(w, http.StatusOK, rec)
 	default:
-		writeError(w, http.StatusMethodNotAllowed, "nomad-gpu: %s not allowed on %s", r.Method, r.URL.Path)
+		writeError(w, fail(errNotAllowed, "%s not allowed on %s", r.Method, r.URL.Path))
 	}
 }
 

@@ -242,7 +242,7 @@ func (s *Server) Handler() http.Handler {
 			case s.large <- struct{}{}:
 				defer func() { <-s.large }()
 			default:
-				writeError(w, http.StatusServiceUnavailable, "nomad-gpu: too many large requests at once; try again")
+				writeError(w, fail(errUnavailable, "too many large requests at once; try again"))
 				return
 			}
 		}
@@ -289,13 +289,6 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	json.NewEncoder(w).Encode(v)
 }
 
-// writeError answers in Nomad's style: the CLI prints the body after the code.
-func writeError(w http.ResponseWriter, status int, format string, args ...any) {
-	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-	w.WriteHeader(status)
-	fmt.Fprintf(w, format, args...)
-}
-
 // forward sends body to Nomad at the request's path and query with the caller's
 // headers (its token included), and returns Nomad's answer. A namespace, when
 // given, replaces the query's: the one the broker resolved and decided on.
@@ -330,7 +323,7 @@ func (s *Server) relay(w http.ResponseWriter, resp *http.Response, warnings ...s
 // relayBody is relay of an answer already read.
 func (s *Server) relayBody(w http.ResponseWriter, resp *http.Response, body []byte, err error, warnings ...string) {
 	if err != nil {
-		writeError(w, http.StatusBadGateway, "nomad-gpu: reading Nomad's answer: %v", err)
+		writeError(w, fail(errNomadUnreach, "reading Nomad's answer: %v", err))
 		return
 	}
 	if resp.StatusCode == http.StatusOK && len(warnings) > 0 {
@@ -377,7 +370,7 @@ func joinWarnings(ws ...string) string {
 func (s *Server) passThrough(w http.ResponseWriter, r *http.Request, body []byte) {
 	resp, err := s.forward(r, body, "")
 	if err != nil {
-		writeError(w, http.StatusBadGateway, "nomad-gpu: Nomad is unreachable: %v", err)
+		writeError(w, fail(errNomadUnreach, "Nomad is unreachable: %v", err))
 		return
 	}
 	s.relay(w, resp)

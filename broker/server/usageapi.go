@@ -37,7 +37,7 @@ func (s *Server) usage(w http.ResponseWriter, r *http.Request) {
 		now := s.now()
 		days, err := s.rollups.Days(r.Context(), usage.EarliestPeriodStart(now).Format(usage.DayFormat), now.UTC().Format(usage.DayFormat))
 		if err != nil {
-			writeError(w, http.StatusServiceUnavailable, "nomad-gpu: %v", err)
+			writeError(w, fail(errUnavailable, "%v", err))
 			return
 		}
 		budgets = usage.Budgets(p, days, now)
@@ -71,26 +71,26 @@ type UsageReport struct {
 // the broker did not admit (they have no tenant).
 func (s *Server) usageReport(w http.ResponseWriter, r *http.Request) {
 	if s.rollups == nil {
-		writeError(w, http.StatusNotFound, "nomad-gpu: this broker keeps no usage history")
+		writeError(w, fail(errNotFound, "this broker keeps no usage history"))
 		return
 	}
 	q := r.URL.Query()
 	rep := UsageReport{From: q.Get("from"), To: q.Get("to"), By: q.Get("by")}
 	from, err := time.Parse(usage.DayFormat, rep.From)
 	if err != nil {
-		writeError(w, http.StatusBadRequest, "nomad-gpu: from=%q is not a day (YYYY-MM-DD)", rep.From)
+		writeError(w, fail(errBadRequest, "from=%q is not a day (YYYY-MM-DD)", rep.From))
 		return
 	}
 	to := s.now().UTC().AddDate(0, 0, 1) // through today
 	if rep.To != "" {
 		if to, err = time.Parse(usage.DayFormat, rep.To); err != nil {
-			writeError(w, http.StatusBadRequest, "nomad-gpu: to=%q is not a day (YYYY-MM-DD)", rep.To)
+			writeError(w, fail(errBadRequest, "to=%q is not a day (YYYY-MM-DD)", rep.To))
 			return
 		}
 	}
 	rep.To = to.Format(usage.DayFormat)
 	if !to.After(from) {
-		writeError(w, http.StatusBadRequest, "nomad-gpu: to (%s) must come after from (%s): the period runs from 'from' up to, not including, 'to'", rep.To, rep.From)
+		writeError(w, fail(errBadRequest, "to (%s) must come after from (%s): the period runs from 'from' up to, not including, 'to'", rep.To, rep.From))
 		return
 	}
 	switch rep.By {
@@ -98,12 +98,12 @@ func (s *Server) usageReport(w http.ResponseWriter, r *http.Request) {
 		rep.By = usage.ByTenant
 	case usage.ByTenant, usage.ByQueue, usage.ByClass:
 	default:
-		writeError(w, http.StatusBadRequest, "nomad-gpu: by=%q: report by tenant, queue or class", rep.By)
+		writeError(w, fail(errBadRequest, "by=%q: report by tenant, queue or class", rep.By))
 		return
 	}
 	days, err := s.rollups.Days(r.Context(), rep.From, to.AddDate(0, 0, -1).Format(usage.DayFormat))
 	if err != nil {
-		writeError(w, http.StatusServiceUnavailable, "nomad-gpu: %v", err)
+		writeError(w, fail(errUnavailable, "%v", err))
 		return
 	}
 	p := s.policies.Current()
@@ -163,14 +163,14 @@ func (s *Server) rightSizing(w http.ResponseWriter, r *http.Request) {
 	if v := r.URL.Query().Get("top"); v != "" {
 		n, err := strconv.Atoi(v)
 		if err != nil || n < 0 {
-			writeError(w, http.StatusBadRequest, "nomad-gpu: top=%q is not a count of jobs per tenant", v)
+			writeError(w, fail(errBadRequest, "top=%q is not a count of jobs per tenant", v))
 			return
 		}
 		top = n
 	}
 	all, err := s.stored.List(r.Context())
 	if err != nil {
-		writeError(w, http.StatusServiceUnavailable, "nomad-gpu: %v", err)
+		writeError(w, fail(errUnavailable, "%v", err))
 		return
 	}
 	readable := map[string]bool{}
