@@ -33,36 +33,21 @@ type ApprovalRequest struct {
 	For       string `json:"for"`
 }
 
-// approvals serves /v1/gpu/approvals[/<id>[/grant|/deny]].
-func (s *Server) approvals(w http.ResponseWriter, r *http.Request, rest, who string) {
-	id, verb, _ := strings.Cut(rest, "/")
-	switch {
-	case id == "" && r.Method == http.MethodGet:
-		all, err := s.approvalStore.List(r.Context())
-		if err != nil {
-			writeError(w, fail(errUnavailable, "%v", err))
-			return
-		}
-		out := []approval.Approval{}
-		readable := map[string]bool{}
-		for _, a := range all {
-			if s.mayRead(r, a.Namespace, readable) {
-				out = append(out, a)
-			}
-		}
-		writeJSON(w, http.StatusOK, out)
-	case id == "" && (r.Method == http.MethodPost || r.Method == http.MethodPut):
-		s.requestApproval(w, r, who)
-	case id != "" && verb == "" && r.Method == http.MethodGet:
-		a, ok := s.readApproval(w, r, id)
-		if ok {
-			writeJSON(w, http.StatusOK, a)
-		}
-	case id != "" && (verb == "grant" || verb == "deny") && (r.Method == http.MethodPost || r.Method == http.MethodPut):
-		s.decideApproval(w, r, id, verb == "grant", who)
-	default:
-		writeError(w, fail(errNotAllowed, "%s not allowed on %s", r.Method, r.URL.Path))
+// approvalList serves every approval the caller may read.
+func (s *Server) approvalList(w http.ResponseWriter, r *http.Request) {
+	all, err := s.approvalStore.List(r.Context())
+	if err != nil {
+		writeError(w, fail(errUnavailable, "%v", err))
+		return
 	}
+	out := []approval.Approval{}
+	readable := map[string]bool{}
+	for _, a := range all {
+		if s.mayRead(r, a.Namespace, readable) {
+			out = append(out, a)
+		}
+	}
+	writeJSON(w, http.StatusOK, out)
 }
 
 func (s *Server) readApproval(w http.ResponseWriter, r *http.Request, id string) (approval.Approval, bool) {

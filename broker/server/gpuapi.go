@@ -1,6 +1,7 @@
 package server
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"net/http"
@@ -10,8 +11,9 @@ import (
 	"github.com/nomad-gpu/nomad-gpu/broker/queue"
 )
 
+// serveGPU serves the broker's own API, /v1/gpu/, to a caller with a valid
+// token when ACLs are on.
 func (s *Server) serveGPU(w http.ResponseWriter, r *http.Request) {
-	path := strings.TrimPrefix(r.URL.Path, "/v1/gpu/")
 	who, _, err := s.resolve(r)
 	if s.acls && (err != nil || token(r) == "") {
 		if err == nil {
@@ -20,46 +22,117 @@ func (s *Server) serveGPU(w http.ResponseWriter, r *http.Request) {
 		writeError(w, fail(errForbidden, "the broker's API needs a valid Nomad ACL token: %v", err))
 		return
 	}
-	switch {
-	case path == "usage" && r.Method == http.MethodGet && r.URL.Query().Has("from"):
-		s.usageReport(w, r)
-	case path == "usage" && r.Method == http.MethodGet:
-		s.usage(w, r)
-	case path == "nodes" && r.Method == http.MethodGet:
-		s.gpuMap(w, r)
-	case path == "queue" && r.Method == http.MethodGet:
-		entries, err := s.ordered(r)
-		if err != nil {
-			writeError(w, fail(errUnavailable, "%v", err))
-			return
+	s.api.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), callerKey{}, who)))
+}
+
+// callerKey holds the caller's identity in a request to the broker's API.
+type callerKey struct{}
+
+// caller is who calls the broker's API.
+func caller(r *http.Request) string { s, _ := r.Context().Value(callerKey{}).(string); return s }
+
+// gpuAPI routes /v1/gpu/: the broker's own paths, so Go's ServeMux patterns
+// read them (Nomad's paths keep Nomad's reading, in route). A path it serves
+// answers other methods 405, one it does not serve 404, both in its words;
+// an endpoint whose store this broker lacks is not served.
+func (s *Server) gpuAPI() http.Handler {
+	mux := http.NewServeMux()
+	handle := func(methods, path string, served func() bool, h http.HandlerFunc) {
+		for _, m := range strings.Fields(methods) {
+			mux.HandleFunc(m+" "+path, func(w http.ResponseWriter, r *http.Request) {
+				if served != nil && !served() {
+					notFound(w, r)
+					return
+				}
+				h(w, r)
+			})
 		}
-		out := []QueuedJob{}
-		readable := map[string]bool{}
-		estimates := s.estimates(entries)
-		for i, e := range entries {
-			if s.mayRead(r, e.Namespace, readable) {
-				e.Request = nil // the request body is its submitter's alone
-				out = append(out, QueuedJob{Position: i + 1, Entry: e, Estimate: estimateOf(estimates, e.ID)})
-			}
-		}
-		writeJSON(w, http.StatusOK, out)
-	case strings.HasPrefix(path, "queue/"):
-		s.queueEntry(w, r, strings.TrimPrefix(path, "queue/"), who)
-	case s.approvalStore != nil && (path == "approvals" || strings.HasPrefix(path, "approvals/")):
-		s.approvals(w, r, strings.TrimPrefix(strings.TrimPrefix(path, "approvals"), "/"), who)
-	case path == "audit" && r.Method == http.MethodGet:
-		s.auditTrail(w, r)
-	case s.stored != nil && path == "trace" && r.Method == http.MethodGet:
-		s.trace(w, r)
-	case s.stored != nil && path == "rightsizing" && r.Method == http.MethodGet:
-		s.rightSizing(w, r)
-	case s.decisions != nil && path == "reclaim" && r.Method == http.MethodGet:
-		s.reclaimList(w, r)
-	case s.decisions != nil && strings.HasPrefix(path, "reclaim/"):
-		s.reclaimDecision(w, r, strings.TrimPrefix(path, "reclaim/"), who)
-	default:
-		writeError(w, fail(errNotFound, "no such endpoint %s %s", r.Method, r.URL.Path))
 	}
+	always := func() bool { return true }
+	approvals := func() bool { return s.approvalStore != nil }
+	stored := func() bool { return s.stored != nil }
+	decisions := func() bool { return s.decisions != nil }
+	fallback := map[string]bool{}
+	for _, e := range []struct {
+		methods, path string
+		served        func() bool
+		h             http.HandlerFunc
+	}{
+		{"GET", "/v1/gpu/usage", always, func(w http.ResponseWriter, r *http.Request) {
+			if r.URL.Query().Has("from") {
+				s.usageReport(w, r)
+			} else {
+				s.usage(w, r)
+			}
+		}},
+		{"GET", "/v1/gpu/nodes", always, s.gpuMap},
+		{"GET", "/v1/gpu/queue", always, s.queueList},
+		{"GET DELETE", "/v1/gpu/queue/{id}", always, func(w http.ResponseWriter, r *http.Request) {
+			s.queueEntry(w, r, r.PathValue("id"), caller(r))
+		}},
+		{"GET", "/v1/gpu/approvals", approvals, s.approvalList},
+		{"POST PUT", "/v1/gpu/approvals", approvals, func(w http.ResponseWriter, r *http.Request) { s.requestApproval(w, r, caller(r)) }},
+		{"GET", "/v1/gpu/approvals/{id}", approvals, func(w http.ResponseWriter, r *http.Request) {
+			if a, ok := s.readApproval(w, r, r.PathValue("id")); ok {
+				writeJSON(w, http.StatusOK, a)
+			}
+		}},
+		{"POST PUT", "/v1/gpu/approvals/{id}/{verb}", approvals, func(w http.ResponseWriter, r *http.Request) {
+			switch verb := r.PathValue("verb"); verb {
+			case "grant", "deny":
+				s.decideApproval(w, r, r.PathValue("id"), verb == "grant", caller(r))
+			default:
+				notFound(w, r)
+			}
+		}},
+		{"GET", "/v1/gpu/audit", always, s.auditTrail},
+		{"GET", "/v1/gpu/trace", stored, s.trace},
+		{"GET", "/v1/gpu/rightsizing", stored, s.rightSizing},
+		{"GET", "/v1/gpu/reclaim", decisions, s.reclaimList},
+		{"GET DELETE", "/v1/gpu/reclaim/{id}", decisions, func(w http.ResponseWriter, r *http.Request) {
+			s.reclaimDecision(w, r, r.PathValue("id"), caller(r))
+		}},
+	} {
+		handle(e.methods, e.path, e.served, e.h)
+		if fallback[e.path] {
+			continue
+		}
+		fallback[e.path] = true
+		// Any other method on the path: 405, in the broker's words.
+		mux.HandleFunc(e.path, func(w http.ResponseWriter, r *http.Request) {
+			if !e.served() {
+				notFound(w, r)
+				return
+			}
+			writeError(w, fail(errNotAllowed, "%s not allowed on %s", r.Method, r.URL.Path))
+		})
+	}
+	mux.HandleFunc("/v1/gpu/", notFound)
+	return mux
+}
+
+func notFound(w http.ResponseWriter, r *http.Request) {
+	writeError(w, fail(errNotFound, "no such endpoint %s %s", r.Method, r.URL.Path))
+}
+
+// queueList serves the queue in admission order, as far as the caller may
+// read it, without the requests (each its submitter's alone).
+func (s *Server) queueList(w http.ResponseWriter, r *http.Request) {
+	entries, err := s.ordered(r)
+	if err != nil {
+		writeError(w, fail(errUnavailable, "%v", err))
+		return
+	}
+	out := []QueuedJob{}
+	readable := map[string]bool{}
+	estimates := s.estimates(entries)
+	for i, e := range entries {
+		if s.mayRead(r, e.Namespace, readable) {
+			e.Request = nil
+			out = append(out, QueuedJob{Position: i + 1, Entry: e, Estimate: estimateOf(estimates, e.ID)})
+		}
+	}
+	writeJSON(w, http.StatusOK, out)
 }
 
 // mayRead reports whether the caller may read namespace ns (any capability

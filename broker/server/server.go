@@ -116,6 +116,7 @@ type Server struct {
 	approvalStore Approvals
 	forecast      *queue.Forecast
 	ui            http.Handler // the web UI at /gpu/
+	api           http.Handler // the broker's own API at /v1/gpu/
 	// metricsHandler serves /metrics (nil: none).
 	metricsHandler http.Handler
 	stamper        nomadjob.Stamper
@@ -198,6 +199,7 @@ func New(o Options) (*Server, error) {
 		s.newID = queue.NewID
 	}
 	s.proxy = httputil.NewSingleHostReverseProxy(u)
+	s.api = s.gpuAPI()
 	s.proxy.FlushInterval = -1 // blocking queries, logs and event streams flow as they come
 	s.proxy.Transport = s.client.Transport
 	return s, nil
