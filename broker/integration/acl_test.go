@@ -18,7 +18,7 @@ import (
 	"github.com/nomad-gpu/nomad-gpu/internal/testcluster"
 )
 
-// The Nomad ACL policies README.md documents for exclusive enforcement: users
+// The Nomad ACL policies docs/broker.md documents for exclusive enforcement: users
 // read, follow logs, exec and restart in their namespace, and write nothing.
 const exclusiveUserRules = `
 namespace "vision" {
@@ -277,7 +277,7 @@ func TestExclusiveEnforcementWithNomadACLs(t *testing.T) {
 	})
 }
 
-// writeRules are README.md's passthrough user policy for namespace ns.
+// writeRules are docs/broker.md's passthrough user policy for namespace ns.
 func writeRules(ns string) string {
 	return fmt.Sprintf("namespace %q {\n  policy = \"write\"\n}\nnode {\n  policy = \"read\"\n}\n", ns)
 }

@@ -66,7 +66,7 @@ func largeCluster(s *Server, nodes int) {
 
 // The map of a 1,000-node cluster in a real browser: every node and GPU
 // counted, only the rows in sight in the page, scrolling and filters work;
-// the render time is logged (a figure, not a pass mark: see the README).
+// the render time is logged (a figure, not a pass mark: see docs/performance.md).
 func TestTheMapOfALargeClusterInABrowser(t *testing.T) {
 	tab := browser.New(t)
 	s, _, _, _ := newTestServer(t)
