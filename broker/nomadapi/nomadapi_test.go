@@ -1,0 +1,249 @@
+package nomadapi_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/nomad/api"
+
+	"github.com/nomad-gpu/nomad-gpu/broker/nomadapi"
+)
+
+// fakeNomad answers the paths a test gives, by "METHOD path", and records
+// every request it gets (with its query and token).
+type fakeNomad struct {
+	mu       sync.Mutex
+	answers  map[string]func(w http.ResponseWriter, r *http.Request)
+	requests []string
+	tokens   []string
+	bodies   map[string][]byte
+}
+
+func (f *fakeNomad) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	body, _ := io.ReadAll(r.Body)
+	r.Body = io.NopCloser(bytes.NewReader(body))
+	f.mu.Lock()
+	key := r.Method + " " + r.URL.Path
+	f.requests = append(f.requests, key+"?"+r.URL.RawQuery)
+	f.tokens = append(f.tokens, r.Header.Get("X-Nomad-Token"))
+	f.bodies[key] = body
+	h, ok := f.answers[key]
+	f.mu.Unlock()
+	if !ok {
+		http.Error(w, "no such path in the fake", http.StatusNotFound)
+		return
+	}
+	h(w, r)
+}
+
+func newClient(t *testing.T, answers map[string]func(http.ResponseWriter, *http.Request)) (*nomadapi.Client, *fakeNomad) {
+	t.Helper()
+	f := &fakeNomad{answers: answers, bodies: map[string][]byte{}}
+	srv := httptest.NewServer(f)
+	t.Cleanup(srv.Close)
+	c, err := nomadapi.New(srv.URL, "broker-secret", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c, f
+}
+
+func answer(status int, v any) func(http.ResponseWriter, *http.Request) {
+	return func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("X-Nomad-Index", "42")
+		if status != http.StatusOK {
+			http.Error(w, fmt.Sprint(v), status)
+			return
+		}
+		json.NewEncoder(w).Encode(v)
+	}
+}
+
+func TestRegisterSendsTheBodyWithTheBrokersTokenAndTellsRefusalsApart(t *testing.T) {
+	c, f := newClient(t, map[string]func(http.ResponseWriter, *http.Request){
+		"PUT /v1/jobs": func(w http.ResponseWriter, r *http.Request) {
+			switch r.URL.Query().Get("namespace") {
+			case "bad":
+				http.Error(w, "job validation failed", http.StatusBadRequest)
+			case "down":
+				http.Error(w, "no cluster leader", http.StatusInternalServerError)
+			default:
+				fmt.Fprint(w, `{"EvalID":"e","JobModifyIndex":77}`)
+			}
+		},
+	})
+	ctx := context.Background()
+	index, err := c.Register(ctx, "team/a", []byte(`{"Job":{"ID":"x"}}`))
+	if err != nil || index != 77 {
+		t.Fatalf("register: %d %v", index, err)
+	}
+	if f.requests[0] != "PUT /v1/jobs?namespace=team%2Fa" || f.tokens[0] != "broker-secret" || string(f.bodies["PUT /v1/jobs"]) != `{"Job":{"ID":"x"}}` {
+		t.Errorf("sent %v with %v: %s", f.requests, f.tokens, f.bodies["PUT /v1/jobs"])
+	}
+	_, err = c.Register(ctx, "bad", nil)
+	var re *nomadapi.RegisterError
+	if !errors.As(err, &re) || !re.Refused() || !strings.Contains(err.Error(), "job validation failed") {
+		t.Errorf("a refusal: %v", err)
+	}
+	if _, err = c.Register(ctx, "down", nil); !errors.As(err, &re) || re.Refused() {
+		t.Errorf("Nomad failing is not a refusal: %v", err)
+	}
+}
+
+func TestJobIsNilWhenNomadHasNone(t *testing.T) {
+	c, f := newClient(t, map[string]func(http.ResponseWriter, *http.Request){
+		"GET /v1/job/train": answer(http.StatusOK, api.Job{ID: ptr("train"), Namespace: ptr("vision")}),
+		"GET /v1/job/gone":  answer(http.StatusNotFound, "job not found"),
+		"GET /v1/job/fails": answer(http.StatusInternalServerError, "boom"),
+	})
+	ctx := context.Background()
+	if j, err := c.Job(ctx, "vision", "train"); err != nil || *j.ID != "train" {
+		t.Errorf("train: %v %v", j, err)
+	}
+	if !strings.Contains(f.requests[0], "namespace=vision") {
+		t.Errorf("read in %s", f.requests[0])
+	}
+	if j, err := c.Job(ctx, "vision", "gone"); err != nil || j != nil {
+		t.Errorf("gone: %v %v", j, err)
+	}
+	if _, err := c.Job(ctx, "vision", "fails"); err == nil || !strings.Contains(err.Error(), "vision/fails") {
+		t.Errorf("fails: %v", err)
+	}
+}
+
+func TestGrantsFollowTheTokenItsRolesAndTheirPolicies(t *testing.T) {
+	expired := time.Now().Add(-time.Hour)
+	c, _ := newClient(t, map[string]func(http.ResponseWriter, *http.Request){
+		"GET /v1/acl/token/alice": answer(http.StatusOK, map[string]any{"AccessorID": "alice", "Type": "client", "Policies": []string{"own"},
+			"Roles": []map[string]string{{"ID": "r1", "Name": "trainers"}}, "ModifyIndex": 5}),
+		"GET /v1/acl/role/r1":             answer(http.StatusOK, map[string]any{"Name": "trainers", "Policies": []map[string]string{{"Name": "vision-write"}}, "ModifyIndex": 6}),
+		"GET /v1/acl/policy/own":          answer(http.StatusOK, map[string]any{"Name": "own", "ModifyIndex": 7}),
+		"GET /v1/acl/policy/vision-write": answer(http.StatusOK, map[string]any{"Name": "vision-write", "ModifyIndex": 8}),
+		"GET /v1/acl/token/old":           answer(http.StatusOK, map[string]any{"AccessorID": "old", "Type": "client", "ExpirationTime": expired}),
+	})
+	ctx := context.Background()
+	g, exists, err := c.Grants(ctx, "alice")
+	if err != nil || !exists || g.Management || len(g.Roles) != 1 || g.Roles[0] != "trainers" || len(g.Policies) != 2 || g.Version == "" {
+		t.Fatalf("alice: %+v %v %v", g, exists, err)
+	}
+	for _, who := range []string{"old", "nobody"} {
+		if _, exists, err := c.Grants(ctx, who); exists || err != nil {
+			t.Errorf("%s: exists %v, %v", who, exists, err)
+		}
+	}
+}
+
+func TestSetPreemptionChangesOnlyWhatPolicySaysAndOnlyWhenNeeded(t *testing.T) {
+	cfg := api.SchedulerConfiguration{SchedulerAlgorithm: "spread", PreemptionConfig: api.PreemptionConfig{SystemSchedulerEnabled: true}}
+	var set api.SchedulerConfiguration
+	c, f := newClient(t, map[string]func(http.ResponseWriter, *http.Request){
+		"GET /v1/operator/scheduler/configuration": func(w http.ResponseWriter, _ *http.Request) {
+			json.NewEncoder(w).Encode(api.SchedulerConfigurationResponse{SchedulerConfig: &cfg})
+		},
+		"PUT /v1/operator/scheduler/configuration": func(w http.ResponseWriter, r *http.Request) {
+			json.NewDecoder(r.Body).Decode(&set)
+			fmt.Fprint(w, `{"Updated":true}`)
+		},
+	})
+	changed, err := c.SetPreemption(context.Background(), true, true)
+	if err != nil || !changed {
+		t.Fatalf("set: %v %v", changed, err)
+	}
+	if !set.PreemptionConfig.BatchSchedulerEnabled || !set.PreemptionConfig.ServiceSchedulerEnabled ||
+		!set.PreemptionConfig.SystemSchedulerEnabled || set.SchedulerAlgorithm != "spread" {
+		t.Errorf("wrote %+v", set)
+	}
+	cfg = set
+	writes := len(f.requests)
+	if changed, err := c.SetPreemption(context.Background(), true, true); err != nil || changed || len(f.requests) != writes+1 {
+		t.Errorf("as wanted already: changed %v, %v, requests %v", changed, err, f.requests[writes:])
+	}
+}
+
+func TestReevaluateBlockedEvaluatesEachBlockedJobOnce(t *testing.T) {
+	c, f := newClient(t, map[string]func(http.ResponseWriter, *http.Request){
+		"GET /v1/evaluations": answer(http.StatusOK, []api.Evaluation{{ID: "1", Namespace: "vision", JobID: "a"},
+			{ID: "2", Namespace: "vision", JobID: "a"}, {ID: "3", Namespace: "search", JobID: "a"}}),
+		"PUT /v1/job/a/evaluate": answer(http.StatusOK, api.JobRegisterResponse{EvalID: "e"}),
+	})
+	n, err := c.ReevaluateBlocked(context.Background())
+	if err != nil || n != 2 {
+		t.Fatalf("%d %v", n, err)
+	}
+	if !strings.Contains(f.requests[0], "filter=Status+%3D%3D+%22blocked%22") || !strings.Contains(f.requests[0], "namespace=%2A") {
+		t.Errorf("listed %s", f.requests[0])
+	}
+}
+
+func TestAgentTellsTheRegionAndWhetherACLsAreOn(t *testing.T) {
+	c, _ := newClient(t, map[string]func(http.ResponseWriter, *http.Request){
+		"GET /v1/agent/self": answer(http.StatusOK, map[string]any{"config": map[string]any{"Region": "eu", "ACL": map[string]any{"Enabled": true}}}),
+	})
+	region, acls, err := c.Agent(context.Background())
+	if err != nil || region != "eu" || !acls {
+		t.Errorf("%q %v %v", region, acls, err)
+	}
+}
+
+func TestListIsEveryNodeLiveJobActiveDeploymentAndAllocation(t *testing.T) {
+	c, _ := newClient(t, map[string]func(http.ResponseWriter, *http.Request){
+		"GET /v1/nodes":   answer(http.StatusOK, []api.NodeListStub{{ID: "n1"}}),
+		"GET /v1/node/n1": answer(http.StatusOK, api.Node{ID: "n1", Name: "gpu-1"}),
+		"GET /v1/jobs": answer(http.StatusOK, []api.JobListStub{{ID: "live", Namespace: "vision", Status: "running"},
+			{ID: "stopped", Namespace: "vision", Stop: true}, {ID: "dead", Namespace: "vision", Status: "dead"}}),
+		"GET /v1/job/live": answer(http.StatusOK, api.Job{ID: ptr("live"), Namespace: ptr("vision")}),
+		"GET /v1/deployments": answer(http.StatusOK, []api.Deployment{{ID: "d1", Status: api.DeploymentStatusRunning},
+			{ID: "d2", Status: api.DeploymentStatusSuccessful}}),
+		"GET /v1/allocations": answer(http.StatusOK, []api.AllocationListStub{{ID: "a1", JobID: "live", NodeID: "n1"}}),
+	})
+	s, err := c.List(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(s.Nodes) != 1 || s.Nodes[0].Name != "gpu-1" || len(s.Jobs) != 1 || *s.Jobs[0].ID != "live" ||
+		len(s.Deployments) != 1 || s.Deployments[0].ID != "d1" || len(s.Allocs) != 1 || s.Allocs[0].NodeID != "n1" || s.Index != 42 {
+		t.Errorf("snapshot: %+v", s)
+	}
+}
+
+func TestEventsSkipHeartbeatsAndEndOnABrokenStream(t *testing.T) {
+	c, f := newClient(t, map[string]func(http.ResponseWriter, *http.Request){
+		"GET /v1/event/stream": func(w http.ResponseWriter, _ *http.Request) {
+			fmt.Fprint(w, `{}`+"\n"+`{"Index":7,"Events":[{"Topic":"Job","Type":"JobRegistered","Key":"x","Index":7}]}`+"\n"+`{"Index":`)
+		},
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	frames, err := c.Events(ctx, 5)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for fr := range frames {
+		if fr.Err != nil {
+			got = append(got, "error")
+			continue
+		}
+		got = append(got, fmt.Sprint(fr.Index))
+	}
+	if strings.Join(got, ",") != "7,error" {
+		t.Errorf("frames %v", got)
+	}
+	for _, want := range []string{"index=5", "namespace=%2A", "topic=Node%3A%2A", "topic=Allocation%3A%2A"} {
+		if !strings.Contains(f.requests[0], want) {
+			t.Errorf("%s lacks %s", f.requests[0], want)
+		}
+	}
+}
+
+func ptr[T any](v T) *T { return &v }

@@ -1,0 +1,107 @@
+package nomadapi_test
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/nomad/api"
+
+	"github.com/nomad-gpu/nomad-gpu/broker/cluster"
+	"github.com/nomad-gpu/nomad-gpu/broker/nomadapi"
+	"github.com/nomad-gpu/nomad-gpu/broker/nomadjob"
+)
+
+func TestStopsAreDoneOnceAndNotForWhatStoppedAlready(t *testing.T) {
+	running := api.Allocation{ID: "a1", Namespace: "vision", DesiredStatus: api.AllocDesiredStatusRun, ClientStatus: api.AllocClientStatusRunning}
+	done := running
+	done.ID, done.ClientStatus = "a2", api.AllocClientStatusComplete
+	c, f := newClient(t, map[string]func(http.ResponseWriter, *http.Request){
+		"GET /v1/job/live":           answer(http.StatusOK, api.Job{ID: ptr("live")}),
+		"GET /v1/job/stopped":        answer(http.StatusOK, api.Job{ID: ptr("stopped"), Stop: ptr(true)}),
+		"DELETE /v1/job/live":        answer(http.StatusOK, api.JobDeregisterResponse{EvalID: "e1"}),
+		"GET /v1/allocation/a1":      answer(http.StatusOK, running),
+		"GET /v1/allocation/a2":      answer(http.StatusOK, done),
+		"PUT /v1/allocation/a1/stop": answer(http.StatusOK, api.AllocStopResponse{EvalID: "e2"}),
+	})
+	ctx := context.Background()
+	for _, c := range []struct {
+		do   func() (string, error)
+		want string
+	}{
+		{func() (string, error) { return c.StopJob(ctx, "vision", "live") }, "job stopped, evaluation e1"},
+		{func() (string, error) { return c.StopJob(ctx, "vision", "stopped") }, "already stopped"},
+		{func() (string, error) { return c.StopJob(ctx, "vision", "purged") }, "already stopped"},
+		{func() (string, error) { return c.StopAlloc(ctx, "a1") }, "allocation stopped, evaluation e2"},
+		{func() (string, error) { return c.StopAlloc(ctx, "a2") }, "already stopped"},
+		{func() (string, error) { return c.StopAlloc(ctx, "gone") }, "already gone"},
+	} {
+		if got, err := c.do(); err != nil || got != c.want {
+			t.Errorf("%q %v, want %q", got, err, c.want)
+		}
+	}
+	deletes := 0
+	for _, r := range f.requests {
+		if strings.HasPrefix(r, "DELETE /v1/job/live?") {
+			deletes++
+			if strings.Contains(r, "purge=true") {
+				t.Errorf("purged: %s", r)
+			}
+		}
+	}
+	if deletes != 1 {
+		t.Errorf("%d stops of the job", deletes)
+	}
+}
+
+// view is the cluster view as the observer reads it.
+type view struct {
+	allocs []cluster.Alloc
+	gpus   map[string]map[string]cluster.GPU
+}
+
+func (v view) Synced() bool                                { return true }
+func (v view) GPUAllocs() []cluster.Alloc                  { return v.allocs }
+func (v view) NodeGPUs(node string) map[string]cluster.GPU { return v.gpus[node] }
+func (v view) GPUNodes() []string                          { return []string{"n1"} }
+
+func TestTheObserverReadsEachJobVersionOnceAndEachNodesStats(t *testing.T) {
+	util := 3.0
+	jobReads := 0
+	c, _ := newClient(t, map[string]func(http.ResponseWriter, *http.Request){
+		"GET /v1/job/dev": func(w http.ResponseWriter, r *http.Request) {
+			jobReads++
+			answer(http.StatusOK, api.Job{ID: ptr("dev"), JobModifyIndex: ptr(uint64(10)),
+				Meta: map[string]string{nomadjob.MetaTenant: "vision", nomadjob.MetaQueue: "dev", nomadjob.MetaBorrowed: "true", nomadjob.MetaTTL: "2h"}})(w, r)
+		},
+		"GET /v1/client/stats": answer(http.StatusOK, api.HostStats{DeviceStats: []*api.DeviceGroupStats{{Vendor: "nvidia", Type: "gpu", Name: "H100",
+			InstanceStats: map[string]*api.DeviceStats{"g0": {Summary: &api.StatValue{FloatNumeratorVal: &util}, Timestamp: time.Unix(100, 0)}}}}}),
+	})
+	v := view{allocs: []cluster.Alloc{{ID: "a1", Namespace: "vision", JobID: "dev", NodeID: "n1", JobIndex: 10, GPUs: []string{"g0"}}},
+		gpus: map[string]map[string]cluster.GPU{"n1": {"g0": {Model: "H100", Healthy: true}, "g1": {Model: "H100", Healthy: false}}}}
+	var samples map[string]cluster.Sample
+	o := &nomadapi.Observer{Client: c, View: v, Verify: func(context.Context, *api.Job) bool { return true },
+		Samples: func(s map[string]cluster.Sample) { samples = s }}
+	for pass := 0; pass < 2; pass++ {
+		allocs, gpus, err := o.Observe(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		a := allocs[0]
+		if len(allocs) != 1 || !a.Admitted || !a.Borrowed || a.Tenant != "vision" || a.Workload != "" || a.TTL != 2*time.Hour {
+			t.Errorf("pass %d: %+v", pass, allocs)
+		}
+		if gpus["g0"].Utilization != 3 || gpus["g1"].Utilization != 100 || gpus["g1"].Healthy {
+			t.Errorf("pass %d: a GPU without a sample is busy, not idle: %+v", pass, gpus)
+		}
+	}
+	if jobReads != 1 {
+		t.Errorf("the same job version read %d times", jobReads)
+	}
+	if s := samples["g0"]; s.Node != "n1" || s.Utilization == nil || *s.Utilization != 3 || fmt.Sprint(s.At.Unix()) != "100" {
+		t.Errorf("samples: %+v", samples)
+	}
+}
