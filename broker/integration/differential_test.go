@@ -10,6 +10,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -91,9 +92,19 @@ func TestGateDifferential(t *testing.T) {
 		checks = append(checks, e.generated(rng, i))
 	}
 	checks = append(checks, e.special()...)
+	// Each check has a job of its own: verify them 8 at a time (each mostly
+	// waits for Nomad's placements to settle).
+	var wg sync.WaitGroup
+	slots := make(chan struct{}, 8)
 	for _, c := range checks {
-		t.Run(c.name, func(t *testing.T) { e.verify(t, c) })
+		wg.Add(1)
+		slots <- struct{}{}
+		go func() {
+			defer func() { <-slots; wg.Done() }()
+			t.Run(c.name, func(t *testing.T) { e.verify(t, c) })
+		}()
 	}
+	wg.Wait()
 }
 
 // diffCheck is one request sent and what to compare afterwards.

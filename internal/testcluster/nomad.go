@@ -82,6 +82,9 @@ client {
   {{- end}}
   options {
     "fingerprint.denylist" = "{{.Denylist}}"
+    # Tests run raw_exec tasks (the benchmarks mock_driver): no other driver
+    # is loaded, so none fingerprints (java -version starts a JVM each time).
+    "driver.allowlist"     = "raw_exec,mock_driver"
   }
 {{.ClientHCL}}
 }
