@@ -84,7 +84,8 @@ func TestBroker(t *testing.T) {
 	}
 	e := &env{t: t, nomad: n, dir: t.TempDir(), policyDir: t.TempDir()}
 	writeFile(t, filepath.Join(e.policyDir, "policy.hcl"), policies)
-	e.broker = testcluster.StartBroker(t, n, consul, e.policyDir)
+	// A process: "queue survives a broker crash" SIGKILLs it.
+	e.broker = testcluster.StartBrokerWith(t, n, consul, e.policyDir, testcluster.BrokerOptions{Process: true})
 	testcluster.WaitFor(t, 30*time.Second, "broker to see 8 GPUs", func() error {
 		if cfg, _, err := n.API.Operator().SchedulerGetConfiguration(nil); err != nil || !cfg.SchedulerConfig.PreemptionConfig.BatchSchedulerEnabled {
 			return fmt.Errorf("batch preemption not switched on yet (%v)", err)

@@ -113,9 +113,9 @@ func leaderOf(consul *testcluster.Consul) string {
 // one of them to lead.
 func startBrokerPair(t *testing.T, n *testcluster.Nomad, consul *testcluster.Consul, policyDir string) []*testcluster.Broker {
 	t.Helper()
-	brokers := []*testcluster.Broker{
-		testcluster.StartBroker(t, n, consul, policyDir),
-		testcluster.StartBroker(t, n, consul, policyDir),
+	brokers := []*testcluster.Broker{ // processes: killLeader SIGKILLs one
+		testcluster.StartBrokerWith(t, n, consul, policyDir, testcluster.BrokerOptions{Process: true}),
+		testcluster.StartBrokerWith(t, n, consul, policyDir, testcluster.BrokerOptions{Process: true}),
 	}
 	testcluster.WaitFor(t, 30*time.Second, "a leader", func() error {
 		if leaderOf(consul) == "" {
@@ -157,9 +157,9 @@ func TestLeaderKilledWhileAdmitting(t *testing.T) {
 	n := startGPUNode(t, "failover", 8, "race")
 	policyDir := t.TempDir()
 	writeFile(t, filepath.Join(policyDir, "policy.hcl"), racePolicy)
-	brokers := []*testcluster.Broker{
-		testcluster.StartBroker(t, n, consul, policyDir),
-		testcluster.StartBroker(t, n, consul, policyDir),
+	brokers := []*testcluster.Broker{ // processes: the leader is SIGKILLed
+		testcluster.StartBrokerWith(t, n, consul, policyDir, testcluster.BrokerOptions{Process: true}),
+		testcluster.StartBrokerWith(t, n, consul, policyDir, testcluster.BrokerOptions{Process: true}),
 	}
 	e := &env{t: t, nomad: n, dir: t.TempDir(), broker: brokers[0]}
 	waitForView(t, 8, func() string {

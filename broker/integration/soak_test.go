@@ -112,9 +112,9 @@ func TestSoak(t *testing.T) {
 	n := startGPUNode(t, "soak", 16, "soak-a", "soak-b")
 	policyDir := t.TempDir()
 	writeFile(t, filepath.Join(policyDir, "policy.hcl"), soakPolicy)
-	brokers := []*testcluster.Broker{
-		testcluster.StartBroker(t, n, consul, policyDir),
-		testcluster.StartBroker(t, n, consul, policyDir),
+	brokers := []*testcluster.Broker{ // processes: the leader is SIGKILLed, the survivor's memory measured
+		testcluster.StartBrokerWith(t, n, consul, policyDir, testcluster.BrokerOptions{Process: true}),
+		testcluster.StartBrokerWith(t, n, consul, policyDir, testcluster.BrokerOptions{Process: true}),
 	}
 	send := func(b *testcluster.Broker, method, path, body string) (int, string, error) {
 		req, _ := http.NewRequest(method, b.Addr+path, strings.NewReader(body))

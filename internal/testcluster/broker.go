@@ -1,6 +1,7 @@
 package testcluster
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"net/http"
@@ -11,19 +12,30 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/nomad-gpu/nomad-gpu/broker/agent"
+	"github.com/nomad-gpu/nomad-gpu/broker/config"
 )
 
-// Broker is a running gpu-broker.
+// Broker is a running gpu-broker: in the test's own process (broker/agent),
+// or, with BrokerOptions.Process, a process of its own that a test can kill.
 type Broker struct {
-	*process
-	Addr   string // http://127.0.0.1:port
-	dir    string
-	bin    string
-	config string
-	token  string
+	*process        // nil in-process
+	Addr     string // http://127.0.0.1:port
+	dir      string
+	bin      string
+	config   string
+	token    string
 	// Client reaches the broker (TLS as it serves it).
 	Client *http.Client
 	t      testing.TB
+
+	// In-process: its log, how to end it, and its end.
+	logPath string
+	cancel  context.CancelFunc
+	done    chan error
 }
 
 // BrokerOptions are what StartBrokerWith adds to a broker's configuration.
@@ -34,19 +46,27 @@ type BrokerOptions struct {
 	TLS *Certs
 	// ConsulTLS: the broker reaches Consul at its HTTPS address, trusting this CA.
 	ConsulTLS *Certs
+	// Process runs the race-detector build of gpu-broker as a process of its
+	// own, for tests that kill it (SIGKILL) or measure it; otherwise the
+	// broker runs in the test's process, through broker/agent.
+	Process bool
 }
 
-// StartBroker runs gpu-broker (race-detector build) in front of nomad with its
+// StartBroker runs a broker in the test's process in front of nomad, with its
 // queue in consul and its policies in policyDir.
 func StartBroker(t testing.TB, nomad *Nomad, consul *Consul, policyDir string) *Broker {
 	t.Helper()
-	return startBroker(t, BrokerBinary(t), nomad, consul, policyDir, BrokerOptions{})
+	return StartBrokerWith(t, nomad, consul, policyDir, BrokerOptions{})
 }
 
 // StartBrokerWith is StartBroker with options.
 func StartBrokerWith(t testing.TB, nomad *Nomad, consul *Consul, policyDir string, o BrokerOptions) *Broker {
 	t.Helper()
-	return startBroker(t, BrokerBinary(t), nomad, consul, policyDir, o)
+	bin := ""
+	if o.Process {
+		bin = BrokerBinary(t)
+	}
+	return startBroker(t, bin, nomad, consul, policyDir, o)
 }
 
 // StartReleaseBrokerWith is StartBrokerWith with the released build, for benchmarks.
@@ -94,19 +114,32 @@ audit {
 	}
 	b.Start()
 	t.Cleanup(func() {
+		if b.process == nil {
+			if t.Failed() {
+				t.Logf("last lines of gpu-broker:\n%s", lastLines(b.Log(), 80))
+			}
+			b.Stop()
+			return
+		}
 		dumpOnFailure(t, b.process)
 		b.stop()
 	})
 	return b
 }
 
-// Start (re)starts the broker process and waits for its API.
+// Start (re)starts the broker and waits for its API.
 func (b *Broker) Start() {
 	b.t.Helper()
-	b.process = start(b.t, "gpu-broker", b.dir, b.bin, "serve", "-config", b.config, "-log-level", "debug")
+	var exited <-chan struct{}
+	if b.bin != "" {
+		b.process = start(b.t, "gpu-broker", b.dir, b.bin, "serve", "-config", b.config, "-log-level", "debug")
+		exited = b.exited
+	} else {
+		exited = b.startInProcess()
+	}
 	WaitFor(b.t, 30*time.Second, "gpu-broker", func() error {
 		select {
-		case <-b.exited:
+		case <-exited:
 			b.t.Fatalf("gpu-broker exited:\n%s", b.Log())
 		default:
 		}
@@ -126,8 +159,57 @@ func (b *Broker) Start() {
 	})
 }
 
-// Kill ends the broker at once, as a crash would.
+// startInProcess runs the broker through broker/agent, its log in its
+// directory, and returns a channel closed when it ends.
+func (b *Broker) startInProcess() <-chan struct{} {
+	cfg, err := config.Load(b.config)
+	if err != nil {
+		b.t.Fatal(err)
+	}
+	b.logPath = filepath.Join(b.dir, "gpu-broker.log")
+	f, err := os.OpenFile(b.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		b.t.Fatal(err)
+	}
+	log := hclog.New(&hclog.LoggerOptions{Name: "gpu-broker", Level: hclog.Debug, Output: f})
+	ctx, cancel := context.WithCancel(context.Background())
+	b.cancel, b.done = cancel, make(chan error, 1)
+	exited := make(chan struct{})
+	go func() {
+		err := agent.New(cfg, log, nil).Run(ctx)
+		log.Info("broker stopped", "error", err)
+		f.Close()
+		b.done <- err
+		close(exited)
+	}()
+	return exited
+}
+
+// Stop ends an in-process broker as SIGTERM would: its leadership, if any,
+// is given up at once.
+func (b *Broker) Stop() {
+	if b.cancel == nil {
+		return
+	}
+	b.cancel()
+	<-b.done
+	b.cancel = nil
+}
+
+// Log is what the broker logged.
+func (b *Broker) Log() string {
+	if b.process != nil {
+		return b.process.Log()
+	}
+	out, _ := os.ReadFile(b.logPath)
+	return string(out)
+}
+
+// Kill ends a broker process at once, as a crash would.
 func (b *Broker) Kill() {
+	if b.process == nil {
+		b.t.Fatal("an in-process broker cannot be killed: start it with BrokerOptions{Process: true}")
+	}
 	syscall.Kill(-b.cmd.Process.Pid, syscall.SIGKILL)
 	<-b.exited
 }

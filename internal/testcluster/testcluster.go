@@ -185,11 +185,16 @@ func dumpOnFailure(t testing.TB, p *process) {
 	if !t.Failed() {
 		return
 	}
-	lines := strings.Split(p.Log(), "\n")
-	if len(lines) > 80 {
-		lines = lines[len(lines)-80:]
+	t.Logf("last lines of %s:\n%s", p.name, lastLines(p.Log(), 80))
+}
+
+// lastLines is the last n lines of log.
+func lastLines(log string, n int) string {
+	lines := strings.Split(log, "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
 	}
-	t.Logf("last lines of %s:\n%s", p.name, strings.Join(lines, "\n"))
+	return strings.Join(lines, "\n")
 }
 
 // killTasksUnder kills Nomad task executors whose files are below dir, with
