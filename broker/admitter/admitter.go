@@ -98,9 +98,11 @@ func (a *Admitter) Run(ctx context.Context, changed <-chan struct{}, tick <-chan
 	pass := true
 	for {
 		if pass {
-			if _, err := a.Pass(ctx); err != nil && ctx.Err() == nil {
+			_, err := a.Pass(ctx)
+			if err != nil && ctx.Err() == nil {
 				a.Log.Warn("queue pass failed", "error", err)
 			}
+			a.Metrics.Pass(metrics.LoopQueue, err)
 		}
 		if a.Capacity != nil && a.Blocked != nil {
 			c := a.Capacity()

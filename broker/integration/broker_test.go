@@ -570,3 +570,17 @@ func writeFile(t testing.TB, path, content string) {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// waitPasses waits until the leader b has finished n more passes of loop
+// than it had when called: what a test waits for instead of a fixed sleep.
+func waitPasses(t *testing.T, b *testcluster.Broker, loop string, n int) {
+	t.Helper()
+	key := `nomadgpu_leader_passes_total{loop="` + loop + `",result="ok"}`
+	from := b.Scrape()[key]
+	testcluster.WaitFor(t, time.Duration(n)*15*time.Second, fmt.Sprintf("%d more %s passes", n, loop), func() error {
+		if got := b.Scrape()[key]; got < from+float64(n) {
+			return fmt.Errorf("%g so far", got-from)
+		}
+		return nil
+	})
+}

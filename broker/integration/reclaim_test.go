@@ -16,6 +16,7 @@ import (
 	"github.com/hashicorp/nomad/api"
 
 	"github.com/nomad-gpu/nomad-gpu/broker/audit"
+	"github.com/nomad-gpu/nomad-gpu/broker/metrics"
 	"github.com/nomad-gpu/nomad-gpu/broker/reclaim"
 	"github.com/nomad-gpu/nomad-gpu/broker/server"
 	"github.com/nomad-gpu/nomad-gpu/broker/usage"
@@ -476,7 +477,7 @@ func TestPreemptedBorrowedJobRunsAgainOnce(t *testing.T) {
 		}
 		return nil
 	})
-	time.Sleep(3 * time.Second) // a few reclaim passes more: nothing happens again
+	waitPasses(t, e.broker, metrics.LoopReclaim, 3) // nothing happens again
 	if again := e.job("vision", "extra"); *again.Version != *first.Version+2 || again.Meta["nomad-gpu.borrowed"] != "true" {
 		// One stop (Nomad makes it a version) and one registration.
 		t.Errorf("want one stop and one registration again, borrowed: version %d (was %d), meta %v", *again.Version, *first.Version, again.Meta)
@@ -555,7 +556,7 @@ reclaim "unadmitted" {
 	if job, _, err := n.API.Jobs().Info("direct", &api.QueryOptions{Namespace: "vision"}); err != nil || job.Stop == nil || !*job.Stop {
 		t.Errorf("direct not stopped: %v", err)
 	}
-	time.Sleep(3 * time.Second) // more passes: nothing decided again
+	waitPasses(t, survivor, metrics.LoopReclaim, 3) // nothing decided again
 	if recs = reclaimRecords(survivor); len(recs) != 1 || !strings.Contains(recs[0].Result, "job stopped") || !recs[0].ActingSince.After(killedAt) {
 		t.Errorf("want one decision, carried out once, by the next leader: %+v", recs)
 	}

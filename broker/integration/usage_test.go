@@ -14,6 +14,7 @@ import (
 	"github.com/hashicorp/nomad/api"
 
 	"github.com/nomad-gpu/nomad-gpu/broker/audit"
+	"github.com/nomad-gpu/nomad-gpu/broker/metrics"
 	"github.com/nomad-gpu/nomad-gpu/broker/server"
 	"github.com/nomad-gpu/nomad-gpu/broker/usage"
 	"github.com/nomad-gpu/nomad-gpu/device-plugin/fake"
@@ -98,7 +99,7 @@ reclaim_settings {
 		}
 		return nil
 	})
-	time.Sleep(5 * time.Second) // some passes of the new leader
+	waitPasses(t, survivor, metrics.LoopReclaim, 3) // the new leader counts
 	if _, _, err := n.API.Jobs().Deregister("train", false, &api.WriteOptions{Namespace: "vision"}); err != nil {
 		t.Fatal(err)
 	}
@@ -115,7 +116,7 @@ reclaim_settings {
 		lifetime = ts.FinishedAt.Sub(ts.StartedAt)
 		return nil
 	})
-	time.Sleep(3 * time.Second) // passes after it: nothing more charged
+	waitPasses(t, survivor, metrics.LoopReclaim, 2) // nothing more charged after it
 
 	from := time.Now().UTC().AddDate(0, 0, -1).Format("2006-01-02") // a run across midnight is still one report
 	resp, err := survivor.Client.Get(survivor.Addr + "/v1/gpu/usage?from=" + from)
@@ -279,7 +280,7 @@ reclaim_settings {
 		t.Fatal(err)
 	}
 	ends := alloc.TaskStates["t"].StartedAt.Add(20 * time.Second)
-	time.Sleep(2 * time.Second) // a reclaim pass has seen it running
+	waitPasses(t, e.broker, metrics.LoopReclaim, 2) // a whole pass has seen it running
 	estimate := func(what, out string) time.Time {
 		t.Helper()
 		i := strings.Index(out, "Estimated start: ")

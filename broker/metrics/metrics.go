@@ -57,6 +57,7 @@ type Metrics struct {
 	allocs     *prometheus.CounterVec
 	scaleUp    *prometheus.HistogramVec
 	consulErrs *prometheus.CounterVec
+	passes     *prometheus.CounterVec
 
 	scaleMu   sync.Mutex
 	scalingUp map[[2]string]scaleUp // admitted scale-ups waiting for an allocation to run
@@ -108,14 +109,34 @@ func New() *Metrics {
 	m.scalingUp = map[[2]string]scaleUp{}
 	m.consulErrs = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "nomadgpu_consul_errors_total",
 		Help: "Requests to Consul that failed: unreachable (no answer) or server (a 5xx answer)."}, []string{"kind"})
+	m.passes = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "nomadgpu_leader_passes_total",
+		Help: "Passes the leader's loops finished, by loop (queue, reclaim) and result (ok, error): a loop whose count stops rising is stuck."},
+		[]string{"loop", "result"})
 	m.Registry.MustRegister(m.admissions, m.decisions, m.gpuSeconds, m.auditFails, m.queueWait, m.preempted, m.lostWork, m.reclaimed,
-		m.requests, m.estimates, m.allocs, m.scaleUp, m.consulErrs,
+		m.requests, m.estimates, m.allocs, m.scaleUp, m.consulErrs, m.passes,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
 
 // Observe has each scrape read the cluster view, the policy and the queue.
 func (m *Metrics) Observe(src Sources) { m.Registry.MustRegister(&scrape{src: src}) }
+
+// Loops of the leader, counted by Pass.
+const (
+	LoopQueue   = "queue"
+	LoopReclaim = "reclaim"
+)
+
+// Pass counts a finished pass of one of the leader's loops.
+func (m *Metrics) Pass(loop string, err error) {
+	if m != nil {
+		result := "ok"
+		if err != nil {
+			result = "error"
+		}
+		m.passes.WithLabelValues(loop, result).Inc()
+	}
+}
 
 // Sources of admissions.
 const (

@@ -1,6 +1,7 @@
 package metrics_test
 
 import (
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -177,5 +178,23 @@ nomadgpu_gpu_price_per_hour{currency="EUR",gpu_class="h100"} 2.5
 	if err := testutil.GatherAndCompare(m.Registry, strings.NewReader(want), "nomadgpu_gpu_utilization_percent", "nomadgpu_gpu_memory_used_bytes",
 		"nomadgpu_gpu_memory_total_bytes", "nomadgpu_gpu_temperature_celsius", "nomadgpu_gpu_power_watts", "nomadgpu_gpu_price_per_hour"); err != nil {
 		t.Fatal(err)
+	}
+}
+
+func TestTheLeadersPassesAreCountedByLoopAndResult(t *testing.T) {
+	m := metrics.New()
+	m.Pass(metrics.LoopQueue, nil)
+	m.Pass(metrics.LoopQueue, nil)
+	m.Pass(metrics.LoopReclaim, errors.New("consul unreachable"))
+	var none *metrics.Metrics
+	none.Pass(metrics.LoopQueue, nil) // no metrics: nothing, no panic
+	want := `
+# HELP nomadgpu_leader_passes_total Passes the leader's loops finished, by loop (queue, reclaim) and result (ok, error): a loop whose count stops rising is stuck.
+# TYPE nomadgpu_leader_passes_total counter
+nomadgpu_leader_passes_total{loop="queue",result="ok"} 2
+nomadgpu_leader_passes_total{loop="reclaim",result="error"} 1
+`
+	if err := testutil.GatherAndCompare(m.Registry, strings.NewReader(want), "nomadgpu_leader_passes_total"); err != nil {
+		t.Error(err)
 	}
 }

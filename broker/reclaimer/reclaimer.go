@@ -79,9 +79,11 @@ type Reclaimer struct {
 // ctx ends. wait is time.After outside tests.
 func (r *Reclaimer) Run(ctx context.Context, wait func(time.Duration) <-chan time.Time) {
 	for {
-		if err := r.Pass(ctx); err != nil && ctx.Err() == nil {
+		err := r.Pass(ctx)
+		if err != nil && ctx.Err() == nil {
 			r.Log.Warn("reclaim pass failed", "error", err)
 		}
+		r.Metrics.Pass(metrics.LoopReclaim, err)
 		period := r.Policies.Current().ReclaimSettings.Period
 		select {
 		case <-ctx.Done():
