@@ -15,6 +15,8 @@ DEMO_DIR  ?= $(CURDIR)/.demo
 # go-nvml's cgo bindings warn about every deprecated NVML call.
 export CGO_CFLAGS ?= -Wno-deprecated-declarations
 TEST_TIMEOUT ?= 30m
+# Integration tests run side by side: each mostly waits on its agents.
+TEST_PARALLEL ?= 4
 
 .PHONY: help
 help: ## Show the targets
@@ -26,7 +28,7 @@ build: ## Build nomad-device-gpu and gpu-broker into bin/
 
 .PHONY: test
 test: tools lint ## Lint, then unit and integration tests (real Nomad and Consul, built by `make tools` first); the soak is `make soak`
-	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) -skip '^TestSoak$$' ./...
+	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) -parallel $(TEST_PARALLEL) -skip '^TestSoak$$' ./...
 
 .PHONY: test-unit
 test-unit: ## Unit tests only (no agents)
