@@ -76,6 +76,27 @@ func (r *Reservation) Confirm(index uint64) {
 	}
 }
 
+// ConfirmAs is Confirm for a job Nomad created under an id of its own (a
+// dispatched child, at its create index): the reservation moves to that id,
+// so that it counts until the view's events show that job, however late
+// they come, and never beside it.
+func (r *Reservation) ConfirmAs(id string, index uint64) {
+	if r == nil {
+		return
+	}
+	r.v.mu.Lock()
+	defer r.v.mu.Unlock()
+	res, ok := r.v.reserved[r.key]
+	if !ok || res.seq != r.seq {
+		return
+	}
+	delete(r.v.reserved, r.key)
+	r.key = jobKey{r.key.namespace, id}
+	res.index = index
+	r.v.reserved[r.key] = res
+	r.v.settle(r.key)
+}
+
 // settle ends a confirmed reservation that the job's recorded demand covers,
 // and gives one it does not cover a short grace.
 func (v *View) settle(key jobKey) {

@@ -190,3 +190,27 @@ func TestReplicasAreSharesOfTheirGPU(t *testing.T) {
 		t.Errorf("replicas %v", r)
 	}
 }
+
+func TestADispatchedChildIsReservedUntilItsOwnEventHoweverLate(t *testing.T) {
+	p := testbuild.Policy(t, visionPolicy)
+	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	v := NewView(nil)
+	v.SetClock(func() time.Time { return now })
+	v.ObserveNode(testbuild.Node("n1", testbuild.H100, 8, 0))
+	// The broker decides on the child under a key of its own; Nomad names it.
+	_, res := v.Admit(p, admission.Job{ID: "parent/dispatch-broker-key", Namespace: "vision",
+		Groups: []admission.Group{{Name: "g", Count: 1, GPUsPerAlloc: 4}}})
+	res.ConfirmAs("parent/dispatch-1700000000-abcd", 40)
+	now = now.Add(time.Minute) // Nomad's event is late
+	if got := v.Usage(p).Tenants["vision"].Used.Total(); got != 4 {
+		t.Fatalf("before the child's event: %g, want 4", got)
+	}
+	v.ObserveJob(testbuild.Job("vision", "parent/dispatch-1700000000-abcd").Group("g", 1, 4, "gpu").ModifyIndex(40).Build())
+	if got := v.Usage(p).Tenants["vision"].Used.Total(); got != 4 {
+		t.Fatalf("after it: %g, want 4 (counted once)", got)
+	}
+	v.ObserveJob(testbuild.Job("vision", "parent/dispatch-1700000000-abcd").Group("g", 1, 4, "gpu").ModifyIndex(41).Stopped().Build())
+	if got := v.Usage(p).Tenants["vision"].Used.Total(); got != 0 {
+		t.Fatalf("stopped: %g, want 0", got)
+	}
+}

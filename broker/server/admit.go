@@ -264,13 +264,20 @@ func (s *Server) sendOn(w http.ResponseWriter, r *http.Request, addr string, bod
 func (s *Server) relayRegistered(w http.ResponseWriter, resp *http.Response, res *cluster.Reservation, warnings ...string) {
 	defer resp.Body.Close()
 	body, err := io.ReadAll(io.LimitReader(resp.Body, MaxBody))
-	var out api.JobRegisterResponse
-	if err != nil || resp.StatusCode != http.StatusOK || json.Unmarshal(body, &out) != nil {
+	var out struct {
+		api.JobRegisterResponse
+		DispatchedJobID string // a dispatch's child, created at JobCreateIndex
+		JobCreateIndex  uint64
+	}
+	switch {
+	case err != nil || resp.StatusCode != http.StatusOK || json.Unmarshal(body, &out) != nil:
 		res.Release()
-	} else if out.JobModifyIndex > 0 {
+	case out.DispatchedJobID != "":
+		res.ConfirmAs(out.DispatchedJobID, out.JobCreateIndex)
+	case out.JobModifyIndex > 0:
 		res.Confirm(out.JobModifyIndex)
-	} else {
-		res.Confirm(0) // a new job (dispatch, periodic force): its events name another id
+	default:
+		res.Confirm(0) // a periodic force: its child's events name an id Nomad does not answer with
 	}
 	s.relayBody(w, resp, body, err, warnings...)
 }
