@@ -92,10 +92,10 @@ func TestGateDifferential(t *testing.T) {
 		checks = append(checks, e.generated(rng, i))
 	}
 	checks = append(checks, e.special()...)
-	// Each check has a job of its own: verify them 8 at a time (each mostly
+	// Each check has a job of its own: verify them 4 at a time (each mostly
 	// waits for Nomad's placements to settle).
 	var wg sync.WaitGroup
-	slots := make(chan struct{}, 8)
+	slots := make(chan struct{}, 4)
 	for _, c := range checks {
 		wg.Add(1)
 		slots <- struct{}{}

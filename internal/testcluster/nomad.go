@@ -56,7 +56,7 @@ data_dir             = "{{.DataDir}}"
 plugin_dir           = "{{.PluginDir}}"
 bind_addr            = "127.0.0.1"
 disable_update_check = true
-log_level            = "DEBUG"
+log_level            = "INFO" # DEBUG logs every HTTP call: CPU the suite needs elsewhere
 ports {
   http = {{.HTTP}}
   rpc  = {{.RPC}}
