@@ -112,8 +112,7 @@ audit {
 	if err := os.WriteFile(b.config, []byte(cfg), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	b.Start()
-	t.Cleanup(func() {
+	t.Cleanup(func() { // registered first: a start that fails shows its log too
 		if b.process == nil {
 			if t.Failed() {
 				t.Logf("last lines of gpu-broker:\n%s", lastLines(b.Log(), 80))
@@ -124,6 +123,7 @@ audit {
 		dumpOnFailure(t, b.process)
 		b.stop()
 	})
+	b.Start()
 	return b
 }
 

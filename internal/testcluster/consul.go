@@ -61,11 +61,13 @@ func startConsul(t testing.TB, durable bool, certs *Certs) *Consul {
 			`tls { defaults { ca_file = %q  cert_file = %q  key_file = %q  verify_incoming = false } }`,
 			certs.CAFile, certs.CertFile, certs.KeyFile))
 	}
-	c.Start()
-	t.Cleanup(func() {
-		dumpOnFailure(t, c.process)
-		c.stop()
+	t.Cleanup(func() { // registered first: a start that fails shows its log too
+		if c.process != nil {
+			dumpOnFailure(t, c.process)
+			c.stop()
+		}
 	})
+	c.Start()
 	return c
 }
 

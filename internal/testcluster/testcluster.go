@@ -6,6 +6,7 @@ package testcluster
 import (
 	"bufio"
 	"fmt"
+	"math/rand"
 	"net"
 	"os"
 	"os/exec"
@@ -54,23 +55,58 @@ func Binary(t testing.TB, name string) string {
 	return ""
 }
 
-// FreePorts returns n distinct loopback ports that were free a moment ago.
+// FreePorts returns n distinct loopback ports that were free a moment ago,
+// below the kernel's ephemeral range (32768 and up), where the many outgoing
+// connections of tests running side by side take their local ports: a port
+// handed out there could be taken by one before its agent binds it. Each
+// port is handed out once per test binary; other test binaries start at
+// random places in the range.
 func FreePorts(t testing.TB, n int) []int {
 	t.Helper()
+	portsMu.Lock()
+	defer portsMu.Unlock()
 	ports := make([]int, 0, n)
-	var ls []net.Listener
-	for i := 0; i < n; i++ {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatalf("find a free port: %v", err)
+	for tries := 0; len(ports) < n; tries++ {
+		if tries > 20000 {
+			t.Fatalf("find a free port: none free in %d..%d", portsLow, portsHigh)
 		}
-		ls = append(ls, l)
-		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
-	}
-	for _, l := range ls {
-		l.Close()
+		if nextPort < portsLow || nextPort >= portsHigh {
+			nextPort = portsLow + rand.Intn(portsHigh-portsLow)
+		}
+		p := nextPort
+		nextPort++
+		if handedOut[p] || !free(p) {
+			continue
+		}
+		handedOut[p] = true
+		ports = append(ports, p)
 	}
 	return ports
+}
+
+// The range FreePorts hands ports out of.
+const portsLow, portsHigh = 10000, 20000 // below Nomad's dynamic task ports (20000-32000) too
+
+var (
+	portsMu   sync.Mutex
+	nextPort  int
+	handedOut = map[int]bool{}
+)
+
+// free says no one listens on port, TCP or UDP (Serf uses both).
+func free(port int) bool {
+	addr := fmt.Sprintf("127.0.0.1:%d", port)
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		return false
+	}
+	l.Close()
+	pc, err := net.ListenPacket("udp", addr)
+	if err != nil {
+		return false
+	}
+	pc.Close()
+	return true
 }
 
 // builds holds one build per package (and race setting) per test binary.
