@@ -452,9 +452,8 @@ type fixedApprovals struct {
 
 func (f fixedApprovals) Current() []approval.Approval { return f.list }
 
-// A job admitted under an approval is scaled, dispatched or reverted under
-// the same approval: every call that grows demand decides as a registration
-// does.
+// A job admitted under an approval is scaled under the same approval: scale,
+// dispatch and revert decide through the same Server.admit as a registration.
 func TestCallsThatGrowAJobDecideUnderItsApprovals(t *testing.T) {
 	now := time.Now()
 	granted := approval.Approval{ID: "a1", Namespace: "vision", Job: "train", Reason: "deadline", Priority: 90, For: "1h"}
