@@ -1,7 +1,6 @@
 package policy_test
 
 import (
-	"strings"
 	"testing"
 
 	"github.com/nomad-gpu/nomad-gpu/broker/policy"
@@ -20,145 +19,6 @@ borrowing {
   priority = 20
 }
 `
-
-func TestExamplePoliciesAreValid(t *testing.T) {
-	p, diags := policyhcl.LoadDir("../../policies", 16)
-	if diags.HasErrors() {
-		t.Fatalf("policies/ is invalid:\n%s", policyhcl.FormatDiagnostics(diags))
-	}
-	vision := p.TenantOf("vision")
-	if vision == nil || vision.DefaultQueue() != "training" || vision.Guaranteed.Total() != 8 || vision.Limit.Total() != 12 {
-		t.Fatalf("tenant vision read wrong: %+v", vision)
-	}
-	if p.ClassOf("NVIDIA H100 80GB HBM3") != "h100" || p.ClassOf("NVIDIA A100-SXM4-40GB") != "" {
-		t.Errorf("gpu_class h100 does not match H100 models only")
-	}
-	if research := p.Tenants["research"]; research.Guaranteed["h100"] != 2 || research.Limit["h100"] != 8 {
-		t.Errorf("per-class quotas read wrong: %+v", research)
-	}
-	if !p.Borrowing.Enabled || p.Borrowing.Priority != 20 || !p.Preemption.Batch || !p.Preemption.Service {
-		t.Errorf("borrowing/preemption read wrong: %+v %+v", p.Borrowing, p.Preemption)
-	}
-	if len(p.Reclaim) != 5 || p.Reclaim["idle-dev"].Mode != policy.ModeEnforce || p.Reclaim["unadmitted"].Mode != policy.ModeDryRun {
-		t.Errorf("reclaim rules read wrong: %d rules", len(p.Reclaim))
-	}
-}
-
-func TestDiagnosticsNameFileLineAndRule(t *testing.T) {
-	cases := []struct {
-		name     string
-		tenants  string
-		capacity int
-		want     string // a line of the formatted diagnostics
-		warning  bool   // the set is still valid
-	}{
-		{name: "unknown key", tenants: `tenant "a" {
-  namespaces = ["a"]
-  queues = ["dev"]
-  guarantee = 3
-}`, want: `tenants.hcl:4:3: error: Unsupported argument: An argument named "guarantee" is not expected here.`},
-		{name: "namespace claimed twice", tenants: `tenant "a" {
-  namespaces = ["shared"]
-  queues = ["dev"]
-}
-tenant "b" {
-  namespaces = ["shared"]
-  queues = ["dev"]
-}`, want: `tenants.hcl:5:1: error: Namespace claimed twice: namespace "shared" belongs to tenant "a"`},
-		{name: "default queue missing", tenants: `tenant "a" {
-  namespaces = ["a"]
-  queues = []
-}`, want: `tenants.hcl:1:1: error: Default queue missing`},
-		{name: "unknown queue", tenants: `tenant "a" {
-  namespaces = ["a"]
-  queues = ["batch"]
-}`, want: `tenants.hcl:1:1: error: Unknown queue: tenant "a" uses queue "batch"`},
-		{name: "guaranteed above limit", tenants: `tenant "a" {
-  namespaces = ["a"]
-  queues = ["dev"]
-  guaranteed = 9
-  limit = 4
-}`, want: `tenants.hcl:4:16: error: Guarantee above limit: tenant "a" is guaranteed 9 GPUs but limited to 4`},
-		{name: "unknown class", tenants: `tenant "a" {
-  namespaces = ["a"]
-  queues = ["dev"]
-  guaranteed = { a100 = 2 }
-}`, want: `tenants.hcl:4:16: error: Invalid quota: tenant "a" guaranteed: unknown GPU class "a100"`},
-		{name: "fractional quota", tenants: `tenant "a" {
-  namespaces = ["a"]
-  queues = ["dev"]
-  guaranteed = 1.5
-}`, want: `error: Invalid quota: tenant "a" guaranteed: a quota is a whole number of GPUs`},
-		{name: "duplicate tenant", tenants: `tenant "a" {
-  namespaces = ["a"]
-  queues = ["dev"]
-}
-tenant "a" {
-  namespaces = ["b"]
-  queues = ["dev"]
-}`, want: `tenants.hcl:5:1: error: Duplicate tenant: tenant "a" is already defined at tenants.hcl:1,1-11`},
-		{name: "submitter of no kind", tenants: `tenant "a" {
-  namespaces = ["a"]
-  queues = ["dev"]
-  submitters = ["role:ml", "vision-write"]
-}`, want: `tenants.hcl:4:16: error: Invalid submitter: tenant "a": submitter "vision-write" is neither "role:<Nomad ACL role>" nor "policy:<Nomad ACL policy>"`},
-		{name: "guarantees above capacity", capacity: 4, warning: true, tenants: `tenant "a" {
-  namespaces = ["a"]
-  queues = ["dev"]
-  guaranteed = 5
-  limit = 5
-}`, want: `warning: Guarantees exceed capacity: tenants are guaranteed 5 GPUs in all, the cluster has 4`},
-	}
-	for _, c := range cases {
-		t.Run(c.name, func(t *testing.T) {
-			p, diags := policyhcl.Parse(map[string][]byte{"queues.hcl": []byte(queues), "tenants.hcl": []byte(c.tenants)}, c.capacity)
-			out := policyhcl.FormatDiagnostics(diags)
-			if !strings.Contains(out, c.want) {
-				t.Fatalf("want a diagnostic containing\n  %s\ngot\n%s", c.want, out)
-			}
-			if c.warning != (p != nil) {
-				t.Errorf("valid=%t, want %t", p != nil, c.warning)
-			}
-		})
-	}
-}
-
-func TestBandRules(t *testing.T) {
-	close := `
-queue "a" { priority = 60 }
-queue "b" { priority = 55 }
-borrowing {
-  enabled = true
-  priority = 50
-}`
-	p, diags := policyhcl.Parse(map[string][]byte{"q.hcl": []byte(close)}, 0)
-	out := policyhcl.FormatDiagnostics(diags)
-	if p == nil {
-		t.Fatalf("bands closer than 10 are warnings, not errors:\n%s", out)
-	}
-	for _, want := range []string{
-		`q.hcl:2:1: warning: Queue bands too close: queues "a" (60) and "b" (55)`,
-		`q.hcl:4:1: warning: Borrowing band too close`,
-	} {
-		if !strings.Contains(out, want) {
-			t.Errorf("missing %q in\n%s", want, out)
-		}
-	}
-}
-
-func TestBorrowingBandMustBeBelowEveryQueue(t *testing.T) {
-	src := `
-queue "a" { priority = 60 }
-borrowing {
-  enabled  = true
-  priority = 60
-}`
-	p, diags := policyhcl.Parse(map[string][]byte{"q.hcl": []byte(src)}, 0)
-	want := `q.hcl:3:1: error: Borrowing band not below every queue: borrowing priority 60 must be below queue "a" (60)`
-	if out := policyhcl.FormatDiagnostics(diags); p != nil || !strings.Contains(out, want) {
-		t.Fatalf("want %q, got\n%s", want, out)
-	}
-}
 
 func TestSubmittersAreRolesOrPolicies(t *testing.T) {
 	p, diags := policyhcl.Parse(map[string][]byte{"queues.hcl": []byte(queues), "tenants.hcl": []byte(`tenant "a" {
@@ -192,5 +52,91 @@ tenant "b" {
 		if got := c.tenant.MaySubmit(c.grants); got != c.want {
 			t.Errorf("%s: MaySubmit = %t, want %t", c.name, got, c.want)
 		}
+	}
+}
+
+func TestApproversAndAnExtraLimitForOneJob(t *testing.T) {
+	p, diags := policyhcl.Parse(map[string][]byte{"queues.hcl": []byte(queues + `
+approvers = ["ops-oncall", "role:sre", "policy:gpu-approve"]
+tenant "vision" {
+  namespaces = ["vision", "vision-dev"]
+  queues     = ["training"]
+  guaranteed = 2
+  limit      = 4
+}
+`)}, 0)
+	if p == nil {
+		t.Fatal(policyhcl.FormatDiagnostics(diags))
+	}
+	for _, c := range []struct {
+		name string
+		g    policy.Grants
+		want bool
+	}{
+		{"ops-oncall", policy.Grants{}, true},
+		{"ana", policy.Grants{Roles: []string{"sre"}}, true},
+		{"ana", policy.Grants{Policies: []string{"gpu-approve"}}, true},
+		{"ana", policy.Grants{Roles: []string{"ops-oncall"}, Policies: []string{"sre"}}, false},
+	} {
+		if got := p.MayApprove(c.name, c.g); got != c.want {
+			t.Errorf("MayApprove(%s, %+v) = %t", c.name, c.g, got)
+		}
+	}
+	raised := p.WithExtraLimit("vision", 3)
+	if raised.TenantOf("vision-dev").Limit.Total() != 7 || p.TenantOf("vision-dev").Limit.Total() != 4 || raised.TenantOf("vision").Guaranteed.Total() != 2 {
+		t.Errorf("raised %v, original %v", raised.TenantOf("vision-dev").Limit, p.TenantOf("vision-dev").Limit)
+	}
+}
+
+// The questions the engines ask of a policy built in code, as a parser
+// would build it: no files involved.
+func TestAPolicyAnswersWithoutBeingParsed(t *testing.T) {
+	dev := &policy.Workload{Name: "dev", MaxGPUs: 1}
+	vision := &policy.Tenant{Name: "vision", Namespaces: []string{"vision", "vision-dev"}, Queues: []string{"training", "dev"},
+		Guaranteed: policy.Quota{"h100": 2}, Limit: policy.Quota{"h100": 4, "a100": 2}}
+	p := &policy.Policy{
+		Queues:    map[string]*policy.Queue{"training": {Name: "training", Priority: 60}, "dev": {Name: "dev", Priority: 40, Workload: "dev"}},
+		Tenants:   map[string]*policy.Tenant{"vision": vision},
+		Classes:   map[string]*policy.GPUClass{"h100": {Name: "h100", Models: []string{"NVIDIA H100*"}}, "exact": {Name: "exact", Models: []string{"A10"}}},
+		Workloads: map[string]*policy.Workload{"dev": dev},
+		Reclaim:   map[string]*policy.ReclaimRule{"b": {Name: "b"}, "a": {Name: "a"}},
+		Borrowing: policy.Borrowing{Enabled: true, Priority: 20},
+	}
+	if p.TenantOf("vision") != nil {
+		t.Fatal("answered before Index")
+	}
+	p.Index()
+	if p.TenantOf("vision-dev") != vision || p.TenantOf("search") != nil {
+		t.Errorf("TenantOf after Index")
+	}
+	if vision.DefaultQueue() != "training" || !vision.Allows("dev") || vision.Allows("inference") {
+		t.Errorf("queues of vision")
+	}
+	for model, want := range map[string]string{"NVIDIA H100 80GB HBM3": "h100", "A10": "exact", "A100": "", "NVIDIA A100": ""} {
+		if got := p.ClassOf(model); got != want {
+			t.Errorf("ClassOf(%q) = %q, want %q", model, got, want)
+		}
+	}
+	if p.WorkloadFor("vision", "dev") != dev || p.WorkloadFor("vision", "") != nil || p.WorkloadFor("search", "dev") != nil || p.WorkloadOf("none") != nil {
+		t.Errorf("workloads")
+	}
+	if r := p.ReclaimRules(); len(r) != 2 || r[0].Name != "a" {
+		t.Errorf("rules in name order: %v", r)
+	}
+	if got := (policy.Quota{"h100": 4, "a100": 2}).Total(); got != 6 {
+		t.Errorf("total of classes: %g", got)
+	}
+	if got := (policy.Quota{policy.AllGPUs: 5, "h100": 4}).Total(); got != 5 {
+		t.Errorf("total with an all-GPUs key: %g", got)
+	}
+	strict := p.StrictQuotas()
+	if strict.Borrowing.Enabled || strict.TenantOf("vision").Limit.Total() != 2 || !p.Borrowing.Enabled || p.TenantOf("vision").Limit.Total() != 6 {
+		t.Errorf("strict quotas: limit %v, borrowing %v; the original changed: %v", strict.TenantOf("vision").Limit, strict.Borrowing.Enabled, p.TenantOf("vision").Limit)
+	}
+	if got := (policy.Pos{File: "tenants.hcl", Line: 3, Column: 5}).String(); got != "tenants.hcl:3:5" {
+		t.Errorf("Pos: %s", got)
+	}
+	if got := (policy.Submitter{Kind: policy.SubmitterRole, Name: "ml"}).String(); got != "role:ml" {
+		t.Errorf("Submitter: %s", got)
 	}
 }

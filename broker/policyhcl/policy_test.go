@@ -1,0 +1,161 @@
+package policyhcl_test
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/nomad-gpu/nomad-gpu/broker/policy"
+	"github.com/nomad-gpu/nomad-gpu/broker/policyhcl"
+)
+
+const queues = `
+queue "inference" { priority = 80 }
+queue "training" {
+  priority = 60
+  workload = "training"
+}
+queue "dev" { priority = 40 }
+borrowing {
+  enabled  = true
+  priority = 20
+}
+`
+
+func TestExamplePoliciesAreValid(t *testing.T) {
+	p, diags := policyhcl.LoadDir("../../policies", 16)
+	if diags.HasErrors() {
+		t.Fatalf("policies/ is invalid:\n%s", policyhcl.FormatDiagnostics(diags))
+	}
+	vision := p.TenantOf("vision")
+	if vision == nil || vision.DefaultQueue() != "training" || vision.Guaranteed.Total() != 8 || vision.Limit.Total() != 12 {
+		t.Fatalf("tenant vision read wrong: %+v", vision)
+	}
+	if p.ClassOf("NVIDIA H100 80GB HBM3") != "h100" || p.ClassOf("NVIDIA A100-SXM4-40GB") != "" {
+		t.Errorf("gpu_class h100 does not match H100 models only")
+	}
+	if research := p.Tenants["research"]; research.Guaranteed["h100"] != 2 || research.Limit["h100"] != 8 {
+		t.Errorf("per-class quotas read wrong: %+v", research)
+	}
+	if !p.Borrowing.Enabled || p.Borrowing.Priority != 20 || !p.Preemption.Batch || !p.Preemption.Service {
+		t.Errorf("borrowing/preemption read wrong: %+v %+v", p.Borrowing, p.Preemption)
+	}
+	if len(p.Reclaim) != 5 || p.Reclaim["idle-dev"].Mode != policy.ModeEnforce || p.Reclaim["unadmitted"].Mode != policy.ModeDryRun {
+		t.Errorf("reclaim rules read wrong: %d rules", len(p.Reclaim))
+	}
+}
+
+func TestDiagnosticsNameFileLineAndRule(t *testing.T) {
+	cases := []struct {
+		name     string
+		tenants  string
+		capacity int
+		want     string // a line of the formatted diagnostics
+		warning  bool   // the set is still valid
+	}{
+		{name: "unknown key", tenants: `tenant "a" {
+  namespaces = ["a"]
+  queues = ["dev"]
+  guarantee = 3
+}`, want: `tenants.hcl:4:3: error: Unsupported argument: An argument named "guarantee" is not expected here.`},
+		{name: "namespace claimed twice", tenants: `tenant "a" {
+  namespaces = ["shared"]
+  queues = ["dev"]
+}
+tenant "b" {
+  namespaces = ["shared"]
+  queues = ["dev"]
+}`, want: `tenants.hcl:5:1: error: Namespace claimed twice: namespace "shared" belongs to tenant "a"`},
+		{name: "default queue missing", tenants: `tenant "a" {
+  namespaces = ["a"]
+  queues = []
+}`, want: `tenants.hcl:1:1: error: Default queue missing`},
+		{name: "unknown queue", tenants: `tenant "a" {
+  namespaces = ["a"]
+  queues = ["batch"]
+}`, want: `tenants.hcl:1:1: error: Unknown queue: tenant "a" uses queue "batch"`},
+		{name: "guaranteed above limit", tenants: `tenant "a" {
+  namespaces = ["a"]
+  queues = ["dev"]
+  guaranteed = 9
+  limit = 4
+}`, want: `tenants.hcl:4:16: error: Guarantee above limit: tenant "a" is guaranteed 9 GPUs but limited to 4`},
+		{name: "unknown class", tenants: `tenant "a" {
+  namespaces = ["a"]
+  queues = ["dev"]
+  guaranteed = { a100 = 2 }
+}`, want: `tenants.hcl:4:16: error: Invalid quota: tenant "a" guaranteed: unknown GPU class "a100"`},
+		{name: "fractional quota", tenants: `tenant "a" {
+  namespaces = ["a"]
+  queues = ["dev"]
+  guaranteed = 1.5
+}`, want: `error: Invalid quota: tenant "a" guaranteed: a quota is a whole number of GPUs`},
+		{name: "duplicate tenant", tenants: `tenant "a" {
+  namespaces = ["a"]
+  queues = ["dev"]
+}
+tenant "a" {
+  namespaces = ["b"]
+  queues = ["dev"]
+}`, want: `tenants.hcl:5:1: error: Duplicate tenant: tenant "a" is already defined at tenants.hcl:1,1-11`},
+		{name: "submitter of no kind", tenants: `tenant "a" {
+  namespaces = ["a"]
+  queues = ["dev"]
+  submitters = ["role:ml", "vision-write"]
+}`, want: `tenants.hcl:4:16: error: Invalid submitter: tenant "a": submitter "vision-write" is neither "role:<Nomad ACL role>" nor "policy:<Nomad ACL policy>"`},
+		{name: "guarantees above capacity", capacity: 4, warning: true, tenants: `tenant "a" {
+  namespaces = ["a"]
+  queues = ["dev"]
+  guaranteed = 5
+  limit = 5
+}`, want: `warning: Guarantees exceed capacity: tenants are guaranteed 5 GPUs in all, the cluster has 4`},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			p, diags := policyhcl.Parse(map[string][]byte{"queues.hcl": []byte(queues), "tenants.hcl": []byte(c.tenants)}, c.capacity)
+			out := policyhcl.FormatDiagnostics(diags)
+			if !strings.Contains(out, c.want) {
+				t.Fatalf("want a diagnostic containing\n  %s\ngot\n%s", c.want, out)
+			}
+			if c.warning != (p != nil) {
+				t.Errorf("valid=%t, want %t", p != nil, c.warning)
+			}
+		})
+	}
+}
+
+func TestBandRules(t *testing.T) {
+	close := `
+queue "a" { priority = 60 }
+queue "b" { priority = 55 }
+borrowing {
+  enabled = true
+  priority = 50
+}`
+	p, diags := policyhcl.Parse(map[string][]byte{"q.hcl": []byte(close)}, 0)
+	out := policyhcl.FormatDiagnostics(diags)
+	if p == nil {
+		t.Fatalf("bands closer than 10 are warnings, not errors:\n%s", out)
+	}
+	for _, want := range []string{
+		`q.hcl:2:1: warning: Queue bands too close: queues "a" (60) and "b" (55)`,
+		`q.hcl:4:1: warning: Borrowing band too close`,
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("missing %q in\n%s", want, out)
+		}
+	}
+}
+
+func TestBorrowingBandMustBeBelowEveryQueue(t *testing.T) {
+	src := `
+queue "a" { priority = 60 }
+borrowing {
+  enabled  = true
+  priority = 60
+}`
+	p, diags := policyhcl.Parse(map[string][]byte{"q.hcl": []byte(src)}, 0)
+	want := `q.hcl:3:1: error: Borrowing band not below every queue: borrowing priority 60 must be below queue "a" (60)`
+	if out := policyhcl.FormatDiagnostics(diags); p != nil || !strings.Contains(out, want) {
+		t.Fatalf("want %q, got\n%s", want, out)
+	}
+}
