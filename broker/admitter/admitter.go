@@ -66,10 +66,12 @@ type Admitter struct {
 	Policies policy.Source
 	Stamper  nomadjob.Stamper
 	Now      func() time.Time
-	// Capacity is the number of healthy, schedulable GPUs; when it grows (a GPU
-	// recovered, a node came back) Blocked jobs are evaluated again. Optional.
-	Capacity func() int
-	Blocked  Unblocker
+	// GPUsCameBack counts the times healthy, schedulable GPUs grew (a GPU
+	// recovered, a node came back): each time it moved, jobs Nomad left
+	// Blocked are evaluated again. A count, not the number of GPUs, so that a
+	// dip and its recovery during one pass are not missed. Optional.
+	GPUsCameBack func() uint64
+	Blocked      Unblocker
 	// Exclusive: the submitter must still be one of the tenant's submitters;
 	// otherwise its token's grants must be those Nomad checked at queueing.
 	Exclusive bool
@@ -94,8 +96,8 @@ type Admitter struct {
 // at every tick anyway (which finds the first jobs queued, by any broker).
 // A change with nothing queued costs no round trip to Consul.
 func (a *Admitter) Run(ctx context.Context, changed <-chan struct{}, tick <-chan time.Time) {
-	lastCapacity := -1
-	pass := true
+	var cameBack uint64
+	first, pass := true, true
 	for {
 		if pass {
 			_, err := a.Pass(ctx)
@@ -104,13 +106,14 @@ func (a *Admitter) Run(ctx context.Context, changed <-chan struct{}, tick <-chan
 			}
 			a.Metrics.Pass(metrics.LoopQueue, err)
 		}
-		if a.Capacity != nil && a.Blocked != nil {
-			c := a.Capacity()
-			if lastCapacity >= 0 && c > lastCapacity {
-				n, err := a.Blocked.ReevaluateBlocked(ctx)
-				a.Log.Info("healthy GPUs came back, re-evaluated blocked jobs", "gpus", c, "was", lastCapacity, "jobs", n, "error", err)
+		if a.GPUsCameBack != nil && a.Blocked != nil {
+			if c := a.GPUsCameBack(); c != cameBack || first {
+				if !first {
+					n, err := a.Blocked.ReevaluateBlocked(ctx)
+					a.Log.Info("healthy GPUs came back, re-evaluated blocked jobs", "times", c-cameBack, "jobs", n, "error", err)
+				}
+				cameBack, first = c, false
 			}
-			lastCapacity = c
 		}
 		select {
 		case <-ctx.Done():

@@ -324,3 +324,43 @@ func TestChangesPassOnlyWhileJobsAreQueued(t *testing.T) {
 	changed <- struct{}{}
 	listed(true)
 }
+
+// blocked counts the re-evaluations asked of Nomad.
+type blocked struct{ n chan struct{} }
+
+func (b blocked) ReevaluateBlocked(context.Context) (int, error) {
+	b.n <- struct{}{}
+	return 1, nil
+}
+
+func TestBlockedJobsAreEvaluatedAgainWhenGPUsComeBackEvenWithinOnePass(t *testing.T) {
+	a, _, _, view, now := setup(t, visionPolicy, 8)
+	reevaluated := blocked{make(chan struct{}, 10)}
+	a.Blocked, a.GPUsCameBack = reevaluated, view.GPUsCameBack
+	changed, tick := make(chan struct{}), make(chan time.Time)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go a.Run(ctx, changed, tick)
+	asked := func(want bool) {
+		t.Helper()
+		select {
+		case <-reevaluated.n:
+			if !want {
+				t.Fatal("re-evaluated with no GPU back")
+			}
+		case <-time.After(200 * time.Millisecond):
+			if want {
+				t.Fatal("not re-evaluated")
+			}
+		}
+	}
+	tick <- now
+	asked(false) // nothing came back since the loop started
+	// A GPU goes sick and recovers between two looks of the loop.
+	view.ObserveNode(testbuild.Node("n", "H100", 7, 1))
+	view.ObserveNode(testbuild.Node("n", "H100", 8, 0))
+	tick <- now
+	asked(true)
+	tick <- now
+	asked(false) // once per recovery
+}

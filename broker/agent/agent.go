@@ -158,7 +158,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	// 32 registrations in flight stays well inside Nomad's default limit of 100
 	// HTTP connections per client.
 	adm := &admitter.Admitter{Log: log.Named("queue"), Queue: store, Nomad: nomadClient, Cluster: view,
-		Policies: policies, Stamper: stamper, Now: time.Now, Capacity: view.Capacity, Blocked: nomadClient, Exclusive: exclusive, Metrics: metrics, FairShare: rollups, Audit: trail, Approvals: approvals,
+		Policies: policies, Stamper: stamper, Now: time.Now, GPUsCameBack: view.GPUsCameBack, Blocked: nomadClient, Exclusive: exclusive, Metrics: metrics, FairShare: rollups, Audit: trail, Approvals: approvals,
 		Parallel: 32}
 	elector.Run(ctx, func(ctx context.Context) {
 		reassert := time.NewTicker(cfg.PreemptionReassertInterval)

@@ -57,12 +57,13 @@ func whyUnhealthy(desc string) string {
 // ObserveNode records a node's schedulable, healthy GPUs.
 func (v *View) ObserveNode(n *api.Node) {
 	v.mu.Lock()
-	v.observeNode(n)
+	v.observeNode(n, v.nodes[n.ID])
 	v.mu.Unlock()
 	v.notify()
 }
 
-func (v *View) observeNode(n *api.Node) {
+// observeNode records n, which was was before (zero: unknown).
+func (v *View) observeNode(n *api.Node, was node) {
 	nd := node{schedulable: n.Status == api.NodeStatusReady && n.SchedulingEligibility != api.NodeSchedulingIneligible,
 		pool: n.NodePool, gpus: map[string]int{}, devices: map[string]GPU{}, replicas: map[string]int{},
 		name: n.Name, status: n.Status, draining: n.Drain || n.DrainStrategy != nil, eligible: n.SchedulingEligibility != api.NodeSchedulingIneligible}
@@ -93,8 +94,29 @@ func (v *View) observeNode(n *api.Node) {
 			}
 		}
 	}
+	if healthyGPUs(nd) > healthyGPUs(was) {
+		v.gpusCameBack.Add(1)
+	}
 	v.nodes[n.ID], v.nodesDirty = nd, true
 }
+
+// healthyGPUs is what a node offers to new work: its healthy GPUs while it
+// is schedulable.
+func healthyGPUs(n node) int {
+	if !n.schedulable {
+		return 0
+	}
+	total := 0
+	for _, c := range n.gpus {
+		total += c
+	}
+	return total
+}
+
+// GPUsCameBack counts the times a node's healthy, schedulable GPUs grew (a
+// GPU recovered, a node came back, joined or became eligible): a reader that
+// compares counts misses no dip and recovery between two of its looks.
+func (v *View) GPUsCameBack() uint64 { return v.gpusCameBack.Load() }
 
 // ForgetNode drops a deregistered node.
 func (v *View) ForgetNode(id string) {

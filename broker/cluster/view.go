@@ -43,8 +43,9 @@ type View struct {
 	changed        chan struct{}
 	synced         bool // a full listing has been applied
 
-	index    atomic.Uint64 // of the last event or listing applied
-	relisted atomic.Uint64 // full listings made
+	index        atomic.Uint64 // of the last event or listing applied
+	gpusCameBack atomic.Uint64 // see GPUsCameBack
+	relisted     atomic.Uint64 // full listings made
 
 	// Derived from nodes under one policy; recomputed when either changes.
 	nodesDirty bool
@@ -91,12 +92,13 @@ func (v *View) notify() {
 // never sees it half rebuilt.
 func (v *View) Reset(snap Snapshot) {
 	v.mu.Lock()
+	was := v.nodes
 	v.nodes, v.jobs, v.held, v.total, v.nodesDirty = map[string]node{}, map[jobKey]job{}, map[string]*byModel{}, map[string]int{}, true
 	v.canaries, v.allocs = map[jobKey]map[string]int{}, map[string]Alloc{}
 	v.holds, v.heldBy, v.excess = map[string]hold{}, map[jobKey]map[string]int{}, map[jobKey]map[string]int{}
 	v.excessBorrowed = map[jobKey]bool{}
 	for _, n := range snap.Nodes {
-		v.observeNode(n)
+		v.observeNode(n, was[n.ID])
 	}
 	for _, j := range snap.Jobs {
 		v.observeJob(j)

@@ -214,3 +214,31 @@ func TestADispatchedChildIsReservedUntilItsOwnEventHoweverLate(t *testing.T) {
 		t.Fatalf("stopped: %g, want 0", got)
 	}
 }
+
+func TestGPUsComingBackAreCountedEvenWhenTheyDippedBetweenTwoLooks(t *testing.T) {
+	v := NewView(nil)
+	v.Reset(Snapshot{Nodes: []*api.Node{testbuild.Node("n1", testbuild.H100, 8, 0)}})
+	start := v.GPUsCameBack()
+	v.ObserveNode(testbuild.Node("n1", testbuild.H100, 7, 1)) // a GPU sick
+	if v.GPUsCameBack() != start {
+		t.Fatal("a GPU going sick counted as coming back")
+	}
+	v.ObserveNode(testbuild.Node("n1", testbuild.H100, 8, 0)) // and well again
+	if v.GPUsCameBack() != start+1 {
+		t.Fatalf("a recovery: %d, want %d", v.GPUsCameBack(), start+1)
+	}
+	// A listing of the same nodes is no recovery; one that shows a recovery is.
+	v.Reset(Snapshot{Nodes: []*api.Node{testbuild.Node("n1", testbuild.H100, 8, 0)}})
+	if v.GPUsCameBack() != start+1 {
+		t.Fatalf("a resync of unchanged nodes counted: %d", v.GPUsCameBack())
+	}
+	v.ObserveNode(testbuild.Node("n1", testbuild.H100, 6, 2))
+	v.Reset(Snapshot{Nodes: []*api.Node{testbuild.Node("n1", testbuild.H100, 8, 0)}})
+	if v.GPUsCameBack() != start+2 {
+		t.Fatalf("a recovery seen in a resync: %d, want %d", v.GPUsCameBack(), start+2)
+	}
+	v.ObserveNode(testbuild.Node("n2", testbuild.H100, 4, 0)) // a node joins
+	if v.GPUsCameBack() != start+3 {
+		t.Fatalf("a node joining: %d", v.GPUsCameBack())
+	}
+}
