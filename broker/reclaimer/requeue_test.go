@@ -1,0 +1,73 @@
+package reclaimer_test
+
+import (
+	"context"
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/nomad/api"
+
+	"github.com/nomad-gpu/nomad-gpu/broker/queue/queuetest"
+	"github.com/nomad-gpu/nomad-gpu/broker/reclaim"
+	"github.com/nomad-gpu/nomad-gpu/broker/reclaimer"
+	"github.com/nomad-gpu/nomad-gpu/internal/testbuild"
+)
+
+// nomadJobs is Nomad's jobs as the requeue reads them.
+type nomadJobs map[string]*api.Job
+
+func (j nomadJobs) Job(_ context.Context, ns, id string) (*api.Job, error) { return j[ns+"/"+id], nil }
+
+func TestARequeuedJobGoesBackToTheQueueAsNomadHasItThenStops(t *testing.T) {
+	p := testbuild.Policy(t, `
+queue "training" { priority = 60 }
+queue "dev" { priority = 40 }
+tenant "vision" {
+  namespaces = ["vision"]
+  queues     = ["training", "dev"]
+  guaranteed = 2
+  limit      = 8
+}`)
+	submitted := time.Date(2026, 11, 30, 9, 0, 0, 0, time.UTC)
+	train := testbuild.Job("vision", "train").Group("g", 2, 2, "gpu").Meta("nomad-gpu.queue", "dev").Build()
+	train.SubmitTime = ptr(submitted.UnixNano())
+	stopped := testbuild.Job("vision", "done").Group("g", 1, 1, "gpu").Stopped().Build()
+	q, act := queuetest.NewMem(), &actor{}
+	r := &reclaimer.Requeue{Jobs: nomadJobs{"vision/train": train, "vision/done": stopped}, Actor: act, Queue: q, Policies: testbuild.Fixed{P: p}}
+	rec := reclaim.Record{ID: "11111111-2222-4333-8444-555555555555", Rule: "preempted-borrowed", Namespace: "vision", Job: "train",
+		Evidence: "preempted by Nomad while borrowing", ProposedAt: t0}
+
+	out, err := r.Requeue(context.Background(), rec)
+	if err != nil || !strings.Contains(out, "requeued as "+rec.ID) || !strings.Contains(out, "evaluation e1") {
+		t.Fatalf("%q %v", out, err)
+	}
+	e, err := q.Get(context.Background(), rec.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e.Tenant != "vision" || e.Queue != "dev" || e.Demand != 4 || !e.SubmittedAt.Equal(submitted) ||
+		!strings.Contains(e.Reason, "requeued by rule preempted-borrowed: preempted by Nomad") {
+		t.Errorf("entry %+v", e)
+	}
+	var body struct{ Job api.Job }
+	if err := json.Unmarshal(e.Request, &body); err != nil || *body.Job.ID != "train" || *body.Job.TaskGroups[0].Count != 2 {
+		t.Errorf("the stored request is not the job as Nomad has it: %v %s", err, e.Request)
+	}
+	if len(act.did) != 1 || act.did[0] != "stop job vision/train" {
+		t.Errorf("stops %v", act.did)
+	}
+	// A job stopped or gone since: nothing queued again, nothing stopped.
+	for _, id := range []string{"done", "gone"} {
+		rec.ID, rec.Job = "22222222-2222-4333-8444-55555555555"+id[:1], id
+		if out, err := r.Requeue(context.Background(), rec); err != nil || strings.Contains(out, "; ") {
+			t.Errorf("%s: %q %v", id, out, err)
+		}
+	}
+	if all, _ := q.List(context.Background()); len(all) != 1 || len(act.did) != 1 {
+		t.Errorf("after stopped and gone jobs: %d entries, stops %v", len(all), act.did)
+	}
+}
+
+func ptr[T any](v T) *T { return &v }
