@@ -4,89 +4,7 @@ import (
 	"testing"
 
 	"github.com/nomad-gpu/nomad-gpu/broker/policy"
-	"github.com/nomad-gpu/nomad-gpu/broker/policyhcl"
 )
-
-const queues = `
-queue "inference" { priority = 80 }
-queue "training" {
-  priority = 60
-  workload = "training"
-}
-queue "dev" { priority = 40 }
-borrowing {
-  enabled  = true
-  priority = 20
-}
-`
-
-func TestSubmittersAreRolesOrPolicies(t *testing.T) {
-	p, diags := policyhcl.Parse(map[string][]byte{"queues.hcl": []byte(queues), "tenants.hcl": []byte(`tenant "a" {
-  namespaces = ["a"]
-  queues     = ["dev"]
-  submitters = ["role:ml", "policy:a-write"]
-}
-tenant "b" {
-  namespaces = ["b"]
-  queues     = ["dev"]
-}`)}, 0)
-	if p == nil {
-		t.Fatal(policyhcl.FormatDiagnostics(diags))
-	}
-	a, b := p.Tenants["a"], p.Tenants["b"]
-	cases := []struct {
-		name   string
-		tenant *policy.Tenant
-		grants policy.Grants
-		want   bool
-	}{
-		{"role", a, policy.Grants{Roles: []string{"other", "ml"}}, true},
-		{"policy", a, policy.Grants{Policies: []string{"a-write"}}, true},
-		{"a role named like the policy", a, policy.Grants{Roles: []string{"a-write"}}, false},
-		{"a policy named like the role", a, policy.Grants{Policies: []string{"ml"}}, false},
-		{"nothing", a, policy.Grants{}, false},
-		{"management", a, policy.Grants{Management: true}, true},
-		{"a tenant with no submitters", b, policy.Grants{Roles: []string{"ml"}, Policies: []string{"a-write"}}, false},
-	}
-	for _, c := range cases {
-		if got := c.tenant.MaySubmit(c.grants); got != c.want {
-			t.Errorf("%s: MaySubmit = %t, want %t", c.name, got, c.want)
-		}
-	}
-}
-
-func TestApproversAndAnExtraLimitForOneJob(t *testing.T) {
-	p, diags := policyhcl.Parse(map[string][]byte{"queues.hcl": []byte(queues + `
-approvers = ["ops-oncall", "role:sre", "policy:gpu-approve"]
-tenant "vision" {
-  namespaces = ["vision", "vision-dev"]
-  queues     = ["training"]
-  guaranteed = 2
-  limit      = 4
-}
-`)}, 0)
-	if p == nil {
-		t.Fatal(policyhcl.FormatDiagnostics(diags))
-	}
-	for _, c := range []struct {
-		name string
-		g    policy.Grants
-		want bool
-	}{
-		{"ops-oncall", policy.Grants{}, true},
-		{"ana", policy.Grants{Roles: []string{"sre"}}, true},
-		{"ana", policy.Grants{Policies: []string{"gpu-approve"}}, true},
-		{"ana", policy.Grants{Roles: []string{"ops-oncall"}, Policies: []string{"sre"}}, false},
-	} {
-		if got := p.MayApprove(c.name, c.g); got != c.want {
-			t.Errorf("MayApprove(%s, %+v) = %t", c.name, c.g, got)
-		}
-	}
-	raised := p.WithExtraLimit("vision", 3)
-	if raised.TenantOf("vision-dev").Limit.Total() != 7 || p.TenantOf("vision-dev").Limit.Total() != 4 || raised.TenantOf("vision").Guaranteed.Total() != 2 {
-		t.Errorf("raised %v, original %v", raised.TenantOf("vision-dev").Limit, p.TenantOf("vision-dev").Limit)
-	}
-}
 
 // The questions the engines ask of a policy built in code, as a parser
 // would build it: no files involved.
@@ -135,6 +53,31 @@ func TestAPolicyAnswersWithoutBeingParsed(t *testing.T) {
 	}
 	if got := (policy.Pos{File: "tenants.hcl", Line: 3, Column: 5}).String(); got != "tenants.hcl:3:5" {
 		t.Errorf("Pos: %s", got)
+	}
+	vision.Submitters = []policy.Submitter{{Kind: policy.SubmitterRole, Name: "ml"}, {Kind: policy.SubmitterPolicy, Name: "v-write"}}
+	for _, c := range []struct {
+		g    policy.Grants
+		want bool
+	}{
+		{policy.Grants{Roles: []string{"ml"}}, true},
+		{policy.Grants{Policies: []string{"v-write"}}, true},
+		{policy.Grants{Roles: []string{"v-write"}}, false}, // a role named like the policy
+		{policy.Grants{Management: true}, true},
+		{policy.Grants{}, false},
+	} {
+		if got := vision.MaySubmit(c.g); got != c.want {
+			t.Errorf("MaySubmit(%+v) = %t", c.g, got)
+		}
+	}
+	p.Approvers = []string{"ops", "role:sre", "policy:gpu-approve"}
+	if !p.MayApprove("ops", policy.Grants{}) || !p.MayApprove("ana", policy.Grants{Roles: []string{"sre"}}) ||
+		!p.MayApprove("ana", policy.Grants{Policies: []string{"gpu-approve"}}) || p.MayApprove("ana", policy.Grants{Roles: []string{"ops"}}) {
+		t.Error("MayApprove")
+	}
+	raised := p.WithExtraLimit("vision", 3)
+	// Each class it names is raised: one job may take the extra GPUs of any.
+	if raised.TenantOf("vision-dev").Limit["h100"] != 7 || raised.TenantOf("vision-dev").Limit["a100"] != 5 || p.TenantOf("vision-dev").Limit.Total() != 6 || raised.WithExtraLimit("nobody", 3).Tenants["vision"] != raised.Tenants["vision"] {
+		t.Errorf("an extra limit for one tenant: raised %v, original %v", raised.TenantOf("vision-dev").Limit, p.TenantOf("vision-dev").Limit)
 	}
 	if got := (policy.Submitter{Kind: policy.SubmitterRole, Name: "ml"}).String(); got != "role:ml" {
 		t.Errorf("Submitter: %s", got)

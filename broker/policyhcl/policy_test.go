@@ -159,3 +159,38 @@ borrowing {
 		t.Fatalf("want %q, got\n%s", want, out)
 	}
 }
+
+func TestSubmittersAreRolesOrPolicies(t *testing.T) {
+	p, diags := policyhcl.Parse(map[string][]byte{"queues.hcl": []byte(queues), "tenants.hcl": []byte(`tenant "a" {
+  namespaces = ["a"]
+  queues     = ["dev"]
+  submitters = ["role:ml", "policy:a-write"]
+}
+tenant "b" {
+  namespaces = ["b"]
+  queues     = ["dev"]
+}`)}, 0)
+	if p == nil {
+		t.Fatal(policyhcl.FormatDiagnostics(diags))
+	}
+	a, b := p.Tenants["a"], p.Tenants["b"]
+	cases := []struct {
+		name   string
+		tenant *policy.Tenant
+		grants policy.Grants
+		want   bool
+	}{
+		{"role", a, policy.Grants{Roles: []string{"other", "ml"}}, true},
+		{"policy", a, policy.Grants{Policies: []string{"a-write"}}, true},
+		{"a role named like the policy", a, policy.Grants{Roles: []string{"a-write"}}, false},
+		{"a policy named like the role", a, policy.Grants{Policies: []string{"ml"}}, false},
+		{"nothing", a, policy.Grants{}, false},
+		{"management", a, policy.Grants{Management: true}, true},
+		{"a tenant with no submitters", b, policy.Grants{Roles: []string{"ml"}, Policies: []string{"a-write"}}, false},
+	}
+	for _, c := range cases {
+		if got := c.tenant.MaySubmit(c.grants); got != c.want {
+			t.Errorf("%s: MaySubmit = %t, want %t", c.name, got, c.want)
+		}
+	}
+}

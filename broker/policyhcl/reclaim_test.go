@@ -126,3 +126,36 @@ func TestReclaimRuleDiagnostics(t *testing.T) {
 		})
 	}
 }
+
+func TestApproversAndAnExtraLimitForOneJob(t *testing.T) {
+	p, diags := policyhcl.Parse(map[string][]byte{"queues.hcl": []byte(queues + `
+approvers = ["ops-oncall", "role:sre", "policy:gpu-approve"]
+tenant "vision" {
+  namespaces = ["vision", "vision-dev"]
+  queues     = ["training"]
+  guaranteed = 2
+  limit      = 4
+}
+`)}, 0)
+	if p == nil {
+		t.Fatal(policyhcl.FormatDiagnostics(diags))
+	}
+	for _, c := range []struct {
+		name string
+		g    policy.Grants
+		want bool
+	}{
+		{"ops-oncall", policy.Grants{}, true},
+		{"ana", policy.Grants{Roles: []string{"sre"}}, true},
+		{"ana", policy.Grants{Policies: []string{"gpu-approve"}}, true},
+		{"ana", policy.Grants{Roles: []string{"ops-oncall"}, Policies: []string{"sre"}}, false},
+	} {
+		if got := p.MayApprove(c.name, c.g); got != c.want {
+			t.Errorf("MayApprove(%s, %+v) = %t", c.name, c.g, got)
+		}
+	}
+	raised := p.WithExtraLimit("vision", 3)
+	if raised.TenantOf("vision-dev").Limit.Total() != 7 || p.TenantOf("vision-dev").Limit.Total() != 4 || raised.TenantOf("vision").Guaranteed.Total() != 2 {
+		t.Errorf("raised %v, original %v", raised.TenantOf("vision-dev").Limit, p.TenantOf("vision-dev").Limit)
+	}
+}

@@ -444,14 +444,6 @@ func TestLookupsReachJobsWhoseIDsNeedEscaping(t *testing.T) {
 	}
 }
 
-// fixedApprovals serves approvals as the store would, from memory.
-type fixedApprovals struct {
-	Approvals
-	list []approval.Approval
-}
-
-func (f fixedApprovals) Current() []approval.Approval { return f.list }
-
 // A job admitted under an approval is scaled under the same approval: scale,
 // dispatch and revert decide through the same Server.admit as a registration.
 func TestCallsThatGrowAJobDecideUnderItsApprovals(t *testing.T) {
@@ -467,7 +459,11 @@ func TestCallsThatGrowAJobDecideUnderItsApprovals(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			s, up, _, _ := newTestServer(t)
-			s.approvalStore = fixedApprovals{list: c.approvals}
+			store := &memApprovals{byID: map[string]approval.Approval{}}
+			for _, a := range c.approvals {
+				store.byID[a.ID] = a
+			}
+			s.approvalStore = store
 			// Admitted at 90 by the approval: without it, its queue's band is 60.
 			up.jobs["train"] = testbuild.Job("vision", "train").Priority(90).Group("g", 1, 1, "gpu").Build()
 			rec := do(s, http.MethodPut, "/v1/job/train/scale?namespace=vision", `{"Count":2,"Target":{"Group":"g"}}`)
