@@ -58,6 +58,10 @@ type env struct {
 	broker    *testcluster.Broker
 	dir       string
 	policyDir string
+	// logged names the jobs whose task output is collected. Every other
+	// test job runs without a log collector: one `nomad logmon` process per
+	// task is most of the CPU the suite's agents use.
+	logged map[string]bool
 }
 
 // TestBroker runs the broker scenarios in order on one cluster: a Nomad agent
@@ -82,7 +86,7 @@ func TestBroker(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	e := &env{t: t, nomad: n, dir: t.TempDir(), policyDir: t.TempDir()}
+	e := &env{t: t, nomad: n, dir: t.TempDir(), policyDir: t.TempDir(), logged: map[string]bool{"train-a": true}}
 	writeFile(t, filepath.Join(e.policyDir, "policy.hcl"), policies)
 	// A process: "queue survives a broker crash" SIGKILLs it.
 	e.broker = testcluster.StartBrokerWith(t, n, consul, e.policyDir, testcluster.BrokerOptions{Process: true})
@@ -304,7 +308,7 @@ func TestBroker(t *testing.T) {
 		job := api.NewBatchJob("all-eight", "all-eight", "global", 50)
 		job.Datacenters = []string{"*"}
 		job.AddTaskGroup(api.NewTaskGroup("g", 1).AddTask(&api.Task{Name: "t", Driver: "raw_exec",
-			Config: map[string]any{"command": "/bin/sleep", "args": []string{"3600"}},
+			Config: map[string]any{"command": "/bin/sleep", "args": []string{"3600"}}, LogConfig: &api.LogConfig{Disabled: ptr(true)},
 			Resources: &api.Resources{CPU: ptr(20), MemoryMB: ptr(16),
 				Devices: []*api.RequestedDevice{{Name: "nvidia/gpu", Count: ptr(uint64(8))}}}}))
 		resp, _, err := n.API.Jobs().Register(job, nil)
@@ -393,6 +397,7 @@ func (e *env) spec(ns, id string, count, gpus int, queue string) string {
 	if gpus > 0 {
 		device = fmt.Sprintf(`device "nvidia/gpu" { count = %d }`, gpus)
 	}
+	noLogs := !e.logged[id]
 	spec := fmt.Sprintf(`job %q {
   namespace   = %q
   type        = "batch"
@@ -410,6 +415,9 @@ func (e *env) spec(ns, id string, count, gpus int, queue string) string {
         command = "/bin/sleep"
         args    = ["3600"]
       }
+      logs {
+        disabled = %t
+      }
       resources {
         cpu    = 20
         memory = 16
@@ -418,7 +426,7 @@ func (e *env) spec(ns, id string, count, gpus int, queue string) string {
     }
   }
 }
-`, id, ns, meta, count, device)
+`, id, ns, meta, count, noLogs, device)
 	path := filepath.Join(e.dir, id+".nomad.hcl")
 	writeFile(e.t, path, spec)
 	return path

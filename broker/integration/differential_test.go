@@ -457,7 +457,10 @@ func (b *jobBuilder) group(name string, count *int, scaling *api.ScalingPolicy, 
 }
 
 func task(devs ...*api.RequestedDevice) *api.Task {
+	// No log collector: the comparison reads placements, and a `nomad logmon`
+	// process per task is CPU the suite needs elsewhere.
 	return &api.Task{Driver: "raw_exec", Config: map[string]any{"command": "sleep", "args": []string{"600"}},
+		LogConfig: &api.LogConfig{Disabled: ptr(true)},
 		Resources: &api.Resources{CPU: ptr(10), MemoryMB: ptr(16), Devices: devs}}
 }
 

@@ -273,6 +273,8 @@ func gpuJob(id string, gpus int, constraint *api.Constraint) *api.Job {
 		Config: map[string]any{"command": "/bin/sh", "args": []string{"-c",
 			`echo "$NVIDIA_VISIBLE_DEVICES" > "$NOMAD_ALLOC_DIR/gpus"; exec sleep 3600`}},
 		Resources: &api.Resources{CPU: intPtr(50), MemoryMB: intPtr(32), Devices: []*api.RequestedDevice{dev}},
+		// The task writes to a file; no `nomad logmon` process needs to run.
+		LogConfig: &api.LogConfig{Disabled: boolPtr(true)},
 	}
 	job := api.NewBatchJob(id, id, "global", 50)
 	job.Datacenters = []string{"*"}
