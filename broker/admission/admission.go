@@ -145,6 +145,18 @@ type Decision struct {
 	Rule     string // for Reject
 	WaitsFor string // for Queue: WaitLimit or WaitCapacity
 	Reason   string // one sentence a user can act on
+	// Cause is, for Queue, what holds the job back, without what the queue
+	// then does: the reason a call that cannot wait (scale, dispatch,
+	// revert) is refused for.
+	Cause string
+}
+
+// queued makes d a Queue outcome: cause holds the job back, and then says
+// what waiting does about it.
+func queued(d Decision, waitsFor, cause, then string) Decision {
+	d.Outcome, d.WaitsFor, d.Cause = Queue, waitsFor, cause
+	d.Reason = cause + "; " + then
+	return d
 }
 
 // What a queued job waits for.
@@ -286,23 +298,18 @@ func decideQuota(p *policy.Policy, u Usage, d Decision, tenant *policy.Tenant, q
 		return d
 	}
 	if !within(used, demand, tenant.Limit, false) {
-		d.Outcome, d.WaitsFor = Queue, WaitLimit
-		d.Reason = fmt.Sprintf("tenant %q would hold %g of its limit of %g GPUs; queued until its own jobs free GPUs",
-			tenant.Name, used[policy.AllGPUs]+demand[policy.AllGPUs], tenant.Limit.Total())
-		return d
+		return queued(d, WaitLimit, fmt.Sprintf("tenant %q would hold %g of its limit of %g GPUs",
+			tenant.Name, used[policy.AllGPUs]+demand[policy.AllGPUs], tenant.Limit.Total()), "queued until its own jobs free GPUs")
 	}
 	if p.Borrowing.Enabled && within(policy.Quota{}, demand, u.Idle, true) {
 		d.Outcome, d.Priority = AdmitBorrowed, p.Borrowing.Priority
 		d.Reason = fmt.Sprintf("beyond tenant %q's guarantee on idle GPUs: borrowed, preemptible at priority %d", tenant.Name, p.Borrowing.Priority)
 		return d
 	}
-	d.Outcome, d.WaitsFor = Queue, WaitCapacity
 	if !p.Borrowing.Enabled {
-		d.Reason = fmt.Sprintf("beyond tenant %q's guarantee and borrowing is off; queued until its own jobs free GPUs", tenant.Name)
-	} else {
-		d.Reason = fmt.Sprintf("beyond tenant %q's guarantee and only %g GPUs are idle; queued until GPUs free", tenant.Name, u.Idle[policy.AllGPUs])
+		return queued(d, WaitCapacity, fmt.Sprintf("beyond tenant %q's guarantee and borrowing is off", tenant.Name), "queued until its own jobs free GPUs")
 	}
-	return d
+	return queued(d, WaitCapacity, fmt.Sprintf("beyond tenant %q's guarantee and only %g GPUs are idle", tenant.Name, u.Idle[policy.AllGPUs]), "queued until GPUs free")
 }
 
 // workloadGate holds back an admission its workload does not allow yet: a
@@ -313,9 +320,9 @@ func workloadGate(w *policy.Workload, job Job, u Usage, d Decision) Decision {
 		return d
 	}
 	if w.ProtectMinCount && d.Outcome == AdmitBorrowed {
-		d.Outcome, d.WaitsFor, d.Priority, d.Rule = Queue, WaitLimit, 0, RuleProtectedMinCount
-		d.Reason = fmt.Sprintf("workload %q is never admitted borrowed (its minimum replicas must not be preempted): queued until its tenant's guarantee has room", w.Name)
-		return d
+		d.Priority, d.Rule = 0, RuleProtectedMinCount
+		return queued(d, WaitLimit, fmt.Sprintf("workload %q is never admitted borrowed (its minimum replicas must not be preempted)", w.Name),
+			"queued until its tenant's guarantee has room")
 	}
 	if w.Gang && u.Nodes != nil {
 		if sizes := allocSizes(job); len(sizes) > 1 && !packs(sizes, u.Nodes, d.Outcome == Admit) {
@@ -323,9 +330,9 @@ func workloadGate(w *policy.Workload, job Job, u Usage, d Decision) Decision {
 			for i, n := range u.Nodes {
 				free[i] = n.Free
 			}
-			d.Outcome, d.WaitsFor, d.Priority, d.Rule = Queue, WaitCapacity, 0, RuleGang
-			d.Reason = fmt.Sprintf("workload %q is a gang: its %d allocations (%v GPUs) do not all fit the free GPUs node by node (free per node: %v); queued, not placed in part",
-				w.Name, len(sizes), sizes, free)
+			d.Priority, d.Rule = 0, RuleGang
+			d = queued(d, WaitCapacity, fmt.Sprintf("workload %q is a gang: its %d allocations (%v GPUs) do not all fit the free GPUs node by node (free per node: %v)",
+				w.Name, len(sizes), sizes, free), "queued, not placed in part")
 		}
 	}
 	return d

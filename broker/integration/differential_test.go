@@ -3,7 +3,6 @@ package integration
 import (
 	"encoding/json"
 	"fmt"
-	"io"
 	"math/rand"
 	"net/http"
 	"path/filepath"
@@ -400,18 +399,7 @@ func (e *diffEnv) evaluations(ns, id string) string {
 }
 
 func (e *diffEnv) send(method, path, body string) (int, string) {
-	req, err := http.NewRequest(method, e.broker.Addr+path, strings.NewReader(body))
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	client := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
-	resp, err := client.Do(req)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(b)
+	return send(e.t, e.broker.Addr, method, path, body)
 }
 
 // The corpus' dimensions.

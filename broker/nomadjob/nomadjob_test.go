@@ -399,3 +399,36 @@ func TestAWorkloadWritesWhatTheJobLeavesOpen(t *testing.T) {
 		t.Errorf("own ttl overridden: %q", r.Admission(nil).TTL)
 	}
 }
+
+// A call's namespace and region are the query's; where the query has none,
+// the body's, for the calls whose body Nomad reads a WriteRequest from.
+func TestCallTarget(t *testing.T) {
+	for _, c := range []struct {
+		name, query, body string
+		bodyCounts        bool
+		ns, region, err   string
+	}{
+		{name: "nothing given", ns: "default"},
+		{name: "the query", query: "namespace=vision&region=eu", body: `{"Namespace":"search","Region":"us"}`, bodyCounts: true, ns: "vision", region: "eu"},
+		{name: "the body where the query has none", body: `{"JobID":"x","Namespace":"vision","Region":"us"}`, bodyCounts: true, ns: "vision", region: "us"},
+		{name: "the body's keys in any case, as encoding/json reads them", body: `{"nAMESPACE":"vision"}`, bodyCounts: true, ns: "vision"},
+		{name: "a body Nomad does not read it from", body: `{"Namespace":"vision"}`, ns: "default"},
+		{name: "an empty body", bodyCounts: true, ns: "default"},
+		{name: "a namespace given twice", body: `{"Namespace":"a","namespace":"b"}`, bodyCounts: true, err: "namespace"},
+		{name: "not JSON", body: `{`, bodyCounts: true, err: "malformed"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			q, _ := url.ParseQuery(c.query)
+			ns, region, err := nomadjob.CallTarget(q, []byte(c.body), c.bodyCounts)
+			if c.err != "" {
+				if err == nil || !strings.Contains(strings.ToLower(err.Error()), c.err) {
+					t.Fatalf("want an error about %s, got %v", c.err, err)
+				}
+				return
+			}
+			if err != nil || ns != c.ns || region != c.region {
+				t.Errorf("got %q %q %v, want %q %q", ns, region, err, c.ns, c.region)
+			}
+		})
+	}
+}

@@ -1,6 +1,7 @@
 package nomadjob
 
 import (
+	"bytes"
 	"errors"
 	"net/url"
 	"strings"
@@ -75,6 +76,26 @@ func ReadRequest(kind Kind, body []byte, query url.Values) (*Request, error) {
 		Namespace: ResolveNamespace(query.Get("namespace"), w.Namespace, deref(job.Namespace)),
 		Region:    resolveRegion(query.Get("region"), w.Region, deref(job.Region))}
 	return r, nil
+}
+
+// CallTarget is the namespace and region Nomad v1.6 applies a job call other
+// than register, plan and validate to: the query's; where the query names
+// none and the call's body is one Nomad decodes into a request that carries
+// a WriteRequest (dispatch, revert, stable, evaluate and the deployment
+// writes: bodyCounts), the body's Namespace and Region, read as encoding/json
+// reads them; else the default namespace and the agent's own region ("").
+func CallTarget(query url.Values, body []byte, bodyCounts bool) (namespace, region string, err error) {
+	var w struct{ Namespace, Region string }
+	if bodyCounts && len(bytes.TrimSpace(body)) > 0 {
+		if _, err := jsondoc.Parse(body, &w); err != nil {
+			return "", "", err
+		}
+	}
+	region = query.Get("region")
+	if region == "" {
+		region = w.Region
+	}
+	return ResolveNamespace(query.Get("namespace"), w.Namespace, ""), region, nil
 }
 
 // ResolveNamespace is Nomad v1.6's order for a job request: the namespace

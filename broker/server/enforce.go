@@ -73,12 +73,12 @@ func (s *Server) authorize(w http.ResponseWriter, r *http.Request, what, ns stri
 // authorizeDeployment is authorize for a write on a deployment, in the
 // deployment's own namespace (Nomad checks that one, whatever the query
 // says), read with the caller's token.
-func (s *Server) authorizeDeployment(w http.ResponseWriter, r *http.Request, id string) bool {
+func (s *Server) authorizeDeployment(w http.ResponseWriter, r *http.Request, ns, id string) bool {
 	if !s.exclusive {
 		return true
 	}
 	var d struct{ Namespace string }
-	if err := s.get(r, "/v1/deployment/"+url.PathEscape(id), s.callNamespace(r), &d); err != nil {
+	if err := s.get(r, "/v1/deployment/"+url.PathEscape(id), ns, &d); err != nil {
 		s.lookupFailed(w, err, "deployment write", id)
 		return false
 	}

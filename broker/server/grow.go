@@ -24,12 +24,36 @@ import (
 // body. They cannot wait in the queue (Nomad answers them at once), so what
 // admission would not admit now is refused with the reason, and the user may
 // try again later. The broker reads the job they act on with the caller's
-// token; when it cannot, it refuses (fails closed) with the reason. Each reads
-// its namespace and region from the query only, as Nomad does for them.
+// token; when it cannot, it refuses (fails closed) with the reason. Each acts
+// in the namespace and region Nomad applies it to (readJobCall).
 
-func (s *Server) scale(w http.ResponseWriter, r *http.Request, jobID string) {
+// jobCall is a job call's body and the namespace and region Nomad applies it to.
+type jobCall struct {
+	body              []byte
+	namespace, region string
+}
+
+// readJobCall reads the body of a job call other than register, plan and
+// validate, and where Nomad applies it (nomadjob.CallTarget).
+func (s *Server) readJobCall(w http.ResponseWriter, r *http.Request, c call) (jobCall, bool) {
+	body, ok := readBody(w, r)
+	if !ok {
+		return jobCall{}, false
+	}
+	// Nomad rebuilds a scale's request, and reads no body for a stop or a
+	// periodic force: only the query counts for those.
+	bodyCounts := r.Method != http.MethodDelete && (c == callDispatch || c == callRevert || c == callJobWrite || c == callDeploymentWrite)
+	ns, region, err := nomadjob.CallTarget(r.URL.Query(), body, bodyCounts)
+	if err != nil {
+		writeError(w, fail(errBadRequest, "%s: %v", c, err))
+		return jobCall{}, false
+	}
+	return jobCall{body: body, namespace: ns, region: region}, true
+}
+
+func (s *Server) scale(w http.ResponseWriter, r *http.Request, jc jobCall, jobID string) {
 	var req api.ScalingRequest
-	doc, ok := s.readCall(w, r, &req)
+	doc, ok := s.parseCall(w, r, jc, &req)
 	if !ok {
 		return
 	}
@@ -37,7 +61,7 @@ func (s *Server) scale(w http.ResponseWriter, r *http.Request, jobID string) {
 		s.passThrough(w, r, doc.Bytes()) // a scaling event without a count changes nothing
 		return
 	}
-	ns := s.callNamespace(r)
+	ns := jc.namespace
 	job, err := s.currentJob(r, ns, jobID)
 	if err != nil {
 		s.lookupFailed(w, err, "scale", jobID)
@@ -101,15 +125,12 @@ func (s *Server) stampedCounts(r *http.Request, ns, jobID string, job *api.Job) 
 
 // spawn gates dispatch and periodic force: each registers a new child job
 // with the parent's task groups.
-func (s *Server) spawn(w http.ResponseWriter, r *http.Request, c call, jobID string) {
-	var (
-		body []byte
-		ok   bool
-	)
+func (s *Server) spawn(w http.ResponseWriter, r *http.Request, c call, jc jobCall, jobID string) {
+	body := jc.body
 	if c == callDispatch {
 		var req api.JobDispatchRequest
-		var doc *jsondoc.Doc
-		if doc, ok = s.readCall(w, r, &req); !ok {
+		doc, ok := s.parseCall(w, r, jc, &req)
+		if !ok {
 			return
 		}
 		if req.JobID != "" && req.JobID != jobID {
@@ -117,13 +138,10 @@ func (s *Server) spawn(w http.ResponseWriter, r *http.Request, c call, jobID str
 			return
 		}
 		body = doc.Bytes()
-	} else if body, ok = readBody(w, r); !ok {
+	} else if !s.checkRegion(w, r, jc.region, jobID, body) {
 		return
 	}
-	if !s.checkRegion(w, r, r.URL.Query().Get("region"), jobID, body) {
-		return
-	}
-	ns := s.callNamespace(r)
+	ns := jc.namespace
 	parent, err := s.currentJob(r, ns, jobID)
 	if err != nil {
 		s.lookupFailed(w, err, c.String(), jobID)
@@ -135,9 +153,9 @@ func (s *Server) spawn(w http.ResponseWriter, r *http.Request, c call, jobID str
 	s.checkThenForward(w, r, body, &child, ns, jobID, c.String(), nil)
 }
 
-func (s *Server) revert(w http.ResponseWriter, r *http.Request, jobID string) {
+func (s *Server) revert(w http.ResponseWriter, r *http.Request, jc jobCall, jobID string) {
 	var req api.JobRevertRequest
-	doc, ok := s.readCall(w, r, &req)
+	doc, ok := s.parseCall(w, r, jc, &req)
 	if !ok {
 		return
 	}
@@ -145,7 +163,7 @@ func (s *Server) revert(w http.ResponseWriter, r *http.Request, jobID string) {
 		s.passThrough(w, r, doc.Bytes()) // Nomad refuses it: "Job ID does not match"
 		return
 	}
-	ns := s.callNamespace(r)
+	ns := jc.namespace
 	current, err := s.currentJob(r, ns, jobID)
 	if err != nil {
 		s.lookupFailed(w, err, "revert", jobID)
@@ -171,24 +189,15 @@ func (s *Server) revert(w http.ResponseWriter, r *http.Request, jobID string) {
 	s.passThrough(w, r, doc.Bytes()) // no such version: Nomad says so
 }
 
-// readCall reads a call's body into out, refusing what Nomad could read
+// parseCall reads a call's body into out, refusing what Nomad could read
 // differently (a field given twice) and calls for another region.
-func (s *Server) readCall(w http.ResponseWriter, r *http.Request, out any) (*jsondoc.Doc, bool) {
-	body, ok := readBody(w, r)
-	if !ok {
-		return nil, false
-	}
-	doc, err := jsondoc.Parse(body, out)
+func (s *Server) parseCall(w http.ResponseWriter, r *http.Request, jc jobCall, out any) (*jsondoc.Doc, bool) {
+	doc, err := jsondoc.Parse(jc.body, out)
 	if err != nil {
 		writeError(w, fail(errBadRequest, "%v", err))
 		return nil, false
 	}
-	return doc, s.checkRegion(w, r, r.URL.Query().Get("region"), "", doc.Bytes())
-}
-
-// callNamespace is the namespace of a call that reads it from the query only.
-func (s *Server) callNamespace(r *http.Request) string {
-	return nomadjob.ResolveNamespace(r.URL.Query().Get("namespace"), "", "")
+	return doc, s.checkRegion(w, r, jc.region, "", doc.Bytes())
 }
 
 // readBody reads a size-limited body, answering 400 itself when it cannot.
@@ -241,7 +250,10 @@ func (s *Server) decideThenForward(w http.ResponseWriter, r *http.Request, body 
 	s.metrics.Admission(metrics.Submit, d)
 	event := audit.Event{Who: who, What: audit.Admission, Namespace: ns, Job: jobID, Tenant: d.Tenant, Queue: d.Queue, Rule: d.Rule,
 		Result: what + ": " + string(d.Outcome) + ": " + d.Reason}
-	if d.Outcome != admission.Reject && d.Outcome != admission.Queue && d.Priority != current {
+	switch {
+	case d.Outcome == admission.Queue:
+		event.Result = what + ": refused, nothing queued: " + d.Cause
+	case d.Outcome != admission.Reject && d.Priority != current:
 		event.Result = fmt.Sprintf("%s: refused: it would run at priority %d but the job runs at %d", what, d.Priority, current)
 	}
 	if !s.audited(w, event) {
@@ -252,7 +264,8 @@ func (s *Server) decideThenForward(w http.ResponseWriter, r *http.Request, body 
 	case d.Outcome == admission.Reject:
 		writeError(w, fail(errForbidden, "%s of %q rejected by rule %s: %s", what, jobID, d.Rule, d.Reason))
 	case d.Outcome == admission.Queue:
-		writeError(w, fail(errForbidden, "%s of %q refused for now: %s", what, jobID, d.Reason))
+		writeError(w, fail(errForbidden, "%s of %q refused: %s. Nothing was queued: a %s is answered at once, so try again once GPUs are free%s",
+			what, jobID, d.Cause, what, waitInstead[what]))
 	case d.Priority != current:
 		res.Release()
 		writeError(w, fail(errForbidden, "%s of %q refused: the result would run at priority %d (%s) but the job runs at %d; register it again instead",
@@ -273,6 +286,12 @@ func (s *Server) decideThenForward(w http.ResponseWriter, r *http.Request, body 
 		}
 		s.relayRegistered(w, resp, res, admittedWarning(d))
 	}
+}
+
+// waitInstead is, per call that cannot wait, how to wait in the queue instead.
+var waitInstead = map[string]string{
+	"scale":  ", or register the job with the new count to wait in the queue",
+	"revert": ", or register that version again to wait in the queue",
 }
 
 // errNoJob is a lookup of a job Nomad does not have.

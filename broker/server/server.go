@@ -248,13 +248,15 @@ func (s *Server) Handler() http.Handler {
 				return
 			}
 		}
+		var jc jobCall
 		switch c {
-		case callScale, callDispatch, callPeriodicForce, callRevert, callJobWrite:
-			if !s.authorize(w, r, c.String(), s.callNamespace(r)) {
+		case callScale, callDispatch, callPeriodicForce, callRevert, callJobWrite, callDeploymentWrite:
+			var ok bool
+			if jc, ok = s.readJobCall(w, r, c); !ok {
 				return
 			}
-		case callDeploymentWrite:
-			if !s.authorizeDeployment(w, r, jobID) {
+			if c == callDeploymentWrite && !s.authorizeDeployment(w, r, jc.namespace, jobID) ||
+				c != callDeploymentWrite && !s.authorize(w, r, c.String(), jc.namespace) {
 				return
 			}
 		}
@@ -266,15 +268,13 @@ func (s *Server) Handler() http.Handler {
 		case callValidate:
 			s.annotate(w, r, nomadjob.Validate, "")
 		case callScale:
-			s.scale(w, r, jobID)
+			s.scale(w, r, jc, jobID)
 		case callDispatch, callPeriodicForce:
-			s.spawn(w, r, c, jobID)
+			s.spawn(w, r, c, jc, jobID)
 		case callRevert:
-			s.revert(w, r, jobID)
+			s.revert(w, r, jc, jobID)
 		case callJobWrite, callDeploymentWrite:
-			if body, ok := readBody(w, r); ok {
-				s.passThrough(w, r, body)
-			}
+			s.passThrough(w, r, jc.body)
 		default:
 			if r.Method == http.MethodGet && strings.HasPrefix(p, "/v1/evaluation/") {
 				s.evaluation(w, r)

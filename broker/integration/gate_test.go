@@ -1,0 +1,150 @@
+package integration
+
+import (
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/nomad/api"
+
+	"github.com/nomad-gpu/nomad-gpu/internal/testcluster"
+)
+
+// gatePolicy gives each of TestGate's scenarios a tenant of its own, limited
+// to 2 GPUs, in a namespace of its own: they run side by side on one cluster.
+const gatePolicy = `
+queue "training" { priority = 60 }
+tenant "probe" {
+  namespaces = ["gate-probe"]
+  queues     = ["training"]
+  guaranteed = 2
+  limit      = 2
+}
+tenant "revert" {
+  namespaces = ["gate-revert"]
+  queues     = ["training"]
+  guaranteed = 2
+  limit      = 2
+}
+tenant "dispatch" {
+  namespaces = ["gate-dispatch"]
+  queues     = ["training"]
+  guaranteed = 2
+  limit      = 2
+}
+`
+
+// gateGPUs is the cluster's GPUs: more than all the scenarios' limits
+// together, so that only tenant limits, never capacity, decide.
+const gateGPUs = 16
+
+// TestGate runs the gate's scenarios against one cluster they share (Consul,
+// a Nomad agent with 16 fake GPUs, a broker in front), each with its own
+// tenant and namespace, in parallel: a tenant limited to 2 GPUs tries to hold
+// more, and Nomad must run no more than 2 of them.
+func TestGate(t *testing.T) {
+	t.Parallel()
+	consul := testcluster.StartConsul(t)
+	n := startGPUNode(t, "gate", gateGPUs, "gate-probe", "gate-revert", "gate-dispatch")
+	e := brokerEnv(t, n, consul, gatePolicy, "gate-probe", gateGPUs, testcluster.BrokerOptions{})
+
+	// Nomad reads the namespace of a revert's or a dispatch's body when the
+	// query has none; the broker must decide on that one, not on a job of
+	// the same id in the default namespace.
+	t.Run("revert: the namespace in the body is the one decided on", func(t *testing.T) {
+		t.Parallel()
+		e := e.in(t)
+		const ns = "gate-revert"
+		if out, err := e.run(ns, "rv", 1, 2, "", true); err != nil || !strings.Contains(out, "2 GPUs") {
+			t.Fatalf("version 0 (2 GPUs): %v\n%s", err, out)
+		}
+		waitAllocsRunning(t, e.nomad, ns, "rv", 1)
+		if out, err := e.run(ns, "rv", 1, 1, "", true); err != nil || !strings.Contains(out, "1 GPUs") {
+			t.Fatalf("version 1 (1 GPU): %v\n%s", err, out)
+		}
+		if out, err := e.run(ns, "other", 1, 1, "", true); err != nil || !strings.Contains(out, "admitted") {
+			t.Fatalf("a second job of 1 GPU: %v\n%s", err, out)
+		}
+		if out, err := e.run("default", "rv", 1, 0, "", true); err != nil {
+			t.Fatalf("a CPU job of the same id in the default namespace: %v\n%s", err, out)
+		}
+		status, out := send(t, e.broker.Addr, http.MethodPut, "/v1/job/rv/revert",
+			fmt.Sprintf(`{"JobID": "rv", "JobVersion": 0, "Namespace": %q}`, ns))
+		if status != http.StatusForbidden || !strings.Contains(out, `revert of "rv" refused: tenant "revert" would hold 3 of its limit of 2 GPUs. Nothing was queued`) {
+			t.Errorf("revert to 2 GPUs beside 1 more, limit 2: want 403 above the limit, nothing queued; got %d %s", status, out)
+		}
+		job, _, err := e.nomad.API.Jobs().Info("rv", &api.QueryOptions{Namespace: ns})
+		if err != nil || *job.Version != 1 || gpusOf(job) != 1 {
+			t.Errorf("Nomad reverted the job: version %d, %d GPUs (%v)", *job.Version, gpusOf(job), err)
+		}
+	})
+
+	t.Run("dispatch: the namespace in the body is the one decided on", func(t *testing.T) {
+		t.Parallel()
+		e := e.in(t)
+		const ns = "gate-dispatch"
+		parent := job(ns, "p", api.JobTypeBatch).group("g", ptr(1), nil, task(dev("nvidia/gpu", 2)))
+		parent.j.ParameterizedJob = &api.ParameterizedJobConfig{}
+		if status, out := send(t, e.broker.Addr, http.MethodPut, "/v1/jobs", parent.body(nil, canonical)); status != http.StatusOK {
+			t.Fatalf("the parameterized job (2 GPUs a child): %d %s", status, out)
+		}
+		decoy := job("default", "p", api.JobTypeBatch).group("g", ptr(1), nil, task())
+		decoy.j.ParameterizedJob = &api.ParameterizedJobConfig{}
+		if status, out := send(t, e.broker.Addr, http.MethodPut, "/v1/jobs", decoy.body(nil, canonical)); status != http.StatusOK {
+			t.Fatalf("a CPU job of the same id in the default namespace: %d %s", status, out)
+		}
+		dispatch := fmt.Sprintf(`{"Namespace": %q}`, ns)
+		if status, out := send(t, e.broker.Addr, http.MethodPut, "/v1/job/p/dispatch", dispatch); status != http.StatusOK {
+			t.Fatalf("the first child (2 GPUs, limit 2): %d %s", status, out)
+		}
+		status, out := send(t, e.broker.Addr, http.MethodPut, "/v1/job/p/dispatch", dispatch)
+		if status != http.StatusForbidden || !strings.Contains(out, `dispatch of "p" refused: tenant "dispatch" would hold 4 of its limit of 2 GPUs. Nothing was queued`) {
+			t.Errorf("a second child, 4 GPUs against a limit of 2: want 403 above the limit, nothing queued; got %d %s", status, out)
+		}
+		jobs, _, err := e.nomad.API.Jobs().List(&api.QueryOptions{Namespace: ns, Prefix: "p/dispatch-"})
+		if err != nil || len(jobs) != 1 {
+			t.Errorf("Nomad has %d children of p in %s, want 1 (%v)", len(jobs), ns, err)
+		}
+	})
+}
+
+// in is e for a subtest t of the test e was made for.
+func (e *env) in(t *testing.T) *env {
+	c := *e
+	c.t, c.dir = t, t.TempDir()
+	return &c
+}
+
+// gpusOf is the GPUs a job's groups ask for at their counts.
+func gpusOf(j *api.Job) int {
+	n := 0
+	for _, tg := range j.TaskGroups {
+		for _, task := range tg.Tasks {
+			for _, d := range task.Resources.Devices {
+				n += *tg.Count * int(*d.Count)
+			}
+		}
+	}
+	return n
+}
+
+// send makes an HTTP request to addr and returns the answer's status and
+// body; redirects are answers too.
+func send(t testing.TB, addr, method, path, body string) (int, string) {
+	t.Helper()
+	req, err := http.NewRequest(method, addr+path, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	client := &http.Client{Timeout: time.Minute, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	resp, err := client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
