@@ -10,6 +10,7 @@ import (
 
 	"github.com/hashicorp/nomad/api"
 
+	"github.com/nomad-gpu/nomad-gpu/broker/metrics"
 	"github.com/nomad-gpu/nomad-gpu/internal/testcluster"
 )
 
@@ -35,6 +36,12 @@ tenant "dispatch" {
   guaranteed = 2
   limit      = 2
 }
+tenant "stop" {
+  namespaces = ["gate-stop"]
+  queues     = ["training"]
+  guaranteed = 2
+  limit      = 2
+}
 `
 
 // gateGPUs is the cluster's GPUs: more than all the scenarios' limits
@@ -48,7 +55,7 @@ const gateGPUs = 16
 func TestGate(t *testing.T) {
 	t.Parallel()
 	consul := testcluster.StartConsul(t)
-	n := startGPUNode(t, "gate", gateGPUs, "gate-probe", "gate-revert", "gate-dispatch")
+	n := startGPUNode(t, "gate", gateGPUs, "gate-probe", "gate-revert", "gate-dispatch", "gate-stop")
 	e := brokerEnv(t, n, consul, gatePolicy, "gate-probe", gateGPUs, testcluster.BrokerOptions{})
 
 	// Nomad reads the namespace of a revert's or a dispatch's body when the
@@ -107,6 +114,43 @@ func TestGate(t *testing.T) {
 		jobs, _, err := e.nomad.API.Jobs().List(&api.QueryOptions{Namespace: ns, Prefix: "p/dispatch-"})
 		if err != nil || len(jobs) != 1 {
 			t.Errorf("Nomad has %d children of p in %s, want 1 (%v)", len(jobs), ns, err)
+		}
+	})
+
+	// A job stopped (or purged) through the broker must not start later from
+	// the queue: Nomad answers 200 for a job it does not have.
+	t.Run("stop: a queued job is taken out of the queue", func(t *testing.T) {
+		t.Parallel()
+		e := e.in(t)
+		const ns = "gate-stop"
+		for _, id := range []string{"st", "other"} {
+			if out, err := e.run(ns, id, 1, 1, "", true); err != nil || !strings.Contains(out, "admitted") {
+				t.Fatalf("%s (1 GPU): %v\n%s", id, err, out)
+			}
+		}
+		update := e.queuedIn(ns, "st", 2, true) // 1 + 2 GPUs against a limit of 2
+		if out, err := e.nomadCLI("job", "stop", "-namespace", ns, "-detach", "st"); err != nil {
+			t.Fatalf("nomad job stop of a running job whose update is queued: %v\n%s", err, out)
+		}
+		queueOnly := e.queuedIn(ns, "qo", 2, true)
+		req, _ := http.NewRequest(http.MethodDelete, e.broker.Addr+"/v1/job/qo?purge=true&namespace="+ns, nil)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil || resp.StatusCode != http.StatusOK || resp.Header.Get("X-Nomad-Gpu-Dequeued") != queueOnly {
+			t.Fatalf("purge of a job only queued: %v %+v", err, resp)
+		}
+		resp.Body.Close()
+		for _, id := range []string{update, queueOnly} {
+			if status, out := send(t, e.broker.Addr, http.MethodGet, "/v1/gpu/queue/"+id, ""); status != http.StatusNotFound {
+				t.Errorf("queue entry %s of a stopped job: %d %s", id, status, out)
+			}
+		}
+		e.stop(ns, "other") // the limit has room: nothing stopped may start now
+		waitPasses(t, e.broker, metrics.LoopQueue, 3)
+		if j, _, err := e.nomad.API.Jobs().Info("st", &api.QueryOptions{Namespace: ns}); err != nil || !*j.Stop || gpusOf(j) != 1 {
+			t.Errorf("the stopped job runs again: stop=%t, %d GPUs (%v)", *j.Stop, gpusOf(j), err)
+		}
+		if _, _, err := e.nomad.API.Jobs().Info("qo", &api.QueryOptions{Namespace: ns}); err == nil {
+			t.Errorf("the purged queued job was registered")
 		}
 	})
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strings"
 
 	"github.com/nomad-gpu/nomad-gpu/broker/audit"
 	"github.com/nomad-gpu/nomad-gpu/broker/policy"
@@ -51,20 +52,10 @@ func (s *Server) queueEntry(w http.ResponseWriter, r *http.Request, id, who stri
 				e.JobID, e.Namespace, id))
 			return
 		}
-		event := audit.Event{Who: who, What: audit.QueueCancel, ID: id, Namespace: e.Namespace, Job: e.JobID, Tenant: e.Tenant,
-			Queue: e.Queue, Result: "cancelled"}
-		if !s.audited(w, event) {
+		if err := s.dequeue(r, e, who, "cancelled"); err != nil {
+			writeError(w, err)
 			return
 		}
-		ok, err := s.queue.Remove(r.Context(), e)
-		if err != nil || !ok {
-			event.Result = fmt.Sprintf("not cancelled: changed or admitted meanwhile (%v)", err)
-			s.audit.Write(event)
-			writeError(w, fail(errConflict, "queued job %q changed or was admitted meanwhile: %v", id, err))
-			return
-		}
-		s.metrics.QueueWait(e.Queue, "cancelled", s.now().Sub(e.SubmittedAt))
-		s.log.Info("queue: cancelled", "id", id, "job", e.JobID, "namespace", e.Namespace, "by", who)
 		writeJSON(w, http.StatusOK, e)
 	default:
 		writeError(w, fail(errNotAllowed, "%s not allowed on %s", r.Method, r.URL.Path))
@@ -119,4 +110,60 @@ func (s *Server) order(ctx context.Context, entries []queue.Entry) []queue.Entry
 	}
 	queue.Order(entries, p, used, decayed, s.now())
 	return entries
+}
+
+// dequeue takes entry e out of the queue for who, audited with result; the
+// error says why it was not.
+func (s *Server) dequeue(r *http.Request, e queue.Entry, who, result string) error {
+	event := audit.Event{Who: who, What: audit.QueueCancel, ID: e.ID, Namespace: e.Namespace, Job: e.JobID, Tenant: e.Tenant,
+		Queue: e.Queue, Result: result}
+	if err := s.audit.Write(event); err != nil {
+		return fail(errUnavailable, "the audit trail cannot be written, so nothing was done: %v", err)
+	}
+	ok, err := s.queue.Remove(r.Context(), e)
+	if err != nil || !ok {
+		event.Result = fmt.Sprintf("not %s: changed or admitted meanwhile (%v)", result, err)
+		s.audit.Write(event)
+		return fail(errConflict, "queued job %q changed or was admitted meanwhile: %v", e.ID, err)
+	}
+	s.metrics.QueueWait(e.Queue, "cancelled", s.now().Sub(e.SubmittedAt))
+	s.log.Info("queue: "+result, "id", e.ID, "job", e.JobID, "namespace", e.Namespace, "by", who)
+	return nil
+}
+
+// dequeuedHeader names the queue entries a stop took out of the queue.
+const dequeuedHeader = "X-Nomad-Gpu-Dequeued"
+
+// stop is a job stop or purge (DELETE /v1/job/<id>). The job's entries in
+// the queue are taken out first, so that nothing stopped starts later; then
+// Nomad stops what it runs. Nomad answers 200 even for a job it does not
+// have, so the answer names the entries taken out in dequeuedHeader.
+func (s *Server) stop(w http.ResponseWriter, r *http.Request, jc jobCall, jobID string) {
+	entries, err := s.queue.List(r.Context())
+	if err != nil {
+		// Nomad's jobs stop all the same: an outage of the queue's store
+		// must not keep a running job from stopping.
+		s.log.Warn("stop: the queue cannot be read; a queued entry of the job stays queued", "job", jobID, "namespace", jc.namespace, "error", err)
+	}
+	who := s.identity(r)
+	var ids []string
+	for _, e := range entries {
+		if e.Namespace != jc.namespace || e.JobID != jobID {
+			continue
+		}
+		if !writesAsBroker(r) && !s.mayCancel(r, e, who) {
+			writeError(w, fail(errForbidden, "stop of %q refused: it is queued as %s, and only its submitter, or a token that may submit it, may take it out",
+				jobID, e.ID))
+			return
+		}
+		if err := s.dequeue(r, e, who, "stopped"); err != nil {
+			writeError(w, err)
+			return
+		}
+		ids = append(ids, e.ID)
+	}
+	if len(ids) > 0 {
+		w.Header().Set(dequeuedHeader, strings.Join(ids, ","))
+	}
+	s.passThrough(w, r, jc.body)
 }

@@ -274,6 +274,10 @@ func (s *Server) Handler() http.Handler {
 		case callRevert:
 			s.revert(w, r, jc, jobID)
 		case callJobWrite, callDeploymentWrite:
+			if r.Method == http.MethodDelete {
+				s.stop(w, r, jc, jobID)
+				return
+			}
 			s.passThrough(w, r, jc.body)
 		default:
 			if r.Method == http.MethodGet && strings.HasPrefix(p, "/v1/evaluation/") {
