@@ -153,6 +153,26 @@ func TestGate(t *testing.T) {
 			t.Errorf("the purged queued job was registered")
 		}
 	})
+
+	t.Run("metrics: a queue the policy does not name is labelled other", func(t *testing.T) {
+		t.Parallel()
+		e := e.in(t)
+		for i := 0; i < 5; i++ {
+			out, err := e.run("gate-probe", fmt.Sprintf("label-%d", i), 1, 1, fmt.Sprintf("made-up-%d", i), true)
+			if err == nil || !strings.Contains(out, "queue-not-allowed") {
+				t.Fatalf("a job in a queue the policy does not have: %v\n%s", err, out)
+			}
+		}
+		for name := range e.broker.Scrape() {
+			if strings.Contains(name, "made-up-") {
+				t.Errorf("a label holds the caller's text: %s", name)
+			}
+		}
+		key := `nomadgpu_admissions_total{outcome="reject",queue="other",rule="queue-not-allowed",source="submit"}`
+		if n := e.broker.Scrape()[key]; n < 5 {
+			t.Errorf("%s = %g, want at least 5", key, n)
+		}
+	})
 }
 
 // in is e for a subtest t of the test e was made for.

@@ -61,6 +61,41 @@ type Metrics struct {
 
 	scaleMu   sync.Mutex
 	scalingUp map[[2]string]scaleUp // admitted scale-ups waiting for an allocation to run
+
+	// policies name the tenants, queues and classes a label may hold (set
+	// by Observe; until then every name is Other).
+	policies policy.Source
+}
+
+// Other is the label value of a tenant, queue or GPU class the policy does
+// not name: a caller's text never becomes a series of its own.
+const Other = "other"
+
+// label is name as a label value: "" for none, name where known says the
+// policy has it, else Other.
+func (m *Metrics) label(name string, known func(*policy.Policy, string) bool) string {
+	if name == "" {
+		return ""
+	}
+	if m.policies == nil {
+		return Other
+	}
+	if p := m.policies.Current(); p != nil && known(p, name) {
+		return name
+	}
+	return Other
+}
+
+func (m *Metrics) tenant(name string) string {
+	return m.label(name, func(p *policy.Policy, n string) bool { return p.Tenants[n] != nil })
+}
+
+func (m *Metrics) queue(name string) string {
+	return m.label(name, func(p *policy.Policy, n string) bool { return p.Queues[n] != nil })
+}
+
+func (m *Metrics) class(name string) string {
+	return m.label(name, func(p *policy.Policy, n string) bool { return p.Classes[n] != nil })
 }
 
 type scaleUp struct {
@@ -118,8 +153,12 @@ func New() *Metrics {
 	return m
 }
 
-// Observe has each scrape read the cluster view, the policy and the queue.
-func (m *Metrics) Observe(src Sources) { m.Registry.MustRegister(&scrape{src: src}) }
+// Observe has each scrape read the cluster view, the policy and the queue,
+// and tenant, queue and class labels hold only the names the policy has.
+func (m *Metrics) Observe(src Sources) {
+	m.policies = src.Policies
+	m.Registry.MustRegister(&scrape{src: src})
+}
 
 // Loops of the leader, counted by Pass.
 const (
@@ -147,7 +186,7 @@ const (
 // Admission counts one decision on a GPU job, from source.
 func (m *Metrics) Admission(source string, d admission.Decision) {
 	if m != nil {
-		m.admissions.WithLabelValues(source, string(d.Outcome), d.Rule, d.Queue).Inc()
+		m.admissions.WithLabelValues(source, string(d.Outcome), d.Rule, m.queue(d.Queue)).Inc()
 	}
 }
 
@@ -161,7 +200,7 @@ func (m *Metrics) Decision(rule, action, state string) {
 // QueueWait observes how long a queued job waited, and how that ended.
 func (m *Metrics) QueueWait(queue, outcome string, waited time.Duration) {
 	if m != nil {
-		m.queueWait.WithLabelValues(queue, outcome).Observe(waited.Seconds())
+		m.queueWait.WithLabelValues(m.queue(queue), outcome).Observe(waited.Seconds())
 	}
 }
 
@@ -183,7 +222,7 @@ func (m *Metrics) AllocEvent(e cluster.AllocEvent) {
 		return
 	}
 	if e.Event != "running" {
-		m.allocs.WithLabelValues(e.Tenant, e.Queue, e.Event).Inc()
+		m.allocs.WithLabelValues(m.tenant(e.Tenant), m.queue(e.Queue), e.Event).Inc()
 		return
 	}
 	key := [2]string{e.Namespace, e.Job}
@@ -192,14 +231,14 @@ func (m *Metrics) AllocEvent(e cluster.AllocEvent) {
 	delete(m.scalingUp, key)
 	m.scaleMu.Unlock()
 	if ok {
-		m.scaleUp.WithLabelValues(s.tenant, s.queue).Observe(time.Since(s.at).Seconds())
+		m.scaleUp.WithLabelValues(m.tenant(s.tenant), m.queue(s.queue)).Observe(time.Since(s.at).Seconds())
 	}
 }
 
 // EstimateError observes how far a queued job's start was from its estimate.
 func (m *Metrics) EstimateError(queue string, off time.Duration) {
 	if m != nil {
-		m.estimates.WithLabelValues(queue).Observe(off.Abs().Seconds())
+		m.estimates.WithLabelValues(m.queue(queue)).Observe(off.Abs().Seconds())
 	}
 }
 
@@ -207,6 +246,7 @@ func (m *Metrics) EstimateError(queue string, off time.Duration) {
 // of work it lost.
 func (m *Metrics) Preempted(tenant, queue string, lostGPUSeconds float64) {
 	if m != nil {
+		tenant, queue = m.tenant(tenant), m.queue(queue)
 		m.preempted.WithLabelValues(tenant, queue).Inc()
 		m.lostWork.WithLabelValues(tenant, queue).Add(lostGPUSeconds)
 	}
@@ -261,9 +301,10 @@ func (m *Metrics) GPUSeconds(by map[usage.Key]usage.Seconds) {
 		return
 	}
 	for k, s := range by {
-		m.gpuSeconds.WithLabelValues(k.Tenant, k.Queue, k.Class, "allocated").Add(s.Allocated)
-		m.gpuSeconds.WithLabelValues(k.Tenant, k.Queue, k.Class, "busy").Add(s.Busy)
-		m.gpuSeconds.WithLabelValues(k.Tenant, k.Queue, k.Class, "idle").Add(s.Idle)
+		tenant, queue, class := m.tenant(k.Tenant), m.queue(k.Queue), m.class(k.Class)
+		m.gpuSeconds.WithLabelValues(tenant, queue, class, "allocated").Add(s.Allocated)
+		m.gpuSeconds.WithLabelValues(tenant, queue, class, "busy").Add(s.Busy)
+		m.gpuSeconds.WithLabelValues(tenant, queue, class, "idle").Add(s.Idle)
 	}
 }
 

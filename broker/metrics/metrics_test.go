@@ -2,6 +2,7 @@ package metrics_test
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -113,6 +114,7 @@ func TestANilMetricsCountsNothing(t *testing.T) {
 
 func TestPreemptionsReclaimAndQueueWaits(t *testing.T) {
 	m := metrics.New()
+	m.Observe(metrics.Sources{Cluster: cluster.NewView(nil), Policies: testbuild.Fixed{P: testbuild.Policy(t, src)}, Queue: queuetest.NewMem()})
 	m.Preempted("vision", "training", 7200)
 	m.Preempted("vision", "training", 3600)
 	m.Reclaimed("idle-dev", "stop", 2)
@@ -196,5 +198,36 @@ nomadgpu_leader_passes_total{loop="reclaim",result="error"} 1
 `
 	if err := testutil.GatherAndCompare(m.Registry, strings.NewReader(want), "nomadgpu_leader_passes_total"); err != nil {
 		t.Error(err)
+	}
+}
+
+// A label's value is a name the policy has: 200 rejections naming queues of
+// their own make one series, queue="other", not 200.
+func TestLabelsHoldOnlyThePolicysNames(t *testing.T) {
+	m := metrics.New()
+	m.Admission(metrics.Submit, admission.Decision{Outcome: admission.Reject, Rule: admission.RuleQueueNotAllowed, Queue: "training"})
+	m.Observe(metrics.Sources{Cluster: cluster.NewView(nil), Policies: testbuild.Fixed{P: testbuild.Policy(t, src)}, Queue: queuetest.NewMem()})
+	for i := 0; i < 200; i++ {
+		m.Admission(metrics.Submit, admission.Decision{Outcome: admission.Reject, Rule: admission.RuleQueueNotAllowed, Queue: fmt.Sprintf("q-%d", i)})
+	}
+	m.Admission(metrics.Submit, admission.Decision{Outcome: admission.Admit, Queue: "training"})
+	m.Admission(metrics.Submit, admission.Decision{Outcome: admission.Reject, Rule: admission.RuleUnmappedNamespace})
+	m.Preempted("someone", "training", 60)
+	m.GPUSeconds(map[usage.Key]usage.Seconds{{Tenant: "vision", Queue: "made-up", Class: "b200"}: {Allocated: 1}})
+	want := `
+# HELP nomadgpu_admissions_total GPU job decisions by source (submit: a request to the broker; queue: a queued job's turn), outcome (admit, admit-borrowed, queue, reject), the rule that decided (if one did) and queue.
+# TYPE nomadgpu_admissions_total counter
+nomadgpu_admissions_total{outcome="admit",queue="training",rule="",source="submit"} 1
+nomadgpu_admissions_total{outcome="reject",queue="",rule="unmapped-namespace",source="submit"} 1
+nomadgpu_admissions_total{outcome="reject",queue="other",rule="queue-not-allowed",source="submit"} 201
+# HELP nomadgpu_preemptions_total Allocations of borrowed jobs that Nomad preempted, as the broker observed them.
+# TYPE nomadgpu_preemptions_total counter
+nomadgpu_preemptions_total{queue="training",tenant="other"} 1
+`
+	if err := testutil.GatherAndCompare(m.Registry, strings.NewReader(want), "nomadgpu_admissions_total", "nomadgpu_preemptions_total"); err != nil {
+		t.Error(err)
+	}
+	if n := testutil.CollectAndCount(m.Registry, "nomadgpu_gpu_seconds_total"); n != 3 {
+		t.Errorf("gpu seconds series: %d, want 3 (allocated, busy, idle of vision/other/other)", n)
 	}
 }
