@@ -218,10 +218,12 @@ func Decide(p *policy.Policy, job Job, u Usage) Decision {
 func decide(p *policy.Policy, job Job, u Usage) Decision {
 	demand, unclassified := Demand(p, job, u)
 	d := Decision{Demand: demand}
-	if demand[policy.AllGPUs] == 0 {
+	if len(job.Groups) == 0 {
 		d.Outcome, d.Reason = Admit, "no GPU demand"
 		return d
 	}
+	// A GPU group at count 0 holds nothing yet, but is decided (tenant,
+	// queue, priority) like any other: its scale-up is decided against that.
 	tenant := p.TenantOf(job.Namespace)
 	if tenant == nil {
 		return reject(d, RuleUnmappedNamespace, fmt.Sprintf("namespace %q belongs to no tenant, so it may not use GPUs", job.Namespace))

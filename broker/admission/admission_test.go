@@ -102,6 +102,10 @@ func TestDecide(t *testing.T) {
 		reason    string
 	}{
 		{name: "no GPUs: admitted untouched", job: job("anything"), usage: cluster(16, nil), outcome: admission.Admit},
+		{name: "a GPU group at count 0: decided like any other, in its queue's band", job: job("vision").gpus(0, 1), usage: cluster(0, map[string]float64{"vision": 16}),
+			outcome: admission.Admit, priority: 60, reason: `within tenant "vision"'s guarantee`},
+		{name: "a GPU group at count 0 in a namespace of no tenant", job: job("default").gpus(0, 1), usage: cluster(16, nil),
+			outcome: admission.Reject, rule: admission.RuleUnmappedNamespace},
 		{name: "unmapped namespace", job: job("default").gpus(1, 1), usage: cluster(16, nil),
 			outcome: admission.Reject, rule: admission.RuleUnmappedNamespace, reason: `namespace "default" belongs to no tenant`},
 		{name: "queue not allowed", job: job("vision").gpus(1, 1).queue("inference"), usage: cluster(16, nil),

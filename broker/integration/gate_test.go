@@ -11,6 +11,7 @@ import (
 	"github.com/hashicorp/nomad/api"
 
 	"github.com/nomad-gpu/nomad-gpu/broker/metrics"
+	"github.com/nomad-gpu/nomad-gpu/broker/nomadjob"
 	"github.com/nomad-gpu/nomad-gpu/internal/testcluster"
 )
 
@@ -42,6 +43,12 @@ tenant "stop" {
   guaranteed = 2
   limit      = 2
 }
+tenant "zero" {
+  namespaces = ["gate-zero"]
+  queues     = ["training"]
+  guaranteed = 2
+  limit      = 2
+}
 `
 
 // gateGPUs is the cluster's GPUs: more than all the scenarios' limits
@@ -55,7 +62,7 @@ const gateGPUs = 16
 func TestGate(t *testing.T) {
 	t.Parallel()
 	consul := testcluster.StartConsul(t)
-	n := startGPUNode(t, "gate", gateGPUs, "gate-probe", "gate-revert", "gate-dispatch", "gate-stop")
+	n := startGPUNode(t, "gate", gateGPUs, "gate-probe", "gate-revert", "gate-dispatch", "gate-stop", "gate-zero")
 	e := brokerEnv(t, n, consul, gatePolicy, "gate-probe", gateGPUs, testcluster.BrokerOptions{})
 
 	// Nomad reads the namespace of a revert's or a dispatch's body when the
@@ -151,6 +158,32 @@ func TestGate(t *testing.T) {
 		}
 		if _, _, err := e.nomad.API.Jobs().Info("qo", &api.QueryOptions{Namespace: ns}); err == nil {
 			t.Errorf("the purged queued job was registered")
+		}
+	})
+
+	// A GPU group registered at count 0 is admitted and stamped like any
+	// other, so that its scale-ups are decided (and not all refused).
+	t.Run("count 0: admitted and stamped, then scaled within the limit", func(t *testing.T) {
+		t.Parallel()
+		e := e.in(t)
+		const ns = "gate-zero"
+		out, err := e.run(ns, "z", 0, 1, "", true)
+		if err != nil || !strings.Contains(out, "admitted: tenant zero, queue training, priority 60, 0 GPUs") {
+			t.Fatalf("a GPU group at count 0: %v\n%s", err, out)
+		}
+		j, _, err := e.nomad.API.Jobs().Info("z", &api.QueryOptions{Namespace: ns})
+		if err != nil || *j.Priority != 60 || j.Meta[nomadjob.MetaAdmission] == "" {
+			t.Fatalf("Nomad has it at priority %d, stamp %q (%v)", *j.Priority, j.Meta[nomadjob.MetaAdmission], err)
+		}
+		if out, err := e.nomadCLI("job", "scale", "-namespace", ns, "-detach", "z", "g", "2"); err != nil {
+			t.Errorf("scale to 2 GPUs, limit 2: %v\n%s", err, out)
+		}
+		out, err = e.nomadCLI("job", "scale", "-namespace", ns, "-detach", "z", "g", "3")
+		if err == nil || !strings.Contains(out, "above-limit") {
+			t.Errorf("scale to 3 GPUs, limit 2, must be refused: %v\n%s", err, out)
+		}
+		if j, _, err := e.nomad.API.Jobs().Info("z", &api.QueryOptions{Namespace: ns}); err != nil || *j.TaskGroups[0].Count != 2 {
+			t.Errorf("Nomad's count: %d (%v), want 2", *j.TaskGroups[0].Count, err)
 		}
 	})
 
