@@ -5,6 +5,7 @@ import (
 	"io"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -49,6 +50,12 @@ tenant "zero" {
   guaranteed = 2
   limit      = 2
 }
+tenant "race" {
+  namespaces = ["gate-race"]
+  queues     = ["training"]
+  guaranteed = 2
+  limit      = 2
+}
 `
 
 // gateGPUs is the cluster's GPUs: more than all the scenarios' limits
@@ -62,7 +69,7 @@ const gateGPUs = 16
 func TestGate(t *testing.T) {
 	t.Parallel()
 	consul := testcluster.StartConsul(t)
-	n := startGPUNode(t, "gate", gateGPUs, "gate-probe", "gate-revert", "gate-dispatch", "gate-stop", "gate-zero")
+	n := startGPUNode(t, "gate", gateGPUs, "gate-probe", "gate-revert", "gate-dispatch", "gate-stop", "gate-zero", "gate-race")
 	e := brokerEnv(t, n, consul, gatePolicy, "gate-probe", gateGPUs, testcluster.BrokerOptions{})
 
 	// Nomad reads the namespace of a revert's or a dispatch's body when the
@@ -184,6 +191,42 @@ func TestGate(t *testing.T) {
 		}
 		if j, _, err := e.nomad.API.Jobs().Info("z", &api.QueryOptions{Namespace: ns}); err != nil || *j.TaskGroups[0].Count != 2 {
 			t.Errorf("Nomad's count: %d (%v), want 2", *j.TaskGroups[0].Count, err)
+		}
+	})
+
+	// Five scales of five groups of one job at once, each to 1 GPU: the
+	// tenant's limit of 2 admits two of them, whatever the order.
+	t.Run("concurrent scales of one job: decided one after another", func(t *testing.T) {
+		t.Parallel()
+		e := e.in(t)
+		const ns = "gate-race"
+		jb := job(ns, "five", api.JobTypeBatch) // a service job's scale starts a deployment, and Nomad blocks the next
+		for i := 0; i < 5; i++ {
+			jb.group(fmt.Sprintf("g%d", i), ptr(0), nil, task(dev("nvidia/gpu", 1)))
+		}
+		if status, out := send(t, e.broker.Addr, http.MethodPut, "/v1/jobs", jb.body(nil, canonical)); status != http.StatusOK {
+			t.Fatalf("five GPU groups at count 0: %d %s", status, out)
+		}
+		var wg sync.WaitGroup
+		statuses, answers := make([]int, 5), make([]string, 5)
+		for i := range statuses {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				statuses[i], answers[i] = send(t, e.broker.Addr, http.MethodPut, "/v1/job/five/scale?namespace="+ns,
+					fmt.Sprintf(`{"Count": 1, "Target": {"Group": "g%d"}}`, i))
+			}()
+		}
+		wg.Wait()
+		admitted := 0
+		for _, s := range statuses {
+			if s == http.StatusOK {
+				admitted++
+			}
+		}
+		j, _, err := e.nomad.API.Jobs().Info("five", &api.QueryOptions{Namespace: ns})
+		if err != nil || admitted != 2 || gpusOf(j) != 2 {
+			t.Errorf("%d scales admitted (answers %q), Nomad's job asks for %d GPUs (%v); the limit is 2", admitted, answers, gpusOf(j), err)
 		}
 	})
 

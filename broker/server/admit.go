@@ -29,6 +29,7 @@ import (
 type gpuJobRequest struct {
 	*nomadjob.Request
 	groups []admission.Group
+	unlock func() // ends the hold on the job (a registration's: jobLocks)
 }
 
 // readGPUJob reads a register, plan or validate request. It answers the
@@ -69,21 +70,27 @@ func (s *Server) readGPUJob(w http.ResponseWriter, r *http.Request, kind nomadjo
 	if kind == nomadjob.Register && !s.admitsHere(w, r, body) {
 		return nil
 	}
+	unlock := func() {}
+	if kind == nomadjob.Register {
+		unlock = s.jobs.lock(req.Namespace, req.JobID)
+	}
 	var current *api.Job
 	if req.PreserveCounts || nomadjob.HasCanaries(req.Job) {
 		// Counts then depend on what runs now: read it as the caller.
 		if current, err = s.currentJob(r, req.Namespace, req.JobID); err != nil && !errors.Is(err, errNoJob) {
+			unlock()
 			s.lookupFailed(w, err, "register", req.JobID)
 			return nil
 		}
 	}
 	groups, err := req.Groups(current, s.cluster.NodesFitting)
 	if err != nil {
+		unlock()
 		writeError(w, fail(errBadRequest, "job %q: %v", req.JobID, err))
 		return nil
 	}
 	req.Pin()
-	return &gpuJobRequest{Request: req, groups: groups}
+	return &gpuJobRequest{Request: req, groups: groups, unlock: unlock}
 }
 
 var kindName = map[nomadjob.Kind]string{nomadjob.Register: "register", nomadjob.Plan: "plan"}
@@ -94,6 +101,7 @@ func (s *Server) register(w http.ResponseWriter, r *http.Request, pathJobID stri
 	if rj == nil {
 		return
 	}
+	defer rj.unlock()
 	if rj.Job.IsPeriodic() {
 		// Nomad launches each run on its own schedule, past the broker.
 		writeError(w, fail(errForbidden, "job %q rejected by rule %s: periodic jobs launch GPU work on Nomad's schedule "+

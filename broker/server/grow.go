@@ -62,6 +62,7 @@ func (s *Server) scale(w http.ResponseWriter, r *http.Request, jc jobCall, jobID
 		return
 	}
 	ns := jc.namespace
+	defer s.jobs.lock(ns, jobID)()
 	job, err := s.currentJob(r, ns, jobID)
 	if err != nil {
 		s.lookupFailed(w, err, "scale", jobID)
@@ -164,6 +165,7 @@ func (s *Server) revert(w http.ResponseWriter, r *http.Request, jc jobCall, jobI
 		return
 	}
 	ns := jc.namespace
+	defer s.jobs.lock(ns, jobID)()
 	current, err := s.currentJob(r, ns, jobID)
 	if err != nil {
 		s.lookupFailed(w, err, "revert", jobID)

@@ -132,6 +132,8 @@ type Server struct {
 
 	idMu       sync.Mutex
 	identities map[[32]byte]cachedIdentity
+
+	jobs jobLocks // one decision at a time per job
 }
 
 // Options are what a Server is built from; Now and NewID default to the real ones.
