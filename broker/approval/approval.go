@@ -7,9 +7,12 @@ package approval
 import (
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/nomad-gpu/nomad-gpu/broker/admission"
+	"github.com/nomad-gpu/nomad-gpu/broker/policy"
 )
 
 // States of an approval.
@@ -19,9 +22,6 @@ const (
 	Denied  = "denied"
 	Expired = "expired"
 )
-
-// MaxFor bounds how long one approval may last.
-const MaxFor = 7 * 24 * time.Hour
 
 // Approval is one request and what became of it.
 type Approval struct {
@@ -36,8 +36,11 @@ type Approval struct {
 	For       string `json:"for"` // a duration, from the grant
 	State     string `json:"state"`
 
-	RequestedBy       string    `json:"requested_by"`
-	RequestedAccessor string    `json:"requested_accessor,omitempty"`
+	RequestedBy       string `json:"requested_by"`
+	RequestedAccessor string `json:"requested_accessor,omitempty"`
+	// RequestedIdentity is the person who asked, whatever token they use
+	// (Identity); nobody grants or denies a request of their own.
+	RequestedIdentity string    `json:"requested_identity,omitempty"`
 	RequestedAt       time.Time `json:"requested_at"`
 	DecidedBy         string    `json:"decided_by,omitempty"`
 	DecidedAt         time.Time `json:"decided_at,omitempty"`
@@ -64,16 +67,45 @@ func (a Approval) Check() error {
 		return fmt.Errorf("extra GPUs %d is below 0", a.ExtraGPUs)
 	}
 	d, err := time.ParseDuration(a.For)
-	if err != nil || d <= 0 || d > MaxFor {
-		return fmt.Errorf("for %q is not a duration of at most %s", a.For, MaxFor)
+	if err != nil || d <= 0 || d > policy.MaxApprovalDuration {
+		return fmt.Errorf("for %q is not a duration of at most %s", a.For, policy.MaxApprovalDuration)
 	}
 	return nil
 }
 
+// Identity is the person an ACL token named tokenName with grants g stands
+// for: its name, which Nomad's operators give each person's tokens. A token
+// from an OIDC or JWT login is named after its auth method ("OIDC-<method>")
+// and Nomad v1.6 keeps none of the login's claims on it, so such a token
+// stands for whoever holds its roles and policies: two logins with the same
+// ones are one person (a role bound per person tells people apart).
+func Identity(tokenName string, g policy.Grants) string {
+	if !strings.HasPrefix(tokenName, "OIDC-") && !strings.HasPrefix(tokenName, "JWT-") {
+		return tokenName
+	}
+	return tokenName + " roles=" + strings.Join(slices.Sorted(slices.Values(g.Roles)), ",") +
+		" policies=" + strings.Join(slices.Sorted(slices.Values(g.Policies)), ",")
+}
+
+// AskedBy reports whether the person identity asked for a: by identity, or,
+// for a request recorded before identities were, by its token's name.
+func (a Approval) AskedBy(identity string) bool {
+	if a.RequestedIdentity != "" {
+		return a.RequestedIdentity == identity
+	}
+	return strings.TrimSuffix(a.RequestedBy, " ("+a.RequestedAccessor+")") == identity
+}
+
+// Duration is how long the approval lasts once granted (For; 0 when For
+// is not a duration, which Check refuses).
+func (a Approval) Duration() time.Duration {
+	d, _ := time.ParseDuration(a.For)
+	return d
+}
+
 // Grant records approver's grant at now; the approval lasts For from now.
 func (a *Approval) Grant(approver string, now time.Time) {
-	d, _ := time.ParseDuration(a.For)
-	a.State, a.DecidedBy, a.DecidedAt, a.ExpiresAt = Granted, approver, now.UTC(), now.UTC().Add(d)
+	a.State, a.DecidedBy, a.DecidedAt, a.ExpiresAt = Granted, approver, now.UTC(), now.UTC().Add(a.Duration())
 }
 
 // Active reports whether the approval is in force at now.

@@ -6,6 +6,7 @@ import (
 
 	"github.com/nomad-gpu/nomad-gpu/broker/admission"
 	"github.com/nomad-gpu/nomad-gpu/broker/approval"
+	"github.com/nomad-gpu/nomad-gpu/broker/policy"
 )
 
 func TestCheck(t *testing.T) {
@@ -48,5 +49,30 @@ func TestForOnlyWhileGrantedAndOnlyForItsJob(t *testing.T) {
 	}
 	if g := approval.For([]approval.Approval{extra}, "vision", "big", now.Add(time.Hour)); g != none {
 		t.Errorf("applied at its expiry: %+v", g)
+	}
+}
+
+// A person is their tokens' name; a login token is named after its auth
+// method, so it stands for its name with its roles and policies.
+func TestIdentityIsThePersonNotTheToken(t *testing.T) {
+	sre := policy.Grants{Roles: []string{"sre", "gpu"}, Policies: []string{"read"}}
+	for _, c := range []struct {
+		a, b   string
+		ga, gb policy.Grants
+		same   bool
+	}{
+		{"bob", "bob", policy.Grants{}, sre, true},
+		{"bob", "ana", sre, sre, false},
+		{"OIDC-okta", "OIDC-okta", sre, policy.Grants{Roles: []string{"gpu", "sre"}, Policies: []string{"read"}}, true},
+		{"OIDC-okta", "OIDC-okta", sre, policy.Grants{Roles: []string{"user-ana"}}, false},
+		{"JWT-ci", "OIDC-ci", sre, sre, false},
+	} {
+		if same := approval.Identity(c.a, c.ga) == approval.Identity(c.b, c.gb); same != c.same {
+			t.Errorf("%s %+v and %s %+v: same person %t, want %t", c.a, c.ga, c.b, c.gb, same, c.same)
+		}
+	}
+	old := approval.Approval{RequestedBy: "bob (acc-1)", RequestedAccessor: "acc-1"} // recorded before identities
+	if !old.AskedBy("bob") || old.AskedBy("ana") {
+		t.Errorf("an old request is bob's by its token's name")
 	}
 }

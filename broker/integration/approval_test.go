@@ -20,13 +20,15 @@ import (
 // TestAnApprovalLetsAJobAboveTheLimitUntilItExpires, with Nomad's ACLs on: a
 // job beyond its tenant's limit waits; its user asks for 2 GPUs above the
 // limit; neither the user nor an approver granting their own request may
-// grant it; an approver does, and the job runs; when the approval expires,
-// with nobody acting, the job goes back to the queue.
+// grant it, with any of their tokens; a request beyond the tenant's bounds is
+// refused; an approver grants it, and the job runs; when the approval
+// expires, with nobody acting, the job goes back to the queue.
 func TestAnApprovalLetsAJobAboveTheLimitUntilItExpires(t *testing.T) {
 	t.Parallel()
 	n, consul, token := startACLCluster(t, map[string]string{"vision-write": writeRules("vision")})
 	ana := token("ana", "client", nil, []string{"vision-write"})
 	ops := token("ops-oncall", "client", nil, []string{"vision-write"})
+	opsLaptop := token("ops-oncall", "client", nil, []string{"vision-write"}) // the same person's second token
 	brokerToken := token("gpu-broker", "management", nil, nil)
 	policyDir := t.TempDir()
 	writeFile(t, filepath.Join(policyDir, "policy.hcl"), `
@@ -36,6 +38,10 @@ tenant "vision" {
   queues     = ["training"]
   guaranteed = 2
   limit      = 2
+  approvals {
+    max_extra_gpus = 4
+    max_duration   = "2h"
+  }
 }
 borrowing {
   enabled = true
@@ -86,8 +92,16 @@ reclaim_settings {
 	if err != nil || json.Unmarshal([]byte(out), &own) != nil {
 		t.Fatalf("request: %v\n%s", err, out)
 	}
-	if out, err := broker(ops.SecretID, "approval", "grant", own.ID); err == nil || !strings.Contains(out, "nobody grants or denies their own request") {
-		t.Errorf("an approver granted their own request: %v\n%s", err, out)
+	for _, tok := range []string{ops.SecretID, opsLaptop.SecretID} {
+		if out, err := broker(tok, "approval", "grant", own.ID); err == nil || !strings.Contains(out, "nobody grants or denies their own request") {
+			t.Errorf("an approver granted their own request: %v\n%s", err, out)
+		}
+	}
+	for _, ask := range [][]string{{"-extra-gpus", "5", "-for", "1h"}, {"-extra-gpus", "1", "-for", "3h"}} {
+		out, err := broker(ana.SecretID, append([]string{"approval", "request", "-job", "big", "-namespace", "vision", "-reason", "more"}, ask...)...)
+		if err == nil || !strings.Contains(out, `tenant "vision"'s approvals`) {
+			t.Errorf("a request beyond approvals { max_extra_gpus = 4, max_duration = 2h }: %v\n%s", err, out)
+		}
 	}
 	if out, err := broker(ops.SecretID, "approval", "grant", asked.ID); err != nil || !strings.Contains(out, "granted") {
 		t.Fatalf("grant: %v\n%s", err, out)

@@ -11,6 +11,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"time"
 )
 
 // AllGPUs is the quota key that counts every GPU, whatever its class.
@@ -82,7 +83,31 @@ type Tenant struct {
 	// Submitters are the Nomad ACL roles and policies whose holders may have
 	// the broker write jobs in the tenant's namespaces (enforcement "exclusive").
 	Submitters []Submitter
-	Pos        Pos // where it is defined
+	// Approvals bound what one approval may grant the tenant's jobs.
+	Approvals ApprovalBounds
+	Pos       Pos // where it is defined
+}
+
+// ApprovalBounds bound one approval (a tenant's approvals block).
+type ApprovalBounds struct {
+	MaxExtraGPUs int           // default: the tenant's limit (an approval at most doubles it)
+	MaxDuration  time.Duration // default and most: MaxApprovalDuration
+}
+
+// MaxApprovalDuration is the longest any approval lasts.
+const MaxApprovalDuration = 7 * 24 * time.Hour
+
+// CheckApproval says why an approval of extraGPUs above the limit (0: a
+// priority) lasting d is beyond the tenant's bounds, or nil.
+func (t *Tenant) CheckApproval(extraGPUs int, d time.Duration) error {
+	if extraGPUs > t.Approvals.MaxExtraGPUs {
+		return fmt.Errorf("tenant %q's approvals grant at most %d GPUs above its limit (approvals { max_extra_gpus }), not %d",
+			t.Name, t.Approvals.MaxExtraGPUs, extraGPUs)
+	}
+	if d > t.Approvals.MaxDuration {
+		return fmt.Errorf("tenant %q's approvals last at most %s (approvals { max_duration }), not %s", t.Name, t.Approvals.MaxDuration, d)
+	}
+	return nil
 }
 
 // Submitter is a Nomad ACL role or policy, by name.

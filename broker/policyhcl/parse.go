@@ -9,6 +9,7 @@ import (
 	"net/url"
 	"sort"
 	"strings"
+	"time"
 
 	"github.com/hashicorp/hcl/v2"
 	"github.com/hashicorp/hcl/v2/gohcl"
@@ -50,6 +51,13 @@ type tenantBody struct {
 	MaxRequest *int           `hcl:"max_queued_request_bytes,optional"`
 	Submitters hcl.Expression `hcl:"submitters,optional"`
 	Budget     *budgetBody    `hcl:"budget,block"`
+	Approvals  *approvalsBody `hcl:"approvals,block"`
+}
+
+type approvalsBody struct {
+	MaxExtraGPUs *int      `hcl:"max_extra_gpus,optional"`
+	MaxDuration  *string   `hcl:"max_duration,optional"`
+	Range        hcl.Range `hcl:",def_range"`
 }
 
 type budgetBody struct {
@@ -317,6 +325,7 @@ func (p *parser) addTenant(b *hcl.Block, tb tenantBody) hcl.Diagnostics {
 	if t.Guaranteed == nil {
 		t.Guaranteed = policy.Quota{}
 	}
+	diags = append(diags, approvalBounds(t, tb.Approvals)...)
 	if bb := tb.Budget; bb != nil {
 		switch {
 		case bb.GPUHours <= 0:
@@ -328,6 +337,33 @@ func (p *parser) addTenant(b *hcl.Block, tb tenantBody) hcl.Diagnostics {
 		default:
 			t.Budget = &policy.Budget{GPUHours: bb.GPUHours, Period: bb.Period}
 		}
+	}
+	return diags
+}
+
+// approvalBounds sets t's approval bounds from its approvals block (nil:
+// none), after its limit: by default an approval at most doubles the limit
+// and lasts at most policy.MaxApprovalDuration.
+func approvalBounds(t *policy.Tenant, ab *approvalsBody) hcl.Diagnostics {
+	t.Approvals = policy.ApprovalBounds{MaxExtraGPUs: int(t.Limit.Total()), MaxDuration: policy.MaxApprovalDuration}
+	if ab == nil {
+		return nil
+	}
+	var diags hcl.Diagnostics
+	if n := ab.MaxExtraGPUs; n != nil {
+		if *n < 0 {
+			diags = append(diags, errorAt(ab.Range, "Invalid approval bound",
+				fmt.Sprintf("tenant %q: approvals max_extra_gpus = %d must be 0 or more", t.Name, *n)))
+		}
+		t.Approvals.MaxExtraGPUs = *n
+	}
+	if s := ab.MaxDuration; s != nil {
+		d, err := time.ParseDuration(*s)
+		if err != nil || d <= 0 || d > policy.MaxApprovalDuration {
+			diags = append(diags, errorAt(ab.Range, "Invalid approval bound",
+				fmt.Sprintf("tenant %q: approvals max_duration = %q is not a duration above 0 and at most %s", t.Name, *s, policy.MaxApprovalDuration)))
+		}
+		t.Approvals.MaxDuration = d
 	}
 	return diags
 }

@@ -108,6 +108,10 @@ func TestReclaimRuleDiagnostics(t *testing.T) {
 			`reclaim.hcl:2:3: error: Invalid idle weight: fair_share: idle_weight = -1 must be from 0`},
 		{"bad budget period", "tenant \"t\" {\n  namespaces = [\"t\"]\n  queues = [\"dev\"]\n  budget {\n    gpu_hours = 10\n    period = \"year\"\n  }\n}\n",
 			`reclaim.hcl:4:3: error: Invalid budget period: tenant "t": budget period "year" is none of "day", "week", "month"`},
+		{"negative approval bound", "tenant \"t\" {\n  namespaces = [\"t\"]\n  queues = [\"dev\"]\n  approvals {\n    max_extra_gpus = -1\n  }\n}\n",
+			`reclaim.hcl:4:3: error: Invalid approval bound: tenant "t": approvals max_extra_gpus = -1 must be 0 or more`},
+		{"approvals beyond a week", "tenant \"t\" {\n  namespaces = [\"t\"]\n  queues = [\"dev\"]\n  approvals {\n    max_duration = \"8d\"\n  }\n}\n",
+			`reclaim.hcl:4:3: error: Invalid approval bound: tenant "t": approvals max_duration = "8d" is not a duration above 0 and at most 168h0m0s`},
 		{"bad approver", "approvers = [\"ops\", \"group:sre\"]\n",
 			`reclaim.hcl:1:1: error: Invalid approver: approvers: "group:sre" is neither a token name nor "role:<name>" or "policy:<name>"`},
 		{"queue of no workload", "workload \"dev\" {\n  max_gpus = 1\n}\n",
@@ -152,6 +156,40 @@ tenant "vision" {
 	} {
 		if got := p.MayApprove(c.name, c.g); got != c.want {
 			t.Errorf("MayApprove(%s, %+v) = %t", c.name, c.g, got)
+		}
+	}
+	// No approvals block: an approval at most doubles the limit, for a week.
+	if b := p.Tenants["vision"].Approvals; b.MaxExtraGPUs != 4 || b.MaxDuration != policy.MaxApprovalDuration {
+		t.Errorf("default approval bounds: %+v", b)
+	}
+	bounded, diags := policyhcl.Parse(map[string][]byte{"queues.hcl": []byte(queues + `
+tenant "vision" {
+  namespaces = ["vision"]
+  queues     = ["training"]
+  limit      = 4
+  approvals {
+    max_extra_gpus = 8
+    max_duration   = "48h"
+  }
+}
+`)}, 0)
+	if bounded == nil {
+		t.Fatal(policyhcl.FormatDiagnostics(diags))
+	}
+	vision := bounded.Tenants["vision"]
+	if err := vision.CheckApproval(8, 48*time.Hour); err != nil {
+		t.Errorf("within the bounds: %v", err)
+	}
+	for _, c := range []struct {
+		extra int
+		d     time.Duration
+		want  string
+	}{
+		{9, time.Hour, "at most 8 GPUs above its limit"},
+		{0, 49 * time.Hour, "last at most 48h0m0s (approvals { max_duration }), not 49h0m0s"},
+	} {
+		if err := vision.CheckApproval(c.extra, c.d); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("CheckApproval(%d, %s) = %v, want %q", c.extra, c.d, err, c.want)
 		}
 	}
 	raised := p.WithExtraLimit("vision", 3)

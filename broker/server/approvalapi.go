@@ -71,16 +71,30 @@ func (s *Server) requestApproval(w http.ResponseWriter, r *http.Request, who str
 		writeError(w, fail(errBadRequest, "approval request: %v", err))
 		return
 	}
-	_, accessor, _ := s.resolve(r)
+	name, accessor, _ := s.resolve(r)
+	identity := name
+	if accessor != "" {
+		g, err := s.grants(r)
+		if err != nil {
+			writeError(w, fail(errForbidden, "reading your token's grants: %v", err))
+			return
+		}
+		identity = approval.Identity(strings.TrimSuffix(name, " ("+accessor+")"), g)
+	}
 	a := approval.Approval{ID: s.newID(), Namespace: req.Namespace, Job: req.Job, Reason: req.Reason, Priority: req.Priority,
 		ExtraGPUs: req.ExtraGPUs, For: req.For, State: approval.Pending, RequestedBy: who, RequestedAccessor: accessor,
-		RequestedAt: s.now().UTC()}
+		RequestedIdentity: identity, RequestedAt: s.now().UTC()}
 	if err := a.Check(); err != nil {
 		writeError(w, fail(errBadRequest, "approval request: %v", err))
 		return
 	}
-	if s.policies.Current().TenantOf(a.Namespace) == nil {
+	t := s.policies.Current().TenantOf(a.Namespace)
+	if t == nil {
 		writeError(w, fail(errBadRequest, "approval request: namespace %q belongs to no tenant", a.Namespace))
+		return
+	}
+	if err := t.CheckApproval(a.ExtraGPUs, a.Duration()); err != nil {
+		writeError(w, fail(errBadRequest, "approval request: %v", err))
 		return
 	}
 	if !s.mayRead(r, a.Namespace, map[string]bool{}) {
@@ -115,16 +129,29 @@ func (s *Server) decideApproval(w http.ResponseWriter, r *http.Request, id strin
 		return
 	}
 	tokenName := strings.TrimSuffix(name, " ("+accessor+")")
+	p := s.policies.Current()
 	switch {
-	case !s.policies.Current().MayApprove(tokenName, g):
+	case !p.MayApprove(tokenName, g):
 		writeError(w, fail(errForbidden, "%s is not one of the policy's approvers", tokenName))
 		return
-	case accessor == a.RequestedAccessor:
-		writeError(w, fail(errForbidden, "nobody grants or denies their own request; another approver must"))
+	case accessor == a.RequestedAccessor || a.AskedBy(approval.Identity(tokenName, g)):
+		writeError(w, fail(errForbidden, "nobody grants or denies their own request, with any of their tokens; another approver must"))
 		return
 	case a.State != approval.Pending:
 		writeError(w, fail(errConflict, "approval %s is %s, not pending", id, a.State))
 		return
+	}
+	if grant {
+		// The policy may have changed since the request.
+		t := p.TenantOf(a.Namespace)
+		if t == nil {
+			writeError(w, fail(errForbidden, "approval %s is for namespace %q, which belongs to no tenant now", id, a.Namespace))
+			return
+		}
+		if err := t.CheckApproval(a.ExtraGPUs, a.Duration()); err != nil {
+			writeError(w, fail(errForbidden, "approval %s cannot be granted: %v", id, err))
+			return
+		}
 	}
 	what, result := audit.ApprovalDeny, "denied"
 	if grant {

@@ -74,7 +74,8 @@ func TestApprovalsAreAskedByReadersAndDecidedByAnotherApprover(t *testing.T) {
 	s.approvalStore = &memApprovals{byID: map[string]approval.Approval{}}
 	n := 0
 	s.newID = func() string { n++; return fmt.Sprintf("00000000-0000-4000-8000-%012d", n) }
-	up.tokens = map[string]testToken{"ana": {"ana", []string{"vision"}, nil}, "bob": {"bob", []string{"vision"}, nil}, "eve": {"eve", nil, nil}}
+	up.tokens = map[string]testToken{"ana": {"ana", []string{"vision"}, nil}, "bob": {"bob", []string{"vision"}, nil}, "eve": {"eve", nil, nil},
+		"bob-laptop": {"bob", []string{"vision"}, nil}} // bob's second token
 	as := func(tok, method, path, body string) *httptest.ResponseRecorder {
 		req := httptest.NewRequest(method, path, strings.NewReader(body))
 		req.Header.Set("X-Nomad-Token", tok)
@@ -95,6 +96,10 @@ func TestApprovalsAreAskedByReadersAndDecidedByAnotherApprover(t *testing.T) {
 		{"ana", "POST", "/v1/gpu/approvals", strings.Replace(ask, "vision", "nobody", 1), http.StatusBadRequest, "no tenant"}, // id ...5
 		{"ana", "POST", "/v1/gpu/approvals/00000000-0000-4000-8000-000000000002/grant", "", http.StatusForbidden, "ana is not one of the policy's approvers"},
 		{"bob", "POST", "/v1/gpu/approvals/00000000-0000-4000-8000-000000000002/grant", "", http.StatusForbidden, "nobody grants or denies their own request"},
+		{"bob-laptop", "POST", "/v1/gpu/approvals/00000000-0000-4000-8000-000000000002/deny", "", http.StatusForbidden, "nobody grants or denies their own request"},
+		{"ana", "POST", "/v1/gpu/approvals", strings.Replace(ask, `"extra_gpus":2`, `"extra_gpus":17`, 1), http.StatusBadRequest, // by default at most the limit, 2
+			`tenant "vision"'s approvals grant at most 2 GPUs above its limit (approvals { max_extra_gpus }), not 17`}, // id ...6
+		{"ana", "POST", "/v1/gpu/approvals", strings.Replace(ask, "1h", "169h", 1), http.StatusBadRequest, "not a duration of at most 168h0m0s"}, // id ...7
 		{"bob", "POST", "/v1/gpu/approvals/00000000-0000-4000-8000-000000000001/grant", "", http.StatusOK, `"state":"granted"`},
 		{"bob", "POST", "/v1/gpu/approvals/00000000-0000-4000-8000-000000000001/deny", "", http.StatusConflict, "is granted, not pending"},
 		{"bob", "POST", "/v1/gpu/approvals/00000000-0000-4000-8000-000000000001/approve", "", http.StatusNotFound, "no such endpoint"},

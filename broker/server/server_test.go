@@ -73,7 +73,8 @@ func (u *upstream) acl(w http.ResponseWriter, r *http.Request) bool {
 		return true
 	}
 	if r.URL.Path == "/v1/acl/token/self" {
-		json.NewEncoder(w).Encode(map[string]any{"AccessorID": "acc-" + tok.name, "Name": tok.name, "Type": "client", "Policies": tok.policies})
+		// One accessor per token (by its secret): a person may hold several.
+		json.NewEncoder(w).Encode(map[string]any{"AccessorID": "acc-" + r.Header.Get("X-Nomad-Token"), "Name": tok.name, "Type": "client", "Policies": tok.policies})
 		return true
 	}
 	if strings.HasPrefix(r.URL.Path, "/v1/acl/policy/") {
