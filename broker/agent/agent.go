@@ -173,7 +173,9 @@ func (a *Agent) Run(ctx context.Context) error {
 			Requeue: &reclaimer.Requeue{Jobs: nomadClient, Actor: nomadClient, Queue: store, Policies: policies},
 			Watchers: []reclaimer.Watcher{&reclaimer.Recorder{Store: storedProfiles, Table: profiles, Policies: policies},
 				&reclaimer.Ledger{Store: rollups, Policies: policies, Metrics: metrics, Budgets: budgets},
-				&reclaimer.Expirer{Store: approvals, Jobs: view, Policies: policies, Records: decisions, NewID: queue.NewID, Audit: trail}},
+				&reclaimer.Expirer{Store: approvals, Jobs: view, Policies: policies, Records: decisions, NewID: queue.NewID, Audit: trail},
+				&reclaimer.Pruner{What: "scale and dispatch grants", Every: grantPruneInterval, Log: log.Named("prune"),
+					Prune: func(ctx context.Context) (int, error) { return scales.Prune(ctx, nomadClient.Gone) }}},
 			Metrics: metrics, Audit: trail, Forecast: forecast}
 		go rec.Run(ctx, time.After)
 		passes := time.NewTicker(cfg.QueueIntervalDuration)
@@ -185,6 +187,10 @@ func (a *Agent) Run(ctx context.Context) error {
 	defer cancel()
 	return httpServer.Shutdown(shutdown)
 }
+
+// grantPruneInterval is how often the leader deletes the grants of jobs
+// Nomad no longer has (one lookup in Nomad per grant).
+const grantPruneInterval = 10 * time.Minute
 
 // debugHandler serves Go's profiler beside the broker when enabled: only
 // these paths; everything else reaches the broker's handler as it came (a

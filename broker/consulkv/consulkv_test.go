@@ -159,6 +159,31 @@ func TestStores(t *testing.T) {
 		if _, ok, err := s.Get(ctx, "team", "none"); ok || err != nil {
 			t.Errorf("a job without a grant: %v %v", ok, err)
 		}
+		// Prune deletes the grants of the jobs Nomad no longer has, and a key
+		// no grant could be under; one it cannot look up stays.
+		if _, err := client.KV().Put(&consul.KVPair{Key: "scales-test/scaled/stray", Value: []byte("{}")}, nil); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Put(ctx, "team", "unknown", b); err != nil {
+			t.Fatal(err)
+		}
+		gone := func(_ context.Context, ns, job string) (bool, error) {
+			if job == "unknown" {
+				return false, errors.New("nomad unreachable")
+			}
+			return ns == "team/a", nil
+		}
+		if n, err := s.Prune(ctx, gone); n != 2 || err == nil {
+			t.Errorf("prune: %d deleted (want 2: team/a's grant and the stray key), %v (want the lookup's error)", n, err)
+		}
+		for _, c := range []struct {
+			ns, job string
+			kept    bool
+		}{{"team/a", "train", false}, {"team", "a/train", true}, {"team", "unknown", true}} {
+			if _, ok, err := s.Get(ctx, c.ns, c.job); ok != c.kept || err != nil {
+				t.Errorf("%s/%s after the prune: kept %t, want %t (%v)", c.ns, c.job, ok, c.kept, err)
+			}
+		}
 	})
 
 	t.Run("profiles: more than one transaction's worth written and removed", func(t *testing.T) {

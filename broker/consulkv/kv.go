@@ -5,7 +5,7 @@
 //	queue/<id>                      queued jobs (Queue)
 //	reclaim/<id>                    reclaim decisions (Decisions)
 //	approvals/<id>                  approvals, with a snapshot every broker follows (Approvals)
-//	scaled/<namespace>/<job>        what a scale through the broker admitted (Scales)
+//	scaled/<namespace>/<job>        what a scale or dispatch through the broker admitted (Scales)
 //	rightsizing/<namespace>/<job>   right-sizing profiles (Profiles)
 //	usage/<day>, usage-through      daily GPU time and how far it is counted (Rollups)
 //	admission-key                   the key admission stamps are made with (StampKey)
@@ -131,4 +131,33 @@ func (r records[T]) remove(ctx context.Context, name string, index uint64) (bool
 		return false, fmt.Errorf("remove %s %s: %w", r.what, name, err)
 	}
 	return ok, nil
+}
+
+// names reads the names of the records and their versions.
+func (r records[T]) names(ctx context.Context) (map[string]uint64, error) {
+	pairs, _, err := r.kv.List(r.dir, (&consul.QueryOptions{}).WithContext(ctx))
+	if err != nil {
+		return nil, fmt.Errorf("list %s records: %w", r.what, err)
+	}
+	out := make(map[string]uint64, len(pairs))
+	for _, p := range pairs {
+		out[strings.TrimPrefix(p.Key, r.dir)] = p.ModifyIndex
+	}
+	return out, nil
+}
+
+// unescape is escape's parts back; false for a name escape did not make.
+func unescape(name string, n int) ([]string, bool) {
+	parts := strings.Split(name, "/")
+	if len(parts) != n {
+		return nil, false
+	}
+	for i, p := range parts {
+		u, err := url.PathUnescape(p)
+		if err != nil {
+			return nil, false
+		}
+		parts[i] = u
+	}
+	return parts, true
 }

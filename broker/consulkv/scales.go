@@ -9,9 +9,11 @@ import (
 	"github.com/nomad-gpu/nomad-gpu/broker/nomadjob"
 )
 
-// Scales keeps what the broker admitted when it scaled a job, under
-// <prefix>scaled/<namespace>/<job>: a scale changes a job's counts but not its
-// meta, so its admission stamp alone no longer verifies it.
+// Scales keeps what the broker admitted when it scaled a job, or dispatched
+// a child of one, under <prefix>scaled/<namespace>/<job>: a scale changes a
+// job's counts but not its meta, and a child carries its parent's stamp, so
+// the admission stamp alone no longer verifies either. Prune is the keys'
+// owner: the leader deletes those of jobs Nomad no longer has.
 type Scales struct{ r records[nomadjob.ScaleGrant] }
 
 // NewScales returns the grants under prefix (e.g. "nomad-gpu/").
@@ -43,4 +45,32 @@ func (s *Scales) Verifier(st nomadjob.Stamper) func(context.Context, *api.Job) b
 		g, ok, err := s.Get(ctx, nomadjob.Namespace(job), *job.ID)
 		return err == nil && ok && st.VerifyScaled(job, g)
 	}
+}
+
+// Prune deletes the grants of the jobs gone says Nomad no longer has, and a
+// key no grant could be under; it returns how many it deleted. A grant whose
+// job cannot be looked up stays, for the next time.
+func (s *Scales) Prune(ctx context.Context, gone func(ctx context.Context, namespace, job string) (bool, error)) (int, error) {
+	names, err := s.r.names(ctx)
+	if err != nil {
+		return 0, err
+	}
+	deleted := 0
+	var firstErr error
+	for name, index := range names {
+		if parts, ok := unescape(name, 2); ok {
+			if g, err := gone(ctx, parts[0], parts[1]); err != nil || !g {
+				if firstErr == nil {
+					firstErr = err
+				}
+				continue
+			}
+		}
+		if ok, err := s.r.remove(ctx, name, index); err != nil {
+			return deleted, err
+		} else if ok {
+			deleted++
+		}
+	}
+	return deleted, firstErr
 }

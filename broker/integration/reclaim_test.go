@@ -242,6 +242,28 @@ func TestReclaim(t *testing.T) {
 			t.Errorf("scaled through the broker, then reclaimed: %+v", rec)
 		}
 	})
+	t.Run("a child dispatched through the broker stays admitted, one dispatched straight in Nomad does not", func(t *testing.T) {
+		parent := job("vision", "fan-out", api.JobTypeBatch).group("g", ptr(1), nil, task(dev("nvidia/gpu", 1)))
+		parent.j.ParameterizedJob = &api.ParameterizedJobConfig{}
+		if status, out := send(t, e.broker.Addr, http.MethodPut, "/v1/jobs", parent.body(nil, canonical)); status != http.StatusOK {
+			t.Fatalf("parameterized job: %d %s", status, out)
+		}
+		status, out := send(t, e.broker.Addr, http.MethodPut, "/v1/job/fan-out/dispatch?namespace=vision", `{}`)
+		var through api.JobDispatchResponse
+		if status != http.StatusOK || json.Unmarshal([]byte(out), &through) != nil {
+			t.Fatalf("dispatch through the broker: %d %s", status, out)
+		}
+		straight, _, err := n.API.Jobs().Dispatch("fan-out", nil, nil, "", &api.WriteOptions{Namespace: "vision"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rec := waitDecision(straight.DispatchedJobID, reclaim.Executed); rec.Rule != "unadmitted" || !stopped(straight.DispatchedJobID) {
+			t.Errorf("dispatched past the broker: stopped %t, record %+v", stopped(straight.DispatchedJobID), rec)
+		}
+		if rec := decisions()[through.DispatchedJobID]; rec.Rule == "unadmitted" || stopped(through.DispatchedJobID) {
+			t.Errorf("dispatched through the broker, then reclaimed: %+v", rec)
+		}
+	})
 	t.Run("an allocation on a sick GPU is placed again, on healthy ones", func(t *testing.T) {
 		if out, err := e.run("vision", "on-sick", 1, 1, "", true); err != nil || !strings.Contains(out, "admitted") {
 			t.Fatalf("%v\n%s", err, out)
@@ -339,7 +361,7 @@ func TestReclaim(t *testing.T) {
 	t.Run("the broker's metrics say what happened", func(t *testing.T) {
 		m := e.broker.Scrape()
 		for series, want := range map[string]float64{
-			`nomadgpu_reclaim_decisions_total{action="stop",rule="unadmitted",state="executed"}`:     3, // direct, copied, scaled-direct
+			`nomadgpu_reclaim_decisions_total{action="stop",rule="unadmitted",state="executed"}`:     4, // direct, copied, scaled-direct, fan-out's straight child
 			`nomadgpu_reclaim_decisions_total{action="stop",rule="idle-dev",state="executed"}`:       1,
 			`nomadgpu_reclaim_decisions_total{action="stop",rule="idle-dev",state="cancelled"}`:      1,
 			`nomadgpu_reclaim_decisions_total{action="reschedule",rule="sick-gpu",state="executed"}`: 1,

@@ -226,6 +226,13 @@ func (c *Client) Job(ctx context.Context, namespace, id string) (*api.Job, error
 	return j, nil
 }
 
+// Gone reports whether Nomad no longer has job namespace/id (purged, or
+// collected as garbage).
+func (c *Client) Gone(ctx context.Context, namespace, id string) (bool, error) {
+	j, err := c.Job(ctx, namespace, id)
+	return err == nil && j == nil, err
+}
+
 // Grants reads the grants of the ACL token with accessor (the broker's
 // token must be a management token: Nomad shows other tokens to no one else);
 // exists is false when it no longer exists or expired.

@@ -66,7 +66,7 @@ type Stamper struct{ Key []byte }
 // GPUs per allocation and count, and the job's nomad-gpu.ttl if it has one. It has no time in it, so that registering the
 // same job again changes nothing in Nomad.
 func (s Stamper) Stamp(namespace string, job *api.Job, d admission.Decision) string {
-	return "v2:" + s.sign(namespace, job, d.Tenant, d.Queue, d.Priority, strconv.FormatBool(d.Outcome == admission.AdmitBorrowed), nil)
+	return "v2:" + s.sign(namespace, job, deref(job.ID), d.Tenant, d.Queue, d.Priority, strconv.FormatBool(d.Outcome == admission.AdmitBorrowed), nil)
 }
 
 // Verify reports whether a job (as Nomad returns it) carries a stamp this
@@ -76,7 +76,7 @@ func (s Stamper) Verify(job *api.Job) bool {
 	if !ok || job.ID == nil || job.Priority == nil {
 		return false
 	}
-	return s.verify(job, sig, nil)
+	return s.verify(job, deref(job.ID), sig, nil)
 }
 
 // ScaleGrant is what the broker admitted for a job scaled through it: a scale
@@ -86,6 +86,10 @@ type ScaleGrant struct {
 	Stamp    string         `json:"stamp"`
 	Stamped  map[string]int `json:"stamped"`
 	Admitted map[string]int `json:"admitted"`
+	// Parent is, for a child dispatched through the broker, the
+	// parameterized job it was dispatched from: the child carries its
+	// parent's stamp, made for the parent's id.
+	Parent string `json:"parent,omitempty"`
 }
 
 // VerifyScaled is Verify for a job scaled through the broker under g.
@@ -93,6 +97,13 @@ func (s Stamper) VerifyScaled(job *api.Job, g ScaleGrant) bool {
 	sig, ok := strings.CutPrefix(job.Meta[MetaAdmission], "v2:")
 	if !ok || job.ID == nil || job.Priority == nil || job.Meta[MetaAdmission] != g.Stamp {
 		return false
+	}
+	id := deref(job.ID)
+	if g.Parent != "" {
+		if deref(job.ParentID) != g.Parent || !job.Dispatched {
+			return false
+		}
+		id = g.Parent
 	}
 	counts := GPUGroupCounts(job)
 	if len(counts) != len(g.Admitted) {
@@ -103,7 +114,7 @@ func (s Stamper) VerifyScaled(job *api.Job, g ScaleGrant) bool {
 			return false // scaled past the broker since
 		}
 	}
-	return s.verify(job, sig, g.Stamped)
+	return s.verify(job, id, sig, g.Stamped)
 }
 
 // GPUGroupCounts are the counts of a job's GPU task groups, by name.
@@ -121,16 +132,16 @@ func GPUGroupCounts(job *api.Job) map[string]int {
 	return out
 }
 
-// verify checks sig over the job, with counts (when given) in place of the
-// job's own for the groups they name.
-func (s Stamper) verify(job *api.Job, sig string, counts map[string]int) bool {
-	want := s.sign(Namespace(job), job, job.Meta[MetaTenant], job.Meta[MetaQueue], *job.Priority, job.Meta[MetaBorrowed], counts)
+// verify checks sig over the job as job id, with counts (when given) in
+// place of the job's own for the groups they name.
+func (s Stamper) verify(job *api.Job, id, sig string, counts map[string]int) bool {
+	want := s.sign(Namespace(job), job, id, job.Meta[MetaTenant], job.Meta[MetaQueue], *job.Priority, job.Meta[MetaBorrowed], counts)
 	return want != "" && hmac.Equal([]byte(sig), []byte(want))
 }
 
-func (s Stamper) sign(namespace string, job *api.Job, tenant, queue string, priority int, borrowed string, counts map[string]int) string {
+func (s Stamper) sign(namespace string, job *api.Job, id, tenant, queue string, priority int, borrowed string, counts map[string]int) string {
 	mac := hmac.New(sha256.New, s.Key)
-	fields := []string{namespace, deref(job.ID), tenant, queue, strconv.Itoa(priority), borrowed}
+	fields := []string{namespace, id, tenant, queue, strconv.Itoa(priority), borrowed}
 	for _, tg := range job.TaskGroups {
 		if tg == nil {
 			continue

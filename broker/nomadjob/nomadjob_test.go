@@ -343,6 +343,39 @@ func TestAScaleThroughTheBrokerKeepsTheJobVerifiable(t *testing.T) {
 	}
 }
 
+// A child dispatched through the broker carries its parent's stamp, made for
+// the parent's id: its grant names the parent; without one it does not verify.
+func TestAChildDispatchedThroughTheBrokerVerifiesByItsGrant(t *testing.T) {
+	s := nomadjob.Stamper{Key: []byte("k")}
+	d := admission.Decision{Tenant: "vision", Queue: "training", Priority: 60}
+	parent := testbuild.Job("vision", "fan-out").Priority(60).Type("batch").Group("g", 1, 2, "nvidia/gpu").Build()
+	parent.ParameterizedJob = &api.ParameterizedJobConfig{}
+	for k, v := range nomadjob.BrokerMeta(d, s.Stamp("vision", parent, d)) {
+		parent.Meta[k] = v
+	}
+	child := func() *api.Job {
+		c := testbuild.Job("vision", "fan-out/dispatch-1700000000-abcd1234").Priority(60).Type("batch").Group("g", 1, 2, "nvidia/gpu").Build()
+		c.Meta, c.ParentID, c.Dispatched = parent.Meta, ptr("fan-out"), true
+		return c
+	}
+	grant := nomadjob.ScaleGrant{Stamp: parent.Meta[nomadjob.MetaAdmission], Stamped: map[string]int{"g": 1}, Admitted: map[string]int{"g": 1}, Parent: "fan-out"}
+	if c := child(); s.Verify(c) || !s.VerifyScaled(c, grant) {
+		t.Errorf("the child: Verify %t (want false), VerifyScaled %t (want true)", s.Verify(c), s.VerifyScaled(c, grant))
+	}
+	for name, change := range map[string]func(*api.Job){
+		"another parent":       func(c *api.Job) { c.ParentID = ptr("other") },
+		"not dispatched":       func(c *api.Job) { c.Dispatched = false },
+		"more than admitted":   func(c *api.Job) { c.TaskGroups[0].Count = ptr(2) },
+		"another priority now": func(c *api.Job) { c.Priority = ptr(70) },
+	} {
+		c := child()
+		change(c)
+		if s.VerifyScaled(c, grant) {
+			t.Errorf("%s: verified", name)
+		}
+	}
+}
+
 func TestAWorkloadWritesWhatTheJobLeavesOpen(t *testing.T) {
 	body := `{"Job":{"ID":"j","Meta":{"team":"cv"},"TaskGroups":[
 	  {"Name":"open","Tasks":[{"Name":"a","Resources":{"Devices":[{"Name":"gpu"}]}},{"Name":"b","KillTimeout":300000000000}]},

@@ -269,7 +269,8 @@ func (s *Server) sendOn(w http.ResponseWriter, r *http.Request, addr string, bod
 
 // relayRegistered relays Nomad's answer to a call the broker admitted, and
 // settles the reservation: confirmed at the job's new index, or released.
-func (s *Server) relayRegistered(w http.ResponseWriter, resp *http.Response, res *cluster.Reservation, warnings ...string) {
+// It returns the id of the child a dispatch created ("" for none).
+func (s *Server) relayRegistered(w http.ResponseWriter, resp *http.Response, res *cluster.Reservation, warnings ...string) string {
 	defer resp.Body.Close()
 	body, err := io.ReadAll(io.LimitReader(resp.Body, MaxBody))
 	var out struct {
@@ -280,6 +281,7 @@ func (s *Server) relayRegistered(w http.ResponseWriter, resp *http.Response, res
 	switch {
 	case err != nil || resp.StatusCode != http.StatusOK || json.Unmarshal(body, &out) != nil:
 		res.Release()
+		out.DispatchedJobID = ""
 	case out.DispatchedJobID != "":
 		res.ConfirmAs(out.DispatchedJobID, out.JobCreateIndex)
 	case out.JobModifyIndex > 0:
@@ -288,6 +290,7 @@ func (s *Server) relayRegistered(w http.ResponseWriter, resp *http.Response, res
 		res.Confirm(0) // a periodic force: its child's events name an id Nomad does not answer with
 	}
 	s.relayBody(w, resp, body, err, warnings...)
+	return out.DispatchedJobID
 }
 
 func admittedWarning(d admission.Decision) string {

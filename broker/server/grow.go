@@ -151,7 +151,27 @@ func (s *Server) spawn(w http.ResponseWriter, r *http.Request, c call, jc jobCal
 	child := *parent
 	child.ID = new(string)
 	*child.ID = jobID + "/" + c.String() + "-" + s.newID() // its own key: nothing of it is counted yet
-	s.checkThenForward(w, r, body, &child, ns, jobID, c.String(), nil)
+	id := s.checkThenForward(w, r, body, &child, ns, jobID, c.String(), nil)
+	if id != "" && c == callDispatch {
+		s.recordChild(r, ns, jobID, parent, id)
+	}
+}
+
+// recordChild records a child dispatched through the broker as admitted:
+// it carries its parent's stamp, which was made for the parent's id, so the
+// stamp alone would not verify it (and a child dispatched straight in Nomad
+// must not verify). Nomad has the child already: a record that cannot be
+// written is logged, and the reclaim rule unadmitted will see the child so.
+func (s *Server) recordChild(r *http.Request, ns, parentID string, parent *api.Job, childID string) {
+	stamped, admitted := s.stampedCounts(r, ns, parentID, parent)
+	if !admitted || s.scales == nil {
+		return
+	}
+	g := nomadjob.ScaleGrant{Stamp: parent.Meta[nomadjob.MetaAdmission], Stamped: stamped, Admitted: nomadjob.GPUGroupCounts(parent), Parent: parentID}
+	if err := s.scales.Put(r.Context(), ns, childID, g); err != nil {
+		s.log.Error("dispatch: the child's admission is not recorded; the reclaim rule unadmitted will count it as unadmitted",
+			"job", childID, "namespace", ns, "error", err)
+	}
 }
 
 func (s *Server) revert(w http.ResponseWriter, r *http.Request, jc jobCall, jobID string) {
@@ -217,27 +237,29 @@ func readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool) {
 	return body, true
 }
 
-// checkThenForward decides on job as it will be after the call.
-func (s *Server) checkThenForward(w http.ResponseWriter, r *http.Request, body []byte, job *api.Job, ns, jobID, what string, record func() error) {
+// checkThenForward decides on job as it will be after the call; it returns
+// the id of the child a dispatch created.
+func (s *Server) checkThenForward(w http.ResponseWriter, r *http.Request, body []byte, job *api.Job, ns, jobID, what string, record func() error) string {
 	groups, err := nomadjob.Groups(job, nomadjob.Placement{NodesFitting: s.cluster.NodesFitting})
 	if err != nil {
 		writeError(w, fail(errBadRequest, "%s of %q: %v", what, jobID, err))
-		return
+		return ""
 	}
-	s.decideThenForward(w, r, body, groups, job, ns, jobID, what, record)
+	return s.decideThenForward(w, r, body, groups, job, ns, jobID, what, record)
 }
 
 // decideThenForward admits the demand the call leads to, or refuses it:
 // anything but an admission at the job's current priority is refused, since
 // the call cannot change the priority. record, when given, runs once the call
-// is admitted and before it is forwarded.
-func (s *Server) decideThenForward(w http.ResponseWriter, r *http.Request, body []byte, groups []admission.Group, job *api.Job, ns, jobID, what string, record func() error) {
+// is admitted and before it is forwarded. It returns the id of the child a
+// dispatch it admitted created ("" for none).
+func (s *Server) decideThenForward(w http.ResponseWriter, r *http.Request, body []byte, groups []admission.Group, job *api.Job, ns, jobID, what string, record func() error) string {
 	if len(groups) == 0 {
 		s.passThrough(w, r, body)
-		return
+		return ""
 	}
 	if !s.admitsHere(w, r, body) {
-		return
+		return ""
 	}
 	a := admission.Job{ID: derefString(job.ID), Namespace: ns, Queue: job.Meta[nomadjob.MetaQueue], TTL: job.Meta[nomadjob.MetaTTL], Groups: groups,
 		CanaryAutoRevert: nomadjob.CanaryAutoRevert(job)}
@@ -260,7 +282,7 @@ func (s *Server) decideThenForward(w http.ResponseWriter, r *http.Request, body 
 	}
 	if !s.audited(w, event) {
 		res.Release()
-		return
+		return ""
 	}
 	switch {
 	case d.Outcome == admission.Reject:
@@ -277,17 +299,18 @@ func (s *Server) decideThenForward(w http.ResponseWriter, r *http.Request, body 
 			if err := record(); err != nil {
 				res.Release()
 				writeError(w, fail(errUnavailable, "%s of %q not forwarded: %v", what, jobID, err))
-				return
+				return ""
 			}
 		}
 		resp, err := s.forward(r, body, ns)
 		if err != nil {
 			res.Release()
 			writeError(w, fail(errNomadUnreach, "Nomad is unreachable: %v", err))
-			return
+			return ""
 		}
-		s.relayRegistered(w, resp, res, admittedWarning(d))
+		return s.relayRegistered(w, resp, res, admittedWarning(d))
 	}
+	return ""
 }
 
 // waitInstead is, per call that cannot wait, how to wait in the queue instead.
