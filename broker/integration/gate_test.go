@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -118,10 +119,19 @@ func TestGate(t *testing.T) {
 			t.Fatalf("a CPU job of the same id in the default namespace: %d %s", status, out)
 		}
 		dispatch := fmt.Sprintf(`{"Namespace": %q}`, ns)
-		if status, out := send(t, e.broker.Addr, http.MethodPut, "/v1/job/p/dispatch", dispatch); status != http.StatusOK {
+		status, out := send(t, e.broker.Addr, http.MethodPut, "/v1/job/p/dispatch?idempotency_token=retry-1", dispatch)
+		var first api.JobDispatchResponse
+		if status != http.StatusOK || json.Unmarshal([]byte(out), &first) != nil {
 			t.Fatalf("the first child (2 GPUs, limit 2): %d %s", status, out)
 		}
-		status, out := send(t, e.broker.Addr, http.MethodPut, "/v1/job/p/dispatch", dispatch)
+		// A retry with the same idempotency token: Nomad answers with the
+		// same child, creating nothing, so the broker passes it through.
+		status, out = send(t, e.broker.Addr, http.MethodPut, "/v1/job/p/dispatch?idempotency_token=retry-1", dispatch)
+		var retry api.JobDispatchResponse
+		if status != http.StatusOK || json.Unmarshal([]byte(out), &retry) != nil || retry.DispatchedJobID != first.DispatchedJobID {
+			t.Errorf("a retry of the first dispatch: %d %s, want the same child %s", status, out, first.DispatchedJobID)
+		}
+		status, out = send(t, e.broker.Addr, http.MethodPut, "/v1/job/p/dispatch", dispatch)
 		if status != http.StatusForbidden || !strings.Contains(out, `dispatch of "p" refused: tenant "dispatch" would hold 4 of its limit of 2 GPUs. Nothing was queued`) {
 			t.Errorf("a second child, 4 GPUs against a limit of 2: want 403 above the limit, nothing queued; got %d %s", status, out)
 		}

@@ -436,6 +436,15 @@ func TestAWorkloadWritesWhatTheJobLeavesOpen(t *testing.T) {
 // A call's namespace and region are the query's; where the query has none,
 // the body's, for the calls whose body Nomad reads a WriteRequest from.
 func TestCallTarget(t *testing.T) {
+	q, _ := url.ParseQuery("idempotency_token=q")
+	for body, want := range map[string]string{`{}`: "q", `{"IdempotencyToken":"b"}`: "q"} {
+		if got, err := nomadjob.CallTarget(q, []byte(body), true); err != nil || got.IdempotencyToken != want {
+			t.Errorf("token of %s with the query's: %+v %v", body, got, err)
+		}
+	}
+	if got, _ := nomadjob.CallTarget(url.Values{}, []byte(`{"idempotencytoken":"b"}`), true); got.IdempotencyToken != "b" {
+		t.Errorf("the body's token where the query has none: %+v", got)
+	}
 	for _, c := range []struct {
 		name, query, body string
 		bodyCounts        bool
@@ -444,6 +453,7 @@ func TestCallTarget(t *testing.T) {
 		{name: "nothing given", ns: "default"},
 		{name: "the query", query: "namespace=vision&region=eu", body: `{"Namespace":"search","Region":"us"}`, bodyCounts: true, ns: "vision", region: "eu"},
 		{name: "the body where the query has none", body: `{"JobID":"x","Namespace":"vision","Region":"us"}`, bodyCounts: true, ns: "vision", region: "us"},
+		{name: "the query's region, the body's namespace", query: "region=eu", body: `{"Namespace":"vision","Region":"us"}`, bodyCounts: true, ns: "vision", region: "eu"},
 		{name: "the body's keys in any case, as encoding/json reads them", body: `{"nAMESPACE":"vision"}`, bodyCounts: true, ns: "vision"},
 		{name: "a body Nomad does not read it from", body: `{"Namespace":"vision"}`, ns: "default"},
 		{name: "an empty body", bodyCounts: true, ns: "default"},
@@ -452,7 +462,8 @@ func TestCallTarget(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			q, _ := url.ParseQuery(c.query)
-			ns, region, err := nomadjob.CallTarget(q, []byte(c.body), c.bodyCounts)
+			got, err := nomadjob.CallTarget(q, []byte(c.body), c.bodyCounts)
+			ns, region := got.Namespace, got.Region
 			if c.err != "" {
 				if err == nil || !strings.Contains(strings.ToLower(err.Error()), c.err) {
 					t.Fatalf("want an error about %s, got %v", c.err, err)

@@ -78,24 +78,37 @@ func ReadRequest(kind Kind, body []byte, query url.Values) (*Request, error) {
 	return r, nil
 }
 
-// CallTarget is the namespace and region Nomad v1.6 applies a job call other
-// than register, plan and validate to: the query's; where the query names
-// none and the call's body is one Nomad decodes into a request that carries
-// a WriteRequest (dispatch, revert, stable, evaluate and the deployment
-// writes: bodyCounts), the body's Namespace and Region, read as encoding/json
-// reads them; else the default namespace and the agent's own region ("").
-func CallTarget(query url.Values, body []byte, bodyCounts bool) (namespace, region string, err error) {
-	var w struct{ Namespace, Region string }
+// Target is where Nomad v1.6 applies a job call other than register, plan
+// and validate, and the idempotency token it reads for it.
+type Target struct {
+	Namespace        string
+	Region           string // "" for the agent's own
+	IdempotencyToken string
+}
+
+// CallTarget reads a call's Target as Nomad does: the query's namespace,
+// region and idempotency_token; where the query gives none and the call's
+// body is one Nomad decodes into a request that carries a WriteRequest
+// (dispatch, revert, stable, evaluate and the deployment writes: bodyCounts),
+// the body's Namespace, Region and IdempotencyToken, read as encoding/json
+// reads them; else the default namespace and the agent's own region.
+func CallTarget(query url.Values, body []byte, bodyCounts bool) (Target, error) {
+	var w Target
 	if bodyCounts && len(bytes.TrimSpace(body)) > 0 {
 		if _, err := jsondoc.Parse(body, &w); err != nil {
-			return "", "", err
+			return Target{}, err
 		}
 	}
-	region = query.Get("region")
-	if region == "" {
-		region = w.Region
+	for _, f := range []struct {
+		field *string
+		param string
+	}{{&w.Region, "region"}, {&w.IdempotencyToken, "idempotency_token"}} {
+		if q := query.Get(f.param); q != "" {
+			*f.field = q
+		}
 	}
-	return ResolveNamespace(query.Get("namespace"), w.Namespace, ""), region, nil
+	w.Namespace = ResolveNamespace(query.Get("namespace"), w.Namespace, "")
+	return w, nil
 }
 
 // ResolveNamespace is Nomad v1.6's order for a job request: the namespace

@@ -31,6 +31,7 @@ import (
 type jobCall struct {
 	body              []byte
 	namespace, region string
+	idempotencyToken  string
 }
 
 // readJobCall reads the body of a job call other than register, plan and
@@ -43,12 +44,12 @@ func (s *Server) readJobCall(w http.ResponseWriter, r *http.Request, c call) (jo
 	// Nomad rebuilds a scale's request, and reads no body for a stop or a
 	// periodic force: only the query counts for those.
 	bodyCounts := r.Method != http.MethodDelete && (c == callDispatch || c == callRevert || c == callJobWrite || c == callDeploymentWrite)
-	ns, region, err := nomadjob.CallTarget(r.URL.Query(), body, bodyCounts)
+	t, err := nomadjob.CallTarget(r.URL.Query(), body, bodyCounts)
 	if err != nil {
 		writeError(w, fail(errBadRequest, "%s: %v", c, err))
 		return jobCall{}, false
 	}
-	return jobCall{body: body, namespace: ns, region: region}, true
+	return jobCall{body: body, namespace: t.Namespace, region: t.Region, idempotencyToken: t.IdempotencyToken}, true
 }
 
 func (s *Server) scale(w http.ResponseWriter, r *http.Request, jc jobCall, jobID string) {
@@ -148,6 +149,19 @@ func (s *Server) spawn(w http.ResponseWriter, r *http.Request, c call, jc jobCal
 		s.lookupFailed(w, err, c.String(), jobID)
 		return
 	}
+	if c == callDispatch && jc.idempotencyToken != "" {
+		child, err := s.dispatchedWith(r, ns, jobID, jc.idempotencyToken)
+		if err != nil {
+			s.lookupFailed(w, err, "dispatch", jobID)
+			return
+		}
+		if child != "" {
+			// Nomad answers a retry with the child it made: nothing new runs.
+			s.log.Info("dispatch: a retry of one already made, passed through", "job", jobID, "namespace", ns, "child", child)
+			s.passThrough(w, r, body)
+			return
+		}
+	}
 	child := *parent
 	child.ID = new(string)
 	*child.ID = jobID + "/" + c.String() + "-" + s.newID() // its own key: nothing of it is counted yet
@@ -155,6 +169,32 @@ func (s *Server) spawn(w http.ResponseWriter, r *http.Request, c call, jc jobCal
 	if id != "" && c == callDispatch {
 		s.recordChild(r, ns, jobID, parent, id)
 	}
+}
+
+// dispatchedWith is the child of parent that Nomad still has and that was
+// dispatched with idempotency token, or "": Nomad answers a dispatch with
+// that token with it, creating nothing. Read with the caller's token.
+func (s *Server) dispatchedWith(r *http.Request, ns, parent, token string) (string, error) {
+	var stubs []api.JobListStub
+	if err := s.get(r, "/v1/jobs?prefix="+url.QueryEscape(parent+"/dispatch-"), ns, &stubs); err != nil {
+		return "", err
+	}
+	for _, stub := range stubs {
+		if stub.ParentID != parent {
+			continue
+		}
+		child, err := s.currentJob(r, ns, stub.ID)
+		if errors.Is(err, errNoJob) {
+			continue // collected meanwhile
+		}
+		if err != nil {
+			return "", err
+		}
+		if derefString(child.DispatchIdempotencyToken) == token {
+			return stub.ID, nil
+		}
+	}
+	return "", nil
 }
 
 // recordChild records a child dispatched through the broker as admitted:
@@ -356,16 +396,21 @@ func (s *Server) get(r *http.Request, path, ns string, out any) error {
 
 // asCaller calls Nomad with the caller's token headers and decodes a 200
 // answer into out (if not nil); any other answer is a *lookupError. path is
-// escaped (ids through url.PathEscape): it is sent as it is.
+// escaped (ids through url.PathEscape), with its query if any: it is sent as
+// it is.
 func (s *Server) asCaller(r *http.Request, method, path, ns string, body []byte, out any) error {
 	u := *s.upstream
+	path, query, _ := strings.Cut(path, "?")
 	unescaped, err := url.PathUnescape(path)
 	if err != nil {
 		return fmt.Errorf("path %q: %w", path, err)
 	}
-	u.Path, u.RawPath = unescaped, path
+	u.Path, u.RawPath, u.RawQuery = unescaped, path, query
 	if ns != "" {
-		u.RawQuery = "namespace=" + url.QueryEscape(ns)
+		if u.RawQuery != "" {
+			u.RawQuery += "&"
+		}
+		u.RawQuery += "namespace=" + url.QueryEscape(ns)
 	}
 	req, err := http.NewRequestWithContext(r.Context(), method, u.String(), bytes.NewReader(body))
 	if err != nil {
