@@ -57,6 +57,12 @@ tenant "race" {
   guaranteed = 2
   limit      = 2
 }
+tenant "invalid" {
+  namespaces = ["gate-invalid"]
+  queues     = ["training"]
+  guaranteed = 1
+  limit      = 1
+}
 `
 
 // gateGPUs is the cluster's GPUs: more than all the scenarios' limits
@@ -70,7 +76,7 @@ const gateGPUs = 16
 func TestGate(t *testing.T) {
 	t.Parallel()
 	consul := testcluster.StartConsul(t)
-	n := startGPUNode(t, "gate", gateGPUs, "gate-probe", "gate-revert", "gate-dispatch", "gate-stop", "gate-zero", "gate-race")
+	n := startGPUNode(t, "gate", gateGPUs, "gate-probe", "gate-revert", "gate-dispatch", "gate-stop", "gate-zero", "gate-race", "gate-invalid")
 	e := brokerEnv(t, n, consul, gatePolicy, "gate-probe", gateGPUs, testcluster.BrokerOptions{})
 
 	// Nomad reads the namespace of a revert's or a dispatch's body when the
@@ -237,6 +243,22 @@ func TestGate(t *testing.T) {
 		j, _, err := e.nomad.API.Jobs().Info("five", &api.QueryOptions{Namespace: ns})
 		if err != nil || admitted != 2 || gpusOf(j) != 2 {
 			t.Errorf("%d scales admitted (answers %q), Nomad's job asks for %d GPUs (%v); the limit is 2", admitted, answers, gpusOf(j), err)
+		}
+	})
+
+	// A job that would wait, but that Nomad would never take: the user's
+	// error (400), with what Nomad's validator says, not a gateway error.
+	t.Run("an invalid job that would be queued is refused with Nomad's reason", func(t *testing.T) {
+		t.Parallel()
+		e := e.in(t)
+		const ns = "gate-invalid"
+		if out, err := e.run(ns, "hold", 1, 1, "", true); err != nil || !strings.Contains(out, "admitted") {
+			t.Fatalf("the tenant's 1 GPU: %v\n%s", err, out)
+		}
+		spaced := job(ns, "has space", api.JobTypeBatch).group("g", ptr(1), nil, task(dev("nvidia/gpu", 1)))
+		status, out := send(t, e.broker.Addr, http.MethodPut, "/v1/jobs", spaced.body(nil, canonical))
+		if status != http.StatusBadRequest || !strings.Contains(out, `job "has space" not queued: the job is invalid: `) || !strings.Contains(out, "Job ID contains a space") {
+			t.Errorf("a job id with a space, to be queued: %d %s", status, out)
 		}
 	})
 

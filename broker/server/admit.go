@@ -328,7 +328,10 @@ func (s *Server) enqueue(w http.ResponseWriter, r *http.Request, rj *gpuJobReque
 			}
 			grants = g.Version
 		}
-		if err := s.mayRegister(r, rj); err != nil {
+		if err := s.mayRegister(r, rj); errors.Is(err, errBadRequest) {
+			writeError(w, fmt.Errorf("job %q not queued: %w", rj.JobID, err))
+			return
+		} else if err != nil {
 			// Nomad's own refusal (its status) or no answer (502).
 			writeError(w, fmt.Errorf("job %q not queued: Nomad refused to plan it with your token (%w)", rj.JobID, err))
 			return
@@ -432,7 +435,19 @@ func (s *Server) withinQueueLimits(rj *gpuJobRequest, tenant string, entries []q
 // mayRegister asks Nomad to plan the job with the caller's token: a plan needs
 // the same submit-job capability as a registration and changes nothing.
 func (s *Server) mayRegister(r *http.Request, rj *gpuJobRequest) error {
-	return s.planAsCaller(r, rj.Namespace, rj.JobID, rj.Doc.Root().Get("Job").Bytes())
+	job := rj.Doc.Root().Get("Job").Bytes()
+	err := s.planAsCaller(r, rj.Namespace, rj.JobID, job)
+	var le *lookupError
+	if errors.As(err, &le) && le.status >= 500 {
+		// Nomad answers the plan of an invalid job 500: its validator says
+		// what the user has to change (an error of theirs: 400).
+		var v api.JobValidateResponse
+		body, _ := json.Marshal(map[string]any{"Job": json.RawMessage(job)})
+		if s.asCaller(r, http.MethodPut, "/v1/validate/job", rj.Namespace, body, &v) == nil && len(v.ValidationErrors) > 0 {
+			return fail(errBadRequest, "the job is invalid: %s", strings.Join(v.ValidationErrors, "; "))
+		}
+	}
+	return err
 }
 
 // planAsCaller plans job (its JSON) with the caller's token: Nomad answers
