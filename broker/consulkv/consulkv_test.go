@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -13,6 +14,7 @@ import (
 	"github.com/nomad-gpu/nomad-gpu/broker/approval"
 	"github.com/nomad-gpu/nomad-gpu/broker/consulkv"
 	"github.com/nomad-gpu/nomad-gpu/broker/nomadjob"
+	"github.com/nomad-gpu/nomad-gpu/broker/policy"
 	"github.com/nomad-gpu/nomad-gpu/broker/queue"
 	"github.com/nomad-gpu/nomad-gpu/broker/reclaim"
 	"github.com/nomad-gpu/nomad-gpu/broker/usage"
@@ -57,6 +59,22 @@ func TestStores(t *testing.T) {
 			if _, err := q.Get(ctx, id); !errors.Is(err, queue.ErrNotFound) {
 				t.Errorf("get %q: %v", id, err)
 			}
+		}
+		// A request at the most a policy allows fits one Consul value (its
+		// default limit, 512 KiB, the entry's fields included); one Consul
+		// refuses is ErrTooLarge.
+		request := func(size int) []byte {
+			r := []byte(`{"Job":{"Meta":{"pad":""}}}`)
+			return append(r[:len(r)-4], append(bytes.Repeat([]byte("x"), size-len(r)), r[len(r)-4:]...)...)
+		}
+		big := queue.Entry{ID: queue.NewID(), JobID: strings.Repeat("j", 1000), Namespace: "vision", Tenant: "vision", Queue: "training",
+			Reason: strings.Repeat("r", 1000), SubmittedBy: strings.Repeat("s", 1000), Request: request(policy.MaxQueuedRequestBytes)}
+		if err := q.Put(ctx, big); err != nil || len(big.Request) != policy.MaxQueuedRequestBytes {
+			t.Errorf("a request of max_queued_request_bytes' most (%d bytes): %v", len(big.Request), err)
+		}
+		big.ID, big.Request = queue.NewID(), request(600<<10)
+		if err := q.Put(ctx, big); !errors.Is(err, queue.ErrTooLarge) {
+			t.Errorf("a request of 600 KiB: %v, want ErrTooLarge", err)
 		}
 	})
 

@@ -2,7 +2,10 @@ package consulkv
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"net/http"
+	"strings"
 	"time"
 
 	consul "github.com/hashicorp/consul/api"
@@ -19,8 +22,16 @@ func NewQueue(kv *consul.KV, prefix string) *Queue {
 		version: func(e *queue.Entry, i uint64) { e.ModifyIndex = i }}}
 }
 
-// Put writes an entry.
-func (q *Queue) Put(ctx context.Context, e queue.Entry) error { return q.r.put(ctx, e.ID, e) }
+// Put writes an entry; queue.ErrTooLarge when Consul refuses a value that
+// large (kv_max_value_size, 512 KiB by default).
+func (q *Queue) Put(ctx context.Context, e queue.Entry) error {
+	err := q.r.put(ctx, e.ID, e)
+	var se consul.StatusError
+	if errors.As(err, &se) && se.Code == http.StatusRequestEntityTooLarge {
+		return fmt.Errorf("queue entry %s: %w (%s)", e.ID, queue.ErrTooLarge, strings.TrimSpace(se.Body))
+	}
+	return err
+}
 
 // List returns every entry.
 func (q *Queue) List(ctx context.Context) ([]queue.Entry, error) {

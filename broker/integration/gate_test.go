@@ -248,7 +248,7 @@ func TestGate(t *testing.T) {
 
 	// A job that would wait, but that Nomad would never take: the user's
 	// error (400), with what Nomad's validator says, not a gateway error.
-	t.Run("an invalid job that would be queued is refused with Nomad's reason", func(t *testing.T) {
+	t.Run("a job that would be queued: refused when invalid or too large, with the reason", func(t *testing.T) {
 		t.Parallel()
 		e := e.in(t)
 		const ns = "gate-invalid"
@@ -259,6 +259,23 @@ func TestGate(t *testing.T) {
 		status, out := send(t, e.broker.Addr, http.MethodPut, "/v1/jobs", spaced.body(nil, canonical))
 		if status != http.StatusBadRequest || !strings.Contains(out, `job "has space" not queued: the job is invalid: `) || !strings.Contains(out, "Job ID contains a space") {
 			t.Errorf("a job id with a space, to be queued: %d %s", status, out)
+		}
+
+		// The default max_queued_request_bytes (256 KiB) fits one Consul
+		// value: a request just below it is queued, one above is refused
+		// with the limit named (not Consul's 413 as a 503).
+		padded := func(id string, size int) string {
+			jb := job(ns, id, api.JobTypeBatch).group("g", ptr(1), nil, task(dev("nvidia/gpu", 1)))
+			jb.j.Meta = map[string]string{"pad": ""}
+			jb.j.Meta["pad"] = strings.Repeat("x", size-len(jb.body(nil, canonical)))
+			return jb.body(nil, canonical)
+		}
+		if status, out := send(t, e.broker.Addr, http.MethodPut, "/v1/jobs", padded("near-limit", 255<<10)); status != http.StatusOK || !strings.Contains(out, "queued as") {
+			t.Errorf("a request of 255 KiB: %d %.300s", status, out)
+		}
+		status, out = send(t, e.broker.Addr, http.MethodPut, "/v1/jobs", padded("above-limit", 600<<10))
+		if status != http.StatusTooManyRequests || !strings.Contains(out, `above tenant "invalid"'s max_queued_request_bytes of 262144`) {
+			t.Errorf("a request of 600 KiB: %d %.300s", status, out)
 		}
 	})
 

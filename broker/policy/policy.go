@@ -158,7 +158,11 @@ func (t *Tenant) MaySubmit(g Grants) bool {
 // Defaults of a tenant's queue limits.
 const (
 	DefaultMaxQueued             = 100
-	DefaultMaxQueuedRequestBytes = 1 << 20
+	DefaultMaxQueuedRequestBytes = 256 << 10
+	// MaxQueuedRequestBytes is the most max_queued_request_bytes may be: a
+	// queued request is kept with its entry in one Consul KV value, and
+	// Consul keeps values of at most 512 KiB by default.
+	MaxQueuedRequestBytes = 480 << 10
 )
 
 // Quota is a number of GPUs per class; the AllGPUs key counts every GPU. A

@@ -276,9 +276,10 @@ func (p *parser) addTenant(b *hcl.Block, tb tenantBody) hcl.Diagnostics {
 	if tb.MaxRequest != nil {
 		t.MaxQueuedRequestBytes = *tb.MaxRequest
 	}
-	if t.MaxQueued < 0 || t.MaxQueuedRequestBytes < 1 {
+	if t.MaxQueued < 0 || t.MaxQueuedRequestBytes < 1 || t.MaxQueuedRequestBytes > policy.MaxQueuedRequestBytes {
 		return hcl.Diagnostics{errorAt(b.DefRange, "Queue limit out of range",
-			fmt.Sprintf("tenant %q: max_queued must be 0 or more and max_queued_request_bytes 1 or more", t.Name))}
+			fmt.Sprintf("tenant %q: max_queued must be 0 or more and max_queued_request_bytes from 1 to %d (a queued request is kept "+
+				"with its entry in one Consul KV value, of at most 512 KiB by default)", t.Name, policy.MaxQueuedRequestBytes))}
 	}
 	var subDiags hcl.Diagnostics
 	if t.Submitters, subDiags = submitters(tb.Submitters, t.Name); subDiags.HasErrors() {

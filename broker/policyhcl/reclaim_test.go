@@ -108,6 +108,8 @@ func TestReclaimRuleDiagnostics(t *testing.T) {
 			`reclaim.hcl:2:3: error: Invalid idle weight: fair_share: idle_weight = -1 must be from 0`},
 		{"bad budget period", "tenant \"t\" {\n  namespaces = [\"t\"]\n  queues = [\"dev\"]\n  budget {\n    gpu_hours = 10\n    period = \"year\"\n  }\n}\n",
 			`reclaim.hcl:4:3: error: Invalid budget period: tenant "t": budget period "year" is none of "day", "week", "month"`},
+		{"a queued request larger than Consul keeps", "tenant \"t\" {\n  namespaces = [\"t\"]\n  queues = [\"dev\"]\n  max_queued_request_bytes = 1048576\n}\n",
+			`reclaim.hcl:1:1: error: Queue limit out of range: tenant "t": max_queued must be 0 or more and max_queued_request_bytes from 1 to 491520`},
 		{"negative approval bound", "tenant \"t\" {\n  namespaces = [\"t\"]\n  queues = [\"dev\"]\n  approvals {\n    max_extra_gpus = -1\n  }\n}\n",
 			`reclaim.hcl:4:3: error: Invalid approval bound: tenant "t": approvals max_extra_gpus = -1 must be 0 or more`},
 		{"approvals beyond a week", "tenant \"t\" {\n  namespaces = [\"t\"]\n  queues = [\"dev\"]\n  approvals {\n    max_duration = \"8d\"\n  }\n}\n",

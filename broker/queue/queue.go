@@ -54,6 +54,9 @@ type Entry struct {
 // ErrNotFound is returned for an id that is not queued (or not an id at all).
 var ErrNotFound = errors.New("no such queued job")
 
+// ErrTooLarge is an entry larger than the queue's store keeps.
+var ErrTooLarge = errors.New("larger than the queue's store keeps")
+
 // NewID returns a random (version 4) UUID in the form ValidID accepts: the
 // ids of queued jobs and of reclaim decisions.
 func NewID() string {

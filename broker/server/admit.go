@@ -369,7 +369,11 @@ func (s *Server) enqueue(w http.ResponseWriter, r *http.Request, rj *gpuJobReque
 	if !s.audited(w, event) {
 		return
 	}
-	if err := s.queue.Put(r.Context(), e); err != nil {
+	if err := s.queue.Put(r.Context(), e); errors.Is(err, queue.ErrTooLarge) {
+		writeError(w, fail(errTooLarge, "job %q not queued: its request of %d bytes is too large to keep (%v); make the job smaller, "+
+			"lower the tenant's max_queued_request_bytes, or raise Consul's limits { kv_max_value_size }", rj.JobID, len(e.Request), err))
+		return
+	} else if err != nil {
 		writeError(w, fail(errUnavailable, "job %q could not be queued: %v", rj.JobID, err))
 		return
 	}
