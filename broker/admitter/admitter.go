@@ -28,6 +28,8 @@ type Queue interface {
 	List(ctx context.Context) ([]queue.Entry, error)
 	Remove(ctx context.Context, e queue.Entry) (bool, error)
 	Park(ctx context.Context, e queue.Entry, reason string, at time.Time) (bool, error)
+	// Claim marks e as being admitted, if it has not changed since read.
+	Claim(ctx context.Context, e queue.Entry, at time.Time) (queue.Entry, bool, error)
 }
 
 // refusal is an error in which Nomad refused a job (a 4xx), as opposed to
@@ -227,8 +229,19 @@ func (a *Admitter) decide(ctx context.Context, r *registrations) error {
 // returns an error only when Nomad could not be reached or the queue not
 // updated, which ends the pass.
 func (a *Admitter) register(ctx context.Context, e queue.Entry, d admission.Decision, res *cluster.Reservation, body []byte) error {
-	// Register first, then remove: a crash in between registers the same job
-	// again, which Nomad treats as the same job, never as a second one.
+	// Claim first: an entry cancelled, stopped or replaced since the pass
+	// read it is not registered. Then register, then remove: a crash in
+	// between registers the same job again, which Nomad treats as the same
+	// job, never as a second one.
+	e, claimed, err := a.Queue.Claim(ctx, e, a.Now())
+	if err != nil || !claimed {
+		res.Release()
+		if err != nil {
+			return fmt.Errorf("claim queued job %s (%s): %w", e.ID, e.JobID, err)
+		}
+		a.Log.Info("queue: changed since the pass read it; not registered", "id", e.ID, "job", e.JobID, "namespace", e.Namespace)
+		return errChanged
+	}
 	index, err := a.Nomad.Register(ctx, e.Namespace, body)
 	if err != nil {
 		res.Release()
@@ -258,8 +271,13 @@ func (a *Admitter) register(ctx context.Context, e queue.Entry, d admission.Deci
 	return nil
 }
 
-// errRefused is a registration Nomad refused: the entry is parked, the pass goes on.
-var errRefused = errors.New("refused by Nomad")
+// errRefused is a registration Nomad refused: the entry is parked, the pass
+// goes on; so it does past errChanged, an entry that changed (cancelled,
+// stopped, replaced) since the pass read it, which is left as it is now.
+var (
+	errRefused = errors.New("refused by Nomad")
+	errChanged = errors.New("changed since read")
+)
 
 // registrations runs a pass's registrations, at most cap(sem) at once, and
 // counts those that got through.
@@ -289,7 +307,7 @@ func (r *registrations) start(register func() error) bool {
 		switch {
 		case err == nil:
 			r.admitted++
-		case errors.Is(err, errRefused):
+		case errors.Is(err, errRefused), errors.Is(err, errChanged):
 		case r.err == nil:
 			r.err = err
 		}

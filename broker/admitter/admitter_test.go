@@ -159,6 +159,31 @@ func TestRegisterFailureKeepsTheEntry(t *testing.T) {
 	}
 }
 
+// stale is a queue whose listing is read before a user cancels entry gone:
+// what a pass works from can be older than the queue.
+type stale struct {
+	*queuetest.Mem
+	gone string
+}
+
+func (s stale) List(ctx context.Context) ([]queue.Entry, error) {
+	entries, err := s.Mem.List(ctx)
+	e, _ := s.Mem.Get(ctx, s.gone)
+	s.Mem.Remove(ctx, e)
+	return entries, err
+}
+
+func TestAnEntryCancelledDuringThePassIsNotRegistered(t *testing.T) {
+	a, q, n, _, now := setup(t, visionPolicy, 8)
+	q.Put(context.Background(), entry("cancelled", 2, time.Hour, now))
+	q.Put(context.Background(), entry("kept", 2, time.Minute, now))
+	a.Queue = stale{q, "q-cancelled"}
+	got, err := a.Pass(context.Background())
+	if err != nil || got != 1 || fmt.Sprint(n.registered) != "[vision/kept]" {
+		t.Errorf("admitted %d (%v): %v", got, err, n.registered)
+	}
+}
+
 func TestJobThePolicyNowRejectsIsDropped(t *testing.T) {
 	a, q, n, _, now := setup(t, visionPolicy, 8)
 	e := entry("huge", 9, time.Minute, now) // more than any node has

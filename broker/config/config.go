@@ -40,6 +40,11 @@ type Config struct {
 	// config again (someone may have changed it); default 30s.
 	PreemptionReassert         string        `hcl:"preemption_reassert,optional"`
 	PreemptionReassertInterval time.Duration // PreemptionReassert, parsed by Validate
+	// BodyReadTimeout is how long the body of a call the broker decides on
+	// may take to arrive (a client that stalls holds a slot no longer);
+	// default 30s.
+	BodyReadTimeout         string        `hcl:"body_read_timeout,optional"`
+	BodyReadTimeoutDuration time.Duration // BodyReadTimeout, parsed by Validate
 	// Enforcement is "passthrough" (users keep their own job-write rights in
 	// Nomad) or "exclusive" (only the broker's token writes jobs in tenant
 	// namespaces, for the callers policy names as submitters).
@@ -158,6 +163,7 @@ func (c *Config) fill(env func(string) string) {
 	first(&c.QueueInterval, "2s")
 	first(&c.PolicyPoll, "2s")
 	first(&c.PreemptionReassert, "30s")
+	first(&c.BodyReadTimeout, "30s")
 	first(&c.Enforcement, Passthrough)
 	first(&c.Nomad.Address, env("NOMAD_ADDR"), DefaultNomad)
 	first(&c.Nomad.Token, env("NOMAD_TOKEN"))
@@ -180,6 +186,7 @@ func (c *Config) Validate() error {
 		{"queue_interval", c.QueueInterval, 10 * time.Millisecond, &c.QueueIntervalDuration},
 		{"policy_poll", c.PolicyPoll, 10 * time.Millisecond, &c.PolicyPollInterval},
 		{"preemption_reassert", c.PreemptionReassert, 10 * time.Millisecond, &c.PreemptionReassertInterval},
+		{"body_read_timeout", c.BodyReadTimeout, 10 * time.Millisecond, &c.BodyReadTimeoutDuration},
 	} {
 		v, err := time.ParseDuration(d.value)
 		if err != nil || v < d.least {

@@ -128,18 +128,21 @@ func TestLoopIntervals(t *testing.T) {
 	path := filepath.Join(dir, "broker.hcl")
 	os.WriteFile(path, []byte(`policy_dir = "`+dir+`"`), 0o644)
 	c, err := Load(path)
-	if err != nil || c.QueueIntervalDuration != 2*time.Second || c.PolicyPollInterval != 2*time.Second || c.PreemptionReassertInterval != 30*time.Second {
+	if err != nil || c.QueueIntervalDuration != 2*time.Second || c.PolicyPollInterval != 2*time.Second || c.PreemptionReassertInterval != 30*time.Second ||
+		c.BodyReadTimeoutDuration != 30*time.Second {
 		t.Fatalf("defaults: %v %+v", err, c)
 	}
 	os.WriteFile(path, []byte(`policy_dir = "`+dir+`"
 queue_interval      = "100ms"
 policy_poll         = "200ms"
 preemption_reassert = "1s"
+body_read_timeout   = "5s"
 `), 0o644)
-	if c, err = Load(path); err != nil || c.QueueIntervalDuration != 100*time.Millisecond || c.PolicyPollInterval != 200*time.Millisecond || c.PreemptionReassertInterval != time.Second {
+	if c, err = Load(path); err != nil || c.QueueIntervalDuration != 100*time.Millisecond || c.PolicyPollInterval != 200*time.Millisecond || c.PreemptionReassertInterval != time.Second ||
+		c.BodyReadTimeoutDuration != 5*time.Second {
 		t.Fatalf("set: %v %+v", err, c)
 	}
-	for _, bad := range []string{`queue_interval = "0s"`, `policy_poll = "often"`, `preemption_reassert = "-1s"`} {
+	for _, bad := range []string{`queue_interval = "0s"`, `policy_poll = "often"`, `preemption_reassert = "-1s"`, `body_read_timeout = "1ns"`} {
 		os.WriteFile(path, []byte(`policy_dir = "`+dir+`"`+"\n"+bad+"\n"), 0o644)
 		key := strings.Fields(bad)[0]
 		if _, err := Load(path); err == nil || !strings.Contains(err.Error(), key) {

@@ -52,7 +52,19 @@ func TestStores(t *testing.T) {
 		if err != nil || len(all) != 1 || all[0].Parked != "no such tenant" {
 			t.Fatalf("list: %+v %v", all, err)
 		}
-		if ok, err := q.Remove(ctx, all[0]); !ok || err != nil {
+		// The leader claims an entry before registering it: not one that
+		// changed since it was read, and the claimed one at its new version.
+		if _, ok, err := q.Claim(ctx, got, time.Now()); ok || err != nil {
+			t.Errorf("a stale entry was claimed: %v %v", ok, err)
+		}
+		claimed, ok, err := q.Claim(ctx, all[0], time.Now())
+		if !ok || err != nil || claimed.Admitting.IsZero() || claimed.ModifyIndex == all[0].ModifyIndex {
+			t.Fatalf("claim: %+v %v %v", claimed, ok, err)
+		}
+		if ok, err := q.Remove(ctx, all[0]); ok || err != nil {
+			t.Errorf("an entry claimed since it was read was removed: %v %v", ok, err)
+		}
+		if ok, err := q.Remove(ctx, claimed); !ok || err != nil {
 			t.Errorf("remove: %v %v", ok, err)
 		}
 		for _, id := range []string{"../reclaim/x", queue.NewID()} {

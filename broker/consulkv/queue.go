@@ -57,6 +57,19 @@ func (q *Queue) Remove(ctx context.Context, e queue.Entry) (bool, error) {
 	return q.r.remove(ctx, e.ID, e.ModifyIndex)
 }
 
+// Claim marks an entry as being admitted at, if it has not changed since it
+// was read, and returns it at its new version; false means it changed or
+// is gone (cancelled, stopped, replaced, or claimed by another leader).
+func (q *Queue) Claim(ctx context.Context, e queue.Entry, at time.Time) (queue.Entry, bool, error) {
+	e.Admitting = at
+	ok, err := q.r.cas(ctx, e.ID, e, e.ModifyIndex)
+	if err != nil || !ok {
+		return e, false, err
+	}
+	claimed, _, found, err := q.r.get(ctx, e.ID)
+	return claimed, found && err == nil, err
+}
+
 // Park marks an entry parked with the reason, if it has not changed since it
 // was read; false means another broker got there first.
 func (q *Queue) Park(ctx context.Context, e queue.Entry, reason string, at time.Time) (bool, error) {

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"strings"
 	"sync"
@@ -77,7 +78,7 @@ func TestGate(t *testing.T) {
 	t.Parallel()
 	consul := testcluster.StartConsul(t)
 	n := startGPUNode(t, "gate", gateGPUs, "gate-probe", "gate-revert", "gate-dispatch", "gate-stop", "gate-zero", "gate-race", "gate-invalid")
-	e := brokerEnv(t, n, consul, gatePolicy, "gate-probe", gateGPUs, testcluster.BrokerOptions{})
+	e := brokerEnv(t, n, consul, gatePolicy, "gate-probe", gateGPUs, testcluster.BrokerOptions{Config: `body_read_timeout = "3s"`})
 
 	// Nomad reads the namespace of a revert's or a dispatch's body when the
 	// query has none; the broker must decide on that one, not on a job of
@@ -276,6 +277,65 @@ func TestGate(t *testing.T) {
 		status, out = send(t, e.broker.Addr, http.MethodPut, "/v1/jobs", padded("above-limit", 600<<10))
 		if status != http.StatusTooManyRequests || !strings.Contains(out, `above tenant "invalid"'s max_queued_request_bytes of 262144`) {
 			t.Errorf("a request of 600 KiB: %d %.300s", status, out)
+		}
+	})
+
+	// Four uploads that stall from one client (127.0.0.2) hold two slots for
+	// large bodies, and those for body_read_timeout only: another client's
+	// chunked registration goes through meanwhile.
+	t.Run("slow bodies: one client's stalled uploads do not block the others", func(t *testing.T) {
+		t.Parallel()
+		e := e.in(t)
+		slow := &http.Client{Transport: &http.Transport{DialContext: (&net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP("127.0.0.2")}}).DialContext}}
+		type answer struct {
+			status int
+			body   string
+			after  time.Duration
+		}
+		answers := make(chan answer, 4)
+		start := time.Now()
+		for i := 0; i < 4; i++ {
+			body, w := io.Pipe()
+			t.Cleanup(func() { w.Close() })
+			go w.Write([]byte(`{"Job": {"ID": "stalled"`)) // and then nothing
+			go func() {
+				req, _ := http.NewRequest(http.MethodPut, e.broker.Addr+"/v1/jobs", body)
+				resp, err := slow.Do(req)
+				if err != nil {
+					answers <- answer{body: err.Error(), after: time.Since(start)}
+					return
+				}
+				defer resp.Body.Close()
+				b, _ := io.ReadAll(resp.Body)
+				answers <- answer{resp.StatusCode, string(b), time.Since(start)}
+			}()
+		}
+		time.Sleep(500 * time.Millisecond) // the four are in
+		cpu := job("default", "chunked-cpu", api.JobTypeBatch).group("g", ptr(1), nil, task()).body(nil, canonical)
+		req, _ := http.NewRequest(http.MethodPut, e.broker.Addr+"/v1/jobs", io.MultiReader(strings.NewReader(cpu))) // chunked
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil || resp.StatusCode != http.StatusOK {
+			t.Errorf("a chunked registration from another client while four uploads stall: %v %+v", err, resp)
+		} else {
+			resp.Body.Close()
+		}
+		got := map[int]int{}
+		for i := 0; i < 4; i++ {
+			a := <-answers
+			got[a.status]++
+			switch a.status {
+			case http.StatusServiceUnavailable:
+				if !strings.Contains(a.body, "too many large requests from 127.0.0.2") {
+					t.Errorf("503: %s", a.body)
+				}
+			case http.StatusRequestTimeout:
+				if a.after > 30*time.Second || !strings.Contains(a.body, "did not arrive within 3s") {
+					t.Errorf("408 after %s: %s", a.after, a.body)
+				}
+			}
+		}
+		if got[http.StatusServiceUnavailable] != 2 || got[http.StatusRequestTimeout] != 2 {
+			t.Errorf("the stalled uploads were answered %v, want two 503 at once and two 408 after the timeout", got)
 		}
 	})
 

@@ -48,7 +48,11 @@ type Entry struct {
 	// (zero: unknown), to measure the estimate against what happened.
 	EstimatedStart time.Time `json:"queued_estimate,omitzero"`
 
-	ModifyIndex uint64 `json:"-"` // Consul's, for check-and-set
+	// Admitting is when the leader claimed the entry to register it with
+	// Nomad (zero: not yet). A claimed entry is changed: a cancel or stop
+	// that read it before fails, and one after finds the job in Nomad.
+	Admitting   time.Time `json:"admitting,omitzero"`
+	ModifyIndex uint64    `json:"-"` // Consul's, for check-and-set
 }
 
 // ErrNotFound is returned for an id that is not queued (or not an id at all).

@@ -37,7 +37,7 @@ type gpuJobRequest struct {
 // another region, or the job asks for no GPU (Nomad then gets it byte for byte:
 // it was read unambiguously, so Nomad reads no GPU in it either).
 func (s *Server) readGPUJob(w http.ResponseWriter, r *http.Request, kind nomadjob.Kind, pathJobID string) *gpuJobRequest {
-	body, ok := readBody(w, r)
+	body, ok := s.readBody(w, r)
 	if !ok {
 		return nil
 	}

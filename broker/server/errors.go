@@ -21,6 +21,7 @@ var (
 	errConflict     = errors.New("conflict")
 	errTooLarge     = errors.New("request too large")
 	errTooMany      = errors.New("too many")
+	errTimeout      = errors.New("request timeout")
 	errUnavailable  = errors.New("unavailable") // Consul, the audit trail or the broker leader
 	errNomadUnreach = errors.New("nomad unreachable")
 	errInternal     = errors.New("internal")
@@ -66,6 +67,8 @@ func statusOf(err error) int {
 		return http.StatusRequestEntityTooLarge
 	case errors.Is(err, errTooMany):
 		return http.StatusTooManyRequests
+	case errors.Is(err, errTimeout):
+		return http.StatusRequestTimeout
 	case errors.Is(err, errUnavailable):
 		return http.StatusServiceUnavailable
 	case errors.Is(err, errNomadUnreach):

@@ -3,6 +3,7 @@ package server
 import (
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -232,20 +233,79 @@ func TestQueueLimitsPerTenant(t *testing.T) {
 
 func TestLargeBodiesAreReadAFewAtATime(t *testing.T) {
 	s, _, _, _ := newTestServer(t)
-	for i := 0; i < MaxLargeBodies; i++ {
-		s.large <- struct{}{} // as many large requests in flight as allowed
+	large := func(from string) *httptest.ResponseRecorder {
+		req := httptest.NewRequest(http.MethodPut, "/v1/jobs", strings.NewReader(strings.Repeat(" ", LargeBody+1)+"{}"))
+		req.RemoteAddr = from + ":40000"
+		rec := httptest.NewRecorder()
+		s.Handler().ServeHTTP(rec, req)
+		return rec
 	}
-	req := httptest.NewRequest(http.MethodPut, "/v1/jobs", strings.NewReader(strings.Repeat(" ", LargeBody+1)+"{}"))
-	rec := httptest.NewRecorder()
-	s.Handler().ServeHTTP(rec, req)
-	if rec.Code != http.StatusServiceUnavailable {
-		t.Errorf("one more large request: %d %s", rec.Code, rec.Body)
+	var held []func()
+	for _, client := range []string{"10.0.0.1", "10.0.0.1", "10.0.0.2"} {
+		release, err := s.large.take(client) // large requests in flight
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, release)
 	}
-	<-s.large
-	rec = httptest.NewRecorder()
-	s.Handler().ServeHTTP(rec, httptest.NewRequest(http.MethodPut, "/v1/jobs", strings.NewReader(strings.Repeat(" ", LargeBody+1)+"{}")))
-	if rec.Code != http.StatusBadRequest || len(s.large) != MaxLargeBodies-1 {
-		t.Errorf("with a free slot: %d %s, slots held %d", rec.Code, rec.Body, len(s.large))
+	if rec := large("10.0.0.1"); rec.Code != http.StatusServiceUnavailable || !strings.Contains(rec.Body.String(), "from 10.0.0.1") {
+		t.Errorf("a third from one client: %d %s", rec.Code, rec.Body)
+	}
+	if rec := large("10.0.0.3"); rec.Code != http.StatusBadRequest {
+		t.Errorf("another client, with a slot free: %d %s", rec.Code, rec.Body)
+	}
+	release, _ := s.large.take("10.0.0.3")
+	if rec := large("10.0.0.4"); rec.Code != http.StatusServiceUnavailable || !strings.Contains(rec.Body.String(), "too many large requests at once") {
+		t.Errorf("one more than the slots: %d %s", rec.Code, rec.Body)
+	}
+	release()
+	for _, r := range held {
+		r()
+	}
+	if s.large.inFlight != 0 || len(s.large.byClient) != 0 {
+		t.Errorf("slots still held: %d, by client %v", s.large.inFlight, s.large.byClient)
+	}
+}
+
+// A body that does not arrive in time is answered 408, and its slot freed.
+func TestABodyThatStallsIsAnsweredInTime(t *testing.T) {
+	s, _, _, _ := newTestServer(t)
+	s.bodyReadTimeout = 200 * time.Millisecond
+	srv := httptest.NewServer(s.Handler())
+	defer srv.Close()
+	body, w := io.Pipe()
+	defer w.Close()
+	req, _ := http.NewRequest(http.MethodPut, srv.URL+"/v1/jobs", body) // chunked: its length unknown
+	go w.Write([]byte(`{"Job": {`))                                     // and then nothing
+	start := time.Now()
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	out, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusRequestTimeout || !strings.Contains(string(out), "did not arrive within 200ms") || time.Since(start) > 5*time.Second {
+		t.Errorf("a stalled body: %d %s after %s", resp.StatusCode, out, time.Since(start))
+	}
+	if s.large.inFlight != 0 {
+		t.Errorf("its slot is still held")
+	}
+	// Refused before its body is read: answered at once all the same.
+	for range MaxLargeBodiesPerClient {
+		release, _ := s.large.take("127.0.0.1")
+		defer release()
+	}
+	body2, w2 := io.Pipe()
+	defer w2.Close()
+	go w2.Write([]byte(`{"Job": {`))
+	req, _ = http.NewRequest(http.MethodPut, srv.URL+"/v1/jobs", body2)
+	resp2, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp2.Body.Close()
+	if resp2.StatusCode != http.StatusServiceUnavailable {
+		t.Errorf("a stalled body beyond the client's slots: %d", resp2.StatusCode)
 	}
 }
 

@@ -37,7 +37,7 @@ type jobCall struct {
 // readJobCall reads the body of a job call other than register, plan and
 // validate, and where Nomad applies it (nomadjob.CallTarget).
 func (s *Server) readJobCall(w http.ResponseWriter, r *http.Request, c call) (jobCall, bool) {
-	body, ok := readBody(w, r)
+	body, ok := s.readBody(w, r)
 	if !ok {
 		return jobCall{}, false
 	}
@@ -260,21 +260,6 @@ func (s *Server) parseCall(w http.ResponseWriter, r *http.Request, jc jobCall, o
 		return nil, false
 	}
 	return doc, s.checkRegion(w, r, jc.region, "", doc.Bytes())
-}
-
-// readBody reads a size-limited body, answering 400 itself when it cannot.
-func readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool) {
-	body, err := io.ReadAll(http.MaxBytesReader(nil, r.Body, MaxBody))
-	if err != nil {
-		var tooBig *http.MaxBytesError
-		if errors.As(err, &tooBig) {
-			writeError(w, fail(errTooLarge, "request body larger than %d bytes", MaxBody))
-		} else {
-			writeError(w, fail(errBadRequest, "read request body: %v", err))
-		}
-		return nil, false
-	}
-	return body, true
 }
 
 // checkThenForward decides on job as it will be after the call; it returns

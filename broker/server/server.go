@@ -31,17 +31,6 @@ import (
 	"github.com/nomad-gpu/nomad-gpu/broker/webui"
 )
 
-// MaxBody is the largest request body the broker reads (Nomad's jobs are far smaller).
-const MaxBody = 16 << 20
-
-// Bodies above LargeBody (or of unknown length) are read by at most
-// MaxLargeBodies calls at once, so that a burst of huge requests cannot take
-// the broker's memory; one more is answered 503 at once.
-const (
-	LargeBody      = 1 << 20
-	MaxLargeBodies = 4
-)
-
 // Cluster is the usage admission decides against.
 type Cluster interface {
 	UsageWithout(p *policy.Policy, namespace, jobID string) admission.Usage
@@ -128,7 +117,8 @@ type Server struct {
 	now            func() time.Time
 	newID          func() string
 
-	large chan struct{} // slots for large bodies
+	large           bodySlots
+	bodyReadTimeout time.Duration
 
 	idMu       sync.Mutex
 	identities map[[32]byte]cachedIdentity
@@ -168,8 +158,11 @@ type Options struct {
 	Token     string
 	// Peers reaches the other brokers (TLS as they serve it); nil: a plain client.
 	Peers *http.Client
-	Now   func() time.Time
-	NewID func() string
+	// BodyReadTimeout bounds how long a request body may take to arrive
+	// (0: DefaultBodyReadTimeout).
+	BodyReadTimeout time.Duration
+	Now             func() time.Time
+	NewID           func() string
 }
 
 // New returns a server forwarding to o.Nomad.
@@ -190,7 +183,10 @@ func New(o Options) (*Server, error) {
 	if s.leaderClient == nil {
 		s.leaderClient = &http.Client{}
 	}
-	s.large = make(chan struct{}, MaxLargeBodies)
+	s.bodyReadTimeout = o.BodyReadTimeout
+	if s.bodyReadTimeout <= 0 {
+		s.bodyReadTimeout = DefaultBodyReadTimeout
+	}
 	if s.region == "" || s.region == api.GlobalRegion {
 		s.region = api.GlobalRegion
 	}
@@ -242,13 +238,12 @@ func (s *Server) Handler() http.Handler {
 		}
 		c, jobID := route(r.Method, p)
 		if c != callNone && (r.ContentLength > LargeBody || r.ContentLength < 0) {
-			select {
-			case s.large <- struct{}{}:
-				defer func() { <-s.large }()
-			default:
-				writeError(w, fail(errUnavailable, "too many large requests at once; try again"))
+			release, err := s.large.take(clientOf(r))
+			if err != nil {
+				refuseBody(w, err)
 				return
 			}
+			defer release()
 		}
 		var jc jobCall
 		switch c {

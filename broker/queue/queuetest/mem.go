@@ -65,6 +65,20 @@ func (m *Mem) Remove(_ context.Context, e queue.Entry) (bool, error) {
 	return ok, nil
 }
 
+// Claim marks an entry as being admitted at, if it is there at the version
+// read (its ModifyIndex), and returns it at its next version.
+func (m *Mem) Claim(_ context.Context, e queue.Entry, at time.Time) (queue.Entry, bool, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if cur, ok := m.entries[e.ID]; !ok || cur.ModifyIndex != e.ModifyIndex {
+		return e, false, nil
+	}
+	e.Admitting = at
+	e.ModifyIndex++
+	m.entries[e.ID] = e
+	return e, true, nil
+}
+
 // Park marks an entry parked.
 func (m *Mem) Park(_ context.Context, e queue.Entry, reason string, at time.Time) (bool, error) {
 	m.mu.Lock()

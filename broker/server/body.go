@@ -1,0 +1,102 @@
+package server
+
+import (
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"sync"
+	"time"
+)
+
+// MaxBody is the largest request body the broker reads (Nomad's jobs are far smaller).
+const MaxBody = 16 << 20
+
+// Bodies above LargeBody (or of unknown length) are read by at most
+// MaxLargeBodies calls at once, and MaxLargeBodiesPerClient from one client
+// address, so that a burst of huge requests cannot take the broker's memory
+// and one client's cannot take every slot; one more is answered 503 at once.
+// (Behind a proxy, every client has the proxy's address.)
+const (
+	LargeBody               = 1 << 20
+	MaxLargeBodies          = 4
+	MaxLargeBodiesPerClient = 2
+)
+
+// DefaultBodyReadTimeout is how long a request body may take to arrive.
+const DefaultBodyReadTimeout = 30 * time.Second
+
+// bodySlots count the large bodies being read, in all and by client.
+type bodySlots struct {
+	mu       sync.Mutex
+	inFlight int
+	byClient map[string]int
+}
+
+// take holds a slot for a large body from client until release.
+func (b *bodySlots) take(client string) (release func(), err error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	switch {
+	case b.inFlight >= MaxLargeBodies:
+		return nil, fail(errUnavailable, "too many large requests at once; try again")
+	case b.byClient[client] >= MaxLargeBodiesPerClient:
+		return nil, fail(errUnavailable, "too many large requests from %s at once; send them one after another", client)
+	}
+	if b.byClient == nil {
+		b.byClient = map[string]int{}
+	}
+	b.inFlight++
+	b.byClient[client]++
+	return func() {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		b.inFlight--
+		if b.byClient[client]--; b.byClient[client] == 0 {
+			delete(b.byClient, client)
+		}
+	}, nil
+}
+
+// clientOf is the address a request came from, without its port.
+func clientOf(r *http.Request) string {
+	host, _, err := net.SplitHostPort(r.RemoteAddr)
+	if err != nil {
+		return r.RemoteAddr
+	}
+	return host
+}
+
+// readBody reads a size-limited body, answering itself when it cannot: 413
+// above MaxBody, 408 when it does not arrive within the body read timeout
+// (a client that stalls holds its slot no longer), 400 otherwise.
+func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool) {
+	rc := http.NewResponseController(w)
+	rc.SetReadDeadline(time.Now().Add(s.bodyReadTimeout)) // not supported by test recorders: no deadline there
+	body, err := io.ReadAll(http.MaxBytesReader(nil, r.Body, MaxBody))
+	// The deadline ends with the body: past it, Go's server would cancel
+	// the call's context while the broker still works on it.
+	rc.SetReadDeadline(time.Time{})
+	if err != nil {
+		var tooBig *http.MaxBytesError
+		switch {
+		case errors.As(err, &tooBig):
+			refuseBody(w, fail(errTooLarge, "request body larger than %d bytes", MaxBody))
+		case errors.Is(err, os.ErrDeadlineExceeded):
+			refuseBody(w, fail(errTimeout, "the request body did not arrive within %s", s.bodyReadTimeout))
+		default:
+			refuseBody(w, fail(errBadRequest, "read request body: %v", err))
+		}
+		return nil, false
+	}
+	return body, true
+}
+
+// refuseBody answers err to a request whose body was not read to its end,
+// and closes the connection after: else Go's server would first read what
+// is left of the body, waiting on a client that may never send it.
+func refuseBody(w http.ResponseWriter, err error) {
+	w.Header().Set("Connection", "close")
+	writeError(w, err)
+}
