@@ -66,8 +66,9 @@ var errResync = errors.New("periodic resync")
 // Follow lists everything once, then applies Nomad's events from that index on;
 // when the stream breaks it lists everything again (a missed event must not leave
 // the view wrong), and so it does on every tick of resync: Nomad v1.6 sends no
-// event when a job is purged or an allocation collected, so only a listing
-// drops them. It returns when ctx ends.
+// Job event when a job is purged (only its deregistration's evaluation, which
+// the view reads) and none when an allocation is collected, so a listing is
+// what drops anything missed. It returns when ctx ends.
 func (v *View) Follow(ctx context.Context, src Source, log hclog.Logger, resync <-chan time.Time) {
 	backoff := time.Second
 	for ctx.Err() == nil {
@@ -160,6 +161,18 @@ func (v *View) apply(e *Event) error {
 			return fmt.Errorf("decode allocation event: %v", err)
 		}
 		v.ObserveAlloc(a)
+	case api.TopicEvaluation:
+		// A purge (or the garbage collector's) sends no Job event, only
+		// the evaluation it creates, with the deregistration's type: the
+		// job is stopped or gone either way, and holds nothing any more.
+		if e.Type != "JobDeregistered" && e.Type != "JobBatchDeregistered" {
+			return nil
+		}
+		var ev *api.Evaluation
+		if err := e.decode("Evaluation", &ev); err != nil || ev == nil {
+			return fmt.Errorf("decode evaluation event: %v", err)
+		}
+		v.ForgetJob(ev.Namespace, ev.JobID)
 	}
 	return nil
 }

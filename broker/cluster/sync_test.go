@@ -60,6 +60,27 @@ func TestResyncDropsAPurgedJob(t *testing.T) {
 	waitUsage(0)
 }
 
+// A purge is told by its evaluation alone: the job holds nothing from then
+// on. Other evaluations change nothing.
+func TestAPurgesEvaluationDropsTheJob(t *testing.T) {
+	p := testbuild.Policy(t, visionPolicy)
+	v := NewView(nil)
+	v.Reset(Snapshot{Nodes: []*api.Node{testbuild.Node("n", testbuild.H100, 8, 0)},
+		Jobs: []*api.Job{testbuild.Job("vision", "a").Group("g", 1, 4, "gpu").Build()}})
+	eval := func(typ string) *Event {
+		raw, _ := json.Marshal(api.Evaluation{ID: "e", Namespace: "vision", JobID: "a", TriggeredBy: "job-deregister"})
+		return &Event{Topic: api.TopicEvaluation, Type: typ, Payload: map[string]json.RawMessage{"Evaluation": raw}}
+	}
+	for _, typ := range []string{"EvaluationUpdated", "PlanResult"} {
+		if err := v.apply(eval(typ)); err != nil || v.Usage(p).Tenants["vision"].Used.Total() != 4 {
+			t.Errorf("after a %s event: %v, vision uses %g", typ, err, v.Usage(p).Tenants["vision"].Used.Total())
+		}
+	}
+	if err := v.apply(eval("JobDeregistered")); err != nil || v.Usage(p).Tenants["vision"].Used.Total() != 0 {
+		t.Errorf("after the purge's evaluation: %v, vision uses %g", err, v.Usage(p).Tenants["vision"].Used.Total())
+	}
+}
+
 // A node event keeps its device groups' attributes (a shared group's
 // replicas), which the api's own event decoder (mapstructure) drops.
 func TestNodeEventsKeepDeviceAttributes(t *testing.T) {

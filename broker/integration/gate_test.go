@@ -64,6 +64,12 @@ tenant "invalid" {
   guaranteed = 1
   limit      = 1
 }
+tenant "purge" {
+  namespaces = ["gate-purge"]
+  queues     = ["training"]
+  guaranteed = 2
+  limit      = 2
+}
 `
 
 // gateGPUs is the cluster's GPUs: more than all the scenarios' limits
@@ -77,7 +83,7 @@ const gateGPUs = 16
 func TestGate(t *testing.T) {
 	t.Parallel()
 	consul := testcluster.StartConsul(t)
-	n := startGPUNode(t, "gate", gateGPUs, "gate-probe", "gate-revert", "gate-dispatch", "gate-stop", "gate-zero", "gate-race", "gate-invalid")
+	n := startGPUNode(t, "gate", gateGPUs, "gate-probe", "gate-revert", "gate-dispatch", "gate-stop", "gate-zero", "gate-race", "gate-invalid", "gate-purge")
 	e := brokerEnv(t, n, consul, gatePolicy, "gate-probe", gateGPUs, testcluster.BrokerOptions{Config: `body_read_timeout = "3s"`})
 
 	// Nomad reads the namespace of a revert's or a dispatch's body when the
@@ -337,6 +343,28 @@ func TestGate(t *testing.T) {
 		if got[http.StatusServiceUnavailable] != 2 || got[http.StatusRequestTimeout] != 2 {
 			t.Errorf("the stalled uploads were answered %v, want two 503 at once and two 408 after the timeout", got)
 		}
+	})
+
+	// A purge straight in Nomad sends no Job event: the broker reads it from
+	// the purge's evaluation, not at its next full listing (a minute).
+	t.Run("purge straight in Nomad: its GPUs count no more within seconds", func(t *testing.T) {
+		t.Parallel()
+		e := e.in(t)
+		const ns = "gate-purge"
+		if out, err := e.run(ns, "first", 1, 2, "", true); err != nil || !strings.Contains(out, "admitted") {
+			t.Fatalf("2 GPUs of 2: %v\n%s", err, out)
+		}
+		e.waitRunning(ns, "first")
+		if _, _, err := e.nomad.API.Jobs().Deregister("first", true, &api.WriteOptions{Namespace: ns}); err != nil {
+			t.Fatal(err)
+		}
+		purged := time.Now()
+		out, err := e.run(ns, "next", 1, 2, "", true)
+		if err != nil {
+			t.Fatalf("the next job of 2 GPUs: %v\n%s", err, out)
+		}
+		e.waitAdmitted(t, ns, "next", 15*time.Second) // the full listing comes after a minute
+		t.Logf("the next job was in Nomad %s after the purge", time.Since(purged).Round(10*time.Millisecond))
 	})
 
 	t.Run("metrics: a queue the policy does not name is labelled other", func(t *testing.T) {

@@ -253,6 +253,8 @@ func TestReclaim(t *testing.T) {
 		if status != http.StatusOK || json.Unmarshal([]byte(out), &through) != nil {
 			t.Fatalf("dispatch through the broker: %d %s", status, out)
 		}
+		e.waitRunning("vision", through.DispatchedJobID)
+		setJobUtil(through.DispatchedJobID, 60) // busy: no idle rule's business
 		straight, _, err := n.API.Jobs().Dispatch("fan-out", nil, nil, "", &api.WriteOptions{Namespace: "vision"})
 		if err != nil {
 			t.Fatal(err)
@@ -260,6 +262,7 @@ func TestReclaim(t *testing.T) {
 		if rec := waitDecision(straight.DispatchedJobID, reclaim.Executed); rec.Rule != "unadmitted" || !stopped(straight.DispatchedJobID) {
 			t.Errorf("dispatched past the broker: stopped %t, record %+v", stopped(straight.DispatchedJobID), rec)
 		}
+		setJobUtil(straight.DispatchedJobID, 60) // its GPU, free again, busy for whoever gets it next
 		if rec := decisions()[through.DispatchedJobID]; rec.Rule == "unadmitted" || stopped(through.DispatchedJobID) {
 			t.Errorf("dispatched through the broker, then reclaimed: %+v", rec)
 		}

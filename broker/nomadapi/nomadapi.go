@@ -141,11 +141,11 @@ func (c *Client) list(ctx context.Context) ([]*api.Node, []*api.Job, uint64, err
 	return nodes, jobs, index, nil
 }
 
-// Events streams node, job, deployment and allocation events of every
-// namespace from index.
+// Events streams node, job, deployment, allocation and evaluation events of
+// every namespace from index (a purge is told by its evaluation only).
 func (c *Client) Events(ctx context.Context, index uint64) (<-chan *cluster.Events, error) {
 	q := url.Values{"index": {strconv.FormatUint(index, 10)}, "namespace": {"*"}}
-	for _, t := range []api.Topic{api.TopicNode, api.TopicJob, api.TopicDeployment, api.TopicAllocation} {
+	for _, t := range []api.Topic{api.TopicNode, api.TopicJob, api.TopicDeployment, api.TopicAllocation, api.TopicEvaluation} {
 		q.Add("topic", string(t)+":*")
 	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimSuffix(c.address, "/")+"/v1/event/stream?"+q.Encode(), nil)
