@@ -40,6 +40,9 @@ const (
 	RuleGang              = "workload-gang"
 	RuleProtectedMinCount = "workload-protect-min-count"
 	RuleWorkloadShared    = "workload-shared"
+	// RuleUndeclaredGPUAccess refuses a job that would use GPUs it does not
+	// ask for (nomadjob.UndeclaredGPUAccess).
+	RuleUndeclaredGPUAccess = "undeclared-gpu-access"
 )
 
 // Job is the GPU demand of a job, as admission sees it.

@@ -367,6 +367,28 @@ func TestGate(t *testing.T) {
 		t.Logf("the next job was in Nomad %s after the purge", time.Since(purged).Round(10*time.Millisecond))
 	})
 
+	// GPUs used without a device request are charged to no tenant: refused
+	// (the policy's default), with the fix in the answer.
+	t.Run("undeclared GPU access: refused by rule undeclared-gpu-access", func(t *testing.T) {
+		t.Parallel()
+		e := e.in(t)
+		byHand := job("default", "by-hand", api.JobTypeBatch).group("g", ptr(1), nil, task())
+		byHand.j.TaskGroups[0].Tasks[0].Env = map[string]string{"NVIDIA_VISIBLE_DEVICES": "all"}
+		privileged := job("default", "privileged", api.JobTypeBatch).group("g", ptr(1), nil, task())
+		privileged.j.TaskGroups[0].Tasks[0].Driver = "docker"
+		privileged.j.TaskGroups[0].Tasks[0].Config = map[string]any{"image": "nvidia/cuda", "privileged": true}
+		for id, jb := range map[string]*jobBuilder{"by-hand": byHand, "privileged": privileged} {
+			status, out := send(t, e.broker.Addr, http.MethodPut, "/v1/jobs", jb.body(nil, canonical))
+			if status != http.StatusForbidden || !strings.Contains(out, fmt.Sprintf("job %q rejected by rule undeclared-gpu-access", id)) ||
+				!strings.Contains(out, `ask for GPUs with a device block`) {
+				t.Errorf("%s: %d %s", id, status, out)
+			}
+			if _, _, err := e.nomad.API.Jobs().Info(id, nil); err == nil {
+				t.Errorf("%s: Nomad has it", id)
+			}
+		}
+	})
+
 	t.Run("metrics: a queue the policy does not name is labelled other", func(t *testing.T) {
 		t.Parallel()
 		e := e.in(t)

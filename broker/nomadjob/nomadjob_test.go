@@ -476,3 +476,35 @@ func TestCallTarget(t *testing.T) {
 		})
 	}
 }
+
+// What a job spec shows of GPUs used without a device request.
+func TestUndeclaredGPUAccess(t *testing.T) {
+	task := func(driver string, env map[string]string, config map[string]any, devices ...string) *api.Job {
+		tk := &api.Task{Name: "t", Driver: driver, Env: env, Config: config, Resources: &api.Resources{}}
+		for _, d := range devices {
+			tk.Resources.Devices = append(tk.Resources.Devices, &api.RequestedDevice{Name: d, Count: ptr(uint64(1))})
+		}
+		return &api.Job{TaskGroups: []*api.TaskGroup{{Name: ptr("g"), Tasks: []*api.Task{tk}}}}
+	}
+	for _, c := range []struct {
+		name string
+		job  *api.Job
+		want string // "" for none
+	}{
+		{"a CPU job", task("raw_exec", map[string]string{"HOME": "/tmp"}, map[string]any{"command": "sleep"}), ""},
+		{"NVIDIA_VISIBLE_DEVICES by hand", task("raw_exec", map[string]string{"NVIDIA_VISIBLE_DEVICES": "all"}, nil), "sets NVIDIA_VISIBLE_DEVICES"},
+		{"CUDA_VISIBLE_DEVICES by hand, GPUs asked for too", task("raw_exec", map[string]string{"CUDA_VISIBLE_DEVICES": "0,1"}, nil, "nvidia/gpu"), "sets CUDA_VISIBLE_DEVICES"},
+		{"privileged", task("docker", nil, map[string]any{"image": "cuda", "privileged": true}), "runs privileged"},
+		{"not privileged", task("docker", nil, map[string]any{"image": "cuda", "privileged": false}), ""},
+		{"a /dev/nvidia device", task("docker", nil, map[string]any{"devices": []any{map[string]any{"host_path": "/dev/nvidia0"}}}), "/dev/nvidia* devices"},
+		{"a /dev/nvidia device as a string", task("podman", nil, map[string]any{"devices": []any{"/dev/nvidiactl:/dev/nvidiactl"}}), "/dev/nvidia* devices"},
+		{"another device", task("docker", nil, map[string]any{"devices": []any{map[string]any{"host_path": "/dev/fuse"}}}), ""},
+		{"the nvidia runtime, no GPU asked for", task("docker", nil, map[string]any{"runtime": "nvidia"}), "nvidia runtime without asking for a GPU"},
+		{"the nvidia runtime with a GPU device", task("docker", nil, map[string]any{"runtime": "nvidia"}, "nvidia/gpu"), ""},
+	} {
+		got := strings.Join(nomadjob.UndeclaredGPUAccess(c.job), "; ")
+		if (c.want == "") != (got == "") || !strings.Contains(got, c.want) {
+			t.Errorf("%s: %q, want %q", c.name, got, c.want)
+		}
+	}
+}

@@ -53,6 +53,10 @@ type Policy struct {
 	FairShare FairShare
 	// Approvers may grant approvals (top-level approvers).
 	Approvers []string
+	// UndeclaredGPUAccess is what the gate does with a job that would use
+	// GPUs it does not ask for (top-level undeclared_gpu_access):
+	// AccessRefuse (the default) or AccessWarn.
+	UndeclaredGPUAccess string
 	// Workloads say how each kind of GPU work is treated, by name.
 	Workloads map[string]*Workload
 
@@ -154,6 +158,12 @@ func (t *Tenant) MaySubmit(g Grants) bool {
 	}
 	return false
 }
+
+// What the gate does with undeclared GPU access.
+const (
+	AccessRefuse = "refuse"
+	AccessWarn   = "warn"
+)
 
 // Defaults of a tenant's queue limits.
 const (

@@ -19,7 +19,7 @@ import (
 	"github.com/nomad-gpu/nomad-gpu/broker/policy"
 )
 
-var fileSchema = &hcl.BodySchema{Attributes: []hcl.AttributeSchema{{Name: "currency"}, {Name: "approvers"}}, Blocks: []hcl.BlockHeaderSchema{
+var fileSchema = &hcl.BodySchema{Attributes: []hcl.AttributeSchema{{Name: "currency"}, {Name: "approvers"}, {Name: "undeclared_gpu_access"}}, Blocks: []hcl.BlockHeaderSchema{
 	{Type: "queue", LabelNames: []string{"name"}},
 	{Type: "tenant", LabelNames: []string{"name"}},
 	{Type: "gpu_class", LabelNames: []string{"name"}},
@@ -109,7 +109,7 @@ func Parse(files map[string][]byte, capacity int) (*policy.Policy, hcl.Diagnosti
 	pol := &policy.Policy{Queues: map[string]*policy.Queue{}, Tenants: map[string]*policy.Tenant{}, Classes: map[string]*policy.GPUClass{}, Regions: map[string]*policy.Region{},
 		Reclaim: map[string]*policy.ReclaimRule{}, Workloads: map[string]*policy.Workload{}, ReclaimSettings: policy.ReclaimSettings{Period: policy.DefaultReclaimPeriod, Retention: policy.DefaultReclaimRetention},
 		Borrowing: policy.Borrowing{Priority: defaultBorrowingPriority}, Preemption: policy.Preemption{Batch: true, Service: true},
-		Usage: policy.Usage{IdleBelow: policy.DefaultIdleBelow, Retention: policy.DefaultUsageRetention}, Currency: policy.DefaultCurrency,
+		Usage: policy.Usage{IdleBelow: policy.DefaultIdleBelow, Retention: policy.DefaultUsageRetention}, Currency: policy.DefaultCurrency, UndeclaredGPUAccess: policy.AccessRefuse,
 		FairShare: policy.FairShare{HalfLife: policy.DefaultHalfLife, IdleWeight: policy.DefaultIdleWeight}}
 	p := &parser{Policy: pol, byNamespace: map[string]*policy.Tenant{}, defs: map[string]hcl.Range{}}
 	var diags hcl.Diagnostics
@@ -138,6 +138,9 @@ func Parse(files map[string][]byte, capacity int) (*policy.Policy, hcl.Diagnosti
 		}
 		if a, ok := content.Attributes["approvers"]; ok {
 			diags = append(diags, p.approvers(a, seenSingleton)...)
+		}
+		if a, ok := content.Attributes["undeclared_gpu_access"]; ok {
+			diags = append(diags, p.undeclaredAccess(a, seenSingleton)...)
 		}
 		for _, b := range content.Blocks {
 			switch b.Type {

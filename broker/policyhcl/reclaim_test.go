@@ -114,6 +114,8 @@ func TestReclaimRuleDiagnostics(t *testing.T) {
 			`reclaim.hcl:4:3: error: Invalid approval bound: tenant "t": approvals max_extra_gpus = -1 must be 0 or more`},
 		{"approvals beyond a week", "tenant \"t\" {\n  namespaces = [\"t\"]\n  queues = [\"dev\"]\n  approvals {\n    max_duration = \"8d\"\n  }\n}\n",
 			`reclaim.hcl:4:3: error: Invalid approval bound: tenant "t": approvals max_duration = "8d" is not a duration above 0 and at most 168h0m0s`},
+		{"bad undeclared_gpu_access", "undeclared_gpu_access = \"allow\"\n",
+			`reclaim.hcl:1:1: error: Invalid undeclared_gpu_access: undeclared_gpu_access = "allow" is neither "refuse" nor "warn"`},
 		{"bad approver", "approvers = [\"ops\", \"group:sre\"]\n",
 			`reclaim.hcl:1:1: error: Invalid approver: approvers: "group:sre" is neither a token name nor "role:<name>" or "policy:<name>"`},
 		{"queue of no workload", "workload \"dev\" {\n  max_gpus = 1\n}\n",

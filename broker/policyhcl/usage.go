@@ -121,3 +121,21 @@ func (p *parser) approvers(a *hcl.Attribute, seen map[string]hcl.Range) hcl.Diag
 	p.Approvers = list
 	return nil
 }
+
+// undeclaredAccess reads undeclared_gpu_access: "refuse" or "warn".
+func (p *parser) undeclaredAccess(a *hcl.Attribute, seen map[string]hcl.Range) hcl.Diagnostics {
+	if prev, dup := seen["undeclared_gpu_access"]; dup {
+		return hcl.Diagnostics{duplicate("undeclared_gpu_access", "", a.Range, prev)}
+	}
+	seen["undeclared_gpu_access"] = a.Range
+	var v string
+	if d := gohcl.DecodeExpression(a.Expr, nil, &v); d.HasErrors() {
+		return d
+	}
+	if v != policy.AccessRefuse && v != policy.AccessWarn {
+		return hcl.Diagnostics{errorAt(a.Range, "Invalid undeclared_gpu_access",
+			fmt.Sprintf("undeclared_gpu_access = %q is neither %q nor %q", v, policy.AccessRefuse, policy.AccessWarn))}
+	}
+	p.UndeclaredGPUAccess = v
+	return nil
+}

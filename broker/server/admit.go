@@ -28,8 +28,9 @@ import (
 // and the namespace and counts pinned in the document to forward.
 type gpuJobRequest struct {
 	*nomadjob.Request
-	groups []admission.Group
-	unlock func() // ends the hold on the job (a registration's: jobLocks)
+	groups  []admission.Group
+	unlock  func() // ends the hold on the job (a registration's: jobLocks)
+	warning string // what its answer says besides (undeclared GPU access)
 }
 
 // readGPUJob reads a register, plan or validate request. It answers the
@@ -53,13 +54,17 @@ func (s *Server) readGPUJob(w http.ResponseWriter, r *http.Request, kind nomadjo
 	if kind != nomadjob.Validate && !s.authorize(w, r, kindName[kind], req.Namespace) {
 		return nil // validation only reads: the caller's own token suffices
 	}
+	warning, ok := s.declaredGPUs(w, r, req)
+	if !ok {
+		return nil
+	}
 	probe, err := req.Groups(nil, nil)
 	if err != nil {
 		writeError(w, fail(errBadRequest, "job %q: %v", req.JobID, err))
 		return nil
 	}
 	if len(probe) == 0 {
-		s.passThrough(w, r, body)
+		s.passThrough(w, r, body, warning)
 		return nil
 	}
 	if !s.checkRegion(w, r, req.Region, req.JobID, body) {
@@ -90,7 +95,30 @@ func (s *Server) readGPUJob(w http.ResponseWriter, r *http.Request, kind nomadjo
 		return nil
 	}
 	req.Pin()
-	return &gpuJobRequest{Request: req, groups: groups, unlock: unlock}
+	return &gpuJobRequest{Request: req, groups: groups, unlock: unlock, warning: warning}
+}
+
+// declaredGPUs refuses a job that would use GPUs it does not ask for, by
+// rule undeclared-gpu-access (audited), or, with the policy's
+// undeclared_gpu_access = "warn", returns the warning its answer carries.
+func (s *Server) declaredGPUs(w http.ResponseWriter, r *http.Request, req *nomadjob.Request) (string, bool) {
+	how := nomadjob.UndeclaredGPUAccess(req.Job)
+	if len(how) == 0 {
+		return "", true
+	}
+	why := strings.Join(how, "; ")
+	fix := `ask for GPUs with a device block (device "nvidia/gpu" { count = N }): the device plugin then gives the task ` +
+		"the GPUs Nomad assigns it, and its tenant is charged for them"
+	if s.policies.Current().UndeclaredGPUAccess == policy.AccessWarn {
+		s.log.Warn("admission: undeclared GPU access", "job", req.JobID, "namespace", req.Namespace, "how", why)
+		return fmt.Sprintf("nomad-gpu: warning: rule %s: %s; %s", admission.RuleUndeclaredGPUAccess, why, fix), true
+	}
+	event := audit.Event{Who: s.identity(r), What: audit.Admission, Namespace: req.Namespace, Job: req.JobID,
+		Rule: admission.RuleUndeclaredGPUAccess, Result: "reject: " + why}
+	if s.audited(w, event) {
+		writeError(w, fail(errForbidden, "job %q rejected by rule %s: %s; %s", req.JobID, admission.RuleUndeclaredGPUAccess, why, fix))
+	}
+	return "", false
 }
 
 var kindName = map[nomadjob.Kind]string{nomadjob.Register: "register", nomadjob.Plan: "plan"}
@@ -126,7 +154,7 @@ func (s *Server) register(w http.ResponseWriter, r *http.Request, pathJobID stri
 			writeError(w, fail(errForbidden, "job %q rejected by rule %s: %s", rj.JobID, d.Rule, d.Reason))
 		}
 	case admission.Queue:
-		s.enqueue(w, r, rj, d, who, event, workloadWarning(wrote))
+		s.enqueue(w, r, rj, d, who, event, workloadWarning(wrote), rj.warning)
 	default:
 		if !s.audited(w, event) {
 			res.Release()
@@ -141,7 +169,7 @@ func (s *Server) register(w http.ResponseWriter, r *http.Request, pathJobID stri
 			writeError(w, fail(errNomadUnreach, "Nomad is unreachable: %v", err))
 			return
 		}
-		s.relayRegistered(w, resp, res, admittedWarning(d), workloadWarning(wrote), s.rightSizingWarning(rj.Namespace, rj.JobID, d))
+		s.relayRegistered(w, resp, res, admittedWarning(d), workloadWarning(wrote), s.rightSizingWarning(rj.Namespace, rj.JobID, d), rj.warning)
 	}
 }
 
@@ -500,7 +528,7 @@ func (s *Server) annotate(w http.ResponseWriter, r *http.Request, kind nomadjob.
 		writeError(w, fail(errNomadUnreach, "Nomad is unreachable: %v", err))
 		return
 	}
-	s.relay(w, resp, note)
+	s.relay(w, resp, note, rj.warning)
 }
 
 // checkRegion passes a call for the broker's own region. One for another

@@ -536,3 +536,21 @@ func TestCallsThatGrowAJobDecideUnderItsApprovals(t *testing.T) {
 		})
 	}
 }
+
+// A job that would use GPUs it does not ask for is refused by default, with
+// the fix; with undeclared_gpu_access = "warn" it goes to Nomad, warned.
+func TestUndeclaredGPUAccessIsRefusedOrWarned(t *testing.T) {
+	s, up, _, _ := newTestServer(t)
+	job := `{"Job":{"ID":"sneaky","Namespace":"vision","TaskGroups":[{"Name":"g","Count":1,
+	  "Tasks":[{"Name":"t","Driver":"raw_exec","Env":{"NVIDIA_VISIBLE_DEVICES":"all"}}]}]}}`
+	rec := do(s, http.MethodPut, "/v1/jobs", job)
+	if rec.Code != http.StatusForbidden || !strings.Contains(rec.Body.String(), `job "sneaky" rejected by rule undeclared-gpu-access: task "t" of group "g" sets NVIDIA_VISIBLE_DEVICES`) ||
+		!strings.Contains(rec.Body.String(), `device "nvidia/gpu"`) || len(up.writes) != 0 {
+		t.Errorf("refused: %d %s, Nomad got %v", rec.Code, rec.Body, up.writes)
+	}
+	s.policies = testbuild.Fixed{P: visionPolicy(t, "", `undeclared_gpu_access = "warn"`)}
+	rec = do(s, http.MethodPut, "/v1/jobs", job)
+	if rec.Code != http.StatusOK || !strings.Contains(rec.Body.String(), "nomad-gpu: warning: rule undeclared-gpu-access") || len(up.writes) != 1 {
+		t.Errorf("warned: %d %s, Nomad got %v", rec.Code, rec.Body, up.writes)
+	}
+}

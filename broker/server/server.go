@@ -370,11 +370,11 @@ func joinWarnings(ws ...string) string {
 	return strings.Join(out, "\n")
 }
 
-func (s *Server) passThrough(w http.ResponseWriter, r *http.Request, body []byte) {
+func (s *Server) passThrough(w http.ResponseWriter, r *http.Request, body []byte, warnings ...string) {
 	resp, err := s.forward(r, body, "")
 	if err != nil {
 		writeError(w, fail(errNomadUnreach, "Nomad is unreachable: %v", err))
 		return
 	}
-	s.relay(w, resp)
+	s.relay(w, resp, warnings...)
 }
