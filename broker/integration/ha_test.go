@@ -23,18 +23,25 @@ tenant "race" {
   guaranteed = 8
   limit      = 8
 }
+tenant "race-scale" {
+  namespaces = ["race-scale"]
+  queues     = ["training"]
+  guaranteed = 2
+  limit      = 2
+}
 borrowing {
   enabled = false
 }
 `
 
 // TestConcurrentAdmissionsThroughTwoBrokers: many registrations of one tenant
-// at once, through two brokers against one Consul, never admit more than the
-// tenant's limit together; the rest is queued, nothing is lost.
+// at once, and many scales of one job, through two brokers against one
+// Consul, never admit more than the tenant's limit together; the rest is
+// queued, nothing is lost.
 func TestConcurrentAdmissionsThroughTwoBrokers(t *testing.T) {
 	t.Parallel()
 	consul := testcluster.StartConsul(t)
-	n := startGPUNode(t, "race", 32, "race")
+	n := startGPUNode(t, "race", 32, "race", "race-scale")
 	policyDir := t.TempDir()
 	writeFile(t, filepath.Join(policyDir, "policy.hcl"), racePolicy)
 	brokers := []*testcluster.Broker{
@@ -97,6 +104,36 @@ func TestConcurrentAdmissionsThroughTwoBrokers(t *testing.T) {
 	inNomad, _, err := n.API.Jobs().List(&api.QueryOptions{Namespace: "race", Prefix: "race-"})
 	if err != nil || len(inNomad) > 8 {
 		t.Errorf("Nomad has %d of the tenant's one-GPU jobs, its limit is 8 (%v)", len(inNomad), err)
+	}
+
+	// Five scales of five groups of one job at once, through both brokers,
+	// each to 1 GPU against a limit of 2: decided one after another.
+	five := job("race-scale", "five", api.JobTypeBatch)
+	for i := 0; i < 5; i++ {
+		five.group(fmt.Sprintf("g%d", i), ptr(0), nil, task(dev("gpu", 1)))
+	}
+	d.broker = brokers[0]
+	if status, out := d.send(http.MethodPut, "/v1/jobs", five.body(nil, canonical)); status != http.StatusOK {
+		t.Fatalf("five GPU groups at count 0: %d %s", status, out)
+	}
+	statuses := make([]int, 5)
+	for i := range statuses {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			e := &diffEnv{t: t, nomad: n, broker: brokers[i%2]}
+			statuses[i], _ = e.send(http.MethodPut, "/v1/job/five/scale?namespace=race-scale", fmt.Sprintf(`{"Count": 1, "Target": {"Group": "g%d"}}`, i))
+		}()
+	}
+	wg.Wait()
+	scaled := 0
+	for _, s := range statuses {
+		if s == http.StatusOK {
+			scaled++
+		}
+	}
+	if j, _, err := n.API.Jobs().Info("five", &api.QueryOptions{Namespace: "race-scale"}); err != nil || scaled != 2 || gpusOf(j) != 2 {
+		t.Errorf("%d scales admitted (%v) through two brokers; Nomad's job asks for %d GPUs (%v); the limit is 2", scaled, statuses, gpusOf(j), err)
 	}
 }
 
