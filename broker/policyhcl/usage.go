@@ -51,14 +51,20 @@ func attrRange(b *hcl.Block, name string) hcl.Range {
 	return b.DefRange
 }
 
+// topLevel decodes top-level attribute a, which the policy set may hold
+// once, into out.
+func topLevel(a *hcl.Attribute, seen map[string]hcl.Range, out any) hcl.Diagnostics {
+	if prev, dup := seen[a.Name]; dup {
+		return hcl.Diagnostics{duplicate(a.Name, "", a.Range, prev)}
+	}
+	seen[a.Name] = a.Range
+	return gohcl.DecodeExpression(a.Expr, nil, out)
+}
+
 // currency reads the top-level currency attribute (once in the policy set).
 func (p *parser) currency(a *hcl.Attribute, seen map[string]hcl.Range) hcl.Diagnostics {
-	if prev, dup := seen["currency"]; dup {
-		return hcl.Diagnostics{duplicate("currency", "", a.Range, prev)}
-	}
-	seen["currency"] = a.Range
 	var c string
-	if d := gohcl.DecodeExpression(a.Expr, nil, &c); d.HasErrors() {
+	if d := topLevel(a, seen, &c); d.HasErrors() {
 		return d
 	}
 	if c == "" || strings.ContainsAny(c, " \t\n") {
@@ -103,12 +109,8 @@ func (p *parser) fairShare(b *hcl.Block) hcl.Diagnostics {
 // approvers reads the top-level approvers attribute (once in the policy set):
 // token names, "role:<name>" or "policy:<name>".
 func (p *parser) approvers(a *hcl.Attribute, seen map[string]hcl.Range) hcl.Diagnostics {
-	if prev, dup := seen["approvers"]; dup {
-		return hcl.Diagnostics{duplicate("approvers", "", a.Range, prev)}
-	}
-	seen["approvers"] = a.Range
 	var list []string
-	if d := gohcl.DecodeExpression(a.Expr, nil, &list); d.HasErrors() {
+	if d := topLevel(a, seen, &list); d.HasErrors() {
 		return d
 	}
 	for _, entry := range list {
@@ -124,12 +126,8 @@ func (p *parser) approvers(a *hcl.Attribute, seen map[string]hcl.Range) hcl.Diag
 
 // undeclaredAccess reads undeclared_gpu_access: "refuse" or "warn".
 func (p *parser) undeclaredAccess(a *hcl.Attribute, seen map[string]hcl.Range) hcl.Diagnostics {
-	if prev, dup := seen["undeclared_gpu_access"]; dup {
-		return hcl.Diagnostics{duplicate("undeclared_gpu_access", "", a.Range, prev)}
-	}
-	seen["undeclared_gpu_access"] = a.Range
 	var v string
-	if d := gohcl.DecodeExpression(a.Expr, nil, &v); d.HasErrors() {
+	if d := topLevel(a, seen, &v); d.HasErrors() {
 		return d
 	}
 	if v != policy.AccessRefuse && v != policy.AccessWarn {
