@@ -309,6 +309,15 @@ func TestReclaim(t *testing.T) {
 			t.Fatalf("register: %v %v", err, resp)
 		}
 		resp.Body.Close()
+		// Its GPU busy, whichever it got: this is the crash-loop rule's, not an idle rule's.
+		testcluster.WaitFor(t, 30*time.Second, "crashing placed", func() error {
+			allocs, _, err := n.API.Jobs().Allocations("crashing", false, &api.QueryOptions{Namespace: "vision"})
+			if err != nil || len(allocs) == 0 {
+				return fmt.Errorf("no allocation yet (%v)", err)
+			}
+			return nil
+		})
+		setJobUtil("crashing", 60)
 		rec := waitDecision("crashing", reclaim.Executed)
 		if rec.Rule != "crash-loop" || !strings.Contains(rec.Evidence, "restarts within 5m0s") || !stopped("crashing") {
 			t.Errorf("stopped %t, record %+v", stopped("crashing"), rec)
