@@ -1,6 +1,7 @@
 package server
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -14,6 +15,7 @@ import (
 	"github.com/hashicorp/nomad/api"
 
 	"github.com/nomad-gpu/nomad-gpu/broker/approval"
+	"github.com/nomad-gpu/nomad-gpu/broker/queue"
 	"github.com/nomad-gpu/nomad-gpu/broker/reclaim"
 	"github.com/nomad-gpu/nomad-gpu/broker/reclaim/reclaimtest"
 	"github.com/nomad-gpu/nomad-gpu/internal/testbuild"
@@ -552,5 +554,30 @@ func TestUndeclaredGPUAccessIsRefusedOrWarned(t *testing.T) {
 	rec = do(s, http.MethodPut, "/v1/jobs", job)
 	if rec.Code != http.StatusOK || !strings.Contains(rec.Body.String(), "nomad-gpu: warning: rule undeclared-gpu-access") || len(up.writes) != 1 {
 		t.Errorf("warned: %d %s, Nomad got %v", rec.Code, rec.Body, up.writes)
+	}
+}
+
+// A stop waits for an entry the leader is registering (Nomad then has the
+// job, and the stop goes there), and takes out one whose claim is stale.
+func TestAStopWaitsForAnEntryBeingAdmitted(t *testing.T) {
+	s, up, q, _ := newTestServer(t)
+	now := time.Now()
+	claimed := queue.Entry{ID: testQueueID, JobID: "train", Namespace: "vision", Tenant: "vision", Queue: "training", Admitting: now}
+	q.Put(t.Context(), claimed)
+	go func() {
+		time.Sleep(300 * time.Millisecond) // the leader registers it, then removes it
+		q.Remove(context.Background(), claimed)
+	}()
+	start := time.Now()
+	rec := do(s, http.MethodDelete, "/v1/job/train?namespace=vision", "")
+	if rec.Code != http.StatusOK || rec.Header().Get(dequeuedHeader) != "" || time.Since(start) < 250*time.Millisecond || len(up.writes) != 1 {
+		t.Errorf("stop of a job being admitted: %d %s after %s, dequeued %q, Nomad got %v", rec.Code, rec.Body, time.Since(start),
+			rec.Header().Get(dequeuedHeader), up.writes)
+	}
+	stale := claimed
+	stale.Admitting = now.Add(-time.Hour) // a registration that failed long ago
+	q.Put(t.Context(), stale)
+	if rec := do(s, http.MethodDelete, "/v1/job/train?namespace=vision", ""); rec.Code != http.StatusOK || rec.Header().Get(dequeuedHeader) != testQueueID {
+		t.Errorf("stop of a job whose claim is stale: %d %s, dequeued %q", rec.Code, rec.Body, rec.Header().Get(dequeuedHeader))
 	}
 }

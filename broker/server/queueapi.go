@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
+	"time"
 
 	"github.com/nomad-gpu/nomad-gpu/broker/audit"
 	"github.com/nomad-gpu/nomad-gpu/broker/policy"
@@ -137,33 +138,67 @@ const dequeuedHeader = "X-Nomad-Gpu-Dequeued"
 // stop is a job stop or purge (DELETE /v1/job/<id>). The job's entries in
 // the queue are taken out first, so that nothing stopped starts later; then
 // Nomad stops what it runs. Nomad answers 200 even for a job it does not
-// have, so the answer names the entries taken out in dequeuedHeader.
+// have, so the answer names the entries taken out in dequeuedHeader. An
+// entry the leader is registering (claimed) is waited for, up to
+// stopWaitsForAdmission: Nomad has the job then, and the stop reaches it.
 func (s *Server) stop(w http.ResponseWriter, r *http.Request, jc jobCall, jobID string) {
-	entries, err := s.queue.List(r.Context())
-	if err != nil {
-		// Nomad's jobs stop all the same: an outage of the queue's store
-		// must not keep a running job from stopping.
-		s.log.Warn("stop: the queue cannot be read; a queued entry of the job stays queued", "job", jobID, "namespace", jc.namespace, "error", err)
-	}
 	who := s.identity(r)
 	var ids []string
-	for _, e := range entries {
-		if e.Namespace != jc.namespace || e.JobID != jobID {
-			continue
+	deadline := time.Now().Add(stopWaitsForAdmission)
+	for {
+		entries, err := s.queue.List(r.Context())
+		if err != nil {
+			// Nomad's jobs stop all the same: an outage of the queue's store
+			// must not keep a running job from stopping.
+			s.log.Warn("stop: the queue cannot be read; a queued entry of the job stays queued", "job", jobID, "namespace", jc.namespace, "error", err)
+			break
 		}
-		if !writesAsBroker(r) && !s.mayCancel(r, e, who) {
-			writeError(w, fail(errForbidden, "stop of %q refused: it is queued as %s, and only its submitter, or a token that may submit it, may take it out",
-				jobID, e.ID))
+		waiting := false
+		for _, e := range entries {
+			if e.Namespace != jc.namespace || e.JobID != jobID {
+				continue
+			}
+			if !writesAsBroker(r) && !s.mayCancel(r, e, who) {
+				writeError(w, fail(errForbidden, "stop of %q refused: it is queued as %s, and only its submitter, or a token that may submit it, may take it out",
+					jobID, e.ID))
+				return
+			}
+			if !e.Admitting.IsZero() && s.now().Sub(e.Admitting) < admissionInFlight {
+				waiting = true // being registered: wait until Nomad has it
+				continue
+			}
+			if err := s.dequeue(r, e, who, "stopped"); errors.Is(err, errConflict) {
+				waiting = true // changed meanwhile: read it again
+			} else if err != nil {
+				writeError(w, err)
+				return
+			} else {
+				ids = append(ids, e.ID)
+			}
+		}
+		if !waiting {
+			break
+		}
+		if time.Now().After(deadline) {
+			writeError(w, fail(errConflict, "stop of %q: it is being admitted from the queue; stop it again in a moment", jobID))
 			return
 		}
-		if err := s.dequeue(r, e, who, "stopped"); err != nil {
-			writeError(w, err)
+		select {
+		case <-r.Context().Done():
 			return
+		case <-time.After(100 * time.Millisecond):
 		}
-		ids = append(ids, e.ID)
 	}
 	if len(ids) > 0 {
 		w.Header().Set(dequeuedHeader, strings.Join(ids, ","))
 	}
 	s.passThrough(w, r, jc.body)
 }
+
+// A stop waits up to stopWaitsForAdmission for an entry the leader claimed
+// less than admissionInFlight ago (an older claim is a registration that
+// failed: the entry is taken out like any other).
+const (
+	stopWaitsForAdmission = 10 * time.Second
+	admissionInFlight     = 30 * time.Second
+)
