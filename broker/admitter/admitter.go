@@ -52,6 +52,7 @@ type Cluster interface {
 	UsageWithout(p *policy.Policy, namespace, jobID string) admission.Usage
 	Admit(p *policy.Policy, job admission.Job) (admission.Decision, *cluster.Reservation)
 	NodesFitting(model string, gpus int) int
+	FittingNodes(model string, gpus int) []string
 }
 
 // Unblocker re-evaluates jobs Nomad left blocked.
@@ -174,6 +175,7 @@ func (a *Admitter) decide(ctx context.Context, r *registrations) error {
 				return fmt.Errorf("queue entry %s: %w", e.ID, err)
 			}
 		}
+		req.PinNodes(a.Cluster.FittingNodes) // the nodes fitting now, not when it was queued
 		groups, err := req.Groups(current, a.Cluster.NodesFitting)
 		if err != nil {
 			a.park(ctx, e, err)

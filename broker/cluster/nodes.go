@@ -138,21 +138,41 @@ func (v *View) NodesFitting(model string, gpus int) int {
 func (v *View) nodesFitting(model string, gpus int) int {
 	n := 0
 	for _, nd := range v.nodes {
-		if !nd.schedulable {
-			continue
-		}
-		have := nd.gpus[model]
-		if model == "" {
-			have = 0
-			for _, c := range nd.gpus {
-				have += c
-			}
-		}
-		if have >= gpus && have > 0 {
+		if fits(nd, model, gpus) {
 			n++
 		}
 	}
 	return n
+}
+
+// FittingNodes are the ids of the nodes NodesFitting counts, sorted.
+func (v *View) FittingNodes(model string, gpus int) []string {
+	v.mu.RLock()
+	defer v.mu.RUnlock()
+	var ids []string
+	for id, nd := range v.nodes {
+		if fits(nd, model, gpus) {
+			ids = append(ids, id)
+		}
+	}
+	sort.Strings(ids)
+	return ids
+}
+
+// fits reports whether a schedulable node has at least gpus healthy GPUs of
+// model ("" any).
+func fits(nd node, model string, gpus int) bool {
+	if !nd.schedulable {
+		return false
+	}
+	have := nd.gpus[model]
+	if model == "" {
+		have = 0
+		for _, c := range nd.gpus {
+			have += c
+		}
+	}
+	return have >= gpus && have > 0
 }
 
 // nodeTotals sums schedulable, healthy GPUs by class, and the most on one node.

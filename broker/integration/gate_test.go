@@ -447,3 +447,58 @@ func send(t testing.TB, addr, method, path, body string) (int, string) {
 	b, _ := io.ReadAll(resp.Body)
 	return resp.StatusCode, string(b)
 }
+
+// TestASystemJobDoesNotGrowOntoANodeThatJoins: a system job admitted for the
+// one GPU node there is (1 GPU, its tenant's limit 1) stays there when a
+// second GPU node joins: the broker pinned it to the nodes it counted, so
+// Nomad places nothing on the new node, and the tenant is charged 1 GPU.
+// (A cluster of its own: a node joins it.)
+func TestASystemJobDoesNotGrowOntoANodeThatJoins(t *testing.T) {
+	t.Parallel()
+	consul := testcluster.StartConsul(t)
+	n := startGPUNode(t, "join-1", 2, "daemons")
+	e := brokerEnv(t, n, consul, `
+queue "training" { priority = 60 }
+tenant "daemons" {
+  namespaces = ["daemons"]
+  queues     = ["training"]
+  guaranteed = 1
+  limit      = 1
+}
+`, "daemons", 2, testcluster.BrokerOptions{})
+	monitor := job("daemons", "monitor", api.JobTypeSystem).group("g", nil, nil, task(dev("nvidia/gpu", 1)))
+	if status, out := send(t, e.broker.Addr, http.MethodPut, "/v1/jobs", monitor.body(nil, canonical)); status != http.StatusOK || !strings.Contains(out, "1 GPUs") {
+		t.Fatalf("a system job of 1 GPU a node, on one node: %d %s", status, out)
+	}
+	waitAllocsRunning(t, n, "daemons", "monitor", 1)
+
+	testcluster.StartNomad(t, testcluster.NomadOptions{Name: "join-2", Client: true, Join: []string{n.RPCAddr},
+		PluginConfig: "\n    backend = \"fake\"\n    fake {\n      count     = 2\n      id_prefix = \"join-2\"\n    }"})
+	n.WaitForNodes(t, 2)
+	// Nomad evaluates its system jobs for a node that joins.
+	testcluster.WaitFor(t, 60*time.Second, "the system job evaluated for the new node", func() error {
+		evals, _, err := n.API.Jobs().Evaluations("monitor", &api.QueryOptions{Namespace: "daemons"})
+		if err != nil {
+			return err
+		}
+		for _, ev := range evals {
+			if ev.TriggeredBy == "node-update" && ev.Status == api.EvalStatusComplete {
+				return nil
+			}
+		}
+		return fmt.Errorf("evaluations %d", len(evals))
+	})
+	allocs, _, err := n.API.Jobs().Allocations("monitor", false, &api.QueryOptions{Namespace: "daemons"})
+	live := 0
+	for _, a := range allocs {
+		if a.ClientStatus == api.AllocClientStatusRunning || a.ClientStatus == api.AllocClientStatusPending {
+			live++
+		}
+	}
+	if err != nil || live != 1 {
+		t.Errorf("the system job runs %d allocations after a node joined, its tenant's limit is 1 GPU (%v)", live, err)
+	}
+	if used := e.usedBy("daemons"); used != 1 {
+		t.Errorf("the broker charges tenant daemons %g GPUs, want 1", used)
+	}
+}

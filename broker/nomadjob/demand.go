@@ -148,6 +148,9 @@ func Groups(job *api.Job, pl Placement) ([]admission.Group, error) {
 				if pl.NodesFitting != nil {
 					n = pl.NodesFitting(m.model, m.gpus)
 				}
+				if pinned := pinnedNodes(job, tg); pinned >= 0 {
+					n = min(n, pinned) // pinned (PinNodes): a node that joins adds nothing
+				}
 			}
 			out = append(out, admission.Group{Name: name, Count: n + canaries, GPUsPerAlloc: m.gpus, Model: m.model, Shared: m.shared})
 		}

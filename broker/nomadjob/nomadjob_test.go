@@ -2,6 +2,7 @@ package nomadjob_test
 
 import (
 	"encoding/json"
+	"fmt"
 	"net/url"
 	"strings"
 	"testing"
@@ -506,5 +507,56 @@ func TestUndeclaredGPUAccess(t *testing.T) {
 		if (c.want == "") != (got == "") || !strings.Contains(got, c.want) {
 			t.Errorf("%s: %q, want %q", c.name, got, c.want)
 		}
+	}
+}
+
+// A system job's GPU groups are pinned to the nodes fitting at admission:
+// counted on those alone, a node that joins adds nothing; pinned again, the
+// pin keeps within what it allowed (or the user's own node-id set).
+func TestASystemJobIsPinnedToTheNodesItWasCountedOn(t *testing.T) {
+	read := func(body string) *nomadjob.Request {
+		r, err := nomadjob.ReadRequest(nomadjob.Register, []byte(body), url.Values{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	const system = `{"Job":{"ID":"mon","Namespace":"vision","Type":"system","TaskGroups":[{"Name":"g",%s
+	  "Tasks":[{"Name":"t","Resources":{"Devices":[{"Name":"nvidia/gpu","Count":1}]}}]},
+	  {"Name":"cpu","Tasks":[{"Name":"t"}]}]}}`
+	fitting := func(ids ...string) func(string, int) []string { return func(string, int) []string { return ids } }
+	three := func(string, int) int { return 3 }
+
+	r := read(fmt.Sprintf(system, ""))
+	r.PinNodes(fitting("n1", "n2"))
+	groups, err := r.Groups(nil, three)
+	if err != nil || len(groups) != 1 || groups[0].Count != 2 {
+		t.Fatalf("pinned to 2 of 3 fitting nodes: %+v %v", groups, err)
+	}
+	var sent struct{ Job api.Job }
+	json.Unmarshal(r.Body(), &sent)
+	if c := sent.Job.TaskGroups[0].Constraints; len(c) != 1 || c[0].LTarget != "${node.unique.id}" || c[0].Operand != "set_contains_any" || c[0].RTarget != "n1,n2" {
+		t.Errorf("the pin Nomad gets: %+v", c)
+	}
+	if len(sent.Job.TaskGroups[1].Constraints) != 0 {
+		t.Errorf("a group without GPUs was pinned")
+	}
+	// Queued, then admitted when a third node has joined: still n1 and n2.
+	again := read(string(r.Body()))
+	again.PinNodes(fitting("n1", "n2", "n3"))
+	if groups, _ := again.Groups(nil, three); groups[0].Count != 2 || len(again.Job.TaskGroups[0].Constraints) != 1 {
+		t.Errorf("pinned again: %+v, constraints %+v", groups, again.Job.TaskGroups[0].Constraints)
+	}
+	// The user's own node-id set bounds the pin.
+	own := read(fmt.Sprintf(system, `"Constraints":[{"LTarget":"${node.unique.id}","Operand":"set_contains_any","RTarget":"n2, n9"}],`))
+	own.PinNodes(fitting("n1", "n2"))
+	if c := own.Job.TaskGroups[0].Constraints; len(c) != 1 || c[0].RTarget != "n2" {
+		t.Errorf("within the user's set: %+v", c)
+	}
+	// A service job is left as it is.
+	svc := read(`{"Job":{"ID":"s","Type":"service","TaskGroups":[{"Name":"g","Count":1,"Tasks":[{"Name":"t","Resources":{"Devices":[{"Name":"nvidia/gpu"}]}}]}]}}`)
+	svc.PinNodes(fitting("n1"))
+	if len(svc.Job.TaskGroups[0].Constraints) != 0 {
+		t.Errorf("a service job was pinned")
 	}
 }

@@ -88,6 +88,7 @@ func (s *Server) readGPUJob(w http.ResponseWriter, r *http.Request, kind nomadjo
 			return nil
 		}
 	}
+	req.PinNodes(s.cluster.FittingNodes)
 	groups, err := req.Groups(current, s.cluster.NodesFitting)
 	if err != nil {
 		unlock()

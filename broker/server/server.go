@@ -37,6 +37,8 @@ type Cluster interface {
 	// Admit decides and, when it admits, reserves the demand at once.
 	Admit(p *policy.Policy, job admission.Job) (admission.Decision, *cluster.Reservation)
 	NodesFitting(model string, gpus int) int
+	// FittingNodes are the ids of the nodes NodesFitting counts.
+	FittingNodes(model string, gpus int) []string
 	// Map and Followed serve the GPU map.
 	Map(idleBelow float64) []cluster.MapNode
 	Followed() (index, listings uint64)

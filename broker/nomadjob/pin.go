@@ -1,0 +1,100 @@
+package nomadjob
+
+import (
+	"slices"
+	"strings"
+
+	"github.com/hashicorp/nomad/api"
+)
+
+// A system or sysbatch job places one allocation on every fitting node,
+// nodes that join later included: the broker pins each of its GPU task
+// groups to the nodes it counted at admission, with a constraint of this
+// form, so that a node that joins adds nothing the tenant was not charged
+// for. A group registered again through the broker is pinned anew.
+const (
+	nodeIDTarget = "${node.unique.id}"
+	pinOperand   = "set_contains_any"
+)
+
+// PinNodes writes into each GPU task group of a system or sysbatch job the
+// nodes it may run on: those fitting says fit one of its allocations now,
+// within any node-id set the group (or the job) already names.
+func (r *Request) PinNodes(fitting func(model string, gpus int) []string) {
+	if r.Job.Type == nil || (*r.Job.Type != api.JobTypeSystem && *r.Job.Type != api.JobTypeSysbatch) {
+		return
+	}
+	groups := r.Doc.Root().Get("Job").Get("TaskGroups").Elems()
+	for i, tg := range r.Job.TaskGroups {
+		if tg == nil || i >= len(groups) || !groups[i].IsObject() {
+			continue
+		}
+		perModel, err := gpusPerAlloc(tg)
+		if err != nil || len(perModel) == 0 {
+			continue
+		}
+		var ids []string
+		for k, m := range perModel {
+			fit := fitting(m.model, m.gpus)
+			if k == 0 {
+				ids = fit
+			} else {
+				ids = slices.DeleteFunc(ids, func(id string) bool { return !slices.Contains(fit, id) })
+			}
+		}
+		kept := tg.Constraints[:0:0]
+		for _, c := range tg.Constraints {
+			if set, ok := pinnedSet(c); ok {
+				ids = slices.DeleteFunc(ids, func(id string) bool { return !slices.Contains(set, id) })
+				continue // replaced by the pin, which keeps within it
+			}
+			kept = append(kept, c)
+		}
+		if set, ok := jobPin(r.Job); ok {
+			ids = slices.DeleteFunc(ids, func(id string) bool { return !slices.Contains(set, id) })
+		}
+		tg.Constraints = append(kept, &api.Constraint{LTarget: nodeIDTarget, Operand: pinOperand, RTarget: strings.Join(ids, ",")})
+		groups[i].Set("Constraints", tg.Constraints)
+	}
+}
+
+// pinnedSet is the node ids a set_contains_any constraint on the node's id
+// allows, if c is one.
+func pinnedSet(c *api.Constraint) ([]string, bool) {
+	if c == nil || c.LTarget != nodeIDTarget || c.Operand != pinOperand {
+		return nil, false
+	}
+	var ids []string
+	for _, id := range strings.Split(c.RTarget, ",") {
+		if id = strings.TrimSpace(id); id != "" {
+			ids = append(ids, id)
+		}
+	}
+	return ids, true
+}
+
+// jobPin is the node-id set a job-level constraint allows, if any.
+func jobPin(job *api.Job) ([]string, bool) {
+	for _, c := range job.Constraints {
+		if set, ok := pinnedSet(c); ok {
+			return set, true
+		}
+	}
+	return nil, false
+}
+
+// pinnedNodes bounds the nodes a system task group can run on: the fewest
+// ids a node-id set of the group or its job allows; -1 for no bound.
+func pinnedNodes(job *api.Job, tg *api.TaskGroup) int {
+	n := -1
+	consider := func(cs []*api.Constraint) {
+		for _, c := range cs {
+			if set, ok := pinnedSet(c); ok && (n < 0 || len(set) < n) {
+				n = len(set)
+			}
+		}
+	}
+	consider(job.Constraints)
+	consider(tg.Constraints)
+	return n
+}
