@@ -70,6 +70,12 @@ tenant "purge" {
   guaranteed = 2
   limit      = 2
 }
+tenant "deploy" {
+  namespaces = ["gate-deploy"]
+  queues     = ["training"]
+  guaranteed = 2
+  limit      = 2
+}
 `
 
 // gateGPUs is the cluster's GPUs: more than all the scenarios' limits
@@ -83,7 +89,7 @@ const gateGPUs = 16
 func TestGate(t *testing.T) {
 	t.Parallel()
 	consul := testcluster.StartConsul(t)
-	n := startGPUNode(t, "gate", gateGPUs, "gate-probe", "gate-revert", "gate-dispatch", "gate-stop", "gate-zero", "gate-race", "gate-invalid", "gate-purge")
+	n := startGPUNode(t, "gate", gateGPUs, "gate-probe", "gate-revert", "gate-dispatch", "gate-stop", "gate-zero", "gate-race", "gate-invalid", "gate-purge", "gate-deploy")
 	e := brokerEnv(t, n, consul, gatePolicy, "gate-probe", gateGPUs, testcluster.BrokerOptions{Config: `body_read_timeout = "3s"`})
 
 	// Nomad reads the namespace of a revert's or a dispatch's body when the
@@ -386,6 +392,53 @@ func TestGate(t *testing.T) {
 			if _, _, err := e.nomad.API.Jobs().Info(id, nil); err == nil {
 				t.Errorf("%s: Nomad has it", id)
 			}
+		}
+	})
+
+	// Failing a deployment with auto_revert makes Nomad run the last stable
+	// version again: the broker decides it as that revert.
+	t.Run("deployment fail: decided as the revert it leads to", func(t *testing.T) {
+		t.Parallel()
+		e := e.in(t)
+		const ns = "gate-deploy"
+		version := func(gpus int, healthy time.Duration) string {
+			jb := job(ns, "svc", api.JobTypeService).group("g", ptr(1), nil, task(dev("nvidia/gpu", uint64(gpus))))
+			jb.j.TaskGroups[0].RestartPolicy = nil
+			jb.j.Update = &api.UpdateStrategy{AutoRevert: ptr(true), MinHealthyTime: ptr(healthy),
+				HealthyDeadline: ptr(2 * healthy), ProgressDeadline: ptr(3 * healthy)}
+			return jb.body(nil, canonical)
+		}
+		if status, out := send(t, e.broker.Addr, http.MethodPut, "/v1/jobs", version(2, 2*time.Second)); status != http.StatusOK {
+			t.Fatalf("version 0, 2 GPUs: %d %s", status, out)
+		}
+		testcluster.WaitFor(t, 60*time.Second, "version 0 stable", func() error {
+			j, _, err := e.nomad.API.Jobs().Info("svc", &api.QueryOptions{Namespace: ns})
+			if err != nil || j.Stable == nil || !*j.Stable {
+				return fmt.Errorf("not stable yet (%v)", err)
+			}
+			return nil
+		})
+		if status, out := send(t, e.broker.Addr, http.MethodPut, "/v1/jobs", version(1, time.Hour)); status != http.StatusOK {
+			t.Fatalf("version 1, 1 GPU: %d %s", status, out)
+		}
+		if out, err := e.run(ns, "other", 1, 1, "", true); err != nil || !strings.Contains(out, "admitted") {
+			t.Fatalf("another job of 1 GPU: %v\n%s", err, out)
+		}
+		var deployment *api.Deployment
+		testcluster.WaitFor(t, 30*time.Second, "version 1's deployment", func() error {
+			d, _, err := e.nomad.API.Jobs().LatestDeployment("svc", &api.QueryOptions{Namespace: ns})
+			if err != nil || d == nil || d.JobVersion != 1 {
+				return fmt.Errorf("deployment %+v (%v)", d, err)
+			}
+			deployment = d
+			return nil
+		})
+		status, out := send(t, e.broker.Addr, http.MethodPut, "/v1/deployment/fail/"+deployment.ID, "")
+		if status != http.StatusForbidden || !strings.Contains(out, `revert of "svc" refused: tenant "deploy" would hold 3 of its limit of 2 GPUs`) {
+			t.Errorf("failing the deployment, which reverts to 2 GPUs beside 1 more (limit 2): %d %s", status, out)
+		}
+		if j, _, err := e.nomad.API.Jobs().Info("svc", &api.QueryOptions{Namespace: ns}); err != nil || *j.Version != 1 || gpusOf(j) != 1 {
+			t.Errorf("Nomad reverted the job: version %d, %d GPUs (%v)", *j.Version, gpusOf(j), err)
 		}
 	})
 

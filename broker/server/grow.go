@@ -251,6 +251,62 @@ func (s *Server) revert(w http.ResponseWriter, r *http.Request, jc jobCall, jobI
 	s.passThrough(w, r, doc.Bytes()) // no such version: Nomad says so
 }
 
+// deploymentWrite passes a deployment write on, but for one that can make
+// Nomad revert the job (fail, or allocations marked unhealthy, in a
+// deployment with auto_revert): that is decided as the revert it leads to,
+// to the job's latest stable version, and refused when the tenant could
+// not hold it.
+func (s *Server) deploymentWrite(w http.ResponseWriter, r *http.Request, jc jobCall, path, id string) {
+	reverts := strings.HasPrefix(path, "/v1/deployment/fail/")
+	if strings.HasPrefix(path, "/v1/deployment/allocation-health/") {
+		var req struct{ UnhealthyAllocationIDs []string }
+		if _, err := jsondoc.Parse(jc.body, &req); err == nil && len(req.UnhealthyAllocationIDs) > 0 {
+			reverts = true
+		}
+	}
+	if !reverts {
+		s.passThrough(w, r, jc.body)
+		return
+	}
+	var d api.Deployment
+	if err := s.get(r, "/v1/deployment/"+url.PathEscape(id), jc.namespace, &d); err != nil {
+		s.lookupFailed(w, err, "deployment write", id)
+		return
+	}
+	autoRevert := false
+	for _, g := range d.TaskGroups {
+		autoRevert = autoRevert || (g != nil && g.AutoRevert)
+	}
+	if !autoRevert {
+		s.passThrough(w, r, jc.body)
+		return
+	}
+	defer s.jobs.lock(d.Namespace, d.JobID)()
+	current, err := s.currentJob(r, d.Namespace, d.JobID)
+	if err != nil {
+		s.lookupFailed(w, err, "deployment write", id)
+		return
+	}
+	var versions struct{ Versions []*api.Job }
+	if err := s.get(r, "/v1/job/"+url.PathEscape(d.JobID)+"/versions", d.Namespace, &versions); err != nil {
+		s.lookupFailed(w, err, "deployment write", id)
+		return
+	}
+	for _, v := range versions.Versions { // newest first
+		if v == nil || v.Version == nil || *v.Version == d.JobVersion || v.Stable == nil || !*v.Stable {
+			continue
+		}
+		groups, err := nomadjob.Groups(v, nomadjob.Placement{Current: current, NodesFitting: s.cluster.NodesFitting})
+		if err != nil {
+			writeError(w, fail(errBadRequest, "deployment write on %q: %v", d.JobID, err))
+			return
+		}
+		s.decideThenForward(w, r, jc.body, groups, v, d.Namespace, d.JobID, "revert", nil)
+		return
+	}
+	s.passThrough(w, r, jc.body) // no stable version: Nomad reverts nothing
+}
+
 // parseCall reads a call's body into out, refusing what Nomad could read
 // differently (a field given twice) and calls for another region.
 func (s *Server) parseCall(w http.ResponseWriter, r *http.Request, jc jobCall, out any) (*jsondoc.Doc, bool) {

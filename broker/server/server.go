@@ -272,7 +272,9 @@ func (s *Server) Handler() http.Handler {
 			s.spawn(w, r, c, jc, jobID)
 		case callRevert:
 			s.revert(w, r, jc, jobID)
-		case callJobWrite, callDeploymentWrite:
+		case callDeploymentWrite:
+			s.deploymentWrite(w, r, jc, p, jobID)
+		case callJobWrite:
 			if r.Method == http.MethodDelete {
 				s.stop(w, r, jc, jobID)
 				return
