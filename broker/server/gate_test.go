@@ -15,6 +15,7 @@ import (
 	"github.com/hashicorp/nomad/api"
 
 	"github.com/nomad-gpu/nomad-gpu/broker/approval"
+	"github.com/nomad-gpu/nomad-gpu/broker/cluster"
 	"github.com/nomad-gpu/nomad-gpu/broker/queue"
 	"github.com/nomad-gpu/nomad-gpu/broker/reclaim"
 	"github.com/nomad-gpu/nomad-gpu/broker/reclaim/reclaimtest"
@@ -579,5 +580,36 @@ func TestAStopWaitsForAnEntryBeingAdmitted(t *testing.T) {
 	q.Put(t.Context(), stale)
 	if rec := do(s, http.MethodDelete, "/v1/job/train?namespace=vision", ""); rec.Code != http.StatusOK || rec.Header().Get(dequeuedHeader) != testQueueID {
 		t.Errorf("stop of a job whose claim is stale: %d %s, dequeued %q", rec.Code, rec.Body, rec.Header().Get(dequeuedHeader))
+	}
+}
+
+// Failing a deployment with auto_revert is decided as the revert to the
+// latest stable version it leads to; other deployment writes pass.
+func TestADeploymentFailIsDecidedAsItsRevert(t *testing.T) {
+	s, up, _, _ := newTestServer(t)
+	version := func(v uint64, gpus int, stable bool) *api.Job {
+		j := testbuild.Job("vision", "svc").Priority(60).Group("g", 1, gpus, "nvidia/gpu").Build()
+		j.Version, j.Stable = &v, &stable
+		return j
+	}
+	up.jobs["svc"] = version(1, 1, false)
+	versions, _ := json.Marshal(map[string]any{"Versions": []*api.Job{version(1, 1, false), version(0, 2, true)}})
+	up.answers = map[string]string{
+		"/v1/deployment/d1":    `{"ID":"d1","Namespace":"vision","JobID":"svc","JobVersion":1,"TaskGroups":{"g":{"AutoRevert":true}}}`,
+		"/v1/job/svc/versions": string(versions),
+	}
+	view := s.cluster.(*cluster.View)
+	view.ObserveJob(testbuild.Job("vision", "other").Group("g", 1, 1, "nvidia/gpu").Build())
+	rec := do(s, http.MethodPut, "/v1/deployment/fail/d1", "")
+	if rec.Code != http.StatusForbidden || !strings.Contains(rec.Body.String(), `revert of "svc" refused: tenant "vision" would hold 3 of its limit of 2 GPUs`) || len(up.writes) != 0 {
+		t.Errorf("fail, reverting to 2 GPUs beside 1 more: %d %s, Nomad got %v", rec.Code, rec.Body, up.writes)
+	}
+	if rec := do(s, http.MethodPut, "/v1/deployment/allocation-health/d1", `{"HealthyAllocationIDs":["a1"]}`); rec.Code != http.StatusOK || len(up.writes) != 1 {
+		t.Errorf("allocations marked healthy: %d %s", rec.Code, rec.Body)
+	}
+	view.ForgetJob("vision", "other")
+	if rec := do(s, http.MethodPut, "/v1/deployment/allocation-health/d1", `{"UnhealthyAllocationIDs":["a1"]}`); rec.Code != http.StatusOK || len(up.writes) != 2 ||
+		!strings.Contains(rec.Body.String(), "admitted") {
+		t.Errorf("an allocation marked unhealthy, the revert within the limit: %d %s", rec.Code, rec.Body)
 	}
 }
