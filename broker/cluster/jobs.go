@@ -3,6 +3,7 @@ package cluster
 import (
 	"maps"
 	"sort"
+	"strings"
 
 	"github.com/hashicorp/nomad/api"
 
@@ -53,6 +54,9 @@ func (v *View) observeJob(j *api.Job) {
 	// whose demand cannot be read is counted as nothing rather than guessed.
 	a, _ := nomadjob.Admission(j, v.nodesFitting)
 	v.remove(key)
+	if how := nomadjob.UndeclaredGPUAccess(j); live && len(how) > 0 {
+		v.undeclared[key] = strings.Join(how, "; ")
+	}
 	if live && len(a.Groups) > 0 {
 		jb := job{groups: a.Groups, borrowed: borrowed, modifyIndex: modifyIndex}
 		if verified {
@@ -120,6 +124,7 @@ func (v *View) add(key jobKey, j job) {
 }
 
 func (v *View) remove(key jobKey) {
+	delete(v.undeclared, key)
 	if old, ok := v.jobs[key]; ok {
 		v.account(key.namespace, old, -1)
 		delete(v.jobs, key)
@@ -209,4 +214,17 @@ func (v *View) HasJob(namespace, id string) bool {
 	defer v.mu.RUnlock()
 	_, ok := v.jobs[jobKey{namespace, id}]
 	return ok
+}
+
+// UndeclaredJobs are the live jobs that would use GPUs they do not ask for,
+// by namespace and id, with how (nomadjob.UndeclaredGPUAccess): they hold
+// no GPU in Nomad's accounting, so GPUAllocs does not show them.
+func (v *View) UndeclaredJobs() map[[2]string]string {
+	v.mu.RLock()
+	defer v.mu.RUnlock()
+	out := make(map[[2]string]string, len(v.undeclared))
+	for k, how := range v.undeclared {
+		out[[2]string{k.namespace, k.id}] = how
+	}
+	return out
 }

@@ -97,3 +97,22 @@ func TestNodeEventsKeepDeviceAttributes(t *testing.T) {
 		t.Errorf("from the event: replicas %v, max per node %v; want 4 replicas, 8 GPUs", u.Replicas, u.MaxAlloc)
 	}
 }
+
+// The view keeps the live jobs that would use GPUs they do not ask for; a
+// stopped or forgotten one it drops.
+func TestTheViewKeepsJobsUsingGPUsTheyDoNotAskFor(t *testing.T) {
+	v := NewView(nil)
+	sneaky := testbuild.Job("vision", "sneaky").Build()
+	sneaky.TaskGroups = []*api.TaskGroup{{Name: ptr("g"), Tasks: []*api.Task{{Name: "t", Env: map[string]string{"CUDA_VISIBLE_DEVICES": "0"}}}}}
+	v.ObserveJob(sneaky)
+	v.ObserveJob(testbuild.Job("vision", "plain").Build())
+	if got := v.UndeclaredJobs(); len(got) != 1 || got[[2]string{"vision", "sneaky"}] == "" {
+		t.Fatalf("undeclared: %v", got)
+	}
+	stopped := *sneaky
+	stopped.Stop = ptr(true)
+	v.ObserveJob(&stopped)
+	if got := v.UndeclaredJobs(); len(got) != 0 {
+		t.Errorf("a stopped job is still kept: %v", got)
+	}
+}

@@ -39,6 +39,9 @@ type View struct {
 	excess map[jobKey]map[string]int // of which beyond its demand, in the totals
 	// excessBorrowed: the excess was counted as borrowed (its job\'s flag then).
 	excessBorrowed map[jobKey]bool
+	// undeclared are the live jobs that would use GPUs they do not ask for
+	// (nomadjob.UndeclaredGPUAccess), with how.
+	undeclared map[jobKey]string
 	nextRes        uint64
 	changed        chan struct{}
 	synced         bool // a full listing has been applied
@@ -64,7 +67,8 @@ func NewView(verify func(*api.Job) bool) *View {
 	return &View{verify: verify, now: time.Now, nodes: map[string]node{}, jobs: map[jobKey]job{},
 		canaries: map[jobKey]map[string]int{}, held: map[string]*byModel{}, total: map[string]int{},
 		reserved: map[jobKey]reservation{}, allocs: map[string]Alloc{}, holds: map[string]hold{}, heldBy: map[jobKey]map[string]int{},
-		excess: map[jobKey]map[string]int{}, excessBorrowed: map[jobKey]bool{}, changed: make(chan struct{}, 1), nodesDirty: true}
+		excess: map[jobKey]map[string]int{}, excessBorrowed: map[jobKey]bool{}, undeclared: map[jobKey]string{},
+		changed: make(chan struct{}, 1), nodesDirty: true}
 }
 
 // SetBudgets has admission see which tenants spent their GPU-hour budget
@@ -96,7 +100,7 @@ func (v *View) Reset(snap Snapshot) {
 	v.nodes, v.jobs, v.held, v.total, v.nodesDirty = map[string]node{}, map[jobKey]job{}, map[string]*byModel{}, map[string]int{}, true
 	v.canaries, v.allocs = map[jobKey]map[string]int{}, map[string]Alloc{}
 	v.holds, v.heldBy, v.excess = map[string]hold{}, map[jobKey]map[string]int{}, map[jobKey]map[string]int{}
-	v.excessBorrowed = map[jobKey]bool{}
+	v.excessBorrowed, v.undeclared = map[jobKey]bool{}, map[jobKey]string{}
 	for _, n := range snap.Nodes {
 		v.observeNode(n, was[n.ID])
 	}

@@ -188,17 +188,26 @@ func TestReclaim(t *testing.T) {
 	if _, _, err := n.API.Jobs().Register(copied, nil); err != nil {
 		t.Fatal(err)
 	}
+	// Straight to Nomad too, using GPUs without asking for any.
+	byHand := job("vision", "by-hand", api.JobTypeBatch).group("g", ptr(1), nil, task()).j
+	byHand.TaskGroups[0].Tasks[0].Env = map[string]string{"NVIDIA_VISIBLE_DEVICES": "all"}
+	if _, _, err := n.API.Jobs().Register(byHand, nil); err != nil {
+		t.Fatal(err)
+	}
 	for _, id := range []string{"idle-nb", "keep-nb", "train"} {
 		idle("vision", id)
 	}
 	e.waitRunning("vision", "busy-nb")
 
-	t.Run("a GPU job registered straight to Nomad is stopped by rule unadmitted, with copied meta too", func(t *testing.T) {
-		for _, id := range []string{"direct", "copied"} {
+	t.Run("a GPU job registered straight to Nomad is stopped by rule unadmitted, with copied meta too, or asking for no GPU", func(t *testing.T) {
+		for _, id := range []string{"direct", "copied", "by-hand"} {
 			rec := waitDecision(id, reclaim.Executed)
 			if !stopped(id) || rec.Rule != "unadmitted" || !strings.Contains(rec.Result, "job stopped") || rec.Evidence == "" {
 				t.Errorf("%s: stopped %t, record %+v", id, stopped(id), rec)
 			}
+		}
+		if rec := decisions()["by-hand"]; !strings.Contains(rec.Evidence, "uses GPUs without asking for them") {
+			t.Errorf("by-hand's evidence: %q", rec.Evidence)
 		}
 		if stopped("busy-nb") {
 			t.Error("the job whose meta was copied was stopped")
@@ -373,7 +382,7 @@ func TestReclaim(t *testing.T) {
 	t.Run("the broker's metrics say what happened", func(t *testing.T) {
 		m := e.broker.Scrape()
 		for series, want := range map[string]float64{
-			`nomadgpu_reclaim_decisions_total{action="stop",rule="unadmitted",state="executed"}`:     4, // direct, copied, scaled-direct, fan-out's straight child
+			`nomadgpu_reclaim_decisions_total{action="stop",rule="unadmitted",state="executed"}`:     5, // direct, copied, by-hand, scaled-direct, fan-out's straight child
 			`nomadgpu_reclaim_decisions_total{action="stop",rule="idle-dev",state="executed"}`:       1,
 			`nomadgpu_reclaim_decisions_total{action="stop",rule="idle-dev",state="cancelled"}`:      1,
 			`nomadgpu_reclaim_decisions_total{action="reschedule",rule="sick-gpu",state="executed"}`: 1,

@@ -21,6 +21,7 @@ type Allocations interface {
 	GPUAllocs() []cluster.Alloc
 	NodeGPUs(nodeID string) map[string]cluster.GPU
 	GPUNodes() []string
+	UndeclaredJobs() map[[2]string]string
 }
 
 // Observer gives the reclaim rules what they look at: every GPU allocation
@@ -77,6 +78,31 @@ func (o *Observer) Observe(ctx context.Context) ([]reclaim.Alloc, map[string]rec
 			a.Tenant, a.Queue, a.Workload = job.tenant, job.queue, job.workload
 		}
 		allocs = append(allocs, a)
+	}
+	// Jobs that would use GPUs they do not ask for hold none in Nomad's
+	// accounting: their running allocations are read from Nomad, and count
+	// as unadmitted unless the broker admitted the job (warned).
+	for key, how := range o.View.UndeclaredJobs() {
+		if _, ok := seen[key]; ok {
+			continue // its GPU allocations are above already
+		}
+		job, err := o.job(ctx, key, 0)
+		if err != nil {
+			return nil, nil, err
+		}
+		seen[key] = job
+		if job.admitted || job.stopped {
+			continue
+		}
+		stubs, _, err := o.Client.api.Jobs().Allocations(key[1], false, (&api.QueryOptions{Namespace: key[0]}).WithContext(ctx))
+		if err != nil {
+			return nil, nil, fmt.Errorf("read the allocations of %s/%s: %w", key[0], key[1], err)
+		}
+		for _, st := range stubs {
+			if st.ClientStatus == api.AllocClientStatusRunning || st.ClientStatus == api.AllocClientStatusPending {
+				allocs = append(allocs, reclaim.Alloc{ID: st.ID, Namespace: key[0], JobID: key[1], Group: st.TaskGroup, Undeclared: how})
+			}
+		}
 	}
 	o.jobs = seen
 	gpus, samples := map[string]reclaim.GPU{}, map[string]cluster.Sample{}

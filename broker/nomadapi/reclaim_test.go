@@ -59,14 +59,36 @@ func TestStopsAreDoneOnceAndNotForWhatStoppedAlready(t *testing.T) {
 
 // view is the cluster view as the observer reads it.
 type view struct {
-	allocs []cluster.Alloc
-	gpus   map[string]map[string]cluster.GPU
+	allocs     []cluster.Alloc
+	gpus       map[string]map[string]cluster.GPU
+	undeclared map[[2]string]string
 }
 
 func (v view) Synced() bool                                { return true }
 func (v view) GPUAllocs() []cluster.Alloc                  { return v.allocs }
 func (v view) NodeGPUs(node string) map[string]cluster.GPU { return v.gpus[node] }
 func (v view) GPUNodes() []string                          { return []string{"n1"} }
+func (v view) UndeclaredJobs() map[[2]string]string        { return v.undeclared }
+
+// A job that would use GPUs it does not ask for holds none in Nomad's
+// accounting: its running allocations are read from Nomad and observed as
+// unadmitted, with how, unless the broker admitted the job.
+func TestTheObserverSeesJobsUsingGPUsTheyDoNotAskFor(t *testing.T) {
+	running := api.AllocationListStub{ID: "a1", TaskGroup: "g", ClientStatus: api.AllocClientStatusRunning}
+	done := api.AllocationListStub{ID: "a2", TaskGroup: "g", ClientStatus: api.AllocClientStatusComplete}
+	c, _ := newClient(t, map[string]func(http.ResponseWriter, *http.Request){
+		"GET /v1/job/sneaky":             answer(http.StatusOK, api.Job{ID: ptr("sneaky"), JobModifyIndex: ptr(uint64(3))}),
+		"GET /v1/job/sneaky/allocations": answer(http.StatusOK, []api.AllocationListStub{running, done}),
+		"GET /v1/job/warned":             answer(http.StatusOK, api.Job{ID: ptr("warned"), Meta: map[string]string{"ok": "1"}}),
+		"GET /v1/client/stats":           answer(http.StatusOK, api.HostStats{}),
+	})
+	v := view{undeclared: map[[2]string]string{{"vision", "sneaky"}: `task "t" sets NVIDIA_VISIBLE_DEVICES`, {"vision", "warned"}: "runs privileged"}}
+	o := &nomadapi.Observer{Client: c, View: v, Verify: func(_ context.Context, j *api.Job) bool { return j.Meta["ok"] == "1" }}
+	allocs, _, err := o.Observe(context.Background())
+	if err != nil || len(allocs) != 1 || allocs[0].ID != "a1" || allocs[0].Admitted || allocs[0].Undeclared != `task "t" sets NVIDIA_VISIBLE_DEVICES` {
+		t.Errorf("%+v %v", allocs, err)
+	}
+}
 
 func TestTheObserverReadsEachJobVersionOnceAndEachNodesStats(t *testing.T) {
 	util := 3.0

@@ -33,6 +33,9 @@ type Alloc struct {
 	GPUs []string
 	// Restarts are the times its tasks restarted.
 	Restarts []time.Time
+	// Undeclared says how its job would use GPUs it does not ask for (it
+	// then holds none in Nomad's accounting); "" for a GPU allocation.
+	Undeclared string
 }
 
 // GPU is one GPU's latest state.
@@ -233,6 +236,9 @@ func (e *Engine) matches(now time.Time, r *policy.ReclaimRule, a Alloc, gpus map
 			return fmt.Sprintf("%d restarts within %s", n, r.Within), true
 		}
 	case policy.CondUnadmitted:
+		if !a.Admitted && a.Undeclared != "" {
+			return "uses GPUs without asking for them: " + a.Undeclared, true
+		}
 		if !a.Admitted {
 			return "no valid admission stamp", true
 		}

@@ -182,6 +182,12 @@ func TestUnadmittedAndSelectors(t *testing.T) {
 	if summary(ds) != want {
 		t.Errorf("got  %s\nwant %s", summary(ds), want)
 	}
+	// A job using GPUs it does not ask for holds none, and is unadmitted.
+	sneaky := reclaim.Alloc{ID: "s1", Namespace: "vision", JobID: "sneaky", Undeclared: `task "t" of group "g" sets NVIDIA_VISIBLE_DEVICES`}
+	ds = reclaim.New().Pass(t0, only(p, "unadmitted"), []reclaim.Alloc{sneaky}, nil)
+	if summary(ds) != "unadmitted stop vision/sneaky [s1] whole=true gpus=0" || ds[0].Evidence != `s1: uses GPUs without asking for them: task "t" of group "g" sets NVIDIA_VISIBLE_DEVICES` {
+		t.Errorf("undeclared GPU access: %s (%+v)", summary(ds), ds)
+	}
 }
 
 func TestARuleMatchingSomeAllocationsOfAJobStopsThoseOnly(t *testing.T) {
