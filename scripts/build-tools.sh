@@ -16,7 +16,13 @@ mkdir -p "$TOOLS_DIR/bin"
 log() { printf 'tools: %s\n' "$*" >&2; }
 
 # has_version BIN WANT: the binary exists and its "version" output names WANT.
-has_version() { [ -x "$1" ] && "$1" version 2>/dev/null | head -n1 | grep -q "v$2"; }
+# (Its output is read whole: under pipefail, `| head -n1` could end the binary
+# with SIGPIPE and make a present tool look absent, rebuilding it; and tofu
+# prints CLI-configuration warnings before its version.)
+has_version() {
+  local out
+  [ -x "$1" ] && out=$("$1" version 2>/dev/null) && [[ "$out" == *"v$2"* ]]
+}
 
 # fetch MODULE@VERSION DEST: copies a module from the proxy into a writable DEST.
 fetch() {

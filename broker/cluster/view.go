@@ -42,9 +42,9 @@ type View struct {
 	// undeclared are the live jobs that would use GPUs they do not ask for
 	// (nomadjob.UndeclaredGPUAccess), with how.
 	undeclared map[jobKey]string
-	nextRes        uint64
-	changed        chan struct{}
-	synced         bool // a full listing has been applied
+	nextRes    uint64
+	changed    chan struct{}
+	synced     bool // a full listing has been applied
 
 	index        atomic.Uint64 // of the last event or listing applied
 	gpusCameBack atomic.Uint64 // see GPUsCameBack
