@@ -445,9 +445,11 @@ func (b *jobBuilder) group(name string, count *int, scaling *api.ScalingPolicy, 
 }
 
 func task(devs ...*api.RequestedDevice) *api.Task {
-	// No log collector: the comparison reads placements, and a `nomad logmon`
-	// process per task is CPU the suite needs elsewhere.
-	return &api.Task{Driver: "raw_exec", Config: map[string]any{"command": "sleep", "args": []string{"600"}},
+	// Nomad's mock driver, without a log collector: these tests read
+	// placements and allocations, never a task's process or output, and a
+	// `nomad executor` and a `nomad logmon` process per task are CPU the
+	// suite needs elsewhere. (Devices are reserved for it as for any driver.)
+	return &api.Task{Driver: "mock_driver", Config: map[string]any{"run_for": "600s"},
 		LogConfig: &api.LogConfig{Disabled: ptr(true)},
 		Resources: &api.Resources{CPU: ptr(10), MemoryMB: ptr(16), Devices: devs}}
 }

@@ -310,7 +310,7 @@ func TestReclaim(t *testing.T) {
 	t.Run("a crash-looping task holding a GPU is stopped", func(t *testing.T) {
 		crashing := job("vision", "crashing", api.JobTypeService).group("g", ptr(1), nil, task(dev("nvidia/gpu", 1)))
 		tg := crashing.j.TaskGroups[0]
-		tg.Tasks[0].Config = map[string]any{"command": "/bin/sh", "args": []string{"-c", "sleep 1; exit 1"}}
+		tg.Tasks[0].Driver, tg.Tasks[0].Config = "raw_exec", map[string]any{"command": "/bin/sh", "args": []string{"-c", "sleep 1; exit 1"}}
 		tg.RestartPolicy = &api.RestartPolicy{Attempts: ptr(20), Interval: ptr(10 * time.Minute), Delay: ptr(time.Second), Mode: ptr("delay")}
 		req, _ := http.NewRequest(http.MethodPut, e.broker.Addr+"/v1/jobs", strings.NewReader(crashing.body(nil, canonical)))
 		resp, err := e.broker.Client.Do(req)
