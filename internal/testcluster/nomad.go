@@ -82,8 +82,8 @@ client {
   {{- end}}
   options {
     "fingerprint.denylist" = "{{.Denylist}}"
-    # Tests run raw_exec tasks (the benchmarks mock_driver): no other driver
-    # is loaded, so none fingerprints (java -version starts a JVM each time).
+    # Tests run raw_exec and mock_driver tasks: no other driver is loaded,
+    # so none fingerprints (java -version starts a JVM each time).
     "driver.allowlist"     = "raw_exec,mock_driver"
   }
 {{.ClientHCL}}
