@@ -16,7 +16,7 @@ DEMO_DIR  ?= $(CURDIR)/.demo
 export CGO_CFLAGS ?= -Wno-deprecated-declarations
 TEST_TIMEOUT ?= 30m
 # Integration tests run side by side: each mostly waits on its agents.
-TEST_PARALLEL ?= 4
+TEST_PARALLEL ?= 3
 
 .PHONY: help
 help: ## Show the targets
