@@ -224,31 +224,39 @@ func (s *Server) revert(w http.ResponseWriter, r *http.Request, jc jobCall, jobI
 		s.passThrough(w, r, doc.Bytes()) // Nomad refuses it: "Job ID does not match"
 		return
 	}
-	ns := jc.namespace
+	s.revertTo(w, r, doc.Bytes(), jc.namespace, jobID, "revert", func(v *api.Job) bool {
+		return *v.Version == req.JobVersion
+	}) // no such version: Nomad says so
+}
+
+// revertTo decides a call that makes Nomad register an earlier version of
+// job ns/jobID again (the newest that target picks) as an update of the
+// one it runs, then forwards body; with no such version it passes body on.
+func (s *Server) revertTo(w http.ResponseWriter, r *http.Request, body []byte, ns, jobID, what string, target func(*api.Job) bool) {
 	defer s.jobs.lock(ns, jobID)()
 	current, err := s.currentJob(r, ns, jobID)
 	if err != nil {
-		s.lookupFailed(w, err, "revert", jobID)
+		s.lookupFailed(w, err, what, jobID)
 		return
 	}
-	var versions struct{ Versions []*api.Job }
+	var versions struct{ Versions []*api.Job } // newest first
 	if err := s.get(r, "/v1/job/"+url.PathEscape(jobID)+"/versions", ns, &versions); err != nil {
-		s.lookupFailed(w, err, "revert", jobID)
+		s.lookupFailed(w, err, what, jobID)
 		return
 	}
 	for _, v := range versions.Versions {
-		if v != nil && v.Version != nil && *v.Version == req.JobVersion {
-			// Reverting registers that version again: an update of the current one.
-			groups, err := nomadjob.Groups(v, nomadjob.Placement{Current: current, NodesFitting: s.cluster.NodesFitting})
-			if err != nil {
-				writeError(w, fail(errBadRequest, "revert of %q: %v", jobID, err))
-				return
-			}
-			s.decideThenForward(w, r, doc.Bytes(), groups, v, ns, jobID, "revert", nil)
+		if v == nil || v.Version == nil || !target(v) {
+			continue
+		}
+		groups, err := nomadjob.Groups(v, nomadjob.Placement{Current: current, NodesFitting: s.cluster.NodesFitting})
+		if err != nil {
+			writeError(w, fail(errBadRequest, "%s of %q: %v", what, jobID, err))
 			return
 		}
+		s.decideThenForward(w, r, body, groups, v, ns, jobID, "revert", nil)
+		return
 	}
-	s.passThrough(w, r, doc.Bytes()) // no such version: Nomad says so
+	s.passThrough(w, r, body)
 }
 
 // deploymentWrite passes a deployment write on, but for one that can make
@@ -281,30 +289,9 @@ func (s *Server) deploymentWrite(w http.ResponseWriter, r *http.Request, jc jobC
 		s.passThrough(w, r, jc.body)
 		return
 	}
-	defer s.jobs.lock(d.Namespace, d.JobID)()
-	current, err := s.currentJob(r, d.Namespace, d.JobID)
-	if err != nil {
-		s.lookupFailed(w, err, "deployment write", id)
-		return
-	}
-	var versions struct{ Versions []*api.Job }
-	if err := s.get(r, "/v1/job/"+url.PathEscape(d.JobID)+"/versions", d.Namespace, &versions); err != nil {
-		s.lookupFailed(w, err, "deployment write", id)
-		return
-	}
-	for _, v := range versions.Versions { // newest first
-		if v == nil || v.Version == nil || *v.Version == d.JobVersion || v.Stable == nil || !*v.Stable {
-			continue
-		}
-		groups, err := nomadjob.Groups(v, nomadjob.Placement{Current: current, NodesFitting: s.cluster.NodesFitting})
-		if err != nil {
-			writeError(w, fail(errBadRequest, "deployment write on %q: %v", d.JobID, err))
-			return
-		}
-		s.decideThenForward(w, r, jc.body, groups, v, d.Namespace, d.JobID, "revert", nil)
-		return
-	}
-	s.passThrough(w, r, jc.body) // no stable version: Nomad reverts nothing
+	s.revertTo(w, r, jc.body, d.Namespace, d.JobID, "deployment write", func(v *api.Job) bool {
+		return *v.Version != d.JobVersion && v.Stable != nil && *v.Stable
+	}) // no stable version: Nomad reverts nothing
 }
 
 // parseCall reads a call's body into out, refusing what Nomad could read
