@@ -56,6 +56,10 @@ type Job struct {
 	// CanaryAutoRevert: every GPU group has an update block with canaries
 	// and auto_revert (a workload's require_update asks for it).
 	CanaryAutoRevert bool
+	// RevertTo is the demand of the version Nomad goes back to when this
+	// one's deployment fails (auto_revert): until the deployment ends the
+	// job may hold either, so it is counted at the larger, per class.
+	RevertTo []Group
 	// Granted is what approvals in force grant this job.
 	Granted Granted
 }
@@ -220,6 +224,17 @@ func Decide(p *policy.Policy, job Job, u Usage) Decision {
 
 func decide(p *policy.Policy, job Job, u Usage) Decision {
 	demand, unclassified := Demand(p, job, u)
+	var reverts string // why the job counts more than it asks for
+	if len(job.RevertTo) > 0 {
+		back, _ := Demand(p, Job{Groups: job.RevertTo}, u)
+		if larger(back, demand) {
+			reverts = fmt.Sprintf(" (this version %g, its stable version %g: Nomad reverts to that if the deployment fails, so it is counted until the deployment ends)",
+				demand[policy.AllGPUs], back[policy.AllGPUs])
+			for class, n := range back {
+				demand[class] = max(demand[class], n)
+			}
+		}
+	}
 	d := Decision{Demand: demand}
 	if len(job.Groups) == 0 {
 		d.Outcome, d.Reason = Admit, "no GPU demand"
@@ -281,11 +296,31 @@ func decide(p *policy.Policy, job Job, u Usage) Decision {
 
 	for _, class := range keys(demand) {
 		if limit, ok := tenant.Limit[class]; ok && exceeds(demand[class], limit) {
-			return reject(d, RuleAboveLimit, fmt.Sprintf("the job needs %g %s, above tenant %q's limit of %g",
-				demand[class], gpus(class), tenant.Name, limit))
+			return reject(d, RuleAboveLimit, fmt.Sprintf("the job needs %g %s%s, above tenant %q's limit of %g",
+				demand[class], gpus(class), reverts, tenant.Name, limit))
 		}
 	}
-	return workloadGate(w, job, u, decideQuota(p, u, d, tenant, q, demand))
+	d = workloadGate(w, job, u, decideQuota(p, u, d, tenant, q, demand))
+	if reverts != "" {
+		note := "; counted at the larger of two versions" + reverts
+		if then, ok := strings.CutPrefix(d.Reason, d.Cause); ok && d.Cause != "" {
+			d.Cause += note
+			d.Reason = d.Cause + then
+		} else {
+			d.Reason += note
+		}
+	}
+	return d
+}
+
+// larger reports whether a holds more than b of any class.
+func larger(a, b policy.Quota) bool {
+	for class, n := range a {
+		if exceeds(n, b[class]) {
+			return true
+		}
+	}
+	return false
 }
 
 // decideQuota admits within the guarantee, borrowed within the limit on

@@ -65,6 +65,12 @@ func (b *jobBuilder) model(m string) *jobBuilder {
 
 func (b *jobBuilder) queue(q string) *jobBuilder { b.Queue = q; return b }
 
+// revertsTo names the version a failing deployment of the job goes back to.
+func (b *jobBuilder) revertsTo(count, perAlloc int) *jobBuilder {
+	b.RevertTo = append(b.RevertTo, admission.Group{Name: "g", Count: count, GPUsPerAlloc: perAlloc})
+	return b
+}
+
 // shared makes the last group ask for time-sliced replicas only.
 func (b *jobBuilder) shared() *jobBuilder {
 	b.Groups[len(b.Groups)-1].Shared = true
@@ -134,6 +140,12 @@ func TestDecide(t *testing.T) {
 			outcome: admission.Queue, reason: "borrowing is off"},
 		{name: "over limit with what it holds: queued", job: job("search").gpus(1, 1), usage: cluster(12, map[string]float64{"search": 4}),
 			outcome: admission.Queue, reason: `tenant "search" would hold 5 of its limit of 4 GPUs`},
+		{name: "an update that may revert counts its stable version", job: job("search").gpus(1, 1).revertsTo(3, 1), usage: cluster(12, map[string]float64{"search": 2}),
+			outcome: admission.Queue, reason: `tenant "search" would hold 5 of its limit of 4 GPUs; counted at the larger of two versions (this version 1, its stable version 3`},
+		{name: "a stable version above the limit refuses an update that may revert to it", job: job("search").gpus(1, 1).revertsTo(5, 1), usage: cluster(12, nil),
+			outcome: admission.Reject, rule: admission.RuleAboveLimit, reason: `the job needs 5 GPUs (this version 1, its stable version 5`},
+		{name: "a smaller stable version changes nothing", job: job("search").gpus(2, 1).revertsTo(1, 1), usage: cluster(12, map[string]float64{"search": 2}),
+			outcome: admission.Admit, priority: 80, reason: `within tenant "search"'s guarantee`},
 		{name: "per-class guarantee", job: job("research").gpus(2, 1).model(h100), usage: cluster(16, nil),
 			outcome: admission.Admit, priority: 40},
 		{name: "per-class borrowing", job: job("research").gpus(3, 1).model(h100), usage: cluster(16, nil),

@@ -42,6 +42,8 @@ type Registrar interface {
 	Register(ctx context.Context, namespace string, body []byte) (uint64, error)
 	// Job returns the job Nomad has, or nil if none.
 	Job(ctx context.Context, namespace, id string) (*api.Job, error)
+	// StableJob returns the job's latest stable version, or nil if none.
+	StableJob(ctx context.Context, namespace, id string) (*api.Job, error)
 	// Grants reads an ACL token's grants by accessor; exists is false when the
 	// token is gone or expired.
 	Grants(ctx context.Context, accessor string) (g policy.Grants, exists bool, err error)
@@ -173,6 +175,16 @@ func (a *Admitter) decide(ctx context.Context, r *registrations) error {
 		if nomadjob.HasCanaries(req.Job) {
 			if current, err = a.Nomad.Job(ctx, e.Namespace, e.JobID); err != nil {
 				return fmt.Errorf("queue entry %s: %w", e.ID, err)
+			}
+		}
+		if nomadjob.AutoReverts(req.Job) {
+			stable, err := a.Nomad.StableJob(ctx, e.Namespace, e.JobID)
+			if err != nil {
+				return fmt.Errorf("queue entry %s: %w", e.ID, err)
+			}
+			if err := req.RevertsTo(stable, a.Cluster.NodesFitting); err != nil {
+				a.park(ctx, e, err)
+				continue
 			}
 		}
 		req.PinNodes(a.Cluster.FittingNodes) // the nodes fitting now, not when it was queued

@@ -29,6 +29,7 @@ type nomad struct {
 	fail       bool
 	refuse     string // a job id Nomad refuses
 	tokens     map[string]policy.Grants
+	stable     map[string]*api.Job // latest stable versions, by job id
 }
 
 type refused struct{}
@@ -37,6 +38,10 @@ func (refused) Error() string { return "Nomad answered 400: task group g: invali
 func (refused) Refused() bool { return true }
 
 func (n *nomad) Job(context.Context, string, string) (*api.Job, error) { return nil, nil }
+
+func (n *nomad) StableJob(_ context.Context, _, id string) (*api.Job, error) {
+	return n.stable[id], nil
+}
 
 func (n *nomad) Grants(_ context.Context, accessor string) (policy.Grants, bool, error) {
 	g, ok := n.tokens[accessor]
@@ -388,4 +393,23 @@ func TestBlockedJobsAreEvaluatedAgainWhenGPUsComeBackEvenWithinOnePass(t *testin
 	asked(true)
 	tick <- now
 	asked(false) // once per recovery
+}
+
+// A queued update whose deployment may revert counts its stable version,
+// read from Nomad when the pass decides: it waits while that does not fit.
+func TestAQueuedUpdateThatMayRevertCountsItsStableVersion(t *testing.T) {
+	a, q, n, view, now := setup(t, visionPolicy, 16)
+	view.ObserveJob(testbuild.Job("vision", "held").Group("g", 1, 4, "gpu").Build())
+	n.stable = map[string]*api.Job{"web": testbuild.Job("vision", "web").Group("g", 1, 6, "gpu").Stable().Build()}
+	e := entry("web", 2, time.Minute, now)
+	e.Request = json.RawMessage(`{"Job":{"ID":"web","Namespace":"vision","Type":"service","Update":{"AutoRevert":true},"TaskGroups":[{"Name":"g","Count":1,
+	  "Tasks":[{"Name":"t","Resources":{"Devices":[{"Name":"nvidia/gpu","Count":2}]}}]}]}}`)
+	q.Put(context.Background(), e)
+	if got, err := a.Pass(context.Background()); err != nil || got != 0 {
+		t.Fatalf("admitted %d (%v): 4 held + 6 it may revert to is above the limit of 8", got, err)
+	}
+	n.stable["web"] = testbuild.Job("vision", "web").Group("g", 1, 3, "gpu").Stable().Build()
+	if got, err := a.Pass(context.Background()); err != nil || got != 1 {
+		t.Errorf("admitted %d (%v): 4 held + 3 it may revert to is within the limit of 8", got, err)
+	}
 }

@@ -118,9 +118,6 @@ func (a *Agent) Run(ctx context.Context) error {
 		Log: log.Named("leader")}
 	metrics.Observe(brokermetrics.Sources{Cluster: view, Policies: policies, Queue: store, Leader: elector})
 	view.SetAllocEvents(metrics.AllocEvent)
-	resync := time.NewTicker(cfg.ResyncInterval)
-	defer resync.Stop()
-	go view.Follow(ctx, nomadClient, log.Named("cluster"), resync.C)
 	var trail *audit.Log
 	if a := cfg.Audit; a != nil {
 		if trail, err = audit.Open(a.Path, a.MaxBytes, a.MaxFiles, cfg.Advertise); err != nil {
@@ -135,6 +132,11 @@ func (a *Agent) Run(ctx context.Context) error {
 			trail.Write(audit.Event{Who: audit.BrokerAct, What: audit.PolicyReload, Result: detail})
 		}
 	}
+	view.SetReverts((&leader.Reverts{Leader: elector, Policies: policies, Usage: view.Usage, Audit: trail, Metrics: metrics,
+		Log: log.Named("revert")}).Observed)
+	resync := time.NewTicker(cfg.ResyncInterval)
+	defer resync.Stop()
+	go view.Follow(ctx, nomadClient, log.Named("cluster"), resync.C)
 	go policies.Watch(ctx, a.reload, cfg.PolicyPollInterval)
 	srv, err := server.New(server.Options{Leader: elector, Log: log.Named("proxy"), Nomad: cfg.Nomad.Address,
 		Client: nomadClient.HTTPClient(), Policies: policies, Cluster: view, Queue: store, Decisions: decisions, Scales: scales, Profiles: profiles, RightSizing: storedProfiles, Metrics: metrics, Rollups: rollups, FairShare: rollups, Audit: trail, Approvals: approvals, Forecast: forecast, Stamper: stamper, Region: region, ACLs: acls, BodyReadTimeout: cfg.BodyReadTimeoutDuration,

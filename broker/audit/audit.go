@@ -42,7 +42,8 @@ const (
 	QueueAdmission = "queue-admission" // a queued job registered with Nomad
 	QueueDrop      = "queue-drop"      // a queued job the policy now rejects
 	QueueCancel    = "queue-cancel"
-	Preemption     = "preemption" // Nomad preempted a borrowed job's allocation (observed)
+	Preemption     = "preemption"  // Nomad preempted a borrowed job's allocation (observed)
+	AutoRevert     = "auto-revert" // Nomad reverted a job whose deployment failed (observed): result admit or over-limit
 	ReclaimDecided = "reclaim-decision"
 	ReclaimActed   = "reclaim-action"
 	ReclaimCancel  = "reclaim-cancel"

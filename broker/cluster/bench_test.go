@@ -105,10 +105,11 @@ func BenchmarkFollowEvents(b *testing.B) {
 		}
 	}
 	v := NewView(nil)
+	var reverts []Revert
 	b.ReportAllocs()
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
-		if err := v.apply(&events[i%len(events)]); err != nil {
+		if err := v.apply(&events[i%len(events)], &reverts); err != nil {
 			b.Fatal(err)
 		}
 	}

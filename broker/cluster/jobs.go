@@ -57,7 +57,12 @@ func (v *View) observeJob(j *api.Job) {
 	if how := nomadjob.UndeclaredGPUAccess(j); live && len(how) > 0 {
 		v.undeclared[key] = strings.Join(how, "; ")
 	}
-	if live && len(a.Groups) > 0 {
+	if j.Stable != nil && *j.Stable {
+		v.setStable(key, a.Groups)
+	}
+	// A version without GPUs whose stable one has them is kept: its
+	// deployment may revert to them.
+	if live && (len(a.Groups) > 0 || len(v.stable[key]) > 0) {
 		jb := job{groups: a.Groups, borrowed: borrowed, modifyIndex: modifyIndex}
 		if verified {
 			jb.tenant, jb.queue = j.Meta[nomadjob.MetaTenant], j.Meta[nomadjob.MetaQueue]
@@ -66,8 +71,43 @@ func (v *View) observeJob(j *api.Job) {
 	}
 }
 
+// observeStable records a job version Nomad marks stable (read from its
+// versions, not its latest): what a failing deployment reverts to.
+func (v *View) observeStable(j *api.Job) {
+	if j.ID == nil || j.Stable == nil || !*j.Stable {
+		return
+	}
+	a, _ := nomadjob.Admission(j, v.nodesFitting)
+	v.setStable(jobKey{nomadjob.Namespace(j), *j.ID}, a.Groups)
+}
+
+func (v *View) setStable(key jobKey, groups []admission.Group) {
+	if len(groups) == 0 {
+		delete(v.stable, key)
+		return
+	}
+	v.stable[key] = groups
+}
+
+// Revert is a revert Nomad made on its own: a deployment with auto_revert
+// failed and Nomad registered the job's stable version again.
+type Revert struct {
+	Namespace, JobID, Deployment string
+	// Description is Nomad's, naming the version it went back to.
+	Description string
+}
+
+// rolledBack reports the revert a deployment's update tells of.
+func rolledBack(d *api.Deployment) (Revert, bool) {
+	if d.Status != api.DeploymentStatusFailed || !strings.Contains(d.StatusDescription, "rolling back to job version") {
+		return Revert{}, false
+	}
+	return Revert{Namespace: d.Namespace, JobID: d.JobID, Deployment: d.ID, Description: d.StatusDescription}, true
+}
+
 // ObserveDeployment records the canaries an active, unpromoted deployment
-// places beside the job's current allocations.
+// places beside the job's current allocations, and whether it reverts on
+// failure: the job then counts its stable version too, until it ends.
 func (v *View) ObserveDeployment(d *api.Deployment) {
 	v.mu.Lock()
 	v.observeDeployment(d)
@@ -78,6 +118,7 @@ func (v *View) ObserveDeployment(d *api.Deployment) {
 func (v *View) observeDeployment(d *api.Deployment) {
 	key := jobKey{d.Namespace, d.JobID}
 	canaries := map[string]int{}
+	reverting := false
 	switch d.Status {
 	case api.DeploymentStatusSuccessful, api.DeploymentStatusFailed, api.DeploymentStatusCancelled:
 	default:
@@ -85,6 +126,7 @@ func (v *View) observeDeployment(d *api.Deployment) {
 			if s != nil && !s.Promoted && s.DesiredCanaries > 0 {
 				canaries[tg] = s.DesiredCanaries
 			}
+			reverting = reverting || (s != nil && s.AutoRevert)
 		}
 	}
 	old, ok := v.jobs[key]
@@ -96,6 +138,11 @@ func (v *View) observeDeployment(d *api.Deployment) {
 	} else {
 		v.canaries[key] = canaries
 	}
+	if reverting {
+		v.reverting[key] = true
+	} else {
+		delete(v.reverting, key)
+	}
 	if ok {
 		v.add(key, old)
 	}
@@ -104,18 +151,25 @@ func (v *View) observeDeployment(d *api.Deployment) {
 // ForgetJob drops a deregistered job.
 func (v *View) ForgetJob(namespace, id string) {
 	v.mu.Lock()
-	v.remove(jobKey{namespace, id})
-	delete(v.canaries, jobKey{namespace, id})
+	key := jobKey{namespace, id}
+	v.remove(key)
+	delete(v.canaries, key)
+	delete(v.stable, key)
+	delete(v.reverting, key)
 	v.mu.Unlock()
 	v.notify()
 }
 
-// add records a job and adds its demand (with its deployment's canaries) to
+// add records a job and adds its demand (with its deployment's canaries, and
+// no less than its stable version while its deployment may revert to it) to
 // its namespace's totals.
 func (v *View) add(key jobKey, j job) {
 	j.demand = demandByModel(j.groups)
 	for _, g := range j.groups {
 		j.demand[g.Model] += v.canaries[key][g.Name] * g.GPUsPerAlloc
+	}
+	if v.reverting[key] {
+		atLeast(j.demand, demandByModel(v.stable[key]))
 	}
 	v.jobs[key] = j
 	v.account(key.namespace, j, 1)
@@ -191,6 +245,13 @@ func (v *View) account(ns string, j job, sign int) {
 		if j.borrowed {
 			agg.borrowed[model] += sign * n
 		}
+	}
+}
+
+// atLeast raises each model's GPUs in d to those in floor.
+func atLeast(d, floor map[string]int) {
+	for model, n := range floor {
+		d[model] = max(d[model], n)
 	}
 }
 

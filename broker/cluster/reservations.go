@@ -43,8 +43,15 @@ func (v *View) Admit(p *policy.Policy, j admission.Job) (admission.Decision, *Re
 		return d, nil
 	}
 	key := jobKey{j.Namespace, j.ID}
+	demand := demandByModel(j.Groups)
+	if len(j.RevertTo) > 0 {
+		// What Nomad read as the stable version is known from now on, so
+		// that the deployment's events count it.
+		v.stable[key] = j.RevertTo
+		atLeast(demand, demandByModel(j.RevertTo))
+	}
 	v.nextRes++
-	v.reserved[key] = reservation{seq: v.nextRes, demand: demandByModel(j.Groups), borrowed: d.Outcome == admission.AdmitBorrowed,
+	v.reserved[key] = reservation{seq: v.nextRes, demand: demand, borrowed: d.Outcome == admission.AdmitBorrowed,
 		until: v.now().Add(ReservationHold)}
 	return d, &Reservation{v: v, key: key, seq: v.nextRes}
 }

@@ -13,15 +13,18 @@ import (
 	"github.com/nomad-gpu/nomad-gpu/broker/nomadjob"
 )
 
-// Snapshot is a full listing: nodes, live jobs, active deployments,
-// allocations (those holding GPUs at least), and the index the event stream
+// Snapshot is a full listing: nodes, live jobs, active deployments (and the
+// versions they would revert to), allocations (those holding GPUs at least), and the index the event stream
 // resumes after.
 type Snapshot struct {
 	Nodes       []*api.Node
 	Jobs        []*api.Job
 	Deployments []*api.Deployment
-	Allocs      []*api.Allocation
-	Index       uint64
+	// Stable are the latest stable versions of the jobs whose active
+	// deployment reverts to them on failure (auto_revert).
+	Stable []*api.Job
+	Allocs []*api.Allocation
+	Index  uint64
 }
 
 // Source is what the view is kept from: a full listing, then events after its index.
@@ -115,9 +118,17 @@ func (v *View) followOnce(ctx context.Context, src Source, resync <-chan time.Ti
 			if batch.Err != nil {
 				return batch.Err
 			}
+			var reverts []Revert
 			for i := range batch.Events {
-				if err := v.apply(&batch.Events[i]); err != nil {
+				if err := v.apply(&batch.Events[i], &reverts); err != nil {
 					return err
+				}
+			}
+			// Told once the batch is applied: Nomad's revert of the job
+			// comes in the same one.
+			for _, rv := range reverts {
+				if v.reverted != nil {
+					v.reverted(rv)
 				}
 			}
 			if batch.Index > v.index.Load() {
@@ -127,7 +138,8 @@ func (v *View) followOnce(ctx context.Context, src Source, resync <-chan time.Ti
 	}
 }
 
-func (v *View) apply(e *Event) error {
+// apply applies one event, adding to reverts a revert it tells of.
+func (v *View) apply(e *Event, reverts *[]Revert) error {
 	switch e.Topic {
 	case api.TopicNode:
 		var n *api.Node
@@ -155,6 +167,9 @@ func (v *View) apply(e *Event) error {
 			return fmt.Errorf("decode deployment event: %v", err)
 		}
 		v.ObserveDeployment(d)
+		if rv, ok := rolledBack(d); ok {
+			*reverts = append(*reverts, rv)
+		}
 	case api.TopicAllocation:
 		var a *api.Allocation
 		if err := e.decode("Allocation", &a); err != nil || a == nil {

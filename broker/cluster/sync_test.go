@@ -72,11 +72,11 @@ func TestAPurgesEvaluationDropsTheJob(t *testing.T) {
 		return &Event{Topic: api.TopicEvaluation, Type: typ, Payload: map[string]json.RawMessage{"Evaluation": raw}}
 	}
 	for _, typ := range []string{"EvaluationUpdated", "PlanResult"} {
-		if err := v.apply(eval(typ)); err != nil || v.Usage(p).Tenants["vision"].Used.Total() != 4 {
+		if err := v.apply(eval(typ), new([]Revert)); err != nil || v.Usage(p).Tenants["vision"].Used.Total() != 4 {
 			t.Errorf("after a %s event: %v, vision uses %g", typ, err, v.Usage(p).Tenants["vision"].Used.Total())
 		}
 	}
-	if err := v.apply(eval("JobDeregistered")); err != nil || v.Usage(p).Tenants["vision"].Used.Total() != 0 {
+	if err := v.apply(eval("JobDeregistered"), new([]Revert)); err != nil || v.Usage(p).Tenants["vision"].Used.Total() != 0 {
 		t.Errorf("after the purge's evaluation: %v, vision uses %g", err, v.Usage(p).Tenants["vision"].Used.Total())
 	}
 }
@@ -90,7 +90,7 @@ func TestNodeEventsKeepDeviceAttributes(t *testing.T) {
 		t.Fatal(err)
 	}
 	v := NewView(nil)
-	if err := v.apply(&Event{Topic: api.TopicNode, Type: "NodeRegistration", Payload: map[string]json.RawMessage{"Node": raw}}); err != nil {
+	if err := v.apply(&Event{Topic: api.TopicNode, Type: "NodeRegistration", Payload: map[string]json.RawMessage{"Node": raw}}, new([]Revert)); err != nil {
 		t.Fatal(err)
 	}
 	if u := v.Usage(p); u.Replicas[testbuild.H100+" (shared)"] != 4 || u.MaxAlloc["h100"] != 8 {

@@ -10,6 +10,8 @@ import (
 
 	"github.com/hashicorp/nomad/api"
 
+	"github.com/nomad-gpu/nomad-gpu/broker/admission"
+	"github.com/nomad-gpu/nomad-gpu/broker/nomadjob"
 	"github.com/nomad-gpu/nomad-gpu/broker/policy"
 )
 
@@ -20,16 +22,22 @@ type View struct {
 	now        func() time.Time
 	overBudget func(tenant string) string
 	allocEvent func(AllocEvent)
+	reverted   func(Revert)
 
 	mu       sync.RWMutex
 	nodes    map[string]node
 	jobs     map[jobKey]job
 	canaries map[jobKey]map[string]int // unpromoted canaries of a job's active deployment, by group
-	held     map[string]*byModel       // GPUs live jobs hold, by namespace
-	total    map[string]int            // GPUs live jobs hold, by model, all namespaces
-	reserved map[jobKey]reservation    // admitted, maybe not seen in an event yet
-	allocs   map[string]Alloc          // allocations holding GPUs, by id
-	samples  map[string]Sample         // the GPUs' latest telemetry, by device id (the leader's)
+	// stable is the GPU demand of a job's latest stable version (Nomad's
+	// auto_revert target), and reverting the jobs whose active deployment
+	// reverts to it on failure: those count the larger of both.
+	stable    map[jobKey][]admission.Group
+	reverting map[jobKey]bool
+	held      map[string]*byModel    // GPUs live jobs hold, by namespace
+	total     map[string]int         // GPUs live jobs hold, by model, all namespaces
+	reserved  map[jobKey]reservation // admitted, maybe not seen in an event yet
+	allocs    map[string]Alloc       // allocations holding GPUs, by id
+	samples   map[string]Sample      // the GPUs' latest telemetry, by device id (the leader's)
 	// What running and pending allocations hold beyond their job's demand
 	// (all they hold once the job is stopped): counted as used until Nomad
 	// stops them, so that GPUs a stop or scale-down frees are not admitted
@@ -65,7 +73,7 @@ func NewView(verify func(*api.Job) bool) *View {
 		verify = func(*api.Job) bool { return false }
 	}
 	return &View{verify: verify, now: time.Now, nodes: map[string]node{}, jobs: map[jobKey]job{},
-		canaries: map[jobKey]map[string]int{}, held: map[string]*byModel{}, total: map[string]int{},
+		canaries: map[jobKey]map[string]int{}, stable: map[jobKey][]admission.Group{}, reverting: map[jobKey]bool{}, held: map[string]*byModel{}, total: map[string]int{},
 		reserved: map[jobKey]reservation{}, allocs: map[string]Alloc{}, holds: map[string]hold{}, heldBy: map[jobKey]map[string]int{},
 		excess: map[jobKey]map[string]int{}, excessBorrowed: map[jobKey]bool{}, undeclared: map[jobKey]string{},
 		changed: make(chan struct{}, 1), nodesDirty: true}
@@ -78,6 +86,11 @@ func (v *View) SetBudgets(overBudget func(tenant string) string) { v.overBudget 
 // SetAllocEvents has the view tell what becomes of the GPU allocations it
 // follows in events (set before the view is used).
 func (v *View) SetAllocEvents(f func(AllocEvent)) { v.allocEvent = f }
+
+// SetReverts has the view tell each revert Nomad makes on its own (a
+// deployment with auto_revert failed), once the events of its batch are
+// applied (set before the view is used).
+func (v *View) SetReverts(f func(Revert)) { v.reverted = f }
 
 // SetClock replaces the clock reservations expire by (tests).
 func (v *View) SetClock(now func() time.Time) { v.now = now }
@@ -98,7 +111,22 @@ func (v *View) Reset(snap Snapshot) {
 	v.mu.Lock()
 	was := v.nodes
 	v.nodes, v.jobs, v.held, v.total, v.nodesDirty = map[string]node{}, map[jobKey]job{}, map[string]*byModel{}, map[string]int{}, true
-	v.canaries, v.allocs = map[jobKey]map[string]int{}, map[string]Alloc{}
+	v.canaries, v.allocs, v.reverting = map[jobKey]map[string]int{}, map[string]Alloc{}, map[jobKey]bool{}
+	// What is known of stable versions stays for the jobs still there: a
+	// listing reads stable versions only for active deployments.
+	stable := v.stable
+	v.stable = map[jobKey][]admission.Group{}
+	for _, j := range snap.Jobs {
+		if j.ID != nil {
+			key := jobKey{nomadjob.Namespace(j), *j.ID}
+			if g, ok := stable[key]; ok {
+				v.stable[key] = g
+			}
+		}
+	}
+	for _, j := range snap.Stable {
+		v.observeStable(j)
+	}
 	v.holds, v.heldBy, v.excess = map[string]hold{}, map[jobKey]map[string]int{}, map[jobKey]map[string]int{}
 	v.excessBorrowed, v.undeclared = map[jobKey]bool{}, map[jobKey]string{}
 	for _, n := range snap.Nodes {

@@ -242,3 +242,74 @@ func TestGPUsComingBackAreCountedEvenWhenTheyDippedBetweenTwoLooks(t *testing.T)
 		t.Fatalf("a node joining: %d", v.GPUsCameBack())
 	}
 }
+
+// While a deployment that reverts on failure is in flight, the job counts
+// the larger of its new version and the stable one Nomad would go back to,
+// and a listing (a restart) knows that stable version from Nomad's versions.
+func TestADeploymentThatMayRevertCountsTheStableVersion(t *testing.T) {
+	p := testbuild.Policy(t, visionPolicy)
+	used := func(v *View) float64 { return v.Usage(p).Tenants["vision"].Used.Total() }
+	v := NewView(nil)
+	v.ObserveNode(testbuild.Node("n1", testbuild.H100, 8, 0))
+	v.ObserveJob(testbuild.Job("vision", "web").Group("web", 1, 4, "gpu").AutoRevert().Stable().ModifyIndex(1).Build())
+	v1 := testbuild.Job("vision", "web").Group("web", 1, 1, "gpu").AutoRevert().ModifyIndex(2).Build()
+	v.ObserveJob(v1)
+	dep := &api.Deployment{ID: "d1", Namespace: "vision", JobID: "web", JobVersion: 1, Status: api.DeploymentStatusRunning,
+		TaskGroups: map[string]*api.DeploymentState{"web": {AutoRevert: true}}}
+	v.ObserveDeployment(dep)
+	if got := used(v); got != 4 {
+		t.Fatalf("while version 1 (1 GPU) deploys and may revert to version 0 (4): %g, want 4", got)
+	}
+
+	restarted := NewView(nil)
+	stable := testbuild.Job("vision", "web").Group("web", 1, 4, "gpu").AutoRevert().Stable().Build()
+	restarted.Reset(Snapshot{Nodes: []*api.Node{testbuild.Node("n1", testbuild.H100, 8, 0)}, Jobs: []*api.Job{v1},
+		Deployments: []*api.Deployment{dep}, Stable: []*api.Job{stable}})
+	if got := used(restarted); got != 4 {
+		t.Errorf("after a listing: %g, want 4", got)
+	}
+	v.Reset(Snapshot{Nodes: []*api.Node{testbuild.Node("n1", testbuild.H100, 8, 0)}, Jobs: []*api.Job{v1},
+		Deployments: []*api.Deployment{dep}})
+	if got := used(v); got != 4 {
+		t.Errorf("after a listing without the stable version (it knew it already): %g, want 4", got)
+	}
+
+	done := *dep
+	done.Status = api.DeploymentStatusSuccessful
+	v.ObserveDeployment(&done)
+	if got := used(v); got != 1 {
+		t.Errorf("once the deployment succeeded: %g, want 1", got)
+	}
+}
+
+// An update without GPUs still counts the GPUs of the stable version it
+// may revert to.
+func TestAnUpdateWithoutGPUsCountsTheStableVersionItMayRevertTo(t *testing.T) {
+	p := testbuild.Policy(t, visionPolicy)
+	v := NewView(nil)
+	v.ObserveNode(testbuild.Node("n1", testbuild.H100, 8, 0))
+	v.ObserveJob(testbuild.Job("vision", "web").Group("web", 2, 1, "gpu").AutoRevert().Stable().ModifyIndex(1).Build())
+	v.ObserveJob(testbuild.Job("vision", "web").AutoRevert().ModifyIndex(2).Build())
+	v.ObserveDeployment(&api.Deployment{ID: "d1", Namespace: "vision", JobID: "web", Status: api.DeploymentStatusRunning,
+		TaskGroups: map[string]*api.DeploymentState{"web": {AutoRevert: true}}})
+	if got := v.Usage(p).Tenants["vision"].Used.Total(); got != 2 {
+		t.Errorf("a CPU-only version deploying, its stable one 2 GPUs: %g, want 2", got)
+	}
+}
+
+// An admission that names the version it may revert to reserves the larger
+// of the two, until the deployment's events show it.
+func TestAnAdmissionReservesTheVersionItMayRevertTo(t *testing.T) {
+	p := testbuild.Policy(t, visionPolicy)
+	v := NewView(nil)
+	v.ObserveNode(testbuild.Node("n1", testbuild.H100, 8, 0))
+	j := admission.Job{ID: "web", Namespace: "vision", Groups: []admission.Group{{Name: "web", Count: 1, GPUsPerAlloc: 1}},
+		RevertTo: []admission.Group{{Name: "web", Count: 1, GPUsPerAlloc: 3}}}
+	d, res := v.Admit(p, j)
+	if d.Outcome != admission.Admit || res == nil {
+		t.Fatalf("decision %+v", d)
+	}
+	if got := v.Usage(p).Tenants["vision"].Used.Total(); got != 3 {
+		t.Errorf("reserved: %g, want 3", got)
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os/exec"
 	"strings"
 	"sync"
 	"testing"
@@ -76,6 +77,12 @@ tenant "deploy" {
   guaranteed = 2
   limit      = 2
 }
+tenant "autorevert" {
+  namespaces = ["gate-autorevert"]
+  queues     = ["training"]
+  guaranteed = 2
+  limit      = 2
+}
 `
 
 // gateGPUs is the cluster's GPUs: more than all the scenarios' limits
@@ -89,7 +96,7 @@ const gateGPUs = 16
 func TestGate(t *testing.T) {
 	t.Parallel()
 	consul := testcluster.StartConsul(t)
-	n := startGPUNode(t, "gate", gateGPUs, "gate-probe", "gate-revert", "gate-dispatch", "gate-stop", "gate-zero", "gate-race", "gate-invalid", "gate-purge", "gate-deploy")
+	n := startGPUNode(t, "gate", gateGPUs, "gate-probe", "gate-revert", "gate-dispatch", "gate-stop", "gate-zero", "gate-race", "gate-invalid", "gate-purge", "gate-deploy", "gate-autorevert")
 	e := brokerEnv(t, n, consul, gatePolicy, "gate-probe", gateGPUs, testcluster.BrokerOptions{Config: `body_read_timeout = "3s"`})
 
 	// Nomad reads the namespace of a revert's or a dispatch's body when the
@@ -396,33 +403,22 @@ func TestGate(t *testing.T) {
 	})
 
 	// Failing a deployment with auto_revert makes Nomad run the last stable
-	// version again: the broker decides it as that revert.
+	// version again: the broker decides it as that revert. The tenant's
+	// other job was registered straight in Nomad (passthrough mode allows
+	// it; reclaim would flag it), so that the revert does not fit.
 	t.Run("deployment fail: decided as the revert it leads to", func(t *testing.T) {
 		t.Parallel()
 		e := e.in(t)
 		const ns = "gate-deploy"
-		version := func(gpus int, healthy time.Duration) string {
-			jb := job(ns, "svc", api.JobTypeService).group("g", ptr(1), nil, task(dev("nvidia/gpu", uint64(gpus))))
-			jb.j.TaskGroups[0].RestartPolicy = nil
-			jb.j.Update = &api.UpdateStrategy{AutoRevert: ptr(true), MinHealthyTime: ptr(healthy),
-				HealthyDeadline: ptr(2 * healthy), ProgressDeadline: ptr(3 * healthy)}
-			return jb.body(nil, canonical)
-		}
-		if status, out := send(t, e.broker.Addr, http.MethodPut, "/v1/jobs", version(2, 2*time.Second)); status != http.StatusOK {
+		if status, out := send(t, e.broker.Addr, http.MethodPut, "/v1/jobs", deploying(ns, 2, 2*time.Second, false)); status != http.StatusOK {
 			t.Fatalf("version 0, 2 GPUs: %d %s", status, out)
 		}
-		testcluster.WaitFor(t, 60*time.Second, "version 0 stable", func() error {
-			j, _, err := e.nomad.API.Jobs().Info("svc", &api.QueryOptions{Namespace: ns})
-			if err != nil || j.Stable == nil || !*j.Stable {
-				return fmt.Errorf("not stable yet (%v)", err)
-			}
-			return nil
-		})
-		if status, out := send(t, e.broker.Addr, http.MethodPut, "/v1/jobs", version(1, time.Hour)); status != http.StatusOK {
+		waitStable(t, e, ns, "svc")
+		if status, out := send(t, e.broker.Addr, http.MethodPut, "/v1/jobs", deploying(ns, 1, time.Hour, false)); status != http.StatusOK {
 			t.Fatalf("version 1, 1 GPU: %d %s", status, out)
 		}
-		if out, err := e.run(ns, "other", 1, 1, "", true); err != nil || !strings.Contains(out, "admitted") {
-			t.Fatalf("another job of 1 GPU: %v\n%s", err, out)
+		if _, _, err := e.nomad.API.Jobs().Register(job(ns, "other", api.JobTypeBatch).group("g", ptr(1), nil, task(dev("nvidia/gpu", 1))).j, nil); err != nil {
+			t.Fatalf("another job of 1 GPU, straight in Nomad: %v", err)
 		}
 		var deployment *api.Deployment
 		testcluster.WaitFor(t, 30*time.Second, "version 1's deployment", func() error {
@@ -440,6 +436,44 @@ func TestGate(t *testing.T) {
 		if j, _, err := e.nomad.API.Jobs().Info("svc", &api.QueryOptions{Namespace: ns}); err != nil || *j.Version != 1 || gpusOf(j) != 1 {
 			t.Errorf("Nomad reverted the job: version %d, %d GPUs (%v)", *j.Version, gpusOf(j), err)
 		}
+	})
+
+	// A deployment that fails on its own makes Nomad revert with no call to
+	// the broker: the stable version is counted from the deployment's start,
+	// so no other job takes its GPUs meanwhile, and the revert is recorded.
+	t.Run("a deployment that fails and reverts on its own: counted from its start, recorded", func(t *testing.T) {
+		t.Parallel()
+		e := e.in(t)
+		const ns = "gate-autorevert"
+		if status, out := send(t, e.broker.Addr, http.MethodPut, "/v1/jobs", deploying(ns, 2, 2*time.Second, false)); status != http.StatusOK {
+			t.Fatalf("version 0, 2 GPUs: %d %s", status, out)
+		}
+		waitStable(t, e, ns, "svc")
+		status, out := send(t, e.broker.Addr, http.MethodPut, "/v1/jobs", deploying(ns, 1, 2*time.Second, true))
+		if status != http.StatusOK || !strings.Contains(out, "counted at the larger of two versions (this version 1, its stable version 2") {
+			t.Fatalf("version 1, 1 GPU, failing: %d %s", status, out)
+		}
+		if out, err := e.run(ns, "other", 1, 1, "", true); err != nil || !strings.Contains(out, "queued as") {
+			t.Errorf("another job of 1 GPU while version 1 deploys (it may revert to 2): %v\n%s", err, out)
+		}
+		testcluster.WaitFor(t, 90*time.Second, "Nomad's revert to version 0", func() error {
+			j, _, err := e.nomad.API.Jobs().Info("svc", &api.QueryOptions{Namespace: ns})
+			if err != nil || *j.Version < 2 || gpusOf(j) != 2 {
+				return fmt.Errorf("version %d, %d GPUs (%v)", *j.Version, gpusOf(j), err)
+			}
+			return nil
+		})
+		if _, _, err := e.nomad.API.Jobs().Info("other", &api.QueryOptions{Namespace: ns}); err == nil {
+			t.Errorf("Nomad has the other job beside the reverted one: the tenant holds 3 GPUs of its limit of 2")
+		}
+		testcluster.WaitFor(t, 30*time.Second, "the revert's record", func() error {
+			out, err := exec.Command(testcluster.BrokerBinary(t), "audit", "-json", "-job", "svc", "-address", e.broker.Addr).CombinedOutput()
+			if err != nil || !strings.Contains(string(out), `"what":"auto-revert"`) ||
+				!strings.Contains(string(out), `admit: deployment`) || !strings.Contains(string(out), `tenant \"autorevert\" holds 2 of its limit of 2 GPUs`) {
+				return fmt.Errorf("%v: %s", err, out)
+			}
+			return nil
+		})
 	})
 
 	t.Run("metrics: a queue the policy does not name is labelled other", func(t *testing.T) {
@@ -460,6 +494,35 @@ func TestGate(t *testing.T) {
 		if n := e.broker.Scrape()[key]; n < 5 {
 			t.Errorf("%s = %g, want at least 5", key, n)
 		}
+	})
+}
+
+// deploying is a register request of service job svc in ns: one
+// allocation of gpus GPUs, whose deployments revert on failure, healthy after
+// healthy; a failing one's task never starts.
+func deploying(ns string, gpus int, healthy time.Duration, failing bool) string {
+	tk := task(dev("nvidia/gpu", uint64(gpus)))
+	if failing {
+		tk.Config = map[string]any{"start_error": "version 1 is broken"}
+	}
+	jb := job(ns, "svc", api.JobTypeService).group("g", ptr(1), nil, tk)
+	if !failing {
+		jb.j.TaskGroups[0].RestartPolicy = nil
+	}
+	jb.j.Update = &api.UpdateStrategy{AutoRevert: ptr(true), MinHealthyTime: ptr(healthy),
+		HealthyDeadline: ptr(2 * healthy), ProgressDeadline: ptr(3 * healthy)}
+	return jb.body(nil, canonical)
+}
+
+// waitStable waits until Nomad marks job ns/id's version stable.
+func waitStable(t *testing.T, e *env, ns, id string) {
+	t.Helper()
+	testcluster.WaitFor(t, 60*time.Second, id+" stable", func() error {
+		j, _, err := e.nomad.API.Jobs().Info(id, &api.QueryOptions{Namespace: ns})
+		if err != nil || j.Stable == nil || !*j.Stable {
+			return fmt.Errorf("not stable yet (%v)", err)
+		}
+		return nil
 	})
 }
 

@@ -181,6 +181,8 @@ func (m *Metrics) Pass(loop string, err error) {
 const (
 	Submit = "submit"
 	Queued = "queue"
+	// AutoRevert: Nomad reverted a job on its own (a failed deployment).
+	AutoRevert = "auto-revert"
 )
 
 // Admission counts one decision on a GPU job, from source.

@@ -84,11 +84,22 @@ func (c *Client) List(ctx context.Context) (cluster.Snapshot, error) {
 		return cluster.Snapshot{}, fmt.Errorf("list deployments: %w", err)
 	}
 	var active []*api.Deployment
+	var stable []*api.Job
 	for _, d := range deps {
 		switch d.Status {
 		case api.DeploymentStatusSuccessful, api.DeploymentStatusFailed, api.DeploymentStatusCancelled:
 		default:
 			active = append(active, d)
+			if !autoReverts(d) {
+				continue
+			}
+			j, err := c.StableJob(ctx, d.Namespace, d.JobID)
+			if err != nil {
+				return cluster.Snapshot{}, err
+			}
+			if j != nil {
+				stable = append(stable, j)
+			}
 		}
 	}
 	index = max(index, meta.LastIndex)
@@ -103,7 +114,35 @@ func (c *Client) List(ctx context.Context) (cluster.Snapshot, error) {
 			PreemptedByAllocation: s.PreemptedByAllocation, AllocatedResources: s.AllocatedResources, TaskStates: s.TaskStates,
 			CreateIndex: s.CreateIndex, ModifyIndex: s.ModifyIndex})
 	}
-	return cluster.Snapshot{Nodes: nodes, Jobs: jobs, Deployments: active, Allocs: allocs, Index: max(index, meta.LastIndex)}, nil
+	return cluster.Snapshot{Nodes: nodes, Jobs: jobs, Deployments: active, Stable: stable, Allocs: allocs, Index: max(index, meta.LastIndex)}, nil
+}
+
+func autoReverts(d *api.Deployment) bool {
+	for _, g := range d.TaskGroups {
+		if g != nil && g.AutoRevert {
+			return true
+		}
+	}
+	return false
+}
+
+// StableJob is the latest version of job namespace/id that Nomad marks
+// stable, the one a failing deployment with auto_revert goes back to (nil:
+// none, or no such job).
+func (c *Client) StableJob(ctx context.Context, namespace, id string) (*api.Job, error) {
+	versions, _, _, err := c.api.Jobs().Versions(id, false, (&api.QueryOptions{Namespace: namespace}).WithContext(ctx))
+	if err != nil {
+		if isNotFound(err) {
+			return nil, nil
+		}
+		return nil, fmt.Errorf("read versions of job %s/%s: %w", namespace, id, err)
+	}
+	for _, v := range versions { // newest first
+		if v != nil && v.Stable != nil && *v.Stable {
+			return v, nil
+		}
+	}
+	return nil, nil
 }
 
 func (c *Client) list(ctx context.Context) ([]*api.Node, []*api.Job, uint64, error) {
@@ -217,13 +256,18 @@ func (c *Client) Agent(ctx context.Context) (region string, acls bool, err error
 func (c *Client) Job(ctx context.Context, namespace, id string) (*api.Job, error) {
 	j, _, err := c.api.Jobs().Info(id, (&api.QueryOptions{Namespace: namespace}).WithContext(ctx))
 	if err != nil {
-		var ue api.UnexpectedResponseError
-		if errors.As(err, &ue) && ue.StatusCode() == http.StatusNotFound {
+		if isNotFound(err) {
 			return nil, nil
 		}
 		return nil, fmt.Errorf("read job %s/%s: %w", namespace, id, err)
 	}
 	return j, nil
+}
+
+// isNotFound reports whether Nomad answered 404.
+func isNotFound(err error) bool {
+	var ue api.UnexpectedResponseError
+	return errors.As(err, &ue) && ue.StatusCode() == http.StatusNotFound
 }
 
 // Gone reports whether Nomad no longer has job namespace/id (purged, or

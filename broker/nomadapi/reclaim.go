@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/http"
 	"time"
 
 	"github.com/hashicorp/nomad/api"
@@ -232,8 +231,7 @@ func (c *Client) StopAlloc(ctx context.Context, id string) (string, error) {
 	q := (&api.QueryOptions{Namespace: "*"}).WithContext(ctx)
 	alloc, _, err := c.api.Allocations().Info(id, q)
 	if err != nil {
-		var ue api.UnexpectedResponseError
-		if errors.As(err, &ue) && ue.StatusCode() == http.StatusNotFound {
+		if isNotFound(err) {
 			return "already gone", nil
 		}
 		return "", fmt.Errorf("read allocation %s: %w", id, err)

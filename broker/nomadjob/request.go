@@ -3,6 +3,7 @@ package nomadjob
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"net/url"
 	"strings"
 
@@ -30,7 +31,8 @@ type Request struct {
 	Region         string // the region asked for; "" when none (the agent's own)
 	PreserveCounts bool
 
-	current *api.Job // as given to Groups
+	current  *api.Job          // as given to Groups
+	revertTo []admission.Group // as given to RevertsTo
 }
 
 // ReadRequest reads a job request body with the request's query. It refuses a
@@ -145,10 +147,25 @@ func (r *Request) Groups(current *api.Job, nodesFitting func(string, int) int) (
 	return Groups(r.Job, Placement{Current: current, PreserveCounts: r.PreserveCounts, NodesFitting: nodesFitting})
 }
 
+// RevertsTo records the version Nomad reverts the job to if the deployment
+// this request starts fails (the latest stable one, nil if none): admission
+// counts the larger of the two. Call it for a job that AutoReverts.
+func (r *Request) RevertsTo(stable *api.Job, nodesFitting func(string, int) int) error {
+	if stable == nil {
+		return nil
+	}
+	groups, err := Groups(stable, Placement{NodesFitting: nodesFitting})
+	if err != nil {
+		return fmt.Errorf("its stable version %d, which Nomad reverts to if the deployment fails: %w", deref(stable.Version), err)
+	}
+	r.revertTo = groups
+	return nil
+}
+
 // Admission is the request as admission sees it.
 func (r *Request) Admission(groups []admission.Group) admission.Job {
 	return admission.Job{ID: r.JobID, Namespace: r.Namespace, Queue: r.Job.Meta[MetaQueue], TTL: r.Job.Meta[MetaTTL], Groups: groups,
-		CanaryAutoRevert: CanaryAutoRevert(r.Job)}
+		CanaryAutoRevert: CanaryAutoRevert(r.Job), RevertTo: r.revertTo}
 }
 
 // Pin writes into the document what Nomad must read exactly as the broker

@@ -21,18 +21,35 @@ func CanaryAutoRevert(job *api.Job) bool {
 			continue
 		}
 		seen = true
-		revert := false
-		if job.Update != nil && job.Update.AutoRevert != nil {
-			revert = *job.Update.AutoRevert
-		}
-		if tg.Update != nil && tg.Update.AutoRevert != nil {
-			revert = *tg.Update.AutoRevert
-		}
-		if canaryCount(job, tg) == 0 || !revert {
+		if canaryCount(job, tg) == 0 || !autoRevert(job, tg) {
 			return false
 		}
 	}
 	return seen
+}
+
+// AutoReverts reports whether registering job starts a deployment that
+// Nomad reverts, if it fails, to the job's latest stable version: a service
+// job with auto_revert in any task group's update block (its own over the
+// job's). Its GPU groups or not: the stable version may have them.
+func AutoReverts(job *api.Job) bool {
+	if job.Type != nil && *job.Type != "" && *job.Type != api.JobTypeService {
+		return false
+	}
+	for _, tg := range job.TaskGroups {
+		if tg != nil && autoRevert(job, tg) {
+			return true
+		}
+	}
+	return false
+}
+
+// autoRevert is tg's auto_revert: its own update block's, else the job's.
+func autoRevert(job *api.Job, tg *api.TaskGroup) bool {
+	if tg.Update != nil && tg.Update.AutoRevert != nil {
+		return *tg.Update.AutoRevert
+	}
+	return job.Update != nil && job.Update.AutoRevert != nil && *job.Update.AutoRevert
 }
 
 // ApplyWorkload writes what workload w asks of a job into the request, where

@@ -90,6 +90,15 @@ func (s *Server) readGPUJob(w http.ResponseWriter, r *http.Request, kind nomadjo
 	}
 	req.PinNodes(s.cluster.FittingNodes)
 	groups, err := req.Groups(current, s.cluster.NodesFitting)
+	if err == nil && nomadjob.AutoReverts(req.Job) {
+		var stable *api.Job
+		if stable, err = s.stableVersion(r, req.Namespace, req.JobID); err != nil {
+			unlock()
+			s.lookupFailed(w, err, "register", req.JobID)
+			return nil
+		}
+		err = req.RevertsTo(stable, s.cluster.NodesFitting)
+	}
 	if err != nil {
 		unlock()
 		writeError(w, fail(errBadRequest, "job %q: %v", req.JobID, err))

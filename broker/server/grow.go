@@ -239,12 +239,12 @@ func (s *Server) revertTo(w http.ResponseWriter, r *http.Request, body []byte, n
 		s.lookupFailed(w, err, what, jobID)
 		return
 	}
-	var versions struct{ Versions []*api.Job } // newest first
-	if err := s.get(r, "/v1/job/"+url.PathEscape(jobID)+"/versions", ns, &versions); err != nil {
+	versions, err := s.versions(r, ns, jobID)
+	if err != nil {
 		s.lookupFailed(w, err, what, jobID)
 		return
 	}
-	for _, v := range versions.Versions {
+	for _, v := range versions {
 		if v == nil || v.Version == nil || !target(v) {
 			continue
 		}
@@ -409,6 +409,32 @@ func (s *Server) currentJob(r *http.Request, ns, jobID string) (*api.Job, error)
 		return nil, err
 	}
 	return &job, nil
+}
+
+// versions reads job ns/jobID's versions, newest first, as the caller.
+func (s *Server) versions(r *http.Request, ns, jobID string) ([]*api.Job, error) {
+	var out struct{ Versions []*api.Job }
+	err := s.get(r, "/v1/job/"+url.PathEscape(jobID)+"/versions", ns, &out)
+	return out.Versions, err
+}
+
+// stableVersion is job ns/jobID's latest stable version, the one a failing
+// deployment with auto_revert goes back to (nil: none, or no such job).
+func (s *Server) stableVersion(r *http.Request, ns, jobID string) (*api.Job, error) {
+	versions, err := s.versions(r, ns, jobID)
+	var le *lookupError
+	if errors.As(err, &le) && le.status == http.StatusNotFound {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	for _, v := range versions {
+		if v != nil && v.Stable != nil && *v.Stable {
+			return v, nil
+		}
+	}
+	return nil, nil
 }
 
 // lookupFailed refuses a call the broker could not decide on.

@@ -93,6 +93,17 @@ func (b *JobBuilder) Canary(n int) *JobBuilder {
 	return b
 }
 
+// AutoRevert gives the job an update block with auto_revert: a failing
+// deployment goes back to its latest stable version.
+func (b *JobBuilder) AutoRevert() *JobBuilder {
+	b.job.Update = &api.UpdateStrategy{AutoRevert: ptr(true)}
+	return b
+}
+
+// Stable marks the job's version stable, as Nomad does once its deployment
+// succeeded.
+func (b *JobBuilder) Stable() *JobBuilder { b.job.Stable = ptr(true); return b }
+
 // ModifyIndex sets Nomad's JobModifyIndex.
 func (b *JobBuilder) ModifyIndex(i uint64) *JobBuilder { b.job.JobModifyIndex = &i; return b }
 

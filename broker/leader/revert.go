@@ -1,0 +1,55 @@
+package leader
+
+import (
+	"fmt"
+
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/nomad-gpu/nomad-gpu/broker/admission"
+	"github.com/nomad-gpu/nomad-gpu/broker/audit"
+	"github.com/nomad-gpu/nomad-gpu/broker/cluster"
+	"github.com/nomad-gpu/nomad-gpu/broker/metrics"
+	"github.com/nomad-gpu/nomad-gpu/broker/policy"
+)
+
+// Reverts records, on the leader, each revert Nomad makes on its own (a
+// deployment with auto_revert failed) as a decision of the broker's: the
+// job's stable version was counted against its tenant from the start of
+// the deployment, so it is admitted; a tenant above its limit even so (a
+// lowered limit, an update registered straight in Nomad before the broker
+// knew the stable version) is recorded as over-limit, and logged as an error.
+type Reverts struct {
+	Leader   interface{ IsLeader() bool }
+	Policies policy.Source
+	Usage    func(*policy.Policy) admission.Usage
+	Audit    *audit.Log
+	Metrics  *metrics.Metrics
+	Log      hclog.Logger
+}
+
+// Observed implements the view's revert callback (cluster.View.SetReverts).
+func (r *Reverts) Observed(rv cluster.Revert) {
+	if !r.Leader.IsLeader() {
+		return
+	}
+	p := r.Policies.Current()
+	t := p.TenantOf(rv.Namespace)
+	if t == nil {
+		return // no tenant's: its GPUs are nobody's to decide on
+	}
+	used, limit := r.Usage(p).Tenants[t.Name].Used.Total(), t.Limit.Total()
+	held := fmt.Sprintf("tenant %q holds %g of its limit of %g GPUs", t.Name, used, limit)
+	e := audit.Event{Who: audit.BrokerAct, What: audit.AutoRevert, Namespace: rv.Namespace, Job: rv.JobID, Tenant: t.Name}
+	if used > limit+1e-9 {
+		e.Rule, e.Result = admission.RuleAboveLimit, fmt.Sprintf("over-limit: deployment %s: %s; %s", rv.Deployment, rv.Description, held)
+		r.Audit.Write(e)
+		r.Log.Error("Nomad reverted a job above its tenant's limit", "namespace", rv.Namespace, "job", rv.JobID,
+			"deployment", rv.Deployment, "tenant", t.Name, "used", used, "limit", limit)
+		return
+	}
+	e.Result = fmt.Sprintf("admit: deployment %s: %s; %s, the stable version counted since the deployment began", rv.Deployment, rv.Description, held)
+	r.Audit.Write(e)
+	r.Metrics.Admission(metrics.AutoRevert, admission.Decision{Outcome: admission.Admit, Tenant: t.Name})
+	r.Log.Info("Nomad reverted a job within its tenant's limit", "namespace", rv.Namespace, "job", rv.JobID,
+		"deployment", rv.Deployment, "tenant", t.Name, "used", used, "limit", limit)
+}
