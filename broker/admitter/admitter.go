@@ -163,7 +163,7 @@ func (a *Admitter) decide(ctx context.Context, r *registrations) error {
 		if r.failed() {
 			return nil
 		}
-		if e.Parked != "" {
+		if e.Parked != "" && !e.ParkedByPolicy {
 			continue
 		}
 		req, err := nomadjob.ReadRequest(nomadjob.Register, e.Request, url.Values{"namespace": {e.Namespace}})
@@ -199,21 +199,19 @@ func (a *Admitter) decide(ctx context.Context, r *registrations) error {
 		if a.Approvals != nil {
 			j.Granted = approval.For(a.Approvals.Current(), e.Namespace, e.JobID, a.Now())
 		}
+		if e.ParkedByPolicy {
+			a.reconsider(ctx, p, e, j)
+			continue
+		}
 		d, res := a.Cluster.Admit(p, j)
 		if !pass.Admits(d) {
 			res.Release()
 			continue
 		}
 		if d.Outcome == admission.Reject {
-			// The policy changed since it was queued: it can never run as it is.
-			if ok, err := a.Queue.Remove(ctx, e); err == nil && ok {
-				a.Metrics.Admission(metrics.Queued, d)
-				a.Metrics.QueueWait(e.Queue, "dropped", a.Now().Sub(e.SubmittedAt))
-				a.Audit.Write(audit.Event{Who: audit.BrokerAct, What: audit.QueueDrop, ID: e.ID, Namespace: e.Namespace, Job: e.JobID,
-					Tenant: e.Tenant, Queue: e.Queue, Rule: d.Rule, Result: "dropped: " + d.Reason})
-				a.Log.Warn("queue: dropped a job the policy now rejects", "id", e.ID, "job", e.JobID,
-					"namespace", e.Namespace, "rule", d.Rule, "reason", d.Reason)
-			}
+			// The policy changed since it was queued (an empty or truncated
+			// file may be all it is): parked, never deleted.
+			a.parkByPolicy(ctx, e, d)
 			continue
 		}
 		if e.Accessor != "" {
@@ -364,6 +362,38 @@ func (a *Admitter) submitterMay(ctx context.Context, p *policy.Policy, e queue.E
 }
 
 // park sets an entry aside with the reason it cannot be admitted.
+// parkByPolicy parks an entry the policy in force rejects, with the reason.
+func (a *Admitter) parkByPolicy(ctx context.Context, e queue.Entry, d admission.Decision) {
+	e.ParkedByPolicy = true
+	why := fmt.Sprintf("the policy in force rejects it (rule %s: %s); it waits again if the policy takes it back", d.Rule, d.Reason)
+	ok, err := a.Queue.Park(ctx, e, why, a.Now().UTC())
+	if err != nil || !ok {
+		return // changed meanwhile, or Consul unreachable: the next pass decides again
+	}
+	a.Metrics.Admission(metrics.Queued, d)
+	a.Audit.Write(audit.Event{Who: audit.BrokerAct, What: audit.QueuePark, ID: e.ID, Namespace: e.Namespace, Job: e.JobID,
+		Tenant: e.Tenant, Queue: e.Queue, Rule: d.Rule, Result: "parked: " + why})
+	a.Log.Warn("queue: parked a job the policy now rejects", "id", e.ID, "job", e.JobID,
+		"namespace", e.Namespace, "rule", d.Rule, "reason", d.Reason)
+}
+
+// reconsider decides again on an entry parked by the policy and, once the
+// policy in force would take it, has it wait in the queue again (admitted
+// by a later pass, in its place by its submit time).
+func (a *Admitter) reconsider(ctx context.Context, p *policy.Policy, e queue.Entry, j admission.Job) {
+	d := admission.Decide(p, j, a.Cluster.UsageWithout(p, e.Namespace, e.JobID))
+	if d.Outcome == admission.Reject {
+		return
+	}
+	e.ParkedByPolicy = false
+	if ok, err := a.Queue.Park(ctx, e, "", time.Time{}); err != nil || !ok {
+		return
+	}
+	a.Audit.Write(audit.Event{Who: audit.BrokerAct, What: audit.QueueUnpark, ID: e.ID, Namespace: e.Namespace, Job: e.JobID,
+		Tenant: d.Tenant, Queue: d.Queue, Result: "waits again: the policy in force takes it (" + string(d.Outcome) + ")"})
+	a.Log.Info("queue: a job parked by the policy waits again", "id", e.ID, "job", e.JobID, "namespace", e.Namespace)
+}
+
 func (a *Admitter) park(ctx context.Context, e queue.Entry, why error) {
 	ok, err := a.Queue.Park(ctx, e, why.Error(), a.Now().UTC())
 	a.Log.Warn("queue: parked a job that cannot be admitted as it stands", "id", e.ID, "job", e.JobID, "namespace", e.Namespace,

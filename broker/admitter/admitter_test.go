@@ -189,12 +189,26 @@ func TestAnEntryCancelledDuringThePassIsNotRegistered(t *testing.T) {
 	}
 }
 
-func TestJobThePolicyNowRejectsIsDropped(t *testing.T) {
+// A policy change never deletes a queued job: one the policy in force
+// rejects (here an empty policy, as a truncated file reads) is parked with
+// the reason, and waits, then runs, once the policy takes it again.
+func TestAJobThePolicyNowRejectsIsParkedUntilThePolicyTakesItBack(t *testing.T) {
 	a, q, n, _, now := setup(t, visionPolicy, 8)
-	e := entry("huge", 9, time.Minute, now) // more than any node has
-	q.Put(context.Background(), e)
-	if got, _ := a.Pass(context.Background()); got != 0 || len(q.IDs()) != 0 || len(n.registered) != 0 {
-		t.Fatalf("want the entry dropped, not registered: %v %v", q.IDs(), n.registered)
+	q.Put(context.Background(), entry("j", 2, time.Minute, now))
+	a.Policies = testbuild.Fixed{P: testbuild.Policy(t, ``)}
+	for i := 0; i < 2; i++ {
+		if got, err := a.Pass(context.Background()); err != nil || got != 0 || len(n.registered) != 0 {
+			t.Fatalf("pass %d under the empty policy: admitted %d (%v): %v", i, got, err, n.registered)
+		}
+	}
+	e, err := q.Get(context.Background(), "q-j")
+	if err != nil || !e.ParkedByPolicy || !strings.Contains(e.Parked, "the policy in force rejects it (rule unmapped-namespace") {
+		t.Fatalf("the entry under the empty policy: %+v (%v)", e, err)
+	}
+	a.Policies = testbuild.Fixed{P: testbuild.Policy(t, visionPolicy)}
+	a.Pass(context.Background()) // waits again
+	if got, err := a.Pass(context.Background()); err != nil || got != 1 || fmt.Sprint(n.registered) != "[vision/j]" {
+		t.Errorf("once the policy is back: admitted %d (%v): %v", got, err, n.registered)
 	}
 }
 

@@ -89,6 +89,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	if policies == nil {
 		return fmt.Errorf("policy %s is invalid:\n%s", cfg.PolicyDir, policyhcl.FormatDiagnostics(diags))
 	}
+	policies.AllowNoTenants = cfg.AllowPolicyWithoutTenants
 
 	agentRegion, acls, err := nomadClient.Agent(ctx)
 	if err != nil {

@@ -40,7 +40,8 @@ const (
 	Admission      = "admission"       // a GPU job decided on submission: result admit, admit-borrowed, queue, reject
 	AdmissionError = "admission-error" // an admitted job Nomad did not take
 	QueueAdmission = "queue-admission" // a queued job registered with Nomad
-	QueueDrop      = "queue-drop"      // a queued job the policy now rejects
+	QueuePark      = "queue-park"      // a queued job the policy now rejects: parked, never deleted
+	QueueUnpark    = "queue-unpark"    // a job so parked that the policy takes again: it waits again
 	QueueCancel    = "queue-cancel"
 	Preemption     = "preemption"  // Nomad preempted a borrowed job's allocation (observed)
 	AutoRevert     = "auto-revert" // Nomad reverted a job whose deployment failed (observed): result admit or over-limit

@@ -36,6 +36,10 @@ type Config struct {
 	// (SIGHUP reads it at once); default 2s.
 	PolicyPoll         string        `hcl:"policy_poll,optional"`
 	PolicyPollInterval time.Duration // PolicyPoll, parsed by Validate
+	// AllowPolicyWithoutTenants lets a reload take a policy that has no
+	// tenants while the one in force has some; off by default, since that is
+	// what an empty or truncated file (a template rendered empty) reads as.
+	AllowPolicyWithoutTenants bool `hcl:"allow_policy_without_tenants,optional"`
 	// PreemptionReassert is how often the leader sets Nomad's preemption
 	// config again (someone may have changed it); default 30s.
 	PreemptionReassert         string        `hcl:"preemption_reassert,optional"`

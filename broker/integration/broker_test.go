@@ -351,6 +351,47 @@ func TestBroker(t *testing.T) {
 			return nil
 		})
 	})
+
+	// A policy change never deletes a queued job: an empty file is refused,
+	// and a policy without the job's tenant parks it with the reason until
+	// the tenant is back.
+	t.Run("a policy that drops a tenant parks its queued jobs, never deletes them", func(t *testing.T) {
+		path := filepath.Join(e.policyDir, "policy.hcl")
+		restored := strings.Replace(policies, "limit      = 8", "limit      = 6", 1)
+		if free := 6 - int(e.usedBy("vision")); free > 0 {
+			if out, err := e.run("vision", "hold", 1, free, "", true); err != nil || !strings.Contains(out, "admitted") {
+				t.Fatalf("holding vision's limit: %v\n%s", err, out)
+			}
+		}
+		id := e.queued("waiter", 1, true)
+		show := func() string { return e.brokerCLI("queue", "show", id) }
+
+		writeFile(t, path, "")
+		testcluster.WaitFor(t, 10*time.Second, "the empty file refused", func() error {
+			if !strings.Contains(e.broker.Log(), "define no tenant, while the policy in force has 2") {
+				return fmt.Errorf("not yet")
+			}
+			return nil
+		})
+		start := strings.Index(restored, `tenant "vision"`)
+		writeFile(t, path, restored[:start]+restored[start+strings.Index(restored[start:], "}\n")+2:]) // no tenant vision
+		testcluster.WaitFor(t, 15*time.Second, "the entry parked", func() error {
+			if out := show(); !strings.Contains(out, "the policy in force rejects it (rule unmapped-namespace") {
+				return fmt.Errorf("%s", out)
+			}
+			return nil
+		})
+		writeFile(t, path, restored)
+		testcluster.WaitFor(t, 15*time.Second, "the entry waiting again", func() error {
+			if out := show(); strings.Contains(out, "policy in force rejects") {
+				return fmt.Errorf("%s", out)
+			}
+			return nil
+		})
+		e.stop("vision", "hold")
+		e.waitAdmitted(t, "vision", "waiter", 60*time.Second)
+		e.stop("vision", "waiter")
+	})
 }
 
 // queued submits a job the broker must queue and returns its queue id.

@@ -30,6 +30,9 @@ type Store struct {
 	// Reloads, when set (before Watch), is told of every reload: whether
 	// it took effect, and what it loaded or why it was refused.
 	Reloads func(took bool, detail string)
+	// AllowNoTenants takes a reload with no tenants while the policy in
+	// force has some (else refused: it is what an empty file reads as).
+	AllowNoTenants bool
 }
 
 // New loads dir; it fails when the first load is invalid.
@@ -55,6 +58,13 @@ func (s *Store) Reload() bool {
 		s.log.Error("policy reload refused, the last good policy stays in force", "dir", s.dir,
 			"diagnostics", policyhcl.FormatDiagnostics(diags))
 		s.tell(false, "refused, the last good policy stays in force: "+policyhcl.FormatDiagnostics(diags))
+		return false
+	}
+	if len(p.Tenants) == 0 && len(s.Current().Tenants) > 0 && !s.AllowNoTenants {
+		why := fmt.Sprintf("the files in %s define no tenant, while the policy in force has %d (an empty or truncated file, or a template rendered empty?); "+
+			"to take such a policy, set allow_policy_without_tenants = true in the broker's configuration", s.dir, len(s.Current().Tenants))
+		s.log.Error("policy reload refused, the last good policy stays in force", "reason", why)
+		s.tell(false, "refused, the last good policy stays in force: "+why)
 		return false
 	}
 	if len(diags) > 0 {

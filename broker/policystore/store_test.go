@@ -98,3 +98,28 @@ func waitFor(t *testing.T, cond func() bool) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// An empty file (a template rendered empty, a write caught halfway) reads as
+// a valid policy with no tenants: refused on reload while the one in force
+// has tenants, unless the configuration allows it.
+func TestAPolicyWithNoTenantsIsRefusedUnlessAllowed(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "policy.hcl")
+	write(t, path, "4")
+	s, diags := policystore.New(dir, func() int { return 0 }, hclog.NewNullLogger())
+	if s == nil {
+		t.Fatal(diags)
+	}
+	var told string
+	s.Reloads = func(_ bool, detail string) { told = detail }
+	if err := os.WriteFile(path, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if s.Reload() || s.Current().TenantOf("vision") == nil || !strings.Contains(told, "define no tenant, while the policy in force has 1") {
+		t.Fatalf("an empty file took effect, or said %q", told)
+	}
+	s.AllowNoTenants = true
+	if !s.Reload() || s.Current().TenantOf("vision") != nil {
+		t.Errorf("allowed, the empty policy did not take effect")
+	}
+}

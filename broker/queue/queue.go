@@ -44,6 +44,11 @@ type Entry struct {
 	// waits or holds up the entries behind it.
 	Parked   string    `json:"parked,omitempty"`
 	ParkedAt time.Time `json:"parked_at,omitzero"`
+	// ParkedByPolicy: parked because the policy in force rejects it (its
+	// tenant or queue gone, a limit below it). A policy change never
+	// deletes a queued job: it is decided again on every pass, and waits
+	// in the queue again once the policy would take it.
+	ParkedByPolicy bool `json:"parked_by_policy,omitempty"`
 	// EstimatedStart is when it was expected to start when it was queued
 	// (zero: unknown), to measure the estimate against what happened.
 	EstimatedStart time.Time `json:"queued_estimate,omitzero"`
