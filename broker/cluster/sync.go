@@ -101,6 +101,9 @@ func (v *View) followOnce(ctx context.Context, src Source, resync <-chan time.Ti
 	v.Reset(snap)
 	v.relisted.Add(1)
 	v.index.Store(snap.Index)
+	// The stream ends with this pass: a resync opens a new one.
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
 	events, err := src.Events(ctx, snap.Index+1)
 	if err != nil {
 		return fmt.Errorf("open event stream: %w", err)

@@ -17,6 +17,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/nomad/api"
@@ -31,7 +32,14 @@ type Client struct {
 	address string
 	token   string
 	http    *http.Client
+	// StreamIdle is how long the event stream may stay silent before it is
+	// taken for broken (a half-open connection): Nomad sends a heartbeat
+	// every 10 s. 0: DefaultStreamIdle.
+	StreamIdle time.Duration
 }
+
+// DefaultStreamIdle is three of Nomad's event stream heartbeats.
+const DefaultStreamIdle = 30 * time.Second
 
 var _ cluster.Source = (*Client)(nil)
 
@@ -203,16 +211,31 @@ func (c *Client) Events(ctx context.Context, index uint64) (<-chan *cluster.Even
 		resp.Body.Close()
 		return nil, fmt.Errorf("event stream: Nomad answered %s: %s", resp.Status, strings.TrimSpace(string(body)))
 	}
+	idle := c.StreamIdle
+	if idle == 0 {
+		idle = DefaultStreamIdle
+	}
 	out := make(chan *cluster.Events, 16)
 	go func() {
 		defer close(out)
 		defer resp.Body.Close()
+		// A connection that went half-open sends nothing, not even an
+		// error: closing the body ends the read that waits on it.
+		var silent atomic.Bool
+		watchdog := time.AfterFunc(idle, func() {
+			silent.Store(true)
+			resp.Body.Close()
+		})
+		defer watchdog.Stop()
 		dec := json.NewDecoder(resp.Body)
 		for {
 			frame := &cluster.Events{}
 			if err := dec.Decode(frame); err != nil {
+				if silent.Load() {
+					err = fmt.Errorf("no event and no heartbeat from Nomad for %s", idle)
+				}
 				frame = &cluster.Events{Err: fmt.Errorf("event stream: %w", err)}
-			} else if frame.Index == 0 && len(frame.Events) == 0 {
+			} else if watchdog.Reset(idle); frame.Index == 0 && len(frame.Events) == 0 {
 				continue // Nomad's heartbeat, {}
 			}
 			select {

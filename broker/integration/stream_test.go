@@ -1,0 +1,186 @@
+package integration
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"runtime"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/nomad-gpu/nomad-gpu/broker/cluster"
+	"github.com/nomad-gpu/nomad-gpu/broker/nomadapi"
+	"github.com/nomad-gpu/nomad-gpu/internal/testcluster"
+)
+
+// TestTheEventStreamIsClosedAtEveryResync: following a real Nomad through
+// 20 resyncs leaves the connections and goroutines of one stream, not 20;
+// and a stream that falls silent (a half-open connection: a proxy that
+// stops passing bytes) is taken for broken after StreamIdle, not at the
+// next resync.
+func TestTheEventStreamIsClosedAtEveryResync(t *testing.T) {
+	t.Parallel()
+	n := testcluster.StartNomad(t, testcluster.NomadOptions{Name: "stream", Server: true})
+	p := startFreezingProxy(t, n.Addr)
+	c, err := nomadapi.New(p.addr, "", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.StreamIdle = 2 * time.Second
+	var open atomic.Int64
+	tr := c.HTTPClient().Transport.(*http.Transport)
+	dial := tr.DialContext
+	tr.DialContext = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		conn, err := dial(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		open.Add(1)
+		return &countedConn{Conn: conn, open: &open}, nil
+	}
+
+	view := cluster.NewView(nil)
+	resync := make(chan time.Time)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		view.Follow(ctx, c, hclog.NewNullLogger(), resync)
+		close(done)
+	}()
+	defer func() { cancel(); <-done }()
+	listings := func() uint64 { _, l := view.Followed(); return l }
+	testcluster.WaitFor(t, 30*time.Second, "the first listing", func() error {
+		if listings() < 1 {
+			return fmt.Errorf("none yet")
+		}
+		return nil
+	})
+	time.Sleep(200 * time.Millisecond) // the first stream open
+	conns, goroutines := open.Load(), runtime.NumGoroutine()
+	for i := 0; i < 20; i++ {
+		resync <- time.Now()
+		want := uint64(i + 2)
+		testcluster.WaitFor(t, 10*time.Second, "a listing", func() error {
+			if l := listings(); l < want {
+				return fmt.Errorf("%d listings", l)
+			}
+			return nil
+		})
+	}
+	time.Sleep(500 * time.Millisecond) // closed streams' goroutines return
+	if got := open.Load(); got > conns+1 {
+		t.Errorf("open connections to Nomad: %d after the first listing, %d after 20 resyncs", conns, got)
+	}
+	if got := runtime.NumGoroutine(); got > goroutines+4 {
+		t.Errorf("goroutines: %d after the first listing, %d after 20 resyncs", goroutines, got)
+	}
+
+	// Half-open: nothing more arrives on the stream. Within StreamIdle (and
+	// the backoff of 1 s) the view lists again over a new connection.
+	before := listings()
+	p.freeze()
+	start := time.Now()
+	testcluster.WaitFor(t, 15*time.Second, "a listing after the stream fell silent", func() error {
+		if listings() <= before {
+			return fmt.Errorf("still %d listings", listings())
+		}
+		return nil
+	})
+	if took := time.Since(start); took > 6*time.Second {
+		t.Errorf("a silent stream was taken for broken after %s; StreamIdle is 2s", took)
+	}
+}
+
+type countedConn struct {
+	net.Conn
+	open *atomic.Int64
+	once sync.Once
+}
+
+func (c *countedConn) Close() error {
+	c.once.Do(func() { c.open.Add(-1) })
+	return c.Conn.Close()
+}
+
+// freezingProxy forwards TCP to a Nomad agent. Once frozen, the event
+// streams it carries pass nothing more (as over a half-open connection);
+// every other connection, and new ones, are forwarded.
+type freezingProxy struct {
+	addr    string
+	mu      sync.Mutex
+	streams []chan struct{}
+}
+
+func startFreezingProxy(t *testing.T, target string) *freezingProxy {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	p := &freezingProxy{addr: "http://" + ln.Addr().String()}
+	host := strings.TrimPrefix(target, "http://")
+	go func() {
+		for {
+			in, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			out, err := net.Dial("tcp", host)
+			if err != nil {
+				in.Close()
+				continue
+			}
+			stop := make(chan struct{})
+			go p.pipe(out, in, stop, true)
+			go p.pipe(in, out, stop, false)
+		}
+	}()
+	return p
+}
+
+// freeze stops the event streams open now from passing anything more.
+func (p *freezingProxy) freeze() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, stop := range p.streams {
+		close(stop)
+	}
+	p.streams = nil
+}
+
+// pipe copies from src to dst, dropping what arrives once stop is closed
+// (neither side is told); requests tells the client's side, whose first
+// bytes say whether it is an event stream. It closes both when either ends.
+func (p *freezingProxy) pipe(dst, src net.Conn, stop chan struct{}, requests bool) {
+	defer dst.Close()
+	defer src.Close()
+	buf := make([]byte, 32<<10)
+	first := requests
+	for {
+		n, err := src.Read(buf)
+		if err != nil {
+			return
+		}
+		if first && strings.Contains(string(buf[:n]), "/v1/event/stream") {
+			p.mu.Lock()
+			p.streams = append(p.streams, stop)
+			p.mu.Unlock()
+		}
+		first = false
+		select {
+		case <-stop:
+			continue
+		default:
+		}
+		if _, err := dst.Write(buf[:n]); err != nil {
+			return
+		}
+	}
+}
