@@ -40,7 +40,8 @@ func (v *View) observeJob(j *api.Job) {
 		return
 	}
 	key := jobKey{nomadjob.Namespace(j), *j.ID}
-	live := !(j.Stop != nil && *j.Stop) && !(j.Status != nil && *j.Status == "dead")
+	stopped := j.Stop != nil && *j.Stop
+	live := !stopped && !(j.Status != nil && *j.Status == "dead")
 	verified := v.verify(j)
 	borrowed := j.Meta[nomadjob.MetaBorrowed] == "true" && verified
 	var modifyIndex uint64
@@ -60,10 +61,15 @@ func (v *View) observeJob(j *api.Job) {
 	if j.Stable != nil && *j.Stable {
 		v.setStable(key, a.Groups)
 	}
-	// A version without GPUs whose stable one has them is kept: its
+	// A version that holds nothing (no GPUs, or every allocation failed:
+	// Nomad calls the job dead) is kept while its stable one has GPUs: its
 	// deployment may revert to them.
-	if live && (len(a.Groups) > 0 || len(v.stable[key]) > 0) {
-		jb := job{groups: a.Groups, borrowed: borrowed, modifyIndex: modifyIndex}
+	groups := a.Groups
+	if !live {
+		groups = nil
+	}
+	if !stopped && (len(groups) > 0 || len(v.stable[key]) > 0) {
+		jb := job{groups: groups, borrowed: borrowed, modifyIndex: modifyIndex}
 		if verified {
 			jb.tenant, jb.queue = j.Meta[nomadjob.MetaTenant], j.Meta[nomadjob.MetaQueue]
 		}
@@ -151,13 +157,17 @@ func (v *View) observeDeployment(d *api.Deployment) {
 // ForgetJob drops a deregistered job.
 func (v *View) ForgetJob(namespace, id string) {
 	v.mu.Lock()
+	v.forgetJob(namespace, id)
+	v.mu.Unlock()
+	v.notify()
+}
+
+func (v *View) forgetJob(namespace, id string) {
 	key := jobKey{namespace, id}
 	v.remove(key)
 	delete(v.canaries, key)
 	delete(v.stable, key)
 	delete(v.reverting, key)
-	v.mu.Unlock()
-	v.notify()
 }
 
 // add records a job and adds its demand (with its deployment's canaries, and

@@ -121,10 +121,14 @@ func (v *View) GPUsCameBack() uint64 { return v.gpusCameBack.Load() }
 // ForgetNode drops a deregistered node.
 func (v *View) ForgetNode(id string) {
 	v.mu.Lock()
-	delete(v.nodes, id)
-	v.nodesDirty = true
+	v.forgetNode(id)
 	v.mu.Unlock()
 	v.notify()
+}
+
+func (v *View) forgetNode(id string) {
+	delete(v.nodes, id)
+	v.nodesDirty = true
 }
 
 // NodesFitting counts schedulable nodes with at least gpus healthy GPUs of

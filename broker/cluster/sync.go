@@ -122,10 +122,8 @@ func (v *View) followOnce(ctx context.Context, src Source, resync <-chan time.Ti
 				return batch.Err
 			}
 			var reverts []Revert
-			for i := range batch.Events {
-				if err := v.apply(&batch.Events[i], &reverts); err != nil {
-					return err
-				}
+			if err := v.applyBatch(batch.Events, &reverts); err != nil {
+				return err
 			}
 			// Told once the batch is applied: Nomad's revert of the job
 			// comes in the same one.
@@ -141,58 +139,92 @@ func (v *View) followOnce(ctx context.Context, src Source, resync <-chan time.Ti
 	}
 }
 
-// apply applies one event, adding to reverts a revert it tells of.
+// apply applies one event (applyBatch).
 func (v *View) apply(e *Event, reverts *[]Revert) error {
+	return v.applyBatch([]Event{*e}, reverts)
+}
+
+// applyBatch applies one frame's events at once, adding to reverts the
+// reverts they tell of: a decision never sees half of a frame (a failed
+// deployment without the job Nomad reverted in the same change).
+func (v *View) applyBatch(events []Event, reverts *[]Revert) error {
+	changes := make([]func() bool, 0, len(events))
+	for i := range events {
+		c, err := v.change(&events[i], reverts)
+		if err != nil {
+			return err
+		}
+		if c != nil {
+			changes = append(changes, c)
+		}
+	}
+	if len(changes) == 0 {
+		return nil
+	}
+	changed := false
+	v.mu.Lock()
+	for _, c := range changes {
+		changed = c() || changed
+	}
+	v.mu.Unlock()
+	if changed {
+		v.notify()
+	}
+	return nil
+}
+
+// change decodes an event into what it changes in the view, to run under
+// its lock, which reports whether decisions could see a difference (nil:
+// nothing to change).
+func (v *View) change(e *Event, reverts *[]Revert) (func() bool, error) {
 	switch e.Topic {
 	case api.TopicNode:
 		var n *api.Node
 		if err := e.decode("Node", &n); err != nil || n == nil {
-			return fmt.Errorf("decode node event: %v", err)
+			return nil, fmt.Errorf("decode node event: %v", err)
 		}
 		if e.Type == "NodeDeregistration" {
-			v.ForgetNode(n.ID)
-		} else {
-			v.ObserveNode(n)
+			return func() bool { v.forgetNode(n.ID); return true }, nil
 		}
+		return func() bool { v.observeNode(n, v.nodes[n.ID]); return true }, nil
 	case api.TopicJob:
 		var j *api.Job
 		if err := e.decode("Job", &j); err != nil || j == nil {
-			return fmt.Errorf("decode job event: %v", err)
+			return nil, fmt.Errorf("decode job event: %v", err)
 		}
 		if e.Type == "JobDeregistered" || e.Type == "JobBatchDeregistered" {
-			v.ForgetJob(nomadjob.Namespace(j), *j.ID)
-		} else {
-			v.ObserveJob(j)
+			return func() bool { v.forgetJob(nomadjob.Namespace(j), *j.ID); return true }, nil
 		}
+		return func() bool { v.observeJob(j); return true }, nil
 	case api.TopicDeployment:
 		var d *api.Deployment
 		if err := e.decode("Deployment", &d); err != nil || d == nil {
-			return fmt.Errorf("decode deployment event: %v", err)
+			return nil, fmt.Errorf("decode deployment event: %v", err)
 		}
-		v.ObserveDeployment(d)
 		if rv, ok := rolledBack(d); ok {
 			*reverts = append(*reverts, rv)
 		}
+		return func() bool { v.observeDeployment(d); return true }, nil
 	case api.TopicAllocation:
 		var a *api.Allocation
 		if err := e.decode("Allocation", &a); err != nil || a == nil {
-			return fmt.Errorf("decode allocation event: %v", err)
+			return nil, fmt.Errorf("decode allocation event: %v", err)
 		}
-		v.ObserveAlloc(a)
+		return func() bool { return v.observeAlloc(a, true) }, nil
 	case api.TopicEvaluation:
 		// A purge (or the garbage collector's) sends no Job event, only
 		// the evaluation it creates, with the deregistration's type: the
 		// job is stopped or gone either way, and holds nothing any more.
 		if e.Type != "JobDeregistered" && e.Type != "JobBatchDeregistered" {
-			return nil
+			return nil, nil
 		}
 		var ev *api.Evaluation
 		if err := e.decode("Evaluation", &ev); err != nil || ev == nil {
-			return fmt.Errorf("decode evaluation event: %v", err)
+			return nil, fmt.Errorf("decode evaluation event: %v", err)
 		}
-		v.ForgetJob(ev.Namespace, ev.JobID)
+		return func() bool { v.forgetJob(ev.Namespace, ev.JobID); return true }, nil
 	}
-	return nil
+	return nil, nil
 }
 
 // Followed is how far the view follows Nomad: the index of the last event

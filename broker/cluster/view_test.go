@@ -313,3 +313,26 @@ func TestAnAdmissionReservesTheVersionItMayRevertTo(t *testing.T) {
 		t.Errorf("reserved: %g, want 3", got)
 	}
 }
+
+// Every allocation of the deploying version failed, so Nomad calls the job
+// dead: it still counts the stable version its deployment reverts to.
+func TestADeadVersionWhoseDeploymentMayRevertCountsTheStableVersion(t *testing.T) {
+	p := testbuild.Policy(t, visionPolicy)
+	v := NewView(nil)
+	v.ObserveNode(testbuild.Node("n1", testbuild.H100, 8, 0))
+	v.ObserveJob(testbuild.Job("vision", "web").Group("web", 1, 2, "gpu").AutoRevert().Stable().ModifyIndex(1).Build())
+	dead := testbuild.Job("vision", "web").Group("web", 1, 1, "gpu").AutoRevert().ModifyIndex(2).Build()
+	dead.Status = ptr("dead")
+	v.ObserveJob(dead)
+	dep := &api.Deployment{ID: "d1", Namespace: "vision", JobID: "web", Status: api.DeploymentStatusRunning,
+		TaskGroups: map[string]*api.DeploymentState{"web": {AutoRevert: true}}}
+	v.ObserveDeployment(dep)
+	if got := v.Usage(p).Tenants["vision"].Used.Total(); got != 2 {
+		t.Errorf("dead while its deployment may revert: %g, want 2", got)
+	}
+	dep.Status = api.DeploymentStatusCancelled
+	v.ObserveDeployment(dep)
+	if got := v.Usage(p).Tenants["vision"].Used.Total(); got != 0 {
+		t.Errorf("dead, no deployment: %g, want 0", got)
+	}
+}
