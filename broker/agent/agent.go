@@ -107,13 +107,19 @@ func (a *Agent) Run(ctx context.Context) error {
 	if region == "" {
 		region = agentRegion
 	}
-	store := consulkv.NewQueue(consulClient.KV(), cfg.Consul.KVPrefix)
-	decisions := consulkv.NewDecisions(consulClient.KV(), cfg.Consul.KVPrefix)
-	scales := consulkv.NewScales(consulClient.KV(), cfg.Consul.KVPrefix)
-	approvals := consulkv.NewApprovals(consulClient.KV(), cfg.Consul.KVPrefix)
+	kvLog := log.Named("consul")
+	aside := consulkv.NewAside(consulClient, cfg.Consul.KVPrefix, func(u consulkv.Unreadable) {
+		metrics.KVUnreadable(u.Kind)
+		kvLog.Error("a record that cannot be read was set aside; the others are read on", "kind", u.Kind, "key", u.Key,
+			"moved_to", u.MovedTo, "error", u.Err)
+	})
+	store := consulkv.NewQueue(consulClient.KV(), cfg.Consul.KVPrefix, aside)
+	decisions := consulkv.NewDecisions(consulClient.KV(), cfg.Consul.KVPrefix, aside)
+	scales := consulkv.NewScales(consulClient.KV(), cfg.Consul.KVPrefix, aside)
+	approvals := consulkv.NewApprovals(consulClient.KV(), cfg.Consul.KVPrefix, aside)
 	go approvals.Follow(ctx)
-	profiles, storedProfiles := gpuusage.NewProfiles(), consulkv.NewProfiles(consulClient, cfg.Consul.KVPrefix)
-	rollups := consulkv.NewRollups(consulClient, cfg.Consul.KVPrefix)
+	profiles, storedProfiles := gpuusage.NewProfiles(), consulkv.NewProfiles(consulClient, cfg.Consul.KVPrefix, aside)
+	rollups := consulkv.NewRollups(consulClient, cfg.Consul.KVPrefix, aside)
 	forecast := &queue.Forecast{}
 	elector := &leader.Elector{Client: consulClient, Key: cfg.Consul.KVPrefix + "leader", Address: cfg.Advertise,
 		Log: log.Named("leader")}
@@ -140,7 +146,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	go view.Follow(ctx, nomadClient, log.Named("cluster"), resync.C)
 	go policies.Watch(ctx, a.reload, cfg.PolicyPollInterval)
 	srv, err := server.New(server.Options{Leader: elector, Log: log.Named("proxy"), Nomad: cfg.Nomad.Address,
-		Client: nomadClient.HTTPClient(), Policies: policies, Cluster: view, Queue: store, Decisions: decisions, Scales: scales, Profiles: profiles, RightSizing: storedProfiles, Metrics: metrics, Rollups: rollups, FairShare: rollups, Audit: trail, Approvals: approvals, Forecast: forecast, Stamper: stamper, Region: region, ACLs: acls, BodyReadTimeout: cfg.BodyReadTimeoutDuration,
+		Client: nomadClient.HTTPClient(), Policies: policies, Cluster: view, Queue: store, Decisions: decisions, Scales: scales, Profiles: profiles, RightSizing: storedProfiles, Metrics: metrics, Rollups: rollups, FairShare: rollups, Audit: trail, Approvals: approvals, SetAside: aside, Forecast: forecast, Stamper: stamper, Region: region, ACLs: acls, BodyReadTimeout: cfg.BodyReadTimeoutDuration,
 		Exclusive: exclusive, Token: cfg.Nomad.Token, Peers: peers})
 	if err != nil {
 		return err

@@ -24,8 +24,8 @@ type Approvals struct {
 }
 
 // NewApprovals returns the approvals under prefix (e.g. "nomad-gpu/").
-func NewApprovals(kv *consul.KV, prefix string) *Approvals {
-	return &Approvals{r: records[approval.Approval]{kv: kv, dir: prefix + "approvals/", what: "approval",
+func NewApprovals(kv *consul.KV, prefix string, aside *Aside) *Approvals {
+	return &Approvals{r: records[approval.Approval]{kv: kv, dir: prefix + "approvals/", what: "approval", kind: "approvals", aside: aside,
 		version: func(a *approval.Approval, i uint64) { a.ModifyIndex = i }}, snapshot: map[string]approval.Approval{}}
 }
 

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -33,7 +34,7 @@ func TestStores(t *testing.T) {
 
 	t.Run("queue: entries keep their version, and a stale one is neither removed nor parked", func(t *testing.T) {
 		t.Parallel()
-		q := consulkv.NewQueue(client.KV(), "queue-test/")
+		q := consulkv.NewQueue(client.KV(), "queue-test/", nil)
 		e := queue.Entry{ID: queue.NewID(), JobID: "train", Namespace: "vision", Tenant: "vision", Queue: "training", Demand: 2}
 		if err := q.Put(ctx, e); err != nil {
 			t.Fatal(err)
@@ -92,7 +93,7 @@ func TestStores(t *testing.T) {
 
 	t.Run("reclaim decisions: created once, updated only from the version read", func(t *testing.T) {
 		t.Parallel()
-		d := consulkv.NewDecisions(client.KV(), "decisions-test/")
+		d := consulkv.NewDecisions(client.KV(), "decisions-test/", nil)
 		r := reclaim.Record{ID: queue.NewID(), Rule: "idle", State: reclaim.Proposed}
 		if ok, err := d.Create(ctx, r); !ok || err != nil {
 			t.Fatalf("create: %v %v", ok, err)
@@ -128,7 +129,7 @@ func TestStores(t *testing.T) {
 
 	t.Run("approvals: the writer sees its write at once, a follower within a blocking query", func(t *testing.T) {
 		t.Parallel()
-		writer, follower := consulkv.NewApprovals(client.KV(), "approvals-test/"), consulkv.NewApprovals(client.KV(), "approvals-test/")
+		writer, follower := consulkv.NewApprovals(client.KV(), "approvals-test/", nil), consulkv.NewApprovals(client.KV(), "approvals-test/", nil)
 		fctx, stop := context.WithCancel(ctx)
 		defer stop()
 		go follower.Follow(fctx)
@@ -169,7 +170,7 @@ func TestStores(t *testing.T) {
 
 	t.Run("scale grants: namespaces and job ids with slashes stay apart", func(t *testing.T) {
 		t.Parallel()
-		s := consulkv.NewScales(client.KV(), "scales-test/")
+		s := consulkv.NewScales(client.KV(), "scales-test/", nil)
 		a := nomadjob.ScaleGrant{Stamp: "a", Admitted: map[string]int{"g": 2}}
 		b := nomadjob.ScaleGrant{Stamp: "b", Admitted: map[string]int{"g": 3}}
 		if err := s.Put(ctx, "team/a", "train", a); err != nil {
@@ -218,7 +219,7 @@ func TestStores(t *testing.T) {
 
 	t.Run("profiles: more than one transaction's worth written and removed", func(t *testing.T) {
 		t.Parallel()
-		p := consulkv.NewProfiles(client, "profiles-test/")
+		p := consulkv.NewProfiles(client, "profiles-test/", nil)
 		var ps []usage.Profile
 		for i := 0; i < 150; i++ {
 			ps = append(ps, usage.Profile{Namespace: "vision", Job: fmt.Sprintf("team/job-%d", i), Asked: 2})
@@ -240,7 +241,7 @@ func TestStores(t *testing.T) {
 
 	t.Run("rollups: days and the mark move together, once", func(t *testing.T) {
 		t.Parallel()
-		r := consulkv.NewRollups(client, "rollups-test/")
+		r := consulkv.NewRollups(client, "rollups-test/", nil)
 		m, index, err := r.Mark(ctx)
 		if err != nil || index != 0 || !m.Through.IsZero() {
 			t.Fatalf("no mark yet: %+v %d %v", m, index, err)
@@ -269,6 +270,89 @@ func TestStores(t *testing.T) {
 		}
 		if got, _ := r.Days(ctx, "2026-01-01", "2026-12-31"); len(got) != 2 {
 			t.Errorf("after delete: %+v", got)
+		}
+	})
+
+	// One record that cannot be read (a hand edit) is set aside under
+	// quarantine/, told of, and stops none of the others of its kind.
+	t.Run("a record that cannot be read is set aside, and the others are read", func(t *testing.T) {
+		t.Parallel()
+		const prefix = "aside-test/"
+		var mu sync.Mutex
+		told := map[string]string{}
+		aside := consulkv.NewAside(client, prefix, func(u consulkv.Unreadable) {
+			mu.Lock()
+			defer mu.Unlock()
+			told[u.Kind] = u.MovedTo
+		})
+		garbage := func(key string) {
+			t.Helper()
+			if _, err := client.KV().Put(&consul.KVPair{Key: prefix + key, Value: []byte(`{"id": "half`)}, nil); err != nil {
+				t.Fatal(err)
+			}
+		}
+		q := consulkv.NewQueue(client.KV(), prefix, aside)
+		e := queue.Entry{ID: queue.NewID(), JobID: "train", Namespace: "vision"}
+		q.Put(ctx, e)
+		bad := queue.NewID()
+		garbage("queue/" + bad)
+		if got, err := q.List(ctx); err != nil || len(got) != 1 || got[0].ID != e.ID {
+			t.Errorf("queue: %+v %v", got, err)
+		}
+		garbage("queue/" + bad)
+		if _, err := q.Get(ctx, bad); !errors.Is(err, queue.ErrNotFound) {
+			t.Errorf("queue get of a garbage entry: %v", err)
+		}
+
+		d := consulkv.NewDecisions(client.KV(), prefix, aside)
+		d.Create(ctx, reclaim.Record{ID: queue.NewID(), Rule: "idle"})
+		garbage("reclaim/" + queue.NewID())
+		if got, err := d.List(ctx); err != nil || len(got) != 1 {
+			t.Errorf("reclaim: %+v %v", got, err)
+		}
+
+		a := consulkv.NewApprovals(client.KV(), prefix, aside)
+		a.Create(ctx, approval.Approval{ID: queue.NewID(), Namespace: "vision"})
+		garbage("approvals/" + queue.NewID())
+		if got, err := a.List(ctx); err != nil || len(got) != 1 {
+			t.Errorf("approvals: %+v %v", got, err)
+		}
+
+		r := consulkv.NewRollups(client, prefix, aside)
+		r.Commit(ctx, 0, usage.Mark{}, []usage.Rollup{{Day: "2026-11-29"}})
+		garbage("usage/2026-11-30")
+		if got, err := r.Days(ctx, "2026-11-01", "2026-11-30"); err != nil || len(got) != 1 {
+			t.Errorf("usage: %+v %v", got, err)
+		}
+		garbage("usage-through")
+		if m, index, err := r.Mark(ctx); err != nil || index != 0 || !m.Through.IsZero() {
+			t.Errorf("a garbage mark reads as none: %+v %d %v", m, index, err)
+		}
+		if ok, err := r.Commit(ctx, 0, usage.Mark{Through: time.Now()}, nil); !ok || err != nil {
+			t.Errorf("counting goes on after a garbage mark: %v %v", ok, err)
+		}
+
+		s := consulkv.NewScales(client.KV(), prefix, aside)
+		garbage("scaled/team/train")
+		if _, ok, err := s.Get(ctx, "team", "train"); ok || err != nil {
+			t.Errorf("a garbage grant reads as none: %v %v", ok, err)
+		}
+		p := consulkv.NewProfiles(client, prefix, aside)
+		garbage("rightsizing/team/train")
+		if got, err := p.List(ctx); err != nil || len(got) != 0 {
+			t.Errorf("rightsizing: %+v %v", got, err)
+		}
+
+		mu.Lock()
+		defer mu.Unlock()
+		for _, kind := range []string{"queue", "reclaim", "approvals", "usage", "usage-through", "scaled", "rightsizing"} {
+			if !strings.HasPrefix(told[kind], prefix+"quarantine/"+kind+"/") {
+				t.Errorf("%s: told %q", kind, told[kind])
+			}
+		}
+		held, err := aside.SetAside(ctx)
+		if err != nil || len(held) != 7 { // the queue's garbage entry twice, under one key
+			t.Errorf("set aside: %+v %v", held, err)
 		}
 	})
 

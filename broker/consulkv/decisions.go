@@ -14,8 +14,8 @@ import (
 type Decisions struct{ r records[reclaim.Record] }
 
 // NewDecisions returns the records under prefix (e.g. "nomad-gpu/").
-func NewDecisions(kv *consul.KV, prefix string) *Decisions {
-	return &Decisions{records[reclaim.Record]{kv: kv, dir: prefix + "reclaim/", what: "reclaim decision",
+func NewDecisions(kv *consul.KV, prefix string, aside *Aside) *Decisions {
+	return &Decisions{records[reclaim.Record]{kv: kv, dir: prefix + "reclaim/", what: "reclaim decision", kind: "reclaim", aside: aside,
 		version: func(r *reclaim.Record, i uint64) { r.ModifyIndex = i }}}
 }
 

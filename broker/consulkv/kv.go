@@ -9,6 +9,7 @@
 //	rightsizing/<namespace>/<job>   right-sizing profiles (Profiles)
 //	usage/<day>, usage-through      daily GPU time and how far it is counted (Rollups)
 //	admission-key                   the key admission stamps are made with (StampKey)
+//	quarantine/<kind>/<name>        records that could not be read, set aside as they were (Aside)
 //
 // Values are JSON. A record's version is Consul's ModifyIndex, and every
 // change of one that was read is a check-and-set against it, so that two
@@ -33,6 +34,70 @@ type records[T any] struct {
 	what string // what one record is, for errors: "queue entry"
 	// version sets a record's version when it is read (nil: it keeps none).
 	version func(*T, uint64)
+	// kind names the records under quarantine/ and in metrics: "queue".
+	kind string
+	// aside sets a record that cannot be read aside, so that it stops
+	// nothing (nil: reading it fails).
+	aside *Aside
+}
+
+// Aside moves records that cannot be decoded (a hand edit, a torn write)
+// out of their directory to <prefix>quarantine/<kind>/<name>, as they were,
+// and tells of each: one such record must never stop the others of its kind.
+type Aside struct {
+	client *consul.Client
+	dir    string
+	told   func(Unreadable)
+}
+
+// Unreadable is a record set aside.
+type Unreadable struct {
+	Kind, Key string
+	MovedTo   string // "" when it could not be moved (it is skipped all the same)
+	Err       error
+}
+
+// NewAside sets records aside under prefix (e.g. "nomad-gpu/"); told hears
+// of each (logs, metrics).
+func NewAside(client *consul.Client, prefix string, told func(Unreadable)) *Aside {
+	return &Aside{client: client, dir: prefix + "quarantine/", told: told}
+}
+
+// setAside moves p to quarantine/<kind>/<name> in one transaction, if it is
+// still the version read.
+func (a *Aside) setAside(ctx context.Context, kind, name string, p *consul.KVPair, why error) {
+	u := Unreadable{Kind: kind, Key: p.Key, Err: why}
+	to := a.dir + kind + "/" + name
+	ops := consul.TxnOps{
+		{KV: &consul.KVTxnOp{Verb: consul.KVSet, Key: to, Value: p.Value, Flags: p.Flags}},
+		{KV: &consul.KVTxnOp{Verb: consul.KVDeleteCAS, Key: p.Key, Index: p.ModifyIndex}},
+	}
+	ok, _, _, err := a.client.Txn().Txn(ops, (&consul.QueryOptions{}).WithContext(ctx))
+	if err == nil && ok {
+		u.MovedTo = to
+	}
+	a.told(u)
+}
+
+// SetAside lists the records set aside: key under quarantine/, size, and
+// Consul's modify index.
+func (a *Aside) SetAside(ctx context.Context) ([]SetAsideRecord, error) {
+	pairs, _, err := a.client.KV().List(a.dir, (&consul.QueryOptions{}).WithContext(ctx))
+	if err != nil {
+		return nil, fmt.Errorf("list records set aside: %w", err)
+	}
+	out := make([]SetAsideRecord, 0, len(pairs))
+	for _, p := range pairs {
+		out = append(out, SetAsideRecord{Key: p.Key, Bytes: len(p.Value), ModifyIndex: p.ModifyIndex})
+	}
+	return out, nil
+}
+
+// SetAsideRecord is one record under quarantine/.
+type SetAsideRecord struct {
+	Key         string `json:"key"`
+	Bytes       int    `json:"bytes"`
+	ModifyIndex uint64 `json:"modify_index"`
 }
 
 // escape makes a key's name from parts that may hold "/" (namespaces, job ids).
@@ -62,7 +127,21 @@ func (r records[T]) encode(name string, v T) ([]byte, error) {
 	return b, nil
 }
 
-// get reads the record name and its version; false when there is none.
+// readable decodes p; one that cannot be decoded is set aside, and false.
+func (r records[T]) readable(ctx context.Context, p *consul.KVPair) (T, bool, error) {
+	v, err := r.decode(p)
+	if err == nil {
+		return v, true, nil
+	}
+	if r.aside == nil {
+		return v, false, err
+	}
+	r.aside.setAside(ctx, r.kind, strings.TrimPrefix(p.Key, r.dir), p, err)
+	return v, false, nil
+}
+
+// get reads the record name and its version; false when there is none (or
+// it could not be read, and was set aside).
 func (r records[T]) get(ctx context.Context, name string) (T, uint64, bool, error) {
 	var zero T
 	p, _, err := r.kv.Get(r.dir+name, (&consul.QueryOptions{}).WithContext(ctx))
@@ -72,8 +151,11 @@ func (r records[T]) get(ctx context.Context, name string) (T, uint64, bool, erro
 	if p == nil {
 		return zero, 0, false, nil
 	}
-	v, err := r.decode(p)
-	return v, p.ModifyIndex, err == nil, err
+	v, ok, err := r.readable(ctx, p)
+	if !ok {
+		return zero, 0, false, err
+	}
+	return v, p.ModifyIndex, true, nil
 }
 
 // list reads the records whose names keep takes (nil: every one; q may
@@ -88,11 +170,13 @@ func (r records[T]) list(ctx context.Context, q *consul.QueryOptions, keep func(
 		if keep != nil && !keep(strings.TrimPrefix(p.Key, r.dir)) {
 			continue
 		}
-		v, err := r.decode(p)
+		v, ok, err := r.readable(ctx, p)
 		if err != nil {
 			return nil, 0, err
 		}
-		out = append(out, v)
+		if ok {
+			out = append(out, v)
+		}
 	}
 	return out, meta.LastIndex, nil
 }

@@ -33,7 +33,7 @@ func BenchmarkQueueMemory(b *testing.B) {
 		}
 		pairs[i] = &consul.KVPair{Key: "nomad-gpu/queue/" + e.ID, Value: v, ModifyIndex: uint64(i + 1)}
 	}
-	q := NewQueue(nil, "nomad-gpu/")
+	q := NewQueue(nil, "nomad-gpu/", nil)
 	var heap float64
 	for i := 0; i < b.N; i++ {
 		var before, after runtime.MemStats

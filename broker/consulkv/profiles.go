@@ -16,8 +16,8 @@ type Profiles struct {
 }
 
 // NewProfiles returns the profiles under prefix (e.g. "nomad-gpu/").
-func NewProfiles(client *consul.Client, prefix string) *Profiles {
-	return &Profiles{client: client, r: records[usage.Profile]{kv: client.KV(), dir: prefix + "rightsizing/", what: "right-sizing profile"}}
+func NewProfiles(client *consul.Client, prefix string, aside *Aside) *Profiles {
+	return &Profiles{client: client, r: records[usage.Profile]{kv: client.KV(), dir: prefix + "rightsizing/", what: "right-sizing profile", kind: "rightsizing", aside: aside}}
 }
 
 // List returns every stored profile.

@@ -17,8 +17,8 @@ import (
 type Queue struct{ r records[queue.Entry] }
 
 // NewQueue returns the queue under prefix (e.g. "nomad-gpu/").
-func NewQueue(kv *consul.KV, prefix string) *Queue {
-	return &Queue{records[queue.Entry]{kv: kv, dir: prefix + "queue/", what: "queue entry",
+func NewQueue(kv *consul.KV, prefix string, aside *Aside) *Queue {
+	return &Queue{records[queue.Entry]{kv: kv, dir: prefix + "queue/", what: "queue entry", kind: "queue", aside: aside,
 		version: func(e *queue.Entry, i uint64) { e.ModifyIndex = i }}}
 }
 

@@ -22,10 +22,10 @@ type Rollups struct {
 }
 
 // NewRollups returns the rollups under prefix (e.g. "nomad-gpu/").
-func NewRollups(client *consul.Client, prefix string) *Rollups {
+func NewRollups(client *consul.Client, prefix string, aside *Aside) *Rollups {
 	return &Rollups{client: client,
-		days: records[usage.Rollup]{kv: client.KV(), dir: prefix + "usage/", what: "usage of day"},
-		mark: records[usage.Mark]{kv: client.KV(), dir: prefix, what: "usage mark"}}
+		days: records[usage.Rollup]{kv: client.KV(), dir: prefix + "usage/", what: "usage of day", kind: "usage", aside: aside},
+		mark: records[usage.Mark]{kv: client.KV(), dir: prefix, what: "usage mark", kind: "usage-through", aside: aside}}
 }
 
 const throughName = "usage-through"

@@ -17,8 +17,8 @@ import (
 type Scales struct{ r records[nomadjob.ScaleGrant] }
 
 // NewScales returns the grants under prefix (e.g. "nomad-gpu/").
-func NewScales(kv *consul.KV, prefix string) *Scales {
-	return &Scales{records[nomadjob.ScaleGrant]{kv: kv, dir: prefix + "scaled/", what: "scale grant"}}
+func NewScales(kv *consul.KV, prefix string, aside *Aside) *Scales {
+	return &Scales{records[nomadjob.ScaleGrant]{kv: kv, dir: prefix + "scaled/", what: "scale grant", kind: "scaled", aside: aside}}
 }
 
 // Get returns the grant of a job, if any.

@@ -316,7 +316,7 @@ tenant "vision" {
 	})
 	// The queue is written as the broker writes it, straight into Consul: 5,000
 	// registrations through the broker would each list the queue first.
-	store := consulkv.NewQueue(consulKV(consul), "nomad-gpu/")
+	store := consulkv.NewQueue(consulKV(consul), "nomad-gpu/", nil)
 	now := time.Now()
 	for i := 0; i < queued; i++ {
 		id := fmt.Sprintf("q-%05d", i)

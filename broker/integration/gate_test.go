@@ -12,10 +12,12 @@ import (
 	"testing"
 	"time"
 
+	consulapi "github.com/hashicorp/consul/api"
 	"github.com/hashicorp/nomad/api"
 
 	"github.com/nomad-gpu/nomad-gpu/broker/metrics"
 	"github.com/nomad-gpu/nomad-gpu/broker/nomadjob"
+	"github.com/nomad-gpu/nomad-gpu/broker/queue"
 	"github.com/nomad-gpu/nomad-gpu/internal/testcluster"
 )
 
@@ -77,6 +79,12 @@ tenant "deploy" {
   guaranteed = 2
   limit      = 2
 }
+tenant "garbage" {
+  namespaces = ["gate-garbage"]
+  queues     = ["training"]
+  guaranteed = 2
+  limit      = 2
+}
 tenant "autorevert" {
   namespaces = ["gate-autorevert"]
   queues     = ["training"]
@@ -96,7 +104,7 @@ const gateGPUs = 16
 func TestGate(t *testing.T) {
 	t.Parallel()
 	consul := testcluster.StartConsul(t)
-	n := startGPUNode(t, "gate", gateGPUs, "gate-probe", "gate-revert", "gate-dispatch", "gate-stop", "gate-zero", "gate-race", "gate-invalid", "gate-purge", "gate-deploy", "gate-autorevert")
+	n := startGPUNode(t, "gate", gateGPUs, "gate-probe", "gate-revert", "gate-dispatch", "gate-stop", "gate-zero", "gate-race", "gate-invalid", "gate-purge", "gate-deploy", "gate-autorevert", "gate-garbage")
 	e := brokerEnv(t, n, consul, gatePolicy, "gate-probe", gateGPUs, testcluster.BrokerOptions{Config: `body_read_timeout = "3s"`})
 
 	// Nomad reads the namespace of a revert's or a dispatch's body when the
@@ -474,6 +482,43 @@ func TestGate(t *testing.T) {
 			}
 			return nil
 		})
+	})
+
+	// A record in Consul KV that cannot be read (a hand edit) is set aside
+	// and counted; it stops neither queueing nor the queue's admissions.
+	t.Run("a garbage record in Consul stops nobody", func(t *testing.T) {
+		t.Parallel()
+		e := e.in(t)
+		const ns = "gate-garbage"
+		kv := consulKV(consul)
+		bad := "nomad-gpu/queue/" + queue.NewID()
+		for _, key := range []string{bad, "nomad-gpu/reclaim/" + queue.NewID(), "nomad-gpu/approvals/" + queue.NewID()} {
+			if _, err := kv.Put(&consulapi.KVPair{Key: key, Value: []byte(`{"id": "hand-edited`)}, nil); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if out, err := e.run(ns, "hold", 1, 2, "", true); err != nil || !strings.Contains(out, "admitted") {
+			t.Fatalf("2 GPUs: %v\n%s", err, out)
+		}
+		if out, err := e.run(ns, "waiter", 1, 1, "", true); err != nil || !strings.Contains(out, "queued as") {
+			t.Fatalf("a job to queue beside a garbage entry: %v\n%s", err, out)
+		}
+		if _, _, err := e.nomad.API.Jobs().Deregister("hold", false, &api.WriteOptions{Namespace: ns}); err != nil {
+			t.Fatal(err)
+		}
+		e.waitAdmitted(t, ns, "waiter", 60*time.Second)
+		status, out := send(t, e.broker.Addr, http.MethodGet, "/v1/gpu/quarantine", "")
+		if moved := strings.Replace(bad, "queue/", "quarantine/queue/", 1); status != http.StatusOK || !strings.Contains(out, moved) {
+			t.Errorf("the records set aside: %d %s, want %s", status, out, moved)
+		}
+		if p, _, _ := kv.Get(bad, nil); p != nil {
+			t.Errorf("the garbage entry is still in the queue")
+		}
+		for _, kind := range []string{"queue", "approvals"} {
+			if n := e.broker.Scrape()[`nomadgpu_kv_unreadable_total{kind="`+kind+`"}`]; n < 1 {
+				t.Errorf("nomadgpu_kv_unreadable_total{kind=%q} = %g", kind, n)
+			}
+		}
 	})
 
 	t.Run("metrics: a queue the policy does not name is labelled other", func(t *testing.T) {

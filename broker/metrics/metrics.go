@@ -48,6 +48,7 @@ type Metrics struct {
 	decisions  *prometheus.CounterVec
 	gpuSeconds *prometheus.CounterVec
 	auditFails prometheus.Counter
+	unreadable *prometheus.CounterVec
 	queueWait  *prometheus.HistogramVec
 	preempted  *prometheus.CounterVec
 	lostWork   *prometheus.CounterVec
@@ -120,8 +121,11 @@ func New() *Metrics {
 	}
 	m.auditFails = prometheus.NewCounter(prometheus.CounterOpts{Name: "nomadgpu_audit_write_failures_total",
 		Help: "Audit lines that could not be written (a user's request is then refused; the broker's own acts go on, logged)."})
+	m.unreadable = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "nomadgpu_kv_unreadable_total",
+		Help: "Records in Consul KV that could not be read, set aside under quarantine/ (the others are read on), by kind: queue, reclaim, approvals, usage, usage-through, scaled, rightsizing."},
+		[]string{"kind"})
 	m.queueWait = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "nomadgpu_queue_wait_seconds",
-		Help:    "Time jobs waited in the broker's queue, by queue and how the wait ended (admit, admit-borrowed, cancelled, dropped).",
+		Help:    "Time jobs waited in the broker's queue, by queue and how the wait ended (admit, admit-borrowed, cancelled).",
 		Buckets: []float64{1, 10, 60, 300, 900, 1800, 3600, 4 * 3600, 12 * 3600, 24 * 3600, 72 * 3600}}, []string{"queue", "outcome"})
 	m.preempted = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "nomadgpu_preemptions_total",
 		Help: "Allocations of borrowed jobs that Nomad preempted, as the broker observed them."}, []string{"tenant", "queue"})
@@ -147,7 +151,7 @@ func New() *Metrics {
 	m.passes = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "nomadgpu_leader_passes_total",
 		Help: "Passes the leader's loops finished, by loop (queue, reclaim) and result (ok, error): a loop whose count stops rising is stuck."},
 		[]string{"loop", "result"})
-	m.Registry.MustRegister(m.admissions, m.decisions, m.gpuSeconds, m.auditFails, m.queueWait, m.preempted, m.lostWork, m.reclaimed,
+	m.Registry.MustRegister(m.admissions, m.decisions, m.gpuSeconds, m.auditFails, m.unreadable, m.queueWait, m.preempted, m.lostWork, m.reclaimed,
 		m.requests, m.estimates, m.allocs, m.scaleUp, m.consulErrs, m.passes,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
@@ -289,6 +293,14 @@ func (m *Metrics) CountingTransport(next http.RoundTripper) http.RoundTripper {
 type roundTripper func(*http.Request) (*http.Response, error)
 
 func (f roundTripper) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+// KVUnreadable counts a record of kind set aside as unreadable (kind is
+// the store's own name, never a key).
+func (m *Metrics) KVUnreadable(kind string) {
+	if m != nil {
+		m.unreadable.WithLabelValues(kind).Inc()
+	}
+}
 
 // AuditFailure counts an audit line that could not be written.
 func (m *Metrics) AuditFailure() {

@@ -52,6 +52,7 @@ func (s *Server) gpuAPI() http.Handler {
 	approvals := func() bool { return s.approvalStore != nil }
 	stored := func() bool { return s.stored != nil }
 	decisions := func() bool { return s.decisions != nil }
+	setAside := func() bool { return s.setAside != nil }
 	fallback := map[string]bool{}
 	for _, e := range []struct {
 		methods, path string
@@ -89,6 +90,7 @@ func (s *Server) gpuAPI() http.Handler {
 		{"GET", "/v1/gpu/trace", stored, s.trace},
 		{"GET", "/v1/gpu/rightsizing", stored, s.rightSizing},
 		{"GET", "/v1/gpu/reclaim", decisions, s.reclaimList},
+		{"GET", "/v1/gpu/quarantine", setAside, s.setAsideList},
 		{"GET DELETE", "/v1/gpu/reclaim/{id}", decisions, func(w http.ResponseWriter, r *http.Request) {
 			s.reclaimDecision(w, r, r.PathValue("id"), caller(r))
 		}},

@@ -10,6 +10,7 @@ import (
 	"sort"
 
 	"github.com/nomad-gpu/nomad-gpu/broker/audit"
+	"github.com/nomad-gpu/nomad-gpu/broker/consulkv"
 	"github.com/nomad-gpu/nomad-gpu/broker/queue"
 	"github.com/nomad-gpu/nomad-gpu/broker/reclaim"
 )
@@ -39,6 +40,27 @@ func (s *Server) reclaimList(w http.ResponseWriter, r *http.Request) {
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].ProposedAt.After(out[j].ProposedAt) })
 	writeJSON(w, http.StatusOK, out)
+}
+
+// SetAside lists the records of Consul KV set aside as unreadable.
+type SetAside interface {
+	SetAside(ctx context.Context) ([]consulkv.SetAsideRecord, error)
+}
+
+// setAsideList serves the records set aside as unreadable (keys and sizes,
+// never their values) to an operator: with ACLs, a token that may read
+// Nomad's operator settings.
+func (s *Server) setAsideList(w http.ResponseWriter, r *http.Request) {
+	if s.acls && s.get(r, "/v1/operator/scheduler/configuration", "", &struct{}{}) != nil {
+		writeError(w, fail(errForbidden, "the records set aside are an operator's to read: a token with operator read"))
+		return
+	}
+	recs, err := s.setAside.SetAside(r.Context())
+	if err != nil {
+		writeError(w, fail(errUnavailable, "%v", err))
+		return
+	}
+	writeJSON(w, http.StatusOK, recs)
 }
 
 // reclaimDecision serves GET and DELETE (cancel) /v1/gpu/reclaim/<id>.

@@ -105,6 +105,7 @@ type Server struct {
 	fairShare     FairShare
 	audit         *audit.Log
 	approvalStore Approvals
+	setAside      SetAside
 	forecast      *queue.Forecast
 	ui            http.Handler // the web UI at /gpu/
 	api           http.Handler // the broker's own API at /v1/gpu/
@@ -149,6 +150,7 @@ type Options struct {
 	FairShare   FairShare        // nil: the queue is shown by current share
 	Audit       *audit.Log       // nil: no audit trail
 	Approvals   Approvals        // nil: no approvals
+	SetAside    SetAside         // the records of Consul KV set aside as unreadable (nil: not served)
 	Forecast    *queue.Forecast  // running jobs' ends, for queue estimates (nil: none)
 	Stamper     nomadjob.Stamper
 	Region      string // the Nomad region the broker governs ("" or "global": Nomad's default)
@@ -174,7 +176,7 @@ func New(o Options) (*Server, error) {
 		return nil, fmt.Errorf("nomad address %q: %w", o.Nomad, err)
 	}
 	s := &Server{log: o.Log, upstream: u, client: o.Client, policies: o.Policies, cluster: o.Cluster,
-		queue: o.Queue, decisions: o.Decisions, scales: o.Scales, profiles: o.Profiles, stored: o.RightSizing, metrics: o.Metrics, rollups: o.Rollups, fairShare: o.FairShare, audit: o.Audit, approvalStore: o.Approvals, forecast: o.Forecast, stamper: o.Stamper, region: o.Region, acls: o.ACLs, exclusive: o.Exclusive, token: o.Token, leader: o.Leader, now: o.Now, newID: o.NewID, identities: map[[32]byte]cachedIdentity{}, ui: webui.Handler()}
+		queue: o.Queue, decisions: o.Decisions, scales: o.Scales, profiles: o.Profiles, stored: o.RightSizing, metrics: o.Metrics, rollups: o.Rollups, fairShare: o.FairShare, audit: o.Audit, approvalStore: o.Approvals, setAside: o.SetAside, forecast: o.Forecast, stamper: o.Stamper, region: o.Region, acls: o.ACLs, exclusive: o.Exclusive, token: o.Token, leader: o.Leader, now: o.Now, newID: o.NewID, identities: map[[32]byte]cachedIdentity{}, ui: webui.Handler()}
 	if s.client == nil {
 		s.client = &http.Client{}
 	}

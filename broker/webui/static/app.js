@@ -427,8 +427,15 @@ async function reclaimLoop(gen) {
       } catch (e) {
         if (e.status !== 404) throw e; // 404: this broker keeps no approvals
       }
+      let aside = null; // null: not the caller's to read (operators only)
+      try {
+        aside = await api('/v1/gpu/quarantine');
+      } catch (e) {
+        if (e.status !== 403 && e.status !== 404) throw e;
+      }
       if (gen !== viewGen) return;
       renderReclaim(recs, approvals);
+      renderAside(aside);
       live(`${recs.length} decisions, ${approvals.length} approvals`);
     } catch (e) {
       if (gen !== viewGen) return;
@@ -472,6 +479,17 @@ function renderReclaim(recs, approvals) {
     el('td', { text: ago(r.executed_at || r.proposed_at) }),
     el('td', { text: r.result || r.evidence }))) :
     empty(6, 'Nothing decided yet.')));
+}
+
+// renderAside lists the records of Consul KV set aside as unreadable: each
+// stopped nothing, but someone should look at it (and delete it).
+function renderAside(aside) {
+  $('aside-section').hidden = aside === null;
+  if (aside === null) return;
+  $('aside').tBodies[0].replaceChildren(...(aside.length ? aside.map((a) => el('tr', {},
+    el('td', { text: a.key }),
+    el('td', { class: 'num', text: String(a.bytes) }))) :
+    [el('tr', {}, el('td', { colspan: '2', class: 'empty', text: 'No record was set aside.' }))]));
 }
 
 function countdown(r) {
