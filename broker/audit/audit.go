@@ -9,10 +9,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 )
@@ -67,8 +69,20 @@ type Log struct {
 	Failed func(error)
 
 	mu   sync.Mutex
-	f    *os.File
+	f    file
 	size int64
+	// torn: a failed write left part of a line that could not be cut off;
+	// the next record starts on a line of its own.
+	torn bool
+	wrap func(file) file // tests: a disk that fills up
+}
+
+// file is what the log writes to: an *os.File.
+type file interface {
+	io.Writer
+	Truncate(size int64) error
+	Stat() (os.FileInfo, error)
+	Close() error
 }
 
 // Open opens (creating) the file at path for appending.
@@ -94,11 +108,26 @@ func (l *Log) open() error {
 		return fmt.Errorf("audit log %s: %w", l.path, err)
 	}
 	l.f, l.size = f, st.Size()
+	if l.wrap != nil {
+		l.f = l.wrap(l.f)
+	}
 	return nil
 }
 
+// moved reports whether the open file is no longer the one at path
+// (removed or renamed away, as by logrotate without copytruncate).
+func (l *Log) moved() bool {
+	at, err := os.Stat(l.path)
+	if err != nil {
+		return true
+	}
+	open, err := l.f.Stat()
+	return err != nil || !os.SameFile(at, open)
+}
+
 // Write appends e (its time and broker set here) as one line, written to
-// the file before it returns.
+// the file before it returns: whole, or not at all (a write the disk cut
+// short is cut back off the file).
 func (l *Log) Write(e Event) error {
 	if l == nil {
 		return nil
@@ -111,6 +140,10 @@ func (l *Log) Write(e Event) error {
 	line = append(line, '\n')
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	if l.f != nil && l.moved() {
+		l.f.Close()
+		l.f, l.torn = nil, false
+	}
 	if l.size > 0 && l.size+int64(len(line)) > l.maxBytes {
 		if err := l.rotate(); err != nil {
 			return l.failed(err)
@@ -121,11 +154,23 @@ func (l *Log) Write(e Event) error {
 			return l.failed(err)
 		}
 	}
+	if l.torn {
+		line = append([]byte{'\n'}, line...)
+	}
 	n, err := l.f.Write(line)
-	l.size += int64(n)
+	if err == nil && n < len(line) {
+		err = io.ErrShortWrite
+	}
 	if err != nil {
+		if n > 0 {
+			if terr := l.f.Truncate(l.size); terr != nil {
+				l.size, l.torn = l.size+int64(n), true
+			}
+		}
 		return l.failed(fmt.Errorf("audit: write %s: %w", l.path, err))
 	}
+	l.size += int64(n)
+	l.torn = false
 	return nil
 }
 
@@ -142,6 +187,7 @@ func (l *Log) rotate() error {
 		l.f.Close()
 		l.f = nil
 	}
+	l.torn = false
 	os.Remove(fmt.Sprintf("%s.%d", l.path, l.maxFiles))
 	for i := l.maxFiles - 1; i >= 1; i-- {
 		if err := os.Rename(fmt.Sprintf("%s.%d", l.path, i), fmt.Sprintf("%s.%d", l.path, i+1)); err != nil && !errors.Is(err, fs.ErrNotExist) {
@@ -169,42 +215,119 @@ func (l *Log) Close() error {
 	return err
 }
 
-// Read returns the events at or after since that keep accepts, oldest
-// first, from the rotated files and the current one.
-func (l *Log) Read(since time.Time, keep func(Event) bool) ([]Event, error) {
+// Cursor is where a page of the trail starts: the events at or after
+// Since, less the first Skip of those a page accepted at exactly Since.
+type Cursor struct {
+	Since time.Time
+	Skip  int
+}
+
+// String is the cursor as the API and the CLI pass it: <RFC 3339 time>~<skip>.
+func (c Cursor) String() string {
+	return c.Since.UTC().Format(time.RFC3339Nano) + "~" + strconv.Itoa(c.Skip)
+}
+
+// ParseCursor reads a Cursor's String.
+func ParseCursor(s string) (Cursor, error) {
+	at, skip, ok := strings.Cut(s, "~")
+	t, err := time.Parse(time.RFC3339Nano, at)
+	n, nerr := strconv.Atoi(skip)
+	if !ok || err != nil || nerr != nil || n < 0 {
+		return Cursor{}, fmt.Errorf("%q is not a cursor of the audit trail (as a page's next cursor says: <time>~<n>)", s)
+	}
+	return Cursor{Since: t, Skip: n}, nil
+}
+
+// MaxPage is the most events a page holds: what a read keeps in memory,
+// whatever the size of the trail.
+const MaxPage = 10000
+
+// Page returns, oldest first, at most limit (≤ MaxPage) events from c on
+// that keep accepts, and the cursor of the next page (false: there is none).
+// It reads the trail a line at a time.
+func (l *Log) Page(c Cursor, limit int, keep func(Event) bool) ([]Event, Cursor, bool, error) {
+	limit = min(max(limit, 1), MaxPage)
+	var out []Event
+	skip := c.Skip
+	more := false
+	err := l.Scan(c.Since, func(e Event) bool {
+		if keep != nil && !keep(e) {
+			return true
+		}
+		if skip > 0 && e.Time.Equal(c.Since) {
+			skip--
+			return true
+		}
+		if len(out) == limit {
+			more = true
+			return false
+		}
+		out = append(out, e)
+		return true
+	})
+	if err != nil || !more {
+		return out, Cursor{}, false, err
+	}
+	last := out[len(out)-1].Time
+	next := Cursor{Since: last}
+	for i := len(out) - 1; i >= 0 && out[i].Time.Equal(last); i-- {
+		next.Skip++
+	}
+	if last.Equal(c.Since) {
+		next.Skip += c.Skip
+	}
+	return out, next, true, nil
+}
+
+// Scan calls visit with each event at or after since, oldest first, from
+// the rotated files and the current one, until visit returns false. A line
+// that cannot be read (cut by a crash or a full disk) is skipped: the rest
+// still reads. Files last written before since are not read.
+func (l *Log) Scan(since time.Time, visit func(Event) bool) error {
 	if l == nil {
-		return nil, errors.New("no audit log is configured (broker.hcl: audit { path = \"…\" })")
+		return errors.New("no audit log is configured (broker.hcl: audit { path = \"…\" })")
 	}
 	files := []string{}
 	for i := l.maxFiles; i >= 1; i-- {
 		files = append(files, l.path+"."+strconv.Itoa(i))
 	}
 	files = append(files, l.path)
-	var out []Event
 	for _, name := range files {
 		f, err := os.Open(name)
 		if errors.Is(err, fs.ErrNotExist) {
 			continue
 		}
 		if err != nil {
-			return nil, fmt.Errorf("audit: read %s: %w", name, err)
+			return fmt.Errorf("audit: read %s: %w", name, err)
 		}
-		sc := bufio.NewScanner(f)
-		sc.Buffer(make([]byte, 64<<10), 1<<20)
-		for sc.Scan() {
-			var e Event
-			if json.Unmarshal(sc.Bytes(), &e) != nil {
-				continue // a line cut by a crash: the rest still reads
-			}
-			if !e.Time.Before(since) && (keep == nil || keep(e)) {
-				out = append(out, e)
-			}
+		if st, err := f.Stat(); err == nil && st.ModTime().Before(since) {
+			f.Close()
+			continue
 		}
-		err = sc.Err()
+		done, err := scanFile(f, since, visit)
 		f.Close()
 		if err != nil {
-			return nil, fmt.Errorf("audit: read %s: %w", name, err)
+			return fmt.Errorf("audit: read %s: %w", name, err)
+		}
+		if done {
+			return nil
 		}
 	}
-	return out, nil
+	return nil
+}
+
+// scanFile visits the events of one file; true when visit asked to stop.
+func scanFile(f *os.File, since time.Time, visit func(Event) bool) (bool, error) {
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		var e Event
+		if json.Unmarshal(sc.Bytes(), &e) != nil {
+			continue
+		}
+		if !e.Time.Before(since) && !visit(e) {
+			return true, nil
+		}
+	}
+	return false, sc.Err()
 }

@@ -4,7 +4,6 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/hashicorp/go-hclog"
 
@@ -47,7 +46,7 @@ tenant "vision" {
 	(&Reverts{Leader: leading(false), Policies: testbuild.Fixed{P: p}, Audit: trail, Log: hclog.NewNullLogger()}).Observed(rv)
 	r.Observed(cluster.Revert{Namespace: "default", JobID: "cpu"})
 
-	events, err := trail.Read(time.Time{}, nil)
+	events, _, _, err := trail.Page(audit.Cursor{}, audit.MaxPage, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

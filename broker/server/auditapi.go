@@ -5,24 +5,45 @@ import (
 	"net/http"
 	"slices"
 	"sort"
+	"strconv"
 	"time"
 
 	"github.com/nomad-gpu/nomad-gpu/broker/audit"
 	"github.com/nomad-gpu/nomad-gpu/broker/sim"
 )
 
-// auditTrail reads the audit trail: ?since= (a duration back from now,
-// default 24h), &tenant=, &job=; with ACLs, the events of namespaces the
-// caller may read (and those of no namespace: policy reloads).
+// auditTrail reads a page of the audit trail: ?since= (a duration back
+// from now, default 24h) or ?cursor= (a page's next, from its header
+// X-Nomad-Gpu-Next-Cursor), &limit= (default and most: audit.MaxPage),
+// &tenant=, &job=; with ACLs, the events of namespaces the caller may read
+// (and those of no namespace: policy reloads). It reads the trail a line at
+// a time, so that no trail size makes it hold more than a page.
 func (s *Server) auditTrail(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	since, ok := sinceParam(w, r, 24*time.Hour)
 	if !ok {
 		return
 	}
+	from := audit.Cursor{Since: s.now().Add(-since)}
+	if c := q.Get("cursor"); c != "" {
+		var err error
+		if from, err = audit.ParseCursor(c); err != nil {
+			writeError(w, fail(errBadRequest, "%v", err))
+			return
+		}
+	}
+	limit := audit.MaxPage
+	if v := q.Get("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > audit.MaxPage {
+			writeError(w, fail(errBadRequest, "limit=%q is not a number of events from 1 to %d", v, audit.MaxPage))
+			return
+		}
+		limit = n
+	}
 	tenant, job := q.Get("tenant"), q.Get("job")
 	readable := map[string]bool{}
-	events, err := s.audit.Read(s.now().Add(-since), func(e audit.Event) bool {
+	events, next, more, err := s.audit.Page(from, limit, func(e audit.Event) bool {
 		return (tenant == "" || e.Tenant == tenant) && (job == "" || e.Job == job) &&
 			(e.Namespace == "" || s.mayRead(r, e.Namespace, readable))
 	})
@@ -33,8 +54,15 @@ func (s *Server) auditTrail(w http.ResponseWriter, r *http.Request) {
 	if events == nil {
 		events = []audit.Event{}
 	}
+	if more {
+		w.Header().Set(NextCursorHeader, next.String())
+	}
 	writeJSON(w, http.StatusOK, events)
 }
+
+// NextCursorHeader carries, on a page of the audit trail that has more
+// after it, the cursor of the next page.
+const NextCursorHeader = "X-Nomad-Gpu-Next-Cursor"
 
 // trace serves GET /v1/gpu/trace?since=168h: the GPU jobs the broker
 // recorded since then as a simulator trace (JSON lines, see sim.Job), for
@@ -55,18 +83,16 @@ func (s *Server) trace(w http.ResponseWriter, r *http.Request) {
 	}
 	readable := map[string]bool{}
 	submitted := map[[2]string]time.Time{}
-	events, err := s.audit.Read(from, func(e audit.Event) bool {
-		return e.What == audit.Admission && s.mayRead(r, e.Namespace, readable)
+	err = s.audit.Scan(from, func(e audit.Event) bool {
+		k := [2]string{e.Namespace, e.Job}
+		if at, ok := submitted[k]; e.What == audit.Admission && (!ok || e.Time.Before(at)) && s.mayRead(r, e.Namespace, readable) {
+			submitted[k] = e.Time
+		}
+		return true
 	})
 	if err != nil {
 		writeError(w, fail(errUnavailable, "%v", err))
 		return
-	}
-	for _, e := range events {
-		k := [2]string{e.Namespace, e.Job}
-		if at, ok := submitted[k]; !ok || e.Time.Before(at) {
-			submitted[k] = e.Time
-		}
 	}
 	period := s.policies.Current().ReclaimSettings.Period // between two samples
 	var jobs []sim.Job

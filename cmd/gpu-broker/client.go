@@ -41,7 +41,8 @@ func client(args []string) int {
 		asCSV = fs.Bool("csv", false, "with -from: print CSV")
 		trace = fs.Bool("trace", false, "the GPU jobs of the last -since as a trace for gpu-broker simulate -trace (JSON lines)")
 	}
-	var since, tenant, jobID *string
+	var since, tenant, jobID, cursor *string
+	var limit *int
 	switch args[0] {
 	case "usage":
 		since = fs.String("since", "168h", "with -trace: jobs of this long back")
@@ -49,6 +50,8 @@ func client(args []string) int {
 		since = fs.String("since", "24h", "events of this long back")
 		tenant = fs.String("tenant", "", "only this tenant's events")
 		jobID = fs.String("job", "", "only this job's events")
+		limit = fs.Int("limit", 1000, "at most this many events (the broker's most: 10000); the next page's -cursor is printed on stderr")
+		cursor = fs.String("cursor", "", "the page that starts at this cursor (printed by the page before), instead of -since")
 	}
 	rest := args[1:]
 	sub := ""
@@ -79,7 +82,11 @@ func client(args []string) int {
 	case "":
 		switch {
 		case args[0] == "audit":
-			sub, path = "audit", "/v1/gpu/audit?"+url.Values{"since": {*since}, "tenant": {*tenant}, "job": {*jobID}}.Encode()
+			q := url.Values{"since": {*since}, "tenant": {*tenant}, "job": {*jobID}, "limit": {strconv.Itoa(*limit)}}
+			if *cursor != "" {
+				q.Set("cursor", *cursor)
+			}
+			sub, path = "audit", "/v1/gpu/audit?"+q.Encode()
 		case *rightSizing:
 			sub, path = "rightsizing", "/v1/gpu/rightsizing?top="+strconv.Itoa(*top)
 		case *trace:
@@ -267,6 +274,9 @@ func call(hc *http.Client, method, u, token string, body []byte) ([]byte, error)
 	out, _ := io.ReadAll(resp.Body)
 	if resp.StatusCode != http.StatusOK {
 		return nil, fmt.Errorf("%s", strings.TrimSpace(string(out)))
+	}
+	if next := resp.Header.Get(server.NextCursorHeader); next != "" {
+		fmt.Fprintf(os.Stderr, "gpu-broker: more events follow: run it again with -cursor %s\n", next)
 	}
 	return out, nil
 }
