@@ -7,6 +7,7 @@ package leader
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -61,8 +62,13 @@ func (e *Elector) LeaderAddress(ctx context.Context) (string, error) {
 func (e *Elector) Run(ctx context.Context, work func(context.Context)) {
 	for ctx.Err() == nil {
 		// A crashed leader's session expires within two TTLs; the short lock
-		// delay lets the next broker take over right after.
+		// delay lets the next broker take over right after. The lock rides
+		// out Consul blips (an election takes about 2 s) for up to
+		// monitorRetries seconds before the leader steps down: stepping down
+		// on the first error left GPU registrations refused until the TTL ran
+		// out.
 		lock, err := e.Client.LockOpts(&consul.LockOptions{Key: e.Key, Value: []byte(e.Address),
+			MonitorRetries: monitorRetries, MonitorRetryTime: time.Second,
 			SessionOpts: &consul.SessionEntry{Name: "gpu-broker leader", TTL: "10s", LockDelay: time.Second,
 				Behavior: consul.SessionBehaviorRelease}})
 		if err != nil {
@@ -93,7 +99,27 @@ func (e *Elector) Run(ctx context.Context, work func(context.Context)) {
 		work(leaderCtx)
 		e.leading.Store(false)
 		cancel()
-		lock.Unlock()
+		e.stepDown(ctx, lock)
+	}
+}
+
+// monitorRetries is how many times, a second apart, the lock is checked
+// again after a Consul error before it counts as lost.
+const monitorRetries = 5
+
+// stepDown releases the lock (and with it ends its session), trying again
+// for a few seconds through a Consul blip: a session left behind would keep
+// every broker from leading until its TTL ran out.
+func (e *Elector) stepDown(ctx context.Context, lock *consul.Lock) {
+	for try := 0; ; try++ {
+		err := lock.Unlock()
+		if err == nil || errors.Is(err, consul.ErrLockNotHeld) || try == 4 {
+			if err != nil && !errors.Is(err, consul.ErrLockNotHeld) {
+				e.Log.Warn("leader lock not released; it expires with its session", "error", err)
+			}
+			return
+		}
+		sleep(ctx, time.Second)
 	}
 }
 
