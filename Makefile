@@ -43,7 +43,7 @@ lint: ## gofmt, go vet and staticcheck
 	$(TOOLS_DIR)/bin/staticcheck ./...
 
 # Each fuzz target, as package:target. `make test` runs their seed corpora.
-FUZZ_TARGETS := ./broker/nomadjob:FuzzReadRequest ./internal/jsondoc:FuzzParseReadsAsEncodingJSON ./broker/server:FuzzHandler ./broker/policyhcl:FuzzParse \
+FUZZ_TARGETS := ./broker/nomadjob:FuzzReadRequest ./internal/jsondoc:FuzzParseReadsAsEncodingJSON ./broker/server:FuzzHandler ./broker/policyhcl:FuzzParse ./broker/config:FuzzLoad \
   ./device-plugin/plugin:FuzzDecodeConfig ./device-plugin/fake:FuzzStateFile
 FUZZTIME ?= 30s
 

@@ -3,6 +3,7 @@
 package config
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -122,6 +123,7 @@ const (
 // NOMAD_TOKEN, CONSUL_HTTP_ADDR, CONSUL_HTTP_TOKEN and the defaults, and validates.
 func Load(path string) (*Config, error) {
 	c := &Config{}
+	at := map[string]hcl.Range{} // where each setting the file gives is
 	if path != "" {
 		src, err := os.ReadFile(path)
 		if err != nil {
@@ -134,12 +136,49 @@ func Load(path string) (*Config, error) {
 		if diags.HasErrors() {
 			return nil, fmt.Errorf("broker config:\n%s", strings.TrimSpace(policyhcl.FormatDiagnostics(diags)))
 		}
+		settings(f.Body.(*hclsyntax.Body), "", at)
 	}
 	c.fill(os.Getenv)
 	if err := c.Validate(); err != nil {
+		if r, ok := at[settingKey(err)]; ok {
+			return nil, fmt.Errorf("broker config: %s:%d:%d: %s", r.Filename, r.Start.Line, r.Start.Column, strings.TrimPrefix(err.Error(), "broker config: "))
+		}
 		return nil, err
 	}
 	return c, nil
+}
+
+// settings records where body gives each setting, by its key ("nomad.address";
+// a block by its name, "audit").
+func settings(body *hclsyntax.Body, prefix string, at map[string]hcl.Range) {
+	for name, a := range body.Attributes {
+		at[prefix+name] = a.SrcRange
+	}
+	for _, b := range body.Blocks {
+		at[prefix+b.Type] = b.DefRange()
+		settings(b.Body, prefix+b.Type+".", at)
+	}
+}
+
+// settingError is a setting Validate refused, by its key.
+type settingError struct {
+	key string
+	err error
+}
+
+func (e *settingError) Error() string { return "broker config: " + e.err.Error() }
+
+// settingKey is the key of the setting err refuses ("" if none).
+func settingKey(err error) string {
+	var se *settingError
+	if errors.As(err, &se) {
+		return se.key
+	}
+	return ""
+}
+
+func refuse(key, format string, args ...any) error {
+	return &settingError{key: key, err: fmt.Errorf(format, args...)}
 }
 
 func (c *Config) fill(env func(string) string) {
@@ -194,21 +233,21 @@ func (c *Config) Validate() error {
 	} {
 		v, err := time.ParseDuration(d.value)
 		if err != nil || v < d.least {
-			return fmt.Errorf("broker config: %s %q is not a duration of at least %s", d.key, d.value, d.least)
+			return refuse(d.key, "%s %q is not a duration of at least %s", d.key, d.value, d.least)
 		}
 		*d.out = v
 	}
 	if c.Enforcement != Passthrough && c.Enforcement != Exclusive {
-		return fmt.Errorf("broker config: enforcement %q is neither %q nor %q", c.Enforcement, Passthrough, Exclusive)
+		return refuse("enforcement", "enforcement %q is neither %q nor %q", c.Enforcement, Passthrough, Exclusive)
 	}
 	if c.TLS != nil && (c.TLS.CertFile == "" || c.TLS.KeyFile == "") {
-		return fmt.Errorf("broker config: tls needs cert_file and key_file to serve the broker's listener")
+		return refuse("tls", "tls needs cert_file and key_file to serve the broker's listener")
 	}
 	if _, _, err := net.SplitHostPort(c.Listen); err != nil {
-		return fmt.Errorf("broker config: listen %q is not host:port: %w", c.Listen, err)
+		return refuse("listen", "listen %q is not host:port: %w", c.Listen, err)
 	}
 	if !strings.HasPrefix(c.Nomad.Address, "http://") && !strings.HasPrefix(c.Nomad.Address, "https://") {
-		return fmt.Errorf("broker config: nomad.address %q must start with http:// or https://", c.Nomad.Address)
+		return refuse("nomad.address", "nomad.address %q must start with http:// or https://", c.Nomad.Address)
 	}
 	if a := c.Audit; a != nil {
 		if a.MaxBytes == 0 {
@@ -218,11 +257,11 @@ func (c *Config) Validate() error {
 			a.MaxFiles = DefaultAuditMaxFiles
 		}
 		if a.Path == "" || a.MaxBytes < 4096 || a.MaxFiles < 1 {
-			return fmt.Errorf("broker config: audit needs a path, max_bytes of at least 4096 and max_files of at least 1")
+			return refuse("audit", "audit needs a path, max_bytes of at least 4096 and max_files of at least 1")
 		}
 	}
 	if fi, err := os.Stat(c.PolicyDir); err != nil || !fi.IsDir() {
-		return fmt.Errorf("broker config: policy_dir %q is not a directory", c.PolicyDir)
+		return refuse("policy_dir", "policy_dir %q is not a directory", c.PolicyDir)
 	}
 	return nil
 }

@@ -150,3 +150,41 @@ body_read_timeout   = "5s"
 		}
 	}
 }
+
+// A setting the file gives that Validate refuses is named with its place.
+func TestASettingRefusedIsNamedWithItsFileAndLine(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "broker.hcl")
+	for _, c := range []struct{ src, want string }{
+		{"policy_dir = \"" + dir + "\"\nenforcement = \"strict\"\n", `broker.hcl:2:1: enforcement "strict" is neither`},
+		{"policy_dir = \"" + dir + "\"\nnomad {\n  address = \"127.0.0.1:4646\"\n}\n", `broker.hcl:3:3: nomad.address "127.0.0.1:4646" must start with http://`},
+		{"policy_dir = \"" + dir + "\"\naudit {\n  path = \"\"\n}\n", `broker.hcl:2:1: audit needs a path`},
+		{"policy_dir = \"/nonexistent\"\n", `broker.hcl:1:1: policy_dir "/nonexistent" is not a directory`},
+	} {
+		if err := os.WriteFile(path, []byte(c.src), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := Load(path); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%q: %v, want %q", c.src, err, c.want)
+		}
+	}
+}
+
+// FuzzLoad: any broker.hcl gives a configuration or an error, never a panic.
+func FuzzLoad(f *testing.F) {
+	f.Add("listen = \"127.0.0.1:4649\"\nnomad {\n  address = \"http://127.0.0.1:4646\"\n}\naudit {\n  path = \"a.log\"\n}\n")
+	f.Add("resync = \"0s\"\ntls {}\n")
+	f.Add("consul { kv_prefix = 1 }\n")
+	f.Add("\xff{")
+	f.Fuzz(func(t *testing.T, src string) {
+		dir := t.TempDir()
+		path := filepath.Join(dir, "broker.hcl")
+		if err := os.WriteFile(path, []byte(src), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		c, err := Load(path)
+		if (c == nil) == (err == nil) {
+			t.Fatalf("config %v with error %v", c, err)
+		}
+	})
+}

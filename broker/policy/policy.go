@@ -167,7 +167,10 @@ const (
 
 // Defaults of a tenant's queue limits.
 const (
-	DefaultMaxQueued             = 100
+	DefaultMaxQueued = 100
+	// MaxMaxQueued is the most max_queued may be: each queued job is a
+	// Consul KV entry the leader reads on its passes.
+	MaxMaxQueued                 = 100000
 	DefaultMaxQueuedRequestBytes = 256 << 10
 	// MaxQueuedRequestBytes is the most max_queued_request_bytes may be: a
 	// queued request is kept with its entry in one Consul KV value, and

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math/big"
 	"net/url"
+	"regexp"
 	"sort"
 	"strings"
 	"time"
@@ -143,6 +144,11 @@ func Parse(files map[string][]byte, capacity int) (*policy.Policy, hcl.Diagnosti
 			diags = append(diags, p.undeclaredAccess(a, seenSingleton)...)
 		}
 		for _, b := range content.Blocks {
+			if len(b.Labels) > 0 && strings.TrimSpace(b.Labels[0]) == "" {
+				diags = append(diags, errorAt(b.LabelRanges[0], "Empty name",
+					fmt.Sprintf("a %s block needs a name: %s \"<name>\" { … }", b.Type, b.Type)))
+				continue
+			}
 			switch b.Type {
 			case "queue":
 				var qb queueBody
@@ -269,6 +275,9 @@ func decodeSingleton(p *parser, b *hcl.Block) hcl.Diagnostics {
 	return d
 }
 
+// validNamespace is what Nomad takes as a namespace's name.
+var validNamespace = regexp.MustCompile(`^[a-zA-Z0-9-]{1,128}$`)
+
 func (p *parser) addTenant(b *hcl.Block, tb tenantBody) hcl.Diagnostics {
 	var diags hcl.Diagnostics
 	t := &policy.Tenant{Name: b.Labels[0], Namespaces: tb.Namespaces, Queues: tb.Queues, Pos: pos(b.DefRange),
@@ -279,10 +288,16 @@ func (p *parser) addTenant(b *hcl.Block, tb tenantBody) hcl.Diagnostics {
 	if tb.MaxRequest != nil {
 		t.MaxQueuedRequestBytes = *tb.MaxRequest
 	}
-	if t.MaxQueued < 0 || t.MaxQueuedRequestBytes < 1 || t.MaxQueuedRequestBytes > policy.MaxQueuedRequestBytes {
+	if t.MaxQueued < 0 || t.MaxQueued > policy.MaxMaxQueued || t.MaxQueuedRequestBytes < 1 || t.MaxQueuedRequestBytes > policy.MaxQueuedRequestBytes {
 		return hcl.Diagnostics{errorAt(b.DefRange, "Queue limit out of range",
-			fmt.Sprintf("tenant %q: max_queued must be 0 or more and max_queued_request_bytes from 1 to %d (a queued request is kept "+
-				"with its entry in one Consul KV value, of at most 512 KiB by default)", t.Name, policy.MaxQueuedRequestBytes))}
+			fmt.Sprintf("tenant %q: max_queued must be from 0 to %d and max_queued_request_bytes from 1 to %d (a queued request is kept "+
+				"with its entry in one Consul KV value, of at most 512 KiB by default)", t.Name, policy.MaxMaxQueued, policy.MaxQueuedRequestBytes))}
+	}
+	for _, ns := range t.Namespaces {
+		if !validNamespace.MatchString(ns) {
+			return hcl.Diagnostics{errorAt(b.DefRange, "Invalid namespace",
+				fmt.Sprintf("tenant %q: namespace %q is not a Nomad namespace name (1 to 128 letters, digits and dashes)", t.Name, ns))}
+		}
 	}
 	var subDiags hcl.Diagnostics
 	if t.Submitters, subDiags = submitters(tb.Submitters, t.Name); subDiags.HasErrors() {
