@@ -123,7 +123,8 @@ func (a *Agent) Run(ctx context.Context) error {
 	forecast := &queue.Forecast{}
 	elector := &leader.Elector{Client: consulClient, Key: cfg.Consul.KVPrefix + "leader", Address: cfg.Advertise,
 		Log: log.Named("leader")}
-	metrics.Observe(brokermetrics.Sources{Cluster: view, Policies: policies, Queue: store, Leader: elector})
+	metrics.Observe(brokermetrics.Sources{Cluster: view, Policies: policies, Queue: store, Leader: elector,
+		PolicyState: func() (time.Time, bool) { st := policies.Status(); return st.LoadedAt, st.Stale }})
 	view.SetAllocEvents(metrics.AllocEvent)
 	var trail *audit.Log
 	if a := cfg.Audit; a != nil {
@@ -146,7 +147,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	go view.Follow(ctx, nomadClient, log.Named("cluster"), resync.C)
 	go policies.Watch(ctx, a.reload, cfg.PolicyPollInterval)
 	srv, err := server.New(server.Options{Leader: elector, Log: log.Named("proxy"), Nomad: cfg.Nomad.Address,
-		Client: nomadClient.HTTPClient(), Policies: policies, Cluster: view, Queue: store, Decisions: decisions, Scales: scales, Profiles: profiles, RightSizing: storedProfiles, Metrics: metrics, Rollups: rollups, FairShare: rollups, Audit: trail, Approvals: approvals, SetAside: aside, Forecast: forecast, Stamper: stamper, Region: region, ACLs: acls, BodyReadTimeout: cfg.BodyReadTimeoutDuration,
+		Client: nomadClient.HTTPClient(), Policies: policies, Cluster: view, Queue: store, Decisions: decisions, Scales: scales, Profiles: profiles, RightSizing: storedProfiles, Metrics: metrics, Rollups: rollups, FairShare: rollups, Audit: trail, Approvals: approvals, SetAside: aside, PolicyStatus: policies.Status, Forecast: forecast, Stamper: stamper, Region: region, ACLs: acls, BodyReadTimeout: cfg.BodyReadTimeoutDuration,
 		Exclusive: exclusive, Token: cfg.Nomad.Token, Peers: peers})
 	if err != nil {
 		return err

@@ -343,6 +343,16 @@ func TestBroker(t *testing.T) {
 			}
 			return nil
 		})
+		// The stale policy is said, not only logged: policy status exits 1,
+		// the metric is 1.
+		status := exec.Command(testcluster.BrokerBinary(t), "policy", "status", "-address", e.broker.Addr)
+		if out, err := status.CombinedOutput(); err == nil || !strings.Contains(string(out), "STALE") || !strings.Contains(string(out), "policy.hcl:") {
+			t.Errorf("policy status with a refused reload: %v\n%s", err, out)
+		}
+		if n := e.broker.Scrape()["nomadgpu_policy_reload_failed"]; n != 1 {
+			t.Errorf("nomadgpu_policy_reload_failed = %g, want 1", n)
+		}
+		loaded := e.broker.Scrape()["nomadgpu_policy_loaded_timestamp"]
 		writeFile(t, path, strings.Replace(policies, "limit      = 8", "limit      = 6", 1))
 		testcluster.WaitFor(t, 10*time.Second, "fixed policy applied", func() error {
 			if l := e.limitOf("vision"); l != 6 {
@@ -350,6 +360,12 @@ func TestBroker(t *testing.T) {
 			}
 			return nil
 		})
+		if out := e.brokerCLI("policy", "status"); strings.Contains(out, "STALE") || !strings.Contains(out, "3 queues, 2 tenants") {
+			t.Errorf("policy status once fixed:\n%s", out)
+		}
+		if m := e.broker.Scrape(); m["nomadgpu_policy_reload_failed"] != 0 || m["nomadgpu_policy_loaded_timestamp"] <= loaded-1 || loaded == 0 {
+			t.Errorf("once fixed: reload_failed %g, loaded at %g (before: %g)", m["nomadgpu_policy_reload_failed"], m["nomadgpu_policy_loaded_timestamp"], loaded)
+		}
 	})
 
 	// A policy change never deletes a queued job: an empty file is refused,

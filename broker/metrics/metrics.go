@@ -38,6 +38,9 @@ type Sources struct {
 		List(ctx context.Context) ([]queue.Entry, error)
 	}
 	Leader interface{ IsLeader() bool }
+	// PolicyState is when the policy in force was loaded, and whether the
+	// last reload was refused (nil: not reported).
+	PolicyState func() (loadedAt time.Time, reloadFailed bool)
 }
 
 // Metrics holds the broker's registry and counters. A nil *Metrics counts
@@ -361,7 +364,11 @@ var (
 	priceDesc = prometheus.NewDesc("nomadgpu_gpu_price_per_hour",
 		"What an allocated GPU of a class costs an hour (the policy's price_per_gpu_hour, in its currency): multiply nomadgpu_gpu_seconds_total by it for cost.",
 		[]string{"gpu_class", "currency"}, nil)
-	allDescs = []*prometheus.Desc{priceDesc, gpusDesc, unhealthyDesc, freePerNodeDesc, fragmentedDesc, tenantDesc, queueDesc, leaderDesc, viewIndexDesc, listingsDesc,
+	policyLoadedDesc = prometheus.NewDesc("nomadgpu_policy_loaded_timestamp",
+		"When the policy in force was loaded (Unix seconds).", nil, nil)
+	policyFailedDesc = prometheus.NewDesc("nomadgpu_policy_reload_failed",
+		"1 when the last reload of the policy files was refused: the policy in force is older than the files.", nil, nil)
+	allDescs = []*prometheus.Desc{policyLoadedDesc, policyFailedDesc, priceDesc, gpusDesc, unhealthyDesc, freePerNodeDesc, fragmentedDesc, tenantDesc, queueDesc, leaderDesc, viewIndexDesc, listingsDesc,
 		utilDesc, memUsedDesc, memTotalDesc, tempDesc, powerDesc}
 )
 
@@ -416,6 +423,11 @@ func (c *scrape) Collect(ch chan<- prometheus.Metric) {
 		leader = 1
 	}
 	ch <- prometheus.MustNewConstMetric(leaderDesc, prometheus.GaugeValue, leader)
+	if c.src.PolicyState != nil {
+		at, failed := c.src.PolicyState()
+		ch <- prometheus.MustNewConstMetric(policyLoadedDesc, prometheus.GaugeValue, float64(at.Unix()))
+		ch <- prometheus.MustNewConstMetric(policyFailedDesc, prometheus.GaugeValue, map[bool]float64{true: 1}[failed])
+	}
 }
 
 // telemetry reports each sampled GPU's last sample.

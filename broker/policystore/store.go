@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -33,6 +34,47 @@ type Store struct {
 	// AllowNoTenants takes a reload with no tenants while the policy in
 	// force has some (else refused: it is what an empty file reads as).
 	AllowNoTenants bool
+
+	mu     sync.Mutex
+	status Status
+}
+
+// Status is the policy in force and how its last reload went.
+type Status struct {
+	Dir      string    `json:"dir"`
+	LoadedAt time.Time `json:"loaded_at"` // when the policy in force was read
+	Queues   int       `json:"queues"`
+	Tenants  int       `json:"tenants"`
+	// Stale: the files changed since, and the last reload was refused
+	// (LastError says why): the policy in force is older than the files.
+	Stale        bool      `json:"stale"`
+	LastReloadAt time.Time `json:"last_reload_at,omitzero"`
+	LastError    string    `json:"last_error,omitempty"`
+}
+
+// Status is the policy in force and how its last reload went.
+func (s *Store) Status() Status {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.status
+}
+
+// took records a policy now in force.
+func (s *Store) took(p *policy.Policy) {
+	s.current.Store(p)
+	now := time.Now().UTC()
+	s.mu.Lock()
+	s.status = Status{Dir: s.dir, LoadedAt: now, Queues: len(p.Queues), Tenants: len(p.Tenants), LastReloadAt: now}
+	s.mu.Unlock()
+}
+
+// refused records a reload that was refused, and why.
+func (s *Store) refused(why string) {
+	s.mu.Lock()
+	s.status.Stale, s.status.LastReloadAt, s.status.LastError = true, time.Now().UTC(), why
+	s.mu.Unlock()
+	s.log.Error("policy reload refused, the last good policy stays in force", "dir", s.dir, "reason", why)
+	s.tell(false, "refused, the last good policy stays in force: "+why)
 }
 
 // New loads dir; it fails when the first load is invalid.
@@ -42,7 +84,7 @@ func New(dir string, capacity func() int, log hclog.Logger) (*Store, hcl.Diagnos
 	if p == nil {
 		return nil, diags
 	}
-	s.current.Store(p)
+	s.took(p)
 	s.stamp = dirStamp(dir)
 	return s, diags
 }
@@ -55,22 +97,18 @@ func (s *Store) Reload() bool {
 	p, diags := policyhcl.LoadDir(s.dir, s.capacity())
 	s.stamp = dirStamp(s.dir)
 	if p == nil {
-		s.log.Error("policy reload refused, the last good policy stays in force", "dir", s.dir,
-			"diagnostics", policyhcl.FormatDiagnostics(diags))
-		s.tell(false, "refused, the last good policy stays in force: "+policyhcl.FormatDiagnostics(diags))
+		s.refused(policyhcl.FormatDiagnostics(diags))
 		return false
 	}
 	if len(p.Tenants) == 0 && len(s.Current().Tenants) > 0 && !s.AllowNoTenants {
-		why := fmt.Sprintf("the files in %s define no tenant, while the policy in force has %d (an empty or truncated file, or a template rendered empty?); "+
-			"to take such a policy, set allow_policy_without_tenants = true in the broker's configuration", s.dir, len(s.Current().Tenants))
-		s.log.Error("policy reload refused, the last good policy stays in force", "reason", why)
-		s.tell(false, "refused, the last good policy stays in force: "+why)
+		s.refused(fmt.Sprintf("the files in %s define no tenant, while the policy in force has %d (an empty or truncated file, or a template rendered empty?); "+
+			"to take such a policy, set allow_policy_without_tenants = true in the broker's configuration", s.dir, len(s.Current().Tenants)))
 		return false
 	}
 	if len(diags) > 0 {
 		s.log.Warn("policy warnings", "diagnostics", policyhcl.FormatDiagnostics(diags))
 	}
-	s.current.Store(p)
+	s.took(p)
 	s.log.Info("policy loaded", "dir", s.dir, "queues", len(p.Queues), "tenants", len(p.Tenants))
 	s.tell(true, fmt.Sprintf("loaded %s: %d queues, %d tenants, %d reclaim rules", s.dir, len(p.Queues), len(p.Tenants), len(p.Reclaim)))
 	select {

@@ -53,6 +53,7 @@ func (s *Server) gpuAPI() http.Handler {
 	stored := func() bool { return s.stored != nil }
 	decisions := func() bool { return s.decisions != nil }
 	setAside := func() bool { return s.setAside != nil }
+	policyStatus := func() bool { return s.policyStatus != nil }
 	fallback := map[string]bool{}
 	for _, e := range []struct {
 		methods, path string
@@ -91,6 +92,7 @@ func (s *Server) gpuAPI() http.Handler {
 		{"GET", "/v1/gpu/rightsizing", stored, s.rightSizing},
 		{"GET", "/v1/gpu/reclaim", decisions, s.reclaimList},
 		{"GET", "/v1/gpu/quarantine", setAside, s.setAsideList},
+		{"GET", "/v1/gpu/policy", policyStatus, func(w http.ResponseWriter, r *http.Request) { writeJSON(w, http.StatusOK, s.policyStatus()) }},
 		{"GET DELETE", "/v1/gpu/reclaim/{id}", decisions, func(w http.ResponseWriter, r *http.Request) {
 			s.reclaimDecision(w, r, r.PathValue("id"), caller(r))
 		}},

@@ -26,6 +26,7 @@ import (
 	"github.com/nomad-gpu/nomad-gpu/broker/metrics"
 	"github.com/nomad-gpu/nomad-gpu/broker/nomadjob"
 	"github.com/nomad-gpu/nomad-gpu/broker/policy"
+	"github.com/nomad-gpu/nomad-gpu/broker/policystore"
 	"github.com/nomad-gpu/nomad-gpu/broker/queue"
 	"github.com/nomad-gpu/nomad-gpu/broker/usage"
 	"github.com/nomad-gpu/nomad-gpu/broker/webui"
@@ -106,6 +107,7 @@ type Server struct {
 	audit         *audit.Log
 	approvalStore Approvals
 	setAside      SetAside
+	policyStatus  func() policystore.Status
 	forecast      *queue.Forecast
 	ui            http.Handler // the web UI at /gpu/
 	api           http.Handler // the broker's own API at /v1/gpu/
@@ -151,11 +153,14 @@ type Options struct {
 	Audit       *audit.Log       // nil: no audit trail
 	Approvals   Approvals        // nil: no approvals
 	SetAside    SetAside         // the records of Consul KV set aside as unreadable (nil: not served)
-	Forecast    *queue.Forecast  // running jobs' ends, for queue estimates (nil: none)
-	Stamper     nomadjob.Stamper
-	Region      string // the Nomad region the broker governs ("" or "global": Nomad's default)
-	Leader      Leader // nil: this broker takes every admission itself
-	ACLs        bool   // Nomad enforces ACLs: the broker's API then needs a valid token
+	// PolicyStatus is the policy in force and how its last reload went
+	// (nil: /v1/gpu/policy not served).
+	PolicyStatus func() policystore.Status
+	Forecast     *queue.Forecast // running jobs' ends, for queue estimates (nil: none)
+	Stamper      nomadjob.Stamper
+	Region       string // the Nomad region the broker governs ("" or "global": Nomad's default)
+	Leader       Leader // nil: this broker takes every admission itself
+	ACLs         bool   // Nomad enforces ACLs: the broker's API then needs a valid token
 	// Exclusive enforcement: the broker writes jobs in tenant namespaces with
 	// Token, its own, for the tenants' submitters.
 	Exclusive bool
@@ -176,7 +181,7 @@ func New(o Options) (*Server, error) {
 		return nil, fmt.Errorf("nomad address %q: %w", o.Nomad, err)
 	}
 	s := &Server{log: o.Log, upstream: u, client: o.Client, policies: o.Policies, cluster: o.Cluster,
-		queue: o.Queue, decisions: o.Decisions, scales: o.Scales, profiles: o.Profiles, stored: o.RightSizing, metrics: o.Metrics, rollups: o.Rollups, fairShare: o.FairShare, audit: o.Audit, approvalStore: o.Approvals, setAside: o.SetAside, forecast: o.Forecast, stamper: o.Stamper, region: o.Region, acls: o.ACLs, exclusive: o.Exclusive, token: o.Token, leader: o.Leader, now: o.Now, newID: o.NewID, identities: map[[32]byte]cachedIdentity{}, ui: webui.Handler()}
+		queue: o.Queue, decisions: o.Decisions, scales: o.Scales, profiles: o.Profiles, stored: o.RightSizing, metrics: o.Metrics, rollups: o.Rollups, fairShare: o.FairShare, audit: o.Audit, approvalStore: o.Approvals, setAside: o.SetAside, policyStatus: o.PolicyStatus, forecast: o.Forecast, stamper: o.Stamper, region: o.Region, acls: o.ACLs, exclusive: o.Exclusive, token: o.Token, leader: o.Leader, now: o.Now, newID: o.NewID, identities: map[[32]byte]cachedIdentity{}, ui: webui.Handler()}
 	if s.client == nil {
 		s.client = &http.Client{}
 	}

@@ -14,6 +14,7 @@ Commands:
   policy validate DIR            check a policy set (-capacity N to check guarantees against N GPUs)
   policy tenants [-tfvars] DIR   each tenant's namespaces and submitters; -tfvars: as JSON variables for
                                  terraform/modules/cluster-config
+  policy status                  the policy a broker has in force, and whether its last reload was refused
   job check -policy DIR FILE...  check jobspecs against a policy set as admission would (-max-gpus-per-node N,
                                  -address NOMAD to parse HCL)
   simulate -policy DIR [-trace FILE | -workload philly|helios] [-nodes COUNTxGPUS:MODEL] [-svg FILE]
@@ -33,10 +34,10 @@ Commands:
   approval request -job ID -namespace NS -reason "..." (-priority N | -extra-gpus N) -for 4h
   approval grant ID | deny ID    (an approver of the policy; never one's own request)
   approval list | show ID        approvals and their state
-  audit [-since 24h] [-tenant T] [-job J]
-                                 the audit trail: who decided or did what, oldest first
+  audit [-since 24h] [-tenant T] [-job J] [-limit N] [-cursor C]
+                                 the audit trail: who decided or did what, oldest first, a page at a time
 
-The queue, usage, reclaim, approval and audit commands reach the broker at -address or
+The queue, usage, reclaim, approval, audit and policy status commands reach the broker at -address or
 GPU_BROKER_ADDR (default http://127.0.0.1:4649) with -token or NOMAD_TOKEN,
 trust -ca-cert or GPU_BROKER_CACERT, and print JSON with -json.
 `
@@ -59,6 +60,8 @@ func run(args []string) int {
 			return validatePolicy(args[2:], os.Stdout, os.Stderr)
 		case len(args) > 1 && args[1] == "tenants":
 			return policyTenants(args[2:])
+		case len(args) > 1 && args[1] == "status":
+			return policyStatus(args[2:])
 		}
 		fmt.Fprint(os.Stderr, usage)
 		return 2

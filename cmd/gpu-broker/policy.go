@@ -9,8 +9,10 @@ import (
 	"sort"
 	"strings"
 	"text/tabwriter"
+	"time"
 
 	"github.com/nomad-gpu/nomad-gpu/broker/policyhcl"
+	"github.com/nomad-gpu/nomad-gpu/broker/policystore"
 )
 
 // validatePolicy prints diagnostics as file:line:col and fails on any error.
@@ -32,6 +34,36 @@ func validatePolicy(args []string, stdout, stderr io.Writer) int {
 	}
 	fmt.Fprintf(stdout, "%s: valid: %d queues, %d tenants, %d GPU classes, %d reclaim rules\n", fs.Arg(0), len(p.Queues), len(p.Tenants), len(p.Classes), len(p.Reclaim))
 	return 0
+}
+
+// policyStatus prints the policy a broker has in force and how its last
+// reload went; it exits 1 when that reload was refused (the policy in force
+// is older than the files), so that a check can alert on it.
+func policyStatus(args []string) int {
+	fs := flag.NewFlagSet("policy status", flag.ContinueOnError)
+	addr := fs.String("address", envOr("GPU_BROKER_ADDR", "http://127.0.0.1:4649"), "broker address")
+	asJSON := fs.Bool("json", false, "print JSON")
+	token := fs.String("token", os.Getenv("NOMAD_TOKEN"), "Nomad ACL token (default: NOMAD_TOKEN)")
+	caCert := fs.String("ca-cert", os.Getenv("GPU_BROKER_CACERT"), "CA certificate to trust when the broker serves TLS")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	body, ok := fetch(*caCert, *addr, "GET", "/v1/gpu/policy", *token, nil, *asJSON)
+	if !ok {
+		return 1
+	}
+	var st policystore.Status
+	if err := json.Unmarshal(body, &st); err != nil {
+		return fail(err)
+	}
+	if !*asJSON {
+		fmt.Printf("Policy in force  %s: %d queues, %d tenants, loaded %s\n", st.Dir, st.Queues, st.Tenants, st.LoadedAt.Format(time.RFC3339))
+		if st.Stale {
+			fmt.Printf("STALE            the last reload (%s) was refused, the policy above stays in force:\n%s\n",
+				st.LastReloadAt.Format(time.RFC3339), strings.TrimSpace(st.LastError))
+		}
+	}
+	return exit(!st.Stale)
 }
 
 // TenantVars is `gpu-broker policy tenants -tfvars`: the `tenants` variable of

@@ -492,6 +492,24 @@ function renderAside(aside) {
     [el('tr', {}, el('td', { colspan: '2', class: 'empty', text: 'No record was set aside.' }))]));
 }
 
+// policyLoop keeps the banner saying when the policy in force is stale: its
+// files changed, and the broker refused to load them.
+async function policyLoop() {
+  for (;;) {
+    try {
+      const st = await api('/v1/gpu/policy');
+      $('policy-banner').hidden = !st.stale;
+      if (st.stale) {
+        $('policy-banner').textContent = `The policy in force is stale: the broker refused to reload its files ` +
+          `(${ago(st.last_reload_at)}) and keeps the policy it loaded ${ago(st.loaded_at)}. ${st.last_error}`;
+      }
+    } catch (e) {
+      // Another view reports the broker being unreachable or the token refused.
+    }
+    await sleep(10000);
+  }
+}
+
 function countdown(r) {
   const s = (new Date(r.act_after).getTime() - Date.now()) / 1000;
   return s > 0 ? duration(s) : 'due';
@@ -524,3 +542,4 @@ $('p-30').addEventListener('click', () => { period(30); report(); });
 for (const id of ['p-from', 'p-to']) $(id).addEventListener('change', report);
 window.addEventListener('hashchange', show);
 show();
+policyLoop();
