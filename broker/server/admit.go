@@ -366,7 +366,7 @@ func (s *Server) enqueue(w http.ResponseWriter, r *http.Request, rj *gpuJobReque
 			}
 			grants = g.Version
 		}
-		if err := s.mayRegister(r, rj); errors.Is(err, errBadRequest) {
+		if err := s.mayRegister(r, rj); errors.Is(err, errBadRequest) || errors.Is(err, errNomadUnreach) {
 			writeError(w, fmt.Errorf("job %q not queued: %w", rj.JobID, err))
 			return
 		} else if err != nil {

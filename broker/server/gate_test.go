@@ -613,3 +613,17 @@ func TestADeploymentFailIsDecidedAsItsRevert(t *testing.T) {
 		t.Errorf("an allocation marked unhealthy, the revert within the limit: %d %s", rec.Code, rec.Body)
 	}
 }
+
+// Nomad gone while a job would be queued: the answer says Nomad is
+// unreachable, where, and why, not that Nomad refused the caller's token.
+func TestQueueingWithNomadGoneSaysNomadIsUnreachable(t *testing.T) {
+	s, _, q, nomad := newTestServer(t)
+	do(s, http.MethodPut, "/v1/jobs", testbuild.Job("vision", "first").Group("g", 1, 2, "gpu").Register())
+	nomad.Close()
+	rec := do(s, http.MethodPut, "/v1/jobs", testbuild.Job("vision", "second").Group("g", 1, 2, "gpu").Register())
+	host := strings.TrimPrefix(nomad.URL, "http://")
+	if rec.Code != http.StatusBadGateway || !strings.Contains(rec.Body.String(), `job "second" not queued: Nomad at `+host+` is unreachable`) ||
+		!strings.Contains(rec.Body.String(), "connect: connection refused") || len(q.IDs()) != 0 {
+		t.Errorf("%d %s", rec.Code, rec.Body)
+	}
+}

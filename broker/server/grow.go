@@ -477,7 +477,7 @@ func (s *Server) asCaller(r *http.Request, method, path, ns string, body []byte,
 	}
 	resp, err := s.client.Do(req)
 	if err != nil {
-		return fmt.Errorf("%s %s: %w", method, path, err)
+		return fail(errNomadUnreach, "Nomad at %s is unreachable (%s %s: %v)", s.upstream.Host, method, path, errors.Unwrap(err))
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
