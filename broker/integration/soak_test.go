@@ -232,9 +232,10 @@ func TestSoak(t *testing.T) {
 	killedAt := time.Now()
 	survivor := killLeader(t, consul, brokers)
 	time.Sleep(duration / 6)
-	rssFrom := survivor.RSS()
+	rssFrom, fdsFrom, goFrom := survivor.RSS(), survivor.FDs(), survivor.Scrape()["go_goroutines"]
 	users.Wait()
-	rssTo := survivor.RSS()
+	time.Sleep(2 * time.Second) // the last requests' connections and goroutines end
+	rssTo, fdsTo, goTo := survivor.RSS(), survivor.FDs(), survivor.Scrape()["go_goroutines"]
 	close(stop)
 	sampler.Wait()
 
@@ -255,7 +256,8 @@ func TestSoak(t *testing.T) {
 			t.Logf("GPU calls answered 503 %.1fs before the kill", killedAt.Sub(u[0]).Seconds())
 		}
 	}
-	t.Logf("surviving broker RSS %d MiB after the failover, %d MiB at the end", rssFrom>>20, rssTo>>20)
+	t.Logf("surviving broker after the failover, then at the end: RSS %d then %d MiB, open files %d then %d, goroutines %g then %g",
+		rssFrom>>20, rssTo>>20, fdsFrom, fdsTo, goFrom, goTo)
 
 	if len(ledger.other) > 0 {
 		t.Errorf("%d answers a user cannot act on:\n%s", len(ledger.other), strings.Join(ledger.other, "\n"))
@@ -291,5 +293,29 @@ func TestSoak(t *testing.T) {
 	t.Logf("%d queued answers: %d still queued, the others admitted since", len(ledger.queued), stillQueued)
 	if rssTo > rssFrom*3/2+32<<20 {
 		t.Errorf("the broker's memory grew from %d MiB to %d MiB", rssFrom>>20, rssTo>>20)
+	}
+	// Once the load is over, what grows without bound shows: open files and
+	// goroutines may not end above where they were under load (10 % and a
+	// few connections' worth of slack).
+	if fdsTo > fdsFrom*11/10+8 {
+		t.Errorf("the broker's open files grew from %d to %d", fdsFrom, fdsTo)
+	}
+	if goTo > goFrom*1.1+16 {
+		t.Errorf("the broker's goroutines grew from %g to %g", goFrom, goTo)
+	}
+	torn := 0
+	trail, err := os.ReadFile(survivor.AuditPath())
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSuffix(string(trail), "\n"), "\n")
+	for _, line := range lines {
+		if !json.Valid([]byte(line)) {
+			torn++
+		}
+	}
+	t.Logf("the survivor's audit trail: %d lines, %d unreadable", len(lines), torn)
+	if torn > 0 {
+		t.Errorf("%d audit lines cannot be read", torn)
 	}
 }

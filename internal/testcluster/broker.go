@@ -229,6 +229,22 @@ func (b *Broker) RSS() int64 {
 	return 0
 }
 
+// FDs is how many files (connections included) the broker's process has
+// open (0 in-process).
+func (b *Broker) FDs() int {
+	if b.process == nil {
+		return 0
+	}
+	entries, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", b.cmd.Process.Pid))
+	if err != nil {
+		return 0
+	}
+	return len(entries)
+}
+
+// AuditPath is the broker's audit trail.
+func (b *Broker) AuditPath() string { return filepath.Join(b.dir, "audit.log") }
+
 // StartBareHop runs internal/barehop, a bare reverse proxy in front of
 // nomad in a process of its own, and returns its address.
 func StartBareHop(t testing.TB, nomad *Nomad) string {
