@@ -356,6 +356,39 @@ func TestStores(t *testing.T) {
 		}
 	})
 
+	// Every key written has an owner that deletes it: 1,000 jobs scaled or
+	// dispatched through the broker leave a grant each, and once Nomad no
+	// longer has them the leader's prune leaves KV as it was.
+	t.Run("grants of 1,000 jobs that came and went are pruned: KV is back to its size", func(t *testing.T) {
+		t.Parallel()
+		const prefix = "hygiene-test/"
+		keys := func() int {
+			k, _, err := client.KV().Keys(prefix, "", nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return len(k)
+		}
+		s := consulkv.NewScales(client.KV(), prefix, nil)
+		s.Put(ctx, "team", "stays", nomadjob.ScaleGrant{Stamp: "s"})
+		before := keys()
+		for i := 0; i < 1000; i++ {
+			if err := s.Put(ctx, "team", fmt.Sprintf("job-%d", i), nomadjob.ScaleGrant{Stamp: "s"}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if got := keys(); got != before+1000 {
+			t.Fatalf("%d keys after 1,000 grants, %d before", got, before)
+		}
+		gone := func(_ context.Context, _, job string) (bool, error) { return job != "stays", nil }
+		if n, err := s.Prune(ctx, gone); err != nil || n != 1000 {
+			t.Fatalf("pruned %d: %v", n, err)
+		}
+		if got := keys(); got != before {
+			t.Errorf("%d keys once the jobs are gone, %d before them", got, before)
+		}
+	})
+
 	t.Run("the admission key: created once, then the same for every broker", func(t *testing.T) {
 		t.Parallel()
 		a, err := consulkv.StampKey(ctx, client.KV(), "key-test/")
