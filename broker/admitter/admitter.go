@@ -36,6 +36,11 @@ type Queue interface {
 // not being reached: such a job is parked, not retried.
 type refusal interface{ Refused() bool }
 
+// tokenRefusal is an error in which Nomad refused the broker's own token
+// (deleted, expired): no job is at fault, so none is parked; every pass
+// stops there until the token is valid again.
+type tokenRefusal interface{ TokenRefused() bool }
+
 // Registrar registers an admitted job with Nomad, and reads the version it runs.
 type Registrar interface {
 	// Register returns the job's new JobModifyIndex.
@@ -255,8 +260,15 @@ func (a *Admitter) register(ctx context.Context, e queue.Entry, d admission.Deci
 		return errChanged
 	}
 	index, err := a.Nomad.Register(ctx, e.Namespace, body)
+	var tr tokenRefusal
 	if err != nil {
 		res.Release()
+		if errors.As(err, &tr) && tr.TokenRefused() {
+			a.Metrics.BrokerTokenRefused(true)
+			a.Log.Error("queue: Nomad refuses the broker's own token; queued jobs wait, none is parked, until it is valid again "+
+				"(nomad.token in the broker's configuration, then restart the broker)", "job", e.JobID, "namespace", e.Namespace, "error", err)
+			return fmt.Errorf("admit queued job %s (%s): %w", e.ID, e.JobID, err)
+		}
 		var r refusal
 		if errors.As(err, &r) && r.Refused() {
 			a.park(ctx, e, err)
@@ -265,6 +277,7 @@ func (a *Admitter) register(ctx context.Context, e queue.Entry, d admission.Deci
 		return fmt.Errorf("admit queued job %s (%s): %w", e.ID, e.JobID, err)
 	}
 	res.Confirm(index)
+	a.Metrics.BrokerTokenRefused(false)
 	if _, err := a.Queue.Remove(ctx, e); err != nil {
 		return err
 	}
@@ -361,7 +374,6 @@ func (a *Admitter) submitterMay(ctx context.Context, p *policy.Policy, e queue.E
 	return "", nil
 }
 
-// park sets an entry aside with the reason it cannot be admitted.
 // parkByPolicy parks an entry the policy in force rejects, with the reason.
 func (a *Admitter) parkByPolicy(ctx context.Context, e queue.Entry, d admission.Decision) {
 	e.ParkedByPolicy = true
@@ -394,6 +406,7 @@ func (a *Admitter) reconsider(ctx context.Context, p *policy.Policy, e queue.Ent
 	a.Log.Info("queue: a job parked by the policy waits again", "id", e.ID, "job", e.JobID, "namespace", e.Namespace)
 }
 
+// park sets an entry aside with the reason it cannot be admitted.
 func (a *Admitter) park(ctx context.Context, e queue.Entry, why error) {
 	ok, err := a.Queue.Park(ctx, e, why.Error(), a.Now().UTC())
 	a.Log.Warn("queue: parked a job that cannot be admitted as it stands", "id", e.ID, "job", e.JobID, "namespace", e.Namespace,

@@ -30,7 +30,13 @@ type nomad struct {
 	refuse     string // a job id Nomad refuses
 	tokens     map[string]policy.Grants
 	stable     map[string]*api.Job // latest stable versions, by job id
+	revoked    bool                // Nomad refuses the broker's own token
 }
+
+type revoked struct{}
+
+func (revoked) Error() string      { return "Nomad answered 403: ACL token not found" }
+func (revoked) TokenRefused() bool { return true }
 
 type refused struct{}
 
@@ -49,6 +55,9 @@ func (n *nomad) Grants(_ context.Context, accessor string) (policy.Grants, bool,
 }
 
 func (n *nomad) Register(_ context.Context, ns string, body []byte) (uint64, error) {
+	if n.revoked {
+		return 0, revoked{}
+	}
 	if n.fail {
 		n.fail = false
 		return 0, errors.New("nomad unreachable")
@@ -425,5 +434,29 @@ func TestAQueuedUpdateThatMayRevertCountsItsStableVersion(t *testing.T) {
 	n.stable["web"] = testbuild.Job("vision", "web").Group("g", 1, 3, "gpu").Stable().Build()
 	if got, err := a.Pass(context.Background()); err != nil || got != 1 {
 		t.Errorf("admitted %d (%v): 4 held + 3 it may revert to is within the limit of 8", got, err)
+	}
+}
+
+// Nomad refusing the broker's own token is no job's fault: nothing is
+// parked, the pass stops, and once the token is valid again both run.
+func TestARefusedBrokerTokenParksNothing(t *testing.T) {
+	a, q, n, _, now := setup(t, visionPolicy, 8)
+	q.Put(context.Background(), entry("a", 2, time.Hour, now))
+	q.Put(context.Background(), entry("b", 2, time.Minute, now))
+	n.revoked = true
+	for i := 0; i < 2; i++ {
+		if got, err := a.Pass(context.Background()); err == nil || got != 0 {
+			t.Fatalf("pass %d with the broker's token refused: admitted %d, error %v", i, got, err)
+		}
+	}
+	entries, _ := q.List(context.Background())
+	for _, e := range entries {
+		if e.Parked != "" {
+			t.Errorf("%s parked: %s", e.ID, e.Parked)
+		}
+	}
+	n.revoked = false
+	if got, err := a.Pass(context.Background()); err != nil || got != 2 {
+		t.Errorf("with the token valid again: admitted %d (%v)", got, err)
 	}
 }

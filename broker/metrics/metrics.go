@@ -52,6 +52,7 @@ type Metrics struct {
 	gpuSeconds *prometheus.CounterVec
 	auditFails prometheus.Counter
 	unreadable *prometheus.CounterVec
+	tokenBad   prometheus.Gauge
 	queueWait  *prometheus.HistogramVec
 	preempted  *prometheus.CounterVec
 	lostWork   *prometheus.CounterVec
@@ -127,6 +128,8 @@ func New() *Metrics {
 	m.unreadable = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "nomadgpu_kv_unreadable_total",
 		Help: "Records in Consul KV that could not be read, set aside under quarantine/ (the others are read on), by kind: queue, reclaim, approvals, usage, usage-through, scaled, rightsizing."},
 		[]string{"kind"})
+	m.tokenBad = prometheus.NewGauge(prometheus.GaugeOpts{Name: "nomadgpu_nomad_token_refused",
+		Help: "1 while Nomad refuses the broker's own token (deleted, expired): the leader admits nothing from the queue, and parks nothing, until it is valid again."})
 	m.queueWait = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "nomadgpu_queue_wait_seconds",
 		Help:    "Time jobs waited in the broker's queue, by queue and how the wait ended (admit, admit-borrowed, cancelled).",
 		Buckets: []float64{1, 10, 60, 300, 900, 1800, 3600, 4 * 3600, 12 * 3600, 24 * 3600, 72 * 3600}}, []string{"queue", "outcome"})
@@ -154,7 +157,7 @@ func New() *Metrics {
 	m.passes = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "nomadgpu_leader_passes_total",
 		Help: "Passes the leader's loops finished, by loop (queue, reclaim) and result (ok, error): a loop whose count stops rising is stuck."},
 		[]string{"loop", "result"})
-	m.Registry.MustRegister(m.admissions, m.decisions, m.gpuSeconds, m.auditFails, m.unreadable, m.queueWait, m.preempted, m.lostWork, m.reclaimed,
+	m.Registry.MustRegister(m.admissions, m.decisions, m.gpuSeconds, m.auditFails, m.unreadable, m.tokenBad, m.queueWait, m.preempted, m.lostWork, m.reclaimed,
 		m.requests, m.estimates, m.allocs, m.scaleUp, m.consulErrs, m.passes,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
@@ -302,6 +305,14 @@ func (f roundTripper) RoundTrip(r *http.Request) (*http.Response, error) { retur
 func (m *Metrics) KVUnreadable(kind string) {
 	if m != nil {
 		m.unreadable.WithLabelValues(kind).Inc()
+	}
+}
+
+// BrokerTokenRefused says whether Nomad refused the broker's own token at
+// its last registration.
+func (m *Metrics) BrokerTokenRefused(refused bool) {
+	if m != nil {
+		m.tokenBad.Set(map[bool]float64{true: 1}[refused])
 	}
 }
 

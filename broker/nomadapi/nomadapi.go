@@ -378,7 +378,12 @@ func (e *RegisterError) Error() string {
 
 // Refused reports whether Nomad refused the job itself (4xx): sending it
 // again unchanged cannot succeed.
-func (e *RegisterError) Refused() bool { return e.Status >= 400 && e.Status < 500 }
+func (e *RegisterError) Refused() bool { return e.Status >= 400 && e.Status < 500 && !e.TokenRefused() }
+
+// TokenRefused reports whether Nomad refused the broker's own token: the
+// broker registers with a management token, which may write any job, so a
+// 403 is the token's (deleted, expired), never the job's.
+func (e *RegisterError) TokenRefused() bool { return e.Status == http.StatusForbidden }
 
 // SetPreemption switches Nomad's preemption for batch and service jobs,
 // keeping the rest of the scheduler configuration; it reports whether it had
