@@ -22,6 +22,7 @@ import (
 	nomad "github.com/hashicorp/nomad/api"
 
 	"github.com/nomad-gpu/nomad-gpu/broker/admitter"
+	"github.com/nomad-gpu/nomad-gpu/broker/approval"
 	"github.com/nomad-gpu/nomad-gpu/broker/audit"
 	"github.com/nomad-gpu/nomad-gpu/broker/cluster"
 	"github.com/nomad-gpu/nomad-gpu/broker/config"
@@ -186,7 +187,16 @@ func (a *Agent) Run(ctx context.Context) error {
 				&reclaimer.Expirer{Store: approvals, Jobs: view, Policies: policies, Records: decisions, NewID: queue.NewID, Audit: trail},
 				&reclaimer.Pruner{What: "scale and dispatch grants", Every: grantPruneInterval, Log: log.Named("prune"),
 					Prune: func(ctx context.Context) (int, error) { return scales.Prune(ctx, nomadClient.Gone) }}},
-			Metrics: metrics, Audit: trail, Forecast: forecast}
+			Metrics: metrics, Audit: trail, Forecast: forecast,
+			Granted: func(now time.Time) map[string]float64 {
+				p := policies.Current()
+				return approval.ExtraByTenant(approvals.Current(), func(ns string) string {
+					if t := p.TenantOf(ns); t != nil {
+						return t.Name
+					}
+					return ""
+				}, now)
+			}}
 		go rec.Run(ctx, time.After)
 		passes := time.NewTicker(cfg.QueueIntervalDuration)
 		defer passes.Stop()

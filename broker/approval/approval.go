@@ -124,3 +124,16 @@ func For(approvals []Approval, namespace, job string, now time.Time) admission.G
 	}
 	return g
 }
+
+// ExtraByTenant is the GPUs above their limits that the approvals in force at
+// now grant each tenant's jobs, by tenant (tenantOf maps a namespace to its
+// tenant's name, "" for none).
+func ExtraByTenant(approvals []Approval, tenantOf func(namespace string) string, now time.Time) map[string]float64 {
+	out := map[string]float64{}
+	for _, a := range approvals {
+		if t := tenantOf(a.Namespace); t != "" && a.Active(now) && a.ExtraGPUs > 0 {
+			out[t] += float64(a.ExtraGPUs)
+		}
+	}
+	return out
+}

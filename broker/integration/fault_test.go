@@ -269,3 +269,53 @@ func TestAShortConsulOutageCostsSecondsNotASessionTTL(t *testing.T) {
 		t.Errorf("after the outage: %d", status)
 	}
 }
+
+// TestALoweredLimitRequeuesTheNewestWork: a reload lowers a tenant's limit
+// below what it holds. With over_limit = "reclaim" (the default), once
+// over_limit_grace has passed, its newest job is requeued (a recorded
+// decision; Nomad stops it, the queue keeps it) until it is within the limit;
+// its older job keeps running.
+func TestALoweredLimitRequeuesTheNewestWork(t *testing.T) {
+	t.Parallel()
+	const policy = `
+queue "training" { priority = 60 }
+tenant "vision" {
+  namespaces = ["vision"]
+  queues     = ["training"]
+  guaranteed = %d
+  limit      = %d
+}
+reclaim_settings {
+  period = "1s"
+}
+over_limit_grace = "2s"
+`
+	consul := testcluster.StartConsul(t)
+	n := startGPUNode(t, "lowered", 4, "vision")
+	e := brokerEnv(t, n, consul, fmt.Sprintf(policy, 3, 3), "vision", 4, testcluster.BrokerOptions{})
+	if out, err := e.run("vision", "old", 1, 2, "", true); err != nil || !strings.Contains(out, "admitted") {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	e.waitRunning("vision", "old")
+	if out, err := e.run("vision", "new", 1, 1, "", true); err != nil || !strings.Contains(out, "admitted") {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	e.waitRunning("vision", "new")
+	writeFile(t, filepath.Join(e.policyDir, "policy.hcl"), fmt.Sprintf(policy, 2, 2))
+	testcluster.WaitFor(t, 60*time.Second, "the newest job requeued", func() error {
+		j, _, err := n.API.Jobs().Info("new", &api.QueryOptions{Namespace: "vision"})
+		if err != nil || j.Stop == nil || !*j.Stop {
+			return fmt.Errorf("not stopped yet (%v)", err)
+		}
+		return nil
+	})
+	if out := e.brokerCLI("queue", "list"); !strings.Contains(out, "new") {
+		t.Errorf("the requeued job is not in the queue:\n%s", out)
+	}
+	if out := e.brokerCLI("reclaim", "list"); !strings.Contains(out, "over-limit") {
+		t.Errorf("no over-limit decision:\n%s", out)
+	}
+	if j, _, err := n.API.Jobs().Info("old", &api.QueryOptions{Namespace: "vision"}); err != nil || (j.Stop != nil && *j.Stop) {
+		t.Errorf("the older job was stopped too (%v)", err)
+	}
+}

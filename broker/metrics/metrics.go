@@ -351,7 +351,7 @@ var (
 	fragmentedDesc = prometheus.NewDesc("nomadgpu_free_gpus_fragmented_ratio",
 		"Share of free GPUs on nodes with fewer free than the most GPUs any node has (where the largest single-node request cannot go).", nil, nil)
 	tenantDesc = prometheus.NewDesc("nomadgpu_tenant_gpus",
-		"A tenant's GPUs: used, borrowed (of used, at the borrowing band), guaranteed and limit, per GPU class (\"all\": every class).",
+		"A tenant's GPUs: used, borrowed (of used, at the borrowing band), guaranteed, limit and over_limit (used above the limit, 0 within it), per GPU class (\"all\": every class).",
 		[]string{"tenant", "gpu_class", "kind"}, nil)
 	queueDesc = prometheus.NewDesc("nomadgpu_queue_depth",
 		"Jobs waiting in the broker's queue.", []string{"queue"}, nil)
@@ -403,7 +403,11 @@ func (c *scrape) Collect(ch chan<- prometheus.Metric) {
 	u := c.src.Cluster.UsageWithout(p, "", "")
 	for name, t := range p.Tenants {
 		tu := u.Tenants[name]
-		for kind, q := range map[string]policy.Quota{"used": tu.Used, "borrowed": tu.Borrowed, "guaranteed": t.Guaranteed, "limit": t.Limit} {
+		over := policy.Quota{}
+		for class, n := range t.Limit {
+			over[class] = max(0, tu.Used[class]-n)
+		}
+		for kind, q := range map[string]policy.Quota{"used": tu.Used, "borrowed": tu.Borrowed, "guaranteed": t.Guaranteed, "limit": t.Limit, "over_limit": over} {
 			ch <- prometheus.MustNewConstMetric(tenantDesc, prometheus.GaugeValue, float64(q.Total()), name, "all", kind)
 			for class, n := range q {
 				if class != policy.AllGPUs {

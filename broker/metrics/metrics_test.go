@@ -72,14 +72,16 @@ nomadgpu_node_free_gpus_bucket{le="8"} 2
 nomadgpu_node_free_gpus_bucket{le="+Inf"} 2
 nomadgpu_node_free_gpus_sum 13
 nomadgpu_node_free_gpus_count 2
-# HELP nomadgpu_tenant_gpus A tenant's GPUs: used, borrowed (of used, at the borrowing band), guaranteed and limit, per GPU class ("all": every class).
+# HELP nomadgpu_tenant_gpus A tenant's GPUs: used, borrowed (of used, at the borrowing band), guaranteed, limit and over_limit (used above the limit, 0 within it), per GPU class ("all": every class).
 # TYPE nomadgpu_tenant_gpus gauge
 nomadgpu_tenant_gpus{gpu_class="all",kind="borrowed",tenant="vision"} 0
 nomadgpu_tenant_gpus{gpu_class="all",kind="guaranteed",tenant="vision"} 4
 nomadgpu_tenant_gpus{gpu_class="all",kind="limit",tenant="vision"} 6
+nomadgpu_tenant_gpus{gpu_class="all",kind="over_limit",tenant="vision"} 0
 nomadgpu_tenant_gpus{gpu_class="all",kind="used",tenant="vision"} 3
 nomadgpu_tenant_gpus{gpu_class="h100",kind="guaranteed",tenant="vision"} 4
 nomadgpu_tenant_gpus{gpu_class="h100",kind="limit",tenant="vision"} 6
+nomadgpu_tenant_gpus{gpu_class="h100",kind="over_limit",tenant="vision"} 0
 # HELP nomadgpu_queue_depth Jobs waiting in the broker's queue.
 # TYPE nomadgpu_queue_depth gauge
 nomadgpu_queue_depth{queue="training"} 1

@@ -57,6 +57,13 @@ type Policy struct {
 	// GPUs it does not ask for (top-level undeclared_gpu_access):
 	// AccessRefuse (the default) or AccessWarn.
 	UndeclaredGPUAccess string
+	// OverLimit is what happens to a tenant holding more than its limit (a
+	// limit lowered by a reload): OverReclaim (the default) requeues its
+	// newest work, borrowed first, once it has been over for OverLimitGrace;
+	// OverWait waits for its jobs to end (top-level over_limit,
+	// over_limit_grace).
+	OverLimit      string
+	OverLimitGrace time.Duration
 	// Workloads say how each kind of GPU work is treated, by name.
 	Workloads map[string]*Workload
 
@@ -158,6 +165,16 @@ func (t *Tenant) MaySubmit(g Grants) bool {
 	}
 	return false
 }
+
+// What happens to a tenant over its limit.
+const (
+	OverReclaim = "reclaim"
+	OverWait    = "wait"
+	// DefaultOverLimitGrace is how long a tenant may stay over its limit
+	// before its work is requeued: long enough for its jobs to end on their
+	// own, or for an operator to undo a mistake.
+	DefaultOverLimitGrace = 10 * time.Minute
+)
 
 // What the gate does with undeclared GPU access.
 const (

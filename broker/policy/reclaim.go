@@ -45,12 +45,20 @@ const (
 	// CondPreempted is the built-in rule's: a borrowed allocation Nomad
 	// preempted. No policy sets it.
 	CondPreempted Condition = "preempted"
+	// CondOverLimit is the built-in rule of over_limit = "reclaim": a
+	// tenant holding more than its limit past over_limit_grace.
+	CondOverLimit Condition = "over_limit"
 )
 
 // PreemptedBorrowed is the built-in rule, always on: a borrowed job whose
 // allocation Nomad preempted goes back to the broker's queue, so that its
 // tenant is not charged for GPUs it no longer holds.
 var PreemptedBorrowed = &ReclaimRule{Name: "preempted-borrowed", Condition: CondPreempted, Action: ActionRequeue, Mode: ModeEnforce}
+
+// OverLimit is the built-in rule of over_limit = "reclaim": a tenant over
+// its limit (a limit lowered by a reload) has its newest work requeued,
+// borrowed and lowest-band first, until it is within the limit.
+var OverLimit = &ReclaimRule{Name: "over-limit", Condition: CondOverLimit, Action: ActionRequeue, Mode: ModeEnforce}
 
 // Action is what a reclaim decision does.
 type Action string

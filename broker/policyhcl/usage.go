@@ -137,3 +137,30 @@ func (p *parser) undeclaredAccess(a *hcl.Attribute, seen map[string]hcl.Range) h
 	p.UndeclaredGPUAccess = v
 	return nil
 }
+
+func (p *parser) overLimit(a *hcl.Attribute, seen map[string]hcl.Range) hcl.Diagnostics {
+	var v string
+	if d := topLevel(a, seen, &v); d.HasErrors() {
+		return d
+	}
+	if v != policy.OverReclaim && v != policy.OverWait {
+		return hcl.Diagnostics{errorAt(a.Range, "Invalid over_limit",
+			fmt.Sprintf("over_limit = %q is neither %q nor %q", v, policy.OverReclaim, policy.OverWait))}
+	}
+	p.OverLimit = v
+	return nil
+}
+
+func (p *parser) overLimitGrace(a *hcl.Attribute, seen map[string]hcl.Range) hcl.Diagnostics {
+	var v string
+	if d := topLevel(a, seen, &v); d.HasErrors() {
+		return d
+	}
+	grace, err := time.ParseDuration(v)
+	if err != nil || grace < 0 {
+		return hcl.Diagnostics{errorAt(a.Range, "Invalid duration",
+			fmt.Sprintf("over_limit_grace = %q is not a duration of 0 or more", v))}
+	}
+	p.OverLimitGrace = grace
+	return nil
+}

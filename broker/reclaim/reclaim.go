@@ -82,11 +82,14 @@ type Engine struct {
 	idleSince      map[[2]string]time.Time // by rule and allocation: each rule has its threshold
 	unhealthySince map[string]time.Time    // by GPU id
 	raised         map[[2]string]bool      // rule, allocation
+	overSince      map[string]time.Time    // by tenant: over its limit since
+	overRaised     map[string]bool         // allocations an over-limit decision is about
 }
 
 // New returns an engine with nothing observed.
 func New() *Engine {
-	return &Engine{idleSince: map[[2]string]time.Time{}, unhealthySince: map[string]time.Time{}, raised: map[[2]string]bool{}}
+	return &Engine{idleSince: map[[2]string]time.Time{}, unhealthySince: map[string]time.Time{}, raised: map[[2]string]bool{},
+		overSince: map[string]time.Time{}, overRaised: map[string]bool{}}
 }
 
 // Pass observes allocs (every running GPU allocation, by job) and gpus (by
@@ -138,6 +141,9 @@ func (e *Engine) Pass(now time.Time, rules []*policy.ReclaimRule, allocs []Alloc
 func (e *Engine) Raised(rule string, allocs []string) {
 	for _, a := range allocs {
 		e.raised[[2]string{rule, a}] = true
+		if rule == policy.OverLimit.Name {
+			e.overRaised[a] = true
+		}
 	}
 }
 
@@ -146,7 +152,126 @@ func (e *Engine) Raised(rule string, allocs []string) {
 func (e *Engine) Retract(d Decision) {
 	for _, a := range d.Allocs {
 		delete(e.raised, [2]string{d.Rule, a})
+		delete(e.overRaised, a)
 	}
+}
+
+// OverLimit returns, under policy over_limit = "reclaim", the decisions
+// that requeue the work of each tenant that has held more GPUs than its limit
+// (raised by extra, what approvals in force grant it) for over_limit_grace:
+// whole jobs, borrowed first, then the lowest band, then the newest, until
+// what is left is within the limit. Work already decided on counts as going.
+func (e *Engine) OverLimit(now time.Time, p *policy.Policy, allocs []Alloc, gpus map[string]GPU, extra map[string]float64) []Decision {
+	held := map[string]float64{}
+	byJob := map[[2]string][]Alloc{}
+	live := map[string]bool{}
+	for _, a := range allocs {
+		if a.Preempted || !a.Admitted || a.Tenant == "" {
+			continue
+		}
+		live[a.ID] = true
+		held[a.Tenant] += share(a, gpus)
+		k := [2]string{a.Namespace, a.JobID}
+		byJob[k] = append(byJob[k], a)
+	}
+	for id := range e.overRaised {
+		if !live[id] {
+			delete(e.overRaised, id)
+		}
+	}
+	names := make([]string, 0, len(p.Tenants))
+	for name := range p.Tenants {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	var out []Decision
+	for _, name := range names {
+		limit := p.Tenants[name].Limit.Total() + extra[name]
+		over := held[name] - limit
+		if p.OverLimit != policy.OverReclaim || over <= 1e-9 {
+			delete(e.overSince, name)
+			continue
+		}
+		since, ok := e.overSince[name]
+		if !ok {
+			since, e.overSince[name] = now, now
+		}
+		if now.Sub(since) < p.OverLimitGrace {
+			continue
+		}
+		for _, job := range victims(p, byJob, name) {
+			if over <= 1e-9 {
+				break
+			}
+			hit := byJob[job]
+			gone := 0.0
+			decided := false
+			for _, a := range hit {
+				gone += share(a, gpus)
+				decided = decided || e.overRaised[a.ID]
+			}
+			over -= gone
+			if decided {
+				continue
+			}
+			for _, a := range hit {
+				e.overRaised[a.ID] = true
+			}
+			why := fmt.Sprintf("tenant %q holds %g GPUs, above its limit of %g, since %s (over_limit = %q, grace %s): its newest work is requeued, borrowed and lowest band first, until it is within",
+				name, held[name], limit, since.UTC().Format(time.RFC3339), p.OverLimit, p.OverLimitGrace)
+			d := decision(now, policy.OverLimit, hit, true, []string{why})
+			out = append(out, d)
+		}
+	}
+	return out
+}
+
+// victims are a tenant's jobs in the order over-limit requeues them:
+// borrowed first, then by band (its queue's priority), then the newest.
+func victims(p *policy.Policy, byJob map[[2]string][]Alloc, tenant string) [][2]string {
+	var out [][2]string
+	for k, allocs := range byJob {
+		if allocs[0].Tenant == tenant {
+			out = append(out, k)
+		}
+	}
+	band := func(a Alloc) int {
+		if q := p.Queues[a.Queue]; q != nil {
+			return q.Priority
+		}
+		return 0
+	}
+	newest := func(allocs []Alloc) time.Time {
+		var t time.Time
+		for _, a := range allocs {
+			if a.StartedAt.After(t) {
+				t = a.StartedAt
+			}
+		}
+		return t
+	}
+	sort.Slice(out, func(i, j int) bool {
+		a, b := byJob[out[i]][0], byJob[out[j]][0]
+		switch {
+		case a.Borrowed != b.Borrowed:
+			return a.Borrowed
+		case band(a) != band(b):
+			return band(a) < band(b)
+		case !newest(byJob[out[i]]).Equal(newest(byJob[out[j]])):
+			return newest(byJob[out[i]]).After(newest(byJob[out[j]]))
+		}
+		return out[i][0]+"/"+out[i][1] < out[j][0]+"/"+out[j][1]
+	})
+	return out
+}
+
+// share is the GPUs an allocation holds, a replica as its share.
+func share(a Alloc, gpus map[string]GPU) float64 {
+	n := 0.0
+	for _, id := range a.GPUs {
+		n += gpus[id].Share()
+	}
+	return n
 }
 
 // observe brings the idle and health clocks up to now.

@@ -251,3 +251,61 @@ reclaim "watch" {
 		t.Error("an end from a dry-run rule")
 	}
 }
+
+// A limit lowered below what a tenant holds: after over_limit_grace, its
+// newest work is requeued, borrowed first, until it is within the limit,
+// once; approvals in force count as limit; over_limit = "wait" waits.
+func TestATenantOverItsLimitHasItsNewestBorrowedWorkRequeued(t *testing.T) {
+	p := testbuild.Policy(t, `
+queue "training" { priority = 60 }
+queue "dev" { priority = 40 }
+tenant "vision" {
+  namespaces = ["vision"]
+  queues     = ["training", "dev"]
+  guaranteed = 2
+  limit      = 3
+}
+over_limit_grace = "5m"
+`)
+	job := func(id, queue string, borrowed bool, started time.Time, gpus ...string) reclaim.Alloc {
+		return reclaim.Alloc{ID: id + "-a", Namespace: "vision", JobID: id, Admitted: true, Tenant: "vision", Queue: queue,
+			Borrowed: borrowed, StartedAt: started, GPUs: gpus}
+	}
+	allocs := []reclaim.Alloc{
+		job("old-train", "training", false, t0, "g1", "g2"),
+		job("new-train", "training", false, t0.Add(time.Hour), "g3"),
+		job("dev", "dev", false, t0.Add(time.Minute), "g4"),
+		job("borrowed", "training", true, t0, "g5"),
+	}
+	gpus := utilization(50, "g1", "g2", "g3", "g4", "g5")
+	e := reclaim.New()
+	now := t0.Add(2 * time.Hour)
+	if got := e.OverLimit(now, p, allocs, gpus, nil); len(got) != 0 {
+		t.Fatalf("within the grace: %+v", got)
+	}
+	got := e.OverLimit(now.Add(5*time.Minute), p, allocs, gpus, nil)
+	var jobs []string
+	for _, d := range got {
+		jobs = append(jobs, d.JobID)
+		if d.Rule != "over-limit" || d.Action != policy.ActionRequeue || !d.WholeJob ||
+			!strings.Contains(d.Evidence, `tenant "vision" holds 5 GPUs, above its limit of 3`) {
+			t.Errorf("decision %+v", d)
+		}
+	}
+	// 5 held, limit 3: the borrowed job (1), then the lowest band (dev, 1).
+	if fmt.Sprint(jobs) != "[borrowed dev]" {
+		t.Errorf("requeued %v, want [borrowed dev]", jobs)
+	}
+	if again := e.OverLimit(now.Add(6*time.Minute), p, allocs, gpus, nil); len(again) != 0 {
+		t.Errorf("decided twice: %+v", again)
+	}
+	if got := reclaim.New().OverLimit(now, p, allocs, gpus, map[string]float64{"vision": 2}); len(got) != 0 {
+		t.Errorf("with 2 GPUs granted by approval: %+v", got)
+	}
+	p.OverLimit = policy.OverWait
+	w := reclaim.New()
+	w.OverLimit(now, p, allocs, gpus, nil)
+	if got := w.OverLimit(now.Add(time.Hour), p, allocs, gpus, nil); len(got) != 0 {
+		t.Errorf("over_limit = wait: %+v", got)
+	}
+}

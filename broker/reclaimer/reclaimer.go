@@ -70,6 +70,9 @@ type Reclaimer struct {
 	// Forecast is given, each pass, when running allocations end (queue
 	// start estimates); nil: none kept.
 	Forecast *queue.Forecast
+	// Granted is, by tenant, the GPUs above its limit that approvals in
+	// force at now grant (nil: none): not over the limit, for over_limit.
+	Granted func(now time.Time) map[string]float64
 
 	engine *reclaim.Engine
 }
@@ -125,7 +128,13 @@ func (r *Reclaimer) Pass(ctx context.Context) error {
 		}
 		r.Forecast.Set(releases)
 	}
-	for _, d := range r.engine.Pass(now, rules, allocs, gpus) {
+	decisions := r.engine.Pass(now, rules, allocs, gpus)
+	var granted map[string]float64
+	if r.Granted != nil {
+		granted = r.Granted(now)
+	}
+	decisions = append(decisions, r.engine.OverLimit(now, p, allocs, gpus, granted)...)
+	for _, d := range decisions {
 		rec := reclaim.NewRecord(r.NewID(), d, now)
 		if ok, err := r.Records.Create(ctx, rec); err != nil || !ok {
 			r.engine.Retract(d)

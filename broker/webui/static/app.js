@@ -343,6 +343,7 @@ function renderTenants(usage) {
     bar.append(used, borrowed, g, l);
     out.push(el('div', { class: 'tenant', 'data-tenant': t.tenant },
       el('div', { class: 'caption' }, el('strong', { text: t.tenant }),
+        t.used > t.limit + 1e-9 ? el('span', { class: 'over', text: `over its limit by ${num(t.used - t.limit, 1)} GPUs` }) : '',
         el('span', { text: `used ${num(t.used, 1)} (borrowed ${num(t.borrowed, 1)}) · guaranteed ${num(t.guaranteed, 1)} (solid mark) · limit ${num(t.limit, 1)} (dashed mark) · queued ${num(t.queued, 1)} GPUs` })),
       bar));
     if (t.budget) budgets.push(burnDown(t.budget));
