@@ -98,23 +98,76 @@ type Admitter struct {
 	// in the view; only the round trips to Nomad and Consul overlap, which is
 	// what a drain after a large release waits on.
 	Parallel int
+	// IdlePass is the longest Run goes without a pass while nothing it can
+	// see changed (budgets reset with time alone); 0: DefaultIdlePass.
+	IdlePass time.Duration
 
 	listed int // entries the last pass found (Run's own)
+	// idle is what the last pass that admitted nothing saw, and when.
+	idle   passState
+	idleAt time.Time
+}
+
+// DefaultIdlePass bounds how long a budget reset waits for a pass.
+const DefaultIdlePass = time.Minute
+
+// passState is what a pass's decisions depend on, as far as Run can see it
+// change: the queue (Consul's index), the cluster view, the policy and the
+// approvals. ok is false when a part cannot tell (a pass is then made).
+type passState struct {
+	queue, view, approvals uint64
+	policy                 *policy.Policy
+	ok                     bool
+}
+
+// state is the passState now.
+func (a *Admitter) state() passState {
+	q, qok := a.Queue.(interface{ Index() uint64 })
+	v, vok := a.Cluster.(interface{ Generation() uint64 })
+	s := passState{policy: a.Policies.Current(), ok: qok && vok}
+	if s.ok {
+		s.queue, s.view = q.Index(), v.Generation()
+		s.ok = s.queue != 0
+	}
+	if ap, ok := a.Approvals.(interface{ Version() uint64 }); ok {
+		s.approvals = ap.Version()
+	} else if a.Approvals != nil {
+		s.ok = false
+	}
+	return s
+}
+
+// unchanged reports whether a tick can skip its pass: the last pass admitted
+// nothing, and nothing it depends on changed since, within IdlePass.
+func (a *Admitter) unchanged() bool {
+	idle := a.IdlePass
+	if idle == 0 {
+		idle = DefaultIdlePass
+	}
+	s := a.state()
+	return s.ok && s == a.idle && a.Now().Sub(a.idleAt) < idle
 }
 
 // Run makes a pass whenever the cluster changes while jobs are queued, and
-// at every tick anyway (which finds the first jobs queued, by any broker).
-// A change with nothing queued costs no round trip to Consul.
+// at every tick (which finds the first jobs queued, by any broker) unless
+// nothing a pass depends on changed since one that admitted nothing. A
+// change with nothing queued costs no round trip to Consul, a tick with
+// nothing changed none either: a long queue costs nothing while it waits.
 func (a *Admitter) Run(ctx context.Context, changed <-chan struct{}, tick <-chan time.Time) {
 	var cameBack uint64
 	first, pass := true, true
 	for {
 		if pass {
-			_, err := a.Pass(ctx)
+			before := a.state()
+			admitted, err := a.Pass(ctx)
 			if err != nil && ctx.Err() == nil {
 				a.Log.Warn("queue pass failed", "error", err)
 			}
 			a.Metrics.Pass(metrics.LoopQueue, err)
+			a.idle, a.idleAt = passState{}, time.Time{}
+			if admitted == 0 && err == nil {
+				a.idle, a.idleAt = before, a.Now()
+			}
 		}
 		if a.GPUsCameBack != nil && a.Blocked != nil {
 			if c := a.GPUsCameBack(); c != cameBack || first {
@@ -131,7 +184,7 @@ func (a *Admitter) Run(ctx context.Context, changed <-chan struct{}, tick <-chan
 		case <-changed:
 			pass = a.listed > 0
 		case <-tick:
-			pass = true
+			pass = !a.unchanged()
 		}
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -80,7 +81,7 @@ func entry(id string, gpus int, age time.Duration, now time.Time) queue.Entry {
 		Demand: float64(gpus), SubmittedAt: now.Add(-age), Request: json.RawMessage(req)}
 }
 
-func setup(t *testing.T, src string, capacity int) (*admitter.Admitter, *queuetest.Mem, *nomad, *cluster.View, time.Time) {
+func setup(t testing.TB, src string, capacity int) (*admitter.Admitter, *queuetest.Mem, *nomad, *cluster.View, time.Time) {
 	p := testbuild.Policy(t, src)
 	view := cluster.NewView(nil)
 	view.ObserveNode(testbuild.Node("n", "H100", capacity, 0))
@@ -458,5 +459,57 @@ func TestARefusedBrokerTokenParksNothing(t *testing.T) {
 	n.revoked = false
 	if got, err := a.Pass(context.Background()); err != nil || got != 2 {
 		t.Errorf("with the token valid again: admitted %d (%v)", got, err)
+	}
+}
+
+// listCounter counts the queue's listings: what an idle pass costs.
+type listCounter struct {
+	*queuetest.Mem
+	lists atomic.Int32
+}
+
+func (c *listCounter) List(ctx context.Context) ([]queue.Entry, error) {
+	c.lists.Add(1)
+	return c.Mem.List(ctx)
+}
+
+// A tick with nothing changed since a pass that admitted nothing makes no
+// pass (a long queue costs nothing while it waits); a change of the queue,
+// or IdlePass gone by, makes one.
+func TestATickWithNothingChangedMakesNoPass(t *testing.T) {
+	a, q, _, view, now := setup(t, visionPolicy, 8)
+	view.ObserveJob(testbuild.Job("vision", "held").Group("g", 1, 8, "gpu").Build()) // vision at its limit
+	counted := &listCounter{Mem: q}
+	a.Queue = counted
+	clock := now
+	var mu sync.Mutex
+	a.Now = func() time.Time { mu.Lock(); defer mu.Unlock(); return clock }
+	q.Put(context.Background(), entry("waits", 2, time.Minute, now))
+	tick := make(chan time.Time)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { a.Run(ctx, make(chan struct{}), tick); close(done) }()
+	defer func() { cancel(); <-done }()
+	ticks := func(n int) {
+		for i := 0; i < n; i++ {
+			tick <- now
+		}
+		tick <- now // the one before has been handled
+	}
+	ticks(5)
+	if n := counted.lists.Load(); n != 1 {
+		t.Fatalf("%d listings for the first pass and 6 ticks with nothing changed, want 1", n)
+	}
+	q.Put(context.Background(), entry("another", 1, time.Second, now))
+	ticks(3)
+	if n := counted.lists.Load(); n != 2 {
+		t.Fatalf("%d listings after the queue changed, want 2", n)
+	}
+	mu.Lock()
+	clock = clock.Add(admitter.DefaultIdlePass)
+	mu.Unlock()
+	ticks(2)
+	if n := counted.lists.Load(); n != 3 {
+		t.Errorf("%d listings once IdlePass went by, want 3", n)
 	}
 }

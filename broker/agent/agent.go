@@ -119,6 +119,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	scales := consulkv.NewScales(consulClient.KV(), cfg.Consul.KVPrefix, aside)
 	approvals := consulkv.NewApprovals(consulClient.KV(), cfg.Consul.KVPrefix, aside)
 	go approvals.Follow(ctx)
+	go store.Follow(ctx) // the queue's index: the leader skips passes while nothing changed
 	profiles, storedProfiles := gpuusage.NewProfiles(), consulkv.NewProfiles(consulClient, cfg.Consul.KVPrefix, aside)
 	rollups := consulkv.NewRollups(consulClient, cfg.Consul.KVPrefix, aside)
 	forecast := &queue.Forecast{}

@@ -55,6 +55,7 @@ type View struct {
 	synced     bool // a full listing has been applied
 
 	index        atomic.Uint64 // of the last event or listing applied
+	generation   atomic.Uint64 // changes counted by notify
 	gpusCameBack atomic.Uint64 // see GPUsCameBack
 	relisted     atomic.Uint64 // full listings made
 
@@ -99,11 +100,16 @@ func (v *View) SetClock(now func() time.Time) { v.now = now }
 func (v *View) Changed() <-chan struct{} { return v.changed }
 
 func (v *View) notify() {
+	v.generation.Add(1)
 	select {
 	case v.changed <- struct{}{}:
 	default:
 	}
 }
+
+// Generation counts the view's changes: equal twice, nothing a decision
+// reads changed in between (reservations expiring aside).
+func (v *View) Generation() uint64 { return v.generation.Load() }
 
 // Reset replaces the whole view with a full listing, at once: a decision
 // never sees it half rebuilt.

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	consul "github.com/hashicorp/consul/api"
@@ -21,7 +22,11 @@ type Approvals struct {
 
 	mu       sync.RWMutex
 	snapshot map[string]approval.Approval
+	version  atomic.Uint64 // counts the snapshot's changes
 }
+
+// Version counts the changes of the snapshot Current returns.
+func (s *Approvals) Version() uint64 { return s.version.Load() }
 
 // NewApprovals returns the approvals under prefix (e.g. "nomad-gpu/").
 func NewApprovals(kv *consul.KV, prefix string, aside *Aside) *Approvals {
@@ -47,6 +52,7 @@ func (s *Approvals) cas(ctx context.Context, a approval.Approval, index uint64) 
 		s.mu.Lock()
 		s.snapshot[a.ID] = a
 		s.mu.Unlock()
+		s.version.Add(1)
 	}
 	return ok, err
 }
@@ -96,6 +102,9 @@ func (s *Approvals) Follow(ctx context.Context) {
 		s.mu.Lock()
 		s.snapshot = snap
 		s.mu.Unlock()
+		if next != index {
+			s.version.Add(1)
+		}
 		if next < index {
 			next = 0 // Consul's index went back (a restore): start over
 		}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	consul "github.com/hashicorp/consul/api"
@@ -14,11 +15,41 @@ import (
 )
 
 // Queue keeps queued jobs under <prefix>queue/<id>.
-type Queue struct{ r records[queue.Entry] }
+type Queue struct {
+	r     records[queue.Entry]
+	index atomic.Uint64 // Consul's index of the queue, as Follow last saw it
+}
+
+// Follow keeps Index current (a blocking query on the queue's keys, which
+// returns when an entry is added, changed or removed) until ctx ends.
+func (q *Queue) Follow(ctx context.Context) {
+	var index uint64
+	for ctx.Err() == nil {
+		_, meta, err := q.r.kv.Keys(q.r.dir, "", (&consul.QueryOptions{WaitIndex: index, WaitTime: 5 * time.Minute}).WithContext(ctx))
+		if err != nil {
+			q.index.Store(0) // unknown: a pass is not skipped
+			index = 0
+			select {
+			case <-ctx.Done():
+			case <-time.After(time.Second):
+			}
+			continue
+		}
+		if meta.LastIndex < index {
+			meta.LastIndex = 0 // Consul's index went back (a restore): start over
+		}
+		index = meta.LastIndex
+		q.index.Store(index)
+	}
+}
+
+// Index is Consul's index of the queue as Follow last saw it: it moves
+// whenever an entry is added, changed or removed (0: not known).
+func (q *Queue) Index() uint64 { return q.index.Load() }
 
 // NewQueue returns the queue under prefix (e.g. "nomad-gpu/").
 func NewQueue(kv *consul.KV, prefix string, aside *Aside) *Queue {
-	return &Queue{records[queue.Entry]{kv: kv, dir: prefix + "queue/", what: "queue entry", kind: "queue", aside: aside,
+	return &Queue{r: records[queue.Entry]{kv: kv, dir: prefix + "queue/", what: "queue entry", kind: "queue", aside: aside,
 		version: func(e *queue.Entry, i uint64) { e.ModifyIndex = i }}}
 }
 

@@ -15,6 +15,14 @@ import (
 type Mem struct {
 	mu      sync.Mutex
 	entries map[string]queue.Entry
+	index   uint64 // counts the changes, as Consul's index moves
+}
+
+// Index moves with every change, as Consul's index of the queue does.
+func (m *Mem) Index() uint64 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.index + 1
 }
 
 // NewMem returns a store holding entries.
@@ -31,6 +39,7 @@ func (m *Mem) Put(_ context.Context, e queue.Entry) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.entries[e.ID] = e
+	m.index++
 	return nil
 }
 
@@ -62,6 +71,7 @@ func (m *Mem) Remove(_ context.Context, e queue.Entry) (bool, error) {
 	defer m.mu.Unlock()
 	_, ok := m.entries[e.ID]
 	delete(m.entries, e.ID)
+	m.index++
 	return ok, nil
 }
 
@@ -76,6 +86,7 @@ func (m *Mem) Claim(_ context.Context, e queue.Entry, at time.Time) (queue.Entry
 	e.Admitting = at
 	e.ModifyIndex++
 	m.entries[e.ID] = e
+	m.index++
 	return e, true, nil
 }
 
@@ -88,6 +99,7 @@ func (m *Mem) Park(_ context.Context, e queue.Entry, reason string, at time.Time
 	}
 	e.Parked, e.ParkedAt = reason, at
 	m.entries[e.ID] = e
+	m.index++
 	return true, nil
 }
 
