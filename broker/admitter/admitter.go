@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net/url"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -102,11 +103,16 @@ type Admitter struct {
 	// see changed (budgets reset with time alone); 0: DefaultIdlePass.
 	IdlePass time.Duration
 
-	listed int // entries the last pass found (Run's own)
+	listed       int // entries the last pass found (Run's own)
+	tokenRefused atomic.Bool
 	// idle is what the last pass that admitted nothing saw, and when.
 	idle   passState
 	idleAt time.Time
 }
+
+// TokenRefused reports whether Nomad refused the broker's own token at the
+// last registration from the queue (nothing is admitted from it then).
+func (a *Admitter) TokenRefused() bool { return a.tokenRefused.Load() }
 
 // DefaultIdlePass bounds how long a budget reset waits for a pass.
 const DefaultIdlePass = time.Minute
@@ -318,6 +324,7 @@ func (a *Admitter) register(ctx context.Context, e queue.Entry, d admission.Deci
 		res.Release()
 		if errors.As(err, &tr) && tr.TokenRefused() {
 			a.Metrics.BrokerTokenRefused(true)
+			a.tokenRefused.Store(true)
 			a.Log.Error("queue: Nomad refuses the broker's own token; queued jobs wait, none is parked, until it is valid again "+
 				"(nomad.token in the broker's configuration, then restart the broker)", "job", e.JobID, "namespace", e.Namespace, "error", err)
 			return fmt.Errorf("admit queued job %s (%s): %w", e.ID, e.JobID, err)
@@ -331,6 +338,7 @@ func (a *Admitter) register(ctx context.Context, e queue.Entry, d admission.Deci
 	}
 	res.Confirm(index)
 	a.Metrics.BrokerTokenRefused(false)
+	a.tokenRefused.Store(false)
 	if _, err := a.Queue.Remove(ctx, e); err != nil {
 		return err
 	}

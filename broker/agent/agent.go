@@ -148,8 +148,18 @@ func (a *Agent) Run(ctx context.Context) error {
 	defer resync.Stop()
 	go view.Follow(ctx, nomadClient, log.Named("cluster"), resync.C)
 	go policies.Watch(ctx, a.reload, cfg.PolicyPollInterval)
+	// 32 registrations in flight stays well inside Nomad's default limit of 100
+	// HTTP connections per client.
+	adm := &admitter.Admitter{Log: log.Named("queue"), Queue: store, Nomad: nomadClient, Cluster: view,
+		Policies: policies, Stamper: stamper, Now: time.Now, GPUsCameBack: view.GPUsCameBack, Blocked: nomadClient, Exclusive: exclusive, Metrics: metrics, FairShare: rollups, Audit: trail, Approvals: approvals,
+		Parallel: 32}
 	srv, err := server.New(server.Options{Leader: elector, Log: log.Named("proxy"), Nomad: cfg.Nomad.Address,
-		Client: nomadClient.HTTPClient(), Policies: policies, Cluster: view, Queue: store, Decisions: decisions, Scales: scales, Profiles: profiles, RightSizing: storedProfiles, Metrics: metrics, Rollups: rollups, FairShare: rollups, Audit: trail, Approvals: approvals, SetAside: aside, PolicyStatus: policies.Status, Forecast: forecast, Stamper: stamper, Region: region, ACLs: acls, BodyReadTimeout: cfg.BodyReadTimeoutDuration,
+		Client: nomadClient.HTTPClient(), Policies: policies, Cluster: view, Queue: store, Decisions: decisions, Scales: scales, Profiles: profiles, RightSizing: storedProfiles, Metrics: metrics, Rollups: rollups, FairShare: rollups, Audit: trail, Approvals: approvals, SetAside: aside, PolicyStatus: policies.Status, Unhealthy: func() string {
+			if adm.TokenRefused() {
+				return "Nomad refuses the broker's own token (nomad.token): nothing is admitted from the queue until it is valid again"
+			}
+			return ""
+		}, Forecast: forecast, Stamper: stamper, Region: region, ACLs: acls, BodyReadTimeout: cfg.BodyReadTimeoutDuration,
 		Exclusive: exclusive, Token: cfg.Nomad.Token, Peers: peers})
 	if err != nil {
 		return err
@@ -167,11 +177,6 @@ func (a *Agent) Run(ctx context.Context) error {
 	log.Info("broker listening", "address", cfg.Listen, "tls", cfg.TLS != nil, "enforcement", cfg.Enforcement, "nomad", cfg.Nomad.Address, "consul", cfg.Consul.Address,
 		"policy_dir", cfg.PolicyDir, "region", region, "acls", acls)
 
-	// 32 registrations in flight stays well inside Nomad's default limit of 100
-	// HTTP connections per client.
-	adm := &admitter.Admitter{Log: log.Named("queue"), Queue: store, Nomad: nomadClient, Cluster: view,
-		Policies: policies, Stamper: stamper, Now: time.Now, GPUsCameBack: view.GPUsCameBack, Blocked: nomadClient, Exclusive: exclusive, Metrics: metrics, FairShare: rollups, Audit: trail, Approvals: approvals,
-		Parallel: 32}
 	elector.Run(ctx, func(ctx context.Context) {
 		reassert := time.NewTicker(cfg.PreemptionReassertInterval)
 		defer reassert.Stop()

@@ -204,3 +204,21 @@ func TestTheUsageReportAddsUpTheDaysAsked(t *testing.T) {
 		}
 	}
 }
+
+// The health check needs no token (Consul's checks hold none) and says why
+// the broker cannot do its work, naming no tenant or job.
+func TestHealthSaysWhyTheBrokerCannotWork(t *testing.T) {
+	s, _, _, _ := newTestServer(t)
+	s.acls = true
+	if rec := do(s, http.MethodGet, "/v1/gpu/health", ""); rec.Code != http.StatusOK || !strings.Contains(rec.Body.String(), `"ok"`) {
+		t.Errorf("healthy: %d %s", rec.Code, rec.Body)
+	}
+	s.healthy = func() string { return "Nomad refuses the broker's own token" }
+	if rec := do(s, http.MethodGet, "/v1/gpu/health", ""); rec.Code != http.StatusServiceUnavailable ||
+		!strings.Contains(rec.Body.String(), "unhealthy: Nomad refuses the broker's own token") {
+		t.Errorf("unhealthy: %d %s", rec.Code, rec.Body)
+	}
+	if rec := do(s, http.MethodGet, "/v1/gpu/usage", ""); rec.Code != http.StatusForbidden {
+		t.Errorf("the rest of the API without a token: %d", rec.Code)
+	}
+}

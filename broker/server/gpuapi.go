@@ -14,6 +14,10 @@ import (
 // serveGPU serves the broker's own API, /v1/gpu/, to a caller with a valid
 // token when ACLs are on.
 func (s *Server) serveGPU(w http.ResponseWriter, r *http.Request) {
+	if r.URL.Path == "/v1/gpu/health" && r.Method == http.MethodGet {
+		s.health(w) // for health checks, which hold no token
+		return
+	}
 	who, _, err := s.resolve(r)
 	if s.acls && (err != nil || token(r) == "") {
 		if err == nil {
@@ -23,6 +27,19 @@ func (s *Server) serveGPU(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.api.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), callerKey{}, who)))
+}
+
+// health answers 200 while the broker can do its work, else 503 with why:
+// Nomad refuses its own token (the leader admits nothing from the queue).
+// It says nothing of any tenant or job.
+func (s *Server) health(w http.ResponseWriter) {
+	if s.healthy != nil {
+		if why := s.healthy(); why != "" {
+			writeError(w, fail(errUnavailable, "unhealthy: %s", why))
+			return
+		}
+	}
+	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 }
 
 // callerKey holds the caller's identity in a request to the broker's API.

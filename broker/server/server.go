@@ -108,6 +108,7 @@ type Server struct {
 	approvalStore Approvals
 	setAside      SetAside
 	policyStatus  func() policystore.Status
+	healthy       func() string
 	forecast      *queue.Forecast
 	ui            http.Handler // the web UI at /gpu/
 	api           http.Handler // the broker's own API at /v1/gpu/
@@ -156,6 +157,9 @@ type Options struct {
 	// PolicyStatus is the policy in force and how its last reload went
 	// (nil: /v1/gpu/policy not served).
 	PolicyStatus func() policystore.Status
+	// Unhealthy says why the broker cannot do its work ("": it can), for
+	// GET /v1/gpu/health (nil: always healthy).
+	Unhealthy func() string
 	Forecast     *queue.Forecast // running jobs' ends, for queue estimates (nil: none)
 	Stamper      nomadjob.Stamper
 	Region       string // the Nomad region the broker governs ("" or "global": Nomad's default)
@@ -181,7 +185,7 @@ func New(o Options) (*Server, error) {
 		return nil, fmt.Errorf("nomad address %q: %w", o.Nomad, err)
 	}
 	s := &Server{log: o.Log, upstream: u, client: o.Client, policies: o.Policies, cluster: o.Cluster,
-		queue: o.Queue, decisions: o.Decisions, scales: o.Scales, profiles: o.Profiles, stored: o.RightSizing, metrics: o.Metrics, rollups: o.Rollups, fairShare: o.FairShare, audit: o.Audit, approvalStore: o.Approvals, setAside: o.SetAside, policyStatus: o.PolicyStatus, forecast: o.Forecast, stamper: o.Stamper, region: o.Region, acls: o.ACLs, exclusive: o.Exclusive, token: o.Token, leader: o.Leader, now: o.Now, newID: o.NewID, identities: map[[32]byte]cachedIdentity{}, ui: webui.Handler()}
+		queue: o.Queue, decisions: o.Decisions, scales: o.Scales, profiles: o.Profiles, stored: o.RightSizing, metrics: o.Metrics, rollups: o.Rollups, fairShare: o.FairShare, audit: o.Audit, approvalStore: o.Approvals, setAside: o.SetAside, policyStatus: o.PolicyStatus, healthy: o.Unhealthy, forecast: o.Forecast, stamper: o.Stamper, region: o.Region, acls: o.ACLs, exclusive: o.Exclusive, token: o.Token, leader: o.Leader, now: o.Now, newID: o.NewID, identities: map[[32]byte]cachedIdentity{}, ui: webui.Handler()}
 	if s.client == nil {
 		s.client = &http.Client{}
 	}

@@ -95,10 +95,11 @@ job "gpu-broker" {
       port     = "http"
       provider = "consul"
 
-      # /metrics needs no token, so the check works with Nomad ACLs on.
+      # /v1/gpu/health needs no token, so the check works with Nomad ACLs
+      # on; it fails while Nomad refuses the broker's own token.
       check {
         type     = "http"
-        path     = "/metrics"
+        path     = "/v1/gpu/health"
         interval = "10s"
         timeout  = "2s"
       }
