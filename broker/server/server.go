@@ -160,11 +160,11 @@ type Options struct {
 	// Unhealthy says why the broker cannot do its work ("": it can), for
 	// GET /v1/gpu/health (nil: always healthy).
 	Unhealthy func() string
-	Forecast     *queue.Forecast // running jobs' ends, for queue estimates (nil: none)
-	Stamper      nomadjob.Stamper
-	Region       string // the Nomad region the broker governs ("" or "global": Nomad's default)
-	Leader       Leader // nil: this broker takes every admission itself
-	ACLs         bool   // Nomad enforces ACLs: the broker's API then needs a valid token
+	Forecast  *queue.Forecast // running jobs' ends, for queue estimates (nil: none)
+	Stamper   nomadjob.Stamper
+	Region    string // the Nomad region the broker governs ("" or "global": Nomad's default)
+	Leader    Leader // nil: this broker takes every admission itself
+	ACLs      bool   // Nomad enforces ACLs: the broker's API then needs a valid token
 	// Exclusive enforcement: the broker writes jobs in tenant namespaces with
 	// Token, its own, for the tenants' submitters.
 	Exclusive bool
