@@ -3,6 +3,7 @@ package reclaimer
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/nomad-gpu/nomad-gpu/broker/metrics"
@@ -23,6 +24,14 @@ type DayStore interface {
 // ErrMarkMoved: another leader counted since the mark was read; the next
 // pass counts from where it left off.
 var ErrMarkMoved = errors.New("the usage mark moved since it was read (another leader wrote)")
+
+// ErrClockStepped: the clock went back behind the usage mark (a step that
+// was corrected); the mark was brought back to it.
+var ErrClockStepped = errors.New("the clock went back")
+
+// clockStepBack is how far behind the mark the clock must be to count as
+// stepped back: two leaders' clocks may differ by this much.
+const clockStepBack = time.Minute
 
 // Ledger charges each reclaim pass's GPU time to the daily rollups and to
 // the tenants' decayed GPU-hours, from the stored mark up to the pass, adds
@@ -45,6 +54,22 @@ func (l *Ledger) Observed(ctx context.Context, now time.Time, allocs []reclaim.A
 		return err
 	}
 	through := mark.Through
+	if !through.IsZero() && now.Before(through.Add(-clockStepBack)) {
+		// The mark is ahead of the clock: it was set while the clock ran
+		// ahead, and the clock was put back since. Waiting for the clock to
+		// reach the mark would charge nothing for that long: the mark comes
+		// back to now, and the time after is charged.
+		mark.Through = now
+		ok, err := l.Store.Commit(ctx, index, mark, nil)
+		if err != nil {
+			return err
+		}
+		if !ok {
+			return ErrMarkMoved
+		}
+		return fmt.Errorf("%w: the usage mark was %s ahead of the clock, and is back at %s; GPU time from now on is charged",
+			ErrClockStepped, through.Sub(now).Round(time.Second), now.UTC().Format(time.RFC3339))
+	}
 	if !through.IsZero() && !now.After(through) {
 		return nil // counted up to now already
 	}

@@ -147,3 +147,23 @@ tenant "vision" {
 		t.Fatal("not over budget after a minute more")
 	}
 }
+
+// The clock ran two hours ahead (the mark with it) and was put back: the
+// mark comes back to the clock, and the time after is charged, instead of
+// nothing until the clock catches up with the mark.
+func TestAClockPutBackDoesNotStopTheLedger(t *testing.T) {
+	t0 := time.Date(2026, 11, 30, 8, 0, 0, 0, time.UTC)
+	store := &days{mark: usage.Mark{Through: t0.Add(2 * time.Hour)}, index: 1, byDay: map[string]usage.Rollup{}}
+	l := &reclaimer.Ledger{Store: store, Policies: testbuild.Fixed{P: testbuild.Policy(t, src)}}
+	allocs := []reclaim.Alloc{{ID: "a", Namespace: "vision", JobID: "nb", Admitted: true, Tenant: "vision", Queue: "dev", StartedAt: t0.Add(-time.Hour),
+		GPUs: []string{"g0"}}}
+	if err := l.Observed(context.Background(), t0, allocs, nil); !errors.Is(err, reclaimer.ErrClockStepped) || !store.mark.Through.Equal(t0) {
+		t.Fatalf("the clock put back: %v, mark %s", err, store.mark.Through)
+	}
+	if err := l.Observed(context.Background(), t0.Add(30*time.Second), allocs, nil); err != nil {
+		t.Fatal(err)
+	}
+	if got := store.byDay["2026-11-30"].Rows; len(got) != 1 || got[0].Seconds.Allocated != 30 {
+		t.Errorf("charged %+v after the mark came back, want 30 GPU-seconds", got)
+	}
+}
