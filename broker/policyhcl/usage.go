@@ -124,33 +124,30 @@ func (p *parser) approvers(a *hcl.Attribute, seen map[string]hcl.Range) hcl.Diag
 	return nil
 }
 
+// either reads a top-level attribute that is one of two words into *dst.
+func either(a *hcl.Attribute, seen map[string]hcl.Range, dst *string, one, other string) hcl.Diagnostics {
+	var v string
+	if d := topLevel(a, seen, &v); d.HasErrors() {
+		return d
+	}
+	if v != one && v != other {
+		return hcl.Diagnostics{errorAt(a.Range, "Invalid "+a.Name, fmt.Sprintf("%s = %q is neither %q nor %q", a.Name, v, one, other))}
+	}
+	*dst = v
+	return nil
+}
+
 // undeclaredAccess reads undeclared_gpu_access: "refuse" or "warn".
 func (p *parser) undeclaredAccess(a *hcl.Attribute, seen map[string]hcl.Range) hcl.Diagnostics {
-	var v string
-	if d := topLevel(a, seen, &v); d.HasErrors() {
-		return d
-	}
-	if v != policy.AccessRefuse && v != policy.AccessWarn {
-		return hcl.Diagnostics{errorAt(a.Range, "Invalid undeclared_gpu_access",
-			fmt.Sprintf("undeclared_gpu_access = %q is neither %q nor %q", v, policy.AccessRefuse, policy.AccessWarn))}
-	}
-	p.UndeclaredGPUAccess = v
-	return nil
+	return either(a, seen, &p.UndeclaredGPUAccess, policy.AccessRefuse, policy.AccessWarn)
 }
 
+// overLimit reads over_limit: "reclaim" or "wait".
 func (p *parser) overLimit(a *hcl.Attribute, seen map[string]hcl.Range) hcl.Diagnostics {
-	var v string
-	if d := topLevel(a, seen, &v); d.HasErrors() {
-		return d
-	}
-	if v != policy.OverReclaim && v != policy.OverWait {
-		return hcl.Diagnostics{errorAt(a.Range, "Invalid over_limit",
-			fmt.Sprintf("over_limit = %q is neither %q nor %q", v, policy.OverReclaim, policy.OverWait))}
-	}
-	p.OverLimit = v
-	return nil
+	return either(a, seen, &p.OverLimit, policy.OverReclaim, policy.OverWait)
 }
 
+// overLimitGrace reads over_limit_grace: a duration of 0 or more.
 func (p *parser) overLimitGrace(a *hcl.Attribute, seen map[string]hcl.Range) hcl.Diagnostics {
 	var v string
 	if d := topLevel(a, seen, &v); d.HasErrors() {
