@@ -163,22 +163,30 @@ func TestSoak(t *testing.T) {
 				continue
 			}
 			used := map[string]int{}
+			holders := map[string][]string{} // by namespace: what held the GPUs, to tell a violation's cause
 			for _, a := range allocs {
 				if a.DesiredStatus != api.AllocDesiredStatusRun || a.ClientStatus == api.AllocClientStatusComplete ||
 					a.ClientStatus == api.AllocClientStatusFailed || a.ClientStatus == api.AllocClientStatusLost || a.AllocatedResources == nil {
 					continue
 				}
+				n := 0
 				for _, tr := range a.AllocatedResources.Tasks {
 					for _, d := range tr.Devices {
-						used[a.Namespace] += len(d.DeviceIDs)
+						n += len(d.DeviceIDs)
 					}
+				}
+				used[a.Namespace] += n
+				if n > 0 {
+					holders[a.Namespace] = append(holders[a.Namespace], fmt.Sprintf("%s/%s v%d %s %d GPUs (created at index %d)",
+						a.JobID, a.ID[:8], a.JobVersion, a.ClientStatus, n, a.CreateIndex))
 				}
 			}
 			samples++
 			for ns, u := range used {
 				maxUsed[ns] = max(maxUsed[ns], u)
 				if u > soakLimit {
-					over = append(over, fmt.Sprintf("%s: %d GPUs at %s", ns, u, time.Now().Format("15:04:05.000")))
+					sort.Strings(holders[ns])
+					over = append(over, fmt.Sprintf("%s: %d GPUs at %s: %s", ns, u, time.Now().Format("15:04:05.000"), strings.Join(holders[ns], "; ")))
 				}
 			}
 		}
