@@ -61,6 +61,9 @@ type Cluster interface {
 	Admit(p *policy.Policy, job admission.Job) (admission.Decision, *cluster.Reservation)
 	NodesFitting(model string, gpus int) int
 	FittingNodes(model string, gpus int) []string
+	// LockJob holds off other decisions on one job (the gate's too) from
+	// reading it to Nomad's answer.
+	LockJob(namespace, id string) (unlock func())
 }
 
 // Unblocker re-evaluates jobs Nomad left blocked.
@@ -230,73 +233,98 @@ func (a *Admitter) decide(ctx context.Context, r *registrations) error {
 		if e.Parked != "" && !e.ParkedByPolicy {
 			continue
 		}
-		req, err := nomadjob.ReadRequest(nomadjob.Register, e.Request, url.Values{"namespace": {e.Namespace}})
+		if err := a.consider(ctx, r, p, &pass, e); errors.Is(err, errPassOver) {
+			return nil
+		} else if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// errPassOver ends a pass early: a registration failed meanwhile.
+var errPassOver = errors.New("the pass is over")
+
+// consider decides on one queued entry and hands an admission to r. It holds
+// the job's decision lock (shared with the gate) from reading the entry's job
+// to Nomad's answer to its registration: a scale or a registration of the
+// same job through the gate meanwhile would decide on the job as it was.
+func (a *Admitter) consider(ctx context.Context, r *registrations, p *policy.Policy, pass *queue.Pass, e queue.Entry) error {
+	unlock := a.Cluster.LockJob(e.Namespace, e.JobID)
+	handed := false // to the registration, which unlocks once Nomad answered
+	defer func() {
+		if !handed {
+			unlock()
+		}
+	}()
+	req, err := nomadjob.ReadRequest(nomadjob.Register, e.Request, url.Values{"namespace": {e.Namespace}})
+	if err != nil {
+		a.park(ctx, e, err)
+		return nil
+	}
+	var current *api.Job
+	if nomadjob.HasCanaries(req.Job) {
+		if current, err = a.Nomad.Job(ctx, e.Namespace, e.JobID); err != nil {
+			return fmt.Errorf("queue entry %s: %w", e.ID, err)
+		}
+	}
+	if nomadjob.AutoReverts(req.Job) {
+		stable, err := a.Nomad.StableJob(ctx, e.Namespace, e.JobID)
 		if err != nil {
+			return fmt.Errorf("queue entry %s: %w", e.ID, err)
+		}
+		if err := req.RevertsTo(stable, a.Cluster.NodesFitting); err != nil {
 			a.park(ctx, e, err)
-			continue
-		}
-		var current *api.Job
-		if nomadjob.HasCanaries(req.Job) {
-			if current, err = a.Nomad.Job(ctx, e.Namespace, e.JobID); err != nil {
-				return fmt.Errorf("queue entry %s: %w", e.ID, err)
-			}
-		}
-		if nomadjob.AutoReverts(req.Job) {
-			stable, err := a.Nomad.StableJob(ctx, e.Namespace, e.JobID)
-			if err != nil {
-				return fmt.Errorf("queue entry %s: %w", e.ID, err)
-			}
-			if err := req.RevertsTo(stable, a.Cluster.NodesFitting); err != nil {
-				a.park(ctx, e, err)
-				continue
-			}
-		}
-		req.PinNodes(a.Cluster.FittingNodes) // the nodes fitting now, not when it was queued
-		groups, err := req.Groups(current, a.Cluster.NodesFitting)
-		if err != nil {
-			a.park(ctx, e, err)
-			continue
-		}
-		req.Pin()
-		req.ApplyWorkload(p.WorkloadFor(e.Namespace, req.Job.Meta[nomadjob.MetaQueue]))
-		j := req.Admission(groups)
-		if a.Approvals != nil {
-			j.Granted = approval.For(a.Approvals.Current(), e.Namespace, e.JobID, a.Now())
-		}
-		if e.ParkedByPolicy {
-			a.reconsider(ctx, p, e, j)
-			continue
-		}
-		d, res := a.Cluster.Admit(p, j)
-		if !pass.Admits(d) {
-			res.Release()
-			continue
-		}
-		if d.Outcome == admission.Reject {
-			// The policy changed since it was queued (an empty or truncated
-			// file may be all it is): parked, never deleted.
-			a.parkByPolicy(ctx, e, d)
-			continue
-		}
-		if e.Accessor != "" {
-			// Registered with the broker's token: only while the submitter may still.
-			why, err := a.submitterMay(ctx, p, e)
-			if err != nil {
-				res.Release()
-				return fmt.Errorf("queue entry %s: %w", e.ID, err)
-			}
-			if why != "" {
-				res.Release()
-				a.park(ctx, e, errors.New(why))
-				continue
-			}
-		}
-		req.Stamp(d, a.Stamper.Stamp(e.Namespace, req.Job, d))
-		body := req.Body()
-		if !r.start(func() error { return a.register(ctx, e, d, res, body) }) {
-			res.Release()
 			return nil
 		}
+	}
+	req.PinNodes(a.Cluster.FittingNodes) // the nodes fitting now, not when it was queued
+	groups, err := req.Groups(current, a.Cluster.NodesFitting)
+	if err != nil {
+		a.park(ctx, e, err)
+		return nil
+	}
+	req.Pin()
+	req.ApplyWorkload(p.WorkloadFor(e.Namespace, req.Job.Meta[nomadjob.MetaQueue]))
+	j := req.Admission(groups)
+	if a.Approvals != nil {
+		j.Granted = approval.For(a.Approvals.Current(), e.Namespace, e.JobID, a.Now())
+	}
+	if e.ParkedByPolicy {
+		a.reconsider(ctx, p, e, j)
+		return nil
+	}
+	d, res := a.Cluster.Admit(p, j)
+	if !pass.Admits(d) {
+		res.Release()
+		return nil
+	}
+	if d.Outcome == admission.Reject {
+		// The policy changed since it was queued (an empty or truncated
+		// file may be all it is): parked, never deleted.
+		a.parkByPolicy(ctx, e, d)
+		return nil
+	}
+	if e.Accessor != "" {
+		// Registered with the broker's token: only while the submitter may still.
+		why, err := a.submitterMay(ctx, p, e)
+		if err != nil {
+			res.Release()
+			return fmt.Errorf("queue entry %s: %w", e.ID, err)
+		}
+		if why != "" {
+			res.Release()
+			a.park(ctx, e, errors.New(why))
+			return nil
+		}
+	}
+	req.Stamp(d, a.Stamper.Stamp(e.Namespace, req.Job, d))
+	body := req.Body()
+	handed = true
+	if !r.start(func() error { defer unlock(); return a.register(ctx, e, d, res, body) }) {
+		handed = false
+		res.Release()
+		return errPassOver
 	}
 	return nil
 }

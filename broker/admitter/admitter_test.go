@@ -513,3 +513,28 @@ func TestATickWithNothingChangedMakesNoPass(t *testing.T) {
 		t.Errorf("%d listings once IdlePass went by, want 3", n)
 	}
 }
+
+// The queue decides on a job only while no other decision on it (a scale
+// or a registration through the gate) is in flight, and holds the gate's
+// off until Nomad answered its registration.
+func TestTheQueueWaitsForTheGatesDecisionOnTheSameJob(t *testing.T) {
+	a, q, n, view, now := setup(t, visionPolicy, 8)
+	q.Put(context.Background(), entry("j", 2, time.Minute, now))
+	unlock := view.LockJob("vision", "j") // a scale of j through the gate, in flight
+	done := make(chan struct{})
+	go func() {
+		a.Pass(context.Background())
+		close(done)
+	}()
+	select {
+	case <-done:
+		t.Fatalf("the queue decided on j while the gate held it: %v", n.registered)
+	case <-time.After(200 * time.Millisecond):
+	}
+	unlock()
+	<-done
+	if fmt.Sprint(n.registered) != "[vision/j]" {
+		t.Errorf("registered %v once the gate let go", n.registered)
+	}
+	view.LockJob("vision", "j")() // free again
+}

@@ -24,6 +24,8 @@ type View struct {
 	allocEvent func(AllocEvent)
 	reverted   func(Revert)
 
+	decisions jobLocks // one decision at a time per job (LockJob)
+
 	mu       sync.RWMutex
 	nodes    map[string]node
 	jobs     map[jobKey]job

@@ -77,7 +77,7 @@ func (s *Server) readGPUJob(w http.ResponseWriter, r *http.Request, kind nomadjo
 	}
 	unlock := func() {}
 	if kind == nomadjob.Register {
-		unlock = s.jobs.lock(req.Namespace, req.JobID)
+		unlock = s.cluster.LockJob(req.Namespace, req.JobID)
 	}
 	var current *api.Job
 	if req.PreserveCounts || nomadjob.HasCanaries(req.Job) {

@@ -63,7 +63,7 @@ func (s *Server) scale(w http.ResponseWriter, r *http.Request, jc jobCall, jobID
 		return
 	}
 	ns := jc.namespace
-	defer s.jobs.lock(ns, jobID)()
+	defer s.cluster.LockJob(ns, jobID)()
 	job, err := s.currentJob(r, ns, jobID)
 	if err != nil {
 		s.lookupFailed(w, err, "scale", jobID)
@@ -233,7 +233,7 @@ func (s *Server) revert(w http.ResponseWriter, r *http.Request, jc jobCall, jobI
 // job ns/jobID again (the newest that target picks) as an update of the
 // one it runs, then forwards body; with no such version it passes body on.
 func (s *Server) revertTo(w http.ResponseWriter, r *http.Request, body []byte, ns, jobID, what string, target func(*api.Job) bool) {
-	defer s.jobs.lock(ns, jobID)()
+	defer s.cluster.LockJob(ns, jobID)()
 	current, err := s.currentJob(r, ns, jobID)
 	if err != nil {
 		s.lookupFailed(w, err, what, jobID)

@@ -43,6 +43,8 @@ type Cluster interface {
 	// Map and Followed serve the GPU map.
 	Map(idleBelow float64) []cluster.MapNode
 	Followed() (index, listings uint64)
+	// LockJob holds off other decisions on one job (the queue's too).
+	LockJob(namespace, id string) (unlock func())
 }
 
 // Queue is where jobs wait.
@@ -128,8 +130,6 @@ type Server struct {
 
 	idMu       sync.Mutex
 	identities map[[32]byte]cachedIdentity
-
-	jobs jobLocks // one decision at a time per job
 }
 
 // Options are what a Server is built from; Now and NewID default to the real ones.

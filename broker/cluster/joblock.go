@@ -1,8 +1,9 @@
-package server
+package cluster
 
 import "sync"
 
-// jobLocks serialise the calls that decide on one job: each reads the job,
+// jobLocks serialise the decisions on one job, whoever makes them (a call
+// through the gate, the queue admitting an entry): each reads the job,
 // decides and has Nomad's answer before the next one reads it. Reservations
 // are kept per job, so two decisions on one job made at once would each
 // count the job as it was, and never each other.
@@ -40,3 +41,7 @@ func (l *jobLocks) lock(namespace, id string) (unlock func()) {
 		l.mu.Unlock()
 	}
 }
+
+// LockJob waits until no other decision on job namespace/id is in flight
+// and returns the unlock: hold it from reading the job to Nomad's answer.
+func (v *View) LockJob(namespace, id string) (unlock func()) { return v.decisions.lock(namespace, id) }
