@@ -418,10 +418,7 @@ func TestGate(t *testing.T) {
 		t.Parallel()
 		e := e.in(t)
 		const ns = "gate-deploy"
-		if status, out := send(t, e.broker.Addr, http.MethodPut, "/v1/jobs", deploying(ns, 2, 2*time.Second, false)); status != http.StatusOK {
-			t.Fatalf("version 0, 2 GPUs: %d %s", status, out)
-		}
-		waitStable(t, e, ns, "svc")
+		stableVersion0(t, e, ns)
 		if status, out := send(t, e.broker.Addr, http.MethodPut, "/v1/jobs", deploying(ns, 1, time.Hour, false)); status != http.StatusOK {
 			t.Fatalf("version 1, 1 GPU: %d %s", status, out)
 		}
@@ -453,10 +450,7 @@ func TestGate(t *testing.T) {
 		t.Parallel()
 		e := e.in(t)
 		const ns = "gate-autorevert"
-		if status, out := send(t, e.broker.Addr, http.MethodPut, "/v1/jobs", deploying(ns, 2, 2*time.Second, false)); status != http.StatusOK {
-			t.Fatalf("version 0, 2 GPUs: %d %s", status, out)
-		}
-		waitStable(t, e, ns, "svc")
+		stableVersion0(t, e, ns)
 		status, out := send(t, e.broker.Addr, http.MethodPut, "/v1/jobs", deploying(ns, 1, 2*time.Second, true))
 		if status != http.StatusOK || !strings.Contains(out, "counted at the larger of two versions (this version 1, its stable version 2") {
 			t.Fatalf("version 1, 1 GPU, failing: %d %s", status, out)
@@ -559,11 +553,15 @@ func deploying(ns string, gpus int, healthy time.Duration, failing bool) string 
 	return jb.body(nil, canonical)
 }
 
-// waitStable waits until Nomad marks job ns/id's version stable.
-func waitStable(t *testing.T, e *env, ns, id string) {
+// stableVersion0 registers version 0 of svc in ns (2 GPUs, deployments
+// that revert on failure) through the broker and waits until it is stable.
+func stableVersion0(t *testing.T, e *env, ns string) {
 	t.Helper()
-	testcluster.WaitFor(t, 60*time.Second, id+" stable", func() error {
-		j, _, err := e.nomad.API.Jobs().Info(id, &api.QueryOptions{Namespace: ns})
+	if status, out := send(t, e.broker.Addr, http.MethodPut, "/v1/jobs", deploying(ns, 2, 2*time.Second, false)); status != http.StatusOK {
+		t.Fatalf("version 0, 2 GPUs: %d %s", status, out)
+	}
+	testcluster.WaitFor(t, 60*time.Second, "svc stable", func() error {
+		j, _, err := e.nomad.API.Jobs().Info("svc", &api.QueryOptions{Namespace: ns})
 		if err != nil || j.Stable == nil || !*j.Stable {
 			return fmt.Errorf("not stable yet (%v)", err)
 		}
