@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"net/url"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -106,16 +105,11 @@ type Admitter struct {
 	// see changed (budgets reset with time alone); 0: DefaultIdlePass.
 	IdlePass time.Duration
 
-	listed       int // entries the last pass found (Run's own)
-	tokenRefused atomic.Bool
+	listed int // entries the last pass found (Run's own)
 	// idle is what the last pass that admitted nothing saw, and when.
 	idle   passState
 	idleAt time.Time
 }
-
-// TokenRefused reports whether Nomad refused the broker's own token at the
-// last registration from the queue (nothing is admitted from it then).
-func (a *Admitter) TokenRefused() bool { return a.tokenRefused.Load() }
 
 // DefaultIdlePass bounds how long a budget reset waits for a pass.
 const DefaultIdlePass = time.Minute
@@ -310,6 +304,7 @@ func (a *Admitter) consider(ctx context.Context, r *registrations, p *policy.Pol
 		why, err := a.submitterMay(ctx, p, e)
 		if err != nil {
 			res.Release()
+			a.noteTokenRefused(err, e)
 			return fmt.Errorf("queue entry %s: %w", e.ID, err)
 		}
 		if why != "" {
@@ -347,14 +342,9 @@ func (a *Admitter) register(ctx context.Context, e queue.Entry, d admission.Deci
 		return errChanged
 	}
 	index, err := a.Nomad.Register(ctx, e.Namespace, body)
-	var tr tokenRefusal
 	if err != nil {
 		res.Release()
-		if errors.As(err, &tr) && tr.TokenRefused() {
-			a.Metrics.BrokerTokenRefused(true)
-			a.tokenRefused.Store(true)
-			a.Log.Error("queue: Nomad refuses the broker's own token; queued jobs wait, none is parked, until it is valid again "+
-				"(nomad.token in the broker's configuration, then restart the broker)", "job", e.JobID, "namespace", e.Namespace, "error", err)
+		if a.noteTokenRefused(err, e) {
 			return fmt.Errorf("admit queued job %s (%s): %w", e.ID, e.JobID, err)
 		}
 		var r refusal
@@ -365,8 +355,6 @@ func (a *Admitter) register(ctx context.Context, e queue.Entry, d admission.Deci
 		return fmt.Errorf("admit queued job %s (%s): %w", e.ID, e.JobID, err)
 	}
 	res.Confirm(index)
-	a.Metrics.BrokerTokenRefused(false)
-	a.tokenRefused.Store(false)
 	if _, err := a.Queue.Remove(ctx, e); err != nil {
 		return err
 	}
@@ -440,6 +428,19 @@ func (r *registrations) failed() bool {
 func (r *registrations) wait() (int, error) {
 	r.wg.Wait()
 	return r.admitted, r.err
+}
+
+// noteTokenRefused reports whether err is Nomad refusing the broker's own
+// token, and if so logs it: the entry waits and is never parked for it. (The
+// metric and health check read the Nomad client, which sees every refusal.)
+func (a *Admitter) noteTokenRefused(err error, e queue.Entry) bool {
+	var tr tokenRefusal
+	if !errors.As(err, &tr) || !tr.TokenRefused() {
+		return false
+	}
+	a.Log.Error("queue: Nomad refuses the broker's own token; queued jobs wait, none is parked, until it is valid again "+
+		"(write a valid one to nomad.token_file and send the broker SIGHUP, or set nomad.token and restart it)", "job", e.JobID, "namespace", e.Namespace, "error", err)
+	return true
 }
 
 // submitterMay says why the submitter of e may no longer submit it ("" if it

@@ -51,6 +51,9 @@ func (n *nomad) StableJob(_ context.Context, _, id string) (*api.Job, error) {
 }
 
 func (n *nomad) Grants(_ context.Context, accessor string) (policy.Grants, bool, error) {
+	if n.revoked {
+		return policy.Grants{}, false, revoked{}
+	}
 	g, ok := n.tokens[accessor]
 	return g, ok, nil
 }
@@ -444,12 +447,28 @@ func TestARefusedBrokerTokenParksNothing(t *testing.T) {
 	a, q, n, _, now := setup(t, visionPolicy, 8)
 	q.Put(context.Background(), entry("a", 2, time.Hour, now))
 	q.Put(context.Background(), entry("b", 2, time.Minute, now))
+	// Queued for a submitter: the broker reads the submitter's token with its
+	// own first (exclusive enforcement), which Nomad refuses as well.
+	c := entry("c", 2, time.Second, now)
+	c.Accessor = "acc-ana"
+	n.tokens["acc-ana"] = policy.Grants{}
+	q.Put(context.Background(), c)
 	n.revoked = true
 	for i := 0; i < 2; i++ {
-		if got, err := a.Pass(context.Background()); err == nil || got != 0 {
+		if got, err := a.Pass(context.Background()); !errors.As(err, &revoked{}) || got != 0 {
 			t.Fatalf("pass %d with the broker's token refused: admitted %d, error %v", i, got, err)
 		}
 	}
+	// The reading of a submitter's token alone tells it too.
+	a.Queue.Remove(context.Background(), entry("a", 2, time.Hour, now))
+	a.Queue.Remove(context.Background(), entry("b", 2, time.Minute, now))
+	a2, _, _, _, _ := setup(t, visionPolicy, 8)
+	a2.Queue, a2.Nomad = q, n
+	if _, err := a2.Pass(context.Background()); !errors.As(err, &revoked{}) {
+		t.Errorf("a refused read of the submitter's token: %v", err)
+	}
+	q.Put(context.Background(), entry("a", 2, time.Hour, now))
+	q.Put(context.Background(), entry("b", 2, time.Minute, now))
 	entries, _ := q.List(context.Background())
 	for _, e := range entries {
 		if e.Parked != "" {
@@ -457,7 +476,7 @@ func TestARefusedBrokerTokenParksNothing(t *testing.T) {
 		}
 	}
 	n.revoked = false
-	if got, err := a.Pass(context.Background()); err != nil || got != 2 {
+	if got, err := a.Pass(context.Background()); err != nil || got != 3 {
 		t.Errorf("with the token valid again: admitted %d (%v)", got, err)
 	}
 }

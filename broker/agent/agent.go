@@ -43,7 +43,7 @@ import (
 type Agent struct {
 	cfg    *config.Config
 	log    hclog.Logger
-	reload <-chan os.Signal // the policy is read again at once (SIGHUP)
+	reload <-chan os.Signal // the policy and the Nomad token file are read again at once (SIGHUP)
 }
 
 // New is a broker for a validated configuration; reload (may be nil) asks
@@ -126,7 +126,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	elector := &leader.Elector{Client: consulClient, Key: cfg.Consul.KVPrefix + "leader", Address: cfg.Advertise,
 		Log: log.Named("leader")}
 	metrics.Observe(brokermetrics.Sources{Cluster: view, Policies: policies, Queue: store, Leader: elector,
-		PolicyState: func() (time.Time, bool) { st := policies.Status(); return st.LoadedAt, st.Stale }})
+		PolicyState: func() (time.Time, bool) { st := policies.Status(); return st.LoadedAt, st.Stale }, TokenRefused: nomadClient.TokenRefused})
 	view.SetAllocEvents(metrics.AllocEvent)
 	var trail *audit.Log
 	if a := cfg.Audit; a != nil {
@@ -147,7 +147,9 @@ func (a *Agent) Run(ctx context.Context) error {
 	resync := time.NewTicker(cfg.ResyncInterval)
 	defer resync.Stop()
 	go view.Follow(ctx, nomadClient, log.Named("cluster"), resync.C)
-	go policies.Watch(ctx, a.reload, cfg.PolicyPollInterval)
+	policyReload := make(chan os.Signal, 1)
+	go a.reloads(ctx, nomadClient, policyReload)
+	go policies.Watch(ctx, policyReload, cfg.PolicyPollInterval)
 	// 32 registrations in flight stays well inside Nomad's default limit of 100
 	// HTTP connections per client.
 	adm := &admitter.Admitter{Log: log.Named("queue"), Queue: store, Nomad: nomadClient, Cluster: view,
@@ -155,12 +157,13 @@ func (a *Agent) Run(ctx context.Context) error {
 		Parallel: 32}
 	srv, err := server.New(server.Options{Leader: elector, Log: log.Named("proxy"), Nomad: cfg.Nomad.Address,
 		Client: nomadClient.HTTPClient(), Policies: policies, Cluster: view, Queue: store, Decisions: decisions, Scales: scales, Profiles: profiles, RightSizing: storedProfiles, Metrics: metrics, Rollups: rollups, FairShare: rollups, Audit: trail, Approvals: approvals, SetAside: aside, PolicyStatus: policies.Status, Unhealthy: func() string {
-			if adm.TokenRefused() {
-				return "Nomad refuses the broker's own token (nomad.token): nothing is admitted from the queue until it is valid again"
+			if nomadClient.TokenRefused() {
+				return "Nomad refuses the broker's own token: nothing is admitted from the queue until it is valid again " +
+					"(write a valid one to nomad.token_file and send the broker SIGHUP, or set nomad.token and restart it)"
 			}
 			return ""
 		}, Forecast: forecast, Stamper: stamper, Region: region, ACLs: acls, BodyReadTimeout: cfg.BodyReadTimeoutDuration,
-		Exclusive: exclusive, Token: cfg.Nomad.Token, Peers: peers})
+		Exclusive: exclusive, Token: nomadClient.Token, Peers: peers})
 	if err != nil {
 		return err
 	}
@@ -212,6 +215,37 @@ func (a *Agent) Run(ctx context.Context) error {
 	shutdown, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	return httpServer.Shutdown(shutdown)
+}
+
+// reloads reads nomad.token_file again at each SIGHUP (a revoked or rotated
+// token is replaced with no restart, and the queue goes on at its next pass),
+// then passes the signal on for the policy to be read again.
+func (a *Agent) reloads(ctx context.Context, nomadClient *nomadapi.Client, policy chan<- os.Signal) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case sig := <-a.reload:
+			if a.cfg.Nomad.TokenFile != "" {
+				switch tok, err := a.cfg.Nomad.ReadToken(); {
+				case err != nil:
+					a.log.Error("the Nomad token file cannot be read: the token in use is kept", "error", err)
+				case tok == nomadClient.Token():
+					a.log.Info("the Nomad token file holds the token in use", "path", a.cfg.Nomad.TokenFile)
+				default:
+					if err := nomadClient.SetToken(tok); err != nil {
+						a.log.Error("the Nomad token file's token cannot be used: the token in use is kept", "error", err)
+					} else {
+						a.log.Info("the Nomad token was replaced from the token file", "path", a.cfg.Nomad.TokenFile)
+					}
+				}
+			}
+			select {
+			case policy <- sig:
+			default: // a reload is already asked for
+			}
+		}
+	}
 }
 
 // grantPruneInterval is how often the leader deletes the grants of jobs

@@ -80,6 +80,10 @@ type Audit struct {
 type Nomad struct {
 	Address string `hcl:"address,optional"`
 	Token   string `hcl:"token,optional"`
+	// TokenFile holds the token instead (one written by Vault agent or a
+	// template): read at start and again on SIGHUP, so that a revoked or
+	// rotated token is replaced without a restart.
+	TokenFile string `hcl:"token_file,optional"`
 	// Region is the Nomad region the broker admits GPU jobs for; empty: the
 	// region of the Nomad agent at Address.
 	Region string `hcl:"region,optional"`
@@ -209,7 +213,9 @@ func (c *Config) fill(env func(string) string) {
 	first(&c.BodyReadTimeout, "30s")
 	first(&c.Enforcement, Passthrough)
 	first(&c.Nomad.Address, env("NOMAD_ADDR"), DefaultNomad)
-	first(&c.Nomad.Token, env("NOMAD_TOKEN"))
+	if c.Nomad.TokenFile == "" {
+		first(&c.Nomad.Token, env("NOMAD_TOKEN"))
+	}
 	first(&c.Consul.Address, env("CONSUL_HTTP_ADDR"), DefaultConsul)
 	first(&c.Consul.Token, env("CONSUL_HTTP_TOKEN"))
 	first(&c.Consul.KVPrefix, DefaultKVPrefix)
@@ -249,6 +255,16 @@ func (c *Config) Validate() error {
 	if !strings.HasPrefix(c.Nomad.Address, "http://") && !strings.HasPrefix(c.Nomad.Address, "https://") {
 		return refuse("nomad.address", "nomad.address %q must start with http:// or https://", c.Nomad.Address)
 	}
+	if c.Nomad.TokenFile != "" {
+		if c.Nomad.Token != "" {
+			return refuse("nomad.token_file", "nomad.token_file and nomad.token are both set: give one")
+		}
+		tok, err := c.Nomad.ReadToken()
+		if err != nil {
+			return refuse("nomad.token_file", "%w", err)
+		}
+		c.Nomad.Token = tok
+	}
 	if a := c.Audit; a != nil {
 		if a.MaxBytes == 0 {
 			a.MaxBytes = DefaultAuditMaxBytes
@@ -264,4 +280,18 @@ func (c *Config) Validate() error {
 		return refuse("policy_dir", "policy_dir %q is not a directory", c.PolicyDir)
 	}
 	return nil
+}
+
+// ReadToken reads the token in TokenFile, without the white space and
+// newline around it that tools write.
+func (n *Nomad) ReadToken() (string, error) {
+	b, err := os.ReadFile(n.TokenFile)
+	if err != nil {
+		return "", fmt.Errorf("nomad.token_file: %w", err)
+	}
+	tok := strings.TrimSpace(string(b))
+	if tok == "" {
+		return "", fmt.Errorf("nomad.token_file %s is empty", n.TokenFile)
+	}
+	return tok, nil
 }

@@ -188,3 +188,31 @@ func FuzzLoad(f *testing.F) {
 		}
 	})
 }
+
+func TestNomadTokenFile(t *testing.T) {
+	dir := t.TempDir()
+	path, tokenPath := filepath.Join(dir, "broker.hcl"), filepath.Join(dir, "nomad-token")
+	t.Setenv("NOMAD_TOKEN", "from-the-environment")
+	os.WriteFile(path, []byte("policy_dir = \""+dir+"\"\nnomad {\n  token_file = \""+tokenPath+"\"\n}\n"), 0o644)
+	if _, err := Load(path); err == nil || !strings.Contains(err.Error(), "broker.hcl:3:3: nomad.token_file: open "+tokenPath) {
+		t.Errorf("a missing token file: %v", err)
+	}
+	os.WriteFile(tokenPath, []byte("\n"), 0o600)
+	if _, err := Load(path); err == nil || !strings.Contains(err.Error(), "broker.hcl:3:3: nomad.token_file "+tokenPath+" is empty") {
+		t.Errorf("an empty token file: %v", err)
+	}
+	// The file's token, not NOMAD_TOKEN's; the newline a tool writes is not part of it.
+	os.WriteFile(tokenPath, []byte("s3cr3t\n"), 0o600)
+	c, err := Load(path)
+	if err != nil || c.Nomad.Token != "s3cr3t" {
+		t.Fatalf("token %q, %v", c.Nomad.Token, err)
+	}
+	os.WriteFile(tokenPath, []byte("rotated"), 0o600)
+	if tok, err := c.Nomad.ReadToken(); err != nil || tok != "rotated" {
+		t.Errorf("read again: %q, %v", tok, err)
+	}
+	os.WriteFile(path, []byte("policy_dir = \""+dir+"\"\nnomad {\n  token = \"x\"\n  token_file = \""+tokenPath+"\"\n}\n"), 0o644)
+	if _, err := Load(path); err == nil || !strings.Contains(err.Error(), "broker.hcl:4:3: nomad.token_file and nomad.token are both set") {
+		t.Errorf("both: %v", err)
+	}
+}

@@ -139,7 +139,7 @@ func TestExclusiveEnforcementWithNomadACLs(t *testing.T) {
 	certs := testcluster.NewCerts(t)
 	e := &aclEnv{env: &env{t: t, nomad: n, dir: t.TempDir(), policyDir: policyDir}, certs: certs}
 	e.broker = testcluster.StartBrokerWith(t, n, consul, policyDir, testcluster.BrokerOptions{
-		Token: brokerToken.SecretID, Config: `enforcement = "exclusive"`, TLS: certs})
+		Token: brokerToken.SecretID, TokenFile: true, Config: `enforcement = "exclusive"`, TLS: certs})
 	if !strings.HasPrefix(e.broker.Addr, "https://") {
 		t.Fatalf("broker does not serve TLS: %s", e.broker.Addr)
 	}
@@ -273,6 +273,55 @@ func TestExclusiveEnforcementWithNomadACLs(t *testing.T) {
 			"-token", ana.SecretID, "-ca-cert", certs.CAFile).CombinedOutput()
 		if err != nil || !strings.Contains(string(text), "WHO") || strings.Contains(string(text), "waits") {
 			t.Errorf("audit -job direct:\n%s", text)
+		}
+	})
+	// Last: it revokes the broker's own token.
+	t.Run("the broker's token revoked: the queue waits, health says why; a new token in its file and SIGHUP resume it", func(t *testing.T) {
+		out, err := e.cli(ana.SecretID, e.broker.Addr, "job", "run", e.spec("vision", "full", 1, 2, ""))
+		if err != nil || !strings.Contains(out, "nomad-gpu: admitted") {
+			t.Fatalf("%v\n%s", err, out)
+		}
+		out, err = e.cli(ana.SecretID, e.broker.Addr, "job", "run", "-detach", e.spec("vision", "later", 1, 1, ""))
+		if err != nil || !strings.Contains(out, "nomad-gpu: queued as ") {
+			t.Fatalf("%v\n%s", err, out)
+		}
+		later := strings.TrimSuffix(strings.Fields(out[strings.Index(out, "queued as ")+len("queued as "):])[0], ",")
+		if _, err := n.API.ACLTokens().Delete(brokerToken.AccessorID, nil); err != nil {
+			t.Fatal(err)
+		}
+		// Room for it: were the token valid, the leader would register it now.
+		if _, _, err := n.API.Jobs().Deregister("full", true, &api.WriteOptions{Namespace: "vision"}); err != nil {
+			t.Fatal(err)
+		}
+		testcluster.WaitFor(t, 60*time.Second, "the broker to say Nomad refuses its token", func() error {
+			if status, body := e.brokerAPI("", http.MethodGet, "/v1/gpu/health"); status != http.StatusServiceUnavailable ||
+				!strings.Contains(body, "Nomad refuses the broker's own token") || !strings.Contains(body, "nomad.token_file") {
+				return fmt.Errorf("health: %d %s", status, body)
+			}
+			if v := e.broker.Scrape()["nomadgpu_nomad_token_refused"]; v != 1 {
+				return fmt.Errorf("nomadgpu_nomad_token_refused %v", v)
+			}
+			return nil
+		})
+		show := func() string {
+			out, _ := exec.Command(testcluster.BrokerBinary(t), "queue", "show", later, "-address", e.broker.Addr,
+				"-token", ana.SecretID, "-ca-cert", certs.CAFile).CombinedOutput()
+			return string(out)
+		}
+		if out := show(); strings.Contains(out, "parked") || !strings.Contains(out, "later") {
+			t.Errorf("with the broker's token refused the queued job is not waiting:\n%s", out)
+		}
+		renewed := token("gpu-broker-2", "management", nil, nil)
+		e.broker.ReplaceToken(renewed.SecretID)
+		e.waitRunning("vision", "later")
+		if status, body := e.brokerAPI("", http.MethodGet, "/v1/gpu/health"); status != http.StatusOK {
+			t.Errorf("health with the new token: %d %s", status, body)
+		}
+		if v := e.broker.Scrape()["nomadgpu_nomad_token_refused"]; v != 0 {
+			t.Errorf("nomadgpu_nomad_token_refused %v with the new token", v)
+		}
+		if job := e.job("vision", "later"); job.Meta["nomad-gpu.tenant"] != "vision" {
+			t.Errorf("registered without the broker's stamp: %v", job.Meta)
 		}
 	})
 }

@@ -41,6 +41,9 @@ type Sources struct {
 	// PolicyState is when the policy in force was loaded, and whether the
 	// last reload was refused (nil: not reported).
 	PolicyState func() (loadedAt time.Time, reloadFailed bool)
+	// TokenRefused is whether Nomad refuses the broker's own token now (nil:
+	// not reported).
+	TokenRefused func() bool
 }
 
 // Metrics holds the broker's registry and counters. A nil *Metrics counts
@@ -52,7 +55,6 @@ type Metrics struct {
 	gpuSeconds *prometheus.CounterVec
 	auditFails prometheus.Counter
 	unreadable *prometheus.CounterVec
-	tokenBad   prometheus.Gauge
 	queueWait  *prometheus.HistogramVec
 	preempted  *prometheus.CounterVec
 	lostWork   *prometheus.CounterVec
@@ -128,8 +130,6 @@ func New() *Metrics {
 	m.unreadable = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "nomadgpu_kv_unreadable_total",
 		Help: "Records in Consul KV that could not be read, set aside under quarantine/ (the others are read on), by kind: queue, reclaim, approvals, usage, usage-through, scaled, rightsizing."},
 		[]string{"kind"})
-	m.tokenBad = prometheus.NewGauge(prometheus.GaugeOpts{Name: "nomadgpu_nomad_token_refused",
-		Help: "1 while Nomad refuses the broker's own token (deleted, expired): the leader admits nothing from the queue, and parks nothing, until it is valid again."})
 	m.queueWait = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "nomadgpu_queue_wait_seconds",
 		Help:    "Time jobs waited in the broker's queue, by queue and how the wait ended (admit, admit-borrowed, cancelled).",
 		Buckets: []float64{1, 10, 60, 300, 900, 1800, 3600, 4 * 3600, 12 * 3600, 24 * 3600, 72 * 3600}}, []string{"queue", "outcome"})
@@ -157,7 +157,7 @@ func New() *Metrics {
 	m.passes = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "nomadgpu_leader_passes_total",
 		Help: "Passes the leader's loops finished, by loop (queue, reclaim) and result (ok, error): a loop whose count stops rising is stuck."},
 		[]string{"loop", "result"})
-	m.Registry.MustRegister(m.admissions, m.decisions, m.gpuSeconds, m.auditFails, m.unreadable, m.tokenBad, m.queueWait, m.preempted, m.lostWork, m.reclaimed,
+	m.Registry.MustRegister(m.admissions, m.decisions, m.gpuSeconds, m.auditFails, m.unreadable, m.queueWait, m.preempted, m.lostWork, m.reclaimed,
 		m.requests, m.estimates, m.allocs, m.scaleUp, m.consulErrs, m.passes,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
@@ -308,14 +308,6 @@ func (m *Metrics) KVUnreadable(kind string) {
 	}
 }
 
-// BrokerTokenRefused says whether Nomad refused the broker's own token at
-// its last registration.
-func (m *Metrics) BrokerTokenRefused(refused bool) {
-	if m != nil {
-		m.tokenBad.Set(map[bool]float64{true: 1}[refused])
-	}
-}
-
 // AuditFailure counts an audit line that could not be written.
 func (m *Metrics) AuditFailure() {
 	if m != nil {
@@ -379,7 +371,9 @@ var (
 		"When the policy in force was loaded (Unix seconds).", nil, nil)
 	policyFailedDesc = prometheus.NewDesc("nomadgpu_policy_reload_failed",
 		"1 when the last reload of the policy files was refused: the policy in force is older than the files.", nil, nil)
-	allDescs = []*prometheus.Desc{policyLoadedDesc, policyFailedDesc, priceDesc, gpusDesc, unhealthyDesc, freePerNodeDesc, fragmentedDesc, tenantDesc, queueDesc, leaderDesc, viewIndexDesc, listingsDesc,
+	tokenRefusedDesc = prometheus.NewDesc("nomadgpu_nomad_token_refused",
+		"1 while Nomad refuses the broker's own token (deleted, expired): the leader admits nothing from the queue, and parks nothing, until it is valid again.", nil, nil)
+	allDescs = []*prometheus.Desc{policyLoadedDesc, policyFailedDesc, tokenRefusedDesc, priceDesc, gpusDesc, unhealthyDesc, freePerNodeDesc, fragmentedDesc, tenantDesc, queueDesc, leaderDesc, viewIndexDesc, listingsDesc,
 		utilDesc, memUsedDesc, memTotalDesc, tempDesc, powerDesc}
 )
 
@@ -442,6 +436,9 @@ func (c *scrape) Collect(ch chan<- prometheus.Metric) {
 		at, failed := c.src.PolicyState()
 		ch <- prometheus.MustNewConstMetric(policyLoadedDesc, prometheus.GaugeValue, float64(at.Unix()))
 		ch <- prometheus.MustNewConstMetric(policyFailedDesc, prometheus.GaugeValue, map[bool]float64{true: 1}[failed])
+	}
+	if c.src.TokenRefused != nil {
+		ch <- prometheus.MustNewConstMetric(tokenRefusedDesc, prometheus.GaugeValue, map[bool]float64{true: 1}[c.src.TokenRefused()])
 	}
 }
 

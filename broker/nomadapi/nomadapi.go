@@ -26,12 +26,14 @@ import (
 	"github.com/nomad-gpu/nomad-gpu/broker/policy"
 )
 
-// Client talks to Nomad with the broker's own token.
+// Client talks to Nomad with the broker's own token, which SetToken
+// replaces while calls are in flight.
 type Client struct {
-	api     *api.Client
+	cur     atomic.Pointer[session]
+	cfg     api.Config // what each session's API client is built from
 	address string
-	token   string
 	http    *http.Client
+	refused atomic.Bool // Nomad's last answer to the broker's token was 403
 	// StreamIdle is how long the event stream may stay silent before it is
 	// taken for broken (a half-open connection): Nomad sends a heartbeat
 	// every 10 s. 0: DefaultStreamIdle.
@@ -50,8 +52,7 @@ func New(address, token string, tls *api.TLSConfig) (*Client, error) {
 	if tls != nil {
 		cfg.TLSConfig = tls
 	}
-	c, err := api.NewClient(cfg)
-	if err != nil {
+	if _, err := api.NewClient(cfg); err != nil {
 		return nil, fmt.Errorf("nomad client for %s: %w", address, err)
 	}
 	hc := cfg.HttpClient
@@ -72,7 +73,57 @@ func New(address, token string, tls *api.TLSConfig) (*Client, error) {
 			}
 		}
 	}
-	return &Client{api: c, address: address, token: token, http: hc}, nil
+	c := &Client{cfg: *cfg, address: address, http: hc}
+	if err := c.SetToken(token); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// session is the broker's token and an API client that sends it.
+type session struct {
+	api   *api.Client
+	token string
+}
+
+// SetToken makes token the one every later call sends (the operator
+// replaced a revoked or expiring token): calls in flight keep the old one.
+func (c *Client) SetToken(token string) error {
+	cfg := c.cfg
+	cfg.SecretID = token
+	a, err := api.NewClient(&cfg)
+	if err != nil {
+		return fmt.Errorf("nomad client for %s: %w", c.address, err)
+	}
+	if old := c.cur.Swap(&session{api: a, token: token}); old != nil {
+		old.api.Close()
+	}
+	return nil
+}
+
+// Token is the token calls send now.
+func (c *Client) Token() string { return c.cur.Load().token }
+
+func (c *Client) nomad() *api.Client { return c.cur.Load().api }
+
+// TokenRefused reports whether Nomad refused the broker's own token at the
+// last call that reached it (a listing, the event stream, a read or a
+// registration): the token was deleted or expired.
+func (c *Client) TokenRefused() bool { return c.refused.Load() }
+
+// saw records what err says of the broker's token and returns it: a 403 is
+// the token's (the broker's token may do anything), an answer is proof of a
+// valid token; an error that never reached Nomad says nothing.
+func (c *Client) saw(err error) error {
+	var ue api.UnexpectedResponseError
+	var tr interface{ TokenRefused() bool }
+	switch {
+	case err == nil:
+		c.refused.Store(false)
+	case errors.As(err, &tr) && tr.TokenRefused(), errors.As(err, &ue) && ue.StatusCode() == http.StatusForbidden:
+		c.refused.Store(true)
+	}
+	return err
 }
 
 // HTTPClient is the HTTP client configured for Nomad (TLS included).
@@ -81,13 +132,14 @@ func (c *Client) HTTPClient() *http.Client { return c.http }
 // List returns every node, every live job, every active deployment and
 // every allocation (all namespaces) with the index the event stream should
 // resume after.
-func (c *Client) List(ctx context.Context) (cluster.Snapshot, error) {
+func (c *Client) List(ctx context.Context) (snap cluster.Snapshot, err error) {
+	defer func() { c.saw(err) }()
 	nodes, jobs, index, err := c.list(ctx)
 	if err != nil {
 		return cluster.Snapshot{}, err
 	}
 	all := (&api.QueryOptions{Namespace: "*"}).WithContext(ctx)
-	deps, meta, err := c.api.Deployments().List(all)
+	deps, meta, err := c.nomad().Deployments().List(all)
 	if err != nil {
 		return cluster.Snapshot{}, fmt.Errorf("list deployments: %w", err)
 	}
@@ -111,7 +163,7 @@ func (c *Client) List(ctx context.Context) (cluster.Snapshot, error) {
 		}
 	}
 	index = max(index, meta.LastIndex)
-	stubs, meta, err := c.api.Allocations().List((&api.QueryOptions{Namespace: "*", Params: map[string]string{"resources": "true"}}).WithContext(ctx))
+	stubs, meta, err := c.nomad().Allocations().List((&api.QueryOptions{Namespace: "*", Params: map[string]string{"resources": "true"}}).WithContext(ctx))
 	if err != nil {
 		return cluster.Snapshot{}, fmt.Errorf("list allocations: %w", err)
 	}
@@ -138,7 +190,7 @@ func autoReverts(d *api.Deployment) bool {
 // stable, the one a failing deployment with auto_revert goes back to (nil:
 // none, or no such job).
 func (c *Client) StableJob(ctx context.Context, namespace, id string) (*api.Job, error) {
-	versions, _, _, err := c.api.Jobs().Versions(id, false, (&api.QueryOptions{Namespace: namespace}).WithContext(ctx))
+	versions, _, _, err := c.nomad().Jobs().Versions(id, false, (&api.QueryOptions{Namespace: namespace}).WithContext(ctx))
 	if err != nil {
 		if isNotFound(err) {
 			return nil, nil
@@ -155,21 +207,21 @@ func (c *Client) StableJob(ctx context.Context, namespace, id string) (*api.Job,
 
 func (c *Client) list(ctx context.Context) ([]*api.Node, []*api.Job, uint64, error) {
 	q := (&api.QueryOptions{}).WithContext(ctx)
-	stubs, meta, err := c.api.Nodes().List(q)
+	stubs, meta, err := c.nomad().Nodes().List(q)
 	if err != nil {
 		return nil, nil, 0, fmt.Errorf("list nodes: %w", err)
 	}
 	index := meta.LastIndex
 	nodes := make([]*api.Node, 0, len(stubs))
 	for _, s := range stubs {
-		n, _, err := c.api.Nodes().Info(s.ID, q)
+		n, _, err := c.nomad().Nodes().Info(s.ID, q)
 		if err != nil {
 			return nil, nil, 0, fmt.Errorf("read node %s: %w", s.ID, err)
 		}
 		nodes = append(nodes, n)
 	}
 	all := (&api.QueryOptions{Namespace: "*"}).WithContext(ctx)
-	jobStubs, meta, err := c.api.Jobs().List(all)
+	jobStubs, meta, err := c.nomad().Jobs().List(all)
 	if err != nil {
 		return nil, nil, 0, fmt.Errorf("list jobs: %w", err)
 	}
@@ -179,7 +231,7 @@ func (c *Client) list(ctx context.Context) ([]*api.Node, []*api.Job, uint64, err
 		if s.Stop || s.Status == "dead" {
 			continue
 		}
-		j, _, err := c.api.Jobs().Info(s.ID, (&api.QueryOptions{Namespace: s.Namespace}).WithContext(ctx))
+		j, _, err := c.nomad().Jobs().Info(s.ID, (&api.QueryOptions{Namespace: s.Namespace}).WithContext(ctx))
 		if err != nil {
 			return nil, nil, 0, fmt.Errorf("read job %s/%s: %w", s.Namespace, s.ID, err)
 		}
@@ -190,7 +242,8 @@ func (c *Client) list(ctx context.Context) ([]*api.Node, []*api.Job, uint64, err
 
 // Events streams node, job, deployment, allocation and evaluation events of
 // every namespace from index (a purge is told by its evaluation only).
-func (c *Client) Events(ctx context.Context, index uint64) (<-chan *cluster.Events, error) {
+func (c *Client) Events(ctx context.Context, index uint64) (_ <-chan *cluster.Events, err error) {
+	defer func() { c.saw(err) }()
 	q := url.Values{"index": {strconv.FormatUint(index, 10)}, "namespace": {"*"}}
 	for _, t := range []api.Topic{api.TopicNode, api.TopicJob, api.TopicDeployment, api.TopicAllocation, api.TopicEvaluation} {
 		q.Add("topic", string(t)+":*")
@@ -199,8 +252,8 @@ func (c *Client) Events(ctx context.Context, index uint64) (<-chan *cluster.Even
 	if err != nil {
 		return nil, err
 	}
-	if c.token != "" {
-		req.Header.Set("X-Nomad-Token", c.token)
+	if t := c.Token(); t != "" {
+		req.Header.Set("X-Nomad-Token", t)
 	}
 	resp, err := c.http.Do(req)
 	if err != nil {
@@ -209,6 +262,9 @@ func (c *Client) Events(ctx context.Context, index uint64) (<-chan *cluster.Even
 	if resp.StatusCode != http.StatusOK {
 		body, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
 		resp.Body.Close()
+		if resp.StatusCode == http.StatusForbidden {
+			return nil, &TokenError{Op: "event stream", Msg: strings.TrimSpace(string(body))}
+		}
 		return nil, fmt.Errorf("event stream: Nomad answered %s: %s", resp.Status, strings.TrimSpace(string(body)))
 	}
 	idle := c.StreamIdle
@@ -256,7 +312,7 @@ func (c *Client) Events(ctx context.Context, index uint64) (<-chan *cluster.Even
 // be starting).
 func (c *Client) Agent(ctx context.Context) (region string, acls bool, err error) {
 	for {
-		self, err := c.api.Agent().Self()
+		self, err := c.nomad().Agent().Self()
 		if err == nil {
 			region = api.GlobalRegion
 			if r, ok := self.Config["Region"].(string); ok && r != "" {
@@ -277,7 +333,7 @@ func (c *Client) Agent(ctx context.Context) (region string, acls bool, err error
 
 // Job returns the job Nomad has, or nil if none.
 func (c *Client) Job(ctx context.Context, namespace, id string) (*api.Job, error) {
-	j, _, err := c.api.Jobs().Info(id, (&api.QueryOptions{Namespace: namespace}).WithContext(ctx))
+	j, _, err := c.nomad().Jobs().Info(id, (&api.QueryOptions{Namespace: namespace}).WithContext(ctx))
 	if err != nil {
 		if isNotFound(err) {
 			return nil, nil
@@ -312,13 +368,14 @@ func (c *Client) Grants(ctx context.Context, accessor string) (policy.Grants, bo
 }
 
 // get reads path with the broker's token.
-func (c *Client) get(ctx context.Context, path string, out any) (bool, error) {
+func (c *Client) get(ctx context.Context, path string, out any) (_ bool, err error) {
+	defer func() { c.saw(err) }()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.address+path, nil)
 	if err != nil {
 		return false, err
 	}
-	if c.token != "" {
-		req.Header.Set("X-Nomad-Token", c.token)
+	if t := c.Token(); t != "" {
+		req.Header.Set("X-Nomad-Token", t)
 	}
 	resp, err := c.http.Do(req)
 	if err != nil {
@@ -333,22 +390,37 @@ func (c *Client) get(ctx context.Context, path string, out any) (bool, error) {
 		return true, nil
 	case http.StatusNotFound:
 		return false, nil
+	case http.StatusForbidden:
+		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 1024))
+		return false, &TokenError{Op: "GET " + path, Msg: string(bytes.TrimSpace(msg))}
 	default:
 		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 1024))
 		return false, fmt.Errorf("GET %s: Nomad answered %d: %s", path, resp.StatusCode, bytes.TrimSpace(msg))
 	}
 }
 
+// TokenError is Nomad's 403 to a read made with the broker's own token: the
+// token was deleted or expired, or is not a management token.
+type TokenError struct{ Op, Msg string }
+
+func (e *TokenError) Error() string {
+	return fmt.Sprintf("%s: Nomad refuses the broker's own token (403): %s", e.Op, e.Msg)
+}
+
+// TokenRefused is always true: what the admitter asks of any error.
+func (e *TokenError) TokenRefused() bool { return true }
+
 // Register sends a job register request body (as a user would) to Nomad and
 // returns the job's new JobModifyIndex.
-func (c *Client) Register(ctx context.Context, namespace string, body []byte) (uint64, error) {
+func (c *Client) Register(ctx context.Context, namespace string, body []byte) (_ uint64, err error) {
+	defer func() { c.saw(err) }()
 	u := c.address + "/v1/jobs?namespace=" + url.QueryEscape(namespace)
 	req, err := http.NewRequestWithContext(ctx, http.MethodPut, u, bytes.NewReader(body))
 	if err != nil {
 		return 0, err
 	}
-	if c.token != "" {
-		req.Header.Set("X-Nomad-Token", c.token)
+	if t := c.Token(); t != "" {
+		req.Header.Set("X-Nomad-Token", t)
 	}
 	resp, err := c.http.Do(req)
 	if err != nil {
@@ -389,7 +461,7 @@ func (e *RegisterError) TokenRefused() bool { return e.Status == http.StatusForb
 // keeping the rest of the scheduler configuration; it reports whether it had
 // to change anything.
 func (c *Client) SetPreemption(ctx context.Context, batch, service bool) (bool, error) {
-	cur, _, err := c.api.Operator().SchedulerGetConfiguration((&api.QueryOptions{}).WithContext(ctx))
+	cur, _, err := c.nomad().Operator().SchedulerGetConfiguration((&api.QueryOptions{}).WithContext(ctx))
 	if err != nil {
 		return false, fmt.Errorf("read scheduler configuration: %w", err)
 	}
@@ -399,7 +471,7 @@ func (c *Client) SetPreemption(ctx context.Context, batch, service bool) (bool, 
 	}
 	cfg.PreemptionConfig.BatchSchedulerEnabled = batch
 	cfg.PreemptionConfig.ServiceSchedulerEnabled = service
-	if _, _, err := c.api.Operator().SchedulerSetConfiguration(cfg, (&api.WriteOptions{}).WithContext(ctx)); err != nil {
+	if _, _, err := c.nomad().Operator().SchedulerSetConfiguration(cfg, (&api.WriteOptions{}).WithContext(ctx)); err != nil {
 		return false, fmt.Errorf("set scheduler preemption: %w", err)
 	}
 	return true, nil
@@ -410,7 +482,7 @@ func (c *Client) SetPreemption(ctx context.Context, batch, service bool) (bool, 
 // changes, but not when a device turns healthy again: the broker does it when it
 // sees healthy GPUs come back. It returns how many jobs it re-evaluated.
 func (c *Client) ReevaluateBlocked(ctx context.Context) (int, error) {
-	evals, _, err := c.api.Evaluations().List((&api.QueryOptions{Namespace: "*", Filter: `Status == "blocked"`}).WithContext(ctx))
+	evals, _, err := c.nomad().Evaluations().List((&api.QueryOptions{Namespace: "*", Filter: `Status == "blocked"`}).WithContext(ctx))
 	if err != nil {
 		return 0, fmt.Errorf("list blocked evaluations: %w", err)
 	}
@@ -421,7 +493,7 @@ func (c *Client) ReevaluateBlocked(ctx context.Context) (int, error) {
 			continue
 		}
 		seen[key] = true
-		if _, _, err := c.api.Jobs().ForceEvaluate(e.JobID, (&api.WriteOptions{Namespace: e.Namespace}).WithContext(ctx)); err != nil {
+		if _, _, err := c.nomad().Jobs().ForceEvaluate(e.JobID, (&api.WriteOptions{Namespace: e.Namespace}).WithContext(ctx)); err != nil {
 			return len(seen) - 1, fmt.Errorf("re-evaluate job %s/%s: %w", e.Namespace, e.JobID, err)
 		}
 	}

@@ -258,3 +258,52 @@ func TestA403ToARegistrationIsTheBrokersToken(t *testing.T) {
 		}
 	}
 }
+
+// A 403 to any call the broker makes with its own token says the token is
+// refused; SetToken sends a new one from the next call on, and the first
+// answer to it says the token is valid again.
+func TestTheBrokersTokenRefusedAndReplaced(t *testing.T) {
+	valid := "broker-secret"
+	withToken := func(v any) func(http.ResponseWriter, *http.Request) {
+		return func(w http.ResponseWriter, r *http.Request) {
+			if r.Header.Get("X-Nomad-Token") != valid {
+				http.Error(w, "ACL token not found", http.StatusForbidden)
+				return
+			}
+			answer(http.StatusOK, v)(w, r)
+		}
+	}
+	none := []any{}
+	c, f := newClient(t, map[string]func(http.ResponseWriter, *http.Request){
+		"GET /v1/nodes": withToken(none), "GET /v1/jobs": withToken(none), "GET /v1/deployments": withToken(none),
+		"GET /v1/allocations": withToken(none), "GET /v1/event/stream": withToken(none),
+		"GET /v1/acl/token/acc": withToken(map[string]string{"AccessorID": "acc", "Type": "client"}),
+	})
+	ctx := context.Background()
+	if _, err := c.List(ctx); err != nil || c.TokenRefused() {
+		t.Fatalf("list: %v, refused %v", err, c.TokenRefused())
+	}
+	valid = "renewed"
+	if _, err := c.List(ctx); err == nil || !c.TokenRefused() {
+		t.Errorf("a listing refused: %v, refused %v", err, c.TokenRefused())
+	}
+	if err := c.SetToken("renewed"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.List(ctx); err != nil || c.TokenRefused() || f.tokens[len(f.tokens)-1] != "renewed" {
+		t.Errorf("with the new token: %v, refused %v, sent %v", err, c.TokenRefused(), f.tokens)
+	}
+	c.SetToken("revoked")
+	var te *nomadapi.TokenError
+	if _, err := c.Events(ctx, 1); !errors.As(err, &te) || !c.TokenRefused() {
+		t.Errorf("the event stream refused: %v, refused %v", err, c.TokenRefused())
+	}
+	c.SetToken("renewed")
+	if _, exists, err := c.Grants(ctx, "acc"); err != nil || !exists || c.TokenRefused() {
+		t.Errorf("a read with the new token: exists %v, %v, refused %v", exists, err, c.TokenRefused())
+	}
+	c.SetToken("revoked")
+	if _, _, err := c.Grants(ctx, "acc"); !errors.As(err, &te) || !c.TokenRefused() {
+		t.Errorf("a read of a token refused: %v, refused %v", err, c.TokenRefused())
+	}
+}

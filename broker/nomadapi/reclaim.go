@@ -93,7 +93,7 @@ func (o *Observer) Observe(ctx context.Context) ([]reclaim.Alloc, map[string]rec
 		if job.admitted || job.stopped {
 			continue
 		}
-		stubs, _, err := o.Client.api.Jobs().Allocations(key[1], false, (&api.QueryOptions{Namespace: key[0]}).WithContext(ctx))
+		stubs, _, err := o.Client.nomad().Jobs().Allocations(key[1], false, (&api.QueryOptions{Namespace: key[0]}).WithContext(ctx))
 		if err != nil {
 			return nil, nil, fmt.Errorf("read the allocations of %s/%s: %w", key[0], key[1], err)
 		}
@@ -144,7 +144,7 @@ func (o *Observer) job(ctx context.Context, key [2]string, index uint64) (observ
 // node adds the GPUs of a node: health from the view, utilisation from its
 // client's stats. A GPU without stats gets none (it is then never idle).
 func (o *Observer) node(ctx context.Context, id string, gpus map[string]reclaim.GPU, samples map[string]cluster.Sample) {
-	stats, err := o.Client.api.Nodes().Stats(id, (&api.QueryOptions{}).WithContext(ctx))
+	stats, err := o.Client.nomad().Nodes().Stats(id, (&api.QueryOptions{}).WithContext(ctx))
 	devices := o.View.NodeGPUs(id)
 	if err == nil {
 		for _, g := range stats.DeviceStats {
@@ -218,7 +218,7 @@ func (c *Client) StopJob(ctx context.Context, namespace, id string) (string, err
 	if job == nil || (job.Stop != nil && *job.Stop) {
 		return "already stopped", nil
 	}
-	evalID, _, err := c.api.Jobs().Deregister(id, false, (&api.WriteOptions{Namespace: namespace}).WithContext(ctx))
+	evalID, _, err := c.nomad().Jobs().Deregister(id, false, (&api.WriteOptions{Namespace: namespace}).WithContext(ctx))
 	if err != nil {
 		return "", fmt.Errorf("stop job %s/%s: %w", namespace, id, err)
 	}
@@ -229,7 +229,7 @@ func (c *Client) StopJob(ctx context.Context, namespace, id string) (string, err
 // says), unless it has stopped already.
 func (c *Client) StopAlloc(ctx context.Context, id string) (string, error) {
 	q := (&api.QueryOptions{Namespace: "*"}).WithContext(ctx)
-	alloc, _, err := c.api.Allocations().Info(id, q)
+	alloc, _, err := c.nomad().Allocations().Info(id, q)
 	if err != nil {
 		if isNotFound(err) {
 			return "already gone", nil
@@ -239,7 +239,7 @@ func (c *Client) StopAlloc(ctx context.Context, id string) (string, error) {
 	if alloc.DesiredStatus != api.AllocDesiredStatusRun || alloc.ServerTerminalStatus() || alloc.ClientTerminalStatus() {
 		return "already stopped", nil
 	}
-	resp, err := c.api.Allocations().Stop(alloc, (&api.QueryOptions{Namespace: alloc.Namespace}).WithContext(ctx))
+	resp, err := c.nomad().Allocations().Stop(alloc, (&api.QueryOptions{Namespace: alloc.Namespace}).WithContext(ctx))
 	if err != nil {
 		return "", fmt.Errorf("stop allocation %s: %w", id, err)
 	}

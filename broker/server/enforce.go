@@ -131,7 +131,10 @@ func (s *Server) setWriter(r, req *http.Request) {
 	for _, h := range tokenHeaders {
 		req.Header.Del(h)
 	}
-	if s.token != "" {
-		req.Header.Set("X-Nomad-Token", s.token)
+	if s.token == nil {
+		return
+	}
+	if t := s.token(); t != "" {
+		req.Header.Set("X-Nomad-Token", t)
 	}
 }

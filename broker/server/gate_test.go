@@ -381,7 +381,8 @@ func TestBrokerAPIWithACLs(t *testing.T) {
 
 func TestExclusiveEnforcementWritesForSubmittersOnly(t *testing.T) {
 	s, up, q, _ := newTestServer(t)
-	s.acls, s.exclusive, s.token = true, true, "broker-secret"
+	brokerToken := "broker-secret"
+	s.acls, s.exclusive, s.token = true, true, func() string { return brokerToken }
 	s.policies = testbuild.Fixed{P: visionPolicy(t, `submitters = ["policy:vision-write"]`, `tenant "search" {
   namespaces = ["search"]
   queues = ["training"]
@@ -433,6 +434,13 @@ func TestExclusiveEnforcementWritesForSubmittersOnly(t *testing.T) {
 		if c.status == 403 && c.tok == "bob" && !strings.Contains(rec.Body.String(), "submitters (policy:vision-write)") {
 			t.Errorf("%s %s: the refusal does not name the submitters: %s", c.method, c.path, rec.Body)
 		}
+	}
+	// The operator replaced the broker's token: the next write sends the new one.
+	brokerToken = "broker-secret-2"
+	up.tokens["broker-secret-2"] = up.tokens["broker-secret"]
+	before := len(up.writers)
+	if rec := as("ana", "DELETE", "/v1/job/train?namespace=vision", ""); rec.Code != 200 || len(up.writers) == before || up.writers[len(up.writers)-1] != "broker-secret-2" {
+		t.Errorf("after the token changed: %d %s, Nomad wrote with %v", rec.Code, rec.Body, up.writers[before:])
 	}
 	// Queued for a submitter: no plan with the caller's token (it may not
 	// submit in Nomad itself); the accessor is recorded for the leader.

@@ -120,7 +120,7 @@ type Server struct {
 	region         string
 	acls           bool
 	exclusive      bool
-	token          string
+	token          func() string
 	leader         Leader
 	now            func() time.Time
 	newID          func() string
@@ -166,9 +166,10 @@ type Options struct {
 	Leader    Leader // nil: this broker takes every admission itself
 	ACLs      bool   // Nomad enforces ACLs: the broker's API then needs a valid token
 	// Exclusive enforcement: the broker writes jobs in tenant namespaces with
-	// Token, its own, for the tenants' submitters.
+	// Token, its own (read at each call: the operator may replace it), for
+	// the tenants' submitters.
 	Exclusive bool
-	Token     string
+	Token     func() string
 	// Peers reaches the other brokers (TLS as they serve it); nil: a plain client.
 	Peers *http.Client
 	// BodyReadTimeout bounds how long a request body may take to arrive

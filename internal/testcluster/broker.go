@@ -36,11 +36,15 @@ type Broker struct {
 	logPath string
 	cancel  context.CancelFunc
 	done    chan error
+	hup     chan os.Signal // SIGHUP, as cmd/gpu-broker passes it on
 }
 
 // BrokerOptions are what StartBrokerWith adds to a broker's configuration.
 type BrokerOptions struct {
 	Token  string // the broker's own Nomad token (nomad.token), also used to probe it
+	// TokenFile gives Token in a file (nomad.token_file), which ReplaceToken
+	// rewrites.
+	TokenFile bool
 	Config string // more broker.hcl
 	// TLS serves the broker's listener with this certificate, trusted through its CA.
 	TLS *Certs
@@ -88,11 +92,18 @@ func startBroker(t testing.TB, bin string, nomad *Nomad, consul *Consul, policyD
 	if nomad.tls != nil {
 		nomadTLS = fmt.Sprintf("tls { ca_file = %q }", nomad.tls.CAFile)
 	}
+	token := fmt.Sprintf("token = %q", o.Token)
+	if o.TokenFile {
+		if err := os.WriteFile(b.tokenFile(), []byte(o.Token+"\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		token = fmt.Sprintf("token_file = %q", b.tokenFile())
+	}
 	cfg := fmt.Sprintf(`listen     = "127.0.0.1:%d"
 policy_dir = %q
 nomad  {
   address = %q
-  token   = %q
+  %s
   %s
 }
 consul {
@@ -103,7 +114,7 @@ audit {
   path = %q
 }
 %s
-`, port, policyDir, nomad.Addr, o.Token, nomadTLS, consulAddr, consulTLS, filepath.Join(dir, "audit.log"), o.Config)
+`, port, policyDir, nomad.Addr, token, nomadTLS, consulAddr, consulTLS, filepath.Join(dir, "audit.log"), o.Config)
 	if o.TLS != nil {
 		b.Addr = fmt.Sprintf("https://127.0.0.1:%d", port)
 		b.Client = o.TLS.Client()
@@ -173,10 +184,10 @@ func (b *Broker) startInProcess() <-chan struct{} {
 	}
 	log := hclog.New(&hclog.LoggerOptions{Name: "gpu-broker", Level: hclog.Debug, Output: f})
 	ctx, cancel := context.WithCancel(context.Background())
-	b.cancel, b.done = cancel, make(chan error, 1)
+	b.cancel, b.done, b.hup = cancel, make(chan error, 1), make(chan os.Signal, 1)
 	exited := make(chan struct{})
 	go func() {
-		err := agent.New(cfg, log, nil).Run(ctx)
+		err := agent.New(cfg, log, b.hup).Run(ctx)
 		log.Info("broker stopped", "error", err)
 		f.Close()
 		b.done <- err
@@ -194,6 +205,23 @@ func (b *Broker) Stop() {
 	b.cancel()
 	<-b.done
 	b.cancel = nil
+}
+
+func (b *Broker) tokenFile() string { return filepath.Join(b.dir, "nomad-token") }
+
+// ReplaceToken writes token to the broker's token file (BrokerOptions.TokenFile)
+// and sends it SIGHUP, as an operator replacing a revoked token would.
+func (b *Broker) ReplaceToken(token string) {
+	b.t.Helper()
+	if err := os.WriteFile(b.tokenFile(), []byte(token+"\n"), 0o600); err != nil {
+		b.t.Fatal(err)
+	}
+	b.token = token
+	if b.process != nil {
+		b.cmd.Process.Signal(syscall.SIGHUP)
+		return
+	}
+	b.hup <- syscall.SIGHUP
 }
 
 // Log is what the broker logged.

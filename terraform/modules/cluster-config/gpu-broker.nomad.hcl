@@ -118,9 +118,18 @@ job "gpu-broker" {
         args    = ["serve", "-config", "local/broker.hcl"]
       }
 
+      # The broker's Nomad token: a new one (rotated, or one replacing a
+      # revoked token) is read on SIGHUP, with no restart.
+      template {
+        destination   = "secrets/nomad-token"
+        data          = "{{ with nomadVar \"nomad/jobs/gpu-broker\" }}{{ .nomad_token }}{{ end }}"
+        change_mode   = "signal"
+        change_signal = "SIGHUP"
+      }
+
       template {
         destination = "local/broker.hcl"
-        # A new token restarts the broker; a policy change only reloads it.
+        # A new Consul token restarts the broker; a policy change only reloads it.
         change_mode = "restart"
         data        = <<-EOT
           listen      = "{{ env "NOMAD_ADDR_http" }}"
@@ -129,7 +138,7 @@ job "gpu-broker" {
           enforcement = "${var.enforcement}"
           nomad {
             address = "${var.nomad_address}"
-            token   = "{{ with nomadVar "nomad/jobs/gpu-broker" }}{{ .nomad_token }}{{ end }}"
+            token_file = "{{ env "NOMAD_SECRETS_DIR" }}/nomad-token"
           }
           consul {
             address   = "${var.consul_addr}"
