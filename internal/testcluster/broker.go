@@ -41,11 +41,11 @@ type Broker struct {
 
 // BrokerOptions are what StartBrokerWith adds to a broker's configuration.
 type BrokerOptions struct {
-	Token  string // the broker's own Nomad token (nomad.token), also used to probe it
+	Token string // the broker's own Nomad token (nomad.token), also used to probe it
 	// TokenFile gives Token in a file (nomad.token_file), which ReplaceToken
 	// rewrites.
 	TokenFile bool
-	Config string // more broker.hcl
+	Config    string // more broker.hcl
 	// TLS serves the broker's listener with this certificate, trusted through its CA.
 	TLS *Certs
 	// ConsulTLS: the broker reaches Consul at its HTTPS address, trusting this CA.
