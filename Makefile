@@ -65,9 +65,10 @@ bench: ## Benchmarks, side by side with ratios to each group's baseline
 	@$(GO) test -run '^$$' -bench . -benchmem -benchtime $(or $(BENCHTIME),1s) \
 	  $$($(GO) list ./... | grep -v /integration) | awk -f scripts/benchtable.awk | grep -v '^\(ok\|PASS\)'
 	@# Against real agents: a fixed count, since each run starts its own cluster;
-	@# the queue's drain is one measurement of its own.
+	@# the queue's drain and a submission into a long queue are one measurement each.
 	@$(GO) test -run '^$$' -bench 'BenchmarkRegister$$' -benchtime $(or $(AGENT_BENCHTIME),300x) ./broker/integration/ | awk -f scripts/benchtable.awk
 	@$(GO) test -run '^$$' -bench 'BenchmarkQueueAdmission$$' -benchtime 1x ./broker/integration/ | awk -f scripts/benchtable.awk
+	@$(GO) test -run '^$$' -bench 'BenchmarkQueuedSubmission$$' -benchtime 1x ./broker/integration/ | awk -f scripts/benchtable.awk
 	@# The simulator at its goal's size: 10,000 GPUs, 1,000,000 jobs.
 	@SIM_BENCH_JOBS=1000000 $(GO) test -run '^$$' -bench 'BenchmarkSimulate$$' -benchtime 1x ./broker/sim/ | awk -f scripts/benchtable.awk
 

@@ -4,9 +4,6 @@ import (
 	"context"
 	"fmt"
 	"sort"
-	"sync"
-	"sync/atomic"
-	"time"
 
 	consul "github.com/hashicorp/consul/api"
 
@@ -19,19 +16,17 @@ import (
 // without a round trip.
 type Approvals struct {
 	r records[approval.Approval]
-
-	mu       sync.RWMutex
-	snapshot map[string]approval.Approval
-	version  atomic.Uint64 // counts the snapshot's changes
+	m *mirror[approval.Approval]
 }
 
 // Version counts the changes of the snapshot Current returns.
-func (s *Approvals) Version() uint64 { return s.version.Load() }
+func (s *Approvals) Version() uint64 { return s.m.version.Load() }
 
 // NewApprovals returns the approvals under prefix (e.g. "nomad-gpu/").
 func NewApprovals(kv *consul.KV, prefix string, aside *Aside) *Approvals {
-	return &Approvals{r: records[approval.Approval]{kv: kv, dir: prefix + "approvals/", what: "approval", kind: "approvals", aside: aside,
-		version: func(a *approval.Approval, i uint64) { a.ModifyIndex = i }}, snapshot: map[string]approval.Approval{}}
+	r := records[approval.Approval]{kv: kv, dir: prefix + "approvals/", what: "approval", kind: "approvals", aside: aside,
+		version: func(a *approval.Approval, i uint64) { a.ModifyIndex = i }}
+	return &Approvals{r: r, m: &mirror[approval.Approval]{r: r}}
 }
 
 // Create writes a new approval; false if its id exists.
@@ -49,10 +44,7 @@ func (s *Approvals) cas(ctx context.Context, a approval.Approval, index uint64) 
 	if ok {
 		// This broker sees its own write at once; the others within the
 		// moment their blocking query returns.
-		s.mu.Lock()
-		s.snapshot[a.ID] = a
-		s.mu.Unlock()
-		s.version.Add(1)
+		s.m.wrote(a.ID, a, index)
 	}
 	return ok, err
 }
@@ -71,54 +63,14 @@ func (s *Approvals) Get(ctx context.Context, id string) (approval.Approval, erro
 
 // List reads every approval, oldest request first.
 func (s *Approvals) List(ctx context.Context) ([]approval.Approval, error) {
-	out, _, err := s.list(ctx, 0)
-	return out, err
-}
-
-func (s *Approvals) list(ctx context.Context, waitIndex uint64) ([]approval.Approval, uint64, error) {
-	out, index, err := s.r.list(ctx, &consul.QueryOptions{WaitIndex: waitIndex, WaitTime: 5 * time.Minute}, nil)
+	out, _, err := s.r.list(ctx, &consul.QueryOptions{}, nil)
 	sort.Slice(out, func(i, j int) bool { return out[i].RequestedAt.Before(out[j].RequestedAt) })
-	return out, index, err
+	return out, err
 }
 
 // Follow keeps the snapshot current (a blocking query on the prefix) until
 // ctx ends; on an error it retries after a second.
-func (s *Approvals) Follow(ctx context.Context) {
-	var index uint64
-	for ctx.Err() == nil {
-		all, next, err := s.list(ctx, index)
-		if err != nil {
-			index = 0
-			select {
-			case <-ctx.Done():
-			case <-time.After(time.Second):
-			}
-			continue
-		}
-		snap := make(map[string]approval.Approval, len(all))
-		for _, a := range all {
-			snap[a.ID] = a
-		}
-		s.mu.Lock()
-		s.snapshot = snap
-		s.mu.Unlock()
-		if next != index {
-			s.version.Add(1)
-		}
-		if next < index {
-			next = 0 // Consul's index went back (a restore): start over
-		}
-		index = next
-	}
-}
+func (s *Approvals) Follow(ctx context.Context) { s.m.follow(ctx) }
 
 // Current is the snapshot of every approval.
-func (s *Approvals) Current() []approval.Approval {
-	s.mu.RLock()
-	defer s.mu.RUnlock()
-	out := make([]approval.Approval, 0, len(s.snapshot))
-	for _, a := range s.snapshot {
-		out = append(out, a)
-	}
-	return out
-}
+func (s *Approvals) Current() []approval.Approval { return s.m.all() }

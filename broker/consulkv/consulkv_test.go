@@ -5,8 +5,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -88,6 +90,104 @@ func TestStores(t *testing.T) {
 		big.ID, big.Request = queue.NewID(), request(600<<10)
 		if err := q.Put(ctx, big); !errors.Is(err, queue.ErrTooLarge) {
 			t.Errorf("a request of 600 KiB: %v, want ErrTooLarge", err)
+		}
+	})
+
+	t.Run("queue: while followed, List reads a copy: the writer's writes at once, another broker's within a blocking query", func(t *testing.T) {
+		t.Parallel()
+		const prefix = "queue-copy-test/"
+		var told atomic.Int32
+		aside := consulkv.NewAside(client, prefix, func(consulkv.Unreadable) { told.Add(1) })
+		writer, other := consulkv.NewQueue(client.KV(), prefix, aside), consulkv.NewQueue(client.KV(), prefix, aside)
+		fctx, stop := context.WithCancel(ctx)
+		defer stop()
+		go writer.Follow(fctx)
+		go other.Follow(fctx)
+		testcluster.WaitFor(t, 10*time.Second, "both following", func() error {
+			if writer.Index() == 0 || other.Index() == 0 {
+				return fmt.Errorf("index %d, %d", writer.Index(), other.Index())
+			}
+			return nil
+		})
+		ids := func(q *consulkv.Queue) string {
+			all, err := q.List(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var out []string
+			for _, e := range all {
+				out = append(out, e.JobID+map[bool]string{true: "(parked)"}[e.Parked != ""]+map[bool]string{true: "(claimed)"}[!e.Admitting.IsZero()])
+			}
+			sort.Strings(out)
+			return strings.Join(out, " ")
+		}
+		a := queue.Entry{ID: "00000000-0000-4000-8000-00000000000a", JobID: "a", Namespace: "vision"}
+		b := queue.Entry{ID: "00000000-0000-4000-8000-00000000000b", JobID: "b", Namespace: "vision"}
+		for _, e := range []queue.Entry{b, a} {
+			if err := writer.Put(ctx, e); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if got := ids(writer); got != "a b" {
+			t.Errorf("the writer's list at once: %q", got)
+		}
+		eventually := func(q *consulkv.Queue, want string) {
+			t.Helper()
+			testcluster.WaitFor(t, 10*time.Second, "the copy: "+want, func() error {
+				if got := ids(q); got != want {
+					return fmt.Errorf("%q", got)
+				}
+				return nil
+			})
+		}
+		eventually(other, "a b")
+		// Changes from the other broker's copy: checked against their version.
+		read, _ := other.List(ctx)
+		sort.Slice(read, func(i, j int) bool { return read[i].JobID < read[j].JobID })
+		claimed, ok, err := other.Claim(ctx, read[0], time.Now())
+		if !ok || err != nil {
+			t.Fatalf("claim: %v %v", ok, err)
+		}
+		if ok, err := other.Park(ctx, read[1], "no such tenant", time.Now()); !ok || err != nil {
+			t.Fatalf("park: %v %v", ok, err)
+		}
+		if got := ids(other); got != "a(claimed) b(parked)" {
+			t.Errorf("the other's list at once: %q", got)
+		}
+		eventually(writer, "a(claimed) b(parked)")
+		if ok, _ := writer.Remove(ctx, read[0]); ok {
+			t.Error("removed from a version older than the claim")
+		}
+		if ok, err := other.Remove(ctx, claimed); !ok || err != nil {
+			t.Fatalf("remove: %v %v", ok, err)
+		}
+		if got := ids(other); got != "b(parked)" {
+			t.Errorf("the remover's list at once: %q", got)
+		}
+		// A hand edit that cannot be read is set aside and stops nothing.
+		if _, err := client.KV().Put(&consul.KVPair{Key: prefix + "queue/" + queue.NewID(), Value: []byte("{")}, nil); err != nil {
+			t.Fatal(err)
+		}
+		c := queue.Entry{ID: "00000000-0000-4000-8000-00000000000c", JobID: "c", Namespace: "vision"}
+		if _, err := client.KV().Put(&consul.KVPair{Key: prefix + "queue/" + c.ID, Value: []byte(`{"id":"` + c.ID + `","job_id":"c","namespace":"vision"}`)}, nil); err != nil {
+			t.Fatal(err)
+		}
+		eventually(writer, "b(parked) c")
+		eventually(other, "b(parked) c")
+		if told.Load() == 0 {
+			t.Error("the unreadable entry was not set aside")
+		}
+		// Not followed: read from Consul.
+		stop()
+		testcluster.WaitFor(t, 10*time.Second, "following to stop", func() error {
+			if writer.Index() != 0 {
+				return fmt.Errorf("index %d", writer.Index())
+			}
+			return nil
+		})
+		client.KV().Delete(prefix+"queue/"+c.ID, nil)
+		if got := ids(writer); got != "b(parked)" {
+			t.Errorf("unfollowed, read from Consul: %q", got)
 		}
 	})
 

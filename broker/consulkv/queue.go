@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	consul "github.com/hashicorp/consul/api"
@@ -14,49 +13,36 @@ import (
 	"github.com/nomad-gpu/nomad-gpu/broker/queue"
 )
 
-// Queue keeps queued jobs under <prefix>queue/<id>.
+// Queue keeps queued jobs under <prefix>queue/<id>. While Follow runs, List
+// reads its in-memory copy of them.
 type Queue struct {
-	r     records[queue.Entry]
-	index atomic.Uint64 // Consul's index of the queue, as Follow last saw it
+	r records[queue.Entry]
+	m *mirror[queue.Entry]
 }
 
-// Follow keeps Index current (a blocking query on the queue's keys, which
-// returns when an entry is added, changed or removed) until ctx ends.
-func (q *Queue) Follow(ctx context.Context) {
-	var index uint64
-	for ctx.Err() == nil {
-		_, meta, err := q.r.kv.Keys(q.r.dir, "", (&consul.QueryOptions{WaitIndex: index, WaitTime: 5 * time.Minute}).WithContext(ctx))
-		if err != nil {
-			q.index.Store(0) // unknown: a pass is not skipped
-			index = 0
-			select {
-			case <-ctx.Done():
-			case <-time.After(time.Second):
-			}
-			continue
-		}
-		if meta.LastIndex < index {
-			meta.LastIndex = 0 // Consul's index went back (a restore): start over
-		}
-		index = meta.LastIndex
-		q.index.Store(index)
-	}
-}
+// Follow keeps the queue's in-memory copy and Index current (a blocking query
+// on the queue, which returns when an entry is added, changed or removed)
+// until ctx ends.
+func (q *Queue) Follow(ctx context.Context) { q.m.follow(ctx) }
 
 // Index is Consul's index of the queue as Follow last saw it: it moves
 // whenever an entry is added, changed or removed (0: not known).
-func (q *Queue) Index() uint64 { return q.index.Load() }
+func (q *Queue) Index() uint64 { return q.m.index.Load() }
 
 // NewQueue returns the queue under prefix (e.g. "nomad-gpu/").
 func NewQueue(kv *consul.KV, prefix string, aside *Aside) *Queue {
-	return &Queue{r: records[queue.Entry]{kv: kv, dir: prefix + "queue/", what: "queue entry", kind: "queue", aside: aside,
-		version: func(e *queue.Entry, i uint64) { e.ModifyIndex = i }}}
+	r := records[queue.Entry]{kv: kv, dir: prefix + "queue/", what: "queue entry", kind: "queue", aside: aside,
+		version: func(e *queue.Entry, i uint64) { e.ModifyIndex = i }}
+	return &Queue{r: r, m: &mirror[queue.Entry]{r: r}}
 }
 
 // Put writes an entry; queue.ErrTooLarge when Consul refuses a value that
 // large (kv_max_value_size, 512 KiB by default).
 func (q *Queue) Put(ctx context.Context, e queue.Entry) error {
 	err := q.r.put(ctx, e.ID, e)
+	if err == nil {
+		q.m.wrote(e.ID, e, 0)
+	}
 	var se consul.StatusError
 	if errors.As(err, &se) && se.Code == http.StatusRequestEntityTooLarge {
 		return fmt.Errorf("queue entry %s: %w (%s)", e.ID, queue.ErrTooLarge, strings.TrimSpace(se.Body))
@@ -64,8 +50,14 @@ func (q *Queue) Put(ctx context.Context, e queue.Entry) error {
 	return err
 }
 
-// List returns every entry.
+// List returns every entry (in no order): the in-memory copy while Follow keeps it
+// current, else read from Consul. The copy may lag another broker's write
+// by the moment its blocking query takes to return; every change made from
+// an entry read checks its version, so a stale one changes nothing.
 func (q *Queue) List(ctx context.Context) ([]queue.Entry, error) {
+	if q.m.followed() {
+		return q.m.all(), nil
+	}
 	out, _, err := q.r.list(ctx, &consul.QueryOptions{}, nil)
 	return out, err
 }
@@ -85,7 +77,11 @@ func (q *Queue) Get(ctx context.Context, id string) (queue.Entry, error) {
 // Remove deletes an entry if it has not changed since it was read; false means
 // another broker got there first.
 func (q *Queue) Remove(ctx context.Context, e queue.Entry) (bool, error) {
-	return q.r.remove(ctx, e.ID, e.ModifyIndex)
+	ok, err := q.r.remove(ctx, e.ID, e.ModifyIndex)
+	if ok {
+		q.m.removed(e.ID)
+	}
+	return ok, err
 }
 
 // Claim marks an entry as being admitted at, if it has not changed since it
@@ -98,6 +94,9 @@ func (q *Queue) Claim(ctx context.Context, e queue.Entry, at time.Time) (queue.E
 		return e, false, err
 	}
 	claimed, _, found, err := q.r.get(ctx, e.ID)
+	if found && err == nil {
+		q.m.wrote(e.ID, claimed, claimed.ModifyIndex)
+	}
 	return claimed, found && err == nil, err
 }
 
@@ -105,5 +104,10 @@ func (q *Queue) Claim(ctx context.Context, e queue.Entry, at time.Time) (queue.E
 // was read; false means another broker got there first.
 func (q *Queue) Park(ctx context.Context, e queue.Entry, reason string, at time.Time) (bool, error) {
 	e.Parked, e.ParkedAt = reason, at
-	return q.r.cas(ctx, e.ID, e, e.ModifyIndex)
+	ok, err := q.r.cas(ctx, e.ID, e, e.ModifyIndex)
+	if ok {
+		// Its old version: a change from this copy fails until it is read back.
+		q.m.wrote(e.ID, e, e.ModifyIndex)
+	}
+	return ok, err
 }

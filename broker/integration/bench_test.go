@@ -390,3 +390,105 @@ func nomadRate(b *testing.B, n *testcluster.Nomad, jobs int, job func(string, in
 	}
 	return float64(jobs) / time.Since(start).Seconds()
 }
+
+// BenchmarkQueuedSubmission: a GPU job submitted through the broker (its
+// release build) while its tenant is at its limit is queued; it reports the
+// p50 and p99 of 50 such submissions with the queue nearly empty, then the
+// same with 10,000 jobs already waiting, the ratio of the p50s, and the
+// cores the idle leader and Consul use with the 10,000 waiting.
+// BENCH_CPUPROFILE=FILE saves the broker's CPU profile of the submissions
+// at 10,000.
+func BenchmarkQueuedSubmission(b *testing.B) {
+	const waiting, samples = 10000, 50
+	consul := testcluster.StartConsul(b)
+	n := testcluster.StartNomad(b, testcluster.NomadOptions{Name: "qsubmit", Server: true, Client: true,
+		ConsulAddr: consul.Addr, PluginConfig: "\n    backend = \"fake\"\n    fake {\n      count = 1\n    }",
+		ExtraHCL: "plugin \"mock_driver\" {}"})
+	n.WaitForNodes(b, 1)
+	if _, err := n.API.Namespaces().Register(&api.Namespace{Name: "vision"}, nil); err != nil {
+		b.Fatal(err)
+	}
+	dir := b.TempDir()
+	writeFile(b, filepath.Join(dir, "p.hcl"), fmt.Sprintf(`
+queue "training" { priority = 60 }
+tenant "vision" {
+  namespaces = ["vision"]
+  queues     = ["training"]
+  guaranteed = 1
+  limit      = 1
+  max_queued = %d
+}
+`, waiting+3*samples))
+	broker := testcluster.StartReleaseBrokerWith(b, n, consul, dir, testcluster.BrokerOptions{Config: "enable_debug = true"})
+	job := func(id string) []byte {
+		return []byte(fmt.Sprintf(`{"Job":{"ID":%q,"Namespace":"vision","Type":"batch","Datacenters":["*"],"TaskGroups":[{"Name":"g","Count":1,
+	  "Tasks":[{"Name":"t","Driver":"mock_driver","Config":{"run_for":"1h"},
+	  "Resources":{"CPU":1,"MemoryMB":10,"Devices":[{"Name":"nvidia/gpu","Count":1}]}}]}]}}`, id))
+	}
+	post := func(body []byte) (string, time.Duration) {
+		start := time.Now()
+		resp, err := http.Post(broker.Addr+"/v1/jobs", "application/json", bytes.NewReader(body))
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer resp.Body.Close()
+		out, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != http.StatusOK {
+			b.Fatalf("register: %s %s", resp.Status, out)
+		}
+		return string(out), time.Since(start)
+	}
+	testcluster.WaitFor(b, 60*time.Second, "the broker's view of the GPU", func() error {
+		if out, _ := post(job("blocker")); !strings.Contains(out, "admitted") {
+			return fmt.Errorf("blocker: %s", out)
+		}
+		return nil
+	})
+	submit := func(round string) []time.Duration {
+		var took []time.Duration
+		for i := range samples {
+			out, d := post(job(fmt.Sprintf("%s-%03d", round, i)))
+			if !strings.Contains(out, "queued as") {
+				b.Fatalf("not queued: %s", out)
+			}
+			took = append(took, d)
+		}
+		sort.Slice(took, func(i, j int) bool { return took[i] < took[j] })
+		return took
+	}
+	b.ResetTimer()
+	empty := submit("empty")
+	// The waiting jobs are written as the broker writes them, straight into Consul.
+	store := consulkv.NewQueue(consulKV(consul), "nomad-gpu/", nil)
+	now := time.Now()
+	for i := range waiting {
+		id := fmt.Sprintf("w-%05d", i)
+		e := queue.Entry{ID: queue.NewID(), JobID: id, Namespace: "vision", Tenant: "vision", Queue: "training", Demand: 1,
+			Reason: "benchmark", SubmittedBy: "bench", SubmittedAt: now.Add(time.Duration(i) * time.Millisecond), Request: job(id)}
+		if err := store.Put(b.Context(), e); err != nil {
+			b.Fatal(err)
+		}
+	}
+	time.Sleep(3 * time.Second) // the leader's pass over what was written
+	idleFrom, brokerCPU, consulCPU := time.Now(), broker.CPUTime(), consul.CPUTime()
+	time.Sleep(20 * time.Second)
+	idle := time.Since(idleFrom).Seconds()
+	idleBroker, idleConsul := (broker.CPUTime()-brokerCPU).Seconds()/idle, (consul.CPUTime()-consulCPU).Seconds()/idle
+	var wait func()
+	if path := os.Getenv("BENCH_CPUPROFILE"); path != "" {
+		wait = cpuProfile(b, broker, path, 10)
+	}
+	full := submit("full")
+	b.StopTimer()
+	if wait != nil {
+		wait()
+	}
+	p := func(ds []time.Duration, q float64) float64 { return float64(ds[int(q*float64(len(ds)-1))].Microseconds()) / 1000 }
+	b.ReportMetric(p(empty, .5), "empty-p50-ms")
+	b.ReportMetric(p(empty, .99), "empty-p99-ms")
+	b.ReportMetric(p(full, .5), "10k-p50-ms")
+	b.ReportMetric(p(full, .99), "10k-p99-ms")
+	b.ReportMetric(p(full, .5)/p(empty, .5), "p50-ratio")
+	b.ReportMetric(idleBroker, "idle-leader-cores")
+	b.ReportMetric(idleConsul, "idle-consul-cores")
+}

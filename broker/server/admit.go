@@ -382,7 +382,8 @@ func (s *Server) enqueue(w http.ResponseWriter, r *http.Request, rj *gpuJobReque
 	}
 	e := queue.Entry{ID: s.newID(), JobID: rj.JobID, Namespace: rj.Namespace, Tenant: d.Tenant, Queue: d.Queue,
 		Demand: d.Demand.Total(), Reason: d.Reason, SubmittedBy: who, Accessor: accessor, Grants: grants, SubmittedAt: s.now().UTC(), Request: rj.Body()}
-	others := entries[:0:0]
+	others := make([]queue.Entry, 0, len(entries)+1) // and e, appended to order them
+
 	for _, old := range entries {
 		if old.Namespace == e.Namespace && old.JobID == e.JobID && old.Parked == "" {
 			// The job again while it waits: as in Nomad, the new version
@@ -443,7 +444,7 @@ func (s *Server) planEstimate(r *http.Request, rj *gpuJobRequest, d admission.De
 	}
 	e := queue.Entry{ID: "plan", JobID: rj.JobID, Namespace: rj.Namespace, Tenant: d.Tenant, Queue: d.Queue,
 		Demand: d.Demand.Total(), SubmittedAt: s.now().UTC()}
-	others := entries[:0:0]
+	others := make([]queue.Entry, 0, len(entries)+1)
 	for _, old := range entries {
 		if old.Namespace == e.Namespace && old.JobID == e.JobID && old.Parked == "" {
 			e.SubmittedAt = old.SubmittedAt // submitted again, it keeps the place of the version waiting

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 
 	"github.com/nomad-gpu/nomad-gpu/broker/queue"
@@ -137,8 +138,41 @@ func notFound(w http.ResponseWriter, r *http.Request) {
 }
 
 // queueList serves the queue in admission order, as far as the caller may
-// read it, without the requests (each its submitter's alone).
+// read it, without the requests (each its submitter's alone). As Nomad's
+// lists: ?per_page=N pages it (X-Nomad-NextToken names where the next page
+// starts, for ?next_token=), and ?index=N&wait= blocks until the queue
+// changes (X-Nomad-Index is the queue's Consul index). X-Nomad-Gpu-Queued
+// is how many the caller may read in all.
 func (s *Server) queueList(w http.ResponseWriter, r *http.Request) {
+	index := func() uint64 {
+		if q, ok := s.queue.(interface{ Index() uint64 }); ok {
+			return q.Index()
+		}
+		return 0
+	}
+	if err := blockingQuery(r, index); err != nil {
+		writeError(w, err)
+		return
+	}
+	q := r.URL.Query()
+	perPage, from := 0, 1
+	if v := q.Get("per_page"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 {
+			writeError(w, fail(errBadRequest, "per_page=%q is not a count of at least 1", v))
+			return
+		}
+		perPage = n
+	}
+	if v := q.Get("next_token"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 {
+			writeError(w, fail(errBadRequest, "next_token=%q is not one this broker gave (X-Nomad-NextToken)", v))
+			return
+		}
+		from = n
+	}
+	w.Header().Set("X-Nomad-Index", strconv.FormatUint(index(), 10))
 	entries, err := s.ordered(r)
 	if err != nil {
 		writeError(w, fail(errUnavailable, "%v", err))
@@ -147,12 +181,24 @@ func (s *Server) queueList(w http.ResponseWriter, r *http.Request) {
 	out := []QueuedJob{}
 	readable := map[string]bool{}
 	estimates := s.estimates(entries)
+	visible := 0
 	for i, e := range entries {
-		if s.mayRead(r, e.Namespace, readable) {
+		if !s.mayRead(r, e.Namespace, readable) {
+			continue
+		}
+		visible++
+		switch {
+		case visible < from:
+		case perPage > 0 && len(out) == perPage:
+			if w.Header().Get("X-Nomad-NextToken") == "" {
+				w.Header().Set("X-Nomad-NextToken", strconv.Itoa(visible))
+			}
+		default:
 			e.Request = nil
 			out = append(out, QueuedJob{Position: i + 1, Entry: e, Estimate: estimateOf(estimates, e.ID)})
 		}
 	}
+	w.Header().Set("X-Nomad-Gpu-Queued", strconv.Itoa(visible))
 	writeJSON(w, http.StatusOK, out)
 }
 

@@ -19,9 +19,9 @@ type GPUMap struct {
 	Nodes     []cluster.MapNode `json:"nodes"`
 }
 
-// Blocking queries on the map wait at most this long (Nomad's default is
-// five minutes; the map's telemetry changes without a new index, so it is
-// read again sooner).
+// Blocking queries on the map and the queue wait at most this long (Nomad's
+// default is five minutes; the map's telemetry and the queue's estimates
+// change without a new index, so they are read again sooner).
 const (
 	maxMapWait = 30 * time.Second
 	mapPoll    = 200 * time.Millisecond
@@ -33,24 +33,9 @@ const (
 // of Nomad for one node), and sees who holds a GPU only in namespaces it may
 // read.
 func (s *Server) gpuMap(w http.ResponseWriter, r *http.Request) {
-	q := r.URL.Query()
-	if q.Has("index") {
-		after, err := strconv.ParseUint(q.Get("index"), 10, 64)
-		if err != nil {
-			writeError(w, fail(errBadRequest, "index=%q is not a Nomad index", q.Get("index")))
-			return
-		}
-		wait := maxMapWait
-		if q.Has("wait") {
-			if wait, err = time.ParseDuration(q.Get("wait")); err != nil || wait <= 0 {
-				writeError(w, fail(errBadRequest, "wait=%q is not a duration (as 10s or 1m)", q.Get("wait")))
-				return
-			}
-			wait = min(wait, maxMapWait)
-		}
-		if after > 0 { // as Nomad: index 0 does not block
-			s.waitIndex(r, after, wait)
-		}
+	if err := blockingQuery(r, func() uint64 { index, _ := s.cluster.Followed(); return index }); err != nil {
+		writeError(w, err)
+		return
 	}
 	p := s.policies.Current()
 	index, _ := s.cluster.Followed()
@@ -74,22 +59,41 @@ func (s *Server) gpuMap(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, m)
 }
 
-// waitIndex waits until the view has applied an index above after, for at
-// most wait or until the caller goes.
-func (s *Server) waitIndex(r *http.Request, after uint64, wait time.Duration) {
+// blockingQuery is a Nomad blocking query's wait: with ?index=N it returns
+// once current is above N, or after ?wait= (default and at most
+// maxMapWait), or when the caller goes; an error names a bad parameter.
+func blockingQuery(r *http.Request, current func() uint64) error {
+	q := r.URL.Query()
+	if !q.Has("index") {
+		return nil
+	}
+	after, err := strconv.ParseUint(q.Get("index"), 10, 64)
+	if err != nil {
+		return fail(errBadRequest, "index=%q is not a Nomad index", q.Get("index"))
+	}
+	wait := maxMapWait
+	if q.Has("wait") {
+		if wait, err = time.ParseDuration(q.Get("wait")); err != nil || wait <= 0 {
+			return fail(errBadRequest, "wait=%q is not a duration (as 10s or 1m)", q.Get("wait"))
+		}
+		wait = min(wait, maxMapWait)
+	}
+	if after == 0 { // as Nomad: index 0 does not block
+		return nil
+	}
 	deadline := time.NewTimer(wait)
 	defer deadline.Stop()
 	tick := time.NewTicker(mapPoll)
 	defer tick.Stop()
 	for {
-		if index, _ := s.cluster.Followed(); index > after {
-			return
+		if current() > after {
+			return nil
 		}
 		select {
 		case <-r.Context().Done():
-			return
+			return nil
 		case <-deadline.C:
-			return
+			return nil
 		case <-tick.C:
 		}
 	}

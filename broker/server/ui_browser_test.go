@@ -13,6 +13,7 @@ import (
 	"github.com/nomad-gpu/nomad-gpu/broker/cluster"
 	"github.com/nomad-gpu/nomad-gpu/broker/nomadjob"
 	"github.com/nomad-gpu/nomad-gpu/broker/policy"
+	"github.com/nomad-gpu/nomad-gpu/broker/queue"
 	"github.com/nomad-gpu/nomad-gpu/broker/reclaim"
 	"github.com/nomad-gpu/nomad-gpu/broker/reclaim/reclaimtest"
 	"github.com/nomad-gpu/nomad-gpu/internal/browser"
@@ -197,5 +198,31 @@ func TestReclaimDecisionsInABrowser(t *testing.T) {
 		"document.getElementById('decided').innerText + ' / ' + document.getElementById('status').textContent")
 	if rec, _ := recs.Get(t.Context(), proposed.ID); rec.State != reclaim.Cancelled {
 		t.Errorf("the store has the decision %s", rec.State)
+	}
+}
+
+// A long queue is shown by its first 200 rows, with how many wait in all;
+// "Show more" asks for the next 200.
+func TestALongQueueInABrowser(t *testing.T) {
+	tab := browser.New(t)
+	s, _, q, _ := newTestServer(t)
+	now := time.Now()
+	for i := range 250 {
+		q.Put(t.Context(), queue.Entry{ID: fmt.Sprintf("00000000-0000-4000-8000-%012d", i), JobID: fmt.Sprintf("job-%03d", i),
+			Namespace: "vision", Tenant: "vision", Queue: "training", Demand: 1, SubmittedAt: now.Add(time.Duration(i) * time.Second)})
+	}
+	srv := httptest.NewServer(s.Handler())
+	t.Cleanup(func() { srv.CloseClientConnections(); srv.Close() }) // the page's blocking query is open
+	browser.Navigate(t, tab, srv.URL+"/gpu/#queues")
+	rows := "document.querySelectorAll('#queue-tables tbody tr').length"
+	browser.WaitFor(t, tab, 10*time.Second, "the first 200 rows", rows+" == 200", "document.getElementById('queue-summary').textContent")
+	if got := browser.Eval[string](t, tab, "document.getElementById('queue-summary').textContent"); !strings.Contains(got, "250 jobs waiting") ||
+		!strings.Contains(got, "The first 200 are shown") {
+		t.Errorf("summary %q", got)
+	}
+	browser.Eval[bool](t, tab, "(() => { document.querySelector('#queue-summary button').click(); return true })()")
+	browser.WaitFor(t, tab, 10*time.Second, "all 250 rows", rows+" == 250", "document.getElementById('queue-summary').textContent")
+	if got := browser.Eval[string](t, tab, "document.querySelector('#queue-tables tbody tr:last-child').dataset.job"); got != "job-249" {
+		t.Errorf("the last row is %q", got)
 	}
 }

@@ -30,7 +30,8 @@ function el(tag, attrs, ...children) {
 
 function token() { return sessionStorage.getItem(TOKEN_KEY) || ''; }
 
-async function api(path, method) {
+// request answers { data, headers } (a list's index and paging are headers).
+async function request(path, method) {
   const headers = {};
   if (token()) headers['X-Nomad-Token'] = token();
   const r = await fetch(path, { method: method || 'GET', headers, cache: 'no-store' });
@@ -40,8 +41,10 @@ async function api(path, method) {
     e.status = r.status;
     throw e;
   }
-  return text ? JSON.parse(text) : null;
+  return { data: text ? JSON.parse(text) : null, headers: r.headers };
 }
+
+async function api(path, method) { return (await request(path, method)).data; }
 
 function setStatus(text, error) {
   const s = $('status');
@@ -233,18 +236,28 @@ function drawRow(r, i) {
 
 // ---- queues ----
 
+// The first rows of the queue in admission order, as a blocking query on
+// the queue's index: a long queue is neither fetched whole nor redrawn
+// while it does not change ("Show more" asks for more rows).
+let queueRows = 200;
+
 async function queuesLoop(gen) {
+  let index = 0;
   while (gen === viewGen) {
     try {
-      const q = await api('/v1/gpu/queue');
+      const r = await request(`/v1/gpu/queue?per_page=${queueRows}` + (index ? `&index=${index}&wait=10s` : ''));
       if (gen !== viewGen) return;
-      renderQueues(q);
-      live(`${q.length} queued`);
+      renderQueues(r.data, Number(r.headers.get('X-Nomad-Gpu-Queued')) || r.data.length, gen);
+      // Read again when the queue changes, or after 10 s at most: the
+      // estimates move with the cluster, not the queue's index.
+      index = Number(r.headers.get('X-Nomad-Index')) || 0;
+      if (!index) await sleep(2000); // a broker that cannot block polls
+      live(`${r.headers.get('X-Nomad-Gpu-Queued') || r.data.length} queued`);
     } catch (e) {
       if (gen !== viewGen) return;
       failed(e);
+      await sleep(2000);
     }
-    await sleep(2000);
   }
 }
 
@@ -256,13 +269,18 @@ function startText(e) {
   return (s <= 0 ? 'any moment' : `in ${duration(s)}`) + (e.estimate.why ? ` (${e.estimate.why})` : '');
 }
 
-function renderQueues(entries) {
+function renderQueues(entries, total, gen) {
   const byQueue = new Map();
   for (const e of entries) {
     if (!byQueue.has(e.queue)) byQueue.set(e.queue, []);
     byQueue.get(e.queue).push(e);
   }
-  $('queue-summary').textContent = entries.length ? `${entries.length} job${entries.length > 1 ? 's' : ''} waiting, in admission order.` : 'No job is waiting.';
+  const summary = $('queue-summary');
+  summary.textContent = total ? `${total} job${total > 1 ? 's' : ''} waiting, in admission order.` : 'No job is waiting.';
+  if (total > entries.length) {
+    summary.append(` The first ${entries.length} are shown (\`gpu-broker queue list\` lists all). `,
+      el('button', { type: 'button', text: 'Show more', onclick: () => { queueRows += 200; if (gen === viewGen) show(); } }));
+  }
   const out = [];
   for (const [name, list] of [...byQueue.entries()].sort()) {
     const body = el('tbody');

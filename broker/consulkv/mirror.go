@@ -1,0 +1,135 @@
+package consulkv
+
+import (
+	"context"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	consul "github.com/hashicorp/consul/api"
+)
+
+// mirror is an in-memory copy of every record of one kind, kept current by
+// a blocking query on its directory that decodes only the records whose
+// version changed; the broker's own writes go in at once, the other
+// brokers' within the moment the query returns. Reading it costs no round
+// trip to Consul: a long queue is read on every submission.
+type mirror[T any] struct {
+	r records[T]
+
+	mu      sync.RWMutex
+	records map[string]mirrored[T] // by name
+	list    []T                    // the records, made by all once per change (nil: not yet)
+	index   atomic.Uint64          // Consul's index of the directory at the last answer; 0: not followed
+	version atomic.Uint64          // counts the copy's changes
+}
+
+type mirrored[T any] struct {
+	v     T
+	index uint64 // Consul's ModifyIndex of v; 0: written here, not read back yet
+}
+
+// followSpacing is the least time between two reads of a directory: while
+// it changes all the time (submissions at a high rate), each read takes in
+// the changes of this long, not one each; Consul sends the whole directory
+// every time, which at 10,000 queued jobs is megabytes.
+const followSpacing = 200 * time.Millisecond
+
+// follow keeps the copy current until ctx ends; on an error it retries
+// after a second, the copy marked as not followed (index 0) meanwhile.
+func (m *mirror[T]) follow(ctx context.Context) {
+	var index uint64
+	var last time.Time
+	for ctx.Err() == nil {
+		if wait := followSpacing - time.Since(last); wait > 0 {
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(wait):
+			}
+		}
+		last = time.Now()
+		pairs, meta, err := m.r.kv.List(m.r.dir, (&consul.QueryOptions{WaitIndex: index, WaitTime: 5 * time.Minute}).WithContext(ctx))
+		if err != nil {
+			m.index.Store(0)
+			index = 0
+			select {
+			case <-ctx.Done():
+			case <-time.After(time.Second):
+			}
+			continue
+		}
+		next := make(map[string]mirrored[T], len(pairs))
+		var changed []*consul.KVPair
+		m.mu.RLock() // this broker's own writes go into m.records meanwhile
+		for _, p := range pairs {
+			name := strings.TrimPrefix(p.Key, m.r.dir)
+			if o, ok := m.records[name]; ok && o.index == p.ModifyIndex {
+				next[name] = o
+			} else {
+				changed = append(changed, p)
+			}
+		}
+		m.mu.RUnlock()
+		for _, p := range changed {
+			// One that cannot be read is set aside (or, with no Aside,
+			// skipped): it must not stop the copy of the others.
+			if v, ok, err := m.r.readable(ctx, p); ok && err == nil {
+				next[strings.TrimPrefix(p.Key, m.r.dir)] = mirrored[T]{v: v, index: p.ModifyIndex}
+			}
+		}
+		m.mu.Lock()
+		m.records, m.list = next, nil
+		m.mu.Unlock()
+		if meta.LastIndex != index {
+			m.version.Add(1)
+		}
+		if meta.LastIndex < index {
+			meta.LastIndex = 0 // Consul's index went back (a restore): start over
+		}
+		index = meta.LastIndex
+		m.index.Store(index)
+	}
+}
+
+// followed reports whether the copy is current (follow has an answer and
+// its last query did not fail).
+func (m *mirror[T]) followed() bool { return m.index.Load() != 0 }
+
+// all is every record of the copy, in no order, in a slice the caller may
+// change.
+func (m *mirror[T]) all() []T {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.list == nil {
+		m.list = make([]T, 0, len(m.records))
+		for _, r := range m.records {
+			m.list = append(m.list, r.v)
+		}
+	}
+	return slices.Clone(m.list)
+}
+
+// wrote puts this broker's own write of name in at once (index: its version,
+// 0 when not known).
+func (m *mirror[T]) wrote(name string, v T, index uint64) {
+	m.mu.Lock()
+	if m.records == nil {
+		m.records = map[string]mirrored[T]{}
+	}
+	m.records[name] = mirrored[T]{v: v, index: index}
+	m.list = nil
+	m.mu.Unlock()
+	m.version.Add(1)
+}
+
+// removed takes this broker's own delete of name out at once.
+func (m *mirror[T]) removed(name string) {
+	m.mu.Lock()
+	delete(m.records, name)
+	m.list = nil
+	m.mu.Unlock()
+	m.version.Add(1)
+}
