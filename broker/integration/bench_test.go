@@ -483,7 +483,9 @@ tenant "vision" {
 	if wait != nil {
 		wait()
 	}
-	p := func(ds []time.Duration, q float64) float64 { return float64(ds[int(q*float64(len(ds)-1))].Microseconds()) / 1000 }
+	p := func(ds []time.Duration, q float64) float64 {
+		return float64(ds[int(q*float64(len(ds)-1))].Microseconds()) / 1000
+	}
 	b.ReportMetric(p(empty, .5), "empty-p50-ms")
 	b.ReportMetric(p(empty, .99), "empty-p99-ms")
 	b.ReportMetric(p(full, .5), "10k-p50-ms")
