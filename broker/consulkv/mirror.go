@@ -40,6 +40,7 @@ const followSpacing = 200 * time.Millisecond
 // follow keeps the copy current until ctx ends; on an error it retries
 // after a second, the copy marked as not followed (index 0) meanwhile.
 func (m *mirror[T]) follow(ctx context.Context) {
+	defer m.index.Store(0) // no longer current once it stops
 	var index uint64
 	var last time.Time
 	for ctx.Err() == nil {

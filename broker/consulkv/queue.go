@@ -41,7 +41,13 @@ func NewQueue(kv *consul.KV, prefix string, aside *Aside) *Queue {
 func (q *Queue) Put(ctx context.Context, e queue.Entry) error {
 	err := q.r.put(ctx, e.ID, e)
 	if err == nil {
-		q.m.wrote(e.ID, e, 0)
+		// Read back for its version: the leader's next pass may change it
+		// (a change checks the version) before the copy's query returns.
+		index := uint64(0)
+		if read, _, ok, rerr := q.r.get(ctx, e.ID); ok && rerr == nil {
+			e, index = read, read.ModifyIndex
+		}
+		q.m.wrote(e.ID, e, index)
 	}
 	var se consul.StatusError
 	if errors.As(err, &se) && se.Code == http.StatusRequestEntityTooLarge {
