@@ -192,7 +192,7 @@ func (a *Agent) Run(ctx context.Context) error {
 			Verify: scales.Verifier(stamper), Samples: view.SetSamples}, Actor: nomadClient, Policies: policies, Now: time.Now, NewID: queue.NewID,
 			Requeue: &reclaimer.Requeue{Jobs: nomadClient, Actor: nomadClient, Queue: store, Policies: policies},
 			Watchers: []reclaimer.Watcher{&reclaimer.Recorder{Store: storedProfiles, Table: profiles, Policies: policies},
-				&reclaimer.Ledger{Store: rollups, Policies: policies, Metrics: metrics, Budgets: budgets},
+				&reclaimer.Ledger{Store: rollups, Policies: policies, Metrics: metrics, Budgets: budgets, Clock: nomadClient.NomadNow},
 				&reclaimer.Expirer{Store: approvals, Jobs: view, Policies: policies, Records: decisions, NewID: queue.NewID, Audit: trail},
 				&reclaimer.Pruner{What: "scale and dispatch grants", Every: grantPruneInterval, Log: log.Named("prune"),
 					Prune: func(ctx context.Context) (int, error) { return scales.Prune(ctx, nomadClient.Gone) }}},

@@ -34,6 +34,7 @@ type Client struct {
 	address string
 	http    *http.Client
 	refused atomic.Bool // Nomad's last answer to the broker's token was 403
+	clock   atomic.Pointer[nomadClock]
 	// StreamIdle is how long the event stream may stay silent before it is
 	// taken for broken (a half-open connection): Nomad sends a heartbeat
 	// every 10 s. 0: DefaultStreamIdle.
@@ -105,6 +106,34 @@ func (c *Client) SetToken(token string) error {
 func (c *Client) Token() string { return c.cur.Load().token }
 
 func (c *Client) nomad() *api.Client { return c.cur.Load().api }
+
+// nomadClock is Nomad's time as its last answer said (its Date header) and
+// this process's monotonic time when it came.
+type nomadClock struct{ nomad, local time.Time }
+
+// nomadClockFresh is how long one reading of Nomad's clock is used: the
+// event stream's every resync and every read or registration give another.
+const nomadClockFresh = 10 * time.Minute
+
+// heard reads Nomad's clock from resp's Date header (whole seconds: the
+// half second is added).
+func (c *Client) heard(resp *http.Response) {
+	if at, err := http.ParseTime(resp.Header.Get("Date")); err == nil {
+		c.clock.Store(&nomadClock{nomad: at.Add(500 * time.Millisecond), local: time.Now()})
+	}
+}
+
+// NomadNow is Nomad's time now, to the second: its last reading of Nomad's
+// clock plus the time since by this process's monotonic clock, so that a
+// step of this machine's clock changes nothing. false when no reading is
+// fresh (Nomad has not answered for nomadClockFresh).
+func (c *Client) NomadNow() (time.Time, bool) {
+	k := c.clock.Load()
+	if k == nil || time.Since(k.local) > nomadClockFresh {
+		return time.Time{}, false
+	}
+	return k.nomad.Add(time.Since(k.local)), true
+}
 
 // TokenRefused reports whether Nomad refused the broker's own token at the
 // last call that reached it (a listing, the event stream, a read or a
@@ -259,6 +288,7 @@ func (c *Client) Events(ctx context.Context, index uint64) (_ <-chan *cluster.Ev
 	if err != nil {
 		return nil, fmt.Errorf("event stream: %w", err)
 	}
+	c.heard(resp)
 	if resp.StatusCode != http.StatusOK {
 		body, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
 		resp.Body.Close()
@@ -381,6 +411,7 @@ func (c *Client) get(ctx context.Context, path string, out any) (_ bool, err err
 	if err != nil {
 		return false, fmt.Errorf("GET %s: %w", path, err)
 	}
+	c.heard(resp)
 	defer resp.Body.Close()
 	switch resp.StatusCode {
 	case http.StatusOK:
@@ -426,6 +457,7 @@ func (c *Client) Register(ctx context.Context, namespace string, body []byte) (_
 	if err != nil {
 		return 0, fmt.Errorf("register job: %w", err)
 	}
+	c.heard(resp)
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))

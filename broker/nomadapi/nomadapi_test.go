@@ -307,3 +307,25 @@ func TestTheBrokersTokenRefusedAndReplaced(t *testing.T) {
 		t.Errorf("a read of a token refused: %v, refused %v", err, c.TokenRefused())
 	}
 }
+
+// NomadNow is Nomad's clock (its Date header), carried on by this
+// process's monotonic clock, and unknown before Nomad answered.
+func TestNomadNowIsNomadsClock(t *testing.T) {
+	ahead := time.Now().Add(3 * time.Hour).UTC().Truncate(time.Second)
+	c, _ := newClient(t, map[string]func(http.ResponseWriter, *http.Request){
+		"GET /v1/acl/token/acc": func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Date", ahead.Format(http.TimeFormat))
+			answer(http.StatusOK, map[string]string{"AccessorID": "acc", "Type": "client"})(w, r)
+		},
+	})
+	if _, ok := c.NomadNow(); ok {
+		t.Fatal("Nomad's time known before it answered")
+	}
+	if _, _, err := c.Grants(context.Background(), "acc"); err != nil {
+		t.Fatal(err)
+	}
+	now, ok := c.NomadNow()
+	if d := now.Sub(ahead); !ok || d < 0 || d > 2*time.Second {
+		t.Errorf("Nomad's time %s (%v), its Date header said %s", now, ok, ahead)
+	}
+}

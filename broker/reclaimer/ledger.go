@@ -42,6 +42,13 @@ type Ledger struct {
 	Policies policy.Source
 	Metrics  *metrics.Metrics
 	Budgets  *usage.BudgetBook // nil: none kept
+	// Clock is Nomad's time (nil: each pass's own), which the allocations'
+	// start times are in: a step of this machine's clock then neither
+	// charges the step nor deletes rollups, and a gap (a failover, Consul
+	// down) is charged whole. While Nomad's time is not known, the pass's
+	// own is used, a pass charges at most usage.MaxInterval, and no rollup
+	// is deleted.
+	Clock func() (time.Time, bool)
 
 	expired string                  // the day whose expiry ran last
 	recent  map[string]usage.Rollup // the days of the running budget periods, by day
@@ -49,6 +56,12 @@ type Ledger struct {
 
 // Observed implements reclaimer.Watcher.
 func (l *Ledger) Observed(ctx context.Context, now time.Time, allocs []reclaim.Alloc, gpus map[string]reclaim.GPU) error {
+	nomadTime := false
+	if l.Clock != nil {
+		if t, ok := l.Clock(); ok {
+			now, nomadTime = t, true
+		}
+	}
 	mark, index, err := l.Store.Mark(ctx)
 	if err != nil {
 		return err
@@ -74,7 +87,11 @@ func (l *Ledger) Observed(ctx context.Context, now time.Time, allocs []reclaim.A
 		return nil // counted up to now already
 	}
 	p := l.Policies.Current()
-	charged := usage.Charge(through, now, allocs, gpus, p.Usage.IdleBelow, p.ClassOf)
+	from := through
+	if !nomadTime && !from.IsZero() && now.Sub(from) > usage.MaxInterval {
+		from = now.Add(-usage.MaxInterval) // this clock may have stepped: not the whole step
+	}
+	charged := usage.Charge(from, now, allocs, gpus, p.Usage.IdleBelow, p.ClassOf)
 	days := make([]usage.Rollup, 0, len(charged))
 	for day, by := range charged {
 		d, err := l.Store.Day(ctx, day)
@@ -98,6 +115,9 @@ func (l *Ledger) Observed(ctx context.Context, now time.Time, allocs []reclaim.A
 	}
 	if err := l.budgets(ctx, p, now, days); err != nil {
 		return err
+	}
+	if l.Clock != nil && !nomadTime {
+		return nil // a clock that may have stepped deletes no rollup
 	}
 	if today := now.UTC().Format(usage.DayFormat); today != l.expired {
 		l.expired = today

@@ -167,3 +167,58 @@ func TestAClockPutBackDoesNotStopTheLedger(t *testing.T) {
 		t.Errorf("charged %+v after the mark came back, want 30 GPU-seconds", got)
 	}
 }
+
+// On Nomad's clock, a step of this machine's clock charges nothing of the
+// step and deletes no rollup; a gap nobody observed (Consul down, a
+// failover) is charged whole, from each allocation's start as Nomad says.
+func TestTheLedgerGoesByNomadsClock(t *testing.T) {
+	t0 := time.Date(2026, 11, 30, 8, 0, 0, 0, time.UTC)
+	old := "2026-01-15" // within the 400 days kept
+	store := &days{mark: usage.Mark{Through: t0}, index: 1, byDay: map[string]usage.Rollup{old: {Day: old}}}
+	nomad, known := t0, true
+	l := &reclaimer.Ledger{Store: store, Policies: testbuild.Fixed{P: testbuild.Policy(t, src)},
+		Clock: func() (time.Time, bool) { return nomad, known }}
+	allocs := []reclaim.Alloc{{ID: "a", Namespace: "vision", JobID: "nb", Admitted: true, Tenant: "vision", Queue: "dev", StartedAt: t0.Add(-time.Hour),
+		GPUs: []string{"g0"}}}
+	charged := func() float64 {
+		total := 0.0
+		for _, d := range store.byDay {
+			for _, r := range d.Rows {
+				total += r.Seconds.Allocated
+			}
+		}
+		return total
+	}
+	// This machine's clock jumped two years ahead; Nomad's moved 30 s.
+	nomad = t0.Add(30 * time.Second)
+	if err := l.Observed(context.Background(), t0.Add(2*365*24*time.Hour), allocs, nil); err != nil {
+		t.Fatal(err)
+	}
+	if got := charged(); got != 30 {
+		t.Errorf("charged %v GPU-seconds over a step of this clock, want 30", got)
+	}
+	if _, ok := store.byDay[old]; !ok || !store.mark.Through.Equal(nomad) {
+		t.Errorf("rollup %s deleted (%v) or mark %s not at Nomad's time", old, ok, store.mark.Through)
+	}
+	// An hour nobody observed: charged whole.
+	nomad = nomad.Add(time.Hour)
+	if err := l.Observed(context.Background(), nomad, allocs, nil); err != nil {
+		t.Fatal(err)
+	}
+	if got := charged(); got != 30+3600 {
+		t.Errorf("after an hour unobserved: %v GPU-seconds, want %v", got, 30+3600)
+	}
+	// Nomad's time not known: this clock, at most MaxInterval a pass, and
+	// nothing deleted however far it ran.
+	known = false
+	l2 := &reclaimer.Ledger{Store: store, Policies: l.Policies, Clock: l.Clock}
+	if err := l2.Observed(context.Background(), nomad.Add(2*365*24*time.Hour), allocs, nil); err != nil {
+		t.Fatal(err)
+	}
+	if got := charged(); got != 30+3600+usage.MaxInterval.Seconds() {
+		t.Errorf("on this clock alone: %v GPU-seconds, want %v", got, 30+3600+usage.MaxInterval.Seconds())
+	}
+	if _, ok := store.byDay[old]; !ok {
+		t.Errorf("rollup %s deleted on a clock that may have stepped", old)
+	}
+}

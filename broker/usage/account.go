@@ -27,26 +27,24 @@ func (s *Seconds) Add(o Seconds) {
 	s.Idle += o.Idle
 }
 
-// MaxInterval caps the time one observation is charged for: a leader
-// failover is covered, but after a longer gap (no broker running) GPUs are
-// not charged for time nobody saw.
+// MaxInterval caps the time one observation is charged for while the
+// ledger has only its own clock to go by (Nomad's is not known): a clock
+// stepped forward would otherwise charge the whole step.
 const MaxInterval = 10 * time.Minute
 
 // Charge is the GPU time of one observation at now since the last one at
-// prev (at most MaxInterval before), by UTC day (YYYY-MM-DD): every GPU
-// that running allocations hold, busy or idle by its sample (no sample:
-// busy), an allocation started since counted from its start. An allocation
-// the broker did not admit has tenant and queue "". classOf maps a GPU
-// model to its class ("" when none).
+// prev, by UTC day (YYYY-MM-DD): every GPU that running allocations hold,
+// busy or idle by its sample (no sample: busy), an allocation started
+// since counted from its start (as Nomad recorded it), so that after a gap
+// (a leader failover, Consul down) an allocation that ran throughout is
+// charged for all of it. An allocation the broker did not admit has tenant
+// and queue "". classOf maps a GPU model to its class ("" when none).
 func Charge(prev, now time.Time, allocs []reclaim.Alloc, gpus map[string]reclaim.GPU, idleBelow float64,
 	classOf func(model string) string) map[string]map[Key]Seconds {
 	if prev.IsZero() || !now.After(prev) {
 		return nil
 	}
 	prev, now = prev.UTC(), now.UTC()
-	if now.Sub(prev) > MaxInterval {
-		prev = now.Add(-MaxInterval)
-	}
 	out := map[string]map[Key]Seconds{}
 	for from := prev; from.Before(now); {
 		to := time.Date(from.Year(), from.Month(), from.Day()+1, 0, 0, 0, 0, time.UTC) // the next midnight

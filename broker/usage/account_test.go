@@ -44,14 +44,18 @@ func TestChargeCountsAReplicaAsItsShare(t *testing.T) {
 	}
 }
 
-func TestChargeCountsNothingFirstAndAtMostMaxIntervalAfterAGap(t *testing.T) {
-	allocs := []reclaim.Alloc{running("a", "train", "g0")}
+func TestChargeCountsNothingFirstAndAllOfAGapFromEachStart(t *testing.T) {
+	before := running("a", "train", "g0") // started at t0
+	during := running("b", "train", "g1")
+	during.StartedAt = t0.Add(3 * time.Hour)
+	allocs := []reclaim.Alloc{before, during}
 	if got := usage.Charge(time.Time{}, t0.Add(time.Hour), allocs, nil, 5, noClass); got != nil {
 		t.Errorf("first observation charged %v", got)
 	}
+	// 4 hours unobserved: a ran all of them, b the last 2, as Nomad says.
 	got := usage.Charge(t0.Add(time.Hour), t0.Add(5*time.Hour), allocs, nil, 5, noClass)
-	if s := got["2026-11-30"][usage.Key{Tenant: "vision", Queue: "training"}]; s.Allocated != usage.MaxInterval.Seconds() {
-		t.Errorf("after a gap: %+v", got)
+	if s := got["2026-11-30"][usage.Key{Tenant: "vision", Queue: "training"}]; s.Allocated != 6*3600 {
+		t.Errorf("after a gap: %+v, want 6 GPU-hours", got)
 	}
 }
 
