@@ -62,6 +62,11 @@ func TestTheEventStreamIsClosedAtEveryResync(t *testing.T) {
 		return nil
 	})
 	time.Sleep(200 * time.Millisecond) // the first stream open
+	// The stream's answer told Nomad's time (the usage ledger's clock): this
+	// machine's, here, to the second.
+	if at, ok := c.NomadNow(); !ok || at.Sub(time.Now()).Abs() > 2*time.Second {
+		t.Errorf("Nomad's time %s (%v), this machine's %s", at, ok, time.Now())
+	}
 	conns, streams := open.Load(), streamReaders()
 	for i := 0; i < 20; i++ {
 		resync <- time.Now()
