@@ -44,7 +44,7 @@ func (s *Approvals) cas(ctx context.Context, a approval.Approval, index uint64) 
 	if ok {
 		// This broker sees its own write at once; the others within the
 		// moment their blocking query returns.
-		s.m.wrote(a.ID, a, index)
+		s.m.readBack(ctx, a.ID)
 	}
 	return ok, err
 }

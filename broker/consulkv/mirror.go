@@ -113,17 +113,29 @@ func (m *mirror[T]) all() []T {
 	return slices.Clone(m.list)
 }
 
-// wrote puts this broker's own write of name in at once (index: its version,
-// 0 when not known).
+// wrote puts this broker's own write of name, read back at its version
+// index, in at once; a copy the query brought meanwhile at a later version
+// stays (an older version kept would make every change from it fail).
 func (m *mirror[T]) wrote(name string, v T, index uint64) {
 	m.mu.Lock()
 	if m.records == nil {
 		m.records = map[string]mirrored[T]{}
 	}
-	m.records[name] = mirrored[T]{v: v, index: index}
-	m.list = nil
+	if cur, ok := m.records[name]; !ok || cur.index < index {
+		m.records[name] = mirrored[T]{v: v, index: index}
+		m.list = nil
+	}
 	m.mu.Unlock()
 	m.version.Add(1)
+}
+
+// readBack reads name after this broker wrote it and puts it in the copy
+// (a write does not tell the version it made); if it cannot be read, the
+// query brings it.
+func (m *mirror[T]) readBack(ctx context.Context, name string) {
+	if v, index, ok, err := m.r.get(ctx, name); ok && err == nil {
+		m.wrote(name, v, index)
+	}
 }
 
 // removed takes this broker's own delete of name out at once.

@@ -41,13 +41,9 @@ func NewQueue(kv *consul.KV, prefix string, aside *Aside) *Queue {
 func (q *Queue) Put(ctx context.Context, e queue.Entry) error {
 	err := q.r.put(ctx, e.ID, e)
 	if err == nil {
-		// Read back for its version: the leader's next pass may change it
-		// (a change checks the version) before the copy's query returns.
-		index := uint64(0)
-		if read, _, ok, rerr := q.r.get(ctx, e.ID); ok && rerr == nil {
-			e, index = read, read.ModifyIndex
-		}
-		q.m.wrote(e.ID, e, index)
+		// The leader's next pass may change it (checking its version)
+		// before the copy's query returns.
+		q.m.readBack(ctx, e.ID)
 	}
 	var se consul.StatusError
 	if errors.As(err, &se) && se.Code == http.StatusRequestEntityTooLarge {
@@ -112,8 +108,7 @@ func (q *Queue) Park(ctx context.Context, e queue.Entry, reason string, at time.
 	e.Parked, e.ParkedAt = reason, at
 	ok, err := q.r.cas(ctx, e.ID, e, e.ModifyIndex)
 	if ok {
-		// Its old version: a change from this copy fails until it is read back.
-		q.m.wrote(e.ID, e, e.ModifyIndex)
+		q.m.readBack(ctx, e.ID)
 	}
 	return ok, err
 }

@@ -116,9 +116,10 @@ func TestSoak(t *testing.T) {
 	// Built as released: a race-detector build's memory grows with its own
 	// bookkeeping, so its RSS says nothing of the broker's (the other
 	// integration tests run brokers under the race detector).
+	// enable_debug: SOAK_PROFILE_DIR=DIR saves the survivor's heap profiles.
 	brokers := []*testcluster.Broker{
-		testcluster.StartReleaseBrokerWith(t, n, consul, policyDir, testcluster.BrokerOptions{}),
-		testcluster.StartReleaseBrokerWith(t, n, consul, policyDir, testcluster.BrokerOptions{}),
+		testcluster.StartReleaseBrokerWith(t, n, consul, policyDir, testcluster.BrokerOptions{Config: "enable_debug = true"}),
+		testcluster.StartReleaseBrokerWith(t, n, consul, policyDir, testcluster.BrokerOptions{Config: "enable_debug = true"}),
 	}
 	send := func(b *testcluster.Broker, method, path, body string) (int, string, error) {
 		req, _ := http.NewRequest(method, b.Addr+path, strings.NewReader(body))
@@ -245,9 +246,13 @@ func TestSoak(t *testing.T) {
 	survivor := killLeader(t, consul, brokers)
 	time.Sleep(duration / 6)
 	rssFrom, fdsFrom, goFrom, heapFrom := survivor.RSS(), survivor.FDs(), survivor.Scrape()["go_goroutines"], survivor.Scrape()["go_memstats_heap_inuse_bytes"]
+	jobsFrom, allocsFrom := nomadObjects(t, n)
+	saveHeapProfile(t, survivor, "from")
 	users.Wait()
 	time.Sleep(2 * time.Second) // the last requests' connections and goroutines end
 	rssTo, fdsTo, goTo, heapTo := survivor.RSS(), survivor.FDs(), survivor.Scrape()["go_goroutines"], survivor.Scrape()["go_memstats_heap_inuse_bytes"]
+	jobsTo, allocsTo := nomadObjects(t, n)
+	saveHeapProfile(t, survivor, "to")
 	close(stop)
 	sampler.Wait()
 
@@ -268,8 +273,8 @@ func TestSoak(t *testing.T) {
 			t.Logf("GPU calls answered 503 %.1fs before the kill", killedAt.Sub(u[0]).Seconds())
 		}
 	}
-	t.Logf("surviving broker after the failover, then at the end: RSS %d then %d MiB, Go heap in use %.0f then %.0f MiB, open files %d then %d, goroutines %g then %g",
-		rssFrom>>20, rssTo>>20, heapFrom/(1<<20), heapTo/(1<<20), fdsFrom, fdsTo, goFrom, goTo)
+	t.Logf("surviving broker after the failover, then at the end: RSS %d then %d MiB, Go heap in use %.0f then %.0f MiB, open files %d then %d, goroutines %g then %g; Nomad held %d then %d jobs, %d then %d allocations",
+		rssFrom>>20, rssTo>>20, heapFrom/(1<<20), heapTo/(1<<20), fdsFrom, fdsTo, goFrom, goTo, jobsFrom, jobsTo, allocsFrom, allocsTo)
 
 	if len(ledger.other) > 0 {
 		t.Errorf("%d answers a user cannot act on:\n%s", len(ledger.other), strings.Join(ledger.other, "\n"))
@@ -329,5 +334,37 @@ func TestSoak(t *testing.T) {
 	t.Logf("the survivor's audit trail: %d lines, %d unreadable", len(lines), torn)
 	if torn > 0 {
 		t.Errorf("%d audit lines cannot be read", torn)
+	}
+}
+
+// nomadObjects counts the jobs and allocations Nomad holds (the state the
+// broker's view mirrors, whose size its memory follows).
+func nomadObjects(t *testing.T, n *testcluster.Nomad) (jobs, allocs int) {
+	j, _, err := n.API.Jobs().List(&api.QueryOptions{Namespace: "*"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, _, err := n.API.Allocations().List(&api.QueryOptions{Namespace: "*"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(j), len(a)
+}
+
+// saveHeapProfile saves b's heap profile as SOAK_PROFILE_DIR/heap-<name>.pb.gz
+// (nothing without SOAK_PROFILE_DIR).
+func saveHeapProfile(t *testing.T, b *testcluster.Broker, name string) {
+	dir := os.Getenv("SOAK_PROFILE_DIR")
+	if dir == "" {
+		return
+	}
+	resp, err := b.Client.Get(b.Addr + "/debug/pprof/heap?gc=1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	out, _ := io.ReadAll(resp.Body)
+	if err := os.WriteFile(filepath.Join(dir, "heap-"+name+".pb.gz"), out, 0o644); err != nil {
+		t.Fatal(err)
 	}
 }
