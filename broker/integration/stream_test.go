@@ -64,7 +64,7 @@ func TestTheEventStreamIsClosedAtEveryResync(t *testing.T) {
 	time.Sleep(200 * time.Millisecond) // the first stream open
 	// The stream's answer told Nomad's time (the usage ledger's clock): this
 	// machine's, here, to the second.
-	if at, ok := c.NomadNow(); !ok || at.Sub(time.Now()).Abs() > 2*time.Second {
+	if at, ok := c.NomadNow(); !ok || time.Until(at).Abs() > 2*time.Second {
 		t.Errorf("Nomad's time %s (%v), this machine's %s", at, ok, time.Now())
 	}
 	conns, streams := open.Load(), streamReaders()
