@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -247,12 +248,12 @@ func TestSoak(t *testing.T) {
 	time.Sleep(duration / 6)
 	rssFrom, fdsFrom, goFrom, heapFrom := survivor.RSS(), survivor.FDs(), survivor.Scrape()["go_goroutines"], survivor.Scrape()["go_memstats_heap_inuse_bytes"]
 	jobsFrom, allocsFrom := nomadObjects(t, n)
-	saveHeapProfile(t, survivor, "from")
+	liveFrom := liveHeap(t, survivor, "from")
 	users.Wait()
 	time.Sleep(2 * time.Second) // the last requests' connections and goroutines end
 	rssTo, fdsTo, goTo, heapTo := survivor.RSS(), survivor.FDs(), survivor.Scrape()["go_goroutines"], survivor.Scrape()["go_memstats_heap_inuse_bytes"]
 	jobsTo, allocsTo := nomadObjects(t, n)
-	saveHeapProfile(t, survivor, "to")
+	liveTo := liveHeap(t, survivor, "to")
 	close(stop)
 	sampler.Wait()
 
@@ -273,8 +274,18 @@ func TestSoak(t *testing.T) {
 			t.Logf("GPU calls answered 503 %.1fs before the kill", killedAt.Sub(u[0]).Seconds())
 		}
 	}
-	t.Logf("surviving broker after the failover, then at the end: RSS %d then %d MiB, Go heap in use %.0f then %.0f MiB, open files %d then %d, goroutines %g then %g; Nomad held %d then %d jobs, %d then %d allocations",
-		rssFrom>>20, rssTo>>20, heapFrom/(1<<20), heapTo/(1<<20), fdsFrom, fdsTo, goFrom, goTo, jobsFrom, jobsTo, allocsFrom, allocsTo)
+	t.Logf("surviving broker after the failover, then at the end: RSS %d then %d MiB, Go heap in use %.0f then %.0f MiB, live heap after a GC %.1f then %.1f MiB, open files %d then %d, goroutines %g then %g; Nomad held %d then %d jobs, %d then %d allocations",
+		rssFrom>>20, rssTo>>20, heapFrom/(1<<20), heapTo/(1<<20), liveFrom/(1<<20), liveTo/(1<<20), fdsFrom, fdsTo, goFrom, goTo, jobsFrom, jobsTo, allocsFrom, allocsTo)
+	// Flat: what the broker holds after a collection (the heap in use and
+	// RSS also hold garbage not yet collected, which Go lets grow to the
+	// live heap's size again before it collects), its files and goroutines.
+	// 1 MiB of slack: a scrape or a pass in flight at either moment.
+	if liveTo > liveFrom*1.1+(1<<20) {
+		t.Errorf("the survivor's live heap grew from %.1f to %.1f MiB", liveFrom/(1<<20), liveTo/(1<<20))
+	}
+	if fdsTo > fdsFrom+fdsFrom/10+2 || goTo > goFrom*1.1+2 {
+		t.Errorf("the survivor's open files (%d then %d) or goroutines (%g then %g) grew", fdsFrom, fdsTo, goFrom, goTo)
+	}
 
 	if len(ledger.other) > 0 {
 		t.Errorf("%d answers a user cannot act on:\n%s", len(ledger.other), strings.Join(ledger.other, "\n"))
@@ -351,20 +362,32 @@ func nomadObjects(t *testing.T, n *testcluster.Nomad) (jobs, allocs int) {
 	return len(j), len(a)
 }
 
-// saveHeapProfile saves b's heap profile as SOAK_PROFILE_DIR/heap-<name>.pb.gz
-// (nothing without SOAK_PROFILE_DIR).
-func saveHeapProfile(t *testing.T, b *testcluster.Broker, name string) {
-	dir := os.Getenv("SOAK_PROFILE_DIR")
-	if dir == "" {
-		return
+// liveHeap is b's heap after a garbage collection (HeapAlloc, in bytes),
+// from its profiler (enable_debug); with SOAK_PROFILE_DIR it also saves the
+// heap profile there as heap-<name>.pb.gz.
+func liveHeap(t *testing.T, b *testcluster.Broker, name string) float64 {
+	get := func(query string) []byte {
+		resp, err := b.Client.Get(b.Addr + "/debug/pprof/heap?gc=1" + query)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		out, _ := io.ReadAll(resp.Body)
+		return out
 	}
-	resp, err := b.Client.Get(b.Addr + "/debug/pprof/heap?gc=1")
+	if dir := os.Getenv("SOAK_PROFILE_DIR"); dir != "" {
+		if err := os.WriteFile(filepath.Join(dir, "heap-"+name+".pb.gz"), get(""), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	text := string(get("&debug=1"))
+	i := strings.Index(text, "# HeapAlloc = ")
+	if i < 0 {
+		t.Fatalf("no HeapAlloc in the heap profile:\n%.500s", text)
+	}
+	v, err := strconv.ParseFloat(strings.Fields(text[i+len("# HeapAlloc = "):])[0], 64)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer resp.Body.Close()
-	out, _ := io.ReadAll(resp.Body)
-	if err := os.WriteFile(filepath.Join(dir, "heap-"+name+".pb.gz"), out, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	return v
 }
