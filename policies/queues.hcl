@@ -1,5 +1,8 @@
-# Queues map kinds of work to Nomad priority bands. Bands are at least 10 apart:
-# Nomad preempts only across a gap of 10.
+# Queues order kinds of work. Guaranteed work runs at Nomad priorities within 9
+# of each other, in this order (inference 49, training 45, dev 40): Nomad preempts
+# only across a gap of 10, so no tenant's guaranteed job evicts another's; only
+# borrowed work, 10 or more below, is evicted. preempts_within_guarantee = true
+# on a queue runs its jobs at its own priority instead.
 queue "inference" {
   priority = 80
   workload = "inference"

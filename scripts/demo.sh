@@ -138,7 +138,7 @@ broker_sees_gpus() {
 # its guarantee, and Nomad preempts vision's borrowed job for it.
 scenario() {
   echo
-  echo "== vision: 2 workers x 4 GPUs, within its guarantee of 8 (training band, priority 60)"
+  echo "== vision: 2 workers x 4 GPUs, within its guarantee of 8 (training band, priority 45)"
   NOMAD_ADDR=$BROKER_ADDR "$NOMAD" job run -detach -var checkpoint_dir="$DEMO_DIR/checkpoints" \
     jobspecs/training.nomad.hcl | grep -v '^$'
   echo "== vision: 4 more GPUs, beyond its guarantee: borrowed from idle GPUs (priority 20)"
@@ -146,7 +146,7 @@ scenario() {
     -var checkpoint_dir="$DEMO_DIR/checkpoints" \
     <(sed 's/job "train-resnet"/job "train-borrowed"/' jobspecs/training.nomad.hcl) | grep -v '^$'
   wait_for "vision's jobs running" 60 running vision train-borrowed
-  echo "== search: 3 replicas x 2 GPUs, within its guarantee of 6 (inference band, priority 80)"
+  echo "== search: 3 replicas x 2 GPUs, within its guarantee of 6 (inference band, priority 49)"
   NOMAD_ADDR=$BROKER_ADDR "$NOMAD" job run -detach jobspecs/inference.nomad.hcl | grep -v '^$'
   wait_for "search's service running" 60 running search ranker
   echo "== what Nomad did with vision's borrowed job:"

@@ -333,7 +333,7 @@ func decideQuota(p *policy.Policy, u Usage, d Decision, tenant *policy.Tenant, q
 			d.Reason = fmt.Sprintf("%s: within its guarantee, but borrowed, preemptible at priority %d until then", over, p.Borrowing.Priority)
 			return d
 		}
-		d.Outcome, d.Priority = Admit, q.Priority
+		d.Outcome, d.Priority = Admit, q.Band
 		d.Reason = fmt.Sprintf("within tenant %q's guarantee", tenant.Name)
 		return d
 	}

@@ -97,6 +97,8 @@ func overBudget(u admission.Usage, tenant string) admission.Usage {
 }
 
 func TestDecide(t *testing.T) {
+	// Queues inference 80, training 60 and dev 40 run guaranteed work at
+	// their bands, within 9 of each other: 49, 45 and 40.
 	cases := []struct {
 		name      string
 		borrowOff bool
@@ -109,7 +111,7 @@ func TestDecide(t *testing.T) {
 	}{
 		{name: "no GPUs: admitted untouched", job: job("anything"), usage: cluster(16, nil), outcome: admission.Admit},
 		{name: "a GPU group at count 0: decided like any other, in its queue's band", job: job("vision").gpus(0, 1), usage: cluster(0, map[string]float64{"vision": 16}),
-			outcome: admission.Admit, priority: 60, reason: `within tenant "vision"'s guarantee`},
+			outcome: admission.Admit, priority: 45, reason: `within tenant "vision"'s guarantee`},
 		{name: "a GPU group at count 0 in a namespace of no tenant", job: job("default").gpus(0, 1), usage: cluster(16, nil),
 			outcome: admission.Reject, rule: admission.RuleUnmappedNamespace},
 		{name: "unmapped namespace", job: job("default").gpus(1, 1), usage: cluster(16, nil),
@@ -125,13 +127,13 @@ func TestDecide(t *testing.T) {
 		{name: "class the tenant has no quota for", job: job("research").gpus(1, 1).model("NVIDIA A100-SXM4-40GB"), usage: cluster(16, nil),
 			outcome: admission.Reject, rule: admission.RuleUnknownClass, reason: `no quota for a100 GPUs`},
 		{name: "within guarantee: queue band", job: job("vision").gpus(2, 4), usage: cluster(16, nil),
-			outcome: admission.Admit, priority: 60},
+			outcome: admission.Admit, priority: 45},
 		{name: "default queue vs chosen queue", job: job("vision").gpus(1, 1).queue("dev"), usage: cluster(16, nil),
 			outcome: admission.Admit, priority: 40},
 		{name: "second namespace of a tenant", job: job("search-canary").gpus(1, 1), usage: cluster(16, nil),
-			outcome: admission.Admit, priority: 80},
+			outcome: admission.Admit, priority: 49},
 		{name: "guarantee even with no idle GPUs (Nomad preempts borrowed work)", job: job("search").gpus(4, 1),
-			usage: cluster(0, map[string]float64{"vision": 16}), outcome: admission.Admit, priority: 80},
+			usage: cluster(0, map[string]float64{"vision": 16}), outcome: admission.Admit, priority: 49},
 		{name: "beyond guarantee on idle GPUs: borrowed", job: job("vision").gpus(1, 4), usage: cluster(8, map[string]float64{"vision": 8}),
 			outcome: admission.AdmitBorrowed, priority: 20},
 		{name: "beyond guarantee, not enough idle: queued", job: job("vision").gpus(1, 4), usage: cluster(2, map[string]float64{"vision": 8}),
@@ -145,7 +147,7 @@ func TestDecide(t *testing.T) {
 		{name: "a stable version above the limit refuses an update that may revert to it", job: job("search").gpus(1, 1).revertsTo(5, 1), usage: cluster(12, nil),
 			outcome: admission.Reject, rule: admission.RuleAboveLimit, reason: `the job needs 5 GPUs (this version 1, its stable version 5`},
 		{name: "a smaller stable version changes nothing", job: job("search").gpus(2, 1).revertsTo(1, 1), usage: cluster(12, map[string]float64{"search": 2}),
-			outcome: admission.Admit, priority: 80, reason: `within tenant "search"'s guarantee`},
+			outcome: admission.Admit, priority: 49, reason: `within tenant "search"'s guarantee`},
 		{name: "per-class guarantee", job: job("research").gpus(2, 1).model(h100), usage: cluster(16, nil),
 			outcome: admission.Admit, priority: 40},
 		{name: "per-class borrowing", job: job("research").gpus(3, 1).model(h100), usage: cluster(16, nil),
@@ -259,7 +261,7 @@ borrowing {
 		t.Errorf("inference without canary: %s %s", d.Outcome, d.Rule)
 	}
 	inference.CanaryAutoRevert = true
-	if d := admission.Decide(p, inference.Job, u); d.Outcome != admission.Admit || d.Priority != 80 {
+	if d := admission.Decide(p, inference.Job, u); d.Outcome != admission.Admit || d.Priority != 49 {
 		t.Errorf("inference with canary: %s %d: %s", d.Outcome, d.Priority, d.Reason)
 	}
 	// Beyond its guarantee it would be borrowed: protected, it waits instead.
@@ -357,7 +359,7 @@ func TestApprovalsRaiseTheLimitAndTheBandOfTheirJobOnly(t *testing.T) {
 	// A band lower than the queue's changes nothing; nor does any grant a refusal.
 	within := job("vision").gpus(1, 1)
 	within.Granted = admission.Granted{Priority: 30}
-	if d := admission.Decide(p, within.Job, u); d.Priority != 60 || strings.Contains(d.Reason, "approval") {
+	if d := admission.Decide(p, within.Job, u); d.Priority != 45 || strings.Contains(d.Reason, "approval") {
 		t.Errorf("lower band granted: %+v", d)
 	}
 	over := job("vision").gpus(1, 20)

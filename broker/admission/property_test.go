@@ -77,7 +77,7 @@ func TestGuaranteeNeverQueued(t *testing.T) {
 		if _, all := tenant.Guaranteed[policy.AllGPUs]; !all && d.Demand[policy.AllGPUs] > d.Demand["h100"] {
 			return // GPUs outside the classes it is guaranteed
 		}
-		if d.Outcome != admission.Admit || d.Priority != p.Queues[d.Queue].Priority {
+		if d.Outcome != admission.Admit || d.Priority != p.Queues[d.Queue].Band {
 			t.Fatalf("within guarantee but %s at %d: %s", d.Outcome, d.Priority, d.Reason)
 		}
 	})

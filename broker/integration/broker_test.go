@@ -133,7 +133,7 @@ func TestBroker(t *testing.T) {
 	t.Run("plan shows the decision without side effects", func(t *testing.T) {
 		path := e.spec("vision", "planned", 1, 2, "")
 		out, _ := e.nomadCLI("job", "plan", path) // exit 1 means "allocations would be created"
-		if !strings.Contains(out, "nomad-gpu: would be admitted: tenant vision, queue training, priority 60") {
+		if !strings.Contains(out, "nomad-gpu: would be admitted: tenant vision, queue training, priority 45") {
 			t.Errorf("plan does not show the admission:\n%s", out)
 		}
 		if _, _, err := e.nomad.API.Jobs().Info("planned", &api.QueryOptions{Namespace: "vision"}); err == nil {
@@ -146,11 +146,11 @@ func TestBroker(t *testing.T) {
 
 	t.Run("admitted job runs with its queue's priority and meta", func(t *testing.T) {
 		out, err := e.run("vision", "train-a", 1, 4, "", false)
-		if err != nil || !strings.Contains(out, "nomad-gpu: admitted: tenant vision, queue training, priority 60, 4 GPUs, borrowed: no") {
+		if err != nil || !strings.Contains(out, "nomad-gpu: admitted: tenant vision, queue training, priority 45, 4 GPUs, borrowed: no") {
 			t.Fatalf("nomad job run: %v\n%s", err, out)
 		}
 		job := e.job("vision", "train-a")
-		if *job.Priority != 60 || job.Meta["nomad-gpu.tenant"] != "vision" || job.Meta["nomad-gpu.queue"] != "training" ||
+		if *job.Priority != 45 || job.Meta["nomad-gpu.tenant"] != "vision" || job.Meta["nomad-gpu.queue"] != "training" ||
 			job.Meta["nomad-gpu.workload"] != "training" || !strings.HasPrefix(job.Meta["nomad-gpu.admission"], "v2:") {
 			t.Errorf("job not stamped: priority %d meta %v", *job.Priority, job.Meta)
 		}
@@ -206,7 +206,7 @@ func TestBroker(t *testing.T) {
 		}
 		borrowed := e.waitRunning("vision", "borrow-a")
 		out, err = e.run("search", "infer-b", 1, 4, "", true)
-		if err != nil || !strings.Contains(out, "tenant search, queue inference, priority 80") {
+		if err != nil || !strings.Contains(out, "tenant search, queue inference, priority 49") {
 			t.Fatalf("want admission within guarantee: %v\n%s", err, out)
 		}
 		e.waitRunning("search", "infer-b")
@@ -407,6 +407,64 @@ func TestBroker(t *testing.T) {
 		e.stop("vision", "hold")
 		e.waitAdmitted(t, "vision", "waiter", 60*time.Second)
 		e.stop("vision", "waiter")
+	})
+
+	// Guarantees that add up to more than the cluster (a warning, not an
+	// error): search's inference job within its guarantee finds vision's
+	// training job within its own on the GPUs it needs. Their bands (49 and
+	// 45) are less than 10 apart, so Nomad does not evict vision's job; at
+	// the queues' priorities (80 and 60) it would.
+	t.Run("another tenant's guaranteed job does not evict guaranteed work", func(t *testing.T) {
+		for _, ns := range []string{"vision", "search"} {
+			jobs, _, err := n.API.Jobs().List(&api.QueryOptions{Namespace: ns})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, j := range jobs {
+				if _, _, err := n.API.Jobs().Deregister(j.ID, true, &api.WriteOptions{Namespace: ns}); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		overcommitted := strings.Replace(policies, "  queues     = [\"inference\"]\n  guaranteed = 4\n  limit      = 4", "  queues     = [\"inference\"]\n  guaranteed = 8\n  limit      = 8", 1)
+		if overcommitted == policies {
+			t.Fatal("search's guarantee not found in the policy")
+		}
+		writeFile(t, filepath.Join(e.policyDir, "policy.hcl"), overcommitted)
+		defer writeFile(t, filepath.Join(e.policyDir, "policy.hcl"), policies)
+		testcluster.WaitFor(t, 30*time.Second, "search's guarantee of 8, nothing held", func() error {
+			if l, v, s := e.limitOf("search"), e.usedBy("vision"), e.usedBy("search"); l != 8 || v != 0 || s != 0 {
+				return fmt.Errorf("search's limit %g, vision holds %g, search %g", l, v, s)
+			}
+			return nil
+		})
+		if out, err := e.run("vision", "keep", 1, 4, "", true); err != nil || !strings.Contains(out, "queue training, priority 45, 4 GPUs, borrowed: no") {
+			t.Fatalf("vision within its guarantee: %v\n%s", err, out)
+		}
+		kept := e.waitRunning("vision", "keep")
+		if out, err := e.run("search", "big", 1, 8, "", true); err != nil || !strings.Contains(out, "queue inference, priority 49, 8 GPUs, borrowed: no") {
+			t.Fatalf("search within its guarantee: %v\n%s", err, out)
+		}
+		testcluster.WaitFor(t, 30*time.Second, "Nomad to block big's placement", func() error {
+			if a, _, err := n.API.Allocations().Info(kept.ID, nil); err == nil && a.DesiredStatus != api.AllocDesiredStatusRun {
+				t.Fatalf("vision's guaranteed job was %s for search's", a.DesiredStatus)
+			}
+			evals, _, err := n.API.Jobs().Evaluations("big", &api.QueryOptions{Namespace: "search"})
+			if err != nil {
+				return err
+			}
+			for _, ev := range evals {
+				if ev.Status == api.EvalStatusBlocked {
+					return nil
+				}
+			}
+			return fmt.Errorf("%d evaluations, none blocked", len(evals))
+		})
+		if a, _, err := n.API.Allocations().Info(kept.ID, nil); err != nil || a.DesiredStatus != api.AllocDesiredStatusRun {
+			t.Errorf("vision's guaranteed job was evicted for search's: %v %+v", err, a)
+		}
+		e.stop("search", "big")
+		e.stop("vision", "keep")
 	})
 }
 

@@ -73,9 +73,16 @@ type Policy struct {
 // Queue maps a class of work to a Nomad priority band.
 type Queue struct {
 	Name     string
-	Priority int
+	Priority int // its place in the queue's order, and its band as written
 	Workload string
-	Pos      Pos // where it is defined
+	// PreemptsWithinGuarantee: its jobs run at Priority itself, so that
+	// Nomad lets them evict another tenant's guaranteed work 10 or more
+	// below it; otherwise at Band.
+	PreemptsWithinGuarantee bool
+	// Band is the Nomad priority of its jobs admitted within a guarantee,
+	// set by Index: see Index.
+	Band int
+	Pos  Pos // where it is defined
 }
 
 // Tenant owns Nomad namespaces and has GPU quotas.
@@ -231,13 +238,47 @@ type Preemption struct {
 	Service bool
 }
 
-// Index makes TenantOf answer from the tenants' namespaces; call it once the
-// tenants are set (a parser refuses a namespace claimed twice).
+// GuaranteedSpread is how far apart the bands of guaranteed work may lie:
+// less than MinPriorityGap, so that Nomad never preempts one tenant's
+// guaranteed job for another's.
+const GuaranteedSpread = MinPriorityGap - 1
+
+// Index makes TenantOf answer from the tenants' namespaces, and sets each
+// queue's Band; call it once the queues and tenants are set (a parser
+// refuses a namespace claimed twice).
+//
+// The bands of the queues that do not preempt within guarantee lie within
+// GuaranteedSpread of each other, from the lowest of their priorities up,
+// in their order (a higher priority never gets a lower band): Nomad then
+// places inference before training before dev, and preempts only borrowed
+// work, which runs MinPriorityGap or more below the lowest band. No band is
+// above the priority its queue was written with.
 func (p *Policy) Index() {
+	p.setBands()
 	p.byNamespace = map[string]*Tenant{}
 	for _, t := range p.Tenants {
 		for _, ns := range t.Namespaces {
 			p.byNamespace[ns] = t
+		}
+	}
+}
+
+func (p *Policy) setBands() {
+	var distinct []int
+	for _, q := range p.Queues {
+		if !q.PreemptsWithinGuarantee && !slices.Contains(distinct, q.Priority) {
+			distinct = append(distinct, q.Priority)
+		}
+	}
+	slices.Sort(distinct)
+	for _, q := range p.Queues {
+		q.Band = q.Priority
+		if q.PreemptsWithinGuarantee {
+			continue
+		}
+		rank, last := slices.Index(distinct, q.Priority), len(distinct)-1
+		if last > 0 {
+			q.Band = min(q.Priority, distinct[0]+(GuaranteedSpread*rank+last/2)/last)
 		}
 	}
 }

@@ -39,8 +39,9 @@ type regionBody struct {
 }
 
 type queueBody struct {
-	Priority int     `hcl:"priority"`
-	Workload *string `hcl:"workload,optional"`
+	Priority                int     `hcl:"priority"`
+	Workload                *string `hcl:"workload,optional"`
+	PreemptsWithinGuarantee bool    `hcl:"preempts_within_guarantee,optional"`
 }
 
 type tenantBody struct {
@@ -163,7 +164,8 @@ func Parse(files map[string][]byte, capacity int) (*policy.Policy, hcl.Diagnosti
 					diags = append(diags, d...)
 					continue
 				}
-				q := &policy.Queue{Name: b.Labels[0], Priority: qb.Priority, Workload: b.Labels[0], Pos: pos(b.DefRange)}
+				q := &policy.Queue{Name: b.Labels[0], Priority: qb.Priority, Workload: b.Labels[0], PreemptsWithinGuarantee: qb.PreemptsWithinGuarantee,
+					Pos: pos(b.DefRange)}
 				if qb.Workload != nil {
 					q.Workload = *qb.Workload
 				}
@@ -243,11 +245,11 @@ func Parse(files map[string][]byte, capacity int) (*policy.Policy, hcl.Diagnosti
 	}
 	diags = append(diags, p.checkReclaimSelectors()...)
 	diags = append(diags, p.checkWorkloads()...)
+	pol.Index() // the bands, which check reads
 	diags = append(diags, p.check(capacity, seenSingleton["borrowing"])...)
 	if diags.HasErrors() {
 		return nil, diags
 	}
-	pol.Index()
 	return pol, diags
 }
 
@@ -469,15 +471,24 @@ func (p *parser) check(capacity int, borrowingRange hcl.Range) hcl.Diagnostics {
 		queues = append(queues, q)
 	}
 	sort.Slice(queues, func(i, j int) bool { return queues[i].Priority < queues[j].Priority })
-	for i := 1; i < len(queues); i++ {
-		lo, hi := queues[i-1], queues[i]
-		if hi.Priority-lo.Priority < policy.MinPriorityGap {
-			diags = append(diags, warningAt(rangeOf(hi.Pos), "Queue bands too close",
-				fmt.Sprintf("queues %q (%d) and %q (%d) are less than %d apart: Nomad will not preempt one for the other",
-					hi.Name, hi.Priority, lo.Name, lo.Priority, policy.MinPriorityGap)))
-		}
-	}
 	if p.Borrowing.Enabled && len(queues) > 0 {
+		// A queue that preempts within guarantee runs at its priority: 10 or
+		// more above another queue's band, its jobs evict that queue's
+		// guaranteed jobs, another tenant's included.
+		for _, hi := range queues {
+			if !hi.PreemptsWithinGuarantee {
+				continue
+			}
+			for _, lo := range queues {
+				if lo != hi && hi.Priority-lo.Band >= policy.MinPriorityGap {
+					diags = append(diags, warningAt(rangeOf(hi.Pos), "Guaranteed work preempts guaranteed work",
+						fmt.Sprintf("queue %q (preempts_within_guarantee, priority %d) is %d or more above queue %q's band (%d) while borrowing is on: "+
+							"its jobs may evict another tenant's jobs that run within their guarantee, not only borrowed ones",
+							hi.Name, hi.Priority, policy.MinPriorityGap, lo.Name, lo.Band)))
+					break
+				}
+			}
+		}
 		lowest := queues[0]
 		switch {
 		case p.Borrowing.Priority >= lowest.Priority:

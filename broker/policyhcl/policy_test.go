@@ -1,6 +1,7 @@
 package policyhcl_test
 
 import (
+	"maps"
 	"strings"
 	"testing"
 
@@ -123,26 +124,59 @@ tenant "a" {
 	}
 }
 
+// Guaranteed work runs in bands within 9 of each other, in the queues'
+// order, so that Nomad preempts no tenant's guaranteed job for another's;
+// bands closer than 10 are no longer worth a warning, a queue that
+// preempts within guarantee 10 or more above another band is.
 func TestBandRules(t *testing.T) {
-	close := `
-queue "a" { priority = 60 }
-queue "b" { priority = 55 }
+	src := `
+queue "inference" { priority = 80 }
+queue "training" { priority = 60 }
+queue "dev" { priority = 40 }
+queue "urgent" {
+  priority                  = 95
+  preempts_within_guarantee = true
+}
 borrowing {
   enabled = true
-  priority = 50
+  priority = 35
 }`
-	p, diags := policyhcl.Parse(map[string][]byte{"q.hcl": []byte(close)}, 0)
+	p, diags := policyhcl.Parse(map[string][]byte{"q.hcl": []byte(src)}, 0)
 	out := policyhcl.FormatDiagnostics(diags)
 	if p == nil {
-		t.Fatalf("bands closer than 10 are warnings, not errors:\n%s", out)
+		t.Fatalf("%s", out)
+	}
+	bands := map[string]int{}
+	for name, q := range p.Queues {
+		bands[name] = q.Band
+	}
+	if want := map[string]int{"inference": 49, "training": 45, "dev": 40, "urgent": 95}; !maps.Equal(bands, want) {
+		t.Errorf("bands %v, want %v", bands, want)
 	}
 	for _, want := range []string{
-		`q.hcl:2:1: warning: Queue bands too close: queues "a" (60) and "b" (55)`,
-		`q.hcl:4:1: warning: Borrowing band too close`,
+		`q.hcl:5:1: warning: Guaranteed work preempts guaranteed work: queue "urgent" (preempts_within_guarantee, priority 95) is 10 or more above queue`,
+		`q.hcl:9:1: warning: Borrowing band too close: borrowing priority 35 is less than 10 below queue "dev" (40)`,
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("missing %q in\n%s", want, out)
 		}
+	}
+	if strings.Count(out, "warning") != 2 {
+		t.Errorf("want two warnings:\n%s", out)
+	}
+	// Without borrowing nothing runs below the bands: no warning.
+	off := strings.Replace(src, "enabled = true", "enabled = false", 1)
+	if _, diags := policyhcl.Parse(map[string][]byte{"q.hcl": []byte(off)}, 0); len(diags) != 0 {
+		t.Errorf("borrowing off: %s", policyhcl.FormatDiagnostics(diags))
+	}
+	// Priorities closer than the spread keep their own (no band goes up).
+	close := `
+queue "a" { priority = 42 }
+queue "b" { priority = 41 }
+queue "c" { priority = 70 }`
+	p, diags = policyhcl.Parse(map[string][]byte{"q.hcl": []byte(close)}, 0)
+	if p == nil || p.Queues["b"].Band != 41 || p.Queues["a"].Band != 42 || p.Queues["c"].Band != 50 || len(diags) != 0 {
+		t.Errorf("close priorities: %+v %+v %+v\n%s", p.Queues["a"], p.Queues["b"], p.Queues["c"], policyhcl.FormatDiagnostics(diags))
 	}
 }
 

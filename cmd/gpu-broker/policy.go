@@ -5,12 +5,15 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"os"
+	"slices"
 	"sort"
 	"strings"
 	"text/tabwriter"
 	"time"
 
+	"github.com/nomad-gpu/nomad-gpu/broker/policy"
 	"github.com/nomad-gpu/nomad-gpu/broker/policyhcl"
 	"github.com/nomad-gpu/nomad-gpu/broker/policystore"
 )
@@ -33,6 +36,19 @@ func validatePolicy(args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	fmt.Fprintf(stdout, "%s: valid: %d queues, %d tenants, %d GPU classes, %d reclaim rules\n", fs.Arg(0), len(p.Queues), len(p.Tenants), len(p.Classes), len(p.Reclaim))
+	// The Nomad priorities guaranteed work runs at: not the queues' own.
+	queues := slices.SortedFunc(maps.Values(p.Queues), func(a, b *policy.Queue) int { return b.Priority - a.Priority })
+	bands := make([]string, len(queues))
+	for i, q := range queues {
+		bands[i] = fmt.Sprintf("%s %d", q.Name, q.Band)
+	}
+	if len(bands) > 0 {
+		fmt.Fprintf(stdout, "guaranteed work runs at Nomad priority: %s", strings.Join(bands, ", "))
+		if p.Borrowing.Enabled {
+			fmt.Fprintf(stdout, "; borrowed work at %d", p.Borrowing.Priority)
+		}
+		fmt.Fprintln(stdout)
+	}
 	return 0
 }
 

@@ -11,7 +11,8 @@ import (
 func TestPolicyValidate(t *testing.T) {
 	var stdout, stderr strings.Builder
 	if code := validatePolicy([]string{"../../policies"}, &stdout, &stderr); code != 0 ||
-		!strings.Contains(stdout.String(), "valid: 3 queues, 3 tenants, 1 GPU classes, 5 reclaim rules") {
+		!strings.Contains(stdout.String(), "valid: 3 queues, 3 tenants, 1 GPU classes, 5 reclaim rules") ||
+		!strings.Contains(stdout.String(), "guaranteed work runs at Nomad priority: inference 49, training 45, dev 40; borrowed work at 20") {
 		t.Errorf("policies/ must validate: exit %d\n%s%s", code, stdout.String(), stderr.String())
 	}
 	dir := t.TempDir()
