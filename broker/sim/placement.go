@@ -92,6 +92,10 @@ func (r *run) start(j *simJob, node int) {
 // by Nomad.
 func (r *run) preempt(j *simJob) {
 	r.res.Preemptions++
+	j.preemptions++
+	if !j.borrowed {
+		r.res.GuaranteedVictims++
+	}
 	r.res.LostGPUHours += r.stop(j) / 3600
 	if j.borrowed && r.o.Mode != NomadAlone {
 		r.deregister(j)

@@ -72,6 +72,13 @@ func WriteReport(w io.Writer, results []*Result) error {
 	})
 	row("Jain fairness (GPU-hours per guaranteed GPU)", func(r *Result) string { return fmt.Sprintf("%.3f", r.Jain) })
 	row("preemptions / GPU-hours lost", func(r *Result) string { return fmt.Sprintf("%d / %.1f", r.Preemptions, r.LostGPUHours) })
+	row("guaranteed victims", func(r *Result) string { return fmt.Sprint(r.GuaranteedVictims) })
+	row("preemptions per job p50 / p99 / max", func(r *Result) string {
+		return fmt.Sprintf("%d / %d / %d", r.PreemptionsPerJob.P50, r.PreemptionsPerJob.P99, r.PreemptionsPerJob.Max)
+	})
+	row("GPU-hours busy / wasted (lost, held idle)", func(r *Result) string {
+		return fmt.Sprintf("%.0f / %.0f", r.BusyGPUHours, r.WastedGPUHours)
+	})
 	row("reclaims / GPU-hours reclaimed", func(r *Result) string { return fmt.Sprintf("%d / %.1f", r.Reclaims, r.ReclaimedGPUHours) })
 	row("fragmentation while work waits", func(r *Result) string { return pct(r.Fragmentation) })
 	row("queued beyond max_queued", func(r *Result) string { return fmt.Sprint(r.AboveMaxQueued) })

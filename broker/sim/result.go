@@ -42,9 +42,19 @@ type Result struct {
 	ViolationHours float64 `json:"guarantee_violation_hours"`
 	ViolationShare float64 `json:"guarantee_violation_share"`
 	// Jain is Jain's fairness index over tenants' GPU-hours per guaranteed GPU.
-	Jain              float64 `json:"jain_fairness"`
-	Preemptions       int     `json:"preemptions"`
-	LostGPUHours      float64 `json:"gpu_hours_lost_to_preemption"`
+	Jain         float64 `json:"jain_fairness"`
+	Preemptions  int     `json:"preemptions"`
+	LostGPUHours float64 `json:"gpu_hours_lost_to_preemption"`
+	// GuaranteedVictims counts preemptions of work that was not borrowed
+	// (admitted within a guarantee, or, Nomad alone, any): what a tenant
+	// is owed, taken for another's.
+	GuaranteedVictims int `json:"guaranteed_victims"`
+	// PreemptionsPerJob is over every job: how often one was evicted.
+	PreemptionsPerJob Percentiles `json:"preemptions_per_job"`
+	// BusyGPUHours are the GPU-hours running jobs used; WastedGPUHours the
+	// GPU-hours lost to preemption and held idle.
+	BusyGPUHours      float64 `json:"busy_gpu_hours"`
+	WastedGPUHours    float64 `json:"gpu_hours_wasted"`
 	Reclaims          int     `json:"reclaims"`
 	ReclaimedGPUHours float64 `json:"gpu_hours_reclaimed"`
 	// Fragmentation is, while work waits, the share of the cluster's GPUs
@@ -62,6 +72,13 @@ type Result struct {
 	allocatedWaiting float64
 	busyWaiting      float64
 	strandedWaiting  float64
+}
+
+// Percentiles of a count.
+type Percentiles struct {
+	P50 int `json:"p50"`
+	P99 int `json:"p99"`
+	Max int `json:"max"`
 }
 
 // Stats are a mean and 95th percentile, in seconds.
@@ -181,6 +198,16 @@ func (r *run) finish(wall time.Duration) {
 		res.Fragmentation = res.strandedWaiting / w
 	}
 	res.Wait, res.JCT = stats(res.waits), stats(res.jcts)
+	res.BusyGPUHours = res.busy / 3600
+	res.WastedGPUHours = res.LostGPUHours + (res.allocated-res.busy)/3600
+	counts := make([]int, len(r.jobs))
+	for i := range r.jobs {
+		counts[i] = r.jobs[i].preemptions
+	}
+	slices.Sort(counts)
+	if n := len(counts); n > 0 {
+		res.PreemptionsPerJob = Percentiles{P50: counts[(n-1)/2], P99: counts[(n-1)*99/100], Max: counts[n-1]}
+	}
 	var xs []float64
 	guaranteed := 0
 	for _, t := range r.tenants {

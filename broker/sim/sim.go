@@ -82,14 +82,15 @@ type simJob struct {
 	adm      admission.Job
 	demand   policy.Quota // what the broker counts it holding while registered
 
-	state      jobState
-	placed     []*alloc
-	startedAt  float64
-	progress   float64 // seconds of work done and kept (checkpointed)
-	firstStart float64
-	gen        int    // bumped whenever its allocations are stopped
-	seq        uint64 // Nomad's registration order
-	watched    *reclaim.Alloc
+	state       jobState
+	placed      []*alloc
+	startedAt   float64
+	progress    float64 // seconds of work done and kept (checkpointed)
+	firstStart  float64
+	gen         int    // bumped whenever its allocations are stopped
+	seq         uint64 // Nomad's registration order
+	preemptions int    // times Nomad evicted it
+	watched     *reclaim.Alloc
 }
 
 // tenant is a tenant's running totals; the integrals are brought up to date

@@ -98,6 +98,11 @@ func TestBorrowedWorkYieldsToAGuaranteeAndComesBack(t *testing.T) {
 		t.Errorf("preemptions %d, want 1", gpu.Preemptions)
 	}
 	near(t, "lost GPU-hours", gpu.LostGPUHours, 40.0/3600)
+	if gpu.GuaranteedVictims != 0 || gpu.PreemptionsPerJob != (sim.Percentiles{P50: 0, P99: 0, Max: 1}) {
+		t.Errorf("guaranteed victims %d, preemptions per job %+v: want 0, and a2 once", gpu.GuaranteedVictims, gpu.PreemptionsPerJob)
+	}
+	near(t, "busy GPU-hours", gpu.BusyGPUHours, (8*60+4*10+8*30+4*70)/3600.0)
+	near(t, "wasted GPU-hours (lost; no GPU held idle)", gpu.WastedGPUHours, 40.0/3600)
 	// GPUs held: 8 until 60, 4 until 70, 8 until 100, 4 until 170.
 	near(t, "nomad-gpu allocation", gpu.Allocation, (8*60+4*10+8*30+4*70)/(8*170.0))
 	near(t, "nomad-gpu JCT", gpu.JCT.Mean, (100+170+50)/3.0)
@@ -274,5 +279,34 @@ func TestReportAndChart(t *testing.T) {
 	}
 	if lines != 6 {
 		t.Errorf("%d lines, want 3 modes x 2 panels", lines)
+	}
+}
+
+// Guarantees above the cluster: b's guaranteed job finds a's on the node.
+// In bands less than 10 apart Nomad evicts neither (b waits for a); a queue
+// that preempts within guarantee evicts a's guaranteed job: a victim.
+func TestGuaranteedWorkIsNoVictimOfAnotherTenantsGuaranteedWork(t *testing.T) {
+	src := strings.NewReplacer("guaranteed = 4", "guaranteed = 8", `queue "dev" { priority = 40 }`,
+		"queue \"dev\" { priority = 40 }\nqueue \"inference\" { priority = 80 }").Replace(twoTenants)
+	jobs := []sim.Job{
+		{ID: "a1", Submit: 0, Namespace: "a", GPUs: 8, Duration: 100, Queue: "dev"},
+		{ID: "b1", Submit: 10, Namespace: "b", GPUs: 8, Duration: 50},
+	}
+	for _, c := range []struct {
+		name    string
+		src     string
+		victims int
+	}{
+		{"bands", strings.Replace(src, `queues     = ["training"]`, `queues     = ["inference"]`, 1), 0},
+		{"preempts within guarantee", strings.Replace(strings.Replace(src, `queues     = ["training"]`, `queues     = ["inference"]`, 1),
+			`queue "inference" { priority = 80 }`, "queue \"inference\" {\n  priority = 80\n  preempts_within_guarantee = true\n}", 1), 1},
+	} {
+		res, err := sim.Run(jobs, sim.Options{Policy: testbuild.Policy(t, c.src), Nodes: oneNode, Mode: sim.NomadGPU})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.GuaranteedVictims != c.victims || res.Preemptions != c.victims {
+			t.Errorf("%s: %d guaranteed victims of %d preemptions, want %d", c.name, res.GuaranteedVictims, res.Preemptions, c.victims)
+		}
 	}
 }
