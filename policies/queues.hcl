@@ -23,6 +23,10 @@ queue "dev" {
 borrowing {
   enabled  = true
   priority = 20
+  # A job evicted while borrowed borrows again only after 30m, doubling with
+  # each eviction up to 24h (within its guarantee it runs at any time).
+  backoff     = "30m"
+  max_backoff = "24h"
 }
 
 # Written to Nomad's scheduler configuration when the broker starts.

@@ -39,7 +39,10 @@ const (
 	RuleRequireUpdate     = "workload-require-update"
 	RuleGang              = "workload-gang"
 	RuleProtectedMinCount = "workload-protect-min-count"
-	RuleWorkloadShared    = "workload-shared"
+	// RuleBorrowBackoff holds back from borrowing a job preempted while
+	// borrowed, for its backoff (policy borrowing { backoff }).
+	RuleBorrowBackoff  = "borrow-backoff"
+	RuleWorkloadShared = "workload-shared"
 	// RuleUndeclaredGPUAccess refuses a job that would use GPUs it does not
 	// ask for (nomadjob.UndeclaredGPUAccess).
 	RuleUndeclaredGPUAccess = "undeclared-gpu-access"
@@ -62,6 +65,51 @@ type Job struct {
 	RevertTo []Group
 	// Granted is what approvals in force grant this job.
 	Granted Granted
+	// Backoff, while it runs, holds the job back from borrowing (nil: none).
+	Backoff *Backoff
+}
+
+// Backoff is a job's re-borrow backoff: evicted Preemptions times while
+// borrowed, it borrows again at Until (UTC). The adapter sets it only while
+// Until is ahead: Decide reads no clock.
+type Backoff struct {
+	Preemptions int       `json:"preemptions"`
+	Until       time.Time `json:"until"`
+}
+
+// Preemptions tells how often job namespace/id was evicted while borrowed,
+// and when last (the store of the counts; nil: none kept).
+type Preemptions func(namespace, id string) (count int, last time.Time)
+
+// Backoff is the job's backoff under b at now (nil: none running).
+func (f Preemptions) Backoff(b policy.Borrowing, namespace, id string, now time.Time) *Backoff {
+	if f == nil {
+		return nil
+	}
+	count, last := f(namespace, id)
+	return BackoffFor(b, count, last, now)
+}
+
+// BackoffFor is the backoff of a job evicted count times while borrowed, the
+// last at last, as it stands at now under b (nil: none running).
+func BackoffFor(b policy.Borrowing, count int, last, now time.Time) *Backoff {
+	if count < 1 {
+		return nil
+	}
+	until := last.Add(b.BackoffAfter(count))
+	if !now.Before(until) {
+		return nil
+	}
+	return &Backoff{Preemptions: count, Until: until.UTC()}
+}
+
+// Text is how a user reads it: "borrowing again after 14:20 (preempted 3 times)".
+func (b Backoff) Text() string {
+	times := "times"
+	if b.Preemptions == 1 {
+		times = "time"
+	}
+	return fmt.Sprintf("borrowing again after %s (preempted %d %s)", b.Until.UTC().Format("15:04"), b.Preemptions, times)
 }
 
 // Granted is what approvals in force grant one job: GPUs above its tenant's
@@ -300,7 +348,7 @@ func decide(p *policy.Policy, job Job, u Usage) Decision {
 				demand[class], gpus(class), reverts, tenant.Name, limit))
 		}
 	}
-	d = workloadGate(w, job, u, decideQuota(p, u, d, tenant, q, demand))
+	d = workloadGate(w, job, u, decideQuota(p, u, d, tenant, q, demand, job.Backoff))
 	if reverts != "" {
 		note := "; counted at the larger of two versions" + reverts
 		if then, ok := strings.CutPrefix(d.Reason, d.Cause); ok && d.Cause != "" {
@@ -324,8 +372,11 @@ func larger(a, b policy.Quota) bool {
 }
 
 // decideQuota admits within the guarantee, borrowed within the limit on
-// idle GPUs, or queues.
-func decideQuota(p *policy.Policy, u Usage, d Decision, tenant *policy.Tenant, q *policy.Queue, demand policy.Quota) Decision {
+// idle GPUs, or queues. A job in its re-borrow backoff (backoff) is not
+// borrowed: it waits, passed over by the queue's pass (it holds no one up,
+// as one waiting for idle GPUs would), for its backoff to end or its
+// tenant's guarantee to have room.
+func decideQuota(p *policy.Policy, u Usage, d Decision, tenant *policy.Tenant, q *policy.Queue, demand policy.Quota, backoff *Backoff) Decision {
 	used, over := u.Tenants[tenant.Name].Used, u.Tenants[tenant.Name].OverBudget
 	if within(used, demand, tenant.Guaranteed, true) {
 		if over != "" {
@@ -340,6 +391,10 @@ func decideQuota(p *policy.Policy, u Usage, d Decision, tenant *policy.Tenant, q
 	if !within(used, demand, tenant.Limit, false) {
 		return queued(d, WaitLimit, fmt.Sprintf("tenant %q would hold %g of its limit of %g GPUs",
 			tenant.Name, used[policy.AllGPUs]+demand[policy.AllGPUs], tenant.Limit.Total()), "queued until its own jobs free GPUs")
+	}
+	if p.Borrowing.Enabled && backoff != nil {
+		d.Rule = RuleBorrowBackoff
+		return queued(d, WaitLimit, backoff.Text(), "queued until then, or until its tenant's guarantee has room")
 	}
 	if p.Borrowing.Enabled && within(policy.Quota{}, demand, u.Idle, true) {
 		d.Outcome, d.Priority = AdmitBorrowed, p.Borrowing.Priority

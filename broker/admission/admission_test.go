@@ -3,10 +3,12 @@ package admission_test
 import (
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/nomad-gpu/nomad-gpu/broker/admission"
 	"github.com/nomad-gpu/nomad-gpu/broker/policy"
 	"github.com/nomad-gpu/nomad-gpu/broker/policyhcl"
+	"github.com/nomad-gpu/nomad-gpu/broker/queue"
 )
 
 const h100 = "NVIDIA H100 80GB HBM3"
@@ -366,5 +368,47 @@ func TestApprovalsRaiseTheLimitAndTheBandOfTheirJobOnly(t *testing.T) {
 	over.Granted = admission.Granted{ExtraGPUs: 1, Priority: 90}
 	if d := admission.Decide(p, over.Job, u); d.Outcome != admission.Reject || d.Priority == 90 {
 		t.Errorf("a refusal raised: %+v", d)
+	}
+}
+
+// A job in its re-borrow backoff is not admitted borrowed: it waits, passed
+// over (it holds no one up), with when it may borrow again; within its
+// tenant's guarantee it is admitted as any other.
+func TestABackoffHoldsBackBorrowingOnly(t *testing.T) {
+	p := testPolicy(t, true)
+	until := time.Date(2026, 12, 1, 14, 20, 0, 0, time.UTC)
+	beyond := job("vision").gpus(10, 1) // vision holds none: its guarantee is 8, its limit 16
+	beyond.Backoff = &admission.Backoff{Preemptions: 3, Until: until}
+	d := admission.Decide(p, beyond.Job, cluster(16, nil))
+	if d.Outcome != admission.Queue || d.Rule != admission.RuleBorrowBackoff || d.WaitsFor != admission.WaitLimit ||
+		d.Reason != "borrowing again after 14:20 (preempted 3 times); queued until then, or until its tenant's guarantee has room" {
+		t.Errorf("borrowed in its backoff: %+v", d)
+	}
+	var pass queue.Pass
+	if pass.Admits(d); pass.HoldsBackBorrowers() {
+		t.Error("a job in its backoff holds up the borrowers behind it")
+	}
+	within := job("vision").gpus(1, 2)
+	within.Backoff = beyond.Backoff
+	if d := admission.Decide(p, within.Job, cluster(16, nil)); d.Outcome != admission.Admit {
+		t.Errorf("within its guarantee in its backoff: %+v", d)
+	}
+	// No GPU idle: it waits for its backoff, not for idle GPUs (it could not
+	// take them), and so holds up no borrower behind it.
+	if d := admission.Decide(p, beyond.Job, cluster(0, nil)); d.Rule != admission.RuleBorrowBackoff || d.WaitsFor != admission.WaitLimit {
+		t.Errorf("no GPU idle, in its backoff: %+v", d)
+	}
+	beyond.Backoff = nil
+	if d := admission.Decide(p, beyond.Job, cluster(16, nil)); d.Outcome != admission.AdmitBorrowed {
+		t.Errorf("its backoff over: %+v", d)
+	}
+}
+
+func TestTheBackoffDoublesUpToItsMost(t *testing.T) {
+	b := policy.Borrowing{Backoff: 30 * time.Minute, MaxBackoff: 24 * time.Hour}
+	for k, want := range map[int]time.Duration{0: 0, 1: 30 * time.Minute, 2: time.Hour, 3: 2 * time.Hour, 6: 16 * time.Hour, 7: 24 * time.Hour, 60: 24 * time.Hour} {
+		if got := b.BackoffAfter(k); got != want {
+			t.Errorf("after %d preemptions: %s, want %s", k, got, want)
+		}
 	}
 }

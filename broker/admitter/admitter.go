@@ -92,6 +92,9 @@ type Admitter struct {
 	Audit     *audit.Log       // nil: none
 	// Approvals in force raise a queued job's limit or band.
 	Approvals interface{ Current() []approval.Approval }
+	// Preemptions are jobs' preemptions while borrowed, for their re-borrow
+	// backoff (nil: none kept).
+	Preemptions admission.Preemptions
 	// FairShare gives the decayed GPU-hours the policy's fair_share orders by.
 	FairShare interface {
 		Decayed(ctx context.Context, now time.Time, halfLife time.Duration) (map[string]float64, error)
@@ -284,6 +287,7 @@ func (a *Admitter) consider(ctx context.Context, r *registrations, p *policy.Pol
 	if a.Approvals != nil {
 		j.Granted = approval.For(a.Approvals.Current(), e.Namespace, e.JobID, a.Now())
 	}
+	j.Backoff = a.Preemptions.Backoff(p.Borrowing, e.Namespace, e.JobID, a.Now())
 	if e.ParkedByPolicy {
 		a.reconsider(ctx, p, e, j)
 		return nil

@@ -21,6 +21,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	nomad "github.com/hashicorp/nomad/api"
 
+	"github.com/nomad-gpu/nomad-gpu/broker/admission"
 	"github.com/nomad-gpu/nomad-gpu/broker/admitter"
 	"github.com/nomad-gpu/nomad-gpu/broker/approval"
 	"github.com/nomad-gpu/nomad-gpu/broker/audit"
@@ -119,6 +120,8 @@ func (a *Agent) Run(ctx context.Context) error {
 	scales := consulkv.NewScales(consulClient.KV(), cfg.Consul.KVPrefix, aside)
 	approvals := consulkv.NewApprovals(consulClient.KV(), cfg.Consul.KVPrefix, aside)
 	go approvals.Follow(ctx)
+	backoffs := consulkv.NewBackoffs(consulClient.KV(), cfg.Consul.KVPrefix, aside)
+	go backoffs.Follow(ctx)
 	go store.Follow(ctx) // the queue's index: the leader skips passes while nothing changed
 	profiles, storedProfiles := gpuusage.NewProfiles(), consulkv.NewProfiles(consulClient, cfg.Consul.KVPrefix, aside)
 	rollups := consulkv.NewRollups(consulClient, cfg.Consul.KVPrefix, aside)
@@ -126,7 +129,16 @@ func (a *Agent) Run(ctx context.Context) error {
 	elector := &leader.Elector{Client: consulClient, Key: cfg.Consul.KVPrefix + "leader", Address: cfg.Advertise,
 		Log: log.Named("leader")}
 	metrics.Observe(brokermetrics.Sources{Cluster: view, Policies: policies, Queue: store, Leader: elector,
-		PolicyState: func() (time.Time, bool) { st := policies.Status(); return st.LoadedAt, st.Stale }, TokenRefused: nomadClient.TokenRefused})
+		PolicyState: func() (time.Time, bool) { st := policies.Status(); return st.LoadedAt, st.Stale }, TokenRefused: nomadClient.TokenRefused,
+		InBackoff: func() map[string]int {
+			p, now, out := policies.Current(), time.Now(), map[string]int{}
+			for _, b := range backoffs.All() {
+				if t := p.TenantOf(b.Namespace); t != nil && admission.BackoffFor(p.Borrowing, b.Count, b.Last, now) != nil {
+					out[t.Name]++
+				}
+			}
+			return out
+		}})
 	view.SetAllocEvents(metrics.AllocEvent)
 	var trail *audit.Log
 	if a := cfg.Audit; a != nil {
@@ -154,9 +166,9 @@ func (a *Agent) Run(ctx context.Context) error {
 	// HTTP connections per client.
 	adm := &admitter.Admitter{Log: log.Named("queue"), Queue: store, Nomad: nomadClient, Cluster: view,
 		Policies: policies, Stamper: stamper, Now: time.Now, GPUsCameBack: view.GPUsCameBack, Blocked: nomadClient, Exclusive: exclusive, Metrics: metrics, FairShare: rollups, Audit: trail, Approvals: approvals,
-		Parallel: 32}
+		Preemptions: backoffs.Preemptions, Parallel: 32}
 	srv, err := server.New(server.Options{Leader: elector, Log: log.Named("proxy"), Nomad: cfg.Nomad.Address,
-		Client: nomadClient.HTTPClient(), Policies: policies, Cluster: view, Queue: store, Decisions: decisions, Scales: scales, Profiles: profiles, RightSizing: storedProfiles, Metrics: metrics, Rollups: rollups, FairShare: rollups, Audit: trail, Approvals: approvals, SetAside: aside, PolicyStatus: policies.Status, Unhealthy: func() string {
+		Client: nomadClient.HTTPClient(), Policies: policies, Cluster: view, Queue: store, Decisions: decisions, Scales: scales, Profiles: profiles, RightSizing: storedProfiles, Metrics: metrics, Rollups: rollups, FairShare: rollups, Audit: trail, Approvals: approvals, Preemptions: backoffs.Preemptions, SetAside: aside, PolicyStatus: policies.Status, Unhealthy: func() string {
 			if nomadClient.TokenRefused() {
 				return "Nomad refuses the broker's own token: nothing is admitted from the queue until it is valid again " +
 					"(write a valid one to nomad.token_file and send the broker SIGHUP, or set nomad.token and restart it)"
@@ -190,12 +202,19 @@ func (a *Agent) Run(ctx context.Context) error {
 		// Each term starts afresh: what earlier leaders recorded is read back.
 		rec := &reclaimer.Reclaimer{Log: log.Named("reclaim"), Records: decisions, Observer: &nomadapi.Observer{Client: nomadClient, View: view,
 			Verify: scales.Verifier(stamper), Samples: view.SetSamples}, Actor: nomadClient, Policies: policies, Now: time.Now, NewID: queue.NewID,
-			Requeue: &reclaimer.Requeue{Jobs: nomadClient, Actor: nomadClient, Queue: store, Policies: policies},
+			Requeue: &reclaimer.Requeue{Jobs: nomadClient, Actor: nomadClient, Queue: store, Policies: policies, Preempted: backoffs.Preempted},
 			Watchers: []reclaimer.Watcher{&reclaimer.Recorder{Store: storedProfiles, Table: profiles, Policies: policies},
 				&reclaimer.Ledger{Store: rollups, Policies: policies, Metrics: metrics, Budgets: budgets, Clock: nomadClient.NomadNow},
 				&reclaimer.Expirer{Store: approvals, Jobs: view, Policies: policies, Records: decisions, NewID: queue.NewID, Audit: trail},
 				&reclaimer.Pruner{What: "scale and dispatch grants", Every: grantPruneInterval, Log: log.Named("prune"),
-					Prune: func(ctx context.Context) (int, error) { return scales.Prune(ctx, nomadClient.Gone) }}},
+					Prune: func(ctx context.Context) (int, error) { return scales.Prune(ctx, nomadClient.Gone) }},
+				// A job left alone for max_backoff after its backoff ended
+				// starts again from no preemption.
+				&reclaimer.Pruner{What: "preemption counts", Every: grantPruneInterval, Log: log.Named("prune"),
+					Prune: func(ctx context.Context) (int, error) {
+						b := policies.Current().Borrowing
+						return backoffs.Prune(ctx, time.Now(), func(n int) time.Duration { return b.BackoffAfter(n) + b.MaxBackoff })
+					}}},
 			Metrics: metrics, Audit: trail, Forecast: forecast,
 			Granted: func(now time.Time) map[string]float64 {
 				p := policies.Current()

@@ -234,6 +234,23 @@ func TestBroker(t *testing.T) {
 				t.Errorf("tenant %s is charged %g GPUs (limit %g); vision holds 4", u.Tenant, u.Used, u.Limit)
 			}
 		}
+		// Preempted while borrowed: it does not borrow again for 30 minutes
+		// (the policy's default backoff), and says so.
+		backoff := "borrowing again after " + time.Now().UTC().Add(30*time.Minute).Format("15:04")
+		if list := e.brokerCLI("queue", "list"); !strings.Contains(list, "(preempted 1 time)") ||
+			!strings.Contains(list, backoff[:len(backoff)-1]) { // the minute may turn meanwhile
+			t.Errorf("queue list does not show borrow-a's backoff (%s…):\n%s", backoff, list)
+		}
+		if show := e.brokerCLI("queue", "show", requeued); !strings.Contains(show, "Backoff") || !strings.Contains(show, "(preempted 1 time)") {
+			t.Errorf("queue show:\n%s", show)
+		}
+		if v := e.broker.Scrape()[`nomadgpu_borrow_backoff_jobs{tenant="vision"}`]; v != 1 {
+			t.Errorf("nomadgpu_borrow_backoff_jobs{tenant=\"vision\"} = %v, want 1", v)
+		}
+		out, err = e.run("vision", "borrow-a", 1, 4, "", true)
+		if err != nil || !strings.Contains(out, "queued") || !strings.Contains(out, "(preempted 1 time)") {
+			t.Errorf("submitted again in its backoff, borrow-a must wait, saying why: %v\n%s", err, out)
+		}
 		// Its owner would rather not wait.
 		if out := e.brokerCLI("queue", "cancel", requeued); !strings.Contains(out, "cancelled") {
 			t.Errorf("gpu-broker queue cancel:\n%s", out)

@@ -44,6 +44,9 @@ type Sources struct {
 	// TokenRefused is whether Nomad refuses the broker's own token now (nil:
 	// not reported).
 	TokenRefused func() bool
+	// InBackoff is, by tenant, its jobs held back from borrowing by their
+	// re-borrow backoff now (nil: not reported).
+	InBackoff func() map[string]int
 }
 
 // Metrics holds the broker's registry and counters. A nil *Metrics counts
@@ -373,7 +376,9 @@ var (
 		"1 when the last reload of the policy files was refused: the policy in force is older than the files.", nil, nil)
 	tokenRefusedDesc = prometheus.NewDesc("nomadgpu_nomad_token_refused",
 		"1 while Nomad refuses the broker's own token (deleted, expired): the leader admits nothing from the queue, and parks nothing, until it is valid again.", nil, nil)
-	allDescs = []*prometheus.Desc{policyLoadedDesc, policyFailedDesc, tokenRefusedDesc, priceDesc, gpusDesc, unhealthyDesc, freePerNodeDesc, fragmentedDesc, tenantDesc, queueDesc, leaderDesc, viewIndexDesc, listingsDesc,
+	backoffDesc = prometheus.NewDesc("nomadgpu_borrow_backoff_jobs",
+		"Jobs held back from borrowing by their re-borrow backoff (policy borrowing { backoff, max_backoff }), by tenant.", []string{"tenant"}, nil)
+	allDescs = []*prometheus.Desc{policyLoadedDesc, policyFailedDesc, tokenRefusedDesc, backoffDesc, priceDesc, gpusDesc, unhealthyDesc, freePerNodeDesc, fragmentedDesc, tenantDesc, queueDesc, leaderDesc, viewIndexDesc, listingsDesc,
 		utilDesc, memUsedDesc, memTotalDesc, tempDesc, powerDesc}
 )
 
@@ -436,6 +441,12 @@ func (c *scrape) Collect(ch chan<- prometheus.Metric) {
 		at, failed := c.src.PolicyState()
 		ch <- prometheus.MustNewConstMetric(policyLoadedDesc, prometheus.GaugeValue, float64(at.Unix()))
 		ch <- prometheus.MustNewConstMetric(policyFailedDesc, prometheus.GaugeValue, map[bool]float64{true: 1}[failed])
+	}
+	if c.src.InBackoff != nil {
+		in := c.src.InBackoff()
+		for name := range p.Tenants { // every tenant, 0 too: label values from the policy
+			ch <- prometheus.MustNewConstMetric(backoffDesc, prometheus.GaugeValue, float64(in[name]), name)
+		}
 	}
 	if c.src.TokenRefused != nil {
 		ch <- prometheus.MustNewConstMetric(tokenRefusedDesc, prometheus.GaugeValue, map[bool]float64{true: 1}[c.src.TokenRefused()])

@@ -116,7 +116,8 @@ func TestANilMetricsCountsNothing(t *testing.T) {
 
 func TestPreemptionsReclaimAndQueueWaits(t *testing.T) {
 	m := metrics.New()
-	m.Observe(metrics.Sources{Cluster: cluster.NewView(nil), Policies: testbuild.Fixed{P: testbuild.Policy(t, src)}, Queue: queuetest.NewMem()})
+	m.Observe(metrics.Sources{Cluster: cluster.NewView(nil), Policies: testbuild.Fixed{P: testbuild.Policy(t, src)}, Queue: queuetest.NewMem(),
+		InBackoff: func() map[string]int { return map[string]int{"vision": 2, "not-a-tenant": 1} }})
 	m.Preempted("vision", "training", 7200)
 	m.Preempted("vision", "training", 3600)
 	m.Reclaimed("idle-dev", "stop", 2)
@@ -131,9 +132,12 @@ nomadgpu_preempted_gpu_seconds_total{queue="training",tenant="vision"} 10800
 # HELP nomadgpu_reclaimed_gpus_total GPUs freed by executed reclaim decisions (stop, reschedule, requeue).
 # TYPE nomadgpu_reclaimed_gpus_total counter
 nomadgpu_reclaimed_gpus_total{action="stop",rule="idle-dev"} 2
+# HELP nomadgpu_borrow_backoff_jobs Jobs held back from borrowing by their re-borrow backoff (policy borrowing { backoff, max_backoff }), by tenant.
+# TYPE nomadgpu_borrow_backoff_jobs gauge
+nomadgpu_borrow_backoff_jobs{tenant="vision"} 2
 `
 	if err := testutil.GatherAndCompare(m.Registry, strings.NewReader(want), "nomadgpu_preemptions_total",
-		"nomadgpu_preempted_gpu_seconds_total", "nomadgpu_reclaimed_gpus_total"); err != nil {
+		"nomadgpu_preempted_gpu_seconds_total", "nomadgpu_reclaimed_gpus_total", "nomadgpu_borrow_backoff_jobs"); err != nil {
 		t.Fatal(err)
 	}
 	if n := testutil.CollectAndCount(m.Registry, "nomadgpu_queue_wait_seconds"); n != 1 {

@@ -230,6 +230,29 @@ type Region struct {
 type Borrowing struct {
 	Enabled  bool
 	Priority int
+	// Backoff: after its k-th preemption while borrowed, a job is not
+	// admitted borrowed again for Backoff × 2^(k−1), at most MaxBackoff
+	// (within its guarantee it is, at any time).
+	Backoff, MaxBackoff time.Duration
+}
+
+// Default re-borrow backoff.
+const (
+	DefaultBorrowBackoff    = 30 * time.Minute
+	DefaultBorrowMaxBackoff = 24 * time.Hour
+)
+
+// BackoffAfter is how long a job preempted preemptions times while borrowed
+// waits before it borrows again (0 for none).
+func (b Borrowing) BackoffAfter(preemptions int) time.Duration {
+	if preemptions < 1 || b.Backoff <= 0 {
+		return 0
+	}
+	d := b.Backoff
+	for i := 1; i < preemptions && d < b.MaxBackoff; i++ {
+		d *= 2
+	}
+	return min(d, b.MaxBackoff)
 }
 
 // Preemption is written to Nomad's scheduler configuration.

@@ -74,8 +74,10 @@ type classBody struct {
 }
 
 type borrowingBody struct {
-	Enabled  *bool `hcl:"enabled,optional"`
-	Priority *int  `hcl:"priority,optional"`
+	Enabled    *bool   `hcl:"enabled,optional"`
+	Priority   *int    `hcl:"priority,optional"`
+	Backoff    *string `hcl:"backoff,optional"`
+	MaxBackoff *string `hcl:"max_backoff,optional"`
 }
 
 type preemptionBody struct {
@@ -110,7 +112,7 @@ const defaultBorrowingPriority = 20
 func Parse(files map[string][]byte, capacity int) (*policy.Policy, hcl.Diagnostics) {
 	pol := &policy.Policy{Queues: map[string]*policy.Queue{}, Tenants: map[string]*policy.Tenant{}, Classes: map[string]*policy.GPUClass{}, Regions: map[string]*policy.Region{},
 		Reclaim: map[string]*policy.ReclaimRule{}, Workloads: map[string]*policy.Workload{}, ReclaimSettings: policy.ReclaimSettings{Period: policy.DefaultReclaimPeriod, Retention: policy.DefaultReclaimRetention},
-		Borrowing: policy.Borrowing{Priority: defaultBorrowingPriority}, Preemption: policy.Preemption{Batch: true, Service: true},
+		Borrowing: policy.Borrowing{Priority: defaultBorrowingPriority, Backoff: policy.DefaultBorrowBackoff, MaxBackoff: policy.DefaultBorrowMaxBackoff}, Preemption: policy.Preemption{Batch: true, Service: true},
 		Usage: policy.Usage{IdleBelow: policy.DefaultIdleBelow, Retention: policy.DefaultUsageRetention}, Currency: policy.DefaultCurrency, UndeclaredGPUAccess: policy.AccessRefuse,
 		OverLimit: policy.OverReclaim, OverLimitGrace: policy.DefaultOverLimitGrace,
 		FairShare: policy.FairShare{HalfLife: policy.DefaultHalfLife, IdleWeight: policy.DefaultIdleWeight}}
@@ -270,6 +272,26 @@ func decodeSingleton(p *parser, b *hcl.Block) hcl.Diagnostics {
 		}
 		if bb.Priority != nil {
 			p.Borrowing.Priority = *bb.Priority
+		}
+		for _, set := range []struct {
+			key string
+			v   *string
+			to  *time.Duration
+		}{{"backoff", bb.Backoff, &p.Borrowing.Backoff}, {"max_backoff", bb.MaxBackoff, &p.Borrowing.MaxBackoff}} {
+			if set.v == nil {
+				continue
+			}
+			v, err := time.ParseDuration(*set.v)
+			if err != nil || v < 0 {
+				d = append(d, errorAt(attrRange(b, set.key), "Invalid duration",
+					fmt.Sprintf("borrowing: %s = %q is not a duration of 0 or more (\"30m\", \"24h\"; 0: no backoff)", set.key, *set.v)))
+				continue
+			}
+			*set.to = v
+		}
+		if p.Borrowing.MaxBackoff < p.Borrowing.Backoff {
+			d = append(d, errorAt(attrRange(b, "max_backoff"), "Invalid duration",
+				fmt.Sprintf("borrowing: max_backoff %s is below backoff %s", p.Borrowing.MaxBackoff, p.Borrowing.Backoff)))
 		}
 		return d
 	}

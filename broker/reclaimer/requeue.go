@@ -8,6 +8,7 @@ import (
 
 	"github.com/hashicorp/nomad/api"
 
+	"github.com/nomad-gpu/nomad-gpu/broker/admission"
 	"github.com/nomad-gpu/nomad-gpu/broker/nomadjob"
 	"github.com/nomad-gpu/nomad-gpu/broker/policy"
 	"github.com/nomad-gpu/nomad-gpu/broker/queue"
@@ -27,6 +28,10 @@ type Requeue struct {
 		Put(ctx context.Context, e queue.Entry) error
 	}
 	Policies policy.Source
+	// Preempted counts a preemption of a borrowed job (rule
+	// preempted-borrowed) for its re-borrow backoff, once per decision,
+	// and returns the job's count (nil: not counted).
+	Preempted func(ctx context.Context, namespace, id, decision string, at time.Time) (int, error)
 }
 
 // Requeue implements Requeuer.
@@ -65,8 +70,18 @@ func (q *Requeue) Requeue(ctx context.Context, rec reclaim.Record) (string, erro
 	if err != nil {
 		return "", err
 	}
+	reason := "requeued by rule " + rec.Rule + ": " + rec.Evidence
+	if rec.Rule == policy.PreemptedBorrowed.Name && q.Preempted != nil {
+		n, err := q.Preempted(ctx, rec.Namespace, rec.Job, rec.ID, rec.ProposedAt)
+		if err != nil {
+			return "", err
+		}
+		if d := q.Policies.Current().Borrowing.BackoffAfter(n); d > 0 {
+			reason += "; " + admission.Backoff{Preemptions: n, Until: rec.ProposedAt.Add(d)}.Text()
+		}
+	}
 	e := queue.Entry{ID: rec.ID, JobID: rec.Job, Namespace: rec.Namespace, Tenant: tenant, Queue: queueName, Demand: demand,
-		Reason: "requeued by rule " + rec.Rule + ": " + rec.Evidence, SubmittedBy: "gpu-broker (rule " + rec.Rule + ")",
+		Reason: reason, SubmittedBy: "gpu-broker (rule " + rec.Rule + ")",
 		SubmittedAt: submitted, Request: body}
 	if err := q.Queue.Put(ctx, e); err != nil {
 		return "", err

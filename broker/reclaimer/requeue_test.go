@@ -35,7 +35,14 @@ tenant "vision" {
 	train.SubmitTime = ptr(submitted.UnixNano())
 	stopped := testbuild.Job("vision", "done").Group("g", 1, 1, "gpu").Stopped().Build()
 	q, act := queuetest.NewMem(), &actor{}
-	r := &reclaimer.Requeue{Jobs: nomadJobs{"vision/train": train, "vision/done": stopped}, Actor: act, Queue: q, Policies: testbuild.Fixed{P: p}}
+	counted := map[string]int{} // by decision: a decision carried out again counts once
+	r := &reclaimer.Requeue{Jobs: nomadJobs{"vision/train": train, "vision/done": stopped}, Actor: act, Queue: q, Policies: testbuild.Fixed{P: p},
+		Preempted: func(_ context.Context, ns, id, decision string, at time.Time) (int, error) {
+			if _, ok := counted[decision]; !ok {
+				counted[decision] = len(counted) + 1
+			}
+			return counted[decision], nil
+		}}
 	rec := reclaim.Record{ID: "11111111-2222-4333-8444-555555555555", Rule: "preempted-borrowed", Namespace: "vision", Job: "train",
 		Evidence: "preempted by Nomad while borrowing", ProposedAt: t0}
 
@@ -48,7 +55,8 @@ tenant "vision" {
 		t.Fatal(err)
 	}
 	if e.Tenant != "vision" || e.Queue != "dev" || e.Demand != 4 || !e.SubmittedAt.Equal(submitted) ||
-		!strings.Contains(e.Reason, "requeued by rule preempted-borrowed: preempted by Nomad") {
+		!strings.Contains(e.Reason, "requeued by rule preempted-borrowed: preempted by Nomad") ||
+		!strings.HasSuffix(e.Reason, "; borrowing again after "+t0.Add(30*time.Minute).UTC().Format("15:04")+" (preempted 1 time)") {
 		t.Errorf("entry %+v", e)
 	}
 	var body struct{ Job api.Job }

@@ -194,14 +194,17 @@ func workloadWarning(wrote []string) string {
 // admit decides on j under the approvals granted for it and, when it admits,
 // reserves its GPUs: the one decision of every call that grows GPU demand.
 func (s *Server) admit(j admission.Job) (admission.Decision, *cluster.Reservation) {
+	p := s.policies.Current()
 	j.Granted = s.granted(j.Namespace, j.ID)
-	return s.cluster.Admit(s.policies.Current(), j)
+	j.Backoff = s.preemptions.Backoff(p.Borrowing, j.Namespace, j.ID, s.now())
+	return s.cluster.Admit(p, j)
 }
 
 // preview is admit for a call that changes nothing (a plan, a parameterized
 // parent): the same decision, with nothing reserved.
 func (s *Server) preview(p *policy.Policy, j admission.Job) admission.Decision {
 	j.Granted = s.granted(j.Namespace, j.ID)
+	j.Backoff = s.preemptions.Backoff(p.Borrowing, j.Namespace, j.ID, s.now())
 	return admission.Decide(p, j, s.cluster.UsageWithout(p, j.Namespace, j.ID))
 }
 
@@ -238,7 +241,7 @@ func (s *Server) rightSizingWarning(namespace, job string, d admission.Decision)
 
 // registerParent registers a parameterized job: it places nothing itself and
 // is charged nothing, but it must be allowed to run its children at all, and it
-// gets its queue's priority and stamp, which each dispatch then keeps (every
+// gets its queue's band and stamp, which each dispatch then keeps (every
 // dispatch is admitted on its own).
 func (s *Server) registerParent(w http.ResponseWriter, r *http.Request, rj *gpuJobRequest) {
 	p := s.policies.Current()
@@ -247,7 +250,7 @@ func (s *Server) registerParent(w http.ResponseWriter, r *http.Request, rj *gpuJ
 		writeError(w, fail(errForbidden, "job %q rejected by rule %s: %s", rj.JobID, d.Rule, d.Reason))
 		return
 	}
-	d.Outcome, d.Priority, d.Demand = admission.Admit, p.Queues[d.Queue].Priority, nil
+	d.Outcome, d.Priority, d.Demand = admission.Admit, p.Queues[d.Queue].Band, nil
 	d.Reason = "a parameterized job places nothing itself; each dispatch is admitted on its own"
 	rj.Stamp(d, s.stamper.Stamp(rj.Namespace, rj.Job, d))
 	resp, err := s.forward(r, rj.Body(), rj.Namespace)

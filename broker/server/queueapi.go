@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/nomad-gpu/nomad-gpu/broker/admission"
 	"github.com/nomad-gpu/nomad-gpu/broker/audit"
 	"github.com/nomad-gpu/nomad-gpu/broker/policy"
 	"github.com/nomad-gpu/nomad-gpu/broker/queue"
@@ -19,7 +20,14 @@ type QueuedJob struct {
 	// Estimate is when it is expected to start (the leader's estimate;
 	// absent on another broker).
 	Estimate *queue.Estimate `json:"estimate,omitempty"`
+	// Backoff, while it runs, holds the job back from borrowing.
+	Backoff *admission.Backoff `json:"backoff,omitempty"`
 	queue.Entry
+}
+
+// backoff is job namespace/id's re-borrow backoff now (nil: none running).
+func (s *Server) backoff(namespace, id string) *admission.Backoff {
+	return s.preemptions.Backoff(s.policies.Current().Borrowing, namespace, id, s.now())
 }
 
 func (s *Server) queueEntry(w http.ResponseWriter, r *http.Request, id, who string) {
@@ -46,7 +54,8 @@ func (s *Server) queueEntry(w http.ResponseWriter, r *http.Request, id, who stri
 			writeError(w, fail(errUnavailable, "%v", err))
 			return
 		}
-		writeJSON(w, http.StatusOK, QueuedJob{Position: positionOf(entries, id), Entry: e, Estimate: estimateOf(s.estimates(entries), id)})
+		writeJSON(w, http.StatusOK, QueuedJob{Position: positionOf(entries, id), Entry: e, Estimate: estimateOf(s.estimates(entries), id),
+			Backoff: s.backoff(e.Namespace, e.JobID)})
 	case http.MethodDelete:
 		if !s.mayCancel(r, e, who) {
 			writeError(w, fail(errForbidden, "only its submitter, or a token that may submit job %q in namespace %q, may cancel queued job %s",

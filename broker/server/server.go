@@ -108,6 +108,7 @@ type Server struct {
 	fairShare     FairShare
 	audit         *audit.Log
 	approvalStore Approvals
+	preemptions   admission.Preemptions
 	setAside      SetAside
 	policyStatus  func() policystore.Status
 	healthy       func() string
@@ -153,7 +154,10 @@ type Options struct {
 	FairShare   FairShare        // nil: the queue is shown by current share
 	Audit       *audit.Log       // nil: no audit trail
 	Approvals   Approvals        // nil: no approvals
-	SetAside    SetAside         // the records of Consul KV set aside as unreadable (nil: not served)
+	// Preemptions are jobs' preemptions while borrowed, for their re-borrow
+	// backoff (nil: none kept).
+	Preemptions admission.Preemptions
+	SetAside    SetAside // the records of Consul KV set aside as unreadable (nil: not served)
 	// PolicyStatus is the policy in force and how its last reload went
 	// (nil: /v1/gpu/policy not served).
 	PolicyStatus func() policystore.Status
@@ -186,7 +190,7 @@ func New(o Options) (*Server, error) {
 		return nil, fmt.Errorf("nomad address %q: %w", o.Nomad, err)
 	}
 	s := &Server{log: o.Log, upstream: u, client: o.Client, policies: o.Policies, cluster: o.Cluster,
-		queue: o.Queue, decisions: o.Decisions, scales: o.Scales, profiles: o.Profiles, stored: o.RightSizing, metrics: o.Metrics, rollups: o.Rollups, fairShare: o.FairShare, audit: o.Audit, approvalStore: o.Approvals, setAside: o.SetAside, policyStatus: o.PolicyStatus, healthy: o.Unhealthy, forecast: o.Forecast, stamper: o.Stamper, region: o.Region, acls: o.ACLs, exclusive: o.Exclusive, token: o.Token, leader: o.Leader, now: o.Now, newID: o.NewID, identities: map[[32]byte]cachedIdentity{}, ui: webui.Handler()}
+		queue: o.Queue, decisions: o.Decisions, scales: o.Scales, profiles: o.Profiles, stored: o.RightSizing, metrics: o.Metrics, rollups: o.Rollups, fairShare: o.FairShare, audit: o.Audit, approvalStore: o.Approvals, preemptions: o.Preemptions, setAside: o.SetAside, policyStatus: o.PolicyStatus, healthy: o.Unhealthy, forecast: o.Forecast, stamper: o.Stamper, region: o.Region, acls: o.ACLs, exclusive: o.Exclusive, token: o.Token, leader: o.Leader, now: o.Now, newID: o.NewID, identities: map[[32]byte]cachedIdentity{}, ui: webui.Handler()}
 	if s.client == nil {
 		s.client = &http.Client{}
 	}

@@ -13,6 +13,13 @@ import (
 	"github.com/nomad-gpu/nomad-gpu/broker/usage"
 )
 
+// withBackoff is j's admission with its re-borrow backoff as it stands now.
+func (r *run) withBackoff(j *simJob) admission.Job {
+	a := j.adm
+	a.Backoff = admission.BackoffFor(r.p.Borrowing, j.preemptions, r.time(j.preemptedAt), r.time(r.now))
+	return a
+}
+
 // submit is a job arriving: through the broker's admission, or straight to
 // Nomad.
 func (r *run) submit(j *simJob) {
@@ -25,7 +32,7 @@ func (r *run) submit(j *simJob) {
 		r.place()
 		return
 	}
-	d := admission.Decide(r.p, j.adm, r.usage(j))
+	d := admission.Decide(r.p, r.withBackoff(j), r.usage(j))
 	switch d.Outcome {
 	case admission.Reject:
 		j.state = stRejected
@@ -93,8 +100,11 @@ func (r *run) candidates(used map[string]float64) []queue.Entry {
 		limit, total := pt.Limit[policy.AllGPUs]
 		guaranteed, gTotal := pt.Guaranteed[policy.AllGPUs]
 		bounded := total && gTotal && len(pt.Limit) == 1 && len(pt.Guaranteed) == 1
-		limitRoom := limit - used[t.name]
-		room := math.Max(0, guaranteed-used[t.name])
+		// Its own borrowed work may be preempted within the pass (by an
+		// admission the pass makes), giving the room back: counted as room.
+		held := used[t.name] - r.tu[t.name].Borrowed.Total()
+		limitRoom := limit - held
+		room := math.Max(0, guaranteed-held)
 		if r.p.Borrowing.Enabled {
 			room += idle
 		}
@@ -105,7 +115,16 @@ func (r *run) candidates(used map[string]float64) []queue.Entry {
 			case total && k.demand > limitRoom+1e-9:
 				continue
 			case bounded && !r.wholeQueue:
-				l = l[:min(len(l), int(room/k.demand+1e-9)+1)]
+				// As many as the room could take, and every one in its
+				// backoff on the way (it may wait while those behind it
+				// borrow): more candidates change no decision.
+				take, n := 0, int(room/k.demand+1e-9)+1
+				for ; take < len(l) && n > 0; take++ {
+					if r.withBackoff(&r.jobs[atoi(l[take].ID)]).Backoff == nil {
+						n--
+					}
+				}
+				l = l[:take]
 			}
 			out = append(out, l...)
 		}
@@ -236,9 +255,10 @@ func (r *run) pass() {
 		if pass.HoldsBackBorrowers() && beyond(p.Tenants[e.Tenant], r.tu[e.Tenant].Used, e.Demand) {
 			continue // only an admission within its guarantee could follow, and it is beyond it
 		}
-		d := admission.Decide(p, j.adm, r.usage(j))
+		d := admission.Decide(p, r.withBackoff(j), r.usage(j))
 		if !pass.Admits(d) {
-			if d.Outcome != admission.Queue || d.WaitsFor == admission.WaitCapacity {
+			// One in its backoff says nothing of the tenant's others.
+			if d.Outcome != admission.Queue || d.WaitsFor == admission.WaitCapacity || d.Rule == admission.RuleBorrowBackoff {
 				continue
 			}
 			if j.Model != "" {

@@ -92,7 +92,7 @@ func (r *run) start(j *simJob, node int) {
 // by Nomad.
 func (r *run) preempt(j *simJob) {
 	r.res.Preemptions++
-	j.preemptions++
+	j.preemptions, j.preemptedAt = j.preemptions+1, r.now
 	if !j.borrowed {
 		r.res.GuaranteedVictims++
 	}

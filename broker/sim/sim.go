@@ -87,9 +87,10 @@ type simJob struct {
 	startedAt   float64
 	progress    float64 // seconds of work done and kept (checkpointed)
 	firstStart  float64
-	gen         int    // bumped whenever its allocations are stopped
-	seq         uint64 // Nomad's registration order
-	preemptions int    // times Nomad evicted it
+	gen         int     // bumped whenever its allocations are stopped
+	seq         uint64  // Nomad's registration order
+	preemptions int     // times Nomad evicted it
+	preemptedAt float64 // the last time
 	watched     *reclaim.Alloc
 }
 

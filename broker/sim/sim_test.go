@@ -30,6 +30,7 @@ tenant "b" {
 borrowing {
   enabled  = true
   priority = 20
+  backoff  = "0" # TestABorrowerPreemptedWaitsOutItsBackoff has one
 }
 preemption {
   batch = true
@@ -308,5 +309,21 @@ func TestGuaranteedWorkIsNoVictimOfAnotherTenantsGuaranteedWork(t *testing.T) {
 		if res.GuaranteedVictims != c.victims || res.Preemptions != c.victims {
 			t.Errorf("%s: %d guaranteed victims of %d preemptions, want %d", c.name, res.GuaranteedVictims, res.Preemptions, c.victims)
 		}
+	}
+}
+
+// With a backoff, a2, preempted at 10 while borrowed, does not borrow again
+// for 30 minutes: it waits for its tenant's guarantee (a1 ends at 100, the
+// pass at 110) and runs until 210.
+func TestABorrowerPreemptedWaitsOutItsBackoff(t *testing.T) {
+	src := strings.Replace(twoTenants, `backoff  = "0"`, `backoff  = "30m"`, 1)
+	res, err := sim.Run(borrowing, sim.Options{Policy: testbuild.Policy(t, src), Nodes: oneNode, Mode: sim.NomadGPU})
+	if err != nil {
+		t.Fatal(err)
+	}
+	near(t, "span", res.Span, 210)
+	near(t, "JCT", res.JCT.Mean, (100+50+210)/3.0)
+	if res.Preemptions != 1 {
+		t.Errorf("preemptions %d, want 1", res.Preemptions)
 	}
 }

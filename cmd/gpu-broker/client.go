@@ -319,6 +319,9 @@ func printTable(sub string, body []byte) int {
 		fmt.Fprintln(w, "POS\tID\tJOB\tNAMESPACE\tTENANT\tQUEUE\tGPUS\tWAITING\tESTIMATED START\tREASON")
 		for _, r := range rows {
 			reason := r.Reason
+			if r.Backoff != nil {
+				reason = r.Backoff.Text() + "; " + reason
+			}
 			if r.Parked != "" {
 				reason = "parked: " + r.Parked
 			}
@@ -350,6 +353,9 @@ func printTable(sub string, body []byte) int {
 			fmt.Fprintf(w, ", position %d", r.Position)
 		}
 		fmt.Fprintln(w)
+		if b := r.Backoff; b != nil {
+			fmt.Fprintf(w, "Backoff\t%s\n", b.Text())
+		}
 		if e := r.Estimate; e != nil && !e.At.IsZero() {
 			fmt.Fprintf(w, "Estimated start\t%s (%s)\n", e.At.Format(time.RFC3339), e.Why)
 		} else if e != nil {
