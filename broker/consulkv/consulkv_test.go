@@ -191,6 +191,41 @@ func TestStores(t *testing.T) {
 		}
 	})
 
+	t.Run("preemption counts: once per decision, read from the copy, pruned after a quiet time", func(t *testing.T) {
+		t.Parallel()
+		b := consulkv.NewBackoffs(client.KV(), "backoff-test/", nil)
+		fctx, stop := context.WithCancel(ctx)
+		defer stop()
+		go b.Follow(fctx)
+		at := time.Date(2026, 12, 1, 14, 0, 0, 0, time.UTC)
+		for i, c := range []struct {
+			decision string
+			want     int
+		}{{"d1", 1}, {"d1", 1}, {"d2", 2}} { // d1 carried out twice: counted once
+			if n, err := b.Preempted(ctx, "team/a", "train", c.decision, at.Add(time.Duration(i)*time.Minute)); err != nil || n != c.want {
+				t.Fatalf("preemption %d (%s): count %d, %v; want %d", i, c.decision, n, err, c.want)
+			}
+		}
+		if n, last := b.Preemptions("team/a", "train"); n != 2 || !last.Equal(at.Add(2*time.Minute)) {
+			t.Errorf("the copy: %d, last %s", n, last)
+		}
+		if n, _ := b.Preemptions("team", "a/train"); n != 0 {
+			t.Errorf("another job's count: %d", n)
+		}
+		b.Preempted(ctx, "vision", "other", "d3", at.Add(time.Hour))
+		// Quiet for 90 minutes after the last: the first is forgotten, the other not yet.
+		deleted, err := b.Prune(ctx, at.Add(2*time.Minute+90*time.Minute), func(int) time.Duration { return 90 * time.Minute })
+		if err != nil || deleted != 1 {
+			t.Fatalf("pruned %d, %v", deleted, err)
+		}
+		if n, _ := b.Preemptions("team/a", "train"); n != 0 {
+			t.Errorf("pruned, still counted %d", n)
+		}
+		if n, _ := b.Preemptions("vision", "other"); n != 1 {
+			t.Errorf("not quiet long enough, yet forgotten: %d", n)
+		}
+	})
+
 	t.Run("reclaim decisions: created once, updated only from the version read", func(t *testing.T) {
 		t.Parallel()
 		d := consulkv.NewDecisions(client.KV(), "decisions-test/", nil)
