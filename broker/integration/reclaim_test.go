@@ -467,6 +467,7 @@ tenant "search" {
 borrowing {
   enabled  = true
   priority = 20
+  backoff  = "0" # borrowed again at once: TestBroker has the backoff
 }
 reclaim_settings {
   period = "1s"

@@ -29,6 +29,11 @@ var ErrMarkMoved = errors.New("the usage mark moved since it was read (another l
 // was corrected); the mark was brought back to it.
 var ErrClockStepped = errors.New("the clock went back")
 
+// clockAgreement is how far this machine's clock may be from Nomad's (read
+// to the second from its answers' Date, a request's time apart) and still
+// be taken for it.
+const clockAgreement = 5 * time.Second
+
 // clockStepBack is how far behind the mark the clock must be to count as
 // stepped back: two leaders' clocks may differ by this much.
 const clockStepBack = time.Minute
@@ -43,9 +48,10 @@ type Ledger struct {
 	Metrics  *metrics.Metrics
 	Budgets  *usage.BudgetBook // nil: none kept
 	// Clock is Nomad's time (nil: each pass's own), which the allocations'
-	// start times are in: a step of this machine's clock then neither
-	// charges the step nor deletes rollups, and a gap (a failover, Consul
-	// down) is charged whole. While Nomad's time is not known, the pass's
+	// start times are in; while this machine's clock is more than
+	// clockAgreement from it, the ledger goes by Nomad's: a step of this
+	// machine's clock then neither charges the step nor deletes rollups, and
+	// a gap (a failover, Consul down) is charged whole. While Nomad's time is not known, the pass's
 	// own is used, a pass charges at most usage.MaxInterval, and no rollup
 	// is deleted.
 	Clock func() (time.Time, bool)
@@ -59,7 +65,12 @@ func (l *Ledger) Observed(ctx context.Context, now time.Time, allocs []reclaim.A
 	nomadTime := false
 	if l.Clock != nil {
 		if t, ok := l.Clock(); ok {
-			now, nomadTime = t, true
+			// Nomad's clock is read to the second: within clockAgreement
+			// the pass's own time is as good, and finer.
+			if t.Sub(now).Abs() > clockAgreement {
+				now = t
+			}
+			nomadTime = true
 		}
 	}
 	mark, index, err := l.Store.Mark(ctx)
