@@ -271,43 +271,9 @@ func cpuProfile(b *testing.B, broker *testcluster.Broker, path string, seconds i
 // drain's first 20 s.
 func BenchmarkQueueAdmission(b *testing.B) {
 	const gpus, queued = 800, 5000
-	consul := testcluster.StartConsul(b)
-	n := testcluster.StartNomad(b, testcluster.NomadOptions{Name: "qbench", Server: true, Client: true,
-		PluginConfig: fmt.Sprintf("\n    backend = \"fake\"\n    fake {\n      count = %d\n    }", gpus),
-		ExtraHCL:     "plugin \"mock_driver\" {}\nlimits {\n  http_max_conns_per_client = 0\n}"})
-	n.WaitForNodes(b, 1)
-	if _, err := n.API.Namespaces().Register(&api.Namespace{Name: "vision"}, nil); err != nil {
-		b.Fatal(err)
-	}
-	dir := b.TempDir()
-	writeFile(b, filepath.Join(dir, "p.hcl"), fmt.Sprintf(`
-queue "training" { priority = 60 }
-tenant "vision" {
-  namespaces = ["vision"]
-  queues     = ["training"]
-  guaranteed = %d
-  limit      = %d
-  max_queued = %d
-}
-`, gpus, gpus, queued))
-	broker := testcluster.StartReleaseBrokerWith(b, n, consul, dir, testcluster.BrokerOptions{Config: "enable_debug = true"})
-	job := func(id string, count int) []byte {
-		return []byte(fmt.Sprintf(`{"Job":{"ID":%q,"Namespace":"vision","Type":"batch","Datacenters":["*"],"TaskGroups":[{"Name":"g","Count":1,
-	  "Tasks":[{"Name":"t","Driver":"mock_driver","Config":{"run_for":"1h"},
-	  "Resources":{"CPU":1,"MemoryMB":10,"Devices":[{"Name":"nvidia/gpu","Count":%d}]}}]}]}}`, id, count))
-	}
-	post := func(body []byte) string {
-		resp, err := http.Post(broker.Addr+"/v1/jobs", "application/json", bytes.NewReader(body))
-		if err != nil {
-			b.Fatal(err)
-		}
-		defer resp.Body.Close()
-		out, _ := io.ReadAll(resp.Body)
-		if resp.StatusCode != http.StatusOK {
-			b.Fatalf("register: %s %s", resp.Status, out)
-		}
-		return string(out)
-	}
+	consul, n, broker := queueCluster(b, "qbench", gpus, queued, "limits {\n  http_max_conns_per_client = 0\n}")
+	job := mockGPUJob
+	post := func(body []byte) string { return register(b, broker, body) }
 	testcluster.WaitFor(b, 60*time.Second, "the broker's view of the GPUs", func() error {
 		if out := post(job("blocker", gpus)); !strings.Contains(out, "admitted") {
 			return fmt.Errorf("blocker: %s", out)
@@ -400,43 +366,12 @@ func nomadRate(b *testing.B, n *testcluster.Nomad, jobs int, job func(string, in
 // at 10,000.
 func BenchmarkQueuedSubmission(b *testing.B) {
 	const waiting, samples = 10000, 50
-	consul := testcluster.StartConsul(b)
-	n := testcluster.StartNomad(b, testcluster.NomadOptions{Name: "qsubmit", Server: true, Client: true,
-		ConsulAddr: consul.Addr, PluginConfig: "\n    backend = \"fake\"\n    fake {\n      count = 1\n    }",
-		ExtraHCL: "plugin \"mock_driver\" {}"})
-	n.WaitForNodes(b, 1)
-	if _, err := n.API.Namespaces().Register(&api.Namespace{Name: "vision"}, nil); err != nil {
-		b.Fatal(err)
-	}
-	dir := b.TempDir()
-	writeFile(b, filepath.Join(dir, "p.hcl"), fmt.Sprintf(`
-queue "training" { priority = 60 }
-tenant "vision" {
-  namespaces = ["vision"]
-  queues     = ["training"]
-  guaranteed = 1
-  limit      = 1
-  max_queued = %d
-}
-`, waiting+3*samples))
-	broker := testcluster.StartReleaseBrokerWith(b, n, consul, dir, testcluster.BrokerOptions{Config: "enable_debug = true"})
-	job := func(id string) []byte {
-		return []byte(fmt.Sprintf(`{"Job":{"ID":%q,"Namespace":"vision","Type":"batch","Datacenters":["*"],"TaskGroups":[{"Name":"g","Count":1,
-	  "Tasks":[{"Name":"t","Driver":"mock_driver","Config":{"run_for":"1h"},
-	  "Resources":{"CPU":1,"MemoryMB":10,"Devices":[{"Name":"nvidia/gpu","Count":1}]}}]}]}}`, id))
-	}
+	consul, _, broker := queueCluster(b, "qsubmit", 1, waiting+3*samples, "")
+	job := func(id string) []byte { return mockGPUJob(id, 1) }
 	post := func(body []byte) (string, time.Duration) {
 		start := time.Now()
-		resp, err := http.Post(broker.Addr+"/v1/jobs", "application/json", bytes.NewReader(body))
-		if err != nil {
-			b.Fatal(err)
-		}
-		defer resp.Body.Close()
-		out, _ := io.ReadAll(resp.Body)
-		if resp.StatusCode != http.StatusOK {
-			b.Fatalf("register: %s %s", resp.Status, out)
-		}
-		return string(out), time.Since(start)
+		out := register(b, broker, body)
+		return out, time.Since(start)
 	}
 	testcluster.WaitFor(b, 60*time.Second, "the broker's view of the GPU", func() error {
 		if out, _ := post(job("blocker")); !strings.Contains(out, "admitted") {
@@ -493,4 +428,53 @@ tenant "vision" {
 	b.ReportMetric(p(full, .5)/p(empty, .5), "p50-ratio")
 	b.ReportMetric(idleBroker, "idle-leader-cores")
 	b.ReportMetric(idleConsul, "idle-consul-cores")
+}
+
+// queueCluster is Consul, a Nomad agent with gpus fake GPUs, the mock driver
+// and nomadHCL, and a release broker (its profiler on) whose tenant vision
+// is guaranteed all of them and may queue maxQueued jobs.
+func queueCluster(b *testing.B, name string, gpus, maxQueued int, nomadHCL string) (*testcluster.Consul, *testcluster.Nomad, *testcluster.Broker) {
+	consul := testcluster.StartConsul(b)
+	n := testcluster.StartNomad(b, testcluster.NomadOptions{Name: name, Server: true, Client: true, ConsulAddr: consul.Addr,
+		PluginConfig: fmt.Sprintf("\n    backend = \"fake\"\n    fake {\n      count = %d\n    }", gpus),
+		ExtraHCL:     "plugin \"mock_driver\" {}\n" + nomadHCL})
+	n.WaitForNodes(b, 1)
+	if _, err := n.API.Namespaces().Register(&api.Namespace{Name: "vision"}, nil); err != nil {
+		b.Fatal(err)
+	}
+	dir := b.TempDir()
+	writeFile(b, filepath.Join(dir, "p.hcl"), fmt.Sprintf(`
+queue "training" { priority = 60 }
+tenant "vision" {
+  namespaces = ["vision"]
+  queues     = ["training"]
+  guaranteed = %d
+  limit      = %d
+  max_queued = %d
+}
+`, gpus, gpus, maxQueued))
+	return consul, n, testcluster.StartReleaseBrokerWith(b, n, consul, dir, testcluster.BrokerOptions{Config: "enable_debug = true"})
+}
+
+// mockGPUJob is a batch job of one allocation of count GPUs whose task (the
+// mock driver) runs for an hour and starts no process.
+func mockGPUJob(id string, count int) []byte {
+	return []byte(fmt.Sprintf(`{"Job":{"ID":%q,"Namespace":"vision","Type":"batch","Datacenters":["*"],"TaskGroups":[{"Name":"g","Count":1,
+	  "Tasks":[{"Name":"t","Driver":"mock_driver","Config":{"run_for":"1h"},
+	  "Resources":{"CPU":1,"MemoryMB":10,"Devices":[{"Name":"nvidia/gpu","Count":%d}]}}]}]}}`, id, count))
+}
+
+// register sends a job register request to broker and returns its answer,
+// which must be 200.
+func register(b *testing.B, broker *testcluster.Broker, body []byte) string {
+	resp, err := http.Post(broker.Addr+"/v1/jobs", "application/json", bytes.NewReader(body))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer resp.Body.Close()
+	out, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		b.Fatalf("register: %s %s", resp.Status, out)
+	}
+	return string(out)
 }

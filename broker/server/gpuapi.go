@@ -154,23 +154,15 @@ func (s *Server) queueList(w http.ResponseWriter, r *http.Request) {
 		writeError(w, err)
 		return
 	}
-	q := r.URL.Query()
-	perPage, from := 0, 1
-	if v := q.Get("per_page"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 1 {
-			writeError(w, fail(errBadRequest, "per_page=%q is not a count of at least 1", v))
-			return
-		}
-		perPage = n
+	perPage, err := atLeastOne(r, "per_page", 0, "a count of at least 1")
+	if err != nil {
+		writeError(w, err)
+		return
 	}
-	if v := q.Get("next_token"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 1 {
-			writeError(w, fail(errBadRequest, "next_token=%q is not one this broker gave (X-Nomad-NextToken)", v))
-			return
-		}
-		from = n
+	from, err := atLeastOne(r, "next_token", 1, "one this broker gave (X-Nomad-NextToken)")
+	if err != nil {
+		writeError(w, err)
+		return
 	}
 	w.Header().Set("X-Nomad-Index", strconv.FormatUint(index(), 10))
 	entries, err := s.ordered(r)
@@ -200,6 +192,20 @@ func (s *Server) queueList(w http.ResponseWriter, r *http.Request) {
 	}
 	w.Header().Set("X-Nomad-Gpu-Queued", strconv.Itoa(visible))
 	writeJSON(w, http.StatusOK, out)
+}
+
+// atLeastOne reads query parameter name, a whole number of at least 1
+// (absent: def); an error says it is not what, as a 400.
+func atLeastOne(r *http.Request, name string, def int, what string) (int, error) {
+	v := r.URL.Query().Get(name)
+	if v == "" {
+		return def, nil
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 1 {
+		return 0, fail(errBadRequest, "%s=%q is not %s", name, v, what)
+	}
+	return n, nil
 }
 
 // mayRead reports whether the caller may read namespace ns (any capability
