@@ -60,6 +60,12 @@ func (v *View) observeJob(j *api.Job) {
 	}
 	if j.Stable != nil && *j.Stable {
 		v.setStable(key, a.Groups)
+	} else if !stopped && nomadjob.AutoReverts(j) && len(v.stable[key]) > 0 {
+		// A new version whose deployment may revert: counted at its stable
+		// version from now, not from its deployment's first event, which
+		// comes later (a queue pass in between would take those GPUs). The
+		// deployment's end, or the next listing, settles it.
+		v.reverting[key] = true
 	}
 	// A version that holds nothing (no GPUs, or every allocation failed:
 	// Nomad calls the job dead) is kept while its stable one has GPUs: its

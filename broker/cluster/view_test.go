@@ -254,6 +254,12 @@ func TestADeploymentThatMayRevertCountsTheStableVersion(t *testing.T) {
 	v.ObserveJob(testbuild.Job("vision", "web").Group("web", 1, 4, "gpu").AutoRevert().Stable().ModifyIndex(1).Build())
 	v1 := testbuild.Job("vision", "web").Group("web", 1, 1, "gpu").AutoRevert().ModifyIndex(2).Build()
 	v.ObserveJob(v1)
+	// From the new version on, before its deployment's first event (which
+	// Nomad's scheduler creates later): a queue pass in between must not
+	// take the GPUs it may revert to.
+	if got := used(v); got != 4 {
+		t.Fatalf("version 1 registered, its deployment not seen yet: %g, want 4", got)
+	}
 	dep := &api.Deployment{ID: "d1", Namespace: "vision", JobID: "web", JobVersion: 1, Status: api.DeploymentStatusRunning,
 		TaskGroups: map[string]*api.DeploymentState{"web": {AutoRevert: true}}}
 	v.ObserveDeployment(dep)
