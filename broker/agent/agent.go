@@ -215,7 +215,7 @@ func (a *Agent) Run(ctx context.Context) error {
 						b := policies.Current().Borrowing
 						return backoffs.Prune(ctx, time.Now(), func(n int) time.Duration { return b.BackoffAfter(n) + b.MaxBackoff })
 					}}},
-			Metrics: metrics, Audit: trail, Forecast: forecast,
+			Metrics: metrics, Audit: trail, Forecast: forecast, Queued: store,
 			Granted: func(now time.Time) map[string]float64 {
 				p := policies.Current()
 				return approval.ExtraByTenant(approvals.Current(), func(ns string) string {

@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"path/filepath"
@@ -10,6 +11,8 @@ import (
 
 	"github.com/hashicorp/nomad/api"
 
+	"github.com/nomad-gpu/nomad-gpu/broker/audit"
+	"github.com/nomad-gpu/nomad-gpu/broker/reclaim"
 	"github.com/nomad-gpu/nomad-gpu/internal/testcluster"
 )
 
@@ -262,18 +265,22 @@ func TestNomadRestartedWhileAdmitting(t *testing.T) {
 	})
 }
 
-// TestALoweredLimitRequeuesTheNewestWork: a reload lowers a tenant's limit
-// below what it holds. With over_limit = "reclaim" (the default), once
-// over_limit_grace has passed, its newest job is requeued (a recorded
-// decision; Nomad stops it, the queue keeps it) until it is within the limit;
-// its older job keeps running.
-func TestALoweredLimitRequeuesTheNewestWork(t *testing.T) {
+// TestTheBrokerRequeuesATenantsOwnWork runs the two built-in requeue rules
+// on one cluster. A reload lowers a tenant's limit below what it holds:
+// with over_limit = "reclaim" (the default), once over_limit_grace has
+// passed, its newest job is requeued (a recorded decision; Nomad stops it,
+// the queue keeps it) until it is within the limit; its older job keeps
+// running. Then the tenant's inference job waits at its guarantee, held by
+// its own training job: Nomad evicts nothing within 9 points, so make-room
+// requeues the training job after make_room_grace and the inference job runs.
+func TestTheBrokerRequeuesATenantsOwnWork(t *testing.T) {
 	t.Parallel()
 	const policy = `
+queue "inference" { priority = 80 }
 queue "training" { priority = 60 }
 tenant "vision" {
   namespaces = ["vision"]
-  queues     = ["training"]
+  queues     = ["training", "inference"]
   guaranteed = %d
   limit      = %d
 }
@@ -281,33 +288,80 @@ reclaim_settings {
   period = "1s"
 }
 over_limit_grace = "2s"
+make_room_grace  = "3s"
 `
 	consul := testcluster.StartConsul(t)
 	n := startGPUNode(t, "lowered", 4, "vision")
 	e := brokerEnv(t, n, consul, fmt.Sprintf(policy, 3, 3), "vision", 4, testcluster.BrokerOptions{})
-	if out, err := e.run("vision", "old", 1, 2, "", true); err != nil || !strings.Contains(out, "admitted") {
-		t.Fatalf("%v\n%s", err, out)
-	}
-	e.waitRunning("vision", "old")
-	if out, err := e.run("vision", "new", 1, 1, "", true); err != nil || !strings.Contains(out, "admitted") {
-		t.Fatalf("%v\n%s", err, out)
-	}
-	e.waitRunning("vision", "new")
-	writeFile(t, filepath.Join(e.policyDir, "policy.hcl"), fmt.Sprintf(policy, 2, 2))
-	testcluster.WaitFor(t, 60*time.Second, "the newest job requeued", func() error {
-		j, _, err := n.API.Jobs().Info("new", &api.QueryOptions{Namespace: "vision"})
+	stopped := func(id string) error {
+		j, _, err := n.API.Jobs().Info(id, &api.QueryOptions{Namespace: "vision"})
 		if err != nil || j.Stop == nil || !*j.Stop {
-			return fmt.Errorf("not stopped yet (%v)", err)
+			return fmt.Errorf("%s not stopped yet (%v)", id, err)
 		}
 		return nil
+	}
+	t.Run("a lowered limit requeues the newest work", func(t *testing.T) {
+		if out, err := e.run("vision", "old", 1, 2, "", true); err != nil || !strings.Contains(out, "admitted") {
+			t.Fatalf("%v\n%s", err, out)
+		}
+		e.waitRunning("vision", "old")
+		if out, err := e.run("vision", "new", 1, 1, "", true); err != nil || !strings.Contains(out, "admitted") {
+			t.Fatalf("%v\n%s", err, out)
+		}
+		e.waitRunning("vision", "new")
+		writeFile(t, filepath.Join(e.policyDir, "policy.hcl"), fmt.Sprintf(policy, 2, 2))
+		testcluster.WaitFor(t, 60*time.Second, "the newest job requeued", func() error { return stopped("new") })
+		if out := e.brokerCLI("queue", "list"); !strings.Contains(out, "new") {
+			t.Errorf("the requeued job is not in the queue:\n%s", out)
+		}
+		if out := e.brokerCLI("reclaim", "list"); !strings.Contains(out, "over-limit") {
+			t.Errorf("no over-limit decision:\n%s", out)
+		}
+		if stopped("old") == nil {
+			t.Errorf("the older job was stopped too")
+		}
 	})
-	if out := e.brokerCLI("queue", "list"); !strings.Contains(out, "new") {
-		t.Errorf("the requeued job is not in the queue:\n%s", out)
-	}
-	if out := e.brokerCLI("reclaim", "list"); !strings.Contains(out, "over-limit") {
-		t.Errorf("no over-limit decision:\n%s", out)
-	}
-	if j, _, err := n.API.Jobs().Info("old", &api.QueryOptions{Namespace: "vision"}); err != nil || (j.Stop != nil && *j.Stop) {
-		t.Errorf("the older job was stopped too (%v)", err)
-	}
+	t.Run("make-room requeues the tenant's own training job for its inference job", func(t *testing.T) {
+		// vision holds 2 of its guarantee of 2 (old, training); new waits.
+		out, err := e.run("vision", "serve", 1, 1, "inference", true)
+		if err != nil || !strings.Contains(out, "queued") {
+			t.Fatalf("%v\n%s", err, out)
+		}
+		testcluster.WaitFor(t, 60*time.Second, "old requeued to make room", func() error { return stopped("old") })
+		e.waitRunning("vision", "serve")
+		var recs []reclaim.Record
+		if err := json.Unmarshal([]byte(e.brokerCLI("reclaim", "list", "-json")), &recs); err != nil {
+			t.Fatal(err)
+		}
+		found := false
+		for _, r := range recs {
+			if r.Rule == "make-room" {
+				found = r.Job == "old" && r.State == reclaim.Executed &&
+					strings.Contains(r.Evidence, `tenant "vision"'s job vision/serve (queue inference, 1 GPUs) has waited since`)
+				if !found {
+					t.Errorf("make-room decision %+v", r)
+				}
+			}
+		}
+		if !found {
+			t.Errorf("no make-room decision: %+v", recs)
+		}
+		if out := e.brokerCLI("queue", "list"); !strings.Contains(out, "old") {
+			t.Errorf("the requeued job is not in the queue:\n%s", out)
+		}
+		if m := e.broker.Scrape(); m[`nomadgpu_reclaim_decisions_total{action="requeue",rule="make-room",state="executed"}`] != 1 {
+			t.Errorf("make-room decisions executed: %v", m[`nomadgpu_reclaim_decisions_total{action="requeue",rule="make-room",state="executed"}`])
+		}
+		var events []audit.Event
+		if err := json.Unmarshal([]byte(e.brokerCLI("audit", "-json", "-job", "old")), &events); err != nil {
+			t.Fatal(err)
+		}
+		var seen []string
+		for _, ev := range events {
+			seen = append(seen, ev.What+" "+ev.Rule)
+		}
+		if all := strings.Join(seen, ", "); !strings.Contains(all, "reclaim-decision make-room") || !strings.Contains(all, "reclaim-action make-room") {
+			t.Errorf("audit trail of old: %s", all)
+		}
+	})
 }

@@ -64,6 +64,14 @@ type Policy struct {
 	// over_limit_grace).
 	OverLimit      string
 	OverLimitGrace time.Duration
+	// MakeRoom is what happens when a tenant's queued job would be within
+	// its guarantee but for the tenant's own work of lower bands (Nomad
+	// evicts nothing within 9 points): OverReclaim (the default) requeues
+	// that work, borrowed, lowest band and newest first, once the job has
+	// waited MakeRoomGrace; OverWait lets the job wait for it to end
+	// (top-level make_room, make_room_grace).
+	MakeRoom      string
+	MakeRoomGrace time.Duration
 	// Workloads say how each kind of GPU work is treated, by name.
 	Workloads map[string]*Workload
 
@@ -173,7 +181,8 @@ func (t *Tenant) MaySubmit(g Grants) bool {
 	return false
 }
 
-// What happens to a tenant over its limit.
+// What happens to a tenant over its limit, or to its own lower work in
+// the way of its higher queue's job.
 const (
 	OverReclaim = "reclaim"
 	OverWait    = "wait"
@@ -181,6 +190,9 @@ const (
 	// before its work is requeued: long enough for its jobs to end on their
 	// own, or for an operator to undo a mistake.
 	DefaultOverLimitGrace = 10 * time.Minute
+	// DefaultMakeRoomGrace is how long a job waits for its tenant's own
+	// lower work to end before that work is requeued.
+	DefaultMakeRoomGrace = time.Minute
 )
 
 // What the gate does with undeclared GPU access.

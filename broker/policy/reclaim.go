@@ -48,6 +48,9 @@ const (
 	// CondOverLimit is the built-in rule of over_limit = "reclaim": a
 	// tenant holding more than its limit past over_limit_grace.
 	CondOverLimit Condition = "over_limit"
+	// CondMakeRoom is the built-in rule of make_room = "reclaim": a
+	// tenant's own lower-band work in the way of its queued job.
+	CondMakeRoom Condition = "make_room"
 )
 
 // PreemptedBorrowed is the built-in rule, always on: a borrowed job whose
@@ -101,3 +104,8 @@ func (p *Policy) ReclaimRules() []*ReclaimRule {
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
 	return out
 }
+
+// MakeRoom is the built-in rule of make_room = "reclaim": a tenant's queued
+// job that its guarantee would hold but for its own lower-band work has
+// that work requeued (never another tenant's).
+var MakeRoom = &ReclaimRule{Name: "make-room", Condition: CondMakeRoom, Action: ActionRequeue, Mode: ModeEnforce}

@@ -20,7 +20,7 @@ import (
 	"github.com/nomad-gpu/nomad-gpu/broker/policy"
 )
 
-var fileSchema = &hcl.BodySchema{Attributes: []hcl.AttributeSchema{{Name: "currency"}, {Name: "approvers"}, {Name: "undeclared_gpu_access"}, {Name: "over_limit"}, {Name: "over_limit_grace"}}, Blocks: []hcl.BlockHeaderSchema{
+var fileSchema = &hcl.BodySchema{Attributes: []hcl.AttributeSchema{{Name: "currency"}, {Name: "approvers"}, {Name: "undeclared_gpu_access"}, {Name: "over_limit"}, {Name: "over_limit_grace"}, {Name: "make_room"}, {Name: "make_room_grace"}}, Blocks: []hcl.BlockHeaderSchema{
 	{Type: "queue", LabelNames: []string{"name"}},
 	{Type: "tenant", LabelNames: []string{"name"}},
 	{Type: "gpu_class", LabelNames: []string{"name"}},
@@ -114,7 +114,7 @@ func Parse(files map[string][]byte, capacity int) (*policy.Policy, hcl.Diagnosti
 		Reclaim: map[string]*policy.ReclaimRule{}, Workloads: map[string]*policy.Workload{}, ReclaimSettings: policy.ReclaimSettings{Period: policy.DefaultReclaimPeriod, Retention: policy.DefaultReclaimRetention},
 		Borrowing: policy.Borrowing{Priority: defaultBorrowingPriority, Backoff: policy.DefaultBorrowBackoff, MaxBackoff: policy.DefaultBorrowMaxBackoff}, Preemption: policy.Preemption{Batch: true, Service: true},
 		Usage: policy.Usage{IdleBelow: policy.DefaultIdleBelow, Retention: policy.DefaultUsageRetention}, Currency: policy.DefaultCurrency, UndeclaredGPUAccess: policy.AccessRefuse,
-		OverLimit: policy.OverReclaim, OverLimitGrace: policy.DefaultOverLimitGrace,
+		OverLimit: policy.OverReclaim, OverLimitGrace: policy.DefaultOverLimitGrace, MakeRoom: policy.OverReclaim, MakeRoomGrace: policy.DefaultMakeRoomGrace,
 		FairShare: policy.FairShare{HalfLife: policy.DefaultHalfLife, IdleWeight: policy.DefaultIdleWeight}}
 	p := &parser{Policy: pol, byNamespace: map[string]*policy.Tenant{}, defs: map[string]hcl.Range{}}
 	var diags hcl.Diagnostics
@@ -151,7 +151,13 @@ func Parse(files map[string][]byte, capacity int) (*policy.Policy, hcl.Diagnosti
 			diags = append(diags, p.overLimit(a, seenSingleton)...)
 		}
 		if a, ok := content.Attributes["over_limit_grace"]; ok {
-			diags = append(diags, p.overLimitGrace(a, seenSingleton)...)
+			diags = append(diags, grace(a, seenSingleton, &p.OverLimitGrace)...)
+		}
+		if a, ok := content.Attributes["make_room"]; ok {
+			diags = append(diags, either(a, seenSingleton, &p.MakeRoom, policy.OverReclaim, policy.OverWait)...)
+		}
+		if a, ok := content.Attributes["make_room_grace"]; ok {
+			diags = append(diags, grace(a, seenSingleton, &p.MakeRoomGrace)...)
 		}
 		for _, b := range content.Blocks {
 			if len(b.Labels) > 0 && strings.TrimSpace(b.Labels[0]) == "" {

@@ -147,17 +147,18 @@ func (p *parser) overLimit(a *hcl.Attribute, seen map[string]hcl.Range) hcl.Diag
 	return either(a, seen, &p.OverLimit, policy.OverReclaim, policy.OverWait)
 }
 
-// overLimitGrace reads over_limit_grace: a duration of 0 or more.
-func (p *parser) overLimitGrace(a *hcl.Attribute, seen map[string]hcl.Range) hcl.Diagnostics {
+// grace reads a top-level grace (over_limit_grace, make_room_grace): a
+// duration of 0 or more.
+func grace(a *hcl.Attribute, seen map[string]hcl.Range, dst *time.Duration) hcl.Diagnostics {
 	var v string
 	if d := topLevel(a, seen, &v); d.HasErrors() {
 		return d
 	}
-	grace, err := time.ParseDuration(v)
-	if err != nil || grace < 0 {
+	g, err := time.ParseDuration(v)
+	if err != nil || g < 0 {
 		return hcl.Diagnostics{errorAt(a.Range, "Invalid duration",
-			fmt.Sprintf("over_limit_grace = %q is not a duration of 0 or more", v))}
+			fmt.Sprintf("%s = %q is not a duration of 0 or more", a.Name, v))}
 	}
-	p.OverLimitGrace = grace
+	*dst = g
 	return nil
 }

@@ -7,6 +7,7 @@ package reclaim
 
 import (
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -83,13 +84,14 @@ type Engine struct {
 	unhealthySince map[string]time.Time    // by GPU id
 	raised         map[[2]string]bool      // rule, allocation
 	overSince      map[string]time.Time    // by tenant: over its limit since
-	overRaised     map[string]bool         // allocations an over-limit decision is about
+	roomSince      map[[2]string]time.Time // by waiting job: needing its tenant's lower work's GPUs since
+	going          map[string]bool         // allocations an over-limit or make-room decision is about
 }
 
 // New returns an engine with nothing observed.
 func New() *Engine {
 	return &Engine{idleSince: map[[2]string]time.Time{}, unhealthySince: map[string]time.Time{}, raised: map[[2]string]bool{},
-		overSince: map[string]time.Time{}, overRaised: map[string]bool{}}
+		overSince: map[string]time.Time{}, roomSince: map[[2]string]time.Time{}, going: map[string]bool{}}
 }
 
 // Pass observes allocs (every running GPU allocation, by job) and gpus (by
@@ -141,8 +143,8 @@ func (e *Engine) Pass(now time.Time, rules []*policy.ReclaimRule, allocs []Alloc
 func (e *Engine) Raised(rule string, allocs []string) {
 	for _, a := range allocs {
 		e.raised[[2]string{rule, a}] = true
-		if rule == policy.OverLimit.Name {
-			e.overRaised[a] = true
+		if rule == policy.OverLimit.Name || rule == policy.MakeRoom.Name {
+			e.going[a] = true
 		}
 	}
 }
@@ -152,7 +154,7 @@ func (e *Engine) Raised(rule string, allocs []string) {
 func (e *Engine) Retract(d Decision) {
 	for _, a := range d.Allocs {
 		delete(e.raised, [2]string{d.Rule, a})
-		delete(e.overRaised, a)
+		delete(e.going, a)
 	}
 }
 
@@ -162,23 +164,7 @@ func (e *Engine) Retract(d Decision) {
 // whole jobs, borrowed first, then the lowest band, then the newest, until
 // what is left is within the limit. Work already decided on counts as going.
 func (e *Engine) OverLimit(now time.Time, p *policy.Policy, allocs []Alloc, gpus map[string]GPU, extra map[string]float64) []Decision {
-	held := map[string]float64{}
-	byJob := map[[2]string][]Alloc{}
-	live := map[string]bool{}
-	for _, a := range allocs {
-		if a.Preempted || !a.Admitted || a.Tenant == "" {
-			continue
-		}
-		live[a.ID] = true
-		held[a.Tenant] += share(a, gpus)
-		k := [2]string{a.Namespace, a.JobID}
-		byJob[k] = append(byJob[k], a)
-	}
-	for id := range e.overRaised {
-		if !live[id] {
-			delete(e.overRaised, id)
-		}
-	}
+	held, byJob := e.holdings(allocs, gpus)
 	names := make([]string, 0, len(p.Tenants))
 	for name := range p.Tenants {
 		names = append(names, name)
@@ -208,14 +194,14 @@ func (e *Engine) OverLimit(now time.Time, p *policy.Policy, allocs []Alloc, gpus
 			decided := false
 			for _, a := range hit {
 				gone += share(a, gpus)
-				decided = decided || e.overRaised[a.ID]
+				decided = decided || e.going[a.ID]
 			}
 			over -= gone
 			if decided {
 				continue
 			}
 			for _, a := range hit {
-				e.overRaised[a.ID] = true
+				e.going[a.ID] = true
 			}
 			why := fmt.Sprintf("tenant %q holds %g GPUs, above its limit of %g, since %s (over_limit = %q, grace %s): its newest work is requeued, borrowed and lowest band first, until it is within",
 				name, held[name], limit, since.UTC().Format(time.RFC3339), p.OverLimit, p.OverLimitGrace)
@@ -226,8 +212,125 @@ func (e *Engine) OverLimit(now time.Time, p *policy.Policy, allocs []Alloc, gpus
 	return out
 }
 
-// victims are a tenant's jobs in the order over-limit requeues them:
-// borrowed first, then by band (its queue's priority), then the newest.
+// holdings are the GPUs each tenant's admitted work holds, and that work by
+// job; it forgets decisions on allocations no longer there.
+func (e *Engine) holdings(allocs []Alloc, gpus map[string]GPU) (map[string]float64, map[[2]string][]Alloc) {
+	held := map[string]float64{}
+	byJob := map[[2]string][]Alloc{}
+	live := map[string]bool{}
+	for _, a := range allocs {
+		if a.Preempted || !a.Admitted || a.Tenant == "" {
+			continue
+		}
+		live[a.ID] = true
+		held[a.Tenant] += share(a, gpus)
+		k := [2]string{a.Namespace, a.JobID}
+		byJob[k] = append(byJob[k], a)
+	}
+	for id := range e.going {
+		if !live[id] {
+			delete(e.going, id)
+		}
+	}
+	return held, byJob
+}
+
+// Waiting is a tenant's job in the broker's queue, as make-room weighs it.
+type Waiting struct {
+	Namespace, JobID, Tenant, Queue string
+	GPUs                            float64
+}
+
+// MakeRoom returns, under policy make_room = "reclaim", the decisions that
+// requeue a tenant's own work in the way of its queued job: one (taken by
+// band, highest first, then in the order given) that the tenant's
+// guarantee would hold were its work of lower bands gone, once it has
+// waited make_room_grace. As little goes as the job needs: borrowed first,
+// then the lowest band, then the newest; never another tenant's work, nor
+// the tenant's work of the job's band or above. Work already decided on
+// counts as gone.
+func (e *Engine) MakeRoom(now time.Time, p *policy.Policy, allocs []Alloc, gpus map[string]GPU, waiting []Waiting) []Decision {
+	held, byJob := e.holdings(allocs, gpus)
+	for _, as := range byJob {
+		for _, a := range as {
+			if e.going[a.ID] {
+				held[a.Tenant] -= share(a, gpus)
+			}
+		}
+	}
+	band := func(queue string) int {
+		if q := p.Queues[queue]; q != nil {
+			return q.Band
+		}
+		return 0
+	}
+	waiting = slices.Clone(waiting)
+	sort.SliceStable(waiting, func(i, j int) bool { return band(waiting[i].Queue) > band(waiting[j].Queue) })
+	seen := map[[2]string]bool{}
+	first := map[string]bool{} // tenants whose higher job still has its grace: it goes first
+	var out []Decision
+	for _, w := range waiting {
+		key := [2]string{w.Namespace, w.JobID}
+		seen[key] = true
+		t := p.Tenants[w.Tenant]
+		if p.MakeRoom != policy.OverReclaim || t == nil || first[w.Tenant] {
+			delete(e.roomSince, key)
+			continue
+		}
+		guarantee := t.Guaranteed.Total()
+		if held[w.Tenant]+w.GPUs <= guarantee+1e-9 {
+			held[w.Tenant] += w.GPUs // the queue admits it: the room is its
+			delete(e.roomSince, key)
+			continue
+		}
+		var in [][2]string
+		before := held[w.Tenant]
+		room := guarantee - before
+		for _, job := range victims(p, byJob, w.Tenant) {
+			if room >= w.GPUs-1e-9 {
+				break
+			}
+			if a := byJob[job][0]; band(a.Queue) >= band(w.Queue) || e.going[a.ID] {
+				continue
+			}
+			in = append(in, job)
+			for _, a := range byJob[job] {
+				room += share(a, gpus)
+			}
+		}
+		if room < w.GPUs-1e-9 {
+			delete(e.roomSince, key) // its tenant's own lower work would not make room enough
+			continue
+		}
+		since, ok := e.roomSince[key]
+		if !ok {
+			since, e.roomSince[key] = now, now
+		}
+		if now.Sub(since) < p.MakeRoomGrace {
+			first[w.Tenant] = true
+			continue
+		}
+		delete(e.roomSince, key)
+		held[w.Tenant] = guarantee - room + w.GPUs
+		why := fmt.Sprintf("tenant %q's job %s/%s (queue %s, %g GPUs) has waited since %s with %g of its guarantee of %g GPUs held (make_room = %q, grace %s): its own lower-band work is requeued, borrowed, lowest band and newest first, until the job fits",
+			w.Tenant, w.Namespace, w.JobID, w.Queue, w.GPUs, since.UTC().Format(time.RFC3339), before, guarantee, p.MakeRoom, p.MakeRoomGrace)
+		for _, job := range in {
+			for _, a := range byJob[job] {
+				e.going[a.ID] = true
+			}
+			out = append(out, decision(now, policy.MakeRoom, byJob[job], true, []string{why}))
+		}
+	}
+	for key := range e.roomSince {
+		if !seen[key] {
+			delete(e.roomSince, key)
+		}
+	}
+	return out
+}
+
+// victims are a tenant's jobs in the order over-limit and make-room requeue
+// them: borrowed first, then by band, then the newest.
 func victims(p *policy.Policy, byJob map[[2]string][]Alloc, tenant string) [][2]string {
 	var out [][2]string
 	for k, allocs := range byJob {
@@ -237,7 +340,7 @@ func victims(p *policy.Policy, byJob map[[2]string][]Alloc, tenant string) [][2]
 	}
 	band := func(a Alloc) int {
 		if q := p.Queues[a.Queue]; q != nil {
-			return q.Priority
+			return q.Band
 		}
 		return 0
 	}

@@ -309,3 +309,116 @@ over_limit_grace = "5m"
 		t.Errorf("over_limit = wait: %+v", got)
 	}
 }
+
+// A tenant at its guarantee whose inference job waits: after
+// make_room_grace, as much of its own lower-band work as the job needs is
+// requeued (borrowed, then the lowest band, then the newest), once; never
+// another tenant's work nor its own of the job's band; make_room = "wait"
+// waits; a job its tenant's lower work cannot make room for waits.
+func TestMakeRoomRequeuesTheTenantsOwnLowerWork(t *testing.T) {
+	p := testbuild.Policy(t, `
+queue "inference" { priority = 80 }
+queue "training" { priority = 60 }
+queue "dev" { priority = 40 }
+tenant "vision" {
+  namespaces = ["vision"]
+  queues     = ["inference", "training", "dev"]
+  guaranteed = 4
+  limit      = 6
+}
+tenant "search" {
+  namespaces = ["search"]
+  queues     = ["dev"]
+  guaranteed = 2
+  limit      = 2
+}
+make_room_grace = "1m"
+`)
+	job := func(ns, id, queue string, borrowed bool, started time.Time, gpus ...string) reclaim.Alloc {
+		return reclaim.Alloc{ID: id + "-a", Namespace: ns, JobID: id, Admitted: true, Tenant: ns, Queue: queue,
+			Borrowed: borrowed, StartedAt: started, GPUs: gpus}
+	}
+	allocs := []reclaim.Alloc{
+		job("vision", "train", "training", false, t0, "g1"),
+		job("vision", "old-dev", "dev", false, t0, "g2"),
+		job("vision", "new-dev", "dev", false, t0.Add(time.Hour), "g3"),
+		job("vision", "infer", "inference", false, t0, "g4"),
+		job("vision", "lent", "dev", true, t0.Add(time.Minute), "g5"),
+		job("search", "theirs", "dev", false, t0.Add(2*time.Hour), "g6", "g7"),
+	}
+	gpus := utilization(50, "g1", "g2", "g3", "g4", "g5", "g6", "g7")
+	waiting := []reclaim.Waiting{
+		{Namespace: "vision", JobID: "late-dev", Tenant: "vision", Queue: "dev", GPUs: 1},
+		{Namespace: "vision", JobID: "serve", Tenant: "vision", Queue: "inference", GPUs: 2},
+	}
+	now := t0.Add(3 * time.Hour)
+	e := reclaim.New()
+	if got := e.MakeRoom(now, p, allocs, gpus, waiting); len(got) != 0 {
+		t.Fatalf("within the grace: %s", summary(got))
+	}
+	got := e.MakeRoom(now.Add(time.Minute), p, allocs, gpus, waiting)
+	// 5 held of 4 guaranteed, serve needs 2: the borrowed dev job, then
+	// the newest dev job, then the older one (5 - 3 + 2 = 4).
+	if summary(got) != "make-room requeue vision/lent [lent-a] whole=true gpus=1; make-room requeue vision/new-dev [new-dev-a] whole=true gpus=1; "+
+		"make-room requeue vision/old-dev [old-dev-a] whole=true gpus=1" {
+		t.Errorf("got %s", summary(got))
+	}
+	for _, d := range got {
+		if !strings.Contains(d.Evidence, `tenant "vision"'s job vision/serve (queue inference, 2 GPUs) has waited since 2026-11-30T15:00:00Z with 5 of its guarantee of 4 GPUs held`) {
+			t.Errorf("evidence %q", d.Evidence)
+		}
+	}
+	if again := e.MakeRoom(now.Add(2*time.Minute), p, allocs, gpus, waiting); len(again) != 0 {
+		t.Errorf("decided twice: %s", summary(again))
+	}
+
+	// A training job of 4: dev work (3) would not make room; training's own is not taken.
+	if got := reclaim.New().MakeRoom(now, p, allocs, gpus, []reclaim.Waiting{{Namespace: "vision", JobID: "big", Tenant: "vision", Queue: "training", GPUs: 4}}); len(got) != 0 {
+		t.Errorf("no room to make: %s", summary(got))
+	}
+	w := reclaim.New()
+	for _, at := range []time.Duration{0, time.Hour} {
+		if got := w.MakeRoom(now.Add(at), p, allocs, gpus, []reclaim.Waiting{{Namespace: "search", JobID: "s", Tenant: "search", Queue: "dev", GPUs: 1}}); len(got) != 0 {
+			t.Errorf("search's dev job took its own dev work or another tenant's: %s", summary(got))
+		}
+	}
+	p.MakeRoom = policy.OverWait
+	w = reclaim.New()
+	w.MakeRoom(now, p, allocs, gpus, waiting)
+	if got := w.MakeRoom(now.Add(time.Hour), p, allocs, gpus, waiting); len(got) != 0 {
+		t.Errorf("make_room = wait: %s", summary(got))
+	}
+}
+
+// Work an over-limit decision is about counts as gone for make-room, and
+// the other way round.
+func TestOverLimitAndMakeRoomDoNotTakeTheSameWorkTwice(t *testing.T) {
+	p := testbuild.Policy(t, `
+queue "inference" { priority = 80 }
+queue "dev" { priority = 40 }
+tenant "vision" {
+  namespaces = ["vision"]
+  queues     = ["inference", "dev"]
+  guaranteed = 2
+  limit      = 2
+}
+over_limit_grace = "0s"
+make_room_grace  = "0s"
+`)
+	dev := func(id string, started time.Duration, gpu string) reclaim.Alloc {
+		return reclaim.Alloc{ID: id, Namespace: "vision", JobID: id, Admitted: true, Tenant: "vision", Queue: "dev", StartedAt: t0.Add(started), GPUs: []string{gpu}}
+	}
+	allocs := []reclaim.Alloc{dev("d1", 0, "g1"), dev("d2", time.Minute, "g2"), dev("d3", 2*time.Minute, "g3")}
+	gpus := utilization(50, "g1", "g2", "g3")
+	e := reclaim.New()
+	over := e.OverLimit(t0, p, allocs, gpus, nil)
+	room := e.MakeRoom(t0, p, allocs, gpus, []reclaim.Waiting{{Namespace: "vision", JobID: "serve", Tenant: "vision", Queue: "inference", GPUs: 1}})
+	// 3 held, limit 2: d3 goes over the limit; serve then needs d2's GPU.
+	if summary(over) != "over-limit requeue vision/d3 [d3] whole=true gpus=1" || summary(room) != "make-room requeue vision/d2 [d2] whole=true gpus=1" {
+		t.Errorf("over limit: %s\nmake room: %s", summary(over), summary(room))
+	}
+	e.Retract(room[0])
+	if again := e.MakeRoom(t0, p, allocs, gpus, []reclaim.Waiting{{Namespace: "vision", JobID: "serve", Tenant: "vision", Queue: "inference", GPUs: 1}}); summary(again) != summary(room) {
+		t.Errorf("after a retract: %s", summary(again))
+	}
+}

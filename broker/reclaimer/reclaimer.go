@@ -73,6 +73,10 @@ type Reclaimer struct {
 	// Granted is, by tenant, the GPUs above its limit that approvals in
 	// force at now grant (nil: none): not over the limit, for over_limit.
 	Granted func(now time.Time) map[string]float64
+	// Queued lists the broker's queue, for make_room (nil: no room made).
+	Queued interface {
+		List(ctx context.Context) ([]queue.Entry, error)
+	}
 
 	engine *reclaim.Engine
 }
@@ -134,6 +138,12 @@ func (r *Reclaimer) Pass(ctx context.Context) error {
 		granted = r.Granted(now)
 	}
 	decisions = append(decisions, r.engine.OverLimit(now, p, allocs, gpus, granted)...)
+	var errs []error
+	if r.Queued != nil {
+		waiting, err := r.waiting(ctx)
+		errs = append(errs, err)
+		decisions = append(decisions, r.engine.MakeRoom(now, p, allocs, gpus, waiting)...)
+	}
 	for _, d := range decisions {
 		rec := reclaim.NewRecord(r.NewID(), d, now)
 		if ok, err := r.Records.Create(ctx, rec); err != nil || !ok {
@@ -153,7 +163,6 @@ func (r *Reclaimer) Pass(ctx context.Context) error {
 		records = append(records, rec)
 	}
 	retention := p.ReclaimSettings.Retention
-	var errs []error
 	for _, w := range r.Watchers {
 		errs = append(errs, w.Observed(ctx, now, allocs, gpus))
 	}
@@ -168,6 +177,23 @@ func (r *Reclaimer) Pass(ctx context.Context) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// waiting is the queue's jobs that wait, oldest first: those parked or
+// being registered wait for nothing make-room could give them.
+func (r *Reclaimer) waiting(ctx context.Context) ([]reclaim.Waiting, error) {
+	entries, err := r.Queued.List(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("list the queue for make_room: %w", err)
+	}
+	slices.SortStableFunc(entries, func(a, b queue.Entry) int { return a.SubmittedAt.Compare(b.SubmittedAt) })
+	var out []reclaim.Waiting
+	for _, e := range entries {
+		if e.Parked == "" && e.Admitting.IsZero() {
+			out = append(out, reclaim.Waiting{Namespace: e.Namespace, JobID: e.JobID, Tenant: e.Tenant, Queue: e.Queue, GPUs: e.Demand})
+		}
+	}
+	return out, nil
 }
 
 // countPreempted counts the allocations a preemption decision is about and

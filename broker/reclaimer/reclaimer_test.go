@@ -10,6 +10,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
+	"github.com/nomad-gpu/nomad-gpu/broker/queue"
 	"github.com/nomad-gpu/nomad-gpu/broker/reclaim"
 	"github.com/nomad-gpu/nomad-gpu/broker/reclaim/reclaimtest"
 	"github.com/nomad-gpu/nomad-gpu/broker/reclaimer"
@@ -201,5 +202,50 @@ func TestAPreemptedBorrowedJobGoesBackToTheQueue(t *testing.T) {
 	if fmt.Sprint(q.did) != "[vision/borrower]" || len(act.did) != 0 || len(all) != 1 || all[0].Rule != "preempted-borrowed" ||
 		all[0].State != reclaim.Executed || all[0].Result != "requeued as "+all[0].ID {
 		t.Errorf("requeued %v, actions %v, records %+v", q.did, act.did, all)
+	}
+}
+
+type queued []queue.Entry
+
+func (q queued) List(context.Context) ([]queue.Entry, error) { return q, nil }
+
+// The queue's waiting jobs reach make-room, oldest first; parked ones and
+// those being registered wait for nothing it could give them.
+func TestMakeRoomRequeuesForAWaitingJobOnly(t *testing.T) {
+	recs := reclaimtest.NewMem()
+	running := reclaim.Alloc{ID: "a1", Namespace: "vision", JobID: "notebook", Admitted: true, Tenant: "vision", Queue: "dev",
+		StartedAt: t0, GPUs: []string{"g0"}}
+	r, _, _ := setup(t, recs, running)
+	r.Policies = testbuild.Fixed{P: testbuild.Policy(t, `
+queue "training" { priority = 60 }
+queue "dev" { priority = 40 }
+tenant "vision" {
+  namespaces = ["vision"]
+  queues     = ["training", "dev"]
+  guaranteed = 1
+}
+make_room_grace = "0s"
+`)}
+	q := &requeuer{}
+	r.Requeue = q
+	entry := func(id string, edit func(*queue.Entry)) queue.Entry {
+		e := queue.Entry{ID: id, JobID: id, Namespace: "vision", Tenant: "vision", Queue: "training", Demand: 1, SubmittedAt: t0}
+		edit(&e)
+		return e
+	}
+	r.Queued = queued{
+		entry("parked", func(e *queue.Entry) { e.Parked = "refused" }),
+		entry("claimed", func(e *queue.Entry) { e.Admitting = t0 }),
+	}
+	if err := r.Pass(context.Background()); err != nil || len(q.did) != 0 {
+		t.Fatalf("for a parked or claimed job: requeued %v (%v)", q.did, err)
+	}
+	r.Queued = append(r.Queued.(queued), entry("train", func(*queue.Entry) {}))
+	if err := r.Pass(context.Background()); err != nil || fmt.Sprint(q.did) != "[vision/notebook]" {
+		t.Fatalf("requeued %v (%v)", q.did, err)
+	}
+	all, _ := recs.List(context.Background())
+	if len(all) != 1 || all[0].Rule != "make-room" || all[0].State != reclaim.Executed || !strings.Contains(all[0].Evidence, "vision/train (queue training, 1 GPUs)") {
+		t.Errorf("records %+v", all)
 	}
 }
