@@ -130,6 +130,59 @@ func TestBroker(t *testing.T) {
 		}
 	})
 
+	// What a change of band could do to a running job, asked of Nomad: an
+	// update that changes only the priority keeps its allocation (an
+	// in-place update), one that changes its meta replaces it.
+	t.Run("Nomad changes a running job's priority in place, not its meta", func(t *testing.T) {
+		j := job("default", "in-place", api.JobTypeService).group("g", ptr(1), nil, task())
+		j.j.Priority, j.j.Meta = ptr(20), map[string]string{"nomad-gpu.borrowed": "true"}
+		update := func(what string) *api.AllocationListStub {
+			t.Helper()
+			resp, _, err := n.API.Jobs().Register(j.j, nil)
+			if err != nil {
+				t.Fatalf("%s: %v", what, err)
+			}
+			var running *api.AllocationListStub
+			testcluster.WaitFor(t, 60*time.Second, "in-place: "+what, func() error {
+				ev, _, err := n.API.Evaluations().Info(resp.EvalID, nil)
+				if err != nil || ev.Status != api.EvalStatusComplete {
+					return fmt.Errorf("evaluation not complete (%v)", err)
+				}
+				stubs, _, err := n.API.Jobs().Allocations("in-place", false, nil)
+				if err != nil {
+					return err
+				}
+				running = nil
+				for _, a := range stubs {
+					if a.DesiredStatus == api.AllocDesiredStatusRun && a.ClientStatus == api.AllocClientStatusRunning {
+						if running != nil {
+							return fmt.Errorf("two allocations running")
+						}
+						running = a
+					}
+				}
+				if running == nil {
+					return fmt.Errorf("none running")
+				}
+				if latest := e.job("default", "in-place"); running.JobVersion != *latest.Version {
+					return fmt.Errorf("the allocation runs version %d of %d", running.JobVersion, *latest.Version)
+				}
+				return nil
+			})
+			return running
+		}
+		first := update("registered at priority 20")
+		j.j.Priority = ptr(45)
+		if again := update("priority 20 → 45"); again.ID != first.ID {
+			t.Errorf("a priority-only update replaced allocation %s with %s", first.ID, again.ID)
+		}
+		j.j.Meta["nomad-gpu.borrowed"] = "false"
+		if again := update("meta borrowed → false"); again.ID == first.ID {
+			t.Errorf("a meta update kept allocation %s", first.ID)
+		}
+		e.stop("default", "in-place")
+	})
+
 	t.Run("plan shows the decision without side effects", func(t *testing.T) {
 		path := e.spec("vision", "planned", 1, 2, "")
 		out, _ := e.nomadCLI("job", "plan", path) // exit 1 means "allocations would be created"
