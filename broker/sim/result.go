@@ -10,6 +10,9 @@ import (
 // Result is what one mode did with the workload.
 type Result struct {
 	Mode Mode `json:"mode"`
+	// Label names the run where modes alone do not (simulate -compare:
+	// the policy directory and the mode); "" otherwise.
+	Label string `json:"label,omitempty"`
 	Jobs int  `json:"jobs"`
 	GPUs int  `json:"gpus"`
 	// Started ran at least once; Finished ran to the end (or were stopped by
@@ -295,4 +298,12 @@ func sortedKeys[V any](m map[string]V) []string {
 	}
 	sort.Strings(out)
 	return out
+}
+
+// Name is the run's column heading: its label, else its mode.
+func (r *Result) Name() string {
+	if r.Label != "" {
+		return r.Label
+	}
+	return string(r.Mode)
 }

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/nomad-gpu/nomad-gpu/broker/policy"
 	"github.com/nomad-gpu/nomad-gpu/broker/policyhcl"
 	"github.com/nomad-gpu/nomad-gpu/broker/sim"
 )
@@ -16,10 +17,15 @@ import (
 const simulateUsage = `usage: gpu-broker simulate -policy DIR [-trace FILE | -workload philly|helios -jobs N -load X -seed N]
                           [-nodes COUNTxGPUS:MODEL,...] [-modes nomad-alone,strict-quotas,nomad-gpu]
                           [-svg FILE] [-write-trace FILE] [-json] [-pass-interval 10s] [-reclaim-period 5m]
+       gpu-broker simulate -compare POLICY_A POLICY_B [options as above]
 
 Replays a workload in simulated time three ways on the same jobs: Nomad alone (priority
 order, no quotas), strict quotas (limit = guarantee, no borrowing) and nomad-gpu (the policy
 as written), through the broker's own admission, queue order and reclaim rules.
+
+With -compare, the same workload (generated under POLICY_A) is replayed under each of two
+policy directories, side by side: what a policy change does before it is merged. The modes
+default to nomad-gpu alone there.
 `
 
 // simulate is `gpu-broker simulate`.
@@ -27,7 +33,8 @@ func simulate(args []string, stdout io.Writer) int {
 	fs := flag.NewFlagSet("simulate", flag.ContinueOnError)
 	fs.Usage = func() { fmt.Fprint(os.Stderr, simulateUsage); fs.PrintDefaults() }
 	var (
-		policyDir     = fs.String("policy", "", "policy directory (required)")
+		policyDir     = fs.String("policy", "", "policy directory (required without -compare)")
+		compare       = fs.Bool("compare", false, "replay under the two policy directories given as arguments, side by side")
 		tracePath     = fs.String("trace", "", "JSON-lines trace to replay (instead of a generated workload)")
 		workload      = fs.String("workload", sim.Philly, "generated workload: philly or helios")
 		jobs          = fs.Int("jobs", 10000, "generated jobs")
@@ -44,7 +51,24 @@ func simulate(args []string, stdout io.Writer) int {
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
-	if *policyDir == "" || fs.NArg() != 0 {
+	dirs := []string{*policyDir}
+	if *compare {
+		// The two directories, then any options after them.
+		if fs.NArg() < 2 || *policyDir != "" {
+			fs.Usage()
+			return 2
+		}
+		dirs = fs.Args()[:2]
+		if err := fs.Parse(fs.Args()[2:]); err != nil {
+			return 2
+		}
+		modesSet := false
+		fs.Visit(func(f *flag.Flag) { modesSet = modesSet || f.Name == "modes" })
+		if !modesSet {
+			*modes = string(sim.NomadGPU)
+		}
+	}
+	if dirs[0] == "" || fs.NArg() != 0 {
 		fs.Usage()
 		return 2
 	}
@@ -56,11 +80,16 @@ func simulate(args []string, stdout io.Writer) int {
 	if err != nil {
 		return fail(err)
 	}
-	p, diags := policyhcl.LoadDir(*policyDir, sim.GPUs(cluster))
-	fmt.Fprint(os.Stderr, policyhcl.FormatDiagnostics(diags))
-	if p == nil {
-		return 1
+	var pols []*policy.Policy
+	for _, dir := range dirs {
+		p, diags := policyhcl.LoadDir(dir, sim.GPUs(cluster))
+		fmt.Fprint(os.Stderr, policyhcl.FormatDiagnostics(diags))
+		if p == nil {
+			return 1
+		}
+		pols = append(pols, p)
 	}
+	p := pols[0]
 	var ms []sim.Mode
 	for _, m := range strings.Split(*modes, ",") {
 		mode := sim.Mode(strings.TrimSpace(m))
@@ -88,17 +117,23 @@ func simulate(args []string, stdout io.Writer) int {
 			return fail(err)
 		}
 	}
-	// The modes share nothing but the (read-only) policy and jobs.
-	results := make([]*sim.Result, len(ms))
-	errs := make([]error, len(ms))
+	// The runs share nothing but the (read-only) policies and jobs.
+	results := make([]*sim.Result, len(ms)*len(pols))
+	errs := make([]error, len(results))
 	var wg sync.WaitGroup
-	for i, m := range ms {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			results[i], errs[i] = sim.Run(work, sim.Options{Policy: p, Nodes: cluster, Mode: m,
-				PassInterval: *passInterval, ReclaimPeriod: *reclaimPeriod})
-		}()
+	for k, pol := range pols {
+		for i, m := range ms {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				r, err := sim.Run(work, sim.Options{Policy: pol, Nodes: cluster, Mode: m,
+					PassInterval: *passInterval, ReclaimPeriod: *reclaimPeriod})
+				if r != nil && *compare {
+					r.Label = dirs[k] + " " + string(m)
+				}
+				results[k*len(ms)+i], errs[k*len(ms)+i] = r, err
+			}()
+		}
 	}
 	wg.Wait()
 	for _, err := range errs {
