@@ -4,6 +4,7 @@ import (
 	"math"
 	"slices"
 	"sort"
+	"strconv"
 	"time"
 )
 
@@ -29,15 +30,20 @@ type Result struct {
 	// Span is the simulated seconds until the last job ended.
 	Span float64 `json:"span_seconds"`
 	// Allocation and Busy are the shares of GPU time allocated, and
-	// allocated to running jobs that use their GPUs: over the whole span,
-	// and while work waits (queued in the broker or unplaced in Nomad).
+	// allocated to running jobs that use their GPUs: while work arrives
+	// (from the first submission to the last: the load offered), over the
+	// whole span (which the longest job stretches: every mode drains
+	// alike), and while work waits (queued in the broker or unplaced in
+	// Nomad).
 	Allocation        float64 `json:"allocation"`
 	Busy              float64 `json:"busy"`
+	AllocationSpan    float64 `json:"allocation_whole_span"`
+	BusySpan          float64 `json:"busy_whole_span"`
 	AllocationWaiting float64 `json:"allocation_while_waiting"`
 	BusyWaiting       float64 `json:"busy_while_waiting"`
 	WaitingShare      float64 `json:"waiting_share"` // of the span, the time work waits
 	Wait              Stats   `json:"wait"`          // submission to first start, seconds
-	JCT               Stats   `json:"jct"`           // submission to end, seconds
+	JCT               Stats   `json:"jct"`           // submission to end of jobs that completed (not stopped by reclaim), seconds
 	// ViolationHours: hours a tenant below its guarantee has waiting work
 	// that fits under it while another tenant holds more than its own
 	// guarantee, summed over tenants; ViolationShare is that over the
@@ -67,10 +73,14 @@ type Result struct {
 	JobsPerSecond float64           `json:"simulated_jobs_per_second"`
 	ByTenant      map[string]*Group `json:"by_tenant"`
 	ByQueue       map[string]*Group `json:"by_queue"`
-	Samples       []Sample          `json:"samples"`
+	// BySize is by a job's GPUs (all its allocations): "1", "2", "3-4",
+	// "5-8", "9-16", "17+".
+	BySize  map[string]*Group `json:"by_size"`
+	Samples []Sample          `json:"samples"`
 
 	waits, jcts      []float32
-	allocated, busy  float64 // GPU-seconds
+	allocated, busy  float64    // GPU-seconds
+	arriving         [2]float64 // GPU-seconds allocated and busy while work arrives
 	waitingSeconds   float64
 	allocatedWaiting float64
 	busyWaiting      float64
@@ -108,15 +118,38 @@ type Sample struct {
 	Waiting    int     `json:"waiting"` // queued or unplaced in Nomad
 }
 
-func (res *Result) record(tenant, queue string, submit, start, end float64) {
+// record counts a job that ended: completed, or stopped by a reclaim rule
+// (its completion time is not one).
+func (res *Result) record(tenant, queue string, gpus int, submit, start, end float64, reclaimed bool) {
 	res.Finished++
-	wait, jct := float32(start-submit), float32(end-submit)
-	res.waits, res.jcts = append(res.waits, wait), append(res.jcts, jct)
-	for _, g := range []*Group{res.group(res.ByTenant, tenant), res.group(res.ByQueue, queue)} {
+	wait := float32(start - submit)
+	res.waits = append(res.waits, wait)
+	if !reclaimed {
+		res.jcts = append(res.jcts, float32(end-submit))
+	}
+	for _, g := range []*Group{res.group(res.ByTenant, tenant), res.group(res.ByQueue, queue), res.group(res.BySize, sizeGroup(gpus))} {
 		g.Jobs++
 		g.waits = append(g.waits, wait)
 	}
 }
+
+// sizeGroup is the BySize key of a job of gpus GPUs.
+func sizeGroup(gpus int) string {
+	switch {
+	case gpus <= 2:
+		return strconv.Itoa(gpus)
+	case gpus <= 4:
+		return "3-4"
+	case gpus <= 8:
+		return "5-8"
+	case gpus <= 16:
+		return "9-16"
+	}
+	return "17+"
+}
+
+// SizeGroups are BySize's keys, smallest first.
+var SizeGroups = []string{"1", "2", "3-4", "5-8", "9-16", "17+"}
 
 func (res *Result) group(m map[string]*Group, name string) *Group {
 	g, ok := m[name]
@@ -141,6 +174,10 @@ func (r *run) advance(t float64) {
 	}
 	res.allocated += float64(r.placed) * dt
 	res.busy += float64(r.busy) * dt
+	if in := min(t, r.lastSubmitted) - max(r.now, r.firstSubmitted); in > 0 {
+		res.arriving[0] += float64(r.placed) * in
+		res.arriving[1] += float64(r.busy) * in
+	}
 	if r.waitingJobs > 0 {
 		smallest := math.MaxInt
 		for size := range r.waitingSizes {
@@ -192,8 +229,12 @@ func (r *run) finish(wall time.Duration) {
 	}
 	gpuTime := float64(res.GPUs) * res.Span
 	if gpuTime > 0 {
-		res.Allocation, res.Busy = res.allocated/gpuTime, res.busy/gpuTime
+		res.AllocationSpan, res.BusySpan = res.allocated/gpuTime, res.busy/gpuTime
+		res.Allocation, res.Busy = res.AllocationSpan, res.BusySpan
 		res.WaitingShare = res.waitingSeconds / res.Span
+	}
+	if window := float64(res.GPUs) * (r.lastSubmitted - r.firstSubmitted); window > 0 {
+		res.Allocation, res.Busy = res.arriving[0]/window, res.arriving[1]/window
 	}
 	if res.waitingSeconds > 0 {
 		w := float64(res.GPUs) * res.waitingSeconds
@@ -232,7 +273,7 @@ func (r *run) finish(wall time.Duration) {
 		res.ViolationShare = res.ViolationHours * 3600 / (res.Span * float64(guaranteed))
 	}
 	res.Jain = jain(xs)
-	for _, m := range []map[string]*Group{res.ByTenant, res.ByQueue} {
+	for _, m := range []map[string]*Group{res.ByTenant, res.ByQueue, res.BySize} {
 		for _, g := range m {
 			g.Wait, g.waits = stats(g.waits), nil
 		}

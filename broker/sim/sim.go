@@ -152,7 +152,7 @@ type run struct {
 	res           Result
 	nextSample    float64
 	sampleEvery   float64
-	lastSubmitted float64
+	firstSubmitted, lastSubmitted float64
 }
 
 // Run simulates jobs (in submission order) under o.
@@ -187,7 +187,7 @@ func newRun(jobs []Job, o Options) *run {
 		watched: map[*simJob]struct{}{}, engine: reclaim.New(), tu: map[string]admission.TenantUsage{},
 		held: policy.Quota{}, capacity: policy.Quota{}, maxAlloc: policy.Quota{}, heldByPrio: map[int]int{},
 		waitingSizes: map[int]int{}}
-	r.res = Result{Mode: o.Mode, Jobs: len(jobs), GPUs: GPUs(o.Nodes), RejectedBy: map[string]int{}, ByTenant: map[string]*Group{}, ByQueue: map[string]*Group{}}
+	r.res = Result{Mode: o.Mode, Jobs: len(jobs), GPUs: GPUs(o.Nodes), RejectedBy: map[string]int{}, ByTenant: map[string]*Group{}, ByQueue: map[string]*Group{}, BySize: map[string]*Group{}}
 	r.preempts = o.Mode != NomadAlone
 	for _, name := range sortedKeys(p.Tenants) {
 		t := p.Tenants[name]
@@ -245,7 +245,7 @@ func newRun(jobs []Job, o Options) *run {
 		}
 	}
 	if len(jobs) > 0 {
-		r.lastSubmitted = jobs[len(jobs)-1].Submit
+		r.firstSubmitted, r.lastSubmitted = jobs[0].Submit, jobs[len(jobs)-1].Submit
 	}
 	r.sampleEvery = math.Max(r.lastSubmitted, 3600) / float64(o.Samples)
 	return r
@@ -358,7 +358,7 @@ func (r *run) end(j *simJob, reclaimed bool) {
 	r.stop(j)
 	r.deregister(j)
 	j.state = stDone
-	r.res.record(r.tenants[j.tenant].name, j.queue, j.Submit, j.firstStart, r.now)
+	r.res.record(r.tenants[j.tenant].name, j.queue, j.gpus(), j.Submit, j.firstStart, r.now, reclaimed)
 	r.place()
 }
 
