@@ -35,6 +35,9 @@ type cluster struct {
 	pos    []int
 	// freeNodes[f] counts nodes with f GPUs free, all models (fragmentation).
 	freeNodes []int
+	// Scratch space of the Nomad model's choices, kept between them.
+	picked, perm []int
+	cand         []*alloc
 }
 
 func newCluster(groups []NodeGroup) *cluster {

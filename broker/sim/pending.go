@@ -71,11 +71,11 @@ func (b *bucket) pop() *simJob {
 	return j
 }
 
-// next takes the allocation to place now and its node: of the highest
-// priority with any that fits, the one registered first; nil if none fits.
-func (p *pending) next(c *cluster) (*simJob, int) {
+// next is the bucket whose next allocation to place is the one to place
+// now: of the highest priority with any that fits a node, the one
+// registered first; nil if none fits.
+func (p *pending) next(c *cluster) *bucket {
 	var best *bucket
-	bestNode := -1
 	for _, b := range p.buckets {
 		j := b.peek()
 		if j == nil {
@@ -87,12 +87,9 @@ func (p *pending) next(c *cluster) (*simJob, int) {
 		if best != nil && j.seq > best.peek().seq {
 			continue
 		}
-		if n := c.fit(b.model, b.size); n >= 0 {
-			best, bestNode = b, n
+		if c.fits(b.model, b.size) {
+			best = b
 		}
 	}
-	if best == nil {
-		return nil, -1
-	}
-	return best.pop(), bestNode
+	return best
 }

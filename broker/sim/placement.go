@@ -11,8 +11,9 @@ import (
 // (no head-of-line blocking), then by preemption where the job may preempt.
 func (r *run) place() {
 	for {
-		if u, node := r.nomadQ.next(r.c); u != nil {
-			r.start(u, node)
+		if b := r.nomadQ.next(r.c); b != nil {
+			j := b.pop()
+			r.start(j, r.node(j))
 			continue
 		}
 		if !r.preempts || !r.preemptOne() {
@@ -29,7 +30,13 @@ func (r *run) preemptOne() bool {
 		if j == nil || !r.mayPreempt(j) || r.preemptible(b.prio) < b.size {
 			continue
 		}
-		victims, node := r.c.victims(b.model, b.size, b.prio, policy.MinPriorityGap)
+		var victims []*alloc
+		node := -1
+		if r.ideal {
+			victims, node = r.c.victims(b.model, b.size, b.prio, policy.MinPriorityGap)
+		} else {
+			victims, node = r.c.nomadVictims(b.model, b.size, b.prio, policy.MinPriorityGap, candidates(j.service, len(r.c.nodes)), r.rng)
+		}
 		if node < 0 {
 			continue
 		}
@@ -44,6 +51,15 @@ func (r *run) preemptOne() bool {
 		return true
 	}
 	return false
+}
+
+// node is where the simulated Nomad places the next allocation of j, which
+// fits somewhere.
+func (r *run) node(j *simJob) int {
+	if r.ideal {
+		return r.c.fit(j.Model, j.GPUs)
+	}
+	return r.c.choose(j.Model, j.GPUs, candidates(j.service, len(r.c.nodes)), r.rng)
 }
 
 func (r *run) mayPreempt(j *simJob) bool {

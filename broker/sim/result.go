@@ -14,8 +14,10 @@ type Result struct {
 	// Label names the run where modes alone do not (simulate -compare:
 	// the policy directory and the mode); "" otherwise.
 	Label string `json:"label,omitempty"`
-	Jobs  int    `json:"jobs"`
-	GPUs  int    `json:"gpus"`
+	// NomadModel is the simulated Nomad's: ModelNomad or ModelIdeal.
+	NomadModel string `json:"nomad_model"`
+	Jobs       int    `json:"jobs"`
+	GPUs       int    `json:"gpus"`
 	// Started ran at least once; Finished ran to the end (or were stopped by
 	// a reclaim rule); Rejected were refused by the broker; NeverStarted
 	// still waited when nothing more could change.

@@ -4,6 +4,7 @@ import (
 	"container/heap"
 	"fmt"
 	"math"
+	"math/rand/v2"
 	"strconv"
 	"strings"
 	"time"
@@ -47,6 +48,11 @@ type Options struct {
 	ReclaimPeriod time.Duration
 	// Samples is the number of points of the chart's time series.
 	Samples int
+	// NomadModel is how the simulated Nomad picks nodes and victims:
+	// ModelNomad (the default) or ModelIdeal.
+	NomadModel string
+	// Seed seeds the Nomad model's shuffles of nodes.
+	Seed uint64
 }
 
 // Defaults of Options.
@@ -136,6 +142,8 @@ type run struct {
 	decayed  usage.Decayed
 	seq      uint64
 	preempts bool
+	ideal    bool       // the idealised Nomad model
+	rng      *rand.Rand // the Nomad model's shuffles
 
 	// The broker's view: GPUs registered jobs hold, by tenant and in all.
 	tu       map[string]admission.TenantUsage
@@ -144,14 +152,14 @@ type run struct {
 	capacity policy.Quota
 	maxAlloc policy.Quota
 
-	placed, busy  int // GPUs held, and held by running jobs that use them
-	heldByPrio    map[int]int
-	borrowers     int // tenants holding more than their guarantee
-	waitingSizes  map[int]int
-	waitingJobs   int
-	res           Result
-	nextSample    float64
-	sampleEvery   float64
+	placed, busy                  int // GPUs held, and held by running jobs that use them
+	heldByPrio                    map[int]int
+	borrowers                     int // tenants holding more than their guarantee
+	waitingSizes                  map[int]int
+	waitingJobs                   int
+	res                           Result
+	nextSample                    float64
+	sampleEvery                   float64
 	firstSubmitted, lastSubmitted float64
 }
 
@@ -168,6 +176,13 @@ func Run(jobs []Job, o Options) (*Result, error) {
 	}
 	if GPUs(o.Nodes) == 0 {
 		return nil, fmt.Errorf("simulate: the cluster has no GPUs")
+	}
+	switch o.NomadModel {
+	case "":
+		o.NomadModel = ModelNomad
+	case ModelNomad, ModelIdeal:
+	default:
+		return nil, fmt.Errorf("simulate: Nomad model %q: want %s or %s", o.NomadModel, ModelNomad, ModelIdeal)
 	}
 	started := time.Now()
 	r := newRun(jobs, o)
@@ -187,7 +202,8 @@ func newRun(jobs []Job, o Options) *run {
 		watched: map[*simJob]struct{}{}, engine: reclaim.New(), tu: map[string]admission.TenantUsage{},
 		held: policy.Quota{}, capacity: policy.Quota{}, maxAlloc: policy.Quota{}, heldByPrio: map[int]int{},
 		waitingSizes: map[int]int{}}
-	r.res = Result{Mode: o.Mode, Jobs: len(jobs), GPUs: GPUs(o.Nodes), RejectedBy: map[string]int{}, ByTenant: map[string]*Group{}, ByQueue: map[string]*Group{}, BySize: map[string]*Group{}}
+	r.ideal, r.rng = o.NomadModel == ModelIdeal, rand.New(rand.NewPCG(o.Seed, 0x5eed))
+	r.res = Result{Mode: o.Mode, NomadModel: o.NomadModel, Jobs: len(jobs), GPUs: GPUs(o.Nodes), RejectedBy: map[string]int{}, ByTenant: map[string]*Group{}, ByQueue: map[string]*Group{}, BySize: map[string]*Group{}}
 	r.preempts = o.Mode != NomadAlone
 	for _, name := range sortedKeys(p.Tenants) {
 		t := p.Tenants[name]

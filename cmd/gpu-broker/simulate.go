@@ -17,11 +17,14 @@ import (
 const simulateUsage = `usage: gpu-broker simulate -policy DIR [-trace FILE | -workload philly|helios -jobs N -load X -seed N]
                           [-nodes COUNTxGPUS:MODEL,...] [-modes nomad-alone,strict-quotas,nomad-gpu]
                           [-svg FILE] [-write-trace FILE] [-json] [-pass-interval 10s] [-reclaim-period 5m]
+                          [-nomad-model nomad|ideal]
        gpu-broker simulate -compare POLICY_A POLICY_B [options as above]
 
 Replays a workload in simulated time three ways on the same jobs: Nomad alone (priority
 order, no quotas), strict quotas (limit = guarantee, no borrowing) and nomad-gpu (the policy
-as written), through the broker's own admission, queue order and reclaim rules.
+as written), through the broker's own admission, queue order and reclaim rules. Nomad is
+modelled as v1.6.3's scheduler places and preempts (-nomad-model nomad), or idealised: best
+fit over every node, the fewest GPUs preempted (-nomad-model ideal).
 
 With -compare, the same workload (generated under POLICY_A) is replayed under each of two
 policy directories, side by side: what a policy change does before it is merged. The modes
@@ -47,6 +50,7 @@ func simulate(args []string, stdout io.Writer) int {
 		asJSON        = fs.Bool("json", false, "print the results as JSON")
 		passInterval  = fs.Duration("pass-interval", sim.DefaultPassInterval, "queue passes set off within this are made once")
 		reclaimPeriod = fs.Duration("reclaim-period", sim.DefaultReclaimPeriod, "how often reclaim rules are applied")
+		nomadModel    = fs.String("nomad-model", sim.ModelNomad, "how the simulated Nomad places and preempts: nomad (v1.6.3's scheduler) or ideal")
 	)
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -127,7 +131,7 @@ func simulate(args []string, stdout io.Writer) int {
 			go func() {
 				defer wg.Done()
 				r, err := sim.Run(work, sim.Options{Policy: pol, Nodes: cluster, Mode: m,
-					PassInterval: *passInterval, ReclaimPeriod: *reclaimPeriod})
+					PassInterval: *passInterval, ReclaimPeriod: *reclaimPeriod, NomadModel: *nomadModel, Seed: *seed})
 				if r != nil && *compare {
 					r.Label = dirs[k] + " " + string(m)
 				}
@@ -154,7 +158,7 @@ func simulate(args []string, stdout io.Writer) int {
 		}
 		return 0
 	}
-	fmt.Fprintf(stdout, "%d jobs on %d GPUs (%s)\n\n", len(work), sim.GPUs(cluster), *nodes)
+	fmt.Fprintf(stdout, "%d jobs on %d GPUs (%s), Nomad model %s\n\n", len(work), sim.GPUs(cluster), *nodes, *nomadModel)
 	if err := sim.WriteReport(stdout, results); err != nil {
 		return fail(err)
 	}

@@ -1,0 +1,168 @@
+package sim
+
+import (
+	"math"
+	"math/rand/v2"
+	"slices"
+)
+
+// The simulated Nomad's choices of node and of victims. ModelNomad follows
+// Nomad v1.6.3's scheduler as its source reads; ModelIdeal is the idealised
+// one the simulator began with, kept to compare.
+const (
+	// ModelNomad: of the nodes an allocation fits, Nomad scores only the
+	// first few in a random order, and takes victims by priority group,
+	// largest first.
+	ModelNomad = "nomad"
+	// ModelIdeal: best fit over every node, and the node where preemption
+	// evicts the fewest GPUs.
+	ModelIdeal = "ideal"
+)
+
+// candidates is how many feasible nodes Nomad scores for one placement
+// (scheduler/stack.go:82-94, GenericStack.SetNodes): 2 for a batch job
+// ("the power of two choices"), ⌈log₂ nodes⌉ and at least 2 for a service.
+// The same limit holds for the pass with preemption (generic_sched.go:915-919
+// runs the same stack again with Preempt set).
+func candidates(service bool, nodes int) int {
+	if !service || nodes < 2 {
+		return 2
+	}
+	return max(2, int(math.Ceil(math.Log2(float64(nodes)))))
+}
+
+// choose is Nomad's node for an allocation of gpus of model: Nomad shuffles
+// the nodes for each evaluation (scheduler/util.go:166-183), its limit
+// iterator passes on the first limit nodes where the allocation fits
+// (scheduler/select.go:38-60, after the bin-packing iterator drops the
+// exhausted ones), and the highest score of those wins. Devices do not
+// score (scheduler/rank.go:546-549 scores CPU and memory); the simulated
+// jobs ask CPU and memory in proportion to their GPUs, so the fullest node
+// after the placement scores highest (structs.ScoreFitBinPack). -1 if the
+// allocation fits no node.
+func (c *cluster) choose(model string, gpus, limit int, rng *rand.Rand) int {
+	lo, hi := c.modelsFor(model)
+	total := 0
+	for m := lo; m < hi; m++ {
+		for f := gpus; f < len(c.byFree[m]); f++ {
+			total += len(c.byFree[m][f])
+		}
+	}
+	best, bestFree := -1, 0
+	c.picked = c.picked[:0]
+	for len(c.picked) < min(limit, total) {
+		i := rng.IntN(total)
+		if slices.Contains(c.picked, i) {
+			continue
+		}
+		c.picked = append(c.picked, i)
+		id, free := c.nth(lo, hi, gpus, i)
+		if best < 0 || free < bestFree {
+			best, bestFree = id, free
+		}
+	}
+	return best
+}
+
+// nth is the i-th node (and its free GPUs) of those of models [lo, hi) with
+// at least gpus free.
+func (c *cluster) nth(lo, hi, gpus, i int) (int, int) {
+	for m := lo; m < hi; m++ {
+		for f := gpus; f < len(c.byFree[m]); f++ {
+			if b := c.byFree[m][f]; i < len(b) {
+				return b[i], f
+			} else {
+				i -= len(b)
+			}
+		}
+	}
+	return -1, 0
+}
+
+// fits reports whether an allocation of gpus of model fits any node now.
+func (c *cluster) fits(model string, gpus int) bool {
+	lo, hi := c.modelsFor(model)
+	for m := lo; m < hi; m++ {
+		for f := gpus; f < len(c.byFree[m]); f++ {
+			if len(c.byFree[m][f]) > 0 {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// nomadVictims is Nomad's pass with preemption for an allocation of gpus of
+// model at priority prio: the nodes in a random order, of which the first
+// limit where evicting allocations at least gap below makes room are scored
+// (the same limit iterator); on each, the victims PreemptForDevice chooses
+// (deviceVictims). Among them the fullest after the placement wins: the
+// preemption score (scheduler/rank.go:827-877) is within 1e-4 of 1 for any
+// net priority below a few hundred, so bin-packing decides. nil, -1 if no
+// node can make room.
+func (c *cluster) nomadVictims(model string, gpus, prio, gap, limit int, rng *rand.Rand) ([]*alloc, int) {
+	lo, hi := c.modelsFor(model)
+	if len(c.perm) != len(c.nodes) {
+		c.perm = make([]int, len(c.nodes))
+		for i := range c.perm {
+			c.perm[i] = i
+		}
+	}
+	var best []*alloc
+	bestNode, bestFree, found := -1, 0, 0
+	for i := 0; i < len(c.perm) && found < limit; i++ {
+		k := i + rng.IntN(len(c.perm)-i) // a shuffle, drawn as far as it is read
+		c.perm[i], c.perm[k] = c.perm[k], c.perm[i]
+		id := c.perm[i]
+		n := &c.nodes[id]
+		if n.model < lo || n.model >= hi || n.gpus < gpus || n.lowest > prio-gap {
+			continue
+		}
+		set := c.deviceVictims(n, gpus, prio-gap)
+		if set == nil {
+			continue
+		}
+		found++
+		free := n.free - gpus
+		for _, a := range set {
+			free += a.gpus
+		}
+		if bestNode < 0 || free < bestFree {
+			best, bestNode, bestFree = append(best[:0], set...), id, free
+		}
+	}
+	return best, bestNode
+}
+
+// deviceVictims is PreemptForDevice on node n for an ask of gpus
+// (scheduler/preemption.go:475-557): the allocations at priority maxPrio or
+// below, grouped by priority, lowest first (filterAndGroupPreemptibleAllocs,
+// preemption.go:666-703), taken in the node's order within a group until
+// they and the free GPUs cover the ask; then, of those, the largest first
+// until they alone cover it (selectBestAllocs, preemption.go:562-606, which
+// does not count the free GPUs again). nil if they cannot cover it.
+func (c *cluster) deviceVictims(n *node, gpus, maxPrio int) []*alloc {
+	c.cand = c.cand[:0]
+	for _, a := range n.allocs {
+		if a.prio <= maxPrio {
+			c.cand = append(c.cand, a)
+		}
+	}
+	slices.SortStableFunc(c.cand, func(a, b *alloc) int { return a.prio - b.prio })
+	preempted, k := 0, 0
+	for k < len(c.cand) && preempted+n.free < gpus {
+		preempted += c.cand[k].gpus
+		k++
+	}
+	if preempted+n.free < gpus {
+		return nil
+	}
+	set := c.cand[:k]
+	slices.SortStableFunc(set, func(a, b *alloc) int { return b.gpus - a.gpus })
+	taken, k := 0, 0
+	for k < len(set) && taken < gpus {
+		taken += set[k].gpus
+		k++
+	}
+	return set[:k]
+}
