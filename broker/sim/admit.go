@@ -15,9 +15,19 @@ import (
 
 // withBackoff is j's admission with its re-borrow backoff as it stands now.
 func (r *run) withBackoff(j *simJob) admission.Job {
+	if !r.inBackoff(j) {
+		return j.adm
+	}
 	a := j.adm
 	a.Backoff = admission.BackoffFor(r.p.Borrowing, j.preemptions, r.time(j.preemptedAt), r.time(r.now))
 	return a
+}
+
+// inBackoff reports whether j is in its re-borrow backoff now: what
+// withBackoff finds, without the clock's conversions (the bounded pass asks
+// it of every entry it walks).
+func (r *run) inBackoff(j *simJob) bool {
+	return j.preemptions > 0 && r.now < j.preemptedAt+r.p.Borrowing.BackoffAfter(j.preemptions).Seconds()
 }
 
 // submit is a job arriving: through the broker's admission, or straight to
@@ -104,27 +114,34 @@ func (r *run) candidates(used map[string]float64) []queue.Entry {
 		// admission the pass makes), giving the room back: counted as room.
 		held := used[t.name] - r.tu[t.name].Borrowed.Total()
 		limitRoom := limit - held
-		room := math.Max(0, guaranteed-held)
+		guaranteeRoom := math.Min(math.Max(0, guaranteed-held), limitRoom)
+		room := guaranteeRoom
 		if r.p.Borrowing.Enabled {
-			room += idle
+			room = math.Min(room+idle, limitRoom)
 		}
-		room = math.Min(room, limitRoom)
 		for _, k := range sortedLists(t.lists) {
 			l := t.lists[k]
 			switch {
 			case total && k.demand > limitRoom+1e-9:
 				continue
 			case bounded && !r.wholeQueue:
-				// As many as the room could take, and every one in its
-				// backoff on the way (it may wait while those behind it
-				// borrow): more candidates change no decision.
-				take, n := 0, int(room/k.demand+1e-9)+1
-				for ; take < len(l) && n > 0; take++ {
-					if r.withBackoff(&r.jobs[atoi(l[take].ID)]).Backoff == nil {
+				// As many as the room could take, and of those in their
+				// backoff on the way (they wait while those behind them
+				// borrow) as many as the guarantee's room could take: more
+				// candidates change no decision.
+				n, nb := int(room/k.demand+1e-9)+1, int(guaranteeRoom/k.demand+1e-9)+1
+				for i := 0; i < len(l) && n > 0; i++ {
+					switch {
+					case !r.inBackoff(&r.jobs[atoi(l[i].ID)]):
 						n--
+					case nb > 0:
+						nb--
+					default:
+						continue
 					}
+					out = append(out, l[i])
 				}
-				l = l[:take]
+				continue
 			}
 			out = append(out, l...)
 		}
