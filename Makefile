@@ -28,7 +28,7 @@ build: ## Build nomad-device-gpu and gpu-broker into bin/
 
 .PHONY: test
 test: tools lint ## Lint, then unit and integration tests (real Nomad and Consul, built by `make tools` first); the soak is `make soak`
-	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) -parallel $(TEST_PARALLEL) -skip '^TestSoak$$' ./...
+	$(GO) test -race -count=1 -timeout $(TEST_TIMEOUT) -parallel $(TEST_PARALLEL) -skip '^(TestSoak|TestSimToReal)$$' ./...
 
 .PHONY: test-unit
 test-unit: ## Unit tests only (no agents)
@@ -59,6 +59,10 @@ SOAK_DURATION ?= 5m
 .PHONY: soak
 soak: tools ## The soak test alone, for SOAK_DURATION (default 5m; CI runs it for 1m after `make test`)
 	SOAK_DURATION=$(SOAK_DURATION) $(GO) test -race -count=1 -timeout 60m -run '^TestSoak$$' -v ./broker/integration/
+
+.PHONY: sim-check
+sim-check: tools ## The simulator against a real cluster: one trace replayed on Nomad + Consul + the broker and in the simulator, compared (minutes)
+	SIM_CHECK_OUT=$(or $(SIM_CHECK_OUT),$(CURDIR)/sim-check.md) $(GO) test -count=1 -timeout 30m -run '^TestSimToReal$$' -v ./broker/integration/
 
 .PHONY: bench
 bench: ## Benchmarks, side by side with ratios to each group's baseline

@@ -89,9 +89,10 @@ func (r *run) start(j *simJob, node int) {
 	if len(j.placed) < j.allocs() {
 		return
 	}
-	j.state, j.startedAt = stRunning, r.now
+	// Its task starts once the client has started it.
+	j.state, j.startedAt = stRunning, r.now+r.o.StartLatency.Seconds()
 	if j.firstStart < 0 {
-		j.firstStart = r.now
+		j.firstStart = j.startedAt
 		r.res.Started++
 	}
 	r.wait(j, -1)
@@ -99,7 +100,7 @@ func (r *run) start(j *simJob, node int) {
 		r.busy += j.gpus()
 		r.tenants[j.tenant].busyGPUs += j.gpus()
 	}
-	heap.Push(&r.events, event{t: r.now + j.Duration - j.progress, job: j, gen: j.gen})
+	heap.Push(&r.events, event{t: j.startedAt + j.Duration - j.progress, job: j, gen: j.gen})
 	r.watch(j)
 }
 

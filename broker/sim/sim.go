@@ -53,6 +53,11 @@ type Options struct {
 	NomadModel string
 	// Seed seeds the Nomad model's shuffles of nodes.
 	Seed uint64
+	// StartLatency is how long an allocation holds its GPUs before its
+	// task starts (the client receives it, prepares and starts the task:
+	// seconds with a mock driver, minutes with an image to pull); a job's
+	// run time counts from its task's start.
+	StartLatency time.Duration
 }
 
 // Defaults of Options.
@@ -340,7 +345,7 @@ func (r *run) hold(j *simJob, gpus int) {
 func (r *run) stop(j *simJob) (lost float64) {
 	r.touch(r.tenants[j.tenant])
 	if j.state == stRunning {
-		done := j.progress + r.now - j.startedAt
+		done := j.progress + max(0, r.now-j.startedAt)
 		kept := 0.0
 		if j.Checkpoint > 0 {
 			kept = math.Floor(done/j.Checkpoint) * j.Checkpoint
@@ -367,7 +372,7 @@ func (r *run) stop(j *simJob) (lost float64) {
 // end is a job finishing, or stopped by a reclaim rule.
 func (r *run) end(j *simJob, reclaimed bool) {
 	if reclaimed {
-		left := j.Duration - j.progress - (r.now - j.startedAt)
+		left := j.Duration - j.progress - max(0, r.now-j.startedAt)
 		r.res.Reclaims++
 		r.res.ReclaimedGPUHours += math.Max(0, left) * float64(j.gpus()) / 3600
 	}

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/nomad-gpu/nomad-gpu/broker/sim"
 	"github.com/nomad-gpu/nomad-gpu/internal/testbuild"
@@ -340,4 +341,18 @@ func TestABorrowerPreemptedWaitsOutItsBackoff(t *testing.T) {
 	if res.Preemptions != 1 {
 		t.Errorf("preemptions %d, want 1", res.Preemptions)
 	}
+}
+
+// An allocation holds its GPUs from its placement; its run time counts from
+// its task's start, StartLatency later.
+func TestAnAllocationHoldsItsGPUsBeforeItsTaskStarts(t *testing.T) {
+	jobs := []sim.Job{{ID: "a1", Submit: 0, Namespace: "a", GPUs: 8, Duration: 100}, {ID: "a2", Submit: 0, Namespace: "a", GPUs: 8, Duration: 100}}
+	res, err := sim.Run(jobs, sim.Options{Policy: testbuild.Policy(t, twoTenants), Nodes: oneNode, Mode: sim.NomadAlone, StartLatency: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// a1 placed at 0, runs 5 to 105; a2 placed at 105, runs 110 to 210.
+	near(t, "span", res.Span, 210)
+	near(t, "wait", res.Wait.Mean, (5+110)/2.0)
+	near(t, "JCT", res.JCT.Mean, (105+210)/2.0)
 }

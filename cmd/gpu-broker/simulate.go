@@ -17,7 +17,7 @@ import (
 const simulateUsage = `usage: gpu-broker simulate -policy DIR [-trace FILE | -workload philly|helios -jobs N -load X -seed N]
                           [-nodes COUNTxGPUS:MODEL,...] [-modes nomad-alone,strict-quotas,nomad-gpu]
                           [-svg FILE] [-write-trace FILE] [-json] [-pass-interval 10s] [-reclaim-period 5m]
-                          [-nomad-model nomad|ideal]
+                          [-nomad-model nomad|ideal] [-start-latency 0s]
        gpu-broker simulate -compare POLICY_A POLICY_B [options as above]
 
 Replays a workload in simulated time three ways on the same jobs: Nomad alone (priority
@@ -50,6 +50,7 @@ func simulate(args []string, stdout io.Writer) int {
 		asJSON        = fs.Bool("json", false, "print the results as JSON")
 		passInterval  = fs.Duration("pass-interval", sim.DefaultPassInterval, "queue passes set off within this are made once")
 		reclaimPeriod = fs.Duration("reclaim-period", sim.DefaultReclaimPeriod, "how often reclaim rules are applied")
+		startLatency  = fs.Duration("start-latency", 0, "how long an allocation holds its GPUs before its task starts")
 		nomadModel    = fs.String("nomad-model", sim.ModelNomad, "how the simulated Nomad places and preempts: nomad (v1.6.3's scheduler) or ideal")
 	)
 	if err := fs.Parse(args); err != nil {
@@ -131,7 +132,7 @@ func simulate(args []string, stdout io.Writer) int {
 			go func() {
 				defer wg.Done()
 				r, err := sim.Run(work, sim.Options{Policy: pol, Nodes: cluster, Mode: m,
-					PassInterval: *passInterval, ReclaimPeriod: *reclaimPeriod, NomadModel: *nomadModel, Seed: *seed})
+					PassInterval: *passInterval, ReclaimPeriod: *reclaimPeriod, NomadModel: *nomadModel, Seed: *seed, StartLatency: *startLatency})
 				if r != nil && *compare {
 					r.Label = dirs[k] + " " + string(m)
 				}

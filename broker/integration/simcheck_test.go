@@ -1,0 +1,330 @@
+package integration
+
+import (
+	"fmt"
+	"maps"
+	"math"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/nomad/api"
+
+	"github.com/nomad-gpu/nomad-gpu/broker/policyhcl"
+	"github.com/nomad-gpu/nomad-gpu/broker/sim"
+	"github.com/nomad-gpu/nomad-gpu/internal/testcluster"
+)
+
+// simCheckDir holds make sim-check's trace and policy.
+const simCheckDir = "../sim/testdata/sim-check"
+
+// simCheckTolerance is how far the simulator may be from the real cluster:
+// its mean allocation from the real one, and the real preemptions beyond
+// the range of its shuffles.
+const simCheckTolerance = 0.15
+
+// simFigures are what the check compares.
+type simFigures struct {
+	allocation, lostGPUHours, meanWait float64
+	preemptions, guaranteedVictims     float64
+	// startLatency is, on the real cluster, the mean time from an
+	// allocation's placement to its task's start.
+	startLatency time.Duration
+}
+
+// simSeeds is how many shuffles of Nomad's node order the simulated
+// figures are the mean of: one trace of 160 jobs preempts 12 to 20 times
+// from one to another.
+const simSeeds = 10
+
+// TestSimToReal (make sim-check; make test skips it: it takes minutes)
+// replays one trace on real Nomad v1.6.3 and Consul behind the broker (4
+// nodes of 8 fake GPUs, mock-driver tasks that run for each job's
+// duration), and the same trace in the simulator with the same policy and
+// time scale, and compares them in mode nomad-gpu: allocation while work
+// arrives, preemptions, guaranteed victims, GPU-hours lost and mean wait.
+// SIM_CHECK_OUT names a file for the table.
+func TestSimToReal(t *testing.T) {
+	f, err := os.Open(filepath.Join(simCheckDir, "trace.jsonl"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	trace, err := sim.ReadTrace(f, "trace.jsonl")
+	f.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	nodes := []sim.NodeGroup{{Model: "GPU", GPUs: 8, Count: 4}}
+	p, diags := policyhcl.LoadDir(simCheckDir, sim.GPUs(nodes))
+	if p == nil {
+		t.Fatal(policyhcl.FormatDiagnostics(diags))
+	}
+	real := replay(t, trace, slices.Sorted(maps.Keys(p.Tenants)))
+	// The same trace in the simulator, with the client's start latency the
+	// real cluster showed: each figure the mean over simSeeds shuffles.
+	simulated := map[string]simFigures{}
+	fewest, most := map[string]int{}, map[string]int{} // preemptions, over the shuffles
+	for _, model := range []string{sim.ModelNomad, sim.ModelIdeal} {
+		var f simFigures
+		fewest[model] = math.MaxInt
+		for seed := range uint64(simSeeds) {
+			res, err := sim.Run(trace, sim.Options{Policy: p, Nodes: nodes, Mode: sim.NomadGPU, PassInterval: time.Second,
+				ReclaimPeriod: time.Second, NomadModel: model, Seed: seed + 1, StartLatency: real.startLatency})
+			if err != nil {
+				t.Fatal(err)
+			}
+			f.allocation += res.Allocation / simSeeds
+			f.preemptions += float64(res.Preemptions) / simSeeds
+			fewest[model], most[model] = min(fewest[model], res.Preemptions), max(most[model], res.Preemptions)
+			f.guaranteedVictims += float64(res.GuaranteedVictims) / simSeeds
+			f.lostGPUHours += res.LostGPUHours / simSeeds
+			f.meanWait += res.Wait.Mean / simSeeds
+		}
+		simulated[model] = f
+	}
+
+	rows := []struct {
+		name string
+		get  func(simFigures) float64
+		unit string
+	}{
+		{"allocation while work arrives", func(f simFigures) float64 { return 100 * f.allocation }, "%"},
+		{"preemptions", func(f simFigures) float64 { return f.preemptions }, ""},
+		{"guaranteed victims", func(f simFigures) float64 { return f.guaranteedVictims }, ""},
+		{"GPU-seconds lost to preemption", func(f simFigures) float64 { return 3600 * f.lostGPUHours }, ""},
+		{"mean wait (s)", func(f simFigures) float64 { return f.meanWait }, ""},
+	}
+	var table strings.Builder
+	fmt.Fprintf(&table, "| nomad-gpu, %d jobs on 4 × 8 GPUs | real (Nomad v1.6.3) | simulated, Nomad model | error | simulated, ideal model | error |\n|---|---|---|---|---|---|\n", len(trace))
+	defer func() {
+		fmt.Fprintf(&table, "\nSimulated: the mean of %d shuffles, with the real cluster's start latency (placement to task start) of %s.\n",
+			simSeeds, real.startLatency.Round(10*time.Millisecond))
+		t.Logf("sim-to-real:\n%s", table.String())
+		if out := os.Getenv("SIM_CHECK_OUT"); out != "" {
+			writeFile(t, out, table.String())
+		}
+	}()
+	relErr := func(sim, real float64) float64 {
+		if real == 0 {
+			if sim == 0 {
+				return 0
+			}
+			return math.Inf(1)
+		}
+		return (sim - real) / real
+	}
+	for _, r := range rows {
+		rv, nv, iv := r.get(real), r.get(simulated[sim.ModelNomad]), r.get(simulated[sim.ModelIdeal])
+		nr, ir := "", ""
+		if r.name == "preemptions" {
+			nr = fmt.Sprintf(" (%d–%d)", fewest[sim.ModelNomad], most[sim.ModelNomad])
+			ir = fmt.Sprintf(" (%d–%d)", fewest[sim.ModelIdeal], most[sim.ModelIdeal])
+		}
+		fmt.Fprintf(&table, "| %s | %.1f%s | %.1f%s%s | %+.0f %% | %.1f%s%s | %+.0f %% |\n", r.name, rv, r.unit, nv, r.unit, nr,
+			100*relErr(nv, rv), iv, r.unit, ir, 100*relErr(iv, rv))
+	}
+	nomad := simulated[sim.ModelNomad]
+	if e := relErr(nomad.allocation, real.allocation); math.Abs(e) > simCheckTolerance {
+		t.Errorf("allocation: simulated %.1f %%, real %.1f %%: off by %.0f %%", 100*nomad.allocation, 100*real.allocation, 100*e)
+	}
+	// One replay of 160 jobs preempts a number that varies from run to run
+	// as much as from shuffle to shuffle (two real runs: 24 and 14): the real
+	// count must lie within the shuffles' range, widened by the tolerance.
+	if lo, hi := float64(fewest[sim.ModelNomad])*(1-simCheckTolerance), float64(most[sim.ModelNomad])*(1+simCheckTolerance); real.preemptions < lo || real.preemptions > hi {
+		t.Errorf("preemptions: real %g, simulated %d to %d over %d shuffles (allowed %.1f to %.1f)", real.preemptions,
+			fewest[sim.ModelNomad], most[sim.ModelNomad], simSeeds, lo, hi)
+	}
+}
+
+// replay submits trace through a broker in front of a real cluster of 4
+// nodes of 8 fake GPUs, each job at its time, waits until every job has
+// completed, and measures what happened.
+func replay(t *testing.T, trace []sim.Job, namespaces []string) simFigures {
+	consul := testcluster.StartConsul(t)
+	plugin := func(prefix string) string {
+		return fmt.Sprintf(`
+    backend = "fake"
+    fake {
+      count     = 8
+      id_prefix = %q
+    }`, prefix)
+	}
+	n := testcluster.StartNomad(t, testcluster.NomadOptions{Name: "simcheck-1", Server: true, Client: true, PluginConfig: plugin("s1")})
+	for i := 2; i <= 4; i++ {
+		testcluster.StartNomad(t, testcluster.NomadOptions{Name: fmt.Sprintf("simcheck-%d", i), Client: true, Join: []string{n.RPCAddr},
+			PluginConfig: plugin(fmt.Sprintf("s%d", i))})
+	}
+	n.WaitForNodes(t, 4)
+	for _, ns := range namespaces {
+		if _, err := n.API.Namespaces().Register(&api.Namespace{Name: ns}, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	broker := testcluster.StartBroker(t, n, consul, simCheckDir)
+	testcluster.WaitFor(t, 60*time.Second, "the broker's view of 32 GPUs and Nomad's batch preemption", func() error {
+		if cfg, _, err := n.API.Operator().SchedulerGetConfiguration(nil); err != nil || !cfg.SchedulerConfig.PreemptionConfig.BatchSchedulerEnabled {
+			return fmt.Errorf("batch preemption not switched on yet (%v)", err)
+		}
+		total := 0.0
+		for series, v := range broker.Scrape() {
+			if strings.HasPrefix(series, "nomadgpu_gpus{") && strings.Contains(series, `state="total"`) {
+				total += v
+			}
+		}
+		if total != 32 {
+			return fmt.Errorf("the broker sees %g GPUs", total)
+		}
+		return nil
+	})
+
+	gpus := map[string]int{} // by namespace/job
+	for _, j := range trace {
+		gpus[j.Tenant+"/"+j.ID] = j.GPUs
+	}
+	start := time.Now().Add(2 * time.Second)
+	first, last := start.Add(time.Duration(trace[0].Submit*float64(time.Second))), start.Add(time.Duration(trace[len(trace)-1].Submit*float64(time.Second)))
+
+	// The sampler integrates the GPUs Nomad's allocations hold (placed and
+	// not stopped) over the window in which work arrives.
+	var (
+		mu        sync.Mutex
+		gpuSecs   float64
+		lastAt    = first
+		lastHeld  int
+		stop      = make(chan struct{})
+		sampled   = make(chan struct{})
+		allNS     = &api.QueryOptions{Namespace: "*"}
+		submitErr error
+	)
+	go func() {
+		defer close(sampled)
+		tick := time.NewTicker(250 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-tick.C:
+			}
+			stubs, _, err := n.API.Allocations().List(allNS)
+			if err != nil {
+				continue
+			}
+			held := 0
+			for _, a := range stubs {
+				if a.DesiredStatus == api.AllocDesiredStatusRun && (a.ClientStatus == api.AllocClientStatusPending || a.ClientStatus == api.AllocClientStatusRunning) {
+					held += gpus[a.Namespace+"/"+a.JobID]
+				}
+			}
+			now := time.Now()
+			mu.Lock()
+			if from, to := maxTime(lastAt, first), minTime(now, last); to.After(from) {
+				gpuSecs += float64(lastHeld) * to.Sub(from).Seconds()
+			}
+			lastAt, lastHeld = now, held
+			mu.Unlock()
+		}
+	}()
+	for _, j := range trace {
+		time.Sleep(time.Until(start.Add(time.Duration(j.Submit * float64(time.Second)))))
+		spec := job(j.Tenant, j.ID, api.JobTypeBatch).group("g", ptr(1), nil, task(dev("nvidia/gpu", uint64(j.GPUs))))
+		spec.j.Meta = map[string]string{"nomad-gpu.queue": j.Queue}
+		spec.j.TaskGroups[0].Tasks[0].Config = map[string]any{"run_for": fmt.Sprintf("%.1fs", j.Duration)}
+		if status, out := send(t, broker.Addr, http.MethodPut, "/v1/jobs", spec.body(nil, canonical)); status != http.StatusOK {
+			submitErr = fmt.Errorf("submit %s: %d %s", j.ID, status, out)
+			break
+		}
+	}
+	if submitErr != nil {
+		t.Fatal(submitErr)
+	}
+	var stubs []*api.AllocationListStub
+	testcluster.WaitFor(t, 20*time.Minute, "every job completed", func() error {
+		var err error
+		if stubs, _, err = n.API.Allocations().List(allNS); err != nil {
+			return err
+		}
+		done := map[string]bool{}
+		for _, a := range stubs {
+			if a.ClientStatus == api.AllocClientStatusComplete && a.DesiredStatus == api.AllocDesiredStatusRun {
+				done[a.Namespace+"/"+a.JobID] = true
+			}
+		}
+		if len(done) < len(trace) {
+			return fmt.Errorf("%d of %d jobs completed", len(done), len(trace))
+		}
+		return nil
+	})
+	close(stop)
+	<-sampled
+
+	var f simFigures
+	mu.Lock()
+	f.allocation = gpuSecs / (32 * last.Sub(first).Seconds())
+	mu.Unlock()
+	firstStart := map[string]time.Time{}
+	var latency time.Duration
+	started := 0
+	for _, a := range stubs {
+		key := a.Namespace + "/" + a.JobID
+		ts := a.TaskStates["t0"]
+		if ts == nil || ts.StartedAt.IsZero() {
+			continue
+		}
+		if s, ok := firstStart[key]; !ok || ts.StartedAt.Before(s) {
+			firstStart[key] = ts.StartedAt
+		}
+		latency += ts.StartedAt.Sub(time.Unix(0, a.CreateTime))
+		started++
+		if a.DesiredStatus != api.AllocDesiredStatusEvict {
+			continue
+		}
+		full, _, err := n.API.Allocations().Info(a.ID, nil)
+		if err != nil || full.PreemptedByAllocation == "" {
+			continue
+		}
+		f.preemptions++
+		borrowed := full.Job != nil && full.Job.Meta["nomad-gpu.borrowed"] == "true"
+		if !borrowed {
+			f.guaranteedVictims++
+		}
+		end := ts.FinishedAt
+		if end.IsZero() {
+			end = time.Unix(0, a.ModifyTime)
+		}
+		f.lostGPUHours += end.Sub(ts.StartedAt).Hours() * float64(gpus[key])
+		t.Logf("preempted at %5.1fs: %s (%d GPUs, priority %d, borrowed %t) after %.1fs, on %s, by %s", end.Sub(start).Seconds(), key, gpus[key],
+			*full.Job.Priority, borrowed, end.Sub(ts.StartedAt).Seconds(), a.NodeName, full.PreemptedByAllocation[:8])
+	}
+	if started > 0 {
+		f.startLatency = latency / time.Duration(started)
+	}
+	for _, j := range trace {
+		s, ok := firstStart[j.Tenant+"/"+j.ID]
+		if !ok {
+			t.Errorf("%s never started", j.ID)
+			continue
+		}
+		f.meanWait += s.Sub(start.Add(time.Duration(j.Submit*float64(time.Second)))).Seconds() / float64(len(trace))
+	}
+	return f
+}
+
+func maxTime(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
+}
+
+func minTime(a, b time.Time) time.Time {
+	if a.Before(b) {
+		return a
+	}
+	return b
+}
