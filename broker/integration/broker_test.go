@@ -13,6 +13,7 @@ import (
 
 	"github.com/hashicorp/nomad/api"
 
+	"github.com/nomad-gpu/nomad-gpu/broker/nomadapi"
 	"github.com/nomad-gpu/nomad-gpu/broker/server"
 	"github.com/nomad-gpu/nomad-gpu/device-plugin/fake"
 	"github.com/nomad-gpu/nomad-gpu/internal/testcluster"
@@ -177,8 +178,33 @@ func TestBroker(t *testing.T) {
 			t.Errorf("a priority-only update replaced allocation %s with %s", first.ID, again.ID)
 		}
 		j.j.Meta["nomad-gpu.borrowed"] = "false"
-		if again := update("meta borrowed → false"); again.ID == first.ID {
-			t.Errorf("a meta update kept allocation %s", first.ID)
+		again := update("meta borrowed → false")
+		if again.ID == first.ID {
+			t.Fatalf("a meta update kept allocation %s", first.ID)
+		}
+		// The broker's listing of Nomad leaves out the replaced allocation
+		// once it has ended (Nomad filters it), and keeps the running one.
+		testcluster.WaitFor(t, 30*time.Second, "the replaced allocation ended", func() error {
+			a, _, err := n.API.Allocations().Info(first.ID, nil)
+			if err != nil || a.ClientStatus != api.AllocClientStatusComplete {
+				return fmt.Errorf("not ended yet (%v)", err)
+			}
+			return nil
+		})
+		c, err := nomadapi.New(n.Addr, "", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		snap, err := c.List(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		listed := map[string]bool{}
+		for _, a := range snap.Allocs {
+			listed[a.ID] = true
+		}
+		if !listed[again.ID] || listed[first.ID] {
+			t.Errorf("listing: the running allocation %t (want true), the ended one %t (want false)", listed[again.ID], listed[first.ID])
 		}
 		e.stop("default", "in-place")
 	})

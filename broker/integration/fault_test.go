@@ -12,6 +12,7 @@ import (
 	"github.com/hashicorp/nomad/api"
 
 	"github.com/nomad-gpu/nomad-gpu/broker/audit"
+	"github.com/nomad-gpu/nomad-gpu/broker/metrics"
 	"github.com/nomad-gpu/nomad-gpu/broker/reclaim"
 	"github.com/nomad-gpu/nomad-gpu/internal/testcluster"
 )
@@ -329,6 +330,10 @@ make_room_grace  = "3s"
 		}
 		testcluster.WaitFor(t, 60*time.Second, "old requeued to make room", func() error { return stopped("old") })
 		e.waitRunning("vision", "serve")
+		// Once: old, requeued at the back, is not admitted again before
+		// serve, so no room is made a second time.
+		time.Sleep(5 * time.Second) // a make_room_grace and more
+		waitPasses(t, e.broker, metrics.LoopReclaim, 2)
 		var recs []reclaim.Record
 		if err := json.Unmarshal([]byte(e.brokerCLI("reclaim", "list", "-json")), &recs); err != nil {
 			t.Fatal(err)

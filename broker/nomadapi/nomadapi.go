@@ -192,7 +192,12 @@ func (c *Client) List(ctx context.Context) (snap cluster.Snapshot, err error) {
 		}
 	}
 	index = max(index, meta.LastIndex)
-	stubs, meta, err := c.nomad().Allocations().List((&api.QueryOptions{Namespace: "*", Params: map[string]string{"resources": "true"}}).WithContext(ctx))
+	// Only what the view keeps: allocations that hold GPUs or are about to,
+	// and those Nomad preempted. Nomad keeps ended ones for hours, and a
+	// listing of them all grew with the cluster's history (2,500 of them
+	// after a 10-minute soak), the broker's memory with it.
+	stubs, meta, err := c.nomad().Allocations().List((&api.QueryOptions{Namespace: "*", Params: map[string]string{"resources": "true"},
+		Filter: liveOrPreempted}).WithContext(ctx))
 	if err != nil {
 		return cluster.Snapshot{}, fmt.Errorf("list allocations: %w", err)
 	}
@@ -205,6 +210,10 @@ func (c *Client) List(ctx context.Context) (snap cluster.Snapshot, err error) {
 	}
 	return cluster.Snapshot{Nodes: nodes, Jobs: jobs, Deployments: active, Stable: stable, Allocs: allocs, Index: max(index, meta.LastIndex)}, nil
 }
+
+// liveOrPreempted is the listing's filter (Nomad's go-bexpr over its
+// allocation stubs).
+const liveOrPreempted = `ClientStatus == "pending" or ClientStatus == "running" or PreemptedByAllocation != ""`
 
 func autoReverts(d *api.Deployment) bool {
 	for _, g := range d.TaskGroups {

@@ -16,7 +16,9 @@ import (
 )
 
 // Requeue carries out action requeue: the job goes back to the broker's
-// queue as Nomad has it, keeping its submit time for its place, and is then
+// queue as Nomad has it, keeping its submit time for its place (work
+// requeued to make room goes to the back: its age would otherwise put it
+// before the job it made room for), and is then
 // stopped in Nomad (not purged). The queue entry takes the decision's id, so
 // that a leader acting again after a crash writes the same entry once.
 type Requeue struct {
@@ -63,7 +65,7 @@ func (q *Requeue) Requeue(ctx context.Context, rec reclaim.Record) (string, erro
 		}
 	}
 	submitted := rec.ProposedAt
-	if job.SubmitTime != nil {
+	if job.SubmitTime != nil && rec.Rule != policy.MakeRoom.Name {
 		submitted = time.Unix(0, *job.SubmitTime).UTC()
 	}
 	body, err := json.Marshal(map[string]any{"Job": job})

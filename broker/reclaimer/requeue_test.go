@@ -76,6 +76,15 @@ tenant "vision" {
 	if all, _ := q.List(context.Background()); len(all) != 1 || len(act.did) != 1 {
 		t.Errorf("after stopped and gone jobs: %d entries, stops %v", len(all), act.did)
 	}
+	// Work requeued to make room goes to the back of the queue: with its
+	// age it would be admitted again before the job it made room for.
+	rec.ID, rec.Rule, rec.Job = "33333333-2222-4333-8444-555555555555", "make-room", "train"
+	if _, err := r.Requeue(context.Background(), rec); err != nil {
+		t.Fatal(err)
+	}
+	if e, err := q.Get(context.Background(), rec.ID); err != nil || !e.SubmittedAt.Equal(t0) {
+		t.Errorf("make-room's entry submitted at %v (%v), want the decision's time %v", e.SubmittedAt, err, t0)
+	}
 }
 
 func ptr[T any](v T) *T { return &v }
