@@ -728,6 +728,32 @@ func startGPUNode(t *testing.T, name string, gpus int, namespaces ...string) *te
 	return startGPUNodeWithState(t, name, gpus, "", namespaces...)
 }
 
+// startGPUCluster starts a Nomad cluster of nodes clients of gpus fake GPUs
+// each (the first one also its server) with namespaces, and waits for them.
+func startGPUCluster(t *testing.T, name string, nodes, gpus int, namespaces ...string) *testcluster.Nomad {
+	t.Helper()
+	plugin := func(i int) string {
+		return fmt.Sprintf(`
+    backend = "fake"
+    fake {
+      count     = %d
+      id_prefix = "%s%d"
+    }`, gpus, name, i)
+	}
+	n := testcluster.StartNomad(t, testcluster.NomadOptions{Name: name + "-1", Server: true, Client: true, PluginConfig: plugin(1)})
+	for i := 2; i <= nodes; i++ {
+		testcluster.StartNomad(t, testcluster.NomadOptions{Name: fmt.Sprintf("%s-%d", name, i), Client: true, Join: []string{n.RPCAddr},
+			PluginConfig: plugin(i)})
+	}
+	n.WaitForNodes(t, nodes)
+	for _, ns := range namespaces {
+		if _, err := n.API.Namespaces().Register(&api.Namespace{Name: ns}, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return n
+}
+
 // startGPUNodeWithState is startGPUNode whose fake GPUs read their health
 // and utilisation from the state file (when not ""), every second.
 func startGPUNodeWithState(t *testing.T, name string, gpus int, state string, namespaces ...string) *testcluster.Nomad {

@@ -146,25 +146,7 @@ func TestSimToReal(t *testing.T) {
 // completed, and measures what happened.
 func replay(t *testing.T, trace []sim.Job, namespaces []string) simFigures {
 	consul := testcluster.StartConsul(t)
-	plugin := func(prefix string) string {
-		return fmt.Sprintf(`
-    backend = "fake"
-    fake {
-      count     = 8
-      id_prefix = %q
-    }`, prefix)
-	}
-	n := testcluster.StartNomad(t, testcluster.NomadOptions{Name: "simcheck-1", Server: true, Client: true, PluginConfig: plugin("s1")})
-	for i := 2; i <= 4; i++ {
-		testcluster.StartNomad(t, testcluster.NomadOptions{Name: fmt.Sprintf("simcheck-%d", i), Client: true, Join: []string{n.RPCAddr},
-			PluginConfig: plugin(fmt.Sprintf("s%d", i))})
-	}
-	n.WaitForNodes(t, 4)
-	for _, ns := range namespaces {
-		if _, err := n.API.Namespaces().Register(&api.Namespace{Name: ns}, nil); err != nil {
-			t.Fatal(err)
-		}
-	}
+	n := startGPUCluster(t, "simcheck", 4, 8, namespaces...)
 	broker := testcluster.StartBroker(t, n, consul, simCheckDir)
 	testcluster.WaitFor(t, 60*time.Second, "the broker's view of 32 GPUs and Nomad's batch preemption", func() error {
 		if cfg, _, err := n.API.Operator().SchedulerGetConfiguration(nil); err != nil || !cfg.SchedulerConfig.PreemptionConfig.BatchSchedulerEnabled {

@@ -22,20 +22,7 @@ import (
 func TestAGangWaitsUntilAllItsAllocationsFit(t *testing.T) {
 	t.Parallel()
 	consul := testcluster.StartConsul(t)
-	plugin := func(prefix string) string {
-		return fmt.Sprintf(`
-    backend = "fake"
-    fake {
-      count     = 8
-      id_prefix = %q
-    }`, prefix)
-	}
-	n := testcluster.StartNomad(t, testcluster.NomadOptions{Name: "gang-1", Server: true, Client: true, PluginConfig: plugin("g1")})
-	testcluster.StartNomad(t, testcluster.NomadOptions{Name: "gang-2", Client: true, Join: []string{n.RPCAddr}, PluginConfig: plugin("g2")})
-	n.WaitForNodes(t, 2)
-	if _, err := n.API.Namespaces().Register(&api.Namespace{Name: "vision"}, nil); err != nil {
-		t.Fatal(err)
-	}
+	n := startGPUCluster(t, "gang", 2, 8, "vision")
 	e := brokerEnv(t, n, consul, `
 queue "training" { priority = 60 }
 queue "batch" { priority = 50 }
