@@ -102,6 +102,9 @@ HCL
   cp policies/*.hcl "$DEMO_DIR/policies/"
   sed -i 's/\(idle_for *= *\)"30m"/\1"20s"/; /reclaim "idle-dev"/,/^}/s/\(grace *= *\)"5m"/\1"10s"/; s/\(period *= *\)"30s"/\1"5s"/' \
     "$DEMO_DIR/policies/reclaim.hcl"
+  # And the re-borrow backoff: 10s instead of 30m, so that the preempted job
+  # borrows again within the demo.
+  sed -i 's/\(backoff *= *\)"30m"/\1"10s"/' "$DEMO_DIR/policies/queues.hcl"
   cat >"$DEMO_DIR/broker.hcl" <<HCL
 listen     = "127.0.0.1:4649"
 policy_dir = "$DEMO_DIR/policies"
@@ -109,6 +112,9 @@ nomad  { address = "$NOMAD_ADDR" }
 consul { address = "127.0.0.1:8500" }
 audit  { path = "$DEMO_DIR/audit.log" }
 HCL
+  # The tour's commands as printed: nomad and consul beside gpu-broker in bin/.
+  ln -sf "$NOMAD" bin/nomad
+  ln -sf "$CONSUL" bin/consul
   start gpu-broker bin/gpu-broker serve -config "$DEMO_DIR/broker.hcl"
   wait_for "gpu-broker" 30 curl -sf $BROKER_ADDR/v1/gpu/usage
   wait_for "the broker to see 16 GPUs" 30 broker_sees_gpus
@@ -117,9 +123,10 @@ HCL
 
 Demo cluster is up: Nomad $NOMAD_ADDR, Consul http://127.0.0.1:8500, gpu-broker $BROKER_ADDR.
   open $BROKER_ADDR/gpu/           the web UI: GPU map, queues, tenants, reclaim
-  export NOMAD_ADDR=$BROKER_ADDR            submit through the broker, as users do
-  nomad job run jobspecs/dev.nomad.hcl
-  bin/gpu-broker usage | bin/gpu-broker queue list | bin/gpu-broker reclaim list
+  export PATH=\$PWD/bin:\$PATH NOMAD_ADDR=$BROKER_ADDR   nomad, consul, gpu-broker; submit through the broker, as users do
+  nomad job run jobspecs/dev.nomad.hcl      queued: vision holds 12 of its limit of 12 GPUs
+  nomad job stop -namespace vision train-borrowed   and the dev job is admitted
+  gpu-broker usage | gpu-broker queue list | gpu-broker reclaim list
   nomad node status -verbose <node>        GPUs, attributes, health
 Make a GPU fail (recovers 30s after the file no longer says so):
   echo '{"<GPU UUID>": {"healthy": false, "health_description": "XID 79"}}' > $DEMO_DIR/client-1-gpu-state.json
@@ -163,7 +170,8 @@ scenario() {
   wait_for "idle-dev to stop the idle dev environment" 90 reclaimed dev-env
   bin/gpu-broker reclaim list -address $BROKER_ADDR
   echo
-  echo "== search stops its service: vision's preempted job leaves the queue and resumes from its checkpoint"
+  echo "== search stops its service: vision's preempted job, past its re-borrow backoff (10s in the demo, 30m by"
+  echo "   default), leaves the queue and resumes from its checkpoint"
   NOMAD_ADDR=$BROKER_ADDR "$NOMAD" job stop -namespace search -detach ranker >/dev/null
   wait_for "train-borrowed running again" 60 running vision train-borrowed
   wait_for "train-borrowed's first line" 15 task_says resuming train-borrowed
@@ -174,7 +182,7 @@ scenario() {
   bin/gpu-broker usage -address $BROKER_ADDR -from "$(date -u +%F)"
   echo
   echo "== who decided what (the audit trail, $DEMO_DIR/audit.log):"
-  bin/gpu-broker audit -address $BROKER_ADDR -since 1h | cut -c1-160
+  bin/gpu-broker audit -address $BROKER_ADDR -since 1h
   echo
   echo "== the same for Prometheus, at $BROKER_ADDR/metrics:"
   curl -s $BROKER_ADDR/metrics | grep -E '^nomadgpu_(gpus\{.*state="(allocated|free)"|tenant_gpus\{gpu_class="all",kind="used")'

@@ -319,8 +319,8 @@ func printTable(sub string, body []byte) int {
 		fmt.Fprintln(w, "POS\tID\tJOB\tNAMESPACE\tTENANT\tQUEUE\tGPUS\tWAITING\tESTIMATED START\tREASON")
 		for _, r := range rows {
 			reason := r.Reason
-			if r.Backoff != nil {
-				reason = r.Backoff.Text() + "; " + reason
+			if b := r.Backoff; b != nil && !strings.Contains(reason, b.Text()) { // a reason may say it already
+				reason = b.Text() + "; " + reason
 			}
 			if r.Parked != "" {
 				reason = "parked: " + r.Parked

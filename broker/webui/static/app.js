@@ -292,7 +292,7 @@ function renderQueues(entries, total, gen) {
         el('td', { text: e.tenant }),
         el('td', { class: 'num', text: num(e.demand, e.demand % 1 ? 2 : 0) }),
         el('td', { title: new Date(e.submitted_at).toLocaleString(), text: ago(e.submitted_at) }),
-        el('td', { text: (e.backoff ? `borrowing again after ${new Date(e.backoff.until).toLocaleTimeString()} (preempted ${e.backoff.preemptions} times); ` : '') + e.reason }),
+        el('td', { text: (e.backoff && !e.reason.includes('borrowing again after') ? `borrowing again after ${new Date(e.backoff.until).toLocaleTimeString()} (preempted ${e.backoff.preemptions} times); ` : '') + e.reason }),
         el('td', { text: startText(e) }),
         el('td', {}, el('button', { type: 'button', class: 'danger', text: 'Cancel', onclick: () => act(`cancel ${e.job_id}`, `/v1/gpu/queue/${e.id}`, 'DELETE') }))));
     }
