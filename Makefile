@@ -60,6 +60,10 @@ SOAK_DURATION ?= 5m
 soak: tools ## The soak test alone, for SOAK_DURATION (default 5m; CI runs it for 1m after `make test`)
 	SOAK_DURATION=$(SOAK_DURATION) $(GO) test -race -count=1 -timeout 60m -run '^TestSoak$$' -v ./broker/integration/
 
+.PHONY: gpu-check
+gpu-check: build ## On a machine with an NVIDIA GPU and its driver: the plugin driven as Nomad would, with no Nomad (fingerprint, 10s of stats, health, a reservation)
+	bin/nomad-device-gpu check -backend nvml -stats 10s
+
 .PHONY: sim-check
 sim-check: tools ## The simulator against a real cluster: one trace replayed on Nomad + Consul + the broker and in the simulator, compared (minutes)
 	SIM_CHECK_OUT=$(or $(SIM_CHECK_OUT),$(CURDIR)/sim-check.md) $(GO) test -count=1 -timeout 30m -run '^TestSimToReal$$' -v ./broker/integration/
