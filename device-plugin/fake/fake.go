@@ -64,6 +64,11 @@ func New(cfg Config, log hclog.Logger) *Backend {
 			PCIBusID:          fmt.Sprintf("%04x:%02x:00.0", i/256, i%256),
 			NUMANode:          int64(i * 2 / max(cfg.Count, 1)),
 			NVLinkPeers:       int64(max(cfg.Count-1, 0)),
+			BAR1MiB:           131072,
+			CoresClockMHz:     1980,
+			MemoryClockMHz:    2619,
+			DisplayMode:       "Disabled",
+			PersistenceMode:   "Enabled",
 		})
 	}
 	return b

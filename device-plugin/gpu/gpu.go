@@ -28,6 +28,11 @@ type Device struct {
 	PCIBusID          string // sysfs form, lower case: "0000:3b:00.0"
 	NUMANode          int64
 	NVLinkPeers       int64    // active NVLink connections
+	BAR1MiB           int64    // BAR1 memory
+	CoresClockMHz     int64    // highest SM clock
+	MemoryClockMHz    int64    // highest memory clock
+	DisplayMode       string   // "Enabled" or "Disabled" ("": unknown)
+	PersistenceMode   string   // "Enabled" or "Disabled" ("": unknown)
 	MIG               bool     // a MIG instance, or a GPU with MIG mode on
 	ParentUUID        string   // for a MIG instance: the GPU it is carved from
 	DeviceNodes       []string // host device files the device needs, e.g. /dev/nvidia3

@@ -81,6 +81,24 @@ func TestPluginOnDevAgent(t *testing.T) {
 		purge(t, n, "too-big", "fits")
 	})
 
+	// A job written for nomad-device-nvidia, constraining on its attributes
+	// under its names and units, runs unchanged; a bound above what the GPUs
+	// offer leaves it pending, so the values are compared, not just present.
+	t.Run("a job written for nomad-device-nvidia runs on its attributes", func(t *testing.T) {
+		c := func(attr, op, value string) *api.Constraint {
+			return &api.Constraint{LTarget: "${device.attr." + attr + "}", Operand: op, RTarget: value}
+		}
+		register(t, n, gpuJob("nvidia-style", 1, c("power", ">=", "300 W"), c("bar1", ">=", "16 GiB"), c("cores_clock", ">=", "1 GHz"),
+			c("memory_clock", ">=", "1000 MHz"), c("pci_bandwidth", ">=", "16000 MB/s"), c("driver_version", "=", "550.54.15"),
+			c("persistence_mode", "=", "Enabled"), c("display_state", "=", "Disabled")))
+		waitRunning(t, n, "nvidia-style")
+		evalID := register(t, n, gpuJob("too-fast", 1, c("cores_clock", ">=", "3000 MHz")))
+		if eval := waitEval(t, n, evalID); eval.FailedTGAllocs["g"] == nil {
+			t.Errorf("a job asking cores_clock >= 3000 MHz was placed on 1980 MHz GPUs")
+		}
+		purge(t, n, "nvidia-style", "too-fast")
+	})
+
 	t.Run("tasks see exactly their allocated GPUs", func(t *testing.T) {
 		seen := map[string]string{}
 		for _, id := range []string{"train-a", "train-b"} {
@@ -262,10 +280,12 @@ func instanceHealth(n *testcluster.Nomad, nodeID, uuid string, healthy bool, rea
 }
 
 // gpuJob is a raw_exec batch job whose task writes the GPUs it sees, then waits.
-func gpuJob(id string, gpus int, constraint *api.Constraint) *api.Job {
+func gpuJob(id string, gpus int, constraints ...*api.Constraint) *api.Job {
 	dev := &api.RequestedDevice{Name: "nvidia/gpu", Count: uint64Ptr(uint64(gpus))}
-	if constraint != nil {
-		dev.Constraints = []*api.Constraint{constraint}
+	for _, c := range constraints {
+		if c != nil {
+			dev.Constraints = append(dev.Constraints, c)
+		}
 	}
 	task := &api.Task{
 		Name:   "t",

@@ -125,7 +125,8 @@ func describe(dev nvml.Device) (gpu.Device, error) {
 		return gpu.Device{}, fmt.Errorf("read UUID: %w", ret)
 	}
 	d := gpu.Device{UUID: uuid, Model: "N/A", MemoryMiB: gpu.Unknown, PowerLimitW: gpu.Unknown,
-		PCIeGeneration: gpu.Unknown, PCIeWidth: gpu.Unknown, NUMANode: gpu.Unknown, NVLinkPeers: gpu.Unknown}
+		PCIeGeneration: gpu.Unknown, PCIeWidth: gpu.Unknown, NUMANode: gpu.Unknown, NVLinkPeers: gpu.Unknown,
+		BAR1MiB: gpu.Unknown, CoresClockMHz: gpu.Unknown, MemoryClockMHz: gpu.Unknown}
 	if name, ret := dev.GetName(); ret == nvml.SUCCESS {
 		d.Model = name
 	}
@@ -151,10 +152,33 @@ func describe(dev nvml.Device) (gpu.Device, error) {
 		d.NUMANode = int64(n)
 	}
 	d.NVLinkPeers = activeNVLinks(dev)
+	if bar1, ret := dev.GetBAR1MemoryInfo(); ret == nvml.SUCCESS {
+		d.BAR1MiB = int64(bar1.Bar1Total >> 20)
+	}
+	if mhz, ret := dev.GetMaxClockInfo(nvml.CLOCK_SM); ret == nvml.SUCCESS {
+		d.CoresClockMHz = int64(mhz)
+	}
+	if mhz, ret := dev.GetMaxClockInfo(nvml.CLOCK_MEM); ret == nvml.SUCCESS {
+		d.MemoryClockMHz = int64(mhz)
+	}
+	if m, ret := dev.GetDisplayMode(); ret == nvml.SUCCESS {
+		d.DisplayMode = enabled(m)
+	}
+	if m, ret := dev.GetPersistenceMode(); ret == nvml.SUCCESS {
+		d.PersistenceMode = enabled(m)
+	}
 	if current, _, ret := dev.GetMigMode(); ret == nvml.SUCCESS && current == nvml.DEVICE_MIG_ENABLE {
 		d.MIG = true
 	}
 	return d, nil
+}
+
+// enabled is an NVML enable state as nomad-device-nvidia reports it.
+func enabled(s nvml.EnableState) string {
+	if s == nvml.FEATURE_ENABLED {
+		return "Enabled"
+	}
+	return "Disabled"
 }
 
 func activeNVLinks(dev nvml.Device) int64 {

@@ -61,6 +61,15 @@ func complete(m *machine, i int, d *server.Device) {
 	d.GetMaxPcieLinkGenerationFunc = func() (int, nvml.Return) { return 5, nvml.SUCCESS }
 	d.GetMaxPcieLinkWidthFunc = func() (int, nvml.Return) { return 16, nvml.SUCCESS }
 	d.GetNumaNodeIdFunc = func() (int, nvml.Return) { return i / 4, nvml.SUCCESS }
+	d.GetBAR1MemoryInfoFunc = func() (nvml.BAR1Memory, nvml.Return) { return nvml.BAR1Memory{Bar1Total: 128 << 30}, nvml.SUCCESS }
+	d.GetMaxClockInfoFunc = func(c nvml.ClockType) (uint32, nvml.Return) {
+		if c == nvml.CLOCK_MEM {
+			return 2619, nvml.SUCCESS
+		}
+		return 1980, nvml.SUCCESS
+	}
+	d.GetDisplayModeFunc = func() (nvml.EnableState, nvml.Return) { return nvml.FEATURE_DISABLED, nvml.SUCCESS }
+	d.GetPersistenceModeFunc = func() (nvml.EnableState, nvml.Return) { return nvml.FEATURE_ENABLED, nvml.SUCCESS }
 	d.GetNvLinkStateFunc = func(link int) (nvml.EnableState, nvml.Return) {
 		if link < 18 {
 			return nvml.FEATURE_ENABLED, nvml.SUCCESS
@@ -129,7 +138,8 @@ func TestDevicesOfADGXH100(t *testing.T) {
 	name, _ := m.Devices[1].GetName()
 	want := gpu.Device{UUID: uuid, Model: name, MemoryMiB: 81920, ComputeCapability: "9.0",
 		DriverVersion: "550.54.15", CUDAVersion: "12.4", PowerLimitW: 700, PCIeGeneration: 5, PCIeWidth: 16,
-		PCIBusID: "0000:28:00.0", NUMANode: 0, NVLinkPeers: 18, DeviceNodes: []string{"/dev/nvidia1"}}
+		PCIBusID: "0000:28:00.0", NUMANode: 0, NVLinkPeers: 18, BAR1MiB: 131072, CoresClockMHz: 1980, MemoryClockMHz: 2619,
+		DisplayMode: "Disabled", PersistenceMode: "Enabled", DeviceNodes: []string{"/dev/nvidia1"}}
 	if fmt.Sprint(d) != fmt.Sprint(want) {
 		t.Errorf("device 1:\n got %+v\nwant %+v", d, want)
 	}

@@ -151,12 +151,31 @@ func attributes(d gpu.Device, shared bool, replicas int) map[string]*structspb.A
 	strAttr("compute_capability", d.ComputeCapability)
 	strAttr("driver_version", d.DriverVersion)
 	strAttr("cuda_version", d.CUDAVersion)
+	// nomad-device-nvidia's attributes, under its names and units, so that
+	// jobspecs written for it run unchanged.
+	intAttr("power", d.PowerLimitW, "W")
+	intAttr("bar1", d.BAR1MiB, "MiB")
+	intAttr("cores_clock", d.CoresClockMHz, "MHz")
+	intAttr("memory_clock", d.MemoryClockMHz, "MHz")
+	if d.PCIeGeneration > 0 && d.PCIeWidth > 0 {
+		intAttr("pci_bandwidth", pciLaneMBps(d.PCIeGeneration)*d.PCIeWidth, "MB/s")
+	}
+	strAttr("display_state", d.DisplayMode)
+	strAttr("persistence_mode", d.PersistenceMode)
 	attrs["mig"] = &structspb.Attribute{Value: &structspb.Attribute_BoolVal{BoolVal: d.MIG}}
 	attrs["shared"] = &structspb.Attribute{Value: &structspb.Attribute_BoolVal{BoolVal: shared}}
 	if shared {
 		intAttr("replicas", int64(replicas), "")
 	}
 	return attrs
+}
+
+// pciLaneMBps is one PCIe lane's throughput in MB/s at generation gen,
+// after line encoding (8b/10b up to gen 2, 128b/130b from gen 3); a
+// generation above the table is taken as the last one known.
+func pciLaneMBps(gen int64) int64 {
+	lane := []int64{0, 250, 500, 985, 1969, 3938, 7877}
+	return lane[min(gen, int64(len(lane)-1))]
 }
 
 func equalFingerprint(a, b *devicepb.FingerprintResponse) bool { return proto.Equal(a, b) }

@@ -24,6 +24,7 @@ import (
 	"github.com/nomad-gpu/nomad-gpu/device-plugin/gpu"
 	basepb "github.com/nomad-gpu/nomad-gpu/device-plugin/proto/base"
 	devicepb "github.com/nomad-gpu/nomad-gpu/device-plugin/proto/device"
+	structspb "github.com/nomad-gpu/nomad-gpu/device-plugin/proto/structs"
 )
 
 // testBackend is a Backend whose devices and health a test changes at will.
@@ -382,5 +383,40 @@ func TestSharedGPUsAreOfferedAsReplicas(t *testing.T) {
 	if len(stats.Groups) != 1 || stats.Groups[0].Name != "H100 (shared)" || len(stats.Groups[0].InstanceStats) != 4 ||
 		stats.Groups[0].InstanceStats["GPU-a-2"].Summary.IntNumeratorVal.GetValue() != 37 {
 		t.Errorf("replica stats: %v", stats)
+	}
+}
+
+// nomad-device-nvidia's attributes, under its names and units, beside ours:
+// a jobspec written for it constrains on the same keys.
+func TestFingerprintOffersNomadDeviceNvidiasAttributes(t *testing.T) {
+	d := device("GPU-a", "H100")
+	d.BAR1MiB, d.CoresClockMHz, d.MemoryClockMHz, d.DisplayMode, d.PersistenceMode = 131072, 1980, 2619, "Disabled", "Enabled"
+	attrs := attributes(d, false, 0)
+	for name, want := range map[string]string{
+		"memory": "81559 MiB", "power": "700 W", "bar1": "131072 MiB", "driver_version": "", "cores_clock": "1980 MHz",
+		"memory_clock": "2619 MHz", "pci_bandwidth": "63008 MB/s", "display_state": "Disabled", "persistence_mode": "Enabled",
+		"power_limit": "700 W",
+	} {
+		a, ok := attrs[name]
+		got := ""
+		switch v := a.GetValue().(type) {
+		case *structspb.Attribute_IntVal:
+			got = fmt.Sprintf("%d %s", v.IntVal, a.Unit)
+		case *structspb.Attribute_StringVal:
+			got = v.StringVal
+		}
+		if name == "driver_version" { // the test device has none: left out, not ""
+			if ok {
+				t.Errorf("driver_version offered as %q for a device without one", got)
+			}
+			continue
+		}
+		if got != want {
+			t.Errorf("%s = %q (offered %t), want %q", name, got, ok, want)
+		}
+	}
+	d.PCIeGeneration, d.CoresClockMHz = gpu.Unknown, gpu.Unknown
+	if attrs := attributes(d, false, 0); attrs["pci_bandwidth"] != nil || attrs["cores_clock"] != nil {
+		t.Errorf("unknown readings offered: %v %v", attrs["pci_bandwidth"], attrs["cores_clock"])
 	}
 }
