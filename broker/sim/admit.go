@@ -102,6 +102,7 @@ func olderFirst(a, b queue.Entry) int {
 func (r *run) candidates(used map[string]float64) []queue.Entry {
 	out := r.buffer[:0]
 	idle := math.Max(0, r.capacity[policy.AllGPUs]-r.held[policy.AllGPUs])
+	quiet := r.quiet(used)
 	for _, t := range r.tenants {
 		if t.queued == 0 {
 			continue
@@ -111,8 +112,12 @@ func (r *run) candidates(used map[string]float64) []queue.Entry {
 		guaranteed, gTotal := pt.Guaranteed[policy.AllGPUs]
 		bounded := total && gTotal && len(pt.Limit) == 1 && len(pt.Guaranteed) == 1
 		// Its own borrowed work may be preempted within the pass (by an
-		// admission the pass makes), giving the room back: counted as room.
-		held := used[t.name] - r.tu[t.name].Borrowed.Total()
+		// admission the pass makes), giving the room back: counted as room,
+		// unless the pass is quiet.
+		held := used[t.name]
+		if !quiet {
+			held -= r.tu[t.name].Borrowed.Total()
+		}
 		limitRoom := limit - held
 		guaranteeRoom := math.Min(math.Max(0, guaranteed-held), limitRoom)
 		room := guaranteeRoom
@@ -148,6 +153,44 @@ func (r *run) candidates(used map[string]float64) []queue.Entry {
 	}
 	r.buffer = out
 	return out
+}
+
+// quiet reports whether nothing in the pass about to be made can preempt:
+// no tenant has room within its guarantee for its smallest waiting demand
+// (so the pass admits nothing within a guarantee: borrowed work preempts
+// nothing), and Nomad has no allocation waiting at a priority that preempts
+// borrowed work (an admission's placement could let it preempt). Then no
+// tenant's borrowed work is preempted within the pass, and its room does
+// not grow: the bound needs no room for that. Under sustained overload most
+// passes are quiet, and the room a tenant's borrowed work would count for
+// made each pass order thousands of entries.
+func (r *run) quiet(used map[string]float64) bool {
+	for _, t := range r.tenants {
+		if t.queued == 0 {
+			continue
+		}
+		pt := r.p.Tenants[t.name]
+		if pt == nil {
+			continue // its entries are rejected: no admission
+		}
+		g, ok := pt.Guaranteed[policy.AllGPUs]
+		if !ok || len(pt.Guaranteed) != 1 {
+			return false // guarantees by class: not bounded here
+		}
+		smallest := math.Inf(1)
+		for k := range t.lists {
+			smallest = min(smallest, k.demand)
+		}
+		if used[t.name]+smallest <= g+1e-9 {
+			return false
+		}
+	}
+	for _, b := range r.nomadQ.buckets {
+		if b.prio >= r.p.Borrowing.Priority+policy.MinPriorityGap && b.peek() != nil {
+			return false
+		}
+	}
+	return true
 }
 
 func sortedLists(m map[listKey][]queue.Entry) []listKey {
