@@ -147,6 +147,122 @@ func TestTheJobspecsRunThroughTheBroker(t *testing.T) {
 		}
 		return fmt.Errorf("children %+v", jobs)
 	})
+
+	t.Run("the README's tour works as printed", func(t *testing.T) { readmeTour(t, e, n) })
+}
+
+// readmeTour brings the cluster to where `make demo` leaves it (vision at
+// 12 of its limit of 12: train-resnet within its guarantee and
+// train-borrowed borrowed; search's service and the dev job gone), then
+// runs the README's five-minute tour, taken from README.md itself, in one
+// shell, in a directory laid out as the repository after `make demo`, and
+// checks that each command shows what the README says it does.
+func readmeTour(t *testing.T, e *env, n *testcluster.Nomad) {
+	for _, stop := range [][2]string{{"search", "ranker"}, {"vision", "dev-env"}} {
+		if out, err := e.nomadCLI("job", "stop", "-namespace", stop[0], "-detach", stop[1]); err != nil {
+			t.Fatalf("stop %s: %v\n%s", stop[1], err, out)
+		}
+	}
+	spec, err := os.ReadFile("../../jobspecs/training.nomad.hcl")
+	if err != nil {
+		t.Fatal(err)
+	}
+	borrowed := filepath.Join(t.TempDir(), "borrowed.nomad.hcl")
+	writeFile(t, borrowed, strings.Replace(string(spec), `job "train-resnet"`, `job "train-borrowed"`, 1))
+	testcluster.WaitFor(t, 60*time.Second, "train-borrowed admitted borrowed", func() error {
+		out, err := e.nomadCLI("job", "run", "-detach", "-var", "workers=1", "-var", "gpus_per_worker=4", borrowed)
+		if err != nil || !strings.Contains(out, "borrowed: yes") {
+			return fmt.Errorf("%v: %s", err, out)
+		}
+		return nil
+	})
+	e.waitRunning("vision", "train-borrowed")
+
+	readme, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, block, ok := strings.Cut(string(readme), "## A five-minute tour")
+	if _, block, ok = strings.Cut(block, "```sh\n"); !ok {
+		t.Fatal("README.md: no ```sh block in the tour")
+	}
+	block, _, _ = strings.Cut(block, "```")
+	// The repository after make demo: bin/ with gpu-broker, nomad and consul;
+	// jobspecs/ and policies/.
+	dir := t.TempDir()
+	root, _ := filepath.Abs("../..")
+	for link, target := range map[string]string{"bin/gpu-broker": testcluster.BrokerBinary(t), "bin/nomad": testcluster.Binary(t, "nomad"),
+		"jobspecs": filepath.Join(root, "jobspecs"), "policies": filepath.Join(root, "policies")} {
+		os.MkdirAll(filepath.Dir(filepath.Join(dir, link)), 0o755)
+		if err := os.Symlink(target, filepath.Join(dir, link)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The demo's addresses are this cluster's; a browser is a request.
+	script := strings.NewReplacer("http://127.0.0.1:4649", e.broker.Addr, "http://127.0.0.1:4646", n.Addr,
+		"xdg-open ", "curl -s -o /dev/null -w '%{http_code}\\n' ").Replace(block)
+	var commands []string
+	var sh strings.Builder
+	for _, line := range strings.Split(script, "\n") {
+		command, _, _ := strings.Cut(line, "  #")
+		if command = strings.TrimSpace(command); command == "" || strings.HasPrefix(command, "#") {
+			continue
+		}
+		fmt.Fprintf(&sh, "echo '### %d'\n%s 2>&1\necho \"### rc $?\"\n", len(commands), command)
+		commands = append(commands, command)
+	}
+	cmd := exec.Command("bash", "-c", sh.String())
+	// gpu-broker's default address is the demo's broker; here, this one.
+	cmd.Dir, cmd.Env = dir, []string{"HOME=" + dir, "PATH=/usr/local/bin:/usr/bin:/bin", "GPU_BROKER_ADDR=" + e.broker.Addr}
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("the tour: %v\n%s", err, out)
+	}
+	// What the README says each command shows, by the command's start.
+	wants := map[string][]string{
+		"bin/gpu-broker usage -from":  {"GPU-hours from", "COST USD"},
+		"bin/gpu-broker usage":        {"TENANT", "vision    12    8           12"},
+		"nomad job run jobspecs/dev":  {"nomad-gpu: queued as", `tenant "vision" would hold 13 of its limit of 12 GPUs`},
+		"bin/gpu-broker queue list":   {"dev-env"},
+		"nomad job stop":              {"finished with status \"complete\""},
+		"bin/gpu-broker reclaim list": {"RULE"},
+		"bin/gpu-broker audit":        {"train-borrowed", "dev-env", "admit-borrowed: beyond tenant \"vision\"'s guarantee"},
+		"curl -s $NOMAD_ADDR/metrics": {`nomadgpu_gpus{`},
+		"curl -s -o /dev/null":        {"200"},
+		"bin/gpu-broker job check":    {"jobspecs/training.nomad.hcl: warning: the broker writes into it"},
+		"export PATH":                 nil,
+		"export NOMAD_ADDR":           nil,
+	}
+	parts := strings.Split(string(out), "### ")
+	for i, command := range commands {
+		var got string
+		for _, p := range parts {
+			if strings.HasPrefix(p, fmt.Sprintf("%d\n", i)) {
+				got = strings.TrimPrefix(p, fmt.Sprintf("%d\n", i))
+			}
+		}
+		var want []string
+		matched := ""
+		for prefix, w := range wants {
+			if strings.HasPrefix(command, prefix) && len(prefix) > len(matched) {
+				want, matched = w, prefix
+			}
+		}
+		if matched == "" {
+			t.Errorf("the tour's command %q: this test does not know what it should show", command)
+			continue
+		}
+		for _, w := range want {
+			if !strings.Contains(got, w) {
+				t.Errorf("the tour's %q shows no %q:\n%s", command, w, got)
+			}
+		}
+	}
+	if rcs := strings.Count(string(out), "### rc 0"); rcs != len(commands) {
+		t.Errorf("%d of %d tour commands exited 0:\n%s", rcs, len(commands), out)
+	}
+	// Room made: the queued dev job is admitted (the README's comment).
+	e.waitRunning("vision", "dev-env")
 }
 
 // waitAllocsRunning waits until want allocations of a job run.
