@@ -267,7 +267,8 @@ func (e *Engine) MakeRoom(now time.Time, p *policy.Policy, allocs []Alloc, gpus 
 	waiting = slices.Clone(waiting)
 	sort.SliceStable(waiting, func(i, j int) bool { return band(waiting[i].Queue) > band(waiting[j].Queue) })
 	seen := map[[2]string]bool{}
-	first := map[string]bool{} // tenants whose higher job still has its grace: it goes first
+	first := map[string]bool{}           // tenants whose higher job still has its grace: it goes first
+	byTenant := map[string][][2]string{} // each tenant's jobs in victims' order
 	var out []Decision
 	for _, w := range waiting {
 		key := [2]string{w.Namespace, w.JobID}
@@ -286,7 +287,12 @@ func (e *Engine) MakeRoom(now time.Time, p *policy.Policy, allocs []Alloc, gpus 
 		var in [][2]string
 		before := held[w.Tenant]
 		room := guarantee - before
-		for _, job := range victims(p, byJob, w.Tenant) {
+		order, ok := byTenant[w.Tenant]
+		if !ok { // once a tenant: a long queue has many entries of one tenant
+			order = victims(p, byJob, w.Tenant)
+			byTenant[w.Tenant] = order
+		}
+		for _, job := range order {
 			if room >= w.GPUs-1e-9 {
 				break
 			}

@@ -19,12 +19,12 @@ const (
 	ModelIdeal = "ideal"
 )
 
-// candidates is how many feasible nodes Nomad scores for one placement
+// scoredNodes is how many feasible nodes Nomad scores for one placement
 // (scheduler/stack.go:82-94, GenericStack.SetNodes): 2 for a batch job
 // ("the power of two choices"), ⌈log₂ nodes⌉ and at least 2 for a service.
 // The same limit holds for the pass with preemption (generic_sched.go:915-919
 // runs the same stack again with Preempt set).
-func candidates(service bool, nodes int) int {
+func scoredNodes(service bool, nodes int) int {
 	if !service || nodes < 2 {
 		return 2
 	}

@@ -17,7 +17,7 @@ func TestNomadScoresTheFirstTwoFeasibleNodesOfAShuffle(t *testing.T) {
 	const tries = 4000
 	best := 0
 	for range tries {
-		if c.choose("H100", 2, candidates(false, 10), rng) == 3 {
+		if c.choose("H100", 2, scoredNodes(false, 10), rng) == 3 {
 			best++
 		}
 	}
@@ -37,8 +37,8 @@ func TestNomadScoresTheFirstTwoFeasibleNodesOfAShuffle(t *testing.T) {
 		service     bool
 		nodes, want int
 	}{{false, 1250, 2}, {true, 1250, 11}, {true, 3, 2}, {true, 1, 2}} {
-		if got := candidates(tc.service, tc.nodes); got != tc.want {
-			t.Errorf("candidates(service %t, %d nodes) = %d, want %d", tc.service, tc.nodes, got, tc.want)
+		if got := scoredNodes(tc.service, tc.nodes); got != tc.want {
+			t.Errorf("scoredNodes(service %t, %d nodes) = %d, want %d", tc.service, tc.nodes, got, tc.want)
 		}
 	}
 }

@@ -35,7 +35,7 @@ func (r *run) preemptOne() bool {
 		if r.ideal {
 			victims, node = r.c.victims(b.model, b.size, b.prio, policy.MinPriorityGap)
 		} else {
-			victims, node = r.c.nomadVictims(b.model, b.size, b.prio, policy.MinPriorityGap, candidates(j.service, len(r.c.nodes)), r.rng)
+			victims, node = r.c.nomadVictims(b.model, b.size, b.prio, policy.MinPriorityGap, scoredNodes(j.service, len(r.c.nodes)), r.rng)
 		}
 		if node < 0 {
 			continue
@@ -59,7 +59,7 @@ func (r *run) node(j *simJob) int {
 	if r.ideal {
 		return r.c.fit(j.Model, j.GPUs)
 	}
-	return r.c.choose(j.Model, j.GPUs, candidates(j.service, len(r.c.nodes)), r.rng)
+	return r.c.choose(j.Model, j.GPUs, scoredNodes(j.service, len(r.c.nodes)), r.rng)
 }
 
 func (r *run) mayPreempt(j *simJob) bool {
