@@ -13,6 +13,7 @@ import (
 
 	"github.com/hashicorp/nomad/api"
 
+	"github.com/nomad-gpu/nomad-gpu/broker/audit"
 	"github.com/nomad-gpu/nomad-gpu/internal/testcluster"
 )
 
@@ -264,6 +265,32 @@ func readmeTour(t *testing.T, e *env, n *testcluster.Nomad) {
 	}
 	// Room made: the queued dev job is admitted (the README's comment).
 	e.waitRunning("vision", "dev-env")
+
+	// In a terminal of 80 columns the audit table wraps its results and
+	// never cuts one: each is there whole, as -json has it.
+	var events []audit.Event
+	if err := json.Unmarshal([]byte(e.brokerCLI("audit", "-since", "1h", "-json")), &events); err != nil {
+		t.Fatal(err)
+	}
+	narrow := exec.Command(testcluster.BrokerBinary(t), "audit", "-since", "1h", "-address", e.broker.Addr)
+	narrow.Env = append(os.Environ(), "COLUMNS=80")
+	wrapped, err := narrow.CombinedOutput()
+	if err != nil {
+		t.Fatalf("COLUMNS=80 gpu-broker audit: %v\n%s", err, wrapped)
+	}
+	table := strings.Join(strings.Fields(string(wrapped)), " ")
+	results := 0
+	for _, ev := range events {
+		if r := strings.Join(strings.Fields(ev.Result), " "); len(r) > 40 {
+			results++
+			if !strings.Contains(table, r) {
+				t.Errorf("COLUMNS=80 gpu-broker audit cuts %q:\n%s", r, table)
+			}
+		}
+	}
+	if results == 0 {
+		t.Errorf("no audit result longer than 40 characters to check: %+v", events)
+	}
 }
 
 // waitAllocsRunning waits until want allocations of a job run.

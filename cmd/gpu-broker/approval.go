@@ -7,7 +7,6 @@ import (
 	"net/http"
 	"net/url"
 	"os"
-	"text/tabwriter"
 	"time"
 
 	"github.com/nomad-gpu/nomad-gpu/broker/approval"
@@ -16,7 +15,7 @@ import (
 
 const approvalUsage = `usage: gpu-broker approval request -job ID -namespace NS -reason "..." (-priority N | -extra-gpus N) -for 4h
        gpu-broker approval grant ID | deny ID | show ID | list
-  (each with -address, -token, -ca-cert and -json as the other commands)
+  (each with -address, -token, -ca-cert, -json and -wide as the other commands)
 `
 
 // approvalCmd asks for, decides on and lists approvals.
@@ -31,6 +30,7 @@ func approvalCmd(args []string) int {
 	asJSON := fs.Bool("json", false, "print JSON")
 	token := fs.String("token", os.Getenv("NOMAD_TOKEN"), "Nomad ACL token (default: NOMAD_TOKEN)")
 	caCert := fs.String("ca-cert", os.Getenv("GPU_BROKER_CACERT"), "CA certificate to trust when the broker serves TLS")
+	wide := fs.Bool("wide", false, wideUsage)
 	req := server.ApprovalRequest{}
 	if sub == "request" {
 		fs.StringVar(&req.Job, "job", "", "the job's id")
@@ -93,9 +93,7 @@ func approvalCmd(args []string) int {
 		}
 		list = []approval.Approval{a}
 	}
-	w := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-	defer w.Flush()
-	fmt.Fprintln(w, "ID\tSTATE\tNAMESPACE\tJOB\tASKS\tFOR\tREQUESTED BY\tDECIDED BY\tEXPIRES\tREASON")
+	t := newTable("ID", "STATE", "NAMESPACE", "JOB", "ASKS", "FOR", "REQUESTED BY", "DECIDED BY", "EXPIRES", "REASON")
 	for _, a := range list {
 		asks := fmt.Sprintf("priority %d", a.Priority)
 		if a.ExtraGPUs > 0 {
@@ -105,8 +103,8 @@ func approvalCmd(args []string) int {
 		if !a.ExpiresAt.IsZero() {
 			expires = a.ExpiresAt.Format(time.RFC3339)
 		}
-		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", a.ID, a.State, a.Namespace, a.Job, asks, a.For, a.RequestedBy,
-			a.DecidedBy, expires, a.Reason)
+		t.row(a.ID, a.State, a.Namespace, a.Job, asks, a.For, a.RequestedBy, a.DecidedBy, expires, a.Reason)
 	}
+	t.print(os.Stdout, outputWidth(*wide))
 	return 0
 }

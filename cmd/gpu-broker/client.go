@@ -29,6 +29,7 @@ func client(args []string) int {
 	asJSON := fs.Bool("json", false, "print JSON")
 	token := fs.String("token", os.Getenv("NOMAD_TOKEN"), "Nomad ACL token (default: NOMAD_TOKEN)")
 	caCert := fs.String("ca-cert", os.Getenv("GPU_BROKER_CACERT"), "CA certificate to trust when the broker serves TLS")
+	wide := fs.Bool("wide", false, wideUsage)
 	var rightSizing, asCSV, trace *bool
 	var top *int
 	var from, to, by *string
@@ -113,37 +114,39 @@ func client(args []string) int {
 	if !ok || *asJSON {
 		return exit(ok)
 	}
+	width := outputWidth(*wide)
 	if args[0] == "reclaim" {
-		return printDecisions(sub, body)
+		return printDecisions(sub, body, width)
 	}
 	switch sub {
 	case "trace":
 		os.Stdout.Write(body)
 		return 0
 	case "report":
-		return printReport(body, *asCSV)
+		return printReport(body, *asCSV, width)
 	case "audit":
-		return printAudit(body)
+		return printAudit(body, width)
 	}
-	return printTable(sub, body)
+	return printTable(sub, body, width)
 }
 
 // printDecisions prints reclaim decisions: a table, or one decision whole.
-func printDecisions(sub string, body []byte) int {
-	w := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-	defer w.Flush()
+func printDecisions(sub string, body []byte, width int) int {
 	if sub == "list" {
 		var rows []reclaim.Record
 		if err := json.Unmarshal(body, &rows); err != nil {
 			return fail(err)
 		}
-		fmt.Fprintln(w, "ID\tRULE\tACTION\tSTATE\tNAMESPACE\tJOB\tGPUS\tPROPOSED\tACT AFTER")
+		t := newTable("ID", "RULE", "ACTION", "STATE", "NAMESPACE", "JOB", "GPUS", "PROPOSED", "ACT AFTER")
 		for _, r := range rows {
-			fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\n", r.ID, r.Rule, r.Action, r.State, r.Namespace, r.Job, r.GPUs,
+			t.row(r.ID, r.Rule, string(r.Action), string(r.State), r.Namespace, r.Job, strconv.Itoa(r.GPUs),
 				r.ProposedAt.Format(time.RFC3339), r.ActAfter.Format(time.RFC3339))
 		}
+		t.print(os.Stdout, width)
 		return 0
 	}
+	w := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+	defer w.Flush()
 	var r reclaim.Record
 	if err := json.Unmarshal(body, &r); err != nil {
 		return fail(err)
@@ -161,23 +164,21 @@ func printDecisions(sub string, body []byte) int {
 }
 
 // printAudit prints audit events, oldest first.
-func printAudit(body []byte) int {
+func printAudit(body []byte, width int) int {
 	var events []audit.Event
 	if err := json.Unmarshal(body, &events); err != nil {
 		return fail(err)
 	}
-	w := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-	defer w.Flush()
-	fmt.Fprintln(w, "TIME\tWHO\tWHAT\tNAMESPACE\tJOB\tTENANT\tQUEUE\tRULE\tRESULT")
+	t := newTable("TIME", "WHO", "WHAT", "NAMESPACE", "JOB", "TENANT", "QUEUE", "RULE", "RESULT")
 	for _, e := range events {
-		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", e.Time.Format(time.RFC3339), e.Who, e.What, e.Namespace, e.Job,
-			e.Tenant, e.Queue, e.Rule, e.Result)
+		t.row(e.Time.Format(time.RFC3339), e.Who, e.What, e.Namespace, e.Job, e.Tenant, e.Queue, e.Rule, e.Result)
 	}
+	t.print(os.Stdout, width)
 	return 0
 }
 
 // printReport prints a usage report: a table, or CSV.
-func printReport(body []byte, asCSV bool) int {
+func printReport(body []byte, asCSV bool, width int) int {
 	var rep server.UsageReport
 	if err := json.Unmarshal(body, &rep); err != nil {
 		return fail(err)
@@ -199,13 +200,8 @@ func printReport(body []byte, asCSV bool) int {
 		cw.WriteAll(rows)
 		return 0
 	}
-	w := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-	defer w.Flush()
-	fmt.Fprintf(w, "GPU-hours from %s up to %s\n", rep.From, rep.To)
-	fmt.Fprintln(w, strings.Join(header, "\t"))
-	for _, r := range rows {
-		fmt.Fprintln(w, strings.Join(r, "\t"))
-	}
+	fmt.Printf("GPU-hours from %s up to %s\n", rep.From, rep.To)
+	(&table{rows: append([][]string{header}, rows...)}).print(os.Stdout, width)
 	return 0
 }
 
@@ -281,26 +277,25 @@ func call(hc *http.Client, method, u, token string, body []byte) ([]byte, error)
 	return out, nil
 }
 
-func printTable(sub string, body []byte) int {
-	w := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-	defer w.Flush()
+func printTable(sub string, body []byte, width int) int {
+	var t *table
 	switch sub {
 	case "rightsizing":
 		var rows []server.RightSizing
 		if err := json.Unmarshal(body, &rows); err != nil {
 			return fail(err)
 		}
-		fmt.Fprintln(w, "TENANT\tNAMESPACE\tJOB\tQUEUE\tGPUS ASKED\tBUSY P50\tBUSY P95\tSAMPLES\tSINCE")
+		t = newTable("TENANT", "NAMESPACE", "JOB", "QUEUE", "GPUS ASKED", "BUSY P50", "BUSY P95", "SAMPLES", "SINCE")
 		for _, r := range rows {
-			fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%d\t%d\t%d\t%d\t%s\n", r.Tenant, r.Namespace, r.Job, r.Queue, r.Asked, r.BusyP50,
-				r.BusyP95, r.Samples, r.Since.Format(time.RFC3339))
+			t.row(r.Tenant, r.Namespace, r.Job, r.Queue, strconv.Itoa(r.Asked), strconv.Itoa(r.BusyP50), strconv.Itoa(r.BusyP95),
+				strconv.FormatInt(r.Samples, 10), r.Since.Format(time.RFC3339))
 		}
 	case "":
 		var rows []server.TenantUsage
 		if err := json.Unmarshal(body, &rows); err != nil {
 			return fail(err)
 		}
-		fmt.Fprintln(w, "TENANT\tUSED\tGUARANTEED\tLIMIT\tBORROWED\tQUEUED\tBUDGET (GPU-HOURS)")
+		t = newTable("TENANT", "USED", "GUARANTEED", "LIMIT", "BORROWED", "QUEUED", "BUDGET (GPU-HOURS)")
 		for _, r := range rows {
 			budget := "-"
 			if b := r.Budget; b != nil {
@@ -309,14 +304,14 @@ func printTable(sub string, body []byte) int {
 					budget = "OVER: " + budget + "; its jobs run borrowed"
 				}
 			}
-			fmt.Fprintf(w, "%s\t%g\t%g\t%g\t%g\t%g\t%s\n", r.Tenant, r.Used, r.Guaranteed, r.Limit, r.Borrowed, r.Queued, budget)
+			t.row(r.Tenant, num(r.Used), num(r.Guaranteed), num(r.Limit), num(r.Borrowed), num(r.Queued), budget)
 		}
 	case "list":
 		var rows []server.QueuedJob
 		if err := json.Unmarshal(body, &rows); err != nil {
 			return fail(err)
 		}
-		fmt.Fprintln(w, "POS\tID\tJOB\tNAMESPACE\tTENANT\tQUEUE\tGPUS\tWAITING\tESTIMATED START\tREASON")
+		t = newTable("POS", "ID", "JOB", "NAMESPACE", "TENANT", "QUEUE", "GPUS", "WAITING", "ESTIMATED START", "REASON")
 		for _, r := range rows {
 			reason := r.Reason
 			if b := r.Backoff; b != nil && !strings.Contains(reason, b.Text()) { // a reason may say it already
@@ -332,14 +327,16 @@ func printTable(sub string, body []byte) int {
 			case e != nil:
 				start = "unknown"
 			}
-			fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%s\t%s\t%g\t%s\t%s\t%s\n", r.Position, r.ID, r.JobID, r.Namespace, r.Tenant,
-				r.Queue, r.Demand, time.Since(r.SubmittedAt).Round(time.Second), start, reason)
+			t.row(strconv.Itoa(r.Position), r.ID, r.JobID, r.Namespace, r.Tenant, r.Queue, num(r.Demand),
+				time.Since(r.SubmittedAt).Round(time.Second).String(), start, reason)
 		}
 	default:
 		var r server.QueuedJob
 		if err := json.Unmarshal(body, &r); err != nil {
 			return fail(err)
 		}
+		w := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+		defer w.Flush()
 		verb := "queued"
 		if sub == "cancel" {
 			verb = "cancelled"
@@ -362,8 +359,14 @@ func printTable(sub string, body []byte) int {
 			fmt.Fprintf(w, "Estimated start\t%s\n", e.Why)
 		}
 	}
+	if t != nil {
+		t.print(os.Stdout, width)
+	}
 	return 0
 }
+
+// num prints a count as %g does.
+func num(f float64) string { return strconv.FormatFloat(f, 'g', -1, 64) }
 
 func fail(err error) int {
 	fmt.Fprintf(os.Stderr, "gpu-broker: unexpected answer: %v\n", err)

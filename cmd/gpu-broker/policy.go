@@ -10,7 +10,6 @@ import (
 	"slices"
 	"sort"
 	"strings"
-	"text/tabwriter"
 	"time"
 
 	"github.com/nomad-gpu/nomad-gpu/broker/policy"
@@ -129,12 +128,11 @@ func policyTenants(args []string) int {
 		names = append(names, name)
 	}
 	sort.Strings(names)
-	w := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(w, "TENANT\tNAMESPACES\tSUBMITTERS")
+	t := newTable("TENANT", "NAMESPACES", "SUBMITTERS")
 	for _, name := range names {
 		v := out.Tenants[name]
-		fmt.Fprintf(w, "%s\t%s\t%s\n", name, strings.Join(v.Namespaces, ","), strings.Join(v.Submitters, ","))
+		t.row(name, strings.Join(v.Namespaces, ","), strings.Join(v.Submitters, ", "))
 	}
-	w.Flush()
+	t.print(os.Stdout, outputWidth(false))
 	return 0
 }
