@@ -24,7 +24,12 @@ help: ## Show the targets
 
 .PHONY: build
 build: ## Build nomad-device-gpu and gpu-broker into bin/
-	$(GO) build -trimpath -o $(BIN_DIR)/ ./cmd/...
+	$(GO) build -trimpath -ldflags "-X github.com/nomad-gpu/nomad-gpu/internal/version.Commit=$$(git rev-parse HEAD 2>/dev/null || echo unknown)" \
+	  -o $(BIN_DIR)/ ./cmd/...
+
+.PHONY: release
+release: ## Release VERSION=x.y.z into dist/: zips, .deb and .rpm for linux/amd64 and arm64, SHA256SUMS (reproducible; arm64 needs gcc-aarch64-linux-gnu)
+	VERSION=$(VERSION) ./scripts/release.sh
 
 .PHONY: test
 test: tools lint ## Lint, then unit and integration tests (real Nomad and Consul, built by `make tools` first); the soak is `make soak`

@@ -5,6 +5,8 @@ package main
 import (
 	"fmt"
 	"os"
+
+	"github.com/nomad-gpu/nomad-gpu/internal/version"
 )
 
 const usage = `Usage: gpu-broker <command> [options]
@@ -34,6 +36,7 @@ Commands:
   approval request -job ID -namespace NS -reason "..." (-priority N | -extra-gpus N) -for 4h
   approval grant ID | deny ID    (an approver of the policy; never one's own request)
   approval list | show ID        approvals and their state
+  version                        version, commit and Go version (also -version)
   audit [-since 24h] [-tenant T] [-job J] [-limit N] [-cursor C]
                                  the audit trail: who decided or did what, oldest first, a page at a time
 
@@ -50,6 +53,10 @@ func run(args []string) int {
 	if len(args) == 0 {
 		fmt.Fprint(os.Stderr, usage)
 		return 2
+	}
+	if version.Asked(args) {
+		fmt.Println(version.String("gpu-broker"))
+		return 0
 	}
 	switch args[0] {
 	case "serve":

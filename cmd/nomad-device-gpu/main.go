@@ -18,14 +18,12 @@ import (
 	"github.com/nomad-gpu/nomad-gpu/device-plugin/fake"
 	"github.com/nomad-gpu/nomad-gpu/device-plugin/nvml"
 	"github.com/nomad-gpu/nomad-gpu/device-plugin/plugin"
+	"github.com/nomad-gpu/nomad-gpu/internal/version"
 )
 
-// version is set at build time with -ldflags "-X main.version=...".
-var version = "0.1.0"
-
 func main() {
-	if len(os.Args) > 1 && os.Args[1] == "version" {
-		fmt.Println(plugin.Name, version)
+	if version.Asked(os.Args[1:]) {
+		fmt.Println(version.String(plugin.Name))
 		return
 	}
 	if len(os.Args) > 1 && os.Args[1] == "check" {
@@ -34,7 +32,7 @@ func main() {
 	// Created before Serve swaps os.Stderr: Nomad reads these JSON lines from the
 	// real stderr and re-logs them at their level.
 	log := hclog.New(&hclog.LoggerOptions{Name: plugin.Name, Level: hclog.Trace, JSONFormat: true, Output: os.Stderr})
-	plugin.Serve(plugin.New(log, version, func(cfg plugin.Config) (plugin.Backend, error) {
+	plugin.Serve(plugin.New(log, version.Version, func(cfg plugin.Config) (plugin.Backend, error) {
 		return openBackend(cfg, log)
 	}))
 }

@@ -131,7 +131,7 @@ func buildOnce(t testing.TB, pkg, name string, race bool) string {
 			return
 		}
 		b.path = filepath.Join(dir, name)
-		args := []string{"build", "-o", b.path}
+		args := []string{"build", "-trimpath", "-o", b.path} // -trimpath as releases: their packages come from the same cache
 		if race {
 			args = append(args, "-race")
 		}

@@ -1,0 +1,64 @@
+package testcluster
+
+import (
+	"bufio"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// ReleaseVersion is the version the tests' releases carry.
+const ReleaseVersion = "0.0.0-test"
+
+// Release runs scripts/release.sh, as `make release` does, into dist for
+// the plugin on linux/amd64 in the given formats (a small target: the
+// plugin's packages share the compile cache with PluginBinary), and
+// returns the SHA-256 of each file by name, from its SHA256SUMS.
+func Release(t testing.TB, dist string, formats ...string) map[string]string {
+	t.Helper()
+	for _, tool := range []string{"zip", "sha256sum", "git"} {
+		Binary(t, tool)
+	}
+	root, err := filepath.Abs(moduleRoot(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(filepath.Join(root, "scripts", "release.sh"))
+	// A test runs on a tree with changes; a release refuses one.
+	cmd.Env = append(os.Environ(), "VERSION="+ReleaseVersion, "DIST="+dist, "PLATFORMS=linux/amd64",
+		"PRODUCTS=nomad-device-gpu", "FORMATS="+strings.Join(formats, " "), "RELEASE_DIRTY=1")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("scripts/release.sh: %v\n%s", err, out)
+	}
+	f, err := os.Open(filepath.Join(dist, "SHA256SUMS"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	sums := map[string]string{}
+	for sc := bufio.NewScanner(f); sc.Scan(); {
+		sum, name, ok := strings.Cut(sc.Text(), "  ")
+		if !ok {
+			t.Fatalf("SHA256SUMS: not `<hash>  <file>`: %q", sc.Text())
+		}
+		sums[name] = sum
+	}
+	return sums
+}
+
+// moduleRoot is the directory of this module's go.mod, above the test's.
+func moduleRoot(t testing.TB) string {
+	dir, _ := os.Getwd()
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			return dir
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			t.Fatal("no go.mod above the test's directory")
+		}
+		dir = parent
+	}
+}

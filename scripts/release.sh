@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# Builds the release of VERSION into DIST, laid out as HashiCorp's releases:
+#   <product>_<version>_linux_<arch>.zip   the binary alone, at the top
+#   <product>_<version>_linux_<arch>.deb / .rpm (made by nfpm)
+#   SHA256SUMS                             of every file above
+# Reproducible: the same commit gives the same bytes. Binaries are built with
+# -trimpath, no build id and no VCS stamp; every timestamp (zip entries,
+# package files and headers) is the commit's time, SOURCE_DATE_EPOCH.
+#
+# Environment (all optional but VERSION):
+#   VERSION     x.y.z (a pre-release suffix as in 1.2.0-rc.1 is kept)
+#   DIST        output directory (default dist); emptied first
+#   PLATFORMS   default "linux/amd64 linux/arm64"
+#   PRODUCTS    default "nomad-device-gpu gpu-broker"
+#   FORMATS     default "zip deb rpm"
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+NFPM=github.com/goreleaser/nfpm/v2/cmd/nfpm@v2.45.2
+VERSION=${VERSION:-}
+DIST=${DIST:-dist}
+PLATFORMS=${PLATFORMS:-linux/amd64 linux/arm64}
+PRODUCTS=${PRODUCTS:-nomad-device-gpu gpu-broker}
+FORMATS=${FORMATS:-zip deb rpm}
+die() { printf 'release: %s\n' "$*" >&2; exit 1; }
+
+[[ "$VERSION" =~ ^[0-9]+\.[0-9]+\.[0-9]+(-[0-9A-Za-z.]+)?$ ]] ||
+  die "VERSION must be x.y.z (or x.y.z-pre), got '${VERSION}': make release VERSION=0.2.0"
+for cmd in git zip sha256sum; do
+  command -v "$cmd" >/dev/null || die "$cmd is missing (Debian: apt-get install $cmd)"
+done
+COMMIT=$(git rev-parse HEAD)
+# Uncommitted changes would be in the binaries but not in the commit named.
+[ -z "$(git status --porcelain --untracked-files=no)" ] || [ -n "${RELEASE_DIRTY:-}" ] ||
+  die "the tree has uncommitted changes; commit them (or set RELEASE_DIRTY=1 for a local try)"
+export SOURCE_DATE_EPOCH=${SOURCE_DATE_EPOCH:-$(git log -1 --format=%ct)}
+export TZ=UTC # zip stores local time
+# Fixed, so that the compile (and its cache) is the same everywhere.
+export CGO_CFLAGS=-Wno-deprecated-declarations
+
+rm -rf "$DIST"
+mkdir -p "$DIST"
+DIST=$(cd "$DIST" && pwd)
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+# cc ARCH: the C compiler for the plugin's cgo (go-nvml loads libnvidia-ml
+# with dlopen); the broker is pure Go.
+cc() {
+  case "$1" in
+    amd64) [ "$(go env GOHOSTARCH)" = amd64 ] && echo gcc || echo x86_64-linux-gnu-gcc ;;
+    arm64) [ "$(go env GOHOSTARCH)" = arm64 ] && echo gcc || echo aarch64-linux-gnu-gcc ;;
+    *) die "no C compiler known for $1" ;;
+  esac
+}
+
+# nfpm, a build tool at a pinned version (not a dependency of the binaries),
+# built once per release (from Go's cache after the first).
+if [[ " $FORMATS " == *" deb "* || " $FORMATS " == *" rpm "* ]]; then
+  GOBIN="$work/bin" go install "$NFPM"
+fi
+
+for platform in $PLATFORMS; do
+  os=${platform%/*} arch=${platform#*/}
+  [ "$os" = linux ] || die "only linux is released, not $platform"
+  for product in $PRODUCTS; do
+    out="$work/$arch/$product"
+    mkdir -p "$(dirname "$out")"
+    cgo=0 compiler=gcc
+    if [ "$product" = nomad-device-gpu ]; then
+      cgo=1 compiler=$(cc "$arch")
+      command -v "$compiler" >/dev/null ||
+        die "$compiler is missing for $product on $platform (Debian: apt-get install gcc-${compiler%-gcc})"
+    fi
+    printf 'release: %s %s %s\n' "$product" "$VERSION" "$platform" >&2
+    CGO_ENABLED=$cgo CC=$compiler GOOS=$os GOARCH=$arch go build -trimpath -buildvcs=false \
+      -ldflags "-s -w -buildid= -X github.com/nomad-gpu/nomad-gpu/internal/version.Version=$VERSION -X github.com/nomad-gpu/nomad-gpu/internal/version.Commit=$COMMIT" \
+      -o "$out" "./cmd/$product"
+    chmod 0755 "$out"
+    touch -d "@$SOURCE_DATE_EPOCH" "$out"
+    for format in $FORMATS; do
+      name="${product}_${VERSION}_${os}_${arch}.${format}"
+      case "$format" in
+        zip) (cd "$(dirname "$out")" && zip -q -X -D "$DIST/$name" "$product") ;;
+        deb | rpm)
+          sed -e "s|\${BIN}|$out|" -e "s|\${VERSION}|$VERSION|" -e "s|\${ARCH}|$arch|" \
+            "packaging/$product.nfpm.yaml" >"$work/nfpm.yaml"
+          "$work/bin/nfpm" package -f "$work/nfpm.yaml" -p "$format" -t "$DIST/$name" >&2 ;;
+        *) die "unknown format $format (zip, deb or rpm)" ;;
+      esac
+    done
+  done
+done
+(cd "$DIST" && sha256sum -- * >SHA256SUMS)
+cat "$DIST/SHA256SUMS"
