@@ -145,8 +145,10 @@ func TestGPUNodeModuleAppliesWithItsDefaults(t *testing.T) {
 }
 
 // A Nomad client started from the rendered configuration joins a real server,
-// loads the plugin with GPU sharing, and offers the host volume for
-// checkpoints; its cloud-init writes exactly the rendered files.
+// loads the plugin, installed from a release zip of `make release` by the
+// cloud-init command that checks its SHA-256, with GPU sharing, and offers
+// the host volume for checkpoints; its cloud-init writes exactly the
+// rendered files.
 func TestAClientFromTheGPUNodeModuleJoinsAndLoadsThePlugin(t *testing.T) {
 	consul := testcluster.StartConsul(t)
 	server := testcluster.StartNomad(t, testcluster.NomadOptions{Name: "server", Server: true})
@@ -157,9 +159,9 @@ func TestAClientFromTheGPUNodeModuleJoinsAndLoadsThePlugin(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if err := os.Symlink(testcluster.PluginBinary(t), filepath.Join(pluginDir, "nomad-device-gpu")); err != nil {
-		t.Fatal(err)
-	}
+	dist := t.TempDir()
+	zipName := "nomad-device-gpu_" + testcluster.ReleaseVersion + "_linux_amd64.zip"
+	sha := testcluster.Release(t, dist, "zip")[zipName]
 	ports := testcluster.FreePorts(t, 3)
 	root := filepath.Join(dir, "root")
 	if err := os.MkdirAll(root, 0o755); err != nil {
@@ -176,6 +178,9 @@ module "node" {
   nomad_data_dir = %q
   plugin_dir     = %q
   host_volumes   = { checkpoints = { path = %q } }
+  plugin_version = %q
+  plugin_url     = "file://%s/nomad-device-gpu_{version}_linux_amd64.zip"
+  plugin_sha256  = %q
   plugin_config = {
     backend            = "fake"
     fingerprint_period = "5s"
@@ -187,13 +192,14 @@ module "node" {
 output "nomad_client_hcl" { value = module.node.nomad_client_hcl }
 output "files"            { value = module.node.files }
 output "cloud_init"       { value = yamldecode(trimprefix(module.node.cloud_init, "#cloud-config\n")) }
-`, module, server.RPCAddr, ports[0], ports[1], ports[2], consul.Addr, dataDir, pluginDir, ckpt))
+`, module, server.RPCAddr, ports[0], ports[1], ports[2], consul.Addr, dataDir, pluginDir, ckpt, testcluster.ReleaseVersion, dist, sha))
 	out := outputs(t, root)
 
 	var files map[string]struct{ Content, Permissions string }
 	var cloudInit struct {
 		WriteFiles []struct{ Path, Content string } `json:"write_files"`
 		RunCmd     [][]string                       `json:"runcmd"`
+		Packages   []string
 	}
 	if err := json.Unmarshal(out["files"], &files); err != nil {
 		t.Fatal(err)
@@ -212,6 +218,8 @@ output "cloud_init"       { value = yamldecode(trimprefix(module.node.cloud_init
 	if last := cloudInit.RunCmd[len(cloudInit.RunCmd)-1]; strings.Join(last, " ") != "systemctl enable --now consul.service nomad.service" {
 		t.Errorf("cloud-init ends with %v, want the agents started", last)
 	}
+
+	installPlugin(t, cloudInit.RunCmd, cloudInit.Packages, pluginDir, sha)
 
 	cfg := write(t, filepath.Join(dir, "client.hcl"), str(t, out["nomad_client_hcl"]))
 	testcluster.StartClientFromConfig(t, "tf-gpu-1", cfg, fmt.Sprintf("http://127.0.0.1:%d", ports[0]), dataDir)
@@ -252,6 +260,45 @@ output "cloud_init"       { value = yamldecode(trimprefix(module.node.cloud_init
 		}
 		return nil
 	})
+}
+
+// installPlugin runs cloud-init's command that installs the plugin, as
+// cloud-init would, on this machine: with a wrong SHA-256 in it (what a
+// wrong plugin_sha256 renders), it fails and installs nothing; as rendered,
+// it installs the release's binary.
+func installPlugin(t *testing.T, runcmd [][]string, packages []string, pluginDir, sha string) {
+	t.Helper()
+	testcluster.Binary(t, "unzip")
+	if strings.Join(packages, " ") != "unzip" {
+		t.Errorf("cloud-init installs packages %v, want unzip for a zip", packages)
+	}
+	var install []string
+	for _, c := range runcmd {
+		if strings.Contains(strings.Join(c, " "), "sha256sum -c") {
+			install = c
+		}
+	}
+	if len(install) != 3 || install[0] != "sh" {
+		t.Fatalf("no `sh -c` command that checks the plugin's SHA-256 in runcmd %v", runcmd)
+	}
+	plugin := filepath.Join(pluginDir, "nomad-device-gpu")
+	wrong := strings.Replace(install[2], sha, strings.Repeat("0", 64), 1)
+	if out, err := exec.Command("sh", "-c", wrong).CombinedOutput(); err == nil || !strings.Contains(string(out), "FAILED") {
+		t.Errorf("with a wrong SHA-256 the install: %v, %s; want it to fail on the check", err, out)
+	}
+	if left, _ := os.ReadDir(pluginDir); len(left) != 0 {
+		t.Errorf("a download that failed its check left %v in plugin_dir", left)
+	}
+	if out, err := exec.Command("sh", "-c", install[2]).CombinedOutput(); err != nil {
+		t.Fatalf("cloud-init's install of the plugin: %v\n%s", err, out)
+	}
+	out, err := exec.Command(plugin, "-version").CombinedOutput()
+	if err != nil || !strings.HasPrefix(string(out), "nomad-device-gpu v"+testcluster.ReleaseVersion+" ") {
+		t.Errorf("the installed plugin's -version: %v: %s", err, out)
+	}
+	if left, _ := os.ReadDir(pluginDir); len(left) != 1 {
+		t.Errorf("plugin_dir holds %v after the install, want the plugin alone", left)
+	}
 }
 
 // The tenants that `gpu-broker policy tenants -tfvars` prints are a valid

@@ -60,12 +60,13 @@ variable "shared_gpus_per_node" {
 }
 
 variable "plugin_url" {
-  description = "Download address of nomad-device-gpu; {version} is replaced."
+  description = "Download address of a release zip of nomad-device-gpu (make release); {version} is replaced."
   type        = string
 }
 
 variable "plugin_sha256" {
-  type = string
+  description = "The zip's SHA-256, from the release's SHA256SUMS."
+  type        = string
 }
 
 variable "plugin_version" {

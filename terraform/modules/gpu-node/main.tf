@@ -40,16 +40,28 @@ locals {
   plugin_path = "${var.plugin_dir}/nomad-device-gpu"
   plugin_url  = replace(var.plugin_url, "{version}", var.plugin_version)
 
-  # The plugin is checked against its SHA-256 before Nomad starts, so a node
-  # never loads a binary other than the one this configuration names.
+  # The download is checked against its SHA-256 before anything is
+  # installed, in one shell with set -e: cloud-init runs runcmd on after a
+  # failed command, so a wrong hash must stop the install itself, and Nomad
+  # then starts without the plugin (no GPUs) rather than with another binary.
+  # A .zip (a release of make release) holds the binary at its top.
+  plugin_zip      = endswith(var.plugin_url, ".zip")
+  plugin_download = "${local.plugin_path}.download"
   install_plugin = var.plugin_url == "" ? [] : [
-    ["curl", "-fsSL", "-o", "${local.plugin_path}.download", local.plugin_url],
-    ["sh", "-c", "echo '${var.plugin_sha256}  ${local.plugin_path}.download' | sha256sum -c -"],
-    ["install", "-m", "0755", "${local.plugin_path}.download", local.plugin_path],
-    ["rm", "-f", "${local.plugin_path}.download"],
+    ["sh", "-c", join("; ", [
+      "set -e",
+      "curl -fsSL -o '${local.plugin_download}' '${local.plugin_url}'",
+      "echo '${var.plugin_sha256}  ${local.plugin_download}' | sha256sum -c - || { rm -f '${local.plugin_download}'; exit 1; }",
+      local.plugin_zip
+      ? "unzip -p '${local.plugin_download}' nomad-device-gpu > '${local.plugin_path}.new'"
+      : "mv '${local.plugin_download}' '${local.plugin_path}.new'",
+      "chmod 0755 '${local.plugin_path}.new'",
+      "mv '${local.plugin_path}.new' '${local.plugin_path}'",
+      "rm -f '${local.plugin_download}'",
+    ])],
   ]
 
-  cloud_init = "#cloud-config\n${yamlencode({
+  cloud_init = "#cloud-config\n${yamlencode(merge(local.plugin_zip ? { packages = ["unzip"] } : {}, {
     write_files = [for path, f in local.files : {
       path        = path
       content     = f.content
@@ -70,5 +82,5 @@ locals {
         ["systemctl", "enable", "--now", "consul.service", "nomad.service"],
       ],
     )
-  })}"
+  }))}"
 }

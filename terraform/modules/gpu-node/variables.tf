@@ -100,13 +100,18 @@ variable "plugin_version" {
 }
 
 variable "plugin_url" {
-  description = "Where cloud-init downloads the nomad-device-gpu binary; \"{version}\" is replaced by plugin_version. Empty: the binary is already in plugin_dir (baked into the image)."
+  description = "Where cloud-init downloads nomad-device-gpu: a release zip of make release (nomad-device-gpu_{version}_linux_amd64.zip; cloud-init installs unzip) or the binary itself; https:// or file://. \"{version}\" is replaced by plugin_version. Empty: the binary is already in plugin_dir (baked into the image)."
   type        = string
   default     = ""
+
+  validation {
+    condition     = var.plugin_url == "" || can(regex("^(https?|file)://[^'\\s]+$", var.plugin_url))
+    error_message = "plugin_url must be an https://, http:// or file:// URL without quotes or spaces."
+  }
 }
 
 variable "plugin_sha256" {
-  description = "SHA-256 of the downloaded binary; required with plugin_url."
+  description = "SHA-256 of what plugin_url downloads (for a zip, its line in the release's SHA256SUMS); required with plugin_url."
   type        = string
   default     = ""
 
