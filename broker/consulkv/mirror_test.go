@@ -1,6 +1,9 @@
 package consulkv
 
-import "testing"
+import (
+	"slices"
+	"testing"
+)
 
 // A write read back after the copy's query already brought a later version
 // of the record leaves that version: the leader claimed a parked entry
@@ -19,5 +22,73 @@ func TestTheCopyNeverGoesBackToAnOlderVersion(t *testing.T) {
 	m.removed("e")
 	if got := m.all(); len(got) != 0 {
 		t.Errorf("removed, still listed: %v", got)
+	}
+}
+
+// The list the copy keeps through this broker's own writes and deletes is
+// its records, whatever their order.
+func TestTheCopysListFollowsItsOwnWritesAndDeletes(t *testing.T) {
+	m := &mirror[string]{}
+	want := map[string]string{}
+	check := func(step string) {
+		t.Helper()
+		got := m.all()
+		if len(got) != len(want) {
+			t.Fatalf("%s: %d records, want %d", step, len(got), len(want))
+		}
+		seen := map[string]bool{}
+		for _, v := range got {
+			seen[v] = true
+		}
+		for _, v := range want {
+			if !seen[v] {
+				t.Fatalf("%s: %q missing from %v", step, v, got)
+			}
+		}
+	}
+	check("empty")
+	for i, name := range []string{"a", "b", "c", "d"} {
+		m.wrote(name, name+"1", uint64(i+1))
+		want[name] = name + "1"
+	}
+	check("four written")
+	m.wrote("b", "b2", 10)
+	want["b"] = "b2"
+	check("one changed")
+	for _, name := range []string{"a", "d", "c"} { // the first, the last, one moved
+		m.removed(name)
+		delete(want, name)
+		check("removed " + name)
+	}
+	m.wrote("e", "e1", 11)
+	want["e"] = "e1"
+	check("one more")
+}
+
+// A view is never changed under its reader: the copy's own later writes
+// and deletes leave it as it was handed out.
+func TestAViewStaysAsItWasHandedOut(t *testing.T) {
+	m := &mirror[string]{}
+	m.view() // the list is made
+	for i, name := range []string{"a", "b", "c"} {
+		m.wrote(name, name+"1", uint64(i+1))
+	}
+	view := m.view() // with room to grow in place
+	before := slices.Clone(view)
+	m.wrote("a", "a2", 4) // changed in place
+	if !slices.Equal(view, before) {
+		t.Fatalf("a write changed the view from %v to %v", before, view)
+	}
+	view = m.view()
+	before = slices.Clone(view)
+	m.wrote("d", "d1", 5) // appended past the view's end
+	m.removed("b")        // the last one moved into its place
+	if !slices.Equal(view, before) {
+		t.Errorf("a delete changed the view from %v to %v", before, view)
+	}
+	got := m.all()
+	slices.Sort(got)
+	if !slices.Equal(got, []string{"a2", "c1", "d1"}) {
+		t.Errorf("the copy holds %v, want a2, c1 and d1", got)
 	}
 }

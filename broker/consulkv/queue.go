@@ -64,6 +64,15 @@ func (q *Queue) List(ctx context.Context) ([]queue.Entry, error) {
 	return out, err
 }
 
+// View is List without the copy: the slice is shared, so the caller must
+// never change it or an entry in it.
+func (q *Queue) View(ctx context.Context) ([]queue.Entry, error) {
+	if q.m.followed() {
+		return q.m.view(), nil
+	}
+	return q.List(ctx)
+}
+
 // Get returns one entry.
 func (q *Queue) Get(ctx context.Context, id string) (queue.Entry, error) {
 	if !queue.ValidID(id) {

@@ -52,21 +52,68 @@ type Estimate struct {
 // no known end frees is unknown, and so is every one behind it (they wait
 // behind it); one that waits for its own tenant's jobs only, alone.
 func Estimates(ordered []Entry, p *policy.Policy, idle float64, used map[string]float64, releases []Release, now time.Time) map[string]Estimate {
+	out := make(map[string]Estimate, len(ordered))
+	walk(inOrder(ordered, nil), p, idle, used, releases, now, func(id string, e Estimate, _ bool) bool {
+		out[id] = e
+		return true
+	})
+	return out
+}
+
+// EstimateOf is Estimates' estimate of the entry id alone; false when it
+// is not among the waiting entries. The walk stops there: a submission into
+// a long queue, usually at its back, needs its own estimate only. rank is
+// the admission order as Rank gives it, nil when entries are in that order.
+func EstimateOf(entries []Entry, rank []int32, id string, p *policy.Policy, idle float64, used map[string]float64, releases []Release, now time.Time) (Estimate, bool) {
+	var out Estimate
+	found := false
+	walk(inOrder(entries, rank), p, idle, used, releases, now, func(at string, e Estimate, _ bool) bool {
+		if at == id {
+			out, found = e, true
+		}
+		return !found
+	})
+	return out, found
+}
+
+// inOrder gives entries one by one in admission order (by rank, or as they
+// are when it is nil), then nil.
+func inOrder(entries []Entry, rank []int32) func() *Entry {
+	i := 0
+	return func() *Entry {
+		if i == len(entries) {
+			return nil
+		}
+		i++
+		if rank != nil {
+			return &entries[rank[i-1]]
+		}
+		return &entries[i-1]
+	}
+}
+
+// walk gives each waiting entry's estimate to each, the entries in
+// admission order as following gives them, while it returns true; behind
+// is true when the entry waits behind one that blocks them all, as will
+// every entry after it, with the same estimate.
+func walk(following func() *Entry, p *policy.Policy, idle float64, used map[string]float64, releases []Release, now time.Time,
+	each func(id string, e Estimate, behind bool) bool) {
 	rs := append([]Release(nil), releases...)
 	sort.Slice(rs, func(i, j int) bool { return rs[i].At.Before(rs[j].At) })
 	held := map[string]float64{}
 	for t, n := range used {
 		held[t] = n
 	}
-	out := map[string]Estimate{}
 	free, clock, next, waited := idle, now, 0, 0
 	blocked := ""
-	for _, e := range ordered {
+	for e := following(); e != nil; e = following() {
 		if e.Parked != "" {
 			continue
 		}
 		if blocked != "" {
-			out[e.ID] = Estimate{Why: "unknown: it waits behind " + blocked}
+			if !each(e.ID, Estimate{Why: blocked}, true) {
+				return
+			}
 			continue
 		}
 		limit := e.Demand
@@ -82,12 +129,13 @@ func Estimates(ordered []Entry, p *policy.Policy, idle float64, used map[string]
 			next++
 			waited++
 		}
+		var est Estimate
 		switch {
 		case free < e.Demand:
-			blocked = e.ID
-			out[e.ID] = Estimate{Why: fmt.Sprintf("unknown: the %g GPUs it waits for are held by jobs with no known end (nomad-gpu.ttl or a max_lifetime rule gives one)", e.Demand-free)}
+			blocked = "unknown: it waits behind " + e.ID
+			est = Estimate{Why: fmt.Sprintf("unknown: the %g GPUs it waits for are held by jobs with no known end (nomad-gpu.ttl or a max_lifetime rule gives one)", e.Demand-free)}
 		case held[e.Tenant]+e.Demand > limit:
-			out[e.ID] = Estimate{Why: fmt.Sprintf("unknown: tenant %q's own jobs with no known end hold its limit", e.Tenant)}
+			est = Estimate{Why: fmt.Sprintf("unknown: tenant %q's own jobs with no known end hold its limit", e.Tenant)}
 		default:
 			free -= e.Demand
 			held[e.Tenant] += e.Demand
@@ -95,8 +143,10 @@ func Estimates(ordered []Entry, p *policy.Policy, idle float64, used map[string]
 			if clock.After(now) {
 				why = fmt.Sprintf("when %d running allocations reach the end of their lifetimes", waited)
 			}
-			out[e.ID] = Estimate{At: clock, Why: why}
+			est = Estimate{At: clock, Why: why}
+		}
+		if !each(e.ID, est, false) {
+			return
 		}
 	}
-	return out
 }

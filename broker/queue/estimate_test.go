@@ -55,6 +55,13 @@ tenant "search" {
 	if _, ok := got["p"]; ok {
 		t.Error("a parked entry was estimated")
 	}
+	// One entry's estimate, as a submission needs it, is the same.
+	for _, e := range entries {
+		one, ok := queue.EstimateOf(entries, nil, e.ID, p, 0, used, releases, now)
+		if all, want := got[e.ID]; ok != want || one != all {
+			t.Errorf("EstimateOf(%s) = %+v, %v; Estimates has %+v, %v", e.ID, one, ok, all, want)
+		}
+	}
 	if e := queue.Estimates(entries[:1], p, 2, used, nil, now)["s1"]; !e.At.Equal(now) || !strings.HasPrefix(e.Why, "now") {
 		t.Errorf("with 2 idle GPUs: %+v", e)
 	}

@@ -2,6 +2,7 @@ package queue_test
 
 import (
 	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -9,8 +10,9 @@ import (
 	"github.com/nomad-gpu/nomad-gpu/broker/queue"
 )
 
-func TestOrder(t *testing.T) {
-	p, diags := policyhcl.Parse(map[string][]byte{"p.hcl": []byte(`
+// twoTenants: a may queue training and inference, b training; both are
+// guaranteed 4 of a limit of 8.
+const twoTenants = `
 queue "inference" { priority = 80 }
 queue "training" { priority = 60 }
 tenant "a" {
@@ -24,7 +26,10 @@ tenant "b" {
   queues = ["training"]
   guaranteed = 4
   limit = 8
-}`)}, 0)
+}`
+
+func TestOrder(t *testing.T) {
+	p, diags := policyhcl.Parse(map[string][]byte{"p.hcl": []byte(twoTenants)}, 0)
 	if diags.HasErrors() {
 		t.Fatal(diags)
 	}
@@ -37,8 +42,19 @@ tenant "b" {
 		{ID: "a-training-starving", Tenant: "a", Queue: "training", SubmittedAt: now.Add(-3 * time.Hour)},
 	}
 	// a holds 6 of 4 guaranteed, b 2 of 4: b goes first within a band.
-	queue.Order(entries, p, map[string]float64{"a": 6, "b": 2}, nil, now)
+	used := map[string]float64{"a": 6, "b": 2}
 	want := []string{"a-training-starving", "a-inference", "b-training-older", "b-training-new", "a-training-old"}
+	// Rank gives the order without moving them.
+	before := slices.Clone(entries)
+	for i, at := range queue.Rank(entries, p, used, nil, now) {
+		if entries[at].ID != want[i] {
+			t.Fatalf("rank %d: got %s, want order %v", i, entries[at].ID, want)
+		}
+	}
+	if !slices.EqualFunc(entries, before, func(a, b queue.Entry) bool { return a.ID == b.ID }) {
+		t.Errorf("Rank moved the entries")
+	}
+	queue.Order(entries, p, used, nil, now)
 	for i, e := range entries {
 		if e.ID != want[i] {
 			t.Fatalf("position %d: got %s, want order %v", i, e.ID, want)

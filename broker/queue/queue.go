@@ -116,6 +116,54 @@ const HeldHours = 1.0
 // reaches): within a band the share decides, so that a tenant flooding the
 // queue does not get ahead by having the oldest entries.
 func Order(entries []Entry, p *policy.Policy, used map[string]float64, decayed map[string]float64, now time.Time) {
+	rank := Rank(entries, p, used, decayed, now)
+	// Move each entry to its place by following the permutation's cycles.
+	for i := range rank {
+		if rank[i] < 0 {
+			continue
+		}
+		first := entries[i]
+		at := i
+		for {
+			from := int(rank[at])
+			rank[at] = -1
+			if from == i {
+				entries[at] = first
+				break
+			}
+			entries[at] = entries[from]
+			at = from
+		}
+	}
+}
+
+// Rank is Order's order as indices into entries, which it leaves where they
+// are: the i-th to be admitted is entries[rank[i]]. A submission into a long
+// queue needs its own place only, not the queue moved.
+func Rank(entries []Entry, p *policy.Policy, used map[string]float64, decayed map[string]float64, now time.Time) []int32 {
+	entry := func(i int) *Entry { return &entries[i] }
+	keys := orderKeys(len(entries), entry, p, used, decayed, now)
+	slices.SortFunc(keys, func(a, b orderKey) int { return compareKeys(a, b, entry) })
+	rank := make([]int32, len(keys))
+	for i, k := range keys {
+		rank[i] = k.index
+	}
+	return rank
+}
+
+// An orderKey is an entry's place in the order, computed once, not at every
+// comparison, without pointers (cheap to move, nothing for the collector to
+// scan); index is the entry's.
+type orderKey struct {
+	share  float64
+	at     int64
+	prio   int
+	index  int32
+	parked bool
+}
+
+// orderKeys is the key of each of n entries, entry(i) being the i-th.
+func orderKeys(n int, entry func(int) *Entry, p *policy.Policy, used map[string]float64, decayed map[string]float64, now time.Time) []orderKey {
 	fair := p.FairShare.Enabled && decayed != nil
 	priorities := make([]int, 0, len(p.Queues))
 	for _, q := range p.Queues {
@@ -169,52 +217,28 @@ func Order(entries []Entry, p *policy.Policy, used map[string]float64, decayed m
 		shares[tenant], lastTenant, lastShare = s, tenant, s
 		return s
 	}
-	// Each entry's order is computed once, not at every comparison, into keys
-	// without pointers (cheap to move, nothing for the collector to scan).
-	type orderKey struct {
-		share  float64
-		at     int64
-		prio   int
-		index  int32
-		parked bool
-	}
-	keys := make([]orderKey, len(entries))
-	for i := range entries {
-		e := &entries[i]
+	keys := make([]orderKey, n)
+	for i := range keys {
+		e := entry(i)
 		keys[i] = orderKey{share(e.Tenant), e.SubmittedAt.UnixNano(), prio(e), int32(i), e.Parked != ""}
 	}
-	slices.SortFunc(keys, func(a, b orderKey) int {
-		switch {
-		case a.parked != b.parked: // parked entries wait for nothing: after every waiting one
-			if a.parked {
-				return 1
-			}
-			return -1
-		case a.prio != b.prio:
-			return cmp.Compare(b.prio, a.prio)
-		case a.share != b.share:
-			return cmp.Compare(a.share, b.share)
-		case a.at != b.at:
-			return cmp.Compare(a.at, b.at)
+	return keys
+}
+
+// compareKeys is the admission order of two keys.
+func compareKeys(a, b orderKey, entry func(int) *Entry) int {
+	switch {
+	case a.parked != b.parked: // parked entries wait for nothing: after every waiting one
+		if a.parked {
+			return 1
 		}
-		return strings.Compare(entries[a.index].ID, entries[b.index].ID)
-	})
-	// Move each entry to its place by following the permutation's cycles.
-	for i := range keys {
-		if keys[i].index < 0 {
-			continue
-		}
-		first := entries[i]
-		at := i
-		for {
-			from := int(keys[at].index)
-			keys[at].index = -1
-			if from == i {
-				entries[at] = first
-				break
-			}
-			entries[at] = entries[from]
-			at = from
-		}
+		return -1
+	case a.prio != b.prio:
+		return cmp.Compare(b.prio, a.prio)
+	case a.share != b.share:
+		return cmp.Compare(a.share, b.share)
+	case a.at != b.at:
+		return cmp.Compare(a.at, b.at)
 	}
+	return strings.Compare(entry(int(a.index)).ID, entry(int(b.index)).ID)
 }

@@ -378,33 +378,27 @@ func (s *Server) enqueue(w http.ResponseWriter, r *http.Request, rj *gpuJobReque
 			return
 		}
 	}
-	entries, err := s.queue.List(r.Context())
+	entries, err := s.queue.View(r.Context()) // read only: a long queue is not copied
 	if err != nil {
 		writeError(w, fail(errUnavailable, "job %q could not be queued: %v", rj.JobID, err))
 		return
 	}
 	e := queue.Entry{ID: s.newID(), JobID: rj.JobID, Namespace: rj.Namespace, Tenant: d.Tenant, Queue: d.Queue,
 		Demand: d.Demand.Total(), Reason: d.Reason, SubmittedBy: who, Accessor: accessor, Grants: grants, SubmittedAt: s.now().UTC(), Request: rj.Body()}
-	others := make([]queue.Entry, 0, len(entries)+1) // and e, appended to order them
-
-	for _, old := range entries {
-		if old.Namespace == e.Namespace && old.JobID == e.JobID && old.Parked == "" {
-			// The job again while it waits: as in Nomad, the new version
-			// replaces the old one, which keeps its place in the queue.
-			e.ID, e.SubmittedAt = old.ID, old.SubmittedAt
-			continue
-		}
-		others = append(others, old)
+	// The job again while it waits: as in Nomad, the new version replaces
+	// the old one, which keeps its place in the queue.
+	at := waitingEntry(entries, e.Namespace, e.JobID)
+	if at >= 0 {
+		e.ID, e.SubmittedAt = entries[at].ID, entries[at].SubmittedAt
 	}
-	if err := s.withinQueueLimits(rj, d.Tenant, others); err != nil {
+	if err := s.withinQueueLimits(rj, d.Tenant, entries, at); err != nil {
 		event.Result = "not queued: " + err.Error()
 		if s.audited(w, event) {
 			writeError(w, fail(errTooMany, "job %q not queued: %v", rj.JobID, err))
 		}
 		return
 	}
-	ordered := s.order(r.Context(), append(others, e))
-	estimate, estimated := s.estimates(ordered)[e.ID]
+	position, estimate, estimated := s.place(r.Context(), entries, e, at)
 	e.EstimatedStart = estimate.At
 	starts := startsText(estimate, estimated)
 	event.ID = e.ID
@@ -421,7 +415,7 @@ func (s *Server) enqueue(w http.ResponseWriter, r *http.Request, rj *gpuJobReque
 	}
 	writeJSON(w, http.StatusOK, api.JobRegisterResponse{EvalID: e.ID, Warnings: joinWarnings(fmt.Sprintf(
 		"nomad-gpu: queued as %s, position %d in queue %s: %s.%s It is registered with Nomad as soon as GPUs free up; "+
-			"`gpu-broker queue show %s` follows it.", e.ID, positionOf(ordered, e.ID), d.Queue, d.Reason, starts, e.ID),
+			"`gpu-broker queue show %s` follows it.", e.ID, position, d.Queue, d.Reason, starts, e.ID),
 		joinWarnings(warnings...), s.rightSizingWarning(rj.Namespace, rj.JobID, d))})
 }
 
@@ -441,34 +435,41 @@ func startsText(estimate queue.Estimate, estimated bool) string {
 // would start: the same estimate a real submission gets ("" when the queue
 // cannot be read or there is no estimate).
 func (s *Server) planEstimate(r *http.Request, rj *gpuJobRequest, d admission.Decision) string {
-	entries, err := s.queue.List(r.Context())
+	entries, err := s.queue.View(r.Context())
 	if err != nil {
 		return ""
 	}
 	e := queue.Entry{ID: "plan", JobID: rj.JobID, Namespace: rj.Namespace, Tenant: d.Tenant, Queue: d.Queue,
 		Demand: d.Demand.Total(), SubmittedAt: s.now().UTC()}
-	others := make([]queue.Entry, 0, len(entries)+1)
-	for _, old := range entries {
-		if old.Namespace == e.Namespace && old.JobID == e.JobID && old.Parked == "" {
-			e.SubmittedAt = old.SubmittedAt // submitted again, it keeps the place of the version waiting
-			continue
-		}
-		others = append(others, old)
+	at := waitingEntry(entries, e.Namespace, e.JobID)
+	if at >= 0 {
+		e.SubmittedAt = entries[at].SubmittedAt // submitted again, it keeps the place of the version waiting
 	}
-	ordered := s.order(r.Context(), append(others, e))
-	estimate, estimated := s.estimates(ordered)[e.ID]
-	return fmt.Sprintf(" It would be position %d in queue %s.%s", positionOf(ordered, e.ID), d.Queue, startsText(estimate, estimated))
+	position, estimate, estimated := s.place(r.Context(), entries, e, at)
+	return fmt.Sprintf(" It would be position %d in queue %s.%s", position, d.Queue, startsText(estimate, estimated))
 }
 
-// withinQueueLimits checks the tenant's caps on queued jobs and request size.
-func (s *Server) withinQueueLimits(rj *gpuJobRequest, tenant string, entries []queue.Entry) error {
+// waitingEntry is the index of the entry of job ns/id that waits (not
+// parked) in entries, -1 if none.
+func waitingEntry(entries []queue.Entry, ns, id string) int {
+	for i := range entries {
+		if entries[i].Namespace == ns && entries[i].JobID == id && entries[i].Parked == "" {
+			return i
+		}
+	}
+	return -1
+}
+
+// withinQueueLimits checks the tenant's caps on queued jobs and request size;
+// the entry at index replaced (-1: none) is the job's own waiting version.
+func (s *Server) withinQueueLimits(rj *gpuJobRequest, tenant string, entries []queue.Entry, replaced int) error {
 	t := s.policies.Current().Tenants[tenant]
 	if size := len(rj.Body()); size > t.MaxQueuedRequestBytes {
 		return fmt.Errorf("its request is %d bytes, above tenant %q's max_queued_request_bytes of %d", size, tenant, t.MaxQueuedRequestBytes)
 	}
 	n := 0
-	for _, e := range entries {
-		if e.Tenant == tenant {
+	for i := range entries {
+		if entries[i].Tenant == tenant && i != replaced {
 			n++
 		}
 	}

@@ -54,7 +54,7 @@ func (s *Server) queueEntry(w http.ResponseWriter, r *http.Request, id, who stri
 			writeError(w, fail(errUnavailable, "%v", err))
 			return
 		}
-		writeJSON(w, http.StatusOK, QueuedJob{Position: positionOf(entries, id), Entry: e, Estimate: estimateOf(s.estimates(entries), id),
+		writeJSON(w, http.StatusOK, QueuedJob{Position: positionOf(entries, id), Entry: e, Estimate: estimatePtr(s.estimateOf(entries, id)),
 			Backoff: s.backoff(e.Namespace, e.JobID)})
 	case http.MethodDelete:
 		if !s.mayCancel(r, e, who) {
@@ -87,8 +87,45 @@ func (s *Server) estimates(ordered []queue.Entry) map[string]queue.Estimate {
 	return queue.Estimates(ordered, p, u.Idle[policy.AllGPUs], u.UsedBy(), releases, s.now())
 }
 
-func estimateOf(estimates map[string]queue.Estimate, id string) *queue.Estimate {
-	if e, ok := estimates[id]; ok {
+// estimateOf is the estimate of entry id, of entries in admission order;
+// false where there is none (the leader has not observed the cluster yet,
+// or the entry is parked).
+func (s *Server) estimateOf(ordered []queue.Entry, id string) (queue.Estimate, bool) {
+	p := s.policies.Current()
+	supply := s.supply(p)
+	if supply == nil {
+		return queue.Estimate{}, false
+	}
+	return queue.EstimateOf(ordered, nil, id, p, supply.Idle, s.cluster.UsageWithout(p, "", "").UsedBy(), supply.Releases, s.now())
+}
+
+// supply is what estimates start from now: nil before the leader observed
+// the cluster.
+func (s *Server) supply(p *policy.Policy) *queue.Supply {
+	if s.forecast == nil {
+		return nil
+	}
+	releases, ok := s.forecast.Get()
+	if !ok {
+		return nil
+	}
+	return &queue.Supply{Idle: s.cluster.UsageWithout(p, "", "").Idle[policy.AllGPUs], Releases: releases}
+}
+
+// place is where e, submitted now in place of entries[replaced] (-1: none),
+// stands in the queue, and its estimate (false: none).
+func (s *Server) place(ctx context.Context, entries []queue.Entry, e queue.Entry, replaced int) (int, queue.Estimate, bool) {
+	p, used, decayed := s.orderedBy(ctx)
+	return queue.Place(entries, e, replaced, p, used, decayed, s.now(), s.supply(p))
+}
+
+func lookup(estimates map[string]queue.Estimate, id string) (queue.Estimate, bool) {
+	e, ok := estimates[id]
+	return e, ok
+}
+
+func estimatePtr(e queue.Estimate, ok bool) *queue.Estimate {
+	if ok {
 		return &e
 	}
 	return nil
@@ -105,9 +142,16 @@ func (s *Server) ordered(r *http.Request) ([]queue.Entry, error) {
 
 // order sorts entries in admission order under the policy and usage now.
 func (s *Server) order(ctx context.Context, entries []queue.Entry) []queue.Entry {
+	p, used, decayed := s.orderedBy(ctx)
+	queue.Order(entries, p, used, decayed, s.now())
+	return entries
+}
+
+// orderedBy is what the queue's order depends on now: the policy, each
+// tenant's GPUs, and with fair share their decayed GPU-hours.
+func (s *Server) orderedBy(ctx context.Context) (*policy.Policy, map[string]float64, map[string]float64) {
 	p := s.policies.Current()
-	u := s.cluster.UsageWithout(p, "", "")
-	used := u.UsedBy()
+	used := s.cluster.UsageWithout(p, "", "").UsedBy()
 	var decayed map[string]float64
 	if s.fairShare != nil && p.FairShare.Enabled {
 		d, err := s.fairShare.Decayed(ctx, s.now(), p.FairShare.HalfLife)
@@ -118,8 +162,7 @@ func (s *Server) order(ctx context.Context, entries []queue.Entry) []queue.Entry
 		}
 		decayed = d
 	}
-	queue.Order(entries, p, used, decayed, s.now())
-	return entries
+	return p, used, decayed
 }
 
 // dequeue takes entry e out of the queue for who, audited with result; the

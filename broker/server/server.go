@@ -51,6 +51,8 @@ type Cluster interface {
 type Queue interface {
 	Put(ctx context.Context, e queue.Entry) error
 	List(ctx context.Context) ([]queue.Entry, error)
+	// View is List's entries shared, not copied: read them, never change them.
+	View(ctx context.Context) ([]queue.Entry, error)
 	Get(ctx context.Context, id string) (queue.Entry, error)
 	Remove(ctx context.Context, e queue.Entry) (bool, error)
 }

@@ -43,6 +43,9 @@ func (m *Mem) Put(_ context.Context, e queue.Entry) error {
 	return nil
 }
 
+// View returns every entry (a copy: nothing here is shared).
+func (m *Mem) View(ctx context.Context) ([]queue.Entry, error) { return m.List(ctx) }
+
 // List returns every entry.
 func (m *Mem) List(context.Context) ([]queue.Entry, error) {
 	m.mu.Lock()
