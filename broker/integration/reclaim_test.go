@@ -54,7 +54,7 @@ reclaim "idle-dev" {
   idle_below = 5
   idle_for   = "6s"
   action     = "stop"
-  grace      = "6s"
+  grace      = "10s" # time for the test to cancel one on a loaded machine
   mode       = "enforce"
 }
 reclaim "sick-gpu" {
@@ -213,8 +213,10 @@ func TestReclaim(t *testing.T) {
 			t.Error("the job whose meta was copied was stopped")
 		}
 	})
+	var cancelledActAfter time.Time
 	t.Run("a cancelled decision is never carried out", func(t *testing.T) {
 		rec := waitDecision("keep-nb", reclaim.Proposed)
+		cancelledActAfter = rec.ActAfter
 		out := e.brokerCLI("reclaim", "cancel", rec.ID)
 		if !strings.Contains(out, "cancelled") {
 			t.Fatalf("cancel: %s", out)
@@ -222,7 +224,7 @@ func TestReclaim(t *testing.T) {
 	})
 	t.Run("an idle dev job is proposed, then stopped after its grace", func(t *testing.T) {
 		rec := waitDecision("idle-nb", reclaim.Executed)
-		if !stopped("idle-nb") || rec.ExecutedAt.Sub(rec.ProposedAt) < 6*time.Second || !strings.Contains(rec.Evidence, "every GPU below 5%") {
+		if !stopped("idle-nb") || rec.ExecutedAt.Sub(rec.ProposedAt) < 10*time.Second || !strings.Contains(rec.Evidence, "every GPU below 5%") {
 			t.Errorf("stopped %t, record %+v", stopped("idle-nb"), rec)
 		}
 		if out := e.brokerCLI("reclaim", "show", rec.ID); !strings.Contains(out, "idle-dev") || !strings.Contains(out, "executed") {
@@ -368,7 +370,7 @@ func TestReclaim(t *testing.T) {
 		}
 	})
 	t.Run("a busy job, the one scaled through the broker and the cancelled one keep running", func(t *testing.T) {
-		time.Sleep(7 * time.Second) // past the cancelled decision's grace
+		time.Sleep(time.Until(cancelledActAfter.Add(time.Second))) // past the cancelled decision's grace
 		recs := decisions()
 		if rec, ok := recs["busy-nb"]; ok || stopped("busy-nb") {
 			t.Errorf("busy job reclaimed: %+v", rec)
