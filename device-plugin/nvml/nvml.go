@@ -33,18 +33,22 @@ type Backend struct {
 	ignored map[uint64]bool
 
 	mu      sync.Mutex
-	handles map[string]handle // by UUID, as of the last Devices call
-	faults  map[string]string // GPU UUID → fault seen by the event loop since the last Health call
+	handles map[string]handle         // by UUID, as of the last Devices call
+	gpm     map[string]nvml.GpmSample // a MIG instance's last GPM sample, by its UUID
+	faults  map[string]string         // GPU UUID → fault seen by the event loop since the last Health call
 
 	events nvml.EventSet
 	stop   chan struct{}
 	done   chan struct{}
 }
 
-// handle is a device's NVML handle; a MIG instance also keeps its parent GPU's.
+// handle is a device's NVML handle; a MIG instance also keeps its parent
+// GPU's, and its GPU instance id there (GPM samples an instance by it).
 type handle struct {
 	dev        nvml.Device
 	parentUUID string
+	parent     nvml.Device
+	instance   int
 }
 
 // Open initialises NVML and starts listening for XID and ECC events.
@@ -109,7 +113,11 @@ func (b *Backend) Devices(context.Context) ([]gpu.Device, error) {
 		}
 		for _, m := range migInstances(dev, d) {
 			out = append(out, m.Device)
-			handles[m.UUID] = handle{dev: m.dev, parentUUID: d.UUID}
+			h := handle{dev: m.dev, parentUUID: d.UUID, parent: dev, instance: -1}
+			if id, ret := m.dev.GetGpuInstanceId(); ret == nvml.SUCCESS {
+				h.instance = id
+			}
+			handles[m.UUID] = h
 		}
 	}
 	b.mu.Lock()
@@ -257,6 +265,12 @@ func (b *Backend) Close() error {
 		<-b.done
 		b.events.Free()
 	}
+	b.mu.Lock()
+	for _, sample := range b.gpm {
+		sample.Free()
+	}
+	b.gpm = nil
+	b.mu.Unlock()
 	if ret := b.lib.Shutdown(); ret != nvml.SUCCESS {
 		return fmt.Errorf("shut NVML down: %w", ret)
 	}

@@ -196,17 +196,18 @@ func TestHealthFromEventsAndPolledConditions(t *testing.T) {
 	}
 }
 
-func TestMIGInstancesAreDevicesSharingParentHealth(t *testing.T) {
-	m := newMachine(t)
+// withMIG puts the first GPU of m in MIG mode with two 3g.40gb instances,
+// MIG-0 and MIG-1, GPU instances 1 and 2, and GPM as gpmSupported says.
+func withMIG(m *machine, gpmSupported bool) *server.Device {
 	parent := m.Devices[0].(*server.Device)
 	parent.MigMode = nvml.DEVICE_MIG_ENABLE
 	var migs []nvml.Device
 	for j := 0; j < 2; j++ {
-		j := j
 		migs = append(migs, &mock.Device{
-			GetUUIDFunc:       func() (string, nvml.Return) { return fmt.Sprintf("MIG-%d", j), nvml.SUCCESS },
-			GetNameFunc:       func() (string, nvml.Return) { return "NVIDIA H100 80GB HBM3 MIG 3g.40gb", nvml.SUCCESS },
-			GetMemoryInfoFunc: func() (nvml.Memory, nvml.Return) { return nvml.Memory{Total: 40 << 30, Used: 1 << 30}, nvml.SUCCESS },
+			GetUUIDFunc:          func() (string, nvml.Return) { return fmt.Sprintf("MIG-%d", j), nvml.SUCCESS },
+			GetNameFunc:          func() (string, nvml.Return) { return "NVIDIA H100 80GB HBM3 MIG 3g.40gb", nvml.SUCCESS },
+			GetMemoryInfoFunc:    func() (nvml.Memory, nvml.Return) { return nvml.Memory{Total: 40 << 30, Used: 1 << 30}, nvml.SUCCESS },
+			GetGpuInstanceIdFunc: func() (int, nvml.Return) { return j + 1, nvml.SUCCESS },
 		})
 	}
 	parent.GetMaxMigDeviceCountFunc = func() (int, nvml.Return) { return 7, nvml.SUCCESS }
@@ -216,6 +217,19 @@ func TestMIGInstancesAreDevicesSharingParentHealth(t *testing.T) {
 		}
 		return nil, nvml.ERROR_NOT_FOUND
 	}
+	supported := uint32(0)
+	if gpmSupported {
+		supported = 1
+	}
+	parent.GpmQueryDeviceSupportFunc = func() (nvml.GpmSupport, nvml.Return) {
+		return nvml.GpmSupport{IsSupportedDevice: supported}, nvml.SUCCESS
+	}
+	return parent
+}
+
+func TestMIGInstancesAreDevicesSharingParentHealth(t *testing.T) {
+	m := newMachine(t)
+	parent := withMIG(m, false)
 	b := open(t, m)
 	devs, _ := b.Devices(context.Background())
 	if len(devs) != 9 {
@@ -244,9 +258,81 @@ func TestMIGInstancesAreDevicesSharingParentHealth(t *testing.T) {
 	}
 	stats, _ := b.Stats(context.Background())
 	for _, s := range stats {
-		if s.UUID == "MIG-1" && (s.MemUsedMiB != 1024 || s.GPUUtilPct != gpu.Unknown) {
-			t.Errorf("MIG stats: want memory only, got %+v", s)
+		if s.UUID == "MIG-1" && (s.MemUsedMiB != 1024 || s.MemTotalMiB != 40960 || s.GPUUtilPct != gpu.Unknown) {
+			t.Errorf("MIG stats without GPM: want memory only, got %+v", s)
 		}
+	}
+}
+
+// gpmSample is a GPM sample of the mock: which GPU instance, taken when.
+type gpmSample struct {
+	instance, at int
+	freed        *int
+}
+
+func (g *gpmSample) Free() nvml.Return                   { *g.freed++; return nvml.SUCCESS }
+func (g *gpmSample) Get(nvml.Device) nvml.Return         { return nvml.ERROR_NOT_SUPPORTED }
+func (g *gpmSample) MigGet(nvml.Device, int) nvml.Return { return nvml.ERROR_NOT_SUPPORTED }
+
+// With GPM (Hopper), a MIG instance's utilisation is its SMs' between two
+// samples: N/A at the first Stats, then each instance's own; every sample
+// but the last of each instance is freed.
+func TestMIGInstancesGetTheirOwnUtilisationFromGPM(t *testing.T) {
+	m := newMachine(t)
+	parent := withMIG(m, true)
+	allocated, freed, clock := 0, 0, 0
+	m.GpmSampleAllocFunc = func() (nvml.GpmSample, nvml.Return) {
+		allocated++
+		return &gpmSample{instance: -1, freed: &freed}, nvml.SUCCESS
+	}
+	m.GpmMigSampleGetFunc = func(dev nvml.Device, instance int, s nvml.GpmSample) nvml.Return {
+		if dev != parent {
+			t.Errorf("GPM sampled instance %d on another device than its GPU", instance)
+		}
+		clock++
+		s.(*gpmSample).instance, s.(*gpmSample).at = instance, clock
+		return nvml.SUCCESS
+	}
+	// GPU instance 1 keeps 37.4 % of its SMs busy, instance 2 81.6 %.
+	m.GpmMetricsGetFunc = func(get *nvml.GpmMetricsGetType) nvml.Return {
+		a, z := get.Sample1.(*gpmSample), get.Sample2.(*gpmSample)
+		if get.NumMetrics != 1 || nvml.GpmMetricId(get.Metrics[0].MetricId) != nvml.GPM_METRIC_SM_UTIL || a.instance != z.instance || a.at >= z.at {
+			t.Errorf("GPM asked %d metrics (%d) between %+v and %+v", get.NumMetrics, get.Metrics[0].MetricId, a, z)
+		}
+		get.Metrics[0].Value = map[int]float64{1: 37.4, 2: 81.6}[a.instance]
+		return nvml.SUCCESS
+	}
+	b, err := gpunvml.Open(gpunvml.Options{Library: m}, hclog.NewNullLogger()) // closed below
+	if err != nil {
+		t.Fatal(err)
+	}
+	utils := func() map[string]int64 {
+		stats, err := b.Stats(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := map[string]int64{}
+		for _, s := range stats {
+			if strings.HasPrefix(s.UUID, "MIG-") {
+				out[s.UUID] = s.GPUUtilPct
+			}
+		}
+		return out
+	}
+	if got := utils(); got["MIG-0"] != gpu.Unknown || got["MIG-1"] != gpu.Unknown {
+		t.Errorf("first stats: %v, want N/A (nothing to measure against)", got)
+	}
+	for range 2 {
+		if got := utils(); got["MIG-0"] != 37 || got["MIG-1"] != 82 {
+			t.Errorf("stats: %v, want MIG-0 37 and MIG-1 82", got)
+		}
+	}
+	if live := allocated - freed; live != 2 {
+		t.Errorf("%d GPM samples allocated, %d freed: %d live, want the last of each instance", allocated, freed, live)
+	}
+	b.Close()
+	if freed != allocated {
+		t.Errorf("after Close, %d of %d GPM samples freed", freed, allocated)
 	}
 }
 
