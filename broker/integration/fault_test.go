@@ -141,6 +141,69 @@ func TestConsulOutage(t *testing.T) {
 	})
 }
 
+// TestConsulLeaderKilled: the leader of three Consul servers is killed while
+// users submit GPU jobs that the broker queues (each a write to Consul KV),
+// the broker talking to its local Consul client agent as in production.
+// Consul elects another leader within seconds, and the leader broker rides
+// that out (it checks its lock again before it steps down), so submissions
+// are refused for under 5 s, not until its session's TTL runs out.
+func TestConsulLeaderKilled(t *testing.T) {
+	t.Parallel()
+	consul := testcluster.StartConsulCluster(t, 3)
+	n := startGPUNode(t, "consul-leader", 4, "vision", "search")
+	e := brokerEnv(t, n, consul.Client, twoTenantPolicy, "search", 4, testcluster.BrokerOptions{})
+	// search holds its limit of 2 GPUs: each new job of its is queued, a
+	// write to Consul KV, as an admission's reservation is not.
+	if out, err := e.run("search", "holds", 1, 2, "", true); err != nil || !strings.Contains(out, "admitted") {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	submitted := 0
+	register := func() int {
+		submitted++
+		body := job("search", fmt.Sprintf("waits-%03d", submitted), api.JobTypeBatch).group("g", ptr(1), nil, task(dev("nvidia/gpu", 1))).body(nil, canonical)
+		status, out := send(t, e.broker.Addr, http.MethodPut, "/v1/jobs", body)
+		if status == http.StatusOK && !strings.Contains(out, "queued as") {
+			t.Fatalf("not queued: %s", out)
+		}
+		return status
+	}
+	if status := register(); status != http.StatusOK {
+		t.Fatalf("before the kill a submission answered %d", status)
+	}
+	killed := consul.Leader()
+	killed.Kill()
+	at := time.Now()
+	var last, slowest time.Duration
+	refused, answered := 0, 0
+	for time.Since(at) < 20*time.Second {
+		sent := time.Now()
+		status := register()
+		slowest = max(slowest, time.Since(sent))
+		switch status {
+		case http.StatusOK:
+			answered++
+		case http.StatusServiceUnavailable:
+			refused++
+			last = time.Since(at)
+		default:
+			t.Fatalf("a registration answered %d", status)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	next := consul.Leader()
+	t.Logf("Consul leader %s killed, %s leads now: %d GPU submissions refused, the last %s after the kill; %d queued, the slowest in %s",
+		killed.Addr, next.Addr, refused, last.Round(10*time.Millisecond), answered, slowest.Round(10*time.Millisecond))
+	if next == killed {
+		t.Fatalf("the killed server still leads")
+	}
+	if last > 5*time.Second {
+		t.Errorf("GPU submissions refused until %s after the Consul leader was killed, want under 5 s", last.Round(time.Second))
+	}
+	if status := register(); status != http.StatusOK {
+		t.Errorf("after the new leader a submission answered %d", status)
+	}
+}
+
 // TestGPUClientDies: a Nomad client with GPUs dies. Its allocations are lost
 // and Nomad places replacements on the client left: the tenant is charged its
 // job's demand once (a lost allocation and its replacement do not add up),

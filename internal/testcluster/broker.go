@@ -238,8 +238,7 @@ func (b *Broker) Kill() {
 	if b.process == nil {
 		b.t.Fatal("an in-process broker cannot be killed: start it with BrokerOptions{Process: true}")
 	}
-	syscall.Kill(-b.cmd.Process.Pid, syscall.SIGKILL)
-	<-b.exited
+	b.process.Kill()
 }
 
 // RSS is the broker process's resident memory in bytes (0 when unknown).

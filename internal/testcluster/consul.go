@@ -1,10 +1,13 @@
 package testcluster
 
 import (
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"path/filepath"
+	"slices"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 )
@@ -93,3 +96,81 @@ func (c *Consul) Start() {
 
 // Stop ends the agent; Start brings it back.
 func (c *Consul) Stop() { c.stop() }
+
+// ConsulCluster is servers Consul servers that keep their state on disk, and
+// a client agent joined to them, where the broker talks to Consul as in
+// production (a server killed is not the broker's own agent).
+type ConsulCluster struct {
+	Client  *Consul
+	Servers []*Consul
+}
+
+// StartConsulCluster starts servers Consul servers (raft_multiplier 1, as
+// Consul recommends for production) and a client agent, and waits for a
+// leader.
+func StartConsulCluster(t testing.TB, servers int) *ConsulCluster {
+	t.Helper()
+	c := &ConsulCluster{}
+	p := FreePorts(t, 4*(servers+1))
+	var join []string
+	for i := range servers + 1 {
+		join = append(join, "-retry-join", fmt.Sprintf("127.0.0.1:%d", p[4*i+2]))
+	}
+	for i := range servers + 1 {
+		dir := t.TempDir()
+		a := &Consul{Addr: fmt.Sprintf("127.0.0.1:%d", p[4*i]), t: t, dir: dir}
+		mode := []string{"-server", "-bootstrap-expect", strconv.Itoa(servers), "-node", fmt.Sprintf("consul-server-%d", i)}
+		if i == servers {
+			mode = []string{"-node", "consul-client"}
+		}
+		a.args = append(append([]string{"agent"}, mode...), "-data-dir", filepath.Join(dir, "data"),
+			"-bind", "127.0.0.1", "-client", "127.0.0.1", "-advertise", "127.0.0.1",
+			"-http-port", strconv.Itoa(p[4*i]), "-server-port", strconv.Itoa(p[4*i+1]),
+			"-serf-lan-port", strconv.Itoa(p[4*i+2]), "-serf-wan-port", strconv.Itoa(p[4*i+3]),
+			"-dns-port", "-1", "-grpc-port", "-1", "-grpc-tls-port", "-1",
+			"-hcl", "disable_update_check = true", "-hcl", "performance { raft_multiplier = 1 }")
+		a.args = append(a.args, join...)
+		t.Cleanup(func() {
+			if a.process != nil {
+				dumpOnFailure(t, a.process)
+				a.stop()
+			}
+		})
+		// Started together: no server elects a leader before the others are up.
+		a.runs++
+		a.process = start(t, fmt.Sprintf("consul-%d", a.runs), dir, Binary(t, "consul"), a.args...)
+		if i == servers {
+			c.Client = a
+		} else {
+			c.Servers = append(c.Servers, a)
+		}
+	}
+	c.Leader()
+	return c
+}
+
+// Leader waits until the servers have a leader, seen through the client
+// agent, and returns it.
+func (c *ConsulCluster) Leader() *Consul {
+	c.Client.t.Helper()
+	var leader *Consul
+	WaitFor(c.Client.t, 60*time.Second, "a consul leader", func() error {
+		resp, err := http.Get("http://" + c.Client.Addr + "/v1/status/leader")
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		var addr string
+		if err := json.NewDecoder(resp.Body).Decode(&addr); err != nil || addr == "" {
+			return fmt.Errorf("no leader yet (%v)", err)
+		}
+		for _, s := range c.Servers {
+			if strings.HasSuffix(addr, ":"+s.args[slices.Index(s.args, "-server-port")+1]) && !s.Exited() {
+				leader = s
+				return nil
+			}
+		}
+		return fmt.Errorf("leader %s is not a running server", addr)
+	})
+	return leader
+}

@@ -7,7 +7,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"text/template"
 	"time"
@@ -275,16 +274,6 @@ func (n *Nomad) stopLocalJobs() {
 	}
 }
 
-// Exited reports whether the agent process has ended.
-func (n *Nomad) Exited() bool {
-	select {
-	case <-n.exited:
-		return true
-	default:
-		return false
-	}
-}
-
 // WaitForNodes waits until count nodes are ready and have fingerprinted devices.
 func (n *Nomad) WaitForNodes(t testing.TB, count int) []*api.Node {
 	t.Helper()
@@ -334,13 +323,6 @@ func (n *Nomad) PluginPIDs() []int {
 		}
 	}
 	return pids
-}
-
-// Kill ends the agent at once, as a crashed machine would: its tasks stay
-// until the test's cleanup.
-func (n *Nomad) Kill() {
-	syscall.Kill(-n.cmd.Process.Pid, syscall.SIGKILL)
-	<-n.exited
 }
 
 // Restart stops the agent (its tasks keep running, as they do on a real

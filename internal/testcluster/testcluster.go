@@ -210,6 +210,23 @@ func (p *process) stop() {
 	<-p.exited
 }
 
+// Kill ends the agent at once, as a crashed machine would (a Nomad
+// client's tasks stay until the test's cleanup).
+func (p *process) Kill() {
+	syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
+	<-p.exited
+}
+
+// Exited reports whether the agent process has ended.
+func (p *process) Exited() bool {
+	select {
+	case <-p.exited:
+		return true
+	default:
+		return false
+	}
+}
+
 // Log returns the agent's output so far.
 func (p *process) Log() string {
 	b, _ := os.ReadFile(p.logPath)
