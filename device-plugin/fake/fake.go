@@ -108,7 +108,7 @@ func (b *Backend) Stats(context.Context) ([]gpu.Stats, error) {
 	out := make([]gpu.Stats, 0, len(b.devices))
 	for _, d := range b.devices {
 		st := gpu.Stats{UUID: d.UUID, MemTotalMiB: d.MemoryMiB, TemperatureC: 30, PowerW: 70,
-			PowerLimitW: d.PowerLimitW, SMClockMHz: 1980}
+			PowerLimitW: d.PowerLimitW, SMClockMHz: 1980, MemClockMHz: d.MemoryClockMHz}
 		if s, ok := state[d.UUID]; ok {
 			set(&st.GPUUtilPct, s.UtilizationGPU)
 			set(&st.MemUsedMiB, s.MemoryUsedMiB)

@@ -58,6 +58,7 @@ type Stats struct {
 	PowerW         int64
 	PowerLimitW    int64
 	SMClockMHz     int64
+	MemClockMHz    int64
 	ECCCorrected   int64
 	ECCUncorrected int64
 }
@@ -66,7 +67,7 @@ type Stats struct {
 func UnknownStats(uuid string) Stats {
 	return Stats{UUID: uuid, GPUUtilPct: Unknown, MemUtilPct: Unknown, MemUsedMiB: Unknown,
 		MemTotalMiB: Unknown, TemperatureC: Unknown, PowerW: Unknown, PowerLimitW: Unknown,
-		SMClockMHz: Unknown, ECCCorrected: Unknown, ECCUncorrected: Unknown}
+		SMClockMHz: Unknown, MemClockMHz: Unknown, ECCCorrected: Unknown, ECCUncorrected: Unknown}
 }
 
 // ReplicaID is the id of replica i of a shared GPU: Nomad takes any string

@@ -136,10 +136,14 @@ func TestPluginOnDevAgent(t *testing.T) {
 					continue
 				}
 				util := inst.Stats.Attributes["GPU utilization"]
-				if util != nil && util.IntNumeratorVal != nil && *util.IntNumeratorVal == 77 {
-					return nil
+				if util == nil || util.IntNumeratorVal == nil || *util.IntNumeratorVal != 77 {
+					return fmt.Errorf("GPU utilization is %v", util)
 				}
-				return fmt.Errorf("GPU utilization is %v", util)
+				if clock := inst.Stats.Attributes["Memory clock"]; clock == nil || clock.IntNumeratorVal == nil ||
+					*clock.IntNumeratorVal != 2619 || clock.Unit != "MHz" {
+					return fmt.Errorf("Memory clock is %v", clock)
+				}
+				return nil
 			}
 			return fmt.Errorf("no stats for %s yet", uuid)
 		})

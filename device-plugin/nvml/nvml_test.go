@@ -91,7 +91,12 @@ func complete(m *machine, i int, d *server.Device) {
 		return nvml.Utilization{Gpu: uint32(10 * i), Memory: 5}, nvml.SUCCESS
 	}
 	d.GetTemperatureFunc = func(nvml.TemperatureSensors) (uint32, nvml.Return) { return 41, nvml.SUCCESS }
-	d.GetClockInfoFunc = func(nvml.ClockType) (uint32, nvml.Return) { return 1980, nvml.SUCCESS }
+	d.GetClockInfoFunc = func(c nvml.ClockType) (uint32, nvml.Return) {
+		if c == nvml.CLOCK_MEM {
+			return 2619, nvml.SUCCESS
+		}
+		return 1980, nvml.SUCCESS
+	}
 	d.GetTotalEccErrorsFunc = func(t nvml.MemoryErrorType, _ nvml.EccCounterType) (uint64, nvml.Return) {
 		if t == nvml.MEMORY_ERROR_TYPE_CORRECTED {
 			return 3, nvml.SUCCESS
@@ -348,7 +353,7 @@ func TestStats(t *testing.T) {
 			continue
 		}
 		want := gpu.Stats{UUID: uuid, GPUUtilPct: 30, MemUtilPct: 5, MemUsedMiB: 0, MemTotalMiB: 81920,
-			TemperatureC: 41, PowerW: 312, PowerLimitW: 700, SMClockMHz: 1980, ECCCorrected: 3, ECCUncorrected: 0}
+			TemperatureC: 41, PowerW: 312, PowerLimitW: 700, SMClockMHz: 1980, MemClockMHz: 2619, ECCCorrected: 3, ECCUncorrected: 0}
 		if s != want {
 			t.Errorf("got %+v\nwant %+v", s, want)
 		}

@@ -89,6 +89,9 @@ func sample(dev nvml.Device, s *gpu.Stats) {
 	if mhz, ret := dev.GetClockInfo(nvml.CLOCK_SM); ret == nvml.SUCCESS {
 		s.SMClockMHz = int64(mhz)
 	}
+	if mhz, ret := dev.GetClockInfo(nvml.CLOCK_MEM); ret == nvml.SUCCESS {
+		s.MemClockMHz = int64(mhz)
+	}
 	if n, ret := dev.GetTotalEccErrors(nvml.MEMORY_ERROR_TYPE_CORRECTED, nvml.VOLATILE_ECC); ret == nvml.SUCCESS {
 		s.ECCCorrected = int64(n)
 	}

@@ -19,6 +19,7 @@ const (
 	StatTemperature    = "Temperature"
 	StatPower          = "Power usage"
 	StatSMClock        = "SM clock"
+	StatMemClock       = "Memory clock"
 	StatECCCorrected   = "ECC corrected errors"
 	StatECCUncorrected = "ECC uncorrected errors"
 )
@@ -62,6 +63,7 @@ func deviceStats(s gpu.Stats, ts *timestamppb.Timestamp) *devicepb.DeviceStats {
 			StatTemperature:    intStat(s.TemperatureC, "C", "GPU temperature"),
 			StatPower:          fraction(s.PowerW, s.PowerLimitW, "W", "power drawn / power limit"),
 			StatSMClock:        intStat(s.SMClockMHz, "MHz", "streaming multiprocessor clock"),
+			StatMemClock:       intStat(s.MemClockMHz, "MHz", "memory clock"),
 			StatECCCorrected:   intStat(s.ECCCorrected, "#", "corrected ECC errors since the driver loaded"),
 			StatECCUncorrected: intStat(s.ECCUncorrected, "#", "uncorrected ECC errors since the driver loaded"),
 		}},
