@@ -33,6 +33,7 @@ type State struct {
 	MemoryUsedMiB     *int64 `json:"memory_used_mib"`
 	TemperatureC      *int64 `json:"temperature_c"`
 	PowerW            *int64 `json:"power_w"`
+	XID               *int64 `json:"xid"`
 }
 
 // Backend serves simulated GPUs. It is safe for concurrent use.
@@ -114,6 +115,7 @@ func (b *Backend) Stats(context.Context) ([]gpu.Stats, error) {
 			set(&st.MemUsedMiB, s.MemoryUsedMiB)
 			set(&st.TemperatureC, s.TemperatureC)
 			set(&st.PowerW, s.PowerW)
+			set(&st.LastXID, s.XID)
 		}
 		if st.MemTotalMiB > 0 {
 			st.MemUtilPct = st.MemUsedMiB * 100 / st.MemTotalMiB

@@ -40,13 +40,14 @@ func TestStateFileDrivesHealthAndStats(t *testing.T) {
 		t.Fatalf("without a state file every GPU must be healthy: %+v", h)
 	}
 
-	write(t, path, `{"`+id0+`": {"healthy": false, "health_description": "XID 79"}, "`+id1+`": {"utilization_gpu": 93, "memory_used_mib": 500}}`)
+	write(t, path, `{"`+id0+`": {"healthy": false, "health_description": "XID 79", "xid": 79}, "`+id1+`": {"utilization_gpu": 93, "memory_used_mib": 500}}`)
 	h, _ = b.Health(ctx)
 	if h[id0].Healthy || h[id0].Reason != "XID 79" || !h[id1].Healthy {
 		t.Fatalf("state file not applied: %+v", h)
 	}
 	st, _ := b.Stats(ctx)
-	if st[1].GPUUtilPct != 93 || st[1].MemUsedMiB != 500 || st[1].MemUtilPct != 50 || st[0].GPUUtilPct != 0 {
+	if st[1].GPUUtilPct != 93 || st[1].MemUsedMiB != 500 || st[1].MemUtilPct != 50 || st[0].GPUUtilPct != 0 ||
+		st[0].LastXID != 79 || st[1].LastXID != 0 {
 		t.Fatalf("stats not applied: %+v", st)
 	}
 

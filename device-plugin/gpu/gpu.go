@@ -49,16 +49,19 @@ var Healthy = Health{Healthy: true}
 
 // Stats is one sample of a device's activity; fields are Unknown when unreadable.
 type Stats struct {
-	UUID           string
-	GPUUtilPct     int64
-	MemUtilPct     int64
-	MemUsedMiB     int64
-	MemTotalMiB    int64
-	TemperatureC   int64
-	PowerW         int64
-	PowerLimitW    int64
-	SMClockMHz     int64
-	MemClockMHz    int64
+	UUID         string
+	GPUUtilPct   int64
+	MemUtilPct   int64
+	MemUsedMiB   int64
+	MemTotalMiB  int64
+	TemperatureC int64
+	PowerW       int64
+	PowerLimitW  int64
+	SMClockMHz   int64
+	MemClockMHz  int64
+	// LastXID is the last XID error the driver reported for the GPU since
+	// the plugin started, application XIDs included; 0: none.
+	LastXID        int64
 	ECCCorrected   int64
 	ECCUncorrected int64
 }
@@ -67,7 +70,7 @@ type Stats struct {
 func UnknownStats(uuid string) Stats {
 	return Stats{UUID: uuid, GPUUtilPct: Unknown, MemUtilPct: Unknown, MemUsedMiB: Unknown,
 		MemTotalMiB: Unknown, TemperatureC: Unknown, PowerW: Unknown, PowerLimitW: Unknown,
-		SMClockMHz: Unknown, MemClockMHz: Unknown, ECCCorrected: Unknown, ECCUncorrected: Unknown}
+		SMClockMHz: Unknown, MemClockMHz: Unknown, LastXID: Unknown, ECCCorrected: Unknown, ECCUncorrected: Unknown}
 }
 
 // ReplicaID is the id of replica i of a shared GPU: Nomad takes any string

@@ -55,11 +55,19 @@ func (b *Backend) watch() {
 	}
 }
 
-// record keeps a fault for the next Health call; application XIDs are ignored.
+// record keeps a fault for the next Health call, and an XID as the GPU's
+// last (its stat); application XIDs are no fault.
 func (b *Backend) record(ev nvml.EventData) {
 	var reason string
 	switch {
 	case ev.EventType&nvml.EventTypeXidCriticalError != 0:
+		if ev.Device != nil {
+			if uuid, ret := ev.Device.GetUUID(); ret == nvml.SUCCESS {
+				b.mu.Lock()
+				b.lastXID[uuid] = ev.EventData
+				b.mu.Unlock()
+			}
+		}
 		if b.ignored[ev.EventData] {
 			b.log.Debug("ignoring application XID", "xid", ev.EventData)
 			return

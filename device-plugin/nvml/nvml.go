@@ -36,6 +36,7 @@ type Backend struct {
 	handles map[string]handle         // by UUID, as of the last Devices call
 	gpm     map[string]nvml.GpmSample // a MIG instance's last GPM sample, by its UUID
 	faults  map[string]string         // GPU UUID → fault seen by the event loop since the last Health call
+	lastXID map[string]uint64         // GPU UUID → the last XID an event reported
 
 	events nvml.EventSet
 	stop   chan struct{}
@@ -65,7 +66,7 @@ func Open(opts Options, log hclog.Logger) (*Backend, error) {
 		return nil, fmt.Errorf("initialise NVML: %w", ret)
 	}
 	b := &Backend{lib: lib, log: log, ignored: map[uint64]bool{},
-		handles: map[string]handle{}, faults: map[string]string{}}
+		handles: map[string]handle{}, faults: map[string]string{}, lastXID: map[string]uint64{}}
 	for _, x := range opts.IgnoredXIDs {
 		b.ignored[uint64(x)] = true
 	}

@@ -191,6 +191,15 @@ func TestHealthFromEventsAndPolledConditions(t *testing.T) {
 		}
 	}
 
+	// Every XID is the GPU's last, an application's too (as DCGM reports it).
+	stats, _ := b.Stats(ctx)
+	for _, st := range stats {
+		want := map[string]int64{uuid(2): 79, uuid(3): 13}[st.UUID]
+		if st.LastXID != want {
+			t.Errorf("%s: last XID %d, want %d", st.UUID, st.LastXID, want)
+		}
+	}
+
 	// An event is reported once; hysteresis is the plugin's job, not the backend's.
 	m.retired[5], m.lost[6] = false, false
 	h, _ = b.Health(ctx)

@@ -25,8 +25,10 @@ func (b *Backend) Stats(context.Context) ([]gpu.Stats, error) {
 		}
 		if h.parentUUID == "" {
 			sample(h.dev, &s)
+			s.LastXID = int64(b.lastXID[uuid])
 		} else {
 			s.GPUUtilPct = b.instanceUtil(uuid, h)
+			s.LastXID = int64(b.lastXID[h.parentUUID]) // XIDs are the GPU's
 		}
 		out = append(out, s)
 	}

@@ -20,6 +20,7 @@ const (
 	StatPower          = "Power usage"
 	StatSMClock        = "SM clock"
 	StatMemClock       = "Memory clock"
+	StatLastXID        = "Last XID"
 	StatECCCorrected   = "ECC corrected errors"
 	StatECCUncorrected = "ECC uncorrected errors"
 )
@@ -64,6 +65,7 @@ func deviceStats(s gpu.Stats, ts *timestamppb.Timestamp) *devicepb.DeviceStats {
 			StatPower:          fraction(s.PowerW, s.PowerLimitW, "W", "power drawn / power limit"),
 			StatSMClock:        intStat(s.SMClockMHz, "MHz", "streaming multiprocessor clock"),
 			StatMemClock:       intStat(s.MemClockMHz, "MHz", "memory clock"),
+			StatLastXID:        intStat(s.LastXID, "", "the last XID error the driver reported since the plugin started (0: none)"),
 			StatECCCorrected:   intStat(s.ECCCorrected, "#", "corrected ECC errors since the driver loaded"),
 			StatECCUncorrected: intStat(s.ECCUncorrected, "#", "uncorrected ECC errors since the driver loaded"),
 		}},
