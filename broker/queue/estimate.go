@@ -53,7 +53,7 @@ type Estimate struct {
 // behind it); one that waits for its own tenant's jobs only, alone.
 func Estimates(ordered []Entry, p *policy.Policy, idle float64, used map[string]float64, releases []Release, now time.Time) map[string]Estimate {
 	out := make(map[string]Estimate, len(ordered))
-	walk(inOrder(ordered, nil), p, idle, used, releases, now, func(id string, e Estimate, _ bool) bool {
+	walk(inOrder(ordered), p, idle, used, releases, now, func(id string, e Estimate, _ bool) bool {
 		out[id] = e
 		return true
 	})
@@ -61,13 +61,11 @@ func Estimates(ordered []Entry, p *policy.Policy, idle float64, used map[string]
 }
 
 // EstimateOf is Estimates' estimate of the entry id alone; false when it
-// is not among the waiting entries. The walk stops there: a submission into
-// a long queue, usually at its back, needs its own estimate only. rank is
-// the admission order as Rank gives it, nil when entries are in that order.
-func EstimateOf(entries []Entry, rank []int32, id string, p *policy.Policy, idle float64, used map[string]float64, releases []Release, now time.Time) (Estimate, bool) {
+// is not among the waiting entries. The walk stops there.
+func EstimateOf(ordered []Entry, id string, p *policy.Policy, idle float64, used map[string]float64, releases []Release, now time.Time) (Estimate, bool) {
 	var out Estimate
 	found := false
-	walk(inOrder(entries, rank), p, idle, used, releases, now, func(at string, e Estimate, _ bool) bool {
+	walk(inOrder(ordered), p, idle, used, releases, now, func(at string, e Estimate, _ bool) bool {
 		if at == id {
 			out, found = e, true
 		}
@@ -76,19 +74,15 @@ func EstimateOf(entries []Entry, rank []int32, id string, p *policy.Policy, idle
 	return out, found
 }
 
-// inOrder gives entries one by one in admission order (by rank, or as they
-// are when it is nil), then nil.
-func inOrder(entries []Entry, rank []int32) func() *Entry {
+// inOrder gives ordered entries one by one, then nil.
+func inOrder(ordered []Entry) func() *Entry {
 	i := 0
 	return func() *Entry {
-		if i == len(entries) {
+		if i == len(ordered) {
 			return nil
 		}
 		i++
-		if rank != nil {
-			return &entries[rank[i-1]]
-		}
-		return &entries[i-1]
+		return &ordered[i-1]
 	}
 }
 

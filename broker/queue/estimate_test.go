@@ -57,7 +57,7 @@ tenant "search" {
 	}
 	// One entry's estimate, as a submission needs it, is the same.
 	for _, e := range entries {
-		one, ok := queue.EstimateOf(entries, nil, e.ID, p, 0, used, releases, now)
+		one, ok := queue.EstimateOf(entries, e.ID, p, 0, used, releases, now)
 		if all, want := got[e.ID]; ok != want || one != all {
 			t.Errorf("EstimateOf(%s) = %+v, %v; Estimates has %+v, %v", e.ID, one, ok, all, want)
 		}

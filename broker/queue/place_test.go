@@ -13,7 +13,7 @@ import (
 )
 
 // A submission's place and estimate, found without sorting the queue, are
-// those of the queue sorted with it in: Rank's position, EstimateOf's
+// those of the queue sorted with it in: its position there, EstimateOf's
 // estimate.
 func TestPlaceIsWhereTheSortedQueueHasIt(t *testing.T) {
 	p := testbuild.Policy(t, twoTenants)
@@ -57,15 +57,15 @@ func TestPlaceIsWhereTheSortedQueueHasIt(t *testing.T) {
 		} else {
 			all = append(all, e)
 		}
-		rank := queue.Rank(all, p, used, nil, now)
-		wantPos := slices.IndexFunc(rank, func(i int32) bool { return all[i].ID == "new" }) + 1
+		queue.Order(all, p, used, nil, now)
+		wantPos := slices.IndexFunc(all, func(e queue.Entry) bool { return e.ID == "new" }) + 1
 		if pos != wantPos {
 			t.Fatalf("position %d, the sorted queue has it at %d", pos, wantPos)
 		}
 		var want queue.Estimate
 		wantOK := false
 		if supply != nil {
-			want, wantOK = queue.EstimateOf(all, rank, "new", p, supply.Idle, used, supply.Releases, now)
+			want, wantOK = queue.EstimateOf(all, "new", p, supply.Idle, used, supply.Releases, now)
 		}
 		if ok != wantOK || est != want {
 			t.Fatalf("estimate %+v (%v), the sorted queue's %+v (%v)", est, ok, want, wantOK)

@@ -116,7 +116,7 @@ const HeldHours = 1.0
 // reaches): within a band the share decides, so that a tenant flooding the
 // queue does not get ahead by having the oldest entries.
 func Order(entries []Entry, p *policy.Policy, used map[string]float64, decayed map[string]float64, now time.Time) {
-	rank := Rank(entries, p, used, decayed, now)
+	rank := rankOf(entries, p, used, decayed, now)
 	// Move each entry to its place by following the permutation's cycles.
 	for i := range rank {
 		if rank[i] < 0 {
@@ -137,10 +137,9 @@ func Order(entries []Entry, p *policy.Policy, used map[string]float64, decayed m
 	}
 }
 
-// Rank is Order's order as indices into entries, which it leaves where they
-// are: the i-th to be admitted is entries[rank[i]]. A submission into a long
-// queue needs its own place only, not the queue moved.
-func Rank(entries []Entry, p *policy.Policy, used map[string]float64, decayed map[string]float64, now time.Time) []int32 {
+// rankOf is Order's order as indices into entries, which it leaves where
+// they are: the i-th to be admitted is entries[rank[i]].
+func rankOf(entries []Entry, p *policy.Policy, used map[string]float64, decayed map[string]float64, now time.Time) []int32 {
 	entry := func(i int) *Entry { return &entries[i] }
 	keys := orderKeys(len(entries), entry, p, used, decayed, now)
 	slices.SortFunc(keys, func(a, b orderKey) int { return compareKeys(a, b, entry) })

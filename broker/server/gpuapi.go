@@ -187,7 +187,7 @@ func (s *Server) queueList(w http.ResponseWriter, r *http.Request) {
 			}
 		default:
 			e.Request = nil
-			out = append(out, QueuedJob{Position: i + 1, Entry: e, Estimate: estimatePtr(lookup(estimates, e.ID)), Backoff: s.backoff(e.Namespace, e.JobID)})
+			out = append(out, QueuedJob{Position: i + 1, Entry: e, Estimate: estimateIn(estimates, e.ID), Backoff: s.backoff(e.Namespace, e.JobID)})
 		}
 	}
 	w.Header().Set("X-Nomad-Gpu-Queued", strconv.Itoa(visible))

@@ -75,16 +75,12 @@ func (s *Server) queueEntry(w http.ResponseWriter, r *http.Request, id, who stri
 // estimates are the leader's start estimates for entries in admission
 // order; nil on a broker that has not led a reclaim pass.
 func (s *Server) estimates(ordered []queue.Entry) map[string]queue.Estimate {
-	if s.forecast == nil {
-		return nil
-	}
-	releases, ok := s.forecast.Get()
-	if !ok {
-		return nil
-	}
 	p := s.policies.Current()
-	u := s.cluster.UsageWithout(p, "", "")
-	return queue.Estimates(ordered, p, u.Idle[policy.AllGPUs], u.UsedBy(), releases, s.now())
+	used, supply := s.usageNow(p)
+	if supply == nil {
+		return nil
+	}
+	return queue.Estimates(ordered, p, supply.Idle, used, supply.Releases, s.now())
 }
 
 // estimateOf is the estimate of entry id, of entries in admission order;
@@ -92,36 +88,33 @@ func (s *Server) estimates(ordered []queue.Entry) map[string]queue.Estimate {
 // or the entry is parked).
 func (s *Server) estimateOf(ordered []queue.Entry, id string) (queue.Estimate, bool) {
 	p := s.policies.Current()
-	supply := s.supply(p)
+	used, supply := s.usageNow(p)
 	if supply == nil {
 		return queue.Estimate{}, false
 	}
-	return queue.EstimateOf(ordered, nil, id, p, supply.Idle, s.cluster.UsageWithout(p, "", "").UsedBy(), supply.Releases, s.now())
-}
-
-// supply is what estimates start from now: nil before the leader observed
-// the cluster.
-func (s *Server) supply(p *policy.Policy) *queue.Supply {
-	if s.forecast == nil {
-		return nil
-	}
-	releases, ok := s.forecast.Get()
-	if !ok {
-		return nil
-	}
-	return &queue.Supply{Idle: s.cluster.UsageWithout(p, "", "").Idle[policy.AllGPUs], Releases: releases}
+	return queue.EstimateOf(ordered, id, p, supply.Idle, used, supply.Releases, s.now())
 }
 
 // place is where e, submitted now in place of entries[replaced] (-1: none),
 // stands in the queue, and its estimate (false: none).
 func (s *Server) place(ctx context.Context, entries []queue.Entry, e queue.Entry, replaced int) (int, queue.Estimate, bool) {
-	p, used, decayed := s.orderedBy(ctx)
-	return queue.Place(entries, e, replaced, p, used, decayed, s.now(), s.supply(p))
+	p := s.policies.Current()
+	used, supply := s.usageNow(p)
+	return queue.Place(entries, e, replaced, p, used, s.decayed(ctx, p), s.now(), supply)
 }
 
-func lookup(estimates map[string]queue.Estimate, id string) (queue.Estimate, bool) {
-	e, ok := estimates[id]
-	return e, ok
+// usageNow is each tenant's GPUs now and what estimates start from (nil
+// before the leader observed the cluster), from one reading of the usage.
+func (s *Server) usageNow(p *policy.Policy) (map[string]float64, *queue.Supply) {
+	u := s.cluster.UsageWithout(p, "", "")
+	if s.forecast == nil {
+		return u.UsedBy(), nil
+	}
+	releases, ok := s.forecast.Get()
+	if !ok {
+		return u.UsedBy(), nil
+	}
+	return u.UsedBy(), &queue.Supply{Idle: u.Idle[policy.AllGPUs], Releases: releases}
 }
 
 func estimatePtr(e queue.Estimate, ok bool) *queue.Estimate {
@@ -129,6 +122,11 @@ func estimatePtr(e queue.Estimate, ok bool) *queue.Estimate {
 		return &e
 	}
 	return nil
+}
+
+func estimateIn(estimates map[string]queue.Estimate, id string) *queue.Estimate {
+	e, ok := estimates[id]
+	return estimatePtr(e, ok)
 }
 
 // ordered lists the queue in admission order.
@@ -142,27 +140,25 @@ func (s *Server) ordered(r *http.Request) ([]queue.Entry, error) {
 
 // order sorts entries in admission order under the policy and usage now.
 func (s *Server) order(ctx context.Context, entries []queue.Entry) []queue.Entry {
-	p, used, decayed := s.orderedBy(ctx)
-	queue.Order(entries, p, used, decayed, s.now())
+	p := s.policies.Current()
+	used, _ := s.usageNow(p)
+	queue.Order(entries, p, used, s.decayed(ctx, p), s.now())
 	return entries
 }
 
-// orderedBy is what the queue's order depends on now: the policy, each
-// tenant's GPUs, and with fair share their decayed GPU-hours.
-func (s *Server) orderedBy(ctx context.Context) (*policy.Policy, map[string]float64, map[string]float64) {
-	p := s.policies.Current()
-	used := s.cluster.UsageWithout(p, "", "").UsedBy()
-	var decayed map[string]float64
-	if s.fairShare != nil && p.FairShare.Enabled {
-		d, err := s.fairShare.Decayed(ctx, s.now(), p.FairShare.HalfLife)
-		if err != nil {
-			// Shown in the current share's order; the leader's admitter
-			// orders by fair share or not at all.
-			s.log.Warn("queue order: decayed GPU-hours unreadable", "error", err)
-		}
-		decayed = d
+// decayed is each tenant's decayed GPU-hours when fair share orders the
+// queue (nil otherwise).
+func (s *Server) decayed(ctx context.Context, p *policy.Policy) map[string]float64 {
+	if s.fairShare == nil || !p.FairShare.Enabled {
+		return nil
 	}
-	return p, used, decayed
+	d, err := s.fairShare.Decayed(ctx, s.now(), p.FairShare.HalfLife)
+	if err != nil {
+		// Shown in the current share's order; the leader's admitter
+		// orders by fair share or not at all.
+		s.log.Warn("queue order: decayed GPU-hours unreadable", "error", err)
+	}
+	return d
 }
 
 // dequeue takes entry e out of the queue for who, audited with result; the

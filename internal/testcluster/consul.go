@@ -52,12 +52,7 @@ func startConsul(t testing.TB, durable bool, certs *Certs) *Consul {
 	if durable {
 		mode = []string{"-server", "-bootstrap-expect", "1", "-data-dir", filepath.Join(dir, "data"), "-node", "consul-test"}
 	}
-	c.args = append(append([]string{"agent"}, mode...),
-		"-bind", "127.0.0.1", "-client", "127.0.0.1", "-advertise", "127.0.0.1",
-		"-http-port", strconv.Itoa(p[0]), "-server-port", strconv.Itoa(p[1]),
-		"-serf-lan-port", strconv.Itoa(p[2]), "-serf-wan-port", strconv.Itoa(p[3]),
-		"-dns-port", "-1", "-grpc-port", "-1", "-grpc-tls-port", "-1",
-		"-hcl", "disable_update_check = true")
+	c.args = agentArgs(mode, p)
 	if certs != nil {
 		c.HTTPSAddr = fmt.Sprintf("https://127.0.0.1:%d", p[4])
 		c.args = append(c.args, "-hcl", fmt.Sprintf("ports { https = %d }", p[4]), "-hcl", fmt.Sprintf(
@@ -72,6 +67,17 @@ func startConsul(t testing.TB, durable bool, certs *Certs) *Consul {
 	})
 	c.Start()
 	return c
+}
+
+// agentArgs is a Consul agent's command line in mode on loopback, its HTTP,
+// server, serf LAN and serf WAN ports the first four of ports.
+func agentArgs(mode []string, ports []int) []string {
+	return append(append([]string{"agent"}, mode...),
+		"-bind", "127.0.0.1", "-client", "127.0.0.1", "-advertise", "127.0.0.1",
+		"-http-port", strconv.Itoa(ports[0]), "-server-port", strconv.Itoa(ports[1]),
+		"-serf-lan-port", strconv.Itoa(ports[2]), "-serf-wan-port", strconv.Itoa(ports[3]),
+		"-dns-port", "-1", "-grpc-port", "-1", "-grpc-tls-port", "-1",
+		"-hcl", "disable_update_check = true")
 }
 
 // Start (re)starts the agent and waits for its leader.
@@ -123,12 +129,8 @@ func StartConsulCluster(t testing.TB, servers int) *ConsulCluster {
 		if i == servers {
 			mode = []string{"-node", "consul-client"}
 		}
-		a.args = append(append([]string{"agent"}, mode...), "-data-dir", filepath.Join(dir, "data"),
-			"-bind", "127.0.0.1", "-client", "127.0.0.1", "-advertise", "127.0.0.1",
-			"-http-port", strconv.Itoa(p[4*i]), "-server-port", strconv.Itoa(p[4*i+1]),
-			"-serf-lan-port", strconv.Itoa(p[4*i+2]), "-serf-wan-port", strconv.Itoa(p[4*i+3]),
-			"-dns-port", "-1", "-grpc-port", "-1", "-grpc-tls-port", "-1",
-			"-hcl", "disable_update_check = true", "-hcl", "performance { raft_multiplier = 1 }")
+		a.args = append(agentArgs(append(mode, "-data-dir", filepath.Join(dir, "data")), p[4*i:]),
+			"-hcl", "performance { raft_multiplier = 1 }")
 		a.args = append(a.args, join...)
 		t.Cleanup(func() {
 			if a.process != nil {
