@@ -63,6 +63,9 @@ type Cluster interface {
 	// LockJob holds off other decisions on one job (the gate's too) from
 	// reading it to Nomad's answer.
 	LockJob(namespace, id string) (unlock func())
+	// Runs reports whether Nomad, as far as the view has seen, still runs
+	// the job at that version (queue.Entry.Stopping).
+	Runs(namespace, id string, modifyIndex uint64) bool
 }
 
 // Unblocker re-evaluates jobs Nomad left blocked.
@@ -228,6 +231,9 @@ func (a *Admitter) decide(ctx context.Context, r *registrations) error {
 			return nil
 		}
 		if e.Parked != "" && !e.ParkedByPolicy {
+			continue
+		}
+		if e.Stopping != 0 && a.Cluster.Runs(e.Namespace, e.JobID, e.Stopping) {
 			continue
 		}
 		if err := a.consider(ctx, r, p, &pass, e); errors.Is(err, errPassOver) {

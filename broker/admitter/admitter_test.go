@@ -177,6 +177,25 @@ func TestRegisterFailureKeepsTheEntry(t *testing.T) {
 	}
 }
 
+// A job requeued to make room waits in the queue until Nomad has stopped
+// the version the requeue stops. Decided on before, it would count as that
+// running version's replacement (the GPUs it gives back its own) and be
+// admitted ahead of the job the room was made for, and then stopped.
+func TestARequeuedJobWaitsForItsStop(t *testing.T) {
+	a, q, n, view, now := setup(t, visionPolicy, 8)
+	view.ObserveJob(testbuild.Job("vision", "old").Group("g", 1, 4, "gpu").ModifyIndex(7).Build())
+	e := entry("old", 4, time.Hour, now)
+	e.Stopping = 7
+	q.Put(context.Background(), e)
+	if got, _ := a.Pass(context.Background()); got != 0 || len(n.registered) != 0 {
+		t.Fatalf("admitted while Nomad still runs the version it stops: %v", n.registered)
+	}
+	view.ObserveJob(testbuild.Job("vision", "old").Group("g", 1, 4, "gpu").ModifyIndex(8).Stopped().Build())
+	if got, _ := a.Pass(context.Background()); got != 1 || fmt.Sprint(n.registered) != "[vision/old]" {
+		t.Fatalf("not admitted once stopped: %v", n.registered)
+	}
+}
+
 // stale is a queue whose listing is read before a user cancels entry gone:
 // what a pass works from can be older than the queue.
 type stale struct {

@@ -52,6 +52,12 @@ type Entry struct {
 	// EstimatedStart is when it was expected to start when it was queued
 	// (zero: unknown), to measure the estimate against what happened.
 	EstimatedStart time.Time `json:"queued_estimate,omitzero"`
+	// Stopping is the version (JobModifyIndex) of the running job that a
+	// reclaim requeue stops (0: none). The entry waits while Nomad still
+	// runs that version: admitted before the stop, it would be stopped with
+	// it; decided on as that version's replacement, it would take back the
+	// GPUs it is giving up, ahead of the job they were freed for.
+	Stopping uint64 `json:"stopping,omitempty"`
 
 	// Admitting is when the leader claimed the entry to register it with
 	// Nomad (zero: not yet). A claimed entry is changed: a cancel or stop

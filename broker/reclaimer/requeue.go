@@ -85,6 +85,9 @@ func (q *Requeue) Requeue(ctx context.Context, rec reclaim.Record) (string, erro
 	e := queue.Entry{ID: rec.ID, JobID: rec.Job, Namespace: rec.Namespace, Tenant: tenant, Queue: queueName, Demand: demand,
 		Reason: reason, SubmittedBy: "gpu-broker (rule " + rec.Rule + ")",
 		SubmittedAt: submitted, Request: body}
+	if job.JobModifyIndex != nil {
+		e.Stopping = *job.JobModifyIndex
+	}
 	if err := q.Queue.Put(ctx, e); err != nil {
 		return "", err
 	}

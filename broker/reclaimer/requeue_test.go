@@ -31,7 +31,7 @@ tenant "vision" {
   limit      = 8
 }`)
 	submitted := time.Date(2026, 11, 30, 9, 0, 0, 0, time.UTC)
-	train := testbuild.Job("vision", "train").Group("g", 2, 2, "gpu").Meta("nomad-gpu.queue", "dev").Build()
+	train := testbuild.Job("vision", "train").Group("g", 2, 2, "gpu").Meta("nomad-gpu.queue", "dev").ModifyIndex(41).Build()
 	train.SubmitTime = ptr(submitted.UnixNano())
 	stopped := testbuild.Job("vision", "done").Group("g", 1, 1, "gpu").Stopped().Build()
 	q, act := queuetest.NewMem(), &actor{}
@@ -54,7 +54,7 @@ tenant "vision" {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if e.Tenant != "vision" || e.Queue != "dev" || e.Demand != 4 || !e.SubmittedAt.Equal(submitted) ||
+	if e.Tenant != "vision" || e.Queue != "dev" || e.Demand != 4 || !e.SubmittedAt.Equal(submitted) || e.Stopping != 41 ||
 		!strings.Contains(e.Reason, "requeued by rule preempted-borrowed: preempted by Nomad") ||
 		!strings.HasSuffix(e.Reason, "; borrowing again after "+t0.Add(30*time.Minute).UTC().Format("15:04")+" (preempted 1 time)") {
 		t.Errorf("entry %+v", e)
