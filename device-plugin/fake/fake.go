@@ -34,6 +34,8 @@ type State struct {
 	TemperatureC      *int64 `json:"temperature_c"`
 	PowerW            *int64 `json:"power_w"`
 	XID               *int64 `json:"xid"`
+	ECCCorrected      *int64 `json:"ecc_corrected"`
+	ECCUncorrected    *int64 `json:"ecc_uncorrected"`
 }
 
 // Backend serves simulated GPUs. It is safe for concurrent use.
@@ -70,6 +72,8 @@ func New(cfg Config, log hclog.Logger) *Backend {
 			MemoryClockMHz:    2619,
 			DisplayMode:       "Disabled",
 			PersistenceMode:   "Enabled",
+			Index:             int64(i),
+			GPUInstance:       gpu.Unknown,
 		})
 	}
 	return b
@@ -116,6 +120,8 @@ func (b *Backend) Stats(context.Context) ([]gpu.Stats, error) {
 			set(&st.TemperatureC, s.TemperatureC)
 			set(&st.PowerW, s.PowerW)
 			set(&st.LastXID, s.XID)
+			set(&st.ECCCorrected, s.ECCCorrected)
+			set(&st.ECCUncorrected, s.ECCUncorrected)
 		}
 		if st.MemTotalMiB > 0 {
 			st.MemUtilPct = st.MemUsedMiB * 100 / st.MemTotalMiB

@@ -2,7 +2,10 @@
 // healthy it is and what it is doing, independent of NVML, gRPC and Nomad.
 package gpu
 
-import "fmt"
+import (
+	"fmt"
+	"strings"
+)
 
 // Vendor and Type are the first two parts of the device group name: jobs ask for
 // devices as "nvidia/gpu" or "nvidia/gpu/<model>".
@@ -27,15 +30,40 @@ type Device struct {
 	PCIeWidth         int64
 	PCIBusID          string // sysfs form, lower case: "0000:3b:00.0"
 	NUMANode          int64
-	NVLinkPeers       int64    // active NVLink connections
-	BAR1MiB           int64    // BAR1 memory
-	CoresClockMHz     int64    // highest SM clock
-	MemoryClockMHz    int64    // highest memory clock
-	DisplayMode       string   // "Enabled" or "Disabled" ("": unknown)
-	PersistenceMode   string   // "Enabled" or "Disabled" ("": unknown)
-	MIG               bool     // a MIG instance, or a GPU with MIG mode on
-	ParentUUID        string   // for a MIG instance: the GPU it is carved from
-	DeviceNodes       []string // host device files the device needs, e.g. /dev/nvidia3
+	NVLinkPeers       int64  // active NVLink connections
+	BAR1MiB           int64  // BAR1 memory
+	CoresClockMHz     int64  // highest SM clock
+	MemoryClockMHz    int64  // highest memory clock
+	DisplayMode       string // "Enabled" or "Disabled" ("": unknown)
+	PersistenceMode   string // "Enabled" or "Disabled" ("": unknown)
+	MIG               bool   // a MIG instance, or a GPU with MIG mode on
+	ParentUUID        string // for a MIG instance: the GPU it is carved from
+	// Index is the GPU's index on its host as NVML and nvidia-smi number
+	// it (a MIG instance: its GPU's); Unknown when not known.
+	Index int64
+	// GPUInstance is a MIG instance's GPU instance id (Unknown otherwise).
+	GPUInstance int64
+	DeviceNodes []string // host device files the device needs, e.g. /dev/nvidia3
+}
+
+// GPUUUID is the UUID of the physical GPU: a MIG instance's parent.
+func (d Device) GPUUUID() string {
+	if d.ParentUUID != "" {
+		return d.ParentUUID
+	}
+	return d.UUID
+}
+
+// MIGProfile is a MIG instance's profile, as NVML ends its name
+// ("NVIDIA H100 80GB HBM3 MIG 3g.40gb": "3g.40gb"); "" for a whole GPU.
+func (d Device) MIGProfile() string {
+	if d.ParentUUID == "" {
+		return ""
+	}
+	if i := strings.LastIndex(d.Model, " MIG "); i >= 0 {
+		return d.Model[i+len(" MIG "):]
+	}
+	return ""
 }
 
 // Health is a device's condition: Reason says why it is not healthy.

@@ -103,7 +103,7 @@ func (b *Backend) Devices(context.Context) ([]gpu.Device, error) {
 			b.log.Warn("cannot read GPU", "index", i, "error", err)
 			continue
 		}
-		d.DriverVersion, d.CUDAVersion = driver, cuda
+		d.DriverVersion, d.CUDAVersion, d.Index = driver, cuda, int64(i)
 		if minor, ret := dev.GetMinorNumber(); ret == nvml.SUCCESS {
 			d.DeviceNodes = []string{fmt.Sprintf("/dev/nvidia%d", minor)}
 		}
@@ -114,11 +114,7 @@ func (b *Backend) Devices(context.Context) ([]gpu.Device, error) {
 		}
 		for _, m := range migInstances(dev, d) {
 			out = append(out, m.Device)
-			h := handle{dev: m.dev, parentUUID: d.UUID, parent: dev, instance: -1}
-			if id, ret := m.dev.GetGpuInstanceId(); ret == nvml.SUCCESS {
-				h.instance = id
-			}
-			handles[m.UUID] = h
+			handles[m.UUID] = handle{dev: m.dev, parentUUID: d.UUID, parent: dev, instance: int(m.GPUInstance)}
 		}
 	}
 	b.mu.Lock()
@@ -135,7 +131,7 @@ func describe(dev nvml.Device) (gpu.Device, error) {
 	}
 	d := gpu.Device{UUID: uuid, Model: "N/A", MemoryMiB: gpu.Unknown, PowerLimitW: gpu.Unknown,
 		PCIeGeneration: gpu.Unknown, PCIeWidth: gpu.Unknown, NUMANode: gpu.Unknown, NVLinkPeers: gpu.Unknown,
-		BAR1MiB: gpu.Unknown, CoresClockMHz: gpu.Unknown, MemoryClockMHz: gpu.Unknown}
+		BAR1MiB: gpu.Unknown, CoresClockMHz: gpu.Unknown, MemoryClockMHz: gpu.Unknown, Index: gpu.Unknown, GPUInstance: gpu.Unknown}
 	if name, ret := dev.GetName(); ret == nvml.SUCCESS {
 		d.Model = name
 	}
@@ -236,6 +232,9 @@ func migInstances(parent nvml.Device, p gpu.Device) []migInstance {
 		}
 		if mem, ret := mdev.GetMemoryInfo(); ret == nvml.SUCCESS {
 			m.MemoryMiB = int64(mem.Total >> 20)
+		}
+		if id, ret := mdev.GetGpuInstanceId(); ret == nvml.SUCCESS {
+			m.GPUInstance = int64(id)
 		}
 		out = append(out, migInstance{Device: m, dev: mdev})
 	}

@@ -144,7 +144,7 @@ func TestDevicesOfADGXH100(t *testing.T) {
 	want := gpu.Device{UUID: uuid, Model: name, MemoryMiB: 81920, ComputeCapability: "9.0",
 		DriverVersion: "550.54.15", CUDAVersion: "12.4", PowerLimitW: 700, PCIeGeneration: 5, PCIeWidth: 16,
 		PCIBusID: "0000:28:00.0", NUMANode: 0, NVLinkPeers: 18, BAR1MiB: 131072, CoresClockMHz: 1980, MemoryClockMHz: 2619,
-		DisplayMode: "Disabled", PersistenceMode: "Enabled", DeviceNodes: []string{"/dev/nvidia1"}}
+		DisplayMode: "Disabled", PersistenceMode: "Enabled", Index: 1, GPUInstance: gpu.Unknown, DeviceNodes: []string{"/dev/nvidia1"}}
 	if fmt.Sprint(d) != fmt.Sprint(want) {
 		t.Errorf("device 1:\n got %+v\nwant %+v", d, want)
 	}
@@ -257,7 +257,8 @@ func TestMIGInstancesAreDevicesSharingParentHealth(t *testing.T) {
 		}
 		if strings.HasPrefix(d.UUID, "MIG-") {
 			found++
-			if d.Model != "NVIDIA H100 80GB HBM3 MIG 3g.40gb" || d.MemoryMiB != 40960 || d.ParentUUID != parentUUID || !d.MIG {
+			if d.Model != "NVIDIA H100 80GB HBM3 MIG 3g.40gb" || d.MemoryMiB != 40960 || d.ParentUUID != parentUUID || !d.MIG ||
+				d.Index != 0 || d.GPUInstance != int64(d.UUID[len("MIG-")]-'0')+1 || d.MIGProfile() != "3g.40gb" || d.GPUUUID() != parentUUID {
 				t.Errorf("MIG instance wrong: %+v", d)
 			}
 		}

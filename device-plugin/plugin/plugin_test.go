@@ -309,6 +309,34 @@ func TestStatsStreamHasTimestampsAndUnknowns(t *testing.T) {
 	}
 }
 
+// Each device's stats say which GPU it is, the way DCGM labels telemetry:
+// its index, its physical GPU's UUID, and a MIG instance's GPU instance id
+// and profile.
+func TestStatsSayWhichGPUADeviceIs(t *testing.T) {
+	whole := device("GPU-a", "NVIDIA H100 80GB HBM3")
+	whole.Index = 3
+	mig := device("MIG-b", "NVIDIA H100 80GB HBM3 MIG 3g.40gb")
+	mig.Index, mig.ParentUUID, mig.MIG, mig.GPUInstance = 5, "GPU-p", true, 2
+	resp := statsResponse(map[string]offer{"GPU-a": {ID: "GPU-a", Group: whole.Model, Device: whole},
+		"MIG-b": {ID: "MIG-b", Group: mig.Model, Device: mig}},
+		[]gpu.Stats{gpu.UnknownStats("GPU-a"), gpu.UnknownStats("MIG-b")}, time.Now())
+	got := map[string]string{}
+	for _, g := range resp.Groups {
+		for id, st := range g.InstanceStats {
+			for _, k := range []string{StatGPUIndex, StatGPUUUID, StatMIGInstance, StatMIGProfile} {
+				if v := st.Stats.Attributes[k]; v != nil {
+					got[id+" "+k] = fmt.Sprintf("%d %s", v.IntNumeratorVal.GetValue(), v.StringVal.GetValue())
+				}
+			}
+		}
+	}
+	want := map[string]string{"GPU-a GPU index": "3 ", "GPU-a GPU UUID": "0 GPU-a",
+		"MIG-b GPU index": "5 ", "MIG-b GPU UUID": "0 GPU-p", "MIG-b MIG instance": "2 ", "MIG-b MIG profile": "0 3g.40gb"}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("got  %v\nwant %v", got, want)
+	}
+}
+
 func TestBackendThatFailsToOpenIsRetried(t *testing.T) {
 	backend := &testBackend{devices: []gpu.Device{device("GPU-a", "H100")}}
 	var mu sync.Mutex

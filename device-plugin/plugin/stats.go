@@ -23,6 +23,13 @@ const (
 	StatLastXID        = "Last XID"
 	StatECCCorrected   = "ECC corrected errors"
 	StatECCUncorrected = "ECC uncorrected errors"
+	// Which GPU a device is, for telemetry named the way DCGM names it
+	// (gpu, UUID, GPU_I_ID, GPU_I_PROFILE): Nomad's fingerprint has no
+	// per-device attributes, its stats do.
+	StatGPUIndex    = "GPU index"
+	StatGPUUUID     = "GPU UUID"
+	StatMIGInstance = "MIG instance"
+	StatMIGProfile  = "MIG profile"
 )
 
 // statsResponse groups samples like the fingerprint, for fingerprinted devices only.
@@ -42,7 +49,7 @@ func statsResponse(inventory map[string]offer, samples []gpu.Stats, now time.Tim
 					InstanceStats: map[string]*devicepb.DeviceStats{}}
 				groups[o.Group] = g
 			}
-			g.InstanceStats[o.ID] = deviceStats(s, ts)
+			g.InstanceStats[o.ID] = deviceStats(s, o.Device, ts)
 		}
 	}
 	resp := &devicepb.StatsResponse{}
@@ -52,9 +59,9 @@ func statsResponse(inventory map[string]offer, samples []gpu.Stats, now time.Tim
 	return resp
 }
 
-func deviceStats(s gpu.Stats, ts *timestamppb.Timestamp) *devicepb.DeviceStats {
+func deviceStats(s gpu.Stats, d gpu.Device, ts *timestamppb.Timestamp) *devicepb.DeviceStats {
 	util := intStat(s.GPUUtilPct, "%", "share of time kernels were running")
-	return &devicepb.DeviceStats{
+	st := &devicepb.DeviceStats{
 		Summary:   util,
 		Timestamp: ts,
 		Stats: &structspb.StatObject{Attributes: map[string]*structspb.StatValue{
@@ -68,8 +75,15 @@ func deviceStats(s gpu.Stats, ts *timestamppb.Timestamp) *devicepb.DeviceStats {
 			StatLastXID:        intStat(s.LastXID, "", "the last XID error the driver reported since the plugin started (0: none)"),
 			StatECCCorrected:   intStat(s.ECCCorrected, "#", "corrected ECC errors since the driver loaded"),
 			StatECCUncorrected: intStat(s.ECCUncorrected, "#", "uncorrected ECC errors since the driver loaded"),
+			StatGPUIndex:       intStat(d.Index, "", "the GPU's index on its host, as nvidia-smi numbers it"),
+			StatGPUUUID:        {StringVal: wrapperspb.String(d.GPUUUID()), Desc: "the physical GPU's UUID"},
 		}},
 	}
+	if d.ParentUUID != "" {
+		st.Stats.Attributes[StatMIGInstance] = intStat(d.GPUInstance, "", "the MIG instance's GPU instance id")
+		st.Stats.Attributes[StatMIGProfile] = &structspb.StatValue{StringVal: wrapperspb.String(d.MIGProfile()), Desc: "the MIG instance's profile"}
+	}
+	return st
 }
 
 func intStat(v int64, unit, desc string) *structspb.StatValue {
