@@ -24,6 +24,18 @@ type Sample struct {
 	MemoryTotalMiB *float64
 	TemperatureC   *float64
 	PowerW         *float64
+	SMClockMHz     *float64
+	MemClockMHz    *float64
+	LastXID        *float64 // the last XID the GPU reported (0: none)
+	ECCCorrected   *float64 // since the driver loaded
+	ECCUncorrected *float64
+	// Which GPU the device is, as the plugin says in its stats: the GPU's
+	// index on its host, the physical GPU's UUID, and a MIG instance's GPU
+	// instance id and profile.
+	GPUIndex    *float64
+	GPUUUID     string
+	MIGInstance *float64
+	MIGProfile  string
 }
 
 // MapNode is one node of the GPU map: what Nomad says of it, and each of
@@ -60,6 +72,18 @@ type MapGPU struct {
 	MemoryTotal *float64 `json:"memory_total_mib,omitempty"`
 	Temperature *float64 `json:"temperature_c,omitempty"`
 	Power       *float64 `json:"power_w,omitempty"`
+	// Telemetry beyond what the map draws, and which GPU the device is
+	// (Sample's fields of those names).
+	SMClock        *float64 `json:"sm_clock_mhz,omitempty"`
+	MemClock       *float64 `json:"mem_clock_mhz,omitempty"`
+	LastXID        *float64 `json:"last_xid,omitempty"`
+	ECCCorrected   *float64 `json:"ecc_corrected,omitempty"`
+	ECCUncorrected *float64 `json:"ecc_uncorrected,omitempty"`
+	PCIBusID       string   `json:"pci_bus_id,omitempty"`
+	GPUIndex       *float64 `json:"gpu_index,omitempty"`
+	GPUUUID        string   `json:"gpu_uuid,omitempty"`
+	MIGInstance    *float64 `json:"mig_instance,omitempty"`
+	MIGProfile     string   `json:"mig_profile,omitempty"`
 }
 
 // SetSamples replaces the GPUs' telemetry with the latest pass's.
@@ -83,9 +107,11 @@ func (v *View) Map(idleBelow float64) []MapNode {
 		mn := MapNode{ID: id, Name: n.name, Pool: n.pool, Status: n.status, Draining: n.draining, Eligible: n.eligible,
 			GPUs: make([]MapGPU, 0, len(n.devices))}
 		for dev, g := range n.devices {
-			mg := MapGPU{ID: dev, Model: g.Model, State: GPUFree, Replicas: g.Replicas}
+			mg := MapGPU{ID: dev, Model: g.Model, State: GPUFree, Replicas: g.Replicas, PCIBusID: g.PCIBusID}
 			if s, ok := v.samples[dev]; ok {
 				mg.Utilization, mg.MemoryUsed, mg.MemoryTotal, mg.Temperature, mg.Power = s.Utilization, s.MemoryUsedMiB, s.MemoryTotalMiB, s.TemperatureC, s.PowerW
+				mg.SMClock, mg.MemClock, mg.LastXID, mg.ECCCorrected, mg.ECCUncorrected = s.SMClockMHz, s.MemClockMHz, s.LastXID, s.ECCCorrected, s.ECCUncorrected
+				mg.GPUIndex, mg.GPUUUID, mg.MIGInstance, mg.MIGProfile = s.GPUIndex, s.GPUUUID, s.MIGInstance, s.MIGProfile
 			}
 			if a, ok := holder[dev]; ok {
 				mg.State, mg.Namespace, mg.Job, mg.Alloc, mg.Tenant, mg.Queue = GPUHeld, a.Namespace, a.JobID, a.ID, a.Tenant, a.Queue

@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"fmt"
 	"reflect"
 	"testing"
 
@@ -44,6 +45,9 @@ func TestTheMapShowsWhatEachGPUIsDoing(t *testing.T) {
 		{ID: "id-b-3", Model: testbuild.H100, State: GPUFree},
 		{ID: "id-b-4", Model: testbuild.H100, State: GPUUnhealthy, Health: "XID 79: GPU has fallen off the bus"},
 		{ID: "id-b-5", Model: testbuild.H100, State: GPURecovering, Health: "recovering: healthy for 20s of 60s"},
+	}
+	for i := range want {
+		want[i].PCIBusID = fmt.Sprintf("0000:%02x:00.0", i+1)
 	}
 	if b := got[1]; b.Pool != "training" || !b.Eligible || b.Draining || !reflect.DeepEqual(b.GPUs, want) {
 		t.Errorf("gpu-b %+v\nwant GPUs %+v", b, want)

@@ -36,6 +36,9 @@ type GPU struct {
 	Why string
 	// Health is the device plugin's description of its health.
 	Health string
+	// PCIBusID is where the device sits ("0000:3b:00.0"; a MIG instance or
+	// a replica: its GPU's), as the plugin reports its locality.
+	PCIBusID string
 }
 
 // whyUnhealthy classes the device plugin's health description.
@@ -84,6 +87,9 @@ func (v *View) observeNode(n *api.Node, was node) {
 					continue
 				}
 				g := GPU{Model: d.Name, Healthy: inst.Healthy, Replicas: replicas, Health: inst.HealthDescription}
+				if inst.Locality != nil {
+					g.PCIBusID = inst.Locality.PciBusID
+				}
 				if !inst.Healthy {
 					g.Why = whyUnhealthy(inst.HealthDescription)
 				}

@@ -3,7 +3,9 @@
 // what the broker decided and measured. Labels are bounded: tenant, queue,
 // gpu_class, node_pool, model, rule, action, state, outcome; never a job.
 // The per-GPU telemetry gauges are labelled by node and gpu: as many series
-// as the cluster has GPUs, and only on the leader, which samples them.
+// as the cluster has GPUs, and only on the leader, which samples them; the
+// same again under DCGM's names and labels (dcgm.go), with the holder's
+// namespace, tenant and allocation.
 package metrics
 
 import (
@@ -388,12 +390,17 @@ func (c *scrape) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range allDescs {
 		ch <- d
 	}
+	for _, f := range dcgmFields {
+		ch <- f.desc
+	}
 }
 
 func (c *scrape) Collect(ch chan<- prometheus.Metric) {
 	c.gpus(ch)
 	p := c.src.Policies.Current()
-	c.telemetry(ch, p)
+	nodes := c.src.Cluster.Map(p.Usage.IdleBelow)
+	c.telemetry(ch, nodes)
+	c.dcgm(ch, p, nodes)
 	for name, class := range p.Classes {
 		if class.PricePerGPUHour > 0 {
 			ch <- prometheus.MustNewConstMetric(priceDesc, prometheus.GaugeValue, class.PricePerGPUHour, name, p.Currency)
@@ -454,8 +461,8 @@ func (c *scrape) Collect(ch chan<- prometheus.Metric) {
 }
 
 // telemetry reports each sampled GPU's last sample.
-func (c *scrape) telemetry(ch chan<- prometheus.Metric, p *policy.Policy) {
-	for _, n := range c.src.Cluster.Map(p.Usage.IdleBelow) {
+func (c *scrape) telemetry(ch chan<- prometheus.Metric, nodes []cluster.MapNode) {
+	for _, n := range nodes {
 		for _, g := range n.GPUs {
 			for _, v := range []struct {
 				desc  *prometheus.Desc

@@ -237,3 +237,77 @@ nomadgpu_preemptions_total{queue="training",tenant="other"} 1
 		t.Errorf("gpu seconds series: %d, want 3 (allocated, busy, idle of vision/other/other)", n)
 	}
 }
+
+// Every sampled GPU under dcgm-exporter's names and labels, with its
+// holder's namespace and tenant when the policy has them and its allocation;
+// a shared GPU once per holder, a MIG instance with its GPU's index and UUID.
+func TestGPUTelemetryUnderDCGMsNames(t *testing.T) {
+	const held, held2 = "5c2b6a9e-0d1f-4c1e-9d4a-7b2e8f3a1c00", "0a1b2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d"
+	n := testbuild.Node("n1", testbuild.H100, 2, 0)
+	n.Name = "gpu-1"
+	testbuild.SharedGPUs(n, testbuild.H100, 1, 2)
+	for _, d := range n.NodeResources.Devices[1].Instances {
+		d.Locality = &api.NodeDeviceLocality{PciBusID: "0000:3b:00.0"}
+	}
+	n.NodeResources.Devices = append(n.NodeResources.Devices, &api.NodeDeviceResource{Vendor: "nvidia", Type: "gpu",
+		Name: testbuild.H100 + " MIG 3g.40gb", Instances: []*api.NodeDevice{{ID: "MIG-a", Healthy: true,
+			Locality: &api.NodeDeviceLocality{PciBusID: "0000:4c:00.0"}}}})
+	view := cluster.NewView(nil)
+	view.Reset(cluster.Snapshot{Nodes: []*api.Node{n}, Allocs: []*api.Allocation{
+		testbuild.Alloc(held, "vision", "train", "n1", 10, "n1-0").Build(),
+		testbuild.Alloc("not-a-uuid", "other", "web", "n1", 11, "n1-shared-0-0").Build(),
+		testbuild.Alloc(held2, "vision", "serve", "n1", 12, "n1-shared-0-1").Build()}})
+	f := func(v float64) *float64 { return &v }
+	whole := func(i float64, uuid string) cluster.Sample {
+		return cluster.Sample{Utilization: f(42), MemoryUsedMiB: f(1024), MemoryTotalMiB: f(81559), TemperatureC: f(55), PowerW: f(300),
+			SMClockMHz: f(1980), MemClockMHz: f(2619), LastXID: f(0), ECCCorrected: f(3), ECCUncorrected: f(0), GPUIndex: f(i), GPUUUID: uuid}
+	}
+	shared := whole(2, "GPU-s")
+	view.SetSamples(map[string]cluster.Sample{"n1-0": whole(0, "GPU-0"),
+		"n1-1":          {Utilization: f(0)}, // a plugin that does not say which GPU it is: not reported
+		"n1-shared-0-0": shared, "n1-shared-0-1": shared,
+		"MIG-a": {MemoryUsedMiB: f(512), MemoryTotalMiB: f(40960), GPUIndex: f(3), GPUUUID: "GPU-m", MIGInstance: f(2), MIGProfile: "3g.40gb"}})
+	m := metrics.New()
+	m.Observe(metrics.Sources{Cluster: view, Queue: queuetest.NewMem(), Policies: testbuild.Fixed{P: testbuild.Policy(t, src)}})
+	labels := func(gpu, uuid, bus, profile, instance, ns, tenant, alloc string) string {
+		dev := ""
+		if gpu != "" {
+			dev = "nvidia" + gpu
+		}
+		return fmt.Sprintf(`{GPU_I_ID=%q,GPU_I_PROFILE=%q,Hostname="gpu-1",UUID=%q,alloc_id=%q,device=%q,gpu=%q,modelName=%q,namespace=%q,pci_bus_id=%q,tenant=%q}`,
+			instance, profile, uuid, alloc, dev, gpu, testbuild.H100, ns, bus, tenant)
+	}
+	w0 := labels("0", "GPU-0", "00000000:01:00.0", "", "", "vision", "vision", held)
+	ws := labels("2", "GPU-s", "00000000:3B:00.0", "", "", "", "", "")
+	wv := labels("2", "GPU-s", "00000000:3B:00.0", "", "", "vision", "vision", held2)
+	mig := labels("3", "GPU-m", "00000000:4C:00.0", "3g.40gb", "2", "", "", "")
+	var want strings.Builder
+	for _, f := range []struct {
+		name, help, kind string
+		v0, vs             string
+		mig                string
+	}{
+		{"DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %).", "gauge", "42", "42", ""},
+		{"DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB).", "gauge", "1024", "1024", "512"},
+		{"DCGM_FI_DEV_FB_FREE", "Framebuffer memory free (in MiB).", "gauge", "80535", "80535", "40448"},
+		{"DCGM_FI_DEV_GPU_TEMP", "GPU temperature (in C).", "gauge", "55", "55", ""},
+		{"DCGM_FI_DEV_POWER_USAGE", "Power draw (in W).", "gauge", "300", "300", ""},
+		{"DCGM_FI_DEV_SM_CLOCK", "SM clock frequency (in MHz).", "gauge", "1980", "1980", ""},
+		{"DCGM_FI_DEV_MEM_CLOCK", "Memory clock frequency (in MHz).", "gauge", "2619", "2619", ""},
+		{"DCGM_FI_DEV_XID_ERRORS", "Value of the last XID error encountered (0: none since the plugin started).", "gauge", "0", "0", ""},
+		{"DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", "Total number of single-bit volatile ECC errors (corrected, since the driver loaded).", "counter", "3", "3", ""},
+		{"DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "Total number of double-bit volatile ECC errors (uncorrected, since the driver loaded).", "counter", "0", "0", ""},
+	} {
+		fmt.Fprintf(&want, "# HELP %s %s (DCGM's name; from the device plugin's stats through Nomad, at the leader's last sample)\n# TYPE %s %s\n",
+			f.name, f.help, f.name, f.kind)
+		fmt.Fprintf(&want, "%s%s %s\n%s%s %s\n%s%s %s\n", f.name, w0, f.v0, f.name, ws, f.vs, f.name, wv, f.vs)
+		if f.mig != "" {
+			fmt.Fprintf(&want, "%s%s %s\n", f.name, mig, f.mig)
+		}
+	}
+	names := []string{"DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_POWER_USAGE",
+		"DCGM_FI_DEV_SM_CLOCK", "DCGM_FI_DEV_MEM_CLOCK", "DCGM_FI_DEV_XID_ERRORS", "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL"}
+	if err := testutil.GatherAndCompare(m.Registry, strings.NewReader(want.String()), names...); err != nil {
+		t.Fatal(err)
+	}
+}

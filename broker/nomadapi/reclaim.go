@@ -166,9 +166,18 @@ func (o *Observer) node(ctx context.Context, id string, gpus map[string]reclaim.
 
 // Stat names the device plugin reports (as `nomad node status -stats` shows them).
 const (
-	statMemory      = "Memory state"
-	statTemperature = "Temperature"
-	statPower       = "Power usage"
+	statMemory         = "Memory state"
+	statTemperature    = "Temperature"
+	statPower          = "Power usage"
+	statSMClock        = "SM clock"
+	statMemClock       = "Memory clock"
+	statLastXID        = "Last XID"
+	statECCCorrected   = "ECC corrected errors"
+	statECCUncorrected = "ECC uncorrected errors"
+	statGPUIndex       = "GPU index"
+	statGPUUUID        = "GPU UUID"
+	statMIGInstance    = "MIG instance"
+	statMIGProfile     = "MIG profile"
 )
 
 // sampleOf reads a GPU's stats: the summary is its utilisation; memory and
@@ -180,8 +189,25 @@ func sampleOf(node, model string, st *api.DeviceStats) cluster.Sample {
 		s.MemoryUsedMiB, s.MemoryTotalMiB = statValue(st.Stats.Attributes[statMemory])
 		s.TemperatureC, _ = statValue(st.Stats.Attributes[statTemperature])
 		s.PowerW, _ = statValue(st.Stats.Attributes[statPower])
+		a := st.Stats.Attributes
+		s.SMClockMHz, _ = statValue(a[statSMClock])
+		s.MemClockMHz, _ = statValue(a[statMemClock])
+		s.LastXID, _ = statValue(a[statLastXID])
+		s.ECCCorrected, _ = statValue(a[statECCCorrected])
+		s.ECCUncorrected, _ = statValue(a[statECCUncorrected])
+		s.GPUIndex, _ = statValue(a[statGPUIndex])
+		s.MIGInstance, _ = statValue(a[statMIGInstance])
+		s.GPUUUID, s.MIGProfile = statString(a[statGPUUUID]), statString(a[statMIGProfile])
 	}
 	return s
+}
+
+// statString is a stat's text ("" where the device reports none).
+func statString(v *api.StatValue) string {
+	if v == nil || v.StringVal == nil || *v.StringVal == "N/A" {
+		return ""
+	}
+	return *v.StringVal
 }
 
 // statValue is a stat's value and, for a fraction, its denominator; nil

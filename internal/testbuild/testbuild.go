@@ -37,7 +37,8 @@ func (f Fixed) Current() *policy.Policy { return f.P }
 func Node(id, model string, healthy, sick int) *api.Node {
 	var inst []*api.NodeDevice
 	for i := 0; i < healthy+sick; i++ {
-		inst = append(inst, &api.NodeDevice{ID: fmt.Sprintf("%s-%d", id, i), Healthy: i < healthy})
+		inst = append(inst, &api.NodeDevice{ID: fmt.Sprintf("%s-%d", id, i), Healthy: i < healthy,
+			Locality: &api.NodeDeviceLocality{PciBusID: fmt.Sprintf("0000:%02x:00.0", i+1)}})
 	}
 	return &api.Node{ID: id, Status: api.NodeStatusReady, SchedulingEligibility: api.NodeSchedulingEligible,
 		NodeResources: &api.NodeResources{Devices: []*api.NodeDeviceResource{

@@ -1,0 +1,131 @@
+package metrics
+
+import (
+	"strconv"
+	"strings"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/nomad-gpu/nomad-gpu/broker/cluster"
+	"github.com/nomad-gpu/nomad-gpu/broker/policy"
+	"github.com/nomad-gpu/nomad-gpu/broker/queue"
+)
+
+// dcgmLabels are dcgm-exporter's per-GPU labels, so that dashboards built on
+// it read these series unchanged, then the Nomad attribution a job-mapping
+// file gives DCGM. Only values that are not a submitter's text: namespace
+// and tenant from the policy, alloc_id Nomad's own UUID. A job's and a
+// task's names are the submitter's, so they are no labels; alloc_id joins
+// to them (gpu-broker gpus -json, Nomad's API).
+var dcgmLabels = []string{"gpu", "UUID", "device", "modelName", "Hostname", "pci_bus_id", "GPU_I_PROFILE", "GPU_I_ID",
+	"namespace", "tenant", "alloc_id"}
+
+// dcgmField is one DCGM field as dcgm-exporter names and types it, and how
+// a GPU on the map gives its value.
+type dcgmField struct {
+	desc  *prometheus.Desc
+	kind  prometheus.ValueType
+	value func(g cluster.MapGPU) *float64
+}
+
+func dcgmDesc(name, help string) *prometheus.Desc {
+	return prometheus.NewDesc(name, help+" (DCGM's name; from the device plugin's stats through Nomad, at the leader's last sample)", dcgmLabels, nil)
+}
+
+var dcgmFields = []dcgmField{
+	{dcgmDesc("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %)."), prometheus.GaugeValue,
+		func(g cluster.MapGPU) *float64 { return g.Utilization }},
+	{dcgmDesc("DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB)."), prometheus.GaugeValue,
+		func(g cluster.MapGPU) *float64 { return g.MemoryUsed }},
+	{dcgmDesc("DCGM_FI_DEV_FB_FREE", "Framebuffer memory free (in MiB)."), prometheus.GaugeValue,
+		func(g cluster.MapGPU) *float64 {
+			if g.MemoryUsed == nil || g.MemoryTotal == nil {
+				return nil
+			}
+			free := max(*g.MemoryTotal-*g.MemoryUsed, 0)
+			return &free
+		}},
+	{dcgmDesc("DCGM_FI_DEV_GPU_TEMP", "GPU temperature (in C)."), prometheus.GaugeValue,
+		func(g cluster.MapGPU) *float64 { return g.Temperature }},
+	{dcgmDesc("DCGM_FI_DEV_POWER_USAGE", "Power draw (in W)."), prometheus.GaugeValue,
+		func(g cluster.MapGPU) *float64 { return g.Power }},
+	{dcgmDesc("DCGM_FI_DEV_SM_CLOCK", "SM clock frequency (in MHz)."), prometheus.GaugeValue,
+		func(g cluster.MapGPU) *float64 { return g.SMClock }},
+	{dcgmDesc("DCGM_FI_DEV_MEM_CLOCK", "Memory clock frequency (in MHz)."), prometheus.GaugeValue,
+		func(g cluster.MapGPU) *float64 { return g.MemClock }},
+	{dcgmDesc("DCGM_FI_DEV_XID_ERRORS", "Value of the last XID error encountered (0: none since the plugin started)."), prometheus.GaugeValue,
+		func(g cluster.MapGPU) *float64 { return g.LastXID }},
+	{dcgmDesc("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", "Total number of single-bit volatile ECC errors (corrected, since the driver loaded)."), prometheus.CounterValue,
+		func(g cluster.MapGPU) *float64 { return g.ECCCorrected }},
+	{dcgmDesc("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "Total number of double-bit volatile ECC errors (uncorrected, since the driver loaded)."), prometheus.CounterValue,
+		func(g cluster.MapGPU) *float64 { return g.ECCUncorrected }},
+}
+
+// dcgm reports the map's sampled GPUs under DCGM's names. A shared GPU's
+// replicas carry its samples each: one series per GPU and holder.
+func (c *scrape) dcgm(ch chan<- prometheus.Metric, p *policy.Policy, nodes []cluster.MapNode) {
+	seen := map[string]bool{}
+	for _, n := range nodes {
+		for _, g := range n.GPUs {
+			if g.GPUUUID == "" {
+				continue // not sampled, or a plugin that does not say which GPU it is
+			}
+			labels := dcgmLabelValues(p, n, g)
+			key := strings.Join(labels, "\x00")
+			if seen[key] {
+				continue
+			}
+			seen[key] = true
+			for _, f := range dcgmFields {
+				if v := f.value(g); v != nil {
+					ch <- prometheus.MustNewConstMetric(f.desc, f.kind, *v, labels...)
+				}
+			}
+		}
+	}
+}
+
+// dcgmLabelValues are g's values of dcgmLabels.
+func dcgmLabelValues(p *policy.Policy, n cluster.MapNode, g cluster.MapGPU) []string {
+	index, device, instance := "", "", ""
+	if g.GPUIndex != nil {
+		index = strconv.Itoa(int(*g.GPUIndex))
+		device = "nvidia" + index
+	}
+	if g.MIGInstance != nil {
+		instance = strconv.Itoa(int(*g.MIGInstance))
+	}
+	namespace, tenant, alloc := "", "", ""
+	if t := p.TenantOf(g.Namespace); t != nil {
+		namespace, tenant = g.Namespace, t.Name
+	}
+	if queue.ValidID(g.Alloc) { // Nomad's allocation ids have a queue id's form
+		alloc = g.Alloc
+	}
+	return []string{index, g.GPUUUID, device, modelName(g.Model), n.Name, dcgmBusID(g.PCIBusID), g.MIGProfile, instance,
+		namespace, tenant, alloc}
+}
+
+// modelName is the GPU's product name, as DCGM's modelName has it, from its
+// device group's: a shared group's without " (shared)", a MIG instance's
+// without its " MIG <profile>".
+func modelName(group string) string {
+	name := strings.TrimSuffix(group, " (shared)")
+	if i := strings.LastIndex(name, " MIG "); i >= 0 {
+		name = name[:i]
+	}
+	return name
+}
+
+// dcgmBusID is a PCI bus id in DCGM's form ("00000000:3B:00.0") from the
+// sysfs form the plugin reports ("0000:3b:00.0").
+func dcgmBusID(id string) string {
+	if id == "" {
+		return ""
+	}
+	domain, rest, ok := strings.Cut(strings.ToUpper(id), ":")
+	if !ok {
+		return strings.ToUpper(id)
+	}
+	return strings.Repeat("0", max(8-len(domain), 0)) + domain + ":" + rest
+}
