@@ -284,8 +284,8 @@ func TestGPUTelemetryUnderDCGMsNames(t *testing.T) {
 	var want strings.Builder
 	for _, f := range []struct {
 		name, help, kind string
-		v0, vs             string
-		mig                string
+		v0, vs           string
+		mig              string
 	}{
 		{"DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %).", "gauge", "42", "42", ""},
 		{"DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB).", "gauge", "1024", "1024", "512"},
