@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -63,6 +64,47 @@ type env struct {
 	// test job runs without a log collector: one `nomad logmon` process per
 	// task is most of the CPU the suite's agents use.
 	logged map[string]bool
+}
+
+// dcgmPromises reads the README's DCGM compatibility tables: the metrics,
+// and the labels each carries.
+func dcgmPromises(t *testing.T, path string) (metrics, labels []string) {
+	t.Helper()
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, section, ok := strings.Cut(string(raw), "## GPU metrics for existing dashboards\n")
+	if !ok {
+		t.Fatalf("%s has no section \"GPU metrics for existing dashboards\"", path)
+	}
+	section, _, _ = strings.Cut(section, "\n## ")
+	for _, line := range strings.Split(section, "\n") {
+		if !strings.HasPrefix(line, "| `") {
+			continue
+		}
+		first, _, _ := strings.Cut(line[2:], " |")
+		for _, name := range regexp.MustCompile("`([A-Za-z_]+)`").FindAllStringSubmatch(first, -1) {
+			if strings.HasPrefix(name[1], "DCGM_") {
+				metrics = append(metrics, name[1])
+			} else {
+				labels = append(labels, name[1])
+			}
+		}
+	}
+	if len(metrics) < 10 || len(labels) < 11 {
+		t.Fatalf("%s promises %d metrics %v and %d labels %v: the tables were not read", path, len(metrics), metrics, len(labels), labels)
+	}
+	return metrics, labels
+}
+
+// seriesLabels are the labels of a series as the text format writes it.
+func seriesLabels(key string) map[string]string {
+	out := map[string]string{}
+	for _, m := range regexp.MustCompile(`(\w+)="((?:[^"\\]|\\.)*)"`).FindAllStringSubmatch(key, -1) {
+		out[m[1]] = m[2]
+	}
+	return out
 }
 
 // TestBroker runs the broker scenarios in order on one cluster: a Nomad agent
@@ -240,6 +282,62 @@ func TestBroker(t *testing.T) {
 		out, err = e.nomadCLI("job", "scale", "-namespace", "vision", "-detach", "train-a", "g", "3")
 		if err == nil || !strings.Contains(out, `scale of "train-a" rejected by rule above-limit: the job needs 12 GPUs`) {
 			t.Errorf("scaling above the limit must be refused with the rule: %v\n%s", err, out)
+		}
+	})
+
+	// The README's compatibility table is the contract: every metric and
+	// label in it, scraped from the leader while train-a holds 4 GPUs.
+	t.Run("GPU telemetry is served under DCGM's names and labels, as the README promises", func(t *testing.T) {
+		promised, labels := dcgmPromises(t, "../../README.md")
+		alloc := e.waitRunning("vision", "train-a")
+		nodes, _, err := n.API.Nodes().List(nil)
+		if err != nil || len(nodes) != 1 {
+			t.Fatalf("nodes %v %v", nodes, err)
+		}
+		var series map[string][]map[string]string // by metric
+		testcluster.WaitFor(t, 30*time.Second, "train-a's GPUs sampled", func() error {
+			series = map[string][]map[string]string{}
+			for key := range e.broker.Scrape() {
+				name, _, _ := strings.Cut(key, "{")
+				if strings.HasPrefix(name, "DCGM_") {
+					series[name] = append(series[name], seriesLabels(key))
+				}
+			}
+			held := 0
+			for _, l := range series["DCGM_FI_DEV_GPU_UTIL"] {
+				if l["alloc_id"] == alloc.ID {
+					held++
+				}
+			}
+			if held != 4 || len(series["DCGM_FI_DEV_GPU_UTIL"]) != 8 {
+				return fmt.Errorf("%d series of train-a's allocation, %d in all", held, len(series["DCGM_FI_DEV_GPU_UTIL"]))
+			}
+			return nil
+		})
+		for _, m := range promised {
+			if len(series[m]) != 8 {
+				t.Errorf("%s: %d series, want one per GPU (8)", m, len(series[m]))
+			}
+			for _, l := range series[m] {
+				for _, name := range labels {
+					if _, ok := l[name]; !ok {
+						t.Errorf("%s has no label %s: %v", m, name, l)
+					}
+				}
+				gpu := l["gpu"]
+				var i int
+				fmt.Sscan(gpu, &i)
+				want := map[string]string{"UUID": fake.UUID("broker", i), "device": "nvidia" + gpu, "modelName": "NVIDIA H100 80GB HBM3",
+					"Hostname": nodes[0].Name, "pci_bus_id": fmt.Sprintf("00000000:%02X:00.0", i), "GPU_I_PROFILE": "", "GPU_I_ID": ""}
+				if l["alloc_id"] == alloc.ID {
+					want["namespace"], want["tenant"] = "vision", "vision"
+				}
+				for k, v := range want {
+					if l[k] != v {
+						t.Errorf("%s: %s=%q, want %q (%v)", m, k, l[k], v, l)
+					}
+				}
+			}
 		}
 	})
 

@@ -235,8 +235,9 @@ func TestWebUI(t *testing.T) {
 }
 
 // metricName is a metric name in a PromQL expression: every metric of the
-// broker starts nomadgpu_, every one of Nomad's nomad_.
-var metricName = regexp.MustCompile(`\bnomad(?:gpu)?_[A-Za-z0-9_:]+`)
+// broker starts nomadgpu_ or, under DCGM's names, DCGM_FI_; every one of
+// Nomad's nomad_.
+var metricName = regexp.MustCompile(`\b(?:nomad(?:gpu)?_|DCGM_FI_)[A-Za-z0-9_:]+`)
 
 // dashboardMetrics returns the metric names in every query of a Grafana
 // dashboard: panels' expressions and template variables' queries.
