@@ -16,7 +16,7 @@ import (
 // file gives DCGM. Only values that are not a submitter's text: namespace
 // and tenant from the policy, alloc_id Nomad's own UUID. A job's and a
 // task's names are the submitter's, so they are no labels; alloc_id joins
-// to them (gpu-broker gpus -json, Nomad's API).
+// to them (the broker's /v1/gpu/nodes, Nomad's API).
 var dcgmLabels = []string{"gpu", "UUID", "device", "modelName", "Hostname", "pci_bus_id", "GPU_I_PROFILE", "GPU_I_ID",
 	"namespace", "tenant", "alloc_id"}
 
