@@ -44,7 +44,7 @@ func openBackend(cfg plugin.Config, log hclog.Logger) (plugin.Backend, error) {
 		f := cfg.Fake
 		log.Info("using simulated GPUs", "count", f.Count, "model", f.Model, "state_file", f.StateFile)
 		return fake.New(fake.Config{Count: f.Count, Model: f.Model, MemoryMiB: f.MemoryMiB,
-			IDPrefix: f.IDPrefix, StateFile: f.StateFile}, log.Named("fake")), nil
+			IDPrefix: f.IDPrefix, StateFile: f.StateFile, Islands: f.Islands}, log.Named("fake")), nil
 	case plugin.BackendNVML:
 		return nvml.Open(nvml.Options{IgnoredXIDs: cfg.IgnoredXIDs}, log.Named("nvml"))
 	default:

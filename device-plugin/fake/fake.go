@@ -23,6 +23,7 @@ type Config struct {
 	MemoryMiB int64
 	IDPrefix  string // keeps UUIDs unique across several clients on one machine
 	StateFile string // optional; see State
+	Islands   int    // NVLink islands the GPUs are split into, in order (0 or 1: one)
 }
 
 // State is what the state file may set for one GPU; absent fields keep their defaults.
@@ -53,7 +54,20 @@ type Backend struct {
 // New returns a backend with cfg.Count GPUs whose UUIDs depend only on IDPrefix and index.
 func New(cfg Config, log hclog.Logger) *Backend {
 	b := &Backend{cfg: cfg, log: log, state: map[string]State{}}
+	// One island: every GPU on one NVSwitch fabric, two NUMA nodes (a DGX);
+	// several: islands of consecutive GPUs, a NUMA node each.
+	islands := max(cfg.Islands, 1)
+	islandOf := func(i int) int64 { return int64(i * islands / max(cfg.Count, 1)) }
+	size := map[int64]int{}
 	for i := 0; i < cfg.Count; i++ {
+		size[islandOf(i)]++
+	}
+	for i := 0; i < cfg.Count; i++ {
+		island, numa := islandOf(i), int64(i*2/max(cfg.Count, 1))
+		if islands > 1 {
+			numa = island
+		}
+		peers := size[island] - 1
 		b.devices = append(b.devices, gpu.Device{
 			UUID:              UUID(cfg.IDPrefix, i),
 			Model:             cfg.Model,
@@ -65,8 +79,9 @@ func New(cfg Config, log hclog.Logger) *Backend {
 			PCIeGeneration:    5,
 			PCIeWidth:         16,
 			PCIBusID:          fmt.Sprintf("%04x:%02x:00.0", i/256, i%256),
-			NUMANode:          int64(i * 2 / max(cfg.Count, 1)),
-			NVLinkPeers:       int64(max(cfg.Count-1, 0)),
+			NUMANode:          numa,
+			NVLinkPeers:       int64(peers),
+			Island:            island,
 			BAR1MiB:           131072,
 			CoresClockMHz:     1980,
 			MemoryClockMHz:    2619,

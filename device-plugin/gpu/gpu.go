@@ -43,6 +43,11 @@ type Device struct {
 	Index int64
 	// GPUInstance is a MIG instance's GPU instance id (Unknown otherwise).
 	GPUInstance int64
+	// Island numbers the host's NVLink islands (GPUs linked to each other
+	// or to one NVSwitch fabric; a GPU without NVLink: its NUMA node's),
+	// from 0 in PCI order; a MIG instance: its GPU's. Unknown when NVML
+	// cannot tell.
+	Island      int64
 	DeviceNodes []string // host device files the device needs, e.g. /dev/nvidia3
 }
 
@@ -109,3 +114,9 @@ func ReplicaID(uuid string, i int) string { return fmt.Sprintf("%s-%d", uuid, i)
 // a job asks for them as nvidia/gpu/<model> (shared), or by the shared
 // attribute.
 func SharedGroup(model string) string { return model + " (shared)" }
+
+// IslandGroup is the device group name of a model's GPUs on NVLink island
+// island, when the plugin groups by island.
+func IslandGroup(model string, island int64) string {
+	return fmt.Sprintf("%s (island %d)", model, island)
+}

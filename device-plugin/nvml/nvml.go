@@ -89,8 +89,11 @@ func (b *Backend) Devices(context.Context) ([]gpu.Device, error) {
 	if v, ret := b.lib.SystemGetCudaDriverVersion(); ret == nvml.SUCCESS {
 		cuda = fmt.Sprintf("%d.%d", v/1000, v%1000/10)
 	}
-	var out []gpu.Device
-	handles := map[string]handle{}
+	type found struct {
+		dev nvml.Device
+		gpu.Device
+	}
+	var gpus []found
 	for i := 0; i < count; i++ {
 		dev, ret := b.lib.DeviceGetHandleByIndex(i)
 		if ret != nvml.SUCCESS {
@@ -107,6 +110,20 @@ func (b *Backend) Devices(context.Context) ([]gpu.Device, error) {
 		if minor, ret := dev.GetMinorNumber(); ret == nvml.SUCCESS {
 			d.DeviceNodes = []string{fmt.Sprintf("/dev/nvidia%d", minor)}
 		}
+		gpus = append(gpus, found{dev, d})
+	}
+	links := make([]nvml.Device, len(gpus))
+	described := make([]gpu.Device, len(gpus))
+	for i, g := range gpus {
+		links[i], described[i] = g.dev, g.Device
+	}
+	for i, island := range islands(links, described) {
+		gpus[i].Island = island
+	}
+	var out []gpu.Device
+	handles := map[string]handle{}
+	for _, g := range gpus {
+		dev, d := g.dev, g.Device
 		if !d.MIG {
 			out = append(out, d)
 			handles[d.UUID] = handle{dev: dev}
@@ -131,7 +148,8 @@ func describe(dev nvml.Device) (gpu.Device, error) {
 	}
 	d := gpu.Device{UUID: uuid, Model: "N/A", MemoryMiB: gpu.Unknown, PowerLimitW: gpu.Unknown,
 		PCIeGeneration: gpu.Unknown, PCIeWidth: gpu.Unknown, NUMANode: gpu.Unknown, NVLinkPeers: gpu.Unknown,
-		BAR1MiB: gpu.Unknown, CoresClockMHz: gpu.Unknown, MemoryClockMHz: gpu.Unknown, Index: gpu.Unknown, GPUInstance: gpu.Unknown}
+		BAR1MiB: gpu.Unknown, CoresClockMHz: gpu.Unknown, MemoryClockMHz: gpu.Unknown, Index: gpu.Unknown, GPUInstance: gpu.Unknown,
+		Island: gpu.Unknown}
 	if name, ret := dev.GetName(); ret == nvml.SUCCESS {
 		d.Model = name
 	}

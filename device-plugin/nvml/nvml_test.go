@@ -76,6 +76,10 @@ func complete(m *machine, i int, d *server.Device) {
 		}
 		return nvml.FEATURE_DISABLED, nvml.ERROR_INVALID_ARGUMENT
 	}
+	// A DGX H100: every GPU's links go to the NVSwitch fabric.
+	d.GetNvLinkRemoteDeviceTypeFunc = func(int) (nvml.IntNvLinkDeviceType, nvml.Return) {
+		return nvml.NVLINK_DEVICE_TYPE_SWITCH, nvml.SUCCESS
+	}
 	d.RegisterEventsFunc = func(uint64, nvml.EventSet) nvml.Return { return nvml.SUCCESS }
 	d.GetRetiredPagesPendingStatusFunc = func() (nvml.EnableState, nvml.Return) {
 		if m.lost[i] {
@@ -144,7 +148,7 @@ func TestDevicesOfADGXH100(t *testing.T) {
 	want := gpu.Device{UUID: uuid, Model: name, MemoryMiB: 81920, ComputeCapability: "9.0",
 		DriverVersion: "550.54.15", CUDAVersion: "12.4", PowerLimitW: 700, PCIeGeneration: 5, PCIeWidth: 16,
 		PCIBusID: "0000:28:00.0", NUMANode: 0, NVLinkPeers: 18, BAR1MiB: 131072, CoresClockMHz: 1980, MemoryClockMHz: 2619,
-		DisplayMode: "Disabled", PersistenceMode: "Enabled", Index: 1, GPUInstance: gpu.Unknown, DeviceNodes: []string{"/dev/nvidia1"}}
+		DisplayMode: "Disabled", PersistenceMode: "Enabled", Index: 1, GPUInstance: gpu.Unknown, Island: 0, DeviceNodes: []string{"/dev/nvidia1"}}
 	if fmt.Sprint(d) != fmt.Sprint(want) {
 		t.Errorf("device 1:\n got %+v\nwant %+v", d, want)
 	}
@@ -379,5 +383,52 @@ func TestSysfsBusID(t *testing.T) {
 	}
 	if got := gpunvml.SysfsBusID(raw); got != "0000:3b:00.0" {
 		t.Errorf("got %q", got)
+	}
+}
+
+// Islands from NVLink: GPUs on the NVSwitch fabric are one island; GPUs
+// linked to each other directly are one; a GPU without NVLink is in its
+// NUMA node's. Numbered in PCI order.
+func TestIslandsFollowNVLinkThenNUMA(t *testing.T) {
+	island := func(m *machine) []int64 {
+		devs, err := open(t, m).Devices(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []int64
+		for _, d := range devs {
+			out = append(out, d.Island)
+		}
+		return out
+	}
+	if got := island(newMachine(t)); fmt.Sprint(got) != "[0 0 0 0 0 0 0 0]" {
+		t.Errorf("NVSwitch: islands %v, want one", got)
+	}
+	// GPUs 0-1 and 2-3 linked in pairs (bus ids 0x18 + 0x10 i), 4-7 without
+	// NVLink on NUMA node 1 (newMachine puts GPU i on node i/4).
+	m := newMachine(t)
+	for i, d := range m.Devices {
+		d := d.(*server.Device)
+		peer := i ^ 1
+		d.GetNvLinkStateFunc = func(link int) (nvml.EnableState, nvml.Return) {
+			if link >= 2 {
+				return 0, nvml.ERROR_INVALID_ARGUMENT
+			}
+			if i >= 4 {
+				return nvml.FEATURE_DISABLED, nvml.SUCCESS
+			}
+			return nvml.FEATURE_ENABLED, nvml.SUCCESS
+		}
+		d.GetNvLinkRemoteDeviceTypeFunc = func(int) (nvml.IntNvLinkDeviceType, nvml.Return) { return nvml.NVLINK_DEVICE_TYPE_GPU, nvml.SUCCESS }
+		d.GetNvLinkRemotePciInfoFunc = func(int) (nvml.PciInfo, nvml.Return) {
+			var p nvml.PciInfo
+			for j, c := range fmt.Sprintf("00000000:%02X:00.0", 0x18+peer*0x10) {
+				p.BusId[j] = int8(c)
+			}
+			return p, nvml.SUCCESS
+		}
+	}
+	if got := island(m); fmt.Sprint(got) != "[0 0 1 1 2 2 2 2]" {
+		t.Errorf("pairs, then a NUMA node: islands %v, want [0 0 1 1 2 2 2 2]", got)
 	}
 }

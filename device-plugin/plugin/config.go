@@ -33,6 +33,10 @@ type Config struct {
 	Fake              FakeConfig `msgpack:"fake"`
 	// Sharing offers GPUs as time-sliced replicas.
 	Sharing SharingConfig `msgpack:"sharing"`
+	// IslandGroups offers each NVLink island (GPUs without NVLink: each
+	// NUMA node) as a device group of its own, "<model> (island N)": Nomad
+	// takes every GPU of one request from one group.
+	IslandGroups bool `msgpack:"island_groups"`
 
 	// Parsed durations, filled by Validate.
 	fingerprintPeriod time.Duration
@@ -47,6 +51,9 @@ type FakeConfig struct {
 	MemoryMiB int64  `msgpack:"memory_mib"`
 	IDPrefix  string `msgpack:"id_prefix"`
 	StateFile string `msgpack:"state_file"`
+	// Islands splits the GPUs into this many NVLink islands, in order, and
+	// NUMA nodes with them (1: one island, as on an NVSwitch machine).
+	Islands int `msgpack:"islands"`
 }
 
 // SharingConfig is the `sharing { ... }` block: each of the first GPUs GPUs of
@@ -68,7 +75,7 @@ func DefaultConfig() Config {
 		FingerprintPeriod: "1m",
 		HealthRecovery:    "5m",
 		IgnoredXIDs:       append([]int(nil), DefaultIgnoredXIDs...),
-		Fake:              FakeConfig{Count: 8, Model: "NVIDIA H100 80GB HBM3", MemoryMiB: 81559},
+		Fake:              FakeConfig{Count: 8, Model: "NVIDIA H100 80GB HBM3", MemoryMiB: 81559, Islands: 1},
 	}
 }
 
@@ -123,6 +130,8 @@ func decodeKey(cfg *Config, key string, v msgpack.RawMessage) error {
 		dst = &cfg.Fake
 	case "sharing":
 		dst = &cfg.Sharing
+	case "island_groups":
+		dst = &cfg.IslandGroups
 	default:
 		return fmt.Errorf("plugin config: unknown option %q", key)
 	}
@@ -178,6 +187,9 @@ func (c *Config) Validate() error {
 	if c.Sharing.GPUs < 0 {
 		errs = append(errs, fmt.Errorf("option sharing.gpus: %d must be 0 (all) or more", c.Sharing.GPUs))
 	}
+	if c.Fake.Islands < 1 || (c.Fake.Count > 0 && c.Fake.Islands > c.Fake.Count) {
+		errs = append(errs, fmt.Errorf("option fake.islands: %d is outside 1..%d (fake.count)", c.Fake.Islands, max(c.Fake.Count, 1)))
+	}
 	if c.Fake.MemoryMiB <= 0 {
 		errs = append(errs, fmt.Errorf("option fake.memory_mib: %d must be positive", c.Fake.MemoryMiB))
 	}
@@ -199,6 +211,7 @@ func ConfigSpec() *hclspecpb.Spec {
 		"ignored_gpu_ids":    withDefault("ignored_gpu_ids", "list(string)", "[]"),
 		"ignored_xids":       withDefault("ignored_xids", "list(number)", hclList(d.IgnoredXIDs)),
 		"health_recovery":    withDefault("health_recovery", "string", fmt.Sprintf("%q", d.HealthRecovery)),
+		"island_groups":      withDefault("island_groups", "bool", "false"),
 		"fake": {Block: &hclspecpb.Spec_BlockValue{BlockValue: &hclspecpb.Block{
 			Name: "fake",
 			Nested: object(map[string]*hclspecpb.Spec{
@@ -207,6 +220,7 @@ func ConfigSpec() *hclspecpb.Spec {
 				"memory_mib": withDefault("memory_mib", "number", fmt.Sprint(d.Fake.MemoryMiB)),
 				"id_prefix":  withDefault("id_prefix", "string", `""`),
 				"state_file": withDefault("state_file", "string", `""`),
+				"islands":    withDefault("islands", "number", fmt.Sprint(d.Fake.Islands)),
 			}),
 		}}},
 		"sharing": {Block: &hclspecpb.Spec_BlockValue{BlockValue: &hclspecpb.Block{

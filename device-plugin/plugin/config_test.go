@@ -123,15 +123,17 @@ stats_period = "2s"
 ignored_gpu_ids = ["GPU-1"]
 ignored_xids = [13, 4000000000]
 health_recovery = "30s"
+island_groups = true
 fake {
   count = 1024
   model = "NVIDIA A100-SXM4-40GB"
   memory_mib = 40960
   id_prefix = "c2"
   state_file = "/tmp/s.json"
+  islands = 128
 }`, check: func(t *testing.T, c Config) {
-			want := FakeConfig{Count: 1024, Model: "NVIDIA A100-SXM4-40GB", MemoryMiB: 40960, IDPrefix: "c2", StateFile: "/tmp/s.json"}
-			if c.Enabled || c.Backend != BackendFake || c.FingerprintEvery() != 10*time.Second ||
+			want := FakeConfig{Count: 1024, Model: "NVIDIA A100-SXM4-40GB", MemoryMiB: 40960, IDPrefix: "c2", StateFile: "/tmp/s.json", Islands: 128}
+			if c.Enabled || c.Backend != BackendFake || c.FingerprintEvery() != 10*time.Second || !c.IslandGroups ||
 				c.StatsEvery() != 2*time.Second || c.HealthRecoveryAfter() != 30*time.Second ||
 				c.IgnoredGPUIDs[0] != "GPU-1" || c.IgnoredXIDs[1] != 4000000000 || c.Fake != want {
 				t.Errorf("options not applied: %+v", c)
@@ -145,6 +147,10 @@ fake {
 		{name: "unknown backend", body: `backend = "tpu"`, wantErr: `option backend: "tpu" is not one of`},
 		{name: "bad duration", body: `health_recovery = "later"`, wantErr: `option health_recovery: "later" is not a duration`},
 		{name: "negative duration", body: `fingerprint_period = "-1s"`, wantErr: `option fingerprint_period: "-1s" must be positive`},
+		{name: "more islands than GPUs", body: `fake {
+  count = 4
+  islands = 5
+}`, wantErr: `option fake.islands: 5 is outside 1..4 (fake.count)`},
 		{name: "bad fake count", body: `fake { count = -1 }`, wantErr: `option fake.count: -1 is outside 0..4096`},
 	}
 	for _, c := range cases {

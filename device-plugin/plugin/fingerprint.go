@@ -25,6 +25,8 @@ type scanner struct {
 	ignored map[string]bool
 	known   map[string]gpu.Device // every device seen since start, so a lost one stays visible
 	sharing SharingConfig
+	// islandGroups: a whole GPU's group is its model's on its island.
+	islandGroups bool
 }
 
 // offer is one device Nomad is offered: a whole GPU, or a time-sliced
@@ -40,7 +42,7 @@ func newScanner(cfg Config, backend Backend, log hclog.Logger) *scanner {
 		ignored[id] = true
 	}
 	return &scanner{backend: backend, log: log, tracker: gpu.NewHealthTracker(cfg.HealthRecoveryAfter()),
-		ignored: ignored, known: map[string]gpu.Device{}, sharing: cfg.Sharing}
+		ignored: ignored, known: map[string]gpu.Device{}, sharing: cfg.Sharing, islandGroups: cfg.IslandGroups}
 }
 
 // shared is the set of GPUs offered as replicas: the first sharing.gpus (0:
@@ -103,6 +105,9 @@ func (s *scanner) scan(ctx context.Context, now time.Time) (*devicepb.Fingerprin
 		}
 		h := s.tracker.Observe(now, uuid, raw)
 		name, ids := d.Model, []string{d.UUID}
+		if s.islandGroups && !d.MIG && d.Island != gpu.Unknown {
+			name = gpu.IslandGroup(d.Model, d.Island)
+		}
 		if shared[uuid] {
 			name, ids = gpu.SharedGroup(d.Model), nil
 			for i := 0; i < s.sharing.Replicas; i++ {
@@ -112,6 +117,10 @@ func (s *scanner) scan(ctx context.Context, now time.Time) (*devicepb.Fingerprin
 		g, ok := groups[name]
 		if !ok {
 			g = &devicepb.DeviceGroup{Vendor: gpu.Vendor, DeviceType: gpu.Type, DeviceName: name, Attributes: attributes(d, shared[uuid], s.sharing.Replicas)}
+			if name == gpu.IslandGroup(d.Model, d.Island) {
+				g.Attributes["island"] = &structspb.Attribute{Value: &structspb.Attribute_IntVal{IntVal: d.Island}}
+				g.Attributes["model"] = &structspb.Attribute{Value: &structspb.Attribute_StringVal{StringVal: d.Model}}
+			}
 			groups[name] = g
 		}
 		for _, id := range ids {

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"sort"
 	"strings"
 	"sync"
 	"testing"
@@ -21,6 +22,7 @@ import (
 	"google.golang.org/grpc/test/bufconn"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/nomad-gpu/nomad-gpu/device-plugin/fake"
 	"github.com/nomad-gpu/nomad-gpu/device-plugin/gpu"
 	basepb "github.com/nomad-gpu/nomad-gpu/device-plugin/proto/base"
 	devicepb "github.com/nomad-gpu/nomad-gpu/device-plugin/proto/device"
@@ -446,5 +448,55 @@ func TestFingerprintOffersNomadDeviceNvidiasAttributes(t *testing.T) {
 	d.PCIeGeneration, d.CoresClockMHz = gpu.Unknown, gpu.Unknown
 	if attrs := attributes(d, false, 0); attrs["pci_bandwidth"] != nil || attrs["cores_clock"] != nil {
 		t.Errorf("unknown readings offered: %v %v", attrs["pci_bandwidth"], attrs["cores_clock"])
+	}
+}
+
+// With island_groups, each NVLink island is a device group of its own (a
+// request's GPUs all come from one group in Nomad), named after its model
+// and island, with island and model attributes; time-sliced GPUs stay in
+// their shared group. Without it, one group per model.
+func TestIslandGroups(t *testing.T) {
+	backend := fake.New(fake.Config{Count: 8, Model: "NVIDIA H100 80GB HBM3", MemoryMiB: 81559, IDPrefix: "isl", Islands: 2},
+		hclog.NewNullLogger())
+	groups := func(config map[string]any) map[string][]string {
+		c := serve(t, backend, config)
+		next, _ := fingerprints(t, c)
+		out := map[string][]string{}
+		for _, g := range next().DeviceGroup {
+			key := fmt.Sprintf("%s island=%d model=%s", g.DeviceName, g.Attributes["island"].GetIntVal(), g.Attributes["model"].GetStringVal())
+			for _, d := range g.Devices {
+				out[key] = append(out[key], d.ID)
+			}
+		}
+		return out
+	}
+	ids := func(from, to int) []string {
+		var out []string
+		for i := from; i < to; i++ {
+			out = append(out, fake.UUID("isl", i))
+		}
+		sort.Strings(out)
+		return out
+	}
+	sorted := func(m map[string][]string) map[string][]string {
+		for _, v := range m {
+			sort.Strings(v)
+		}
+		return m
+	}
+	got := sorted(groups(map[string]any{"backend": "fake", "island_groups": true}))
+	want := map[string][]string{
+		"NVIDIA H100 80GB HBM3 (island 0) island=0 model=NVIDIA H100 80GB HBM3": ids(0, 4),
+		"NVIDIA H100 80GB HBM3 (island 1) island=1 model=NVIDIA H100 80GB HBM3": ids(4, 8),
+	}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("island groups\n got %v\nwant %v", got, want)
+	}
+	if got := groups(map[string]any{"backend": "fake"}); len(got) != 1 || len(got["NVIDIA H100 80GB HBM3 island=0 model="]) != 8 {
+		t.Errorf("without island_groups: %v", got)
+	}
+	got = groups(map[string]any{"backend": "fake", "island_groups": true, "sharing": map[string]any{"replicas": 2, "gpus": 2}})
+	if len(got["NVIDIA H100 80GB HBM3 (shared) island=0 model="]) != 4 || len(got["NVIDIA H100 80GB HBM3 (island 0) island=0 model=NVIDIA H100 80GB HBM3"]) != 2 {
+		t.Errorf("shared GPUs with island groups: %v", got)
 	}
 }
