@@ -19,9 +19,10 @@ type node struct {
 	name, status string
 	draining     bool
 	eligible     bool
-	gpus         map[string]int // healthy GPUs by model
-	devices      map[string]GPU // every GPU, by device id
-	replicas     map[string]int // replicas per GPU of its shared groups, by group name
+	gpus         map[string]int  // healthy GPUs by model
+	devices      map[string]GPU  // every GPU, by device id
+	replicas     map[string]int  // replicas per GPU of its shared groups, by group name
+	islands      map[string]bool // its groups that are one NVLink island each (island_groups)
 }
 
 // GPU is one GPU of a node.
@@ -68,12 +69,15 @@ func (v *View) ObserveNode(n *api.Node) {
 // observeNode records n, which was was before (zero: unknown).
 func (v *View) observeNode(n *api.Node, was node) {
 	nd := node{schedulable: n.Status == api.NodeStatusReady && n.SchedulingEligibility != api.NodeSchedulingIneligible,
-		pool: n.NodePool, gpus: map[string]int{}, devices: map[string]GPU{}, replicas: map[string]int{},
+		pool: n.NodePool, gpus: map[string]int{}, devices: map[string]GPU{}, replicas: map[string]int{}, islands: map[string]bool{},
 		name: n.Name, status: n.Status, draining: n.Drain || n.DrainStrategy != nil, eligible: n.SchedulingEligibility != api.NodeSchedulingIneligible}
 	if n.NodeResources != nil {
 		for _, d := range n.NodeResources.Devices {
 			if d == nil || !nomadjob.IsGPUGroup(d.Vendor, d.Type) {
 				continue
+			}
+			if island := d.Attributes["island"]; island != nil && island.IntVal != nil {
+				nd.islands[d.Name] = true
 			}
 			replicas := 0
 			if shared, ok := d.Attributes["shared"]; ok && shared != nil && shared.BoolVal != nil && *shared.BoolVal {
@@ -195,10 +199,37 @@ func (v *View) nodeTotals(p *policy.Policy) (capacity, maxAlloc policy.Quota) {
 		perNode := classify(p, n.gpus, admission.Usage{Replicas: v.replicas})
 		for class, count := range perNode {
 			capacity[class] += count
+		}
+		for class, count := range classify(p, askable(n), admission.Usage{Replicas: v.replicas}) {
 			maxAlloc[class] = max(maxAlloc[class], count)
 		}
 	}
 	return capacity, maxAlloc
+}
+
+// askable is, by group, the healthy GPUs one request can get on n: a model
+// offered per NVLink island only its largest island's (Nomad takes all of a
+// request's GPUs from one group).
+func askable(n node) map[string]int {
+	if len(n.islands) == 0 {
+		return n.gpus
+	}
+	out := map[string]int{}
+	largest := map[string]string{} // model: its largest island group
+	for group, c := range n.gpus {
+		if !n.islands[group] {
+			out[group] = c
+			continue
+		}
+		model := policy.IslandModel(group)
+		if cur, ok := largest[model]; !ok || c > n.gpus[cur] {
+			largest[model] = group
+		}
+	}
+	for _, group := range largest {
+		out[group] = n.gpus[group]
+	}
+	return out
 }
 
 // sharedReplicas is, per shared group, the fewest replicas per GPU any node

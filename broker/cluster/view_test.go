@@ -37,6 +37,25 @@ func admitted(b *testbuild.JobBuilder, d admission.Decision) *api.Job {
 	return j
 }
 
+// A node whose plugin offers each NVLink island as a group (island_groups)
+// counts all its GPUs as capacity of their model's class, but a request
+// gets at most its largest island: Nomad takes a request's GPUs from one
+// group.
+func TestIslandGroupsBoundWhatOneRequestGets(t *testing.T) {
+	p := testbuild.Policy(t, visionPolicy)
+	v := NewView(stamper.Verify)
+	n := testbuild.Node("n1", testbuild.H100+" (island 0)", 4, 0)
+	n.NodeResources.Devices[0].Attributes = map[string]*api.Attribute{"island": {IntVal: ptr(int64(0))}}
+	n.NodeResources.Devices = append(n.NodeResources.Devices, &api.NodeDeviceResource{Vendor: "nvidia", Type: "gpu",
+		Name: testbuild.H100 + " (island 1)", Attributes: map[string]*api.Attribute{"island": {IntVal: ptr(int64(1))}},
+		Instances: []*api.NodeDevice{{ID: "i1-0", Healthy: true}, {ID: "i1-1", Healthy: true}, {ID: "i1-2", Healthy: false}}})
+	v.ObserveNode(n)
+	u := v.Usage(p)
+	if u.Idle[policy.AllGPUs] != 6 || u.Idle["h100"] != 6 || u.MaxAlloc[policy.AllGPUs] != 4 || u.MaxAlloc["h100"] != 4 {
+		t.Errorf("idle %v, most for one request %v; want 6 idle (h100), 4 at most", u.Idle, u.MaxAlloc)
+	}
+}
+
 func TestUsageFollowsJobsAndNodes(t *testing.T) {
 	p := testbuild.Policy(t, visionPolicy)
 	v := NewView(stamper.Verify)

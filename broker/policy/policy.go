@@ -356,12 +356,28 @@ func (p *Policy) sortedClasses() []*GPUClass {
 }
 
 // matchModel compares a class pattern with a device name: exact, or a prefix
-// when the pattern ends in "*".
+// when the pattern ends in "*"; a model's island groups are the model's.
 func matchModel(pattern, model string) bool {
 	if prefix, ok := strings.CutSuffix(pattern, "*"); ok {
 		return strings.HasPrefix(model, prefix)
 	}
-	return pattern == model
+	return pattern == model || pattern == IslandModel(model)
+}
+
+// IslandModel is the model of a device group the plugin offers per NVLink
+// island ("<model> (island N)", island_groups = true); any other name is
+// returned as it is.
+func IslandModel(group string) string {
+	model, rest, ok := strings.Cut(group, " (island ")
+	if !ok || len(rest) < 2 || rest[len(rest)-1] != ')' {
+		return group
+	}
+	for _, c := range rest[:len(rest)-1] {
+		if c < '0' || c > '9' {
+			return group
+		}
+	}
+	return model
 }
 
 // WithExtraLimit is the policy with tenant's limit raised by n GPUs (in

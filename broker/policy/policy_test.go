@@ -30,7 +30,8 @@ func TestAPolicyAnswersWithoutBeingParsed(t *testing.T) {
 	if vision.DefaultQueue() != "training" || !vision.Allows("dev") || vision.Allows("inference") {
 		t.Errorf("queues of vision")
 	}
-	for model, want := range map[string]string{"NVIDIA H100 80GB HBM3": "h100", "A10": "exact", "A100": "", "NVIDIA A100": ""} {
+	for model, want := range map[string]string{"NVIDIA H100 80GB HBM3": "h100", "A10": "exact", "A100": "", "NVIDIA A100": "",
+		"A10 (island 1)": "exact", "A10 (island x)": "", "A10 (shared)": "", "NVIDIA H100 80GB HBM3 (island 0)": "h100"} {
 		if got := p.ClassOf(model); got != want {
 			t.Errorf("ClassOf(%q) = %q, want %q", model, got, want)
 		}
