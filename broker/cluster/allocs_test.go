@@ -63,7 +63,7 @@ func TestNodeGPUsComeFromTheNode(t *testing.T) {
 	if !v.Synced() {
 		t.Fatal("not synced after a listing")
 	}
-	if got, want := v.NodeGPUs("n1"), map[string]GPU{"n1-0": {Model: testbuild.H100, Healthy: true}, "n1-1": {Model: testbuild.H100, Why: "other"}}; !reflect.DeepEqual(got, want) {
+	if got, want := v.NodeGPUs("n1"), map[string]GPU{"n1-0": {Model: testbuild.H100, Healthy: true, PCIBusID: "0000:01:00.0"}, "n1-1": {Model: testbuild.H100, Why: "other", PCIBusID: "0000:02:00.0"}}; !reflect.DeepEqual(got, want) {
 		t.Fatalf("health %v, want %v", got, want)
 	}
 }
