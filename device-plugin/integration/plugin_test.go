@@ -308,7 +308,7 @@ func gpuJob(id string, gpus int, constraints ...*api.Constraint) *api.Job {
 	return job
 }
 
-func register(t *testing.T, n *testcluster.Nomad, job *api.Job) string {
+func register(t testing.TB, n *testcluster.Nomad, job *api.Job) string {
 	t.Helper()
 	resp, _, err := n.API.Jobs().Register(job, nil)
 	if err != nil {
@@ -317,7 +317,7 @@ func register(t *testing.T, n *testcluster.Nomad, job *api.Job) string {
 	return resp.EvalID
 }
 
-func waitEval(t *testing.T, n *testcluster.Nomad, id string) *api.Evaluation {
+func waitEval(t testing.TB, n *testcluster.Nomad, id string) *api.Evaluation {
 	t.Helper()
 	var eval *api.Evaluation
 	testcluster.WaitFor(t, 30*time.Second, "evaluation "+id, func() error {
@@ -334,7 +334,7 @@ func waitEval(t *testing.T, n *testcluster.Nomad, id string) *api.Evaluation {
 	return eval
 }
 
-func waitRunning(t *testing.T, n *testcluster.Nomad, jobID string) *api.Allocation {
+func waitRunning(t testing.TB, n *testcluster.Nomad, jobID string) *api.Allocation {
 	t.Helper()
 	var alloc *api.Allocation
 	testcluster.WaitFor(t, 60*time.Second, jobID+" running", func() error {
@@ -370,7 +370,7 @@ func readAllocFile(t *testing.T, n *testcluster.Nomad, alloc *api.Allocation, pa
 	return string(b)
 }
 
-func purge(t *testing.T, n *testcluster.Nomad, ids ...string) {
+func purge(t testing.TB, n *testcluster.Nomad, ids ...string) {
 	t.Helper()
 	for _, id := range ids {
 		if _, _, err := n.API.Jobs().Deregister(id, true, nil); err != nil {
