@@ -154,9 +154,12 @@ func stats(ctx context.Context, w io.Writer, device devicepb.DevicePluginClient,
 		return fmt.Errorf("stats: %w", err)
 	}
 	fmt.Fprintf(w, "\nstats, every second for %s:\n", d)
+	deadline, _ := ctx.Deadline()
 	for n := 0; ; n++ {
 		resp, err := stream.Recv()
-		if ctx.Err() != nil {
+		// The plugin ends the stream at the deadline it was sent, which a
+		// busy machine can deliver before this context's own timer has run.
+		if ctx.Err() != nil || (err != nil && !time.Now().Before(deadline)) {
 			if n == 0 {
 				return errors.New("stats: none within " + d.String())
 			}
