@@ -72,3 +72,39 @@ func TestPlaceIsWhereTheSortedQueueHasIt(t *testing.T) {
 		}
 	})
 }
+
+// A Keyer's keys order entries as Order does, with fair share on and off:
+// what a merge of runs already in order relies on.
+func TestKeyerKeysOrderAsOrder(t *testing.T) {
+	now := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	plain, fair := testbuild.Policy(t, twoTenants), testbuild.Policy(t, twoTenants+"\nfair_share {\n  half_life = \"24h\"\n}\n")
+	rapid.Check(t, func(t *rapid.T) {
+		p := plain
+		var decayed map[string]float64
+		if rapid.Bool().Draw(t, "fair") {
+			p = fair
+			decayed = map[string]float64{"a": float64(rapid.IntRange(0, 50).Draw(t, "decayed-a")), "b": float64(rapid.IntRange(0, 50).Draw(t, "decayed-b"))}
+		}
+		entries := make([]queue.Entry, rapid.IntRange(0, 30).Draw(t, "n"))
+		for i := range entries {
+			entries[i] = queue.Entry{ID: fmt.Sprintf("q%02d", rapid.IntRange(0, 40).Draw(t, "id")),
+				Tenant:      rapid.SampledFrom([]string{"a", "b", "gone"}).Draw(t, "tenant"),
+				Queue:       rapid.SampledFrom([]string{"training", "inference"}).Draw(t, "queue"),
+				SubmittedAt: now.Add(-time.Duration(rapid.IntRange(0, 200).Draw(t, "age")) * time.Minute)}
+			if rapid.IntRange(0, 9).Draw(t, "parked") == 0 {
+				entries[i].Parked = "refused"
+			}
+		}
+		used := map[string]float64{"a": float64(rapid.IntRange(0, 8).Draw(t, "used-a")), "b": float64(rapid.IntRange(0, 4).Draw(t, "used-b"))}
+		want := slices.Clone(entries)
+		queue.Order(want, p, used, decayed, now)
+		k := queue.NewKeyer(p, used, decayed, now)
+		got := slices.Clone(entries)
+		slices.SortStableFunc(got, func(a, b queue.Entry) int { return k.Key(&a).Compare(k.Key(&b)) })
+		for i := range want {
+			if want[i].ID != got[i].ID || !want[i].SubmittedAt.Equal(got[i].SubmittedAt) || want[i].Tenant != got[i].Tenant {
+				t.Fatalf("at %d: Order has %+v, the keys %+v", i, want[i], got[i])
+			}
+		}
+	})
+}

@@ -169,69 +169,117 @@ type orderKey struct {
 
 // orderKeys is the key of each of n entries, entry(i) being the i-th.
 func orderKeys(n int, entry func(int) *Entry, p *policy.Policy, used map[string]float64, decayed map[string]float64, now time.Time) []orderKey {
-	fair := p.FairShare.Enabled && decayed != nil
-	priorities := make([]int, 0, len(p.Queues))
-	for _, q := range p.Queues {
-		priorities = append(priorities, q.Priority)
-	}
-	lastQueue, lastBase := "", 0 // entries come in runs of one queue: one lookup a run
-	prio := func(e *Entry) int {
-		if e.Queue != lastQueue || lastQueue == "" {
-			lastQueue, lastBase = e.Queue, 0
-			if q, ok := p.Queues[e.Queue]; ok {
-				lastBase = q.Priority
-			}
-		}
-		base := lastBase
-		aged := base + policy.MinPriorityGap*int(now.Sub(e.SubmittedAt)/AgingStep)
-		if !fair {
-			return aged
-		}
-		band := base
-		for _, q := range priorities {
-			if q > band && q <= aged {
-				band = q
-			}
-		}
-		return band
-	}
-	// A tenant's share is the same for each of its entries: computed once.
-	shares := map[string]float64{}
-	lastTenant, lastShare := "", 0.0
-	share := func(tenant string) float64 {
-		if tenant == lastTenant && tenant != "" {
-			return lastShare
-		}
-		if s, ok := shares[tenant]; ok {
-			lastTenant, lastShare = tenant, s
-			return s
-		}
-		s := 1.0
-		if t, ok := p.Tenants[tenant]; ok {
-			switch g := t.Guaranteed.Total(); {
-			case fair && g == 0:
-				s = math.MaxFloat64 / 2 // no guarantee: after every tenant with one
-			case fair:
-				s = (decayed[tenant] + HeldHours*used[tenant]) / g
-			case g == 0:
-				s = used[tenant] + 1 // no guarantee: after every tenant within its own
-			default:
-				s = used[tenant] / g
-			}
-		}
-		shares[tenant], lastTenant, lastShare = s, tenant, s
-		return s
-	}
+	k := NewKeyer(p, used, decayed, now)
 	keys := make([]orderKey, n)
 	for i := range keys {
-		e := entry(i)
-		keys[i] = orderKey{share(e.Tenant), e.SubmittedAt.UnixNano(), prio(e), int32(i), e.Parked != ""}
+		keys[i] = k.key(entry(i), int32(i))
 	}
 	return keys
 }
 
+// Keyer gives entries their place in Order's order one at a time, for a
+// caller that merges runs of entries already in that order rather than
+// sorting them all (the simulator's queue lists).
+type Keyer struct {
+	p             *policy.Policy
+	used, decayed map[string]float64
+	now           time.Time
+	fair          bool
+	priorities    []int
+	lastQueue     string // entries come in runs of one queue: one lookup a run
+	lastBase      int
+	shares        map[string]float64
+	lastTenant    string
+	lastShare     float64
+}
+
+// NewKeyer orders as Order does with the same arguments.
+func NewKeyer(p *policy.Policy, used map[string]float64, decayed map[string]float64, now time.Time) *Keyer {
+	k := &Keyer{p: p, used: used, decayed: decayed, now: now, fair: p.FairShare.Enabled && decayed != nil, shares: map[string]float64{}}
+	for _, q := range p.Queues {
+		k.priorities = append(k.priorities, q.Priority)
+	}
+	return k
+}
+
+// OrderKey is an entry's place in the order.
+type OrderKey struct {
+	k  orderKey
+	id string
+}
+
+// Key is e's place in the order.
+func (k *Keyer) Key(e *Entry) OrderKey { return OrderKey{k.key(e, 0), e.ID} }
+
+// Compare is the admission order of two keys, as Order sorts.
+func (a OrderKey) Compare(b OrderKey) int {
+	if c := compareFields(a.k, b.k); c != 0 {
+		return c
+	}
+	return strings.Compare(a.id, b.id)
+}
+
+func (k *Keyer) key(e *Entry, index int32) orderKey {
+	return orderKey{k.share(e.Tenant), e.SubmittedAt.UnixNano(), k.prio(e), index, e.Parked != ""}
+}
+
+func (k *Keyer) prio(e *Entry) int {
+	if e.Queue != k.lastQueue || k.lastQueue == "" {
+		k.lastQueue, k.lastBase = e.Queue, 0
+		if q, ok := k.p.Queues[e.Queue]; ok {
+			k.lastBase = q.Priority
+		}
+	}
+	base := k.lastBase
+	aged := base + policy.MinPriorityGap*int(k.now.Sub(e.SubmittedAt)/AgingStep)
+	if !k.fair {
+		return aged
+	}
+	band := base
+	for _, q := range k.priorities {
+		if q > band && q <= aged {
+			band = q
+		}
+	}
+	return band
+}
+
+// share is a tenant's share, the same for each of its entries: computed once.
+func (k *Keyer) share(tenant string) float64 {
+	if tenant == k.lastTenant && tenant != "" {
+		return k.lastShare
+	}
+	if s, ok := k.shares[tenant]; ok {
+		k.lastTenant, k.lastShare = tenant, s
+		return s
+	}
+	s := 1.0
+	if t, ok := k.p.Tenants[tenant]; ok {
+		switch g := t.Guaranteed.Total(); {
+		case k.fair && g == 0:
+			s = math.MaxFloat64 / 2 // no guarantee: after every tenant with one
+		case k.fair:
+			s = (k.decayed[tenant] + HeldHours*k.used[tenant]) / g
+		case g == 0:
+			s = k.used[tenant] + 1 // no guarantee: after every tenant within its own
+		default:
+			s = k.used[tenant] / g
+		}
+	}
+	k.shares[tenant], k.lastTenant, k.lastShare = s, tenant, s
+	return s
+}
+
 // compareKeys is the admission order of two keys.
 func compareKeys(a, b orderKey, entry func(int) *Entry) int {
+	if c := compareFields(a, b); c != 0 {
+		return c
+	}
+	return strings.Compare(entry(int(a.index)).ID, entry(int(b.index)).ID)
+}
+
+// compareFields is the admission order of two keys but for their ids.
+func compareFields(a, b orderKey) int {
 	switch {
 	case a.parked != b.parked: // parked entries wait for nothing: after every waiting one
 		if a.parked {
@@ -242,8 +290,6 @@ func compareKeys(a, b orderKey, entry func(int) *Entry) int {
 		return cmp.Compare(b.prio, a.prio)
 	case a.share != b.share:
 		return cmp.Compare(a.share, b.share)
-	case a.at != b.at:
-		return cmp.Compare(a.at, b.at)
 	}
-	return strings.Compare(entry(int(a.index)).ID, entry(int(b.index)).ID)
+	return cmp.Compare(a.at, b.at)
 }

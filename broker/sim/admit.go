@@ -2,6 +2,7 @@ package sim
 
 import (
 	"cmp"
+	"container/heap"
 	"math"
 	"slices"
 	"strconv"
@@ -69,13 +70,23 @@ func (r *run) requeue(j *simJob, queueName string, demand float64) {
 	j.state = stQueued
 	e := queue.Entry{ID: strconv.Itoa(j.idx), JobID: j.ID, Namespace: j.adm.Namespace, Tenant: t.name,
 		Queue: queueName, Demand: demand, SubmittedAt: r.time(j.Submit)}
-	k := listKey{queueName, demand}
-	l := t.lists[k]
-	i, _ := slices.BinarySearchFunc(l, e, olderFirst)
-	t.lists[k] = slices.Insert(l, i, e)
+	if r.walking {
+		// A pass walks the lists as they were when it began: put back after it.
+		r.putBack = append(r.putBack, e)
+	} else {
+		t.insert(e)
+	}
 	t.queued++
 	r.queued++
 	r.wait(j, 1)
+}
+
+// insert puts e in its list, in order.
+func (t *tenant) insert(e queue.Entry) {
+	k := listKey{e.Queue, e.Demand}
+	l := t.lists[k]
+	i, _ := slices.BinarySearchFunc(l, e, olderFirst)
+	t.lists[k] = slices.Insert(l, i, e)
 }
 
 // listKey is one of a tenant's queue lists.
@@ -93,24 +104,25 @@ func olderFirst(a, b queue.Entry) int {
 	return strings.Compare(a.ID, b.ID)
 }
 
-// candidates are the entries that can make a difference to a pass. A tenant
-// takes at most room GPUs in one (its limit, and with quotas in all GPUs,
-// its guarantee plus the idle GPUs); usage only grows during a pass, so once
-// an entry of a list (one tenant, queue and demand d) is not admitted, none
-// after it is: of each list, the first room/d+1 decide. A list its limit
-// holds back entirely is left out.
-func (r *run) candidates(used map[string]float64) []queue.Entry {
-	out := r.buffer[:0]
+// candidates are the runs of entries that can make a difference to a pass,
+// one per list (one tenant, queue and demand d), each in admission order. A
+// tenant takes at most room GPUs in one (its limit, and with quotas in all
+// GPUs, its guarantee plus the idle GPUs); usage only grows during a pass,
+// so once an entry of a list is not admitted, none after it is: of each
+// list, the first room/d+1 decide. A list its limit holds back entirely is
+// left out.
+func (r *run) candidates(used map[string]float64) []*passRun {
+	out := r.runs[:0]
 	idle := math.Max(0, r.capacity[policy.AllGPUs]-r.held[policy.AllGPUs])
 	quiet := r.quiet(used)
-	for _, t := range r.tenants {
+	for ti, t := range r.tenants {
 		if t.queued == 0 {
 			continue
 		}
 		pt := r.p.Tenants[t.name]
 		limit, total := pt.Limit[policy.AllGPUs]
 		guaranteed, gTotal := pt.Guaranteed[policy.AllGPUs]
-		bounded := total && gTotal && len(pt.Limit) == 1 && len(pt.Guaranteed) == 1
+		bounded := total && gTotal && len(pt.Limit) == 1 && len(pt.Guaranteed) == 1 && !r.wholeQueue
 		// Its own borrowed work may be preempted within the pass (by an
 		// admission the pass makes), giving the room back: counted as room,
 		// unless the pass is quiet.
@@ -125,34 +137,55 @@ func (r *run) candidates(used map[string]float64) []queue.Entry {
 			room = math.Min(room+idle, limitRoom)
 		}
 		for _, k := range sortedLists(t.lists) {
-			l := t.lists[k]
-			switch {
-			case total && k.demand > limitRoom+1e-9:
+			if total && k.demand > limitRoom+1e-9 {
 				continue
-			case bounded && !r.wholeQueue:
+			}
+			run := &passRun{tenant: ti, entries: t.lists[k], n: -1}
+			if bounded {
 				// As many as the room could take, and of those in their
 				// backoff on the way (they wait while those behind them
 				// borrow) as many as the guarantee's room could take: more
 				// candidates change no decision.
-				n, nb := int(room/k.demand+1e-9)+1, int(guaranteeRoom/k.demand+1e-9)+1
-				for i := 0; i < len(l) && n > 0; i++ {
-					switch {
-					case !r.inBackoff(&r.jobs[atoi(l[i].ID)]):
-						n--
-					case nb > 0:
-						nb--
-					default:
-						continue
-					}
-					out = append(out, l[i])
-				}
-				continue
+				run.n, run.nb = int(room/k.demand+1e-9)+1, int(guaranteeRoom/k.demand+1e-9)+1
 			}
-			out = append(out, l...)
+			out = append(out, run)
 		}
 	}
-	r.buffer = out
+	r.runs = out
 	return out
+}
+
+// passRun is one list's candidates in a pass, yielded in order: the list as
+// the pass began (requeues wait until it ends), taken as far as the bound
+// (n entries, nb of them in their backoff; n -1: all) allows.
+type passRun struct {
+	tenant  int
+	entries []queue.Entry
+	next    int
+	n, nb   int
+	head    queue.OrderKey
+	asideAt float64 // its tenant's GPUs when it was set aside
+}
+
+// advance moves to the next candidate of the run; false when there is none.
+func (pr *passRun) advance(r *run, k *queue.Keyer) bool {
+	for ; pr.next < len(pr.entries); pr.next++ {
+		e := &pr.entries[pr.next]
+		switch {
+		case pr.n < 0:
+		case pr.n == 0:
+			return false
+		case !r.inBackoff(&r.jobs[atoi(e.ID)]):
+			pr.n--
+		case pr.nb > 0:
+			pr.nb--
+		default:
+			continue
+		}
+		pr.head = k.Key(e)
+		return true
+	}
+	return false
 }
 
 // quiet reports whether nothing in the pass about to be made can preempt:
@@ -294,8 +327,20 @@ func (r *run) pass() {
 	for name, tu := range r.tu {
 		used[name] = tu.Used.Total()
 	}
-	candidates := r.candidates(used)
-	queue.Order(candidates, p, used, decayed, r.time(r.now))
+	// The candidates in queue.Order's order: a merge of the runs, each in
+	// that order already. A run whose entries all are skipped (its tenant
+	// limited below its demand, or held within its guarantee beyond it) is
+	// set aside as a whole; one set aside for the guarantee comes back when
+	// the pass preempts its tenant's work, from where the pass has got to.
+	keyer := queue.NewKeyer(p, used, decayed, r.time(r.now))
+	runs := r.candidates(used)
+	h := runHeap(runs[:0:0])
+	for _, pr := range runs {
+		if pr.advance(r, keyer) {
+			h = append(h, pr)
+		}
+	}
+	heap.Init(&h)
 	// By tenant, the least demand its limit held back (for jobs of a model,
 	// by tenant and model).
 	limited := make([]float64, len(r.tenants))
@@ -303,17 +348,34 @@ func (r *run) pass() {
 		limited[i] = math.Inf(1)
 	}
 	limitedModel := map[[2]string]float64{}
+	r.walking, r.aside = true, r.aside[:0]
 	var pass queue.Pass
-	for _, e := range candidates {
+	for h.Len() > 0 {
+		pr := h[0]
+		at := pr.head
+		e := pr.entries[pr.next]
 		j := &r.jobs[atoi(e.ID)]
-		if e.Demand >= limited[j.tenant] {
-			continue
-		}
-		if l, ok := limitedModel[[2]string{e.Tenant, j.Model}]; ok && j.Model != "" && e.Demand >= l {
+		if e.Demand >= limited[j.tenant] { // and so every entry of its run
+			heap.Pop(&h)
 			continue
 		}
 		if pass.HoldsBackBorrowers() && beyond(p.Tenants[e.Tenant], r.tu[e.Tenant].Used, e.Demand) {
-			continue // only an admission within its guarantee could follow, and it is beyond it
+			// Only an admission within its guarantee could follow, and it
+			// (with every entry of its run) is beyond it while its tenant
+			// holds as much.
+			heap.Pop(&h)
+			pr.asideAt = r.tu[e.Tenant].Used.Total()
+			r.aside = append(r.aside, pr)
+			continue
+		}
+		pr.next++
+		if pr.advance(r, keyer) {
+			heap.Fix(&h, 0)
+		} else {
+			heap.Pop(&h)
+		}
+		if l, ok := limitedModel[[2]string{e.Tenant, j.Model}]; ok && j.Model != "" && e.Demand >= l {
+			continue
 		}
 		d := admission.Decide(p, r.withBackoff(j), r.usage(j))
 		if !pass.Admits(d) {
@@ -338,23 +400,81 @@ func (r *run) pass() {
 		}
 		r.admit(j, d)
 		r.place()
+		r.bringBack(&h, keyer, at)
 	}
+	r.walking = false
+	r.endWalk()
+}
+
+// bringBack returns to the merge the runs set aside for their tenant's
+// guarantee whose tenant now holds less than then (an admission preempted
+// its work), from their first entry after at: those before it were passed
+// over when they came, as a pass in order passes them.
+func (r *run) bringBack(h *runHeap, k *queue.Keyer, at queue.OrderKey) {
+	kept := r.aside[:0]
+	for _, pr := range r.aside {
+		if r.tu[r.tenants[pr.tenant].name].Used.Total() >= pr.asideAt-1e-9 {
+			kept = append(kept, pr)
+			continue
+		}
+		back := true
+		for back && pr.head.Compare(at) <= 0 {
+			pr.next++
+			back = pr.advance(r, k)
+		}
+		if back {
+			heap.Push(h, pr)
+		}
+	}
+	r.aside = kept
+}
+
+// runHeap orders runs by their heads.
+type runHeap []*passRun
+
+func (h runHeap) Len() int           { return len(h) }
+func (h runHeap) Less(i, j int) bool { return h[i].head.Compare(h[j].head) < 0 }
+func (h runHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
+func (h *runHeap) Push(x any)        { *h = append(*h, x.(*passRun)) }
+func (h *runHeap) Pop() any {
+	old := *h
+	x := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return x
 }
 
 // unqueue takes an entry out of its tenant's queue (a job the pass took
-// out may be back by the end of it, preempted by a later admission).
+// out may be back by the end of it, preempted by a later admission). The
+// pass walks the lists as they were: it leaves them as they are until it
+// ends (endWalk).
 func (r *run) unqueue(tenant int, e queue.Entry) {
-	t := r.tenants[tenant]
-	k := listKey{e.Queue, e.Demand}
-	l := t.lists[k]
-	i := slices.IndexFunc(l, func(o queue.Entry) bool { return o.ID == e.ID })
-	if l = slices.Delete(l, i, i+1); len(l) == 0 {
-		delete(t.lists, k)
-	} else {
-		t.lists[k] = l
-	}
-	t.queued--
+	r.taken = append(r.taken, takenEntry{tenant, e})
+	r.tenants[tenant].queued--
 	r.queued--
+}
+
+type takenEntry struct {
+	tenant int
+	e      queue.Entry
+}
+
+// endWalk applies to the lists what the pass took out and put back.
+func (r *run) endWalk() {
+	for _, te := range r.taken {
+		t := r.tenants[te.tenant]
+		k := listKey{te.e.Queue, te.e.Demand}
+		l := t.lists[k]
+		i := slices.IndexFunc(l, func(o queue.Entry) bool { return o.ID == te.e.ID })
+		if l = slices.Delete(l, i, i+1); len(l) == 0 {
+			delete(t.lists, k)
+		} else {
+			t.lists[k] = l
+		}
+	}
+	for _, e := range r.putBack {
+		r.tenants[r.byName[e.Tenant]].insert(e)
+	}
+	r.taken, r.putBack = r.taken[:0], r.putBack[:0]
 }
 
 // beyond reports whether demand more GPUs take a tenant whose quotas count

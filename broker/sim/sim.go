@@ -137,8 +137,14 @@ type run struct {
 	queued  int // entries in the tenants' queues
 	// wholeQueue orders every entry in each pass (the bound's own test).
 	wholeQueue bool
-	// buffer holds a pass's candidates, kept between passes.
-	buffer   []queue.Entry
+	// A pass's runs of candidates, kept between passes; those it set aside;
+	// while it walks the lists, what it took out of them and what went back
+	// in (applied when it ends).
+	runs     []*passRun
+	aside    []*passRun
+	walking  bool
+	taken    []takenEntry
+	putBack  []queue.Entry
 	dirty    bool // GPUs were released since the last queue pass
 	passAt   float64
 	watched  map[*simJob]struct{}
