@@ -233,7 +233,7 @@ func (a *Admitter) decide(ctx context.Context, r *registrations) error {
 		if e.Parked != "" && !e.ParkedByPolicy {
 			continue
 		}
-		if e.Stopping != 0 && a.Cluster.Runs(e.Namespace, e.JobID, e.Stopping) {
+		if e.Stopping != 0 && a.Now().Sub(e.StoppingSince) < queue.StopWait && a.Cluster.Runs(e.Namespace, e.JobID, e.Stopping) {
 			continue
 		}
 		if err := a.consider(ctx, r, p, &pass, e); errors.Is(err, errPassOver) {

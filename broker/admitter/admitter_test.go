@@ -185,7 +185,7 @@ func TestARequeuedJobWaitsForItsStop(t *testing.T) {
 	a, q, n, view, now := setup(t, visionPolicy, 8)
 	view.ObserveJob(testbuild.Job("vision", "old").Group("g", 1, 4, "gpu").ModifyIndex(7).Build())
 	e := entry("old", 4, time.Hour, now)
-	e.Stopping = 7
+	e.Stopping, e.StoppingSince = 7, now.Add(-time.Second)
 	q.Put(context.Background(), e)
 	if got, _ := a.Pass(context.Background()); got != 0 || len(n.registered) != 0 {
 		t.Fatalf("admitted while Nomad still runs the version it stops: %v", n.registered)
@@ -193,6 +193,21 @@ func TestARequeuedJobWaitsForItsStop(t *testing.T) {
 	view.ObserveJob(testbuild.Job("vision", "old").Group("g", 1, 4, "gpu").ModifyIndex(8).Stopped().Build())
 	if got, _ := a.Pass(context.Background()); got != 1 || fmt.Sprint(n.registered) != "[vision/old]" {
 		t.Fatalf("not admitted once stopped: %v", n.registered)
+	}
+
+	// A stop that failed leaves the job running: its entry waits StopWait,
+	// then is decided as the running version's replacement, not forever.
+	view.ObserveJob(testbuild.Job("vision", "kept").Group("g", 1, 2, "gpu").ModifyIndex(9).Build())
+	e = entry("kept", 2, time.Hour, now)
+	e.Stopping, e.StoppingSince = 9, now.Add(-queue.StopWait+time.Second)
+	q.Put(context.Background(), e)
+	if got, _ := a.Pass(context.Background()); got != 0 {
+		t.Fatalf("admitted within StopWait: %v", n.registered)
+	}
+	e.StoppingSince = now.Add(-queue.StopWait)
+	q.Put(context.Background(), e)
+	if got, _ := a.Pass(context.Background()); got != 1 || fmt.Sprint(n.registered) != "[vision/old vision/kept]" {
+		t.Fatalf("still waiting after StopWait: %v", n.registered)
 	}
 }
 

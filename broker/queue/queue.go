@@ -56,8 +56,11 @@ type Entry struct {
 	// reclaim requeue stops (0: none). The entry waits while Nomad still
 	// runs that version: admitted before the stop, it would be stopped with
 	// it; decided on as that version's replacement, it would take back the
-	// GPUs it is giving up, ahead of the job they were freed for.
-	Stopping uint64 `json:"stopping,omitempty"`
+	// GPUs it is giving up, ahead of the job they were freed for. It waits
+	// StopWait from StoppingSince at most: a stop that failed leaves the
+	// job running, and the entry is then decided as its replacement.
+	Stopping      uint64    `json:"stopping,omitempty"`
+	StoppingSince time.Time `json:"stopping_since,omitzero"`
 
 	// Admitting is when the leader claimed the entry to register it with
 	// Nomad (zero: not yet). A claimed entry is changed: a cancel or stop
@@ -65,6 +68,11 @@ type Entry struct {
 	Admitting   time.Time `json:"admitting,omitzero"`
 	ModifyIndex uint64    `json:"-"` // Consul's, for check-and-set
 }
+
+// StopWait bounds how long a requeued entry waits for Nomad to stop the
+// version it stops (Entry.Stopping); Nomad's event for a stop comes within
+// seconds.
+const StopWait = 2 * time.Minute
 
 // ErrNotFound is returned for an id that is not queued (or not an id at all).
 var ErrNotFound = errors.New("no such queued job")

@@ -86,7 +86,10 @@ func (q *Requeue) Requeue(ctx context.Context, rec reclaim.Record) (string, erro
 		Reason: reason, SubmittedBy: "gpu-broker (rule " + rec.Rule + ")",
 		SubmittedAt: submitted, Request: body}
 	if job.JobModifyIndex != nil {
-		e.Stopping = *job.JobModifyIndex
+		e.Stopping, e.StoppingSince = *job.JobModifyIndex, rec.ActingSince
+		if e.StoppingSince.IsZero() {
+			e.StoppingSince = rec.ProposedAt
+		}
 	}
 	if err := q.Queue.Put(ctx, e); err != nil {
 		return "", err

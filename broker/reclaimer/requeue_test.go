@@ -54,7 +54,7 @@ tenant "vision" {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if e.Tenant != "vision" || e.Queue != "dev" || e.Demand != 4 || !e.SubmittedAt.Equal(submitted) || e.Stopping != 41 ||
+	if e.Tenant != "vision" || e.Queue != "dev" || e.Demand != 4 || !e.SubmittedAt.Equal(submitted) || e.Stopping != 41 || !e.StoppingSince.Equal(t0) ||
 		!strings.Contains(e.Reason, "requeued by rule preempted-borrowed: preempted by Nomad") ||
 		!strings.HasSuffix(e.Reason, "; borrowing again after "+t0.Add(30*time.Minute).UTC().Format("15:04")+" (preempted 1 time)") {
 		t.Errorf("entry %+v", e)
