@@ -63,9 +63,9 @@ type Cluster interface {
 	// LockJob holds off other decisions on one job (the gate's too) from
 	// reading it to Nomad's answer.
 	LockJob(namespace, id string) (unlock func())
-	// Runs reports whether Nomad, as far as the view has seen, still runs
-	// the job at that version (queue.Entry.Stopping).
-	Runs(namespace, id string, modifyIndex uint64) bool
+	// HasJob reports whether Nomad, as far as the view has seen, still runs
+	// the job (a requeued entry waits for its stop: queue.Entry.Stopping).
+	HasJob(namespace, id string) bool
 }
 
 // Unblocker re-evaluates jobs Nomad left blocked.
@@ -233,7 +233,7 @@ func (a *Admitter) decide(ctx context.Context, r *registrations) error {
 		if e.Parked != "" && !e.ParkedByPolicy {
 			continue
 		}
-		if e.Stopping != 0 && a.Now().Sub(e.StoppingSince) < queue.StopWait && a.Cluster.Runs(e.Namespace, e.JobID, e.Stopping) {
+		if e.Stopping != 0 && a.Now().Sub(e.StoppingSince) < queue.StopWait && a.Cluster.HasJob(e.Namespace, e.JobID) {
 			continue
 		}
 		if err := a.consider(ctx, r, p, &pass, e); errors.Is(err, errPassOver) {

@@ -293,16 +293,6 @@ func (v *View) HasJob(namespace, id string) bool {
 	return ok
 }
 
-// Runs reports whether the view holds job namespace/id live at the version
-// Nomad numbered modifyIndex (its JobModifyIndex): a stop, or any later
-// version, ends it.
-func (v *View) Runs(namespace, id string, modifyIndex uint64) bool {
-	v.mu.RLock()
-	defer v.mu.RUnlock()
-	j, ok := v.jobs[jobKey{namespace, id}]
-	return ok && j.modifyIndex == modifyIndex
-}
-
 // UndeclaredJobs are the live jobs that would use GPUs they do not ask for,
 // by namespace and id, with how (nomadjob.UndeclaredGPUAccess): they hold
 // no GPU in Nomad's accounting, so GPUAllocs does not show them.

@@ -53,12 +53,13 @@ type Entry struct {
 	// (zero: unknown), to measure the estimate against what happened.
 	EstimatedStart time.Time `json:"queued_estimate,omitzero"`
 	// Stopping is the version (JobModifyIndex) of the running job that a
-	// reclaim requeue stops (0: none). The entry waits while Nomad still
-	// runs that version: admitted before the stop, it would be stopped with
-	// it; decided on as that version's replacement, it would take back the
-	// GPUs it is giving up, ahead of the job they were freed for. It waits
-	// StopWait from StoppingSince at most: a stop that failed leaves the
-	// job running, and the entry is then decided as its replacement.
+	// reclaim requeue stops (0: none). The entry waits while Nomad, as far
+	// as the broker has seen, still runs the job: admitted before the stop,
+	// it would be stopped with it; decided on as the running job's
+	// replacement, it would take back the GPUs it is giving up, ahead of the
+	// job they were freed for. It waits StopWait from StoppingSince at most:
+	// a stop that failed leaves the job running, and the entry is then
+	// decided as its replacement.
 	Stopping      uint64    `json:"stopping,omitempty"`
 	StoppingSince time.Time `json:"stopping_since,omitzero"`
 
