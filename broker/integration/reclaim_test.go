@@ -118,6 +118,10 @@ func TestReclaim(t *testing.T) {
 	}
 	setUtil()
 	e := brokerEnv(t, n, consul, reclaimPolicy, "vision", 8, testcluster.BrokerOptions{})
+	// The CLI is built now, not at its first use: "reclaim cancel" must come
+	// within its decision's 10 s grace, and a build under make test's load
+	// took longer than that.
+	testcluster.BrokerBinary(t)
 	// setJobUtil sets the utilisation of the GPUs of a job's allocations.
 	setJobUtil := func(id string, u int) {
 		allocs, _, err := n.API.Jobs().Allocations(id, true, &api.QueryOptions{Namespace: "vision"})
