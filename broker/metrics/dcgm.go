@@ -7,6 +7,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/nomad-gpu/nomad-gpu/broker/cluster"
+	"github.com/nomad-gpu/nomad-gpu/broker/nomadjob"
 	"github.com/nomad-gpu/nomad-gpu/broker/policy"
 	"github.com/nomad-gpu/nomad-gpu/broker/queue"
 )
@@ -107,10 +108,10 @@ func dcgmLabelValues(p *policy.Policy, n cluster.MapNode, g cluster.MapGPU) []st
 }
 
 // modelName is the GPU's product name, as DCGM's modelName has it, from its
-// device group's: a shared group's without " (shared)", a MIG instance's
-// without its " MIG <profile>".
+// device group's: a shared group's without " (shared)", an island group's
+// without " (island N)", a MIG instance's without its " MIG <profile>".
 func modelName(group string) string {
-	name := strings.TrimSuffix(group, " (shared)")
+	name := policy.IslandModel(strings.TrimSuffix(group, nomadjob.SharedSuffix))
 	if i := strings.LastIndex(name, " MIG "); i >= 0 {
 		name = name[:i]
 	}
