@@ -200,11 +200,12 @@ func (a *Agent) Run(ctx context.Context) error {
 			return p.Preemption.Batch, p.Preemption.Service
 		}, nomadClient, log.Named("preemption"))
 		// Each term starts afresh: what earlier leaders recorded is read back.
-		rec := &reclaimer.Reclaimer{Log: log.Named("reclaim"), Records: decisions, Observer: &nomadapi.Observer{Client: nomadClient, View: view,
-			Verify: scales.Verifier(stamper), Samples: view.SetSamples}, Actor: nomadClient, Policies: policies, Now: time.Now, NewID: queue.NewID,
+		observer := &nomadapi.Observer{Client: nomadClient, View: view, Verify: scales.Verifier(stamper), Samples: view.SetSamples}
+		rec := &reclaimer.Reclaimer{Log: log.Named("reclaim"), Records: decisions, Observer: observer, Actor: nomadClient, Policies: policies, Now: time.Now, NewID: queue.NewID,
 			Requeue: &reclaimer.Requeue{Jobs: nomadClient, Actor: nomadClient, Queue: store, Policies: policies, Preempted: backoffs.Preempted},
 			Watchers: []reclaimer.Watcher{&reclaimer.Recorder{Store: storedProfiles, Table: profiles, Policies: policies},
-				&reclaimer.Ledger{Store: rollups, Policies: policies, Metrics: metrics, Budgets: budgets, Clock: nomadClient.NomadNow},
+				&reclaimer.Ledger{Store: rollups, Policies: policies, Metrics: metrics, Budgets: budgets, Clock: nomadClient.NomadNow,
+					Ended: observer.Ended},
 				&reclaimer.Expirer{Store: approvals, Jobs: view, Policies: policies, Records: decisions, NewID: queue.NewID, Audit: trail},
 				&reclaimer.Pruner{What: "scale and dispatch grants", Every: grantPruneInterval, Log: log.Named("prune"),
 					Prune: func(ctx context.Context) (int, error) { return scales.Prune(ctx, nomadClient.Gone) }},

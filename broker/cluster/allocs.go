@@ -31,6 +31,9 @@ type Alloc struct {
 	ModifyIndex uint64
 	// Tenant and Queue are its job's, from a verified stamp ("" if not).
 	Tenant, Queue string
+	// EndedAt is when an ended allocation's tasks ended (EndedAllocs only);
+	// zero while it is being stopped and its tasks still run.
+	EndedAt time.Time
 }
 
 // ObserveAlloc records an allocation from an event or a listing (the
@@ -82,6 +85,7 @@ func (v *View) observeAlloc(a *api.Allocation, fromEvent bool) bool {
 		}
 	}
 	changed := v.hold(a, live)
+	v.trackEnd(a, old, had, live, preempted)
 	if (!preempted && !live) || len(gpus) == 0 {
 		delete(v.allocs, a.ID)
 		return changed
@@ -103,6 +107,99 @@ func (v *View) observeAlloc(a *api.Allocation, fromEvent bool) bool {
 	}
 	v.allocs[a.ID] = out
 	return changed
+}
+
+// endedRetention is how long an ended allocation is kept for the usage
+// ledger: a pass charges the time it ran since the one before, however
+// late (Consul down, a leader failover), within this.
+const endedRetention = time.Hour
+
+// trackEnd keeps what the usage ledger needs of an allocation that held
+// GPUs and stopped holding them (ended, stopped or preempted) since it was
+// last charged as running: when its tasks ended. Until its client says they
+// did, it is charged as running.
+func (v *View) trackEnd(a *api.Allocation, old Alloc, had, live, preempted bool) {
+	e, ending := v.ended[a.ID]
+	switch {
+	case ending:
+		if a.ModifyIndex < e.ModifyIndex {
+			return
+		}
+	case had && !old.Preempted && !live && !old.StartedAt.IsZero():
+		e = old
+	default:
+		return
+	}
+	e.ModifyIndex, e.EndedAt = a.ModifyIndex, tasksEnded(a)
+	v.ended[a.ID] = e
+	if now := v.now(); now.Sub(v.endSweep) > time.Minute {
+		v.endSweep = now
+		for id, e := range v.ended {
+			if !e.EndedAt.IsZero() && now.Sub(e.EndedAt) > endedRetention {
+				delete(v.ended, id)
+			}
+		}
+	}
+}
+
+// endUnseen keeps, for the ledger, what a full listing says ended while
+// events were not followed: allocations that were running and are no
+// longer (being stopped, preempted, or not listed: ended by now), and
+// those being stopped that are no longer listed. The caller holds v.mu.
+func (v *View) endUnseen(was map[string]Alloc, listed map[string]*api.Allocation) {
+	for id, o := range was {
+		if n, ok := v.allocs[id]; (ok && !n.Preempted) || o.Preempted || o.StartedAt.IsZero() {
+			continue
+		}
+		if _, ok := v.ended[id]; !ok {
+			v.ended[id] = o
+		}
+	}
+	for id, e := range v.ended {
+		if !e.EndedAt.IsZero() {
+			continue
+		}
+		if a, ok := listed[id]; ok {
+			e.EndedAt = tasksEnded(a)
+		} else {
+			e.EndedAt = v.now()
+		}
+		v.ended[id] = e
+	}
+}
+
+// tasksEnded is when a's tasks ended by its client (the last to finish;
+// the allocation's last change when none says), zero while they run.
+func tasksEnded(a *api.Allocation) time.Time {
+	switch a.ClientStatus {
+	case api.AllocClientStatusComplete, api.AllocClientStatusFailed, api.AllocClientStatusLost:
+	default:
+		return time.Time{}
+	}
+	var end time.Time
+	for _, ts := range a.TaskStates {
+		if ts != nil && ts.FinishedAt.After(end) {
+			end = ts.FinishedAt
+		}
+	}
+	if end.IsZero() && a.ModifyTime != 0 {
+		end = time.Unix(0, a.ModifyTime)
+	}
+	return end
+}
+
+// EndedAllocs returns the allocations that stopped holding GPUs within
+// the last hour or are being stopped (EndedAt zero), with what they held
+// while running, by id.
+func (v *View) EndedAllocs() []Alloc {
+	v.mu.RLock()
+	defer v.mu.RUnlock()
+	out := make([]Alloc, 0, len(v.ended))
+	for _, a := range v.ended {
+		out = append(out, a)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	return out
 }
 
 // hold is what a live allocation holds, by model, for its job.

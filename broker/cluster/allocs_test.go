@@ -54,6 +54,58 @@ func TestGPUAllocationsFollowTheirEvents(t *testing.T) {
 	}
 }
 
+// The ledger charges an allocation up to its end: the view keeps one that
+// stopped holding GPUs, charged as running while its tasks still run, with
+// its end once its client tells it, and what a listing shows ended while
+// events were not followed.
+func TestTheViewKeepsEndedAllocationsForTheLedger(t *testing.T) {
+	start := time.Date(2026, 11, 30, 8, 0, 0, 0, time.UTC)
+	now := start.Add(time.Hour)
+	v := NewView(nil)
+	v.SetClock(func() time.Time { return now })
+	v.Reset(Snapshot{Allocs: []*api.Allocation{testbuild.Alloc("gap", "vision", "train", "n1", 5, "gpu-9").Started(start).Build()}})
+	alloc := func(id string, index uint64, gpu string) *testbuild.AllocBuilder {
+		return testbuild.Alloc(id, "vision", "train", "n1", index, gpu).Started(start)
+	}
+	v.ObserveAlloc(alloc("a1", 10, "gpu-0").Build())
+	v.ObserveAlloc(alloc("a2", 11, "gpu-1").Build())
+	v.ObserveAlloc(testbuild.Alloc("never", "vision", "train", "n1", 12, "gpu-2").Build())
+	ended := func() map[string]time.Time {
+		out := map[string]time.Time{}
+		for _, a := range v.EndedAllocs() {
+			out[a.ID] = a.EndedAt
+		}
+		return out
+	}
+	v.ObserveAlloc(alloc("a1", 10, "gpu-0").Status(api.AllocDesiredStatusStop, api.AllocClientStatusRunning, 20).Build())
+	v.ObserveAlloc(testbuild.Alloc("never", "vision", "train", "n1", 12, "gpu-2").Status(api.AllocDesiredStatusStop, api.AllocClientStatusComplete, 21).Build())
+	if got, want := ended(), map[string]time.Time{"a1": {}}; !reflect.DeepEqual(got, want) {
+		t.Fatalf("a1 being stopped, one that never started: %v, want %v", got, want)
+	}
+	end := start.Add(10 * time.Minute)
+	v.ObserveAlloc(alloc("a1", 10, "gpu-0").Finished(end).Status(api.AllocDesiredStatusStop, api.AllocClientStatusComplete, 22).Build())
+	v.ObserveAlloc(alloc("a1", 10, "gpu-0").Status(api.AllocDesiredStatusStop, api.AllocClientStatusRunning, 21).Build()) // older
+	v.ObserveAlloc(alloc("a2", 11, "gpu-1").PreemptedBy("owner", 23).Build())
+	if got, want := ended(), map[string]time.Time{"a1": end, "a2": {}}; !reflect.DeepEqual(got, want) {
+		t.Fatalf("a1 ended, a2 preempted while its task runs: %v, want %v", got, want)
+	}
+	if a := v.EndedAllocs()[0]; a.StartedAt != start || !reflect.DeepEqual(a.GPUs, []string{"gpu-0"}) {
+		t.Errorf("ended a1 lost what it held: %+v", a)
+	}
+	// Events lost: a listing without a2 and gap says they ended by now.
+	v.Reset(Snapshot{})
+	if got, want := ended(), map[string]time.Time{"a1": end, "a2": now, "gap": now}; !reflect.DeepEqual(got, want) {
+		t.Fatalf("after a listing: %v, want %v", got, want)
+	}
+	// An hour after, the next end forgets them.
+	now = now.Add(time.Hour + time.Minute)
+	v.ObserveAlloc(alloc("a3", 30, "gpu-3").Build())
+	v.ObserveAlloc(alloc("a3", 30, "gpu-3").Finished(now).Status(api.AllocDesiredStatusRun, api.AllocClientStatusComplete, 31).Build())
+	if got, want := ended(), map[string]time.Time{"a3": now}; !reflect.DeepEqual(got, want) {
+		t.Fatalf("an hour later: %v, want %v", got, want)
+	}
+}
+
 func TestNodeGPUsComeFromTheNode(t *testing.T) {
 	v := NewView(nil)
 	if v.Synced() {

@@ -39,6 +39,8 @@ type View struct {
 	total     map[string]int         // GPUs live jobs hold, by model, all namespaces
 	reserved  map[jobKey]reservation // admitted, maybe not seen in an event yet
 	allocs    map[string]Alloc       // allocations holding GPUs, by id
+	ended     map[string]Alloc       // see trackEnd
+	endSweep  time.Time              // when ended was last swept
 	samples   map[string]Sample      // the GPUs' latest telemetry, by device id (the leader's)
 	// What running and pending allocations hold beyond their job's demand
 	// (all they hold once the job is stopped): counted as used until Nomad
@@ -77,7 +79,7 @@ func NewView(verify func(*api.Job) bool) *View {
 	}
 	return &View{verify: verify, now: time.Now, nodes: map[string]node{}, jobs: map[jobKey]job{},
 		canaries: map[jobKey]map[string]int{}, stable: map[jobKey][]admission.Group{}, reverting: map[jobKey]bool{}, held: map[string]*byModel{}, total: map[string]int{},
-		reserved: map[jobKey]reservation{}, allocs: map[string]Alloc{}, holds: map[string]hold{}, heldBy: map[jobKey]map[string]int{},
+		reserved: map[jobKey]reservation{}, allocs: map[string]Alloc{}, ended: map[string]Alloc{}, holds: map[string]hold{}, heldBy: map[jobKey]map[string]int{},
 		excess: map[jobKey]map[string]int{}, excessBorrowed: map[jobKey]bool{}, undeclared: map[jobKey]string{},
 		changed: make(chan struct{}, 1), nodesDirty: true}
 }
@@ -119,6 +121,7 @@ func (v *View) Reset(snap Snapshot) {
 	v.mu.Lock()
 	was := v.nodes
 	v.nodes, v.jobs, v.held, v.total, v.nodesDirty = map[string]node{}, map[jobKey]job{}, map[string]*byModel{}, map[string]int{}, true
+	wasAllocs := v.allocs
 	v.canaries, v.allocs, v.reverting = map[jobKey]map[string]int{}, map[string]Alloc{}, map[jobKey]bool{}
 	// What is known of stable versions stays for the jobs still there: a
 	// listing reads stable versions only for active deployments.
@@ -146,9 +149,12 @@ func (v *View) Reset(snap Snapshot) {
 	for _, d := range snap.Deployments {
 		v.observeDeployment(d)
 	}
+	listed := make(map[string]*api.Allocation, len(snap.Allocs))
 	for _, a := range snap.Allocs {
 		v.observeAlloc(a, false)
+		listed[a.ID] = a
 	}
+	v.endUnseen(wasAllocs, listed)
 	v.synced = true
 	v.mu.Unlock()
 	v.notify()

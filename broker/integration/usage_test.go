@@ -24,9 +24,9 @@ import (
 
 // TestGPUHoursSurviveLeaderFailover: a job holding 4 GPUs, two of them
 // idle, runs across a SIGKILL of the broker leader; the usage report then
-// charges its tenant the allocation's lifetime × 4 GPU-seconds (within a
-// second of lifetime), half of it idle, priced by its class, and the
-// scraped counter agrees.
+// charges its tenant the allocation's lifetime × 4 GPU-seconds (from its
+// task's start to its end as Nomad recorded them, to 0.1 s), half of it
+// idle, priced by its class, and the scraped counter agrees.
 func TestGPUHoursSurviveLeaderFailover(t *testing.T) {
 	t.Parallel()
 	consul := testcluster.StartConsul(t)
@@ -59,6 +59,12 @@ reclaim_settings {
 }
 `)
 	brokers := startBrokerPair(t, n, consul, policyDir)
+	// The ledger counts from its first pass on: the job starts after it.
+	for _, b := range brokers {
+		if b.Addr == leaderOf(consul) {
+			waitPasses(t, b, metrics.LoopReclaim, 1)
+		}
+	}
 	spec := job("vision", "train", api.JobTypeBatch).group("g", ptr(1), nil, task(dev("nvidia/gpu/"+testbuild.H100, 4)))
 	testcluster.WaitFor(t, 60*time.Second, "train admitted", func() error {
 		req, _ := http.NewRequest(http.MethodPut, brokers[0].Addr+"/v1/jobs", strings.NewReader(spec.body(nil, canonical)))
@@ -131,7 +137,7 @@ reclaim_settings {
 	row := rep.Rows[0]
 	charged := time.Duration(row.AllocatedHours / 4 * float64(time.Hour))
 	t.Logf("allocation ran %s; charged %s per GPU across the failover; idle share %.3f", lifetime, charged, row.IdleShare)
-	if row.Group != "vision" || rep.Currency != "EUR" || (charged-lifetime).Abs() > time.Second {
+	if row.Group != "vision" || rep.Currency != "EUR" || (charged-lifetime).Abs() > 100*time.Millisecond {
 		t.Errorf("vision charged %s per GPU, the allocation ran %s: %+v", charged, lifetime, row)
 	}
 	if math.Abs(row.IdleShare-0.5) > 0.06 || math.Abs(row.Cost-row.AllocatedHours*3600) > 1e-6 {

@@ -18,6 +18,7 @@ import (
 type Allocations interface {
 	Synced() bool
 	GPUAllocs() []cluster.Alloc
+	EndedAllocs() []cluster.Alloc
 	NodeGPUs(nodeID string) map[string]cluster.GPU
 	GPUNodes() []string
 	UndeclaredJobs() map[[2]string]string
@@ -112,6 +113,23 @@ func (o *Observer) Observe(ctx context.Context) ([]reclaim.Alloc, map[string]rec
 		o.Samples(samples)
 	}
 	return allocs, gpus, nil
+}
+
+// Ended returns the allocations that stopped holding GPUs lately or are
+// being stopped (reclaim.Alloc.EndedAt), charged to their job's tenant and
+// queue as they were while running: for the usage ledger, not the rules.
+func (o *Observer) Ended() []reclaim.Alloc {
+	ended := o.View.EndedAllocs()
+	out := make([]reclaim.Alloc, 0, len(ended))
+	for _, e := range ended {
+		a := reclaim.Alloc{ID: e.ID, Namespace: e.Namespace, JobID: e.JobID, Group: e.Group, GPUs: e.GPUs,
+			StartedAt: e.StartedAt, EndedAt: e.EndedAt, Tenant: e.Tenant, Queue: e.Queue, Admitted: e.Tenant != ""}
+		if job, ok := o.jobs[[2]string{e.Namespace, e.JobID}]; ok {
+			a.Admitted, a.Tenant, a.Queue = job.admitted, job.tenant, job.queue
+		}
+		out = append(out, a)
+	}
+	return out
 }
 
 // job is what the job's version at index says; read from Nomad when that

@@ -66,6 +66,7 @@ type view struct {
 
 func (v view) Synced() bool                                { return true }
 func (v view) GPUAllocs() []cluster.Alloc                  { return v.allocs }
+func (v view) EndedAllocs() []cluster.Alloc                { return nil }
 func (v view) NodeGPUs(node string) map[string]cluster.GPU { return v.gpus[node] }
 func (v view) GPUNodes() []string                          { return []string{"n1"} }
 func (v view) UndeclaredJobs() map[[2]string]string        { return v.undeclared }

@@ -28,6 +28,9 @@ type Alloc struct {
 	// holds its GPUs no more, and only the built-in rule looks at it.
 	Preempted bool
 	StartedAt time.Time
+	// EndedAt: an allocation that ended at this time (the usage ledger's
+	// only; zero for every running one, and one being stopped).
+	EndedAt time.Time
 	// TTL is the lifetime the job asks for (meta nomad-gpu.ttl), 0 if none.
 	TTL time.Duration
 	// GPUs are the device ids the allocation holds.

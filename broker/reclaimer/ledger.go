@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/nomad-gpu/nomad-gpu/broker/metrics"
@@ -55,7 +56,15 @@ type Ledger struct {
 	// own is used, a pass charges at most usage.MaxInterval, and no rollup
 	// is deleted.
 	Clock func() (time.Time, bool)
+	// Ended lists the allocations that stopped holding GPUs lately, or are
+	// being stopped (nil: none): each is charged up to its end, which the
+	// passes that saw it running did not reach.
+	Ended func() []reclaim.Alloc
 
+	// since is where this term's first charge started (zero before it),
+	// and charged the allocations its last pass charged as started.
+	since   time.Time
+	charged map[string]bool
 	expired string                  // the day whose expiry ran last
 	recent  map[string]usage.Rollup // the days of the running budget periods, by day
 }
@@ -84,6 +93,7 @@ func (l *Ledger) Observed(ctx context.Context, now time.Time, allocs []reclaim.A
 		// reach the mark would charge nothing for that long: the mark comes
 		// back to now, and the time after is charged.
 		mark.Through = now
+		l.since, l.charged = time.Time{}, nil
 		ok, err := l.Store.Commit(ctx, index, mark, nil)
 		if err != nil {
 			return err
@@ -98,11 +108,13 @@ func (l *Ledger) Observed(ctx context.Context, now time.Time, allocs []reclaim.A
 		return nil // counted up to now already
 	}
 	p := l.Policies.Current()
-	from := through
+	from, floor := through, l.since
 	if !nomadTime && !from.IsZero() && now.Sub(from) > usage.MaxInterval {
 		from = now.Add(-usage.MaxInterval) // this clock may have stepped: not the whole step
+		floor = from
 	}
-	charged := usage.Charge(from, now, allocs, gpus, p.Usage.IdleBelow, p.ClassOf)
+	all := l.withEnded(allocs)
+	charged := l.charge(from, floor, now, all, gpus, p)
 	days := make([]usage.Rollup, 0, len(charged))
 	for day, by := range charged {
 		d, err := l.Store.Day(ctx, day)
@@ -119,7 +131,20 @@ func (l *Ledger) Observed(ctx context.Context, now time.Time, allocs []reclaim.A
 		return err
 	}
 	if !ok {
+		l.since, l.charged = time.Time{}, nil // another leader counts: start over from its mark
 		return ErrMarkMoved
+	}
+	if l.since.IsZero() {
+		l.since = from
+		if from.IsZero() {
+			l.since = now
+		}
+	}
+	l.charged = make(map[string]bool, len(all))
+	for _, a := range all {
+		if !a.StartedAt.IsZero() {
+			l.charged[a.ID] = true
+		}
 	}
 	for _, by := range charged {
 		l.Metrics.GPUSeconds(by)
@@ -135,6 +160,63 @@ func (l *Ledger) Observed(ctx context.Context, now time.Time, allocs []reclaim.A
 		return l.Store.DeleteBefore(ctx, now.Add(-p.Usage.Retention).UTC().Format(usage.DayFormat))
 	}
 	return nil
+}
+
+// charge is the GPU time of allocs from from up to now, except for those
+// the last pass did not charge as started: the view may see a start only
+// after the pass that followed it, so they count from their start, as far
+// back as floor (this term's first charge: what came before is an earlier
+// leader's to count; zero: from).
+func (l *Ledger) charge(from, floor, now time.Time, allocs []reclaim.Alloc, gpus map[string]reclaim.GPU, p *policy.Policy) map[string]map[usage.Key]usage.Seconds {
+	if floor.IsZero() || !floor.Before(from) {
+		return usage.Charge(from, now, allocs, gpus, p.Usage.IdleBelow, p.ClassOf)
+	}
+	var known, unseen []reclaim.Alloc
+	for _, a := range allocs {
+		if l.charged[a.ID] || !a.StartedAt.Before(from) {
+			known = append(known, a)
+		} else {
+			unseen = append(unseen, a)
+		}
+	}
+	out := usage.Charge(from, now, known, gpus, p.Usage.IdleBelow, p.ClassOf)
+	for day, by := range usage.Charge(floor, now, unseen, gpus, p.Usage.IdleBelow, p.ClassOf) {
+		if out == nil {
+			out = map[string]map[usage.Key]usage.Seconds{}
+		}
+		if out[day] == nil {
+			out[day] = map[usage.Key]usage.Seconds{}
+		}
+		for k, sec := range by {
+			s := out[day][k]
+			s.Add(sec)
+			out[day][k] = s
+		}
+	}
+	return out
+}
+
+// withEnded is allocs and the ended ones that are not among them (one may
+// have ended between the pass's observation and now).
+func (l *Ledger) withEnded(allocs []reclaim.Alloc) []reclaim.Alloc {
+	if l.Ended == nil {
+		return allocs
+	}
+	ended := l.Ended()
+	if len(ended) == 0 {
+		return allocs
+	}
+	running := make(map[string]bool, len(allocs))
+	for _, a := range allocs {
+		running[a.ID] = !a.Preempted
+	}
+	out := slices.Clip(allocs)
+	for _, a := range ended {
+		if !running[a.ID] {
+			out = append(out, a)
+		}
+	}
+	return out
 }
 
 // budgets brings the days of the running budget periods up to date (read

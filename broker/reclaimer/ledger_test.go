@@ -91,6 +91,75 @@ func TestTheLedgerCountsEachIntervalOnceAcrossLeaders(t *testing.T) {
 	}
 }
 
+// The passes that saw an allocation running did not reach its end: the
+// next one charges the rest, and one it still lists running is not
+// charged twice.
+func TestTheLedgerChargesAnAllocationUpToItsEnd(t *testing.T) {
+	t0 := time.Date(2026, 11, 30, 8, 0, 0, 0, time.UTC)
+	store := &days{byDay: map[string]usage.Rollup{}}
+	a := reclaim.Alloc{ID: "a", Namespace: "vision", JobID: "nb", Admitted: true, Tenant: "vision", Queue: "dev", StartedAt: t0,
+		GPUs: []string{"g0", "g1"}}
+	var ended []reclaim.Alloc
+	l := &reclaimer.Ledger{Store: store, Policies: testbuild.Fixed{P: testbuild.Policy(t, src)}, Ended: func() []reclaim.Alloc { return ended }}
+	for _, step := range []struct {
+		at      time.Duration
+		running bool
+		endedAt time.Duration // -1: not ended
+	}{{0, true, -1}, {30 * time.Second, true, 0}, {60 * time.Second, false, 45 * time.Second}, {90 * time.Second, false, 45 * time.Second}} {
+		var allocs []reclaim.Alloc
+		if step.running {
+			allocs = append(allocs, a)
+		}
+		ended = nil
+		if e := a; step.endedAt >= 0 {
+			if step.endedAt > 0 {
+				e.EndedAt = t0.Add(step.endedAt)
+			}
+			ended = append(ended, e)
+		}
+		if err := l.Observed(context.Background(), t0.Add(step.at), allocs, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := store.byDay["2026-11-30"].Rows; len(got) != 1 || got[0].Seconds.Allocated != 2*45 {
+		t.Errorf("rollup %+v, want 2 GPUs for the 45 s they ran", got)
+	}
+}
+
+// A pass may see an allocation not yet started that started before it (the
+// view hears of a start later): the next pass charges it from its start, but
+// not from before its term's first mark, which an earlier leader counted to.
+func TestTheLedgerChargesAStartItSawLate(t *testing.T) {
+	t0 := time.Date(2026, 11, 30, 8, 0, 0, 0, time.UTC)
+	store := &days{byDay: map[string]usage.Rollup{}}
+	p := testbuild.Fixed{P: testbuild.Policy(t, src)}
+	a := reclaim.Alloc{ID: "a", Namespace: "vision", JobID: "nb", Admitted: true, Tenant: "vision", Queue: "dev", GPUs: []string{"g0"}}
+	pass := func(l *reclaimer.Ledger, at time.Duration, started bool) {
+		t.Helper()
+		b := a
+		if started {
+			b.StartedAt = t0.Add(20 * time.Second)
+		}
+		if err := l.Observed(context.Background(), t0.Add(at), []reclaim.Alloc{b}, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	allocated := func() float64 { return store.byDay["2026-11-30"].Rows[0].Seconds.Allocated }
+	first := &reclaimer.Ledger{Store: store, Policies: p}
+	pass(first, 0, false)
+	pass(first, 30*time.Second, false) // it started at 20 s
+	pass(first, 60*time.Second, true)
+	pass(first, 90*time.Second, true)
+	if got := allocated(); got != 70 {
+		t.Errorf("charged %v GPU-seconds from 20 s to 90 s, want 70", got)
+	}
+	// A new leader charges what it had not seen from its first mark only.
+	pass(&reclaimer.Ledger{Store: store, Policies: p}, 100*time.Second, true)
+	if got := allocated(); got != 80 {
+		t.Errorf("the next leader: %v GPU-seconds in all, want 80", got)
+	}
+}
+
 func TestALedgerThatLostTheMarkCountsNothing(t *testing.T) {
 	t0 := time.Date(2026, 11, 30, 8, 0, 0, 0, time.UTC)
 	store := &days{mark: usage.Mark{Through: t0}, index: 7, byDay: map[string]usage.Rollup{}}

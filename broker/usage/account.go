@@ -37,7 +37,7 @@ const MaxInterval = 10 * time.Minute
 // busy or idle by its sample (no sample: busy), an allocation started
 // since counted from its start (as Nomad recorded it), so that after a gap
 // (a leader failover, Consul down) an allocation that ran throughout is
-// charged for all of it. An allocation the broker did not admit has tenant
+// charged for all of it, and one that ended since (EndedAt) up to its end. An allocation the broker did not admit has tenant
 // and queue "". classOf maps a GPU model to its class ("" when none).
 func Charge(prev, now time.Time, allocs []reclaim.Alloc, gpus map[string]reclaim.GPU, idleBelow float64,
 	classOf func(model string) string) map[string]map[Key]Seconds {
@@ -64,14 +64,18 @@ const DayFormat = "2006-01-02"
 
 func interval(prev, now time.Time, allocs []reclaim.Alloc, gpus map[string]reclaim.GPU, idleBelow float64,
 	classOf func(model string) string) map[Key]Seconds {
-	d := now.Sub(prev)
 	out := map[Key]Seconds{}
 	for _, a := range allocs {
 		if a.Preempted || a.StartedAt.IsZero() {
 			continue
 		}
-		// An allocation started within the interval is counted from its start.
-		span := min(d, now.Sub(a.StartedAt)).Seconds()
+		// An allocation started within the interval is counted from its
+		// start, one that ended in it up to its end.
+		end := now
+		if !a.EndedAt.IsZero() && a.EndedAt.Before(now) {
+			end = a.EndedAt
+		}
+		span := min(end.Sub(prev), end.Sub(a.StartedAt)).Seconds()
 		if span <= 0 {
 			continue
 		}

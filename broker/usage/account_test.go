@@ -59,6 +59,17 @@ func TestChargeCountsNothingFirstAndAllOfAGapFromEachStart(t *testing.T) {
 	}
 }
 
+// An allocation that ended since the last observation is charged up to its
+// end, one that ended before it not at all.
+func TestChargeCountsAnEndedAllocationUpToItsEnd(t *testing.T) {
+	ended, before := running("a", "train", "g0", "g1"), running("b", "train", "g2")
+	ended.EndedAt, before.EndedAt = t0.Add(70*time.Second), t0.Add(50*time.Second)
+	got := usage.Charge(t0.Add(time.Minute), t0.Add(2*time.Minute), []reclaim.Alloc{ended, before}, nil, 5, noClass)
+	if s := got["2026-11-30"][usage.Key{Tenant: "vision", Queue: "training"}]; s != (usage.Seconds{Allocated: 20, Busy: 20}) {
+		t.Errorf("2 GPUs for the 10 s before their end: %+v", got)
+	}
+}
+
 func TestReportSumsDaysByGroupWithCost(t *testing.T) {
 	days := []usage.Rollup{{Day: "2026-11-30"}, {Day: "2026-12-01"}}
 	days[0].Add(map[usage.Key]usage.Seconds{{Tenant: "vision", Queue: "training", Class: "h100"}: {Allocated: 7200, Busy: 5400, Idle: 1800}})

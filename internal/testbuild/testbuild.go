@@ -147,6 +147,12 @@ func (b *AllocBuilder) Started(at time.Time) *AllocBuilder {
 	return b
 }
 
+// Finished sets its task's end.
+func (b *AllocBuilder) Finished(at time.Time) *AllocBuilder {
+	b.a.TaskStates["t"].FinishedAt = at
+	return b
+}
+
 // Restarted adds a restart event of its task at each time.
 func (b *AllocBuilder) Restarted(at ...time.Time) *AllocBuilder {
 	for _, t := range at {
