@@ -206,6 +206,8 @@ func (a *Agent) Run(ctx context.Context) error {
 			Watchers: []reclaimer.Watcher{&reclaimer.Recorder{Store: storedProfiles, Table: profiles, Policies: policies},
 				&reclaimer.Ledger{Store: rollups, Policies: policies, Metrics: metrics, Budgets: budgets, Clock: nomadClient.NomadNow,
 					Ended: observer.Ended},
+				&reclaimer.Promoter{Log: log.Named("promote"), Policies: policies, Usage: view, Jobs: nomadClient, Grants: scales,
+					Stamper: stamper, Lock: view.LockJob, Audit: trail},
 				&reclaimer.Expirer{Store: approvals, Jobs: view, Policies: policies, Records: decisions, NewID: queue.NewID, Audit: trail},
 				&reclaimer.Pruner{What: "scale and dispatch grants", Every: grantPruneInterval, Log: log.Named("prune"),
 					Prune: func(ctx context.Context) (int, error) { return scales.Prune(ctx, nomadClient.Gone) }},

@@ -46,6 +46,7 @@ const (
 	QueueUnpark    = "queue-unpark"    // a job so parked that the policy takes again: it waits again
 	QueueCancel    = "queue-cancel"
 	Preemption     = "preemption"  // Nomad preempted a borrowed job's allocation (observed)
+	Promotion      = "promotion"   // a running borrowed job promoted in place to its queue's band (borrowing.promote_below)
 	AutoRevert     = "auto-revert" // Nomad reverted a job whose deployment failed (observed): result admit or over-limit
 	ReclaimDecided = "reclaim-decision"
 	ReclaimActed   = "reclaim-action"

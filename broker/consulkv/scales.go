@@ -33,17 +33,22 @@ func (s *Scales) Put(ctx context.Context, namespace, job string, g nomadjob.Scal
 }
 
 // Verifier verifies a job's admission: its stamp as it stands, or as scaled
-// through the broker. A job whose grant cannot be read is not verified.
-func (s *Scales) Verifier(st nomadjob.Stamper) func(context.Context, *api.Job) bool {
-	return func(ctx context.Context, job *api.Job) bool {
+// or promoted through the broker; borrowed is what the admission says,
+// false once promoted. A job whose grant cannot be read is not verified.
+func (s *Scales) Verifier(st nomadjob.Stamper) func(context.Context, *api.Job) (admitted, borrowed bool) {
+	return func(ctx context.Context, job *api.Job) (bool, bool) {
+		stamped := job.Meta[nomadjob.MetaBorrowed] == "true"
 		if st.Verify(job) {
-			return true
+			return true, stamped
 		}
 		if job.ID == nil {
-			return false
+			return false, false
 		}
 		g, ok, err := s.Get(ctx, nomadjob.Namespace(job), *job.ID)
-		return err == nil && ok && st.VerifyScaled(job, g)
+		if err != nil || !ok || !st.VerifyScaled(job, g) {
+			return false, false
+		}
+		return true, stamped && !g.Promoted(job)
 	}
 }
 

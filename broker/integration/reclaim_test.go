@@ -566,6 +566,47 @@ func TestPreemptedBorrowedJobRunsAgainOnce(t *testing.T) {
 	if n := m[`nomadgpu_request_duration_seconds_count{class="register"}`]; n < 3 {
 		t.Errorf("%v registrations timed, want at least own, extra and svc", n)
 	}
+
+	// borrowing.promote_below: once own stops, extra alone is within
+	// vision's guarantee; the leader promotes it in place to the band own
+	// ran at: the same allocation, no longer borrowed, no longer another
+	// tenant's to preempt.
+	band := *e.job("vision", "own").Priority
+	writeFile(t, filepath.Join(e.policyDir, "policy.hcl"), strings.Replace(preemptPolicy, `backoff  = "0"`, "backoff  = \"0\"\n  promote_below = 1", 1))
+	allocOf := func() string {
+		allocs, _, err := n.API.Jobs().Allocations("extra", false, &api.QueryOptions{Namespace: "vision"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, a := range allocs {
+			if a.ClientStatus == api.AllocClientStatusRunning && a.DesiredStatus == api.AllocDesiredStatusRun {
+				return a.ID
+			}
+		}
+		return ""
+	}
+	before := allocOf()
+	e.stop("vision", "own")
+	testcluster.WaitFor(t, 60*time.Second, "extra promoted", func() error {
+		if p := *e.job("vision", "extra").Priority; p != band {
+			return fmt.Errorf("priority %d, want %d", p, band)
+		}
+		return nil
+	})
+	waitPasses(t, e.broker, metrics.LoopReclaim, 2) // the promoted job as the leader reads it
+	if after := allocOf(); after != before || before == "" {
+		t.Errorf("extra's allocation %q became %q: not in place", before, after)
+	}
+	m = e.broker.Scrape()
+	if b := m[`nomadgpu_tenant_gpus{gpu_class="all",kind="borrowed",tenant="vision"}`]; b != 0 {
+		t.Errorf("vision still borrows %v GPUs after the promotion", b)
+	}
+	if out := e.brokerCLI("audit", "-since", "1h"); !strings.Contains(out, "promotion") || !strings.Contains(out, fmt.Sprintf("to %d", band)) {
+		t.Errorf("no promotion in the audit trail:\n%s", out)
+	}
+	if out := e.brokerCLI("reclaim", "list"); strings.Count(out, "executed") != 1 {
+		t.Errorf("the promoted job was reclaimed:\n%s", out)
+	}
 }
 
 // TestReclaimDecisionSurvivesLeaderKill: the leader records a decision and is

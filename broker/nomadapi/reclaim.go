@@ -31,8 +31,8 @@ type Allocations interface {
 type Observer struct {
 	Client *Client
 	View   Allocations
-	// Verify checks a job's admission.
-	Verify func(context.Context, *api.Job) bool
+	// Verify checks a job's admission, and whether it runs borrowed.
+	Verify func(context.Context, *api.Job) (admitted, borrowed bool)
 	// Samples, if set, is given each pass's telemetry of every GPU sampled.
 	Samples func(map[string]cluster.Sample)
 
@@ -149,8 +149,7 @@ func (o *Observer) job(ctx context.Context, key [2]string, index uint64) (observ
 	if job.JobModifyIndex != nil {
 		out.index = *job.JobModifyIndex
 	}
-	if o.Verify(ctx, job) {
-		out.admitted, out.borrowed = true, job.Meta[nomadjob.MetaBorrowed] == "true"
+	if out.admitted, out.borrowed = o.Verify(ctx, job); out.admitted {
 		out.tenant, out.queue, out.workload = job.Meta[nomadjob.MetaTenant], job.Meta[nomadjob.MetaQueue], job.Meta[nomadjob.MetaWorkload]
 	}
 	if ttl, err := time.ParseDuration(job.Meta[nomadjob.MetaTTL]); err == nil && ttl > 0 {

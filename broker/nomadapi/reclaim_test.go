@@ -84,7 +84,7 @@ func TestTheObserverSeesJobsUsingGPUsTheyDoNotAskFor(t *testing.T) {
 		"GET /v1/client/stats":           answer(http.StatusOK, api.HostStats{}),
 	})
 	v := view{undeclared: map[[2]string]string{{"vision", "sneaky"}: `task "t" sets NVIDIA_VISIBLE_DEVICES`, {"vision", "warned"}: "runs privileged"}}
-	o := &nomadapi.Observer{Client: c, View: v, Verify: func(_ context.Context, j *api.Job) bool { return j.Meta["ok"] == "1" }}
+	o := &nomadapi.Observer{Client: c, View: v, Verify: func(_ context.Context, j *api.Job) (bool, bool) { return j.Meta["ok"] == "1", false }}
 	allocs, _, err := o.Observe(context.Background())
 	if err != nil || len(allocs) != 1 || allocs[0].ID != "a1" || allocs[0].Admitted || allocs[0].Undeclared != `task "t" sets NVIDIA_VISIBLE_DEVICES` {
 		t.Errorf("%+v %v", allocs, err)
@@ -106,7 +106,7 @@ func TestTheObserverReadsEachJobVersionOnceAndEachNodesStats(t *testing.T) {
 	v := view{allocs: []cluster.Alloc{{ID: "a1", Namespace: "vision", JobID: "dev", NodeID: "n1", JobIndex: 10, GPUs: []string{"g0"}}},
 		gpus: map[string]map[string]cluster.GPU{"n1": {"g0": {Model: "H100", Healthy: true}, "g1": {Model: "H100", Healthy: false}}}}
 	var samples map[string]cluster.Sample
-	o := &nomadapi.Observer{Client: c, View: v, Verify: func(context.Context, *api.Job) bool { return true },
+	o := &nomadapi.Observer{Client: c, View: v, Verify: func(_ context.Context, j *api.Job) (bool, bool) { return true, j.Meta[nomadjob.MetaBorrowed] == "true" },
 		Samples: func(s map[string]cluster.Sample) { samples = s }}
 	for pass := 0; pass < 2; pass++ {
 		allocs, gpus, err := o.Observe(context.Background())

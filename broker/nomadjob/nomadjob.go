@@ -76,7 +76,7 @@ func (s Stamper) Verify(job *api.Job) bool {
 	if !ok || job.ID == nil || job.Priority == nil {
 		return false
 	}
-	return s.verify(job, deref(job.ID), sig, nil)
+	return s.verify(job, deref(job.ID), sig, *job.Priority, nil)
 }
 
 // ScaleGrant is what the broker admitted for a job scaled through it: a scale
@@ -90,6 +90,17 @@ type ScaleGrant struct {
 	// parameterized job it was dispatched from: the child carries its
 	// parent's stamp, made for the parent's id.
 	Parent string `json:"parent,omitempty"`
+	// StampedPriority is, for a job the broker promoted in place from
+	// borrowed (borrowing.promote_below), the priority its stamp was made
+	// for: a priority change keeps Nomad's allocations, a meta change would
+	// replace them, so the stamp stays and the grant says what changed.
+	StampedPriority int `json:"stamped_priority,omitempty"`
+}
+
+// Promoted reports whether job runs promoted under g: at another priority
+// than its (borrowed) stamp was made for.
+func (g ScaleGrant) Promoted(job *api.Job) bool {
+	return g.StampedPriority != 0 && job.Priority != nil && *job.Priority != g.StampedPriority
 }
 
 // VerifyScaled is Verify for a job scaled through the broker under g.
@@ -114,7 +125,11 @@ func (s Stamper) VerifyScaled(job *api.Job, g ScaleGrant) bool {
 			return false // scaled past the broker since
 		}
 	}
-	return s.verify(job, id, sig, g.Stamped)
+	priority := *job.Priority
+	if g.StampedPriority != 0 {
+		priority = g.StampedPriority
+	}
+	return s.verify(job, id, sig, priority, g.Stamped)
 }
 
 // GPUGroupCounts are the counts of a job's GPU task groups, by name.
@@ -132,10 +147,10 @@ func GPUGroupCounts(job *api.Job) map[string]int {
 	return out
 }
 
-// verify checks sig over the job as job id, with counts (when given) in
-// place of the job's own for the groups they name.
-func (s Stamper) verify(job *api.Job, id, sig string, counts map[string]int) bool {
-	want := s.sign(Namespace(job), job, id, job.Meta[MetaTenant], job.Meta[MetaQueue], *job.Priority, job.Meta[MetaBorrowed], counts)
+// verify checks sig over the job as job id at priority, with counts (when
+// given) in place of the job's own for the groups they name.
+func (s Stamper) verify(job *api.Job, id, sig string, priority int, counts map[string]int) bool {
+	want := s.sign(Namespace(job), job, id, job.Meta[MetaTenant], job.Meta[MetaQueue], priority, job.Meta[MetaBorrowed], counts)
 	return want != "" && hmac.Equal([]byte(sig), []byte(want))
 }
 

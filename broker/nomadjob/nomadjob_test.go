@@ -344,6 +344,31 @@ func TestAScaleThroughTheBrokerKeepsTheJobVerifiable(t *testing.T) {
 	}
 }
 
+// A borrowed job promoted in place keeps its stamp (made for the borrowed
+// priority): its grant names that priority, and it verifies at the new one
+// by the grant only; a priority changed past the broker does not.
+func TestAPromotionKeepsTheJobVerifiable(t *testing.T) {
+	s := nomadjob.Stamper{Key: []byte("k")}
+	d := admission.Decision{Tenant: "vision", Queue: "training", Priority: 20, Outcome: admission.AdmitBorrowed}
+	j := testbuild.Job("vision", "train").Priority(20).Group("g", 2, 4, "nvidia/gpu").Build()
+	for k, v := range nomadjob.BrokerMeta(d, s.Stamp("vision", j, d)) {
+		j.Meta[k] = v
+	}
+	grant := nomadjob.ScaleGrant{Stamp: j.Meta[nomadjob.MetaAdmission], Stamped: map[string]int{"g": 2}, Admitted: map[string]int{"g": 2},
+		StampedPriority: 20}
+	if !s.VerifyScaled(j, grant) || grant.Promoted(j) {
+		t.Errorf("before the new priority: VerifyScaled %t (want true), Promoted %t (want false)", s.VerifyScaled(j, grant), grant.Promoted(j))
+	}
+	j.Priority = ptr(60)
+	if s.Verify(j) || !s.VerifyScaled(j, grant) || !grant.Promoted(j) {
+		t.Errorf("promoted: Verify %t (want false), VerifyScaled %t, Promoted %t (want true)", s.Verify(j), s.VerifyScaled(j, grant), grant.Promoted(j))
+	}
+	grant.StampedPriority = 0
+	if s.VerifyScaled(j, grant) {
+		t.Error("a priority changed without the grant saying so verified")
+	}
+}
+
 // A child dispatched through the broker carries its parent's stamp, made for
 // the parent's id: its grant names the parent; without one it does not verify.
 func TestAChildDispatchedThroughTheBrokerVerifiesByItsGrant(t *testing.T) {

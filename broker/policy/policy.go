@@ -246,6 +246,11 @@ type Borrowing struct {
 	// admitted borrowed again for Backoff × 2^(k−1), at most MaxBackoff
 	// (within its guarantee it is, at any time).
 	Backoff, MaxBackoff time.Duration
+	// PromoteBelow: a running borrowed job runs on within its tenant's
+	// guarantee (at its queue's band, in place) once the tenant's work
+	// within the guarantee and the job together are at most this share of
+	// the guarantee; 0: never.
+	PromoteBelow float64
 }
 
 // Default re-borrow backoff.

@@ -78,6 +78,8 @@ type borrowingBody struct {
 	Priority   *int    `hcl:"priority,optional"`
 	Backoff    *string `hcl:"backoff,optional"`
 	MaxBackoff *string `hcl:"max_backoff,optional"`
+	// PromoteBelow is a share of the guarantee, 0 to 1.
+	PromoteBelow *float64 `hcl:"promote_below,optional"`
 }
 
 type preemptionBody struct {
@@ -294,6 +296,14 @@ func decodeSingleton(p *parser, b *hcl.Block) hcl.Diagnostics {
 				continue
 			}
 			*set.to = v
+		}
+		if v := bb.PromoteBelow; v != nil {
+			if *v < 0 || *v > 1 {
+				d = append(d, errorAt(attrRange(b, "promote_below"), "Invalid share",
+					fmt.Sprintf("borrowing: promote_below = %g is not a share of the guarantee from 0 (never) to 1", *v)))
+			} else {
+				p.Borrowing.PromoteBelow = *v
+			}
 		}
 		if p.Borrowing.MaxBackoff < p.Borrowing.Backoff {
 			d = append(d, errorAt(attrRange(b, "max_backoff"), "Invalid duration",

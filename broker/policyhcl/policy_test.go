@@ -1,6 +1,7 @@
 package policyhcl_test
 
 import (
+	"fmt"
 	"maps"
 	"strings"
 	"testing"
@@ -191,6 +192,24 @@ borrowing {
 	want := `q.hcl:3:1: error: Borrowing band not below every queue: borrowing priority 60 must be below queue "a" (60)`
 	if out := policyhcl.FormatDiagnostics(diags); p != nil || !strings.Contains(out, want) {
 		t.Fatalf("want %q, got\n%s", want, out)
+	}
+}
+
+func TestPromoteBelowIsAShareOfTheGuarantee(t *testing.T) {
+	src := `
+queue "a" { priority = 60 }
+borrowing {
+  enabled       = true
+  promote_below = %s
+}`
+	p, diags := policyhcl.Parse(map[string][]byte{"q.hcl": []byte(fmt.Sprintf(src, "1.5"))}, 0)
+	want := `q.hcl:5:3: error: Invalid share: borrowing: promote_below = 1.5 is not a share of the guarantee from 0 (never) to 1`
+	if out := policyhcl.FormatDiagnostics(diags); p != nil || !strings.Contains(out, want) {
+		t.Fatalf("want %q, got\n%s", want, out)
+	}
+	p, diags = policyhcl.Parse(map[string][]byte{"q.hcl": []byte(fmt.Sprintf(src, "0.6"))}, 0)
+	if diags.HasErrors() || p.Borrowing.PromoteBelow != 0.6 {
+		t.Fatalf("promote_below = 0.6: %v %s", p, policyhcl.FormatDiagnostics(diags))
 	}
 }
 

@@ -74,7 +74,7 @@ func (s *Server) scale(w http.ResponseWriter, r *http.Request, jc jobCall, jobID
 		writeError(w, fail(errBadRequest, "scale of %q: count %d is out of range 0..%d", jobID, *req.Count, nomadjob.MaxGroupCount))
 		return
 	}
-	stamped, admittedBefore := s.stampedCounts(r, ns, jobID, job)
+	before, admittedBefore := s.stampedGrant(r, ns, jobID, job)
 	up := false
 	for _, tg := range job.TaskGroups {
 		if tg != nil && tg.Name != nil && *tg.Name == group {
@@ -88,7 +88,8 @@ func (s *Server) scale(w http.ResponseWriter, r *http.Request, jc jobCall, jobID
 		// The stamp covers counts: record what is admitted now, before Nomad
 		// has it, so that the job stays verifiable (and a scale straight in
 		// Nomad does not).
-		grant := nomadjob.ScaleGrant{Stamp: job.Meta[nomadjob.MetaAdmission], Stamped: stamped, Admitted: nomadjob.GPUGroupCounts(job)}
+		grant := nomadjob.ScaleGrant{Stamp: job.Meta[nomadjob.MetaAdmission], Stamped: before.Stamped, Admitted: nomadjob.GPUGroupCounts(job),
+			StampedPriority: before.StampedPriority}
 		record = func() error { return s.scales.Put(r.Context(), ns, jobID, grant) }
 	}
 	if up && admittedBefore && s.metrics != nil {
@@ -108,21 +109,22 @@ func (s *Server) scale(w http.ResponseWriter, r *http.Request, jc jobCall, jobID
 	s.checkThenForward(w, r, doc.Bytes(), job, ns, jobID, "scale", record)
 }
 
-// stampedCounts are the counts a job's admission stamp was made for, and
-// whether the job is admitted at all: its own counts when its stamp verifies
-// as it stands, else those of the grant of an earlier scale through the broker.
-func (s *Server) stampedCounts(r *http.Request, ns, jobID string, job *api.Job) (map[string]int, bool) {
+// stampedGrant is what a job's admission stamp was made for (its counts,
+// and its priority if it was promoted since), and whether the job is
+// admitted at all: its own counts when its stamp verifies as it stands,
+// else the grant of an earlier scale or promotion through the broker.
+func (s *Server) stampedGrant(r *http.Request, ns, jobID string, job *api.Job) (nomadjob.ScaleGrant, bool) {
 	if s.stamper.Verify(job) {
-		return nomadjob.GPUGroupCounts(job), true
+		return nomadjob.ScaleGrant{Stamped: nomadjob.GPUGroupCounts(job)}, true
 	}
 	if s.scales == nil {
-		return nil, false
+		return nomadjob.ScaleGrant{}, false
 	}
 	g, ok, err := s.scales.Get(r.Context(), ns, jobID)
 	if err != nil || !ok || !s.stamper.VerifyScaled(job, g) {
-		return nil, false
+		return nomadjob.ScaleGrant{}, false
 	}
-	return g.Stamped, true
+	return g, true
 }
 
 // spawn gates dispatch and periodic force: each registers a new child job
@@ -203,11 +205,11 @@ func (s *Server) dispatchedWith(r *http.Request, ns, parent, token string) (stri
 // must not verify). Nomad has the child already: a record that cannot be
 // written is logged, and the reclaim rule unadmitted will see the child so.
 func (s *Server) recordChild(r *http.Request, ns, parentID string, parent *api.Job, childID string) {
-	stamped, admitted := s.stampedCounts(r, ns, parentID, parent)
+	before, admitted := s.stampedGrant(r, ns, parentID, parent)
 	if !admitted || s.scales == nil {
 		return
 	}
-	g := nomadjob.ScaleGrant{Stamp: parent.Meta[nomadjob.MetaAdmission], Stamped: stamped, Admitted: nomadjob.GPUGroupCounts(parent), Parent: parentID}
+	g := nomadjob.ScaleGrant{Stamp: parent.Meta[nomadjob.MetaAdmission], Stamped: before.Stamped, Admitted: nomadjob.GPUGroupCounts(parent), Parent: parentID}
 	if err := s.scales.Put(r.Context(), ns, childID, g); err != nil {
 		s.log.Error("dispatch: the child's admission is not recorded; the reclaim rule unadmitted will count it as unadmitted",
 			"job", childID, "namespace", ns, "error", err)

@@ -406,6 +406,53 @@ func (r *run) pass() {
 	r.endWalk()
 }
 
+// promote runs on within their tenant's guarantee, at their queue's band,
+// the borrowed jobs the policy promotes (admission.Promotions), as the
+// leader does before a queue pass: Nomad changes a running job's priority
+// in place.
+func (r *run) promote() {
+	below := r.p.Borrowing.PromoteBelow
+	if below <= 0 || len(r.borrowedRunning) == 0 {
+		return
+	}
+	guaranteed := make(map[string]float64, len(r.tu))
+	room := false
+	for name, tu := range r.tu {
+		g := tu.Used.Total() - tu.Borrowed.Total()
+		guaranteed[name] = g
+		if t := r.p.Tenants[name]; t != nil && g < below*t.Guaranteed.Total()-1e-9 {
+			room = true
+		}
+	}
+	if !room {
+		return
+	}
+	running := make([]admission.Running, 0, len(r.borrowedRunning))
+	byID := make(map[string]*simJob, len(r.borrowedRunning))
+	for j := range r.borrowedRunning {
+		byID[j.ID] = j
+		running = append(running, admission.Running{Namespace: j.adm.Namespace, ID: j.ID, Tenant: r.tenants[j.tenant].name,
+			Queue: j.queue, GPUs: j.demand.Total(), Since: r.time(j.startedAt)})
+	}
+	for _, pr := range admission.Promotions(r.p, guaranteed, running) {
+		j := byID[pr.ID]
+		tu := r.tu[pr.Tenant]
+		for class, n := range j.demand {
+			tu.Borrowed[class] -= n
+		}
+		j.borrowed = false
+		delete(r.borrowedRunning, j)
+		for _, a := range j.placed {
+			r.heldByPrio[a.prio] -= a.gpus
+			r.heldByPrio[pr.Priority] += a.gpus
+			a.prio = pr.Priority
+			r.c.relow(a.node)
+		}
+		j.prio = pr.Priority
+		r.res.Promotions++
+	}
+}
+
 // bringBack returns to the merge the runs set aside for their tenant's
 // guarantee whose tenant now holds less than then (an admission preempted
 // its work), from their first entry after at: those before it were passed

@@ -133,11 +133,17 @@ func (c *cluster) remove(a *alloc) {
 			break
 		}
 	}
+	c.relow(a.node)
+	c.setFree(a.node, n.free+a.gpus)
+}
+
+// relow recomputes the lowest priority on node id.
+func (c *cluster) relow(id int) {
+	n := &c.nodes[id]
 	n.lowest = math.MaxInt
 	for _, o := range n.allocs {
 		n.lowest = min(n.lowest, o.prio)
 	}
-	c.setFree(a.node, n.free+a.gpus)
 }
 
 // victims finds the node where an allocation of gpus at priority prio fits

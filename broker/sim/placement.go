@@ -102,6 +102,9 @@ func (r *run) start(j *simJob, node int) {
 	}
 	heap.Push(&r.events, event{t: j.startedAt + j.Duration - j.progress, job: j, gen: j.gen})
 	r.watch(j)
+	if j.borrowed {
+		r.borrowedRunning[j] = struct{}{}
+	}
 }
 
 // preempt is Nomad evicting j for higher priority work. A borrowed job goes

@@ -5,6 +5,7 @@ import (
 	"io"
 	"math"
 	"slices"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -104,6 +105,7 @@ func WriteReport(w io.Writer, results []*Result) error {
 	row("GPU-hours busy / wasted (lost, held idle)", func(r *Result) string {
 		return fmt.Sprintf("%.0f / %.0f", r.BusyGPUHours, r.WastedGPUHours)
 	})
+	row("borrowed jobs promoted in place", func(r *Result) string { return strconv.Itoa(r.Promotions) })
 	row("reclaims / GPU-hours reclaimed", func(r *Result) string { return fmt.Sprintf("%d / %.1f", r.Reclaims, r.ReclaimedGPUHours) })
 	row("fragmentation while work waits", func(r *Result) string { return pct(r.Fragmentation) })
 	row("queued beyond max_queued", func(r *Result) string { return fmt.Sprint(r.AboveMaxQueued) })

@@ -64,9 +64,12 @@ type Result struct {
 	PreemptionsPerJob Percentiles `json:"preemptions_per_job"`
 	// BusyGPUHours are the GPU-hours running jobs used; WastedGPUHours the
 	// GPU-hours lost to preemption and held idle.
-	BusyGPUHours      float64 `json:"busy_gpu_hours"`
-	WastedGPUHours    float64 `json:"gpu_hours_wasted"`
-	Reclaims          int     `json:"reclaims"`
+	BusyGPUHours   float64 `json:"busy_gpu_hours"`
+	WastedGPUHours float64 `json:"gpu_hours_wasted"`
+	Reclaims       int     `json:"reclaims"`
+	// Promotions: borrowed jobs run on within their tenant's guarantee
+	// (borrowing.promote_below).
+	Promotions        int     `json:"promotions"`
 	ReclaimedGPUHours float64 `json:"gpu_hours_reclaimed"`
 	// Fragmentation is, while work waits, the share of the cluster's GPUs
 	// free on nodes too full for the smallest waiting allocation.

@@ -165,7 +165,8 @@ type run struct {
 
 	placed, busy                  int // GPUs held, and held by running jobs that use them
 	heldByPrio                    map[int]int
-	borrowers                     int // tenants holding more than their guarantee
+	borrowedRunning               map[*simJob]struct{} // running borrowed: promote weighs them
+	borrowers                     int                  // tenants holding more than their guarantee
 	waitingSizes                  map[int]int
 	waitingJobs                   int
 	res                           Result
@@ -211,7 +212,7 @@ func newRun(jobs []Job, o Options) *run {
 	}
 	r := &run{o: o, p: p, c: newCluster(o.Nodes), byName: map[string]int{}, nomadQ: newPending(),
 		watched: map[*simJob]struct{}{}, engine: reclaim.New(), tu: map[string]admission.TenantUsage{},
-		held: policy.Quota{}, capacity: policy.Quota{}, maxAlloc: policy.Quota{}, heldByPrio: map[int]int{},
+		held: policy.Quota{}, capacity: policy.Quota{}, maxAlloc: policy.Quota{}, heldByPrio: map[int]int{}, borrowedRunning: map[*simJob]struct{}{},
 		waitingSizes: map[int]int{}}
 	r.ideal, r.rng = o.NomadModel == ModelIdeal, rand.New(rand.NewPCG(o.Seed, 0x5eed))
 	r.res = Result{Mode: o.Mode, NomadModel: o.NomadModel, Jobs: len(jobs), GPUs: GPUs(o.Nodes), RejectedBy: map[string]int{}, ByTenant: map[string]*Group{}, ByQueue: map[string]*Group{}, BySize: map[string]*Group{}}
@@ -320,6 +321,7 @@ func (r *run) loop() error {
 			r.pass()
 		case "reclaim":
 			r.reclaimPass()
+			r.promote()
 		}
 	}
 }
@@ -362,6 +364,7 @@ func (r *run) stop(j *simJob) (lost float64) {
 			r.tenants[j.tenant].busyGPUs -= j.gpus()
 		}
 		delete(r.watched, j)
+		delete(r.borrowedRunning, j)
 	} else {
 		r.wait(j, -1)
 	}

@@ -1,0 +1,112 @@
+package reclaimer_test
+
+import (
+	"context"
+	"encoding/json"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/hashicorp/nomad/api"
+
+	"github.com/nomad-gpu/nomad-gpu/broker/admission"
+	"github.com/nomad-gpu/nomad-gpu/broker/nomadjob"
+	"github.com/nomad-gpu/nomad-gpu/broker/policy"
+	"github.com/nomad-gpu/nomad-gpu/broker/reclaim"
+	"github.com/nomad-gpu/nomad-gpu/broker/reclaimer"
+	"github.com/nomad-gpu/nomad-gpu/internal/testbuild"
+)
+
+// promoteJobs is Nomad as the promoter reads and registers jobs.
+type promoteJobs struct {
+	jobs       map[string]*api.Job
+	registered []api.JobRegisterRequest
+}
+
+func (n *promoteJobs) Job(_ context.Context, _, id string) (*api.Job, error) { return n.jobs[id], nil }
+func (n *promoteJobs) Register(_ context.Context, _ string, body []byte) (uint64, error) {
+	var req api.JobRegisterRequest
+	if err := json.Unmarshal(body, &req); err != nil {
+		return 0, err
+	}
+	n.registered = append(n.registered, req)
+	return 0, nil
+}
+
+type grants map[string]nomadjob.ScaleGrant
+
+func (g grants) Get(_ context.Context, _, job string) (nomadjob.ScaleGrant, bool, error) {
+	v, ok := g[job]
+	return v, ok, nil
+}
+func (g grants) Put(_ context.Context, _, job string, v nomadjob.ScaleGrant) error {
+	g[job] = v
+	return nil
+}
+
+type usageOf admission.Usage
+
+func (u usageOf) UsageWithout(*policy.Policy, string, string) admission.Usage {
+	return admission.Usage(u)
+}
+
+func TestThePromoterRunsBorrowedWorkOnAtItsBandInPlace(t *testing.T) {
+	p := testbuild.Policy(t, `
+queue "training" { priority = 60 }
+borrowing {
+  enabled       = true
+  promote_below = 1
+}
+tenant "vision" {
+  namespaces = ["vision"]
+  queues     = ["training"]
+  guaranteed = 4
+  limit      = 8
+}
+`)
+	st := nomadjob.Stamper{Key: []byte("k")}
+	borrowed := func(id string) *api.Job {
+		d := admission.Decision{Tenant: "vision", Queue: "training", Priority: p.Borrowing.Priority, Outcome: admission.AdmitBorrowed}
+		j := testbuild.Job("vision", id).Priority(p.Borrowing.Priority).Group("g", 1, 2, "nvidia/gpu").ModifyIndex(7).Build()
+		for k, v := range nomadjob.BrokerMeta(d, st.Stamp("vision", j, d)) {
+			j.Meta[k] = v
+		}
+		return j
+	}
+	nomad := &promoteJobs{jobs: map[string]*api.Job{"big": borrowed("big"), "small": borrowed("small"), "changed": borrowed("changed")}}
+	nomad.jobs["changed"].Meta[nomadjob.MetaBorrowed] = "false" // registered again since, within the guarantee
+	g := grants{}
+	pr := &reclaimer.Promoter{Log: hclog.NewNullLogger(), Policies: testbuild.Fixed{P: p}, Jobs: nomad, Grants: g, Stamper: st,
+		Lock:  func(string, string) func() { return func() {} },
+		Usage: usageOf{Tenants: map[string]admission.TenantUsage{"vision": {Used: policy.Quota{policy.AllGPUs: 6}, Borrowed: policy.Quota{policy.AllGPUs: 6}}}}}
+	t0 := time.Date(2026, 12, 2, 8, 0, 0, 0, time.UTC)
+	alloc := func(job string, at time.Duration, gpus ...string) reclaim.Alloc {
+		return reclaim.Alloc{ID: job + "-a", Namespace: "vision", JobID: job, Admitted: true, Borrowed: true, Tenant: "vision", Queue: "training",
+			StartedAt: t0.Add(at), GPUs: gpus}
+	}
+	allocs := []reclaim.Alloc{alloc("small", time.Hour, "g2", "g3"), alloc("big", 0, "g4", "g5"), alloc("changed", -time.Hour, "g6", "g7")}
+	gpus := map[string]reclaim.GPU{}
+	for _, id := range []string{"g2", "g3", "g4", "g5", "g6", "g7"} {
+		gpus[id] = reclaim.GPU{Healthy: true}
+	}
+	if err := pr.Observed(context.Background(), t0.Add(2*time.Hour), allocs, gpus); err != nil {
+		t.Fatal(err)
+	}
+	// Nothing held within the guarantee of 4: changed (the oldest) takes 2
+	// of it but is no longer borrowed in Nomad, big (2) comes next, small
+	// (2) would pass 4.
+	if len(nomad.registered) != 1 || *nomad.registered[0].Job.ID != "big" || *nomad.registered[0].Job.Priority != p.Queues["training"].Band ||
+		!nomad.registered[0].EnforceIndex || nomad.registered[0].JobModifyIndex != 7 {
+		t.Fatalf("registered %+v, want big at priority %d, at its index", nomad.registered, p.Queues["training"].Band)
+	}
+	promoted := nomad.registered[0].Job
+	if grant := g["big"]; grant.StampedPriority != p.Borrowing.Priority || !st.VerifyScaled(promoted, grant) || !grant.Promoted(promoted) {
+		t.Errorf("the grant %+v does not keep the promoted job verifiable", grant)
+	}
+	// Promoted already (as the next pass reads Nomad): not again.
+	nomad.jobs["big"] = promoted
+	nomad.registered = nil
+	if err := pr.Observed(context.Background(), t0.Add(3*time.Hour), allocs[1:2], gpus); err != nil || len(nomad.registered) != 0 {
+		t.Errorf("promoted twice: %v %+v", err, nomad.registered)
+	}
+}
