@@ -27,6 +27,10 @@ borrowing {
   # each eviction up to 24h (within its guarantee it runs at any time).
   backoff     = "30m"
   max_backoff = "24h"
+  # A running borrowed job whose tenant's guarantee has room again may be
+  # promoted in place to its queue's band: promote_below = 0.5 does so while
+  # the tenant's guaranteed work stays within half its guarantee (off by
+  # default; the trade-off is in docs/simulator.md).
 }
 
 # Written to Nomad's scheduler configuration when the broker starts.
