@@ -356,3 +356,34 @@ func TestAnAllocationHoldsItsGPUsBeforeItsTaskStarts(t *testing.T) {
 	near(t, "wait", res.Wait.Mean, (5+110)/2.0)
 	near(t, "JCT", res.JCT.Mean, (105+210)/2.0)
 }
+
+// promote_below: a2, borrowed while a1 ran, is promoted once a1 ends; a3
+// then borrows, and b1, within its guarantee, evicts a3 (50 s of work)
+// instead of a2 (200 s). (a3, back from the queue, is promoted in turn once
+// a2 ends.)
+func TestAPromotedBorrowerIsNoLongerTheVictim(t *testing.T) {
+	jobs := []sim.Job{
+		{ID: "a1", Submit: 0, Namespace: "a", GPUs: 4, Duration: 100},
+		{ID: "a2", Submit: 1, Namespace: "a", GPUs: 4, Duration: 1000},
+		{ID: "a3", Submit: 150, Namespace: "a", GPUs: 4, Duration: 1000},
+		{ID: "b1", Submit: 200, Namespace: "b", GPUs: 4, Duration: 50},
+	}
+	lost := map[bool]float64{}
+	for _, promote := range []bool{false, true} {
+		src := twoTenants
+		if promote {
+			src = strings.Replace(src, `backoff  = "0"`, "backoff  = \"0\"\n  promote_below = 1", 1)
+		}
+		res, err := sim.Run(jobs, sim.Options{Policy: testbuild.Policy(t, src), Nodes: oneNode, Mode: sim.NomadGPU, ReclaimPeriod: 10 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := map[bool]int{false: 0, true: 2}[promote]; res.Promotions != want || res.Preemptions != 1 || res.GuaranteedVictims != 0 {
+			t.Errorf("promote %t: %d promotions (want %d), %d preemptions (want 1), %d guaranteed victims", promote, res.Promotions, want, res.Preemptions, res.GuaranteedVictims)
+		}
+		lost[promote] = res.LostGPUHours * 3600 / 4
+	}
+	if lost[false] < 190 || lost[true] > 60 {
+		t.Errorf("seconds of work lost by the victim: %v without promotion (want a2's ~200), %v with (want a3's ~50)", lost[false], lost[true])
+	}
+}
