@@ -120,8 +120,8 @@ func (pr *Promoter) promote(ctx context.Context, pm admission.Promotion) error {
 		job.Meta[nomadjob.MetaBorrowed] != "true" || job.Meta[nomadjob.MetaTenant] != pm.Tenant {
 		return err // gone, stopped or changed since observed: nothing to do
 	}
-	grant := nomadjob.ScaleGrant{Stamp: job.Meta[nomadjob.MetaAdmission], Stamped: nomadjob.GPUGroupCounts(job),
-		Admitted: nomadjob.GPUGroupCounts(job), StampedPriority: *job.Priority}
+	counts := nomadjob.GPUGroupCounts(job)
+	grant := nomadjob.ScaleGrant{Stamp: job.Meta[nomadjob.MetaAdmission], Stamped: counts, Admitted: counts, StampedPriority: *job.Priority}
 	if !pr.Stamper.Verify(job) {
 		g, ok, err := pr.Grants.Get(ctx, pm.Namespace, pm.ID)
 		if err != nil {
