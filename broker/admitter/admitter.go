@@ -63,9 +63,10 @@ type Cluster interface {
 	// LockJob holds off other decisions on one job (the gate's too) from
 	// reading it to Nomad's answer.
 	LockJob(namespace, id string) (unlock func())
-	// HasJob reports whether Nomad, as far as the view has seen, still runs
-	// the job (a requeued entry waits for its stop: queue.Entry.Stopping).
-	HasJob(namespace, id string) bool
+	// Running reports whether Nomad, as far as the view has seen, still
+	// runs the job or an allocation of it (a requeued entry waits for its
+	// stop: queue.Entry.Stopping).
+	Running(namespace, id string) bool
 }
 
 // Unblocker re-evaluates jobs Nomad left blocked.
@@ -233,7 +234,7 @@ func (a *Admitter) decide(ctx context.Context, r *registrations) error {
 		if e.Parked != "" && !e.ParkedByPolicy {
 			continue
 		}
-		if e.Stopping != 0 && a.Now().Sub(e.StoppingSince) < queue.StopWait && a.Cluster.HasJob(e.Namespace, e.JobID) {
+		if e.Stopping != 0 && a.Now().Sub(e.StoppingSince) < queue.StopWait && a.Cluster.Running(e.Namespace, e.JobID) {
 			continue
 		}
 		if err := a.consider(ctx, r, p, &pass, e); errors.Is(err, errPassOver) {

@@ -190,7 +190,15 @@ func TestARequeuedJobWaitsForItsStop(t *testing.T) {
 	if got, _ := a.Pass(context.Background()); got != 0 || len(n.registered) != 0 {
 		t.Fatalf("admitted while Nomad still runs the version it stops: %v", n.registered)
 	}
+	// Nomad's event for the stopped job may come before the one for its
+	// allocation: the allocation still runs, so the entry still waits.
+	alloc := testbuild.Alloc("old-1", "vision", "old", "n1", 7, "gpu-0", "gpu-1", "gpu-2", "gpu-3")
+	view.ObserveAlloc(alloc.Build())
 	view.ObserveJob(testbuild.Job("vision", "old").Group("g", 1, 4, "gpu").ModifyIndex(8).Stopped().Build())
+	if got, _ := a.Pass(context.Background()); got != 0 || len(n.registered) != 0 {
+		t.Fatalf("admitted while the stopped job's allocation still runs: %v", n.registered)
+	}
+	view.ObserveAlloc(alloc.Status(api.AllocDesiredStatusStop, api.AllocClientStatusRunning, 9).Build())
 	if got, _ := a.Pass(context.Background()); got != 1 || fmt.Sprint(n.registered) != "[vision/old]" {
 		t.Fatalf("not admitted once stopped: %v", n.registered)
 	}

@@ -293,6 +293,17 @@ func (v *View) HasJob(namespace, id string) bool {
 	return ok
 }
 
+// Running reports whether, as far as the view has seen, Nomad still runs
+// the job: it is live, or an allocation of it still holds GPUs (Nomad's
+// event for a stopped job may come before those for its allocations).
+func (v *View) Running(namespace, id string) bool {
+	v.mu.RLock()
+	defer v.mu.RUnlock()
+	key := jobKey{namespace, id}
+	_, live := v.jobs[key]
+	return live || len(v.heldBy[key]) > 0
+}
+
 // UndeclaredJobs are the live jobs that would use GPUs they do not ask for,
 // by namespace and id, with how (nomadjob.UndeclaredGPUAccess): they hold
 // no GPU in Nomad's accounting, so GPUAllocs does not show them.
