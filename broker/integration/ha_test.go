@@ -177,12 +177,23 @@ func killLeader(t *testing.T, consul *testcluster.Consul, brokers []*testcluster
 	return nil
 }
 
+// consulClients holds one client per Consul agent: a client made per call
+// brings its own connection pool, and a test polling four times a second
+// left an idle connection open for each call until Consul's limit of 200
+// connections per client address refused every new one (leaderOf then read
+// "" while a leader held the lock).
+var consulClients sync.Map
+
 func consulKV(c *testcluster.Consul) *consulapi.KV {
+	if client, ok := consulClients.Load(c.Addr); ok {
+		return client.(*consulapi.Client).KV()
+	}
 	client, err := consulapi.NewClient(&consulapi.Config{Address: c.Addr})
 	if err != nil {
 		panic(err)
 	}
-	return client.KV()
+	actual, _ := consulClients.LoadOrStore(c.Addr, client)
+	return actual.(*consulapi.Client).KV()
 }
 
 // TestLeaderKilledWhileAdmitting: the leader broker is SIGKILLed just as
