@@ -166,34 +166,20 @@ func (l *Ledger) Observed(ctx context.Context, now time.Time, allocs []reclaim.A
 // the last pass did not charge as started: the view may see a start only
 // after the pass that followed it, so they count from their start, as far
 // back as floor (this term's first charge: what came before is an earlier
-// leader's to count; zero: from).
+// leader's to count; zero: from). One charge from floor does both: an
+// allocation charged before counts as started at from at the earliest.
 func (l *Ledger) charge(from, floor, now time.Time, allocs []reclaim.Alloc, gpus map[string]reclaim.GPU, p *policy.Policy) map[string]map[usage.Key]usage.Seconds {
 	if floor.IsZero() || !floor.Before(from) {
 		return usage.Charge(from, now, allocs, gpus, p.Usage.IdleBelow, p.ClassOf)
 	}
-	var known, unseen []reclaim.Alloc
-	for _, a := range allocs {
-		if l.charged[a.ID] || !a.StartedAt.Before(from) {
-			known = append(known, a)
-		} else {
-			unseen = append(unseen, a)
+	bounded := make([]reclaim.Alloc, len(allocs))
+	for i, a := range allocs {
+		if l.charged[a.ID] && a.StartedAt.Before(from) {
+			a.StartedAt = from
 		}
+		bounded[i] = a
 	}
-	out := usage.Charge(from, now, known, gpus, p.Usage.IdleBelow, p.ClassOf)
-	for day, by := range usage.Charge(floor, now, unseen, gpus, p.Usage.IdleBelow, p.ClassOf) {
-		if out == nil {
-			out = map[string]map[usage.Key]usage.Seconds{}
-		}
-		if out[day] == nil {
-			out[day] = map[usage.Key]usage.Seconds{}
-		}
-		for k, sec := range by {
-			s := out[day][k]
-			s.Add(sec)
-			out[day][k] = s
-		}
-	}
-	return out
+	return usage.Charge(floor, now, bounded, gpus, p.Usage.IdleBelow, p.ClassOf)
 }
 
 // withEnded is allocs and the ended ones that are not among them (one may
