@@ -71,8 +71,8 @@ gpu-check: build ## On a machine with an NVIDIA GPU and its driver: the plugin d
 	bin/nomad-device-gpu check -backend nvml -stats 10s
 
 .PHONY: sim-check
-sim-check: tools ## The simulator against a real cluster: one trace replayed on Nomad + Consul + the broker and in the simulator, compared (minutes)
-	SIM_CHECK_OUT=$(or $(SIM_CHECK_OUT),$(CURDIR)/sim-check.md) $(GO) test -count=1 -timeout 30m -run '^TestSimToReal$$' -v ./broker/integration/
+sim-check: tools ## The simulator against a real cluster: one trace replayed on Nomad + Consul + the broker and in the simulator, compared (minutes; SIM_CHECK_POLICY=DIR checks another policy)
+	SIM_CHECK_OUT=$(or $(SIM_CHECK_OUT),$(CURDIR)/sim-check.md) SIM_CHECK_POLICY=$(if $(SIM_CHECK_POLICY),$(abspath $(SIM_CHECK_POLICY))) $(GO) test -count=1 -timeout 30m -run '^TestSimToReal$$' -v ./broker/integration/
 
 .PHONY: bench
 bench: ## Benchmarks, side by side with ratios to each group's baseline

@@ -12,6 +12,7 @@ type Running struct {
 	Namespace, ID, Tenant, Queue string
 	GPUs                         float64
 	Since                        time.Time // when it started running
+	Priority                     int       // its priority in Nomad now
 }
 
 // Promotion is a borrowed job to run on within its tenant's guarantee: at

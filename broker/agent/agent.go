@@ -84,7 +84,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		return err
 	}
 	stamper := nomadjob.Stamper{Key: key}
-	view := cluster.NewView(stamper.Verify)
+	view := cluster.NewView(stamper.VerifyCounting)
 	budgets := &gpuusage.BudgetBook{}
 	view.SetBudgets(budgets.OverBudget)
 	policies, diags := policystore.New(cfg.PolicyDir, view.Capacity, log.Named("policy"))
@@ -206,7 +206,7 @@ func (a *Agent) Run(ctx context.Context) error {
 			Watchers: []reclaimer.Watcher{&reclaimer.Recorder{Store: storedProfiles, Table: profiles, Policies: policies},
 				&reclaimer.Ledger{Store: rollups, Policies: policies, Metrics: metrics, Budgets: budgets, Clock: nomadClient.NomadNow,
 					Ended: observer.Ended},
-				&reclaimer.Promoter{Log: log.Named("promote"), Policies: policies, Usage: view, Jobs: nomadClient, Grants: scales,
+				&reclaimer.Bander{Log: log.Named("band"), Policies: policies, Usage: view, Jobs: nomadClient, Grants: scales,
 					Stamper: stamper, Lock: view.LockJob, Audit: trail},
 				&reclaimer.Expirer{Store: approvals, Jobs: view, Policies: policies, Records: decisions, NewID: queue.NewID, Audit: trail},
 				&reclaimer.Pruner{What: "scale and dispatch grants", Every: grantPruneInterval, Log: log.Named("prune"),

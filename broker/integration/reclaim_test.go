@@ -607,6 +607,64 @@ func TestPreemptedBorrowedJobRunsAgainOnce(t *testing.T) {
 	if out := e.brokerCLI("reclaim", "list"); strings.Count(out, "executed") != 1 {
 		t.Errorf("the promoted job was reclaimed:\n%s", out)
 	}
+
+	// borrowing.sub_bands: vision borrows old, then new (1 GPU each; the
+	// node is full). The leader moves old up its sub-bands in place as the
+	// GPU time at stake grows (1 GPU-second doubled each step), so that when
+	// search needs a GPU, Nomad evicts new, which loses less.
+	writeFile(t, filepath.Join(e.policyDir, "policy.hcl"), strings.Replace(preemptPolicy, `backoff  = "0"`,
+		"backoff  = \"0\"\n  sub_bands = true\n  sub_band_step = \"1s\"", 1))
+	runningAlloc := func(id string) string {
+		allocs, _, err := n.API.Jobs().Allocations(id, false, &api.QueryOptions{Namespace: "vision"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, a := range allocs {
+			if a.ClientStatus == api.AllocClientStatusRunning && a.DesiredStatus == api.AllocDesiredStatusRun {
+				return a.ID
+			}
+		}
+		return ""
+	}
+	if out, err := e.run("vision", "old", 1, 1, "", true); err != nil || !strings.Contains(out, "borrowed: yes") {
+		t.Fatalf("old: %v\n%s", err, out)
+	}
+	e.waitRunning("vision", "old")
+	oldAlloc := runningAlloc("old")
+	testcluster.WaitFor(t, 60*time.Second, "old in sub-band 25 (16 GPU-seconds at stake)", func() error {
+		if p := *e.job("vision", "old").Priority; p < 25 {
+			return fmt.Errorf("priority %d", p)
+		}
+		return nil
+	})
+	if out, err := e.run("vision", "new", 1, 1, "", true); err != nil || !strings.Contains(out, "borrowed: yes") {
+		t.Fatalf("new: %v\n%s", err, out)
+	}
+	e.waitRunning("vision", "new")
+	if out, err := e.run("search", "svc2", 1, 1, "", true); err != nil || !strings.Contains(out, "borrowed: no") {
+		t.Fatalf("svc2: %v\n%s", err, out)
+	}
+	e.waitRunning("search", "svc2")
+	testcluster.WaitFor(t, 30*time.Second, "new back in the queue", func() error {
+		if out := e.brokerCLI("queue", "list"); !strings.Contains(out, "new") {
+			return fmt.Errorf("queue:\n%s", out)
+		}
+		return nil
+	})
+	if after := runningAlloc("old"); after != oldAlloc || oldAlloc == "" {
+		t.Errorf("old's allocation %q became %q: evicted or replaced, not moved in place", oldAlloc, after)
+	}
+	old := e.job("vision", "old")
+	if *old.Priority < 25 || *old.Priority > 29 || old.Meta["nomad-gpu.borrowed"] != "true" {
+		t.Errorf("old at priority %d (want a sub-band from 25 to 29), meta %v", *old.Priority, old.Meta)
+	}
+	waitPasses(t, e.broker, metrics.LoopReclaim, 2)
+	if b := e.broker.Scrape()[`nomadgpu_tenant_gpus{gpu_class="all",kind="borrowed",tenant="vision"}`]; b != 1 {
+		t.Errorf("vision borrows %v GPUs, want old's 1 (still borrowed in its sub-band)", b)
+	}
+	if out := e.brokerCLI("reclaim", "list"); strings.Count(out, "unadmitted") != 0 {
+		t.Errorf("a job moved to a sub-band read as unadmitted:\n%s", out)
+	}
 }
 
 // TestReclaimDecisionSurvivesLeaderKill: the leader records a decision and is

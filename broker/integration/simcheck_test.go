@@ -48,7 +48,9 @@ const simSeeds = 10
 // duration), and the same trace in the simulator with the same policy and
 // time scale, and compares them in mode nomad-gpu: allocation while work
 // arrives, preemptions, guaranteed victims, GPU-hours lost and mean wait.
-// SIM_CHECK_OUT names a file for the table.
+// SIM_CHECK_OUT names a file for the table; SIM_CHECK_POLICY a directory
+// of policy files to check instead of the one beside the trace (a policy
+// change measured on a real cluster before it is adopted).
 func TestSimToReal(t *testing.T) {
 	f, err := os.Open(filepath.Join(simCheckDir, "trace.jsonl"))
 	if err != nil {
@@ -60,11 +62,15 @@ func TestSimToReal(t *testing.T) {
 		t.Fatal(err)
 	}
 	nodes := []sim.NodeGroup{{Model: "GPU", GPUs: 8, Count: 4}}
-	p, diags := policyhcl.LoadDir(simCheckDir, sim.GPUs(nodes))
+	policyDir := simCheckDir
+	if dir := os.Getenv("SIM_CHECK_POLICY"); dir != "" {
+		policyDir = dir
+	}
+	p, diags := policyhcl.LoadDir(policyDir, sim.GPUs(nodes))
 	if p == nil {
 		t.Fatal(policyhcl.FormatDiagnostics(diags))
 	}
-	real := replay(t, trace, slices.Sorted(maps.Keys(p.Tenants)))
+	real := replay(t, trace, policyDir, slices.Sorted(maps.Keys(p.Tenants)))
 	// The same trace in the simulator, with the client's start latency the
 	// real cluster showed: each figure the mean over simSeeds shuffles.
 	simulated := map[string]simFigures{}
@@ -144,10 +150,10 @@ func TestSimToReal(t *testing.T) {
 // replay submits trace through a broker in front of a real cluster of 4
 // nodes of 8 fake GPUs, each job at its time, waits until every job has
 // completed, and measures what happened.
-func replay(t *testing.T, trace []sim.Job, namespaces []string) simFigures {
+func replay(t *testing.T, trace []sim.Job, policyDir string, namespaces []string) simFigures {
 	consul := testcluster.StartConsul(t)
 	n := startGPUCluster(t, "simcheck", 4, 8, namespaces...)
-	broker := testcluster.StartBroker(t, n, consul, simCheckDir)
+	broker := testcluster.StartBroker(t, n, consul, policyDir)
 	testcluster.WaitFor(t, 60*time.Second, "the broker's view of 32 GPUs and Nomad's batch preemption", func() error {
 		if cfg, _, err := n.API.Operator().SchedulerGetConfiguration(nil); err != nil || !cfg.SchedulerConfig.PreemptionConfig.BatchSchedulerEnabled {
 			return fmt.Errorf("batch preemption not switched on yet (%v)", err)

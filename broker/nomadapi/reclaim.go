@@ -42,6 +42,7 @@ type Observer struct {
 // observedJob is what a job version says about its allocations.
 type observedJob struct {
 	index             uint64 // JobModifyIndex it was read at
+	priority          int
 	stopped, admitted bool
 	borrowed          bool
 	tenant, queue     string
@@ -72,7 +73,7 @@ func (o *Observer) Observe(ctx context.Context) ([]reclaim.Alloc, map[string]rec
 			continue
 		}
 		a := reclaim.Alloc{ID: s.ID, Namespace: s.Namespace, JobID: s.JobID, Group: s.Group, GPUs: s.GPUs, Preempted: s.Preempted,
-			StartedAt: s.StartedAt, Restarts: s.Restarts, TTL: job.ttl}
+			StartedAt: s.StartedAt, Restarts: s.Restarts, TTL: job.ttl, Priority: job.priority}
 		if job.admitted {
 			a.Admitted, a.Borrowed = true, job.borrowed
 			a.Tenant, a.Queue, a.Workload = job.tenant, job.queue, job.workload
@@ -148,6 +149,9 @@ func (o *Observer) job(ctx context.Context, key [2]string, index uint64) (observ
 	out := observedJob{stopped: job.Stop != nil && *job.Stop}
 	if job.JobModifyIndex != nil {
 		out.index = *job.JobModifyIndex
+	}
+	if job.Priority != nil {
+		out.priority = *job.Priority
 	}
 	if out.admitted, out.borrowed = o.Verify(ctx, job); out.admitted {
 		out.tenant, out.queue, out.workload = job.Meta[nomadjob.MetaTenant], job.Meta[nomadjob.MetaQueue], job.Meta[nomadjob.MetaWorkload]

@@ -13,6 +13,7 @@ import (
 	"github.com/hashicorp/nomad/api"
 
 	"github.com/nomad-gpu/nomad-gpu/broker/admission"
+	"github.com/nomad-gpu/nomad-gpu/broker/policy"
 )
 
 // Meta keys the broker writes on admitted jobs.
@@ -79,6 +80,27 @@ func (s Stamper) Verify(job *api.Job) bool {
 	return s.verify(job, deref(job.ID), sig, *job.Priority, nil)
 }
 
+// VerifyCounting is Verify for the cluster view, which counts each job's GPUs
+// without reading grants: it also takes a borrowed job that runs up to
+// policy.GuaranteedSpread above the priority its stamp was made for, where
+// the broker moves borrowed work between sub-bands (borrowing.sub_bands).
+// Such a job is still counted borrowed; the reclaim rules check its grant.
+func (s Stamper) VerifyCounting(job *api.Job) bool {
+	if s.Verify(job) {
+		return true
+	}
+	sig, ok := strings.CutPrefix(job.Meta[MetaAdmission], "v2:")
+	if !ok || job.Meta[MetaBorrowed] != "true" || job.ID == nil || job.Priority == nil {
+		return false
+	}
+	for k := 1; k <= policy.GuaranteedSpread; k++ {
+		if s.verify(job, deref(job.ID), sig, *job.Priority-k, nil) {
+			return true
+		}
+	}
+	return false
+}
+
 // ScaleGrant is what the broker admitted for a job scaled through it: a scale
 // changes counts, not meta, so the stamp made for the Stamped counts holds
 // while the job runs the Admitted ones (GPU task groups by name).
@@ -95,12 +117,21 @@ type ScaleGrant struct {
 	// for: a priority change keeps Nomad's allocations, a meta change would
 	// replace them, so the stamp stays and the grant says what changed.
 	StampedPriority int `json:"stamped_priority,omitempty"`
+	// Priority is the priority the broker registers such a job at, From
+	// the one it ran at before: it verifies at those two only (the grant
+	// is written before the job, which may fail to register; Priority 0:
+	// at any, a grant written before these were recorded).
+	Priority int `json:"priority,omitempty"`
+	From     int `json:"from_priority,omitempty"`
+	// SubBand: the job runs on borrowed, moved to a sub-band of the
+	// borrowing priority (borrowing.sub_bands), not promoted.
+	SubBand bool `json:"sub_band,omitempty"`
 }
 
 // Promoted reports whether job runs promoted under g: at another priority
-// than its (borrowed) stamp was made for.
+// than its (borrowed) stamp was made for, and not in a sub-band.
 func (g ScaleGrant) Promoted(job *api.Job) bool {
-	return g.StampedPriority != 0 && job.Priority != nil && *job.Priority != g.StampedPriority
+	return g.StampedPriority != 0 && !g.SubBand && job.Priority != nil && *job.Priority != g.StampedPriority
 }
 
 // VerifyScaled is Verify for a job scaled through the broker under g.
@@ -127,6 +158,9 @@ func (s Stamper) VerifyScaled(job *api.Job, g ScaleGrant) bool {
 	}
 	priority := *job.Priority
 	if g.StampedPriority != 0 {
+		if g.Priority != 0 && priority != g.Priority && priority != g.From {
+			return false // its priority changed past the broker since
+		}
 		priority = g.StampedPriority
 	}
 	return s.verify(job, id, sig, priority, g.Stamped)

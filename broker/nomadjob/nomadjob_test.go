@@ -363,9 +363,33 @@ func TestAPromotionKeepsTheJobVerifiable(t *testing.T) {
 	if s.Verify(j) || !s.VerifyScaled(j, grant) || !grant.Promoted(j) {
 		t.Errorf("promoted: Verify %t (want false), VerifyScaled %t, Promoted %t (want true)", s.Verify(j), s.VerifyScaled(j, grant), grant.Promoted(j))
 	}
+	grant.Priority = 60
+	if !s.VerifyScaled(j, grant) {
+		t.Error("promoted to the priority the grant names: not verified")
+	}
+	if j.Priority = ptr(70); s.VerifyScaled(j, grant) {
+		t.Error("a promoted job's priority changed past the broker: verified")
+	}
+	j.Priority = ptr(24)
+	grant.Priority, grant.SubBand = 24, true
+	if !s.VerifyScaled(j, grant) || grant.Promoted(j) {
+		t.Errorf("in a sub-band: VerifyScaled %t (want true), Promoted %t (want false: still borrowed)", s.VerifyScaled(j, grant), grant.Promoted(j))
+	}
+	if !s.VerifyCounting(j) || s.Verify(j) {
+		t.Error("the view does not count a borrowed job in a sub-band as the broker's")
+	}
 	grant.StampedPriority = 0
 	if s.VerifyScaled(j, grant) {
 		t.Error("a priority changed without the grant saying so verified")
+	}
+	for prio, want := range map[int]bool{20: true, 29: true, 30: false, 60: false, 19: false} {
+		if j.Priority = ptr(prio); s.VerifyCounting(j) != want {
+			t.Errorf("borrowed, stamped at 20, at priority %d: counted as the broker's %t, want %t", prio, !want, want)
+		}
+	}
+	j.Priority, j.Meta[nomadjob.MetaBorrowed] = ptr(24), "false"
+	if s.VerifyCounting(j) {
+		t.Error("a job not borrowed 4 above its stamp's priority counted as the broker's")
 	}
 }
 

@@ -8,6 +8,7 @@ package policy
 
 import (
 	"fmt"
+	"math"
 	"slices"
 	"sort"
 	"strings"
@@ -251,13 +252,49 @@ type Borrowing struct {
 	// within the guarantee and the job together are at most this share of
 	// the guarantee; 0: never.
 	PromoteBelow float64
+	// SubBands: running borrowed work moves, in place, between sub-bands
+	// above Priority by the work a preemption would lose (its GPUs times
+	// its time running), so that Nomad, which evicts the lowest priority
+	// first, takes the cheapest victims: below SubBandStep of GPU time the
+	// lowest, each sub-band up twice as much.
+	SubBands    bool
+	SubBandStep time.Duration
 }
 
 // Default re-borrow backoff.
 const (
 	DefaultBorrowBackoff    = 30 * time.Minute
 	DefaultBorrowMaxBackoff = 24 * time.Hour
+	DefaultSubBandStep      = 15 * time.Minute
 )
+
+// SubBandRoom is how many sub-bands lie above the borrowing priority: below
+// the lowest guaranteed band by MinPriorityGap at least (or guaranteed work
+// could not evict the top one) and within GuaranteedSpread of the borrowing
+// priority (or borrowed work would evict borrowed work). 0 when sub-bands
+// are off.
+func (p *Policy) SubBandRoom() int {
+	if !p.Borrowing.SubBands || len(p.Queues) == 0 {
+		return 0
+	}
+	lowest := math.MaxInt
+	for _, q := range p.Queues {
+		lowest = min(lowest, q.Band)
+	}
+	return max(0, min(GuaranteedSpread, lowest-MinPriorityGap-p.Borrowing.Priority))
+}
+
+// SubBand is the priority of borrowed work of gpus GPUs that has run for
+// running: the sub-band of the GPU time a preemption would lose now.
+func (p *Policy) SubBand(gpus float64, running time.Duration) int {
+	room, step := p.SubBandRoom(), p.Borrowing.SubBandStep.Seconds()
+	stake := gpus * running.Seconds()
+	k := 0
+	for lim := step; k < room && step > 0 && stake >= lim; lim *= 2 {
+		k++
+	}
+	return p.Borrowing.Priority + k
+}
 
 // BackoffAfter is how long a job preempted preemptions times while borrowed
 // waits before it borrows again (0 for none).

@@ -2,6 +2,7 @@ package policy_test
 
 import (
 	"testing"
+	"time"
 
 	"github.com/nomad-gpu/nomad-gpu/broker/policy"
 )
@@ -82,5 +83,31 @@ func TestAPolicyAnswersWithoutBeingParsed(t *testing.T) {
 	}
 	if got := (policy.Submitter{Kind: policy.SubmitterRole, Name: "ml"}).String(); got != "role:ml" {
 		t.Errorf("Submitter: %s", got)
+	}
+}
+
+// Borrowed work's sub-band doubles its GPU time at stake with each step up,
+// and stops at the room below the lowest band.
+func TestSubBandsDoubleTheWorkAtStakeEachStepUp(t *testing.T) {
+	p := &policy.Policy{
+		Queues:    map[string]*policy.Queue{"training": {Name: "training", Priority: 60}, "dev": {Name: "dev", Priority: 40}},
+		Borrowing: policy.Borrowing{Enabled: true, Priority: 20, SubBands: true, SubBandStep: 15 * time.Minute},
+	}
+	p.Index()
+	for _, c := range []struct {
+		gpus    float64
+		running time.Duration
+		want    int
+	}{
+		{1, 0, 20}, {1, 14 * time.Minute, 20}, {1, 15 * time.Minute, 21}, {1, 29 * time.Minute, 21}, {1, 30 * time.Minute, 22},
+		{4, 15 * time.Minute, 23}, {8, time.Hour, 26}, {8, 100 * time.Hour, 29}, // 40 - 10 - 20: 10 sub-bands, 20 to 29
+	} {
+		if got := p.SubBand(c.gpus, c.running); got != c.want {
+			t.Errorf("%g GPUs for %s: sub-band %d, want %d", c.gpus, c.running, got, c.want)
+		}
+	}
+	p.Borrowing.SubBands = false
+	if got := p.SubBand(8, 100*time.Hour); got != 20 {
+		t.Errorf("sub-bands off: %d, want the borrowing priority 20", got)
 	}
 }

@@ -80,6 +80,8 @@ type borrowingBody struct {
 	MaxBackoff *string `hcl:"max_backoff,optional"`
 	// PromoteBelow is a share of the guarantee, 0 to 1.
 	PromoteBelow *float64 `hcl:"promote_below,optional"`
+	SubBands     *bool    `hcl:"sub_bands,optional"`
+	SubBandStep  *string  `hcl:"sub_band_step,optional"`
 }
 
 type preemptionBody struct {
@@ -93,6 +95,7 @@ type parser struct {
 	*policy.Policy
 	byNamespace map[string]*policy.Tenant // each namespace's tenant so far
 	defs        map[string]hcl.Range      // where each "<block type> <name>" is defined, for duplicates
+	subBands    hcl.Range                 // where borrowing's sub_bands is set, for the check of its room
 }
 
 // pos is where an HCL range starts, as the policy keeps it.
@@ -114,7 +117,8 @@ const defaultBorrowingPriority = 20
 func Parse(files map[string][]byte, capacity int) (*policy.Policy, hcl.Diagnostics) {
 	pol := &policy.Policy{Queues: map[string]*policy.Queue{}, Tenants: map[string]*policy.Tenant{}, Classes: map[string]*policy.GPUClass{}, Regions: map[string]*policy.Region{},
 		Reclaim: map[string]*policy.ReclaimRule{}, Workloads: map[string]*policy.Workload{}, ReclaimSettings: policy.ReclaimSettings{Period: policy.DefaultReclaimPeriod, Retention: policy.DefaultReclaimRetention},
-		Borrowing: policy.Borrowing{Priority: defaultBorrowingPriority, Backoff: policy.DefaultBorrowBackoff, MaxBackoff: policy.DefaultBorrowMaxBackoff}, Preemption: policy.Preemption{Batch: true, Service: true},
+		Borrowing: policy.Borrowing{Priority: defaultBorrowingPriority, Backoff: policy.DefaultBorrowBackoff, MaxBackoff: policy.DefaultBorrowMaxBackoff,
+			SubBandStep: policy.DefaultSubBandStep}, Preemption: policy.Preemption{Batch: true, Service: true},
 		Usage: policy.Usage{IdleBelow: policy.DefaultIdleBelow, Retention: policy.DefaultUsageRetention}, Currency: policy.DefaultCurrency, UndeclaredGPUAccess: policy.AccessRefuse,
 		OverLimit: policy.OverReclaim, OverLimitGrace: policy.DefaultOverLimitGrace, MakeRoom: policy.OverReclaim, MakeRoomGrace: policy.DefaultMakeRoomGrace,
 		FairShare: policy.FairShare{HalfLife: policy.DefaultHalfLife, IdleWeight: policy.DefaultIdleWeight}}
@@ -303,6 +307,17 @@ func decodeSingleton(p *parser, b *hcl.Block) hcl.Diagnostics {
 					fmt.Sprintf("borrowing: promote_below = %g is not a share of the guarantee from 0 (never) to 1", *v)))
 			} else {
 				p.Borrowing.PromoteBelow = *v
+			}
+		}
+		if bb.SubBands != nil {
+			p.Borrowing.SubBands, p.subBands = *bb.SubBands, attrRange(b, "sub_bands")
+		}
+		if v := bb.SubBandStep; v != nil {
+			if step, err := time.ParseDuration(*v); err != nil || step <= 0 {
+				d = append(d, errorAt(attrRange(b, "sub_band_step"), "Invalid duration",
+					fmt.Sprintf("borrowing: sub_band_step = %q is not a duration above 0 (GPU time at stake of the lowest sub-band: \"15m\")", *v)))
+			} else {
+				p.Borrowing.SubBandStep = step
 			}
 		}
 		if p.Borrowing.MaxBackoff < p.Borrowing.Backoff {
@@ -537,6 +552,10 @@ func (p *parser) check(capacity int, borrowingRange hcl.Range) hcl.Diagnostics {
 			diags = append(diags, warningAt(borrowingRange, "Borrowing band too close",
 				fmt.Sprintf("borrowing priority %d is less than %d below queue %q (%d): Nomad will not preempt borrowed work for it",
 					p.Borrowing.Priority, policy.MinPriorityGap, lowest.Name, lowest.Priority)))
+		case p.Borrowing.SubBands && p.SubBandRoom() == 0:
+			diags = append(diags, errorAt(p.subBands, "No room for sub-bands",
+				fmt.Sprintf("borrowing: sub_bands needs the borrowing priority (%d) more than %d below the lowest queue band (%d): "+
+					"the sub-bands lie between them, each still preemptible by guaranteed work", p.Borrowing.Priority, policy.MinPriorityGap, lowest.Band)))
 		}
 	}
 	if capacity > 0 {

@@ -5,6 +5,7 @@ import (
 	"maps"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/nomad-gpu/nomad-gpu/broker/policy"
 	"github.com/nomad-gpu/nomad-gpu/broker/policyhcl"
@@ -210,6 +211,38 @@ borrowing {
 	p, diags = policyhcl.Parse(map[string][]byte{"q.hcl": []byte(fmt.Sprintf(src, "0.6"))}, 0)
 	if diags.HasErrors() || p.Borrowing.PromoteBelow != 0.6 {
 		t.Fatalf("promote_below = 0.6: %v %s", p, policyhcl.FormatDiagnostics(diags))
+	}
+}
+
+// Sub-bands lie between the borrowing priority and 10 below the lowest band:
+// a policy without room for one is refused where it asks for them.
+func TestSubBandsNeedRoomBelowTheLowestBand(t *testing.T) {
+	src := `
+queue "a" { priority = %d }
+borrowing {
+  enabled       = true
+  sub_bands     = true
+  sub_band_step = "%s"
+}`
+	parse := func(prio int, step string) (*policy.Policy, string) {
+		p, diags := policyhcl.Parse(map[string][]byte{"q.hcl": []byte(fmt.Sprintf(src, prio, step))}, 0)
+		return p, policyhcl.FormatDiagnostics(diags)
+	}
+	want := `q.hcl:5:3: error: No room for sub-bands: borrowing: sub_bands needs the borrowing priority (20) more than 10 below the lowest queue band (30)`
+	if p, out := parse(30, "15m"); p != nil || !strings.Contains(out, want) {
+		t.Fatalf("want %q, got\n%s", want, out)
+	}
+	want = `q.hcl:6:3: error: Invalid duration: borrowing: sub_band_step = "0s" is not a duration above 0`
+	if p, out := parse(60, "0s"); p != nil || !strings.Contains(out, want) {
+		t.Fatalf("want %q, got\n%s", want, out)
+	}
+	p, out := parse(34, "1m")
+	if p == nil || !p.Borrowing.SubBands || p.Borrowing.SubBandStep != time.Minute || p.SubBandRoom() != 4 {
+		t.Fatalf("band 34, step 1m: %v %s", p, out)
+	}
+	p, _ = parse(60, "15m")
+	if room := p.SubBandRoom(); room != policy.GuaranteedSpread {
+		t.Errorf("band 60: room %d, want %d (sub-bands never 10 apart)", room, policy.GuaranteedSpread)
 	}
 }
 

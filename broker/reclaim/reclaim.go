@@ -24,6 +24,8 @@ type Alloc struct {
 	Tenant, Queue, Workload string
 	// Borrowed: admitted as borrowed (from the verified stamp).
 	Borrowed bool
+	// Priority is its job's priority in Nomad, at the version read.
+	Priority int
 	// Preempted: Nomad evicted the allocation for a higher priority one; it
 	// holds its GPUs no more, and only the built-in rule looks at it.
 	Preempted bool

@@ -88,8 +88,8 @@ func (s *Server) scale(w http.ResponseWriter, r *http.Request, jc jobCall, jobID
 		// The stamp covers counts: record what is admitted now, before Nomad
 		// has it, so that the job stays verifiable (and a scale straight in
 		// Nomad does not).
-		grant := nomadjob.ScaleGrant{Stamp: job.Meta[nomadjob.MetaAdmission], Stamped: before.Stamped, Admitted: nomadjob.GPUGroupCounts(job),
-			StampedPriority: before.StampedPriority}
+		grant := before // what else it says (a promotion, a sub-band) still holds
+		grant.Stamp, grant.Admitted = job.Meta[nomadjob.MetaAdmission], nomadjob.GPUGroupCounts(job)
 		record = func() error { return s.scales.Put(r.Context(), ns, jobID, grant) }
 	}
 	if up && admittedBefore && s.metrics != nil {

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/nomad-gpu/nomad-gpu/broker/admission"
 	"github.com/nomad-gpu/nomad-gpu/broker/policy"
@@ -442,15 +443,37 @@ func (r *run) promote() {
 		}
 		j.borrowed = false
 		delete(r.borrowedRunning, j)
-		for _, a := range j.placed {
-			r.heldByPrio[a.prio] -= a.gpus
-			r.heldByPrio[pr.Priority] += a.gpus
-			a.prio = pr.Priority
-			r.c.relow(a.node)
-		}
-		j.prio = pr.Priority
+		r.reprioritise(j, pr.Priority)
 		r.res.Promotions++
 	}
+}
+
+// subBand moves each running borrowed job to the sub-band of the work a
+// preemption would lose now (policy.SubBand), as the leader does at its
+// reclaim passes: in place, as Nomad changes a running job's priority.
+func (r *run) subBand() {
+	if !r.p.Borrowing.SubBands {
+		return
+	}
+	for j := range r.borrowedRunning {
+		prio := r.p.SubBand(j.demand.Total(), time.Duration((r.now-j.startedAt)*float64(time.Second)))
+		if prio == j.prio {
+			continue
+		}
+		r.reprioritise(j, prio)
+		r.res.SubBandMoves++
+	}
+}
+
+// reprioritise runs j on at prio, its allocations where they are.
+func (r *run) reprioritise(j *simJob, prio int) {
+	for _, a := range j.placed {
+		r.heldByPrio[a.prio] -= a.gpus
+		r.heldByPrio[prio] += a.gpus
+		a.prio = prio
+		r.c.relow(a.node)
+	}
+	j.prio = prio
 }
 
 // bringBack returns to the merge the runs set aside for their tenant's

@@ -106,6 +106,7 @@ func WriteReport(w io.Writer, results []*Result) error {
 		return fmt.Sprintf("%.0f / %.0f", r.BusyGPUHours, r.WastedGPUHours)
 	})
 	row("borrowed jobs promoted in place", func(r *Result) string { return strconv.Itoa(r.Promotions) })
+	row("borrowed jobs moved between sub-bands", func(r *Result) string { return strconv.Itoa(r.SubBandMoves) })
 	row("reclaims / GPU-hours reclaimed", func(r *Result) string { return fmt.Sprintf("%d / %.1f", r.Reclaims, r.ReclaimedGPUHours) })
 	row("fragmentation while work waits", func(r *Result) string { return pct(r.Fragmentation) })
 	row("queued beyond max_queued", func(r *Result) string { return fmt.Sprint(r.AboveMaxQueued) })

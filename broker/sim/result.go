@@ -69,7 +69,10 @@ type Result struct {
 	Reclaims       int     `json:"reclaims"`
 	// Promotions: borrowed jobs run on within their tenant's guarantee
 	// (borrowing.promote_below).
-	Promotions        int     `json:"promotions"`
+	Promotions int `json:"promotions"`
+	// SubBandMoves: running borrowed jobs moved to another sub-band
+	// (borrowing.sub_bands).
+	SubBandMoves      int     `json:"sub_band_moves"`
 	ReclaimedGPUHours float64 `json:"gpu_hours_reclaimed"`
 	// Fragmentation is, while work waits, the share of the cluster's GPUs
 	// free on nodes too full for the smallest waiting allocation.

@@ -296,7 +296,7 @@ func (r *run) loop() error {
 		if r.dirty && r.queued > 0 && r.passAt < t {
 			t, what = r.passAt, "pass"
 		}
-		if len(r.watched) > 0 || len(r.borrowedRunning) > 0 && r.p.Borrowing.PromoteBelow > 0 {
+		if len(r.watched) > 0 || len(r.borrowedRunning) > 0 && (r.p.Borrowing.PromoteBelow > 0 || r.p.Borrowing.SubBands) {
 			if reclaimAt <= r.now {
 				reclaimAt = (math.Floor(r.now/period) + 1) * period
 			}
@@ -322,6 +322,7 @@ func (r *run) loop() error {
 		case "reclaim":
 			r.reclaimPass()
 			r.promote()
+			r.subBand()
 		}
 	}
 }

@@ -387,3 +387,33 @@ func TestAPromotedBorrowerIsNoLongerTheVictim(t *testing.T) {
 		t.Errorf("seconds of work lost by the victim: %v without promotion (want a2's ~200), %v with (want a3's ~50)", lost[false], lost[true])
 	}
 }
+
+// With sub-bands, Nomad's first victim is the borrowed job that loses the
+// least: a3, borrowed 50 s before b1 needs room, not a2, borrowed 199 s
+// before (without them, both run at 20 and a2, placed first, is taken).
+func TestSubBandsMakeTheNewestBorrowerTheVictim(t *testing.T) {
+	jobs := []sim.Job{
+		{ID: "a1", Submit: 0, Namespace: "a", GPUs: 4, Duration: 1000},
+		{ID: "a2", Submit: 1, Namespace: "a", GPUs: 2, Duration: 1000},
+		{ID: "a3", Submit: 150, Namespace: "a", GPUs: 2, Duration: 1000},
+		{ID: "b1", Submit: 200, Namespace: "b", GPUs: 2, Duration: 50},
+	}
+	lost := map[bool]float64{}
+	for _, subBands := range []bool{false, true} {
+		src := twoTenants
+		if subBands {
+			src = strings.Replace(src, `backoff  = "0"`, "backoff  = \"0\"\n  sub_bands = true\n  sub_band_step = \"1m\"", 1)
+		}
+		res, err := sim.Run(jobs, sim.Options{Policy: testbuild.Policy(t, src), Nodes: oneNode, Mode: sim.NomadGPU, ReclaimPeriod: 10 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Preemptions != 1 || res.GuaranteedVictims != 0 || subBands != (res.SubBandMoves > 0) {
+			t.Errorf("sub-bands %t: %d preemptions (want 1), %d guaranteed victims, %d sub-band moves", subBands, res.Preemptions, res.GuaranteedVictims, res.SubBandMoves)
+		}
+		lost[subBands] = res.LostGPUHours * 3600 / 2
+	}
+	if lost[false] < 190 || lost[true] > 60 {
+		t.Errorf("seconds of work lost by the victim: %v without sub-bands (want a2's ~200), %v with (want a3's ~50)", lost[false], lost[true])
+	}
+}

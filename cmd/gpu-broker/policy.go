@@ -45,6 +45,9 @@ func validatePolicy(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stdout, "guaranteed work runs at Nomad priority: %s", strings.Join(bands, ", "))
 		if p.Borrowing.Enabled {
 			fmt.Fprintf(stdout, "; borrowed work at %d", p.Borrowing.Priority)
+			if room := p.SubBandRoom(); room > 0 {
+				fmt.Fprintf(stdout, " to %d (sub-bands by the GPU time at stake, from %s)", p.Borrowing.Priority+room, p.Borrowing.SubBandStep)
+			}
 		}
 		fmt.Fprintln(stdout)
 	}

@@ -16,6 +16,15 @@ func TestPolicyValidate(t *testing.T) {
 		t.Errorf("policies/ must validate: exit %d\n%s%s", code, stdout.String(), stderr.String())
 	}
 	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "q.hcl"), []byte("queue \"a\" { priority = 40 }\nborrowing {\n  enabled = true\n  sub_bands = true\n}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	stdout.Reset()
+	if code := validatePolicy([]string{dir}, &stdout, &stderr); code != 0 ||
+		!strings.Contains(stdout.String(), "guaranteed work runs at Nomad priority: a 40; borrowed work at 20 to 29 (sub-bands by the GPU time at stake, from 15m0s)") {
+		t.Errorf("sub-bands: exit %d\n%s%s", code, stdout.String(), stderr.String())
+	}
+	dir = t.TempDir()
 	if err := os.WriteFile(filepath.Join(dir, "bad.hcl"), []byte("queue \"a\" {\n  priority = 60\n  colour = \"red\"\n}\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}

@@ -3,6 +3,8 @@ package reclaimer_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -17,7 +19,7 @@ import (
 	"github.com/nomad-gpu/nomad-gpu/internal/testbuild"
 )
 
-// promoteJobs is Nomad as the promoter reads and registers jobs.
+// promoteJobs is Nomad as the bander reads and registers jobs.
 type promoteJobs struct {
 	jobs       map[string]*api.Job
 	registered []api.JobRegisterRequest
@@ -76,7 +78,7 @@ tenant "vision" {
 	nomad := &promoteJobs{jobs: map[string]*api.Job{"big": borrowed("big"), "small": borrowed("small"), "changed": borrowed("changed")}}
 	nomad.jobs["changed"].Meta[nomadjob.MetaBorrowed] = "false" // registered again since, within the guarantee
 	g := grants{}
-	pr := &reclaimer.Promoter{Log: hclog.NewNullLogger(), Policies: testbuild.Fixed{P: p}, Jobs: nomad, Grants: g, Stamper: st,
+	pr := &reclaimer.Bander{Log: hclog.NewNullLogger(), Policies: testbuild.Fixed{P: p}, Jobs: nomad, Grants: g, Stamper: st,
 		Lock:  func(string, string) func() { return func() {} },
 		Usage: usageOf{Tenants: map[string]admission.TenantUsage{"vision": {Used: policy.Quota{policy.AllGPUs: 6}, Borrowed: policy.Quota{policy.AllGPUs: 6}}}}}
 	t0 := time.Date(2026, 12, 2, 8, 0, 0, 0, time.UTC)
@@ -108,5 +110,82 @@ tenant "vision" {
 	nomad.registered = nil
 	if err := pr.Observed(context.Background(), t0.Add(3*time.Hour), allocs[1:2], gpus); err != nil || len(nomad.registered) != 0 {
 		t.Errorf("promoted twice: %v %+v", err, nomad.registered)
+	}
+}
+
+// With sub-bands, a borrowed job moves up as the GPU time a preemption would
+// lose grows, in place, and stays verifiable (as borrowed) at each step.
+func TestTheBanderMovesBorrowedWorkUpItsSubBands(t *testing.T) {
+	p := testbuild.Policy(t, `
+queue "training" { priority = 60 }
+borrowing {
+  enabled   = true
+  sub_bands = true
+}
+tenant "vision" {
+  namespaces = ["vision"]
+  queues     = ["training"]
+  guaranteed = 4
+  limit      = 8
+}
+`)
+	st := nomadjob.Stamper{Key: []byte("k")}
+	d := admission.Decision{Tenant: "vision", Queue: "training", Priority: 20, Outcome: admission.AdmitBorrowed}
+	borrowed := func(id string) *api.Job {
+		j := testbuild.Job("vision", id).Priority(20).Group("g", 1, 2, "nvidia/gpu").ModifyIndex(7).Build()
+		for k, v := range nomadjob.BrokerMeta(d, st.Stamp("vision", j, d)) {
+			j.Meta[k] = v
+		}
+		return j
+	}
+	nomad := &promoteJobs{jobs: map[string]*api.Job{"old": borrowed("old"), "new": borrowed("new")}}
+	g := grants{}
+	b := &reclaimer.Bander{Log: hclog.NewNullLogger(), Policies: testbuild.Fixed{P: p}, Jobs: nomad, Grants: g, Stamper: st,
+		Lock: func(string, string) func() { return func() {} }}
+	t0 := time.Date(2026, 12, 2, 8, 0, 0, 0, time.UTC)
+	gpus := map[string]reclaim.GPU{"g0": {Healthy: true}, "g1": {Healthy: true}, "g2": {Healthy: true}, "g3": {Healthy: true}}
+	pass := func(at time.Duration) []string {
+		t.Helper()
+		nomad.registered = nil
+		var allocs []reclaim.Alloc
+		for id, started := range map[string]time.Duration{"old": 0, "new": at - 5*time.Minute} {
+			devs := map[string][]string{"old": {"g0", "g1"}, "new": {"g2", "g3"}}[id]
+			allocs = append(allocs, reclaim.Alloc{ID: id + "-a", Namespace: "vision", JobID: id, Admitted: true, Borrowed: true, Tenant: "vision",
+				Queue: "training", StartedAt: t0.Add(started), GPUs: devs, Priority: *nomad.jobs[id].Priority})
+		}
+		if err := b.Observed(context.Background(), t0.Add(at), allocs, gpus); err != nil {
+			t.Fatal(err)
+		}
+		var moved []string
+		for _, r := range nomad.registered {
+			if !r.EnforceIndex || r.JobModifyIndex != 7 {
+				t.Errorf("%s registered without its index", *r.Job.ID)
+			}
+			nomad.jobs[*r.Job.ID] = r.Job
+			moved = append(moved, fmt.Sprintf("%s:%d", *r.Job.ID, *r.Job.Priority))
+		}
+		return moved
+	}
+	// 2 GPUs for 2 h: 240 GPU-minutes at stake, 15 doubled 4 times: 20 + 5.
+	// new has 10 at stake: below the first step, where it is.
+	if moved := pass(2 * time.Hour); !slices.Equal(moved, []string{"old:25"}) {
+		t.Fatalf("after 2 h: moved %v, want [old:25]", moved)
+	}
+	if moved := pass(3 * time.Hour); len(moved) != 0 {
+		t.Fatalf("after 3 h (360 GPU-minutes, below 480): moved %v", moved)
+	}
+	if moved := pass(4 * time.Hour); !slices.Equal(moved, []string{"old:26"}) {
+		t.Fatalf("after 4 h: moved %v, want [old:26]", moved)
+	}
+	job, grant := nomad.jobs["old"], g["old"]
+	if grant.StampedPriority != 20 || grant.From != 25 || grant.Priority != 26 || !grant.SubBand || grant.Promoted(job) || !st.VerifyScaled(job, grant) {
+		t.Errorf("grant %+v: want stamped at 20, from 25 to 26, a sub-band (not promoted), verifying the job", grant)
+	}
+	for prio, want := range map[int]bool{25: true, 26: true, 27: false, 60: false} {
+		j := *job
+		j.Priority = &prio
+		if st.VerifyScaled(&j, grant) != want {
+			t.Errorf("at priority %d: verified %t, want %t (the broker set 25, then 26)", prio, !want, want)
+		}
 	}
 }

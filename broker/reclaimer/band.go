@@ -1,0 +1,180 @@
+package reclaimer
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/hashicorp/nomad/api"
+
+	"github.com/nomad-gpu/nomad-gpu/broker/admission"
+	"github.com/nomad-gpu/nomad-gpu/broker/audit"
+	"github.com/nomad-gpu/nomad-gpu/broker/nomadjob"
+	"github.com/nomad-gpu/nomad-gpu/broker/policy"
+	"github.com/nomad-gpu/nomad-gpu/broker/reclaim"
+)
+
+// PromoteJobs is where the promoter reads a job and registers it again.
+type PromoteJobs interface {
+	// Job returns the job Nomad has, or nil if none.
+	Job(ctx context.Context, namespace, id string) (*api.Job, error)
+	Register(ctx context.Context, namespace string, body []byte) (uint64, error)
+}
+
+// Grants keeps what the broker admitted beside a job's stamp.
+type Grants interface {
+	Get(ctx context.Context, namespace, job string) (nomadjob.ScaleGrant, bool, error)
+	Put(ctx context.Context, namespace, job string, g nomadjob.ScaleGrant) error
+}
+
+// Bander moves running borrowed jobs to another priority, in place: Nomad
+// applies a change of priority alone to a job's allocations without
+// replacing them. It promotes to their queue's band those that
+// borrowing.promote_below runs on within their tenant's guarantee
+// (admission.Promotions): no other tenant's work preempts them any more.
+// With borrowing.sub_bands it moves the others to the sub-band of the work a
+// preemption would lose (policy.SubBand), so that Nomad takes the cheapest
+// victims first. The stamp stays (a meta change would replace the
+// allocations); a grant under <prefix>scaled/ records the priority it was
+// made for and the one the job runs at.
+type Bander struct {
+	Log      hclog.Logger
+	Policies policy.Source
+	Usage    interface {
+		UsageWithout(p *policy.Policy, namespace, jobID string) admission.Usage
+	}
+	Jobs    PromoteJobs
+	Grants  Grants
+	Stamper nomadjob.Stamper
+	// Lock holds off other decisions on the job meanwhile (the gate's too).
+	Lock  func(namespace, id string) (unlock func())
+	Audit *audit.Log
+}
+
+// Observed implements Watcher.
+func (b *Bander) Observed(ctx context.Context, now time.Time, allocs []reclaim.Alloc, gpus map[string]reclaim.GPU) error {
+	p := b.Policies.Current()
+	if p.Borrowing.PromoteBelow <= 0 && !p.Borrowing.SubBands {
+		return nil
+	}
+	running := runningBorrowed(allocs, gpus)
+	if len(running) == 0 {
+		return nil
+	}
+	var errs []error
+	promoted := map[[2]string]bool{}
+	if p.Borrowing.PromoteBelow > 0 {
+		guaranteed := map[string]float64{}
+		for name, tu := range b.Usage.UsageWithout(p, "", "").Tenants {
+			guaranteed[name] = tu.Used.Total() - tu.Borrowed.Total()
+		}
+		for _, pm := range admission.Promotions(p, guaranteed, running) {
+			promoted[[2]string{pm.Namespace, pm.ID}] = true
+			if err := b.move(ctx, pm.Running, pm.Priority, false); err != nil {
+				errs = append(errs, fmt.Errorf("promote %s/%s: %w", pm.Namespace, pm.ID, err))
+			}
+		}
+	}
+	for _, r := range running {
+		if !p.Borrowing.SubBands || promoted[[2]string{r.Namespace, r.ID}] {
+			continue
+		}
+		if to := p.SubBand(r.GPUs, now.Sub(r.Since)); to != r.Priority {
+			if err := b.move(ctx, r, to, true); err != nil {
+				errs = append(errs, fmt.Errorf("move %s/%s to sub-band %d: %w", r.Namespace, r.ID, to, err))
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// runningBorrowed are the jobs admitted borrowed whose allocations all
+// run, by job, since the last of them started.
+func runningBorrowed(allocs []reclaim.Alloc, gpus map[string]reclaim.GPU) []admission.Running {
+	byJob := map[[2]string]*admission.Running{}
+	var order [][2]string
+	for _, a := range allocs {
+		if a.Undeclared != "" || !a.Admitted || a.Tenant == "" {
+			continue
+		}
+		key := [2]string{a.Namespace, a.JobID}
+		r, ok := byJob[key]
+		if !ok {
+			r = &admission.Running{Namespace: a.Namespace, ID: a.JobID, Tenant: a.Tenant, Queue: a.Queue, Priority: a.Priority}
+			byJob[key], order = r, append(order, key)
+		}
+		if !a.Borrowed || a.Preempted || a.StartedAt.IsZero() {
+			r.Tenant = "" // not all of it runs borrowed
+			continue
+		}
+		for _, id := range a.GPUs {
+			r.GPUs += gpus[id].Share()
+		}
+		if a.StartedAt.After(r.Since) {
+			r.Since = a.StartedAt
+		}
+	}
+	var out []admission.Running
+	for _, key := range order {
+		if r := byJob[key]; r.Tenant != "" {
+			out = append(out, *r)
+		}
+	}
+	return out
+}
+
+// move registers the job again at priority to, in a sub-band or promoted,
+// if Nomad still runs it as the broker admitted it borrowed, after
+// recording the grant that keeps its stamp verifiable.
+func (b *Bander) move(ctx context.Context, r admission.Running, to int, subBand bool) error {
+	defer b.Lock(r.Namespace, r.ID)()
+	job, err := b.Jobs.Job(ctx, r.Namespace, r.ID)
+	if err != nil || job == nil || job.Priority == nil || job.JobModifyIndex == nil || (job.Stop != nil && *job.Stop) ||
+		job.Meta[nomadjob.MetaBorrowed] != "true" || job.Meta[nomadjob.MetaTenant] != r.Tenant || *job.Priority == to {
+		return err // gone, stopped, changed or moved since observed: nothing to do
+	}
+	from := *job.Priority
+	counts := nomadjob.GPUGroupCounts(job)
+	grant := nomadjob.ScaleGrant{Stamp: job.Meta[nomadjob.MetaAdmission], Stamped: counts, Admitted: counts,
+		StampedPriority: from, Priority: to, From: from, SubBand: subBand}
+	if !b.Stamper.Verify(job) {
+		g, ok, err := b.Grants.Get(ctx, r.Namespace, r.ID)
+		if err != nil {
+			return err
+		}
+		if !ok || g.Promoted(job) || !b.Stamper.VerifyScaled(job, g) {
+			return nil // not the broker's borrowed admission as it stands, or promoted already
+		}
+		grant.Stamped, grant.Parent = g.Stamped, g.Parent
+		if g.StampedPriority != 0 {
+			grant.StampedPriority = g.StampedPriority
+		}
+	}
+	if err := b.Grants.Put(ctx, r.Namespace, r.ID, grant); err != nil {
+		return err
+	}
+	job.Priority = &to
+	body, err := json.Marshal(api.JobRegisterRequest{Job: job, EnforceIndex: true, JobModifyIndex: *job.JobModifyIndex})
+	if err != nil {
+		return err
+	}
+	if _, err := b.Jobs.Register(ctx, r.Namespace, body); err != nil {
+		return err // the grant verifies the job at from as well, where it still runs
+	}
+	if subBand {
+		b.Log.Debug("borrowed job moved to the sub-band of the work at stake", "namespace", r.Namespace, "job", r.ID, "tenant", r.Tenant,
+			"gpus", r.GPUs, "running_since", r.Since, "from", from, "to", to)
+		return nil
+	}
+	result := fmt.Sprintf("promoted in place from priority %d to %d: with its %s GPUs, its tenant's work within the guarantee stays within promote_below = %s of it",
+		from, to, strconv.FormatFloat(r.GPUs, 'g', -1, 64), strconv.FormatFloat(b.Policies.Current().Borrowing.PromoteBelow, 'g', -1, 64))
+	b.Log.Info("borrowed job promoted within its tenant's guarantee", "namespace", r.Namespace, "job", r.ID, "tenant", r.Tenant,
+		"queue", r.Queue, "from", from, "to", to)
+	b.Audit.Write(audit.Event{Who: audit.BrokerAct, What: audit.Promotion, Namespace: r.Namespace, Job: r.ID, Tenant: r.Tenant,
+		Queue: r.Queue, Result: result})
+	return nil
+}
