@@ -573,8 +573,8 @@ func TestPreemptedBorrowedJobRunsAgainOnce(t *testing.T) {
 	// tenant's to preempt.
 	band := *e.job("vision", "own").Priority
 	writeFile(t, filepath.Join(e.policyDir, "policy.hcl"), strings.Replace(preemptPolicy, `backoff  = "0"`, "backoff  = \"0\"\n  promote_below = 1", 1))
-	allocOf := func() string {
-		allocs, _, err := n.API.Jobs().Allocations("extra", false, &api.QueryOptions{Namespace: "vision"})
+	allocOf := func(id string) string { // its running allocation
+		allocs, _, err := n.API.Jobs().Allocations(id, false, &api.QueryOptions{Namespace: "vision"})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -585,7 +585,7 @@ func TestPreemptedBorrowedJobRunsAgainOnce(t *testing.T) {
 		}
 		return ""
 	}
-	before := allocOf()
+	before := allocOf("extra")
 	e.stop("vision", "own")
 	testcluster.WaitFor(t, 60*time.Second, "extra promoted", func() error {
 		if p := *e.job("vision", "extra").Priority; p != band {
@@ -594,7 +594,7 @@ func TestPreemptedBorrowedJobRunsAgainOnce(t *testing.T) {
 		return nil
 	})
 	waitPasses(t, e.broker, metrics.LoopReclaim, 2) // the promoted job as the leader reads it
-	if after := allocOf(); after != before || before == "" {
+	if after := allocOf("extra"); after != before || before == "" {
 		t.Errorf("extra's allocation %q became %q: not in place", before, after)
 	}
 	m = e.broker.Scrape()
@@ -614,23 +614,11 @@ func TestPreemptedBorrowedJobRunsAgainOnce(t *testing.T) {
 	// search needs a GPU, Nomad evicts new, which loses less.
 	writeFile(t, filepath.Join(e.policyDir, "policy.hcl"), strings.Replace(preemptPolicy, `backoff  = "0"`,
 		"backoff  = \"0\"\n  sub_bands = true\n  sub_band_step = \"1s\"", 1))
-	runningAlloc := func(id string) string {
-		allocs, _, err := n.API.Jobs().Allocations(id, false, &api.QueryOptions{Namespace: "vision"})
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, a := range allocs {
-			if a.ClientStatus == api.AllocClientStatusRunning && a.DesiredStatus == api.AllocDesiredStatusRun {
-				return a.ID
-			}
-		}
-		return ""
-	}
 	if out, err := e.run("vision", "old", 1, 1, "", true); err != nil || !strings.Contains(out, "borrowed: yes") {
 		t.Fatalf("old: %v\n%s", err, out)
 	}
 	e.waitRunning("vision", "old")
-	oldAlloc := runningAlloc("old")
+	oldAlloc := allocOf("old")
 	testcluster.WaitFor(t, 60*time.Second, "old in sub-band 25 (16 GPU-seconds at stake)", func() error {
 		if p := *e.job("vision", "old").Priority; p < 25 {
 			return fmt.Errorf("priority %d", p)
@@ -651,7 +639,7 @@ func TestPreemptedBorrowedJobRunsAgainOnce(t *testing.T) {
 		}
 		return nil
 	})
-	if after := runningAlloc("old"); after != oldAlloc || oldAlloc == "" {
+	if after := allocOf("old"); after != oldAlloc || oldAlloc == "" {
 		t.Errorf("old's allocation %q became %q: evicted or replaced, not moved in place", oldAlloc, after)
 	}
 	old := e.job("vision", "old")

@@ -256,7 +256,8 @@ type Borrowing struct {
 	// above Priority by the work a preemption would lose (its GPUs times
 	// its time running), so that Nomad, which evicts the lowest priority
 	// first, takes the cheapest victims: below SubBandStep of GPU time the
-	// lowest, each sub-band up twice as much.
+	// lowest, each sub-band up twice as much. On by default where the
+	// bands leave room (SubBandRoom).
 	SubBands    bool
 	SubBandStep time.Duration
 }

@@ -95,7 +95,7 @@ type parser struct {
 	*policy.Policy
 	byNamespace map[string]*policy.Tenant // each namespace's tenant so far
 	defs        map[string]hcl.Range      // where each "<block type> <name>" is defined, for duplicates
-	subBands    hcl.Range                 // where borrowing's sub_bands is set, for the check of its room
+	subBands    hcl.Range                 // where borrowing's sub_bands is set: one asked for needs room, the default goes without
 }
 
 // pos is where an HCL range starts, as the policy keeps it.
@@ -118,7 +118,7 @@ func Parse(files map[string][]byte, capacity int) (*policy.Policy, hcl.Diagnosti
 	pol := &policy.Policy{Queues: map[string]*policy.Queue{}, Tenants: map[string]*policy.Tenant{}, Classes: map[string]*policy.GPUClass{}, Regions: map[string]*policy.Region{},
 		Reclaim: map[string]*policy.ReclaimRule{}, Workloads: map[string]*policy.Workload{}, ReclaimSettings: policy.ReclaimSettings{Period: policy.DefaultReclaimPeriod, Retention: policy.DefaultReclaimRetention},
 		Borrowing: policy.Borrowing{Priority: defaultBorrowingPriority, Backoff: policy.DefaultBorrowBackoff, MaxBackoff: policy.DefaultBorrowMaxBackoff,
-			SubBandStep: policy.DefaultSubBandStep}, Preemption: policy.Preemption{Batch: true, Service: true},
+			SubBands: true, SubBandStep: policy.DefaultSubBandStep}, Preemption: policy.Preemption{Batch: true, Service: true},
 		Usage: policy.Usage{IdleBelow: policy.DefaultIdleBelow, Retention: policy.DefaultUsageRetention}, Currency: policy.DefaultCurrency, UndeclaredGPUAccess: policy.AccessRefuse,
 		OverLimit: policy.OverReclaim, OverLimitGrace: policy.DefaultOverLimitGrace, MakeRoom: policy.OverReclaim, MakeRoomGrace: policy.DefaultMakeRoomGrace,
 		FairShare: policy.FairShare{HalfLife: policy.DefaultHalfLife, IdleWeight: policy.DefaultIdleWeight}}
@@ -552,7 +552,7 @@ func (p *parser) check(capacity int, borrowingRange hcl.Range) hcl.Diagnostics {
 			diags = append(diags, warningAt(borrowingRange, "Borrowing band too close",
 				fmt.Sprintf("borrowing priority %d is less than %d below queue %q (%d): Nomad will not preempt borrowed work for it",
 					p.Borrowing.Priority, policy.MinPriorityGap, lowest.Name, lowest.Priority)))
-		case p.Borrowing.SubBands && p.SubBandRoom() == 0:
+		case p.Borrowing.SubBands && p.subBands != (hcl.Range{}) && p.SubBandRoom() == 0:
 			diags = append(diags, errorAt(p.subBands, "No room for sub-bands",
 				fmt.Sprintf("borrowing: sub_bands needs the borrowing priority (%d) more than %d below the lowest queue band (%d): "+
 					"the sub-bands lie between them, each still preemptible by guaranteed work", p.Borrowing.Priority, policy.MinPriorityGap, lowest.Band)))

@@ -244,6 +244,13 @@ borrowing {
 	if room := p.SubBandRoom(); room != policy.GuaranteedSpread {
 		t.Errorf("band 60: room %d, want %d (sub-bands never 10 apart)", room, policy.GuaranteedSpread)
 	}
+	// On by default, and without room simply none.
+	for prio, room := range map[int]int{30: 0, 34: 4} {
+		p, diags := policyhcl.Parse(map[string][]byte{"q.hcl": []byte(fmt.Sprintf("queue \"a\" { priority = %d }\nborrowing { enabled = true }\n", prio))}, 0)
+		if p == nil || diags.HasErrors() || !p.Borrowing.SubBands || p.Borrowing.SubBandStep != policy.DefaultSubBandStep || p.SubBandRoom() != room {
+			t.Errorf("the defaults, band %d: %v %s (want sub-bands on, %d of them)", prio, p, policyhcl.FormatDiagnostics(diags), room)
+		}
+	}
 }
 
 func TestSubmittersAreRolesOrPolicies(t *testing.T) {

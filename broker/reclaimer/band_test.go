@@ -52,12 +52,14 @@ func (u usageOf) UsageWithout(*policy.Policy, string, string) admission.Usage {
 	return admission.Usage(u)
 }
 
-func TestThePromoterRunsBorrowedWorkOnAtItsBandInPlace(t *testing.T) {
-	p := testbuild.Policy(t, `
+// bandPolicy is one tenant, guaranteed 4 GPUs, that borrows; borrowing's
+// other settings follow.
+func bandPolicy(t *testing.T, borrowing string) *policy.Policy {
+	return testbuild.Policy(t, `
 queue "training" { priority = 60 }
 borrowing {
-  enabled       = true
-  promote_below = 1
+  enabled = true
+  `+borrowing+`
 }
 tenant "vision" {
   namespaces = ["vision"]
@@ -66,15 +68,23 @@ tenant "vision" {
   limit      = 8
 }
 `)
-	st := nomadjob.Stamper{Key: []byte("k")}
-	borrowed := func(id string) *api.Job {
-		d := admission.Decision{Tenant: "vision", Queue: "training", Priority: p.Borrowing.Priority, Outcome: admission.AdmitBorrowed}
-		j := testbuild.Job("vision", id).Priority(p.Borrowing.Priority).Group("g", 1, 2, "nvidia/gpu").ModifyIndex(7).Build()
-		for k, v := range nomadjob.BrokerMeta(d, st.Stamp("vision", j, d)) {
-			j.Meta[k] = v
-		}
-		return j
+}
+
+// borrowedJob is a job as Nomad returns it once the broker admitted it
+// borrowed at 20: 1 allocation of 2 GPUs, at index 7.
+func borrowedJob(st nomadjob.Stamper, id string) *api.Job {
+	d := admission.Decision{Tenant: "vision", Queue: "training", Priority: 20, Outcome: admission.AdmitBorrowed}
+	j := testbuild.Job("vision", id).Priority(20).Group("g", 1, 2, "nvidia/gpu").ModifyIndex(7).Build()
+	for k, v := range nomadjob.BrokerMeta(d, st.Stamp("vision", j, d)) {
+		j.Meta[k] = v
 	}
+	return j
+}
+
+func TestThePromoterRunsBorrowedWorkOnAtItsBandInPlace(t *testing.T) {
+	p := bandPolicy(t, "promote_below = 1\n  sub_bands = false")
+	st := nomadjob.Stamper{Key: []byte("k")}
+	borrowed := func(id string) *api.Job { return borrowedJob(st, id) }
 	nomad := &promoteJobs{jobs: map[string]*api.Job{"big": borrowed("big"), "small": borrowed("small"), "changed": borrowed("changed")}}
 	nomad.jobs["changed"].Meta[nomadjob.MetaBorrowed] = "false" // registered again since, within the guarantee
 	g := grants{}
@@ -116,28 +126,9 @@ tenant "vision" {
 // With sub-bands, a borrowed job moves up as the GPU time a preemption would
 // lose grows, in place, and stays verifiable (as borrowed) at each step.
 func TestTheBanderMovesBorrowedWorkUpItsSubBands(t *testing.T) {
-	p := testbuild.Policy(t, `
-queue "training" { priority = 60 }
-borrowing {
-  enabled   = true
-  sub_bands = true
-}
-tenant "vision" {
-  namespaces = ["vision"]
-  queues     = ["training"]
-  guaranteed = 4
-  limit      = 8
-}
-`)
+	p := bandPolicy(t, "sub_bands = true")
 	st := nomadjob.Stamper{Key: []byte("k")}
-	d := admission.Decision{Tenant: "vision", Queue: "training", Priority: 20, Outcome: admission.AdmitBorrowed}
-	borrowed := func(id string) *api.Job {
-		j := testbuild.Job("vision", id).Priority(20).Group("g", 1, 2, "nvidia/gpu").ModifyIndex(7).Build()
-		for k, v := range nomadjob.BrokerMeta(d, st.Stamp("vision", j, d)) {
-			j.Meta[k] = v
-		}
-		return j
-	}
+	borrowed := func(id string) *api.Job { return borrowedJob(st, id) }
 	nomad := &promoteJobs{jobs: map[string]*api.Job{"old": borrowed("old"), "new": borrowed("new")}}
 	g := grants{}
 	b := &reclaimer.Bander{Log: hclog.NewNullLogger(), Policies: testbuild.Fixed{P: p}, Jobs: nomad, Grants: g, Stamper: st,

@@ -2,6 +2,7 @@ package sim_test
 
 import (
 	"encoding/xml"
+	"fmt"
 	"io"
 	"math"
 	"slices"
@@ -400,10 +401,7 @@ func TestSubBandsMakeTheNewestBorrowerTheVictim(t *testing.T) {
 	}
 	lost := map[bool]float64{}
 	for _, subBands := range []bool{false, true} {
-		src := twoTenants
-		if subBands {
-			src = strings.Replace(src, `backoff  = "0"`, "backoff  = \"0\"\n  sub_bands = true\n  sub_band_step = \"1m\"", 1)
-		}
+		src := strings.Replace(twoTenants, `backoff  = "0"`, fmt.Sprintf("backoff  = \"0\"\n  sub_bands = %t\n  sub_band_step = \"1m\"", subBands), 1)
 		res, err := sim.Run(jobs, sim.Options{Policy: testbuild.Policy(t, src), Nodes: oneNode, Mode: sim.NomadGPU, ReclaimPeriod: 10 * time.Second})
 		if err != nil {
 			t.Fatal(err)

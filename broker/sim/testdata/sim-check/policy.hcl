@@ -30,6 +30,9 @@ borrowing {
   priority    = 20
   backoff     = "20s"
   max_backoff = "2m"
+  # Sub-bands (on by default) from 4 GPU-seconds at stake: jobs of 10-40 s
+  # on 1-8 GPUs spread over all of them, as hours-long jobs over 15 GPU-minutes.
+  sub_band_step = "4s"
 }
 
 preemption {
