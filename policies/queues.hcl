@@ -31,6 +31,10 @@ borrowing {
   # promoted in place to its queue's band: promote_below = 0.5 does so while
   # the tenant's guaranteed work stays within half its guarantee (off by
   # default; the trade-off is in docs/simulator.md).
+  # Running borrowed work moves in place through sub-bands 20-29 as the GPU
+  # time a preemption would lose grows (from 15 GPU-minutes, doubling each
+  # step), so that Nomad evicts the newest and smallest first: sub_bands and
+  # sub_band_step, on by default.
 }
 
 # Written to Nomad's scheduler configuration when the broker starts.

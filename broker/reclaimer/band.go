@@ -18,7 +18,7 @@ import (
 	"github.com/nomad-gpu/nomad-gpu/broker/reclaim"
 )
 
-// PromoteJobs is where the promoter reads a job and registers it again.
+// PromoteJobs is where the bander reads a job and registers it again.
 type PromoteJobs interface {
 	// Job returns the job Nomad has, or nil if none.
 	Job(ctx context.Context, namespace, id string) (*api.Job, error)
