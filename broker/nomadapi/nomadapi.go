@@ -24,6 +24,7 @@ import (
 
 	"github.com/nomad-gpu/nomad-gpu/broker/cluster"
 	"github.com/nomad-gpu/nomad-gpu/broker/policy"
+	"github.com/nomad-gpu/nomad-gpu/internal/jsondoc"
 )
 
 // Client talks to Nomad with the broker's own token, which SetToken
@@ -380,6 +381,22 @@ func (c *Client) Job(ctx context.Context, namespace, id string) (*api.Job, error
 		return nil, fmt.Errorf("read job %s/%s: %w", namespace, id, err)
 	}
 	return j, nil
+}
+
+// JobDoc returns the job Nomad has as Nomad sent it, every field kept (those
+// of a newer Nomad than the broker knows too), and as read; nil if none.
+func (c *Client) JobDoc(ctx context.Context, namespace, id string) (*jsondoc.Doc, *api.Job, error) {
+	var raw json.RawMessage
+	found, err := c.get(ctx, "/v1/job/"+url.PathEscape(id)+"?namespace="+url.QueryEscape(namespace), &raw)
+	if err != nil || !found {
+		return nil, nil, err
+	}
+	var job api.Job
+	doc, err := jsondoc.Parse(raw, &job)
+	if err != nil {
+		return nil, nil, fmt.Errorf("read job %s/%s: %w", namespace, id, err)
+	}
+	return doc, &job, nil
 }
 
 // isNotFound reports whether Nomad answered 404.

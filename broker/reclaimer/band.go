@@ -2,7 +2,6 @@ package reclaimer
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"strconv"
@@ -16,12 +15,15 @@ import (
 	"github.com/nomad-gpu/nomad-gpu/broker/nomadjob"
 	"github.com/nomad-gpu/nomad-gpu/broker/policy"
 	"github.com/nomad-gpu/nomad-gpu/broker/reclaim"
+	"github.com/nomad-gpu/nomad-gpu/internal/jsondoc"
 )
 
 // PromoteJobs is where the bander reads a job and registers it again.
 type PromoteJobs interface {
-	// Job returns the job Nomad has, or nil if none.
-	Job(ctx context.Context, namespace, id string) (*api.Job, error)
+	// JobDoc returns the job as Nomad sent it, and as read; nil if none.
+	// The bander registers the document with its priority changed, so
+	// that fields of a newer Nomad than the broker knows stay as they are.
+	JobDoc(ctx context.Context, namespace, id string) (*jsondoc.Doc, *api.Job, error)
 	Register(ctx context.Context, namespace string, body []byte) (uint64, error)
 }
 
@@ -132,7 +134,7 @@ func runningBorrowed(allocs []reclaim.Alloc, gpus map[string]reclaim.GPU) []admi
 // recording the grant that keeps its stamp verifiable.
 func (b *Bander) move(ctx context.Context, r admission.Running, to int, subBand bool) error {
 	defer b.Lock(r.Namespace, r.ID)()
-	job, err := b.Jobs.Job(ctx, r.Namespace, r.ID)
+	doc, job, err := b.Jobs.JobDoc(ctx, r.Namespace, r.ID)
 	if err != nil || job == nil || job.Priority == nil || job.JobModifyIndex == nil || (job.Stop != nil && *job.Stop) ||
 		job.Meta[nomadjob.MetaBorrowed] != "true" || job.Meta[nomadjob.MetaTenant] != r.Tenant || *job.Priority == to {
 		return err // gone, stopped, changed or moved since observed: nothing to do
@@ -157,11 +159,8 @@ func (b *Bander) move(ctx context.Context, r admission.Running, to int, subBand 
 	if err := b.Grants.Put(ctx, r.Namespace, r.ID, grant); err != nil {
 		return err
 	}
-	job.Priority = &to
-	body, err := json.Marshal(api.JobRegisterRequest{Job: job, EnforceIndex: true, JobModifyIndex: *job.JobModifyIndex})
-	if err != nil {
-		return err
-	}
+	doc.Root().Set("Priority", to)
+	body := fmt.Appendf(nil, `{"Job":%s,"EnforceIndex":true,"JobModifyIndex":%d}`, doc.Bytes(), *job.JobModifyIndex)
 	if _, err := b.Jobs.Register(ctx, r.Namespace, body); err != nil {
 		return err // the grant verifies the job at from as well, where it still runs
 	}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -16,20 +17,40 @@ import (
 	"github.com/nomad-gpu/nomad-gpu/broker/policy"
 	"github.com/nomad-gpu/nomad-gpu/broker/reclaim"
 	"github.com/nomad-gpu/nomad-gpu/broker/reclaimer"
+	"github.com/nomad-gpu/nomad-gpu/internal/jsondoc"
 	"github.com/nomad-gpu/nomad-gpu/internal/testbuild"
 )
 
-// promoteJobs is Nomad as the bander reads and registers jobs.
+// promoteJobs is Nomad as the bander reads and registers jobs. Each job it
+// sends has a field of a newer Nomad, which must come back as it was sent.
 type promoteJobs struct {
 	jobs       map[string]*api.Job
 	registered []api.JobRegisterRequest
 }
 
-func (n *promoteJobs) Job(_ context.Context, _, id string) (*api.Job, error) { return n.jobs[id], nil }
+const newerField = `"FutureField":{"Kept":[1,"two"]}`
+
+func (n *promoteJobs) JobDoc(_ context.Context, _, id string) (*jsondoc.Doc, *api.Job, error) {
+	j := n.jobs[id]
+	if j == nil {
+		return nil, nil, nil
+	}
+	b, err := json.Marshal(j)
+	if err != nil {
+		return nil, nil, err
+	}
+	var job api.Job
+	doc, err := jsondoc.Parse(append(b[:len(b)-1:len(b)-1], ","+newerField+"}"...), &job)
+	return doc, &job, err
+}
+
 func (n *promoteJobs) Register(_ context.Context, _ string, body []byte) (uint64, error) {
 	var req api.JobRegisterRequest
 	if err := json.Unmarshal(body, &req); err != nil {
 		return 0, err
+	}
+	if !strings.Contains(string(body), newerField) {
+		return 0, fmt.Errorf("a field of a newer Nomad was lost: %s", body)
 	}
 	n.registered = append(n.registered, req)
 	return 0, nil
