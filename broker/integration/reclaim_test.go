@@ -646,6 +646,12 @@ func TestPreemptedBorrowedJobRunsAgainOnce(t *testing.T) {
 	if *old.Priority < 25 || *old.Priority > 29 || old.Meta["nomad-gpu.borrowed"] != "true" {
 		t.Errorf("old at priority %d (want a sub-band from 25 to 29), meta %v", *old.Priority, old.Meta)
 	}
+	// Each move is a job version; Nomad carries the source submitted with
+	// `nomad job run` forward to it (the body names the version read).
+	if sub, _, err := n.API.Jobs().Submission("old", int(*old.Version), &api.QueryOptions{Namespace: "vision"}); err != nil || sub == nil ||
+		!strings.Contains(sub.Source, `job "old"`) || *old.Version < 3 {
+		t.Errorf("version %d of old after its moves: submitted source %+v, %v", *old.Version, sub, err)
+	}
 	waitPasses(t, e.broker, metrics.LoopReclaim, 2)
 	if b := e.broker.Scrape()[`nomadgpu_tenant_gpus{gpu_class="all",kind="borrowed",tenant="vision"}`]; b != 1 {
 		t.Errorf("vision borrows %v GPUs, want old's 1 (still borrowed in its sub-band)", b)
