@@ -37,6 +37,9 @@ tenant "b" {
 borrowing {
   enabled  = true
   priority = 20
+  # Sub-bands from 5 GPU-seconds: borrowed work moves, in place, while the
+  # users work (the default's 15 GPU-minutes would not be reached).
+  sub_band_step = "5s"
 }
 `
 
@@ -155,6 +158,7 @@ func TestSoak(t *testing.T) {
 	// The sampler: GPUs Nomad runs per tenant, several times a second.
 	var samples, maxUsed = 0, map[string]int{}
 	var over []string
+	subBanded := map[string]bool{} // jobs seen in a sub-band above the borrowing priority
 	sampler.Add(1)
 	go func() {
 		defer sampler.Done()
@@ -163,6 +167,15 @@ func TestSoak(t *testing.T) {
 			case <-stop:
 				return
 			case <-time.After(200 * time.Millisecond):
+			}
+			if samples%10 == 0 {
+				if jobs, _, err := n.API.Jobs().List(&api.QueryOptions{Namespace: "*"}); err == nil {
+					for _, j := range jobs {
+						if j.Priority > 20 && j.Priority < 30 {
+							subBanded[j.Namespace+"/"+j.ID] = true
+						}
+					}
+				}
 			}
 			allocs, _, err := n.API.Allocations().List(&api.QueryOptions{Namespace: "*", Params: map[string]string{"resources": "true"}})
 			if err != nil {
@@ -265,7 +278,11 @@ func TestSoak(t *testing.T) {
 	}
 	sort.Strings(kinds)
 	t.Logf("soak of %s: %d requests by 8 users\n%s", duration, total, strings.Join(kinds, "\n"))
-	t.Logf("%d samples of Nomad's allocations; most GPUs a tenant ran at once: %v (limit %d)", samples, maxUsed, soakLimit)
+	t.Logf("%d samples of Nomad's allocations; most GPUs a tenant ran at once: %v (limit %d); %d jobs seen in a borrowed sub-band",
+		samples, maxUsed, soakLimit, len(subBanded))
+	if len(subBanded) == 0 {
+		t.Error("no borrowed job was seen moved to a sub-band while the users worked")
+	}
 	if u := ledger.unavailable; len(u) > 0 {
 		t.Logf("GPU calls answered 503 from %.1fs to %.1fs after the leader was killed", u[0].Sub(killedAt).Seconds(), u[len(u)-1].Sub(killedAt).Seconds())
 		if u[0].Before(killedAt) {
