@@ -358,6 +358,26 @@ func TestAnAllocationHoldsItsGPUsBeforeItsTaskStarts(t *testing.T) {
 	near(t, "JCT", res.JCT.Mean, (105+210)/2.0)
 }
 
+// withAndWithout runs jobs on oneNode under twoTenants with a borrowing
+// setting off and on (what borrowing(on) adds to the block), the reclaim
+// passes every 10 s.
+func withAndWithout(t *testing.T, jobs []sim.Job, borrowing func(on bool) string) map[bool]*sim.Result {
+	t.Helper()
+	out := map[bool]*sim.Result{}
+	for _, on := range []bool{false, true} {
+		src := strings.Replace(twoTenants, `backoff  = "0"`, "backoff  = \"0\"\n  "+borrowing(on), 1)
+		res, err := sim.Run(jobs, sim.Options{Policy: testbuild.Policy(t, src), Nodes: oneNode, Mode: sim.NomadGPU, ReclaimPeriod: 10 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Preemptions != 1 || res.GuaranteedVictims != 0 {
+			t.Errorf("on %t: %d preemptions (want 1), %d guaranteed victims", on, res.Preemptions, res.GuaranteedVictims)
+		}
+		out[on] = res
+	}
+	return out
+}
+
 // promote_below: a2, borrowed while a1 ran, is promoted once a1 ends; a3
 // then borrows, and b1, within its guarantee, evicts a3 (50 s of work)
 // instead of a2 (200 s). (a3, back from the queue, is promoted in turn once
@@ -369,23 +389,14 @@ func TestAPromotedBorrowerIsNoLongerTheVictim(t *testing.T) {
 		{ID: "a3", Submit: 150, Namespace: "a", GPUs: 4, Duration: 1000},
 		{ID: "b1", Submit: 200, Namespace: "b", GPUs: 4, Duration: 50},
 	}
-	lost := map[bool]float64{}
-	for _, promote := range []bool{false, true} {
-		src := twoTenants
-		if promote {
-			src = strings.Replace(src, `backoff  = "0"`, "backoff  = \"0\"\n  promote_below = 1", 1)
-		}
-		res, err := sim.Run(jobs, sim.Options{Policy: testbuild.Policy(t, src), Nodes: oneNode, Mode: sim.NomadGPU, ReclaimPeriod: 10 * time.Second})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if want := map[bool]int{false: 0, true: 2}[promote]; res.Promotions != want || res.Preemptions != 1 || res.GuaranteedVictims != 0 {
-			t.Errorf("promote %t: %d promotions (want %d), %d preemptions (want 1), %d guaranteed victims", promote, res.Promotions, want, res.Preemptions, res.GuaranteedVictims)
-		}
-		lost[promote] = res.LostGPUHours * 3600 / 4
+	res := withAndWithout(t, jobs, func(on bool) string {
+		return fmt.Sprintf("promote_below = %d\n  sub_bands = false", map[bool]int{true: 1}[on])
+	})
+	if res[false].Promotions != 0 || res[true].Promotions != 2 {
+		t.Errorf("promotions: %d without (want 0), %d with (want 2)", res[false].Promotions, res[true].Promotions)
 	}
-	if lost[false] < 190 || lost[true] > 60 {
-		t.Errorf("seconds of work lost by the victim: %v without promotion (want a2's ~200), %v with (want a3's ~50)", lost[false], lost[true])
+	if off, on := res[false].LostGPUHours*3600/4, res[true].LostGPUHours*3600/4; off < 190 || on > 60 {
+		t.Errorf("seconds of work lost by the victim: %v without promotion (want a2's ~200), %v with (want a3's ~50)", off, on)
 	}
 }
 
@@ -399,19 +410,11 @@ func TestSubBandsMakeTheNewestBorrowerTheVictim(t *testing.T) {
 		{ID: "a3", Submit: 150, Namespace: "a", GPUs: 2, Duration: 1000},
 		{ID: "b1", Submit: 200, Namespace: "b", GPUs: 2, Duration: 50},
 	}
-	lost := map[bool]float64{}
-	for _, subBands := range []bool{false, true} {
-		src := strings.Replace(twoTenants, `backoff  = "0"`, fmt.Sprintf("backoff  = \"0\"\n  sub_bands = %t\n  sub_band_step = \"1m\"", subBands), 1)
-		res, err := sim.Run(jobs, sim.Options{Policy: testbuild.Policy(t, src), Nodes: oneNode, Mode: sim.NomadGPU, ReclaimPeriod: 10 * time.Second})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if res.Preemptions != 1 || res.GuaranteedVictims != 0 || subBands != (res.SubBandMoves > 0) {
-			t.Errorf("sub-bands %t: %d preemptions (want 1), %d guaranteed victims, %d sub-band moves", subBands, res.Preemptions, res.GuaranteedVictims, res.SubBandMoves)
-		}
-		lost[subBands] = res.LostGPUHours * 3600 / 2
+	res := withAndWithout(t, jobs, func(on bool) string { return fmt.Sprintf("sub_bands = %t\n  sub_band_step = \"1m\"", on) })
+	if res[false].SubBandMoves != 0 || res[true].SubBandMoves == 0 {
+		t.Errorf("sub-band moves: %d without (want 0), %d with", res[false].SubBandMoves, res[true].SubBandMoves)
 	}
-	if lost[false] < 190 || lost[true] > 60 {
-		t.Errorf("seconds of work lost by the victim: %v without sub-bands (want a2's ~200), %v with (want a3's ~50)", lost[false], lost[true])
+	if off, on := res[false].LostGPUHours*3600/2, res[true].LostGPUHours*3600/2; off < 190 || on > 60 {
+		t.Errorf("seconds of work lost by the victim: %v without sub-bands (want a2's ~200), %v with (want a3's ~50)", off, on)
 	}
 }
