@@ -87,7 +87,8 @@ func TestKeyerKeysOrderAsOrder(t *testing.T) {
 		}
 		entries := make([]queue.Entry, rapid.IntRange(0, 30).Draw(t, "n"))
 		for i := range entries {
-			entries[i] = queue.Entry{ID: fmt.Sprintf("q%02d", rapid.IntRange(0, 40).Draw(t, "id")),
+			// IDs are unique in a queue (its store's keys): the last tie-break.
+			entries[i] = queue.Entry{ID: fmt.Sprintf("q%02d-%02d", rapid.IntRange(0, 40).Draw(t, "id"), i),
 				Tenant:      rapid.SampledFrom([]string{"a", "b", "gone"}).Draw(t, "tenant"),
 				Queue:       rapid.SampledFrom([]string{"training", "inference"}).Draw(t, "queue"),
 				SubmittedAt: now.Add(-time.Duration(rapid.IntRange(0, 200).Draw(t, "age")) * time.Minute)}
