@@ -30,6 +30,7 @@ import (
 	"github.com/nomad-gpu/nomad-gpu/broker/queue"
 	"github.com/nomad-gpu/nomad-gpu/broker/usage"
 	"github.com/nomad-gpu/nomad-gpu/broker/webui"
+	"github.com/nomad-gpu/nomad-gpu/internal/jsondoc"
 )
 
 // Cluster is the usage admission decides against.
@@ -351,13 +352,8 @@ func (s *Server) relayBody(w http.ResponseWriter, resp *http.Response, body []by
 		writeError(w, fail(errNomadUnreach, "reading Nomad's answer: %v", err))
 		return
 	}
-	if resp.StatusCode == http.StatusOK && len(warnings) > 0 {
-		var obj map[string]any
-		if json.Unmarshal(body, &obj) == nil {
-			prev, _ := obj["Warnings"].(string)
-			obj["Warnings"] = joinWarnings(append([]string{prev}, warnings...)...)
-			body, _ = json.Marshal(obj)
-		}
+	if resp.StatusCode == http.StatusOK && joinWarnings(warnings...) != "" {
+		body = withWarnings(body, warnings)
 	}
 	for k, vs := range resp.Header {
 		if k == "Content-Length" {
@@ -380,6 +376,19 @@ func requestClass(r *http.Request) string {
 		return c.String()
 	}
 	return "read"
+}
+
+// withWarnings is a JSON object answer with warnings added to its Warnings
+// field; the rest stays as Nomad wrote it. Any other answer is left as it is.
+func withWarnings(body []byte, warnings []string) []byte {
+	var w struct{ Warnings any }
+	doc, err := jsondoc.Parse(body, &w)
+	if err != nil || !doc.Root().IsObject() {
+		return body
+	}
+	prev, _ := w.Warnings.(string)
+	doc.Root().Set("Warnings", joinWarnings(append([]string{prev}, warnings...)...))
+	return doc.Bytes()
 }
 
 func joinWarnings(ws ...string) string {

@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"io"
 	"reflect"
+	"strconv"
 	"strings"
 	"sync"
 	"unicode"
@@ -55,20 +56,29 @@ type member struct {
 // target's fields. It then reads the document into target the way Nomad
 // reads it.
 func Parse(body []byte, target any) (*Doc, error) {
-	root, err := readDoc(body)
-	if err != nil {
-		return nil, fmt.Errorf("malformed JSON in request body: %w", err)
+	// encoding/json checks the syntax as it decodes: the body is read into
+	// target first, and the tree is then cut from bytes known to be valid.
+	err := json.Unmarshal(body, target)
+	if _, bad := err.(*json.SyntaxError); bad {
+		return nil, fmt.Errorf("malformed JSON in request body: %w", syntaxError(body))
+	}
+	r := reader{data: body}
+	root, rerr := r.value(0)
+	if rerr != nil {
+		return nil, fmt.Errorf("malformed JSON in request body: %w", rerr)
 	}
 	renamed := false
-	if err := canonicalize(root, reflect.TypeOf(target), "", &renamed); err != nil {
+	var path []string
+	if err := canonicalize(root, reflect.TypeOf(target), &path, &renamed); err != nil {
 		return nil, err
 	}
 	doc := &Doc{root: root}
-	src := body
 	if renamed {
-		src = doc.Bytes()
+		// Read again as Nomad will read the document forwarded.
+		reflect.ValueOf(target).Elem().SetZero()
+		err = json.Unmarshal(doc.Bytes(), target)
 	} // else the body is the document: every key as its field spells it, none twice
-	if err := json.Unmarshal(src, target); err != nil {
+	if err != nil {
 		return nil, fmt.Errorf("malformed request: %w", err)
 	}
 	return doc, nil
@@ -221,8 +231,7 @@ func (n *Node) encode(b *bytes.Buffer) {
 			if i > 0 {
 				b.WriteByte(',')
 			}
-			k, _ := json.Marshal(m.key)
-			b.Write(k)
+			writeKey(b, m.key)
 			b.WriteByte(':')
 			m.val.encode(b)
 		}
@@ -239,6 +248,22 @@ func (n *Node) encode(b *bytes.Buffer) {
 	default:
 		b.Write(n.raw)
 	}
+}
+
+// writeKey writes key as a JSON string: as it is when nothing in it needs
+// escaping (as good as every key), else as encoding/json writes it.
+func writeKey(b *bytes.Buffer, key string) {
+	for i := 0; i < len(key); i++ {
+		if c := key[i]; c < 0x20 || c == '"' || c == '\\' || c == '<' || c == '>' || c == '&' || c >= utf8.RuneSelf {
+			k, _ := json.Marshal(key)
+			b.Write(k)
+			return
+		}
+	}
+	b.Grow(len(key) + 2)
+	b.WriteByte('"')
+	b.WriteString(key)
+	b.WriteByte('"')
 }
 
 // Bytes encodes the node.
@@ -323,54 +348,68 @@ var (
 
 // canonicalize walks n along the Go type t the way encoding/json would decode
 // it, renaming matched keys to their field names and refusing duplicates.
-func canonicalize(n *Node, t reflect.Type, path string, renamed *bool) error {
-	for t.Kind() == reflect.Pointer {
-		t = t.Elem()
-	}
-	if reflect.PointerTo(t).Implements(unmarshalerType) || reflect.PointerTo(t).Implements(textUnmarshalerType) {
+// path is the way down to n, spelt out only in an error.
+func canonicalize(n *Node, t reflect.Type, path *[]string, renamed *bool) error {
+	info := typeInfoOf(t)
+	if info.custom {
 		return nil // read by its own method; not a field set
 	}
+	t = info.base
 	switch {
 	case n.object && t.Kind() == reflect.Struct:
-		fields := fieldsOf(t)
-		seen := map[string]string{} // canonical or folded name → key as sent
+		fields := info.fields
+		// A request's objects are small: a slice of names seen beats a map.
+		seen := make([]seenKey, 0, len(n.members))
 		for i, m := range n.members {
 			f, ok := fields.byExact[m.key]
 			if !ok {
 				f, ok = fields.byFolded[foldName(m.key)]
 			}
-			name := "?" + foldName(m.key) // unknown keys: still refuse two spellings
+			var name string
 			if ok {
 				name = f.name
+			} else {
+				name = "?" + foldName(m.key) // unknown keys: still refuse two spellings
 			}
-			if prev, dup := seen[name]; dup {
-				return duplicate(path, prev, m.key)
+			for _, s := range seen {
+				if s.name == name {
+					return duplicate(path, s.key, m.key)
+				}
 			}
-			seen[name] = m.key
+			seen = append(seen, seenKey{name: name, key: m.key})
 			if !ok {
 				continue
 			}
 			if m.key != f.name {
 				n.members[i].key, *renamed = f.name, true
 			}
-			if err := canonicalize(m.val, f.typ, join(path, f.name), renamed); err != nil {
+			*path = append(*path, f.name)
+			if err := canonicalize(m.val, f.typ, path, renamed); err != nil {
 				return err
 			}
+			*path = (*path)[:len(*path)-1]
 		}
 	case n.object && (t.Kind() == reflect.Map || t.Kind() == reflect.Interface):
 		elem := t
 		if t.Kind() == reflect.Map {
 			elem = t.Elem()
 		}
-		seen := map[string]bool{}
+		var seen map[string]bool
+		if len(n.members) > 1 {
+			seen = make(map[string]bool, len(n.members))
+		}
 		for _, m := range n.members {
 			if seen[m.key] {
 				return duplicate(path, m.key, m.key)
 			}
-			seen[m.key] = true
-			if err := canonicalize(m.val, elem, join(path, m.key), renamed); err != nil {
+			if seen != nil {
+				seen[m.key] = true
+			}
+			*path = append(*path, m.key)
+			if err := canonicalize(m.val, elem, path, renamed); err != nil {
 				return err
 			}
+			*path = (*path)[:len(*path)-1]
 		}
 	case n.array && (t.Kind() == reflect.Slice || t.Kind() == reflect.Array || t.Kind() == reflect.Interface):
 		elem := t
@@ -378,30 +417,57 @@ func canonicalize(n *Node, t reflect.Type, path string, renamed *bool) error {
 			elem = t.Elem()
 		}
 		for i, e := range n.elems {
-			if err := canonicalize(e, elem, fmt.Sprintf("%s[%d]", path, i), renamed); err != nil {
+			if !e.object && !e.array {
+				continue // a scalar has no keys
+			}
+			*path = append(*path, "["+strconv.Itoa(i)+"]")
+			if err := canonicalize(e, elem, path, renamed); err != nil {
 				return err
 			}
+			*path = (*path)[:len(*path)-1]
 		}
 	}
 	return nil
 }
 
-func duplicate(path, first, second string) error {
+// seenKey is a field met in an object, and the key that named it.
+type seenKey struct{ name, key string }
+
+// typeInfo is what canonicalize needs of a Go type, worked out once.
+type typeInfo struct {
+	base   reflect.Type // pointers taken off
+	custom bool         // decoded by its own UnmarshalJSON or UnmarshalText
+	fields fieldSet     // a struct's
+}
+
+var typeCache sync.Map // reflect.Type → *typeInfo
+
+func typeInfoOf(t reflect.Type) *typeInfo {
+	if ti, ok := typeCache.Load(t); ok {
+		return ti.(*typeInfo)
+	}
+	base := t
+	for base.Kind() == reflect.Pointer {
+		base = base.Elem()
+	}
+	ti := &typeInfo{base: base,
+		custom: reflect.PointerTo(base).Implements(unmarshalerType) || reflect.PointerTo(base).Implements(textUnmarshalerType)}
+	if base.Kind() == reflect.Struct && !ti.custom {
+		ti.fields = fieldsOf(base)
+	}
+	typeCache.Store(t, ti)
+	return ti
+}
+
+func duplicate(path *[]string, first, second string) error {
 	where := "at the top level"
-	if path != "" {
-		where = "in " + path
+	if len(*path) > 0 {
+		where = "in " + strings.ReplaceAll(strings.Join(*path, "."), ".[", "[")
 	}
 	if first == second {
 		return fmt.Errorf("ambiguous request: key %q is given twice %s", first, where)
 	}
 	return fmt.Errorf("ambiguous request: %q and %q name the same field %s (Nomad reads keys case-insensitively)", first, second, where)
-}
-
-func join(path, key string) string {
-	if path == "" {
-		return key
-	}
-	return path + "." + key
 }
 
 type field struct {
@@ -413,15 +479,10 @@ type fieldSet struct {
 	byExact, byFolded map[string]field
 }
 
-var fieldCache sync.Map // reflect.Type → fieldSet
-
 // fieldsOf lists the JSON fields of a struct as encoding/json sees them: json
 // tags, "-" skipped, unexported skipped, untagged embedded structs promoted
-// (shallower names win).
+// (shallower names win). typeInfoOf keeps what it finds.
 func fieldsOf(t reflect.Type) fieldSet {
-	if fs, ok := fieldCache.Load(t); ok {
-		return fs.(fieldSet)
-	}
 	fs := fieldSet{byExact: map[string]field{}, byFolded: map[string]field{}}
 	level := []reflect.Type{t}
 	for len(level) > 0 {
@@ -464,7 +525,6 @@ func fieldsOf(t reflect.Type) fieldSet {
 		}
 		level = next
 	}
-	fieldCache.Store(t, fs)
 	return fs
 }
 
