@@ -28,6 +28,7 @@ import (
 	"github.com/nomad-gpu/nomad-gpu/broker/cluster"
 	"github.com/nomad-gpu/nomad-gpu/broker/config"
 	"github.com/nomad-gpu/nomad-gpu/broker/consulkv"
+	"github.com/nomad-gpu/nomad-gpu/broker/decide"
 	"github.com/nomad-gpu/nomad-gpu/broker/leader"
 	brokermetrics "github.com/nomad-gpu/nomad-gpu/broker/metrics"
 	"github.com/nomad-gpu/nomad-gpu/broker/nomadapi"
@@ -200,7 +201,7 @@ func (a *Agent) Run(ctx context.Context) error {
 			return p.Preemption.Batch, p.Preemption.Service
 		}, nomadClient, log.Named("preemption"))
 		// Each term starts afresh: what earlier leaders recorded is read back.
-		observer := &nomadapi.Observer{Client: nomadClient, View: view, Verify: scales.Verifier(stamper), Samples: view.SetSamples}
+		observer := &nomadapi.Observer{Client: nomadClient, View: view, Verify: decide.Verifier(stamper, scales), Samples: view.SetSamples}
 		rec := &reclaimer.Reclaimer{Log: log.Named("reclaim"), Records: decisions, Observer: observer, Actor: nomadClient, Policies: policies, Now: time.Now, NewID: queue.NewID,
 			Requeue: &reclaimer.Requeue{Jobs: nomadClient, Actor: nomadClient, Queue: store, Policies: policies, Preempted: backoffs.Preempted},
 			Watchers: []reclaimer.Watcher{&reclaimer.Recorder{Store: storedProfiles, Table: profiles, Policies: policies},

@@ -4,7 +4,6 @@ import (
 	"context"
 
 	consul "github.com/hashicorp/consul/api"
-	"github.com/hashicorp/nomad/api"
 
 	"github.com/nomad-gpu/nomad-gpu/broker/nomadjob"
 )
@@ -30,26 +29,6 @@ func (s *Scales) Get(ctx context.Context, namespace, job string) (nomadjob.Scale
 // Put records a job's grant, replacing the one before.
 func (s *Scales) Put(ctx context.Context, namespace, job string, g nomadjob.ScaleGrant) error {
 	return s.r.put(ctx, escape(namespace, job), g)
-}
-
-// Verifier verifies a job's admission: its stamp as it stands, or as scaled
-// or promoted through the broker; borrowed is what the admission says,
-// false once promoted. A job whose grant cannot be read is not verified.
-func (s *Scales) Verifier(st nomadjob.Stamper) func(context.Context, *api.Job) (admitted, borrowed bool) {
-	return func(ctx context.Context, job *api.Job) (bool, bool) {
-		stamped := job.Meta[nomadjob.MetaBorrowed] == "true"
-		if st.Verify(job) {
-			return true, stamped
-		}
-		if job.ID == nil {
-			return false, false
-		}
-		g, ok, err := s.Get(ctx, nomadjob.Namespace(job), *job.ID)
-		if err != nil || !ok || !st.VerifyScaled(job, g) {
-			return false, false
-		}
-		return true, stamped && !g.Promoted(job)
-	}
 }
 
 // Prune deletes the grants of the jobs gone says Nomad no longer has, and a

@@ -44,8 +44,14 @@ func Admission(job *api.Job, nodesFitting func(string, int) int) (admission.Job,
 		return admission.Job{ID: deref(job.ID), Namespace: Namespace(job)}, nil
 	}
 	groups, err := Groups(job, Placement{NodesFitting: nodesFitting})
-	return admission.Job{ID: deref(job.ID), Namespace: Namespace(job), Queue: job.Meta[MetaQueue], TTL: job.Meta[MetaTTL], Groups: groups,
-		CanaryAutoRevert: CanaryAutoRevert(job)}, err
+	return AdmissionJob(job, Namespace(job), groups), err
+}
+
+// AdmissionJob is job, in namespace, with groups its GPU demand, as
+// admission sees it: the one place its fields are read from a job.
+func AdmissionJob(job *api.Job, namespace string, groups []admission.Group) admission.Job {
+	return admission.Job{ID: deref(job.ID), Namespace: namespace, Queue: job.Meta[MetaQueue], TTL: job.Meta[MetaTTL], Groups: groups,
+		CanaryAutoRevert: CanaryAutoRevert(job)}
 }
 
 // IsParent reports whether a job only launches other jobs: parameterized

@@ -164,8 +164,9 @@ func (r *Request) RevertsTo(stable *api.Job, nodesFitting func(string, int) int)
 
 // Admission is the request as admission sees it.
 func (r *Request) Admission(groups []admission.Group) admission.Job {
-	return admission.Job{ID: r.JobID, Namespace: r.Namespace, Queue: r.Job.Meta[MetaQueue], TTL: r.Job.Meta[MetaTTL], Groups: groups,
-		CanaryAutoRevert: CanaryAutoRevert(r.Job), RevertTo: r.revertTo}
+	j := AdmissionJob(r.Job, r.Namespace, groups)
+	j.ID, j.RevertTo = r.JobID, r.revertTo
+	return j
 }
 
 // Pin writes into the document what Nomad must read exactly as the broker

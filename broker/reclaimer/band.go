@@ -12,6 +12,7 @@ import (
 
 	"github.com/nomad-gpu/nomad-gpu/broker/admission"
 	"github.com/nomad-gpu/nomad-gpu/broker/audit"
+	"github.com/nomad-gpu/nomad-gpu/broker/decide"
 	"github.com/nomad-gpu/nomad-gpu/broker/nomadjob"
 	"github.com/nomad-gpu/nomad-gpu/broker/policy"
 	"github.com/nomad-gpu/nomad-gpu/broker/reclaim"
@@ -143,17 +144,16 @@ func (b *Bander) move(ctx context.Context, r admission.Running, to int, subBand 
 	counts := nomadjob.GPUGroupCounts(job)
 	grant := nomadjob.ScaleGrant{Stamp: job.Meta[nomadjob.MetaAdmission], Stamped: counts, Admitted: counts,
 		StampedPriority: from, Priority: to, From: from, SubBand: subBand}
-	if !b.Stamper.Verify(job) {
-		g, ok, err := b.Grants.Get(ctx, r.Namespace, r.ID)
-		if err != nil {
-			return err
-		}
-		if !ok || g.Promoted(job) || !b.Stamper.VerifyScaled(job, g) {
-			return nil // not the broker's borrowed admission as it stands, or promoted already
-		}
-		grant.Stamped, grant.Parent = g.Stamped, g.Parent
-		if g.StampedPriority != 0 {
-			grant.StampedPriority = g.StampedPriority
+	a, err := decide.Check(ctx, b.Stamper, b.Grants, job)
+	switch {
+	case err != nil:
+		return err
+	case !a.OK || !a.Borrowed:
+		return nil // not the broker's borrowed admission as it stands, or promoted already
+	case a.ByGrant:
+		grant.Stamped, grant.Parent = a.Grant.Stamped, a.Grant.Parent
+		if a.Grant.StampedPriority != 0 {
+			grant.StampedPriority = a.Grant.StampedPriority
 		}
 	}
 	if err := b.Grants.Put(ctx, r.Namespace, r.ID, grant); err != nil {

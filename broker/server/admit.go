@@ -8,27 +8,26 @@ import (
 	"io"
 	"math"
 	"net/http"
-	"net/url"
 	"strings"
 	"time"
 
 	"github.com/hashicorp/nomad/api"
 
 	"github.com/nomad-gpu/nomad-gpu/broker/admission"
-	"github.com/nomad-gpu/nomad-gpu/broker/approval"
 	"github.com/nomad-gpu/nomad-gpu/broker/audit"
 	"github.com/nomad-gpu/nomad-gpu/broker/cluster"
+	"github.com/nomad-gpu/nomad-gpu/broker/decide"
 	"github.com/nomad-gpu/nomad-gpu/broker/metrics"
 	"github.com/nomad-gpu/nomad-gpu/broker/nomadjob"
 	"github.com/nomad-gpu/nomad-gpu/broker/policy"
 	"github.com/nomad-gpu/nomad-gpu/broker/queue"
 )
 
-// gpuJobRequest is a job request read as Nomad reads it, with its GPU demand
-// and the namespace and counts pinned in the document to forward.
+// gpuJobRequest is a job request read as Nomad reads it and prepared for
+// its decision (decide.Prepare), with the policy it was prepared under.
 type gpuJobRequest struct {
-	*nomadjob.Request
-	groups  []admission.Group
+	*decide.Request
+	policy  *policy.Policy
 	unlock  func() // ends the hold on the job (a registration's: jobLocks)
 	warning string // what its answer says besides (undeclared GPU access)
 }
@@ -58,12 +57,10 @@ func (s *Server) readGPUJob(w http.ResponseWriter, r *http.Request, kind nomadjo
 	if !ok {
 		return nil
 	}
-	probe, err := req.Groups(nil, nil)
-	if err != nil {
+	if probe, err := req.Groups(nil, nil); err != nil {
 		writeError(w, fail(errBadRequest, "job %q: %v", req.JobID, err))
 		return nil
-	}
-	if len(probe) == 0 {
+	} else if len(probe) == 0 {
 		s.passThrough(w, r, body, warning)
 		return nil
 	}
@@ -79,33 +76,18 @@ func (s *Server) readGPUJob(w http.ResponseWriter, r *http.Request, kind nomadjo
 	if kind == nomadjob.Register {
 		unlock = s.cluster.LockJob(req.Namespace, req.JobID)
 	}
-	var current *api.Job
-	if req.PreserveCounts || nomadjob.HasCanaries(req.Job) {
-		// Counts then depend on what runs now: read it as the caller.
-		if current, err = s.currentJob(r, req.Namespace, req.JobID); err != nil && !errors.Is(err, errNoJob) {
-			unlock()
-			s.lookupFailed(w, err, "register", req.JobID)
-			return nil
-		}
-	}
-	req.PinNodes(s.cluster.FittingNodes)
-	groups, err := req.Groups(current, s.cluster.NodesFitting)
-	if err == nil && nomadjob.AutoReverts(req.Job) {
-		var stable *api.Job
-		if stable, err = s.stableVersion(r, req.Namespace, req.JobID); err != nil {
-			unlock()
-			s.lookupFailed(w, err, "register", req.JobID)
-			return nil
-		}
-		err = req.RevertsTo(stable, s.cluster.NodesFitting)
-	}
+	p := s.policies.Current()
+	prepared, err := s.seq.Prepare(r.Context(), p, req, s.as(r))
 	if err != nil {
 		unlock()
-		writeError(w, fail(errBadRequest, "job %q: %v", req.JobID, err))
+		if decide.IsJobError(err) {
+			writeError(w, fail(errBadRequest, "job %q: %v", req.JobID, err))
+		} else {
+			s.lookupFailed(w, err, kindName[kind], req.JobID)
+		}
 		return nil
 	}
-	req.Pin()
-	return &gpuJobRequest{Request: req, groups: groups, unlock: unlock, warning: warning}
+	return &gpuJobRequest{Request: prepared, policy: p, unlock: unlock, warning: warning}
 }
 
 // declaredGPUs refuses a job that would use GPUs it does not ask for, by
@@ -123,7 +105,7 @@ func (s *Server) declaredGPUs(w http.ResponseWriter, r *http.Request, req *nomad
 		s.log.Warn("admission: undeclared GPU access", "job", req.JobID, "namespace", req.Namespace, "how", why)
 		return fmt.Sprintf("nomad-gpu: warning: rule %s: %s; %s", admission.RuleUndeclaredGPUAccess, why, fix), true
 	}
-	event := audit.Event{Who: s.identity(r), What: audit.Admission, Namespace: req.Namespace, Job: req.JobID,
+	event := audit.Event{Who: s.as(r).identity(), What: audit.Admission, Namespace: req.Namespace, Job: req.JobID,
 		Rule: admission.RuleUndeclaredGPUAccess, Result: "reject: " + why}
 	if s.audited(w, event) {
 		writeError(w, fail(errForbidden, "job %q rejected by rule %s: %s; %s", req.JobID, admission.RuleUndeclaredGPUAccess, why, fix))
@@ -131,7 +113,7 @@ func (s *Server) declaredGPUs(w http.ResponseWriter, r *http.Request, req *nomad
 	return "", false
 }
 
-var kindName = map[nomadjob.Kind]string{nomadjob.Register: "register", nomadjob.Plan: "plan"}
+var kindName = map[nomadjob.Kind]string{nomadjob.Register: "register", nomadjob.Plan: "plan", nomadjob.Validate: "validate"}
 
 // register admits, queues or rejects a job registration.
 func (s *Server) register(w http.ResponseWriter, r *http.Request, pathJobID string) {
@@ -150,9 +132,8 @@ func (s *Server) register(w http.ResponseWriter, r *http.Request, pathJobID stri
 		s.registerParent(w, r, rj)
 		return
 	}
-	wrote := rj.ApplyWorkload(s.policies.Current().WorkloadFor(rj.Namespace, rj.Job.Meta[nomadjob.MetaQueue]))
-	d, res := s.admit(rj.Admission(rj.groups))
-	who := s.identity(r)
+	d, res := s.seq.Decide(rj.policy, rj.AdmissionJob(), decide.Reserve)
+	who := s.as(r).identity()
 	s.metrics.Admission(metrics.Submit, d)
 	s.log.Info("admission", "job", rj.JobID, "namespace", rj.Namespace, "outcome", d.Outcome, "tenant", d.Tenant,
 		"queue", d.Queue, "priority", d.Priority, "gpus", d.Demand.Total(), "rule", d.Rule, "reason", d.Reason, "by", who)
@@ -164,7 +145,7 @@ func (s *Server) register(w http.ResponseWriter, r *http.Request, pathJobID stri
 			writeError(w, fail(errForbidden, "job %q rejected by rule %s: %s", rj.JobID, d.Rule, d.Reason))
 		}
 	case admission.Queue:
-		s.enqueue(w, r, rj, d, who, event, workloadWarning(wrote), rj.warning)
+		s.enqueue(w, r, rj, d, who, event, workloadWarning(rj.Wrote), rj.warning)
 	default:
 		if !s.audited(w, event) {
 			res.Release()
@@ -179,7 +160,7 @@ func (s *Server) register(w http.ResponseWriter, r *http.Request, pathJobID stri
 			writeError(w, fail(errNomadUnreach, "Nomad is unreachable: %v", err))
 			return
 		}
-		s.relayRegistered(w, resp, res, admittedWarning(d), workloadWarning(wrote), s.rightSizingWarning(rj.Namespace, rj.JobID, d), rj.warning)
+		s.relayRegistered(w, resp, res, admittedWarning(d), workloadWarning(rj.Wrote), s.rightSizingWarning(rj.Namespace, rj.JobID, d), rj.warning)
 	}
 }
 
@@ -189,31 +170,6 @@ func workloadWarning(wrote []string) string {
 		return ""
 	}
 	return "nomad-gpu: written into the job for its workload: " + strings.Join(wrote, "; ")
-}
-
-// admit decides on j under the approvals granted for it and, when it admits,
-// reserves its GPUs: the one decision of every call that grows GPU demand.
-func (s *Server) admit(j admission.Job) (admission.Decision, *cluster.Reservation) {
-	p := s.policies.Current()
-	j.Granted = s.granted(j.Namespace, j.ID)
-	j.Backoff = s.preemptions.Backoff(p.Borrowing, j.Namespace, j.ID, s.now())
-	return s.cluster.Admit(p, j)
-}
-
-// preview is admit for a call that changes nothing (a plan, a parameterized
-// parent): the same decision, with nothing reserved.
-func (s *Server) preview(p *policy.Policy, j admission.Job) admission.Decision {
-	j.Granted = s.granted(j.Namespace, j.ID)
-	j.Backoff = s.preemptions.Backoff(p.Borrowing, j.Namespace, j.ID, s.now())
-	return admission.Decide(p, j, s.cluster.UsageWithout(p, j.Namespace, j.ID))
-}
-
-// granted is what the approvals in force grant job namespace/id.
-func (s *Server) granted(namespace, id string) admission.Granted {
-	if s.approvalStore == nil {
-		return admission.Granted{}
-	}
-	return approval.For(s.approvalStore.Current(), namespace, id, s.now())
 }
 
 // audited writes e to the audit trail before anything is acknowledged or
@@ -244,8 +200,8 @@ func (s *Server) rightSizingWarning(namespace, job string, d admission.Decision)
 // gets its queue's band and stamp, which each dispatch then keeps (every
 // dispatch is admitted on its own).
 func (s *Server) registerParent(w http.ResponseWriter, r *http.Request, rj *gpuJobRequest) {
-	p := s.policies.Current()
-	d := s.preview(p, rj.Admission(rj.groups))
+	p := rj.policy
+	d, _ := s.seq.Decide(p, rj.AdmissionJob(), decide.Preview)
 	if d.Outcome == admission.Reject {
 		writeError(w, fail(errForbidden, "job %q rejected by rule %s: %s", rj.JobID, d.Rule, d.Reason))
 		return
@@ -352,7 +308,7 @@ func (s *Server) enqueue(w http.ResponseWriter, r *http.Request, rj *gpuJobReque
 	// sure the token resolves, and that the caller may submit this job here
 	// now: as a tenant submitter (exclusive), or as Nomad says for a plan
 	// with the caller's token (a plan needs submit-job and changes nothing).
-	_, accessor, err := s.resolve(r)
+	_, accessor, err := s.as(r).resolve()
 	if err != nil {
 		writeError(w, fail(errForbidden, "job %q not queued: %v", rj.JobID, err))
 		return
@@ -362,7 +318,7 @@ func (s *Server) enqueue(w http.ResponseWriter, r *http.Request, rj *gpuJobReque
 		if accessor != "" {
 			// The leader admits it only while what Nomad checks next is
 			// unchanged (read first: a change in between then parks it).
-			g, err := s.grants(r)
+			g, err := s.as(r).grants()
 			if err != nil {
 				writeError(w, fail(errForbidden, "job %q not queued: reading your token's grants: %v", rj.JobID, err))
 				return
@@ -483,25 +439,18 @@ func (s *Server) withinQueueLimits(rj *gpuJobRequest, tenant string, entries []q
 // the same submit-job capability as a registration and changes nothing.
 func (s *Server) mayRegister(r *http.Request, rj *gpuJobRequest) error {
 	job := rj.Doc.Root().Get("Job").Bytes()
-	err := s.planAsCaller(r, rj.Namespace, rj.JobID, job)
+	err := s.as(r).plan(rj.Namespace, rj.JobID, job)
 	var le *lookupError
 	if errors.As(err, &le) && le.status >= 500 {
 		// Nomad answers the plan of an invalid job 500: its validator says
 		// what the user has to change (an error of theirs: 400).
 		var v api.JobValidateResponse
 		body, _ := json.Marshal(map[string]any{"Job": json.RawMessage(job)})
-		if s.asCaller(r, http.MethodPut, "/v1/validate/job", rj.Namespace, body, &v) == nil && len(v.ValidationErrors) > 0 {
+		if s.as(r).do(http.MethodPut, "/v1/validate/job", rj.Namespace, body, &v) == nil && len(v.ValidationErrors) > 0 {
 			return fail(errBadRequest, "the job is invalid: %s", strings.Join(v.ValidationErrors, "; "))
 		}
 	}
 	return err
-}
-
-// planAsCaller plans job (its JSON) with the caller's token: Nomad answers
-// it only to a token that may submit the job in namespace ns.
-func (s *Server) planAsCaller(r *http.Request, ns, id string, job json.RawMessage) error {
-	body, _ := json.Marshal(map[string]any{"Job": job})
-	return s.asCaller(r, http.MethodPost, "/v1/job/"+url.PathEscape(id)+"/plan", ns, body, nil)
 }
 
 // positionOf is an entry's 1-based place in ordered entries, 0 if absent.
@@ -522,7 +471,7 @@ func (s *Server) annotate(w http.ResponseWriter, r *http.Request, kind nomadjob.
 	if rj == nil {
 		return
 	}
-	d := s.preview(s.policies.Current(), rj.Admission(rj.groups))
+	d, _ := s.seq.Decide(rj.policy, rj.AdmissionJob(), decide.Preview)
 	note := ""
 	switch d.Outcome {
 	case admission.Reject:

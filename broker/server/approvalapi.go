@@ -71,10 +71,10 @@ func (s *Server) requestApproval(w http.ResponseWriter, r *http.Request, who str
 		writeError(w, fail(errBadRequest, "approval request: %v", err))
 		return
 	}
-	name, accessor, _ := s.resolve(r)
+	name, accessor, _ := s.as(r).resolve()
 	identity := name
 	if accessor != "" {
-		g, err := s.grants(r)
+		g, err := s.as(r).grants()
 		if err != nil {
 			writeError(w, fail(errForbidden, "reading your token's grants: %v", err))
 			return
@@ -118,12 +118,12 @@ func (s *Server) decideApproval(w http.ResponseWriter, r *http.Request, id strin
 	if !ok {
 		return
 	}
-	name, accessor, err := s.resolve(r)
+	name, accessor, err := s.as(r).resolve()
 	if err != nil || accessor == "" {
 		writeError(w, fail(errForbidden, "granting or denying an approval needs your Nomad ACL token (ACLs on): %v", err))
 		return
 	}
-	g, err := s.grants(r)
+	g, err := s.as(r).grants()
 	if err != nil {
 		writeError(w, fail(errForbidden, "reading your token's grants: %v", err))
 		return

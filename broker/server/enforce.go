@@ -2,13 +2,9 @@ package server
 
 import (
 	"context"
-	"errors"
 	"net/http"
 	"net/url"
 	"strings"
-
-	"github.com/nomad-gpu/nomad-gpu/broker/nomadapi"
-	"github.com/nomad-gpu/nomad-gpu/broker/policy"
 )
 
 // With exclusive enforcement only the broker's token may write jobs in a
@@ -49,7 +45,7 @@ func (s *Server) authorize(w http.ResponseWriter, r *http.Request, what, ns stri
 		writeError(w, fail(errForbidden, "%s in namespace %q refused: send a Nomad ACL token (tenant %s's jobs are written by the broker for its submitters)", what, ns, t.Name))
 		return false
 	}
-	g, err := s.grants(r)
+	g, err := s.as(r).grants()
 	if err != nil {
 		writeError(w, fail(errForbidden, "%s in namespace %q refused: %v", what, ns, err))
 		return false
@@ -66,7 +62,7 @@ func (s *Server) authorize(w http.ResponseWriter, r *http.Request, what, ns stri
 	if a, ok := r.Context().Value(writeAuthKey{}).(*writeAuth); ok {
 		a.asBroker = true
 	}
-	s.log.Info("job write for a submitter", "call", what, "namespace", ns, "tenant", t.Name, "by", s.identity(r))
+	s.log.Info("job write for a submitter", "call", what, "namespace", ns, "tenant", t.Name, "by", s.as(r).identity())
 	return true
 }
 
@@ -78,48 +74,11 @@ func (s *Server) authorizeDeployment(w http.ResponseWriter, r *http.Request, ns,
 		return true
 	}
 	var d struct{ Namespace string }
-	if err := s.get(r, "/v1/deployment/"+url.PathEscape(id), ns, &d); err != nil {
+	if err := s.as(r).get("/v1/deployment/"+url.PathEscape(id), ns, &d); err != nil {
 		s.lookupFailed(w, err, "deployment write", id)
 		return false
 	}
 	return s.authorize(w, r, "deployment write", d.Namespace)
-}
-
-// grants are the roles and policies of the caller's token, read with it.
-func (s *Server) grants(r *http.Request) (policy.Grants, error) {
-	if _, _, err := s.resolve(r); err != nil {
-		return policy.Grants{}, err
-	}
-	key, c, ok := s.cached(r)
-	if ok && c.grants != nil {
-		return *c.grants, nil
-	}
-	g, err := nomadapi.ReadGrants(r.Context(), s.callerGetter(r), "/v1/acl/token/self")
-	if errors.Is(err, nomadapi.ErrNoToken) {
-		return g, errors.New("your ACL token is unknown to Nomad")
-	}
-	if err != nil {
-		return g, err
-	}
-	s.idMu.Lock()
-	if c, ok := s.identities[key]; ok {
-		c.grants = &g
-		s.identities[key] = c
-	}
-	s.idMu.Unlock()
-	return g, nil
-}
-
-// callerGetter reads Nomad paths with the caller's token.
-func (s *Server) callerGetter(r *http.Request) nomadapi.Getter {
-	return func(_ context.Context, path string, out any) (bool, error) {
-		err := s.get(r, path, "", out)
-		var le *lookupError
-		if errors.As(err, &le) && le.status == http.StatusNotFound {
-			return false, nil
-		}
-		return err == nil, err
-	}
 }
 
 // setWriter puts the token Nomad acts on for req: the broker's own when it

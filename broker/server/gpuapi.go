@@ -19,7 +19,7 @@ func (s *Server) serveGPU(w http.ResponseWriter, r *http.Request) {
 		s.health(w) // for health checks, which hold no token
 		return
 	}
-	who, _, err := s.resolve(r)
+	who, _, err := s.as(r).resolve()
 	if s.acls && (err != nil || token(r) == "") {
 		if err == nil {
 			err = errors.New("no token given")
@@ -46,8 +46,8 @@ func (s *Server) health(w http.ResponseWriter) {
 // callerKey holds the caller's identity in a request to the broker's API.
 type callerKey struct{}
 
-// caller is who calls the broker's API.
-func caller(r *http.Request) string { s, _ := r.Context().Value(callerKey{}).(string); return s }
+// apiCaller is who calls the broker's API.
+func apiCaller(r *http.Request) string { s, _ := r.Context().Value(callerKey{}).(string); return s }
 
 // gpuAPI routes /v1/gpu/: the broker's own paths, so Go's ServeMux patterns
 // read them (Nomad's paths keep Nomad's reading, in route). A path it serves
@@ -88,10 +88,10 @@ func (s *Server) gpuAPI() http.Handler {
 		{"GET", "/v1/gpu/nodes", always, s.gpuMap},
 		{"GET", "/v1/gpu/queue", always, s.queueList},
 		{"GET DELETE", "/v1/gpu/queue/{id}", always, func(w http.ResponseWriter, r *http.Request) {
-			s.queueEntry(w, r, r.PathValue("id"), caller(r))
+			s.queueEntry(w, r, r.PathValue("id"), apiCaller(r))
 		}},
 		{"GET", "/v1/gpu/approvals", approvals, s.approvalList},
-		{"POST PUT", "/v1/gpu/approvals", approvals, func(w http.ResponseWriter, r *http.Request) { s.requestApproval(w, r, caller(r)) }},
+		{"POST PUT", "/v1/gpu/approvals", approvals, func(w http.ResponseWriter, r *http.Request) { s.requestApproval(w, r, apiCaller(r)) }},
 		{"GET", "/v1/gpu/approvals/{id}", approvals, func(w http.ResponseWriter, r *http.Request) {
 			if a, ok := s.readApproval(w, r, r.PathValue("id")); ok {
 				writeJSON(w, http.StatusOK, a)
@@ -100,7 +100,7 @@ func (s *Server) gpuAPI() http.Handler {
 		{"POST PUT", "/v1/gpu/approvals/{id}/{verb}", approvals, func(w http.ResponseWriter, r *http.Request) {
 			switch verb := r.PathValue("verb"); verb {
 			case "grant", "deny":
-				s.decideApproval(w, r, r.PathValue("id"), verb == "grant", caller(r))
+				s.decideApproval(w, r, r.PathValue("id"), verb == "grant", apiCaller(r))
 			default:
 				notFound(w, r)
 			}
@@ -112,7 +112,7 @@ func (s *Server) gpuAPI() http.Handler {
 		{"GET", "/v1/gpu/quarantine", setAside, s.setAsideList},
 		{"GET", "/v1/gpu/policy", policyStatus, func(w http.ResponseWriter, r *http.Request) { writeJSON(w, http.StatusOK, s.policyStatus()) }},
 		{"GET DELETE", "/v1/gpu/reclaim/{id}", decisions, func(w http.ResponseWriter, r *http.Request) {
-			s.reclaimDecision(w, r, r.PathValue("id"), caller(r))
+			s.reclaimDecision(w, r, r.PathValue("id"), apiCaller(r))
 		}},
 	} {
 		handle(e.methods, e.path, e.served, e.h)
@@ -216,7 +216,7 @@ func (s *Server) mayRead(r *http.Request, ns string, cache map[string]bool) bool
 	}
 	ok, seen := cache[ns]
 	if !seen {
-		ok = s.get(r, "/v1/namespace/"+url.PathEscape(ns), "", &struct{}{}) == nil
+		ok = s.as(r).get("/v1/namespace/"+url.PathEscape(ns), "", &struct{}{}) == nil
 		cache[ns] = ok
 	}
 	return ok

@@ -41,7 +41,7 @@ func (s *Server) gpuMap(w http.ResponseWriter, r *http.Request) {
 	index, _ := s.cluster.Followed()
 	m := GPUMap{Index: index, IdleBelow: p.Usage.IdleBelow, Nodes: s.cluster.Map(p.Usage.IdleBelow)}
 	if s.acls && len(m.Nodes) > 0 {
-		if err := s.get(r, "/v1/node/"+url.PathEscape(m.Nodes[0].ID), "", nil); err != nil {
+		if err := s.as(r).get("/v1/node/"+url.PathEscape(m.Nodes[0].ID), "", nil); err != nil {
 			writeError(w, fail(errForbidden, "the GPU map needs a token that may read nodes: %v", err))
 			return
 		}

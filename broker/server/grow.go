@@ -1,11 +1,8 @@
 package server
 
 import (
-	"bytes"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"net/url"
 	"strings"
@@ -15,6 +12,7 @@ import (
 
 	"github.com/nomad-gpu/nomad-gpu/broker/admission"
 	"github.com/nomad-gpu/nomad-gpu/broker/audit"
+	"github.com/nomad-gpu/nomad-gpu/broker/decide"
 	"github.com/nomad-gpu/nomad-gpu/broker/metrics"
 	"github.com/nomad-gpu/nomad-gpu/broker/nomadjob"
 	"github.com/nomad-gpu/nomad-gpu/internal/jsondoc"
@@ -64,7 +62,7 @@ func (s *Server) scale(w http.ResponseWriter, r *http.Request, jc jobCall, jobID
 	}
 	ns := jc.namespace
 	defer s.cluster.LockJob(ns, jobID)()
-	job, err := s.currentJob(r, ns, jobID)
+	job, err := s.as(r).currentJob(ns, jobID)
 	if err != nil {
 		s.lookupFailed(w, err, "scale", jobID)
 		return
@@ -74,7 +72,7 @@ func (s *Server) scale(w http.ResponseWriter, r *http.Request, jc jobCall, jobID
 		writeError(w, fail(errBadRequest, "scale of %q: count %d is out of range 0..%d", jobID, *req.Count, nomadjob.MaxGroupCount))
 		return
 	}
-	before, admittedBefore := s.stampedGrant(r, ns, jobID, job)
+	before, admittedBefore := s.stampedGrant(r, job)
 	up := false
 	for _, tg := range job.TaskGroups {
 		if tg != nil && tg.Name != nil && *tg.Name == group {
@@ -106,25 +104,14 @@ func (s *Server) scale(w http.ResponseWriter, r *http.Request, jc jobCall, jobID
 		}
 	}
 	// Scaling changes no spec: Nomad places no canaries for it.
-	s.checkThenForward(w, r, doc.Bytes(), job, ns, jobID, "scale", record)
+	s.checkThenForward(w, r, doc.Bytes(), job, nil, ns, jobID, "scale", record)
 }
 
-// stampedGrant is what a job's admission stamp was made for (its counts,
-// and its priority if it was promoted since), and whether the job is
-// admitted at all: its own counts when its stamp verifies as it stands,
-// else the grant of an earlier scale or promotion through the broker.
-func (s *Server) stampedGrant(r *http.Request, ns, jobID string, job *api.Job) (nomadjob.ScaleGrant, bool) {
-	if s.stamper.Verify(job) {
-		return nomadjob.ScaleGrant{Stamped: nomadjob.GPUGroupCounts(job)}, true
-	}
-	if s.scales == nil {
-		return nomadjob.ScaleGrant{}, false
-	}
-	g, ok, err := s.scales.Get(r.Context(), ns, jobID)
-	if err != nil || !ok || !s.stamper.VerifyScaled(job, g) {
-		return nomadjob.ScaleGrant{}, false
-	}
-	return g, true
+// stampedGrant is what a job's admission covers (decide.Check), and
+// whether it is the broker's admission at all.
+func (s *Server) stampedGrant(r *http.Request, job *api.Job) (nomadjob.ScaleGrant, bool) {
+	a, _ := decide.Check(r.Context(), s.stamper, s.scales, job)
+	return a.Grant, a.OK
 }
 
 // spawn gates dispatch and periodic force: each registers a new child job
@@ -146,7 +133,7 @@ func (s *Server) spawn(w http.ResponseWriter, r *http.Request, c call, jc jobCal
 		return
 	}
 	ns := jc.namespace
-	parent, err := s.currentJob(r, ns, jobID)
+	parent, err := s.as(r).currentJob(ns, jobID)
 	if err != nil {
 		s.lookupFailed(w, err, c.String(), jobID)
 		return
@@ -167,7 +154,7 @@ func (s *Server) spawn(w http.ResponseWriter, r *http.Request, c call, jc jobCal
 	child := *parent
 	child.ID = new(string)
 	*child.ID = jobID + "/" + c.String() + "-" + s.newID() // its own key: nothing of it is counted yet
-	id := s.checkThenForward(w, r, body, &child, ns, jobID, c.String(), nil)
+	id := s.checkThenForward(w, r, body, &child, nil, ns, jobID, c.String(), nil)
 	if id != "" && c == callDispatch {
 		s.recordChild(r, ns, jobID, parent, id)
 	}
@@ -178,14 +165,14 @@ func (s *Server) spawn(w http.ResponseWriter, r *http.Request, c call, jc jobCal
 // that token with it, creating nothing. Read with the caller's token.
 func (s *Server) dispatchedWith(r *http.Request, ns, parent, token string) (string, error) {
 	var stubs []api.JobListStub
-	if err := s.get(r, "/v1/jobs?prefix="+url.QueryEscape(parent+"/dispatch-"), ns, &stubs); err != nil {
+	if err := s.as(r).get("/v1/jobs?prefix="+url.QueryEscape(parent+"/dispatch-"), ns, &stubs); err != nil {
 		return "", err
 	}
 	for _, stub := range stubs {
 		if stub.ParentID != parent {
 			continue
 		}
-		child, err := s.currentJob(r, ns, stub.ID)
+		child, err := s.as(r).currentJob(ns, stub.ID)
 		if errors.Is(err, errNoJob) {
 			continue // collected meanwhile
 		}
@@ -205,7 +192,7 @@ func (s *Server) dispatchedWith(r *http.Request, ns, parent, token string) (stri
 // must not verify). Nomad has the child already: a record that cannot be
 // written is logged, and the reclaim rule unadmitted will see the child so.
 func (s *Server) recordChild(r *http.Request, ns, parentID string, parent *api.Job, childID string) {
-	before, admitted := s.stampedGrant(r, ns, parentID, parent)
+	before, admitted := s.stampedGrant(r, parent)
 	if !admitted || s.scales == nil {
 		return
 	}
@@ -236,12 +223,12 @@ func (s *Server) revert(w http.ResponseWriter, r *http.Request, jc jobCall, jobI
 // one it runs, then forwards body; with no such version it passes body on.
 func (s *Server) revertTo(w http.ResponseWriter, r *http.Request, body []byte, ns, jobID, what string, target func(*api.Job) bool) {
 	defer s.cluster.LockJob(ns, jobID)()
-	current, err := s.currentJob(r, ns, jobID)
+	current, err := s.as(r).currentJob(ns, jobID)
 	if err != nil {
 		s.lookupFailed(w, err, what, jobID)
 		return
 	}
-	versions, err := s.versions(r, ns, jobID)
+	versions, err := s.as(r).versions(ns, jobID)
 	if err != nil {
 		s.lookupFailed(w, err, what, jobID)
 		return
@@ -250,12 +237,7 @@ func (s *Server) revertTo(w http.ResponseWriter, r *http.Request, body []byte, n
 		if v == nil || v.Version == nil || !target(v) {
 			continue
 		}
-		groups, err := nomadjob.Groups(v, nomadjob.Placement{Current: current, NodesFitting: s.cluster.NodesFitting})
-		if err != nil {
-			writeError(w, fail(errBadRequest, "%s of %q: %v", what, jobID, err))
-			return
-		}
-		s.decideThenForward(w, r, body, groups, v, ns, jobID, "revert", nil)
+		s.checkThenForward(w, r, body, v, current, ns, jobID, "revert", nil)
 		return
 	}
 	s.passThrough(w, r, body)
@@ -279,7 +261,7 @@ func (s *Server) deploymentWrite(w http.ResponseWriter, r *http.Request, jc jobC
 		return
 	}
 	var d api.Deployment
-	if err := s.get(r, "/v1/deployment/"+url.PathEscape(id), jc.namespace, &d); err != nil {
+	if err := s.as(r).get("/v1/deployment/"+url.PathEscape(id), jc.namespace, &d); err != nil {
 		s.lookupFailed(w, err, "deployment write", id)
 		return
 	}
@@ -307,15 +289,23 @@ func (s *Server) parseCall(w http.ResponseWriter, r *http.Request, jc jobCall, o
 	return doc, s.checkRegion(w, r, jc.region, "", doc.Bytes())
 }
 
-// checkThenForward decides on job as it will be after the call; it returns
-// the id of the child a dispatch created.
-func (s *Server) checkThenForward(w http.ResponseWriter, r *http.Request, body []byte, job *api.Job, ns, jobID, what string, record func() error) string {
-	groups, err := nomadjob.Groups(job, nomadjob.Placement{NodesFitting: s.cluster.NodesFitting})
+// checkThenForward decides on job as it will be after the call (current:
+// the version Nomad runs, for a revert's canaries); it returns the id of the
+// child a dispatch created.
+func (s *Server) checkThenForward(w http.ResponseWriter, r *http.Request, body []byte, job, current *api.Job, ns, jobID, what string, record func() error) string {
+	a, err := s.seq.Existing(job, current, ns)
 	if err != nil {
 		writeError(w, fail(errBadRequest, "%s of %q: %v", what, jobID, err))
 		return ""
 	}
-	return s.decideThenForward(w, r, body, groups, job, ns, jobID, what, record)
+	if len(a.Groups) == 0 {
+		s.passThrough(w, r, body)
+		return ""
+	}
+	if !s.admitsHere(w, r, body) {
+		return ""
+	}
+	return s.decideThenForward(w, r, body, a, derefInt(job.Priority), what, record)
 }
 
 // decideThenForward admits the demand the call leads to, or refuses it:
@@ -323,22 +313,10 @@ func (s *Server) checkThenForward(w http.ResponseWriter, r *http.Request, body [
 // the call cannot change the priority. record, when given, runs once the call
 // is admitted and before it is forwarded. It returns the id of the child a
 // dispatch it admitted created ("" for none).
-func (s *Server) decideThenForward(w http.ResponseWriter, r *http.Request, body []byte, groups []admission.Group, job *api.Job, ns, jobID, what string, record func() error) string {
-	if len(groups) == 0 {
-		s.passThrough(w, r, body)
-		return ""
-	}
-	if !s.admitsHere(w, r, body) {
-		return ""
-	}
-	a := admission.Job{ID: derefString(job.ID), Namespace: ns, Queue: job.Meta[nomadjob.MetaQueue], TTL: job.Meta[nomadjob.MetaTTL], Groups: groups,
-		CanaryAutoRevert: nomadjob.CanaryAutoRevert(job)}
-	d, res := s.admit(a)
-	current := 0
-	if job.Priority != nil {
-		current = *job.Priority
-	}
-	who := s.identity(r)
+func (s *Server) decideThenForward(w http.ResponseWriter, r *http.Request, body []byte, a admission.Job, current int, what string, record func() error) string {
+	ns, jobID := a.Namespace, a.ID
+	d, res := s.seq.Decide(s.policies.Current(), a, decide.Reserve)
+	who := s.as(r).identity()
 	s.log.Info("admission", "call", what, "job", jobID, "namespace", ns, "outcome", d.Outcome, "priority", d.Priority,
 		"gpus", d.Demand.Total(), "rule", d.Rule, "by", who)
 	s.metrics.Admission(metrics.Submit, d)
@@ -383,60 +361,17 @@ func (s *Server) decideThenForward(w http.ResponseWriter, r *http.Request, body 
 	return ""
 }
 
+func derefInt(p *int) int {
+	if p == nil {
+		return 0
+	}
+	return *p
+}
+
 // waitInstead is, per call that cannot wait, how to wait in the queue instead.
 var waitInstead = map[string]string{
 	"scale":  ", or register the job with the new count to wait in the queue",
 	"revert": ", or register that version again to wait in the queue",
-}
-
-// errNoJob is a lookup of a job Nomad does not have.
-var errNoJob = errors.New("no such job")
-
-// lookupError is Nomad's answer to a lookup the broker needed.
-type lookupError struct {
-	status int
-	msg    string
-}
-
-func (e *lookupError) Error() string { return fmt.Sprintf("Nomad answered %d: %s", e.status, e.msg) }
-
-// currentJob reads a job with the caller's token; errNoJob when Nomad has none.
-func (s *Server) currentJob(r *http.Request, ns, jobID string) (*api.Job, error) {
-	var job api.Job
-	if err := s.get(r, "/v1/job/"+url.PathEscape(jobID), ns, &job); err != nil {
-		var le *lookupError
-		if errors.As(err, &le) && le.status == http.StatusNotFound {
-			return nil, fmt.Errorf("job %q in namespace %q: %w", jobID, ns, errNoJob)
-		}
-		return nil, err
-	}
-	return &job, nil
-}
-
-// versions reads job ns/jobID's versions, newest first, as the caller.
-func (s *Server) versions(r *http.Request, ns, jobID string) ([]*api.Job, error) {
-	var out struct{ Versions []*api.Job }
-	err := s.get(r, "/v1/job/"+url.PathEscape(jobID)+"/versions", ns, &out)
-	return out.Versions, err
-}
-
-// stableVersion is job ns/jobID's latest stable version, the one a failing
-// deployment with auto_revert goes back to (nil: none, or no such job).
-func (s *Server) stableVersion(r *http.Request, ns, jobID string) (*api.Job, error) {
-	versions, err := s.versions(r, ns, jobID)
-	var le *lookupError
-	if errors.As(err, &le) && le.status == http.StatusNotFound {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, err
-	}
-	for _, v := range versions {
-		if v != nil && v.Stable != nil && *v.Stable {
-			return v, nil
-		}
-	}
-	return nil, nil
 }
 
 // lookupFailed refuses a call the broker could not decide on.
@@ -444,59 +379,6 @@ func (s *Server) stableVersion(r *http.Request, ns, jobID string) (*api.Job, err
 func (s *Server) lookupFailed(w http.ResponseWriter, err error, what, jobID string) {
 	writeError(w, fmt.Errorf("%s of %q refused: the broker cannot read the job it acts on (%w)", what, jobID, err))
 }
-
-// get reads a Nomad API path with the caller's token headers.
-func (s *Server) get(r *http.Request, path, ns string, out any) error {
-	return s.asCaller(r, http.MethodGet, path, ns, nil, out)
-}
-
-// asCaller calls Nomad with the caller's token headers and decodes a 200
-// answer into out (if not nil); any other answer is a *lookupError. path is
-// escaped (ids through url.PathEscape), with its query if any: it is sent as
-// it is.
-func (s *Server) asCaller(r *http.Request, method, path, ns string, body []byte, out any) error {
-	u := *s.upstream
-	path, query, _ := strings.Cut(path, "?")
-	unescaped, err := url.PathUnescape(path)
-	if err != nil {
-		return fmt.Errorf("path %q: %w", path, err)
-	}
-	u.Path, u.RawPath, u.RawQuery = unescaped, path, query
-	if ns != "" {
-		if u.RawQuery != "" {
-			u.RawQuery += "&"
-		}
-		u.RawQuery += "namespace=" + url.QueryEscape(ns)
-	}
-	req, err := http.NewRequestWithContext(r.Context(), method, u.String(), bytes.NewReader(body))
-	if err != nil {
-		return err
-	}
-	for _, h := range tokenHeaders {
-		if v := r.Header.Get(h); v != "" {
-			req.Header.Set(h, v)
-		}
-	}
-	resp, err := s.client.Do(req)
-	if err != nil {
-		return fail(errNomadUnreach, "Nomad at %s is unreachable (%s %s: %v)", s.upstream.Host, method, path, errors.Unwrap(err))
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 1024))
-		return &lookupError{status: resp.StatusCode, msg: strings.TrimSpace(string(msg))}
-	}
-	if out == nil {
-		return nil
-	}
-	if err := json.NewDecoder(io.LimitReader(resp.Body, MaxBody)).Decode(out); err != nil {
-		return fmt.Errorf("%s %s: %w", method, path, err)
-	}
-	return nil
-}
-
-// tokenHeaders are the headers Nomad reads a token from, in its order.
-var tokenHeaders = []string{"X-Nomad-Token", "Authorization"}
 
 func derefString(p *string) string {
 	if p == nil {

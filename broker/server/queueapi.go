@@ -190,7 +190,7 @@ const dequeuedHeader = "X-Nomad-Gpu-Dequeued"
 // entry the leader is registering (claimed) is waited for, up to
 // stopWaitsForAdmission: Nomad has the job then, and the stop reaches it.
 func (s *Server) stop(w http.ResponseWriter, r *http.Request, jc jobCall, jobID string) {
-	who := s.identity(r)
+	who := s.as(r).identity()
 	var ids []string
 	deadline := time.Now().Add(stopWaitsForAdmission)
 	for {

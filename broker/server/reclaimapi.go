@@ -51,7 +51,7 @@ type SetAside interface {
 // never their values) to an operator: with ACLs, a token that may read
 // Nomad's operator settings.
 func (s *Server) setAsideList(w http.ResponseWriter, r *http.Request) {
-	if s.acls && s.get(r, "/v1/operator/scheduler/configuration", "", &struct{}{}) != nil {
+	if s.acls && s.as(r).get("/v1/operator/scheduler/configuration", "", &struct{}{}) != nil {
 		writeError(w, fail(errForbidden, "the records set aside are an operator's to read: a token with operator read"))
 		return
 	}
@@ -120,7 +120,7 @@ func (s *Server) mayWriteJob(r *http.Request, ns, id string) bool {
 		return true
 	}
 	var job json.RawMessage
-	if s.get(r, "/v1/job/"+url.PathEscape(id), ns, &job) != nil {
+	if s.as(r).get("/v1/job/"+url.PathEscape(id), ns, &job) != nil {
 		return false
 	}
 	return s.mayWrite(r, ns, id, job)
@@ -134,8 +134,8 @@ func (s *Server) mayWrite(r *http.Request, ns, id string, job json.RawMessage) b
 		return true
 	}
 	if t := s.policies.Current().TenantOf(ns); s.exclusive && t != nil {
-		g, err := s.grants(r)
+		g, err := s.as(r).grants()
 		return err == nil && t.MaySubmit(g)
 	}
-	return s.planAsCaller(r, ns, id, job) == nil
+	return s.as(r).plan(ns, id, job) == nil
 }

@@ -13,7 +13,6 @@ import (
 	"net/http/httputil"
 	"net/url"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -21,8 +20,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/nomad-gpu/nomad-gpu/broker/admission"
+	"github.com/nomad-gpu/nomad-gpu/broker/approval"
 	"github.com/nomad-gpu/nomad-gpu/broker/audit"
 	"github.com/nomad-gpu/nomad-gpu/broker/cluster"
+	"github.com/nomad-gpu/nomad-gpu/broker/decide"
 	"github.com/nomad-gpu/nomad-gpu/broker/metrics"
 	"github.com/nomad-gpu/nomad-gpu/broker/nomadjob"
 	"github.com/nomad-gpu/nomad-gpu/broker/policy"
@@ -132,8 +133,10 @@ type Server struct {
 	large           bodySlots
 	bodyReadTimeout time.Duration
 
-	idMu       sync.Mutex
-	identities map[[32]byte]cachedIdentity
+	// seq is the admission sequence every call that grows GPU demand goes
+	// through; callers reads Nomad as the caller.
+	seq     *decide.Sequence
+	callers *callers
 }
 
 // Options are what a Server is built from; Now and NewID default to the real ones.
@@ -193,7 +196,7 @@ func New(o Options) (*Server, error) {
 		return nil, fmt.Errorf("nomad address %q: %w", o.Nomad, err)
 	}
 	s := &Server{log: o.Log, upstream: u, client: o.Client, policies: o.Policies, cluster: o.Cluster,
-		queue: o.Queue, decisions: o.Decisions, scales: o.Scales, profiles: o.Profiles, stored: o.RightSizing, metrics: o.Metrics, rollups: o.Rollups, fairShare: o.FairShare, audit: o.Audit, approvalStore: o.Approvals, preemptions: o.Preemptions, setAside: o.SetAside, policyStatus: o.PolicyStatus, healthy: o.Unhealthy, forecast: o.Forecast, stamper: o.Stamper, region: o.Region, acls: o.ACLs, exclusive: o.Exclusive, token: o.Token, leader: o.Leader, now: o.Now, newID: o.NewID, identities: map[[32]byte]cachedIdentity{}, ui: webui.Handler()}
+		queue: o.Queue, decisions: o.Decisions, scales: o.Scales, profiles: o.Profiles, stored: o.RightSizing, metrics: o.Metrics, rollups: o.Rollups, fairShare: o.FairShare, audit: o.Audit, approvalStore: o.Approvals, preemptions: o.Preemptions, setAside: o.SetAside, policyStatus: o.PolicyStatus, healthy: o.Unhealthy, forecast: o.Forecast, stamper: o.Stamper, region: o.Region, acls: o.ACLs, exclusive: o.Exclusive, token: o.Token, leader: o.Leader, now: o.Now, newID: o.NewID, ui: webui.Handler()}
 	if s.client == nil {
 		s.client = &http.Client{}
 	}
@@ -217,11 +220,21 @@ func New(o Options) (*Server, error) {
 	if s.newID == nil {
 		s.newID = queue.NewID
 	}
+	s.callers = &callers{upstream: u, client: s.client, now: s.now, identities: map[[32]byte]cachedIdentity{}}
+	s.seq = &decide.Sequence{Cluster: s.cluster, Enricher: decide.Enricher{Preemptions: s.preemptions, Now: s.now, Approvals: s.approvals}}
 	s.proxy = httputil.NewSingleHostReverseProxy(u)
 	s.api = s.gpuAPI()
 	s.proxy.FlushInterval = -1 // blocking queries, logs and event streams flow as they come
 	s.proxy.Transport = s.client.Transport
 	return s, nil
+}
+
+// approvals are those in force (none without a store).
+func (s *Server) approvals() []approval.Approval {
+	if s.approvalStore == nil {
+		return nil
+	}
+	return s.approvalStore.Current()
 }
 
 // Handler routes a request: intercepted calls, the broker's API, or Nomad.

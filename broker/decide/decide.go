@@ -1,0 +1,163 @@
+// Package decide is the one admission sequence around the one decision
+// (admission.Decide): a GPU job request prepared as Nomad will read it,
+// enriched with what approvals grant and what a re-borrow backoff holds back,
+// decided, and reserved unless it is a preview. The gate (register, plan,
+// scale, dispatch, revert), the leader's queue pass, `gpu-broker job check`
+// and the simulator all go through it, so a change to the sequence is made
+// here once. It also holds the one rule for whether a job Nomad runs is the
+// broker's admission (Check).
+package decide
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/hashicorp/nomad/api"
+
+	"github.com/nomad-gpu/nomad-gpu/broker/admission"
+	"github.com/nomad-gpu/nomad-gpu/broker/approval"
+	"github.com/nomad-gpu/nomad-gpu/broker/cluster"
+	"github.com/nomad-gpu/nomad-gpu/broker/nomadjob"
+	"github.com/nomad-gpu/nomad-gpu/broker/policy"
+)
+
+// Cluster is what a decision is made against: the nodes a job's groups fit
+// on, the usage without the job, and the decision that reserves at once.
+type Cluster interface {
+	NodesFitting(model string, gpus int) int
+	// FittingNodes are the ids of the nodes NodesFitting counts.
+	FittingNodes(model string, gpus int) []string
+	UsageWithout(p *policy.Policy, namespace, jobID string) admission.Usage
+	// Admit decides and, when it admits, reserves the demand at once.
+	Admit(p *policy.Policy, j admission.Job) (admission.Decision, *cluster.Reservation)
+}
+
+// Versions reads the versions of a job Nomad has: the gate reads them with
+// the caller's token, the queue with the broker's.
+type Versions interface {
+	// Job is the job Nomad runs now; nil (no error) when it has none.
+	Job(ctx context.Context, namespace, id string) (*api.Job, error)
+	// StableJob is its latest stable version; nil when it has none.
+	StableJob(ctx context.Context, namespace, id string) (*api.Job, error)
+}
+
+// Enricher sets on a job what surrounds its decision besides usage: what
+// the approvals in force grant it, and its re-borrow backoff.
+type Enricher struct {
+	Approvals   func() []approval.Approval // nil: none
+	Preemptions admission.Preemptions      // nil: none kept
+	Now         func() time.Time
+}
+
+// Enrich is j with its grants and backoff as they stand now.
+func (e Enricher) Enrich(p *policy.Policy, j admission.Job) admission.Job {
+	now := e.Now()
+	if e.Approvals != nil {
+		j.Granted = approval.For(e.Approvals(), j.Namespace, j.ID, now)
+	}
+	j.Backoff = e.Preemptions.Backoff(p.Borrowing, j.Namespace, j.ID, now)
+	return j
+}
+
+// Decide is the decision on j, enriched, against usage u: what the
+// simulator calls with the usage it keeps, and a preview with the view's.
+func (e Enricher) Decide(p *policy.Policy, j admission.Job, u admission.Usage) admission.Decision {
+	return admission.Decide(p, e.Enrich(p, j), u)
+}
+
+// Mode says whether a decision holds the GPUs it admits.
+type Mode int
+
+const (
+	// Reserve: a registration or a queue pass; an admission reserves its
+	// GPUs before any other decision can see the usage without them.
+	Reserve Mode = iota
+	// Preview: a plan, a parameterized parent, a policy-parked entry
+	// reconsidered, job check; nothing is held.
+	Preview
+)
+
+// Sequence is the admission sequence against one cluster.
+type Sequence struct {
+	Cluster Cluster
+	Enricher
+}
+
+// Decide decides on j, enriched; with Reserve an admission holds its GPUs in
+// the reservation returned (nil otherwise: Release and Confirm are no-ops).
+func (s *Sequence) Decide(p *policy.Policy, j admission.Job, mode Mode) (admission.Decision, *cluster.Reservation) {
+	if mode == Preview {
+		return s.Enricher.Decide(p, j, s.Cluster.UsageWithout(p, j.Namespace, j.ID)), nil
+	}
+	return s.Cluster.Admit(p, s.Enrich(p, j))
+}
+
+// Request is a job request prepared for its decision: counts and nodes
+// pinned as counted, what its workload asks written in, its GPU demand.
+type Request struct {
+	*nomadjob.Request
+	Groups []admission.Group
+	// Wrote says what the job's workload wrote into it, for its answer.
+	Wrote []string
+}
+
+// AdmissionJob is the request as admission decides on it.
+func (r *Request) AdmissionJob() admission.Job { return r.Admission(r.Groups) }
+
+// JobError is a request that cannot be admitted as it stands: the gate
+// answers it 400, the queue parks it. Any other error of Prepare is a
+// lookup that failed (try again).
+type JobError struct{ Err error }
+
+func (e *JobError) Error() string { return e.Err.Error() }
+func (e *JobError) Unwrap() error { return e.Err }
+
+// IsJobError reports whether err is the job's own.
+func IsJobError(err error) bool {
+	var je *JobError
+	return errors.As(err, &je)
+}
+
+// Prepare readies req for its decision, in the one order every caller
+// shares: the version Nomad runs (when counts or canaries depend on it), the
+// nodes a system job may run on, the groups as Nomad will place them, the
+// stable version a failing deployment reverts to, the namespace and counts
+// pinned, and the job's workload written in.
+func (s *Sequence) Prepare(ctx context.Context, p *policy.Policy, req *nomadjob.Request, versions Versions) (*Request, error) {
+	var current *api.Job
+	if req.PreserveCounts || nomadjob.HasCanaries(req.Job) {
+		var err error
+		if current, err = versions.Job(ctx, req.Namespace, req.JobID); err != nil {
+			return nil, err
+		}
+	}
+	req.PinNodes(s.Cluster.FittingNodes)
+	groups, err := req.Groups(current, s.Cluster.NodesFitting)
+	if err != nil {
+		return nil, &JobError{err}
+	}
+	if nomadjob.AutoReverts(req.Job) {
+		stable, err := versions.StableJob(ctx, req.Namespace, req.JobID)
+		if err != nil {
+			return nil, err
+		}
+		if err := req.RevertsTo(stable, s.Cluster.NodesFitting); err != nil {
+			return nil, &JobError{err}
+		}
+	}
+	req.Pin()
+	wrote := req.ApplyWorkload(p.WorkloadFor(req.Namespace, req.Job.Meta[nomadjob.MetaQueue]))
+	return &Request{Request: req, Groups: groups, Wrote: wrote}, nil
+}
+
+// Existing is a job Nomad has as admission decides on a call that changes
+// it without a body (scale, dispatch, revert): its groups as Nomad will
+// place them (current: the version it runs, for a revert's canaries).
+func (s *Sequence) Existing(job, current *api.Job, namespace string) (admission.Job, error) {
+	groups, err := nomadjob.Groups(job, nomadjob.Placement{Current: current, NodesFitting: s.Cluster.NodesFitting})
+	if err != nil {
+		return admission.Job{}, &JobError{err}
+	}
+	return nomadjob.AdmissionJob(job, namespace, groups), nil
+}

@@ -1,0 +1,282 @@
+package server
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/nomad/api"
+
+	"github.com/nomad-gpu/nomad-gpu/broker/nomadapi"
+	"github.com/nomad-gpu/nomad-gpu/broker/policy"
+)
+
+// The broker reads Nomad as the caller wherever Nomad's ACLs must decide
+// what the caller may see or do: who the caller is (identity, for the audit
+// trail), its token's grants (exclusive enforcement, the queue), the jobs and
+// versions a call acts on, and a plan that proves the caller may submit a
+// job. callers holds what that shares (Nomad's address, the identity
+// cache); caller is it for one request.
+type callers struct {
+	upstream *url.URL
+	client   *http.Client
+	now      func() time.Time
+
+	mu         sync.Mutex
+	identities map[[32]byte]cachedIdentity
+}
+
+// caller reads Nomad with one request's token.
+type caller struct {
+	*callers
+	r *http.Request
+}
+
+// as is Nomad read as the caller of r.
+func (s *Server) as(r *http.Request) caller { return caller{s.callers, r} }
+
+// Job and StableJob are the versions a registration is prepared with
+// (decide.Versions), read as the caller.
+func (c caller) Job(_ context.Context, ns, id string) (*api.Job, error) {
+	job, err := c.currentJob(ns, id)
+	if errors.Is(err, errNoJob) {
+		return nil, nil
+	}
+	return job, err
+}
+
+func (c caller) StableJob(_ context.Context, ns, id string) (*api.Job, error) {
+	return c.stableVersion(ns, id)
+}
+
+// identityTTL is how long a token's identity is reused before asking Nomad again.
+const identityTTL = 30 * time.Second
+
+// maxIdentities bounds the identity cache: past it, the cache starts over.
+const maxIdentities = 10_000
+
+type cachedIdentity struct {
+	name, accessor string
+	grants         *policy.Grants // read when first needed
+	expires        time.Time
+}
+
+// token is the caller's ACL token as Nomad reads it: X-Nomad-Token, else an
+// "Authorization: Bearer" header.
+func token(r *http.Request) string {
+	if t := strings.TrimSpace(r.Header.Get("X-Nomad-Token")); t != "" {
+		return t
+	}
+	scheme, value, ok := strings.Cut(r.Header.Get("Authorization"), " ")
+	if !ok || !strings.EqualFold(scheme, "bearer") {
+		return ""
+	}
+	value, _, _ = strings.Cut(strings.TrimSpace(value), " ")
+	return value
+}
+
+// identity names the caller for the audit trail: the ACL token's name and
+// accessor when Nomad has ACLs on, else "anonymous". The cache is keyed by a
+// hash of the secret, which is never kept.
+func (c caller) identity() string {
+	name, _, _ := c.resolve()
+	return name
+}
+
+// resolve is identity, with the token's accessor ("" without ACLs), and an
+// error for a token Nomad does not know (ACLs on) or cannot be asked about:
+// such a caller is not "anonymous".
+func (c caller) resolve() (name, accessor string, err error) {
+	secret := token(c.r)
+	if secret == "" {
+		return "anonymous", "", nil
+	}
+	key, id, ok := c.cached()
+	if ok {
+		return id.name, id.accessor, nil
+	}
+	var self struct{ AccessorID, Name string }
+	name = "anonymous"
+	err = c.get("/v1/acl/token/self", "", &self)
+	var le *lookupError
+	switch {
+	case err == nil && self.AccessorID != "":
+		name, accessor = self.Name+" ("+self.AccessorID+")", self.AccessorID
+	case errors.As(err, &le) && le.status == http.StatusBadRequest:
+		// ACLs are off: Nomad answers "ACL support disabled".
+	case err != nil:
+		return "", "", fmt.Errorf("cannot resolve the caller's token: %w", err)
+	}
+	c.mu.Lock()
+	if len(c.identities) >= maxIdentities {
+		c.identities = map[[32]byte]cachedIdentity{}
+	}
+	c.identities[key] = cachedIdentity{name: name, accessor: accessor, expires: c.now().Add(identityTTL)}
+	c.mu.Unlock()
+	return name, accessor, nil
+}
+
+// cached is the caller's identity while it is fresh, by the hash of its token.
+func (c caller) cached() ([32]byte, cachedIdentity, bool) {
+	key := sha256.Sum256([]byte(token(c.r)))
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	id, ok := c.identities[key]
+	return key, id, ok && c.now().Before(id.expires)
+}
+
+// errNoJob is a lookup of a job Nomad does not have.
+var errNoJob = errors.New("no such job")
+
+// lookupError is Nomad's answer to a lookup the broker needed.
+type lookupError struct {
+	status int
+	msg    string
+}
+
+func (e *lookupError) Error() string { return fmt.Sprintf("Nomad answered %d: %s", e.status, e.msg) }
+
+// currentJob reads a job with the caller's token; errNoJob when Nomad has none.
+func (c caller) currentJob(ns, jobID string) (*api.Job, error) {
+	var job api.Job
+	if err := c.get("/v1/job/"+url.PathEscape(jobID), ns, &job); err != nil {
+		var le *lookupError
+		if errors.As(err, &le) && le.status == http.StatusNotFound {
+			return nil, fmt.Errorf("job %q in namespace %q: %w", jobID, ns, errNoJob)
+		}
+		return nil, err
+	}
+	return &job, nil
+}
+
+// versions reads job ns/jobID's versions, newest first, as the caller.
+func (c caller) versions(ns, jobID string) ([]*api.Job, error) {
+	var out struct{ Versions []*api.Job }
+	err := c.get("/v1/job/"+url.PathEscape(jobID)+"/versions", ns, &out)
+	return out.Versions, err
+}
+
+// stableVersion is job ns/jobID's latest stable version, the one a failing
+// deployment with auto_revert goes back to (nil: none, or no such job).
+func (c caller) stableVersion(ns, jobID string) (*api.Job, error) {
+	versions, err := c.versions(ns, jobID)
+	var le *lookupError
+	if errors.As(err, &le) && le.status == http.StatusNotFound {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	for _, v := range versions {
+		if v != nil && v.Stable != nil && *v.Stable {
+			return v, nil
+		}
+	}
+	return nil, nil
+}
+
+// get reads a Nomad API path with the caller's token headers.
+func (c caller) get(path, ns string, out any) error {
+	return c.do(http.MethodGet, path, ns, nil, out)
+}
+
+// do calls Nomad with the caller's token headers and decodes a 200
+// answer into out (if not nil); any other answer is a *lookupError. path is
+// escaped (ids through url.PathEscape), with its query if any: it is sent as
+// it is.
+func (c caller) do(method, path, ns string, body []byte, out any) error {
+	u := *c.upstream
+	path, query, _ := strings.Cut(path, "?")
+	unescaped, err := url.PathUnescape(path)
+	if err != nil {
+		return fmt.Errorf("path %q: %w", path, err)
+	}
+	u.Path, u.RawPath, u.RawQuery = unescaped, path, query
+	if ns != "" {
+		if u.RawQuery != "" {
+			u.RawQuery += "&"
+		}
+		u.RawQuery += "namespace=" + url.QueryEscape(ns)
+	}
+	req, err := http.NewRequestWithContext(c.r.Context(), method, u.String(), bytes.NewReader(body))
+	if err != nil {
+		return err
+	}
+	for _, h := range tokenHeaders {
+		if v := c.r.Header.Get(h); v != "" {
+			req.Header.Set(h, v)
+		}
+	}
+	resp, err := c.client.Do(req)
+	if err != nil {
+		return fail(errNomadUnreach, "Nomad at %s is unreachable (%s %s: %v)", c.upstream.Host, method, path, errors.Unwrap(err))
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 1024))
+		return &lookupError{status: resp.StatusCode, msg: strings.TrimSpace(string(msg))}
+	}
+	if out == nil {
+		return nil
+	}
+	if err := json.NewDecoder(io.LimitReader(resp.Body, MaxBody)).Decode(out); err != nil {
+		return fmt.Errorf("%s %s: %w", method, path, err)
+	}
+	return nil
+}
+
+// tokenHeaders are the headers Nomad reads a token from, in its order.
+var tokenHeaders = []string{"X-Nomad-Token", "Authorization"}
+
+// grants are the roles and policies of the caller's token, read with it.
+func (c caller) grants() (policy.Grants, error) {
+	if _, _, err := c.resolve(); err != nil {
+		return policy.Grants{}, err
+	}
+	key, id, ok := c.cached()
+	if ok && id.grants != nil {
+		return *id.grants, nil
+	}
+	g, err := nomadapi.ReadGrants(c.r.Context(), c.getter(), "/v1/acl/token/self")
+	if errors.Is(err, nomadapi.ErrNoToken) {
+		return g, errors.New("your ACL token is unknown to Nomad")
+	}
+	if err != nil {
+		return g, err
+	}
+	c.mu.Lock()
+	if id, ok := c.identities[key]; ok {
+		id.grants = &g
+		c.identities[key] = id
+	}
+	c.mu.Unlock()
+	return g, nil
+}
+
+// getter reads Nomad paths with the caller's token.
+func (c caller) getter() nomadapi.Getter {
+	return func(_ context.Context, path string, out any) (bool, error) {
+		err := c.get(path, "", out)
+		var le *lookupError
+		if errors.As(err, &le) && le.status == http.StatusNotFound {
+			return false, nil
+		}
+		return err == nil, err
+	}
+}
+
+// plan plans job (its JSON) with the caller's token: Nomad answers it only
+// to a token that may submit the job in namespace ns.
+func (c caller) plan(ns, id string, job json.RawMessage) error {
+	body, _ := json.Marshal(map[string]any{"Job": job})
+	return c.do(http.MethodPost, "/v1/job/"+url.PathEscape(id)+"/plan", ns, body, nil)
+}
