@@ -17,6 +17,7 @@ import (
 	"github.com/nomad-gpu/nomad-gpu/broker/approval"
 	"github.com/nomad-gpu/nomad-gpu/broker/audit"
 	"github.com/nomad-gpu/nomad-gpu/broker/cluster"
+	"github.com/nomad-gpu/nomad-gpu/broker/decide"
 	"github.com/nomad-gpu/nomad-gpu/broker/metrics"
 	"github.com/nomad-gpu/nomad-gpu/broker/nomadjob"
 	"github.com/nomad-gpu/nomad-gpu/broker/policy"
@@ -266,40 +267,20 @@ func (a *Admitter) consider(ctx context.Context, r *registrations, p *policy.Pol
 		a.park(ctx, e, err)
 		return nil
 	}
-	var current *api.Job
-	if nomadjob.HasCanaries(req.Job) {
-		if current, err = a.Nomad.Job(ctx, e.Namespace, e.JobID); err != nil {
-			return fmt.Errorf("queue entry %s: %w", e.ID, err)
-		}
-	}
-	if nomadjob.AutoReverts(req.Job) {
-		stable, err := a.Nomad.StableJob(ctx, e.Namespace, e.JobID)
-		if err != nil {
-			return fmt.Errorf("queue entry %s: %w", e.ID, err)
-		}
-		if err := req.RevertsTo(stable, a.Cluster.NodesFitting); err != nil {
-			a.park(ctx, e, err)
-			return nil
-		}
-	}
-	req.PinNodes(a.Cluster.FittingNodes) // the nodes fitting now, not when it was queued
-	groups, err := req.Groups(current, a.Cluster.NodesFitting)
-	if err != nil {
+	seq := a.sequence()
+	prepared, err := seq.Prepare(ctx, p, req, a.Nomad) // the nodes fitting now, not when it was queued
+	if decide.IsJobError(err) {
 		a.park(ctx, e, err)
 		return nil
+	} else if err != nil {
+		return fmt.Errorf("queue entry %s: %w", e.ID, err)
 	}
-	req.Pin()
-	req.ApplyWorkload(p.WorkloadFor(e.Namespace, req.Job.Meta[nomadjob.MetaQueue]))
-	j := req.Admission(groups)
-	if a.Approvals != nil {
-		j.Granted = approval.For(a.Approvals.Current(), e.Namespace, e.JobID, a.Now())
-	}
-	j.Backoff = a.Preemptions.Backoff(p.Borrowing, e.Namespace, e.JobID, a.Now())
+	j := prepared.AdmissionJob()
 	if e.ParkedByPolicy {
-		a.reconsider(ctx, p, e, j)
+		a.reconsider(ctx, p, e, seq, j)
 		return nil
 	}
-	d, res := a.Cluster.Admit(p, j)
+	d, res := seq.Decide(p, j, decide.Reserve)
 	if !pass.Admits(d) {
 		res.Release()
 		return nil
@@ -324,8 +305,8 @@ func (a *Admitter) consider(ctx context.Context, r *registrations, p *policy.Pol
 			return nil
 		}
 	}
-	req.Stamp(d, a.Stamper.Stamp(e.Namespace, req.Job, d))
-	body := req.Body()
+	prepared.Stamp(d, a.Stamper.Stamp(e.Namespace, prepared.Job, d))
+	body := prepared.Body()
 	handed = true
 	if !r.start(func() error { defer unlock(); return a.register(ctx, e, d, res, body) }) {
 		handed = false
@@ -333,6 +314,16 @@ func (a *Admitter) consider(ctx context.Context, r *registrations, p *policy.Pol
 		return errPassOver
 	}
 	return nil
+}
+
+// sequence is the admission sequence the queue decides through: the gate's,
+// against the same view, approvals and preemptions.
+func (a *Admitter) sequence() *decide.Sequence {
+	s := &decide.Sequence{Cluster: a.Cluster, Enricher: decide.Enricher{Preemptions: a.Preemptions, Now: a.Now}}
+	if a.Approvals != nil {
+		s.Approvals = a.Approvals.Current
+	}
+	return s
 }
 
 // register registers one admitted job with Nomad, then removes its entry; it
@@ -493,8 +484,8 @@ func (a *Admitter) parkByPolicy(ctx context.Context, e queue.Entry, d admission.
 // reconsider decides again on an entry parked by the policy and, once the
 // policy in force would take it, has it wait in the queue again (admitted
 // by a later pass, in its place by its submit time).
-func (a *Admitter) reconsider(ctx context.Context, p *policy.Policy, e queue.Entry, j admission.Job) {
-	d := admission.Decide(p, j, a.Cluster.UsageWithout(p, e.Namespace, e.JobID))
+func (a *Admitter) reconsider(ctx context.Context, p *policy.Policy, e queue.Entry, seq *decide.Sequence, j admission.Job) {
+	d, _ := seq.Decide(p, j, decide.Preview)
 	if d.Outcome == admission.Reject {
 		return
 	}

@@ -140,6 +140,13 @@ func resolveRegion(query, body, job string) string {
 	return r
 }
 
+// AsksForGPUs reports whether the job asks for any GPU, as it stands and
+// before anything is looked up: a job that does not is no admission's.
+func (r *Request) AsksForGPUs() (bool, error) {
+	groups, err := Groups(r.Job, Placement{PreserveCounts: r.PreserveCounts})
+	return len(groups) > 0, err
+}
+
 // Groups is the request's GPU demand as Nomad will place it, given the job's
 // current version (nil if none) and the nodes system jobs would run on.
 func (r *Request) Groups(current *api.Job, nodesFitting func(string, int) int) ([]admission.Group, error) {

@@ -57,10 +57,10 @@ func (s *Server) readGPUJob(w http.ResponseWriter, r *http.Request, kind nomadjo
 	if !ok {
 		return nil
 	}
-	if probe, err := req.Groups(nil, nil); err != nil {
+	if gpus, err := req.AsksForGPUs(); err != nil {
 		writeError(w, fail(errBadRequest, "job %q: %v", req.JobID, err))
 		return nil
-	} else if len(probe) == 0 {
+	} else if !gpus {
 		s.passThrough(w, r, body, warning)
 		return nil
 	}

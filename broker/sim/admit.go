@@ -15,18 +15,28 @@ import (
 	"github.com/nomad-gpu/nomad-gpu/broker/usage"
 )
 
-// withBackoff is j's admission with its re-borrow backoff as it stands now.
-func (r *run) withBackoff(j *simJob) admission.Job {
-	if !r.inBackoff(j) {
-		return j.adm
+// decide is the decision on j now, through the broker's own sequence
+// (decide.Enricher: its re-borrow backoff set, then admission.Decide) with the
+// usage the simulation keeps.
+func (r *run) decide(p *policy.Policy, j *simJob) admission.Decision {
+	r.deciding = j
+	d := r.enricher.Decide(p, j.adm, r.usage(j))
+	r.deciding = nil
+	return d
+}
+
+// preemptionsOf is what the enricher reads of a job's preemptions: those of
+// the job being decided, the only one it asks about.
+func (r *run) preemptionsOf(_, _ string) (int, time.Time) {
+	j := r.deciding
+	if j == nil || j.preemptions == 0 {
+		return 0, time.Time{}
 	}
-	a := j.adm
-	a.Backoff = admission.BackoffFor(r.p.Borrowing, j.preemptions, r.time(j.preemptedAt), r.time(r.now))
-	return a
+	return j.preemptions, r.time(j.preemptedAt)
 }
 
 // inBackoff reports whether j is in its re-borrow backoff now: what
-// withBackoff finds, without the clock's conversions (the bounded pass asks
+// the enricher finds, without the clock's conversions (the bounded pass asks
 // it of every entry it walks).
 func (r *run) inBackoff(j *simJob) bool {
 	return j.preemptions > 0 && r.now < j.preemptedAt+r.p.Borrowing.BackoffAfter(j.preemptions).Seconds()
@@ -44,7 +54,7 @@ func (r *run) submit(j *simJob) {
 		r.place()
 		return
 	}
-	d := admission.Decide(r.p, r.withBackoff(j), r.usage(j))
+	d := r.decide(r.p, j)
 	switch d.Outcome {
 	case admission.Reject:
 		j.state = stRejected
@@ -378,7 +388,7 @@ func (r *run) pass() {
 		if l, ok := limitedModel[[2]string{e.Tenant, j.Model}]; ok && j.Model != "" && e.Demand >= l {
 			continue
 		}
-		d := admission.Decide(p, r.withBackoff(j), r.usage(j))
+		d := r.decide(p, j)
 		if !pass.Admits(d) {
 			// One in its backoff says nothing of the tenant's others.
 			if d.Outcome != admission.Queue || d.WaitsFor == admission.WaitCapacity || d.Rule == admission.RuleBorrowBackoff {

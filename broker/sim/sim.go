@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/nomad-gpu/nomad-gpu/broker/admission"
+	"github.com/nomad-gpu/nomad-gpu/broker/decide"
 	"github.com/nomad-gpu/nomad-gpu/broker/policy"
 	"github.com/nomad-gpu/nomad-gpu/broker/queue"
 	"github.com/nomad-gpu/nomad-gpu/broker/reclaim"
@@ -125,16 +126,20 @@ type tenant struct {
 }
 
 type run struct {
-	o       Options
-	p       *policy.Policy
-	jobs    []simJob
-	c       *cluster
-	tenants []*tenant
-	byName  map[string]int
-	now     float64
-	events  eventHeap
-	nomadQ  *pending
-	queued  int // entries in the tenants' queues
+	o Options
+	p *policy.Policy
+	// enricher is the broker's (no approvals); deciding is the job it is
+	// asked about.
+	enricher decide.Enricher
+	deciding *simJob
+	jobs     []simJob
+	c        *cluster
+	tenants  []*tenant
+	byName   map[string]int
+	now      float64
+	events   eventHeap
+	nomadQ   *pending
+	queued   int // entries in the tenants' queues
 	// wholeQueue orders every entry in each pass (the bound's own test).
 	wholeQueue bool
 	// A pass's runs of candidates, kept between passes; those it set aside;
@@ -214,6 +219,7 @@ func newRun(jobs []Job, o Options) *run {
 		watched: map[*simJob]struct{}{}, engine: reclaim.New(), tu: map[string]admission.TenantUsage{},
 		held: policy.Quota{}, capacity: policy.Quota{}, maxAlloc: policy.Quota{}, heldByPrio: map[int]int{}, borrowedRunning: map[*simJob]struct{}{},
 		waitingSizes: map[int]int{}}
+	r.enricher = decide.Enricher{Preemptions: r.preemptionsOf, Now: func() time.Time { return r.time(r.now) }}
 	r.ideal, r.rng = o.NomadModel == ModelIdeal, rand.New(rand.NewPCG(o.Seed, 0x5eed))
 	r.res = Result{Mode: o.Mode, NomadModel: o.NomadModel, Jobs: len(jobs), GPUs: GPUs(o.Nodes), RejectedBy: map[string]int{}, ByTenant: map[string]*Group{}, ByQueue: map[string]*Group{}, BySize: map[string]*Group{}}
 	r.preempts = o.Mode != NomadAlone

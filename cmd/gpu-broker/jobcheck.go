@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"flag"
 	"fmt"
@@ -13,7 +14,11 @@ import (
 	"strings"
 	"time"
 
+	"github.com/hashicorp/nomad/api"
+
 	"github.com/nomad-gpu/nomad-gpu/broker/admission"
+	"github.com/nomad-gpu/nomad-gpu/broker/cluster"
+	"github.com/nomad-gpu/nomad-gpu/broker/decide"
 	"github.com/nomad-gpu/nomad-gpu/broker/nomadjob"
 	"github.com/nomad-gpu/nomad-gpu/broker/policy"
 	"github.com/nomad-gpu/nomad-gpu/broker/policyhcl"
@@ -68,21 +73,23 @@ func checkJob(p *policy.Policy, file string, perNode int, addr string) []string 
 	if err != nil {
 		return []string{"error: " + err.Error()}
 	}
-	groups, err := req.Groups(nil, func(string, int) int { return 1 })
+	// The gate's own sequence, on an empty cluster with no job running yet.
+	seq := &decide.Sequence{Cluster: emptyCluster{p, perNode}, Enricher: decide.Enricher{Now: time.Now}}
+	prepared, err := seq.Prepare(context.Background(), p, req, noVersions{})
 	if err != nil {
 		return []string{fmt.Sprintf("error: job %q: %v", req.JobID, err)}
 	}
-	if len(groups) == 0 {
+	if len(prepared.Groups) == 0 {
 		return []string{fmt.Sprintf("warning: job %q asks for no GPU: the broker passes it through", req.JobID)}
 	}
 	var out []string
-	for _, note := range req.ApplyWorkload(p.WorkloadFor(req.Namespace, req.Job.Meta[nomadjob.MetaQueue])) {
+	for _, note := range prepared.Wrote {
 		out = append(out, "warning: the broker writes into it "+note)
 	}
 	if req.Job.IsPeriodic() {
 		out = append(out, fmt.Sprintf("error: job %q is periodic: rejected by rule %s", req.JobID, admission.RulePeriodicGPU))
 	}
-	d := admission.Decide(p, req.Admission(groups), emptyCluster(p, perNode))
+	d, _ := seq.Decide(p, prepared.AdmissionJob(), decide.Preview)
 	switch d.Outcome {
 	case admission.Reject:
 		out = append(out, fmt.Sprintf("error: job %q rejected by rule %s: %s", req.JobID, d.Rule, d.Reason))
@@ -94,20 +101,39 @@ func checkJob(p *policy.Policy, file string, perNode int, addr string) []string 
 	return out
 }
 
-// emptyCluster is usage with every GPU idle, on nodes of perNode GPUs (0:
-// as large as any job).
-func emptyCluster(p *policy.Policy, perNode int) admission.Usage {
+// emptyCluster is a cluster with every GPU idle, on nodes of perNode GPUs
+// (0: as large as any job), each group fitting one node.
+type emptyCluster struct {
+	p       *policy.Policy
+	perNode int
+}
+
+func (emptyCluster) NodesFitting(string, int) int      { return 1 }
+func (emptyCluster) FittingNodes(string, int) []string { return []string{"any-node"} }
+func (c emptyCluster) UsageWithout(*policy.Policy, string, string) admission.Usage {
 	const plenty = 1 << 30
+	perNode := c.perNode
 	if perNode <= 0 {
 		perNode = plenty
 	}
 	u := admission.Usage{Tenants: map[string]admission.TenantUsage{}, Idle: policy.Quota{policy.AllGPUs: plenty},
 		MaxAlloc: policy.Quota{policy.AllGPUs: float64(perNode)}}
-	for c := range p.Classes {
-		u.Idle[c], u.MaxAlloc[c] = plenty, float64(perNode)
+	for class := range c.p.Classes {
+		u.Idle[class], u.MaxAlloc[class] = plenty, float64(perNode)
 	}
 	return u
 }
+
+// Admit is never called: job check previews.
+func (c emptyCluster) Admit(p *policy.Policy, j admission.Job) (admission.Decision, *cluster.Reservation) {
+	return admission.Decide(p, j, c.UsageWithout(p, j.Namespace, j.ID)), nil
+}
+
+// noVersions: job check sees no job running yet.
+type noVersions struct{}
+
+func (noVersions) Job(context.Context, string, string) (*api.Job, error)       { return nil, nil }
+func (noVersions) StableJob(context.Context, string, string) (*api.Job, error) { return nil, nil }
 
 // jobBody reads a jobspec as a register request: JSON ({"Job": …} or the job
 // itself), or HCL that Nomad at addr parses.
