@@ -93,12 +93,13 @@ func BenchmarkFollowEvents(b *testing.B) {
 	var events []Event
 	for i := 0; i < 1000; i++ {
 		node := fmt.Sprint(i % 125)
+		j := testbuild.Job("ns0", fmt.Sprint(i)).Group("g", 1, 1, "nvidia/gpu").ModifyIndex(uint64(10 * i)).Build()
 		for k := 0; k < 9; k++ {
 			a := testbuild.Alloc(fmt.Sprintf("a%d", i), "ns0", fmt.Sprint(i), node, uint64(10*i+k), fmt.Sprintf("%s-%d", node, i%8)).Build()
+			a.Job = j // as Nomad's events carry it
 			events = append(events, Event{Topic: api.TopicAllocation, Type: "AllocationUpdated", Payload: payload("Allocation", a)})
 		}
 		if i%10 < 8 {
-			j := testbuild.Job("ns0", fmt.Sprint(i)).Group("g", 1, 1, "nvidia/gpu").ModifyIndex(uint64(10 * i)).Build()
 			events = append(events, Event{Topic: api.TopicJob, Type: "JobRegistered", Payload: payload("Job", j)})
 		} else {
 			events = append(events, Event{Topic: api.TopicNode, Type: "NodeRegistration", Payload: payload("Node", testbuild.Node(node, testbuild.H100, 8, 0))})

@@ -63,6 +63,19 @@ func (e *Event) decode(key string, out any) error {
 	return nil
 }
 
+// eventAlloc is an allocation as its event carries it, less the job Nomad
+// puts in every allocation event: the view has the job from its own events,
+// and decoding it again was most of what an allocation event cost.
+type eventAlloc struct {
+	api.Allocation
+	Job skipped
+}
+
+// skipped is a JSON value read past, not decoded.
+type skipped struct{}
+
+func (*skipped) UnmarshalJSON([]byte) error { return nil }
+
 // errResync ends one pass of following for a full listing.
 var errResync = errors.New("periodic resync")
 
@@ -206,10 +219,11 @@ func (v *View) change(e *Event, reverts *[]Revert) (func() bool, error) {
 		}
 		return func() bool { v.observeDeployment(d); return true }, nil
 	case api.TopicAllocation:
-		var a *api.Allocation
-		if err := e.decode("Allocation", &a); err != nil || a == nil {
+		var ea *eventAlloc
+		if err := e.decode("Allocation", &ea); err != nil || ea == nil {
 			return nil, fmt.Errorf("decode allocation event: %v", err)
 		}
+		a := &ea.Allocation
 		return func() bool { return v.observeAlloc(a, true) }, nil
 	case api.TopicEvaluation:
 		// A purge (or the garbage collector's) sends no Job event, only

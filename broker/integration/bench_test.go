@@ -22,29 +22,49 @@ import (
 
 // registerPath is one way to Nomad: straight, through a bare reverse-proxy
 // hop, or through the broker; each registers its own job, again and again.
+// The hop and the broker are processes whose CPU time is measured (proc).
 type registerPath struct {
 	name, base string
 	body       []byte
+	proc       cpuTimer // nil: Nomad itself, not measured
+	idle       float64  // proc's share of a core when nothing happens
 }
+
+type cpuTimer interface{ CPUTime() time.Duration }
 
 // registerRun is what one path did in one repetition.
 type registerRun struct {
 	p50, p99 time.Duration
 	perSec   float64
 	count    int
-	cpu      time.Duration // the broker's CPU over the run, idle rate taken out (broker path only)
+	cpu      time.Duration // the process's CPU over the run, idle rate taken out (hop and broker)
 }
+
+// registerCPUFile holds the recorded CPU per registration at one paced
+// client: the broker's as a ratio to the bare hop's, measured in the same
+// run, and the commit it was measured at (docs/performance.md cites it).
+const registerCPUFile = "testdata/register-cpu.txt"
+
+// minCheckedRegistrations is the fewest registrations a ratio is checked
+// on: CPU time comes in 10 ms ticks (b.N = 1 runs first, with 20).
+const minCheckedRegistrations = 500
+
+// maxCPUGrowth is how far the ratio may grow over the recorded one before
+// BenchmarkRegister fails.
+const maxCPUGrowth = 1.25
 
 // BenchmarkRegister registers a one-GPU job straight to a real Nomad agent,
 // through a bare httputil.ReverseProxy hop (internal/barehop) and through the broker (its
 // release build), at 1, 8 and 64 concurrent clients, paced (30 ms between a
 // client's calls) and unpaced. The three paths take turns in each of 5
 // repetitions; it prints one table: p50 and p99 (median, and the spread over
-// repetitions), registrations/s, the ratio to Nomad at p50, and the broker's
-// CPU per registration, background work included (the broker process's CPU
-// time from the first call until it is idle again, less its idle rate).
-// BENCH_CPUPROFILE=FILE then saves the broker's CPU profile of 10 s of
-// unpaced registrations by 8 clients.
+// repetitions), registrations/s, the ratio to Nomad at p50, and the CPU per
+// registration of the hop's and the broker's processes, background work
+// included (each process's CPU time from the first call until it is idle
+// again, less its idle rate). At one paced client it fails when the broker's
+// CPU per registration, as a ratio to the hop's, is more than maxCPUGrowth
+// times the ratio recorded in registerCPUFile. BENCH_CPUPROFILE=FILE then
+// saves the broker's CPU profile of 12 s of paced registrations by one client.
 func BenchmarkRegister(b *testing.B) {
 	consul := testcluster.StartConsul(b)
 	// Three paths of up to 64 connections each come from one address:
@@ -64,7 +84,9 @@ func BenchmarkRegister(b *testing.B) {
 	  "Tasks":[{"Name":"t","Driver":"raw_exec","Config":{"command":"/bin/sleep","args":["3600"]},
 	  "Resources":{"CPU":20,"MemoryMB":16,"Devices":[{"Name":"nvidia/gpu","Count":1}]}}]}]}}`)
 	}
-	paths := []registerPath{{"nomad", n.Addr, job("bench-nomad")}, {"hop", hop, job("bench-hop")}, {"broker", broker.Addr, job("bench-broker")}}
+	paths := []registerPath{{name: "nomad", base: n.Addr, body: job("bench-nomad")},
+		{name: "hop", base: hop.Addr, body: job("bench-hop"), proc: hop},
+		{name: "broker", base: broker.Addr, body: job("bench-broker"), proc: broker}}
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 128}}
 	var failed sync.Once
 	send := func(p registerPath) time.Duration {
@@ -87,14 +109,22 @@ func BenchmarkRegister(b *testing.B) {
 			send(p) // warm up: connections, the first decision, the job's first version
 		}
 	}
-	idle := idleCPURate(broker)
+	for i := range paths {
+		if paths[i].proc != nil {
+			paths[i].idle = idleCPURate(paths[i].proc)
+		}
+	}
 
 	// run sends count registrations on p from clients goroutines.
 	run := func(p registerPath, clients, count int, pace time.Duration) registerRun {
 		lat := make([]time.Duration, count)
 		var wg sync.WaitGroup
 		next := make(chan int)
-		cpu0, start := broker.CPUTime(), time.Now()
+		var cpu0 time.Duration
+		if p.proc != nil {
+			cpu0 = p.proc.CPUTime()
+		}
+		start := time.Now()
 		for c := 0; c < clients; c++ {
 			wg.Add(1)
 			go func() {
@@ -112,11 +142,11 @@ func BenchmarkRegister(b *testing.B) {
 		wg.Wait()
 		wall := time.Since(start)
 		r := registerRun{perSec: float64(count) / wall.Seconds(), count: count}
-		if p.name == "broker" {
+		if p.proc != nil {
 			// The work a registration sets off (events, queue passes) ends
 			// shortly after: wait until a quiet 100 ms.
-			settle(broker, idle)
-			r.cpu = broker.CPUTime() - cpu0 - time.Duration(float64(time.Since(start))*idle)
+			settle(p.proc, p.idle)
+			r.cpu = p.proc.CPUTime() - cpu0 - time.Duration(float64(time.Since(start))*p.idle)
 		}
 		sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
 		r.p50, r.p99 = lat[count/2], lat[(count*99)/100]
@@ -143,6 +173,7 @@ func BenchmarkRegister(b *testing.B) {
 				b.StopTimer()
 				rows := make([]string, 0, len(paths))
 				nomad := median(runs["nomad"], func(r registerRun) float64 { return float64(r.p50) })
+				cpu := map[string]float64{}
 				for _, p := range paths {
 					rs := runs[p.name]
 					p50 := median(rs, func(r registerRun) float64 { return float64(r.p50) })
@@ -150,40 +181,74 @@ func BenchmarkRegister(b *testing.B) {
 						spread(rs, func(r registerRun) time.Duration { return r.p50 }),
 						spread(rs, func(r registerRun) time.Duration { return r.p99 }),
 						median(rs, func(r registerRun) float64 { return r.perSec }), p50/nomad)
-					if p.name == "broker" {
-						// Summed over the repetitions: CPU time comes in 10 ms ticks.
-						var used time.Duration
-						regs := 0
-						for _, r := range rs {
-							used, regs = used+r.cpu, regs+r.count
-						}
-						cpu := float64(max(used, 0)) / float64(regs)
-						row += fmt.Sprintf(" %.2f |", cpu/1e6)
-						b.ReportMetric(p50/nomad, "p50-ratio")
-						b.ReportMetric(cpu/1e3, "cpu-µs/reg")
+					if p.proc != nil {
+						cpu[p.name] = cpuPerRegistration(rs)
+						row += fmt.Sprintf(" %.2f |", cpu[p.name]/1e6)
 					} else {
 						row += " |"
-						if p.name == "hop" {
-							b.ReportMetric(p50/nomad, "hop-p50-ratio")
-						}
 					}
 					rows = append(rows, row)
+					switch p.name {
+					case "broker":
+						b.ReportMetric(p50/nomad, "p50-ratio")
+						b.ReportMetric(cpu[p.name]/1e3, "cpu-µs/reg")
+					case "hop":
+						b.ReportMetric(p50/nomad, "hop-p50-ratio")
+						b.ReportMetric(cpu[p.name]/1e3, "hop-cpu-µs/reg")
+					}
+				}
+				ratio := cpu["broker"] / max(cpu["hop"], 1)
+				b.ReportMetric(ratio, "cpu-ratio-to-hop")
+				if name == "c1-paced" && reps*count >= minCheckedRegistrations {
+					checkRegisterCPU(b, ratio)
 				}
 				table = replaceRows(table, name, rows)
 			})
 		}
 	}
 	if path := os.Getenv("BENCH_CPUPROFILE"); path != "" {
-		// 10 s of unpaced registrations by 8 clients through the broker.
-		wait := cpuProfile(b, broker, path, 10)
-		for end := time.Now().Add(10 * time.Second); time.Now().Before(end); {
-			run(paths[2], 8, 64, 0)
+		// 12 s of paced registrations by one client through the broker:
+		// what a registration costs when nothing shares the work.
+		wait := cpuProfile(b, broker, path, 12)
+		for end := time.Now().Add(12 * time.Second); time.Now().Before(end); {
+			run(paths[2], 1, 20, 30*time.Millisecond)
 		}
 		wait()
 	}
-	fmt.Println("\n| clients | path | p50 ms (spread) | p99 ms (spread) | registrations/s | p50 / nomad | broker CPU ms/registration |")
+	fmt.Println("\n| clients | path | p50 ms (spread) | p99 ms (spread) | registrations/s | p50 / nomad | process CPU ms/registration |")
 	fmt.Println("|---|---|---|---|---|---|---|")
 	fmt.Println(strings.Join(table, "\n"))
+}
+
+// cpuPerRegistration is the CPU (ns) per registration summed over the
+// repetitions: CPU time comes in 10 ms ticks.
+func cpuPerRegistration(runs []registerRun) float64 {
+	var used time.Duration
+	regs := 0
+	for _, r := range runs {
+		used, regs = used+r.cpu, regs+r.count
+	}
+	return float64(max(used, 0)) / float64(max(regs, 1))
+}
+
+// checkRegisterCPU fails b when ratio (the broker's CPU per registration
+// over the hop's, at one paced client) grew by more than maxCPUGrowth over
+// the ratio recorded in registerCPUFile.
+func checkRegisterCPU(b *testing.B, ratio float64) {
+	raw, err := os.ReadFile(registerCPUFile)
+	if err != nil {
+		b.Fatalf("the recorded CPU per registration: %v", err)
+	}
+	var recorded float64
+	var commit string
+	if _, err := fmt.Sscanf(string(raw), "ratio %g commit %s", &recorded, &commit); err != nil || recorded <= 0 {
+		b.Fatalf("%s: want \"ratio R commit C\", got %q (%v)", registerCPUFile, raw, err)
+	}
+	b.ReportMetric(recorded, "recorded-cpu-ratio")
+	if ratio > recorded*maxCPUGrowth {
+		b.Errorf("a registration costs the broker %.2f times the bare hop's CPU at one paced client, above %.2f × the %.2f recorded at %s: "+
+			"profile it (BENCH_CPUPROFILE) before raising the record", ratio, maxCPUGrowth, recorded, commit)
+	}
 }
 
 // replaceRows puts rows in place of the table's rows for name: a
@@ -219,21 +284,21 @@ func spread(runs []registerRun, f func(registerRun) time.Duration) string {
 	return fmt.Sprintf("%.2f (%.2f–%.2f)", ms(v[len(v)/2]), ms(v[0]), ms(v[len(v)-1]))
 }
 
-// idleCPURate is the share of a core the broker uses when nothing happens
-// (its loops, the event stream), measured over 3 s.
-func idleCPURate(broker *testcluster.Broker) float64 {
-	cpu0, start := broker.CPUTime(), time.Now()
+// idleCPURate is the share of a core a process uses when nothing happens
+// (the broker's loops, the event stream), measured over 3 s.
+func idleCPURate(p cpuTimer) float64 {
+	cpu0, start := p.CPUTime(), time.Now()
 	time.Sleep(3 * time.Second)
-	return float64(broker.CPUTime()-cpu0) / float64(time.Since(start))
+	return float64(p.CPUTime()-cpu0) / float64(time.Since(start))
 }
 
-// settle waits until the broker has used no more than its idle rate over
+// settle waits until a process has used no more than its idle rate over
 // 100 ms (a clock tick of CPU time is 10 ms), at most 2 s.
-func settle(broker *testcluster.Broker, idle float64) {
+func settle(p cpuTimer, idle float64) {
 	for deadline := time.Now().Add(2 * time.Second); time.Now().Before(deadline); {
-		cpu0, start := broker.CPUTime(), time.Now()
+		cpu0, start := p.CPUTime(), time.Now()
 		time.Sleep(100 * time.Millisecond)
-		if float64(broker.CPUTime()-cpu0) <= float64(time.Since(start))*idle+float64(10*time.Millisecond) {
+		if float64(p.CPUTime()-cpu0) <= float64(time.Since(start))*idle+float64(10*time.Millisecond) {
 			return
 		}
 	}

@@ -272,9 +272,15 @@ func (b *Broker) FDs() int {
 // AuditPath is the broker's audit trail.
 func (b *Broker) AuditPath() string { return filepath.Join(b.dir, "audit.log") }
 
-// StartBareHop runs internal/barehop, a bare reverse proxy in front of
-// nomad in a process of its own, and returns its address.
-func StartBareHop(t testing.TB, nomad *Nomad) string {
+// BareHop is internal/barehop, a bare reverse proxy, running.
+type BareHop struct {
+	*process
+	Addr string // http://127.0.0.1:port
+}
+
+// StartBareHop runs internal/barehop in front of nomad in a process of its
+// own, as the broker is.
+func StartBareHop(t testing.TB, nomad *Nomad) *BareHop {
 	t.Helper()
 	bin := buildOnce(t, "github.com/nomad-gpu/nomad-gpu/internal/barehop", "barehop", false)
 	addr := fmt.Sprintf("127.0.0.1:%d", FreePorts(t, 1)[0])
@@ -287,7 +293,7 @@ func StartBareHop(t testing.TB, nomad *Nomad) string {
 		}
 		return err
 	})
-	return "http://" + addr
+	return &BareHop{process: p, Addr: "http://" + addr}
 }
 
 // CPUTime is the CPU time (user and system) the agent's process has used (its
