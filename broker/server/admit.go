@@ -21,6 +21,7 @@ import (
 	"github.com/nomad-gpu/nomad-gpu/broker/nomadjob"
 	"github.com/nomad-gpu/nomad-gpu/broker/policy"
 	"github.com/nomad-gpu/nomad-gpu/broker/queue"
+	"github.com/nomad-gpu/nomad-gpu/internal/jsondoc"
 )
 
 // gpuJobRequest is a job request read as Nomad reads it and prepared for
@@ -275,8 +276,12 @@ func (s *Server) relayRegistered(w http.ResponseWriter, resp *http.Response, res
 		DispatchedJobID string // a dispatch's child, created at JobCreateIndex
 		JobCreateIndex  uint64
 	}
+	var doc *jsondoc.Doc // read once: for the reservation, and to add the warnings to
+	if err == nil && resp.StatusCode == http.StatusOK {
+		doc, _ = jsondoc.Parse(body, &out)
+	}
 	switch {
-	case err != nil || resp.StatusCode != http.StatusOK || json.Unmarshal(body, &out) != nil:
+	case doc == nil:
 		res.Release()
 		out.DispatchedJobID = ""
 	case out.DispatchedJobID != "":
@@ -285,6 +290,9 @@ func (s *Server) relayRegistered(w http.ResponseWriter, resp *http.Response, res
 		res.Confirm(out.JobModifyIndex)
 	default:
 		res.Confirm(0) // a periodic force: its child's events name an id Nomad does not answer with
+	}
+	if doc != nil && doc.Root().IsObject() {
+		body, warnings = addWarnings(doc, out.Warnings, warnings), nil
 	}
 	s.relayBody(w, resp, body, err, warnings...)
 	return out.DispatchedJobID

@@ -400,6 +400,11 @@ func withWarnings(body []byte, warnings []string) []byte {
 		return body
 	}
 	prev, _ := w.Warnings.(string)
+	return addWarnings(doc, prev, warnings)
+}
+
+// addWarnings is the answer doc, whose Warnings were prev, with warnings added.
+func addWarnings(doc *jsondoc.Doc, prev string, warnings []string) []byte {
 	doc.Root().Set("Warnings", joinWarnings(append([]string{prev}, warnings...)...))
 	return doc.Bytes()
 }
