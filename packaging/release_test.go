@@ -15,7 +15,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/nomad-gpu/nomad-gpu/internal/testcluster"
+	"github.com/nomad-gpu/nomad-gpu/testing/testcluster"
 )
 
 // Two releases of one commit are the same bytes, laid out as HashiCorp's:

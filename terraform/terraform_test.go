@@ -23,7 +23,7 @@ import (
 	"github.com/hashicorp/nomad/api"
 	"github.com/zclconf/go-cty/cty"
 
-	"github.com/nomad-gpu/nomad-gpu/internal/testcluster"
+	"github.com/nomad-gpu/nomad-gpu/testing/testcluster"
 )
 
 // tofu runs OpenTofu in dir, offline, and returns its standard output.

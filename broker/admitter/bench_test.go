@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nomad-gpu/nomad-gpu/internal/testbuild"
+	"github.com/nomad-gpu/nomad-gpu/testing/testbuild"
 )
 
 // BenchmarkIdleTick is what one tick of the leader's queue loop costs with

@@ -14,7 +14,7 @@ import (
 	"github.com/nomad-gpu/nomad-gpu/broker/approval"
 	"github.com/nomad-gpu/nomad-gpu/broker/audit"
 	"github.com/nomad-gpu/nomad-gpu/broker/server"
-	"github.com/nomad-gpu/nomad-gpu/internal/testcluster"
+	"github.com/nomad-gpu/nomad-gpu/testing/testcluster"
 )
 
 // TestAnApprovalLetsAJobAboveTheLimitUntilItExpires, with Nomad's ACLs on: a

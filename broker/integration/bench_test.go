@@ -17,7 +17,7 @@ import (
 
 	"github.com/nomad-gpu/nomad-gpu/broker/consulkv"
 	"github.com/nomad-gpu/nomad-gpu/broker/queue"
-	"github.com/nomad-gpu/nomad-gpu/internal/testcluster"
+	"github.com/nomad-gpu/nomad-gpu/testing/testcluster"
 )
 
 // registerPath is one way to Nomad: straight, through a bare reverse-proxy
@@ -54,7 +54,7 @@ const minCheckedRegistrations = 500
 const maxCPUGrowth = 1.25
 
 // BenchmarkRegister registers a one-GPU job straight to a real Nomad agent,
-// through a bare httputil.ReverseProxy hop (internal/barehop) and through the broker (its
+// through a bare httputil.ReverseProxy hop (testing/barehop) and through the broker (its
 // release build), at 1, 8 and 64 concurrent clients, paced (30 ms between a
 // client's calls) and unpaced. The three paths take turns in each of 5
 // repetitions; it prints one table: p50 and p99 (median, and the spread over

@@ -15,8 +15,8 @@ import (
 
 	"github.com/hashicorp/nomad/api"
 
-	"github.com/nomad-gpu/nomad-gpu/internal/testbuild"
-	"github.com/nomad-gpu/nomad-gpu/internal/testcluster"
+	"github.com/nomad-gpu/nomad-gpu/testing/testbuild"
+	"github.com/nomad-gpu/nomad-gpu/testing/testcluster"
 )
 
 // The gate's differential test: a generated corpus of job requests goes

@@ -20,8 +20,8 @@ import (
 	"github.com/nomad-gpu/nomad-gpu/broker/reclaim"
 	"github.com/nomad-gpu/nomad-gpu/broker/server"
 	"github.com/nomad-gpu/nomad-gpu/broker/usage"
-	"github.com/nomad-gpu/nomad-gpu/internal/testbuild"
-	"github.com/nomad-gpu/nomad-gpu/internal/testcluster"
+	"github.com/nomad-gpu/nomad-gpu/testing/testbuild"
+	"github.com/nomad-gpu/nomad-gpu/testing/testcluster"
 )
 
 // reclaimBase is the reclaim tests' cluster policy: tenant vision with 8 GPUs

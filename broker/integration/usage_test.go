@@ -18,8 +18,8 @@ import (
 	"github.com/nomad-gpu/nomad-gpu/broker/server"
 	"github.com/nomad-gpu/nomad-gpu/broker/usage"
 	"github.com/nomad-gpu/nomad-gpu/device-plugin/fake"
-	"github.com/nomad-gpu/nomad-gpu/internal/testbuild"
-	"github.com/nomad-gpu/nomad-gpu/internal/testcluster"
+	"github.com/nomad-gpu/nomad-gpu/testing/testbuild"
+	"github.com/nomad-gpu/nomad-gpu/testing/testcluster"
 )
 
 // TestGPUHoursSurviveLeaderFailover: a job holding 4 GPUs, two of them

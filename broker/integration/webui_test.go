@@ -15,9 +15,9 @@ import (
 
 	"github.com/hashicorp/nomad/api"
 
-	"github.com/nomad-gpu/nomad-gpu/internal/browser"
-	"github.com/nomad-gpu/nomad-gpu/internal/testbuild"
-	"github.com/nomad-gpu/nomad-gpu/internal/testcluster"
+	"github.com/nomad-gpu/nomad-gpu/testing/browser"
+	"github.com/nomad-gpu/nomad-gpu/testing/testbuild"
+	"github.com/nomad-gpu/nomad-gpu/testing/testcluster"
 )
 
 // uiPolicy: vision borrows beyond its guarantee of 2, search holds 4 at a

@@ -11,7 +11,7 @@ import (
 	"github.com/nomad-gpu/nomad-gpu/broker/audit"
 	"github.com/nomad-gpu/nomad-gpu/broker/cluster"
 	"github.com/nomad-gpu/nomad-gpu/broker/policy"
-	"github.com/nomad-gpu/nomad-gpu/internal/testbuild"
+	"github.com/nomad-gpu/nomad-gpu/testing/testbuild"
 )
 
 type leading bool

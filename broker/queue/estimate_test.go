@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/nomad-gpu/nomad-gpu/broker/queue"
-	"github.com/nomad-gpu/nomad-gpu/internal/testbuild"
+	"github.com/nomad-gpu/nomad-gpu/testing/testbuild"
 )
 
 func TestEstimatesFollowTheLifetimesOfRunningJobs(t *testing.T) {

@@ -9,7 +9,7 @@ import (
 	"pgregory.net/rapid"
 
 	"github.com/nomad-gpu/nomad-gpu/broker/queue"
-	"github.com/nomad-gpu/nomad-gpu/internal/testbuild"
+	"github.com/nomad-gpu/nomad-gpu/testing/testbuild"
 )
 
 // A submission's place and estimate, found without sorting the queue, are

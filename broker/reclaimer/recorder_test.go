@@ -9,7 +9,7 @@ import (
 	"github.com/nomad-gpu/nomad-gpu/broker/reclaim"
 	"github.com/nomad-gpu/nomad-gpu/broker/reclaimer"
 	"github.com/nomad-gpu/nomad-gpu/broker/usage"
-	"github.com/nomad-gpu/nomad-gpu/internal/testbuild"
+	"github.com/nomad-gpu/nomad-gpu/testing/testbuild"
 )
 
 // mem is a profile store in memory; fail makes its writes fail.

@@ -12,7 +12,7 @@ import (
 	"github.com/nomad-gpu/nomad-gpu/broker/queue/queuetest"
 	"github.com/nomad-gpu/nomad-gpu/broker/reclaim"
 	"github.com/nomad-gpu/nomad-gpu/broker/reclaimer"
-	"github.com/nomad-gpu/nomad-gpu/internal/testbuild"
+	"github.com/nomad-gpu/nomad-gpu/testing/testbuild"
 )
 
 // nomadJobs is Nomad's jobs as the requeue reads them.

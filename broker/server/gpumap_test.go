@@ -11,7 +11,7 @@ import (
 	"github.com/hashicorp/nomad/api"
 
 	"github.com/nomad-gpu/nomad-gpu/broker/cluster"
-	"github.com/nomad-gpu/nomad-gpu/internal/testbuild"
+	"github.com/nomad-gpu/nomad-gpu/testing/testbuild"
 )
 
 func TestTheGPUMapIsABlockingQueryOnTheViewsIndex(t *testing.T) {

@@ -27,7 +27,7 @@ import (
 	"github.com/nomad-gpu/nomad-gpu/broker/queue/queuetest"
 	"github.com/nomad-gpu/nomad-gpu/broker/reclaim"
 	"github.com/nomad-gpu/nomad-gpu/broker/usage"
-	"github.com/nomad-gpu/nomad-gpu/internal/testbuild"
+	"github.com/nomad-gpu/nomad-gpu/testing/testbuild"
 )
 
 var _ Queue = (*queuetest.Mem)(nil)

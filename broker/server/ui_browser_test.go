@@ -16,8 +16,8 @@ import (
 	"github.com/nomad-gpu/nomad-gpu/broker/queue"
 	"github.com/nomad-gpu/nomad-gpu/broker/reclaim"
 	"github.com/nomad-gpu/nomad-gpu/broker/reclaim/reclaimtest"
-	"github.com/nomad-gpu/nomad-gpu/internal/browser"
-	"github.com/nomad-gpu/nomad-gpu/internal/testbuild"
+	"github.com/nomad-gpu/nomad-gpu/testing/browser"
+	"github.com/nomad-gpu/nomad-gpu/testing/testbuild"
 )
 
 // largeCluster fills the view as a listing of a cluster of nodes would:

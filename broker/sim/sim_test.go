@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/nomad-gpu/nomad-gpu/broker/sim"
-	"github.com/nomad-gpu/nomad-gpu/internal/testbuild"
+	"github.com/nomad-gpu/nomad-gpu/testing/testbuild"
 )
 
 const twoTenants = `

@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/nomad-gpu/nomad-gpu/broker/usage"
-	"github.com/nomad-gpu/nomad-gpu/internal/testbuild"
+	"github.com/nomad-gpu/nomad-gpu/testing/testbuild"
 )
 
 func TestPeriodBounds(t *testing.T) {

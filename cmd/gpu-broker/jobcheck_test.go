@@ -9,7 +9,7 @@ import (
 	"testing"
 
 	"github.com/nomad-gpu/nomad-gpu/broker/policyhcl"
-	"github.com/nomad-gpu/nomad-gpu/internal/testcluster"
+	"github.com/nomad-gpu/nomad-gpu/testing/testcluster"
 )
 
 // The example jobspecs pass the example policies, as JSON from

@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/nomad-gpu/nomad-gpu/device-plugin/check"
-	"github.com/nomad-gpu/nomad-gpu/internal/testcluster"
+	"github.com/nomad-gpu/nomad-gpu/testing/testcluster"
 )
 
 // The check drives the real plugin binary over go-plugin as Nomad does:

@@ -5,7 +5,7 @@ import (
 	"testing"
 
 	"github.com/nomad-gpu/nomad-gpu/device-plugin/fake"
-	"github.com/nomad-gpu/nomad-gpu/internal/testcluster"
+	"github.com/nomad-gpu/nomad-gpu/testing/testcluster"
 )
 
 // islandScript fragments an 8-GPU node of two 4-GPU NVLink islands: single

@@ -7,7 +7,7 @@ import (
 	"github.com/hashicorp/nomad/api"
 
 	"github.com/nomad-gpu/nomad-gpu/device-plugin/fake"
-	"github.com/nomad-gpu/nomad-gpu/internal/testcluster"
+	"github.com/nomad-gpu/nomad-gpu/testing/testcluster"
 )
 
 // TestTwoTasksShareOneGPUAsReplicas: with sharing { replicas = 2  gpus = 1 }

@@ -272,17 +272,17 @@ func (b *Broker) FDs() int {
 // AuditPath is the broker's audit trail.
 func (b *Broker) AuditPath() string { return filepath.Join(b.dir, "audit.log") }
 
-// BareHop is internal/barehop, a bare reverse proxy, running.
+// BareHop is testing/barehop, a bare reverse proxy, running.
 type BareHop struct {
 	*process
 	Addr string // http://127.0.0.1:port
 }
 
-// StartBareHop runs internal/barehop in front of nomad in a process of its
+// StartBareHop runs testing/barehop in front of nomad in a process of its
 // own, as the broker is.
 func StartBareHop(t testing.TB, nomad *Nomad) *BareHop {
 	t.Helper()
-	bin := buildOnce(t, "github.com/nomad-gpu/nomad-gpu/internal/barehop", "barehop", false)
+	bin := buildOnce(t, "github.com/nomad-gpu/nomad-gpu/testing/barehop", "barehop", false)
 	addr := fmt.Sprintf("127.0.0.1:%d", FreePorts(t, 1)[0])
 	p := start(t, "barehop", t.TempDir(), bin, "-listen", addr, "-target", nomad.Addr)
 	t.Cleanup(p.stop)
