@@ -21,7 +21,6 @@ import (
 	"github.com/hashicorp/go-hclog"
 	nomad "github.com/hashicorp/nomad/api"
 
-	"github.com/nomad-gpu/nomad-gpu/broker/admission"
 	"github.com/nomad-gpu/nomad-gpu/broker/admitter"
 	"github.com/nomad-gpu/nomad-gpu/broker/approval"
 	"github.com/nomad-gpu/nomad-gpu/broker/audit"
@@ -41,11 +40,49 @@ import (
 	gpuusage "github.com/nomad-gpu/nomad-gpu/broker/usage"
 )
 
-// Agent is one broker.
+// Agent is one broker. Run builds it in named steps, each from what the
+// ones before it built, in the way nomad-autoscaler's agent is set up.
 type Agent struct {
 	cfg    *config.Config
 	log    hclog.Logger
 	reload <-chan os.Signal // the policy and the Nomad token file are read again at once (SIGHUP)
+
+	// setupClients
+	nomad   *nomadapi.Client
+	consul  *consul.Client
+	metrics *brokermetrics.Metrics
+	stamper nomadjob.Stamper
+	// setupPolicy
+	view     *cluster.View
+	budgets  *gpuusage.BudgetBook
+	policies *policystore.Store
+	// setupNomadAgent
+	region          string
+	acls, exclusive bool
+	peers           *http.Client
+	// setupStores
+	stores stores
+	// setupObservers
+	elector  *leader.Elector
+	trail    *audit.Log // nil: no audit trail
+	forecast *queue.Forecast
+	// setupServer
+	admitter *admitter.Admitter
+	server   *server.Server
+}
+
+// stores are the broker's records in Consul KV, and the tables it keeps
+// beside them.
+type stores struct {
+	aside          *consulkv.Aside
+	queue          *consulkv.Queue
+	decisions      *consulkv.Decisions
+	scales         *consulkv.Scales
+	approvals      *consulkv.Approvals
+	backoffs       *consulkv.Backoffs
+	profiles       *gpuusage.Profiles
+	storedProfiles *consulkv.Profiles
+	rollups        *consulkv.Rollups
 }
 
 // New is a broker for a validated configuration; reload (may be nil) asks
@@ -58,192 +95,243 @@ func New(cfg *config.Config, log hclog.Logger, reload <-chan os.Signal) *Agent {
 // leads whenever it holds the Consul lock; a broker that stops leading (or
 // whose context ends) stops its leader's loops.
 func (a *Agent) Run(ctx context.Context) error {
-	cfg, log := a.cfg, a.log
-	var tlsCfg *nomad.TLSConfig
-	if t := cfg.Nomad.TLS; t != nil {
-		tlsCfg = &nomad.TLSConfig{CACert: t.CAFile, ClientCert: t.CertFile, ClientKey: t.KeyFile}
-	}
-	nomadClient, err := nomadapi.New(cfg.Nomad.Address, cfg.Nomad.Token, tlsCfg)
-	if err != nil {
-		return err
-	}
-	metrics := brokermetrics.New()
-	consulCfg := consul.DefaultConfig()
-	consulCfg.Address, consulCfg.Token = cfg.Consul.Address, cfg.Consul.Token
-	if t := cfg.Consul.TLS; t != nil {
-		consulCfg.TLSConfig = consul.TLSConfig{CAFile: t.CAFile, CertFile: t.CertFile, KeyFile: t.KeyFile}
-	}
-	consulClient, err := consul.NewClient(consulCfg)
-	if err != nil {
-		return fmt.Errorf("consul client: %w", err)
-	}
-	// The client keeps this *http.Client (TLS set up): count its failures.
-	consulCfg.HttpClient.Transport = metrics.CountingTransport(consulCfg.HttpClient.Transport)
-
-	key, err := consulkv.StampKey(ctx, consulClient.KV(), cfg.Consul.KVPrefix)
-	if err != nil {
-		return err
-	}
-	stamper := nomadjob.Stamper{Key: key}
-	view := cluster.NewView(stamper.VerifyCounting)
-	budgets := &gpuusage.BudgetBook{}
-	view.SetBudgets(budgets.OverBudget)
-	policies, diags := policystore.New(cfg.PolicyDir, view.Capacity, log.Named("policy"))
-	if policies == nil {
-		return fmt.Errorf("policy %s is invalid:\n%s", cfg.PolicyDir, policyhcl.FormatDiagnostics(diags))
-	}
-	policies.AllowNoTenants = cfg.AllowPolicyWithoutTenants
-
-	agentRegion, acls, err := nomadClient.Agent(ctx)
-	if err != nil {
-		return err
-	}
-	exclusive := cfg.Enforcement == config.Exclusive
-	if exclusive && !acls {
-		return errors.New(`enforcement = "exclusive" needs Nomad's ACLs on: without them Nomad cannot refuse the writes that do not come through the broker`)
-	}
-	peers, err := peerClient(cfg.TLS)
-	if err != nil {
-		return err
-	}
-	region := cfg.Nomad.Region
-	if region == "" {
-		region = agentRegion
-	}
-	kvLog := log.Named("consul")
-	aside := consulkv.NewAside(consulClient, cfg.Consul.KVPrefix, func(u consulkv.Unreadable) {
-		metrics.KVUnreadable(u.Kind)
-		kvLog.Error("a record that cannot be read was set aside; the others are read on", "kind", u.Kind, "key", u.Key,
-			"moved_to", u.MovedTo, "error", u.Err)
-	})
-	store := consulkv.NewQueue(consulClient.KV(), cfg.Consul.KVPrefix, aside)
-	decisions := consulkv.NewDecisions(consulClient.KV(), cfg.Consul.KVPrefix, aside)
-	scales := consulkv.NewScales(consulClient.KV(), cfg.Consul.KVPrefix, aside)
-	approvals := consulkv.NewApprovals(consulClient.KV(), cfg.Consul.KVPrefix, aside)
-	go approvals.Follow(ctx)
-	backoffs := consulkv.NewBackoffs(consulClient.KV(), cfg.Consul.KVPrefix, aside)
-	go backoffs.Follow(ctx)
-	go store.Follow(ctx) // the queue's index: the leader skips passes while nothing changed
-	profiles, storedProfiles := gpuusage.NewProfiles(), consulkv.NewProfiles(consulClient, cfg.Consul.KVPrefix, aside)
-	rollups := consulkv.NewRollups(consulClient, cfg.Consul.KVPrefix, aside)
-	forecast := &queue.Forecast{}
-	elector := &leader.Elector{Client: consulClient, Key: cfg.Consul.KVPrefix + "leader", Address: cfg.Advertise,
-		Log: log.Named("leader")}
-	metrics.Observe(brokermetrics.Sources{Cluster: view, Policies: policies, Queue: store, Leader: elector,
-		PolicyState: func() (time.Time, bool) { st := policies.Status(); return st.LoadedAt, st.Stale }, TokenRefused: nomadClient.TokenRefused,
-		InBackoff: func() map[string]int {
-			p, now, out := policies.Current(), time.Now(), map[string]int{}
-			for _, b := range backoffs.All() {
-				if t := p.TenantOf(b.Namespace); t != nil && admission.BackoffFor(p.Borrowing, b.Count, b.Last, now) != nil {
-					out[t.Name]++
-				}
-			}
-			return out
-		}})
-	view.SetAllocEvents(metrics.AllocEvent)
-	var trail *audit.Log
-	if a := cfg.Audit; a != nil {
-		if trail, err = audit.Open(a.Path, a.MaxBytes, a.MaxFiles, cfg.Advertise); err != nil {
+	defer a.close()
+	for _, step := range []func(context.Context) error{a.setupClients, a.setupPolicy, a.setupNomadAgent,
+		a.setupStores, a.setupObservers, a.setupServer} {
+		if err := step(ctx); err != nil {
 			return err
 		}
-		defer trail.Close()
-		trail.Failed = func(err error) {
-			metrics.AuditFailure()
-			log.Error("audit trail cannot be written", "error", err)
-		}
-		policies.Reloads = func(took bool, detail string) {
-			trail.Write(audit.Event{Who: audit.BrokerAct, What: audit.PolicyReload, Result: detail})
-		}
 	}
-	view.SetReverts((&leader.Reverts{Leader: elector, Policies: policies, Usage: view.Usage, Audit: trail, Metrics: metrics,
-		Log: log.Named("revert")}).Observed)
-	resync := time.NewTicker(cfg.ResyncInterval)
-	defer resync.Stop()
-	go view.Follow(ctx, nomadClient, log.Named("cluster"), resync.C)
-	policyReload := make(chan os.Signal, 1)
-	go a.reloads(ctx, nomadClient, policyReload)
-	go policies.Watch(ctx, policyReload, cfg.PolicyPollInterval)
-	// 32 registrations in flight stays well inside Nomad's default limit of 100
-	// HTTP connections per client.
-	adm := &admitter.Admitter{Log: log.Named("queue"), Queue: store, Nomad: nomadClient, Cluster: view,
-		Policies: policies, Stamper: stamper, Now: time.Now, GPUsCameBack: view.GPUsCameBack, Blocked: nomadClient, Exclusive: exclusive, Metrics: metrics, FairShare: rollups, Audit: trail, Approvals: approvals,
-		Preemptions: backoffs.Preemptions, Parallel: 32}
-	srv, err := server.New(server.Options{Leader: elector, Log: log.Named("proxy"), Nomad: cfg.Nomad.Address,
-		Client: nomadClient.HTTPClient(), Policies: policies, Cluster: view, Queue: store, Decisions: decisions, Scales: scales, Profiles: profiles, RightSizing: storedProfiles, Metrics: metrics, Rollups: rollups, FairShare: rollups, Audit: trail, Approvals: approvals, Preemptions: backoffs.Preemptions, SetAside: aside, PolicyStatus: policies.Status, Unhealthy: func() string {
-			if nomadClient.TokenRefused() {
-				return "Nomad refuses the broker's own token: nothing is admitted from the queue until it is valid again " +
-					"(write a valid one to nomad.token_file and send the broker SIGHUP, or set nomad.token and restart it)"
-			}
-			return ""
-		}, Forecast: forecast, Stamper: stamper, Region: region, ACLs: acls, BodyReadTimeout: cfg.BodyReadTimeoutDuration,
-		Exclusive: exclusive, Token: nomadClient.Token, Peers: peers})
+	a.follow(ctx)
+	httpServer, err := a.serve()
 	if err != nil {
 		return err
 	}
-	ln, err := net.Listen("tcp", cfg.Listen)
-	if err != nil {
-		return fmt.Errorf("listen on %s: %w", cfg.Listen, err)
-	}
-	httpServer := &http.Server{Handler: debugHandler(cfg.EnableDebug, srv.Handler()), ReadHeaderTimeout: 10 * time.Second}
-	if cfg.TLS != nil {
-		go httpServer.ServeTLS(ln, cfg.TLS.CertFile, cfg.TLS.KeyFile)
-	} else {
-		go httpServer.Serve(ln)
-	}
-	log.Info("broker listening", "address", cfg.Listen, "tls", cfg.TLS != nil, "enforcement", cfg.Enforcement, "nomad", cfg.Nomad.Address, "consul", cfg.Consul.Address,
-		"policy_dir", cfg.PolicyDir, "region", region, "acls", acls)
-
-	elector.Run(ctx, func(ctx context.Context) {
-		reassert := time.NewTicker(cfg.PreemptionReassertInterval)
-		defer reassert.Stop()
-		go leader.KeepPreemption(ctx, reassert.C, policies.Reloaded(), func() (bool, bool) {
-			p := policies.Current()
-			return p.Preemption.Batch, p.Preemption.Service
-		}, nomadClient, log.Named("preemption"))
-		// Each term starts afresh: what earlier leaders recorded is read back.
-		observer := &nomadapi.Observer{Client: nomadClient, View: view, Verify: decide.Verifier(stamper, scales), Samples: view.SetSamples}
-		rec := &reclaimer.Reclaimer{Log: log.Named("reclaim"), Records: decisions, Observer: observer, Actor: nomadClient, Policies: policies, Now: time.Now, NewID: queue.NewID,
-			Requeue: &reclaimer.Requeue{Jobs: nomadClient, Actor: nomadClient, Queue: store, Policies: policies, Preempted: backoffs.Preempted},
-			Watchers: []reclaimer.Watcher{&reclaimer.Recorder{Store: storedProfiles, Table: profiles, Policies: policies},
-				&reclaimer.Ledger{Store: rollups, Policies: policies, Metrics: metrics, Budgets: budgets, Clock: nomadClient.NomadNow,
-					Ended: observer.Ended},
-				&reclaimer.Bander{Log: log.Named("band"), Policies: policies, Usage: view, Jobs: nomadClient, Grants: scales,
-					Stamper: stamper, Lock: view.LockJob, Audit: trail},
-				&reclaimer.Expirer{Store: approvals, Jobs: view, Policies: policies, Records: decisions, NewID: queue.NewID, Audit: trail},
-				&reclaimer.Pruner{What: "scale and dispatch grants", Every: grantPruneInterval, Log: log.Named("prune"),
-					Prune: func(ctx context.Context) (int, error) { return scales.Prune(ctx, nomadClient.Gone) }},
-				// A job left alone for max_backoff after its backoff ended
-				// starts again from no preemption.
-				&reclaimer.Pruner{What: "preemption counts", Every: grantPruneInterval, Log: log.Named("prune"),
-					Prune: func(ctx context.Context) (int, error) {
-						b := policies.Current().Borrowing
-						return backoffs.Prune(ctx, time.Now(), func(n int) time.Duration { return b.BackoffAfter(n) + b.MaxBackoff })
-					}}},
-			Metrics: metrics, Audit: trail, Forecast: forecast, Queued: store,
-			Granted: func(now time.Time) map[string]float64 {
-				p := policies.Current()
-				return approval.ExtraByTenant(approvals.Current(), func(ns string) string {
-					if t := p.TenantOf(ns); t != nil {
-						return t.Name
-					}
-					return ""
-				}, now)
-			}}
-		go rec.Run(ctx, time.After)
-		passes := time.NewTicker(cfg.QueueIntervalDuration)
-		defer passes.Stop()
-		adm.Run(ctx, view.Changed(), passes.C)
-	})
-
+	a.elector.Run(ctx, a.lead)
 	shutdown, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	return httpServer.Shutdown(shutdown)
 }
 
+// close releases what the steps opened.
+func (a *Agent) close() {
+	if a.trail != nil {
+		a.trail.Close()
+	}
+}
+
+// setupClients makes the Nomad and Consul clients and the metrics, and
+// reads the key admissions are stamped with (made once, in Consul KV).
+func (a *Agent) setupClients(ctx context.Context) error {
+	cfg := a.cfg
+	var tlsCfg *nomad.TLSConfig
+	if t := cfg.Nomad.TLS; t != nil {
+		tlsCfg = &nomad.TLSConfig{CACert: t.CAFile, ClientCert: t.CertFile, ClientKey: t.KeyFile}
+	}
+	var err error
+	if a.nomad, err = nomadapi.New(cfg.Nomad.Address, cfg.Nomad.Token, tlsCfg); err != nil {
+		return err
+	}
+	a.metrics = brokermetrics.New()
+	consulCfg := consul.DefaultConfig()
+	consulCfg.Address, consulCfg.Token = cfg.Consul.Address, cfg.Consul.Token
+	if t := cfg.Consul.TLS; t != nil {
+		consulCfg.TLSConfig = consul.TLSConfig{CAFile: t.CAFile, CertFile: t.CertFile, KeyFile: t.KeyFile}
+	}
+	if a.consul, err = consul.NewClient(consulCfg); err != nil {
+		return fmt.Errorf("consul client: %w", err)
+	}
+	// The client keeps this *http.Client (TLS set up): count its failures.
+	consulCfg.HttpClient.Transport = a.metrics.CountingTransport(consulCfg.HttpClient.Transport)
+	key, err := consulkv.StampKey(ctx, a.consul.KV(), cfg.Consul.KVPrefix)
+	if err != nil {
+		return err
+	}
+	a.stamper = nomadjob.Stamper{Key: key}
+	return nil
+}
+
+// setupPolicy makes the cluster view (which counts only jobs whose stamp
+// verifies) and loads the policy, refusing an invalid one with its
+// diagnostics.
+func (a *Agent) setupPolicy(context.Context) error {
+	a.view = cluster.NewView(a.stamper.VerifyCounting)
+	a.budgets = &gpuusage.BudgetBook{}
+	a.view.SetBudgets(a.budgets.OverBudget)
+	policies, diags := policystore.New(a.cfg.PolicyDir, a.view.Capacity, a.log.Named("policy"))
+	if policies == nil {
+		return fmt.Errorf("policy %s is invalid:\n%s", a.cfg.PolicyDir, policyhcl.FormatDiagnostics(diags))
+	}
+	policies.AllowNoTenants = a.cfg.AllowPolicyWithoutTenants
+	a.policies = policies
+	return nil
+}
+
+// setupNomadAgent asks Nomad for its region and whether it enforces ACLs,
+// which exclusive enforcement needs, and makes the client to the other
+// brokers.
+func (a *Agent) setupNomadAgent(ctx context.Context) error {
+	agentRegion, acls, err := a.nomad.Agent(ctx)
+	if err != nil {
+		return err
+	}
+	a.acls, a.exclusive = acls, a.cfg.Enforcement == config.Exclusive
+	if a.exclusive && !acls {
+		return errors.New(`enforcement = "exclusive" needs Nomad's ACLs on: without them Nomad cannot refuse the writes that do not come through the broker`)
+	}
+	if a.peers, err = peerClient(a.cfg.TLS); err != nil {
+		return err
+	}
+	a.region = a.cfg.Nomad.Region
+	if a.region == "" {
+		a.region = agentRegion
+	}
+	return nil
+}
+
+// setupStores makes the records in Consul KV (an unreadable one is set
+// aside, counted and logged) and starts following those every broker reads.
+func (a *Agent) setupStores(ctx context.Context) error {
+	kv, prefix, kvLog := a.consul.KV(), a.cfg.Consul.KVPrefix, a.log.Named("consul")
+	aside := consulkv.NewAside(a.consul, prefix, func(u consulkv.Unreadable) {
+		a.metrics.KVUnreadable(u.Kind)
+		kvLog.Error("a record that cannot be read was set aside; the others are read on", "kind", u.Kind, "key", u.Key,
+			"moved_to", u.MovedTo, "error", u.Err)
+	})
+	a.stores = stores{aside: aside, queue: consulkv.NewQueue(kv, prefix, aside), decisions: consulkv.NewDecisions(kv, prefix, aside),
+		scales: consulkv.NewScales(kv, prefix, aside), approvals: consulkv.NewApprovals(kv, prefix, aside),
+		backoffs: consulkv.NewBackoffs(kv, prefix, aside), profiles: gpuusage.NewProfiles(),
+		storedProfiles: consulkv.NewProfiles(a.consul, prefix, aside), rollups: consulkv.NewRollups(a.consul, prefix, aside)}
+	go a.stores.approvals.Follow(ctx)
+	go a.stores.backoffs.Follow(ctx)
+	go a.stores.queue.Follow(ctx) // the queue's index: the leader skips passes while nothing changed
+	return nil
+}
+
+// setupObservers makes the leader election, the metrics' sources, the audit
+// trail (every policy reload recorded in it) and the view's observers of
+// allocation events and auto-reverts.
+func (a *Agent) setupObservers(context.Context) error {
+	cfg, st := a.cfg, &a.stores
+	a.forecast = &queue.Forecast{}
+	a.elector = &leader.Elector{Client: a.consul, Key: cfg.Consul.KVPrefix + "leader", Address: cfg.Advertise, Log: a.log.Named("leader")}
+	a.metrics.Observe(brokermetrics.Sources{Cluster: a.view, Policies: a.policies, Queue: st.queue, Leader: a.elector,
+		PolicyState: a.policies.Loaded, TokenRefused: a.nomad.TokenRefused, InBackoff: st.backoffs.InBackoff(a.policies)})
+	a.view.SetAllocEvents(a.metrics.AllocEvent)
+	if c := cfg.Audit; c != nil {
+		trail, err := audit.Open(c.Path, c.MaxBytes, c.MaxFiles, cfg.Advertise)
+		if err != nil {
+			return err
+		}
+		a.trail = trail
+		trail.Failed = func(err error) {
+			a.metrics.AuditFailure()
+			a.log.Error("audit trail cannot be written", "error", err)
+		}
+		a.policies.Reloads = func(took bool, detail string) {
+			trail.Write(audit.Event{Who: audit.BrokerAct, What: audit.PolicyReload, Result: detail})
+		}
+	}
+	a.view.SetReverts((&leader.Reverts{Leader: a.elector, Policies: a.policies, Usage: a.view.Usage, Audit: a.trail, Metrics: a.metrics,
+		Log: a.log.Named("revert")}).Observed)
+	return nil
+}
+
+// setupServer makes the queue's admitter (run while leading) and the HTTP
+// front, the gate and the broker's API.
+func (a *Agent) setupServer(context.Context) error {
+	cfg, st := a.cfg, &a.stores
+	// 32 registrations in flight stays well inside Nomad's default limit of 100
+	// HTTP connections per client.
+	a.admitter = &admitter.Admitter{Log: a.log.Named("queue"), Queue: st.queue, Nomad: a.nomad, Cluster: a.view,
+		Policies: a.policies, Stamper: a.stamper, Now: time.Now, GPUsCameBack: a.view.GPUsCameBack, Blocked: a.nomad, Exclusive: a.exclusive,
+		Metrics: a.metrics, FairShare: st.rollups, Audit: a.trail, Approvals: st.approvals, Preemptions: st.backoffs.Preemptions, Parallel: 32}
+	var err error
+	a.server, err = server.New(server.Options{Leader: a.elector, Log: a.log.Named("proxy"), Nomad: cfg.Nomad.Address,
+		Client: a.nomad.HTTPClient(), Policies: a.policies, Cluster: a.view, Queue: st.queue, Decisions: st.decisions, Scales: st.scales,
+		Profiles: st.profiles, RightSizing: st.storedProfiles, Metrics: a.metrics, Rollups: st.rollups, FairShare: st.rollups, Audit: a.trail,
+		Approvals: st.approvals, Preemptions: st.backoffs.Preemptions, SetAside: st.aside, PolicyStatus: a.policies.Status,
+		Unhealthy: a.nomad.Unhealthy, Forecast: a.forecast, Stamper: a.stamper, Region: a.region, ACLs: a.acls,
+		BodyReadTimeout: cfg.BodyReadTimeoutDuration, Exclusive: a.exclusive, Token: a.nomad.Token, Peers: a.peers})
+	return err
+}
+
+// follow starts what every broker runs until ctx ends: the view following
+// Nomad (listed again every resync), and policy and token reloads.
+func (a *Agent) follow(ctx context.Context) {
+	resync := time.NewTicker(a.cfg.ResyncInterval)
+	go func() {
+		defer resync.Stop()
+		a.view.Follow(ctx, a.nomad, a.log.Named("cluster"), resync.C)
+	}()
+	policyReload := make(chan os.Signal, 1)
+	go a.reloads(ctx, policyReload)
+	go a.policies.Watch(ctx, policyReload, a.cfg.PolicyPollInterval)
+}
+
+// serve listens and serves the HTTP front (with Go's profiler when
+// enable_debug is set) in the background.
+func (a *Agent) serve() (*http.Server, error) {
+	cfg := a.cfg
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return nil, fmt.Errorf("listen on %s: %w", cfg.Listen, err)
+	}
+	httpServer := &http.Server{Handler: debugHandler(cfg.EnableDebug, a.server.Handler()), ReadHeaderTimeout: 10 * time.Second}
+	if cfg.TLS != nil {
+		go httpServer.ServeTLS(ln, cfg.TLS.CertFile, cfg.TLS.KeyFile)
+	} else {
+		go httpServer.Serve(ln)
+	}
+	a.log.Info("broker listening", "address", cfg.Listen, "tls", cfg.TLS != nil, "enforcement", cfg.Enforcement, "nomad", cfg.Nomad.Address,
+		"consul", cfg.Consul.Address, "policy_dir", cfg.PolicyDir, "region", a.region, "acls", a.acls)
+	return httpServer, nil
+}
+
+// lead runs the leader's loops for one term, until ctx ends: Nomad's
+// preemption kept as policy says, reclaim with its watchers, and the queue.
+func (a *Agent) lead(ctx context.Context) {
+	reassert := time.NewTicker(a.cfg.PreemptionReassertInterval)
+	defer reassert.Stop()
+	go leader.KeepPreemption(ctx, reassert.C, a.policies.Reloaded(), a.policies.Preemption, a.nomad, a.log.Named("preemption"))
+	go a.reclaimer().Run(ctx, time.After)
+	passes := time.NewTicker(a.cfg.QueueIntervalDuration)
+	defer passes.Stop()
+	a.admitter.Run(ctx, a.view.Changed(), passes.C)
+}
+
+// reclaimer is one term's reclaim loop: each term starts afresh, and what
+// earlier leaders recorded is read back.
+func (a *Agent) reclaimer() *reclaimer.Reclaimer {
+	st := &a.stores
+	observer := &nomadapi.Observer{Client: a.nomad, View: a.view, Verify: decide.Verifier(a.stamper, st.scales), Samples: a.view.SetSamples}
+	prune := a.log.Named("prune")
+	return &reclaimer.Reclaimer{Log: a.log.Named("reclaim"), Records: st.decisions, Observer: observer, Actor: a.nomad, Policies: a.policies,
+		Now: time.Now, NewID: queue.NewID,
+		Requeue: &reclaimer.Requeue{Jobs: a.nomad, Actor: a.nomad, Queue: st.queue, Policies: a.policies, Preempted: st.backoffs.Preempted},
+		Watchers: []reclaimer.Watcher{&reclaimer.Recorder{Store: st.storedProfiles, Table: st.profiles, Policies: a.policies},
+			&reclaimer.Ledger{Store: st.rollups, Policies: a.policies, Metrics: a.metrics, Budgets: a.budgets, Clock: a.nomad.NomadNow,
+				Ended: observer.Ended},
+			&reclaimer.Bander{Log: a.log.Named("band"), Policies: a.policies, Usage: a.view, Jobs: a.nomad, Grants: st.scales,
+				Stamper: a.stamper, Lock: a.view.LockJob, Audit: a.trail},
+			&reclaimer.Expirer{Store: st.approvals, Jobs: a.view, Policies: a.policies, Records: st.decisions, NewID: queue.NewID, Audit: a.trail},
+			&reclaimer.Pruner{What: "scale and dispatch grants", Every: grantPruneInterval, Log: prune,
+				Prune: func(ctx context.Context) (int, error) { return st.scales.Prune(ctx, a.nomad.Gone) }},
+			// A job left alone for max_backoff after its backoff ended
+			// starts again from no preemption.
+			&reclaimer.Pruner{What: "preemption counts", Every: grantPruneInterval, Log: prune,
+				Prune: func(ctx context.Context) (int, error) {
+					return st.backoffs.Prune(ctx, time.Now(), a.policies.Current().Borrowing.ForgetAfter)
+				}}},
+		Metrics: a.metrics, Audit: a.trail, Forecast: a.forecast, Queued: st.queue,
+		Granted: approval.ExtraGranted(a.policies, st.approvals)}
+}
+
 // reloads reads nomad.token_file again at each SIGHUP (a revoked or rotated
 // token is replaced with no restart, and the queue goes on at its next pass),
 // then passes the signal on for the policy to be read again.
-func (a *Agent) reloads(ctx context.Context, nomadClient *nomadapi.Client, policy chan<- os.Signal) {
+func (a *Agent) reloads(ctx context.Context, policy chan<- os.Signal) {
+	nomadClient := a.nomad
 	for {
 		select {
 		case <-ctx.Done():

@@ -126,14 +126,22 @@ func For(approvals []Approval, namespace, job string, now time.Time) admission.G
 }
 
 // ExtraByTenant is the GPUs above their limits that the approvals in force at
-// now grant each tenant's jobs, by tenant (tenantOf maps a namespace to its
-// tenant's name, "" for none).
-func ExtraByTenant(approvals []Approval, tenantOf func(namespace string) string, now time.Time) map[string]float64 {
+// now grant each tenant's jobs, by the name of the tenant policy p gives the
+// approval's namespace (none: not counted).
+func ExtraByTenant(approvals []Approval, p *policy.Policy, now time.Time) map[string]float64 {
 	out := map[string]float64{}
 	for _, a := range approvals {
-		if t := tenantOf(a.Namespace); t != "" && a.Active(now) && a.ExtraGPUs > 0 {
-			out[t] += float64(a.ExtraGPUs)
+		if t := p.TenantOf(a.Namespace); t != nil && a.Active(now) && a.ExtraGPUs > 0 {
+			out[t.Name] += float64(a.ExtraGPUs)
 		}
 	}
 	return out
+}
+
+// ExtraGranted is ExtraByTenant of the approvals in force under the policy in
+// force, as the reclaim rule over_limit asks for it.
+func ExtraGranted(policies policy.Source, approvals interface{ Current() []Approval }) func(now time.Time) map[string]float64 {
+	return func(now time.Time) map[string]float64 {
+		return ExtraByTenant(approvals.Current(), policies.Current(), now)
+	}
 }

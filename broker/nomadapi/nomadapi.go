@@ -141,6 +141,16 @@ func (c *Client) NomadNow() (time.Time, bool) {
 // registration): the token was deleted or expired.
 func (c *Client) TokenRefused() bool { return c.refused.Load() }
 
+// Unhealthy says why the broker cannot do its work through this client
+// ("": it can), for GET /v1/gpu/health.
+func (c *Client) Unhealthy() string {
+	if c.TokenRefused() {
+		return "Nomad refuses the broker's own token: nothing is admitted from the queue until it is valid again " +
+			"(write a valid one to nomad.token_file and send the broker SIGHUP, or set nomad.token and restart it)"
+	}
+	return ""
+}
+
 // saw records what err says of the broker's token and returns it: a 403 is
 // the token's (the broker's token may do anything), an answer is proof of a
 // valid token; an error that never reached Nomad says nothing.

@@ -297,6 +297,13 @@ func (p *Policy) SubBand(gpus float64, running time.Duration) int {
 	return p.Borrowing.Priority + k
 }
 
+// ForgetAfter is how long after its last preemption a job preempted
+// preemptions times is left alone before its count is forgotten: its backoff,
+// then max_backoff more.
+func (b Borrowing) ForgetAfter(preemptions int) time.Duration {
+	return b.BackoffAfter(preemptions) + b.MaxBackoff
+}
+
 // BackoffAfter is how long a job preempted preemptions times while borrowed
 // waits before it borrows again (0 for none).
 func (b Borrowing) BackoffAfter(preemptions int) time.Duration {

@@ -53,6 +53,13 @@ type Status struct {
 }
 
 // Status is the policy in force and how its last reload went.
+// Loaded is when the policy in force was read, and whether the files have
+// changed since in a way that was refused (the metrics' view of Status).
+func (s *Store) Loaded() (at time.Time, stale bool) {
+	st := s.Status()
+	return st.LoadedAt, st.Stale
+}
+
 func (s *Store) Status() Status {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -91,6 +98,12 @@ func New(dir string, capacity func() int, log hclog.Logger) (*Store, hcl.Diagnos
 
 // Current is the policy in force.
 func (s *Store) Current() *policy.Policy { return s.current.Load() }
+
+// Preemption is Nomad's scheduler preemption the policy in force asks for.
+func (s *Store) Preemption() (batch, service bool) {
+	p := s.Current()
+	return p.Preemption.Batch, p.Preemption.Service
+}
 
 // Reload reads the files again; it reports whether the new set took effect.
 func (s *Store) Reload() bool {
