@@ -270,6 +270,7 @@ func Decide(p *policy.Policy, job Job, u Usage) Decision {
 	return d
 }
 
+// Long: the decision's rules in the order they apply, each returning; the order is the policy.
 func decide(p *policy.Policy, job Job, u Usage) Decision {
 	demand, unclassified := Demand(p, job, u)
 	var reverts string // why the job counts more than it asks for

@@ -114,6 +114,7 @@ const defaultBorrowingPriority = 20
 
 // Parse reads a policy set from file contents keyed by file name. capacity is
 // the cluster's GPU count for the over-commitment warning (0: unknown, no check).
+// Long: the policy's blocks in their fixed order, each checked against the ones read before it.
 func Parse(files map[string][]byte, capacity int) (*policy.Policy, hcl.Diagnostics) {
 	pol := &policy.Policy{Queues: map[string]*policy.Queue{}, Tenants: map[string]*policy.Tenant{}, Classes: map[string]*policy.GPUClass{}, Regions: map[string]*policy.Region{},
 		Reclaim: map[string]*policy.ReclaimRule{}, Workloads: map[string]*policy.Workload{}, ReclaimSettings: policy.ReclaimSettings{Period: policy.DefaultReclaimPeriod, Retention: policy.DefaultReclaimRetention},
@@ -340,6 +341,7 @@ func decodeSingleton(p *parser, b *hcl.Block) hcl.Diagnostics {
 // validNamespace is what Nomad takes as a namespace's name.
 var validNamespace = regexp.MustCompile(`^[a-zA-Z0-9-]{1,128}$`)
 
+// Long: one attribute per tenant setting, each with its own file:line diagnostic.
 func (p *parser) addTenant(b *hcl.Block, tb tenantBody) hcl.Diagnostics {
 	var diags hcl.Diagnostics
 	t := &policy.Tenant{Name: b.Labels[0], Namespaces: tb.Namespaces, Queues: tb.Queues, Pos: pos(b.DefRange),

@@ -70,6 +70,7 @@ type reclaimBody struct {
 
 // addReclaim reads a reclaim block; selectors naming queues and tenants are
 // checked once every block is read.
+// Long: one attribute per rule setting, each with its own file:line diagnostic.
 func (p *parser) addReclaim(b *hcl.Block) hcl.Diagnostics {
 	var rb reclaimBody
 	if d := gohcl.DecodeBody(b.Body, nil, &rb); d.HasErrors() {

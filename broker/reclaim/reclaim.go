@@ -254,6 +254,7 @@ type Waiting struct {
 // then the lowest band, then the newest; never another tenant's work, nor
 // the tenant's work of the job's band or above. Work already decided on
 // counts as gone.
+// Long: one pass over the waiting jobs whose choices share what is already taken.
 func (e *Engine) MakeRoom(now time.Time, p *policy.Policy, allocs []Alloc, gpus map[string]GPU, waiting []Waiting) []Decision {
 	held, byJob := e.holdings(allocs, gpus)
 	for _, as := range byJob {

@@ -70,6 +70,7 @@ type Ledger struct {
 }
 
 // Observed implements reclaimer.Watcher.
+// Long: one charge pass, whose steps share the pass's marks and totals.
 func (l *Ledger) Observed(ctx context.Context, now time.Time, allocs []reclaim.Alloc, gpus map[string]reclaim.GPU) error {
 	nomadTime := false
 	if l.Clock != nil {

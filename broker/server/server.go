@@ -237,7 +237,8 @@ func (s *Server) approvals() []approval.Approval {
 	return s.approvalStore.Current()
 }
 
-// Handler routes a request: intercepted calls, the broker's API, or Nomad.
+// Handler routes a request: the broker's own paths, the gate's calls, or
+// Nomad.
 func (s *Server) Handler() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if s.metrics != nil {
@@ -253,21 +254,7 @@ func (s *Server) Handler() http.Handler {
 			http.Redirect(w, r, u.String(), http.StatusMovedPermanently)
 			return
 		}
-		if strings.HasPrefix(p, "/v1/gpu/") {
-			s.serveGPU(w, r)
-			return
-		}
-		if p == strings.TrimSuffix(webui.Prefix, "/") {
-			http.Redirect(w, r, webui.Prefix, http.StatusMovedPermanently)
-			return
-		}
-		if strings.HasPrefix(p, webui.Prefix) {
-			s.ui.ServeHTTP(w, r)
-			return
-		}
-		if p == "/metrics" && s.metricsHandler != nil {
-			// Nomad has no /metrics (its own are at /v1/metrics, passed through).
-			s.metricsHandler.ServeHTTP(w, r)
+		if s.serveOwn(w, r) {
 			return
 		}
 		c, jobID := route(r.Method, p)
@@ -279,47 +266,73 @@ func (s *Server) Handler() http.Handler {
 			}
 			defer release()
 		}
-		var jc jobCall
-		switch c {
-		case callScale, callDispatch, callPeriodicForce, callRevert, callJobWrite, callDeploymentWrite:
-			var ok bool
-			if jc, ok = s.readJobCall(w, r, c); !ok {
-				return
-			}
-			if c == callDeploymentWrite && !s.authorizeDeployment(w, r, jc.namespace, jobID) ||
-				c != callDeploymentWrite && !s.authorize(w, r, c.String(), jc.namespace) {
-				return
-			}
-		}
-		switch c {
-		case callRegister:
-			s.register(w, r, jobID)
-		case callPlan:
-			s.annotate(w, r, nomadjob.Plan, jobID)
-		case callValidate:
-			s.annotate(w, r, nomadjob.Validate, "")
-		case callScale:
-			s.scale(w, r, jc, jobID)
-		case callDispatch, callPeriodicForce:
-			s.spawn(w, r, c, jc, jobID)
-		case callRevert:
-			s.revert(w, r, jc, jobID)
-		case callDeploymentWrite:
-			s.deploymentWrite(w, r, jc, p, jobID)
-		case callJobWrite:
-			if r.Method == http.MethodDelete {
-				s.stop(w, r, jc, jobID)
-				return
-			}
-			s.passThrough(w, r, jc.body)
-		default:
-			if r.Method == http.MethodGet && strings.HasPrefix(p, "/v1/evaluation/") {
-				s.evaluation(w, r)
-				return
-			}
-			s.proxy.ServeHTTP(w, r)
-		}
+		s.gate(w, r, c, jobID)
 	})
+}
+
+// serveOwn serves the broker's own paths (its API, the web UI, /metrics)
+// and reports whether r was one.
+func (s *Server) serveOwn(w http.ResponseWriter, r *http.Request) bool {
+	p := r.URL.Path
+	switch {
+	case strings.HasPrefix(p, "/v1/gpu/"):
+		s.serveGPU(w, r)
+	case p == strings.TrimSuffix(webui.Prefix, "/"):
+		http.Redirect(w, r, webui.Prefix, http.StatusMovedPermanently)
+	case strings.HasPrefix(p, webui.Prefix):
+		s.ui.ServeHTTP(w, r)
+	case p == "/metrics" && s.metricsHandler != nil:
+		// Nomad has no /metrics (its own are at /v1/metrics, passed through).
+		s.metricsHandler.ServeHTTP(w, r)
+	default:
+		return false
+	}
+	return true
+}
+
+// gate sends a call of Nomad's API to its handler: c (callNone: any other
+// call, passed through) on job jobID.
+func (s *Server) gate(w http.ResponseWriter, r *http.Request, c call, jobID string) {
+	var jc jobCall
+	switch c {
+	case callScale, callDispatch, callPeriodicForce, callRevert, callJobWrite, callDeploymentWrite:
+		var ok bool
+		if jc, ok = s.readJobCall(w, r, c); !ok {
+			return
+		}
+		if c == callDeploymentWrite && !s.authorizeDeployment(w, r, jc.namespace, jobID) ||
+			c != callDeploymentWrite && !s.authorize(w, r, c.String(), jc.namespace) {
+			return
+		}
+	}
+	switch c {
+	case callRegister:
+		s.register(w, r, jobID)
+	case callPlan:
+		s.annotate(w, r, nomadjob.Plan, jobID)
+	case callValidate:
+		s.annotate(w, r, nomadjob.Validate, "")
+	case callScale:
+		s.scale(w, r, jc, jobID)
+	case callDispatch, callPeriodicForce:
+		s.spawn(w, r, c, jc, jobID)
+	case callRevert:
+		s.revert(w, r, jc, jobID)
+	case callDeploymentWrite:
+		s.deploymentWrite(w, r, jc, r.URL.Path, jobID)
+	case callJobWrite:
+		if r.Method == http.MethodDelete {
+			s.stop(w, r, jc, jobID)
+			return
+		}
+		s.passThrough(w, r, jc.body)
+	default:
+		if r.Method == http.MethodGet && strings.HasPrefix(r.URL.Path, "/v1/evaluation/") {
+			s.evaluation(w, r)
+			return
+		}
+		s.proxy.ServeHTTP(w, r)
+	}
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {

@@ -320,6 +320,7 @@ func (r *run) usage(j *simJob) admission.Usage {
 
 // pass admits from the queue as the leader does (admitter.Pass): in
 // queue.Order, by queue.Pass's rule.
+// Long: the bounded walk that mirrors admitter.Pass step by step; split, the two would no longer read side by side.
 func (r *run) pass() {
 	r.dirty = false
 	p := r.p

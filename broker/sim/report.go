@@ -71,6 +71,7 @@ func Goals(results []*Result) []string {
 
 // WriteReport prints the modes side by side, then each tenant's and queue's
 // waits, then the goals.
+// Long: the report's rows in the order they print.
 func WriteReport(w io.Writer, results []*Result) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	row := func(name string, f func(r *Result) string) {

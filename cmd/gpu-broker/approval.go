@@ -19,6 +19,7 @@ const approvalUsage = `usage: gpu-broker approval request -job ID -namespace NS 
 `
 
 // approvalCmd asks for, decides on and lists approvals.
+// Long: a switch over the subcommands, one short case each.
 func approvalCmd(args []string) int {
 	if len(args) == 0 {
 		fmt.Fprint(os.Stderr, approvalUsage)

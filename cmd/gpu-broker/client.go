@@ -23,6 +23,7 @@ import (
 )
 
 // client runs the queue and usage commands against a broker's /v1/gpu API.
+// Long: a switch over the subcommands, one short case each.
 func client(args []string) int {
 	fs := flag.NewFlagSet(args[0], flag.ContinueOnError)
 	addr := fs.String("address", envOr("GPU_BROKER_ADDR", "http://127.0.0.1:4649"), "broker address")
@@ -277,6 +278,7 @@ func call(hc *http.Client, method, u, token string, body []byte) ([]byte, error)
 	return out, nil
 }
 
+// Long: a switch over the listings, one table layout each.
 func printTable(sub string, body []byte, width int) int {
 	var t *table
 	switch sub {

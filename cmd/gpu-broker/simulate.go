@@ -32,6 +32,7 @@ default to nomad-gpu alone there.
 `
 
 // simulate is `gpu-broker simulate`.
+// Long: one flag set and its checks, read top to bottom as the usage text lists them.
 func simulate(args []string, stdout io.Writer) int {
 	fs := flag.NewFlagSet("simulate", flag.ContinueOnError)
 	fs.Usage = func() { fmt.Fprint(os.Stderr, simulateUsage); fs.PrintDefaults() }

@@ -43,6 +43,7 @@ type Options struct {
 
 // Run checks the plugin and writes what it saw to w; any error of the
 // plugin's is returned (and the check is a failure).
+// Long: the plugin driven in Nomad's order, each step printed as it runs.
 func Run(ctx context.Context, w io.Writer, o Options) error {
 	log := o.Log
 	if log == nil {
