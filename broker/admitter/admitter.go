@@ -22,6 +22,7 @@ import (
 	"github.com/nomad-gpu/nomad-gpu/broker/nomadjob"
 	"github.com/nomad-gpu/nomad-gpu/broker/policy"
 	"github.com/nomad-gpu/nomad-gpu/broker/queue"
+	"github.com/nomad-gpu/nomad-gpu/internal/clock"
 )
 
 // Queue is the durable queue.
@@ -83,7 +84,7 @@ type Admitter struct {
 	Cluster  Cluster
 	Policies policy.Source
 	Stamper  nomadjob.Stamper
-	Now      func() time.Time
+	Clock    clock.Clock
 	// GPUsCameBack counts the times healthy, schedulable GPUs grew (a GPU
 	// recovered, a node came back): each time it moved, jobs Nomad left
 	// Blocked are evaluated again. A count, not the number of GPUs, so that a
@@ -156,7 +157,7 @@ func (a *Admitter) unchanged() bool {
 		idle = DefaultIdlePass
 	}
 	s := a.state()
-	return s.ok && s == a.idle && a.Now().Sub(a.idleAt) < idle
+	return s.ok && s == a.idle && a.Clock.Now().Sub(a.idleAt) < idle
 }
 
 // Run makes a pass whenever the cluster changes while jobs are queued, and
@@ -177,7 +178,7 @@ func (a *Admitter) Run(ctx context.Context, changed <-chan struct{}, tick <-chan
 			a.Metrics.Pass(metrics.LoopQueue, err)
 			a.idle, a.idleAt = passState{}, time.Time{}
 			if admitted == 0 && err == nil {
-				a.idle, a.idleAt = before, a.Now()
+				a.idle, a.idleAt = before, a.Clock.Now()
 			}
 		}
 		if a.GPUsCameBack != nil && a.Blocked != nil {
@@ -222,11 +223,11 @@ func (a *Admitter) decide(ctx context.Context, r *registrations) error {
 	used := a.Cluster.UsageWithout(p, "", "").UsedBy()
 	var decayed map[string]float64
 	if a.FairShare != nil && p.FairShare.Enabled {
-		if decayed, err = a.FairShare.Decayed(ctx, a.Now(), p.FairShare.HalfLife); err != nil {
+		if decayed, err = a.FairShare.Decayed(ctx, a.Clock.Now(), p.FairShare.HalfLife); err != nil {
 			return err
 		}
 	}
-	queue.Order(entries, p, used, decayed, a.Now())
+	queue.Order(entries, p, used, decayed, a.Clock.Now())
 	var pass queue.Pass
 	for _, e := range entries {
 		if r.failed() {
@@ -235,7 +236,7 @@ func (a *Admitter) decide(ctx context.Context, r *registrations) error {
 		if e.Parked != "" && !e.ParkedByPolicy {
 			continue
 		}
-		if e.Stopping != 0 && a.Now().Sub(e.StoppingSince) < queue.StopWait && a.Cluster.Running(e.Namespace, e.JobID) {
+		if e.Stopping != 0 && a.Clock.Now().Sub(e.StoppingSince) < queue.StopWait && a.Cluster.Running(e.Namespace, e.JobID) {
 			continue
 		}
 		if err := a.consider(ctx, r, p, &pass, e); errors.Is(err, errPassOver) {
@@ -319,7 +320,7 @@ func (a *Admitter) consider(ctx context.Context, r *registrations, p *policy.Pol
 // sequence is the admission sequence the queue decides through: the gate's,
 // against the same view, approvals and preemptions.
 func (a *Admitter) sequence() *decide.Sequence {
-	s := &decide.Sequence{Cluster: a.Cluster, Enricher: decide.Enricher{Preemptions: a.Preemptions, Now: a.Now}}
+	s := &decide.Sequence{Cluster: a.Cluster, Enricher: decide.Enricher{Preemptions: a.Preemptions, Clock: a.Clock}}
 	if a.Approvals != nil {
 		s.Approvals = a.Approvals.Current
 	}
@@ -334,7 +335,7 @@ func (a *Admitter) register(ctx context.Context, e queue.Entry, d admission.Deci
 	// read it is not registered. Then register, then remove: a crash in
 	// between registers the same job again, which Nomad treats as the same
 	// job, never as a second one.
-	e, claimed, err := a.Queue.Claim(ctx, e, a.Now())
+	e, claimed, err := a.Queue.Claim(ctx, e, a.Clock.Now())
 	if err != nil || !claimed {
 		res.Release()
 		if err != nil {
@@ -361,17 +362,17 @@ func (a *Admitter) register(ctx context.Context, e queue.Entry, d admission.Deci
 		return err
 	}
 	a.Metrics.Admission(metrics.Queued, d)
-	a.Metrics.QueueWait(d.Queue, string(d.Outcome), a.Now().Sub(e.SubmittedAt))
+	a.Metrics.QueueWait(d.Queue, string(d.Outcome), a.Clock.Now().Sub(e.SubmittedAt))
 	result := string(d.Outcome) + ": " + d.Reason
 	if !e.EstimatedStart.IsZero() {
-		off := a.Now().Sub(e.EstimatedStart)
+		off := a.Clock.Now().Sub(e.EstimatedStart)
 		a.Metrics.EstimateError(d.Queue, off)
 		result += fmt.Sprintf(" (estimated start %s, %s off)", e.EstimatedStart.UTC().Format(time.RFC3339), off.Round(time.Second))
 	}
 	a.Audit.Write(audit.Event{Who: e.SubmittedBy, What: audit.QueueAdmission, ID: e.ID, Namespace: e.Namespace, Job: e.JobID,
 		Tenant: d.Tenant, Queue: d.Queue, Rule: d.Rule, Result: result})
 	a.Log.Info("queue: admitted", "id", e.ID, "job", e.JobID, "namespace", e.Namespace, "outcome", d.Outcome,
-		"priority", d.Priority, "waited", a.Now().Sub(e.SubmittedAt).Round(time.Second))
+		"priority", d.Priority, "waited", a.Clock.Now().Sub(e.SubmittedAt).Round(time.Second))
 	return nil
 }
 
@@ -470,7 +471,7 @@ func (a *Admitter) submitterMay(ctx context.Context, p *policy.Policy, e queue.E
 func (a *Admitter) parkByPolicy(ctx context.Context, e queue.Entry, d admission.Decision) {
 	e.ParkedByPolicy = true
 	why := fmt.Sprintf("the policy in force rejects it (rule %s: %s); it waits again if the policy takes it back", d.Rule, d.Reason)
-	ok, err := a.Queue.Park(ctx, e, why, a.Now().UTC())
+	ok, err := a.Queue.Park(ctx, e, why, a.Clock.Now().UTC())
 	if err != nil || !ok {
 		return // changed meanwhile, or Consul unreachable: the next pass decides again
 	}
@@ -500,7 +501,7 @@ func (a *Admitter) reconsider(ctx context.Context, p *policy.Policy, e queue.Ent
 
 // park sets an entry aside with the reason it cannot be admitted.
 func (a *Admitter) park(ctx context.Context, e queue.Entry, why error) {
-	ok, err := a.Queue.Park(ctx, e, why.Error(), a.Now().UTC())
+	ok, err := a.Queue.Park(ctx, e, why.Error(), a.Clock.Now().UTC())
 	a.Log.Warn("queue: parked a job that cannot be admitted as it stands", "id", e.ID, "job", e.JobID, "namespace", e.Namespace,
 		"reason", why, "parked", ok, "error", err)
 }

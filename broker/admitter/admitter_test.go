@@ -20,6 +20,7 @@ import (
 	"github.com/nomad-gpu/nomad-gpu/broker/policy"
 	"github.com/nomad-gpu/nomad-gpu/broker/queue"
 	"github.com/nomad-gpu/nomad-gpu/broker/queue/queuetest"
+	"github.com/nomad-gpu/nomad-gpu/internal/clock"
 	"github.com/nomad-gpu/nomad-gpu/testing/testbuild"
 )
 
@@ -92,7 +93,7 @@ func setup(t testing.TB, src string, capacity int) (*admitter.Admitter, *queuete
 	q := queuetest.NewMem()
 	n := &nomad{priorities: map[string]float64{}, tokens: map[string]policy.Grants{}}
 	a := &admitter.Admitter{Log: hclog.NewNullLogger(), Queue: q, Nomad: n, Cluster: view, Policies: testbuild.Fixed{P: p},
-		Stamper: nomadjob.Stamper{Key: []byte("k")}, Now: func() time.Time { return now }}
+		Stamper: nomadjob.Stamper{Key: []byte("k")}, Clock: clock.Func(func() time.Time { return now })}
 	return a, q, n, view, now
 }
 
@@ -542,9 +543,9 @@ func TestATickWithNothingChangedMakesNoPass(t *testing.T) {
 	view.ObserveJob(testbuild.Job("vision", "held").Group("g", 1, 8, "gpu").Build()) // vision at its limit
 	counted := &listCounter{Mem: q}
 	a.Queue = counted
-	clock := now
+	at := now
 	var mu sync.Mutex
-	a.Now = func() time.Time { mu.Lock(); defer mu.Unlock(); return clock }
+	a.Clock = clock.Func(func() time.Time { mu.Lock(); defer mu.Unlock(); return at })
 	q.Put(context.Background(), entry("waits", 2, time.Minute, now))
 	tick := make(chan time.Time)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -567,7 +568,7 @@ func TestATickWithNothingChangedMakesNoPass(t *testing.T) {
 		t.Fatalf("%d listings after the queue changed, want 2", n)
 	}
 	mu.Lock()
-	clock = clock.Add(admitter.DefaultIdlePass)
+	at = at.Add(admitter.DefaultIdlePass)
 	mu.Unlock()
 	ticks(2)
 	if n := counted.lists.Load(); n != 3 {

@@ -38,6 +38,7 @@ import (
 	"github.com/nomad-gpu/nomad-gpu/broker/reclaimer"
 	"github.com/nomad-gpu/nomad-gpu/broker/server"
 	gpuusage "github.com/nomad-gpu/nomad-gpu/broker/usage"
+	"github.com/nomad-gpu/nomad-gpu/internal/clock"
 )
 
 // Agent is one broker. Run builds it in named steps, each from what the
@@ -244,7 +245,7 @@ func (a *Agent) setupServer(context.Context) error {
 	// 32 registrations in flight stays well inside Nomad's default limit of 100
 	// HTTP connections per client.
 	a.admitter = &admitter.Admitter{Log: a.log.Named("queue"), Queue: st.queue, Nomad: a.nomad, Cluster: a.view,
-		Policies: a.policies, Stamper: a.stamper, Now: time.Now, GPUsCameBack: a.view.GPUsCameBack, Blocked: a.nomad, Exclusive: a.exclusive,
+		Policies: a.policies, Stamper: a.stamper, Clock: clock.Real, GPUsCameBack: a.view.GPUsCameBack, Blocked: a.nomad, Exclusive: a.exclusive,
 		Metrics: a.metrics, FairShare: st.rollups, Audit: a.trail, Approvals: st.approvals, Preemptions: st.backoffs.Preemptions, Parallel: 32}
 	var err error
 	a.server, err = server.New(server.Options{Leader: a.elector, Log: a.log.Named("proxy"), Nomad: cfg.Nomad.Address,
@@ -294,7 +295,7 @@ func (a *Agent) lead(ctx context.Context) {
 	reassert := time.NewTicker(a.cfg.PreemptionReassertInterval)
 	defer reassert.Stop()
 	go leader.KeepPreemption(ctx, reassert.C, a.policies.Reloaded(), a.policies.Preemption, a.nomad, a.log.Named("preemption"))
-	go a.reclaimer().Run(ctx, time.After)
+	go a.reclaimer().Run(ctx)
 	passes := time.NewTicker(a.cfg.QueueIntervalDuration)
 	defer passes.Stop()
 	a.admitter.Run(ctx, a.view.Changed(), passes.C)
@@ -307,7 +308,7 @@ func (a *Agent) reclaimer() *reclaimer.Reclaimer {
 	observer := &nomadapi.Observer{Client: a.nomad, View: a.view, Verify: decide.Verifier(a.stamper, st.scales), Samples: a.view.SetSamples}
 	prune := a.log.Named("prune")
 	return &reclaimer.Reclaimer{Log: a.log.Named("reclaim"), Records: st.decisions, Observer: observer, Actor: a.nomad, Policies: a.policies,
-		Now: time.Now, NewID: queue.NewID,
+		Clock: clock.Real, NewID: queue.NewID,
 		Requeue: &reclaimer.Requeue{Jobs: a.nomad, Actor: a.nomad, Queue: st.queue, Policies: a.policies, Preempted: st.backoffs.Preempted},
 		Watchers: []reclaimer.Watcher{&reclaimer.Recorder{Store: st.storedProfiles, Table: st.profiles, Policies: a.policies},
 			&reclaimer.Ledger{Store: st.rollups, Policies: a.policies, Metrics: a.metrics, Budgets: a.budgets, Clock: a.nomad.NomadNow,

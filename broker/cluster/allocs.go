@@ -132,7 +132,7 @@ func (v *View) trackEnd(a *api.Allocation, old Alloc, had, live, preempted bool)
 	}
 	e.ModifyIndex, e.EndedAt = a.ModifyIndex, tasksEnded(a)
 	v.ended[a.ID] = e
-	if now := v.now(); now.Sub(v.endSweep) > time.Minute {
+	if now := v.clock.Now(); now.Sub(v.endSweep) > time.Minute {
 		v.endSweep = now
 		for id, e := range v.ended {
 			if !e.EndedAt.IsZero() && now.Sub(e.EndedAt) > endedRetention {
@@ -162,7 +162,7 @@ func (v *View) endUnseen(was map[string]Alloc, listed map[string]*api.Allocation
 		if a, ok := listed[id]; ok {
 			e.EndedAt = tasksEnded(a)
 		} else {
-			e.EndedAt = v.now()
+			e.EndedAt = v.clock.Now()
 		}
 		v.ended[id] = e
 	}

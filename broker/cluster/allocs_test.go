@@ -7,6 +7,7 @@ import (
 
 	"github.com/hashicorp/nomad/api"
 
+	"github.com/nomad-gpu/nomad-gpu/internal/clock"
 	"github.com/nomad-gpu/nomad-gpu/testing/testbuild"
 )
 
@@ -62,7 +63,7 @@ func TestTheViewKeepsEndedAllocationsForTheLedger(t *testing.T) {
 	start := time.Date(2026, 11, 30, 8, 0, 0, 0, time.UTC)
 	now := start.Add(time.Hour)
 	v := NewView(nil)
-	v.SetClock(func() time.Time { return now })
+	v.SetClock(clock.Func(func() time.Time { return now }))
 	v.Reset(Snapshot{Allocs: []*api.Allocation{testbuild.Alloc("gap", "vision", "train", "n1", 5, "gpu-9").Started(start).Build()}})
 	alloc := func(id string, index uint64, gpu string) *testbuild.AllocBuilder {
 		return testbuild.Alloc(id, "vision", "train", "n1", index, gpu).Started(start)

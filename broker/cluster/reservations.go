@@ -52,7 +52,7 @@ func (v *View) Admit(p *policy.Policy, j admission.Job) (admission.Decision, *Re
 	}
 	v.nextRes++
 	v.reserved[key] = reservation{seq: v.nextRes, demand: demand, borrowed: d.Outcome == admission.AdmitBorrowed,
-		until: v.now().Add(ReservationHold)}
+		until: v.clock.Now().Add(ReservationHold)}
 	return d, &Reservation{v: v, key: key, seq: v.nextRes}
 }
 
@@ -76,7 +76,7 @@ func (r *Reservation) Confirm(index uint64) {
 	if res, ok := r.v.reserved[r.key]; ok && res.seq == r.seq {
 		res.index = index
 		if index == 0 {
-			res.until = minTime(res.until, r.v.now().Add(settleGrace))
+			res.until = minTime(res.until, r.v.clock.Now().Add(settleGrace))
 		}
 		r.v.reserved[r.key] = res
 		r.v.settle(r.key)
@@ -114,7 +114,7 @@ func (v *View) settle(key jobKey) {
 	}
 	for model, n := range res.demand {
 		if rec.demand[model] < n {
-			res.until = minTime(res.until, v.now().Add(settleGrace))
+			res.until = minTime(res.until, v.clock.Now().Add(settleGrace))
 			v.reserved[key] = res
 			return
 		}
@@ -146,7 +146,7 @@ func (r *Reservation) Release() {
 // GPUs by model that live ones add beyond their job's recorded demand.
 func (v *View) reservationExtra(except jobKey) (extra, extraBorrowed map[string]map[string]int) {
 	extra, extraBorrowed = map[string]map[string]int{}, map[string]map[string]int{}
-	now := v.now()
+	now := v.clock.Now()
 	for key, r := range v.reserved {
 		if !now.Before(r.until) {
 			delete(v.reserved, key)

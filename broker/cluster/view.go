@@ -13,13 +13,14 @@ import (
 	"github.com/nomad-gpu/nomad-gpu/broker/admission"
 	"github.com/nomad-gpu/nomad-gpu/broker/nomadjob"
 	"github.com/nomad-gpu/nomad-gpu/broker/policy"
+	"github.com/nomad-gpu/nomad-gpu/internal/clock"
 )
 
 // View is safe for concurrent use. It keeps aggregates up to date as events
 // arrive, so that a usage snapshot costs per namespace and model, not per job.
 type View struct {
 	verify     func(*api.Job) bool
-	now        func() time.Time
+	clock      clock.Clock
 	overBudget func(tenant string) string
 	allocEvent func(AllocEvent)
 	reverted   func(Revert)
@@ -77,7 +78,7 @@ func NewView(verify func(*api.Job) bool) *View {
 	if verify == nil {
 		verify = func(*api.Job) bool { return false }
 	}
-	return &View{verify: verify, now: time.Now, nodes: map[string]node{}, jobs: map[jobKey]job{},
+	return &View{verify: verify, clock: clock.Real, nodes: map[string]node{}, jobs: map[jobKey]job{},
 		canaries: map[jobKey]map[string]int{}, stable: map[jobKey][]admission.Group{}, reverting: map[jobKey]bool{}, held: map[string]*byModel{}, total: map[string]int{},
 		reserved: map[jobKey]reservation{}, allocs: map[string]Alloc{}, ended: map[string]Alloc{}, holds: map[string]hold{}, heldBy: map[jobKey]map[string]int{},
 		excess: map[jobKey]map[string]int{}, excessBorrowed: map[jobKey]bool{}, undeclared: map[jobKey]string{},
@@ -98,7 +99,7 @@ func (v *View) SetAllocEvents(f func(AllocEvent)) { v.allocEvent = f }
 func (v *View) SetReverts(f func(Revert)) { v.reverted = f }
 
 // SetClock replaces the clock reservations expire by (tests).
-func (v *View) SetClock(now func() time.Time) { v.now = now }
+func (v *View) SetClock(c clock.Clock) { v.clock = c }
 
 // Changed is signalled (at most one pending signal) whenever the view changes.
 func (v *View) Changed() <-chan struct{} { return v.changed }

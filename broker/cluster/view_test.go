@@ -9,6 +9,7 @@ import (
 	"github.com/nomad-gpu/nomad-gpu/broker/admission"
 	"github.com/nomad-gpu/nomad-gpu/broker/nomadjob"
 	"github.com/nomad-gpu/nomad-gpu/broker/policy"
+	"github.com/nomad-gpu/nomad-gpu/internal/clock"
 	"github.com/nomad-gpu/nomad-gpu/testing/testbuild"
 )
 
@@ -118,7 +119,7 @@ func TestReservationsCountUntilTheJobsEventShowsThem(t *testing.T) {
 	p := testbuild.Policy(t, visionPolicy)
 	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	v := NewView(nil)
-	v.SetClock(func() time.Time { return now })
+	v.SetClock(clock.Func(func() time.Time { return now }))
 	v.ObserveNode(testbuild.Node("n1", testbuild.H100, 8, 0))
 	job := func(id string, gpus int) admission.Job {
 		return admission.Job{ID: id, Namespace: "vision", Groups: []admission.Group{{Name: "g", Count: 1, GPUsPerAlloc: gpus}}}
@@ -214,7 +215,7 @@ func TestADispatchedChildIsReservedUntilItsOwnEventHoweverLate(t *testing.T) {
 	p := testbuild.Policy(t, visionPolicy)
 	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	v := NewView(nil)
-	v.SetClock(func() time.Time { return now })
+	v.SetClock(clock.Func(func() time.Time { return now }))
 	v.ObserveNode(testbuild.Node("n1", testbuild.H100, 8, 0))
 	// The broker decides on the child under a key of its own; Nomad names it.
 	_, res := v.Admit(p, admission.Job{ID: "parent/dispatch-broker-key", Namespace: "vision",

@@ -11,7 +11,6 @@ package decide
 import (
 	"context"
 	"errors"
-	"time"
 
 	"github.com/hashicorp/nomad/api"
 
@@ -20,6 +19,7 @@ import (
 	"github.com/nomad-gpu/nomad-gpu/broker/cluster"
 	"github.com/nomad-gpu/nomad-gpu/broker/nomadjob"
 	"github.com/nomad-gpu/nomad-gpu/broker/policy"
+	"github.com/nomad-gpu/nomad-gpu/internal/clock"
 )
 
 // Cluster is what a decision is made against: the nodes a job's groups fit
@@ -47,12 +47,12 @@ type Versions interface {
 type Enricher struct {
 	Approvals   func() []approval.Approval // nil: none
 	Preemptions admission.Preemptions      // nil: none kept
-	Now         func() time.Time
+	Clock       clock.Clock
 }
 
 // Enrich is j with its grants and backoff as they stand now.
 func (e Enricher) Enrich(p *policy.Policy, j admission.Job) admission.Job {
-	now := e.Now()
+	now := e.Clock.Now()
 	if e.Approvals != nil {
 		j.Granted = approval.For(e.Approvals(), j.Namespace, j.ID, now)
 	}

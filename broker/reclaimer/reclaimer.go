@@ -19,6 +19,7 @@ import (
 	"github.com/nomad-gpu/nomad-gpu/broker/policy"
 	"github.com/nomad-gpu/nomad-gpu/broker/queue"
 	"github.com/nomad-gpu/nomad-gpu/broker/reclaim"
+	"github.com/nomad-gpu/nomad-gpu/internal/clock"
 )
 
 // Records keeps decision records.
@@ -61,7 +62,7 @@ type Reclaimer struct {
 	Actor    Actor
 	Requeue  Requeuer
 	Policies policy.Source
-	Now      func() time.Time
+	Clock    clock.Clock
 	NewID    func() string
 	// Watchers see every observation, after the decisions on it.
 	Watchers []Watcher
@@ -84,7 +85,7 @@ type Reclaimer struct {
 // Run makes a pass every reclaim period of the policy in force, jittered by
 // up to a tenth so that brokers of many clusters do not call in step, until
 // ctx ends. wait is time.After outside tests.
-func (r *Reclaimer) Run(ctx context.Context, wait func(time.Duration) <-chan time.Time) {
+func (r *Reclaimer) Run(ctx context.Context) {
 	for {
 		err := r.Pass(ctx)
 		if err != nil && ctx.Err() == nil {
@@ -95,7 +96,7 @@ func (r *Reclaimer) Run(ctx context.Context, wait func(time.Duration) <-chan tim
 		select {
 		case <-ctx.Done():
 			return
-		case <-wait(period - time.Duration(rand.Int63n(int64(period/10)+1))):
+		case <-r.Clock.After(period - time.Duration(rand.Int63n(int64(period/10)+1))):
 		}
 	}
 }
@@ -122,7 +123,7 @@ func (r *Reclaimer) Pass(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	now := r.Now()
+	now := r.Clock.Now()
 	if r.Forecast != nil {
 		var releases []queue.Release
 		for _, a := range allocs {
@@ -229,7 +230,7 @@ func (r *Reclaimer) act(ctx context.Context, rec reclaim.Record, now time.Time) 
 		}
 	}
 	result, err := r.carryOut(ctx, cur)
-	cur.State, cur.Result, cur.ExecutedAt = reclaim.Executed, result, r.Now().UTC()
+	cur.State, cur.Result, cur.ExecutedAt = reclaim.Executed, result, r.Clock.Now().UTC()
 	if err != nil {
 		cur.State, cur.Result = reclaim.Failed, err.Error()
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/nomad-gpu/nomad-gpu/broker/reclaim"
 	"github.com/nomad-gpu/nomad-gpu/broker/reclaim/reclaimtest"
 	"github.com/nomad-gpu/nomad-gpu/broker/reclaimer"
+	"github.com/nomad-gpu/nomad-gpu/internal/clock"
 	"github.com/nomad-gpu/nomad-gpu/testing/testbuild"
 )
 
@@ -71,7 +72,7 @@ func setup(t *testing.T, recs *reclaimtest.Mem, allocs ...reclaim.Alloc) (*recla
 	ids := 0
 	a := &actor{}
 	return &reclaimer.Reclaimer{Log: hclog.NewNullLogger(), Records: recs, Observer: &observer{allocs}, Actor: a,
-		Policies: testbuild.Fixed{P: testbuild.Policy(t, policySrc)}, Now: func() time.Time { return now },
+		Policies: testbuild.Fixed{P: testbuild.Policy(t, policySrc)}, Clock: clock.Func(func() time.Time { return now }),
 		NewID: func() string { ids++; return fmt.Sprintf("00000000-0000-4000-8000-%012d", ids) }}, a, &now
 }
 
@@ -163,7 +164,7 @@ func TestRunWaitsThePolicysPeriodJittered(t *testing.T) {
 	r, _, _ := setup(t, recs)
 	ctx, cancel := context.WithCancel(context.Background())
 	var waits []time.Duration
-	r.Run(ctx, func(d time.Duration) <-chan time.Time {
+	r.Clock = waitClock(func(d time.Duration) <-chan time.Time {
 		waits = append(waits, d)
 		if len(waits) == 3 {
 			cancel()
@@ -173,6 +174,7 @@ func TestRunWaitsThePolicysPeriodJittered(t *testing.T) {
 		c <- t0
 		return c
 	})
+	r.Run(ctx)
 	for _, d := range waits {
 		if d > 30*time.Second || d < 27*time.Second {
 			t.Errorf("waited %s, want the default 30s less up to a tenth", d)
@@ -249,3 +251,9 @@ make_room_grace = "0s"
 		t.Errorf("records %+v", all)
 	}
 }
+
+// waitClock is a clock at t0 whose waits the test answers.
+type waitClock func(time.Duration) <-chan time.Time
+
+func (waitClock) Now() time.Time                           { return t0 }
+func (w waitClock) After(d time.Duration) <-chan time.Time { return w(d) }

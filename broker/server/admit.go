@@ -348,7 +348,7 @@ func (s *Server) enqueue(w http.ResponseWriter, r *http.Request, rj *gpuJobReque
 		return
 	}
 	e := queue.Entry{ID: s.newID(), JobID: rj.JobID, Namespace: rj.Namespace, Tenant: d.Tenant, Queue: d.Queue,
-		Demand: d.Demand.Total(), Reason: d.Reason, SubmittedBy: who, Accessor: accessor, Grants: grants, SubmittedAt: s.now().UTC(), Request: rj.Body()}
+		Demand: d.Demand.Total(), Reason: d.Reason, SubmittedBy: who, Accessor: accessor, Grants: grants, SubmittedAt: s.clock.Now().UTC(), Request: rj.Body()}
 	// The job again while it waits: as in Nomad, the new version replaces
 	// the old one, which keeps its place in the queue.
 	at := waitingEntry(entries, e.Namespace, e.JobID)
@@ -404,7 +404,7 @@ func (s *Server) planEstimate(r *http.Request, rj *gpuJobRequest, d admission.De
 		return ""
 	}
 	e := queue.Entry{ID: "plan", JobID: rj.JobID, Namespace: rj.Namespace, Tenant: d.Tenant, Queue: d.Queue,
-		Demand: d.Demand.Total(), SubmittedAt: s.now().UTC()}
+		Demand: d.Demand.Total(), SubmittedAt: s.clock.Now().UTC()}
 	at := waitingEntry(entries, e.Namespace, e.JobID)
 	if at >= 0 {
 		e.SubmittedAt = entries[at].SubmittedAt // submitted again, it keeps the place of the version waiting

@@ -83,7 +83,7 @@ func (s *Server) requestApproval(w http.ResponseWriter, r *http.Request, who str
 	}
 	a := approval.Approval{ID: s.newID(), Namespace: req.Namespace, Job: req.Job, Reason: req.Reason, Priority: req.Priority,
 		ExtraGPUs: req.ExtraGPUs, For: req.For, State: approval.Pending, RequestedBy: who, RequestedAccessor: accessor,
-		RequestedIdentity: identity, RequestedAt: s.now().UTC()}
+		RequestedIdentity: identity, RequestedAt: s.clock.Now().UTC()}
 	if err := a.Check(); err != nil {
 		writeError(w, fail(errBadRequest, "approval request: %v", err))
 		return
@@ -155,10 +155,10 @@ func (s *Server) decideApproval(w http.ResponseWriter, r *http.Request, id strin
 	}
 	what, result := audit.ApprovalDeny, "denied"
 	if grant {
-		a.Grant(who, s.now())
+		a.Grant(who, s.clock.Now())
 		what, result = audit.ApprovalGrant, "granted until "+a.ExpiresAt.Format(time.RFC3339)+": "+approvalAsks(a)
 	} else {
-		a.State, a.DecidedBy, a.DecidedAt = approval.Denied, who, s.now().UTC()
+		a.State, a.DecidedBy, a.DecidedAt = approval.Denied, who, s.clock.Now().UTC()
 	}
 	if !s.audited(w, audit.Event{Who: who, What: what, ID: a.ID, Namespace: a.Namespace, Job: a.Job, Result: result}) {
 		return

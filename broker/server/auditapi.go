@@ -24,7 +24,7 @@ func (s *Server) auditTrail(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	from := audit.Cursor{Since: s.now().Add(-since)}
+	from := audit.Cursor{Since: s.clock.Now().Add(-since)}
 	if c := q.Get("cursor"); c != "" {
 		var err error
 		if from, err = audit.ParseCursor(c); err != nil {
@@ -75,7 +75,7 @@ func (s *Server) trace(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	from := s.now().Add(-since)
+	from := s.clock.Now().Add(-since)
 	profiles, err := s.stored.List(r.Context())
 	if err != nil {
 		writeError(w, fail(errUnavailable, "%v", err))

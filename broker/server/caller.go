@@ -18,6 +18,7 @@ import (
 
 	"github.com/nomad-gpu/nomad-gpu/broker/nomadapi"
 	"github.com/nomad-gpu/nomad-gpu/broker/policy"
+	"github.com/nomad-gpu/nomad-gpu/internal/clock"
 )
 
 // The broker reads Nomad as the caller wherever Nomad's ACLs must decide
@@ -29,7 +30,7 @@ import (
 type callers struct {
 	upstream *url.URL
 	client   *http.Client
-	now      func() time.Time
+	clock    clock.Clock
 
 	mu         sync.Mutex
 	identities map[[32]byte]cachedIdentity
@@ -120,7 +121,7 @@ func (c caller) resolve() (name, accessor string, err error) {
 	if len(c.identities) >= maxIdentities {
 		c.identities = map[[32]byte]cachedIdentity{}
 	}
-	c.identities[key] = cachedIdentity{name: name, accessor: accessor, expires: c.now().Add(identityTTL)}
+	c.identities[key] = cachedIdentity{name: name, accessor: accessor, expires: c.clock.Now().Add(identityTTL)}
 	c.mu.Unlock()
 	return name, accessor, nil
 }
@@ -131,7 +132,7 @@ func (c caller) cached() ([32]byte, cachedIdentity, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	id, ok := c.identities[key]
-	return key, id, ok && c.now().Before(id.expires)
+	return key, id, ok && c.clock.Now().Before(id.expires)
 }
 
 // errNoJob is a lookup of a job Nomad does not have.

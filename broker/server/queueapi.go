@@ -27,7 +27,7 @@ type QueuedJob struct {
 
 // backoff is job namespace/id's re-borrow backoff now (nil: none running).
 func (s *Server) backoff(namespace, id string) *admission.Backoff {
-	return s.preemptions.Backoff(s.policies.Current().Borrowing, namespace, id, s.now())
+	return s.preemptions.Backoff(s.policies.Current().Borrowing, namespace, id, s.clock.Now())
 }
 
 func (s *Server) queueEntry(w http.ResponseWriter, r *http.Request, id, who string) {
@@ -80,7 +80,7 @@ func (s *Server) estimates(ordered []queue.Entry) map[string]queue.Estimate {
 	if supply == nil {
 		return nil
 	}
-	return queue.Estimates(ordered, p, supply.Idle, used, supply.Releases, s.now())
+	return queue.Estimates(ordered, p, supply.Idle, used, supply.Releases, s.clock.Now())
 }
 
 // estimateOf is the estimate of entry id, of entries in admission order;
@@ -92,7 +92,7 @@ func (s *Server) estimateOf(ordered []queue.Entry, id string) (queue.Estimate, b
 	if supply == nil {
 		return queue.Estimate{}, false
 	}
-	return queue.EstimateOf(ordered, id, p, supply.Idle, used, supply.Releases, s.now())
+	return queue.EstimateOf(ordered, id, p, supply.Idle, used, supply.Releases, s.clock.Now())
 }
 
 // place is where e, submitted now in place of entries[replaced] (-1: none),
@@ -100,7 +100,7 @@ func (s *Server) estimateOf(ordered []queue.Entry, id string) (queue.Estimate, b
 func (s *Server) place(ctx context.Context, entries []queue.Entry, e queue.Entry, replaced int) (int, queue.Estimate, bool) {
 	p := s.policies.Current()
 	used, supply := s.usageNow(p)
-	return queue.Place(entries, e, replaced, p, used, s.decayed(ctx, p), s.now(), supply)
+	return queue.Place(entries, e, replaced, p, used, s.decayed(ctx, p), s.clock.Now(), supply)
 }
 
 // usageNow is each tenant's GPUs now and what estimates start from (nil
@@ -142,7 +142,7 @@ func (s *Server) ordered(r *http.Request) ([]queue.Entry, error) {
 func (s *Server) order(ctx context.Context, entries []queue.Entry) []queue.Entry {
 	p := s.policies.Current()
 	used, _ := s.usageNow(p)
-	queue.Order(entries, p, used, s.decayed(ctx, p), s.now())
+	queue.Order(entries, p, used, s.decayed(ctx, p), s.clock.Now())
 	return entries
 }
 
@@ -152,7 +152,7 @@ func (s *Server) decayed(ctx context.Context, p *policy.Policy) map[string]float
 	if s.fairShare == nil || !p.FairShare.Enabled {
 		return nil
 	}
-	d, err := s.fairShare.Decayed(ctx, s.now(), p.FairShare.HalfLife)
+	d, err := s.fairShare.Decayed(ctx, s.clock.Now(), p.FairShare.HalfLife)
 	if err != nil {
 		// Shown in the current share's order; the leader's admitter
 		// orders by fair share or not at all.
@@ -175,7 +175,7 @@ func (s *Server) dequeue(r *http.Request, e queue.Entry, who, result string) err
 		s.audit.Write(event)
 		return fail(errConflict, "queued job %q changed or was admitted meanwhile: %v", e.ID, err)
 	}
-	s.metrics.QueueWait(e.Queue, "cancelled", s.now().Sub(e.SubmittedAt))
+	s.metrics.QueueWait(e.Queue, "cancelled", s.clock.Now().Sub(e.SubmittedAt))
 	s.log.Info("queue: "+result, "id", e.ID, "job", e.JobID, "namespace", e.Namespace, "by", who)
 	return nil
 }
@@ -211,7 +211,7 @@ func (s *Server) stop(w http.ResponseWriter, r *http.Request, jc jobCall, jobID 
 					jobID, e.ID))
 				return
 			}
-			if !e.Admitting.IsZero() && s.now().Sub(e.Admitting) < admissionInFlight {
+			if !e.Admitting.IsZero() && s.clock.Now().Sub(e.Admitting) < admissionInFlight {
 				waiting = true // being registered: wait until Nomad has it
 				continue
 			}

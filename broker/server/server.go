@@ -31,6 +31,7 @@ import (
 	"github.com/nomad-gpu/nomad-gpu/broker/queue"
 	"github.com/nomad-gpu/nomad-gpu/broker/usage"
 	"github.com/nomad-gpu/nomad-gpu/broker/webui"
+	"github.com/nomad-gpu/nomad-gpu/internal/clock"
 	"github.com/nomad-gpu/nomad-gpu/internal/jsondoc"
 )
 
@@ -127,7 +128,7 @@ type Server struct {
 	exclusive      bool
 	token          func() string
 	leader         Leader
-	now            func() time.Time
+	clock          clock.Clock
 	newID          func() string
 
 	large           bodySlots
@@ -185,7 +186,7 @@ type Options struct {
 	// BodyReadTimeout bounds how long a request body may take to arrive
 	// (0: DefaultBodyReadTimeout).
 	BodyReadTimeout time.Duration
-	Now             func() time.Time
+	Clock           clock.Clock // nil: clock.Real
 	NewID           func() string
 }
 
@@ -196,7 +197,7 @@ func New(o Options) (*Server, error) {
 		return nil, fmt.Errorf("nomad address %q: %w", o.Nomad, err)
 	}
 	s := &Server{log: o.Log, upstream: u, client: o.Client, policies: o.Policies, cluster: o.Cluster,
-		queue: o.Queue, decisions: o.Decisions, scales: o.Scales, profiles: o.Profiles, stored: o.RightSizing, metrics: o.Metrics, rollups: o.Rollups, fairShare: o.FairShare, audit: o.Audit, approvalStore: o.Approvals, preemptions: o.Preemptions, setAside: o.SetAside, policyStatus: o.PolicyStatus, healthy: o.Unhealthy, forecast: o.Forecast, stamper: o.Stamper, region: o.Region, acls: o.ACLs, exclusive: o.Exclusive, token: o.Token, leader: o.Leader, now: o.Now, newID: o.NewID, ui: webui.Handler()}
+		queue: o.Queue, decisions: o.Decisions, scales: o.Scales, profiles: o.Profiles, stored: o.RightSizing, metrics: o.Metrics, rollups: o.Rollups, fairShare: o.FairShare, audit: o.Audit, approvalStore: o.Approvals, preemptions: o.Preemptions, setAside: o.SetAside, policyStatus: o.PolicyStatus, healthy: o.Unhealthy, forecast: o.Forecast, stamper: o.Stamper, region: o.Region, acls: o.ACLs, exclusive: o.Exclusive, token: o.Token, leader: o.Leader, clock: o.Clock, newID: o.NewID, ui: webui.Handler()}
 	if s.client == nil {
 		s.client = &http.Client{}
 	}
@@ -214,14 +215,14 @@ func New(o Options) (*Server, error) {
 	if s.region == "" || s.region == api.GlobalRegion {
 		s.region = api.GlobalRegion
 	}
-	if s.now == nil {
-		s.now = time.Now
+	if s.clock == nil {
+		s.clock = clock.Real
 	}
 	if s.newID == nil {
 		s.newID = queue.NewID
 	}
-	s.callers = &callers{upstream: u, client: s.client, now: s.now, identities: map[[32]byte]cachedIdentity{}}
-	s.seq = &decide.Sequence{Cluster: s.cluster, Enricher: decide.Enricher{Preemptions: s.preemptions, Now: s.now, Approvals: s.approvals}}
+	s.callers = &callers{upstream: u, client: s.client, clock: s.clock, identities: map[[32]byte]cachedIdentity{}}
+	s.seq = &decide.Sequence{Cluster: s.cluster, Enricher: decide.Enricher{Preemptions: s.preemptions, Clock: s.clock, Approvals: s.approvals}}
 	s.proxy = httputil.NewSingleHostReverseProxy(u)
 	s.api = s.gpuAPI()
 	s.proxy.FlushInterval = -1 // blocking queries, logs and event streams flow as they come

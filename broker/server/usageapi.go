@@ -34,7 +34,7 @@ func (s *Server) usage(w http.ResponseWriter, r *http.Request) {
 	}
 	var budgets map[string]usage.BudgetState
 	if s.rollups != nil {
-		now := s.now()
+		now := s.clock.Now()
 		days, err := s.rollups.Days(r.Context(), usage.EarliestPeriodStart(now).Format(usage.DayFormat), now.UTC().Format(usage.DayFormat))
 		if err != nil {
 			writeError(w, fail(errUnavailable, "%v", err))
@@ -81,7 +81,7 @@ func (s *Server) usageReport(w http.ResponseWriter, r *http.Request) {
 		writeError(w, fail(errBadRequest, "from=%q is not a day (YYYY-MM-DD)", rep.From))
 		return
 	}
-	to := s.now().UTC().AddDate(0, 0, 1) // through today
+	to := s.clock.Now().UTC().AddDate(0, 0, 1) // through today
 	if rep.To != "" {
 		if to, err = time.Parse(usage.DayFormat, rep.To); err != nil {
 			writeError(w, fail(errBadRequest, "to=%q is not a day (YYYY-MM-DD)", rep.To))

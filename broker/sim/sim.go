@@ -15,6 +15,7 @@ import (
 	"github.com/nomad-gpu/nomad-gpu/broker/queue"
 	"github.com/nomad-gpu/nomad-gpu/broker/reclaim"
 	"github.com/nomad-gpu/nomad-gpu/broker/usage"
+	"github.com/nomad-gpu/nomad-gpu/internal/clock"
 )
 
 // Mode is how jobs reach Nomad.
@@ -219,7 +220,7 @@ func newRun(jobs []Job, o Options) *run {
 		watched: map[*simJob]struct{}{}, engine: reclaim.New(), tu: map[string]admission.TenantUsage{},
 		held: policy.Quota{}, capacity: policy.Quota{}, maxAlloc: policy.Quota{}, heldByPrio: map[int]int{}, borrowedRunning: map[*simJob]struct{}{},
 		waitingSizes: map[int]int{}}
-	r.enricher = decide.Enricher{Preemptions: r.preemptionsOf, Now: func() time.Time { return r.time(r.now) }}
+	r.enricher = decide.Enricher{Preemptions: r.preemptionsOf, Clock: clock.Func(func() time.Time { return r.time(r.now) })}
 	r.ideal, r.rng = o.NomadModel == ModelIdeal, rand.New(rand.NewPCG(o.Seed, 0x5eed))
 	r.res = Result{Mode: o.Mode, NomadModel: o.NomadModel, Jobs: len(jobs), GPUs: GPUs(o.Nodes), RejectedBy: map[string]int{}, ByTenant: map[string]*Group{}, ByQueue: map[string]*Group{}, BySize: map[string]*Group{}}
 	r.preempts = o.Mode != NomadAlone

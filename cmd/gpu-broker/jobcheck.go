@@ -22,6 +22,7 @@ import (
 	"github.com/nomad-gpu/nomad-gpu/broker/nomadjob"
 	"github.com/nomad-gpu/nomad-gpu/broker/policy"
 	"github.com/nomad-gpu/nomad-gpu/broker/policyhcl"
+	"github.com/nomad-gpu/nomad-gpu/internal/clock"
 )
 
 const jobCheckUsage = `usage: gpu-broker job check -policy DIR [-max-gpus-per-node N] [-address NOMAD_ADDR] FILE...
@@ -74,7 +75,7 @@ func checkJob(p *policy.Policy, file string, perNode int, addr string) []string 
 		return []string{"error: " + err.Error()}
 	}
 	// The gate's own sequence, on an empty cluster with no job running yet.
-	seq := &decide.Sequence{Cluster: emptyCluster{p, perNode}, Enricher: decide.Enricher{Now: time.Now}}
+	seq := &decide.Sequence{Cluster: emptyCluster{p, perNode}, Enricher: decide.Enricher{Clock: clock.Real}}
 	prepared, err := seq.Prepare(context.Background(), p, req, noVersions{})
 	if err != nil {
 		return []string{fmt.Sprintf("error: job %q: %v", req.JobID, err)}

@@ -22,7 +22,7 @@ var rings = []struct {
 	name     string
 	packages []string
 }{
-	{"libraries", []string{"internal/jsondoc", "internal/version"}},
+	{"libraries", []string{"internal/clock", "internal/jsondoc", "internal/version"}},
 	{"domain and engines", []string{"broker/policy", "broker/admission", "broker/approval", "broker/queue", "broker/queue/queuetest",
 		"broker/reclaim", "broker/reclaim/reclaimtest", "broker/usage"}},
 	{"adapters", []string{"broker/policyhcl", "broker/policystore", "broker/config", "broker/consulkv", "broker/nomadapi", "broker/nomadjob",
