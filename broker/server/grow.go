@@ -305,16 +305,17 @@ func (s *Server) checkThenForward(w http.ResponseWriter, r *http.Request, body [
 	if !s.admitsHere(w, r, body) {
 		return ""
 	}
-	return s.decideThenForward(w, r, body, a, derefInt(job.Priority), what, record)
+	return s.decideThenForward(w, r, body, a, jobID, derefInt(job.Priority), what, record)
 }
 
-// decideThenForward admits the demand the call leads to, or refuses it:
+// decideThenForward admits the demand the call on jobID leads to (a, a
+// dispatch's child), or refuses it:
 // anything but an admission at the job's current priority is refused, since
 // the call cannot change the priority. record, when given, runs once the call
 // is admitted and before it is forwarded. It returns the id of the child a
 // dispatch it admitted created ("" for none).
-func (s *Server) decideThenForward(w http.ResponseWriter, r *http.Request, body []byte, a admission.Job, current int, what string, record func() error) string {
-	ns, jobID := a.Namespace, a.ID
+func (s *Server) decideThenForward(w http.ResponseWriter, r *http.Request, body []byte, a admission.Job, jobID string, current int, what string, record func() error) string {
+	ns := a.Namespace
 	d, res := s.seq.Decide(s.policies.Current(), a, decide.Reserve)
 	who := s.as(r).identity()
 	s.log.Info("admission", "call", what, "job", jobID, "namespace", ns, "outcome", d.Outcome, "priority", d.Priority,
