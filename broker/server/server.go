@@ -441,3 +441,13 @@ func (s *Server) passThrough(w http.ResponseWriter, r *http.Request, body []byte
 	}
 	s.relay(w, resp, warnings...)
 }
+
+// audited writes e to the audit trail before anything is acknowledged or
+// done; when it cannot, the caller is answered 503 and nothing is done.
+func (s *Server) audited(w http.ResponseWriter, e audit.Event) bool {
+	if err := s.audit.Write(e); err != nil {
+		writeError(w, fail(errUnavailable, "the audit trail cannot be written, so nothing was done: %v", err))
+		return false
+	}
+	return true
+}

@@ -1,0 +1,186 @@
+package server
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/hashicorp/nomad/api"
+
+	"github.com/nomad-gpu/nomad-gpu/broker/admission"
+	"github.com/nomad-gpu/nomad-gpu/broker/audit"
+	"github.com/nomad-gpu/nomad-gpu/broker/queue"
+)
+
+// enqueue stores the job and answers as Nomad would for a registration, with an
+// evaluation id the broker itself serves, so that `nomad job run` (attached or
+// -detach) prints the message and exits 0. What is stored is the request as
+// the broker read it (namespace and counts pinned), never the raw body.
+func (s *Server) enqueue(w http.ResponseWriter, r *http.Request, rj *gpuJobRequest, d admission.Decision, who string, event audit.Event, warnings ...string) {
+	// The leader registers it later with the broker's own token: first make
+	// sure the token resolves, and that the caller may submit this job here
+	// now: as a tenant submitter (exclusive), or as Nomad says for a plan
+	// with the caller's token (a plan needs submit-job and changes nothing).
+	_, accessor, err := s.as(r).resolve()
+	if err != nil {
+		writeError(w, fail(errForbidden, "job %q not queued: %v", rj.JobID, err))
+		return
+	}
+	var grants string
+	if !writesAsBroker(r) {
+		if accessor != "" {
+			// The leader admits it only while what Nomad checks next is
+			// unchanged (read first: a change in between then parks it).
+			g, err := s.as(r).grants()
+			if err != nil {
+				writeError(w, fail(errForbidden, "job %q not queued: reading your token's grants: %v", rj.JobID, err))
+				return
+			}
+			grants = g.Version
+		}
+		if err := s.mayRegister(r, rj); errors.Is(err, errBadRequest) || errors.Is(err, errNomadUnreach) {
+			writeError(w, fmt.Errorf("job %q not queued: %w", rj.JobID, err))
+			return
+		} else if err != nil {
+			// Nomad's own refusal (its status) or no answer (502).
+			writeError(w, fmt.Errorf("job %q not queued: Nomad refused to plan it with your token (%w)", rj.JobID, err))
+			return
+		}
+	}
+	entries, err := s.queue.View(r.Context()) // read only: a long queue is not copied
+	if err != nil {
+		writeError(w, fail(errUnavailable, "job %q could not be queued: %v", rj.JobID, err))
+		return
+	}
+	e := queue.Entry{ID: s.newID(), JobID: rj.JobID, Namespace: rj.Namespace, Tenant: d.Tenant, Queue: d.Queue,
+		Demand: d.Demand.Total(), Reason: d.Reason, SubmittedBy: who, Accessor: accessor, Grants: grants, SubmittedAt: s.clock.Now().UTC(), Request: rj.Body()}
+	// The job again while it waits: as in Nomad, the new version replaces
+	// the old one, which keeps its place in the queue.
+	at := waitingEntry(entries, e.Namespace, e.JobID)
+	if at >= 0 {
+		e.ID, e.SubmittedAt = entries[at].ID, entries[at].SubmittedAt
+	}
+	if err := s.withinQueueLimits(rj, d.Tenant, entries, at); err != nil {
+		event.Result = "not queued: " + err.Error()
+		if s.audited(w, event) {
+			writeError(w, fail(errTooMany, "job %q not queued: %v", rj.JobID, err))
+		}
+		return
+	}
+	position, estimate, estimated := s.place(r.Context(), entries, e, at)
+	e.EstimatedStart = estimate.At
+	starts := startsText(estimate, estimated)
+	event.ID = e.ID
+	if !s.audited(w, event) {
+		return
+	}
+	if err := s.queue.Put(r.Context(), e); errors.Is(err, queue.ErrTooLarge) {
+		writeError(w, fail(errTooLarge, "job %q not queued: its request of %d bytes is too large to keep (%v); make the job smaller, "+
+			"lower the tenant's max_queued_request_bytes, or raise Consul's limits { kv_max_value_size }", rj.JobID, len(e.Request), err))
+		return
+	} else if err != nil {
+		writeError(w, fail(errUnavailable, "job %q could not be queued: %v", rj.JobID, err))
+		return
+	}
+	writeJSON(w, http.StatusOK, api.JobRegisterResponse{EvalID: e.ID, Warnings: joinWarnings(fmt.Sprintf(
+		"nomad-gpu: queued as %s, position %d in queue %s: %s.%s It is registered with Nomad as soon as GPUs free up; "+
+			"`gpu-broker queue show %s` follows it.", e.ID, position, d.Queue, d.Reason, starts, e.ID),
+		joinWarnings(warnings...), s.rightSizingWarning(rj.Namespace, rj.JobID, d))})
+}
+
+// startsText is a queued job's estimated start, as a sentence to append
+// ("" when there is no estimate).
+func startsText(estimate queue.Estimate, estimated bool) string {
+	switch {
+	case estimated && !estimate.At.IsZero():
+		return fmt.Sprintf(" Estimated start: %s (%s).", estimate.At.UTC().Format(time.RFC3339), estimate.Why)
+	case estimated:
+		return " Estimated start: " + estimate.Why + "."
+	}
+	return ""
+}
+
+// waitingEntry is the index of the entry of job ns/id that waits (not
+// parked) in entries, -1 if none.
+func waitingEntry(entries []queue.Entry, ns, id string) int {
+	for i := range entries {
+		if entries[i].Namespace == ns && entries[i].JobID == id && entries[i].Parked == "" {
+			return i
+		}
+	}
+	return -1
+}
+
+// withinQueueLimits checks the tenant's caps on queued jobs and request size;
+// the entry at index replaced (-1: none) is the job's own waiting version.
+func (s *Server) withinQueueLimits(rj *gpuJobRequest, tenant string, entries []queue.Entry, replaced int) error {
+	t := s.policies.Current().Tenants[tenant]
+	if size := len(rj.Body()); size > t.MaxQueuedRequestBytes {
+		return fmt.Errorf("its request is %d bytes, above tenant %q's max_queued_request_bytes of %d", size, tenant, t.MaxQueuedRequestBytes)
+	}
+	n := 0
+	for i := range entries {
+		if entries[i].Tenant == tenant && i != replaced {
+			n++
+		}
+	}
+	if n >= t.MaxQueued {
+		return fmt.Errorf("tenant %q already has %d queued jobs, its max_queued", tenant, n)
+	}
+	return nil
+}
+
+// mayRegister asks Nomad to plan the job with the caller's token: a plan needs
+// the same submit-job capability as a registration and changes nothing.
+func (s *Server) mayRegister(r *http.Request, rj *gpuJobRequest) error {
+	job := rj.Doc.Root().Get("Job").Bytes()
+	err := s.as(r).plan(rj.Namespace, rj.JobID, job)
+	var le *lookupError
+	if errors.As(err, &le) && le.status >= 500 {
+		// Nomad answers the plan of an invalid job 500: its validator says
+		// what the user has to change (an error of theirs: 400).
+		var v api.JobValidateResponse
+		body, _ := json.Marshal(map[string]any{"Job": json.RawMessage(job)})
+		if s.as(r).do(http.MethodPut, "/v1/validate/job", rj.Namespace, body, &v) == nil && len(v.ValidationErrors) > 0 {
+			return fail(errBadRequest, "the job is invalid: %s", strings.Join(v.ValidationErrors, "; "))
+		}
+	}
+	return err
+}
+
+// evaluation serves the evaluation ids of queued jobs; any other goes to Nomad.
+func (s *Server) evaluation(w http.ResponseWriter, r *http.Request) {
+	rest := r.URL.Path[len("/v1/evaluation/"):]
+	id, sub, _ := cutSlash(rest)
+	if !queue.ValidID(id) {
+		s.proxy.ServeHTTP(w, r)
+		return
+	}
+	e, err := s.queue.Get(r.Context(), id)
+	if err != nil {
+		s.proxy.ServeHTTP(w, r)
+		return
+	}
+	switch sub {
+	case "":
+		writeJSON(w, http.StatusOK, api.Evaluation{ID: e.ID, Namespace: e.Namespace, JobID: e.JobID,
+			Status: api.EvalStatusComplete, TriggeredBy: "job-register", Type: "batch", Priority: 0,
+			StatusDescription: "queued by nomad-gpu: " + e.Reason})
+	case "allocations":
+		writeJSON(w, http.StatusOK, []*api.AllocationListStub{})
+	default:
+		s.proxy.ServeHTTP(w, r)
+	}
+}
+
+func cutSlash(s string) (string, string, bool) {
+	for i := 0; i < len(s); i++ {
+		if s[i] == '/' {
+			return s[:i], s[i+1:], true
+		}
+	}
+	return s, "", false
+}

@@ -1,0 +1,246 @@
+package server
+
+import (
+	"fmt"
+	"io"
+	"math"
+	"net/http"
+	"strings"
+
+	"github.com/hashicorp/nomad/api"
+
+	"github.com/nomad-gpu/nomad-gpu/broker/admission"
+	"github.com/nomad-gpu/nomad-gpu/broker/audit"
+	"github.com/nomad-gpu/nomad-gpu/broker/cluster"
+	"github.com/nomad-gpu/nomad-gpu/broker/decide"
+	"github.com/nomad-gpu/nomad-gpu/broker/metrics"
+	"github.com/nomad-gpu/nomad-gpu/broker/nomadjob"
+	"github.com/nomad-gpu/nomad-gpu/broker/policy"
+	"github.com/nomad-gpu/nomad-gpu/internal/jsondoc"
+)
+
+// gpuJobRequest is a job request read as Nomad reads it and prepared for
+// its decision (decide.Prepare), with the policy it was prepared under.
+type gpuJobRequest struct {
+	*decide.Request
+	policy  *policy.Policy
+	unlock  func() // ends the hold on the job (a registration's: jobLocks)
+	warning string // what its answer says besides (undeclared GPU access)
+}
+
+// readGPUJob reads a register, plan or validate request. It answers the
+// request itself, and returns nil, when the body is bad, the call is for
+// another region, or the job asks for no GPU (Nomad then gets it byte for byte:
+// it was read unambiguously, so Nomad reads no GPU in it either).
+func (s *Server) readGPUJob(w http.ResponseWriter, r *http.Request, kind nomadjob.Kind, pathJobID string) *gpuJobRequest {
+	body, ok := s.readBody(w, r)
+	if !ok {
+		return nil
+	}
+	req, err := nomadjob.ReadRequest(kind, body, r.URL.Query())
+	if err != nil {
+		writeError(w, fail(errBadRequest, "%v", err))
+		return nil
+	}
+	if pathJobID != "" && req.JobID != pathJobID {
+		writeError(w, fail(errBadRequest, "the job ID %q in the body does not match %q in the path", req.JobID, pathJobID))
+		return nil
+	}
+	if kind != nomadjob.Validate && !s.authorize(w, r, kindName[kind], req.Namespace) {
+		return nil // validation only reads: the caller's own token suffices
+	}
+	warning, ok := s.declaredGPUs(w, r, req)
+	if !ok {
+		return nil
+	}
+	if gpus, err := req.AsksForGPUs(); err != nil {
+		writeError(w, fail(errBadRequest, "job %q: %v", req.JobID, err))
+		return nil
+	} else if !gpus {
+		s.passThrough(w, r, body, warning)
+		return nil
+	}
+	if !s.checkRegion(w, r, req.Region, req.JobID, body) {
+		return nil
+	}
+	// A follower sends a registration on before looking anything up: the
+	// leader reads and counts it again anyway.
+	if kind == nomadjob.Register && !s.admitsHere(w, r, body) {
+		return nil
+	}
+	unlock := func() {}
+	if kind == nomadjob.Register {
+		unlock = s.cluster.LockJob(req.Namespace, req.JobID)
+	}
+	p := s.policies.Current()
+	prepared, err := s.seq.Prepare(r.Context(), p, req, s.as(r))
+	if err != nil {
+		unlock()
+		if decide.IsJobError(err) {
+			writeError(w, fail(errBadRequest, "job %q: %v", req.JobID, err))
+		} else {
+			s.lookupFailed(w, err, kindName[kind], req.JobID)
+		}
+		return nil
+	}
+	return &gpuJobRequest{Request: prepared, policy: p, unlock: unlock, warning: warning}
+}
+
+// declaredGPUs refuses a job that would use GPUs it does not ask for, by
+// rule undeclared-gpu-access (audited), or, with the policy's
+// undeclared_gpu_access = "warn", returns the warning its answer carries.
+func (s *Server) declaredGPUs(w http.ResponseWriter, r *http.Request, req *nomadjob.Request) (string, bool) {
+	how := nomadjob.UndeclaredGPUAccess(req.Job)
+	if len(how) == 0 {
+		return "", true
+	}
+	why := strings.Join(how, "; ")
+	fix := `ask for GPUs with a device block (device "nvidia/gpu" { count = N }): the device plugin then gives the task ` +
+		"the GPUs Nomad assigns it, and its tenant is charged for them"
+	if s.policies.Current().UndeclaredGPUAccess == policy.AccessWarn {
+		s.log.Warn("admission: undeclared GPU access", "job", req.JobID, "namespace", req.Namespace, "how", why)
+		return fmt.Sprintf("nomad-gpu: warning: rule %s: %s; %s", admission.RuleUndeclaredGPUAccess, why, fix), true
+	}
+	event := audit.Event{Who: s.as(r).identity(), What: audit.Admission, Namespace: req.Namespace, Job: req.JobID,
+		Rule: admission.RuleUndeclaredGPUAccess, Result: "reject: " + why}
+	if s.audited(w, event) {
+		writeError(w, fail(errForbidden, "job %q rejected by rule %s: %s; %s", req.JobID, admission.RuleUndeclaredGPUAccess, why, fix))
+	}
+	return "", false
+}
+
+var kindName = map[nomadjob.Kind]string{nomadjob.Register: "register", nomadjob.Plan: "plan", nomadjob.Validate: "validate"}
+
+// register admits, queues or rejects a job registration.
+func (s *Server) register(w http.ResponseWriter, r *http.Request, pathJobID string) {
+	rj := s.readGPUJob(w, r, nomadjob.Register, pathJobID)
+	if rj == nil {
+		return
+	}
+	defer rj.unlock()
+	if rj.Job.IsPeriodic() {
+		// Nomad launches each run on its own schedule, past the broker.
+		writeError(w, fail(errForbidden, "job %q rejected by rule %s: periodic jobs launch GPU work on Nomad's schedule "+
+			"without admission; submit each run through the broker, or dispatch a parameterized job", rj.JobID, admission.RulePeriodicGPU))
+		return
+	}
+	if rj.Job.IsParameterized() {
+		s.registerParent(w, r, rj)
+		return
+	}
+	d, res := s.seq.Decide(rj.policy, rj.AdmissionJob(), decide.Reserve)
+	who := s.as(r).identity()
+	s.metrics.Admission(metrics.Submit, d)
+	s.log.Info("admission", "job", rj.JobID, "namespace", rj.Namespace, "outcome", d.Outcome, "tenant", d.Tenant,
+		"queue", d.Queue, "priority", d.Priority, "gpus", d.Demand.Total(), "rule", d.Rule, "reason", d.Reason, "by", who)
+	event := audit.Event{Who: who, What: audit.Admission, Namespace: rj.Namespace, Job: rj.JobID, Tenant: d.Tenant, Queue: d.Queue,
+		Rule: d.Rule, Result: string(d.Outcome) + ": " + d.Reason}
+	switch d.Outcome {
+	case admission.Reject:
+		if s.audited(w, event) {
+			writeError(w, fail(errForbidden, "job %q rejected by rule %s: %s", rj.JobID, d.Rule, d.Reason))
+		}
+	case admission.Queue:
+		s.enqueue(w, r, rj, d, who, event, workloadWarning(rj.Wrote), rj.warning)
+	default:
+		if !s.audited(w, event) {
+			res.Release()
+			return
+		}
+		rj.Stamp(d, s.stamper.Stamp(rj.Namespace, rj.Job, d))
+		resp, err := s.forward(r, rj.Body(), rj.Namespace)
+		if err != nil {
+			res.Release()
+			event.What, event.Result = audit.AdmissionError, "Nomad is unreachable: "+err.Error()
+			s.audit.Write(event)
+			writeError(w, fail(errNomadUnreach, "Nomad is unreachable: %v", err))
+			return
+		}
+		s.relayRegistered(w, resp, res, admittedWarning(d), workloadWarning(rj.Wrote), s.rightSizingWarning(rj.Namespace, rj.JobID, d), rj.warning)
+	}
+}
+
+// workloadWarning tells the user what the job's workload wrote into it.
+func workloadWarning(wrote []string) string {
+	if len(wrote) == 0 {
+		return ""
+	}
+	return "nomad-gpu: written into the job for its workload: " + strings.Join(wrote, "; ")
+}
+
+// rightSizingWarning tells a job submitted again that its earlier runs kept
+// under half of its GPUs busy, or is "".
+func (s *Server) rightSizingWarning(namespace, job string, d admission.Decision) string {
+	if s.profiles == nil {
+		return ""
+	}
+	p, ok := s.profiles.Get(namespace, job)
+	if !ok {
+		return ""
+	}
+	return p.Warning(int(math.Ceil(d.Demand.Total())))
+}
+
+// registerParent registers a parameterized job: it places nothing itself and
+// is charged nothing, but it must be allowed to run its children at all, and it
+// gets its queue's band and stamp, which each dispatch then keeps (every
+// dispatch is admitted on its own).
+func (s *Server) registerParent(w http.ResponseWriter, r *http.Request, rj *gpuJobRequest) {
+	p := rj.policy
+	d, _ := s.seq.Decide(p, rj.AdmissionJob(), decide.Preview)
+	if d.Outcome == admission.Reject {
+		writeError(w, fail(errForbidden, "job %q rejected by rule %s: %s", rj.JobID, d.Rule, d.Reason))
+		return
+	}
+	d.Outcome, d.Priority, d.Demand = admission.Admit, p.Queues[d.Queue].Band, nil
+	d.Reason = "a parameterized job places nothing itself; each dispatch is admitted on its own"
+	rj.Stamp(d, s.stamper.Stamp(rj.Namespace, rj.Job, d))
+	resp, err := s.forward(r, rj.Body(), rj.Namespace)
+	if err != nil {
+		writeError(w, fail(errNomadUnreach, "Nomad is unreachable: %v", err))
+		return
+	}
+	s.relay(w, resp, admittedWarning(d))
+}
+
+// relayRegistered relays Nomad's answer to a call the broker admitted, and
+// settles the reservation: confirmed at the job's new index, or released.
+// It returns the id of the child a dispatch created ("" for none).
+func (s *Server) relayRegistered(w http.ResponseWriter, resp *http.Response, res *cluster.Reservation, warnings ...string) string {
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, MaxBody))
+	var out struct {
+		api.JobRegisterResponse
+		DispatchedJobID string // a dispatch's child, created at JobCreateIndex
+		JobCreateIndex  uint64
+	}
+	var doc *jsondoc.Doc // read once: for the reservation, and to add the warnings to
+	if err == nil && resp.StatusCode == http.StatusOK {
+		doc, _ = jsondoc.Parse(body, &out)
+	}
+	switch {
+	case doc == nil:
+		res.Release()
+		out.DispatchedJobID = ""
+	case out.DispatchedJobID != "":
+		res.ConfirmAs(out.DispatchedJobID, out.JobCreateIndex)
+	case out.JobModifyIndex > 0:
+		res.Confirm(out.JobModifyIndex)
+	default:
+		res.Confirm(0) // a periodic force: its child's events name an id Nomad does not answer with
+	}
+	if doc != nil && doc.Root().IsObject() {
+		body, warnings = addWarnings(doc, out.Warnings, warnings), nil
+	}
+	s.relayBody(w, resp, body, err, warnings...)
+	return out.DispatchedJobID
+}
+
+func admittedWarning(d admission.Decision) string {
+	borrowed := "no"
+	if d.Outcome == admission.AdmitBorrowed {
+		borrowed = "yes, preemptible when the owners need their GPUs"
+	}
+	return fmt.Sprintf("nomad-gpu: admitted: tenant %s, queue %s, priority %d, %g GPUs, borrowed: %s (%s)",
+		d.Tenant, d.Queue, d.Priority, d.Demand.Total(), borrowed, d.Reason)
+}
