@@ -29,7 +29,10 @@ type mirror[T any] struct {
 	at    map[string]int
 	// shared: view handed list out; it is copied before an element in it
 	// changes (an append writes past every view's end, and may stay).
-	shared  bool
+	shared bool
+	// gone is what this broker deleted, by name: the version it deleted
+	// (0: not known), until a listing no longer has it.
+	gone    map[string]uint64
 	index   atomic.Uint64 // Consul's index of the directory at the last answer; 0: not followed
 	version atomic.Uint64 // counts the copy's changes
 }
@@ -99,7 +102,7 @@ func (m *mirror[T]) follow(ctx context.Context) {
 			}
 		}
 		m.mu.Lock()
-		m.records, m.list = next, nil
+		m.records, m.list = m.reconcile(next, meta.LastIndex), nil
 		m.mu.Unlock()
 		if meta.LastIndex != index {
 			m.version.Add(1)
@@ -110,6 +113,33 @@ func (m *mirror[T]) follow(ctx context.Context) {
 		index = meta.LastIndex
 		m.index.Store(index)
 	}
+}
+
+// reconcile is the listing next, made at Consul's index listed, with this
+// broker's own changes that the listing is too old to hold: a record it
+// wrote after the listing was made stays, and one it deleted does not come
+// back at the version it deleted. (A listing answered just before a write
+// or a delete here is applied just after it: without this, a job queued
+// here was missing from the copy, or one taken out back in it, until the
+// next listing.) m.mu is held.
+func (m *mirror[T]) reconcile(next map[string]mirrored[T], listed uint64) map[string]mirrored[T] {
+	for name, cur := range m.records {
+		if l, ok := next[name]; cur.index > listed && (!ok || l.index < cur.index) {
+			next[name] = cur
+		}
+	}
+	for name, deleted := range m.gone {
+		l, ok := next[name]
+		switch {
+		case !ok:
+			delete(m.gone, name) // the listing has caught up
+		case l.index <= deleted:
+			delete(next, name)
+		default:
+			delete(m.gone, name) // made again since
+		}
+	}
+	return next
 }
 
 // followed reports whether the copy is current (follow has an answer and
@@ -189,6 +219,10 @@ func (m *mirror[T]) readBack(ctx context.Context, name string) {
 // removed takes this broker's own delete of name out at once.
 func (m *mirror[T]) removed(name string) {
 	m.mu.Lock()
+	if m.gone == nil {
+		m.gone = map[string]uint64{}
+	}
+	m.gone[name] = m.records[name].index
 	delete(m.records, name)
 	if i, ok := m.at[name]; ok && m.list != nil { // the last one takes its place
 		m.own()

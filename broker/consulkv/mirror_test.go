@@ -92,3 +92,31 @@ func TestAViewStaysAsItWasHandedOut(t *testing.T) {
 		t.Errorf("the copy holds %v, want a2, c1 and d1", got)
 	}
 }
+
+// A listing answered just before this broker's own write or delete, and
+// applied just after it, neither loses the write nor brings the deleted
+// record back (make test once stopped a job queued a moment before: the stop
+// found no entry to take out, and the entry would have been admitted).
+func TestAnOlderListingKeepsThisBrokersOwnChanges(t *testing.T) {
+	m := &mirror[string]{}
+	m.records = map[string]mirrored[string]{"old": {"old", 5}, "gone": {"gone", 6}}
+	m.wrote("new", "queued here", 9) // after the listing below was made, at 7
+	m.removed("gone")
+	listing := map[string]mirrored[string]{"old": {"old", 5}, "gone": {"gone", 6}}
+	m.records, m.list = m.reconcile(listing, 7), nil
+	got := m.all()
+	slices.Sort(got)
+	if !slices.Equal(got, []string{"old", "queued here"}) {
+		t.Fatalf("after the older listing: %v, want the write kept and the delete held", got)
+	}
+	// A later listing has caught up: the delete is forgotten, and a record
+	// made again under the name is taken.
+	m.records, m.list = m.reconcile(map[string]mirrored[string]{"old": {"old", 5}, "new": {"queued here", 9}}, 10), nil
+	if len(m.gone) != 0 {
+		t.Errorf("deletes still held: %v", m.gone)
+	}
+	m.records, m.list = m.reconcile(map[string]mirrored[string]{"old": {"old", 5}, "new": {"queued here", 9}, "gone": {"again", 11}}, 11), nil
+	if got := m.all(); len(got) != 3 {
+		t.Errorf("a record made again is missing: %v", got)
+	}
+}
