@@ -56,12 +56,10 @@ type Registrar interface {
 	Grants(ctx context.Context, accessor string) (g policy.Grants, exists bool, err error)
 }
 
-// Cluster is the usage to decide against.
+// Cluster is what a pass decides against (decide.Cluster), and the job
+// locks and running jobs it waits on.
 type Cluster interface {
-	UsageWithout(p *policy.Policy, namespace, jobID string) admission.Usage
-	Admit(p *policy.Policy, job admission.Job) (admission.Decision, *cluster.Reservation)
-	NodesFitting(model string, gpus int) int
-	FittingNodes(model string, gpus int) []string
+	decide.Cluster
 	// LockJob holds off other decisions on one job (the gate's too) from
 	// reading it to Nomad's answer.
 	LockJob(namespace, id string) (unlock func())

@@ -35,14 +35,10 @@ import (
 	"github.com/nomad-gpu/nomad-gpu/internal/jsondoc"
 )
 
-// Cluster is the usage admission decides against.
+// Cluster is what the gate decides against (decide.Cluster), and what the
+// broker's API shows of it.
 type Cluster interface {
-	UsageWithout(p *policy.Policy, namespace, jobID string) admission.Usage
-	// Admit decides and, when it admits, reserves the demand at once.
-	Admit(p *policy.Policy, job admission.Job) (admission.Decision, *cluster.Reservation)
-	NodesFitting(model string, gpus int) int
-	// FittingNodes are the ids of the nodes NodesFitting counts.
-	FittingNodes(model string, gpus int) []string
+	decide.Cluster
 	// Map and Followed serve the GPU map.
 	Map(idleBelow float64) []cluster.MapNode
 	Followed() (index, listings uint64)
