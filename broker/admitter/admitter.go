@@ -226,6 +226,7 @@ func (a *Admitter) decide(ctx context.Context, r *registrations) error {
 		}
 	}
 	queue.Order(entries, p, used, decayed, a.Clock.Now())
+	seq := a.sequence()
 	var pass queue.Pass
 	for _, e := range entries {
 		if r.failed() {
@@ -237,7 +238,7 @@ func (a *Admitter) decide(ctx context.Context, r *registrations) error {
 		if e.Stopping != 0 && a.Clock.Now().Sub(e.StoppingSince) < queue.StopWait && a.Cluster.Running(e.Namespace, e.JobID) {
 			continue
 		}
-		if err := a.consider(ctx, r, p, &pass, e); errors.Is(err, errPassOver) {
+		if err := a.consider(ctx, r, p, seq, &pass, e); errors.Is(err, errPassOver) {
 			return nil
 		} else if err != nil {
 			return err
@@ -253,7 +254,7 @@ var errPassOver = errors.New("the pass is over")
 // the job's decision lock (shared with the gate) from reading the entry's job
 // to Nomad's answer to its registration: a scale or a registration of the
 // same job through the gate meanwhile would decide on the job as it was.
-func (a *Admitter) consider(ctx context.Context, r *registrations, p *policy.Policy, pass *queue.Pass, e queue.Entry) error {
+func (a *Admitter) consider(ctx context.Context, r *registrations, p *policy.Policy, seq *decide.Sequence, pass *queue.Pass, e queue.Entry) error {
 	unlock := a.Cluster.LockJob(e.Namespace, e.JobID)
 	handed := false // to the registration, which unlocks once Nomad answered
 	defer func() {
@@ -266,7 +267,6 @@ func (a *Admitter) consider(ctx context.Context, r *registrations, p *policy.Pol
 		a.park(ctx, e, err)
 		return nil
 	}
-	seq := a.sequence()
 	prepared, err := seq.Prepare(ctx, p, req, a.Nomad) // the nodes fitting now, not when it was queued
 	if decide.IsJobError(err) {
 		a.park(ctx, e, err)
@@ -315,8 +315,8 @@ func (a *Admitter) consider(ctx context.Context, r *registrations, p *policy.Pol
 	return nil
 }
 
-// sequence is the admission sequence the queue decides through: the gate's,
-// against the same view, approvals and preemptions.
+// sequence is the admission sequence a pass decides through: the gate's,
+// against the same view, approvals and preemptions (made once a pass).
 func (a *Admitter) sequence() *decide.Sequence {
 	s := &decide.Sequence{Cluster: a.Cluster, Enricher: decide.Enricher{Preemptions: a.Preemptions, Clock: a.Clock}}
 	if a.Approvals != nil {

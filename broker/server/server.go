@@ -136,7 +136,7 @@ type Server struct {
 	callers *callers
 }
 
-// Options are what a Server is built from; Now and NewID default to the real ones.
+// Options are what a Server is built from; Clock and NewID default to the real ones.
 type Options struct {
 	Log      hclog.Logger
 	Nomad    string // upstream address

@@ -358,8 +358,7 @@ func canonicalize(n *Node, t reflect.Type, path *[]string, renamed *bool) error 
 	switch {
 	case n.object && t.Kind() == reflect.Struct:
 		fields := info.fields
-		// A request's objects are small: a slice of names seen beats a map.
-		seen := make([]seenKey, 0, len(n.members))
+		seen := newSeen(len(n.members))
 		for i, m := range n.members {
 			f, ok := fields.byExact[m.key]
 			if !ok {
@@ -371,12 +370,9 @@ func canonicalize(n *Node, t reflect.Type, path *[]string, renamed *bool) error 
 			} else {
 				name = "?" + foldName(m.key) // unknown keys: still refuse two spellings
 			}
-			for _, s := range seen {
-				if s.name == name {
-					return duplicate(path, s.key, m.key)
-				}
+			if prev, dup := seen.add(name, m.key); dup {
+				return duplicate(path, prev, m.key)
 			}
-			seen = append(seen, seenKey{name: name, key: m.key})
 			if !ok {
 				continue
 			}
@@ -430,8 +426,45 @@ func canonicalize(n *Node, t reflect.Type, path *[]string, renamed *bool) error 
 	return nil
 }
 
-// seenKey is a field met in an object, and the key that named it.
+// seenFields are the fields met in one object, with the keys that named
+// them: a request's objects are small, and a slice beats a map there; an
+// object of many keys gets a map, so that no body costs quadratic time.
+type seenFields struct {
+	list  []seenKey
+	index map[string]string
+}
+
 type seenKey struct{ name, key string }
+
+// smallObject is the most members an object is checked for twice-given
+// fields by scanning.
+const smallObject = 16
+
+func newSeen(members int) *seenFields {
+	if members > smallObject {
+		return &seenFields{index: make(map[string]string, members)}
+	}
+	return &seenFields{list: make([]seenKey, 0, members)}
+}
+
+// add records that key named field name; when the field was met before, it
+// returns the key that named it first.
+func (s *seenFields) add(name, key string) (string, bool) {
+	if s.index != nil {
+		if prev, ok := s.index[name]; ok {
+			return prev, true
+		}
+		s.index[name] = key
+		return "", false
+	}
+	for _, k := range s.list {
+		if k.name == name {
+			return k.key, true
+		}
+	}
+	s.list = append(s.list, seenKey{name: name, key: key})
+	return "", false
+}
 
 // typeInfo is what canonicalize needs of a Go type, worked out once.
 type typeInfo struct {
