@@ -16,6 +16,7 @@ import (
 	"testing"
 
 	"github.com/nomad-gpu/nomad-gpu/testing/testcluster"
+	"github.com/nomad-gpu/nomad-gpu/testing/tools"
 )
 
 // Two releases of one commit are the same bytes, laid out as HashiCorp's:
@@ -23,7 +24,7 @@ import (
 // plugin_dir, and SHA256SUMS of them all.
 func TestAReleaseIsReproducibleAndLaidOutAsHashiCorps(t *testing.T) {
 	t.Parallel()
-	dpkg := testcluster.Binary(t, "dpkg-deb")
+	dpkg := tools.Binary(t, "dpkg-deb")
 	first, second := t.TempDir(), t.TempDir()
 	sums := testcluster.Release(t, first, "zip", "deb", "rpm")
 	again := testcluster.Release(t, second, "zip", "deb", "rpm")

@@ -69,6 +69,21 @@ build_consul() {
   has_version "$TOOLS_DIR/bin/consul" "$CONSUL_VERSION"
 }
 
+# keep_nomad_routes keeps the files of Nomad's source that say which HTTP
+# routes it serves: the broker's route table is tested against them
+# (broker/server TestEveryNomadRouteIsClassified), read, never built in.
+keep_nomad_routes() {
+  local dest="$TOOLS_DIR/nomad-routes/v$NOMAD_VERSION" dir f
+  if [ -f "$dest/http.go" ]; then log "nomad v$NOMAD_VERSION routes present"; return; fi
+  dir=$(go mod download -json "github.com/hashicorp/nomad@v$NOMAD_VERSION" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
+  [ -n "$dir" ] || { log "go mod download nomad@v$NOMAD_VERSION gave no directory"; return 1; }
+  mkdir -p "$dest"
+  for f in http.go job_endpoint.go deployment_endpoint.go; do cp "$dir/command/agent/$f" "$dest/$f.tmp"; done
+  cp "$dir/LICENSE" "$dest/LICENSE"
+  for f in job_endpoint.go deployment_endpoint.go http.go; do mv "$dest/$f.tmp" "$dest/$f"; done
+  chmod -R u+w "$dest"
+}
+
 # OpenTofu (MPL-2.0) tests terraform/. Its go.mod replaces hcl, so `go install`
 # refuses it; it is built from a copy of its module like the agents.
 build_tofu() {
@@ -88,10 +103,10 @@ build_tofu() {
 }
 
 case "${1:-all}" in
-  nomad) build_nomad ;;
+  nomad) build_nomad; keep_nomad_routes ;;
   consul) build_consul ;;
   tofu) build_tofu ;;
-  all) build_nomad; build_consul; build_tofu ;;
+  all) build_nomad; keep_nomad_routes; build_consul; build_tofu ;;
   dir) echo "$TOOLS_DIR" ;;
   *) log "usage: $0 [all|nomad|consul|tofu|dir]"; exit 2 ;;
 esac

@@ -24,6 +24,7 @@ import (
 	"github.com/zclconf/go-cty/cty"
 
 	"github.com/nomad-gpu/nomad-gpu/testing/testcluster"
+	"github.com/nomad-gpu/nomad-gpu/testing/tools"
 )
 
 // tofu runs OpenTofu in dir, offline, and returns its standard output.
@@ -38,7 +39,7 @@ func tofu(t *testing.T, dir string, args ...string) string {
 
 func tofuRun(t *testing.T, dir string, args ...string) (string, error) {
 	t.Helper()
-	bin := testcluster.Binary(t, "tofu")
+	bin := tools.Binary(t, "tofu")
 	cliConfig := filepath.Join(t.TempDir(), "tofurc")
 	if err := os.WriteFile(cliConfig, []byte("disable_checkpoint = true\n"), 0o644); err != nil {
 		t.Fatal(err)
@@ -119,7 +120,7 @@ func write(t *testing.T, path, content string) string {
 // With no inputs the module renders a complete node whose configurations the
 // real agents accept.
 func TestGPUNodeModuleAppliesWithItsDefaults(t *testing.T) {
-	nomad, consul := testcluster.Binary(t, "nomad"), testcluster.Binary(t, "consul")
+	nomad, consul := tools.Binary(t, "nomad"), tools.Binary(t, "consul")
 	out := outputs(t, copyModule(t, "gpu-node"))
 
 	client := str(t, out["nomad_client_hcl"])
@@ -268,7 +269,7 @@ output "cloud_init"       { value = yamldecode(trimprefix(module.node.cloud_init
 // it installs the release's binary.
 func installPlugin(t *testing.T, runcmd [][]string, packages []string, pluginDir, sha string) {
 	t.Helper()
-	testcluster.Binary(t, "unzip")
+	tools.Binary(t, "unzip")
 	if strings.Join(packages, " ") != "unzip" {
 		t.Errorf("cloud-init installs packages %v, want unzip for a zip", packages)
 	}
@@ -367,7 +368,7 @@ func TestTerraformIsFormatted(t *testing.T) {
 // Consul: its tokens come from the Nomad variable, its policies from the job's
 // templates, and it answers as the broker, leader and all.
 func TestTheBrokerRunsAsANomadJob(t *testing.T) {
-	nomadBin := testcluster.Binary(t, "nomad")
+	nomadBin := tools.Binary(t, "nomad")
 	consul := testcluster.StartConsul(t)
 	n := testcluster.StartNomad(t, testcluster.NomadOptions{Name: "dev", Server: true, Client: true,
 		ConsulAddr: consul.Addr, PluginConfig: `backend = "fake"`,

@@ -16,6 +16,7 @@ import (
 
 	"github.com/nomad-gpu/nomad-gpu/broker/audit"
 	"github.com/nomad-gpu/nomad-gpu/testing/testcluster"
+	"github.com/nomad-gpu/nomad-gpu/testing/tools"
 )
 
 // The Nomad ACL policies docs/broker.md documents for exclusive enforcement: users
@@ -52,7 +53,7 @@ type aclEnv struct {
 }
 
 func (e *aclEnv) cli(token, addr string, args ...string) (string, error) {
-	cmd := exec.Command(testcluster.Binary(e.t, "nomad"), args...)
+	cmd := exec.Command(tools.Binary(e.t, "nomad"), args...)
 	cmd.Env = append(os.Environ(), "NOMAD_ADDR="+addr, "NOMAD_TOKEN="+token)
 	if e.certs != nil {
 		cmd.Env = append(cmd.Env, "NOMAD_CACERT="+e.certs.CAFile)

@@ -18,6 +18,7 @@ import (
 	"github.com/nomad-gpu/nomad-gpu/broker/server"
 	"github.com/nomad-gpu/nomad-gpu/device-plugin/fake"
 	"github.com/nomad-gpu/nomad-gpu/testing/testcluster"
+	"github.com/nomad-gpu/nomad-gpu/testing/tools"
 )
 
 const policies = `
@@ -751,7 +752,7 @@ func (e *env) spec(ns, id string, count, gpus int, queue string) string {
 }
 
 func (e *env) nomadCLI(args ...string) (string, error) {
-	cmd := exec.Command(testcluster.Binary(e.t, "nomad"), args...)
+	cmd := exec.Command(tools.Binary(e.t, "nomad"), args...)
 	cmd.Env = append(os.Environ(), "NOMAD_ADDR="+e.broker.Addr)
 	out, err := cmd.CombinedOutput()
 	return string(out), err

@@ -11,6 +11,7 @@ import (
 	"github.com/hashicorp/nomad/api"
 
 	"github.com/nomad-gpu/nomad-gpu/testing/testcluster"
+	"github.com/nomad-gpu/nomad-gpu/testing/tools"
 )
 
 // TestTLSEverywhere: Nomad serves its API over TLS, Consul over HTTPS, and
@@ -45,7 +46,7 @@ func TestTLSEverywhere(t *testing.T) {
 	}
 	e.broker = brokers[0]
 	cli := func(args ...string) (string, error) {
-		cmd := exec.Command(testcluster.Binary(t, "nomad"), args...)
+		cmd := exec.Command(tools.Binary(t, "nomad"), args...)
 		cmd.Env = append(os.Environ(), "NOMAD_ADDR="+e.broker.Addr, "NOMAD_CACERT="+certs.CAFile)
 		out, err := cmd.CombinedOutput()
 		return string(out), err

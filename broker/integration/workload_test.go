@@ -15,6 +15,7 @@ import (
 
 	"github.com/nomad-gpu/nomad-gpu/broker/audit"
 	"github.com/nomad-gpu/nomad-gpu/testing/testcluster"
+	"github.com/nomad-gpu/nomad-gpu/testing/tools"
 )
 
 // TestAGangWaitsUntilAllItsAllocationsFit: 2 nodes × 8 GPUs with 5 free on
@@ -193,7 +194,7 @@ func readmeTour(t *testing.T, e *env, n *testcluster.Nomad) {
 	// jobspecs/ and policies/.
 	dir := t.TempDir()
 	root, _ := filepath.Abs("../..")
-	for link, target := range map[string]string{"bin/gpu-broker": testcluster.BrokerBinary(t), "bin/nomad": testcluster.Binary(t, "nomad"),
+	for link, target := range map[string]string{"bin/gpu-broker": testcluster.BrokerBinary(t), "bin/nomad": tools.Binary(t, "nomad"),
 		"jobspecs": filepath.Join(root, "jobspecs"), "policies": filepath.Join(root, "policies")} {
 		os.MkdirAll(filepath.Dir(filepath.Join(dir, link)), 0o755)
 		if err := os.Symlink(target, filepath.Join(dir, link)); err != nil {

@@ -70,6 +70,7 @@ type Metrics struct {
 	scaleUp    *prometheus.HistogramVec
 	consulErrs *prometheus.CounterVec
 	passes     *prometheus.CounterVec
+	unknown    *prometheus.CounterVec
 
 	scaleMu   sync.Mutex
 	scalingUp map[[2]string]scaleUp // admitted scale-ups waiting for an allocation to run
@@ -145,7 +146,7 @@ func New() *Metrics {
 	m.reclaimed = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "nomadgpu_reclaimed_gpus_total",
 		Help: "GPUs freed by executed reclaim decisions (stop, reschedule, requeue)."}, []string{"rule", "action"})
 	m.requests = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "nomadgpu_request_duration_seconds",
-		Help:    "Time the broker took to answer, by class of request: register, plan, validate, scale, dispatch, revert, periodic force, job write, deployment write, gpu-api, read (passed through).",
+		Help:    "Time the broker took to answer, by class of request: register, plan, validate, scale, dispatch, revert, periodic force, stable, job write, deployment write, gpu-api, read (passed through).",
 		Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5}}, []string{"class"})
 	m.estimates = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "nomadgpu_queue_start_estimate_error_seconds",
 		Help:    "How far a queued job's actual start was from the start estimated when it was queued (jobs with an estimate).",
@@ -162,7 +163,10 @@ func New() *Metrics {
 	m.passes = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "nomadgpu_leader_passes_total",
 		Help: "Passes the leader's loops finished, by loop (queue, reclaim) and result (ok, error): a loop whose count stops rising is stuck."},
 		[]string{"loop", "result"})
-	m.Registry.MustRegister(m.admissions, m.decisions, m.gpuSeconds, m.auditFails, m.unreadable, m.queueWait, m.preempted, m.lostWork, m.reclaimed,
+	m.unknown = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "nomadgpu_unclassified_writes_total",
+		Help: "Writes to Nomad's API that the broker's route table does not know, passed through (without exclusive enforcement; with it they are refused), by route pattern."},
+		[]string{"route"})
+	m.Registry.MustRegister(m.unknown, m.admissions, m.decisions, m.gpuSeconds, m.auditFails, m.unreadable, m.queueWait, m.preempted, m.lostWork, m.reclaimed,
 		m.requests, m.estimates, m.allocs, m.scaleUp, m.consulErrs, m.passes,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
@@ -273,6 +277,14 @@ func (m *Metrics) Preempted(tenant, queue string, lostGPUSeconds float64) {
 func (m *Metrics) Reclaimed(rule, action string, gpus int) {
 	if m != nil {
 		m.reclaimed.WithLabelValues(rule, action).Add(float64(gpus))
+	}
+}
+
+// UnclassifiedWrite counts a write passed through that the broker's route
+// table does not know; route is the table's pattern, never the caller's path.
+func (m *Metrics) UnclassifiedWrite(route string) {
+	if m != nil {
+		m.unknown.WithLabelValues(route).Inc()
 	}
 }
 

@@ -25,40 +25,54 @@ import (
 func TestRouteReadsPathsAsNomadDoes(t *testing.T) {
 	cases := []struct {
 		method, path string
+		class        class
 		call         call
 		id           string
 	}{
-		{"PUT", "/v1/jobs", callRegister, ""},
-		{"POST", "/v1/job/train", callRegister, "train"},
-		{"PUT", "/v1/job/", callRegister, ""},                     // registers the job the body names
-		{"PUT", "/v1/job/team/train", callRegister, "team/train"}, // ids may hold "/"
-		{"PUT", "/v1/job/a%2Fb", callRegister, "a%2Fb"},           // already unescaped once by Go: never again
-		{"PUT", "/v1/job/train/plan", callPlan, "train"},
-		{"PUT", "/v1/job/a/b/plan", callPlan, "a/b"},
-		{"PUT", "/v1/job/train/scale", callScale, "train"},
-		{"GET", "/v1/job/train/scale", callNone, ""},
-		{"POST", "/v1/job/train/dispatch", callDispatch, "train"},
-		{"PUT", "/v1/job/train/revert", callRevert, "train"},
-		{"PUT", "/v1/job/nightly/periodic/force", callPeriodicForce, "nightly"},
-		{"PUT", "/v1/job/train/evaluate", callJobWrite, "train"},
-		{"POST", "/v1/job/train/stable", callJobWrite, "train"},
-		{"GET", "/v1/job/train/evaluations", callNone, ""},
-		{"PUT", "/v1/job/x/plan/scale", callScale, "x/plan"}, // the last suffix decides
-		{"PUT", "/v1/validate/job", callValidate, ""},
-		{"DELETE", "/v1/job/train", callJobWrite, "train"},           // stop
-		{"DELETE", "/v1/job/team/train", callJobWrite, "team/train"}, // stop
-		{"DELETE", "/v1/job/train/plan", callNone, ""},               // Nomad: 405
-		{"DELETE", "/v1/jobs", callNone, ""},
-		{"PUT", "/v1/deployment/promote/d1", callDeploymentWrite, "d1"},
-		{"POST", "/v1/deployment/fail/d1", callDeploymentWrite, "d1"},
-		{"PUT", "/v1/deployment/allocation-health/d1", callDeploymentWrite, "d1"},
-		{"GET", "/v1/deployment/d1", callNone, ""},
-		{"put", "/v1/jobs", callNone, ""}, // Nomad compares methods exactly: 405 there
+		{"PUT", "/v1/jobs", decided, callRegister, ""},
+		{"POST", "/v1/job/train", decided, callRegister, "train"},
+		{"PUT", "/v1/job/", decided, callRegister, ""},                     // registers the job the body names
+		{"PUT", "/v1/job/team/train", decided, callRegister, "team/train"}, // ids may hold "/"
+		{"PUT", "/v1/job/a%2Fb", decided, callRegister, "a%2Fb"},           // already unescaped once by Go: never again
+		{"PUT", "/v1/job/train/plan", decided, callPlan, "train"},
+		{"PUT", "/v1/job/a/b/plan", decided, callPlan, "a/b"},
+		{"PUT", "/v1/job/train/scale", decided, callScale, "train"},
+		{"GET", "/v1/job/train/scale", read, callNone, ""},
+		{"POST", "/v1/job/train/dispatch", decided, callDispatch, "train"},
+		{"PUT", "/v1/job/train/revert", decided, callRevert, "train"},
+		{"PUT", "/v1/job/nightly/periodic/force", decided, callPeriodicForce, "nightly"},
+		{"PUT", "/v1/job/train/evaluate", neutral, callJobWrite, "train"},
+		{"POST", "/v1/job/train/stable", decided, callStable, "train"},
+		{"GET", "/v1/job/train/evaluations", read, callNone, ""},
+		{"PUT", "/v1/job/train/evaluations", unknown, callNone, "train"}, // Nomad: 405
+		{"PUT", "/v1/job/x/plan/scale", decided, callScale, "x/plan"},     // the last suffix decides
+		{"PUT", "/v1/validate/job", decided, callValidate, ""},
+		{"DELETE", "/v1/job/train", neutral, callJobWrite, "train"},           // stop
+		{"DELETE", "/v1/job/team/train", neutral, callJobWrite, "team/train"}, // stop
+		{"DELETE", "/v1/job/train/plan", unknown, callNone, "train"},          // Nomad: 405
+		{"DELETE", "/v1/jobs", unknown, callNone, ""},
+		{"PUT", "/v1/deployment/promote/d1", decided, callDeploymentWrite, "d1"},
+		{"POST", "/v1/deployment/fail/d1", decided, callDeploymentWrite, "d1"},
+		{"PUT", "/v1/deployment/allocation-health/d1", decided, callDeploymentWrite, "d1"},
+		{"GET", "/v1/deployment/d1", read, callNone, ""},
+		{"PUT", "/v1/deployment/d1", unknown, callNone, "d1"},
+		{"put", "/v1/jobs", unknown, callNone, ""}, // Nomad compares methods exactly: 405 there
+		{"PUT", "/v1/node/n1/drain", neutral, callNone, "n1/drain"},
+		{"PUT", "/v1/node/pools", neutral, callNone, ""},
+		{"POST", "/v1/operator/snapshot", refused, callNone, ""},
+		{"PUT", "/v1/job", unknown, callNone, "v1/job"}, // Nomad: 301 to /v1/job/
+		{"PUT", "/v1/brand-new", unknown, callNone, "v1/brand-new"},
+		{"PATCH", "/v1/client/allocation/a1/restart", neutral, callNone, "a1/restart"},
 	}
 	for _, c := range cases {
-		got, id := route(c.method, c.path)
-		if got != c.call || id != c.id {
-			t.Errorf("%s %s: got %v %q, want %v %q", c.method, c.path, got, id, c.call, c.id)
+		got := route(c.method, c.path)
+		if got.class != c.class || got.call != c.call || got.id != c.id && got.class != read {
+			t.Errorf("%s %s: got %+v, want class %v %v %q", c.method, c.path, got, c.class, c.call, c.id)
+		}
+	}
+	for _, p := range []string{"/v1/job/a/b/scale", "/v1/job/a/b", "/v1/var/secret/x", "/v1/nonsense/x"} {
+		if got := route("PUT", p); strings.Contains(got.pattern, "a/b") || strings.Contains(got.pattern, "secret") || strings.Contains(got.pattern, "nonsense") {
+			t.Errorf("PUT %s: pattern %q holds the caller's path", p, got.pattern)
 		}
 	}
 }

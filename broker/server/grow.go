@@ -41,7 +41,7 @@ func (s *Server) readJobCall(w http.ResponseWriter, r *http.Request, c call) (jo
 	}
 	// Nomad rebuilds a scale's request, and reads no body for a stop or a
 	// periodic force: only the query counts for those.
-	bodyCounts := r.Method != http.MethodDelete && (c == callDispatch || c == callRevert || c == callJobWrite || c == callDeploymentWrite)
+	bodyCounts := r.Method != http.MethodDelete && (c == callDispatch || c == callRevert || c == callStable || c == callJobWrite || c == callDeploymentWrite)
 	t, err := nomadjob.CallTarget(r.URL.Query(), body, bodyCounts)
 	if err != nil {
 		writeError(w, fail(errBadRequest, "%s: %v", c, err))
@@ -243,6 +243,69 @@ func (s *Server) revertTo(w http.ResponseWriter, r *http.Request, body []byte, n
 	s.passThrough(w, r, body)
 }
 
+// stable marks a job version stable or not. Nomad writes the version named
+// back as the job's current one (with no evaluation and no event), so on any
+// version but the current one it is a revert the broker cannot follow:
+// refused, with the revert that does the same in the open. Un-marking during
+// a deployment that auto-reverts would leave that deployment nothing to
+// revert to: refused too. Otherwise it changes no GPU demand.
+func (s *Server) stable(w http.ResponseWriter, r *http.Request, jc jobCall, jobID string) {
+	var req api.JobStabilityRequest
+	doc, ok := s.parseCall(w, r, jc, &req)
+	if !ok {
+		return
+	}
+	if req.JobID != jobID {
+		s.passThrough(w, r, doc.Bytes()) // Nomad refuses it: "Job ID does not match"
+		return
+	}
+	defer s.cluster.LockJob(jc.namespace, jobID)()
+	current, err := s.as(r).currentJob(jc.namespace, jobID)
+	if err != nil {
+		s.lookupFailed(w, err, "stable", jobID)
+		return
+	}
+	if current.Version != nil && *current.Version != req.JobVersion {
+		writeError(w, fail(errForbidden, "marking version %d of %q stable or not refused: Nomad would make that version the job's "+
+			"current one again, past admission (the job is at version %d); revert to it instead (nomad job revert %s %d), which the broker decides",
+			req.JobVersion, jobID, *current.Version, jobID, req.JobVersion))
+		return
+	}
+	if !req.Stable {
+		var d api.Deployment // Nomad answers null for none
+		if err := s.as(r).get("/v1/job/"+url.PathEscape(jobID)+"/deployment", jc.namespace, &d); err != nil {
+			s.lookupFailed(w, err, "stable", jobID)
+			return
+		}
+		if autoReverts(&d) && activeDeployment(d.Status) {
+			writeError(w, fail(errForbidden, "un-marking version %d of %q refused: its deployment %s reverts on failure, "+
+				"and Nomad would have no stable version to revert to; wait until the deployment ends", req.JobVersion, jobID, d.ID))
+			return
+		}
+	}
+	s.passThrough(w, r, doc.Bytes())
+}
+
+// activeDeployment reports whether a deployment of status may still fail.
+func activeDeployment(status string) bool {
+	switch status {
+	case api.DeploymentStatusRunning, api.DeploymentStatusPaused, api.DeploymentStatusPending,
+		api.DeploymentStatusBlocked, api.DeploymentStatusUnblocking, "initializing":
+		return true
+	}
+	return false
+}
+
+// autoReverts reports whether a group of deployment d reverts on failure.
+func autoReverts(d *api.Deployment) bool {
+	for _, g := range d.TaskGroups {
+		if g != nil && g.AutoRevert {
+			return true
+		}
+	}
+	return false
+}
+
 // deploymentWrite passes a deployment write on, but for one that can make
 // Nomad revert the job (fail, or allocations marked unhealthy, in a
 // deployment with auto_revert): that is decided as the revert it leads to,
@@ -265,11 +328,7 @@ func (s *Server) deploymentWrite(w http.ResponseWriter, r *http.Request, jc jobC
 		s.lookupFailed(w, err, "deployment write", id)
 		return
 	}
-	autoRevert := false
-	for _, g := range d.TaskGroups {
-		autoRevert = autoRevert || (g != nil && g.AutoRevert)
-	}
-	if !autoRevert {
+	if !autoReverts(&d) {
 		s.passThrough(w, r, jc.body)
 		return
 	}

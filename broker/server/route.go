@@ -6,11 +6,11 @@ import (
 	"strings"
 )
 
-// call is a Nomad API call that can create or grow GPU demand.
+// call is what the gate does with a Nomad API call.
 type call int
 
 const (
-	callNone call = iota
+	callNone call = iota // passed through as it is
 	callRegister
 	callPlan
 	callValidate
@@ -18,8 +18,11 @@ const (
 	callDispatch
 	callRevert
 	callPeriodicForce
-	// callJobWrite is any other job write (stop, evaluate, stability,
-	// deployment promote, fail, pause, health, unblock): it grows no GPU
+	// callStable marks a job version stable or not: Nomad writes the version
+	// named back as the job's current one, so on an older version it is a
+	// revert that creates no evaluation and publishes no event.
+	callStable
+	// callJobWrite is any other job write (stop, evaluate): it grows no GPU
 	// demand, but with exclusive enforcement only the broker may make it.
 	callJobWrite
 	// callDeploymentWrite is a job write on a deployment, by its id.
@@ -27,73 +30,281 @@ const (
 )
 
 func (c call) String() string {
-	return [...]string{"", "register", "plan", "validate", "scale", "dispatch", "revert", "periodic force", "job write", "deployment write"}[c]
+	return [...]string{"", "register", "plan", "validate", "scale", "dispatch", "revert", "periodic force", "stable",
+		"job write", "deployment write"}[c]
 }
 
-// jobSuffixes are the sub-resources of /v1/job/<id> in the order Nomad v1.6
-// tries them: the first suffix the path ends with wins, so a job whose id ends
-// in "/plan" can only be planned, never registered, at that path.
-var jobSuffixes = []struct {
-	suffix string
-	call   call // for PUT and POST
-}{
-	{"/evaluate", callJobWrite}, {"/allocations", callNone}, {"/evaluations", callNone},
-	{"/periodic/force", callPeriodicForce}, {"/plan", callPlan}, {"/summary", callNone},
-	{"/dispatch", callDispatch}, {"/versions", callNone}, {"/revert", callRevert},
-	{"/deployments", callNone}, {"/deployment", callNone}, {"/stable", callJobWrite},
-	{"/scale", callScale}, {"/services", callNone}, {"/submission", callNone},
+// class is what the gate does with a write, by its route.
+type class int
+
+const (
+	// unknown: not in the table (a newer Nomad's route, or a method Nomad
+	// does not write on there). Refused with exclusive enforcement; passed
+	// through, logged and counted otherwise.
+	unknown class = iota
+	// read: a GET, passed through.
+	read
+	// decided: it can create or grow GPU demand, or bring an older version
+	// back: admission decides it (or, for a job write, who may make it).
+	decided
+	// neutral: passed through; the route's why says why it cannot change
+	// GPU demand.
+	neutral
+	// refused: never passed on; why says why.
+	refused
+)
+
+// nomadRoute is a route of Nomad v1.6's HTTP API and what its writes do.
+type nomadRoute struct {
+	// mux is the pattern Nomad's router registers (command/agent/http.go).
+	mux string
+	// sub is the sub-route its handler picks from the rest of the path
+	// (tried in table order, as the handler does): "/x" the rest ends in
+	// /x, "x/" it starts with x/; "" the handler's default.
+	sub string
+	// methods are the methods Nomad writes on there, space-separated ("*":
+	// every method, the handler does not look); none: it only reads.
+	methods string
+	class   class
+	call    call
+	// why a neutral route cannot change GPU demand, or why a refused one is.
+	why string
 }
 
-// route names the call a request makes, and the job id in its path, reading
-// the path exactly as Nomad does: r.URL.Path is unescaped once by Go's HTTP
-// server on both sides, and job ids may contain "/".
-func route(method, p string) (call, string) {
-	if method == http.MethodDelete {
-		return deleteRoute(p)
-	}
-	if method != http.MethodPut && method != http.MethodPost {
-		return callNone, "" // Nomad answers 405 or reads; nothing grows
-	}
-	for _, prefix := range deploymentWrites {
-		if id, ok := strings.CutPrefix(p, prefix); ok {
-			return callDeploymentWrite, id
-		}
-	}
-	switch p {
-	case "/v1/jobs":
-		return callRegister, ""
-	case "/v1/validate/job":
-		return callValidate, ""
-	}
-	rest, ok := strings.CutPrefix(p, "/v1/job/")
-	if !ok {
-		return callNone, ""
-	}
-	for _, s := range jobSuffixes {
-		if id, ok := strings.CutSuffix(rest, s.suffix); ok {
-			return s.call, id
-		}
-	}
-	return callRegister, rest // "/v1/job/" alone registers whatever job the body names
+// Reasons shared by many routes.
+const (
+	readsOnly   = "reads only: Nomad answers any other method with 405"
+	anyMethod   = "*"
+	writeMethod = "PUT POST"
+	aclWrite    = "ACL objects: who may do what, never a job's demand; Nomad asks for a management token"
+	agentWrite  = "the agent's own state (membership, servers, keys, workers): no job's demand"
+	clientRead  = "served by a client from a running allocation or node; changes no job"
+)
+
+// nomadRoutes is every route Nomad v1.6.3 registers, in its order, with
+// every write it serves classified. TestEveryNomadRouteIsClassified reads
+// Nomad's source and fails on a route this table does not have.
+var nomadRoutes = []nomadRoute{
+	{mux: "/v1/jobs", methods: writeMethod, class: decided, call: callRegister},
+	{mux: "/v1/jobs/parse", methods: writeMethod, class: neutral, why: "parses HCL into a job and returns it; registers nothing"},
+	// /v1/job/<id>/<sub>: Nomad tries these suffixes in this order.
+	{mux: "/v1/job/", sub: "/evaluate", methods: writeMethod, class: neutral, call: callJobWrite,
+		why: "evaluates the job Nomad has: places no more than it was charged"},
+	{mux: "/v1/job/", sub: "/allocations", why: readsOnly},
+	{mux: "/v1/job/", sub: "/evaluations", why: readsOnly},
+	{mux: "/v1/job/", sub: "/periodic/force", methods: writeMethod, class: decided, call: callPeriodicForce},
+	{mux: "/v1/job/", sub: "/plan", methods: writeMethod, class: decided, call: callPlan},
+	{mux: "/v1/job/", sub: "/summary", why: readsOnly},
+	{mux: "/v1/job/", sub: "/dispatch", methods: writeMethod, class: decided, call: callDispatch},
+	{mux: "/v1/job/", sub: "/versions", why: readsOnly},
+	{mux: "/v1/job/", sub: "/revert", methods: writeMethod, class: decided, call: callRevert},
+	{mux: "/v1/job/", sub: "/deployments", why: readsOnly},
+	{mux: "/v1/job/", sub: "/deployment", why: readsOnly},
+	{mux: "/v1/job/", sub: "/stable", methods: writeMethod, class: decided, call: callStable},
+	{mux: "/v1/job/", sub: "/scale", methods: writeMethod, class: decided, call: callScale},
+	{mux: "/v1/job/", sub: "/services", why: readsOnly},
+	{mux: "/v1/job/", sub: "/submission", why: readsOnly},
+	{mux: "/v1/job/", methods: writeMethod, class: decided, call: callRegister},
+	{mux: "/v1/job/", methods: "DELETE", class: neutral, call: callJobWrite, why: "stops the job: frees its GPUs"},
+	{mux: "/v1/nodes", why: readsOnly},
+	{mux: "/v1/node/", methods: writeMethod, class: neutral,
+		why: "drain, eligibility, evaluate and purge move or stop allocations; a job places no more than the count it was charged, and system jobs are pinned to the nodes counted"},
+	{mux: "/v1/node/pools", methods: writeMethod, class: neutral, why: "node pools: where jobs may run, not how many GPUs they hold"},
+	{mux: "/v1/node/pool/", methods: writeMethod + " DELETE", class: neutral, why: "node pools: where jobs may run, not how many GPUs they hold"},
+	{mux: "/v1/allocations", why: readsOnly},
+	{mux: "/v1/allocation/", methods: writeMethod, class: neutral, why: "stop and signal: Nomad replaces a stopped allocation within its job's count"},
+	{mux: "/v1/evaluations", methods: "DELETE", class: neutral, why: "deletes evaluations (scheduler paused): places nothing"},
+	{mux: "/v1/evaluations/count", why: readsOnly},
+	{mux: "/v1/evaluation/", why: readsOnly},
+	{mux: "/v1/deployments", why: readsOnly},
+	// /v1/deployment/<sub><id>: a fail, or allocations marked unhealthy, in an
+	// auto_revert deployment makes Nomad revert the job (deploymentWrite).
+	{mux: "/v1/deployment/", sub: "allocations/", why: readsOnly},
+	{mux: "/v1/deployment/", sub: "fail/", methods: writeMethod, class: decided, call: callDeploymentWrite},
+	{mux: "/v1/deployment/", sub: "pause/", methods: writeMethod, class: decided, call: callDeploymentWrite},
+	{mux: "/v1/deployment/", sub: "promote/", methods: writeMethod, class: decided, call: callDeploymentWrite},
+	{mux: "/v1/deployment/", sub: "allocation-health/", methods: writeMethod, class: decided, call: callDeploymentWrite},
+	{mux: "/v1/deployment/", sub: "unblock/", methods: writeMethod, class: decided, call: callDeploymentWrite},
+	{mux: "/v1/deployment/", why: readsOnly},
+	{mux: "/v1/volumes", methods: writeMethod, class: neutral, why: "CSI volumes: storage, no GPU"},
+	{mux: "/v1/volumes/external", why: readsOnly},
+	{mux: "/v1/volumes/snapshot", methods: writeMethod + " DELETE", class: neutral, why: "CSI snapshots: storage, no GPU"},
+	{mux: "/v1/volume/csi/", methods: "PUT POST DELETE", class: neutral, why: "CSI volumes: storage, no GPU"},
+	{mux: "/v1/plugins", why: readsOnly},
+	{mux: "/v1/plugin/csi/", why: readsOnly},
+	{mux: "/v1/acl/policies", why: readsOnly},
+	{mux: "/v1/acl/policy/", methods: writeMethod + " DELETE", class: neutral, why: aclWrite},
+	{mux: "/v1/acl/token/onetime", methods: writeMethod, class: neutral, why: aclWrite},
+	{mux: "/v1/acl/token/onetime/exchange", methods: writeMethod, class: neutral, why: aclWrite},
+	{mux: "/v1/acl/bootstrap", methods: writeMethod, class: neutral, why: aclWrite},
+	{mux: "/v1/acl/tokens", why: readsOnly},
+	{mux: "/v1/acl/token", methods: writeMethod, class: neutral, why: aclWrite},
+	{mux: "/v1/acl/token/", methods: writeMethod + " DELETE", class: neutral, why: aclWrite},
+	{mux: "/v1/acl/roles", why: readsOnly},
+	{mux: "/v1/acl/role", methods: writeMethod, class: neutral, why: aclWrite},
+	{mux: "/v1/acl/role/", methods: writeMethod + " DELETE", class: neutral, why: aclWrite},
+	{mux: "/v1/acl/auth-methods", why: readsOnly},
+	{mux: "/v1/acl/auth-method", methods: writeMethod, class: neutral, why: aclWrite},
+	{mux: "/v1/acl/auth-method/", methods: writeMethod + " DELETE", class: neutral, why: aclWrite},
+	{mux: "/v1/acl/binding-rules", why: readsOnly},
+	{mux: "/v1/acl/binding-rule", methods: writeMethod, class: neutral, why: aclWrite},
+	{mux: "/v1/acl/binding-rule/", methods: writeMethod + " DELETE", class: neutral, why: aclWrite},
+	{mux: "/v1/acl/oidc/auth-url", methods: writeMethod, class: neutral, why: "starts an OIDC login: no job"},
+	{mux: "/v1/acl/oidc/complete-auth", methods: writeMethod, class: neutral, why: "completes an OIDC login: no job"},
+	{mux: "/v1/acl/login", methods: writeMethod, class: neutral, why: "logs in: no job"},
+	{mux: "/v1/client/fs/", methods: anyMethod, class: neutral, why: clientRead},
+	{mux: "/v1/client/gc", methods: anyMethod, class: neutral, why: "collects a client's dead allocations: frees, never places"},
+	{mux: "/v1/client/stats", methods: anyMethod, class: neutral, why: clientRead},
+	{mux: "/v1/client/allocation/", methods: anyMethod, class: neutral,
+		why: "restart, signal, exec, gc, stats or checks of one running allocation: its GPUs stay what they were"},
+	{mux: "/v1/client/metadata", methods: "POST", class: neutral, why: "a node's dynamic metadata: the broker's pins name node ids, and it reads no node metadata"},
+	{mux: "/v1/agent/self", why: readsOnly},
+	{mux: "/v1/agent/join", methods: writeMethod, class: neutral, why: agentWrite},
+	{mux: "/v1/agent/members", why: readsOnly},
+	{mux: "/v1/agent/force-leave", methods: writeMethod, class: neutral, why: agentWrite},
+	{mux: "/v1/agent/servers", methods: writeMethod, class: neutral, why: agentWrite},
+	{mux: "/v1/agent/schedulers", why: readsOnly},
+	{mux: "/v1/agent/schedulers/config", methods: writeMethod, class: neutral, why: agentWrite},
+	{mux: "/v1/agent/keyring/", methods: anyMethod, class: neutral, why: agentWrite},
+	{mux: "/v1/agent/health", why: readsOnly},
+	{mux: "/v1/agent/host", why: readsOnly},
+	{mux: "/v1/services", why: readsOnly},
+	{mux: "/v1/service/", methods: "DELETE", class: neutral, why: "removes a service registration: no allocation"},
+	{mux: "/v1/agent/monitor", methods: anyMethod, class: neutral, why: "streams the agent's logs, whatever the method"},
+	{mux: "/v1/agent/pprof/", methods: anyMethod, class: neutral, why: "profiles the agent, whatever the method"},
+	{mux: "/v1/metrics", why: readsOnly},
+	{mux: "/v1/validate/job", methods: writeMethod, class: decided, call: callValidate},
+	{mux: "/v1/regions", why: readsOnly},
+	{mux: "/v1/scaling/policies", why: readsOnly},
+	{mux: "/v1/scaling/policy/", why: readsOnly},
+	{mux: "/v1/status/leader", why: readsOnly},
+	{mux: "/v1/status/peers", why: readsOnly},
+	{mux: "/v1/search/fuzzy", methods: writeMethod, class: neutral, why: "a search: a read sent as a write"},
+	{mux: "/v1/search", methods: writeMethod, class: neutral, why: "a search: a read sent as a write"},
+	{mux: "/v1/operator/license", methods: "PUT", class: neutral, why: "the license (Enterprise only): no job"},
+	{mux: "/v1/operator/raft/", methods: "DELETE", class: neutral, why: "removes a raft peer: no job"},
+	{mux: "/v1/operator/keyring/", methods: writeMethod + " DELETE", class: neutral, why: agentWrite},
+	{mux: "/v1/operator/autopilot/configuration", methods: "PUT", class: neutral, why: "autopilot settings: no job"},
+	{mux: "/v1/operator/autopilot/health", why: readsOnly},
+	{mux: "/v1/operator/snapshot", methods: writeMethod, class: refused,
+		why: "restoring a snapshot brings back every job as it was then, past admission; restore it on Nomad itself, and the broker's reclaim rules judge what then runs"},
+	{mux: "/v1/system/gc", methods: "PUT", class: neutral, why: "collects dead jobs and allocations: frees, never places"},
+	{mux: "/v1/system/reconcile/summaries", methods: "PUT", class: neutral, why: "recounts job summaries: places nothing"},
+	{mux: "/v1/operator/scheduler/configuration", methods: writeMethod, class: neutral,
+		why: "scheduler settings (Nomad asks for a management token); they change how Nomad places, not what a job is charged"},
+	{mux: "/v1/event/stream", why: readsOnly},
+	{mux: "/v1/namespaces", why: readsOnly},
+	{mux: "/v1/namespace", methods: writeMethod, class: neutral, why: "namespaces: a job in one no tenant owns is decided like any other"},
+	{mux: "/v1/namespace/", methods: writeMethod + " DELETE", class: neutral, why: "namespaces: a job in one no tenant owns is decided like any other"},
+	{mux: "/v1/vars", why: readsOnly},
+	{mux: "/v1/var/", methods: writeMethod + " DELETE", class: neutral,
+		why: "variables hold data a template may read; what a job's spec does with it is judged at its registration"},
+	{mux: "/ui/", methods: anyMethod, class: neutral, why: "Nomad's web UI: static files"},
+	// Anything else falls through to "/": Nomad v1.6 answers 404, but a
+	// newer Nomad may serve a write there, so a write is never known.
+	{mux: "/", why: "Nomad's fallthrough: 404, or a route of a newer Nomad"},
+	{mux: "/debug/pprof/", why: "served with enable_debug: reads only"},
+	{mux: "/debug/pprof/cmdline", why: "served with enable_debug: reads only"},
+	{mux: "/debug/pprof/profile", why: "served with enable_debug: reads only"},
+	{mux: "/debug/pprof/symbol", why: "served with enable_debug: reads only"},
+	{mux: "/debug/pprof/trace", why: "served with enable_debug: reads only"},
 }
 
-// deploymentWrites are the deployment calls that need submit-job.
-var deploymentWrites = []string{"/v1/deployment/promote/", "/v1/deployment/fail/", "/v1/deployment/pause/",
-	"/v1/deployment/allocation-health/", "/v1/deployment/unblock/"}
+// routed is what the gate makes of a request.
+type routed struct {
+	class class
+	call  call
+	// id is the job's (or the deployment's) id in the path.
+	id string
+	// pattern is the route's pattern, for logs and metric labels: never
+	// the caller's path.
+	pattern string
+	why     string
+}
 
-// deleteRoute: DELETE /v1/job/<id> stops (deregisters) a job, unless the path
-// ends in a sub-resource, which Nomad then answers (405) instead.
-func deleteRoute(p string) (call, string) {
-	rest, ok := strings.CutPrefix(p, "/v1/job/")
-	if !ok {
-		return callNone, ""
-	}
-	for _, s := range jobSuffixes {
-		if strings.HasSuffix(rest, s.suffix) {
-			return callNone, ""
+// route classifies a request by method and path, reading the path exactly
+// as Nomad does: Go's ServeMux picks the longest pattern (r.URL.Path is
+// unescaped once, on both sides), then the handler its sub-route; job ids
+// may contain "/".
+func route(method, p string) routed {
+	mux := muxPattern(p)
+	rest := strings.TrimPrefix(p, mux)
+	var sub string
+	for _, r := range nomadRoutes {
+		if r.mux == mux && r.sub != "" && subMatches(r.sub, rest) {
+			sub = r.sub
+			break
 		}
 	}
-	return callJobWrite, rest
+	id := rest
+	if strings.HasPrefix(sub, "/") {
+		id = strings.TrimSuffix(rest, sub)
+	} else if sub != "" {
+		id = strings.TrimPrefix(rest, sub)
+	}
+	found := routed{class: unknown, pattern: patternOf(mux, sub), id: id}
+	for _, r := range nomadRoutes {
+		if r.mux != mux || r.sub != sub {
+			continue
+		}
+		if method == http.MethodGet {
+			return routed{class: read, pattern: found.pattern}
+		}
+		if hasMethod(r.methods, method) {
+			found.class, found.call, found.why = r.class, r.call, r.why
+			return found
+		}
+	}
+	if method == http.MethodGet {
+		return routed{class: read, pattern: found.pattern}
+	}
+	return found
+}
+
+// muxPattern is the pattern of nomadRoutes that Go's ServeMux (Nomad's
+// router) serves p at: the same path exactly, else the longest pattern
+// ending in "/" that p starts with.
+func muxPattern(p string) string {
+	best := "/"
+	for _, r := range nomadRoutes {
+		switch {
+		case r.mux == p:
+			return p
+		case strings.HasSuffix(r.mux, "/") && strings.HasPrefix(p, r.mux) && len(r.mux) > len(best):
+			best = r.mux
+		}
+	}
+	return best
+}
+
+func subMatches(sub, rest string) bool {
+	if strings.HasPrefix(sub, "/") {
+		return strings.HasSuffix(rest, sub)
+	}
+	return strings.HasPrefix(rest, sub)
+}
+
+// patternOf writes a route as a pattern: /v1/job/<id>/scale.
+func patternOf(mux, sub string) string {
+	switch {
+	case strings.HasPrefix(sub, "/"):
+		return mux + "<id>" + sub
+	case sub != "":
+		return mux + sub + "<id>"
+	}
+	return mux
+}
+
+func hasMethod(methods, method string) bool {
+	if methods == anyMethod {
+		return true
+	}
+	for _, m := range strings.Fields(methods) {
+		if m == method {
+			return true
+		}
+	}
+	return false
 }
 
 // cleanPath is the path Go's ServeMux (Nomad's router) serves a request at: it

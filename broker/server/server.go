@@ -254,8 +254,17 @@ func (s *Server) Handler() http.Handler {
 		if s.serveOwn(w, r) {
 			return
 		}
-		c, jobID := route(r.Method, p)
-		if c != callNone && (r.ContentLength > LargeBody || r.ContentLength < 0) {
+		rt := route(r.Method, p)
+		switch rt.class {
+		case unknown:
+			if !s.unclassified(w, r, rt) {
+				return
+			}
+		case refused:
+			writeError(w, fail(errForbidden, "%s %s refused: %s", r.Method, rt.pattern, rt.why))
+			return
+		}
+		if rt.call != callNone && (r.ContentLength > LargeBody || r.ContentLength < 0) {
 			release, err := s.large.take(clientOf(r))
 			if err != nil {
 				refuseBody(w, err)
@@ -263,8 +272,24 @@ func (s *Server) Handler() http.Handler {
 			}
 			defer release()
 		}
-		s.gate(w, r, c, jobID)
+		s.gate(w, r, rt.call, rt.id)
 	})
+}
+
+// unclassified lets a write through that the route table does not know (a
+// newer Nomad's route, or a method Nomad does not write with there), and
+// reports whether it did. With exclusive enforcement it is refused: it may
+// create GPU demand past the gate. Otherwise it is passed through, logged
+// and counted by its route's pattern.
+func (s *Server) unclassified(w http.ResponseWriter, r *http.Request, rt routed) bool {
+	if s.exclusive {
+		writeError(w, fail(errForbidden, "%s on route %s refused: the broker does not know this write of Nomad's API to be GPU-neutral, "+
+			"and with exclusive enforcement only writes it knows pass", r.Method, rt.pattern))
+		return false
+	}
+	s.log.Warn("passed through a write the broker does not know to be GPU-neutral", "method", r.Method, "path", r.URL.Path, "route", rt.pattern)
+	s.metrics.UnclassifiedWrite(rt.pattern)
+	return true
 }
 
 // serveOwn serves the broker's own paths (its API, the web UI, /metrics)
@@ -292,7 +317,7 @@ func (s *Server) serveOwn(w http.ResponseWriter, r *http.Request) bool {
 func (s *Server) gate(w http.ResponseWriter, r *http.Request, c call, jobID string) {
 	var jc jobCall
 	switch c {
-	case callScale, callDispatch, callPeriodicForce, callRevert, callJobWrite, callDeploymentWrite:
+	case callScale, callDispatch, callPeriodicForce, callRevert, callStable, callJobWrite, callDeploymentWrite:
 		var ok bool
 		if jc, ok = s.readJobCall(w, r, c); !ok {
 			return
@@ -315,6 +340,8 @@ func (s *Server) gate(w http.ResponseWriter, r *http.Request, c call, jobID stri
 		s.spawn(w, r, c, jc, jobID)
 	case callRevert:
 		s.revert(w, r, jc, jobID)
+	case callStable:
+		s.stable(w, r, jc, jobID)
 	case callDeploymentWrite:
 		s.deploymentWrite(w, r, jc, r.URL.Path, jobID)
 	case callJobWrite:
@@ -395,8 +422,8 @@ func requestClass(r *http.Request) string {
 	if strings.HasPrefix(r.URL.Path, "/v1/gpu/") {
 		return "gpu-api"
 	}
-	if c, _ := route(r.Method, r.URL.Path); c != callNone {
-		return c.String()
+	if rt := route(r.Method, r.URL.Path); rt.call != callNone {
+		return rt.call.String()
 	}
 	return "read"
 }

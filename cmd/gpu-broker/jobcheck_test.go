@@ -9,13 +9,13 @@ import (
 	"testing"
 
 	"github.com/nomad-gpu/nomad-gpu/broker/policyhcl"
-	"github.com/nomad-gpu/nomad-gpu/testing/testcluster"
+	"github.com/nomad-gpu/nomad-gpu/testing/tools"
 )
 
 // The example jobspecs pass the example policies, as JSON from
 // `nomad job run -output` (the nomad CLI parses HCL offline).
 func TestTheExampleJobspecsPassTheExamplePolicies(t *testing.T) {
-	nomad := testcluster.Binary(t, "nomad")
+	nomad := tools.Binary(t, "nomad")
 	specs, _ := filepath.Glob("../../jobspecs/*.nomad.hcl")
 	if len(specs) < 3 {
 		t.Fatalf("jobspecs: %v", specs)

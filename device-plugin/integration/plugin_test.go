@@ -17,6 +17,7 @@ import (
 
 	"github.com/nomad-gpu/nomad-gpu/device-plugin/fake"
 	"github.com/nomad-gpu/nomad-gpu/testing/testcluster"
+	"github.com/nomad-gpu/nomad-gpu/testing/tools"
 )
 
 const model = "NVIDIA H100 80GB HBM3"
@@ -404,7 +405,7 @@ func writeState(t *testing.T, path string, state map[string]any) {
 
 func nomadCLI(t *testing.T, n *testcluster.Nomad, args ...string) string {
 	t.Helper()
-	cmd := exec.Command(testcluster.Binary(t, "nomad"), args...)
+	cmd := exec.Command(tools.Binary(t, "nomad"), args...)
 	cmd.Env = append(os.Environ(), "NOMAD_ADDR="+n.Addr)
 	out, err := cmd.CombinedOutput()
 	if err != nil {

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/nomad-gpu/nomad-gpu/testing/tools"
 )
 
 // Consul is a Consul agent on loopback.
@@ -84,7 +86,7 @@ func agentArgs(mode []string, ports []int) []string {
 func (c *Consul) Start() {
 	c.t.Helper()
 	c.runs++
-	c.process = start(c.t, fmt.Sprintf("consul-%d", c.runs), c.dir, Binary(c.t, "consul"), c.args...)
+	c.process = start(c.t, fmt.Sprintf("consul-%d", c.runs), c.dir, tools.Binary(c.t, "consul"), c.args...)
 	WaitFor(c.t, 60*time.Second, "consul leader", func() error {
 		resp, err := http.Get("http://" + c.Addr + "/v1/status/leader")
 		if err != nil {
@@ -140,7 +142,7 @@ func StartConsulCluster(t testing.TB, servers int) *ConsulCluster {
 		})
 		// Started together: no server elects a leader before the others are up.
 		a.runs++
-		a.process = start(t, fmt.Sprintf("consul-%d", a.runs), dir, Binary(t, "consul"), a.args...)
+		a.process = start(t, fmt.Sprintf("consul-%d", a.runs), dir, tools.Binary(t, "consul"), a.args...)
 		if i == servers {
 			c.Client = a
 		} else {

@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/hashicorp/nomad/api"
+
+	"github.com/nomad-gpu/nomad-gpu/testing/tools"
 )
 
 // CloudFingerprinters would reach cloud metadata addresses; no agent may.
@@ -143,7 +145,7 @@ func (n *Nomad) waitForAPI(t testing.TB, what string) {
 // LaunchNomad starts an agent without waiting for it: for tests of start failures.
 func LaunchNomad(t testing.TB, o NomadOptions) *Nomad {
 	t.Helper()
-	bin := Binary(t, "nomad")
+	bin := tools.Binary(t, "nomad")
 	plugin := PluginBinary(t)
 	dir := t.TempDir()
 	pluginDir := filepath.Join(dir, "plugins")
@@ -216,7 +218,7 @@ func (n *Nomad) launch(t testing.TB, bin, dir, cfgPath string) {
 func StartClientFromConfig(t testing.TB, name, cfgPath, addr, dataDir string) *Nomad {
 	t.Helper()
 	n := &Nomad{Name: name, Addr: addr, DataDir: dataDir, client: true}
-	n.launch(t, Binary(t, "nomad"), t.TempDir(), cfgPath)
+	n.launch(t, tools.Binary(t, "nomad"), t.TempDir(), cfgPath)
 	n.waitForAPI(t, "nomad agent "+name)
 	return n
 }

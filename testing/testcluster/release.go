@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/nomad-gpu/nomad-gpu/testing/tools"
 )
 
 // ReleaseVersion is the version the tests' releases carry.
@@ -19,7 +21,7 @@ const ReleaseVersion = "0.0.0-test"
 func Release(t testing.TB, dist string, formats ...string) map[string]string {
 	t.Helper()
 	for _, tool := range []string{"zip", "sha256sum", "git"} {
-		Binary(t, tool)
+		tools.Binary(t, tool)
 	}
 	root, err := filepath.Abs(moduleRoot(t))
 	if err != nil {

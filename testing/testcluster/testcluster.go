@@ -20,41 +20,6 @@ import (
 	"time"
 )
 
-// ToolsDir is where `make tools` puts the agents.
-func ToolsDir() string {
-	if d := os.Getenv("TOOLS_DIR"); d != "" {
-		return d
-	}
-	cache := os.Getenv("XDG_CACHE_HOME")
-	if cache == "" {
-		home, _ := os.UserHomeDir()
-		cache = filepath.Join(home, ".cache")
-	}
-	return filepath.Join(cache, "nomad-gpu", "tools")
-}
-
-// Binary returns the path of a tool built by `make tools`. Without it the test
-// is skipped locally, but fails in CI (CI=true), where a skip would hide it.
-func Binary(t testing.TB, name string) string {
-	t.Helper()
-	if testing.Short() && os.Getenv("CI") == "" {
-		t.Skip("integration test: needs real agents, skipped with -short (never in CI)")
-	}
-	path := filepath.Join(ToolsDir(), "bin", name)
-	if _, err := os.Stat(path); err == nil {
-		return path
-	}
-	if p, err := exec.LookPath(name); err == nil {
-		return p
-	}
-	msg := fmt.Sprintf("%s not found in %s or PATH: run `make tools`", name, filepath.Dir(path))
-	if os.Getenv("CI") != "" {
-		t.Fatal(msg)
-	}
-	t.Skip(msg)
-	return ""
-}
-
 // FreePorts returns n distinct loopback ports that were free a moment ago,
 // below the kernel's ephemeral range (32768 and up), where the many outgoing
 // connections of tests running side by side take their local ports: a port
