@@ -166,6 +166,18 @@ func TestExclusiveEnforcementWithNomadACLs(t *testing.T) {
 		}
 		e.waitRunning("vision", "direct")
 	})
+	t.Run("a write the broker does not know is refused, naming its route", func(t *testing.T) {
+		for _, c := range []struct{ method, path, route string }{
+			{http.MethodPut, "/v1/made-up-route", "/"},
+			{http.MethodDelete, "/v1/job/direct/plan", "/v1/job/<id>/plan"},
+			{http.MethodPost, "/v1/nodes", "/v1/nodes"},
+		} {
+			status, out := e.brokerAPI(ana.SecretID, c.method, c.path)
+			if status != http.StatusForbidden || !strings.Contains(out, "route "+c.route+" refused: the broker does not know this write") {
+				t.Errorf("%s %s: %d %s", c.method, c.path, status, out)
+			}
+		}
+	})
 	t.Run("reads go to Nomad with the caller's own token", func(t *testing.T) {
 		if out, err := e.cli(bob.SecretID, e.broker.Addr, "job", "status", "-namespace", "vision", "direct"); err != nil || !strings.Contains(out, "running") {
 			t.Errorf("bob cannot read vision's job through the broker: %v\n%s", err, out)

@@ -91,6 +91,12 @@ tenant "autorevert" {
   guaranteed = 2
   limit      = 2
 }
+tenant "stable" {
+  namespaces = ["gate-stable"]
+  queues     = ["training"]
+  guaranteed = 2
+  limit      = 2
+}
 `
 
 // gateGPUs is the cluster's GPUs: more than all the scenarios' limits
@@ -104,7 +110,7 @@ const gateGPUs = 16
 func TestGate(t *testing.T) {
 	t.Parallel()
 	consul := testcluster.StartConsul(t)
-	n := startGPUNode(t, "gate", gateGPUs, "gate-probe", "gate-revert", "gate-dispatch", "gate-stop", "gate-zero", "gate-race", "gate-invalid", "gate-purge", "gate-deploy", "gate-autorevert", "gate-garbage")
+	n := startGPUNode(t, "gate", gateGPUs, "gate-probe", "gate-revert", "gate-dispatch", "gate-stop", "gate-zero", "gate-race", "gate-invalid", "gate-purge", "gate-deploy", "gate-autorevert", "gate-garbage", "gate-stable")
 	e := brokerEnv(t, n, consul, gatePolicy, "gate-probe", gateGPUs, testcluster.BrokerOptions{Config: `body_read_timeout = "3s"`})
 
 	// Nomad reads the namespace of a revert's or a dispatch's body when the
@@ -512,6 +518,73 @@ func TestGate(t *testing.T) {
 			if n := e.broker.Scrape()[`nomadgpu_kv_unreadable_total{kind="`+kind+`"}`]; n < 1 {
 				t.Errorf("nomadgpu_kv_unreadable_total{kind=%q} = %g", kind, n)
 			}
+		}
+	})
+
+	// Nomad writes the version a stability call names back as the job's
+	// current one, with no evaluation and no event: on an older version it
+	// is a revert (N1). The next evaluation would place it.
+	t.Run("stable on an older version: refused as the revert it is", func(t *testing.T) {
+		t.Parallel()
+		e := e.in(t)
+		const ns = "gate-stable"
+		if out, err := e.run(ns, "sw", 1, 2, "", true); err != nil || !strings.Contains(out, "2 GPUs") {
+			t.Fatalf("version 0 (2 GPUs): %v\n%s", err, out)
+		}
+		waitAllocsRunning(t, e.nomad, ns, "sw", 1)
+		if out, err := e.run(ns, "sw", 1, 1, "", true); err != nil || !strings.Contains(out, "1 GPUs") {
+			t.Fatalf("version 1 (1 GPU): %v\n%s", err, out)
+		}
+		if out, err := e.run(ns, "fill", 1, 1, "", true); err != nil || !strings.Contains(out, "admitted") {
+			t.Fatalf("a second job of 1 GPU: %v\n%s", err, out)
+		}
+		for _, stable := range []bool{true, false} {
+			body := fmt.Sprintf(`{"JobID": "sw", "JobVersion": 0, "Stable": %t}`, stable)
+			status, out := send(t, e.broker.Addr, http.MethodPut, "/v1/job/sw/stable?namespace="+ns, body)
+			if status != http.StatusForbidden || !strings.Contains(out, "revert to it instead (nomad job revert sw 0)") {
+				t.Errorf("stable=%t on version 0 (2 GPUs) beside 1 more, limit 2: want 403 naming the revert; got %d %s", stable, status, out)
+			}
+		}
+		if out, err := e.nomadCLI("job", "eval", "-namespace", ns, "sw"); err != nil {
+			t.Fatalf("nomad job eval: %v\n%s", err, out)
+		}
+		if j, _, err := e.nomad.API.Jobs().Info("sw", &api.QueryOptions{Namespace: ns}); err != nil || *j.Version != 1 || gpusOf(j) != 1 {
+			t.Errorf("Nomad's current sw: version %d, %d GPUs (%v); want version 1, 1 GPU", *j.Version, gpusOf(j), err)
+		}
+		// The current version's own stability changes no demand: passed on.
+		status, out := send(t, e.broker.Addr, http.MethodPut, "/v1/job/sw/stable?namespace="+ns, `{"JobID": "sw", "JobVersion": 1, "Stable": true}`)
+		if status != http.StatusOK {
+			t.Errorf("stable on the current version: %d %s", status, out)
+		}
+	})
+
+	// A write the broker's route table does not know is passed through
+	// without exclusive enforcement, logged and counted by its route's
+	// pattern, never by the caller's path.
+	t.Run("an unknown write: passed through and counted by route", func(t *testing.T) {
+		t.Parallel()
+		e := e.in(t)
+		status, _ := send(t, e.broker.Addr, http.MethodPut, "/v1/nodes", `{}`)
+		if status != http.StatusMethodNotAllowed {
+			t.Errorf("PUT /v1/nodes (Nomad: reads only): %d, want Nomad's 405", status)
+		}
+		send(t, e.broker.Addr, http.MethodPost, "/v1/made-up-route-x1", `{}`)
+		scrape := e.broker.Scrape()
+		if n := scrape[`nomadgpu_unclassified_writes_total{route="/v1/nodes"}`]; n < 1 {
+			t.Errorf("nomadgpu_unclassified_writes_total{route=\"/v1/nodes\"} = %g, want at least 1", n)
+		}
+		if n := scrape[`nomadgpu_unclassified_writes_total{route="/"}`]; n < 1 {
+			t.Errorf("nomadgpu_unclassified_writes_total{route=\"/\"} = %g, want at least 1", n)
+		}
+		for name := range scrape {
+			if strings.Contains(name, "made-up-route") {
+				t.Errorf("a label holds the caller's path: %s", name)
+			}
+		}
+		// A refused route is refused whatever the mode.
+		if status, out := send(t, e.broker.Addr, http.MethodPut, "/v1/operator/snapshot", ""); status != http.StatusForbidden ||
+			!strings.Contains(out, "restoring a snapshot brings back every job") {
+			t.Errorf("a snapshot restore through the broker: %d %s", status, out)
 		}
 	})
 
