@@ -130,6 +130,10 @@ func (e *diffEnv) generated(rng *rand.Rand, i int) diffCheck {
 		var count *int
 		var scaling *api.ScalingPolicy
 		switch form := rng.Intn(4); {
+		case typ == api.JobTypeSysbatch: // count on every node
+			if rng.Intn(3) > 0 {
+				count = ptr(1 + rng.Intn(3))
+			}
 		case system || form == 0:
 			if rng.Intn(2) == 0 {
 				count = ptr(1)

@@ -91,6 +91,12 @@ tenant "autorevert" {
   guaranteed = 2
   limit      = 2
 }
+tenant "sysbatch" {
+  namespaces = ["gate-sysbatch"]
+  queues     = ["training"]
+  guaranteed = 2
+  limit      = 2
+}
 tenant "stable" {
   namespaces = ["gate-stable"]
   queues     = ["training"]
@@ -110,7 +116,7 @@ const gateGPUs = 16
 func TestGate(t *testing.T) {
 	t.Parallel()
 	consul := testcluster.StartConsul(t)
-	n := startGPUNode(t, "gate", gateGPUs, "gate-probe", "gate-revert", "gate-dispatch", "gate-stop", "gate-zero", "gate-race", "gate-invalid", "gate-purge", "gate-deploy", "gate-autorevert", "gate-garbage", "gate-stable")
+	n := startGPUNode(t, "gate", gateGPUs, "gate-probe", "gate-revert", "gate-dispatch", "gate-stop", "gate-zero", "gate-race", "gate-invalid", "gate-purge", "gate-deploy", "gate-autorevert", "gate-garbage", "gate-stable", "gate-sysbatch")
 	e := brokerEnv(t, n, consul, gatePolicy, "gate-probe", gateGPUs, testcluster.BrokerOptions{Config: `body_read_timeout = "3s"`})
 
 	// Nomad reads the namespace of a revert's or a dispatch's body when the
@@ -555,6 +561,34 @@ func TestGate(t *testing.T) {
 		status, out := send(t, e.broker.Addr, http.MethodPut, "/v1/job/sw/stable?namespace="+ns, `{"JobID": "sw", "JobVersion": 1, "Stable": true}`)
 		if status != http.StatusOK {
 			t.Errorf("stable on the current version: %d %s", status, out)
+		}
+	})
+
+	// Nomad places a sysbatch group's count on every node (N2): a count of
+	// 3 on the one GPU node is 3 GPUs, and so is a scale to 3.
+	t.Run("sysbatch: its count on every node is charged, at register and at scale", func(t *testing.T) {
+		t.Parallel()
+		e := e.in(t)
+		const ns = "gate-sysbatch"
+		three := job(ns, "sb3", api.JobTypeSysbatch).group("g", ptr(3), nil, task(dev("nvidia/gpu", 1)))
+		status, out := send(t, e.broker.Addr, http.MethodPut, "/v1/jobs", three.body(nil, canonical))
+		if status == http.StatusOK {
+			t.Errorf("sysbatch count 3 × 1 GPU on 1 node, limit 2: admitted (%s)", out)
+		}
+		one := job(ns, "sb", api.JobTypeSysbatch).group("g", ptr(1), nil, task(dev("nvidia/gpu", 1)))
+		if status, out := send(t, e.broker.Addr, http.MethodPut, "/v1/jobs", one.body(nil, canonical)); status != http.StatusOK {
+			t.Fatalf("sysbatch count 1 × 1 GPU: %d %s", status, out)
+		}
+		status, out = send(t, e.broker.Addr, http.MethodPut, "/v1/job/sb/scale?namespace="+ns, `{"Count": 3, "Target": {"Group": "g"}}`)
+		if status != http.StatusForbidden || !strings.Contains(out, "needs 3 GPUs") {
+			t.Errorf("scale of the sysbatch job to 3 (3 GPUs, limit 2): %d %s", status, out)
+		}
+		status, out = send(t, e.broker.Addr, http.MethodPut, "/v1/job/sb/scale?namespace="+ns, `{"Count": 2, "Target": {"Group": "g"}}`)
+		if status != http.StatusOK {
+			t.Errorf("scale of the sysbatch job to 2 (2 GPUs, limit 2): %d %s", status, out)
+		}
+		if _, _, err := e.nomad.API.Jobs().Info("sb3", &api.QueryOptions{Namespace: ns}); err == nil {
+			t.Errorf("Nomad has sb3")
 		}
 	})
 

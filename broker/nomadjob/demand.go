@@ -96,14 +96,15 @@ type Placement struct {
 	// PreserveCounts keeps Current's group counts (the request flag).
 	PreserveCounts bool
 	// NodesFitting counts eligible nodes with at least gpus healthy GPUs of
-	// model ("" any): system and sysbatch jobs place one allocation on each.
+	// model ("" any): system and sysbatch jobs place their count on each.
 	NodesFitting func(model string, gpus int) int
 }
 
 // Groups is a job's GPU demand as Nomad will place it: one admission group per
 // task group and GPU model, with the allocation count Nomad will run: count, or
 // the scaling block's min when count is absent, or the current count with
-// PreserveCounts, or one per fitting node for system and sysbatch jobs; plus
+// PreserveCounts; for system and sysbatch jobs that count on each fitting
+// node; plus
 // the canaries a service update places beside the current allocations.
 func Groups(job *api.Job, pl Placement) ([]admission.Group, error) {
 	if len(job.TaskGroups) > MaxGroupsOrTask {
@@ -144,13 +145,14 @@ func Groups(job *api.Job, pl Placement) ([]admission.Group, error) {
 		for _, m := range perModel {
 			n := count
 			if typ == api.JobTypeSystem || typ == api.JobTypeSysbatch {
-				n = 0
+				nodes := 0
 				if pl.NodesFitting != nil {
-					n = pl.NodesFitting(m.model, m.gpus)
+					nodes = pl.NodesFitting(m.model, m.gpus)
 				}
 				if pinned := pinnedNodes(job, tg); pinned >= 0 {
-					n = min(n, pinned) // pinned (PinNodes): a node that joins adds nothing
+					nodes = min(nodes, pinned) // pinned (PinNodes): a node that joins adds nothing
 				}
+				n = nodes * count // Nomad places count on each node (a system job's is at most 1)
 			}
 			out = append(out, admission.Group{Name: name, Count: n + canaries, GPUsPerAlloc: m.gpus, Model: m.model, Shared: m.shared})
 		}

@@ -99,6 +99,14 @@ func TestGroupsCountAsNomadPlaces(t *testing.T) {
 	if got := groups(t, sys, nomadjob.Placement{NodesFitting: fits}); got != "g:7x2:H100" {
 		t.Errorf("sysbatch places one per fitting node: %s", got)
 	}
+	sys3 := testbuild.Job("vision", "s").Type(api.JobTypeSysbatch).Group("g", 3, 2, "nvidia/gpu/H100").Build()
+	if got := groups(t, sys3, nomadjob.Placement{NodesFitting: fits}); got != "g:21x2:H100" {
+		t.Errorf("sysbatch of count 3 places 3 on each of 7 fitting nodes: %s", got)
+	}
+	sys0 := testbuild.Job("vision", "s").Type(api.JobTypeSystem).Group("g", 0, 2, "nvidia/gpu/H100").Build()
+	if got := groups(t, sys0, nomadjob.Placement{NodesFitting: fits}); got != "g:0x2:H100" {
+		t.Errorf("a system job of count 0 places nothing: %s", got)
+	}
 
 	two := testbuild.Job("vision", "m").Group("g", 2, 4, "nvidia/gpu/A100").Build()
 	two.TaskGroups[0].Tasks = append(two.TaskGroups[0].Tasks, &api.Task{Name: "u", Resources: &api.Resources{

@@ -7,7 +7,7 @@ import (
 	"github.com/hashicorp/nomad/api"
 )
 
-// A system or sysbatch job places one allocation on every fitting node,
+// A system or sysbatch job places its groups' count on every fitting node,
 // nodes that join later included: the broker pins each of its GPU task
 // groups to the nodes it counted at admission, with a constraint of this
 // form, so that a node that joins adds nothing the tenant was not charged
