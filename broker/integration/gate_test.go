@@ -97,6 +97,12 @@ tenant "sysbatch" {
   guaranteed = 2
   limit      = 2
 }
+tenant "scaleblock" {
+  namespaces = ["gate-scaleblock"]
+  queues     = ["training"]
+  guaranteed = 2
+  limit      = 2
+}
 tenant "stable" {
   namespaces = ["gate-stable"]
   queues     = ["training"]
@@ -116,7 +122,7 @@ const gateGPUs = 16
 func TestGate(t *testing.T) {
 	t.Parallel()
 	consul := testcluster.StartConsul(t)
-	n := startGPUNode(t, "gate", gateGPUs, "gate-probe", "gate-revert", "gate-dispatch", "gate-stop", "gate-zero", "gate-race", "gate-invalid", "gate-purge", "gate-deploy", "gate-autorevert", "gate-garbage", "gate-stable", "gate-sysbatch")
+	n := startGPUNode(t, "gate", gateGPUs, "gate-probe", "gate-revert", "gate-dispatch", "gate-stop", "gate-zero", "gate-race", "gate-invalid", "gate-purge", "gate-deploy", "gate-autorevert", "gate-garbage", "gate-stable", "gate-sysbatch", "gate-scaleblock")
 	e := brokerEnv(t, n, consul, gatePolicy, "gate-probe", gateGPUs, testcluster.BrokerOptions{Config: `body_read_timeout = "3s"`})
 
 	// Nomad reads the namespace of a revert's or a dispatch's body when the
@@ -589,6 +595,39 @@ func TestGate(t *testing.T) {
 		}
 		if _, _, err := e.nomad.API.Jobs().Info("sb3", &api.QueryOptions{Namespace: ns}); err == nil {
 			t.Errorf("Nomad has sb3")
+		}
+	})
+
+	// A scale Nomad refuses (its deployment is active) leaves the job's
+	// grant as it was: the job stays the broker's admission as it runs
+	// (D1: the grant said 2, Nomad ran 1, and unadmitted stopped it).
+	t.Run("a scale Nomad refuses leaves the grant as Nomad runs the job", func(t *testing.T) {
+		t.Parallel()
+		e := e.in(t)
+		const ns = "gate-scaleblock"
+		if status, out := send(t, e.broker.Addr, http.MethodPut, "/v1/jobs", deploying(ns, 1, time.Hour, false)); status != http.StatusOK {
+			t.Fatalf("svc, 1 GPU, a deployment healthy after an hour: %d %s", status, out)
+		}
+		testcluster.WaitFor(t, 30*time.Second, "svc's deployment", func() error {
+			d, _, err := e.nomad.API.Jobs().LatestDeployment("svc", &api.QueryOptions{Namespace: ns})
+			if err != nil || d == nil || d.Status != api.DeploymentStatusRunning {
+				return fmt.Errorf("deployment %+v (%v)", d, err)
+			}
+			return nil
+		})
+		status, out := send(t, e.broker.Addr, http.MethodPut, "/v1/job/svc/scale?namespace="+ns, `{"Count": 2, "Target": {"Group": "g"}}`)
+		if status == http.StatusOK || !strings.Contains(out, "active deployment") {
+			t.Fatalf("a scale during the deployment: %d %s, want Nomad's refusal", status, out)
+		}
+		pair, _, err := consulKV(consul).Get("nomad-gpu/scaled/"+ns+"/svc", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if pair != nil {
+			var g nomadjob.ScaleGrant
+			if err := json.Unmarshal(pair.Value, &g); err != nil || g.Admitted["g"] != 1 {
+				t.Errorf("svc's grant after the refused scale: %s (%v); want admitted g = 1, as Nomad runs it", pair.Value, err)
+			}
 		}
 	})
 

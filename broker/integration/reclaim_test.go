@@ -659,6 +659,15 @@ func TestPreemptedBorrowedJobRunsAgainOnce(t *testing.T) {
 	if out := e.brokerCLI("reclaim", "list"); strings.Count(out, "unadmitted") != 0 {
 		t.Errorf("a job moved to a sub-band read as unadmitted:\n%s", out)
 	}
+	// A job in a sub-band was admitted at the borrowing band's base, which
+	// its stamp was made for: a scale is decided at that priority (D5: it was
+	// refused, "would run at priority 20 but the job runs at 2x").
+	if out, err := e.nomadCLI("job", "scale", "-namespace", "vision", "-detach", "old", "g", "1"); err != nil {
+		t.Errorf("scale of old in its sub-band: %v\n%s", err, out)
+	}
+	if p := *e.job("vision", "old").Priority; p < 25 {
+		t.Errorf("old's priority after the scale: %d, want its sub-band's", p)
+	}
 }
 
 // TestReclaimDecisionSurvivesLeaderKill: the leader records a decision and is

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net/http"
@@ -73,6 +74,7 @@ func (s *Server) scale(w http.ResponseWriter, r *http.Request, jc jobCall, jobID
 		return
 	}
 	before, admittedBefore := s.stampedGrant(r, job)
+	counts := nomadjob.GPUGroupCounts(job) // as Nomad runs it now
 	up := false
 	for _, tg := range job.TaskGroups {
 		if tg != nil && tg.Name != nil && *tg.Name == group {
@@ -81,30 +83,57 @@ func (s *Server) scale(w http.ResponseWriter, r *http.Request, jc jobCall, jobID
 			tg.Count = &n
 		}
 	}
-	var record func() error
+	rec := &record{}
 	if admittedBefore && s.scales != nil {
 		// The stamp covers counts: record what is admitted now, before Nomad
-		// has it, so that the job stays verifiable (and a scale straight in
-		// Nomad does not).
+		// has it, so that the job stays verifiable; when Nomad does not take
+		// the scale (an active deployment blocks it), the grant goes back to
+		// the counts Nomad still runs, so the job stays verifiable as it is.
 		grant := before // what else it says (a promotion, a sub-band) still holds
 		grant.Stamp, grant.Admitted = job.Meta[nomadjob.MetaAdmission], nomadjob.GPUGroupCounts(job)
-		record = func() error { return s.scales.Put(r.Context(), ns, jobID, grant) }
-	}
-	if up && admittedBefore && s.metrics != nil {
-		// Timed from here to the first new allocation running.
-		grant := record
-		record = func() error {
-			if grant != nil {
-				if err := grant(); err != nil {
-					return err
-				}
+		rec.before = func() error { return s.scales.Put(r.Context(), ns, jobID, grant) }
+		undo := grant
+		undo.Admitted = counts
+		rec.refused = func() {
+			if err := s.scales.Put(context.WithoutCancel(r.Context()), ns, jobID, undo); err != nil {
+				s.log.Error("scale refused by Nomad: its grant could not be restored; the reclaim rule unadmitted may see the job so",
+					"job", jobID, "namespace", ns, "error", err)
 			}
-			s.metrics.ScaledUp(ns, jobID, job.Meta[nomadjob.MetaTenant], job.Meta[nomadjob.MetaQueue], time.Now())
-			return nil
 		}
 	}
-	// Scaling changes no spec: Nomad places no canaries for it.
-	s.checkThenForward(w, r, doc.Bytes(), job, nil, ns, jobID, "scale", record)
+	if up && admittedBefore {
+		// Timed from Nomad taking it to the first new allocation running.
+		rec.accepted = func() { s.metrics.ScaledUp(ns, jobID, job.Meta[nomadjob.MetaTenant], job.Meta[nomadjob.MetaQueue], time.Now()) }
+	}
+	// Scaling changes no spec: Nomad places no canaries for it. The job
+	// keeps the priority it runs at: for one moved to a sub-band, it was
+	// admitted at the band's base its stamp was made for.
+	priority := derefInt(job.Priority)
+	if before.SubBand && before.StampedPriority != 0 {
+		priority = before.StampedPriority
+	}
+	s.checkThenForward(w, r, doc.Bytes(), job, nil, priority, ns, jobID, "scale", rec)
+}
+
+// record is what the broker records of a call it admitted: before Nomad
+// has the call (so that what Nomad runs is verifiable from the first
+// moment), and once Nomad answered, accepted or refused (any answer but
+// 200, or none). Each part may be nil.
+type record struct {
+	before   func() error
+	accepted func()
+	refused  func()
+}
+
+// settle runs the part of rec (nil: none) for Nomad's answer.
+func (rec *record) settle(accepted bool) {
+	switch {
+	case rec == nil:
+	case accepted && rec.accepted != nil:
+		rec.accepted()
+	case !accepted && rec.refused != nil:
+		rec.refused()
+	}
 }
 
 // stampedGrant is what a job's admission covers (decide.Check), and
@@ -154,7 +183,7 @@ func (s *Server) spawn(w http.ResponseWriter, r *http.Request, c call, jc jobCal
 	child := *parent
 	child.ID = new(string)
 	*child.ID = jobID + "/" + c.String() + "-" + s.newID() // its own key: nothing of it is counted yet
-	id := s.checkThenForward(w, r, body, &child, nil, ns, jobID, c.String(), nil)
+	id := s.checkThenForward(w, r, body, &child, nil, derefInt(child.Priority), ns, jobID, c.String(), nil)
 	if id != "" && c == callDispatch {
 		s.recordChild(r, ns, jobID, parent, id)
 	}
@@ -237,7 +266,7 @@ func (s *Server) revertTo(w http.ResponseWriter, r *http.Request, body []byte, n
 		if v == nil || v.Version == nil || !target(v) {
 			continue
 		}
-		s.checkThenForward(w, r, body, v, current, ns, jobID, "revert", nil)
+		s.checkThenForward(w, r, body, v, current, derefInt(v.Priority), ns, jobID, "revert", nil)
 		return
 	}
 	s.passThrough(w, r, body)
@@ -349,9 +378,10 @@ func (s *Server) parseCall(w http.ResponseWriter, r *http.Request, jc jobCall, o
 }
 
 // checkThenForward decides on job as it will be after the call (current:
-// the version Nomad runs, for a revert's canaries); it returns the id of the
-// child a dispatch created.
-func (s *Server) checkThenForward(w http.ResponseWriter, r *http.Request, body []byte, job, current *api.Job, ns, jobID, what string, record func() error) string {
+// the version Nomad runs, for a revert's canaries), which cannot change the
+// priority it was admitted at; it returns the id of the child a dispatch
+// created.
+func (s *Server) checkThenForward(w http.ResponseWriter, r *http.Request, body []byte, job, current *api.Job, priority int, ns, jobID, what string, rec *record) string {
 	a, err := s.seq.Existing(job, current, ns)
 	if err != nil {
 		writeError(w, fail(errBadRequest, "%s of %q: %v", what, jobID, err))
@@ -364,16 +394,17 @@ func (s *Server) checkThenForward(w http.ResponseWriter, r *http.Request, body [
 	if !s.admitsHere(w, r, body) {
 		return ""
 	}
-	return s.decideThenForward(w, r, body, a, jobID, derefInt(job.Priority), what, record)
+	return s.decideThenForward(w, r, body, a, jobID, priority, what, rec)
 }
 
 // decideThenForward admits the demand the call on jobID leads to (a, a
 // dispatch's child), or refuses it:
-// anything but an admission at the job's current priority is refused, since
-// the call cannot change the priority. record, when given, runs once the call
-// is admitted and before it is forwarded. It returns the id of the child a
-// dispatch it admitted created ("" for none).
-func (s *Server) decideThenForward(w http.ResponseWriter, r *http.Request, body []byte, a admission.Job, jobID string, current int, what string, record func() error) string {
+// anything but an admission at the priority the job was admitted at is
+// refused, since the call cannot change the priority. rec (nil: nothing)
+// records the call once admitted, before it is forwarded, and settles once
+// Nomad answered. It returns the id of the child a dispatch it admitted
+// created ("" for none).
+func (s *Server) decideThenForward(w http.ResponseWriter, r *http.Request, body []byte, a admission.Job, jobID string, current int, what string, rec *record) string {
 	ns := a.Namespace
 	d, res := s.seq.Decide(s.policies.Current(), a, decide.Reserve)
 	who := s.as(r).identity()
@@ -403,8 +434,8 @@ func (s *Server) decideThenForward(w http.ResponseWriter, r *http.Request, body 
 		writeError(w, fail(errForbidden, "%s of %q refused: the result would run at priority %d (%s) but the job runs at %d; register it again instead",
 			what, jobID, d.Priority, d.Reason, current))
 	default:
-		if record != nil {
-			if err := record(); err != nil {
+		if rec != nil && rec.before != nil {
+			if err := rec.before(); err != nil {
 				res.Release()
 				writeError(w, fail(errUnavailable, "%s of %q not forwarded: %v", what, jobID, err))
 				return ""
@@ -413,10 +444,13 @@ func (s *Server) decideThenForward(w http.ResponseWriter, r *http.Request, body 
 		resp, err := s.forward(r, body, ns)
 		if err != nil {
 			res.Release()
+			rec.settle(false)
 			writeError(w, fail(errNomadUnreach, "Nomad is unreachable: %v", err))
 			return ""
 		}
-		return s.relayRegistered(w, resp, res, admittedWarning(d))
+		child, accepted := s.relayRegistered(w, resp, res, admittedWarning(d))
+		rec.settle(accepted)
+		return child
 	}
 	return ""
 }

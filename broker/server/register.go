@@ -205,8 +205,9 @@ func (s *Server) registerParent(w http.ResponseWriter, r *http.Request, rj *gpuJ
 
 // relayRegistered relays Nomad's answer to a call the broker admitted, and
 // settles the reservation: confirmed at the job's new index, or released.
-// It returns the id of the child a dispatch created ("" for none).
-func (s *Server) relayRegistered(w http.ResponseWriter, resp *http.Response, res *cluster.Reservation, warnings ...string) string {
+// It returns the id of the child a dispatch created ("" for none), and
+// whether Nomad took the call.
+func (s *Server) relayRegistered(w http.ResponseWriter, resp *http.Response, res *cluster.Reservation, warnings ...string) (string, bool) {
 	defer resp.Body.Close()
 	body, err := io.ReadAll(io.LimitReader(resp.Body, MaxBody))
 	var out struct {
@@ -233,7 +234,7 @@ func (s *Server) relayRegistered(w http.ResponseWriter, resp *http.Response, res
 		body, warnings = addWarnings(doc, out.Warnings, warnings), nil
 	}
 	s.relayBody(w, resp, body, err, warnings...)
-	return out.DispatchedJobID
+	return out.DispatchedJobID, doc != nil
 }
 
 func admittedWarning(d admission.Decision) string {
