@@ -119,7 +119,8 @@ func rolledBack(d *api.Deployment) (Revert, bool) {
 
 // ObserveDeployment records the canaries an active, unpromoted deployment
 // places beside the job's current allocations, and whether it reverts on
-// failure: the job then counts its stable version too, until it ends.
+// failure: the job then counts its stable version too, until it ends, or
+// when it failed and Nomad rolls back, until the rollback's own ends.
 func (v *View) ObserveDeployment(d *api.Deployment) {
 	v.mu.Lock()
 	v.observeDeployment(d)
@@ -133,6 +134,12 @@ func (v *View) observeDeployment(d *api.Deployment) {
 	reverting := false
 	switch d.Status {
 	case api.DeploymentStatusSuccessful, api.DeploymentStatusFailed, api.DeploymentStatusCancelled:
+		// A failed deployment that Nomad rolls back keeps the stable
+		// version's floor: the rollback version arrives dead, with no
+		// allocation yet, and counts nothing until they are placed; the
+		// floor holds until its own deployment ends (N3: a queue pass in
+		// those milliseconds took its GPUs).
+		_, reverting = rolledBack(d)
 	default:
 		for tg, s := range d.TaskGroups {
 			if s != nil && !s.Promoted && s.DesiredCanaries > 0 {

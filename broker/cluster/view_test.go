@@ -362,3 +362,47 @@ func TestADeadVersionWhoseDeploymentMayRevertCountsTheStableVersion(t *testing.T
 		t.Errorf("dead, no deployment: %g, want 0", got)
 	}
 }
+
+// A deployment fails and Nomad rolls back on its own: the rollback version
+// arrives dead, with no allocation yet, and the failed deployment's event
+// may come after it. The stable version's GPUs stay counted throughout,
+// until the rollback's own deployment ends (N3).
+func TestARollbackCountsTheStableVersionUntilItsOwnDeploymentEnds(t *testing.T) {
+	p := testbuild.Policy(t, visionPolicy)
+	used := func(v *View) float64 { return v.Usage(p).Tenants["vision"].Used.Total() }
+	v := NewView(nil)
+	v.ObserveNode(testbuild.Node("n1", testbuild.H100, 8, 0))
+	v.ObserveJob(testbuild.Job("vision", "web").Group("web", 1, 2, "gpu").AutoRevert().Stable().ModifyIndex(1).Build())
+	v.ObserveJob(testbuild.Job("vision", "web").Group("web", 1, 1, "gpu").AutoRevert().ModifyIndex(2).Build())
+	dep := &api.Deployment{ID: "d1", Namespace: "vision", JobID: "web", JobVersion: 1, Status: api.DeploymentStatusRunning,
+		TaskGroups: map[string]*api.DeploymentState{"web": {AutoRevert: true}}}
+	v.ObserveDeployment(dep)
+	rollback := testbuild.Job("vision", "web").Group("web", 1, 2, "gpu").AutoRevert().ModifyIndex(3).Build()
+	rollback.Status = ptr("dead") // no allocation yet
+	v.ObserveJob(rollback)
+	failed := *dep
+	failed.Status, failed.StatusDescription = api.DeploymentStatusFailed, "Failed due to unhealthy allocations - rolling back to job version 0"
+	v.ObserveDeployment(&failed)
+	if got := used(v); got != 2 {
+		t.Fatalf("the rollback registered, dead, no allocation yet, its deployment failed: %g, want 2", got)
+	}
+	next := &api.Deployment{ID: "d2", Namespace: "vision", JobID: "web", JobVersion: 2, Status: api.DeploymentStatusSuccessful}
+	running := testbuild.Job("vision", "web").Group("web", 1, 2, "gpu").AutoRevert().ModifyIndex(4).Build()
+	v.ObserveJob(running)
+	v.ObserveDeployment(next)
+	if got := used(v); got != 2 {
+		t.Errorf("the rollback running, its deployment done: %g, want its own 2", got)
+	}
+	cancelled := *dep
+	cancelled.Status = api.DeploymentStatusCancelled
+	w := NewView(nil)
+	w.ObserveNode(testbuild.Node("n1", testbuild.H100, 8, 0))
+	w.ObserveJob(testbuild.Job("vision", "web").Group("web", 1, 2, "gpu").AutoRevert().Stable().ModifyIndex(1).Build())
+	dead := testbuild.Job("vision", "web").Group("web", 1, 1, "gpu").AutoRevert().ModifyIndex(2).Build()
+	dead.Status = ptr("dead")
+	w.ObserveJob(dead)
+	w.ObserveDeployment(&cancelled)
+	if got := used(w); got != 0 {
+		t.Errorf("a dead version whose deployment was cancelled (no rollback): %g, want 0", got)
+	}
+}
