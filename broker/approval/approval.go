@@ -111,9 +111,10 @@ func (a *Approval) Grant(approver string, now time.Time) {
 // Active reports whether the approval is in force at now.
 func (a Approval) Active(now time.Time) bool { return a.State == Granted && now.Before(a.ExpiresAt) }
 
-// For is what the approvals in force at now grant job namespace/job: the
-// extra GPUs of each, and the highest band granted.
-func For(approvals []Approval, namespace, job string, now time.Time) admission.Granted {
+// For is what the approvals in force at now grant job namespace/job under
+// policy p: the extra GPUs of each, together at most its tenant's
+// max_extra_gpus (however many were granted), and the highest band granted.
+func For(approvals []Approval, p *policy.Policy, namespace, job string, now time.Time) admission.Granted {
 	var g admission.Granted
 	for _, a := range approvals {
 		if a.Namespace != namespace || a.Job != job || !a.Active(now) {
@@ -122,20 +123,55 @@ func For(approvals []Approval, namespace, job string, now time.Time) admission.G
 		g.ExtraGPUs += a.ExtraGPUs
 		g.Priority = max(g.Priority, a.Priority)
 	}
+	if t := p.TenantOf(namespace); t != nil {
+		g.ExtraGPUs = min(g.ExtraGPUs, t.Approvals.MaxExtraGPUs)
+	} else {
+		g.ExtraGPUs = 0
+	}
 	return g
 }
 
 // ExtraByTenant is the GPUs above their limits that the approvals in force at
 // now grant each tenant's jobs, by the name of the tenant policy p gives the
-// approval's namespace (none: not counted).
+// approval's namespace (none: not counted), each at most its max_extra_gpus.
 func ExtraByTenant(approvals []Approval, p *policy.Policy, now time.Time) map[string]float64 {
 	out := map[string]float64{}
 	for _, a := range approvals {
 		if t := p.TenantOf(a.Namespace); t != nil && a.Active(now) && a.ExtraGPUs > 0 {
-			out[t.Name] += float64(a.ExtraGPUs)
+			out[t.Name] = min(out[t.Name]+float64(a.ExtraGPUs), float64(t.Approvals.MaxExtraGPUs))
 		}
 	}
 	return out
+}
+
+// CheckGrant says why granting a, of tenant t, at now would take the GPUs
+// above the limit that the approvals in force grant its job, or its
+// tenant's jobs together, past the tenant's max_extra_gpus; or nil. A
+// bound per approval alone let three grants of +2 give one job +6.
+func CheckGrant(approvals []Approval, a Approval, t *policy.Tenant, now time.Time) error {
+	if a.ExtraGPUs == 0 {
+		return nil
+	}
+	job, tenant := a.ExtraGPUs, a.ExtraGPUs
+	for _, o := range approvals {
+		if o.ID == a.ID || !o.Active(now) || o.ExtraGPUs == 0 || !slices.Contains(t.Namespaces, o.Namespace) {
+			continue
+		}
+		tenant += o.ExtraGPUs
+		if o.Namespace == a.Namespace && o.Job == a.Job {
+			job += o.ExtraGPUs
+		}
+	}
+	bound := t.Approvals.MaxExtraGPUs
+	switch {
+	case job > bound:
+		return fmt.Errorf("job %q would be granted %d GPUs above the limit in all, with the approvals in force; tenant %q's approvals grant at most %d (approvals { max_extra_gpus })",
+			a.Job, job, t.Name, bound)
+	case tenant > bound:
+		return fmt.Errorf("tenant %q's jobs would be granted %d GPUs above its limit in all, with the approvals in force; at most %d (approvals { max_extra_gpus })",
+			t.Name, tenant, bound)
+	}
+	return nil
 }
 
 // ExtraGranted is ExtraByTenant of the approvals in force under the policy in

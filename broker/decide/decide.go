@@ -54,7 +54,7 @@ type Enricher struct {
 func (e Enricher) Enrich(p *policy.Policy, j admission.Job) admission.Job {
 	now := e.Clock.Now()
 	if e.Approvals != nil {
-		j.Granted = approval.For(e.Approvals(), j.Namespace, j.ID, now)
+		j.Granted = approval.For(e.Approvals(), p, j.Namespace, j.ID, now)
 	}
 	j.Backoff = e.Preemptions.Backoff(p.Borrowing, j.Namespace, j.ID, now)
 	return j

@@ -108,6 +108,19 @@ reclaim_settings {
 	}
 	granted := show(asked.ID)
 	e.waitRunning("vision", "big")
+	// max_extra_gpus bounds what the approvals in force grant the job
+	// together (N4: three grants of +2 gave one job +6 with a bound of 2).
+	for i, want := range []string{"granted", "at most 4 (approvals { max_extra_gpus })"} {
+		out, err := broker(ana.SecretID, "approval", "request", "-job", "big", "-namespace", "vision", "-reason", "more",
+			"-extra-gpus", "2", "-for", "15s", "-json")
+		var more approval.Approval
+		if err != nil || json.Unmarshal([]byte(out), &more) != nil {
+			t.Fatalf("request %d: %v\n%s", i+2, err, out)
+		}
+		if out, _ := broker(ops.SecretID, "approval", "grant", more.ID); !strings.Contains(out, want) {
+			t.Errorf("grant of a +2 request beside %d GPUs granted already (max 4): want %q\n%s", 2*(i+1), want, out)
+		}
+	}
 
 	// Nobody acts from here on.
 	testcluster.WaitFor(t, 60*time.Second, "big back in the queue after the approval expired", func() error {

@@ -152,6 +152,10 @@ func (s *Server) decideApproval(w http.ResponseWriter, r *http.Request, id strin
 			writeError(w, fail(errForbidden, "approval %s cannot be granted: %v", id, err))
 			return
 		}
+		if err := approval.CheckGrant(s.approvals(), a, t, s.clock.Now()); err != nil {
+			writeError(w, fail(errForbidden, "approval %s cannot be granted: %v", id, err))
+			return
+		}
 	}
 	what, result := audit.ApprovalDeny, "denied"
 	if grant {
