@@ -416,7 +416,24 @@ func TestGate(t *testing.T) {
 		privileged := job("default", "privileged", api.JobTypeBatch).group("g", ptr(1), nil, task())
 		privileged.j.TaskGroups[0].Tasks[0].Driver = "docker"
 		privileged.j.TaskGroups[0].Tasks[0].Config = map[string]any{"image": "nvidia/cuda", "privileged": true}
-		for id, jb := range map[string]*jobBuilder{"by-hand": byHand, "privileged": privileged} {
+		// N9: the same read as the drivers decode it.
+		docker := func(id string, config map[string]any, devs ...*api.RequestedDevice) *jobBuilder {
+			jb := job("default", id, api.JobTypeBatch).group("g", ptr(1), nil, task(devs...))
+			jb.j.TaskGroups[0].Tasks[0].Driver = "docker"
+			jb.j.TaskGroups[0].Tasks[0].Config = config
+			return jb
+		}
+		templated := job("default", "templated", api.JobTypeBatch).group("g", ptr(1), nil, task())
+		templated.j.TaskGroups[0].Tasks[0].Templates = []*api.Template{{EmbeddedTmpl: ptr("NVIDIA_VISIBLE_DEVICES=all\n"),
+			DestPath: ptr("local/gpu.env"), Envvars: ptr(true)}}
+		refused := map[string]*jobBuilder{"by-hand": byHand, "privileged": privileged,
+			"privileged-string": docker("privileged-string", map[string]any{"image": "nvidia/cuda", "privileged": "true"}),
+			"double-slash":      docker("double-slash", map[string]any{"image": "nvidia/cuda", "devices": []any{map[string]any{"host_path": "/dev//nvidia0"}}}),
+			"major-number":      docker("major-number", map[string]any{"image": "nvidia/cuda", "devices": []any{map[string]any{"host_path": "/dev/char/195:0"}}}),
+			"runtime-count-0":   docker("runtime-count-0", map[string]any{"image": "nvidia/cuda", "runtime": "nvidia"}, dev("nvidia/gpu", 0)),
+			"templated":         templated,
+		}
+		for id, jb := range refused {
 			status, out := send(t, e.broker.Addr, http.MethodPut, "/v1/jobs", jb.body(nil, canonical))
 			if status != http.StatusForbidden || !strings.Contains(out, fmt.Sprintf("job %q rejected by rule undeclared-gpu-access", id)) ||
 				!strings.Contains(out, `ask for GPUs with a device block`) {
@@ -424,6 +441,24 @@ func TestGate(t *testing.T) {
 			}
 			if _, _, err := e.nomad.API.Jobs().Info(id, nil); err == nil {
 				t.Errorf("%s: Nomad has it", id)
+			}
+		}
+		// D3: hiding GPUs is not using them, and a task that asks for GPUs
+		// gets the device plugin's variables, which replace its own.
+		hiding := func(ns, id string, env map[string]string, devs ...*api.RequestedDevice) *jobBuilder {
+			jb := job(ns, id, api.JobTypeBatch).group("g", ptr(1), nil, task(devs...))
+			jb.j.TaskGroups[0].Tasks[0].Env = env
+			return jb
+		}
+		for id, jb := range map[string]*jobBuilder{
+			"void":      hiding("default", "void", map[string]string{"NVIDIA_VISIBLE_DEVICES": "void"}),
+			"minus-one": hiding("default", "minus-one", map[string]string{"CUDA_VISIBLE_DEVICES": "-1"}),
+			"empty":     hiding("default", "empty", map[string]string{"CUDA_VISIBLE_DEVICES": ""}),
+			"selects":   hiding("gate-probe", "selects", map[string]string{"CUDA_VISIBLE_DEVICES": "0"}, dev("nvidia/gpu", 1)),
+		} {
+			status, out := send(t, e.broker.Addr, http.MethodPut, "/v1/jobs", jb.body(nil, canonical))
+			if status != http.StatusOK || strings.Contains(out, "undeclared") {
+				t.Errorf("%s: %d %s", id, status, out)
 			}
 		}
 	})

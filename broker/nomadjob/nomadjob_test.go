@@ -540,7 +540,12 @@ func TestUndeclaredGPUAccess(t *testing.T) {
 	task := func(driver string, env map[string]string, config map[string]any, devices ...string) *api.Job {
 		tk := &api.Task{Name: "t", Driver: driver, Env: env, Config: config, Resources: &api.Resources{}}
 		for _, d := range devices {
-			tk.Resources.Devices = append(tk.Resources.Devices, &api.RequestedDevice{Name: d, Count: ptr(uint64(1))})
+			name, zero := strings.CutSuffix(d, ":0")
+			count := uint64(1)
+			if zero {
+				count = 0
+			}
+			tk.Resources.Devices = append(tk.Resources.Devices, &api.RequestedDevice{Name: name, Count: ptr(count)})
 		}
 		return &api.Job{TaskGroups: []*api.TaskGroup{{Name: ptr("g"), Tasks: []*api.Task{tk}}}}
 	}
@@ -551,18 +556,47 @@ func TestUndeclaredGPUAccess(t *testing.T) {
 	}{
 		{"a CPU job", task("raw_exec", map[string]string{"HOME": "/tmp"}, map[string]any{"command": "sleep"}), ""},
 		{"NVIDIA_VISIBLE_DEVICES by hand", task("raw_exec", map[string]string{"NVIDIA_VISIBLE_DEVICES": "all"}, nil), "sets NVIDIA_VISIBLE_DEVICES"},
-		{"CUDA_VISIBLE_DEVICES by hand, GPUs asked for too", task("raw_exec", map[string]string{"CUDA_VISIBLE_DEVICES": "0,1"}, nil, "nvidia/gpu"), "sets CUDA_VISIBLE_DEVICES"},
+		{"CUDA_VISIBLE_DEVICES by hand, a GPU asked for: the plugin's replaces it", task("raw_exec", map[string]string{"CUDA_VISIBLE_DEVICES": "0"}, nil, "nvidia/gpu"), ""},
+		{"GPUs hidden: NVIDIA_VISIBLE_DEVICES=void", task("docker", map[string]string{"NVIDIA_VISIBLE_DEVICES": "void"}, nil), ""},
+		{"GPUs hidden: CUDA_VISIBLE_DEVICES=-1", task("raw_exec", map[string]string{"CUDA_VISIBLE_DEVICES": "-1"}, nil), ""},
+		{"GPUs hidden: CUDA_VISIBLE_DEVICES empty", task("raw_exec", map[string]string{"CUDA_VISIBLE_DEVICES": ""}, nil), ""},
+		{"CUDA_VISIBLE_DEVICES=0 without a GPU", task("raw_exec", map[string]string{"CUDA_VISIBLE_DEVICES": "0"}, nil), "sets CUDA_VISIBLE_DEVICES"},
+		{"privileged as a string", task("docker", nil, map[string]any{"image": "cuda", "privileged": "true"}), "runs privileged"},
+		{"a device path with a double slash", task("docker", nil, map[string]any{"devices": []any{map[string]any{"host_path": "/dev//nvidia0"}}}), "NVIDIA devices"},
+		{"a device by its major number", task("docker", nil, map[string]any{"devices": []any{map[string]any{"host_path": "/dev/char/195:0"}}}), "NVIDIA devices"},
+		{"/dev mounted", task("docker", nil, map[string]any{"volumes": []any{"/dev:/dev"}}), "mounts /dev"},
+		{"an NVIDIA device bind-mounted", task("docker", nil, map[string]any{"mount": []any{map[string]any{"type": "bind", "source": "/dev/./nvidia0", "target": "/dev/nvidia0"}}}), "mounts /dev"},
+		{"a data volume", task("docker", nil, map[string]any{"volumes": []any{"/data:/data"}}), ""},
+		{"the nvidia runtime, a device of count 0", task("docker", nil, map[string]any{"runtime": "nvidia"}, "nvidia/gpu:0"), "nvidia runtime without asking"},
 		{"privileged", task("docker", nil, map[string]any{"image": "cuda", "privileged": true}), "runs privileged"},
 		{"not privileged", task("docker", nil, map[string]any{"image": "cuda", "privileged": false}), ""},
-		{"a /dev/nvidia device", task("docker", nil, map[string]any{"devices": []any{map[string]any{"host_path": "/dev/nvidia0"}}}), "/dev/nvidia* devices"},
-		{"a /dev/nvidia device as a string", task("podman", nil, map[string]any{"devices": []any{"/dev/nvidiactl:/dev/nvidiactl"}}), "/dev/nvidia* devices"},
+		{"a /dev/nvidia device", task("docker", nil, map[string]any{"devices": []any{map[string]any{"host_path": "/dev/nvidia0"}}}), "NVIDIA devices"},
+		{"a /dev/nvidia device as a string", task("podman", nil, map[string]any{"devices": []any{"/dev/nvidiactl:/dev/nvidiactl"}}), "NVIDIA devices"},
 		{"another device", task("docker", nil, map[string]any{"devices": []any{map[string]any{"host_path": "/dev/fuse"}}}), ""},
 		{"the nvidia runtime, no GPU asked for", task("docker", nil, map[string]any{"runtime": "nvidia"}), "nvidia runtime without asking for a GPU"},
 		{"the nvidia runtime with a GPU device", task("docker", nil, map[string]any{"runtime": "nvidia"}, "nvidia/gpu"), ""},
 	} {
+		if c.job == nil {
+			continue
+		}
 		got := strings.Join(nomadjob.UndeclaredGPUAccess(c.job), "; ")
 		if (c.want == "") != (got == "") || !strings.Contains(got, c.want) {
 			t.Errorf("%s: %q, want %q", c.name, got, c.want)
+		}
+	}
+	// Template env overrides the device plugin's, whether the task asks for
+	// GPUs or not.
+	for text, want := range map[string]bool{
+		"NVIDIA_VISIBLE_DEVICES=all":                              true,
+		"FOO=1\nCUDA_VISIBLE_DEVICES = {{ key \"gpus\" }}":          true,
+		"CUDA_VISIBLE_DEVICES=-1":                                 false,
+		`NVIDIA_VISIBLE_DEVICES="void"`:                           false,
+		"DB_URL=postgres://x\nNOTE=no NVIDIA_VISIBLE_DEVICES here": true,
+	} {
+		j := task("raw_exec", nil, nil, "nvidia/gpu")
+		j.TaskGroups[0].Tasks[0].Templates = []*api.Template{{EmbeddedTmpl: ptr(text), Envvars: ptr(true)}}
+		if got := nomadjob.UndeclaredGPUAccess(j); (len(got) > 0) != want {
+			t.Errorf("template env %q: %q, want flagged %t", text, got, want)
 		}
 	}
 }
