@@ -365,6 +365,31 @@ func TestPassthroughWithNomadACLs(t *testing.T) {
 		return err == nil
 	}
 
+	// Nomad acts on a token sent in the body alone (SecretID of a register,
+	// AuthToken of the other job calls) when no header carries one: the
+	// broker names that caller too (D6: audited as anonymous).
+	t.Run("a token in the body alone: the broker names the caller Nomad acts for", func(t *testing.T) {
+		jb := job("search", "body-token", api.JobTypeBatch).group("g", ptr(1), nil, task(dev("nvidia/gpu", 1)))
+		if status, out := send(t, e.broker.Addr, http.MethodPut, "/v1/jobs", jb.body(map[string]any{"SecretID": sue.SecretID}, canonical)); status != http.StatusOK {
+			t.Fatalf("register with sue's token in the body: %d %s", status, out)
+		}
+		out, err := exec.Command(testcluster.BrokerBinary(t), "audit", "-json", "-job", "body-token", "-address", e.broker.Addr, "-token", brokerToken.SecretID).CombinedOutput()
+		var events []audit.Event
+		if err != nil || json.Unmarshal(out, &events) != nil {
+			t.Fatalf("audit: %v\n%s", err, out)
+		}
+		for _, ev := range events {
+			if ev.What == audit.Admission && !strings.HasPrefix(ev.Who, "sue") {
+				t.Errorf("the admission of body-token is by %q, want sue's token", ev.Who)
+			}
+		}
+		if len(events) == 0 {
+			t.Errorf("no audit event for body-token")
+		}
+		if _, _, err := n.API.Jobs().Deregister("body-token", true, &api.WriteOptions{Namespace: "search"}); err != nil {
+			t.Fatal(err)
+		}
+	})
 	t.Run("another tenant's user: Nomad refuses what the broker admits, the broker what it would queue", func(t *testing.T) {
 		out, err := e.cli(sue.SecretID, e.broker.Addr, "job", "run", e.spec("vision", "sues", 1, 1, ""))
 		if err == nil || !strings.Contains(out, "Permission denied") || inNomad("sues") {

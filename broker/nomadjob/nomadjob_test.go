@@ -503,6 +503,12 @@ func TestCallTarget(t *testing.T) {
 	if got, _ := nomadjob.CallTarget(url.Values{}, []byte(`{"idempotencytoken":"b"}`), true); got.IdempotencyToken != "b" {
 		t.Errorf("the body's token where the query has none: %+v", got)
 	}
+	if got, _ := nomadjob.CallTarget(url.Values{}, []byte(`{"authTOKEN":"s3cret"}`), true); got.AuthToken != "s3cret" {
+		t.Errorf("the ACL token in the body, which Nomad acts on without a header: %+v", got)
+	}
+	if got, _ := nomadjob.CallTarget(url.Values{}, []byte(`{"AuthToken":"s3cret"}`), false); got.AuthToken != "" {
+		t.Errorf("a body Nomad does not read (a scale's): %+v", got)
+	}
 	for _, c := range []struct {
 		name, query, body string
 		bodyCounts        bool

@@ -30,6 +30,9 @@ type Request struct {
 	Namespace      string // resolved as Nomad resolves it
 	Region         string // the region asked for; "" when none (the agent's own)
 	PreserveCounts bool
+	// Token is the ACL token the body carries (SecretID), which Nomad acts
+	// on for a register or a plan when no header carries one.
+	Token string
 
 	current  *api.Job          // as given to Groups
 	revertTo []admission.Group // as given to RevertsTo
@@ -74,7 +77,7 @@ func ReadRequest(kind Kind, body []byte, query url.Values) (*Request, error) {
 	if job.Multiregion != nil {
 		return nil, errors.New("multiregion jobs are not admitted by nomad-gpu: register the job in each region through that region's broker")
 	}
-	r := &Request{Doc: doc, Job: job, JobID: deref(job.ID), PreserveCounts: preserveCounts,
+	r := &Request{Doc: doc, Job: job, JobID: deref(job.ID), PreserveCounts: preserveCounts, Token: w.SecretID,
 		Namespace: ResolveNamespace(query.Get("namespace"), w.Namespace, deref(job.Namespace)),
 		Region:    resolveRegion(query.Get("region"), w.Region, deref(job.Region))}
 	return r, nil
@@ -86,14 +89,18 @@ type Target struct {
 	Namespace        string
 	Region           string // "" for the agent's own
 	IdempotencyToken string
+	// AuthToken is the ACL token the body carries, which Nomad acts on when
+	// no header carries one.
+	AuthToken string
 }
 
 // CallTarget reads a call's Target as Nomad does: the query's namespace,
 // region and idempotency_token; where the query gives none and the call's
 // body is one Nomad decodes into a request that carries a WriteRequest
 // (dispatch, revert, stable, evaluate and the deployment writes: bodyCounts),
-// the body's Namespace, Region and IdempotencyToken, read as encoding/json
-// reads them; else the default namespace and the agent's own region.
+// the body's Namespace, Region, IdempotencyToken and AuthToken, read as
+// encoding/json reads them; else the default namespace and the agent's own
+// region.
 func CallTarget(query url.Values, body []byte, bodyCounts bool) (Target, error) {
 	var w Target
 	if bodyCounts && len(bytes.TrimSpace(body)) > 0 {

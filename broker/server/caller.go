@@ -85,6 +85,19 @@ func token(r *http.Request) string {
 	return value
 }
 
+// bodyToken makes a token sent only in the request's body (secret) the
+// request's token, as Nomad takes it: it reads one from the body when no
+// header carries one. The broker then names, authorizes and forwards the
+// caller Nomad acts for (a token in the body alone was audited as
+// "anonymous").
+func bodyToken(r *http.Request, secret string) {
+	// Nomad trims a header's token, not the body's: one with spaces around
+	// it is refused by Nomad, and stays the broker's anonymous caller.
+	if secret != "" && secret == strings.TrimSpace(secret) && token(r) == "" {
+		r.Header.Set("X-Nomad-Token", secret)
+	}
+}
+
 // identity names the caller for the audit trail: the ACL token's name and
 // accessor when Nomad has ACLs on, else "anonymous". The cache is keyed by a
 // hash of the secret, which is never kept.

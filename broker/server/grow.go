@@ -48,6 +48,7 @@ func (s *Server) readJobCall(w http.ResponseWriter, r *http.Request, c call) (jo
 		writeError(w, fail(errBadRequest, "%s: %v", c, err))
 		return jobCall{}, false
 	}
+	bodyToken(r, t.AuthToken)
 	return jobCall{body: body, namespace: t.Namespace, region: t.Region, idempotencyToken: t.IdempotencyToken}, true
 }
 

@@ -42,6 +42,9 @@ func (s *Server) readGPUJob(w http.ResponseWriter, r *http.Request, kind nomadjo
 		writeError(w, fail(errBadRequest, "%v", err))
 		return nil
 	}
+	if kind != nomadjob.Validate {
+		bodyToken(r, req.Token)
+	}
 	if pathJobID != "" && req.JobID != pathJobID {
 		writeError(w, fail(errBadRequest, "the job ID %q in the body does not match %q in the path", req.JobID, pathJobID))
 		return nil
