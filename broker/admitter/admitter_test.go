@@ -199,9 +199,15 @@ func TestARequeuedJobWaitsForItsStop(t *testing.T) {
 	if got, _ := a.Pass(context.Background()); got != 0 || len(n.registered) != 0 {
 		t.Fatalf("admitted while the stopped job's allocation still runs: %v", n.registered)
 	}
+	// Asked to stop, its tasks still run (a checkpoint within kill_timeout):
+	// it holds its GPUs until its client says they ended.
 	view.ObserveAlloc(alloc.Status(api.AllocDesiredStatusStop, api.AllocClientStatusRunning, 9).Build())
+	if got, _ := a.Pass(context.Background()); got != 0 || len(n.registered) != 0 {
+		t.Fatalf("admitted while the stopped allocation's tasks still run: %v", n.registered)
+	}
+	view.ObserveAlloc(alloc.Status(api.AllocDesiredStatusStop, api.AllocClientStatusComplete, 10).Build())
 	if got, _ := a.Pass(context.Background()); got != 1 || fmt.Sprint(n.registered) != "[vision/old]" {
-		t.Fatalf("not admitted once stopped: %v", n.registered)
+		t.Fatalf("not admitted once its tasks ended: %v", n.registered)
 	}
 
 	// A stop that failed leaves the job running: its entry waits StopWait,

@@ -307,12 +307,13 @@ func (a *Agent) reclaimer() *reclaimer.Reclaimer {
 	st := &a.stores
 	observer := &nomadapi.Observer{Client: a.nomad, View: a.view, Verify: decide.Verifier(a.stamper, st.scales), Samples: a.view.SetSamples}
 	prune := a.log.Named("prune")
+	granted := approval.ExtraGranted(a.policies, st.approvals)
 	return &reclaimer.Reclaimer{Log: a.log.Named("reclaim"), Records: st.decisions, Observer: observer, Actor: a.nomad, Policies: a.policies,
 		Clock: clock.Real, NewID: queue.NewID,
 		Requeue: &reclaimer.Requeue{Jobs: a.nomad, Actor: a.nomad, Queue: st.queue, Policies: a.policies, Preempted: st.backoffs.Preempted},
 		Watchers: []reclaimer.Watcher{&reclaimer.Recorder{Store: st.storedProfiles, Table: st.profiles, Policies: a.policies},
 			&reclaimer.Ledger{Store: st.rollups, Policies: a.policies, Metrics: a.metrics, Budgets: a.budgets, Clock: a.nomad.NomadNow,
-				Ended: observer.Ended},
+				Ended: observer.Ended, Granted: granted},
 			&reclaimer.Bander{Log: a.log.Named("band"), Policies: a.policies, Usage: a.view, Jobs: a.nomad, Grants: st.scales,
 				Stamper: a.stamper, Lock: a.view.LockJob, Audit: a.trail},
 			&reclaimer.Expirer{Store: st.approvals, Jobs: a.view, Policies: a.policies, Records: st.decisions, NewID: queue.NewID, Audit: a.trail},
@@ -325,7 +326,7 @@ func (a *Agent) reclaimer() *reclaimer.Reclaimer {
 					return st.backoffs.Prune(ctx, time.Now(), a.policies.Current().Borrowing.ForgetAfter)
 				}}},
 		Metrics: a.metrics, Audit: a.trail, Forecast: a.forecast, Queued: st.queue,
-		Granted: approval.ExtraGranted(a.policies, st.approvals)}
+		Granted: granted}
 }
 
 // reloads reads nomad.token_file again at each SIGHUP (a revoked or rotated

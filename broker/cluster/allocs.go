@@ -84,7 +84,12 @@ func (v *View) observeAlloc(a *api.Allocation, fromEvent bool) bool {
 			v.allocEvent(ev)
 		}
 	}
-	changed := v.hold(a, live)
+	// An allocation Nomad stops (its job stopped, updated or reclaimed)
+	// holds its GPUs until its client says its tasks ended: a task may
+	// checkpoint for its whole kill_timeout, and a job admitted meanwhile
+	// would put its tenant over the limit.
+	holding := !preempted && (a.ClientStatus == api.AllocClientStatusRunning || a.ClientStatus == api.AllocClientStatusPending)
+	changed := v.hold(a, holding)
 	v.trackEnd(a, old, had, live, preempted)
 	if (!preempted && !live) || len(gpus) == 0 {
 		delete(v.allocs, a.ID)
@@ -208,10 +213,10 @@ type hold struct {
 	byModel map[string]int
 }
 
-// hold records what a holds while live (running or pending), and what it
-// no longer holds otherwise; it reports whether the GPUs counted as used
+// hold records what a holds while holding (its client runs it, or is about
+// to), and what it no longer holds otherwise; it reports whether the GPUs counted as used
 // changed.
-func (v *View) hold(a *api.Allocation, live bool) bool {
+func (v *View) hold(a *api.Allocation, holding bool) bool {
 	key := jobKey{a.Namespace, a.JobID}
 	if old, ok := v.holds[a.ID]; ok {
 		for m, n := range old.byModel {
@@ -224,7 +229,7 @@ func (v *View) hold(a *api.Allocation, live bool) bool {
 		}
 		delete(v.holds, a.ID)
 	}
-	if live && a.AllocatedResources != nil {
+	if holding && a.AllocatedResources != nil {
 		h := hold{key: key, byModel: map[string]int{}}
 		for _, t := range a.AllocatedResources.Tasks {
 			for _, d := range t.Devices {

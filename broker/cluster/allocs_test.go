@@ -121,9 +121,11 @@ func TestNodeGPUsComeFromTheNode(t *testing.T) {
 	}
 }
 
-// A stopped or scaled-down job's allocations count as used until Nomad
-// stops them: what they hold is not admitted twice in between.
-func TestGPUsStayUsedUntilNomadStopsTheAllocations(t *testing.T) {
+// A stopped or scaled-down job's allocations count as used until their
+// client says their tasks ended, not when Nomad asks them to stop: a task
+// may checkpoint for its whole kill_timeout, and what it holds is not
+// admitted twice in between.
+func TestGPUsStayUsedUntilTheAllocationsEnd(t *testing.T) {
 	p := testbuild.Policy(t, visionPolicy)
 	v := NewView(nil)
 	running := func(id string, index uint64, gpus ...string) *api.Allocation {
@@ -136,22 +138,30 @@ func TestGPUsStayUsedUntilNomadStopsTheAllocations(t *testing.T) {
 	if used() != 4 {
 		t.Fatalf("running: %g", used())
 	}
-	// Scaled down to one: a2 still runs until Nomad stops it.
+	// Scaled down to one: a2 still runs until its tasks end.
 	v.ObserveJob(testbuild.Job("vision", "train").Group("g", 1, 2, "nvidia/gpu").ModifyIndex(7).Build())
 	if used() != 4 {
 		t.Errorf("scaled down, a2 still running: %g used, want 4", used())
 	}
-	v.ObserveAlloc(testbuild.Alloc("a2", "vision", "train", "n", 6, "n-2", "n-3").Status(api.AllocDesiredStatusStop, api.AllocClientStatusRunning, 8).Build())
-	if used() != 2 {
-		t.Errorf("a2 stopped: %g used, want 2", used())
+	alloc := func(id string, desired, client string, index uint64, gpus ...string) *api.Allocation {
+		return testbuild.Alloc(id, "vision", "train", "n", 6, gpus...).Status(desired, client, index).Build()
 	}
-	// Stopped: a1's GPUs stay used until its own stop.
-	v.ObserveJob(testbuild.Job("vision", "train").Group("g", 1, 2, "nvidia/gpu").ModifyIndex(9).Stopped().Build())
-	if used() != 2 {
-		t.Errorf("job stopped, a1 still running: %g used, want 2", used())
+	v.ObserveAlloc(alloc("a2", api.AllocDesiredStatusStop, api.AllocClientStatusRunning, 8, "n-2", "n-3"))
+	if used() != 4 {
+		t.Errorf("a2 asked to stop, its tasks still running: %g used, want 4", used())
 	}
-	v.ObserveAlloc(testbuild.Alloc("a1", "vision", "train", "n", 6, "n-0", "n-1").Status(api.AllocDesiredStatusStop, api.AllocClientStatusRunning, 10).Build())
+	v.ObserveAlloc(alloc("a2", api.AllocDesiredStatusStop, api.AllocClientStatusComplete, 9, "n-2", "n-3"))
+	if used() != 2 {
+		t.Errorf("a2 ended: %g used, want 2", used())
+	}
+	// Stopped: a1's GPUs stay used until its tasks end.
+	v.ObserveJob(testbuild.Job("vision", "train").Group("g", 1, 2, "nvidia/gpu").ModifyIndex(10).Stopped().Build())
+	v.ObserveAlloc(alloc("a1", api.AllocDesiredStatusStop, api.AllocClientStatusRunning, 11, "n-0", "n-1"))
+	if used() != 2 {
+		t.Errorf("job stopped, a1 checkpointing: %g used, want 2", used())
+	}
+	v.ObserveAlloc(alloc("a1", api.AllocDesiredStatusStop, api.AllocClientStatusComplete, 12, "n-0", "n-1"))
 	if used() != 0 {
-		t.Errorf("all stopped: %g used", used())
+		t.Errorf("all ended: %g used", used())
 	}
 }

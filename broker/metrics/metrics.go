@@ -71,6 +71,7 @@ type Metrics struct {
 	consulErrs *prometheus.CounterVec
 	passes     *prometheus.CounterVec
 	unknown    *prometheus.CounterVec
+	overLimit  *prometheus.CounterVec
 
 	scaleMu   sync.Mutex
 	scalingUp map[[2]string]scaleUp // admitted scale-ups waiting for an allocation to run
@@ -166,7 +167,10 @@ func New() *Metrics {
 	m.unknown = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "nomadgpu_unclassified_writes_total",
 		Help: "Writes to Nomad's API that the broker's route table does not know, passed through (without exclusive enforcement; with it they are refused), by route pattern."},
 		[]string{"route"})
-	m.Registry.MustRegister(m.unknown, m.admissions, m.decisions, m.gpuSeconds, m.auditFails, m.unreadable, m.queueWait, m.preempted, m.lostWork, m.reclaimed,
+	m.overLimit = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "nomadgpu_tenant_over_limit_gpu_seconds_total",
+		Help: "GPU-seconds a tenant held above its limit (raised by approvals in force), as Nomad's allocations in its namespaces show them, admitted by the broker or not."},
+		[]string{"tenant"})
+	m.Registry.MustRegister(m.unknown, m.overLimit, m.admissions, m.decisions, m.gpuSeconds, m.auditFails, m.unreadable, m.queueWait, m.preempted, m.lostWork, m.reclaimed,
 		m.requests, m.estimates, m.allocs, m.scaleUp, m.consulErrs, m.passes,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
@@ -277,6 +281,16 @@ func (m *Metrics) Preempted(tenant, queue string, lostGPUSeconds float64) {
 func (m *Metrics) Reclaimed(rule, action string, gpus int) {
 	if m != nil {
 		m.reclaimed.WithLabelValues(rule, action).Add(float64(gpus))
+	}
+}
+
+// OverLimit adds the GPU-seconds each tenant held above its limit.
+func (m *Metrics) OverLimit(byTenant map[string]float64) {
+	if m == nil {
+		return
+	}
+	for t, s := range byTenant {
+		m.overLimit.WithLabelValues(m.tenant(t)).Add(s)
 	}
 }
 

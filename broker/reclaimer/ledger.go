@@ -60,6 +60,9 @@ type Ledger struct {
 	// being stopped (nil: none): each is charged up to its end, which the
 	// passes that saw it running did not reach.
 	Ended func() []reclaim.Alloc
+	// Granted is, by tenant, the GPUs above its limit that the approvals in
+	// force at now grant (nil: none): not over the limit.
+	Granted func(now time.Time) map[string]float64
 
 	// since is where this term's first charge started (zero before it),
 	// and charged the allocations its last pass charged as started.
@@ -125,6 +128,10 @@ func (l *Ledger) Observed(ctx context.Context, now time.Time, allocs []reclaim.A
 		d.Add(by)
 		days = append(days, d)
 	}
+	over, err := l.overLimit(ctx, from, now, all, gpus, p, &days)
+	if err != nil {
+		return err
+	}
 	mark.Through = now
 	mark.Decayed.Add(now, p.FairShare.HalfLife, p.FairShare.IdleWeight, charged)
 	ok, err := l.Store.Commit(ctx, index, mark, days)
@@ -150,6 +157,7 @@ func (l *Ledger) Observed(ctx context.Context, now time.Time, allocs []reclaim.A
 	for _, by := range charged {
 		l.Metrics.GPUSeconds(by)
 	}
+	l.Metrics.OverLimit(over)
 	if err := l.budgets(ctx, p, now, days); err != nil {
 		return err
 	}
@@ -161,6 +169,34 @@ func (l *Ledger) Observed(ctx context.Context, now time.Time, allocs []reclaim.A
 		return l.Store.DeleteBefore(ctx, now.Add(-p.Usage.Retention).UTC().Format(usage.DayFormat))
 	}
 	return nil
+}
+
+// overLimit is, by tenant, the GPU-seconds held above the limit from from to
+// now (usage.OverLimitSeconds), added to the rollup of now's day in days.
+func (l *Ledger) overLimit(ctx context.Context, from, now time.Time, allocs []reclaim.Alloc, gpus map[string]reclaim.GPU,
+	p *policy.Policy, days *[]usage.Rollup) (map[string]float64, error) {
+	var granted map[string]float64
+	if l.Granted != nil {
+		granted = l.Granted(now)
+	}
+	over := usage.OverLimitSeconds(from, now, allocs, gpus, p, granted)
+	if len(over) == 0 {
+		return nil, nil
+	}
+	today := now.UTC().Format(usage.DayFormat)
+	for i := range *days {
+		if (*days)[i].Day == today {
+			(*days)[i].AddOverLimit(over)
+			return over, nil
+		}
+	}
+	d, err := l.Store.Day(ctx, today)
+	if err != nil {
+		return nil, err
+	}
+	d.AddOverLimit(over)
+	*days = append(*days, d)
+	return over, nil
 }
 
 // charge is the GPU time of allocs from from up to now, except for those

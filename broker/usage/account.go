@@ -3,6 +3,7 @@ package usage
 import (
 	"time"
 
+	"github.com/nomad-gpu/nomad-gpu/broker/policy"
 	"github.com/nomad-gpu/nomad-gpu/broker/reclaim"
 )
 
@@ -96,3 +97,41 @@ func interval(prev, now time.Time, allocs []reclaim.Alloc, gpus map[string]recla
 	}
 	return out
 }
+
+// OverLimitSeconds is, by tenant, the GPU-seconds its namespaces' allocations
+// held above its limit (raised by extra, what approvals in force grant it)
+// from prev to now, as Nomad's allocations show them: the broker's
+// admissions or not. Within the interval it is what they held in all above
+// the limit's worth of GPU-seconds: exact while holdings are steady, and
+// a pass's period at most from it when they change.
+func OverLimitSeconds(prev, now time.Time, allocs []reclaim.Alloc, gpus map[string]reclaim.GPU, p *policy.Policy, extra map[string]float64) map[string]float64 {
+	if prev.IsZero() || !now.After(prev) {
+		return nil
+	}
+	held := map[string]float64{}
+	for _, a := range allocs {
+		t := p.TenantOf(a.Namespace)
+		if t == nil || a.Preempted || a.StartedAt.IsZero() {
+			continue
+		}
+		end := now
+		if !a.EndedAt.IsZero() && a.EndedAt.Before(now) {
+			end = a.EndedAt
+		}
+		span := min(end.Sub(prev), end.Sub(a.StartedAt)).Seconds()
+		for _, id := range a.GPUs {
+			if span > 0 {
+				held[t.Name] += span * gpus[id].Share()
+			}
+		}
+	}
+	out := map[string]float64{}
+	dt := now.Sub(prev).Seconds()
+	for name, s := range held {
+		if over := s - (p.Tenants[name].Limit.Total()+extra[name])*dt; over > 1e-6 {
+			out[name] = over
+		}
+	}
+	return out
+}
+

@@ -9,6 +9,22 @@ import (
 type Rollup struct {
 	Day  string `json:"day"` // YYYY-MM-DD
 	Rows []Row  `json:"rows"`
+	// OverLimit is, by tenant, the GPU-seconds held above its limit that day
+	// (OverLimitSeconds).
+	OverLimit map[string]float64 `json:"over_limit_gpu_seconds,omitempty"`
+}
+
+// AddOverLimit adds GPU-seconds held above their tenants' limits to the day.
+func (r *Rollup) AddOverLimit(by map[string]float64) {
+	for t, s := range by {
+		if s <= 0 {
+			continue
+		}
+		if r.OverLimit == nil {
+			r.OverLimit = map[string]float64{}
+		}
+		r.OverLimit[t] += s
+	}
 }
 
 // Row is the GPU time of one tenant, queue and class.
@@ -62,6 +78,9 @@ type ReportRow struct {
 	IdleShare float64 `json:"idle_share"`
 	// Cost is the allocated hours at their class's price.
 	Cost float64 `json:"cost"`
+	// OverLimitSeconds are the GPU-seconds the tenant held above its limit
+	// (by tenant only).
+	OverLimitSeconds float64 `json:"over_limit_gpu_seconds"`
 }
 
 // Report sums days by group (ByTenant, ByQueue or ByClass), pricing
@@ -86,6 +105,17 @@ func Report(days []Rollup, by string, price func(class string) float64) []Report
 			r.BusyHours += row.Busy / 3600
 			r.IdleHours += row.Idle / 3600
 			r.Cost += row.Allocated / 3600 * price(row.Class)
+		}
+		if by != ByTenant {
+			continue
+		}
+		for t, sec := range d.OverLimit {
+			r := groups[t]
+			if r == nil {
+				r = &ReportRow{Group: t}
+				groups[t] = r
+			}
+			r.OverLimitSeconds += sec
 		}
 	}
 	out := make([]ReportRow, 0, len(groups))
