@@ -17,6 +17,7 @@ import (
 
 	"github.com/hashicorp/nomad/api"
 
+	"github.com/nomad-gpu/nomad-gpu/broker/server"
 	"github.com/nomad-gpu/nomad-gpu/testing/testcluster"
 )
 
@@ -318,6 +319,19 @@ func TestSoak(t *testing.T) {
 	}
 	if len(over) > 0 {
 		t.Errorf("Nomad ran more GPUs than a tenant's limit at %d of %d samples:\n%s", len(over), samples, strings.Join(over, "\n"))
+	}
+	// Between samples too: the leaders' ledger charges every GPU-second a
+	// tenant's allocations held above its limit, those being stopped
+	// included, and keeps it across the failover.
+	status, body, err := send(survivor, http.MethodGet, "/v1/gpu/usage?by=tenant&from="+time.Now().UTC().AddDate(0, 0, -1).Format("2006-01-02"), "")
+	var rep server.UsageReport
+	if err != nil || status != http.StatusOK || json.Unmarshal([]byte(body), &rep) != nil {
+		t.Errorf("usage report: %d %s %v", status, body, err)
+	}
+	for _, r := range rep.Rows {
+		if r.OverLimitSeconds > 0 {
+			t.Errorf("tenant %q held %.1f GPU-seconds above its limit", r.Group, r.OverLimitSeconds)
+		}
 	}
 	if ledger.counts["submit: done"] == 0 || ledger.counts["submit: queued"] == 0 || ledger.counts["stop: done"] == 0 {
 		t.Errorf("the soak did not admit, queue and stop: %v", ledger.counts)

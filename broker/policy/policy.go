@@ -188,9 +188,10 @@ const (
 	OverReclaim = "reclaim"
 	OverWait    = "wait"
 	// DefaultOverLimitGrace is how long a tenant may stay over its limit
-	// before its work is requeued: long enough for its jobs to end on their
-	// own, or for an operator to undo a mistake.
-	DefaultOverLimitGrace = 10 * time.Minute
+	// before its work is requeued: it bounds what a way past the gate can
+	// hold to about a minute (the grace, a reclaim period, the requeue). A
+	// limit lowered on purpose is what over_limit = "wait" is for.
+	DefaultOverLimitGrace = 45 * time.Second
 	// DefaultMakeRoomGrace is how long a job waits for its tenant's own
 	// lower work to end before that work is requeued.
 	DefaultMakeRoomGrace = time.Minute

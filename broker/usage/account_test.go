@@ -7,6 +7,7 @@ import (
 
 	"github.com/nomad-gpu/nomad-gpu/broker/reclaim"
 	"github.com/nomad-gpu/nomad-gpu/broker/usage"
+	"github.com/nomad-gpu/nomad-gpu/testing/testbuild"
 )
 
 func noClass(string) string { return "" }
@@ -86,5 +87,44 @@ func TestReportSumsDaysByGroupWithCost(t *testing.T) {
 	}
 	if got := usage.Report(days, usage.ByQueue, func(string) float64 { return 0 }); len(got) != 3 || got[0].Group != "dev" {
 		t.Errorf("by queue: %+v", got)
+	}
+}
+
+// GPU-seconds above a tenant's limit are what all its namespaces'
+// allocations held, the broker's or not, beyond limit × the interval
+// (raised by what approvals grant); within the limit, none.
+func TestOverLimitSecondsCountAllocationsByNamespace(t *testing.T) {
+	p := testbuild.Policy(t, `
+queue "training" { priority = 60 }
+tenant "vision" {
+  namespaces = ["vision"]
+  queues     = ["training"]
+  limit      = 2
+}
+`)
+	admitted := running("a", "train", "g0", "g1")
+	bypass := running("b", "straight-in-nomad", "g2")
+	bypass.Admitted, bypass.Tenant, bypass.Queue = false, "", ""
+	late := running("c", "late", "g3")
+	late.StartedAt = t0.Add(90 * time.Second)
+	other := running("d", "elsewhere", "g4")
+	other.Namespace = "default"
+	allocs := []reclaim.Alloc{admitted, bypass, late, other}
+	from, to := t0.Add(time.Minute), t0.Add(2*time.Minute)
+	// 2 GPUs × 60 s + 1 × 60 s + 1 × 30 s = 210 GPU-seconds; the limit is
+	// 2 × 60 s.
+	if got := usage.OverLimitSeconds(from, to, allocs, nil, p, nil); got["vision"] != 90 || len(got) != 1 {
+		t.Errorf("over the limit: %v, want vision 90", got)
+	}
+	if got := usage.OverLimitSeconds(from, to, allocs, nil, p, map[string]float64{"vision": 2}); len(got) != 0 {
+		t.Errorf("within a limit raised by 2 approved GPUs: %v", got)
+	}
+	if got := usage.OverLimitSeconds(time.Time{}, to, allocs, nil, p, nil); len(got) != 0 {
+		t.Errorf("the first pass (no interval): %v", got)
+	}
+	days := []usage.Rollup{{Day: "2026-11-30"}}
+	days[0].AddOverLimit(map[string]float64{"vision": 90})
+	if rows := usage.Report(days, usage.ByTenant, func(string) float64 { return 0 }); len(rows) != 1 || rows[0].OverLimitSeconds != 90 {
+		t.Errorf("report by tenant: %+v", rows)
 	}
 }

@@ -20,6 +20,7 @@ import (
 	"github.com/nomad-gpu/nomad-gpu/broker/audit"
 	"github.com/nomad-gpu/nomad-gpu/broker/reclaim"
 	"github.com/nomad-gpu/nomad-gpu/broker/server"
+	gpuusage "github.com/nomad-gpu/nomad-gpu/broker/usage"
 )
 
 // client runs the queue and usage commands against a broker's /v1/gpu API.
@@ -185,15 +186,23 @@ func printReport(body []byte, asCSV bool, width int) int {
 		return fail(err)
 	}
 	header := []string{strings.ToUpper(rep.By), "ALLOCATED GPU-H", "BUSY GPU-H", "IDLE GPU-H", "IDLE SHARE", "COST " + rep.Currency}
+	byTenant := rep.By == gpuusage.ByTenant
+	if byTenant {
+		header = append(header, "OVER LIMIT GPU-S")
+	}
 	rows := [][]string{}
 	for _, r := range rep.Rows {
 		group := r.Group
 		if group == "" {
 			group = "(none)"
 		}
-		rows = append(rows, []string{group, strconv.FormatFloat(r.AllocatedHours, 'f', 2, 64), strconv.FormatFloat(r.BusyHours, 'f', 2, 64),
+		row := []string{group, strconv.FormatFloat(r.AllocatedHours, 'f', 2, 64), strconv.FormatFloat(r.BusyHours, 'f', 2, 64),
 			strconv.FormatFloat(r.IdleHours, 'f', 2, 64), strconv.FormatFloat(100*r.IdleShare, 'f', 1, 64) + "%",
-			strconv.FormatFloat(r.Cost, 'f', 2, 64)})
+			strconv.FormatFloat(r.Cost, 'f', 2, 64)}
+		if byTenant {
+			row = append(row, strconv.FormatFloat(r.OverLimitSeconds, 'f', 0, 64))
+		}
+		rows = append(rows, row)
 	}
 	if asCSV {
 		cw := csv.NewWriter(os.Stdout)

@@ -427,10 +427,11 @@ async function report() {
       el('td', { class: 'num', text: num(r.busy_gpu_hours, 2) }),
       el('td', { class: 'num', text: num(r.idle_gpu_hours, 2) }),
       el('td', { class: 'num', text: `${num(100 * r.idle_share, 1)}%` }),
-      el('td', { class: 'num', text: `${num(r.cost, 2)} ${rep.currency}` }))) :
-      [el('tr', {}, el('td', { colspan: '6', class: 'empty', text: `No GPU-hours from ${rep.from} to ${rep.to}.` }))]));
+      el('td', { class: 'num', text: `${num(r.cost, 2)} ${rep.currency}` }),
+      el('td', { class: r.over_limit_gpu_seconds > 0 ? 'num over' : 'num', text: num(r.over_limit_gpu_seconds || 0, 0) }))) :
+      [el('tr', {}, el('td', { colspan: '7', class: 'empty', text: `No GPU-hours from ${rep.from} to ${rep.to}.` }))]));
   } catch (e) {
-    body.replaceChildren(el('tr', {}, el('td', { colspan: '6', class: 'empty', text: e.message })));
+    body.replaceChildren(el('tr', {}, el('td', { colspan: '7', class: 'empty', text: e.message })));
   }
 }
 
