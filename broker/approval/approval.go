@@ -40,11 +40,15 @@ type Approval struct {
 	RequestedAccessor string `json:"requested_accessor,omitempty"`
 	// RequestedIdentity is the person who asked, whatever token they use
 	// (Identity); nobody grants or denies a request of their own.
-	RequestedIdentity string    `json:"requested_identity,omitempty"`
-	RequestedAt       time.Time `json:"requested_at"`
-	DecidedBy         string    `json:"decided_by,omitempty"`
-	DecidedAt         time.Time `json:"decided_at,omitempty"`
-	ExpiresAt         time.Time `json:"expires_at,omitempty"`
+	RequestedIdentity string `json:"requested_identity,omitempty"`
+	// RequestedGrants are the roles and policies of the token that asked
+	// ("role:x", "policy:y", sorted), when it may approve: another token
+	// holding the same ones is the same approver's (SamePerson).
+	RequestedGrants []string  `json:"requested_grants,omitempty"`
+	RequestedAt     time.Time `json:"requested_at"`
+	DecidedBy       string    `json:"decided_by,omitempty"`
+	DecidedAt       time.Time `json:"decided_at,omitempty"`
+	ExpiresAt       time.Time `json:"expires_at,omitempty"`
 
 	ModifyIndex uint64 `json:"-"`
 }
@@ -87,13 +91,53 @@ func Identity(tokenName string, g policy.Grants) string {
 		" policies=" + strings.Join(slices.Sorted(slices.Values(g.Policies)), ",")
 }
 
-// AskedBy reports whether the person identity asked for a: by identity, or,
-// for a request recorded before identities were, by its token's name.
-func (a Approval) AskedBy(identity string) bool {
-	if a.RequestedIdentity != "" {
-		return a.RequestedIdentity == identity
+// GrantsOf lists a token's roles and policies as RequestedGrants does.
+func GrantsOf(g policy.Grants) []string {
+	out := make([]string, 0, len(g.Roles)+len(g.Policies))
+	for _, r := range g.Roles {
+		out = append(out, "role:"+r)
 	}
-	return strings.TrimSuffix(a.RequestedBy, " ("+a.RequestedAccessor+")") == identity
+	for _, p := range g.Policies {
+		out = append(out, "policy:"+p)
+	}
+	slices.Sort(out)
+	return slices.Compact(out)
+}
+
+// SamePerson reports whether the token named tokenName, holding grants g,
+// is one of the tokens of the person who asked for a. Nomad v1.6 records
+// no token's creator, so a person is told by what their tokens show:
+//   - the same identity (Identity: the token's name; for a login token, its
+//     method, roles and policies);
+//   - a name that is the asker's, or the asker's name is its, followed by
+//     one of - . _ @ + and more ("dana-ci", "dana.laptop" are dana's);
+//   - for a request an approver made, the same roles and policies, not
+//     none (a second key to the same approver's rights is theirs, whatever
+//     its name; two approvers with exactly the same ones are told apart by
+//     a role of their own).
+//
+// For a request recorded before identities were, its token's name stands
+// for the identity.
+func (a Approval) SamePerson(tokenName string, g policy.Grants) bool {
+	asker := a.RequestedIdentity
+	if asker == "" {
+		asker = strings.TrimSuffix(a.RequestedBy, " ("+a.RequestedAccessor+")")
+	}
+	if asker == Identity(tokenName, g) {
+		return true
+	}
+	askerName := strings.TrimSuffix(a.RequestedBy, " ("+a.RequestedAccessor+")")
+	if namePrefix(askerName, tokenName) || namePrefix(tokenName, askerName) {
+		return true
+	}
+	mine := GrantsOf(g)
+	return len(mine) > 0 && slices.Equal(mine, a.RequestedGrants)
+}
+
+// namePrefix reports whether name is person's, a separator, and more.
+func namePrefix(person, name string) bool {
+	rest, ok := strings.CutPrefix(name, person)
+	return ok && person != "" && len(rest) > 1 && strings.ContainsRune("-._@+", rune(rest[0]))
 }
 
 // Duration is how long the approval lasts once granted (For; 0 when For

@@ -125,7 +125,40 @@ func TestIdentityIsThePersonNotTheToken(t *testing.T) {
 		}
 	}
 	old := approval.Approval{RequestedBy: "bob (acc-1)", RequestedAccessor: "acc-1"} // recorded before identities
-	if !old.AskedBy("bob") || old.AskedBy("ana") {
+	if !old.SamePerson("bob", policy.Grants{}) || old.SamePerson("ana", policy.Grants{}) {
 		t.Errorf("an old request is bob's by its token's name")
+	}
+}
+
+// Nobody grants their own request with another of their tokens: one named
+// after them with a suffix, or one holding the same roles and policies
+// (N5: dana-ci, with dana's roles, granted dana's request).
+func TestSamePersonCoversTheirOtherTokens(t *testing.T) {
+	dana := policy.Grants{Roles: []string{"ml-user", "gpu-approve"}}
+	asked := approval.Approval{RequestedBy: "dana (acc-1)", RequestedAccessor: "acc-1", RequestedIdentity: "dana",
+		RequestedGrants: approval.GrantsOf(dana)}
+	ops := policy.Grants{Roles: []string{"sre"}}
+	for _, c := range []struct {
+		token string
+		g     policy.Grants
+		same  bool
+	}{
+		{"dana", ops, true},
+		{"dana-ci", ops, true},
+		{"dana.laptop", policy.Grants{}, true},
+		{"dana@ci", ops, true},
+		{"ci-bot", policy.Grants{Roles: []string{"gpu-approve", "ml-user"}}, true}, // dana's rights, another name
+		{"ops-oncall", ops, false},
+		{"danaher", ops, false}, // another name that starts like hers
+		{"dan", ops, false},     // hers starts like it, with no separator
+		{"ci-bot", policy.Grants{Roles: []string{"ml-user"}}, false}, // some of her rights, not the same
+	} {
+		if got := asked.SamePerson(c.token, c.g); got != c.same {
+			t.Errorf("%s %+v: same person as dana %t, want %t", c.token, c.g, got, c.same)
+		}
+	}
+	anonymous := approval.Approval{RequestedBy: "anonymous", RequestedIdentity: "anonymous"}
+	if anonymous.SamePerson("ops-oncall", policy.Grants{}) {
+		t.Errorf("no grants on either side are not the same rights")
 	}
 }

@@ -29,6 +29,8 @@ func TestAnApprovalLetsAJobAboveTheLimitUntilItExpires(t *testing.T) {
 	ana := token("ana", "client", nil, []string{"vision-write"})
 	ops := token("ops-oncall", "client", nil, []string{"vision-write"})
 	opsLaptop := token("ops-oncall", "client", nil, []string{"vision-write"}) // the same person's second token
+	opsCI := token("ops-oncall-ci", "client", nil, []string{"vision-write"})  // a token made for the same person
+	robot := token("robot", "client", nil, []string{"vision-write"})          // another name, the same rights
 	brokerToken := token("gpu-broker", "management", nil, nil)
 	policyDir := t.TempDir()
 	writeFile(t, filepath.Join(policyDir, "policy.hcl"), `
@@ -46,7 +48,7 @@ tenant "vision" {
 borrowing {
   enabled = true
 }
-approvers = ["ops-oncall"]
+approvers = ["ops-oncall", "ops-oncall-ci", "robot"]
 reclaim_settings {
   period = "1s"
 }
@@ -92,7 +94,7 @@ reclaim_settings {
 	if err != nil || json.Unmarshal([]byte(out), &own) != nil {
 		t.Fatalf("request: %v\n%s", err, out)
 	}
-	for _, tok := range []string{ops.SecretID, opsLaptop.SecretID} {
+	for _, tok := range []string{ops.SecretID, opsLaptop.SecretID, opsCI.SecretID, robot.SecretID} {
 		if out, err := broker(tok, "approval", "grant", own.ID); err == nil || !strings.Contains(out, "nobody grants or denies their own request") {
 			t.Errorf("an approver granted their own request: %v\n%s", err, out)
 		}

@@ -384,6 +384,18 @@ make_room_grace  = "3s"
 		if stopped("old") == nil {
 			t.Errorf("the older job was stopped too")
 		}
+		// The time vision held 3 GPUs against its lowered limit of 2 is
+		// measured: a GPU for the grace (2 s) and until the requeue took
+		// effect, and no more.
+		testcluster.WaitFor(t, 30*time.Second, "the over-limit time charged", func() error {
+			if s := e.broker.Scrape()[`nomadgpu_tenant_over_limit_gpu_seconds_total{tenant="vision"}`]; s < 1 || s > 30 {
+				return fmt.Errorf("vision's over-limit GPU-seconds: %g, want 1 to 30", s)
+			}
+			return nil
+		})
+		if out := e.brokerCLI("usage", "-from", time.Now().UTC().Format("2006-01-02")); !strings.Contains(out, "OVER LIMIT GPU-S") {
+			t.Errorf("gpu-broker usage shows no over-limit time:\n%s", out)
+		}
 	})
 	t.Run("make-room requeues the tenant's own training job for its inference job", func(t *testing.T) {
 		// vision holds 2 of its guarantee of 2 (old, training); new waits.

@@ -593,10 +593,10 @@ func TestUndeclaredGPUAccess(t *testing.T) {
 	// Template env overrides the device plugin's, whether the task asks for
 	// GPUs or not.
 	for text, want := range map[string]bool{
-		"NVIDIA_VISIBLE_DEVICES=all":                              true,
-		"FOO=1\nCUDA_VISIBLE_DEVICES = {{ key \"gpus\" }}":          true,
-		"CUDA_VISIBLE_DEVICES=-1":                                 false,
-		`NVIDIA_VISIBLE_DEVICES="void"`:                           false,
+		"NVIDIA_VISIBLE_DEVICES=all":                               true,
+		"FOO=1\nCUDA_VISIBLE_DEVICES = {{ key \"gpus\" }}":         true,
+		"CUDA_VISIBLE_DEVICES=-1":                                  false,
+		`NVIDIA_VISIBLE_DEVICES="void"`:                            false,
 		"DB_URL=postgres://x\nNOTE=no NVIDIA_VISIBLE_DEVICES here": true,
 	} {
 		j := task("raw_exec", nil, nil, "nvidia/gpu")

@@ -73,17 +73,22 @@ func (s *Server) requestApproval(w http.ResponseWriter, r *http.Request, who str
 	}
 	name, accessor, _ := s.as(r).resolve()
 	identity := name
+	var grants []string
 	if accessor != "" {
 		g, err := s.as(r).grants()
 		if err != nil {
 			writeError(w, fail(errForbidden, "reading your token's grants: %v", err))
 			return
 		}
-		identity = approval.Identity(strings.TrimSuffix(name, " ("+accessor+")"), g)
+		tokenName := strings.TrimSuffix(name, " ("+accessor+")")
+		identity = approval.Identity(tokenName, g)
+		if s.policies.Current().MayApprove(tokenName, g) {
+			grants = approval.GrantsOf(g)
+		}
 	}
 	a := approval.Approval{ID: s.newID(), Namespace: req.Namespace, Job: req.Job, Reason: req.Reason, Priority: req.Priority,
 		ExtraGPUs: req.ExtraGPUs, For: req.For, State: approval.Pending, RequestedBy: who, RequestedAccessor: accessor,
-		RequestedIdentity: identity, RequestedAt: s.clock.Now().UTC()}
+		RequestedIdentity: identity, RequestedGrants: grants, RequestedAt: s.clock.Now().UTC()}
 	if err := a.Check(); err != nil {
 		writeError(w, fail(errBadRequest, "approval request: %v", err))
 		return
@@ -134,8 +139,9 @@ func (s *Server) decideApproval(w http.ResponseWriter, r *http.Request, id strin
 	case !p.MayApprove(tokenName, g):
 		writeError(w, fail(errForbidden, "%s is not one of the policy's approvers", tokenName))
 		return
-	case accessor == a.RequestedAccessor || a.AskedBy(approval.Identity(tokenName, g)):
-		writeError(w, fail(errForbidden, "nobody grants or denies their own request, with any of their tokens; another approver must"))
+	case accessor == a.RequestedAccessor || a.SamePerson(tokenName, g):
+		writeError(w, fail(errForbidden, "nobody grants or denies their own request, with any of their tokens (the same name, the name "+
+			"and a suffix such as -ci, or an approver's same roles and policies); another approver must"))
 		return
 	case a.State != approval.Pending:
 		writeError(w, fail(errConflict, "approval %s is %s, not pending", id, a.State))

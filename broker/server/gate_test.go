@@ -45,7 +45,7 @@ func TestRouteReadsPathsAsNomadDoes(t *testing.T) {
 		{"POST", "/v1/job/train/stable", decided, callStable, "train"},
 		{"GET", "/v1/job/train/evaluations", read, callNone, ""},
 		{"PUT", "/v1/job/train/evaluations", unknown, callNone, "train"}, // Nomad: 405
-		{"PUT", "/v1/job/x/plan/scale", decided, callScale, "x/plan"},     // the last suffix decides
+		{"PUT", "/v1/job/x/plan/scale", decided, callScale, "x/plan"},    // the last suffix decides
 		{"PUT", "/v1/validate/job", decided, callValidate, ""},
 		{"DELETE", "/v1/job/train", neutral, callJobWrite, "train"},           // stop
 		{"DELETE", "/v1/job/team/train", neutral, callJobWrite, "team/train"}, // stop

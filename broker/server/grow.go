@@ -104,7 +104,9 @@ func (s *Server) scale(w http.ResponseWriter, r *http.Request, jc jobCall, jobID
 	}
 	if up && admittedBefore {
 		// Timed from Nomad taking it to the first new allocation running.
-		rec.accepted = func() { s.metrics.ScaledUp(ns, jobID, job.Meta[nomadjob.MetaTenant], job.Meta[nomadjob.MetaQueue], time.Now()) }
+		rec.accepted = func() {
+			s.metrics.ScaledUp(ns, jobID, job.Meta[nomadjob.MetaTenant], job.Meta[nomadjob.MetaQueue], time.Now())
+		}
 	}
 	// Scaling changes no spec: Nomad places no canaries for it. The job
 	// keeps the priority it runs at: for one moved to a sub-band, it was

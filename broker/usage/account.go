@@ -134,4 +134,3 @@ func OverLimitSeconds(prev, now time.Time, allocs []reclaim.Alloc, gpus map[stri
 	}
 	return out
 }
-
