@@ -56,6 +56,20 @@ type Approval struct {
 // ErrNotFound is an approval that does not exist.
 var ErrNotFound = errors.New("no such approval")
 
+// Bounds of what requests may hold: every admission reads the approvals, and
+// anyone who may read a namespace may ask.
+const (
+	// MaxReason is the longest reason, in bytes.
+	MaxReason = 1024
+	// MaxPendingPerRequester and MaxPendingPerNamespace bound the requests
+	// waiting for a decision.
+	MaxPendingPerRequester = 10
+	MaxPendingPerNamespace = 50
+	// PendingFor is how long a request waits for a decision before it
+	// expires undecided.
+	PendingFor = policy.MaxApprovalDuration
+)
+
 // Check validates a new request.
 func (a Approval) Check() error {
 	switch {
@@ -63,6 +77,8 @@ func (a Approval) Check() error {
 		return errors.New("an approval names a job and its namespace")
 	case a.Reason == "":
 		return errors.New("an approval says why (-reason)")
+	case len(a.Reason) > MaxReason:
+		return fmt.Errorf("the reason is %d bytes, more than %d", len(a.Reason), MaxReason)
 	case (a.Priority == 0) == (a.ExtraGPUs == 0):
 		return errors.New("an approval asks for exactly one of a priority (-priority N) or GPUs above the limit (-extra-gpus N)")
 	case a.Priority < 0 || a.Priority > 100:
@@ -89,6 +105,50 @@ func Identity(tokenName string, g policy.Grants) string {
 	}
 	return tokenName + " roles=" + strings.Join(slices.Sorted(slices.Values(g.Roles)), ",") +
 		" policies=" + strings.Join(slices.Sorted(slices.Values(g.Policies)), ",")
+}
+
+// CheckPending says why one more pending request by identity for namespace
+// would be too many, or nil.
+func CheckPending(approvals []Approval, identity, namespace string) error {
+	mine, there := 0, 0
+	for _, a := range approvals {
+		if a.State != Pending {
+			continue
+		}
+		if a.RequestedIdentity == identity {
+			mine++
+		}
+		if a.Namespace == namespace {
+			there++
+		}
+	}
+	switch {
+	case mine >= MaxPendingPerRequester:
+		return fmt.Errorf("you have %d requests waiting for a decision already, the most there may be: wait for them, or ask an approver", mine)
+	case there >= MaxPendingPerNamespace:
+		return fmt.Errorf("namespace %q has %d requests waiting for a decision already, the most there may be", namespace, there)
+	}
+	return nil
+}
+
+// Settled reports what the leader does with a at now: expire it (pending
+// for PendingFor, or granted past its time), or delete it (denied or
+// expired, and decided or expired more than retention ago).
+func (a Approval) Settled(now time.Time, retention time.Duration) (expire, remove bool) {
+	switch a.State {
+	case Pending:
+		return now.Sub(a.RequestedAt) >= PendingFor, false
+	case Granted:
+		return !a.Active(now), false
+	}
+	ended := a.DecidedAt
+	if a.State == Expired && !a.ExpiresAt.IsZero() {
+		ended = a.ExpiresAt
+	}
+	if ended.IsZero() {
+		ended = a.RequestedAt
+	}
+	return false, now.Sub(ended) >= retention
 }
 
 // GrantsOf lists a token's roles and policies as RequestedGrants does.

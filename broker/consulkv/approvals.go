@@ -49,6 +49,16 @@ func (s *Approvals) cas(ctx context.Context, a approval.Approval, index uint64) 
 	return ok, err
 }
 
+// Delete removes an approval if it has not changed since it was read;
+// false when it changed first.
+func (s *Approvals) Delete(ctx context.Context, a approval.Approval) (bool, error) {
+	ok, err := s.r.remove(ctx, a.ID, a.ModifyIndex)
+	if ok {
+		s.m.removed(a.ID)
+	}
+	return ok, err
+}
+
 // Get reads one approval.
 func (s *Approvals) Get(ctx context.Context, id string) (approval.Approval, error) {
 	if !queue.ValidID(id) {

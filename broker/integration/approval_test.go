@@ -124,6 +124,23 @@ reclaim_settings {
 		}
 	}
 
+	// Requests are bounded (D4: 600 requests of 48 KiB were all kept): a
+	// reason of at most 1 KiB, and at most 10 waiting for a decision a person.
+	if out, err := broker(ana.SecretID, "approval", "request", "-job", "other", "-namespace", "vision", "-reason", strings.Repeat("x", 2000),
+		"-extra-gpus", "1", "-for", "1h"); err == nil || !strings.Contains(out, "more than 1024") {
+		t.Errorf("a 2000-byte reason: %v\n%s", err, out)
+	}
+	refused := ""
+	for i := 0; i < approval.MaxPendingPerRequester+1 && refused == ""; i++ {
+		if out, err := broker(ana.SecretID, "approval", "request", "-job", "other", "-namespace", "vision", "-reason", "again",
+			"-extra-gpus", "1", "-for", "1h"); err != nil {
+			refused = out
+		}
+	}
+	if !strings.Contains(refused, "requests waiting for a decision already") {
+		t.Errorf("ana's requests beyond 10 pending: %q", refused)
+	}
+
 	// Nobody acts from here on.
 	testcluster.WaitFor(t, 60*time.Second, "big back in the queue after the approval expired", func() error {
 		var entries []server.QueuedJob

@@ -23,11 +23,13 @@ type Jobs interface {
 	UsageWithout(p *policy.Policy, namespace, jobID string) admission.Usage
 }
 
-// Approvals are where the expirer reads approvals and marks them expired.
+// Approvals are where the expirer reads approvals, marks them expired and
+// deletes them.
 type Approvals interface {
 	Current() []approval.Approval
 	Get(ctx context.Context, id string) (approval.Approval, error)
 	Update(ctx context.Context, a approval.Approval) (bool, error)
+	Delete(ctx context.Context, a approval.Approval) (bool, error)
 }
 
 // Expirer, on the leader, marks granted approvals expired once their time
@@ -46,12 +48,21 @@ type Expirer struct {
 	Audit *audit.Log
 }
 
+// A request nobody decided expires after approval.PendingFor; denied and
+// expired ones are deleted after the reclaim retention (the audit trail
+// keeps what became of each).
 // Observed implements Watcher.
 func (e *Expirer) Observed(ctx context.Context, now time.Time, _ []reclaim.Alloc, _ map[string]reclaim.GPU) error {
 	var errs []error
+	retention := e.Policies.Current().ReclaimSettings.Retention
 	for _, a := range e.Store.Current() {
-		if a.State == approval.Granted && !a.Active(now) {
+		switch expire, remove := a.Settled(now, retention); {
+		case expire:
 			errs = append(errs, e.expire(ctx, a.ID, now))
+		case remove:
+			if _, err := e.Store.Delete(ctx, a); err != nil {
+				errs = append(errs, err)
+			}
 		}
 	}
 	return errors.Join(errs...)
@@ -59,8 +70,20 @@ func (e *Expirer) Observed(ctx context.Context, now time.Time, _ []reclaim.Alloc
 
 func (e *Expirer) expire(ctx context.Context, id string, now time.Time) error {
 	a, err := e.Store.Get(ctx, id)
-	if err != nil || a.State != approval.Granted {
+	if err != nil {
 		return err
+	}
+	if expire, _ := a.Settled(now, 0); !expire {
+		return nil // decided meanwhile
+	}
+	if a.State == approval.Pending {
+		a.State, a.ExpiresAt = approval.Expired, now.UTC()
+		if ok, err := e.Store.Update(ctx, a); err != nil || !ok {
+			return err
+		}
+		e.Audit.Write(audit.Event{Who: audit.BrokerAct, What: audit.ApprovalExpire, ID: a.ID, Namespace: a.Namespace, Job: a.Job,
+			Result: "expired undecided after " + approval.PendingFor.String()})
+		return nil
 	}
 	a.State = approval.Expired
 	if ok, err := e.Store.Update(ctx, a); err != nil || !ok {

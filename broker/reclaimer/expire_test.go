@@ -3,6 +3,7 @@ package reclaimer_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -34,6 +35,14 @@ func (m *approvals) Get(_ context.Context, id string) (approval.Approval, error)
 	return a, nil
 }
 
+func (m *approvals) Delete(_ context.Context, a approval.Approval) (bool, error) {
+	if m.byID[a.ID].ModifyIndex != a.ModifyIndex {
+		return false, nil
+	}
+	delete(m.byID, a.ID)
+	return true, nil
+}
+
 func (m *approvals) Update(_ context.Context, a approval.Approval) (bool, error) {
 	if m.byID[a.ID].ModifyIndex != a.ModifyIndex {
 		return false, nil
@@ -54,15 +63,18 @@ func (j jobs) UsageWithout(*policy.Policy, string, string) admission.Usage {
 	return admission.Usage{Tenants: map[string]admission.TenantUsage{"vision": {Used: policy.Quota{policy.AllGPUs: j.used}}}}
 }
 
-func TestAnExpiredApprovalRequeuesOnlyAJobItAloneKeptWithinTheLimit(t *testing.T) {
-	p := testbuild.Policy(t, `
+// expirePolicy gives vision a guarantee of 2 and a limit of 4.
+const expirePolicy = `
 queue "training" { priority = 60 }
 tenant "vision" {
   namespaces = ["vision"]
   queues     = ["training"]
   guaranteed = 2
   limit      = 4
-}`)
+}`
+
+func TestAnExpiredApprovalRequeuesOnlyAJobItAloneKeptWithinTheLimit(t *testing.T) {
+	p := testbuild.Policy(t, expirePolicy)
 	granted := func(id, job string, extra, priority int) approval.Approval {
 		a := approval.Approval{ID: id, Namespace: "vision", Job: job, Reason: "r", ExtraGPUs: extra, Priority: priority, For: "1h"}
 		a.Grant("ops", t0)
@@ -113,5 +125,64 @@ tenant "vision" {
 				t.Errorf("decided again: %+v", again)
 			}
 		})
+	}
+}
+
+// A request nobody decides expires after approval.PendingFor; denied and
+// expired requests are deleted after the reclaim retention, so requests
+// never pile up (D4: 600 requests of 48 KiB were all kept).
+func TestUndecidedRequestsExpireAndEndedOnesAreDeleted(t *testing.T) {
+	p := testbuild.Policy(t, expirePolicy)
+	ask := func(id, state string, at time.Time) approval.Approval {
+		return approval.Approval{ID: id, Namespace: "vision", Job: "big", Reason: "r", ExtraGPUs: 1, For: "1h", State: state,
+			RequestedAt: at, DecidedAt: at}
+	}
+	store := &approvals{byID: map[string]approval.Approval{
+		"waits":  ask("waits", approval.Pending, t0),
+		"denied": ask("denied", approval.Denied, t0),
+	}}
+	e := &reclaimer.Expirer{Store: store, Jobs: jobs{}, Policies: testbuild.Fixed{P: p}, Records: reclaimtest.NewMem(),
+		NewID: func() string { return "rec" }}
+	if err := e.Observed(context.Background(), t0.Add(approval.PendingFor-time.Minute), nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	if len(store.byID) != 2 || store.byID["waits"].State != approval.Pending {
+		t.Fatalf("before its time: %+v", store.byID)
+	}
+	if err := e.Observed(context.Background(), t0.Add(approval.PendingFor), nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	if a := store.byID["waits"]; a.State != approval.Expired {
+		t.Errorf("a request undecided for %s: %s", approval.PendingFor, a.State)
+	}
+	end := t0.Add(approval.PendingFor + p.ReclaimSettings.Retention)
+	if err := e.Observed(context.Background(), end, nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	if len(store.byID) != 0 {
+		t.Errorf("kept past the retention: %+v", store.byID)
+	}
+}
+
+func TestPendingRequestsAreBounded(t *testing.T) {
+	var pending []approval.Approval
+	for i := 0; i < approval.MaxPendingPerRequester; i++ {
+		pending = append(pending, approval.Approval{ID: fmt.Sprint(i), Namespace: "vision", State: approval.Pending, RequestedIdentity: "ana"})
+	}
+	if err := approval.CheckPending(pending, "ana", "vision"); err == nil {
+		t.Errorf("ana's request beyond %d pending: accepted", approval.MaxPendingPerRequester)
+	}
+	if err := approval.CheckPending(pending, "bob", "vision"); err != nil {
+		t.Errorf("bob's first: %v", err)
+	}
+	for i := len(pending); i < approval.MaxPendingPerNamespace; i++ {
+		pending = append(pending, approval.Approval{ID: fmt.Sprint(i), Namespace: "vision", State: approval.Pending, RequestedIdentity: fmt.Sprint("u", i)})
+	}
+	if err := approval.CheckPending(pending, "bob", "vision"); err == nil {
+		t.Errorf("a request in a namespace with %d pending: accepted", approval.MaxPendingPerNamespace)
+	}
+	long := approval.Approval{Namespace: "vision", Job: "big", Reason: strings.Repeat("x", approval.MaxReason+1), ExtraGPUs: 1, For: "1h"}
+	if err := long.Check(); err == nil {
+		t.Errorf("a reason of %d bytes: accepted", len(long.Reason))
 	}
 }

@@ -93,6 +93,10 @@ func (s *Server) requestApproval(w http.ResponseWriter, r *http.Request, who str
 		writeError(w, fail(errBadRequest, "approval request: %v", err))
 		return
 	}
+	if err := approval.CheckPending(s.approvals(), identity, a.Namespace); err != nil {
+		writeError(w, fail(errTooMany, "approval request: %v", err))
+		return
+	}
 	t := s.policies.Current().TenantOf(a.Namespace)
 	if t == nil {
 		writeError(w, fail(errBadRequest, "approval request: namespace %q belongs to no tenant", a.Namespace))
