@@ -805,6 +805,15 @@ tenant "daemons" {
   guaranteed = 1
   limit      = 1
 }
+reclaim_settings {
+  period = "1s"
+}
+reclaim "unadmitted" {
+  unadmitted = true
+  action     = "stop"
+  grace      = "1h"
+  mode       = "dry-run"
+}
 `, "daemons", 2, testcluster.BrokerOptions{})
 	monitor := job("daemons", "monitor", api.JobTypeSystem).group("g", nil, nil, task(dev("nvidia/gpu", 1)))
 	if status, out := send(t, e.broker.Addr, http.MethodPut, "/v1/jobs", monitor.body(nil, canonical)); status != http.StatusOK || !strings.Contains(out, "1 GPUs") {
@@ -841,4 +850,23 @@ tenant "daemons" {
 	if used := e.usedBy("daemons"); used != 1 {
 		t.Errorf("the broker charges tenant daemons %g GPUs, want 1", used)
 	}
+
+	// The same job, its stamp kept and its pin taken out, registered straight
+	// in Nomad (passthrough) grows onto the new node: its stamp binds the
+	// pin, so it is not the broker's admission any more (N7).
+	unpinned, _, err := n.API.Jobs().Info("monitor", &api.QueryOptions{Namespace: "daemons"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	unpinned.TaskGroups[0].Constraints = nil
+	if _, _, err := n.API.Jobs().Register(unpinned, nil); err != nil {
+		t.Fatal(err)
+	}
+	waitAllocsRunning(t, n, "daemons", "monitor", 2)
+	testcluster.WaitFor(t, 30*time.Second, "the unpinned copy read as unadmitted", func() error {
+		if out := e.brokerCLI("reclaim", "list"); !strings.Contains(out, "unadmitted") || !strings.Contains(out, "monitor") {
+			return fmt.Errorf("reclaim list:\n%s", out)
+		}
+		return nil
+	})
 }

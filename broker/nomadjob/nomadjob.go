@@ -68,22 +68,42 @@ func BrokerMeta(d admission.Decision, stamp string) map[string]string {
 // user wrote into the job meta, or copied from another job.
 type Stamper struct{ Key []byte }
 
-// Stamp is "v2:<signature>" over what the admission decided: namespace, job
+// Stamp is "v3:<signature>" over what the admission decided: namespace, job
 // id, tenant, queue, priority, borrowed, each GPU task group's name, model,
-// GPUs per allocation and count, and the job's nomad-gpu.ttl if it has one. It has no time in it, so that registering the
-// same job again changes nothing in Nomad.
+// GPUs per allocation and count, a system or sysbatch group's node pin
+// (PinNodes), and the job's nomad-gpu.ttl if it has one. It has no time in
+// it, so that registering the same job again changes nothing in Nomad.
 func (s Stamper) Stamp(namespace string, job *api.Job, d admission.Decision) string {
-	return "v2:" + s.sign(namespace, job, deref(job.ID), d.Tenant, d.Queue, d.Priority, strconv.FormatBool(d.Outcome == admission.AdmitBorrowed), nil)
+	return stampV3 + s.sign(namespace, job, deref(job.ID), d.Tenant, d.Queue, d.Priority, strconv.FormatBool(d.Outcome == admission.AdmitBorrowed), nil, true)
+}
+
+// Stamp versions: v3 signs a system job's node pins, v2 (made before) does
+// not, and still verifies: its job was pinned when it was admitted, and a
+// copy of its stamp on a job without the pin is only caught once the job is
+// registered through the broker again.
+const (
+	stampV3 = "v3:"
+	stampV2 = "v2:"
+)
+
+// stampOf is a job's stamp: its signature, and whether it signs pins.
+func stampOf(job *api.Job) (sig string, pins, ok bool) {
+	stamp := job.Meta[MetaAdmission]
+	if sig, ok := strings.CutPrefix(stamp, stampV3); ok {
+		return sig, true, true
+	}
+	sig, ok = strings.CutPrefix(stamp, stampV2)
+	return sig, false, ok
 }
 
 // Verify reports whether a job (as Nomad returns it) carries a stamp this
 // broker made for its current namespace, id, priority, meta and GPU demand.
 func (s Stamper) Verify(job *api.Job) bool {
-	sig, ok := strings.CutPrefix(job.Meta[MetaAdmission], "v2:")
+	sig, pins, ok := stampOf(job)
 	if !ok || job.ID == nil || job.Priority == nil {
 		return false
 	}
-	return s.verify(job, deref(job.ID), sig, *job.Priority, nil)
+	return s.verify(job, deref(job.ID), sig, *job.Priority, nil, pins)
 }
 
 // VerifyCounting is Verify for the cluster view, which counts each job's GPUs
@@ -95,12 +115,12 @@ func (s Stamper) VerifyCounting(job *api.Job) bool {
 	if s.Verify(job) {
 		return true
 	}
-	sig, ok := strings.CutPrefix(job.Meta[MetaAdmission], "v2:")
+	sig, pins, ok := stampOf(job)
 	if !ok || job.Meta[MetaBorrowed] != "true" || job.ID == nil || job.Priority == nil {
 		return false
 	}
 	for k := 1; k <= policy.GuaranteedSpread; k++ {
-		if s.verify(job, deref(job.ID), sig, *job.Priority-k, nil) {
+		if s.verify(job, deref(job.ID), sig, *job.Priority-k, nil, pins) {
 			return true
 		}
 	}
@@ -142,7 +162,7 @@ func (g ScaleGrant) Promoted(job *api.Job) bool {
 
 // VerifyScaled is Verify for a job scaled through the broker under g.
 func (s Stamper) VerifyScaled(job *api.Job, g ScaleGrant) bool {
-	sig, ok := strings.CutPrefix(job.Meta[MetaAdmission], "v2:")
+	sig, pins, ok := stampOf(job)
 	if !ok || job.ID == nil || job.Priority == nil || job.Meta[MetaAdmission] != g.Stamp {
 		return false
 	}
@@ -169,7 +189,7 @@ func (s Stamper) VerifyScaled(job *api.Job, g ScaleGrant) bool {
 		}
 		priority = g.StampedPriority
 	}
-	return s.verify(job, id, sig, priority, g.Stamped)
+	return s.verify(job, id, sig, priority, g.Stamped, pins)
 }
 
 // GPUGroupCounts are the counts of a job's GPU task groups, by name.
@@ -188,13 +208,14 @@ func GPUGroupCounts(job *api.Job) map[string]int {
 }
 
 // verify checks sig over the job as job id at priority, with counts (when
-// given) in place of the job's own for the groups they name.
-func (s Stamper) verify(job *api.Job, id, sig string, priority int, counts map[string]int) bool {
-	want := s.sign(Namespace(job), job, id, job.Meta[MetaTenant], job.Meta[MetaQueue], priority, job.Meta[MetaBorrowed], counts)
+// given) in place of the job's own for the groups they name, and its pins.
+func (s Stamper) verify(job *api.Job, id, sig string, priority int, counts map[string]int, pins bool) bool {
+	want := s.sign(Namespace(job), job, id, job.Meta[MetaTenant], job.Meta[MetaQueue], priority, job.Meta[MetaBorrowed], counts, pins)
 	return want != "" && hmac.Equal([]byte(sig), []byte(want))
 }
 
-func (s Stamper) sign(namespace string, job *api.Job, id, tenant, queue string, priority int, borrowed string, counts map[string]int) string {
+// Long: every field a stamp binds, in one fixed order.
+func (s Stamper) sign(namespace string, job *api.Job, id, tenant, queue string, priority int, borrowed string, counts map[string]int, pins bool) string {
 	mac := hmac.New(sha256.New, s.Key)
 	fields := []string{namespace, id, tenant, queue, strconv.Itoa(priority), borrowed}
 	for _, tg := range job.TaskGroups {
@@ -211,6 +232,11 @@ func (s Stamper) sign(namespace string, job *api.Job, id, tenant, queue string, 
 		}
 		for _, m := range perModel {
 			fields = append(fields, fmt.Sprintf("%s\x01%s\x01%d\x01%d", deref(tg.Name), m.model, m.gpus, count))
+		}
+		if pins && len(perModel) > 0 && isSystem(job) {
+			// The nodes it may run on: the same job without its pin would
+			// grow onto every node that joins.
+			fields = append(fields, "\x02pin\x01"+deref(tg.Name)+"\x01"+pinsOf(job, tg))
 		}
 	}
 	if ttl := job.Meta[MetaTTL]; ttl != "" {

@@ -323,6 +323,44 @@ func TestStampCoversWhatAdmissionDecidedOn(t *testing.T) {
 
 func ptr[T any](v T) *T { return &v }
 
+// A system job's stamp binds the nodes it was pinned to (N7: a copy of the
+// stamp on the job without its pin grew onto a node that joined).
+func TestStampBindsASystemJobsPin(t *testing.T) {
+	s := nomadjob.Stamper{Key: []byte("k")}
+	d := admission.Decision{Tenant: "vision", Queue: "training", Priority: 60}
+	pin := func(ids string) *api.Constraint {
+		return &api.Constraint{LTarget: "${node.unique.id}", Operand: "set_contains_any", RTarget: ids}
+	}
+	stamped := func() *api.Job {
+		j := testbuild.Job("vision", "agent").Type(api.JobTypeSystem).Priority(60).Group("g", 1, 1, "nvidia/gpu").Build()
+		j.TaskGroups[0].Constraints = []*api.Constraint{pin("n2,n1")}
+		for k, v := range nomadjob.BrokerMeta(d, s.Stamp("vision", j, d)) {
+			j.Meta[k] = v
+		}
+		return j
+	}
+	if j := stamped(); !s.Verify(j) || !strings.HasPrefix(j.Meta[nomadjob.MetaAdmission], "v3:") {
+		t.Fatalf("own stamp %q not verified", j.Meta[nomadjob.MetaAdmission])
+	}
+	reordered := stamped()
+	reordered.TaskGroups[0].Constraints = []*api.Constraint{pin("n1,n2")}
+	if !s.Verify(reordered) {
+		t.Errorf("the same nodes in another order: not verified")
+	}
+	for name, change := range map[string]func(j *api.Job){
+		"pin removed":        func(j *api.Job) { j.TaskGroups[0].Constraints = nil },
+		"a node added":       func(j *api.Job) { j.TaskGroups[0].Constraints = []*api.Constraint{pin("n1,n2,n3")} },
+		"a job pin added":    func(j *api.Job) { j.Constraints = []*api.Constraint{pin("n1")} },
+		"another constraint": func(j *api.Job) { j.TaskGroups[0].Constraints = []*api.Constraint{pin("n3")} },
+	} {
+		j := stamped()
+		change(j)
+		if s.Verify(j) {
+			t.Errorf("the stamp survived: %s", name)
+		}
+	}
+}
+
 func TestAScaleThroughTheBrokerKeepsTheJobVerifiable(t *testing.T) {
 	s := nomadjob.Stamper{Key: []byte("k")}
 	d := admission.Decision{Tenant: "vision", Queue: "training", Priority: 60}

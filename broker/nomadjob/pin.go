@@ -21,7 +21,7 @@ const (
 // nodes it may run on: those fitting says fit one of its allocations now,
 // within any node-id set the group (or the job) already names.
 func (r *Request) PinNodes(fitting func(model string, gpus int) []string) {
-	if r.Job.Type == nil || (*r.Job.Type != api.JobTypeSystem && *r.Job.Type != api.JobTypeSysbatch) {
+	if !isSystem(r.Job) {
 		return
 	}
 	groups := r.Doc.Root().Get("Job").Get("TaskGroups").Elems()
@@ -56,6 +56,28 @@ func (r *Request) PinNodes(fitting func(model string, gpus int) []string) {
 		tg.Constraints = append(kept, &api.Constraint{LTarget: nodeIDTarget, Operand: pinOperand, RTarget: strings.Join(ids, ",")})
 		groups[i].Set("Constraints", tg.Constraints)
 	}
+}
+
+// isSystem reports whether job places on every fitting node.
+func isSystem(job *api.Job) bool {
+	return job.Type != nil && (*job.Type == api.JobTypeSystem || *job.Type == api.JobTypeSysbatch)
+}
+
+// pinsOf writes the node-id sets the job and group tg are pinned to, each
+// sorted, the job's then the group's: what a stamp binds.
+func pinsOf(job *api.Job, tg *api.TaskGroup) string {
+	var sets []string
+	for _, cs := range [][]*api.Constraint{job.Constraints, tg.Constraints} {
+		for _, c := range cs {
+			if set, ok := pinnedSet(c); ok {
+				set = slices.Clone(set)
+				slices.Sort(set)
+				sets = append(sets, strings.Join(set, ","))
+			}
+		}
+		sets = append(sets, "|")
+	}
+	return strings.Join(sets, ";")
 }
 
 // pinnedSet is the node ids a set_contains_any constraint on the node's id
