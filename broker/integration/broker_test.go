@@ -915,6 +915,18 @@ func (e *env) usedBy(tenant string) float64 {
 	return -1
 }
 
+// waitUsed waits until the broker counts want GPUs used by tenant: an
+// update's old allocations hold theirs until their tasks end.
+func (e *env) waitUsed(tenant string, want float64) {
+	e.t.Helper()
+	testcluster.WaitFor(e.t, 60*time.Second, fmt.Sprintf("tenant %s using %g GPUs", tenant, want), func() error {
+		if got := e.usedBy(tenant); got != want {
+			return fmt.Errorf("%g used", got)
+		}
+		return nil
+	})
+}
+
 func writeFile(t testing.TB, path, content string) {
 	t.Helper()
 	if err := os.WriteFile(path, []byte(content), 0o644); err != nil {

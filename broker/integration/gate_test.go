@@ -139,6 +139,7 @@ func TestGate(t *testing.T) {
 		if out, err := e.run(ns, "rv", 1, 1, "", true); err != nil || !strings.Contains(out, "1 GPUs") {
 			t.Fatalf("version 1 (1 GPU): %v\n%s", err, out)
 		}
+		e.waitUsed("revert", 1) // version 0's allocation ended
 		if out, err := e.run(ns, "other", 1, 1, "", true); err != nil || !strings.Contains(out, "admitted") {
 			t.Fatalf("a second job of 1 GPU: %v\n%s", err, out)
 		}
@@ -478,6 +479,9 @@ func TestGate(t *testing.T) {
 		if _, _, err := e.nomad.API.Jobs().Register(job(ns, "other", api.JobTypeBatch).group("g", ptr(1), nil, task(dev("nvidia/gpu", 1))).j, nil); err != nil {
 			t.Fatalf("another job of 1 GPU, straight in Nomad: %v", err)
 		}
+		// Version 0's allocation ends as version 1's runs: svc counts its
+		// stable version (2) while the deployment may revert, other 1.
+		e.waitUsed("deploy", 3)
 		var deployment *api.Deployment
 		testcluster.WaitFor(t, 30*time.Second, "version 1's deployment", func() error {
 			d, _, err := e.nomad.API.Jobs().LatestDeployment("svc", &api.QueryOptions{Namespace: ns})
@@ -582,6 +586,7 @@ func TestGate(t *testing.T) {
 		if out, err := e.run(ns, "sw", 1, 1, "", true); err != nil || !strings.Contains(out, "1 GPUs") {
 			t.Fatalf("version 1 (1 GPU): %v\n%s", err, out)
 		}
+		e.waitUsed("stable", 1) // version 0's allocation ended
 		if out, err := e.run(ns, "fill", 1, 1, "", true); err != nil || !strings.Contains(out, "admitted") {
 			t.Fatalf("a second job of 1 GPU: %v\n%s", err, out)
 		}
