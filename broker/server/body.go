@@ -16,8 +16,10 @@ const MaxBody = 16 << 20
 // Bodies above LargeBody (or of unknown length) are read by at most
 // MaxLargeBodies calls at once, and MaxLargeBodiesPerClient from one client
 // address, so that a burst of huge requests cannot take the broker's memory
-// and one client's cannot take every slot; one more is answered 503 at once.
-// (Behind a proxy, every client has the proxy's address.)
+// and one client's cannot take every slot; and a client that holds a slot
+// never takes the last free one, which is kept for a client holding none.
+// One more is answered 503 at once. (Behind a proxy, every client has the
+// proxy's address.)
 const (
 	LargeBody               = 1 << 20
 	MaxLargeBodies          = 4
@@ -26,6 +28,15 @@ const (
 
 // DefaultBodyReadTimeout is how long a request body may take to arrive.
 const DefaultBodyReadTimeout = 30 * time.Second
+
+// After BodyAllowance a body must keep arriving at MinBodyRate (bytes a
+// second, on average since its start), else it is refused with 408: a
+// client that trickles its uploads holds a slot for seconds, not for the
+// whole body read timeout, and cannot keep every slot taken.
+const (
+	BodyAllowance = 2 * time.Second
+	MinBodyRate   = 64 << 10
+)
 
 // bodySlots count the large bodies being read, in all and by client.
 type bodySlots struct {
@@ -43,6 +54,9 @@ func (b *bodySlots) take(client string) (release func(), err error) {
 		return nil, fail(errUnavailable, "too many large requests at once; try again")
 	case b.byClient[client] >= MaxLargeBodiesPerClient:
 		return nil, fail(errUnavailable, "too many large requests from %s at once; send them one after another", client)
+	case b.byClient[client] > 0 && b.inFlight == MaxLargeBodies-1:
+		return nil, fail(errUnavailable, "too many large requests at once, and the last free slot is kept for another client; "+
+			"send yours from %s one after another", client)
 	}
 	if b.byClient == nil {
 		b.byClient = map[string]int{}
@@ -73,8 +87,9 @@ func clientOf(r *http.Request) string {
 // (a client that stalls holds its slot no longer), 400 otherwise.
 func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool) {
 	rc := http.NewResponseController(w)
-	rc.SetReadDeadline(time.Now().Add(s.bodyReadTimeout)) // not supported by test recorders: no deadline there
-	body, err := io.ReadAll(http.MaxBytesReader(nil, r.Body, MaxBody))
+	p := &paced{r: http.MaxBytesReader(nil, r.Body, MaxBody), rc: rc, start: time.Now(), limit: s.bodyReadTimeout}
+	rc.SetReadDeadline(p.deadline()) // not supported by test recorders: no deadline there
+	body, err := io.ReadAll(p)
 	// The deadline ends with the body: past it, Go's server would cancel
 	// the call's context while the broker still works on it.
 	rc.SetReadDeadline(time.Time{})
@@ -84,13 +99,36 @@ func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool)
 		case errors.As(err, &tooBig):
 			refuseBody(w, fail(errTooLarge, "request body larger than %d bytes", MaxBody))
 		case errors.Is(err, os.ErrDeadlineExceeded):
-			refuseBody(w, fail(errTimeout, "the request body did not arrive within %s", s.bodyReadTimeout))
+			refuseBody(w, fail(errTimeout, "the request body did not arrive within %s, or arrived slower than %d KiB/s after its first %s",
+				s.bodyReadTimeout, MinBodyRate>>10, BodyAllowance))
 		default:
 			refuseBody(w, fail(errBadRequest, "read request body: %v", err))
 		}
 		return nil, false
 	}
 	return body, true
+}
+
+// paced reads a body whose read deadline moves with what arrived: its start
+// plus BodyAllowance plus what arrived at MinBodyRate, within limit.
+type paced struct {
+	r     io.Reader
+	rc    *http.ResponseController
+	start time.Time
+	limit time.Duration
+	n     int64
+}
+
+func (p *paced) Read(b []byte) (int, error) {
+	n, err := p.r.Read(b)
+	if p.n += int64(n); n > 0 {
+		p.rc.SetReadDeadline(p.deadline())
+	}
+	return n, err
+}
+
+func (p *paced) deadline() time.Time {
+	return p.start.Add(min(p.limit, BodyAllowance+time.Duration(p.n)*time.Second/MinBodyRate))
 }
 
 // refuseBody answers err to a request whose body was not read to its end,
