@@ -363,7 +363,7 @@ func TestGate(t *testing.T) {
 		}
 		stall("127.0.0.2", 4)
 		time.Sleep(300 * time.Millisecond) // its two are in
-		stall("127.0.0.3", 2)               // a second client: one more, not the last slot
+		stall("127.0.0.3", 2)              // a second client: one more, not the last slot
 		time.Sleep(300 * time.Millisecond)
 		cpu := job("default", "chunked-cpu", api.JobTypeBatch).group("g", ptr(1), nil, task()).body(nil, canonical)
 		req, _ := http.NewRequest(http.MethodPut, e.broker.Addr+"/v1/jobs", io.MultiReader(strings.NewReader(cpu))) // chunked
