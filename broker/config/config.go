@@ -133,7 +133,7 @@ func Load(path string) (*Config, error) {
 		if err != nil {
 			return nil, fmt.Errorf("read broker config: %w", err)
 		}
-		f, diags := hclsyntax.ParseConfig(src, path, hcl.InitialPos)
+		f, diags := policyhcl.ParseFile(src, path)
 		if !diags.HasErrors() {
 			diags = gohcl.DecodeBody(f.Body, nil, c)
 		}

@@ -1,6 +1,7 @@
 package policyhcl_test
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/nomad-gpu/nomad-gpu/broker/policyhcl"
@@ -25,6 +26,10 @@ borrowing {
 	f.Add(`queue "q" { priority = 1e400 }`)
 	f.Add(`queue "q" { priority = -1 }` + "\n" + `queue "q" { priority = 2 }`)
 	f.Add("\xff\xfe{")
+	// Deep nesting, plain and hidden in strings and heredoc templates.
+	f.Add("a = " + strings.Repeat("[", 5000))
+	f.Add("a = " + strings.Repeat(`[")",`, 5000))
+	f.Add("a = <<EOT\n${" + strings.Repeat("(", 5000) + "}\nEOT\n")
 	f.Fuzz(func(t *testing.T, src string) {
 		p, diags := policyhcl.Parse(map[string][]byte{"fuzz.hcl": []byte(src)}, 8)
 		if diags.HasErrors() != (p == nil) {

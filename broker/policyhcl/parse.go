@@ -14,7 +14,6 @@ import (
 
 	"github.com/hashicorp/hcl/v2"
 	"github.com/hashicorp/hcl/v2/gohcl"
-	"github.com/hashicorp/hcl/v2/hclsyntax"
 	"github.com/zclconf/go-cty/cty"
 
 	"github.com/nomad-gpu/nomad-gpu/broker/policy"
@@ -135,7 +134,7 @@ func Parse(files map[string][]byte, capacity int) (*policy.Policy, hcl.Diagnosti
 	}
 	sort.Strings(names)
 	for _, name := range names {
-		f, d := hclsyntax.ParseConfig(files[name], name, hcl.InitialPos)
+		f, d := ParseFile(files[name], name)
 		diags = append(diags, d...)
 		if f == nil {
 			continue
