@@ -99,6 +99,9 @@ type Admitter struct {
 	// Preemptions are jobs' preemptions while borrowed, for their re-borrow
 	// backoff (nil: none kept).
 	Preemptions admission.Preemptions
+	// Stops are the jobs the broker admitted that Nomad stopped since (nil:
+	// none kept): a requeued job registered again is revived from them.
+	Stops decide.StopRecords
 	// FairShare gives the decayed GPU-hours the policy's fair_share orders by.
 	FairShare interface {
 		Decayed(ctx context.Context, now time.Time, halfLife time.Duration) (map[string]float64, error)
@@ -342,7 +345,15 @@ func (a *Admitter) register(ctx context.Context, e queue.Entry, d admission.Deci
 		a.Log.Info("queue: changed since the pass read it; not registered", "id", e.ID, "job", e.JobID, "namespace", e.Namespace)
 		return errChanged
 	}
+	settle, err := decide.Revive(ctx, a.Stops, e.Namespace, e.JobID)
+	if err != nil {
+		res.Release()
+		return fmt.Errorf("admit queued job %s (%s): %w", e.ID, e.JobID, err)
+	}
 	index, err := a.Nomad.Register(ctx, e.Namespace, body)
+	if serr := settle(err == nil); serr != nil {
+		a.Log.Error("queue: the job's stopped record stays pending", "id", e.ID, "job", e.JobID, "error", serr)
+	}
 	if err != nil {
 		res.Release()
 		if a.noteTokenRefused(err, e) {

@@ -79,6 +79,7 @@ type stores struct {
 	queue          *consulkv.Queue
 	decisions      *consulkv.Decisions
 	scales         *consulkv.Scales
+	stops          *consulkv.Stops
 	approvals      *consulkv.Approvals
 	backoffs       *consulkv.Backoffs
 	profiles       *gpuusage.Profiles
@@ -200,10 +201,11 @@ func (a *Agent) setupStores(ctx context.Context) error {
 			"moved_to", u.MovedTo, "error", u.Err)
 	})
 	a.stores = stores{aside: aside, queue: consulkv.NewQueue(kv, prefix, aside), decisions: consulkv.NewDecisions(kv, prefix, aside),
-		scales: consulkv.NewScales(kv, prefix, aside), approvals: consulkv.NewApprovals(kv, prefix, aside),
+		scales: consulkv.NewScales(kv, prefix, aside), stops: consulkv.NewStops(kv, prefix, aside), approvals: consulkv.NewApprovals(kv, prefix, aside),
 		backoffs: consulkv.NewBackoffs(kv, prefix, aside), profiles: gpuusage.NewProfiles(),
 		storedProfiles: consulkv.NewProfiles(a.consul, prefix, aside), rollups: consulkv.NewRollups(a.consul, prefix, aside)}
 	go a.stores.approvals.Follow(ctx)
+	go a.stores.stops.Follow(ctx)
 	go a.stores.backoffs.Follow(ctx)
 	go a.stores.queue.Follow(ctx) // the queue's index: the leader skips passes while nothing changed
 	return nil
@@ -246,10 +248,10 @@ func (a *Agent) setupServer(context.Context) error {
 	// HTTP connections per client.
 	a.admitter = &admitter.Admitter{Log: a.log.Named("queue"), Queue: st.queue, Nomad: a.nomad, Cluster: a.view,
 		Policies: a.policies, Stamper: a.stamper, Clock: clock.Real, GPUsCameBack: a.view.GPUsCameBack, Blocked: a.nomad, Exclusive: a.exclusive,
-		Metrics: a.metrics, FairShare: st.rollups, Audit: a.trail, Approvals: st.approvals, Preemptions: st.backoffs.Preemptions, Parallel: 32}
+		Metrics: a.metrics, FairShare: st.rollups, Audit: a.trail, Approvals: st.approvals, Preemptions: st.backoffs.Preemptions, Stops: st.stops, Parallel: 32}
 	var err error
 	a.server, err = server.New(server.Options{Leader: a.elector, Log: a.log.Named("proxy"), Nomad: cfg.Nomad.Address,
-		Client: a.nomad.HTTPClient(), Policies: a.policies, Cluster: a.view, Queue: st.queue, Decisions: st.decisions, Scales: st.scales,
+		Client: a.nomad.HTTPClient(), Policies: a.policies, Cluster: a.view, Queue: st.queue, Decisions: st.decisions, Scales: st.scales, Stops: st.stops,
 		Profiles: st.profiles, RightSizing: st.storedProfiles, Metrics: a.metrics, Rollups: st.rollups, FairShare: st.rollups, Audit: a.trail,
 		Approvals: st.approvals, Preemptions: st.backoffs.Preemptions, SetAside: st.aside, PolicyStatus: a.policies.Status,
 		Unhealthy: a.nomad.Unhealthy, Forecast: a.forecast, Stamper: a.stamper, Region: a.region, ACLs: a.acls,
@@ -305,7 +307,7 @@ func (a *Agent) lead(ctx context.Context) {
 // earlier leaders recorded is read back.
 func (a *Agent) reclaimer() *reclaimer.Reclaimer {
 	st := &a.stores
-	observer := &nomadapi.Observer{Client: a.nomad, View: a.view, Verify: decide.Verifier(a.stamper, st.scales), Samples: a.view.SetSamples}
+	observer := &nomadapi.Observer{Client: a.nomad, View: a.view, Verify: decide.Verifier(a.stamper, st.scales, st.stops), Samples: a.view.SetSamples}
 	prune := a.log.Named("prune")
 	granted := approval.ExtraGranted(a.policies, st.approvals)
 	return &reclaimer.Reclaimer{Log: a.log.Named("reclaim"), Records: st.decisions, Observer: observer, Actor: a.nomad, Policies: a.policies,
@@ -315,10 +317,18 @@ func (a *Agent) reclaimer() *reclaimer.Reclaimer {
 			&reclaimer.Ledger{Store: st.rollups, Policies: a.policies, Metrics: a.metrics, Budgets: a.budgets, Clock: a.nomad.NomadNow,
 				Ended: observer.Ended, Granted: granted},
 			&reclaimer.Bander{Log: a.log.Named("band"), Policies: a.policies, Usage: a.view, Jobs: a.nomad, Grants: st.scales,
-				Stamper: a.stamper, Lock: a.view.LockJob, Audit: a.trail},
+				Stops: st.stops, Stamper: a.stamper, Lock: a.view.LockJob, Audit: a.trail},
+			&reclaimer.StopRecorder{View: a.view, Records: st.stops, Lock: a.view.LockJob},
 			&reclaimer.Expirer{Store: st.approvals, Jobs: a.view, Policies: a.policies, Records: st.decisions, NewID: queue.NewID, Audit: a.trail},
 			&reclaimer.Pruner{What: "scale and dispatch grants", Every: grantPruneInterval, Log: prune,
 				Prune: func(ctx context.Context) (int, error) { return st.scales.Prune(ctx, a.nomad.Gone) }},
+			// A stop is kept for the reclaim retention (Nomad collects a
+			// stopped job within hours): a replay of its stamp after that
+			// verifies again.
+			&reclaimer.Pruner{What: "stopped-job records", Every: grantPruneInterval, Log: prune,
+				Prune: func(ctx context.Context) (int, error) {
+					return st.stops.Prune(ctx, time.Now().Add(-a.policies.Current().ReclaimSettings.Retention))
+				}},
 			// A job left alone for max_backoff after its backoff ended
 			// starts again from no preemption.
 			&reclaimer.Pruner{What: "preemption counts", Every: grantPruneInterval, Log: prune,

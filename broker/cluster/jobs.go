@@ -51,6 +51,7 @@ func (v *View) observeJob(j *api.Job) {
 	if old, ok := v.jobs[key]; ok && modifyIndex < old.modifyIndex {
 		return
 	}
+	v.followStop(key, stopped, live, verified, modifyIndex)
 	// Nomad has already canonicalised the counts of a job it returns; a job
 	// whose demand cannot be read is counted as nothing rather than guessed.
 	a, _ := nomadjob.Admission(j, v.nodesFitting)
@@ -81,6 +82,51 @@ func (v *View) observeJob(j *api.Job) {
 		}
 		v.add(key, jb)
 	}
+}
+
+// followStop keeps the broker's admissions Nomad stopped, for the leader to
+// record (StoppedAdmitted); a version the broker registers again (its
+// reservation, confirmed at this index or not yet) ends that, one
+// registered straight in Nomad does not.
+func (v *View) followStop(key jobKey, stopped, live, verified bool, modifyIndex uint64) {
+	switch {
+	case stopped && verified:
+		v.stopped[key] = modifyIndex
+	case live:
+		if res, ok := v.reserved[key]; ok && (res.index == 0 || res.index == modifyIndex) {
+			delete(v.stopped, key)
+		}
+	}
+}
+
+// StoppedAdmitted are the jobs with the broker's stamp that Nomad stopped
+// and the leader has not recorded yet, with the stop's JobModifyIndex.
+func (v *View) StoppedAdmitted() map[[2]string]uint64 {
+	v.mu.RLock()
+	defer v.mu.RUnlock()
+	out := make(map[[2]string]uint64, len(v.stopped))
+	for k, index := range v.stopped {
+		out[[2]string{k.namespace, k.id}] = index
+	}
+	return out
+}
+
+// RecordedStop forgets a stop at index once the leader recorded it.
+func (v *View) RecordedStop(namespace, id string, index uint64) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if key := (jobKey{namespace, id}); v.stopped[key] == index {
+		delete(v.stopped, key)
+	}
+}
+
+// Registering reports whether the broker is registering the job: it holds a
+// reservation Nomad's events have not shown yet.
+func (v *View) Registering(namespace, id string) bool {
+	v.mu.RLock()
+	defer v.mu.RUnlock()
+	_, ok := v.reserved[jobKey{namespace, id}]
+	return ok
 }
 
 // observeStable records a job version Nomad marks stable (read from its

@@ -55,9 +55,13 @@ type View struct {
 	// undeclared are the live jobs that would use GPUs they do not ask for
 	// (nomadjob.UndeclaredGPUAccess), with how.
 	undeclared map[jobKey]string
-	nextRes    uint64
-	changed    chan struct{}
-	synced     bool // a full listing has been applied
+	// stopped are the jobs with the broker's stamp that Nomad stopped, at
+	// the stop's JobModifyIndex, until the leader records them
+	// (StoppedAdmitted) or the broker registers them again.
+	stopped map[jobKey]uint64
+	nextRes uint64
+	changed chan struct{}
+	synced  bool // a full listing has been applied
 
 	index        atomic.Uint64 // of the last event or listing applied
 	generation   atomic.Uint64 // changes counted by notify
@@ -82,7 +86,7 @@ func NewView(verify func(*api.Job) bool) *View {
 		canaries: map[jobKey]map[string]int{}, stable: map[jobKey][]admission.Group{}, reverting: map[jobKey]bool{}, held: map[string]*byModel{}, total: map[string]int{},
 		reserved: map[jobKey]reservation{}, allocs: map[string]Alloc{}, ended: map[string]Alloc{}, holds: map[string]hold{}, heldBy: map[jobKey]map[string]int{},
 		excess: map[jobKey]map[string]int{}, excessBorrowed: map[jobKey]bool{}, undeclared: map[jobKey]string{},
-		changed: make(chan struct{}, 1), nodesDirty: true}
+		stopped: map[jobKey]uint64{}, changed: make(chan struct{}, 1), nodesDirty: true}
 }
 
 // SetBudgets has admission see which tenants spent their GPU-hour budget
@@ -140,7 +144,7 @@ func (v *View) Reset(snap Snapshot) {
 		v.observeStable(j)
 	}
 	v.holds, v.heldBy, v.excess = map[string]hold{}, map[jobKey]map[string]int{}, map[jobKey]map[string]int{}
-	v.excessBorrowed, v.undeclared = map[jobKey]bool{}, map[jobKey]string{}
+	v.excessBorrowed, v.undeclared, v.stopped = map[jobKey]bool{}, map[jobKey]string{}, map[jobKey]uint64{}
 	for _, n := range snap.Nodes {
 		v.observeNode(n, was[n.ID])
 	}

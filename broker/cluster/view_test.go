@@ -406,3 +406,40 @@ func TestARollbackCountsTheStableVersionUntilItsOwnDeploymentEnds(t *testing.T) 
 		t.Errorf("a dead version whose deployment was cancelled (no rollback): %g, want 0", got)
 	}
 }
+
+// The view keeps the broker's admissions Nomad stopped for the leader to
+// record, until the broker registers them again; a version registered
+// straight in Nomad does not end that.
+func TestStoppedAdmissionsAreKeptUntilTheBrokerRegistersThemAgain(t *testing.T) {
+	p := testbuild.Policy(t, visionPolicy)
+	v := NewView(func(*api.Job) bool { return true })
+	v.ObserveNode(testbuild.Node("n1", testbuild.H100, 8, 0))
+	v.ObserveJob(testbuild.Job("vision", "train").Group("g", 1, 1, "gpu").ModifyIndex(5).Build())
+	v.ObserveJob(testbuild.Job("vision", "train").Group("g", 1, 1, "gpu").ModifyIndex(7).Stopped().Build())
+	if got := v.StoppedAdmitted(); got[[2]string{"vision", "train"}] != 7 {
+		t.Fatalf("stopped: %v", got)
+	}
+	v.ObserveJob(testbuild.Job("vision", "train").Group("g", 1, 1, "gpu").ModifyIndex(9).Build()) // straight in Nomad
+	if got := v.StoppedAdmitted(); got[[2]string{"vision", "train"}] != 7 {
+		t.Errorf("a replay straight in Nomad ended the stop: %v", got)
+	}
+	v.ObserveJob(testbuild.Job("vision", "train").Group("g", 1, 1, "gpu").ModifyIndex(11).Stopped().Build())
+	d, res := v.Admit(p, admission.Job{ID: "train", Namespace: "vision", Queue: "training",
+		Groups: []admission.Group{{Name: "g", Count: 1, GPUsPerAlloc: 1}}})
+	if res == nil {
+		t.Fatalf("not admitted: %+v", d)
+	}
+	if !v.Registering("vision", "train") {
+		t.Errorf("the broker's registration in flight is not seen")
+	}
+	res.Confirm(13)
+	v.ObserveJob(testbuild.Job("vision", "train").Group("g", 1, 1, "gpu").ModifyIndex(13).Build())
+	if got := v.StoppedAdmitted(); len(got) != 0 {
+		t.Errorf("registered again through the broker: %v", got)
+	}
+	v.ObserveJob(testbuild.Job("vision", "train").Group("g", 1, 1, "gpu").ModifyIndex(15).Stopped().Build())
+	v.RecordedStop("vision", "train", 15)
+	if got := v.StoppedAdmitted(); len(got) != 0 {
+		t.Errorf("recorded by the leader: %v", got)
+	}
+}

@@ -6,6 +6,7 @@
 //	reclaim/<id>                    reclaim decisions (Decisions)
 //	approvals/<id>                  approvals, with a snapshot every broker follows (Approvals)
 //	scaled/<namespace>/<job>        what a scale or dispatch through the broker admitted (Scales)
+//	stopped/<namespace>/<job>       admitted jobs Nomad stopped since, with a snapshot every broker follows (Stops)
 //	rightsizing/<namespace>/<job>   right-sizing profiles (Profiles)
 //	usage/<day>, usage-through      daily GPU time and how far it is counted (Rollups)
 //	admission-key                   the key admission stamps are made with (StampKey)

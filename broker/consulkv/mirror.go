@@ -154,6 +154,14 @@ func (m *mirror[T]) all() []T {
 	return slices.Clone(m.current())
 }
 
+// get is the copy's record name, if it has one.
+func (m *mirror[T]) get(name string) (T, bool) {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	r, ok := m.records[name]
+	return r.v, ok
+}
+
 // view is every record of the copy, in no order, in a slice shared with
 // the copy and the other views: never change it. It costs no copy: at
 // 10,000 queued jobs a copy for each submission was most of its time.

@@ -18,6 +18,7 @@ import (
 	"github.com/nomad-gpu/nomad-gpu/broker/metrics"
 	"github.com/nomad-gpu/nomad-gpu/broker/nomadjob"
 	"github.com/nomad-gpu/nomad-gpu/broker/queue"
+	"github.com/nomad-gpu/nomad-gpu/broker/reclaim"
 	"github.com/nomad-gpu/nomad-gpu/testing/testcluster"
 )
 
@@ -109,6 +110,23 @@ tenant "stable" {
   guaranteed = 2
   limit      = 2
 }
+tenant "replay" {
+  namespaces = ["gate-replay"]
+  queues     = ["training"]
+  guaranteed = 2
+  limit      = 2
+}
+reclaim_settings {
+  period = "1s"
+}
+# Proposed only: what the broker takes for its admission shows in
+# gpu-broker reclaim list, and nothing is stopped.
+reclaim "unadmitted" {
+  unadmitted = true
+  action     = "stop"
+  grace      = "1h"
+  mode       = "dry-run"
+}
 `
 
 // gateGPUs is the cluster's GPUs: more than all the scenarios' limits
@@ -122,7 +140,7 @@ const gateGPUs = 16
 func TestGate(t *testing.T) {
 	t.Parallel()
 	consul := testcluster.StartConsul(t)
-	n := startGPUNode(t, "gate", gateGPUs, "gate-probe", "gate-revert", "gate-dispatch", "gate-stop", "gate-zero", "gate-race", "gate-invalid", "gate-purge", "gate-deploy", "gate-autorevert", "gate-garbage", "gate-stable", "gate-sysbatch", "gate-scaleblock")
+	n := startGPUNode(t, "gate", gateGPUs, "gate-probe", "gate-revert", "gate-dispatch", "gate-stop", "gate-zero", "gate-race", "gate-invalid", "gate-purge", "gate-deploy", "gate-autorevert", "gate-garbage", "gate-stable", "gate-sysbatch", "gate-scaleblock", "gate-replay")
 	e := brokerEnv(t, n, consul, gatePolicy, "gate-probe", gateGPUs, testcluster.BrokerOptions{Config: `body_read_timeout = "3s"`})
 
 	// Nomad reads the namespace of a revert's or a dispatch's body when the
@@ -679,6 +697,71 @@ func TestGate(t *testing.T) {
 			if err := json.Unmarshal(pair.Value, &g); err != nil || g.Admitted["g"] != 1 {
 				t.Errorf("svc's grant after the refused scale: %s (%v); want admitted g = 1, as Nomad runs it", pair.Value, err)
 			}
+		}
+	})
+
+	// A stamp says "admitted", not "admitted for this run" (N6): a job
+	// stopped, then registered again straight in Nomad with its stamp, is
+	// not the broker's admission; stopped and run again through the broker,
+	// it is.
+	t.Run("a stopped job registered again straight in Nomad is unadmitted", func(t *testing.T) {
+		t.Parallel()
+		e := e.in(t)
+		const ns = "gate-replay"
+		for _, id := range []string{"rp", "again"} {
+			if out, err := e.run(ns, id, 1, 1, "", true); err != nil || !strings.Contains(out, "admitted") {
+				t.Fatalf("%s: %v\n%s", id, err, out)
+			}
+			if out, err := e.nomadCLI("job", "stop", "-detach", "-namespace", ns, id); err != nil {
+				t.Fatalf("stop %s through the broker: %v\n%s", id, err, out)
+			}
+		}
+		e.waitUsed("replay", 0) // their allocations ended
+		testcluster.WaitFor(t, 30*time.Second, "the stops recorded", func() error {
+			for _, id := range []string{"rp", "again"} {
+				if p, _, err := consulKV(consul).Get("nomad-gpu/stopped/"+ns+"/"+id, nil); err != nil || p == nil {
+					return fmt.Errorf("no record of %s's stop (%v)", id, err)
+				}
+			}
+			return nil
+		})
+		replay, _, err := e.nomad.API.Jobs().Info("rp", &api.QueryOptions{Namespace: ns})
+		if err != nil {
+			t.Fatal(err)
+		}
+		replay.Stop = ptr(false)
+		if _, _, err := e.nomad.API.Jobs().Register(replay, nil); err != nil {
+			t.Fatalf("rp again, straight in Nomad: %v", err)
+		}
+		if out, err := e.run(ns, "again", 1, 1, "", true); err != nil || !strings.Contains(out, "admitted") {
+			t.Fatalf("again, through the broker: %v\n%s", err, out)
+		}
+		waitAllocsRunning(t, e.nomad, ns, "rp", 1)
+		waitAllocsRunning(t, e.nomad, ns, "again", 1)
+		unadmitted := func(id string) bool {
+			var recs []reclaim.Record
+			if err := json.Unmarshal([]byte(e.brokerCLI("reclaim", "list", "-json")), &recs); err != nil {
+				t.Fatal(err)
+			}
+			for _, r := range recs {
+				if r.Rule == "unadmitted" && r.Namespace == ns && r.Job == id {
+					return true
+				}
+			}
+			return false
+		}
+		testcluster.WaitFor(t, 30*time.Second, "rp read as unadmitted", func() error {
+			if !unadmitted("rp") {
+				return fmt.Errorf("no unadmitted decision on rp")
+			}
+			return nil
+		})
+		waitPasses(t, e.broker, metrics.LoopReclaim, 2)
+		if unadmitted("again") {
+			t.Errorf("run again through the broker, read as unadmitted")
+		}
+		if p, _, err := consulKV(consul).Get("nomad-gpu/stopped/"+ns+"/again", nil); err != nil || p != nil {
+			t.Errorf("again's stop record after it ran again through the broker: %v %v", p, err)
 		}
 	})
 

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/hashicorp/nomad/api"
 
@@ -152,6 +153,18 @@ type ScaleGrant struct {
 	// SubBand: the job runs on borrowed, moved to a sub-band of the
 	// borrowing priority (borrowing.sub_bands), not promoted.
 	SubBand bool `json:"sub_band,omitempty"`
+}
+
+// Stopped records that Nomad stopped, at its JobModifyIndex Index, a job
+// the broker admitted: its stamp (and grants) no longer stand for a version
+// registered after that, unless the broker registered it (Pending while it
+// does, the record deleted once Nomad took it). A stamp says "admitted",
+// not "admitted for this run": without it, the stopped job registered again
+// straight in Nomad verified as the broker's.
+type Stopped struct {
+	Index   uint64    `json:"stopped_at_index"`
+	Pending bool      `json:"pending,omitempty"`
+	At      time.Time `json:"recorded_at"`
 }
 
 // Promoted reports whether job runs promoted under g: at another priority

@@ -52,6 +52,7 @@ type Bander struct {
 	}
 	Jobs    PromoteJobs
 	Grants  Grants
+	Stops   decide.Stops // nil: none kept
 	Stamper nomadjob.Stamper
 	// Lock holds off other decisions on the job meanwhile (the gate's too).
 	Lock  func(namespace, id string) (unlock func())
@@ -144,7 +145,7 @@ func (b *Bander) move(ctx context.Context, r admission.Running, to int, subBand 
 	counts := nomadjob.GPUGroupCounts(job)
 	grant := nomadjob.ScaleGrant{Stamp: job.Meta[nomadjob.MetaAdmission], Stamped: counts, Admitted: counts,
 		StampedPriority: from, Priority: to, From: from, SubBand: subBand}
-	a, err := decide.Check(ctx, b.Stamper, b.Grants, job)
+	a, err := decide.Check(ctx, b.Stamper, b.Grants, b.Stops, job)
 	switch {
 	case err != nil:
 		return err

@@ -142,7 +142,7 @@ func (rec *record) settle(accepted bool) {
 // stampedGrant is what a job's admission covers (decide.Check), and
 // whether it is the broker's admission at all.
 func (s *Server) stampedGrant(r *http.Request, job *api.Job) (nomadjob.ScaleGrant, bool) {
-	a, _ := decide.Check(r.Context(), s.stamper, s.scales, job)
+	a, _ := decide.Check(r.Context(), s.stamper, s.scales, s.stops, job)
 	return a.Grant, a.OK
 }
 

@@ -151,15 +151,31 @@ func (s *Server) register(w http.ResponseWriter, r *http.Request, pathJobID stri
 			return
 		}
 		rj.Stamp(d, s.stamper.Stamp(rj.Namespace, rj.Job, d))
+		settle, err := decide.Revive(r.Context(), s.stops, rj.Namespace, rj.JobID)
+		if err != nil {
+			res.Release()
+			writeError(w, fail(errUnavailable, "job %q not registered: %v", rj.JobID, err))
+			return
+		}
 		resp, err := s.forward(r, rj.Body(), rj.Namespace)
 		if err != nil {
 			res.Release()
+			s.settled(settle, false)
 			event.What, event.Result = audit.AdmissionError, "Nomad is unreachable: "+err.Error()
 			s.audit.Write(event)
 			writeError(w, fail(errNomadUnreach, "Nomad is unreachable: %v", err))
 			return
 		}
-		s.relayRegistered(w, resp, res, admittedWarning(d), workloadWarning(rj.Wrote), s.rightSizingWarning(rj.Namespace, rj.JobID, d), rj.warning)
+		_, taken := s.relayRegistered(w, resp, res, admittedWarning(d), workloadWarning(rj.Wrote), s.rightSizingWarning(rj.Namespace, rj.JobID, d), rj.warning)
+		s.settled(settle, taken)
+	}
+}
+
+// settled settles a revived job's stopped record (decide.Revive) once Nomad
+// answered; one that cannot be written is logged.
+func (s *Server) settled(settle func(taken bool) error, taken bool) {
+	if err := settle(taken); err != nil {
+		s.log.Error("registration through the broker: the job's stopped record stays pending", "error", err)
 	}
 }
 

@@ -102,6 +102,7 @@ type Server struct {
 	queue         Queue
 	decisions     Decisions
 	scales        Scales
+	stops         decide.StopRecords
 	profiles      Profiles
 	stored        StoredProfiles
 	metrics       *metrics.Metrics
@@ -148,6 +149,9 @@ type Options struct {
 	Decisions Decisions
 	// Scales keeps what the broker admitted for scaled jobs (nil: nothing kept).
 	Scales Scales
+	// Stops are the jobs the broker admitted that Nomad stopped since (nil:
+	// none kept): a registration through the broker revives one.
+	Stops decide.StopRecords
 	// Profiles (the leader's) warn a job submitted again that it asks for
 	// far more GPUs than it kept busy; RightSizing lists them (nil: neither).
 	Profiles    Profiles
@@ -193,7 +197,7 @@ func New(o Options) (*Server, error) {
 		return nil, fmt.Errorf("nomad address %q: %w", o.Nomad, err)
 	}
 	s := &Server{log: o.Log, upstream: u, client: o.Client, policies: o.Policies, cluster: o.Cluster,
-		queue: o.Queue, decisions: o.Decisions, scales: o.Scales, profiles: o.Profiles, stored: o.RightSizing, metrics: o.Metrics, rollups: o.Rollups, fairShare: o.FairShare, audit: o.Audit, approvalStore: o.Approvals, preemptions: o.Preemptions, setAside: o.SetAside, policyStatus: o.PolicyStatus, healthy: o.Unhealthy, forecast: o.Forecast, stamper: o.Stamper, region: o.Region, acls: o.ACLs, exclusive: o.Exclusive, token: o.Token, leader: o.Leader, clock: o.Clock, newID: o.NewID, ui: webui.Handler()}
+		queue: o.Queue, decisions: o.Decisions, scales: o.Scales, stops: o.Stops, profiles: o.Profiles, stored: o.RightSizing, metrics: o.Metrics, rollups: o.Rollups, fairShare: o.FairShare, audit: o.Audit, approvalStore: o.Approvals, preemptions: o.Preemptions, setAside: o.SetAside, policyStatus: o.PolicyStatus, healthy: o.Unhealthy, forecast: o.Forecast, stamper: o.Stamper, region: o.Region, acls: o.ACLs, exclusive: o.Exclusive, token: o.Token, leader: o.Leader, clock: o.Clock, newID: o.NewID, ui: webui.Handler()}
 	if s.client == nil {
 		s.client = &http.Client{}
 	}
