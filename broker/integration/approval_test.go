@@ -110,17 +110,20 @@ reclaim_settings {
 	}
 	granted := show(asked.ID)
 	e.waitRunning("vision", "big")
-	// max_extra_gpus bounds what the approvals in force grant the job
-	// together (N4: three grants of +2 gave one job +6 with a bound of 2).
+	// max_extra_gpus bounds what the approvals in force grant the tenant's
+	// jobs together (N4: three grants of +2 gave one job +6 with a bound
+	// of 2): big's +2 and another job's +2 make 4, one more is refused.
+	// (Not big's own: a grant beside its first would keep it running past
+	// the first one's expiry.)
 	for i, want := range []string{"granted", "at most 4 (approvals { max_extra_gpus })"} {
-		out, err := broker(ana.SecretID, "approval", "request", "-job", "big", "-namespace", "vision", "-reason", "more",
+		out, err := broker(ana.SecretID, "approval", "request", "-job", "other", "-namespace", "vision", "-reason", "more",
 			"-extra-gpus", "2", "-for", "15s", "-json")
 		var more approval.Approval
 		if err != nil || json.Unmarshal([]byte(out), &more) != nil {
 			t.Fatalf("request %d: %v\n%s", i+2, err, out)
 		}
 		if out, _ := broker(ops.SecretID, "approval", "grant", more.ID); !strings.Contains(out, want) {
-			t.Errorf("grant of a +2 request beside %d GPUs granted already (max 4): want %q\n%s", 2*(i+1), want, out)
+			t.Errorf("grant of a +2 request for other beside %d GPUs granted already (max 4): want %q\n%s", 2*(i+1), want, out)
 		}
 	}
 

@@ -130,11 +130,12 @@ reclaim "unadmitted" {
 `
 
 // gateGPUs is the cluster's GPUs: more than all the scenarios' limits
-// together, so that only tenant limits, never capacity, decide.
-const gateGPUs = 16
+// together (15 tenants of 2, and a job or two registered straight in
+// Nomad), so that only tenant limits, never capacity, decide.
+const gateGPUs = 36
 
 // TestGate runs the gate's scenarios against one cluster they share (Consul,
-// a Nomad agent with 16 fake GPUs, a broker in front), each with its own
+// a Nomad agent with gateGPUs fake GPUs, a broker in front), each with its own
 // tenant and namespace, in parallel: a tenant limited to 2 GPUs tries to hold
 // more, and Nomad must run no more than 2 of them.
 func TestGate(t *testing.T) {
