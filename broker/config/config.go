@@ -6,7 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/url"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
@@ -115,6 +117,9 @@ const (
 	// The audit file rotates at 100 MiB, and ten rotated files are kept.
 	DefaultAuditMaxBytes = 100 << 20
 	DefaultAuditMaxFiles = 10
+	// MaxAuditFiles bounds audit.max_files: a read of the trail goes
+	// through every file (2,000,000 took 7.3 s and 299 MiB).
+	MaxAuditFiles = 1000
 )
 
 // Enforcement modes.
@@ -272,9 +277,16 @@ func (c *Config) Validate() error {
 		if a.MaxFiles == 0 {
 			a.MaxFiles = DefaultAuditMaxFiles
 		}
-		if a.Path == "" || a.MaxBytes < 4096 || a.MaxFiles < 1 {
-			return refuse("audit", "audit needs a path, max_bytes of at least 4096 and max_files of at least 1")
+		if a.Path == "" || a.MaxBytes < 4096 || a.MaxFiles < 1 || a.MaxFiles > MaxAuditFiles {
+			return refuse("audit", "audit needs a path, max_bytes of at least 4096 and max_files from 1 to %d (a read goes through every file)", MaxAuditFiles)
 		}
+	}
+	if u, err := url.Parse(c.Advertise); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return refuse("advertise", "advertise %q is not an http:// or https:// address the other brokers can reach", c.Advertise)
+	}
+	if p := c.Consul.KVPrefix; p == "/" || strings.HasPrefix(p, "/") || slices.Contains(strings.Split(p, "/"), "..") ||
+		slices.Contains(strings.Split(p, "/"), ".") || strings.Contains(p, "//") {
+		return refuse("consul.kv_prefix", "consul.kv_prefix %q must be a relative key path without . or .. (like %q)", p, DefaultKVPrefix)
 	}
 	if fi, err := os.Stat(c.PolicyDir); err != nil || !fi.IsDir() {
 		return refuse("policy_dir", "policy_dir %q is not a directory", c.PolicyDir)

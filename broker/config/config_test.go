@@ -85,6 +85,11 @@ tls {
 	for bad, want := range map[string]string{
 		`enforcement = "strict"`:           `enforcement "strict" is neither "passthrough" nor "exclusive"`,
 		`tls { cert_file = "broker.pem" }`: `tls needs cert_file and key_file`,
+		// Issue 34 §5: each was taken as it was.
+		`advertise = "not a url"`:                             `advertise "not a url" is not an http:// or https:// address`,
+		`consul { kv_prefix = "/" }`:                          `consul.kv_prefix "/" must be a relative key path`,
+		`consul { kv_prefix = "../../" }`:                     `consul.kv_prefix "../../" must be a relative key path`,
+		"audit {\n path = \"a.log\"\n max_files = 2000000\n}": `max_files from 1 to 1000`,
 	} {
 		os.WriteFile(path, []byte(`policy_dir = "`+dir+`"`+"\n"+bad+"\n"), 0o644)
 		if _, err := Load(path); err == nil || !strings.Contains(err.Error(), want) {

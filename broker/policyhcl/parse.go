@@ -11,6 +11,7 @@ import (
 	"sort"
 	"strings"
 	"time"
+	"unicode"
 
 	"github.com/hashicorp/hcl/v2"
 	"github.com/hashicorp/hcl/v2/gohcl"
@@ -171,6 +172,12 @@ func Parse(files map[string][]byte, capacity int) (*policy.Policy, hcl.Diagnosti
 					fmt.Sprintf("a %s block needs a name: %s \"<name>\" { … }", b.Type, b.Type)))
 				continue
 			}
+			if len(b.Labels) > 0 && strings.ContainsFunc(b.Labels[0], unicode.IsControl) {
+				// Names become metric labels, KV keys and log fields.
+				diags = append(diags, errorAt(b.LabelRanges[0], "Invalid name",
+					fmt.Sprintf("a %s name holds a control character: %q", b.Type, b.Labels[0])))
+				continue
+			}
 			switch b.Type {
 			case "queue":
 				var qb queueBody
@@ -283,6 +290,12 @@ func decodeSingleton(p *parser, b *hcl.Block) hcl.Diagnostics {
 			p.Borrowing.Enabled = *bb.Enabled
 		}
 		if bb.Priority != nil {
+			if *bb.Priority < 1 || *bb.Priority > 100 {
+				// Nomad takes a priority of 0 for its default, 50: borrowed
+				// work above the guaranteed bands.
+				d = append(d, errorAt(attrRange(b, "priority"), "Invalid priority",
+					fmt.Sprintf("borrowing: priority %d is not a Nomad priority (1 to 100)", *bb.Priority)))
+			}
 			p.Borrowing.Priority = *bb.Priority
 		}
 		for _, set := range []struct {

@@ -60,6 +60,11 @@ func TestDiagnosticsNameFileLineAndRule(t *testing.T) {
   queues = ["dev"]
   guarantee = 3
 }`, want: `tenants.hcl:4:3: error: Unsupported argument: An argument named "guarantee" is not expected here.`},
+		// Issue 34 §5: each was accepted.
+		{name: "a reclaim period of years", tenants: "reclaim_settings {\n  period = \"2562047h\"\n}",
+			want: `tenants.hcl:1:1: error: Invalid duration: reclaim_settings: period = "2562047h" is not a duration of at least 1s and at most 10m0s`},
+		{name: "a tenant name with a NUL", tenants: "tenant \"a\\u0000b\" {\n  namespaces = [\"a\"]\n  queues = [\"dev\"]\n}",
+			want: `tenants.hcl:1:8: error: Invalid name: a tenant name holds a control character: "a\x00b"`},
 		{name: "namespace claimed twice", tenants: `tenant "a" {
   namespaces = ["shared"]
   queues = ["dev"]
@@ -284,6 +289,19 @@ tenant "b" {
 	for _, c := range cases {
 		if got := c.tenant.MaySubmit(c.grants); got != c.want {
 			t.Errorf("%s: MaySubmit = %t, want %t", c.name, got, c.want)
+		}
+	}
+}
+
+// Nomad takes a priority of 0 for its default, 50: a borrowing band of 0
+// would put borrowed work above the guaranteed bands (issue 34 §5).
+func TestBorrowingPriorityIsANomadPriority(t *testing.T) {
+	for _, prio := range []int{0, 101} {
+		src := fmt.Sprintf("queue \"training\" { priority = 60 }\nborrowing {\n  priority = %d\n}\n", prio)
+		_, diags := policyhcl.Parse(map[string][]byte{"p.hcl": []byte(src)}, 0)
+		want := fmt.Sprintf("p.hcl:3:3: error: Invalid priority: borrowing: priority %d is not a Nomad priority (1 to 100)", prio)
+		if got := policyhcl.FormatDiagnostics(diags); !strings.Contains(got, want) {
+			t.Errorf("priority %d: %s", prio, got)
 		}
 	}
 }

@@ -37,19 +37,29 @@ func (p *parser) reclaimSettings(b *hcl.Block) hcl.Diagnostics {
 		v    *string
 		dst  *time.Duration
 		min  time.Duration
-	}{{"period", sb.Period, &p.ReclaimSettings.Period, time.Second}, {"retention", sb.Retention, &p.ReclaimSettings.Retention, time.Minute}} {
+		max  time.Duration // 0: none
+	}{{"period", sb.Period, &p.ReclaimSettings.Period, time.Second, maxReclaimPeriod}, {"retention", sb.Retention, &p.ReclaimSettings.Retention, time.Minute, 0}} {
 		if s.v == nil {
 			continue
 		}
 		d, err := time.ParseDuration(*s.v)
-		if err != nil || d < s.min {
-			diags = append(diags, errorAt(b.DefRange, "Invalid duration", fmt.Sprintf("reclaim_settings: %s = %q is not a duration of at least %s", s.attr, *s.v, s.min)))
+		if err != nil || d < s.min || s.max > 0 && d > s.max {
+			bound := "at least " + s.min.String()
+			if s.max > 0 {
+				bound += " and at most " + s.max.String()
+			}
+			diags = append(diags, errorAt(b.DefRange, "Invalid duration", fmt.Sprintf("reclaim_settings: %s = %q is not a duration of %s", s.attr, *s.v, bound)))
 			continue
 		}
 		*s.dst = d
 	}
 	return diags
 }
+
+// maxReclaimPeriod bounds reclaim_settings.period: the reclaim pass also
+// charges GPU time and measures over-limit time, which a period of years
+// ("2562047h") silently turned off.
+const maxReclaimPeriod = 10 * time.Minute
 
 type reclaimBody struct {
 	Workload           *string  `hcl:"workload,optional"`
