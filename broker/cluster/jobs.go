@@ -19,6 +19,7 @@ type job struct {
 	borrowed      bool
 	tenant, queue string // from a verified stamp, else ""
 	modifyIndex   uint64 // Nomad's JobModifyIndex of the version recorded
+	version       uint64 // its Version
 	demand        map[string]int
 }
 
@@ -77,6 +78,9 @@ func (v *View) observeJob(j *api.Job) {
 	}
 	if !stopped && (len(groups) > 0 || len(v.stable[key]) > 0) {
 		jb := job{groups: groups, borrowed: borrowed, modifyIndex: modifyIndex}
+		if j.Version != nil {
+			jb.version = *j.Version
+		}
 		if verified {
 			jb.tenant, jb.queue = j.Meta[nomadjob.MetaTenant], j.Meta[nomadjob.MetaQueue]
 		}
@@ -176,6 +180,12 @@ func (v *View) ObserveDeployment(d *api.Deployment) {
 
 func (v *View) observeDeployment(d *api.Deployment) {
 	key := jobKey{d.Namespace, d.JobID}
+	if old, ok := v.jobs[key]; ok && d.JobVersion < old.version {
+		// A deployment of a version the job has moved on from (a late
+		// update of its end, under load) says nothing of the one now:
+		// it cleared the floor of the deployment running.
+		return
+	}
 	canaries := map[string]int{}
 	reverting := false
 	switch d.Status {

@@ -443,3 +443,22 @@ func TestStoppedAdmissionsAreKeptUntilTheBrokerRegistersThemAgain(t *testing.T) 
 		t.Errorf("recorded by the leader: %v", got)
 	}
 }
+
+// An event about the deployment of a version the job has moved on from
+// (late, under load) changes nothing of the deployment now running: it
+// cleared the stable version's floor, and a queued job took its GPUs.
+func TestAnOlderVersionsDeploymentDoesNotClearTheFloor(t *testing.T) {
+	p := testbuild.Policy(t, visionPolicy)
+	v := NewView(nil)
+	v.ObserveNode(testbuild.Node("n1", testbuild.H100, 8, 0))
+	v.ObserveJob(testbuild.Job("vision", "web").Group("web", 1, 2, "gpu").AutoRevert().Stable().ModifyIndex(1).Build())
+	v1 := testbuild.Job("vision", "web").Group("web", 1, 1, "gpu").AutoRevert().ModifyIndex(2).Build()
+	v1.Version = ptr(uint64(1))
+	v.ObserveJob(v1)
+	v.ObserveDeployment(&api.Deployment{ID: "d1", Namespace: "vision", JobID: "web", JobVersion: 1, Status: api.DeploymentStatusRunning,
+		TaskGroups: map[string]*api.DeploymentState{"web": {AutoRevert: true}}})
+	v.ObserveDeployment(&api.Deployment{ID: "d0", Namespace: "vision", JobID: "web", JobVersion: 0, Status: api.DeploymentStatusSuccessful})
+	if got := v.Usage(p).Tenants["vision"].Used.Total(); got != 2 {
+		t.Errorf("version 0's deployment told late: %g, want 2 (version 1 may still revert)", got)
+	}
+}
