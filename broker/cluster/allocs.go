@@ -87,8 +87,10 @@ func (v *View) observeAlloc(a *api.Allocation, fromEvent bool) bool {
 	// An allocation Nomad stops (its job stopped, updated or reclaimed)
 	// holds its GPUs until its client says its tasks ended: a task may
 	// checkpoint for its whole kill_timeout, and a job admitted meanwhile
-	// would put its tenant over the limit.
-	holding := !preempted && (a.ClientStatus == api.AllocClientStatusRunning || a.ClientStatus == api.AllocClientStatusPending)
+	// would put its tenant over the limit. One stopped before its tasks ran
+	// (pending) holds nothing, and its client may never report on it.
+	holding := !preempted && (a.ClientStatus == api.AllocClientStatusRunning ||
+		a.ClientStatus == api.AllocClientStatusPending && a.DesiredStatus == api.AllocDesiredStatusRun)
 	changed := v.hold(a, holding)
 	v.trackEnd(a, old, had, live, preempted)
 	if (!preempted && !live) || len(gpus) == 0 {

@@ -164,4 +164,13 @@ func TestGPUsStayUsedUntilTheAllocationsEnd(t *testing.T) {
 	if used() != 0 {
 		t.Errorf("all ended: %g used", used())
 	}
+	// Stopped before its tasks ran: it holds nothing, and its client may
+	// never say so.
+	v.ObserveJob(testbuild.Job("vision", "train").Group("g", 1, 2, "nvidia/gpu").ModifyIndex(13).Build())
+	v.ObserveAlloc(alloc("a3", api.AllocDesiredStatusRun, api.AllocClientStatusPending, 14, "n-4", "n-5"))
+	v.ObserveJob(testbuild.Job("vision", "train").Group("g", 1, 2, "nvidia/gpu").ModifyIndex(15).Stopped().Build())
+	v.ObserveAlloc(alloc("a3", api.AllocDesiredStatusStop, api.AllocClientStatusPending, 16, "n-4", "n-5"))
+	if used() != 0 {
+		t.Errorf("stopped while pending: %g used", used())
+	}
 }
