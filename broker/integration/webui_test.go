@@ -202,26 +202,31 @@ func TestWebUI(t *testing.T) {
 	})
 
 	t.Run("every metric the Grafana dashboard queries is exposed", func(t *testing.T) {
-		exposed := map[string]bool{}
-		for _, series := range []map[string]float64{e.broker.Scrape(),
-			testcluster.Scrape(t, http.DefaultClient, n.Addr+"/v1/metrics?format=prometheus"),
-			testcluster.Scrape(t, http.DefaultClient, n2.Addr+"/v1/metrics?format=prometheus")} {
-			for s := range series {
-				name, _, _ := strings.Cut(s, "{")
-				exposed[name] = true
-			}
-		}
 		queried := dashboardMetrics(t, "../../dashboards/nomad-gpu.json")
 		if len(queried) < 20 {
 			t.Fatalf("the dashboard queries only %d metrics: %v", len(queried), queried)
 		}
-		var missing []string
-		for _, m := range queried {
-			if !exposed[m] {
-				missing = append(missing, m)
+		// Nomad's raft gauges show from its first metrics interval on: a
+		// loaded machine may scrape before it.
+		testcluster.WaitFor(t, 30*time.Second, "every metric the dashboard queries", func() error {
+			exposed := map[string]bool{}
+			for _, series := range []map[string]float64{e.broker.Scrape(),
+				testcluster.Scrape(t, http.DefaultClient, n.Addr+"/v1/metrics?format=prometheus"),
+				testcluster.Scrape(t, http.DefaultClient, n2.Addr+"/v1/metrics?format=prometheus")} {
+				for s := range series {
+					name, _, _ := strings.Cut(s, "{")
+					exposed[name] = true
+				}
 			}
-		}
-		if len(missing) > 0 {
+			var missing []string
+			for _, m := range queried {
+				if !exposed[m] {
+					missing = append(missing, m)
+				}
+			}
+			if len(missing) == 0 {
+				return nil
+			}
 			var have []string
 			for m := range exposed {
 				if strings.HasPrefix(m, "nomadgpu_") || strings.HasPrefix(m, "nomad_nomad") || strings.HasPrefix(m, "nomad_raft") || strings.HasPrefix(m, "nomad_client") {
@@ -229,8 +234,8 @@ func TestWebUI(t *testing.T) {
 				}
 			}
 			sort.Strings(have)
-			t.Errorf("the dashboard queries metrics no running broker or Nomad exposes: %v\nexposed: %v", missing, have)
-		}
+			return fmt.Errorf("the dashboard queries metrics no running broker or Nomad exposes: %v\nexposed: %v", missing, have)
+		})
 	})
 }
 
