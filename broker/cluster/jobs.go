@@ -52,7 +52,10 @@ func (v *View) observeJob(j *api.Job) {
 	if old, ok := v.jobs[key]; ok && modifyIndex < old.modifyIndex {
 		return
 	}
-	v.followStop(key, stopped, live, verified, modifyIndex)
+	// A batch job that finished is done with its admission as a stopped one
+	// is (nothing of Nomad's own runs it again: no deployment reverts it).
+	finished := !live && !stopped && j.Type != nil && (*j.Type == api.JobTypeBatch || *j.Type == api.JobTypeSysbatch)
+	v.followStop(key, stopped || finished, live, verified, modifyIndex)
 	// Nomad has already canonicalised the counts of a job it returns; a job
 	// whose demand cannot be read is counted as nothing rather than guessed.
 	a, _ := nomadjob.Admission(j, v.nodesFitting)
@@ -88,10 +91,10 @@ func (v *View) observeJob(j *api.Job) {
 	}
 }
 
-// followStop keeps the broker's admissions Nomad stopped, for the leader to
-// record (StoppedAdmitted); a version the broker registers again (its
-// reservation, confirmed at this index or not yet) ends that, one
-// registered straight in Nomad does not.
+// followStop keeps the broker's admissions Nomad stopped (or, for batch
+// work, that finished), for the leader to record (StoppedAdmitted); a
+// version the broker registers again (its reservation, confirmed at this
+// index or not yet) ends that, one registered straight in Nomad does not.
 func (v *View) followStop(key jobKey, stopped, live, verified bool, modifyIndex uint64) {
 	switch {
 	case stopped && verified:

@@ -442,6 +442,17 @@ func TestStoppedAdmissionsAreKeptUntilTheBrokerRegistersThemAgain(t *testing.T) 
 	if got := v.StoppedAdmitted(); len(got) != 0 {
 		t.Errorf("recorded by the leader: %v", got)
 	}
+	// A batch job that finished is done with its admission too; a service
+	// job Nomad calls dead may still be reverted by its deployment.
+	done := testbuild.Job("vision", "batch").Group("g", 1, 1, "gpu").ModifyIndex(17).Build()
+	done.Type, done.Status = ptr(api.JobTypeBatch), ptr("dead")
+	failed := testbuild.Job("vision", "svc").Group("g", 1, 1, "gpu").ModifyIndex(18).Build()
+	failed.Type, failed.Status = ptr(api.JobTypeService), ptr("dead")
+	v.ObserveJob(done)
+	v.ObserveJob(failed)
+	if got := v.StoppedAdmitted(); len(got) != 1 || got[[2]string{"vision", "batch"}] != 17 {
+		t.Errorf("a finished batch job and a dead service job: %v, want the batch job's", got)
+	}
 }
 
 // An event about the deployment of a version the job has moved on from
