@@ -237,12 +237,8 @@ func (s *Server) recordChild(r *http.Request, ns, parentID string, parent *api.J
 
 func (s *Server) revert(w http.ResponseWriter, r *http.Request, jc jobCall, jobID string) {
 	var req api.JobRevertRequest
-	doc, ok := s.parseCall(w, r, jc, &req)
+	doc, ok := s.parseJobCall(w, r, jc, &req, jobID, func() string { return req.JobID })
 	if !ok {
-		return
-	}
-	if req.JobID != jobID {
-		s.passThrough(w, r, doc.Bytes()) // Nomad refuses it: "Job ID does not match"
 		return
 	}
 	s.revertTo(w, r, doc.Bytes(), jc.namespace, jobID, "revert", func(v *api.Job) bool {
@@ -283,12 +279,8 @@ func (s *Server) revertTo(w http.ResponseWriter, r *http.Request, body []byte, n
 // revert to: refused too. Otherwise it changes no GPU demand.
 func (s *Server) stable(w http.ResponseWriter, r *http.Request, jc jobCall, jobID string) {
 	var req api.JobStabilityRequest
-	doc, ok := s.parseCall(w, r, jc, &req)
+	doc, ok := s.parseJobCall(w, r, jc, &req, jobID, func() string { return req.JobID })
 	if !ok {
-		return
-	}
-	if req.JobID != jobID {
-		s.passThrough(w, r, doc.Bytes()) // Nomad refuses it: "Job ID does not match"
 		return
 	}
 	defer s.cluster.LockJob(jc.namespace, jobID)()
@@ -378,6 +370,18 @@ func (s *Server) parseCall(w http.ResponseWriter, r *http.Request, jc jobCall, o
 		return nil, false
 	}
 	return doc, s.checkRegion(w, r, jc.region, "", doc.Bytes())
+}
+
+// parseJobCall is parseCall of a call whose body names its job
+// (bodyJobID, read once parsed): one naming another job than the path is
+// passed on, for Nomad to refuse ("Job ID does not match").
+func (s *Server) parseJobCall(w http.ResponseWriter, r *http.Request, jc jobCall, out any, jobID string, bodyJobID func() string) (*jsondoc.Doc, bool) {
+	doc, ok := s.parseCall(w, r, jc, out)
+	if ok && bodyJobID() != jobID {
+		s.passThrough(w, r, doc.Bytes())
+		return nil, false
+	}
+	return doc, ok
 }
 
 // checkThenForward decides on job as it will be after the call (current:
