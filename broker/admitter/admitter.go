@@ -102,6 +102,9 @@ type Admitter struct {
 	// Stops are the jobs the broker admitted that Nomad stopped since (nil:
 	// none kept): a requeued job registered again is revived from them.
 	Stops decide.StopRecords
+	// Placed tells, for a requeued job registered again, why Nomad placed
+	// nothing for that version ("" when it did; nil: not asked).
+	Placed func(ctx context.Context, namespace, id string, index uint64) (string, error)
 	// FairShare gives the decayed GPU-hours the policy's fair_share orders by.
 	FairShare interface {
 		Decayed(ctx context.Context, now time.Time, halfLife time.Duration) (map[string]float64, error)
@@ -367,7 +370,12 @@ func (a *Admitter) register(ctx context.Context, e queue.Entry, d admission.Deci
 		return fmt.Errorf("admit queued job %s (%s): %w", e.ID, e.JobID, err)
 	}
 	res.Confirm(index)
-	if _, err := a.Queue.Remove(ctx, e); err != nil {
+	if why := a.placedNothing(ctx, e, index); why != "" {
+		// A requeue must never end work silently: the entry stays, parked
+		// with what Nomad said, where its owner sees it.
+		a.park(ctx, e, fmt.Errorf("registered again after its requeue, but Nomad placed nothing for it: %s; "+
+			"the entry stays so that the job is not lost: stop the job, or remove the entry once it runs", why))
+	} else if _, err := a.Queue.Remove(ctx, e); err != nil {
 		return err
 	}
 	a.Metrics.Admission(metrics.Queued, d)
@@ -383,6 +391,20 @@ func (a *Admitter) register(ctx context.Context, e queue.Entry, d admission.Deci
 	a.Log.Info("queue: admitted", "id", e.ID, "job", e.JobID, "namespace", e.Namespace, "outcome", d.Outcome,
 		"priority", d.Priority, "waited", a.Clock.Now().Sub(e.SubmittedAt).Round(time.Second))
 	return nil
+}
+
+// placedNothing is, for an entry a reclaim requeue made (e.Stopping), why
+// Nomad placed nothing for the version registered at index; "" when it
+// placed (or waits for room to), or it is not such an entry.
+func (a *Admitter) placedNothing(ctx context.Context, e queue.Entry, index uint64) string {
+	if e.Stopping == 0 || a.Placed == nil {
+		return ""
+	}
+	why, err := a.Placed(ctx, e.Namespace, e.JobID, index)
+	if err != nil {
+		a.Log.Warn("queue: cannot tell whether Nomad placed a requeued job", "id", e.ID, "job", e.JobID, "error", err)
+	}
+	return why
 }
 
 // errRefused is a registration Nomad refused: the entry is parked, the pass

@@ -606,3 +606,32 @@ func TestTheQueueWaitsForTheGatesDecisionOnTheSameJob(t *testing.T) {
 	}
 	view.LockJob("vision", "j")() // free again
 }
+
+// A requeue must never end work silently (D2: a requeued sysbatch job was
+// registered again, Nomad placed nothing, and the queue was empty): when
+// Nomad places nothing for a requeued job it registered again, the entry
+// stays, parked with what Nomad said; an entry that was never requeued is
+// not asked about.
+func TestARequeuedJobNomadDoesNotPlaceStaysInTheQueue(t *testing.T) {
+	a, q, n, view, now := setup(t, visionPolicy, 8)
+	asked := 0
+	a.Placed = func(_ context.Context, ns, id string, _ uint64) (string, error) {
+		asked++
+		return "its evaluation finished without placing an allocation", nil
+	}
+	view.ObserveJob(testbuild.Job("vision", "sweep").Group("g", 1, 2, "gpu").ModifyIndex(7).Stopped().Build())
+	requeued := entry("sweep", 2, time.Hour, now)
+	requeued.Stopping, requeued.StoppingSince = 7, now.Add(-time.Minute)
+	q.Put(context.Background(), requeued)
+	q.Put(context.Background(), entry("fresh", 1, time.Minute, now))
+	if _, err := a.Pass(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if len(n.registered) != 2 || asked != 1 {
+		t.Fatalf("registered %v, asked %d times", n.registered, asked)
+	}
+	left, _ := q.List(context.Background())
+	if len(left) != 1 || left[0].JobID != "sweep" || !strings.Contains(left[0].Parked, "Nomad placed nothing for it: its evaluation finished") {
+		t.Errorf("queue after the pass: %+v", left)
+	}
+}

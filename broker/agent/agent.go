@@ -248,7 +248,8 @@ func (a *Agent) setupServer(context.Context) error {
 	// HTTP connections per client.
 	a.admitter = &admitter.Admitter{Log: a.log.Named("queue"), Queue: st.queue, Nomad: a.nomad, Cluster: a.view,
 		Policies: a.policies, Stamper: a.stamper, Clock: clock.Real, GPUsCameBack: a.view.GPUsCameBack, Blocked: a.nomad, Exclusive: a.exclusive,
-		Metrics: a.metrics, FairShare: st.rollups, Audit: a.trail, Approvals: st.approvals, Preemptions: st.backoffs.Preemptions, Stops: st.stops, Parallel: 32}
+		Metrics: a.metrics, FairShare: st.rollups, Audit: a.trail, Approvals: st.approvals, Preemptions: st.backoffs.Preemptions, Stops: st.stops,
+		Placed: a.nomad.PlacedNothing, Parallel: 32}
 	var err error
 	a.server, err = server.New(server.Options{Leader: a.elector, Log: a.log.Named("proxy"), Nomad: cfg.Nomad.Address,
 		Client: a.nomad.HTTPClient(), Policies: a.policies, Cluster: a.view, Queue: st.queue, Decisions: st.decisions, Scales: st.scales, Stops: st.stops,

@@ -15,6 +15,7 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"sort"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -566,4 +567,84 @@ func (c *Client) ReevaluateBlocked(ctx context.Context) (int, error) {
 		}
 	}
 	return len(seen), nil
+}
+
+// placementWait bounds how long PlacedNothing waits for the evaluations
+// of a registration to finish.
+const placementWait = 10 * time.Second
+
+// PlacedNothing tells, once Nomad's evaluations of the version of job
+// namespace/id registered at index have finished, why Nomad placed nothing
+// for it ("" when it placed an allocation, waits for room in a blocked
+// evaluation, or its evaluations did not finish within placementWait: it
+// may still place). A requeued job registered again must never end there
+// silently.
+func (c *Client) PlacedNothing(ctx context.Context, namespace, id string, index uint64) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, placementWait)
+	defer cancel()
+	q := (&api.QueryOptions{Namespace: namespace}).WithContext(ctx)
+	for {
+		evals, _, err := c.nomad().Jobs().Evaluations(id, q)
+		if err != nil {
+			if ctx.Err() != nil {
+				return "", nil
+			}
+			return "", fmt.Errorf("read the evaluations of %s/%s: %w", namespace, id, err)
+		}
+		done, why := evaluated(evals, index)
+		if done {
+			if why == "" {
+				return "", nil
+			}
+			allocs, _, err := c.nomad().Jobs().Allocations(id, true, q)
+			if err != nil {
+				return "", fmt.Errorf("read the allocations of %s/%s: %w", namespace, id, err)
+			}
+			for _, a := range allocs {
+				if a.CreateIndex >= index {
+					return "", nil
+				}
+			}
+			return why, nil
+		}
+		select {
+		case <-ctx.Done():
+			return "", nil
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
+}
+
+// evaluated reports whether the evaluations of the version registered at
+// index have all finished, and, if none of them waits for room, what they
+// say of the placements they could not make.
+func evaluated(evals []*api.Evaluation, index uint64) (done bool, why string) {
+	seen := false
+	var failed []string
+	for _, ev := range evals {
+		if ev == nil || ev.JobModifyIndex < index {
+			continue
+		}
+		seen = true
+		switch {
+		case ev.Status == api.EvalStatusPending || ev.Status == api.EvalStatusBlocked:
+			return ev.Status == api.EvalStatusBlocked, "" // waiting for room: it places later
+		case ev.BlockedEval != "":
+			return true, ""
+		}
+		for tg, m := range ev.FailedTGAllocs {
+			if m != nil {
+				failed = append(failed, fmt.Sprintf("group %q: %d filtered, %d exhausted", tg, m.NodesFiltered, m.NodesExhausted))
+			}
+		}
+	}
+	if !seen {
+		return false, ""
+	}
+	why = "its evaluation finished without placing an allocation"
+	if len(failed) > 0 {
+		sort.Strings(failed)
+		why += " (" + strings.Join(failed, "; ") + ")"
+	}
+	return true, why
 }
