@@ -14,6 +14,7 @@ import (
 	"github.com/nomad-gpu/nomad-gpu/broker/audit"
 	"github.com/nomad-gpu/nomad-gpu/broker/metrics"
 	"github.com/nomad-gpu/nomad-gpu/broker/reclaim"
+	"github.com/nomad-gpu/nomad-gpu/broker/server"
 	"github.com/nomad-gpu/nomad-gpu/testing/testcluster"
 )
 
@@ -441,5 +442,80 @@ make_room_grace  = "3s"
 		if all := strings.Join(seen, ", "); !strings.Contains(all, "reclaim-decision make-room") || !strings.Contains(all, "reclaim-action make-room") {
 			t.Errorf("audit trail of old: %s", all)
 		}
+	})
+}
+
+// TestARequeuedJobNomadDoesNotPlaceStaysQueued: a requeue must never end
+// work silently (D2). A sysbatch job is requeued by over_limit; when the
+// queue registers it again, Nomad places nothing (it is constrained to a
+// node meta value the node no longer has: the broker does not read
+// constraints, Nomad does): the entry stays, parked with Nomad's reason,
+// where it was lost before. (A cluster of its own: its node's meta changes.)
+func TestARequeuedJobNomadDoesNotPlaceStaysQueued(t *testing.T) {
+	t.Parallel()
+	const policy = `
+queue "training" { priority = 60 }
+tenant "vision" {
+  namespaces = ["vision"]
+  queues     = ["training"]
+  guaranteed = %d
+  limit      = %d
+}
+reclaim_settings {
+  period = "1s"
+}
+over_limit_grace = "2s"
+`
+	consul := testcluster.StartConsul(t)
+	n := startGPUNode(t, "unplaced", 4, "vision")
+	e := brokerEnv(t, n, consul, fmt.Sprintf(policy, 2, 2), "vision", 4, testcluster.BrokerOptions{})
+	nodes, _, err := n.API.Nodes().List(nil)
+	if err != nil || len(nodes) != 1 {
+		t.Fatalf("nodes %v %v", nodes, err)
+	}
+	setMeta := func(v *string) {
+		t.Helper()
+		if _, err := n.API.Nodes().Meta().Apply(&api.NodeMetaApplyRequest{NodeID: nodes[0].ID, Meta: map[string]*string{"sweep": v}}, nil); err != nil {
+			t.Fatal(err)
+		}
+		testcluster.WaitFor(t, 30*time.Second, "the node's meta at the servers", func() error {
+			node, _, err := n.API.Nodes().Info(nodes[0].ID, nil)
+			if err != nil || (node.Meta["sweep"] == "yes") != (v != nil) {
+				return fmt.Errorf("meta %v (%v)", node.Meta, err)
+			}
+			return nil
+		})
+	}
+	setMeta(ptr("yes"))
+	if out, err := e.run("vision", "first", 1, 1, "", true); err != nil || !strings.Contains(out, "admitted") {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	e.waitRunning("vision", "first")
+	sweep := job("vision", "sweep", api.JobTypeSysbatch).group("g", ptr(1), nil, task(dev("nvidia/gpu", 1)))
+	sweep.j.Constraints = []*api.Constraint{{LTarget: "${meta.sweep}", Operand: "=", RTarget: "yes"}}
+	if status, out := send(t, e.broker.Addr, http.MethodPut, "/v1/jobs", sweep.body(nil, canonical)); status != http.StatusOK {
+		t.Fatalf("the sysbatch job: %d %s", status, out)
+	}
+	e.waitRunning("vision", "sweep")
+	writeFile(t, filepath.Join(e.policyDir, "policy.hcl"), fmt.Sprintf(policy, 1, 1))
+	testcluster.WaitFor(t, 60*time.Second, "sweep, the newest, requeued", func() error {
+		if out := e.brokerCLI("queue", "list"); !strings.Contains(out, "sweep") {
+			return fmt.Errorf("queue:\n%s", out)
+		}
+		return nil
+	})
+	setMeta(nil)
+	writeFile(t, filepath.Join(e.policyDir, "policy.hcl"), fmt.Sprintf(policy, 2, 2))
+	testcluster.WaitFor(t, 60*time.Second, "sweep registered again and kept, parked with Nomad's reason", func() error {
+		var entries []server.QueuedJob
+		if err := json.Unmarshal([]byte(e.brokerCLI("queue", "list", "-json")), &entries); err != nil {
+			return err
+		}
+		for _, q := range entries {
+			if q.JobID == "sweep" && strings.Contains(q.Parked, "Nomad placed nothing for it") {
+				return nil
+			}
+		}
+		return fmt.Errorf("queue %+v", entries)
 	})
 }
