@@ -521,7 +521,13 @@ func TestGate(t *testing.T) {
 			deployment = d
 			return nil
 		})
-		status, out := send(t, e.broker.Addr, http.MethodPut, "/v1/deployment/fail/"+deployment.ID, "")
+		// D7: un-marking a version while its deployment may revert would
+		// leave that deployment nothing to revert to.
+		status, out := send(t, e.broker.Addr, http.MethodPut, "/v1/job/svc/stable?namespace="+ns, `{"JobID": "svc", "JobVersion": 1, "Stable": false}`)
+		if status != http.StatusForbidden || !strings.Contains(out, "reverts on failure") {
+			t.Errorf("un-marking version 1 while its deployment may revert: %d %s", status, out)
+		}
+		status, out = send(t, e.broker.Addr, http.MethodPut, "/v1/deployment/fail/"+deployment.ID, "")
 		if status != http.StatusForbidden || !strings.Contains(out, `revert of "svc" refused: tenant "deploy" would hold 3 of its limit of 2 GPUs`) {
 			t.Errorf("failing the deployment, which reverts to 2 GPUs beside 1 more (limit 2): %d %s", status, out)
 		}
