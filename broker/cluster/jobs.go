@@ -55,7 +55,9 @@ func (v *View) observeJob(j *api.Job) {
 	// A batch job that finished is done with its admission as a stopped one
 	// is (nothing of Nomad's own runs it again: no deployment reverts it).
 	finished := !live && !stopped && j.Type != nil && (*j.Type == api.JobTypeBatch || *j.Type == api.JobTypeSysbatch)
-	v.followStop(key, stopped || finished, live, verified, modifyIndex)
+	// Any job carrying a stamp, verified here or not: one promoted, scaled
+	// or dispatched verifies by its grant, which the view does not read.
+	v.followStop(key, stopped || finished, live, j.Meta[nomadjob.MetaAdmission] != "", modifyIndex)
 	// Nomad has already canonicalised the counts of a job it returns; a job
 	// whose demand cannot be read is counted as nothing rather than guessed.
 	a, _ := nomadjob.Admission(j, v.nodesFitting)
@@ -91,13 +93,13 @@ func (v *View) observeJob(j *api.Job) {
 	}
 }
 
-// followStop keeps the broker's admissions Nomad stopped (or, for batch
-// work, that finished), for the leader to record (StoppedAdmitted); a
+// followStop keeps the jobs with a stamp Nomad stopped (or, for batch work,
+// that finished), for the leader to record (StoppedAdmitted); a
 // version the broker registers again (its reservation, confirmed at this
 // index or not yet) ends that, one registered straight in Nomad does not.
-func (v *View) followStop(key jobKey, stopped, live, verified bool, modifyIndex uint64) {
+func (v *View) followStop(key jobKey, stopped, live, stamped bool, modifyIndex uint64) {
 	switch {
-	case stopped && verified:
+	case stopped && stamped:
 		v.stopped[key] = modifyIndex
 	case live:
 		if res, ok := v.reserved[key]; ok && (res.index == 0 || res.index == modifyIndex) {

@@ -413,17 +413,24 @@ func TestARollbackCountsTheStableVersionUntilItsOwnDeploymentEnds(t *testing.T) 
 func TestStoppedAdmissionsAreKeptUntilTheBrokerRegistersThemAgain(t *testing.T) {
 	p := testbuild.Policy(t, visionPolicy)
 	v := NewView(func(*api.Job) bool { return true })
+	stamp := func(j *api.Job) *api.Job {
+		if j.Meta == nil {
+			j.Meta = map[string]string{}
+		}
+		j.Meta[nomadjob.MetaAdmission] = "v3:sig"
+		return j
+	}
 	v.ObserveNode(testbuild.Node("n1", testbuild.H100, 8, 0))
-	v.ObserveJob(testbuild.Job("vision", "train").Group("g", 1, 1, "gpu").ModifyIndex(5).Build())
-	v.ObserveJob(testbuild.Job("vision", "train").Group("g", 1, 1, "gpu").ModifyIndex(7).Stopped().Build())
+	v.ObserveJob(stamp(testbuild.Job("vision", "train").Group("g", 1, 1, "gpu").ModifyIndex(5).Build()))
+	v.ObserveJob(stamp(testbuild.Job("vision", "train").Group("g", 1, 1, "gpu").ModifyIndex(7).Stopped().Build()))
 	if got := v.StoppedAdmitted(); got[[2]string{"vision", "train"}] != 7 {
 		t.Fatalf("stopped: %v", got)
 	}
-	v.ObserveJob(testbuild.Job("vision", "train").Group("g", 1, 1, "gpu").ModifyIndex(9).Build()) // straight in Nomad
+	v.ObserveJob(stamp(testbuild.Job("vision", "train").Group("g", 1, 1, "gpu").ModifyIndex(9).Build())) // straight in Nomad
 	if got := v.StoppedAdmitted(); got[[2]string{"vision", "train"}] != 7 {
 		t.Errorf("a replay straight in Nomad ended the stop: %v", got)
 	}
-	v.ObserveJob(testbuild.Job("vision", "train").Group("g", 1, 1, "gpu").ModifyIndex(11).Stopped().Build())
+	v.ObserveJob(stamp(testbuild.Job("vision", "train").Group("g", 1, 1, "gpu").ModifyIndex(11).Stopped().Build()))
 	d, res := v.Admit(p, admission.Job{ID: "train", Namespace: "vision", Queue: "training",
 		Groups: []admission.Group{{Name: "g", Count: 1, GPUsPerAlloc: 1}}})
 	if res == nil {
@@ -433,11 +440,11 @@ func TestStoppedAdmissionsAreKeptUntilTheBrokerRegistersThemAgain(t *testing.T) 
 		t.Errorf("the broker's registration in flight is not seen")
 	}
 	res.Confirm(13)
-	v.ObserveJob(testbuild.Job("vision", "train").Group("g", 1, 1, "gpu").ModifyIndex(13).Build())
+	v.ObserveJob(stamp(testbuild.Job("vision", "train").Group("g", 1, 1, "gpu").ModifyIndex(13).Build()))
 	if got := v.StoppedAdmitted(); len(got) != 0 {
 		t.Errorf("registered again through the broker: %v", got)
 	}
-	v.ObserveJob(testbuild.Job("vision", "train").Group("g", 1, 1, "gpu").ModifyIndex(15).Stopped().Build())
+	v.ObserveJob(stamp(testbuild.Job("vision", "train").Group("g", 1, 1, "gpu").ModifyIndex(15).Stopped().Build()))
 	v.RecordedStop("vision", "train", 15)
 	if got := v.StoppedAdmitted(); len(got) != 0 {
 		t.Errorf("recorded by the leader: %v", got)
@@ -448,8 +455,8 @@ func TestStoppedAdmissionsAreKeptUntilTheBrokerRegistersThemAgain(t *testing.T) 
 	done.Type, done.Status = ptr(api.JobTypeBatch), ptr("dead")
 	failed := testbuild.Job("vision", "svc").Group("g", 1, 1, "gpu").ModifyIndex(18).Build()
 	failed.Type, failed.Status = ptr(api.JobTypeService), ptr("dead")
-	v.ObserveJob(done)
-	v.ObserveJob(failed)
+	v.ObserveJob(stamp(done))
+	v.ObserveJob(stamp(failed))
 	if got := v.StoppedAdmitted(); len(got) != 1 || got[[2]string{"vision", "batch"}] != 17 {
 		t.Errorf("a finished batch job and a dead service job: %v, want the batch job's", got)
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/hashicorp/nomad/api"
 
 	"github.com/nomad-gpu/nomad-gpu/broker/nomadapi"
+	"github.com/nomad-gpu/nomad-gpu/broker/reclaim"
 	"github.com/nomad-gpu/nomad-gpu/broker/server"
 	"github.com/nomad-gpu/nomad-gpu/device-plugin/fake"
 	"github.com/nomad-gpu/nomad-gpu/testing/testcluster"
@@ -913,6 +914,22 @@ func (e *env) usedBy(tenant string) float64 {
 		}
 	}
 	return -1
+}
+
+// unadmitted reports whether gpu-broker reclaim list has a decision of the
+// rule named unadmitted on job ns/id.
+func (e *env) unadmitted(ns, id string) bool {
+	e.t.Helper()
+	var recs []reclaim.Record
+	if err := json.Unmarshal([]byte(e.brokerCLI("reclaim", "list", "-json")), &recs); err != nil {
+		e.t.Fatal(err)
+	}
+	for _, r := range recs {
+		if r.Rule == "unadmitted" && r.Namespace == ns && r.Job == id {
+			return true
+		}
+	}
+	return false
 }
 
 // waitUsed waits until the broker counts want GPUs used by tenant: an

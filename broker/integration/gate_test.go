@@ -18,7 +18,6 @@ import (
 	"github.com/nomad-gpu/nomad-gpu/broker/metrics"
 	"github.com/nomad-gpu/nomad-gpu/broker/nomadjob"
 	"github.com/nomad-gpu/nomad-gpu/broker/queue"
-	"github.com/nomad-gpu/nomad-gpu/broker/reclaim"
 	"github.com/nomad-gpu/nomad-gpu/testing/testcluster"
 )
 
@@ -745,26 +744,14 @@ func TestGate(t *testing.T) {
 		}
 		waitAllocsRunning(t, e.nomad, ns, "rp", 1)
 		waitAllocsRunning(t, e.nomad, ns, "again", 1)
-		unadmitted := func(id string) bool {
-			var recs []reclaim.Record
-			if err := json.Unmarshal([]byte(e.brokerCLI("reclaim", "list", "-json")), &recs); err != nil {
-				t.Fatal(err)
-			}
-			for _, r := range recs {
-				if r.Rule == "unadmitted" && r.Namespace == ns && r.Job == id {
-					return true
-				}
-			}
-			return false
-		}
 		testcluster.WaitFor(t, 30*time.Second, "rp read as unadmitted", func() error {
-			if !unadmitted("rp") {
+			if !e.unadmitted(ns, "rp") {
 				return fmt.Errorf("no unadmitted decision on rp")
 			}
 			return nil
 		})
 		waitPasses(t, e.broker, metrics.LoopReclaim, 2)
-		if unadmitted("again") {
+		if e.unadmitted(ns, "again") {
 			t.Errorf("run again through the broker, read as unadmitted")
 		}
 		if p, _, err := consulKV(consul).Get("nomad-gpu/stopped/"+ns+"/again", nil); err != nil || p != nil {
