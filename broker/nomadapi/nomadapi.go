@@ -518,8 +518,17 @@ func (e *RegisterError) Error() string {
 }
 
 // Refused reports whether Nomad refused the job itself (4xx): sending it
-// again unchanged cannot succeed.
-func (e *RegisterError) Refused() bool { return e.Status >= 400 && e.Status < 500 && !e.TokenRefused() }
+// again unchanged cannot succeed. 408 and 429 are not the job's: Nomad did
+// not read it in time, or the broker's address holds more connections than
+// http_max_conns_per_client; the next pass sends it again (a queued job was
+// parked for them, and stayed parked).
+func (e *RegisterError) Refused() bool {
+	switch e.Status {
+	case http.StatusRequestTimeout, http.StatusTooManyRequests:
+		return false
+	}
+	return e.Status >= 400 && e.Status < 500 && !e.TokenRefused()
+}
 
 // TokenRefused reports whether Nomad refused the broker's own token: the
 // broker registers with a management token, which may write any job, so a

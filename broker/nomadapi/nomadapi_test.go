@@ -249,9 +249,12 @@ func TestEventsSkipHeartbeatsAndEndOnABrokenStream(t *testing.T) {
 func ptr[T any](v T) *T { return &v }
 
 // A 403 to a registration is the broker's management token refused, never
-// the job: not a refusal that parks the job.
+// the job: not a refusal that parks the job; nor are 408 and 429, which say
+// Nomad did not take the request now (issue 34 §2: queued jobs parked for a
+// 429 stayed parked).
 func TestA403ToARegistrationIsTheBrokersToken(t *testing.T) {
-	for status, want := range map[int][2]bool{403: {false, true}, 400: {true, false}, 500: {false, false}} {
+	for status, want := range map[int][2]bool{403: {false, true}, 400: {true, false}, 500: {false, false},
+		408: {false, false}, 429: {false, false}} {
 		e := &nomadapi.RegisterError{Status: status}
 		if got := [2]bool{e.Refused(), e.TokenRefused()}; got != want {
 			t.Errorf("%d: refused, token refused = %v, want %v", status, got, want)
