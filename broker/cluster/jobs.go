@@ -113,9 +113,15 @@ func (v *View) followStop(key jobKey, stopped, live, stamped bool, modifyIndex u
 func (v *View) StoppedAdmitted() map[[2]string]uint64 {
 	v.mu.RLock()
 	defer v.mu.RUnlock()
-	out := make(map[[2]string]uint64, len(v.stopped))
-	for k, index := range v.stopped {
-		out[[2]string{k.namespace, k.id}] = index
+	return byNamespaceAndID(v.stopped)
+}
+
+// byNamespaceAndID is a copy of m keyed by [namespace, id], for callers
+// outside the view.
+func byNamespaceAndID[T any](m map[jobKey]T) map[[2]string]T {
+	out := make(map[[2]string]T, len(m))
+	for k, v := range m {
+		out[[2]string{k.namespace, k.id}] = v
 	}
 	return out
 }
@@ -378,9 +384,5 @@ func (v *View) Running(namespace, id string) bool {
 func (v *View) UndeclaredJobs() map[[2]string]string {
 	v.mu.RLock()
 	defer v.mu.RUnlock()
-	out := make(map[[2]string]string, len(v.undeclared))
-	for k, how := range v.undeclared {
-		out[[2]string{k.namespace, k.id}] = how
-	}
-	return out
+	return byNamespaceAndID(v.undeclared)
 }
