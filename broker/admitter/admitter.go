@@ -38,6 +38,11 @@ type Queue interface {
 // not being reached: such a job is parked, not retried.
 type refusal interface{ Refused() bool }
 
+// throttling is an error in which Nomad refused the broker's address more
+// connections (429, http_max_conns_per_client): fewer registrations are sent
+// at once until a pass gets through without one.
+type throttling interface{ Throttled() bool }
+
 // tokenRefusal is an error in which Nomad refused the broker's own token
 // (deleted, expired): no job is at fault, so none is parked; every pass
 // stops there until the token is valid again.
@@ -47,6 +52,9 @@ type tokenRefusal interface{ TokenRefused() bool }
 type Registrar interface {
 	// Register returns the job's new JobModifyIndex.
 	Register(ctx context.Context, namespace string, body []byte) (uint64, error)
+	// Registered reports whether Nomad already has the job exactly as the
+	// register request body would make it, at which JobModifyIndex.
+	Registered(ctx context.Context, namespace, id string, body []byte) (uint64, bool, error)
 	// Job returns the job Nomad has, or nil if none.
 	Job(ctx context.Context, namespace, id string) (*api.Job, error)
 	// StableJob returns the job's latest stable version, or nil if none.
@@ -119,6 +127,21 @@ type Admitter struct {
 	IdlePass time.Duration
 
 	listed int // entries the last pass found (Run's own)
+	// retries are the entries whose registration did not reach Nomad, or
+	// whose answer was lost, by id: each is sent again only after a backoff
+	// that doubles with every failure (Nomad answering 500 drew hundreds of
+	// registrations a second). A pass still holds such an entry's GPUs in
+	// its place, so that nothing behind it takes them meanwhile.
+	retries map[string]retry
+	// quiet is when the latest registration without an answer backs off
+	// to: until then no pass registers anything (Nomad is likely failing
+	// every one), and its entry is tried first after.
+	quiet time.Time
+	// parallel is how many registrations a pass sends at once now: halved
+	// at each 429, doubled back (to Parallel) by each pass without one.
+	parallel int
+	passed   time.Time  // when the last pass started
+	mu       sync.Mutex // retries, quiet, parallel, passed
 	// idle is what the last pass that admitted nothing saw, and when.
 	idle   passState
 	idleAt time.Time
@@ -126,6 +149,20 @@ type Admitter struct {
 
 // DefaultIdlePass bounds how long a budget reset waits for a pass.
 const DefaultIdlePass = time.Minute
+
+// retry is when an entry's registration may be sent again, and how many
+// times it failed in a row.
+type retry struct {
+	failures int
+	at       time.Time
+}
+
+// Backoff of an entry whose registration did not get an answer from Nomad:
+// the first wait, and the longest.
+const (
+	RetryFirst = time.Second
+	RetryMax   = time.Minute
+)
 
 // passState is what a pass's decisions depend on, as far as Run can see it
 // change: the queue (Consul's index), the cluster view, the policy and the
@@ -161,7 +198,92 @@ func (a *Admitter) unchanged() bool {
 		idle = DefaultIdlePass
 	}
 	s := a.state()
-	return s.ok && s == a.idle && a.Clock.Now().Sub(a.idleAt) < idle
+	now := a.Clock.Now()
+	return s.ok && s == a.idle && now.Sub(a.idleAt) < idle && !a.retryDue(now)
+}
+
+// retryDue reports whether an entry's backoff ended since the last pass.
+func (a *Admitter) retryDue(now time.Time) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, r := range a.retries {
+		if r.at.After(a.passed) && !now.Before(r.at) {
+			return true
+		}
+	}
+	return false
+}
+
+// backingOff reports whether entry id waits for its backoff at now.
+func (a *Admitter) backingOff(id string, now time.Time) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	r, ok := a.retries[id]
+	return ok && now.Before(r.at)
+}
+
+// backOff notes that entry id's registration got no answer: its backoff
+// doubles, no pass registers anything until it ends, and a 429 halves the
+// registrations sent at once.
+func (a *Admitter) backOff(id string, err error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.retries == nil {
+		a.retries = map[string]retry{}
+	}
+	r := a.retries[id]
+	r.failures++
+	r.at = a.Clock.Now().Add(min(RetryFirst<<min(r.failures-1, 16), RetryMax))
+	a.retries[id] = r
+	a.quiet = r.at
+	var t throttling
+	if errors.As(err, &t) && t.Throttled() {
+		a.parallel = max(a.inFlight()/2, 1)
+		a.Log.Warn("queue: Nomad refuses the broker's address more connections (429); sending fewer registrations at once "+
+			"(raise http_max_conns_per_client in Nomad's limits block)", "at_once", a.parallel)
+	}
+}
+
+// succeeded forgets entry id's backoff: Nomad answers again.
+func (a *Admitter) succeeded(id string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	delete(a.retries, id)
+	a.quiet = time.Time{}
+}
+
+// start begins a pass at now: false while registrations back off.
+func (a *Admitter) start(now time.Time) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.passed = now
+	return !now.Before(a.quiet)
+}
+
+// inFlight is how many registrations a pass sends at once now (a.mu held).
+func (a *Admitter) inFlight() int {
+	if a.parallel == 0 {
+		a.parallel = max(a.Parallel, 1)
+	}
+	return a.parallel
+}
+
+// forgetGone drops the backoff of entries no longer queued.
+func (a *Admitter) forgetGone(entries []queue.Entry) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if len(a.retries) == 0 {
+		return
+	}
+	queued := make(map[string]bool, len(entries))
+	for _, e := range entries {
+		queued[e.ID] = true
+	}
+	for id := range a.retries {
+		if !queued[id] {
+			delete(a.retries, id)
+		}
+	}
 }
 
 // Run makes a pass whenever the cluster changes while jobs are queued, and
@@ -208,9 +330,19 @@ func (a *Admitter) Run(ctx context.Context, changed <-chan struct{}, tick <-chan
 // Pass goes through the queue once in admission order, by queue.Pass's rule,
 // and returns how many jobs it admitted.
 func (a *Admitter) Pass(ctx context.Context) (int, error) {
-	r := &registrations{sem: make(chan struct{}, max(a.Parallel, 1))}
+	if !a.start(a.Clock.Now()) {
+		return 0, nil
+	}
+	a.mu.Lock()
+	r := &registrations{sem: make(chan struct{}, a.inFlight())}
+	a.mu.Unlock()
 	err := a.decide(ctx, r)
 	admitted, rerr := r.wait()
+	if admitted > 0 && !r.throttled {
+		a.mu.Lock()
+		a.parallel = min(a.inFlight()*2, max(a.Parallel, 1))
+		a.mu.Unlock()
+	}
 	return admitted, errors.Join(err, rerr)
 }
 
@@ -219,6 +351,7 @@ func (a *Admitter) decide(ctx context.Context, r *registrations) error {
 	entries, err := a.Queue.List(ctx)
 	if err == nil {
 		a.listed = len(entries)
+		a.forgetGone(entries)
 	}
 	if err != nil || len(entries) == 0 {
 		return err
@@ -296,6 +429,10 @@ func (a *Admitter) consider(ctx context.Context, r *registrations, p *policy.Pol
 		a.parkByPolicy(ctx, e, d)
 		return nil
 	}
+	if a.backingOff(e.ID, a.Clock.Now()) {
+		r.hold(res) // its place kept to the pass's end
+		return nil
+	}
 	if e.Accessor != "" {
 		// Registered with the broker's token: only while the submitter may still.
 		why, err := a.submitterMay(ctx, p, e)
@@ -339,6 +476,7 @@ func (a *Admitter) register(ctx context.Context, e queue.Entry, d admission.Deci
 	// read it is not registered. Then register, then remove: a crash in
 	// between registers the same job again, which Nomad treats as the same
 	// job, never as a second one.
+	again := !e.Admitting.IsZero() // a claim before this one did not end
 	e, claimed, err := a.Queue.Claim(ctx, e, a.Clock.Now())
 	if err != nil || !claimed {
 		res.Release()
@@ -353,7 +491,7 @@ func (a *Admitter) register(ctx context.Context, e queue.Entry, d admission.Deci
 		res.Release()
 		return fmt.Errorf("admit queued job %s (%s): %w", e.ID, e.JobID, err)
 	}
-	index, err := a.Nomad.Register(ctx, e.Namespace, body)
+	index, err := a.send(ctx, e, body, again)
 	if serr := settle(err == nil); serr != nil {
 		a.Log.Error("queue: the job's stopped record stays pending", "id", e.ID, "job", e.JobID, "error", serr)
 	}
@@ -367,8 +505,10 @@ func (a *Admitter) register(ctx context.Context, e queue.Entry, d admission.Deci
 			a.park(ctx, e, err)
 			return errRefused
 		}
+		a.backOff(e.ID, err)
 		return fmt.Errorf("admit queued job %s (%s): %w", e.ID, e.JobID, err)
 	}
+	a.succeeded(e.ID)
 	res.Confirm(index)
 	if why := a.placedNothing(ctx, e, index); why != "" {
 		// A requeue must never end work silently: the entry stays, parked
@@ -391,6 +531,24 @@ func (a *Admitter) register(ctx context.Context, e queue.Entry, d admission.Deci
 	a.Log.Info("queue: admitted", "id", e.ID, "job", e.JobID, "namespace", e.Namespace, "outcome", d.Outcome,
 		"priority", d.Priority, "waited", a.Clock.Now().Sub(e.SubmittedAt).Round(time.Second))
 	return nil
+}
+
+// send registers body with Nomad, unless again (an earlier claim of the
+// entry got no answer from Nomad) and Nomad already has the job exactly as
+// body makes it: Nomad took it, and its answer was lost.
+func (a *Admitter) send(ctx context.Context, e queue.Entry, body []byte, again bool) (uint64, error) {
+	if again {
+		index, has, err := a.Nomad.Registered(ctx, e.Namespace, e.JobID, body)
+		if err != nil {
+			return 0, err
+		}
+		if has {
+			a.Log.Info("queue: Nomad already has the job as registered by an earlier claim whose answer was lost; not sent again",
+				"id", e.ID, "job", e.JobID, "namespace", e.Namespace, "index", index)
+			return index, nil
+		}
+	}
+	return a.Nomad.Register(ctx, e.Namespace, body)
 }
 
 // placedNothing is, for an entry a reclaim requeue made (e.Stopping), why
@@ -418,11 +576,20 @@ var (
 // registrations runs a pass's registrations, at most cap(sem) at once, and
 // counts those that got through.
 type registrations struct {
-	sem      chan struct{}
-	wg       sync.WaitGroup
-	mu       sync.Mutex
-	admitted int
-	err      error
+	sem       chan struct{}
+	wg        sync.WaitGroup
+	mu        sync.Mutex
+	admitted  int
+	err       error
+	throttled bool                   // a registration got a 429
+	held      []*cluster.Reservation // of entries backing off, released at the pass's end
+}
+
+// hold keeps res to the pass's end.
+func (r *registrations) hold(res *cluster.Reservation) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.held = append(r.held, res)
 }
 
 // start runs register once a slot is free; false: it did not, because an
@@ -437,9 +604,11 @@ func (r *registrations) start(register func() error) bool {
 	go func() {
 		defer r.wg.Done()
 		err := register()
-		<-r.sem
+		defer func() { <-r.sem }() // after the result: a failure stops the next start
 		r.mu.Lock()
 		defer r.mu.Unlock()
+		var t throttling
+		r.throttled = r.throttled || errors.As(err, &t) && t.Throttled()
 		switch {
 		case err == nil:
 			r.admitted++
@@ -461,6 +630,9 @@ func (r *registrations) failed() bool {
 
 func (r *registrations) wait() (int, error) {
 	r.wg.Wait()
+	for _, res := range r.held {
+		res.Release()
+	}
 	return r.admitted, r.err
 }
 

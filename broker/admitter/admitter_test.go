@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"reflect"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -29,6 +30,15 @@ type nomad struct {
 	registered []string
 	priorities map[string]float64
 	fail       bool
+	down       error // every registration fails with it while set
+	lost       bool  // Nomad takes each registration, and the answer is lost
+	flaky      string        // a job id whose registrations Nomad answers 500
+	// While set, flaky's registration fails only once another has begun,
+	// which then waits for that failure.
+	begun, slow chan struct{}
+	mu         sync.Mutex
+	bodies     map[string]string
+	plans      int // Registered calls
 	refuse     string // a job id Nomad refuses
 	tokens     map[string]policy.Grants
 	stable     map[string]*api.Job // latest stable versions, by job id
@@ -46,6 +56,24 @@ func (refused) Error() string { return "Nomad answered 400: task group g: invali
 func (refused) Refused() bool { return true }
 
 func (n *nomad) Job(context.Context, string, string) (*api.Job, error) { return nil, nil }
+
+func (n *nomad) Registered(_ context.Context, _, id string, body []byte) (uint64, bool, error) {
+	n.plans++
+	if n.down != nil {
+		return 0, false, n.down
+	}
+	var had, now any // compared as Nomad's plan compares: by value
+	json.Unmarshal([]byte(n.bodies[id]), &had)
+	json.Unmarshal(body, &now)
+	return uint64(len(n.registered)), had != nil && reflect.DeepEqual(had, now), nil
+}
+
+// unanswered is Nomad's answer 500 or 429.
+type unanswered struct{ status int }
+
+func (u unanswered) Error() string   { return fmt.Sprintf("register job: Nomad answered %d", u.status) }
+func (u unanswered) Refused() bool   { return false }
+func (u unanswered) Throttled() bool { return u.status == 429 }
 
 func (n *nomad) StableJob(_ context.Context, _, id string) (*api.Job, error) {
 	return n.stable[id], nil
@@ -70,11 +98,34 @@ func (n *nomad) Register(_ context.Context, ns string, body []byte) (uint64, err
 	var req struct{ Job map[string]any }
 	json.Unmarshal(body, &req)
 	id := req.Job["ID"].(string)
+	if n.down != nil || id == n.flaky {
+		if n.slow != nil {
+			<-n.begun
+			defer close(n.slow)
+		}
+		n.mu.Lock()
+		defer n.mu.Unlock()
+		n.registered = append(n.registered, "failed")
+		return 0, unanswered{500}
+	}
+	if n.slow != nil {
+		close(n.begun)
+		<-n.slow
+		n.mu.Lock()
+		defer n.mu.Unlock()
+	}
 	if id == n.refuse {
 		return 0, refused{}
 	}
 	n.registered = append(n.registered, ns+"/"+id)
 	n.priorities[id] = req.Job["Priority"].(float64)
+	if n.bodies == nil {
+		n.bodies = map[string]string{}
+	}
+	n.bodies[id] = string(body)
+	if n.lost {
+		return 0, errors.New("register job: connection reset by peer")
+	}
 	return uint64(len(n.registered)), nil
 }
 
@@ -173,6 +224,7 @@ func TestRegisterFailureKeepsTheEntry(t *testing.T) {
 	if !q.IDs()["q-j"] {
 		t.Fatal("a job Nomad did not take was removed from the queue")
 	}
+	a.Clock = clock.Func(func() time.Time { return now.Add(admitter.RetryFirst) })
 	if got, _ := a.Pass(context.Background()); got != 1 {
 		t.Fatal("not admitted on the next pass")
 	}
@@ -633,5 +685,140 @@ func TestARequeuedJobNomadDoesNotPlaceStaysInTheQueue(t *testing.T) {
 	left, _ := q.List(context.Background())
 	if len(left) != 1 || left[0].JobID != "sweep" || !strings.Contains(left[0].Parked, "Nomad placed nothing for it: its evaluation finished") {
 		t.Errorf("queue after the pass: %+v", left)
+	}
+}
+
+// Nomad answering 500 to every registration: each entry is sent again only
+// after a backoff that doubles, and no pass registers anything before the
+// latest one ends; once Nomad answers, everything queued is admitted.
+func TestRegistrationsWithoutAnAnswerBackOff(t *testing.T) {
+	a, q, n, _, now := setup(t, visionPolicy, 8)
+	at := now
+	a.Clock = clock.Func(func() time.Time { return at })
+	for i := range 3 {
+		q.Put(context.Background(), entry(fmt.Sprintf("j%d", i), 1, time.Duration(10-i)*time.Minute, now))
+	}
+	n.down = unanswered{500}
+	for range 600 { // a pass every 100 ms for a minute, as a busy cluster's changes would make
+		a.Pass(context.Background())
+		at = at.Add(100 * time.Millisecond)
+	}
+	// Calls at 0, 1, 3, 7, 15 and 31 s (600 without a backoff): the first a
+	// registration, each later one a plan (Nomad may have taken one whose
+	// answer was lost) that fails too.
+	if len(n.registered) != 1 || n.plans != 5 {
+		t.Errorf("in a minute of Nomad answering 500: registrations %v, plans %d (want 1 and 5)", n.registered, n.plans)
+	}
+	n.down = nil
+	at = at.Add(admitter.RetryMax)
+	if got, err := a.Pass(context.Background()); got != 3 || err != nil {
+		t.Errorf("once Nomad answers, admitted %d (%v), want 3", got, err)
+	}
+}
+
+// An entry backing off keeps its place: a younger one that fits only in
+// its GPUs waits behind it, even when another registration's answer ended
+// the pass-wide quiet.
+func TestAnEntryBackingOffKeepsItsPlace(t *testing.T) {
+	a, q, n, _, now := setup(t, visionPolicy, 6)
+	at := now
+	a.Clock = clock.Func(func() time.Time { return at })
+	a.Parallel = 2
+	q.Put(context.Background(), entry("old", 4, time.Hour, now))
+	q.Put(context.Background(), entry("other", 1, 50*time.Minute, now))
+	n.flaky, n.begun, n.slow = "old", make(chan struct{}), make(chan struct{}) // other's answer comes after old's failure
+	a.Pass(context.Background())
+	if fmt.Sprint(n.registered) != "[failed vision/other]" {
+		t.Fatalf("first pass: %v", n.registered)
+	}
+	n.flaky, n.begun, n.slow = "", nil, nil
+	q.Put(context.Background(), entry("young", 2, time.Minute, now))
+	at = at.Add(admitter.RetryFirst / 2)
+	a.Pass(context.Background())
+	if fmt.Sprint(n.registered) != "[failed vision/other]" {
+		t.Fatalf("registered during old's backoff: %v", n.registered)
+	}
+	at = at.Add(admitter.RetryFirst)
+	if got, _ := a.Pass(context.Background()); got != 1 || fmt.Sprint(n.registered) != "[failed vision/other vision/old]" {
+		t.Errorf("after the backoff: admitted %d: %v", got, n.registered)
+	}
+}
+
+// Nomad took a registration and its answer was lost: the next pass finds
+// the job in Nomad exactly as it would register it, and does not send it
+// again.
+func TestARegistrationWhoseAnswerWasLostIsNotSentAgain(t *testing.T) {
+	a, q, n, _, now := setup(t, visionPolicy, 8)
+	at := now
+	a.Clock = clock.Func(func() time.Time { return at })
+	q.Put(context.Background(), entry("j", 2, time.Minute, now))
+	n.lost = true
+	if _, err := a.Pass(context.Background()); err == nil {
+		t.Fatal("want the lost answer's error")
+	}
+	n.lost = false
+	at = at.Add(admitter.RetryFirst)
+	if got, err := a.Pass(context.Background()); got != 1 || err != nil {
+		t.Fatalf("admitted %d (%v)", got, err)
+	}
+	if len(n.registered) != 1 || n.plans != 1 {
+		t.Errorf("registrations %v, plans %d: want one of each", n.registered, n.plans)
+	}
+	if len(q.IDs()) != 0 {
+		t.Errorf("queue: %v", q.IDs())
+	}
+}
+
+// throttled answers 429 to the first registration, and counts how many are
+// in Nomad's hands at once.
+type throttled struct {
+	*nomad
+	mu          sync.Mutex
+	calls, now int
+	most       []int // most at once, by pass
+}
+
+func (t *throttled) Register(ctx context.Context, ns string, body []byte) (uint64, error) {
+	t.mu.Lock()
+	t.calls++
+	t.now++
+	t.most[len(t.most)-1] = max(t.most[len(t.most)-1], t.now)
+	first := t.calls == 1
+	t.mu.Unlock()
+	time.Sleep(20 * time.Millisecond)
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.now--
+	if first {
+		return 0, unanswered{429}
+	}
+	return t.nomad.Register(ctx, ns, body)
+}
+
+// A 429 (the broker's address holds more connections than Nomad allows
+// one client) halves the registrations a pass sends at once; each pass
+// that gets through without one doubles them back.
+func TestA429LowersTheRegistrationsSentAtOnce(t *testing.T) {
+	a, q, n, _, now := setup(t, strings.ReplaceAll(visionPolicy, "limit = 8", "limit = 80"), 80)
+	at := now
+	a.Clock = clock.Func(func() time.Time { return at })
+	th := &throttled{nomad: n}
+	a.Nomad, a.Parallel = th, 8
+	for i := range 60 {
+		q.Put(context.Background(), entry(fmt.Sprintf("j%02d", i), 1, time.Duration(100-i)*time.Minute, now))
+	}
+	pass := func() {
+		th.most = append(th.most, 0)
+		a.Pass(context.Background())
+		at = at.Add(admitter.RetryMax)
+	}
+	pass() // 8 at once, one answered 429: the pass ends
+	pass() // 4 at once
+	for i := range 20 {
+		q.Put(context.Background(), entry(fmt.Sprintf("k%02d", i), 1, time.Duration(10-i)*time.Second, now))
+	}
+	pass() // 8 again
+	if fmt.Sprint(th.most) != "[8 4 8]" || len(q.IDs()) != 0 {
+		t.Errorf("registrations at once, by pass: %v (want [8 4 8]); still queued: %d", th.most, len(q.IDs()))
 	}
 }

@@ -507,14 +507,61 @@ func (c *Client) Register(ctx context.Context, namespace string, body []byte) (_
 	return out.JobModifyIndex, nil
 }
 
+// Registered reports whether Nomad already has job namespace/id exactly as
+// the register request body would make it (Nomad's own plan finds no
+// difference), and the job's JobModifyIndex: a registration whose answer was
+// lost is then not sent again (each sending is another evaluation).
+func (c *Client) Registered(ctx context.Context, namespace, id string, body []byte) (_ uint64, _ bool, err error) {
+	defer func() { c.saw(err) }()
+	var reg struct {
+		Job            json.RawMessage
+		PolicyOverride bool
+	}
+	if err := json.Unmarshal(body, &reg); err != nil {
+		return 0, false, fmt.Errorf("plan job %s/%s: %w", namespace, id, err)
+	}
+	plan, err := json.Marshal(map[string]any{"Job": reg.Job, "Diff": true, "PolicyOverride": reg.PolicyOverride})
+	if err != nil {
+		return 0, false, err
+	}
+	u := c.address + "/v1/job/" + url.PathEscape(id) + "/plan?namespace=" + url.QueryEscape(namespace)
+	req, err := http.NewRequestWithContext(ctx, http.MethodPut, u, bytes.NewReader(plan))
+	if err != nil {
+		return 0, false, err
+	}
+	if t := c.Token(); t != "" {
+		req.Header.Set("X-Nomad-Token", t)
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return 0, false, fmt.Errorf("plan job %s/%s: %w", namespace, id, err)
+	}
+	c.heard(resp)
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+		return 0, false, &RegisterError{Op: "plan job", Status: resp.StatusCode, Msg: string(bytes.TrimSpace(msg))}
+	}
+	var out api.JobPlanResponse
+	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
+		return 0, false, fmt.Errorf("plan job %s/%s: Nomad's answer: %w", namespace, id, err)
+	}
+	return out.JobModifyIndex, out.Diff != nil && out.Diff.Type == "None" && out.JobModifyIndex != 0, nil
+}
+
 // RegisterError is Nomad's answer to a registration it did not take.
 type RegisterError struct {
+	Op     string // "" is "register job"
 	Status int
 	Msg    string
 }
 
 func (e *RegisterError) Error() string {
-	return fmt.Sprintf("register job: Nomad answered %d: %s", e.Status, e.Msg)
+	op := e.Op
+	if op == "" {
+		op = "register job"
+	}
+	return fmt.Sprintf("%s: Nomad answered %d: %s", op, e.Status, e.Msg)
 }
 
 // Refused reports whether Nomad refused the job itself (4xx): sending it
@@ -529,6 +576,10 @@ func (e *RegisterError) Refused() bool {
 	}
 	return e.Status >= 400 && e.Status < 500 && !e.TokenRefused()
 }
+
+// Throttled reports whether Nomad refused the connection's address more
+// connections (429): the broker sends fewer at once until it passes.
+func (e *RegisterError) Throttled() bool { return e.Status == http.StatusTooManyRequests }
 
 // TokenRefused reports whether Nomad refused the broker's own token: the
 // broker registers with a management token, which may write any job, so a
