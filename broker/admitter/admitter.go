@@ -133,9 +133,12 @@ type Admitter struct {
 	// registrations a second). A pass still holds such an entry's GPUs in
 	// its place, so that nothing behind it takes them meanwhile.
 	retries map[string]retry
-	// quiet is when the latest registration without an answer backs off
-	// to: until then no pass registers anything (Nomad is likely failing
-	// every one), and its entry is tried first after.
+	// quiet is RetryFirst after the latest registration without an answer:
+	// until then no pass registers anything (Nomad may be failing every
+	// one), so that, however many entries are queued, Nomad gets one pass of
+	// them a second at most. It is shorter than an entry's own backoff after
+	// its second failure: an entry Nomad never answers holds its place, and
+	// the entries behind it go on.
 	quiet time.Time
 	// parallel is how many registrations a pass sends at once now: halved
 	// at each 429, doubled back (to Parallel) by each pass without one.
@@ -235,10 +238,10 @@ func (a *Admitter) backOff(id string, err error) {
 	r.failures++
 	r.at = a.Clock.Now().Add(min(RetryFirst<<min(r.failures-1, 16), RetryMax))
 	a.retries[id] = r
-	a.quiet = r.at
+	a.quiet = a.Clock.Now().Add(RetryFirst)
 	var t throttling
-	if errors.As(err, &t) && t.Throttled() {
-		a.parallel = max(a.inFlight()/2, 1)
+	if was := a.inFlight(); errors.As(err, &t) && t.Throttled() && was > 1 {
+		a.parallel = max(was/2, 1)
 		a.Log.Warn("queue: Nomad refuses the broker's address more connections (429); sending fewer registrations at once "+
 			"(raise http_max_conns_per_client in Nomad's limits block)", "at_once", a.parallel)
 	}

@@ -703,11 +703,12 @@ func TestRegistrationsWithoutAnAnswerBackOff(t *testing.T) {
 		a.Pass(context.Background())
 		at = at.Add(100 * time.Millisecond)
 	}
-	// Calls at 0, 1, 3, 7, 15 and 31 s (600 without a backoff): the first a
+	// Each entry is sent 6 times, about 0, 1, 3, 7, 15 and 31 s after its
+	// first (600 passes, one a second at most sending): its first a
 	// registration, each later one a plan (Nomad may have taken one whose
 	// answer was lost) that fails too.
-	if len(n.registered) != 1 || n.plans != 5 {
-		t.Errorf("in a minute of Nomad answering 500: registrations %v, plans %d (want 1 and 5)", n.registered, n.plans)
+	if len(n.registered) != 3 || n.plans != 15 {
+		t.Errorf("in a minute of Nomad answering 500: registrations %v, plans %d (want 3 and 15)", n.registered, n.plans)
 	}
 	n.down = nil
 	at = at.Add(admitter.RetryMax)
@@ -741,6 +742,27 @@ func TestAnEntryBackingOffKeepsItsPlace(t *testing.T) {
 	at = at.Add(admitter.RetryFirst)
 	if got, _ := a.Pass(context.Background()); got != 1 || fmt.Sprint(n.registered) != "[failed vision/other vision/old]" {
 		t.Errorf("after the backoff: admitted %d: %v", got, n.registered)
+	}
+}
+
+// An entry whose registration Nomad never answers keeps its place, and is
+// sent less and less often; the entries behind it are admitted.
+func TestAnEntryNomadNeverAnswersDoesNotStopThoseBehindIt(t *testing.T) {
+	a, q, n, _, now := setup(t, visionPolicy, 8)
+	at := now
+	a.Clock = clock.Func(func() time.Time { return at })
+	q.Put(context.Background(), entry("poison", 2, time.Hour, now))
+	q.Put(context.Background(), entry("w1", 1, time.Minute, now))
+	q.Put(context.Background(), entry("w2", 1, time.Second, now))
+	n.flaky = "poison"
+	for range 100 { // 10 s
+		a.Pass(context.Background())
+		at = at.Add(100 * time.Millisecond)
+	}
+	// poison at 0, 1, 3 and 7 s (each later one planned first); w1 and w2
+	// once the quiet after poison's second failure ended, at 2 s.
+	if fmt.Sprint(n.registered) != "[failed failed vision/w1 vision/w2 failed failed]" || n.plans != 3 || len(q.IDs()) != 1 {
+		t.Errorf("registrations %v, plans %d, queued %v", n.registered, n.plans, q.IDs())
 	}
 }
 

@@ -135,6 +135,9 @@ func (a *Agent) setupClients(ctx context.Context) error {
 		return err
 	}
 	a.metrics = brokermetrics.New()
+	// Every call to Nomad, the users' passed through too, shares this client.
+	nomadHTTP := a.nomad.HTTPClient()
+	nomadHTTP.Transport = a.metrics.NomadTransport(nomadHTTP.Transport)
 	consulCfg := consul.DefaultConfig()
 	consulCfg.Address, consulCfg.Token = cfg.Consul.Address, cfg.Consul.Token
 	if t := cfg.Consul.TLS; t != nil {
@@ -219,7 +222,8 @@ func (a *Agent) setupObservers(context.Context) error {
 	a.forecast = &queue.Forecast{}
 	a.elector = &leader.Elector{Client: a.consul, Key: cfg.Consul.KVPrefix + "leader", Address: cfg.Advertise, Log: a.log.Named("leader")}
 	a.metrics.Observe(brokermetrics.Sources{Cluster: a.view, Policies: a.policies, Queue: st.queue, Leader: a.elector,
-		PolicyState: a.policies.Loaded, TokenRefused: a.nomad.TokenRefused, InBackoff: st.backoffs.InBackoff(a.policies)})
+		PolicyState: a.policies.Loaded, TokenRefused: a.nomad.TokenRefused, InBackoff: st.backoffs.InBackoff(a.policies),
+		NomadConnections: a.nomad.Connections().Open})
 	a.view.SetAllocEvents(a.metrics.AllocEvent)
 	if c := cfg.Audit; c != nil {
 		trail, err := audit.Open(c.Path, c.MaxBytes, c.MaxFiles, cfg.Advertise)

@@ -1,11 +1,18 @@
 package integration
 
 import (
+	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
 	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -518,4 +525,144 @@ over_limit_grace = "2s"
 		}
 		return fmt.Errorf("queue %+v", entries)
 	})
+}
+
+// faultyNomad passes every call through to Nomad except registrations and
+// plans, which it answers as mode says: "429", "500", or "lost" (Nomad takes
+// a registration, the broker gets a 502 instead of Nomad's answer). The test
+// sets a mode only while no user submits: the calls it answers are the
+// leader's, registering queued jobs.
+type faultyNomad struct {
+	proxy   *httputil.ReverseProxy
+	mu      sync.Mutex
+	mode    string
+	faults  map[string]int // calls answered, by mode
+	reached map[string]int // registrations that reached Nomad in mode lost, by job id
+}
+
+func (f *faultyNomad) set(mode string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.mode = mode
+}
+
+func (f *faultyNomad) count(mode string) int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.faults[mode]
+}
+
+func (f *faultyNomad) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	register := r.Method == http.MethodPut && r.URL.Path == "/v1/jobs"
+	plan := r.Method == http.MethodPut && strings.HasSuffix(r.URL.Path, "/plan")
+	f.mu.Lock()
+	mode := f.mode
+	if !register && !plan || mode == "lost" && !register {
+		mode = ""
+	}
+	if mode != "" {
+		f.faults[mode]++
+	}
+	f.mu.Unlock()
+	switch mode {
+	case "429":
+		http.Error(w, "injected: too many connections", http.StatusTooManyRequests)
+	case "500":
+		http.Error(w, "injected: internal error", http.StatusInternalServerError)
+	case "lost":
+		body, _ := io.ReadAll(r.Body)
+		r.Body = io.NopCloser(bytes.NewReader(body))
+		var req api.JobRegisterRequest
+		json.Unmarshal(body, &req)
+		rec := httptest.NewRecorder()
+		f.proxy.ServeHTTP(rec, r)
+		if rec.Code == http.StatusOK && req.Job != nil && req.Job.ID != nil {
+			f.mu.Lock()
+			f.reached[*req.Job.ID]++
+			f.mu.Unlock()
+		}
+		http.Error(w, "injected: the answer was lost", http.StatusBadGateway)
+	default:
+		f.proxy.ServeHTTP(w, r)
+	}
+}
+
+// TestNomadFailingRegistrations puts a proxy between the broker and Nomad
+// that answers the leader's registrations of queued jobs 429, then 500, then
+// takes them and loses Nomad's answer. No entry is parked, the leader
+// backs off instead of sending registrations in a loop, and a registration
+// Nomad took is not sent again: each job is registered once, evaluated
+// once, placed once. (Its own agents: no other test's broker may go
+// through the proxy.)
+func TestNomadFailingRegistrations(t *testing.T) {
+	t.Parallel()
+	consul := testcluster.StartConsul(t)
+	n := startGPUNode(t, "failing", 4, "vision")
+	target, _ := url.Parse(n.Addr)
+	f := &faultyNomad{proxy: httputil.NewSingleHostReverseProxy(target), faults: map[string]int{}, reached: map[string]int{}}
+	proxy := httptest.NewServer(f)
+	t.Cleanup(proxy.Close)
+	policy := strings.NewReplacer("guaranteed = 2\n  limit      = 2", "guaranteed = 4\n  limit      = 4").Replace(twoTenantPolicy)
+	e := brokerEnv(t, n, consul, policy, "vision", 4, testcluster.BrokerOptions{NomadAddress: proxy.URL})
+	if out, err := e.run("vision", "first", 1, 4, "", true); err != nil || !strings.Contains(out, "admitted") {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	jobs := []string{"w1", "w2", "w3", "w4"}
+	for _, id := range jobs {
+		e.queued(id, 1, true)
+	}
+	parked := func() {
+		t.Helper()
+		if out := e.brokerCLI("queue", "list"); strings.Contains(out, "parked") || strings.Count(out, "vision") < len(jobs) {
+			t.Fatalf("after Nomad's transient answers, the queue must hold every job, none parked:\n%s", out)
+		}
+	}
+	// Each phase is 8 s. Without a backoff, passes follow each other as
+	// fast as each failure releases its GPUs (over 4,000 calls). With it,
+	// each entry is sent at 0, 1, 3 and 7 s at most.
+	phase := func(mode string) { // the next phase's mode follows at once: no pass sees none between
+		f.set(mode)
+		time.Sleep(8 * time.Second)
+		parked()
+		t.Logf("Nomad answered %s to %d registrations and plans in 8 s", mode, f.count(mode))
+		if got := f.count(mode); got == 0 || got > 4*len(jobs) {
+			t.Errorf("Nomad answered %s to %d registrations and plans in 8 s (want 1 to %d)", mode, got, 4*len(jobs))
+		}
+	}
+	f.set("429")
+	e.stop("vision", "first")
+	phase("429")
+	before := f.count("429") // 429s still come while it scrapes
+	if got, after := e.broker.Scrape()["nomadgpu_nomad_throttled_total"], f.count("429"); got < float64(before) || got > float64(after) {
+		t.Errorf("nomadgpu_nomad_throttled_total %g, Nomad answered 429 %d to %d times", got, before, after)
+	}
+	if got := e.broker.Scrape()["nomadgpu_nomad_connections"]; got < 1 {
+		t.Errorf("nomadgpu_nomad_connections %g with the event stream open", got)
+	}
+	phase("500")
+
+	f.set("lost")
+	testcluster.WaitFor(t, 90*time.Second, "Nomad took every queued job, its answers lost", func() error {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		if len(f.reached) < len(jobs) {
+			return fmt.Errorf("%d of %d", len(f.reached), len(jobs))
+		}
+		return nil
+	})
+	f.set("")
+	testcluster.WaitFor(t, 90*time.Second, "the queue empty", func() error {
+		if out := e.brokerCLI("queue", "list"); strings.Contains(out, "vision") {
+			return errors.New(out)
+		}
+		return nil
+	})
+	for _, id := range jobs {
+		evals, _, err := n.API.Jobs().Evaluations(id, &api.QueryOptions{Namespace: "vision"})
+		allocs, _, aerr := n.API.Jobs().Allocations(id, true, &api.QueryOptions{Namespace: "vision"})
+		if err != nil || aerr != nil || f.reached[id] != 1 || len(evals) != 1 || len(allocs) != 1 {
+			t.Errorf("%s: registered %d times, %d evaluations, %d allocations (want 1 of each) %v %v", id, f.reached[id], len(evals), len(allocs), err, aerr)
+		}
+	}
+	e.waitUsed("vision", 4)
 }

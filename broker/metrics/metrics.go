@@ -49,6 +49,9 @@ type Sources struct {
 	// InBackoff is, by tenant, its jobs held back from borrowing by their
 	// re-borrow backoff now (nil: not reported).
 	InBackoff func() map[string]int
+	// NomadConnections is how many HTTP connections the broker holds open to
+	// Nomad now (nil: not reported).
+	NomadConnections func() int64
 }
 
 // Metrics holds the broker's registry and counters. A nil *Metrics counts
@@ -69,6 +72,7 @@ type Metrics struct {
 	allocs     *prometheus.CounterVec
 	scaleUp    *prometheus.HistogramVec
 	consulErrs *prometheus.CounterVec
+	throttled  prometheus.Counter
 	passes     *prometheus.CounterVec
 	unknown    *prometheus.CounterVec
 	overLimit  *prometheus.CounterVec
@@ -161,6 +165,8 @@ func New() *Metrics {
 	m.scalingUp = map[[2]string]scaleUp{}
 	m.consulErrs = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "nomadgpu_consul_errors_total",
 		Help: "Requests to Consul that failed: unreachable (no answer) or server (a 5xx answer)."}, []string{"kind"})
+	m.throttled = prometheus.NewCounter(prometheus.CounterOpts{Name: "nomadgpu_nomad_throttled_total",
+		Help: "Nomad's 429 answers to calls through the broker (its users' and its own): the broker's address holds more connections than Nomad's limits.http_max_conns_per_client."})
 	m.passes = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "nomadgpu_leader_passes_total",
 		Help: "Passes the leader's loops finished, by loop (queue, reclaim) and result (ok, error): a loop whose count stops rising is stuck."},
 		[]string{"loop", "result"})
@@ -171,7 +177,7 @@ func New() *Metrics {
 		Help: "GPU-seconds a tenant held above its limit (raised by approvals in force), as Nomad's allocations in its namespaces show them, admitted by the broker or not."},
 		[]string{"tenant"})
 	m.Registry.MustRegister(m.unknown, m.overLimit, m.admissions, m.decisions, m.gpuSeconds, m.auditFails, m.unreadable, m.queueWait, m.preempted, m.lostWork, m.reclaimed,
-		m.requests, m.estimates, m.allocs, m.scaleUp, m.consulErrs, m.passes,
+		m.requests, m.estimates, m.allocs, m.scaleUp, m.consulErrs, m.throttled, m.passes,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -327,6 +333,17 @@ func (m *Metrics) CountingTransport(next http.RoundTripper) http.RoundTripper {
 	})
 }
 
+// NomadTransport counts Nomad's 429 answers to calls through next.
+func (m *Metrics) NomadTransport(next http.RoundTripper) http.RoundTripper {
+	return roundTripper(func(req *http.Request) (*http.Response, error) {
+		resp, err := next.RoundTrip(req)
+		if err == nil && resp.StatusCode == http.StatusTooManyRequests {
+			m.throttled.Inc()
+		}
+		return resp, err
+	})
+}
+
 type roundTripper func(*http.Request) (*http.Response, error)
 
 func (f roundTripper) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
@@ -404,9 +421,11 @@ var (
 		"1 when the last reload of the policy files was refused: the policy in force is older than the files.", nil, nil)
 	tokenRefusedDesc = prometheus.NewDesc("nomadgpu_nomad_token_refused",
 		"1 while Nomad refuses the broker's own token (deleted, expired): the leader admits nothing from the queue, and parks nothing, until it is valid again.", nil, nil)
+	connsDesc = prometheus.NewDesc("nomadgpu_nomad_connections",
+		"HTTP connections the broker holds open to Nomad (its users' calls, its own reads and registrations, the event stream), all from one address: keep it below Nomad's limits.http_max_conns_per_client.", nil, nil)
 	backoffDesc = prometheus.NewDesc("nomadgpu_borrow_backoff_jobs",
 		"Jobs held back from borrowing by their re-borrow backoff (policy borrowing { backoff, max_backoff }), by tenant.", []string{"tenant"}, nil)
-	allDescs = []*prometheus.Desc{policyLoadedDesc, policyFailedDesc, tokenRefusedDesc, backoffDesc, priceDesc, gpusDesc, unhealthyDesc, freePerNodeDesc, fragmentedDesc, tenantDesc, queueDesc, leaderDesc, viewIndexDesc, listingsDesc,
+	allDescs = []*prometheus.Desc{connsDesc, policyLoadedDesc, policyFailedDesc, tokenRefusedDesc, backoffDesc, priceDesc, gpusDesc, unhealthyDesc, freePerNodeDesc, fragmentedDesc, tenantDesc, queueDesc, leaderDesc, viewIndexDesc, listingsDesc,
 		utilDesc, memUsedDesc, memTotalDesc, tempDesc, powerDesc}
 )
 
@@ -483,6 +502,9 @@ func (c *scrape) Collect(ch chan<- prometheus.Metric) {
 	}
 	if c.src.TokenRefused != nil {
 		ch <- prometheus.MustNewConstMetric(tokenRefusedDesc, prometheus.GaugeValue, map[bool]float64{true: 1}[c.src.TokenRefused()])
+	}
+	if c.src.NomadConnections != nil {
+		ch <- prometheus.MustNewConstMetric(connsDesc, prometheus.GaugeValue, float64(c.src.NomadConnections()))
 	}
 }
 

@@ -13,11 +13,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/url"
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -37,6 +39,7 @@ type Client struct {
 	http    *http.Client
 	refused atomic.Bool // Nomad's last answer to the broker's token was 403
 	clock   atomic.Pointer[nomadClock]
+	conns   *Conns // nil: a caller's own HTTP client, not counted
 	// StreamIdle is how long the event stream may stay silent before it is
 	// taken for broken (a half-open connection): Nomad sends a heartbeat
 	// every 10 s. 0: DefaultStreamIdle.
@@ -58,10 +61,12 @@ func New(address, token string, tls *api.TLSConfig) (*Client, error) {
 	if _, err := api.NewClient(cfg); err != nil {
 		return nil, fmt.Errorf("nomad client for %s: %w", address, err)
 	}
-	hc := cfg.HttpClient
+	hc, conns := cfg.HttpClient, (*Conns)(nil)
 	if hc == nil {
 		// ConfigureTLS sets up the transport it is given: give it one.
 		t := http.DefaultTransport.(*http.Transport).Clone()
+		conns = &Conns{}
+		t.DialContext = conns.dial((&net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second}).DialContext)
 		// Every user's call goes to this one agent: keep connections for
 		// many at once (the default keeps 2, so the rest dial anew).
 		t.MaxIdleConnsPerHost = 256
@@ -75,8 +80,11 @@ func New(address, token string, tls *api.TLSConfig) (*Client, error) {
 				return nil, fmt.Errorf("nomad TLS: %w", err)
 			}
 		}
+		// The API client's calls (listings, the event stream) share the
+		// connections, and are counted with them.
+		cfg.HttpClient = hc
 	}
-	c := &Client{cfg: *cfg, address: address, http: hc}
+	c := &Client{cfg: *cfg, address: address, http: hc, conns: conns}
 	if err := c.SetToken(token); err != nil {
 		return nil, err
 	}
@@ -166,6 +174,41 @@ func (c *Client) saw(err error) error {
 	}
 	return err
 }
+
+// Conns counts the broker's connections to Nomad, all of which come from
+// one address: Nomad answers 429 to an address holding more than its
+// limits.http_max_conns_per_client (100 by default).
+type Conns struct{ open atomic.Int64 }
+
+// Open is how many connections to Nomad are open now.
+func (c *Conns) Open() int64 { return c.open.Load() }
+
+// dial counts each connection dial opens until it is closed.
+func (c *Conns) dial(dial func(ctx context.Context, network, addr string) (net.Conn, error)) func(ctx context.Context, network, addr string) (net.Conn, error) {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		conn, err := dial(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		c.open.Add(1)
+		return &countedConn{Conn: conn, open: &c.open}, nil
+	}
+}
+
+type countedConn struct {
+	net.Conn
+	once sync.Once
+	open *atomic.Int64
+}
+
+func (c *countedConn) Close() error {
+	c.once.Do(func() { c.open.Add(-1) })
+	return c.Conn.Close()
+}
+
+// Connections counts the broker's connections to Nomad (nil when New was
+// given an HTTP client of the caller's).
+func (c *Client) Connections() *Conns { return c.conns }
 
 // HTTPClient is the HTTP client configured for Nomad (TLS included).
 func (c *Client) HTTPClient() *http.Client { return c.http }

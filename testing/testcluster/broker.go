@@ -54,6 +54,9 @@ type BrokerOptions struct {
 	// own, for tests that kill it (SIGKILL) or measure it; otherwise the
 	// broker runs in the test's process, through broker/agent.
 	Process bool
+	// NomadAddress is where the broker reaches Nomad ("": the agent's own
+	// address), for a proxy in front of it that injects faults.
+	NomadAddress string
 }
 
 // StartBroker runs a broker in the test's process in front of nomad, with its
@@ -85,7 +88,10 @@ func startBroker(t testing.TB, bin string, nomad *Nomad, consul *Consul, policyD
 	port := FreePorts(t, 1)[0]
 	b := &Broker{Addr: fmt.Sprintf("http://127.0.0.1:%d", port), dir: dir, t: t, bin: bin,
 		config: filepath.Join(dir, "broker.hcl"), token: o.Token, Client: &http.Client{Timeout: 30 * time.Second}}
-	consulAddr, consulTLS, nomadTLS := consul.Addr, "", ""
+	consulAddr, consulTLS, nomadTLS, nomadAddr := consul.Addr, "", "", nomad.Addr
+	if o.NomadAddress != "" {
+		nomadAddr = o.NomadAddress
+	}
 	if o.ConsulTLS != nil {
 		consulAddr, consulTLS = consul.HTTPSAddr, fmt.Sprintf("tls { ca_file = %q }", o.ConsulTLS.CAFile)
 	}
@@ -114,7 +120,7 @@ audit {
   path = %q
 }
 %s
-`, port, policyDir, nomad.Addr, token, nomadTLS, consulAddr, consulTLS, filepath.Join(dir, "audit.log"), o.Config)
+`, port, policyDir, nomadAddr, token, nomadTLS, consulAddr, consulTLS, filepath.Join(dir, "audit.log"), o.Config)
 	if o.TLS != nil {
 		b.Addr = fmt.Sprintf("https://127.0.0.1:%d", port)
 		b.Client = o.TLS.Client()
