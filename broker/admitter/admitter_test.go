@@ -30,19 +30,19 @@ type nomad struct {
 	registered []string
 	priorities map[string]float64
 	fail       bool
-	down       error // every registration fails with it while set
-	lost       bool  // Nomad takes each registration, and the answer is lost
-	flaky      string        // a job id whose registrations Nomad answers 500
+	down       error  // every registration fails with it while set
+	lost       bool   // Nomad takes each registration, and the answer is lost
+	flaky      string // a job id whose registrations Nomad answers 500
 	// While set, flaky's registration fails only once another has begun,
 	// which then waits for that failure.
 	begun, slow chan struct{}
-	mu         sync.Mutex
-	bodies     map[string]string
-	plans      int // Registered calls
-	refuse     string // a job id Nomad refuses
-	tokens     map[string]policy.Grants
-	stable     map[string]*api.Job // latest stable versions, by job id
-	revoked    bool                // Nomad refuses the broker's own token
+	mu          sync.Mutex
+	bodies      map[string]string
+	plans       int    // Registered calls
+	refuse      string // a job id Nomad refuses
+	tokens      map[string]policy.Grants
+	stable      map[string]*api.Job // latest stable versions, by job id
+	revoked     bool                // Nomad refuses the broker's own token
 }
 
 type revoked struct{}
@@ -795,7 +795,7 @@ func TestARegistrationWhoseAnswerWasLostIsNotSentAgain(t *testing.T) {
 // in Nomad's hands at once.
 type throttled struct {
 	*nomad
-	mu          sync.Mutex
+	mu         sync.Mutex
 	calls, now int
 	most       []int // most at once, by pass
 }
