@@ -45,8 +45,7 @@ func (s *Server) enqueue(w http.ResponseWriter, r *http.Request, rj *gpuJobReque
 			writeError(w, fmt.Errorf("job %q not queued: %w", rj.JobID, err))
 			return
 		} else if err != nil {
-			// Nomad's own refusal (its status) or no answer (502).
-			writeError(w, fmt.Errorf("job %q not queued: Nomad refused to plan it with your token (%w)", rj.JobID, err))
+			writeError(w, planFailed(rj.JobID, err))
 			return
 		}
 	}
@@ -149,6 +148,17 @@ func (s *Server) mayRegister(r *http.Request, rj *gpuJobRequest) error {
 		}
 	}
 	return err
+}
+
+// planFailed is the answer to a submission Nomad's plan of which failed: its
+// refusal of the caller's token or the job (4xx, answered as is), or a
+// failure of Nomad's own (5xx: 502, the user may send it again).
+func planFailed(jobID string, err error) error {
+	var le *lookupError
+	if errors.As(err, &le) && le.status < 500 {
+		return fmt.Errorf("job %q not queued: Nomad refused to plan it with your token (%w)", jobID, err)
+	}
+	return fail(errNomadUnreach, "job %q not queued: Nomad could not plan it (%v); nothing was queued, send it again", jobID, err)
 }
 
 // evaluation serves the evaluation ids of queued jobs; any other goes to Nomad.

@@ -649,3 +649,23 @@ func TestQueueingWithNomadGoneSaysNomadIsUnreachable(t *testing.T) {
 		t.Errorf("%d %s", rec.Code, rec.Body)
 	}
 }
+
+// Nomad failing (500) to plan a job that would be queued is Nomad's fault,
+// not a refusal of the caller's token: 502, worded so; and a call passed
+// through to a Nomad that does not answer gets a 502 that says so too.
+func TestNomadFailingIsNeverWordedAsARefusal(t *testing.T) {
+	s, up, q, nomad := newTestServer(t)
+	do(s, http.MethodPut, "/v1/jobs", testbuild.Job("vision", "first").Group("g", 1, 2, "gpu").Register())
+	up.planStatus = http.StatusInternalServerError
+	rec := do(s, http.MethodPut, "/v1/jobs", testbuild.Job("vision", "second").Group("g", 1, 2, "gpu").Register())
+	if body := rec.Body.String(); rec.Code != http.StatusBadGateway || strings.Contains(body, "refused") ||
+		!strings.Contains(body, `job "second" not queued: Nomad could not plan it (Nomad answered 500`) || len(q.IDs()) != 0 {
+		t.Errorf("a plan Nomad answered 500: %d %s", rec.Code, body)
+	}
+	nomad.Close()
+	rec = do(s, http.MethodGet, "/v1/jobs", "")
+	if body := rec.Body.String(); rec.Code != http.StatusBadGateway || !strings.Contains(body, "nomad-gpu: Nomad did not answer GET /v1/jobs: ") ||
+		!strings.Contains(body, "connection refused") {
+		t.Errorf("a read with Nomad gone: %d %q", rec.Code, body)
+	}
+}

@@ -227,6 +227,13 @@ func New(o Options) (*Server, error) {
 	s.api = s.gpuAPI()
 	s.proxy.FlushInterval = -1 // blocking queries, logs and event streams flow as they come
 	s.proxy.Transport = s.client.Transport
+	s.proxy.ErrorHandler = func(w http.ResponseWriter, r *http.Request, err error) {
+		if r.Context().Err() != nil {
+			return // the caller went away: no one reads an answer
+		}
+		s.log.Warn("Nomad did not answer a call passed through", "method", r.Method, "path", r.URL.Path, "error", err)
+		writeError(w, fail(errNomadUnreach, "Nomad did not answer %s %s: %v", r.Method, r.URL.Path, err))
+	}
 	return s, nil
 }
 
