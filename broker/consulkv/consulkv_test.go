@@ -3,6 +3,7 @@ package consulkv_test
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"sort"
@@ -37,7 +38,7 @@ func TestStores(t *testing.T) {
 	t.Run("queue: entries keep their version, and a stale one is neither removed nor parked", func(t *testing.T) {
 		t.Parallel()
 		q := consulkv.NewQueue(client.KV(), "queue-test/", nil)
-		e := queue.Entry{ID: queue.NewID(), JobID: "train", Namespace: "vision", Tenant: "vision", Queue: "training", Demand: 2}
+		e := queue.Entry{ID: queue.NewID(), JobID: "train", Namespace: "vision", Tenant: "vision", Queue: "training", Demand: 2, Request: json.RawMessage(`{}`)}
 		if err := q.Put(ctx, e); err != nil {
 			t.Fatal(err)
 		}
@@ -121,8 +122,8 @@ func TestStores(t *testing.T) {
 			sort.Strings(out)
 			return strings.Join(out, " ")
 		}
-		a := queue.Entry{ID: "00000000-0000-4000-8000-00000000000a", JobID: "a", Namespace: "vision"}
-		b := queue.Entry{ID: "00000000-0000-4000-8000-00000000000b", JobID: "b", Namespace: "vision"}
+		a := queue.Entry{ID: "00000000-0000-4000-8000-00000000000a", JobID: "a", Namespace: "vision", Request: json.RawMessage(`{}`)}
+		b := queue.Entry{ID: "00000000-0000-4000-8000-00000000000b", JobID: "b", Namespace: "vision", Request: json.RawMessage(`{}`)}
 		for _, e := range []queue.Entry{b, a} {
 			if err := writer.Put(ctx, e); err != nil {
 				t.Fatal(err)
@@ -168,8 +169,8 @@ func TestStores(t *testing.T) {
 		if _, err := client.KV().Put(&consul.KVPair{Key: prefix + "queue/" + queue.NewID(), Value: []byte("{")}, nil); err != nil {
 			t.Fatal(err)
 		}
-		c := queue.Entry{ID: "00000000-0000-4000-8000-00000000000c", JobID: "c", Namespace: "vision"}
-		if _, err := client.KV().Put(&consul.KVPair{Key: prefix + "queue/" + c.ID, Value: []byte(`{"id":"` + c.ID + `","job_id":"c","namespace":"vision"}`)}, nil); err != nil {
+		c := queue.Entry{ID: "00000000-0000-4000-8000-00000000000c", JobID: "c", Namespace: "vision", Request: json.RawMessage(`{}`)}
+		if _, err := client.KV().Put(&consul.KVPair{Key: prefix + "queue/" + c.ID, Value: []byte(`{"id":"` + c.ID + `","job_id":"c","namespace":"vision","request":{}}`)}, nil); err != nil {
 			t.Fatal(err)
 		}
 		eventually(writer, "b(parked) c")
@@ -427,7 +428,7 @@ func TestStores(t *testing.T) {
 			}
 		}
 		q := consulkv.NewQueue(client.KV(), prefix, aside)
-		e := queue.Entry{ID: queue.NewID(), JobID: "train", Namespace: "vision"}
+		e := queue.Entry{ID: queue.NewID(), JobID: "train", Namespace: "vision", Request: json.RawMessage(`{"Job":{"ID":"train"}}`)}
 		q.Put(ctx, e)
 		bad := queue.NewID()
 		garbage("queue/" + bad)
@@ -488,6 +489,44 @@ func TestStores(t *testing.T) {
 		held, err := aside.SetAside(ctx)
 		if err != nil || len(held) != 7 { // the queue's garbage entry twice, under one key
 			t.Errorf("set aside: %+v %v", held, err)
+		}
+	})
+
+	// A queue entry that decodes but is not one the broker wrote (null, {},
+	// one whose id is not its key's, a copy of another under a new key) is
+	// set aside too: listed, it had an id no one could cancel, and was
+	// parked again at every pass.
+	t.Run("queue entries of the wrong shape are set aside", func(t *testing.T) {
+		t.Parallel()
+		const prefix = "shape-test/"
+		var mu sync.Mutex
+		var told []string
+		aside := consulkv.NewAside(client, prefix, func(u consulkv.Unreadable) {
+			mu.Lock()
+			defer mu.Unlock()
+			told = append(told, u.Err.Error())
+		})
+		q := consulkv.NewQueue(client.KV(), prefix, aside)
+		good := queue.Entry{ID: queue.NewID(), JobID: "train", Namespace: "vision", Request: json.RawMessage(`{"Job":{"ID":"train"}}`)}
+		q.Put(ctx, good)
+		copied, _ := json.Marshal(good)
+		noJob, _ := json.Marshal(queue.Entry{ID: "ID", Request: good.Request})
+		for _, v := range []string{`null`, `{}`, string(copied), strings.Replace(string(noJob), `"ID"`, `"$KEY"`, 1)} {
+			key := queue.NewID()
+			if _, err := client.KV().Put(&consul.KVPair{Key: prefix + "queue/" + key, Value: []byte(strings.ReplaceAll(v, "$KEY", key))}, nil); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if got, err := q.List(ctx); err != nil || len(got) != 1 || got[0].ID != good.ID {
+			t.Errorf("listed: %+v %v", got, err)
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if len(told) != 4 || !strings.Contains(strings.Join(told, "\n"), "not its key's") || !strings.Contains(strings.Join(told, "\n"), "names no job") {
+			t.Errorf("told: %q", told)
+		}
+		if got, err := q.List(ctx); err != nil || len(got) != 1 {
+			t.Errorf("listed again: %+v %v", got, err)
 		}
 	})
 

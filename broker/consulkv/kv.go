@@ -40,6 +40,9 @@ type records[T any] struct {
 	// aside sets a record that cannot be read aside, so that it stops
 	// nothing (nil: reading it fails).
 	aside *Aside
+	// valid says why a record that decodes is still not one of its kind
+	// (null, {}, an id that is not its key's: a copy); nil: any decodes.
+	valid func(name string, v *T) error
 }
 
 // Aside moves records that cannot be decoded (a hand edit, a torn write)
@@ -113,6 +116,11 @@ func (r records[T]) decode(p *consul.KVPair) (T, error) {
 	var v T
 	if err := json.Unmarshal(p.Value, &v); err != nil {
 		return v, fmt.Errorf("decode %s %s: %w", r.what, p.Key, err)
+	}
+	if r.valid != nil {
+		if err := r.valid(strings.TrimPrefix(p.Key, r.dir), &v); err != nil {
+			return v, fmt.Errorf("decode %s %s: %w", r.what, p.Key, err)
+		}
 	}
 	if r.version != nil {
 		r.version(&v, p.ModifyIndex)

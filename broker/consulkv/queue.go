@@ -32,8 +32,23 @@ func (q *Queue) Index() uint64 { return q.m.index.Load() }
 // NewQueue returns the queue under prefix (e.g. "nomad-gpu/").
 func NewQueue(kv *consul.KV, prefix string, aside *Aside) *Queue {
 	r := records[queue.Entry]{kv: kv, dir: prefix + "queue/", what: "queue entry", kind: "queue", aside: aside,
-		version: func(e *queue.Entry, i uint64) { e.ModifyIndex = i }}
+		version: func(e *queue.Entry, i uint64) { e.ModifyIndex = i }, valid: validEntry}
 	return &Queue{r: r, m: &mirror[queue.Entry]{r: r}}
+}
+
+// validEntry says why an entry that decodes is not one the broker wrote
+// under name: listed, it could not be cancelled, and would be parked again
+// at every pass.
+func validEntry(name string, e *queue.Entry) error {
+	switch {
+	case e.ID != name:
+		return fmt.Errorf("its id %q is not its key's (an empty record, or a copy)", e.ID)
+	case e.JobID == "" || e.Namespace == "":
+		return errors.New("it names no job or no namespace")
+	case len(e.Request) == 0 || string(e.Request) == "null":
+		return errors.New("it holds no register request")
+	}
+	return nil
 }
 
 // Put writes an entry; queue.ErrTooLarge when Consul refuses a value that
