@@ -99,7 +99,7 @@ func Open(path string, maxBytes int64, maxFiles int, broker string) (*Log, error
 }
 
 func (l *Log) open() error {
-	f, err := os.OpenFile(l.path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o640)
+	f, err := os.OpenFile(l.path, os.O_CREATE|os.O_RDWR|os.O_APPEND, 0o640)
 	if err != nil {
 		return fmt.Errorf("audit log %s: %w", l.path, err)
 	}
@@ -109,6 +109,14 @@ func (l *Log) open() error {
 		return fmt.Errorf("audit log %s: %w", l.path, err)
 	}
 	l.f, l.size = f, st.Size()
+	if l.size > 0 {
+		// A crash may have cut the last line: the next record starts on a
+		// line of its own, or it would be read as part of the fragment.
+		last := make([]byte, 1)
+		if _, err := f.ReadAt(last, l.size-1); err != nil || last[0] != '\n' {
+			l.torn = true
+		}
+	}
 	if l.wrap != nil {
 		l.f = l.wrap(l.f)
 	}
@@ -135,6 +143,11 @@ func (l *Log) Write(e Event) error {
 	}
 	e.Time, e.Broker = time.Now().UTC(), l.broker
 	line, err := json.Marshal(e)
+	if err == nil && len(line) >= MaxLine {
+		// Reads skip a longer line: the record is kept, its result cut.
+		e.Result = e.Result[:max(0, len(e.Result)-(len(line)-MaxLine)-100)] + " … (cut: the record was over 1 MiB)"
+		line, err = json.Marshal(e)
+	}
 	if err != nil {
 		return l.failed(fmt.Errorf("audit: encode %s: %w", e.What, err))
 	}
@@ -317,18 +330,34 @@ func (l *Log) Scan(since time.Time, visit func(Event) bool) error {
 	return nil
 }
 
+// MaxLine is the longest line a read decodes (a longer one, written by
+// hand or by another program, is skipped like a torn one): what one read
+// holds in memory per line.
+const MaxLine = 1 << 20
+
 // scanFile visits the events of one file; true when visit asked to stop.
 func scanFile(f *os.File, since time.Time, visit func(Event) bool) (bool, error) {
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		var e Event
-		if json.Unmarshal(sc.Bytes(), &e) != nil {
+	r := bufio.NewReaderSize(f, 64<<10)
+	var line []byte
+	tooLong := false
+	for {
+		part, more, err := r.ReadLine()
+		if errors.Is(err, io.EOF) {
+			return false, nil
+		}
+		if err != nil {
+			return false, err
+		}
+		if tooLong = tooLong || len(line)+len(part) > MaxLine; !tooLong {
+			line = append(line, part...)
+		}
+		if more {
 			continue
 		}
-		if !e.Time.Before(since) && !visit(e) {
+		var e Event
+		if !tooLong && json.Unmarshal(line, &e) == nil && !e.Time.Before(since) && !visit(e) {
 			return true, nil
 		}
+		line, tooLong = line[:0], false
 	}
-	return false, sc.Err()
 }

@@ -134,6 +134,49 @@ func TestATornLineIsSkippedAndTheNextRecordRead(t *testing.T) {
 	}
 }
 
+// A crash cut the last line, newline and all: the first record a broker
+// restarted on that trail writes starts a line of its own, and reads back.
+func TestARecordAfterACutWithoutANewlineIsKept(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "audit.log")
+	if err := os.WriteFile(path, []byte(`{"time":"2026-12-01T10:00:00Z","what":"admission","job":"a"}`+"\n"+`{"time":"2026-12-01T10:00:01Z","what":"adm`), 0o640); err != nil {
+		t.Fatal(err)
+	}
+	l, err := audit.Open(path, 1<<20, 2, "b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	l.Write(audit.Event{What: audit.Admission, Job: "c"})
+	got, _, _, err := l.Page(audit.Cursor{}, audit.MaxPage, nil)
+	if err != nil || len(got) != 2 || got[0].Job != "a" || got[1].Job != "c" {
+		t.Errorf("read back: %+v %v", got, err)
+	}
+}
+
+// A line over MaxLine (written by another program, or by hand) is skipped
+// like a torn one: it never makes reading the file fail. A record the
+// broker writes that would be that long is kept, its result cut.
+func TestALineOverAMebibyteIsSkipped(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "audit.log")
+	huge := `{"time":"2026-12-01T10:00:01Z","what":"admission","job":"huge","result":"` + strings.Repeat("x", 2<<20) + `"}`
+	if err := os.WriteFile(path, []byte(`{"time":"2026-12-01T10:00:00Z","what":"admission","job":"a"}`+"\n"+huge+"\n"), 0o640); err != nil {
+		t.Fatal(err)
+	}
+	l, err := audit.Open(path, 64<<20, 2, "b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	l.Write(audit.Event{What: audit.Admission, Job: "c", Result: strings.Repeat("y", 3<<20)})
+	got, _, _, err := l.Page(audit.Cursor{}, audit.MaxPage, nil)
+	if err != nil || len(got) != 2 || got[0].Job != "a" || got[1].Job != "c" {
+		t.Fatalf("read back: %d events %v", len(got), err)
+	}
+	if r := got[1].Result; len(r) > audit.MaxLine || !strings.HasSuffix(r, "(cut: the record was over 1 MiB)") {
+		t.Errorf("the long record's result: %d bytes, ending %q", len(r), r[max(0, len(r)-50):])
+	}
+}
+
 // logrotate without copytruncate renames the file away: the next record
 // goes to a new file at the path, not to the renamed one.
 func TestAFileRenamedAwayIsReopened(t *testing.T) {
