@@ -122,6 +122,10 @@ type Admitter struct {
 	// in the view; only the round trips to Nomad and Consul overlap, which is
 	// what a drain after a large release waits on.
 	Parallel int
+	// Synced reports whether the cluster view has listed Nomad once: until
+	// it has, every GPU looks free, and no pass is made (nil: taken as
+	// listed, for a view built by hand).
+	Synced func() bool
 	// IdlePass is the longest Run goes without a pass while nothing it can
 	// see changed (budgets reset with time alone); 0: DefaultIdlePass.
 	IdlePass time.Duration
@@ -333,7 +337,7 @@ func (a *Admitter) Run(ctx context.Context, changed <-chan struct{}, tick <-chan
 // Pass goes through the queue once in admission order, by queue.Pass's rule,
 // and returns how many jobs it admitted.
 func (a *Admitter) Pass(ctx context.Context) (int, error) {
-	if !a.start(a.Clock.Now()) {
+	if a.Synced != nil && !a.Synced() || !a.start(a.Clock.Now()) {
 		return 0, nil
 	}
 	a.mu.Lock()

@@ -844,3 +844,18 @@ func TestA429LowersTheRegistrationsSentAtOnce(t *testing.T) {
 		t.Errorf("registrations at once, by pass: %v (want [8 4 8]); still queued: %d", th.most, len(q.IDs()))
 	}
 }
+
+// No pass before the view listed Nomad: every GPU would look free.
+func TestNoPassBeforeTheViewListed(t *testing.T) {
+	a, q, n, _, now := setup(t, visionPolicy, 8)
+	listed := false
+	a.Synced = func() bool { return listed }
+	q.Put(context.Background(), entry("j", 2, time.Minute, now))
+	if got, _ := a.Pass(context.Background()); got != 0 || len(n.registered) != 0 {
+		t.Errorf("admitted %d before the view listed: %v", got, n.registered)
+	}
+	listed = true
+	if got, _ := a.Pass(context.Background()); got != 1 {
+		t.Errorf("once listed: admitted %d", got)
+	}
+}

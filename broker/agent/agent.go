@@ -253,13 +253,13 @@ func (a *Agent) setupServer(context.Context) error {
 	a.admitter = &admitter.Admitter{Log: a.log.Named("queue"), Queue: st.queue, Nomad: a.nomad, Cluster: a.view,
 		Policies: a.policies, Stamper: a.stamper, Clock: clock.Real, GPUsCameBack: a.view.GPUsCameBack, Blocked: a.nomad, Exclusive: a.exclusive,
 		Metrics: a.metrics, FairShare: st.rollups, Audit: a.trail, Approvals: st.approvals, Preemptions: st.backoffs.Preemptions, Stops: st.stops,
-		Placed: a.nomad.PlacedNothing, Parallel: 32}
+		Placed: a.nomad.PlacedNothing, Parallel: 32, Synced: a.view.Synced}
 	var err error
 	a.server, err = server.New(server.Options{Leader: a.elector, Log: a.log.Named("proxy"), Nomad: cfg.Nomad.Address,
 		Client: a.nomad.HTTPClient(), Policies: a.policies, Cluster: a.view, Queue: st.queue, Decisions: st.decisions, Scales: st.scales, Stops: st.stops,
 		Profiles: st.profiles, RightSizing: st.storedProfiles, Metrics: a.metrics, Rollups: st.rollups, FairShare: st.rollups, Audit: a.trail,
 		Approvals: st.approvals, Preemptions: st.backoffs.Preemptions, SetAside: st.aside, PolicyStatus: a.policies.Status,
-		Unhealthy: a.nomad.Unhealthy, Forecast: a.forecast, Stamper: a.stamper, Region: a.region, ACLs: a.acls,
+		Unhealthy: a.nomad.Unhealthy, Synced: a.view.Synced, Forecast: a.forecast, Stamper: a.stamper, Region: a.region, ACLs: a.acls,
 		BodyReadTimeout: cfg.BodyReadTimeoutDuration, Exclusive: a.exclusive, Token: a.nomad.Token, Peers: a.peers})
 	return err
 }

@@ -669,3 +669,25 @@ func TestNomadFailingIsNeverWordedAsARefusal(t *testing.T) {
 		t.Errorf("a read with Nomad gone: %d %q", rec.Code, body)
 	}
 }
+
+// Until the cluster view has listed Nomad, every GPU looks free: GPU calls
+// are answered 503 and the queue's order is not shown; reads pass.
+func TestNothingIsDecidedBeforeTheViewListed(t *testing.T) {
+	s, up, q, _ := newTestServer(t)
+	listed := false
+	s.synced = func() bool { return listed }
+	if rec := do(s, http.MethodPut, "/v1/jobs", gpuJob); rec.Code != http.StatusServiceUnavailable ||
+		!strings.Contains(rec.Body.String(), "has not read the cluster from Nomad yet") || len(up.writes) != 0 || len(q.IDs()) != 0 {
+		t.Errorf("a GPU job: %d %s", rec.Code, rec.Body)
+	}
+	if rec := do(s, http.MethodGet, "/v1/gpu/queue", ""); rec.Code != http.StatusServiceUnavailable {
+		t.Errorf("the queue: %d %s", rec.Code, rec.Body)
+	}
+	if rec := do(s, http.MethodGet, "/v1/job/train", ""); rec.Code == http.StatusServiceUnavailable {
+		t.Errorf("a read, passed through: %d %s", rec.Code, rec.Body)
+	}
+	listed = true
+	if rec := do(s, http.MethodPut, "/v1/jobs", gpuJob); rec.Code != http.StatusOK {
+		t.Errorf("once listed: %d %s", rec.Code, rec.Body)
+	}
+}

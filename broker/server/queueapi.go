@@ -72,6 +72,9 @@ func (s *Server) queueEntry(w http.ResponseWriter, r *http.Request, id, who stri
 
 // ordered lists the queue in admission order.
 func (s *Server) ordered(r *http.Request) ([]queue.Entry, error) {
+	if err := s.listed(); err != nil {
+		return nil, err
+	}
 	entries, err := s.queue.List(r.Context())
 	if err != nil {
 		return nil, err

@@ -114,6 +114,7 @@ type Server struct {
 	setAside      SetAside
 	policyStatus  func() policystore.Status
 	healthy       func() string
+	synced        func() bool
 	forecast      *queue.Forecast
 	ui            http.Handler // the web UI at /gpu/
 	api           http.Handler // the broker's own API at /v1/gpu/
@@ -171,11 +172,15 @@ type Options struct {
 	// Unhealthy says why the broker cannot do its work ("": it can), for
 	// GET /v1/gpu/health (nil: always healthy).
 	Unhealthy func() string
-	Forecast  *queue.Forecast // running jobs' ends, for queue estimates (nil: none)
-	Stamper   nomadjob.Stamper
-	Region    string // the Nomad region the broker governs ("" or "global": Nomad's default)
-	Leader    Leader // nil: this broker takes every admission itself
-	ACLs      bool   // Nomad enforces ACLs: the broker's API then needs a valid token
+	// Synced reports whether the cluster view has listed Nomad once (nil:
+	// taken as listed, for a view built by hand). Until then usage reads
+	// as none: nothing is decided, and the queue's order is not shown.
+	Synced   func() bool
+	Forecast *queue.Forecast // running jobs' ends, for queue estimates (nil: none)
+	Stamper  nomadjob.Stamper
+	Region   string // the Nomad region the broker governs ("" or "global": Nomad's default)
+	Leader   Leader // nil: this broker takes every admission itself
+	ACLs     bool   // Nomad enforces ACLs: the broker's API then needs a valid token
 	// Exclusive enforcement: the broker writes jobs in tenant namespaces with
 	// Token, its own (read at each call: the operator may replace it), for
 	// the tenants' submitters.
@@ -197,7 +202,7 @@ func New(o Options) (*Server, error) {
 		return nil, fmt.Errorf("nomad address %q: %w", o.Nomad, err)
 	}
 	s := &Server{log: o.Log, upstream: u, client: o.Client, policies: o.Policies, cluster: o.Cluster,
-		queue: o.Queue, decisions: o.Decisions, scales: o.Scales, stops: o.Stops, profiles: o.Profiles, stored: o.RightSizing, metrics: o.Metrics, rollups: o.Rollups, fairShare: o.FairShare, audit: o.Audit, approvalStore: o.Approvals, preemptions: o.Preemptions, setAside: o.SetAside, policyStatus: o.PolicyStatus, healthy: o.Unhealthy, forecast: o.Forecast, stamper: o.Stamper, region: o.Region, acls: o.ACLs, exclusive: o.Exclusive, token: o.Token, leader: o.Leader, clock: o.Clock, newID: o.NewID, ui: webui.Handler()}
+		queue: o.Queue, decisions: o.Decisions, scales: o.Scales, stops: o.Stops, profiles: o.Profiles, stored: o.RightSizing, metrics: o.Metrics, rollups: o.Rollups, fairShare: o.FairShare, audit: o.Audit, approvalStore: o.Approvals, preemptions: o.Preemptions, setAside: o.SetAside, policyStatus: o.PolicyStatus, healthy: o.Unhealthy, synced: o.Synced, forecast: o.Forecast, stamper: o.Stamper, region: o.Region, acls: o.ACLs, exclusive: o.Exclusive, token: o.Token, leader: o.Leader, clock: o.Clock, newID: o.NewID, ui: webui.Handler()}
 	if s.client == nil {
 		s.client = &http.Client{}
 	}
@@ -275,6 +280,10 @@ func (s *Server) Handler() http.Handler {
 			writeError(w, fail(errForbidden, "%s %s refused: %s", r.Method, rt.pattern, rt.why))
 			return
 		}
+		if err := s.listed(); rt.call != callNone && err != nil {
+			writeError(w, err)
+			return
+		}
 		if rt.call != callNone && (r.ContentLength > LargeBody || r.ContentLength < 0) {
 			release, err := s.large.take(clientOf(r))
 			if err != nil {
@@ -285,6 +294,16 @@ func (s *Server) Handler() http.Handler {
 		}
 		s.gate(w, r, rt.call, rt.id)
 	})
+}
+
+// listed is nil once the cluster view has listed Nomad, and a 503 until
+// then: every GPU looks free to a view that has not.
+func (s *Server) listed() error {
+	if s.synced == nil || s.synced() {
+		return nil
+	}
+	return fail(errUnavailable, "the broker has not read the cluster from Nomad yet (it lists it when it starts): "+
+		"nothing is decided or ordered against it; send the request again in a moment")
 }
 
 // unclassified lets a write through that the route table does not know (a
