@@ -21,7 +21,9 @@ import (
 	"github.com/nomad-gpu/nomad-gpu/broker/policy"
 	"github.com/nomad-gpu/nomad-gpu/broker/queue"
 	"github.com/nomad-gpu/nomad-gpu/broker/reclaim"
+	"github.com/nomad-gpu/nomad-gpu/broker/reclaimer"
 	"github.com/nomad-gpu/nomad-gpu/broker/usage"
+	"github.com/nomad-gpu/nomad-gpu/testing/testbuild"
 	"github.com/nomad-gpu/nomad-gpu/testing/testcluster"
 )
 
@@ -560,6 +562,34 @@ func TestStores(t *testing.T) {
 		}
 		if got := keys(); got != before {
 			t.Errorf("%d keys once the jobs are gone, %d before them", got, before)
+		}
+	})
+
+	// Right-sizing profiles are bounded by count as well as by age: 1,500
+	// jobs that came and went within the retention leave usage.MaxProfiles
+	// keys, the most recently sampled.
+	t.Run("profiles of 1,500 jobs that came and went: at most MaxProfiles keys, the newest", func(t *testing.T) {
+		t.Parallel()
+		const prefix = "profiles-bound-test/"
+		store := consulkv.NewProfiles(client, prefix, nil)
+		table := usage.NewProfiles()
+		rec := &reclaimer.Recorder{Store: store, Table: table, Policies: testbuild.Fixed{P: testbuild.Policy(t, "queue \"training\" { priority = 60 }\ntenant \"vision\" {\n  namespaces = [\"vision\"]\n  queues = [\"training\"]\n}")}}
+		t0 := time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)
+		for i := range 1500 {
+			at := t0.Add(time.Duration(i) * time.Minute)
+			alloc := reclaim.Alloc{ID: fmt.Sprint(i), Namespace: "vision", JobID: fmt.Sprintf("job-%04d", i), Admitted: true, StartedAt: at, GPUs: []string{"g0"}}
+			table.Sample(at, []reclaim.Alloc{alloc}, map[string]reclaim.GPU{"g0": {Utilization: 50, Healthy: true}}, 5)
+		}
+		if err := rec.Flush(ctx, t0.Add(1500*time.Minute)); err != nil {
+			t.Fatal(err)
+		}
+		keys, _, err := client.KV().Keys(prefix+"rightsizing/", "", nil)
+		if err != nil || len(keys) != usage.MaxProfiles {
+			t.Fatalf("%d keys (%v), want %d", len(keys), err, usage.MaxProfiles)
+		}
+		sort.Strings(keys)
+		if keys[0] != prefix+"rightsizing/vision/job-0500" {
+			t.Errorf("the oldest kept: %s, want job-0500", keys[0])
 		}
 	})
 

@@ -59,6 +59,6 @@ func (r *Recorder) Flush(ctx context.Context, now time.Time) error {
 	r.lastFlush = now
 	left, err := r.Store.Put(ctx, r.Table.TakeDirty())
 	r.Table.MarkDirty(left)
-	_, err2 := r.Store.Delete(ctx, r.Table.Expire(now.Add(-r.Policies.Current().ReclaimSettings.Retention)))
+	_, err2 := r.Store.Delete(ctx, r.Table.Expire(now.Add(-r.Policies.Current().ReclaimSettings.Retention), usage.MaxProfiles))
 	return errors.Join(err, err2)
 }

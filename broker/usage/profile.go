@@ -183,16 +183,36 @@ func (t *Profiles) MarkDirty(ps []Profile) {
 	}
 }
 
-// Expire drops the profiles last sampled before cutoff and returns them.
-func (t *Profiles) Expire(cutoff time.Time) []Profile {
+// MaxProfiles bounds the profiles kept (each a key in Consul KV) by count as
+// well as by age: beyond it, the least recently sampled go first. A
+// profile serves a job submitted again under the same id; a job running
+// now is sampled every reclaim period, and stays.
+const MaxProfiles = 1000
+
+// Expire drops the profiles last sampled before cutoff, and then the least
+// recently sampled beyond keep, and returns them.
+func (t *Profiles) Expire(cutoff time.Time, keep int) []Profile {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	var out []Profile
+	drop := func(key [2]string, p *Profile) {
+		out = append(out, *p)
+		delete(t.byJob, key)
+		delete(t.dirty, key)
+	}
 	for key, p := range t.byJob {
 		if p.Last.Before(cutoff) {
-			out = append(out, *p)
-			delete(t.byJob, key)
-			delete(t.dirty, key)
+			drop(key, p)
+		}
+	}
+	if over := len(t.byJob) - keep; over > 0 {
+		oldest := make([]*Profile, 0, len(t.byJob))
+		for _, p := range t.byJob {
+			oldest = append(oldest, p)
+		}
+		sort.Slice(oldest, func(i, j int) bool { return oldest[i].Last.Before(oldest[j].Last) })
+		for _, p := range oldest[:over] {
+			drop([2]string{p.Namespace, p.Job}, p)
 		}
 	}
 	sortProfiles(out)

@@ -72,7 +72,7 @@ func TestProfilesCountBusyGPUsPerSample(t *testing.T) {
 	if dirty := tab.TakeDirty(); len(dirty) != 2 || len(tab.TakeDirty()) != 0 {
 		t.Errorf("dirty: %d", len(dirty))
 	}
-	if gone := tab.Expire(t0.Add(time.Hour)); len(gone) != 2 {
+	if gone := tab.Expire(t0.Add(time.Hour), usage.MaxProfiles); len(gone) != 2 {
 		t.Errorf("expired %d", len(gone))
 	}
 }
