@@ -320,7 +320,7 @@ func (a *Agent) reclaimer() *reclaimer.Reclaimer {
 		Requeue: &reclaimer.Requeue{Jobs: a.nomad, Actor: a.nomad, Queue: st.queue, Policies: a.policies, Preempted: st.backoffs.Preempted},
 		Watchers: []reclaimer.Watcher{&reclaimer.Recorder{Store: st.storedProfiles, Table: st.profiles, Policies: a.policies},
 			&reclaimer.Ledger{Store: st.rollups, Policies: a.policies, Metrics: a.metrics, Budgets: a.budgets, Clock: a.nomad.NomadNow,
-				Ended: observer.Ended, Granted: granted},
+				Ended: observer.Ended, EndedSince: observer.EndedSince, Granted: granted},
 			&reclaimer.Bander{Log: a.log.Named("band"), Policies: a.policies, Usage: a.view, Jobs: a.nomad, Grants: st.scales,
 				Stops: st.stops, Stamper: a.stamper, Lock: a.view.LockJob, Audit: a.trail},
 			&reclaimer.StopRecorder{View: a.view, Records: st.stops, Lock: a.view.LockJob},

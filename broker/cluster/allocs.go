@@ -195,6 +195,23 @@ func tasksEnded(a *api.Allocation) time.Time {
 	return end
 }
 
+// EndedAlloc is what the usage ledger charges of an allocation Nomad says
+// ended (complete, failed or lost) holding GPUs: its GPUs and its tasks'
+// first start and last end by its client; false for any other.
+func EndedAlloc(a *api.Allocation) (Alloc, bool) {
+	gpus, end := gpuIDs(a.AllocatedResources), tasksEnded(a)
+	if len(gpus) == 0 || end.IsZero() {
+		return Alloc{}, false
+	}
+	out := Alloc{ID: a.ID, Namespace: a.Namespace, JobID: a.JobID, Group: a.TaskGroup, NodeID: a.NodeID, GPUs: gpus, EndedAt: end}
+	for _, ts := range a.TaskStates {
+		if ts != nil && !ts.StartedAt.IsZero() && (out.StartedAt.IsZero() || ts.StartedAt.Before(out.StartedAt)) {
+			out.StartedAt = ts.StartedAt
+		}
+	}
+	return out, !out.StartedAt.IsZero()
+}
+
 // EndedAllocs returns the allocations that stopped holding GPUs within
 // the last hour or are being stopped (EndedAt zero), with what they held
 // while running, by id.

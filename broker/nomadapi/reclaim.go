@@ -133,6 +133,41 @@ func (o *Observer) Ended() []reclaim.Alloc {
 	return out
 }
 
+// EndedSince lists the GPU allocations that ended since a time, by
+// Nomad's own allocation times (those it has not collected yet), charged
+// to their job's tenant and queue as the job says now: for a ledger that
+// resumes after no broker led.
+func (o *Observer) EndedSince(ctx context.Context, since time.Time) ([]reclaim.Alloc, error) {
+	stubs, _, err := o.Client.nomad().Allocations().List((&api.QueryOptions{Namespace: "*", Params: map[string]string{"resources": "true"},
+		Filter: `ClientStatus == "complete" or ClientStatus == "failed" or ClientStatus == "lost"`}).WithContext(ctx))
+	if err != nil {
+		return nil, fmt.Errorf("list ended allocations: %w", err)
+	}
+	jobs := map[[2]string]observedJob{}
+	var out []reclaim.Alloc
+	for _, s := range stubs {
+		e, ok := cluster.EndedAlloc(&api.Allocation{ID: s.ID, Namespace: s.Namespace, JobID: s.JobID, TaskGroup: s.TaskGroup,
+			ClientStatus: s.ClientStatus, AllocatedResources: s.AllocatedResources, TaskStates: s.TaskStates, ModifyTime: s.ModifyTime})
+		if !ok || e.EndedAt.Before(since) {
+			continue
+		}
+		key := [2]string{e.Namespace, e.JobID}
+		job, seen := jobs[key]
+		if !seen {
+			if job, err = o.job(ctx, key, 0); err != nil {
+				return nil, err
+			}
+			jobs[key] = job
+		}
+		a := reclaim.Alloc{ID: e.ID, Namespace: e.Namespace, JobID: e.JobID, Group: e.Group, GPUs: e.GPUs, StartedAt: e.StartedAt, EndedAt: e.EndedAt}
+		if job.admitted {
+			a.Admitted, a.Tenant, a.Queue = true, job.tenant, job.queue
+		}
+		out = append(out, a)
+	}
+	return out, nil
+}
+
 // job is what the job's version at index says; read from Nomad when that
 // version was not read before, or the view holds no live version (index 0).
 func (o *Observer) job(ctx context.Context, key [2]string, index uint64) (observedJob, error) {

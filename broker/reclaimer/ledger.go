@@ -55,7 +55,19 @@ type Ledger struct {
 	// a gap (a failover, Consul down) is charged whole. While Nomad's time is not known, the pass's
 	// own is used, a pass charges at most usage.MaxInterval, and no rollup
 	// is deleted.
+	//
+	// Within a term each pass is bounded by this process's monotonic clock:
+	// a step of Nomad's clock is neither charged nor followed (the
+	// ledger's time goes on by the monotonic clock, allocation times read
+	// at the step's offset), and no rollup is deleted for it.
 	Clock func() (time.Time, bool)
+	// Monotonic measures the time between passes (nil: the passes' own
+	// times, which carry Go's monotonic clock reading).
+	Monotonic func() time.Time
+	// EndedSince lists the allocations that ended since a time, from
+	// Nomad's own allocation times (nil: none): the first pass of a term
+	// charges those that ended while no broker led.
+	EndedSince func(ctx context.Context, since time.Time) ([]reclaim.Alloc, error)
 	// Ended lists the allocations that stopped holding GPUs lately, or are
 	// being stopped (nil: none): each is charged up to its end, which the
 	// passes that saw it running did not reach.
@@ -70,12 +82,19 @@ type Ledger struct {
 	charged map[string]bool
 	expired string                  // the day whose expiry ran last
 	recent  map[string]usage.Rollup // the days of the running budget periods, by day
+	// last is the ledger's time at its last committed pass in this term
+	// and the pass's own (monotonic) time then: zero before the first.
+	last, lastLocal time.Time
+	offset          time.Duration // how far Nomad's clock is from the ledger's after a step
 }
 
 // Observed implements reclaimer.Watcher.
 // Long: one charge pass, whose steps share the pass's marks and totals.
 func (l *Ledger) Observed(ctx context.Context, now time.Time, allocs []reclaim.Alloc, gpus map[string]reclaim.GPU) error {
-	nomadTime := false
+	local, nomadTime := now, false
+	if l.Monotonic != nil {
+		local = l.Monotonic()
+	}
 	if l.Clock != nil {
 		if t, ok := l.Clock(); ok {
 			// Nomad's clock is read to the second: within clockAgreement
@@ -86,6 +105,7 @@ func (l *Ledger) Observed(ctx context.Context, now time.Time, allocs []reclaim.A
 			nomadTime = true
 		}
 	}
+	now, stepped := l.bounded(local, now)
 	mark, index, err := l.Store.Mark(ctx)
 	if err != nil {
 		return err
@@ -97,7 +117,7 @@ func (l *Ledger) Observed(ctx context.Context, now time.Time, allocs []reclaim.A
 		// reach the mark would charge nothing for that long: the mark comes
 		// back to now, and the time after is charged.
 		mark.Through = now
-		l.since, l.charged = time.Time{}, nil
+		l.restart()
 		ok, err := l.Store.Commit(ctx, index, mark, nil)
 		if err != nil {
 			return err
@@ -117,7 +137,13 @@ func (l *Ledger) Observed(ctx context.Context, now time.Time, allocs []reclaim.A
 		from = now.Add(-usage.MaxInterval) // this clock may have stepped: not the whole step
 		floor = from
 	}
-	all := l.withEnded(allocs)
+	all, err := l.withEnded(ctx, allocs, through)
+	if err != nil {
+		return err
+	}
+	if l.offset != 0 {
+		all, floor = l.shifted(all, from, now), from
+	}
 	charged := l.charge(from, floor, now, all, gpus, p)
 	days := make([]usage.Rollup, 0, len(charged))
 	for day, by := range charged {
@@ -139,9 +165,11 @@ func (l *Ledger) Observed(ctx context.Context, now time.Time, allocs []reclaim.A
 		return err
 	}
 	if !ok {
-		l.since, l.charged = time.Time{}, nil // another leader counts: start over from its mark
+		l.restart() // another leader counts: start over from its mark
 		return ErrMarkMoved
 	}
+	checked := !l.lastLocal.IsZero() // this pass was bounded by the monotonic clock
+	l.last, l.lastLocal = now, local
 	if l.since.IsZero() {
 		l.since = from
 		if from.IsZero() {
@@ -161,14 +189,75 @@ func (l *Ledger) Observed(ctx context.Context, now time.Time, allocs []reclaim.A
 	if err := l.budgets(ctx, p, now, days); err != nil {
 		return err
 	}
-	if l.Clock != nil && !nomadTime {
-		return nil // a clock that may have stepped deletes no rollup
+	if stepped != 0 {
+		return fmt.Errorf("%w: Nomad's clock moved %s against this process's monotonic clock; GPU time is charged by the latter, "+
+			"and no rollup is deleted for it", ErrClockStepped, stepped.Round(time.Second))
+	}
+	if l.Clock != nil && !nomadTime || !checked {
+		// A clock that may have stepped deletes no rollup; nor does a
+		// term's first pass, whose time no monotonic clock has checked.
+		return nil
 	}
 	if today := now.UTC().Format(usage.DayFormat); today != l.expired {
 		l.expired = today
 		return l.Store.DeleteBefore(ctx, now.Add(-p.Usage.Retention).UTC().Format(usage.DayFormat))
 	}
 	return nil
+}
+
+// restart forgets this term's passes: the next counts from the mark as a
+// term's first does.
+func (l *Ledger) restart() {
+	l.since, l.charged = time.Time{}, nil
+	l.last, l.lastLocal, l.offset = time.Time{}, time.Time{}, 0
+}
+
+// bounded is the ledger's time for a pass at local (the monotonic clock)
+// that the clocks put at now: now, unless it is more than clockAgreement
+// from the last pass's time plus the monotonic time since, which it then
+// is (a step of Nomad's clock is neither charged nor followed). stepped is
+// how far the offset between the two moved at this pass (0: it did not).
+func (l *Ledger) bounded(local, now time.Time) (time.Time, time.Duration) {
+	if l.lastLocal.IsZero() {
+		return now, 0
+	}
+	expected := l.last.Add(local.Sub(l.lastLocal))
+	offset := now.Sub(expected)
+	if offset.Abs() <= clockAgreement {
+		offset = 0
+	}
+	stepped := offset - l.offset
+	if stepped.Abs() <= clockAgreement {
+		stepped = 0
+	}
+	l.offset = offset
+	return now.Add(-offset), stepped
+}
+
+// shifted is allocs with their times read back by the offset of Nomad's
+// clock after a step, within from and now: whether a time was read before
+// or after the step is not known, so none is trusted beyond the pass.
+func (l *Ledger) shifted(allocs []reclaim.Alloc, from, now time.Time) []reclaim.Alloc {
+	within := func(t time.Time) time.Time {
+		switch t = t.Add(-l.offset); {
+		case t.Before(from):
+			return from
+		case t.After(now):
+			return now
+		}
+		return t
+	}
+	out := make([]reclaim.Alloc, len(allocs))
+	for i, a := range allocs {
+		if !a.StartedAt.IsZero() {
+			a.StartedAt = within(a.StartedAt)
+		}
+		if !a.EndedAt.IsZero() {
+			a.EndedAt = within(a.EndedAt)
+		}
+		out[i] = a
+	}
+	return out
 }
 
 // overLimit is, by tenant, the GPU-seconds held above the limit from from to
@@ -220,14 +309,22 @@ func (l *Ledger) charge(from, floor, now time.Time, allocs []reclaim.Alloc, gpus
 }
 
 // withEnded is allocs and the ended ones that are not among them (one may
-// have ended between the pass's observation and now).
-func (l *Ledger) withEnded(allocs []reclaim.Alloc) []reclaim.Alloc {
-	if l.Ended == nil {
-		return allocs
+// have ended between the pass's observation and now); a term's first pass
+// adds those that ended since through, while no broker led.
+func (l *Ledger) withEnded(ctx context.Context, allocs []reclaim.Alloc, through time.Time) ([]reclaim.Alloc, error) {
+	var ended []reclaim.Alloc
+	if l.Ended != nil {
+		ended = l.Ended()
 	}
-	ended := l.Ended()
+	if l.EndedSince != nil && l.lastLocal.IsZero() && !through.IsZero() {
+		gap, err := l.EndedSince(ctx, through)
+		if err != nil {
+			return nil, err
+		}
+		ended = append(ended, gap...)
+	}
 	if len(ended) == 0 {
-		return allocs
+		return allocs, nil
 	}
 	running := make(map[string]bool, len(allocs))
 	for _, a := range allocs {
@@ -237,9 +334,10 @@ func (l *Ledger) withEnded(allocs []reclaim.Alloc) []reclaim.Alloc {
 	for _, a := range ended {
 		if !running[a.ID] {
 			out = append(out, a)
+			running[a.ID] = true // once, where both the view and Nomad's listing have it
 		}
 	}
-	return out
+	return out, nil
 }
 
 // budgets brings the days of the running budget periods up to date (read

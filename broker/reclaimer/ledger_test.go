@@ -244,9 +244,9 @@ func TestTheLedgerGoesByNomadsClock(t *testing.T) {
 	t0 := time.Date(2026, 11, 30, 8, 0, 0, 0, time.UTC)
 	old := "2026-01-15" // within the 400 days kept
 	store := &days{mark: usage.Mark{Through: t0}, index: 1, byDay: map[string]usage.Rollup{old: {Day: old}}}
-	nomad, known := t0, true
+	nomad, known, mono := t0, true, t0
 	l := &reclaimer.Ledger{Store: store, Policies: testbuild.Fixed{P: testbuild.Policy(t, src)},
-		Clock: func() (time.Time, bool) { return nomad, known }}
+		Clock: func() (time.Time, bool) { return nomad, known }, Monotonic: func() time.Time { return mono }}
 	allocs := []reclaim.Alloc{{ID: "a", Namespace: "vision", JobID: "nb", Admitted: true, Tenant: "vision", Queue: "dev", StartedAt: t0.Add(-time.Hour),
 		GPUs: []string{"g0"}}}
 	charged := func() float64 {
@@ -259,7 +259,7 @@ func TestTheLedgerGoesByNomadsClock(t *testing.T) {
 		return total
 	}
 	// This machine's clock jumped two years ahead; Nomad's moved 30 s.
-	nomad = t0.Add(30 * time.Second)
+	nomad, mono = t0.Add(30*time.Second), mono.Add(30*time.Second)
 	if err := l.Observed(context.Background(), t0.Add(2*365*24*time.Hour), allocs, nil); err != nil {
 		t.Fatal(err)
 	}
@@ -270,7 +270,7 @@ func TestTheLedgerGoesByNomadsClock(t *testing.T) {
 		t.Errorf("rollup %s deleted (%v) or mark %s not at Nomad's time", old, ok, store.mark.Through)
 	}
 	// An hour nobody observed: charged whole.
-	nomad = nomad.Add(time.Hour)
+	nomad, mono = nomad.Add(time.Hour), mono.Add(time.Hour)
 	if err := l.Observed(context.Background(), nomad, allocs, nil); err != nil {
 		t.Fatal(err)
 	}
@@ -289,5 +289,82 @@ func TestTheLedgerGoesByNomadsClock(t *testing.T) {
 	}
 	if _, ok := store.byDay[old]; !ok {
 		t.Errorf("rollup %s deleted on a clock that may have stepped", old)
+	}
+}
+
+// Nomad's clock stepped two hours, then a hundred, ahead within a term: each
+// pass charges what the monotonic clock says passed, on the days the ledger
+// was on, and no rollup is deleted for it (retention 72 h). An allocation
+// that started after the step is read at the step's offset.
+func TestAStepOfNomadsClockIsNeitherChargedNorFollowed(t *testing.T) {
+	t0 := time.Date(2026, 11, 30, 8, 0, 0, 0, time.UTC)
+	old := "2026-11-28" // within the 72 h kept
+	store := &days{mark: usage.Mark{Through: t0}, index: 1, byDay: map[string]usage.Rollup{old: {Day: old}}}
+	nomad, mono := t0, t0
+	l := &reclaimer.Ledger{Store: store, Policies: testbuild.Fixed{P: testbuild.Policy(t, src+"\nusage {\n  retention = \"72h\"\n}\n")},
+		Clock: func() (time.Time, bool) { return nomad, true }, Monotonic: func() time.Time { return mono }}
+	allocs := []reclaim.Alloc{{ID: "a", Namespace: "vision", JobID: "nb", Admitted: true, Tenant: "vision", Queue: "dev", StartedAt: t0.Add(-time.Hour),
+		GPUs: []string{"g0"}}}
+	pass := func(real, step time.Duration, allocs []reclaim.Alloc) error {
+		mono, nomad = mono.Add(real), nomad.Add(real+step)
+		return l.Observed(context.Background(), nomad, allocs, nil)
+	}
+	charged := func() float64 {
+		total := 0.0
+		for _, d := range store.byDay {
+			for _, r := range d.Rows {
+				total += r.Seconds.Allocated
+			}
+		}
+		return total
+	}
+	if err := pass(30*time.Second, 0, allocs); err != nil || charged() != 30 {
+		t.Fatalf("30 s: charged %v (%v)", charged(), err)
+	}
+	if err := pass(30*time.Second, 2*time.Hour, allocs); !errors.Is(err, reclaimer.ErrClockStepped) || charged() != 60 {
+		t.Fatalf("30 s and a step of 2 h: charged %v, want 60 (%v)", charged(), err)
+	}
+	// b started 10 s ago by Nomad's stepped clock.
+	b := reclaim.Alloc{ID: "b", Namespace: "vision", JobID: "nb2", Admitted: true, Tenant: "vision", Queue: "dev", StartedAt: nomad.Add(20 * time.Second),
+		GPUs: []string{"g1"}}
+	if err := pass(30*time.Second, 0, append(allocs, b)); err != nil || charged() != 60+30+10 {
+		t.Fatalf("30 s more, b for 10 s: charged %v, want 100 (%v)", charged(), err)
+	}
+	if err := pass(30*time.Second, 100*time.Hour, append(allocs, b)); !errors.Is(err, reclaimer.ErrClockStepped) || charged() != 100+60 {
+		t.Fatalf("30 s and a step of 100 h: charged %v, want 160 (%v)", charged(), err)
+	}
+	if err := pass(30*time.Second, 0, append(allocs, b)); err != nil || charged() != 160+60 {
+		t.Fatalf("30 s more: charged %v, want 220 (%v)", charged(), err)
+	}
+	if len(store.byDay) != 2 || len(store.byDay["2026-11-30"].Rows) == 0 {
+		t.Errorf("days: %v: want %s kept and everything charged on 2026-11-30", store.byDay, old)
+	}
+}
+
+// An allocation that ended while no broker led is charged from Nomad's own
+// times when the next term's ledger resumes: from the mark to its end.
+func TestWhatEndedWhileNoBrokerLedIsCharged(t *testing.T) {
+	t0 := time.Date(2026, 11, 30, 8, 0, 0, 0, time.UTC)
+	store := &days{mark: usage.Mark{Through: t0}, index: 1, byDay: map[string]usage.Rollup{}}
+	gone := reclaim.Alloc{ID: "gone", Namespace: "vision", JobID: "nb", Admitted: true, Tenant: "vision", Queue: "dev", StartedAt: t0.Add(-time.Hour),
+		EndedAt: t0.Add(302 * time.Second), GPUs: []string{"g0"}}
+	var asked time.Time
+	now := t0.Add(11 * time.Minute) // an 11-minute gap
+	l := &reclaimer.Ledger{Store: store, Policies: testbuild.Fixed{P: testbuild.Policy(t, src)},
+		Clock: func() (time.Time, bool) { return now, true },
+		EndedSince: func(_ context.Context, since time.Time) ([]reclaim.Alloc, error) {
+			asked = since
+			return []reclaim.Alloc{gone}, nil
+		}}
+	if err := l.Observed(context.Background(), now, nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	if got := store.byDay["2026-11-30"].Rows; !asked.Equal(t0) || len(got) != 1 || got[0].Seconds.Allocated != 302 {
+		t.Errorf("asked since %s; charged %+v, want 302 s", asked, got)
+	}
+	// Asked once a term: the next pass charges it no more.
+	now = now.Add(time.Minute)
+	if err := l.Observed(context.Background(), now, nil, nil); err != nil || store.byDay["2026-11-30"].Rows[0].Seconds.Allocated != 302 {
+		t.Errorf("charged again: %+v (%v)", store.byDay["2026-11-30"].Rows, err)
 	}
 }
