@@ -109,3 +109,25 @@ func TestKeyerKeysOrderAsOrder(t *testing.T) {
 		}
 	})
 }
+
+// BenchmarkPlace is what a submission into a queue of 10,000 waiting entries
+// costs to find its place and estimate (every GPU taken, none known to free:
+// the estimate is found once the first entry ahead waits).
+func BenchmarkPlace(b *testing.B) {
+	p := testbuild.Policy(b, twoTenants)
+	now := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	entries := make([]queue.Entry, 10_000)
+	for i := range entries {
+		entries[i] = queue.Entry{ID: fmt.Sprintf("e%05d", i), Tenant: []string{"a", "b"}[i%2], Queue: "training", Demand: 1,
+			SubmittedAt: now.Add(-time.Duration(i) * time.Second)}
+	}
+	e := queue.Entry{ID: "new", Tenant: "a", Queue: "training", Demand: 1, SubmittedAt: now}
+	used := map[string]float64{"a": 4, "b": 4}
+	supply := &queue.Supply{}
+	b.ReportAllocs()
+	for b.Loop() {
+		if at, _, _ := queue.Place(entries, e, -1, p, used, nil, now, supply); at != len(entries)+1 {
+			b.Fatal(at)
+		}
+	}
+}

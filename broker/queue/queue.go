@@ -156,7 +156,7 @@ func Order(entries []Entry, p *policy.Policy, used map[string]float64, decayed m
 // they are: the i-th to be admitted is entries[rank[i]].
 func rankOf(entries []Entry, p *policy.Policy, used map[string]float64, decayed map[string]float64, now time.Time) []int32 {
 	entry := func(i int) *Entry { return &entries[i] }
-	keys := orderKeys(len(entries), entry, p, used, decayed, now)
+	keys := orderKeys(nil, len(entries), entry, p, used, decayed, now)
 	slices.SortFunc(keys, func(a, b orderKey) int { return compareKeys(a, b, entry) })
 	rank := make([]int32, len(keys))
 	for i, k := range keys {
@@ -176,10 +176,15 @@ type orderKey struct {
 	parked bool
 }
 
-// orderKeys is the key of each of n entries, entry(i) being the i-th.
-func orderKeys(n int, entry func(int) *Entry, p *policy.Policy, used map[string]float64, decayed map[string]float64, now time.Time) []orderKey {
+// orderKeys is the key of each of n entries, entry(i) being the i-th, in
+// buf if it is large enough.
+func orderKeys(buf []orderKey, n int, entry func(int) *Entry, p *policy.Policy, used map[string]float64, decayed map[string]float64, now time.Time) []orderKey {
 	k := NewKeyer(p, used, decayed, now)
-	keys := make([]orderKey, n)
+	keys := buf[:0]
+	if cap(keys) < n {
+		keys = make([]orderKey, n)
+	}
+	keys = keys[:n]
 	for i := range keys {
 		keys[i] = k.key(entry(i), int32(i))
 	}
@@ -192,7 +197,7 @@ func orderKeys(n int, entry func(int) *Entry, p *policy.Policy, used map[string]
 type Keyer struct {
 	p             *policy.Policy
 	used, decayed map[string]float64
-	now           time.Time
+	now           int64 // Unix nanoseconds: an entry's age is a subtraction
 	fair          bool
 	priorities    []int
 	lastQueue     string // entries come in runs of one queue: one lookup a run
@@ -204,7 +209,7 @@ type Keyer struct {
 
 // NewKeyer orders as Order does with the same arguments.
 func NewKeyer(p *policy.Policy, used map[string]float64, decayed map[string]float64, now time.Time) *Keyer {
-	k := &Keyer{p: p, used: used, decayed: decayed, now: now, fair: p.FairShare.Enabled && decayed != nil, shares: map[string]float64{}}
+	k := &Keyer{p: p, used: used, decayed: decayed, now: now.UnixNano(), fair: p.FairShare.Enabled && decayed != nil, shares: map[string]float64{}}
 	for _, q := range p.Queues {
 		k.priorities = append(k.priorities, q.Priority)
 	}
@@ -229,10 +234,12 @@ func (a OrderKey) Compare(b OrderKey) int {
 }
 
 func (k *Keyer) key(e *Entry, index int32) orderKey {
-	return orderKey{k.share(e.Tenant), e.SubmittedAt.UnixNano(), k.prio(e), index, e.Parked != ""}
+	at := e.SubmittedAt.UnixNano()
+	return orderKey{k.share(e.Tenant), at, k.prio(e, at), index, e.Parked != ""}
 }
 
-func (k *Keyer) prio(e *Entry) int {
+// prio is e's priority, raised by its age (submitted at, Unix nanoseconds).
+func (k *Keyer) prio(e *Entry, at int64) int {
 	if e.Queue != k.lastQueue || k.lastQueue == "" {
 		k.lastQueue, k.lastBase = e.Queue, 0
 		if q, ok := k.p.Queues[e.Queue]; ok {
@@ -240,7 +247,11 @@ func (k *Keyer) prio(e *Entry) int {
 		}
 	}
 	base := k.lastBase
-	aged := base + policy.MinPriorityGap*int(k.now.Sub(e.SubmittedAt)/AgingStep)
+	age := time.Duration(k.now - at)
+	if at == 0 || age < 0 && k.now > 0 {
+		age = math.MaxInt64 // a zero time, beyond UnixNano's range: as old as can be
+	}
+	aged := base + policy.MinPriorityGap*int(age/AgingStep)
 	if !k.fair {
 		return aged
 	}
