@@ -114,19 +114,7 @@ reclaim_settings {
 	if _, _, err := n.API.Jobs().Deregister("train", false, &api.WriteOptions{Namespace: "vision"}); err != nil {
 		t.Fatal(err)
 	}
-	var lifetime time.Duration
-	testcluster.WaitFor(t, 60*time.Second, "train's task finished", func() error {
-		a, _, err := n.API.Allocations().Info(first.ID, nil)
-		if err != nil {
-			return err
-		}
-		ts := a.TaskStates["t0"]
-		if ts == nil || ts.FinishedAt.IsZero() {
-			return fmt.Errorf("not finished")
-		}
-		lifetime = ts.FinishedAt.Sub(ts.StartedAt)
-		return nil
-	})
+	lifetime := taskLifetime(t, n, first.ID, "t0")
 	waitPasses(t, survivor, metrics.LoopReclaim, 2) // nothing more charged after it
 
 	from := time.Now().UTC().AddDate(0, 0, -1).Format("2006-01-02") // a run across midnight is still one report
@@ -389,19 +377,7 @@ func TestWhatEndedWhileNoBrokerRanIsCharged(t *testing.T) {
 	e.broker.Stop()
 	time.Sleep(3 * time.Second) // it runs on, then ends, while no broker runs
 	e.stop("vision", "train")
-	var lifetime time.Duration
-	testcluster.WaitFor(t, 60*time.Second, "train's task finished", func() error {
-		a, _, err := n.API.Allocations().Info(alloc.ID, nil)
-		if err != nil {
-			return err
-		}
-		ts := a.TaskStates["t"]
-		if ts == nil || ts.FinishedAt.IsZero() {
-			return fmt.Errorf("not finished")
-		}
-		lifetime = ts.FinishedAt.Sub(ts.StartedAt)
-		return nil
-	})
+	lifetime := taskLifetime(t, n, alloc.ID, "t")
 	time.Sleep(2 * time.Second)
 	e.broker.Start()
 	waitPasses(t, e.broker, metrics.LoopReclaim, 2)
@@ -471,4 +447,24 @@ func TestAStepOfNomadsClockIsNotCharged(t *testing.T) {
 	if p, _, err := consulKV(consul).Get(kept, nil); err != nil || p == nil {
 		t.Errorf("%s, within the retention, was deleted (%v)", kept, err)
 	}
+}
+
+// taskLifetime waits until task of allocation id finished, and is how long
+// it ran by its client's times.
+func taskLifetime(t *testing.T, n *testcluster.Nomad, id, task string) time.Duration {
+	t.Helper()
+	var lifetime time.Duration
+	testcluster.WaitFor(t, 60*time.Second, task+" finished", func() error {
+		a, _, err := n.API.Allocations().Info(id, nil)
+		if err != nil {
+			return err
+		}
+		ts := a.TaskStates[task]
+		if ts == nil || ts.FinishedAt.IsZero() {
+			return fmt.Errorf("not finished")
+		}
+		lifetime = ts.FinishedAt.Sub(ts.StartedAt)
+		return nil
+	})
+	return lifetime
 }

@@ -38,6 +38,17 @@ func (d *days) Commit(_ context.Context, index uint64, m usage.Mark, rs []usage.
 	}
 	return true, nil
 }
+// allocated is the GPU-seconds allocated in every day kept.
+func (d *days) allocated() float64 {
+	total := 0.0
+	for _, day := range d.byDay {
+		for _, r := range day.Rows {
+			total += r.Seconds.Allocated
+		}
+	}
+	return total
+}
+
 func (d *days) Days(_ context.Context, from, to string) ([]usage.Rollup, error) {
 	var out []usage.Rollup
 	for day, r := range d.byDay {
@@ -249,15 +260,7 @@ func TestTheLedgerGoesByNomadsClock(t *testing.T) {
 		Clock: func() (time.Time, bool) { return nomad, known }, Monotonic: func() time.Time { return mono }}
 	allocs := []reclaim.Alloc{{ID: "a", Namespace: "vision", JobID: "nb", Admitted: true, Tenant: "vision", Queue: "dev", StartedAt: t0.Add(-time.Hour),
 		GPUs: []string{"g0"}}}
-	charged := func() float64 {
-		total := 0.0
-		for _, d := range store.byDay {
-			for _, r := range d.Rows {
-				total += r.Seconds.Allocated
-			}
-		}
-		return total
-	}
+	charged := store.allocated
 	// This machine's clock jumped two years ahead; Nomad's moved 30 s.
 	nomad, mono = t0.Add(30*time.Second), mono.Add(30*time.Second)
 	if err := l.Observed(context.Background(), t0.Add(2*365*24*time.Hour), allocs, nil); err != nil {
@@ -309,15 +312,7 @@ func TestAStepOfNomadsClockIsNeitherChargedNorFollowed(t *testing.T) {
 		mono, nomad = mono.Add(real), nomad.Add(real+step)
 		return l.Observed(context.Background(), nomad, allocs, nil)
 	}
-	charged := func() float64 {
-		total := 0.0
-		for _, d := range store.byDay {
-			for _, r := range d.Rows {
-				total += r.Seconds.Allocated
-			}
-		}
-		return total
-	}
+	charged := store.allocated
 	if err := pass(30*time.Second, 0, allocs); err != nil || charged() != 30 {
 		t.Fatalf("30 s: charged %v (%v)", charged(), err)
 	}
