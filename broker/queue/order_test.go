@@ -2,11 +2,13 @@ package queue_test
 
 import (
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/nomad-gpu/nomad-gpu/broker/policyhcl"
 	"github.com/nomad-gpu/nomad-gpu/broker/queue"
+	"github.com/nomad-gpu/nomad-gpu/testing/testbuild"
 )
 
 // twoTenants: a may queue training and inference, b training; both are
@@ -130,5 +132,26 @@ func BenchmarkOrder(b *testing.B) {
 		copy(work, entries)
 		b.StartTimer()
 		queue.Order(work, p, used, decayed, now)
+	}
+}
+
+// An entry another broker submitted with its clock a little ahead is not
+// aged for it: the order stays by submit time, the oldest first; an entry
+// with no submit time at all is the oldest.
+func TestAnEntryFromAClockAheadIsNotAged(t *testing.T) {
+	p := testbuild.Policy(t, twoTenants)
+	now := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	var entries []queue.Entry
+	for i := range 5 {
+		entries = append(entries, queue.Entry{ID: fmt.Sprint(i), Tenant: "a", Queue: "training", Demand: 1, SubmittedAt: now.Add(time.Duration(4-i) * time.Second)})
+	}
+	entries = append(entries, queue.Entry{ID: "zero", Tenant: "a", Queue: "training", Demand: 1})
+	queue.Order(entries, p, nil, nil, now)
+	var got []string
+	for _, e := range entries {
+		got = append(got, e.ID)
+	}
+	if strings.Join(got, " ") != "zero 4 3 2 1 0" {
+		t.Errorf("order: %v", got)
 	}
 }

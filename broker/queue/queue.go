@@ -248,8 +248,8 @@ func (k *Keyer) prio(e *Entry, at int64) int {
 	}
 	base := k.lastBase
 	age := time.Duration(k.now - at)
-	if at == 0 || age < 0 && k.now > 0 {
-		age = math.MaxInt64 // a zero time, beyond UnixNano's range: as old as can be
+	if e.SubmittedAt.IsZero() {
+		age = math.MaxInt64 // beyond UnixNano's range: as old as time.Time.Sub has it
 	}
 	aged := base + policy.MinPriorityGap*int(age/AgingStep)
 	if !k.fair {
