@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	consulapi "github.com/hashicorp/consul/api"
 	"github.com/hashicorp/nomad/api"
 
 	"github.com/nomad-gpu/nomad-gpu/broker/audit"
@@ -25,6 +26,7 @@ import (
 	"github.com/nomad-gpu/nomad-gpu/broker/queue"
 	"github.com/nomad-gpu/nomad-gpu/broker/reclaim"
 	"github.com/nomad-gpu/nomad-gpu/broker/server"
+	"github.com/nomad-gpu/nomad-gpu/broker/usage"
 	"github.com/nomad-gpu/nomad-gpu/testing/testcluster"
 )
 
@@ -534,9 +536,11 @@ over_limit_grace = "2s"
 // plans, which it answers as mode says: "429", "500", or "lost" (Nomad takes
 // a registration, the broker gets a 502 instead of Nomad's answer). The test
 // sets a mode only while no user submits: the calls it answers are the
-// leader's, registering queued jobs.
+// leader's, registering queued jobs. Every answer's Date is step ahead of
+// Nomad's: its clock as the broker reads it.
 type faultyNomad struct {
 	proxy   *httputil.ReverseProxy
+	step    atomic.Int64 // a time.Duration
 	mu      sync.Mutex
 	mode    string
 	faults  map[string]int // calls answered, by mode
@@ -590,23 +594,35 @@ func (f *faultyNomad) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// TestNomadFailingRegistrations puts a proxy between the broker and Nomad
-// that answers the leader's registrations of queued jobs 429, then 500, then
-// takes them and loses Nomad's answer. No entry is parked, the leader
-// backs off instead of sending registrations in a loop, and a registration
-// Nomad took is not sent again: each job is registered once, evaluated
-// once, placed once. (Its own agents: no other test's broker may go
-// through the proxy.)
-func TestNomadFailingRegistrations(t *testing.T) {
+// TestNomadFailing puts a proxy between the broker and Nomad that answers
+// the leader's registrations of queued jobs 429, then 500, then takes them
+// and loses Nomad's answer. No entry is parked, the leader backs off instead
+// of sending registrations in a loop, and a registration Nomad took is not
+// sent again: each job is registered once, evaluated once, placed once.
+// Then Nomad's clock, as the broker reads it, steps 2 h and 100 h ahead
+// while the jobs hold 4 GPUs: each window charges the GPUs for the time
+// that passed, not for the steps, no day is charged that did not happen,
+// and a day within retention = "72h" stays. (Its own agents: no other
+// test's broker may go through the proxy.)
+func TestNomadFailing(t *testing.T) {
 	t.Parallel()
 	consul := testcluster.StartConsul(t)
 	n := startGPUNode(t, "failing", 4, "vision")
 	target, _ := url.Parse(n.Addr)
 	f := &faultyNomad{proxy: httputil.NewSingleHostReverseProxy(target), faults: map[string]int{}, reached: map[string]int{}}
+	f.proxy.ModifyResponse = func(resp *http.Response) error {
+		if at, err := http.ParseTime(resp.Header.Get("Date")); err == nil {
+			resp.Header.Set("Date", at.Add(time.Duration(f.step.Load())).UTC().Format(http.TimeFormat))
+		}
+		return nil
+	}
 	proxy := httptest.NewServer(f)
 	t.Cleanup(proxy.Close)
-	policy := strings.NewReplacer("guaranteed = 2\n  limit      = 2", "guaranteed = 4\n  limit      = 4").Replace(twoTenantPolicy)
-	e := brokerEnv(t, n, consul, policy, "vision", 4, testcluster.BrokerOptions{NomadAddress: proxy.URL})
+	policy := strings.NewReplacer("guaranteed = 2\n  limit      = 2", "guaranteed = 4\n  limit      = 4").Replace(twoTenantPolicy) +
+		"reclaim_settings {\n  period = \"1s\"\n}\nusage {\n  retention = \"72h\"\n}\n"
+	// A resync every second: each opens the event stream, whose answer's
+	// Date is a reading of Nomad's clock.
+	e := brokerEnv(t, n, consul, policy, "vision", 4, testcluster.BrokerOptions{NomadAddress: proxy.URL, Config: `resync = "1s"`})
 	if out, err := e.run("vision", "first", 1, 4, "", true); err != nil || !strings.Contains(out, "admitted") {
 		t.Fatalf("%v\n%s", err, out)
 	}
@@ -620,16 +636,16 @@ func TestNomadFailingRegistrations(t *testing.T) {
 			t.Fatalf("after Nomad's transient answers, the queue must hold every job, none parked:\n%s", out)
 		}
 	}
-	// Each phase is 8 s. Without a backoff, passes follow each other as
-	// fast as each failure releases its GPUs (over 4,000 calls). With it,
-	// each entry is sent at 0, 1, 3 and 7 s at most.
+	// Each phase is 5 s. Without a backoff, passes follow each other as
+	// fast as each failure releases its GPUs (over 4,000 calls in 8 s). With
+	// it, each entry is sent about 3 times, as the pass-wide quiet lets.
 	phase := func(mode string) { // the next phase's mode follows at once: no pass sees none between
 		f.set(mode)
-		time.Sleep(8 * time.Second)
+		time.Sleep(5 * time.Second)
 		parked()
-		t.Logf("Nomad answered %s to %d registrations and plans in 8 s", mode, f.count(mode))
+		t.Logf("Nomad answered %s to %d registrations and plans in 5 s", mode, f.count(mode))
 		if got := f.count(mode); got == 0 || got > 4*len(jobs) {
-			t.Errorf("Nomad answered %s to %d registrations and plans in 8 s (want 1 to %d)", mode, got, 4*len(jobs))
+			t.Errorf("Nomad answered %s to %d registrations and plans in 5 s (want 1 to %d)", mode, got, 4*len(jobs))
 		}
 	}
 	f.set("429")
@@ -668,6 +684,40 @@ func TestNomadFailingRegistrations(t *testing.T) {
 		}
 	}
 	e.waitUsed("vision", 4)
+	clockSteps(t, e, consul, &f.step, 4)
+}
+
+// clockSteps steps Nomad's clock (step, as e's broker reads it) 2 h, then
+// 100 h, ahead while vision holds gpus, and checks what its ledger charged.
+func clockSteps(t *testing.T, e *env, consul *testcluster.Consul, step *atomic.Int64, gpus float64) {
+	// A day within the 72 h kept, which a step of 100 h must not delete.
+	day := time.Now().UTC().AddDate(0, 0, -2).Format("2006-01-02")
+	kept := "nomad-gpu/usage/" + day
+	rollup, _ := json.Marshal(usage.Rollup{Day: day})
+	if _, err := consulKV(consul).Put(&consulapi.KVPair{Key: kept, Value: rollup}, nil); err != nil {
+		t.Fatal(err)
+	}
+	waitPasses(t, e.broker, metrics.LoopReclaim, 3)
+	const series = `nomadgpu_gpu_seconds_total{gpu_class="",queue="training",state="allocated",tenant="vision"}`
+	for _, by := range []time.Duration{2 * time.Hour, 100 * time.Hour} {
+		before, start := e.broker.Scrape()[series], time.Now()
+		step.Add(int64(by))
+		time.Sleep(6 * time.Second)
+		charged, passed := e.broker.Scrape()[series]-before, time.Since(start).Seconds()
+		t.Logf("Nomad's clock stepped %s: %.1f GPU-seconds charged in %.1f s", by, charged, passed)
+		if charged < gpus*(passed-2) || charged > gpus*(passed+2) {
+			t.Errorf("a step of %s: %.1f GPU-seconds charged for %g GPUs over %.1f s", by, charged, gpus, passed)
+		}
+	}
+	var rep server.UsageReport
+	today := time.Now().UTC()
+	if err := json.Unmarshal([]byte(e.brokerCLI("usage", "-from", today.AddDate(0, 0, 1).Format("2006-01-02"),
+		"-to", today.AddDate(0, 0, 10).Format("2006-01-02"), "-json")), &rep); err != nil || len(rep.Rows) != 0 {
+		t.Errorf("days after today charged: %v %+v", err, rep.Rows)
+	}
+	if p, _, err := consulKV(consul).Get(kept, nil); err != nil || p == nil {
+		t.Errorf("%s, within the retention, was deleted (%v)", kept, err)
+	}
 }
 
 // TestTheQueueKeepsItsOrderAcrossARestart: 300 entries of two tenants wait,
@@ -676,12 +726,15 @@ func TestNomadFailingRegistrations(t *testing.T) {
 // it orders (and decides) only once it has read the cluster again, never
 // against a view in which every GPU looks free. A proxy in front of Nomad
 // makes the restarted broker's first listing take 3 s, as a large cluster's
-// does. (Its own agents: it restarts its broker.)
+// does. Then, with the queue empty, a job holding 2 GPUs ends while the
+// broker is down: started again, it charges search the allocation's whole
+// lifetime, by Nomad's own times, not only what it saw before it stopped.
+// (Its own agents: it restarts its broker.)
 func TestTheQueueKeepsItsOrderAcrossARestart(t *testing.T) {
 	t.Parallel()
 	consul := testcluster.StartConsul(t)
 	n := startGPUNode(t, "order", 4, "vision", "search")
-	policy := strings.ReplaceAll(twoTenantPolicy, "limit      = 2", "limit      = 4")
+	policy := strings.ReplaceAll(twoTenantPolicy, "limit      = 2", "limit      = 4") + "reclaim_settings {\n  period = \"1s\"\n}\n"
 	target, _ := url.Parse(n.Addr)
 	nomad, slow := httputil.NewSingleHostReverseProxy(target), atomic.Bool{}
 	proxy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -759,4 +812,43 @@ func TestTheQueueKeepsItsOrderAcrossARestart(t *testing.T) {
 		t.Errorf("%d of %d entries changed place across the restart; after: %.200s", moved, len(b), after)
 	}
 	slow.Store(false)
+	if _, err := consulKV(consul).DeleteTree("nomad-gpu/queue/", nil); err != nil {
+		t.Fatal(err)
+	}
+	gapCharged(t, e, n)
+}
+
+// gapCharged runs a job of 2 GPUs in search, stops e's broker, lets the job
+// run on and end, starts the broker again, and checks that search is
+// charged the allocation's whole lifetime.
+func gapCharged(t *testing.T, e *env, n *testcluster.Nomad) {
+	if out, err := e.run("search", "train", 1, 2, "", true); err != nil || !strings.Contains(out, "admitted") {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	alloc := e.waitRunning("search", "train")
+	waitPasses(t, e.broker, metrics.LoopReclaim, 3)
+	e.broker.Stop()
+	time.Sleep(3 * time.Second) // it runs on, then ends, while no broker runs
+	e.stop("search", "train")
+	lifetime := taskLifetime(t, n, alloc.ID, "t")
+	time.Sleep(2 * time.Second)
+	e.broker.Start()
+	waitPasses(t, e.broker, metrics.LoopReclaim, 2)
+	var rep server.UsageReport
+	from := time.Now().UTC().AddDate(0, 0, -1).Format("2006-01-02")
+	if err := json.Unmarshal([]byte(e.brokerCLI("usage", "-from", from, "-json")), &rep); err != nil {
+		t.Fatalf("report: %v", err)
+	}
+	for _, row := range rep.Rows {
+		if row.Group != "search" {
+			continue
+		}
+		charged := time.Duration(row.AllocatedHours / 2 * float64(time.Hour))
+		t.Logf("allocation ran %s; charged %s per GPU across the broker's absence", lifetime, charged)
+		if (charged - lifetime).Abs() > 100*time.Millisecond {
+			t.Errorf("search charged %s per GPU, the allocation ran %s", charged, lifetime)
+		}
+		return
+	}
+	t.Errorf("search not charged: %+v", rep.Rows)
 }

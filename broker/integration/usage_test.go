@@ -5,17 +5,12 @@ import (
 	"fmt"
 	"math"
 	"net/http"
-	"net/http/httptest"
-	"net/http/httputil"
-	"net/url"
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
-	consulapi "github.com/hashicorp/consul/api"
 	"github.com/hashicorp/nomad/api"
 
 	"github.com/nomad-gpu/nomad-gpu/broker/audit"
@@ -356,96 +351,6 @@ func replayTheRecords(t *testing.T, e *env) {
 	if err != nil || !strings.Contains(string(out), fmt.Sprintf("%d jobs on 2 GPUs", jobs)) ||
 		!strings.Contains(string(out), fmt.Sprintf("%d / 0 / 0", jobs)) {
 		t.Errorf("replaying the broker's records (%v):\n%s\n%s", err, trace, out)
-	}
-}
-
-// TestWhatEndedWhileNoBrokerRanIsCharged: a job holding 2 GPUs ends while
-// the only broker is down; the broker started again charges its tenant the
-// allocation's whole lifetime, by Nomad's own times, not only what it saw
-// before it stopped. (Its own agents: it stops and starts its broker.)
-func TestWhatEndedWhileNoBrokerRanIsCharged(t *testing.T) {
-	t.Parallel()
-	consul := testcluster.StartConsul(t)
-	n := startGPUNode(t, "gap", 4, "vision", "search")
-	e := brokerEnv(t, n, consul, twoTenantPolicy+"reclaim_settings {\n  period = \"1s\"\n}\n", "vision", 4, testcluster.BrokerOptions{})
-	waitPasses(t, e.broker, metrics.LoopReclaim, 1) // the ledger counts from its first pass on: the job starts after it
-	if out, err := e.run("vision", "train", 1, 2, "", true); err != nil || !strings.Contains(out, "admitted") {
-		t.Fatalf("%v\n%s", err, out)
-	}
-	alloc := e.waitRunning("vision", "train")
-	waitPasses(t, e.broker, metrics.LoopReclaim, 3)
-	e.broker.Stop()
-	time.Sleep(3 * time.Second) // it runs on, then ends, while no broker runs
-	e.stop("vision", "train")
-	lifetime := taskLifetime(t, n, alloc.ID, "t")
-	time.Sleep(2 * time.Second)
-	e.broker.Start()
-	waitPasses(t, e.broker, metrics.LoopReclaim, 2)
-	var rep server.UsageReport
-	from := time.Now().UTC().AddDate(0, 0, -1).Format("2006-01-02")
-	if err := json.Unmarshal([]byte(e.brokerCLI("usage", "-from", from, "-json")), &rep); err != nil || len(rep.Rows) != 1 {
-		t.Fatalf("report: %v %+v", err, rep)
-	}
-	charged := time.Duration(rep.Rows[0].AllocatedHours / 2 * float64(time.Hour))
-	t.Logf("allocation ran %s; charged %s per GPU across the broker's absence", lifetime, charged)
-	if (charged - lifetime).Abs() > 100*time.Millisecond {
-		t.Errorf("vision charged %s per GPU, the allocation ran %s", charged, lifetime)
-	}
-}
-
-// TestAStepOfNomadsClockIsNotCharged: Nomad's clock (its answers' Date, as
-// the broker reads it) steps 2 h, then 100 h, ahead while a job holds 2
-// GPUs; each window charges the GPUs for the time that passed, not for the
-// steps, and no day is charged that did not happen. (Its own agents: a
-// proxy in front of Nomad rewrites its Date.)
-func TestAStepOfNomadsClockIsNotCharged(t *testing.T) {
-	t.Parallel()
-	consul := testcluster.StartConsul(t)
-	n := startGPUNode(t, "step", 4, "vision", "search")
-	target, _ := url.Parse(n.Addr)
-	var step atomic.Int64
-	nomad := httputil.NewSingleHostReverseProxy(target)
-	nomad.ModifyResponse = func(resp *http.Response) error {
-		if at, err := http.ParseTime(resp.Header.Get("Date")); err == nil {
-			resp.Header.Set("Date", at.Add(time.Duration(step.Load())).UTC().Format(http.TimeFormat))
-		}
-		return nil
-	}
-	proxy := httptest.NewServer(nomad)
-	t.Cleanup(proxy.Close)
-	// A resync every second: each opens the event stream, whose answer's Date is a reading of Nomad's clock.
-	e := brokerEnv(t, n, consul, twoTenantPolicy+"reclaim_settings {\n  period = \"1s\"\n}\nusage {\n  retention = \"72h\"\n}\n", "vision", 4,
-		testcluster.BrokerOptions{NomadAddress: proxy.URL, Config: `resync = "1s"`})
-	// A day within the 72 h kept, which a step of 100 h must not delete.
-	kept := "nomad-gpu/usage/" + time.Now().UTC().AddDate(0, 0, -2).Format("2006-01-02")
-	day, _ := json.Marshal(usage.Rollup{Day: time.Now().UTC().AddDate(0, 0, -2).Format("2006-01-02")})
-	if _, err := consulKV(consul).Put(&consulapi.KVPair{Key: kept, Value: day}, nil); err != nil {
-		t.Fatal(err)
-	}
-	if out, err := e.run("vision", "train", 1, 2, "", true); err != nil || !strings.Contains(out, "admitted") {
-		t.Fatalf("%v\n%s", err, out)
-	}
-	e.waitRunning("vision", "train")
-	waitPasses(t, e.broker, metrics.LoopReclaim, 3)
-	const series = `nomadgpu_gpu_seconds_total{gpu_class="",queue="training",state="allocated",tenant="vision"}`
-	for _, by := range []time.Duration{2 * time.Hour, 100 * time.Hour} {
-		before, start := e.broker.Scrape()[series], time.Now()
-		step.Add(int64(by))
-		time.Sleep(6 * time.Second)
-		charged, passed := e.broker.Scrape()[series]-before, time.Since(start).Seconds()
-		t.Logf("Nomad's clock stepped %s: %.1f GPU-seconds charged in %.1f s", by, charged, passed)
-		if charged < 2*(passed-2) || charged > 2*(passed+2) {
-			t.Errorf("a step of %s: %.1f GPU-seconds charged for 2 GPUs over %.1f s", by, charged, passed)
-		}
-	}
-	var rep server.UsageReport
-	today := time.Now().UTC()
-	if err := json.Unmarshal([]byte(e.brokerCLI("usage", "-from", today.AddDate(0, 0, 1).Format("2006-01-02"),
-		"-to", today.AddDate(0, 0, 10).Format("2006-01-02"), "-json")), &rep); err != nil || len(rep.Rows) != 0 {
-		t.Errorf("days after today charged: %v %+v", err, rep.Rows)
-	}
-	if p, _, err := consulKV(consul).Get(kept, nil); err != nil || p == nil {
-		t.Errorf("%s, within the retention, was deleted (%v)", kept, err)
 	}
 }
 
