@@ -38,6 +38,7 @@ func (d *days) Commit(_ context.Context, index uint64, m usage.Mark, rs []usage.
 	}
 	return true, nil
 }
+
 // allocated is the GPU-seconds allocated in every day kept.
 func (d *days) allocated() float64 {
 	total := 0.0
