@@ -594,11 +594,12 @@ func (f *faultyNomad) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// TestNomadFailing puts a proxy between the broker and Nomad that answers
-// the leader's registrations of queued jobs 429, then 500, then takes them
-// and loses Nomad's answer. No entry is parked, the leader backs off instead
-// of sending registrations in a loop, and a registration Nomad took is not
-// sent again: each job is registered once, evaluated once, placed once.
+// TestNomadFailing puts a proxy between the broker and Nomad that takes the
+// leader's registrations of queued jobs and loses Nomad's answer, then
+// answers them 429, then 500. A registration Nomad took is not sent again
+// (each job is registered once, evaluated once, placed once), no entry is
+// parked, and the leader backs off instead of sending registrations in a
+// loop.
 // Then Nomad's clock, as the broker reads it, steps 2 h and 100 h ahead
 // while the jobs hold 4 GPUs: each window charges the GPUs for the time
 // that passed, not for the steps, no day is charged that did not happen,
@@ -626,13 +627,49 @@ func TestNomadFailing(t *testing.T) {
 	if out, err := e.run("vision", "first", 1, 4, "", true); err != nil || !strings.Contains(out, "admitted") {
 		t.Fatalf("%v\n%s", err, out)
 	}
+	// Nomad takes each registration of a queued job, and the broker gets a
+	// 502: the entry's next pass plans it, finds it in Nomad, and sends it
+	// no more.
 	jobs := []string{"w1", "w2", "w3", "w4"}
 	for _, id := range jobs {
 		e.queued(id, 1, true)
 	}
+	f.set("lost")
+	e.stop("vision", "first")
+	testcluster.WaitFor(t, 60*time.Second, "Nomad took every queued job, its answers lost", func() error {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		if len(f.reached) < len(jobs) {
+			return fmt.Errorf("%d of %d", len(f.reached), len(jobs))
+		}
+		return nil
+	})
+	f.set("")
+	emptied := func() {
+		testcluster.WaitFor(t, 90*time.Second, "the queue empty", func() error {
+			if out := e.brokerCLI("queue", "list"); strings.Contains(out, "vision") {
+				return errors.New(out)
+			}
+			return nil
+		})
+	}
+	emptied()
+	for _, id := range jobs {
+		evals, _, err := n.API.Jobs().Evaluations(id, &api.QueryOptions{Namespace: "vision"})
+		allocs, _, aerr := n.API.Jobs().Allocations(id, true, &api.QueryOptions{Namespace: "vision"})
+		if err != nil || aerr != nil || f.reached[id] != 1 || len(evals) != 1 || len(allocs) != 1 {
+			t.Errorf("%s: registered %d times, %d evaluations, %d allocations (want 1 of each) %v %v", id, f.reached[id], len(evals), len(allocs), err, aerr)
+		}
+	}
+
+	// Then 429s and 500s, while the w jobs stop and x jobs wait for their GPUs.
+	waiting := []string{"x1", "x2", "x3", "x4"}
+	for _, id := range waiting {
+		e.queued(id, 1, true)
+	}
 	parked := func() {
 		t.Helper()
-		if out := e.brokerCLI("queue", "list"); strings.Contains(out, "parked") || strings.Count(out, "vision") < len(jobs) {
+		if out := e.brokerCLI("queue", "list"); strings.Contains(out, "parked") || strings.Count(out, "vision") < len(waiting) {
 			t.Fatalf("after Nomad's transient answers, the queue must hold every job, none parked:\n%s", out)
 		}
 	}
@@ -644,12 +681,14 @@ func TestNomadFailing(t *testing.T) {
 		time.Sleep(5 * time.Second)
 		parked()
 		t.Logf("Nomad answered %s to %d registrations and plans in 5 s", mode, f.count(mode))
-		if got := f.count(mode); got == 0 || got > 4*len(jobs) {
-			t.Errorf("Nomad answered %s to %d registrations and plans in 5 s (want 1 to %d)", mode, got, 4*len(jobs))
+		if got := f.count(mode); got == 0 || got > 4*len(waiting) {
+			t.Errorf("Nomad answered %s to %d registrations and plans in 5 s (want 1 to %d)", mode, got, 4*len(waiting))
 		}
 	}
 	f.set("429")
-	e.stop("vision", "first")
+	for _, id := range jobs {
+		e.stop("vision", id)
+	}
 	phase("429")
 	before := f.count("429") // 429s still come while it scrapes
 	if got, after := e.broker.Scrape()["nomadgpu_nomad_throttled_total"], f.count("429"); got < float64(before) || got > float64(after) {
@@ -659,30 +698,8 @@ func TestNomadFailing(t *testing.T) {
 		t.Errorf("nomadgpu_nomad_connections %g with the event stream open", got)
 	}
 	phase("500")
-
-	f.set("lost")
-	testcluster.WaitFor(t, 90*time.Second, "Nomad took every queued job, its answers lost", func() error {
-		f.mu.Lock()
-		defer f.mu.Unlock()
-		if len(f.reached) < len(jobs) {
-			return fmt.Errorf("%d of %d", len(f.reached), len(jobs))
-		}
-		return nil
-	})
 	f.set("")
-	testcluster.WaitFor(t, 90*time.Second, "the queue empty", func() error {
-		if out := e.brokerCLI("queue", "list"); strings.Contains(out, "vision") {
-			return errors.New(out)
-		}
-		return nil
-	})
-	for _, id := range jobs {
-		evals, _, err := n.API.Jobs().Evaluations(id, &api.QueryOptions{Namespace: "vision"})
-		allocs, _, aerr := n.API.Jobs().Allocations(id, true, &api.QueryOptions{Namespace: "vision"})
-		if err != nil || aerr != nil || f.reached[id] != 1 || len(evals) != 1 || len(allocs) != 1 {
-			t.Errorf("%s: registered %d times, %d evaluations, %d allocations (want 1 of each) %v %v", id, f.reached[id], len(evals), len(allocs), err, aerr)
-		}
-	}
+	emptied()
 	e.waitUsed("vision", 4)
 	clockSteps(t, e, consul, &f.step, 4)
 }
