@@ -230,7 +230,7 @@ func (a *Admitter) backingOff(id string, now time.Time) bool {
 }
 
 // backOff notes that entry id's registration got no answer: its backoff
-// doubles, no pass registers anything until it ends, and a 429 halves the
+// doubles, no pass registers anything for RetryFirst, and a 429 halves the
 // registrations sent at once.
 func (a *Admitter) backOff(id string, err error) {
 	a.mu.Lock()
