@@ -344,9 +344,7 @@ func TestAnAdmissionReservesTheVersionItMayRevertTo(t *testing.T) {
 // dead: it still counts the stable version its deployment reverts to.
 func TestADeadVersionWhoseDeploymentMayRevertCountsTheStableVersion(t *testing.T) {
 	p := testbuild.Policy(t, visionPolicy)
-	v := NewView(nil)
-	v.ObserveNode(testbuild.Node("n1", testbuild.H100, 8, 0))
-	v.ObserveJob(testbuild.Job("vision", "web").Group("web", 1, 2, "gpu").AutoRevert().Stable().ModifyIndex(1).Build())
+	v := viewWithStableWeb()
 	dead := testbuild.Job("vision", "web").Group("web", 1, 1, "gpu").AutoRevert().ModifyIndex(2).Build()
 	dead.Status = ptr("dead")
 	v.ObserveJob(dead)
@@ -370,9 +368,7 @@ func TestADeadVersionWhoseDeploymentMayRevertCountsTheStableVersion(t *testing.T
 func TestARollbackCountsTheStableVersionUntilItsOwnDeploymentEnds(t *testing.T) {
 	p := testbuild.Policy(t, visionPolicy)
 	used := func(v *View) float64 { return v.Usage(p).Tenants["vision"].Used.Total() }
-	v := NewView(nil)
-	v.ObserveNode(testbuild.Node("n1", testbuild.H100, 8, 0))
-	v.ObserveJob(testbuild.Job("vision", "web").Group("web", 1, 2, "gpu").AutoRevert().Stable().ModifyIndex(1).Build())
+	v := viewWithStableWeb()
 	v.ObserveJob(testbuild.Job("vision", "web").Group("web", 1, 1, "gpu").AutoRevert().ModifyIndex(2).Build())
 	dep := &api.Deployment{ID: "d1", Namespace: "vision", JobID: "web", JobVersion: 1, Status: api.DeploymentStatusRunning,
 		TaskGroups: map[string]*api.DeploymentState{"web": {AutoRevert: true}}}
@@ -467,9 +463,7 @@ func TestStoppedAdmissionsAreKeptUntilTheBrokerRegistersThemAgain(t *testing.T) 
 // cleared the stable version's floor, and a queued job took its GPUs.
 func TestAnOlderVersionsDeploymentDoesNotClearTheFloor(t *testing.T) {
 	p := testbuild.Policy(t, visionPolicy)
-	v := NewView(nil)
-	v.ObserveNode(testbuild.Node("n1", testbuild.H100, 8, 0))
-	v.ObserveJob(testbuild.Job("vision", "web").Group("web", 1, 2, "gpu").AutoRevert().Stable().ModifyIndex(1).Build())
+	v := viewWithStableWeb()
 	v1 := testbuild.Job("vision", "web").Group("web", 1, 1, "gpu").AutoRevert().ModifyIndex(2).Build()
 	v1.Version = ptr(uint64(1))
 	v.ObserveJob(v1)
@@ -479,4 +473,13 @@ func TestAnOlderVersionsDeploymentDoesNotClearTheFloor(t *testing.T) {
 	if got := v.Usage(p).Tenants["vision"].Used.Total(); got != 2 {
 		t.Errorf("version 0's deployment told late: %g, want 2 (version 1 may still revert)", got)
 	}
+}
+
+// viewWithStableWeb is a view of one 8-GPU node and vision's job web, whose
+// stable version (index 1) holds 2 GPUs and whose deployments auto-revert.
+func viewWithStableWeb() *View {
+	v := NewView(nil)
+	v.ObserveNode(testbuild.Node("n1", testbuild.H100, 8, 0))
+	v.ObserveJob(testbuild.Job("vision", "web").Group("web", 1, 2, "gpu").AutoRevert().Stable().ModifyIndex(1).Build())
+	return v
 }
