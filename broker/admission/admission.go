@@ -135,9 +135,14 @@ type Usage struct {
 	Tenants  map[string]TenantUsage
 	Idle     policy.Quota // healthy GPUs nobody holds, by class and in all
 	MaxAlloc policy.Quota // most healthy GPUs on any one node, by class and in all
-	// Nodes are the schedulable nodes' GPUs, for a gang job (filled only
-	// when deciding on one; nil: not checked node by node).
+	// Nodes are the schedulable nodes' device groups: borrowed work and
+	// gangs are admitted only where their allocations fit them, and the
+	// nodes of admitted work are chosen on them (nil: not known, not
+	// checked node by node).
 	Nodes []NodeRoom
+	// Now is when the decision is made: how long borrowed work has run,
+	// for what a preemption would lose (read only with Nodes).
+	Now time.Time
 	// Replicas is, per shared device group ("<model> (shared)"), how many
 	// replicas each of its GPUs is offered as (the fewest where nodes differ).
 	Replicas map[string]int
@@ -173,13 +178,6 @@ func (u Usage) Share(g Group) float64 {
 	return 1 / float64(n)
 }
 
-// NodeRoom is what one schedulable node has for a new allocation: healthy
-// GPUs nobody holds, and those borrowed work holds (Nomad preempts it for
-// work within a guarantee).
-type NodeRoom struct {
-	Free, Borrowed int
-}
-
 // TenantUsage is what a tenant holds now.
 type TenantUsage struct {
 	Used     policy.Quota // every GPU it holds, borrowed ones included
@@ -204,6 +202,10 @@ type Decision struct {
 	// then does: the reason a call that cannot wait (scale, dispatch,
 	// revert) is refused for.
 	Cause string
+	// Placed is, for an admission under placement mode broker, the node of
+	// each allocation per task group: the broker pins the job there (nil:
+	// Nomad chooses).
+	Placed Placed
 }
 
 // queued makes d a Queue outcome: cause holds the job back, and then says
@@ -349,7 +351,7 @@ func decide(p *policy.Policy, job Job, u Usage) Decision {
 				demand[class], gpus(class), reverts, tenant.Name, limit))
 		}
 	}
-	d = workloadGate(w, job, u, decideQuota(p, u, d, tenant, q, demand, job.Backoff))
+	d = placeGate(p, w, job, u, workloadGate(w, decideQuota(p, u, d, tenant, q, demand, job.Backoff)))
 	if reverts != "" {
 		note := "; counted at the larger of two versions" + reverts
 		if then, ok := strings.CutPrefix(d.Reason, d.Cause); ok && d.Cause != "" {
@@ -408,68 +410,52 @@ func decideQuota(p *policy.Policy, u Usage, d Decision, tenant *policy.Tenant, q
 	return queued(d, WaitCapacity, fmt.Sprintf("beyond tenant %q's guarantee and only %g GPUs are idle", tenant.Name, u.Idle[policy.AllGPUs]), "queued until GPUs free")
 }
 
-// workloadGate holds back an admission its workload does not allow yet: a
-// gang whose allocations do not all fit node by node, or borrowed work whose
-// minimum replicas must not be preemptible.
-func workloadGate(w *policy.Workload, job Job, u Usage, d Decision) Decision {
-	if w == nil || (d.Outcome != Admit && d.Outcome != AdmitBorrowed) {
-		return d
-	}
-	if w.ProtectMinCount && d.Outcome == AdmitBorrowed {
+// workloadGate holds back an admission its workload does not allow yet:
+// borrowed work whose minimum replicas must not be preemptible.
+func workloadGate(w *policy.Workload, d Decision) Decision {
+	if w != nil && w.ProtectMinCount && d.Outcome == AdmitBorrowed {
 		d.Priority, d.Rule = 0, RuleProtectedMinCount
 		return queued(d, WaitLimit, fmt.Sprintf("workload %q is never admitted borrowed (its minimum replicas must not be preempted)", w.Name),
 			"queued until its tenant's guarantee has room")
 	}
-	if w.Gang && u.Nodes != nil {
-		if sizes := allocSizes(job); len(sizes) > 1 && !packs(sizes, u.Nodes, d.Outcome == Admit) {
-			free := make([]int, len(u.Nodes))
-			for i, n := range u.Nodes {
-				free[i] = n.Free
-			}
-			d.Priority, d.Rule = 0, RuleGang
-			d = queued(d, WaitCapacity, fmt.Sprintf("workload %q is a gang: its %d allocations (%v GPUs) do not all fit the free GPUs node by node (free per node: %v)",
-				w.Name, len(sizes), sizes, free), "queued, not placed in part")
-		}
+	return d
+}
+
+// placeGate places an admission on the nodes (when they are known):
+// borrowed work only where every allocation fits free GPUs now (it cannot
+// preempt, and waiting inside Nomad it would count against its tenant), a
+// gang only where all its allocations fit at once, by preemption too when
+// it is within a guarantee. Work within a guarantee is admitted whether or
+// not it fits now: Nomad preempts borrowed work for it. Under placement mode
+// broker the decision carries the nodes chosen.
+func placeGate(p *policy.Policy, w *policy.Workload, job Job, u Usage, d Decision) Decision {
+	if u.Nodes == nil || (d.Outcome != Admit && d.Outcome != AdmitBorrowed) || d.Demand.Total() == 0 {
+		return d
+	}
+	placed, ok := Place(job, u.Nodes, d.Outcome == Admit, d.Priority, u.Now)
+	gang := w != nil && w.Gang && allocations(job) > 1
+	switch {
+	case !ok && gang:
+		d.Priority, d.Rule = 0, RuleGang
+		return queued(d, WaitCapacity, fmt.Sprintf("workload %q is a gang: its %d allocations do not all fit the nodes at once (%s)",
+			w.Name, allocations(job), roomText(job, u.Nodes)), "queued, not placed in part")
+	case !ok && d.Outcome == AdmitBorrowed:
+		d.Priority, d.Rule = 0, ""
+		return queued(d, WaitCapacity, fmt.Sprintf("beyond tenant %q's guarantee, and no node has room for its allocations now (%s)",
+			d.Tenant, roomText(job, u.Nodes)), "queued until a node has")
+	case ok && p.Placement.Mode == policy.PlaceBroker:
+		d.Placed = placed
 	}
 	return d
 }
 
-// allocSizes are the GPUs of each allocation of a job, largest first.
-func allocSizes(job Job) []int {
-	var out []int
+// allocations counts a job's allocations.
+func allocations(job Job) int {
+	n := 0
 	for _, g := range job.Groups {
-		for i := 0; i < g.Count; i++ {
-			out = append(out, g.GPUsPerAlloc)
-		}
+		n += g.Count
 	}
-	sort.Sort(sort.Reverse(sort.IntSlice(out)))
-	return out
-}
-
-// packs reports whether allocations of sizes (largest first) fit nodes,
-// first fit; with preempt, GPUs borrowed work holds count as room.
-func packs(sizes []int, nodes []NodeRoom, preempt bool) bool {
-	room := make([]int, len(nodes))
-	for i, n := range nodes {
-		room[i] = n.Free
-		if preempt {
-			room[i] += n.Borrowed
-		}
-	}
-	for _, s := range sizes {
-		placed := false
-		for i := range room {
-			if room[i] >= s {
-				room[i] -= s
-				placed = true
-				break
-			}
-		}
-		if !placed {
-			return false
-		}
-	}
-	return true
+	return n
 }
 
 // within reports whether used+demand stays inside quota for every class the

@@ -244,14 +244,15 @@ borrowing {
 	u.Nodes = []admission.NodeRoom{{Free: 5}, {Free: 5}}
 	gang := job("vision").gpus(2, 6)
 	if d := admission.Decide(p, gang.Job, u); d.Outcome != admission.Queue || d.Rule != admission.RuleGang || d.WaitsFor != admission.WaitCapacity ||
-		!strings.Contains(d.Reason, "do not all fit the free GPUs node by node (free per node: [5 5])") {
+		!strings.Contains(d.Reason, "its 2 allocations do not all fit the nodes at once (the most free GPUs on one node: 5)") {
 		t.Errorf("2 × 6 GPUs on 5 + 5 free: %s %s: %s", d.Outcome, d.Rule, d.Reason)
 	}
 	if d := admission.Decide(p, job("vision").gpus(2, 5).Job, u); d.Outcome != admission.Admit {
 		t.Errorf("2 × 5 GPUs on 5 + 5 free: %s: %s", d.Outcome, d.Reason)
 	}
 	// Within its guarantee, GPUs borrowed work holds count: Nomad preempts it.
-	u.Nodes = []admission.NodeRoom{{Free: 5, Borrowed: 3}, {Free: 5, Borrowed: 3}}
+	borrowed := []admission.Held{{GPUs: 3, Priority: 20}}
+	u.Nodes = []admission.NodeRoom{{Free: 5, Borrowed: 3, Held: borrowed}, {Free: 5, Borrowed: 3, Held: borrowed}}
 	if d := admission.Decide(p, gang.Job, u); d.Outcome != admission.Admit {
 		t.Errorf("2 × 6 GPUs with borrowed work to preempt: %s: %s", d.Outcome, d.Reason)
 	}

@@ -41,6 +41,8 @@ type Policy struct {
 	Classes    map[string]*GPUClass
 	Borrowing  Borrowing
 	Preemption Preemption
+	// Placement says who chooses the nodes of GPU work.
+	Placement Placement
 	Regions    map[string]*Region
 	Reclaim    map[string]*ReclaimRule
 	// ReclaimSettings say how often the rules are applied and how long
@@ -262,6 +264,32 @@ type Borrowing struct {
 	SubBands    bool
 	SubBandStep time.Duration
 }
+
+// Placement says who chooses where admitted GPU work runs (a placement
+// block). Borrowed work is admitted only where a node has room for it now,
+// whichever chooses.
+type Placement struct {
+	// Mode is PlaceBroker (each admitted job is pinned to the nodes the
+	// broker chose for it) or PlaceNomad (Nomad chooses).
+	Mode string
+	// ReserveAfter: once the oldest waiting job of a tenant below its
+	// guarantee has waited this long, a node is held for it: no other
+	// borrowed work is admitted onto it while the node's borrowed work
+	// ends. 0: never.
+	ReserveAfter time.Duration
+}
+
+// Placement modes.
+const (
+	PlaceBroker = "broker"
+	PlaceNomad  = "nomad"
+)
+
+// Default placement.
+const (
+	DefaultPlacementMode = PlaceBroker
+	DefaultReserveAfter  = 6 * time.Hour
+)
 
 // Default re-borrow backoff.
 const (

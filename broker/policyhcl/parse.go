@@ -26,6 +26,7 @@ var fileSchema = &hcl.BodySchema{Attributes: []hcl.AttributeSchema{{Name: "curre
 	{Type: "gpu_class", LabelNames: []string{"name"}},
 	{Type: "borrowing"},
 	{Type: "preemption"},
+	{Type: "placement"},
 	{Type: "region", LabelNames: []string{"name"}},
 	{Type: "reclaim", LabelNames: []string{"name"}},
 	{Type: "reclaim_settings"},
@@ -84,6 +85,11 @@ type borrowingBody struct {
 	SubBandStep  *string  `hcl:"sub_band_step,optional"`
 }
 
+type placementBody struct {
+	Mode         *string `hcl:"mode,optional"`
+	ReserveAfter *string `hcl:"reserve_after,optional"`
+}
+
 type preemptionBody struct {
 	Batch   *bool `hcl:"batch,optional"`
 	Service *bool `hcl:"service,optional"`
@@ -120,6 +126,7 @@ func Parse(files map[string][]byte, capacity int) (*policy.Policy, hcl.Diagnosti
 		Reclaim: map[string]*policy.ReclaimRule{}, Workloads: map[string]*policy.Workload{}, ReclaimSettings: policy.ReclaimSettings{Period: policy.DefaultReclaimPeriod, Retention: policy.DefaultReclaimRetention},
 		Borrowing: policy.Borrowing{Priority: defaultBorrowingPriority, Backoff: policy.DefaultBorrowBackoff, MaxBackoff: policy.DefaultBorrowMaxBackoff,
 			SubBands: true, SubBandStep: policy.DefaultSubBandStep}, Preemption: policy.Preemption{Batch: true, Service: true},
+		Placement: policy.Placement{Mode: policy.DefaultPlacementMode, ReserveAfter: policy.DefaultReserveAfter},
 		Usage: policy.Usage{IdleBelow: policy.DefaultIdleBelow, Retention: policy.DefaultUsageRetention}, Currency: policy.DefaultCurrency, UndeclaredGPUAccess: policy.AccessRefuse,
 		OverLimit: policy.OverReclaim, OverLimitGrace: policy.DefaultOverLimitGrace, MakeRoom: policy.OverReclaim, MakeRoomGrace: policy.DefaultMakeRoomGrace,
 		FairShare: policy.FairShare{HalfLife: policy.DefaultHalfLife, IdleWeight: policy.DefaultIdleWeight}}
@@ -251,7 +258,7 @@ func Parse(files map[string][]byte, capacity int) (*policy.Policy, hcl.Diagnosti
 				diags = append(diags, p.addReclaim(b)...)
 			case "workload":
 				diags = append(diags, p.addWorkload(b)...)
-			case "borrowing", "preemption", "reclaim_settings", "usage", "fair_share":
+			case "borrowing", "preemption", "placement", "reclaim_settings", "usage", "fair_share":
 				if prev, dup := seenSingleton[b.Type]; dup {
 					diags = append(diags, duplicate(b.Type, "", b.DefRange, prev))
 					continue
@@ -282,6 +289,8 @@ func decodeSingleton(p *parser, b *hcl.Block) hcl.Diagnostics {
 		return p.usage(b)
 	case "fair_share":
 		return p.fairShare(b)
+	case "placement":
+		return p.placement(b)
 	}
 	if b.Type == "borrowing" {
 		var bb borrowingBody
@@ -346,6 +355,29 @@ func decodeSingleton(p *parser, b *hcl.Block) hcl.Diagnostics {
 	}
 	if pb.Service != nil {
 		p.Preemption.Service = *pb.Service
+	}
+	return d
+}
+
+func (p *parser) placement(b *hcl.Block) hcl.Diagnostics {
+	var pb placementBody
+	d := gohcl.DecodeBody(b.Body, nil, &pb)
+	if pb.Mode != nil {
+		if *pb.Mode != policy.PlaceBroker && *pb.Mode != policy.PlaceNomad {
+			d = append(d, errorAt(attrRange(b, "mode"), "Invalid placement mode",
+				fmt.Sprintf("placement: mode = %q: want %q (the broker pins each admitted job to the nodes it chose) or %q (Nomad chooses)",
+					*pb.Mode, policy.PlaceBroker, policy.PlaceNomad)))
+		} else {
+			p.Placement.Mode = *pb.Mode
+		}
+	}
+	if v := pb.ReserveAfter; v != nil {
+		if after, err := time.ParseDuration(*v); err != nil || after < 0 {
+			d = append(d, errorAt(attrRange(b, "reserve_after"), "Invalid duration",
+				fmt.Sprintf("placement: reserve_after = %q is not a duration of 0 or more (\"6h\"; 0: never hold a node for a waiting job)", *v)))
+		} else {
+			p.Placement.ReserveAfter = after
+		}
 	}
 	return d
 }

@@ -254,6 +254,7 @@ func sortedLists(m map[listKey][]queue.Entry) []listKey {
 // admit registers a job the broker admitted, at the decision's band.
 func (r *run) admit(j *simJob, d admission.Decision) {
 	j.prio, j.borrowed, j.demand = d.Priority, d.Outcome == admission.AdmitBorrowed, d.Demand
+	r.pin(j, d.Placed)
 	tu := r.tu[d.Tenant]
 	for class, n := range d.Demand {
 		tu.Used[class] += n
@@ -275,6 +276,11 @@ func (r *run) register(j *simJob) {
 	j.state = stPending
 	r.seq++
 	j.seq = r.seq
+	if j.pin != nil {
+		r.pinned = append(r.pinned, j)
+		r.waitOn(j, 1)
+		return
+	}
 	r.nomadQ.push(j, j.allocs()-len(j.placed))
 }
 
@@ -304,6 +310,10 @@ func (r *run) usage(j *simJob) admission.Usage {
 		}
 	}
 	u := admission.Usage{Tenants: r.tu, Idle: r.idle, MaxAlloc: r.maxAlloc}
+	if r.nodeAware {
+		u.Nodes, u.Now = r.roomsNow(), r.time(r.now)
+		return u
+	}
 	if w := r.p.WorkloadFor(j.adm.Namespace, j.queue); w != nil && w.Gang && j.allocs() > 1 {
 		u.Nodes = make([]admission.NodeRoom, len(r.c.nodes))
 		for i, n := range r.c.nodes {

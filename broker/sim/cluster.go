@@ -38,6 +38,10 @@ type cluster struct {
 	// Scratch space of the Nomad model's choices, kept between them.
 	picked, perm []int
 	cand         []*alloc
+	// touched are the nodes whose allocations changed since the broker's
+	// rooms were last read (run.rooms).
+	touched   []int
+	isTouched []bool
 }
 
 func newCluster(groups []NodeGroup) *cluster {
@@ -58,9 +62,21 @@ func newCluster(groups []NodeGroup) *cluster {
 			c.pos = append(c.pos, len(c.byFree[m][g.GPUs]))
 			c.byFree[m][g.GPUs] = append(c.byFree[m][g.GPUs], id)
 			c.freeNodes[g.GPUs]++
+			c.touch(id)
 		}
 	}
 	return c
+}
+
+// touch notes that node id's allocations changed.
+func (c *cluster) touch(id int) {
+	for len(c.isTouched) <= id {
+		c.isTouched = append(c.isTouched, false)
+	}
+	if !c.isTouched[id] {
+		c.isTouched[id] = true
+		c.touched = append(c.touched, id)
+	}
 }
 
 func (c *cluster) modelIndex(model string) int {
@@ -122,6 +138,7 @@ func (c *cluster) place(a *alloc) {
 	n.allocs = append(n.allocs, a)
 	n.lowest = min(n.lowest, a.prio)
 	c.setFree(a.node, n.free-a.gpus)
+	c.touch(a.node)
 }
 
 func (c *cluster) remove(a *alloc) {
@@ -144,6 +161,7 @@ func (c *cluster) relow(id int) {
 	for _, o := range n.allocs {
 		n.lowest = min(n.lowest, o.prio)
 	}
+	c.touch(id)
 }
 
 // victims finds the node where an allocation of gpus at priority prio fits

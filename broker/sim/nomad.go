@@ -4,6 +4,8 @@ import (
 	"math"
 	"math/rand/v2"
 	"slices"
+
+	"github.com/nomad-gpu/nomad-gpu/broker/admission"
 )
 
 // The simulated Nomad's choices of node and of victims. ModelNomad follows
@@ -135,34 +137,14 @@ func (c *cluster) nomadVictims(model string, gpus, prio, gap, limit int, rng *ra
 }
 
 // deviceVictims is PreemptForDevice on node n for an ask of gpus
-// (scheduler/preemption.go:475-557): the allocations at priority maxPrio or
-// below, grouped by priority, lowest first (filterAndGroupPreemptibleAllocs,
-// preemption.go:666-703), taken in the node's order within a group until
-// they and the free GPUs cover the ask; then, of those, the largest first
-// until they alone cover it (selectBestAllocs, preemption.go:562-606, which
-// does not count the free GPUs again). nil if they cannot cover it.
+// (admission.Victims: the broker predicts Nomad's choice by the same rule).
 func (c *cluster) deviceVictims(n *node, gpus, maxPrio int) []*alloc {
-	c.cand = c.cand[:0]
-	for _, a := range n.allocs {
-		if a.prio <= maxPrio {
-			c.cand = append(c.cand, a)
-		}
+	set := admission.Victims(c.cand, n.allocs, n.free, gpus, maxPrio, allocGPUs, allocPrio)
+	if set != nil {
+		c.cand = set
 	}
-	slices.SortStableFunc(c.cand, func(a, b *alloc) int { return a.prio - b.prio })
-	preempted, k := 0, 0
-	for k < len(c.cand) && preempted+n.free < gpus {
-		preempted += c.cand[k].gpus
-		k++
-	}
-	if preempted+n.free < gpus {
-		return nil
-	}
-	set := c.cand[:k]
-	slices.SortStableFunc(set, func(a, b *alloc) int { return b.gpus - a.gpus })
-	taken, k := 0, 0
-	for k < len(set) && taken < gpus {
-		taken += set[k].gpus
-		k++
-	}
-	return set[:k]
+	return set
 }
+
+func allocGPUs(a *alloc) int { return a.gpus }
+func allocPrio(a *alloc) int { return a.prio }

@@ -11,6 +11,9 @@ import (
 // (no head-of-line blocking), then by preemption where the job may preempt.
 func (r *run) place() {
 	for {
+		if len(r.pinned) > 0 && r.placePinned() {
+			continue
+		}
 		if b := r.nomadQ.next(r.c); b != nil {
 			j := b.pop()
 			r.start(j, r.node(j))
@@ -118,10 +121,27 @@ func (r *run) preempt(j *simJob) {
 	}
 	r.res.LostGPUHours += r.stop(j) / 3600
 	if j.borrowed && r.o.Mode != NomadAlone {
-		r.deregister(j)
-		r.requeue(j, j.queue, float64(j.gpus()))
+		// Nomad's replacement waits, blocked at the borrowed band, and the
+		// job counts against its tenant until the broker's next reclaim
+		// pass requeues it (the built-in rule).
+		j.state = stEvicted
+		r.wait(j, 1)
+		r.evicted = append(r.evicted, j)
 		return
 	}
 	j.state = stNew
 	r.register(j)
+}
+
+// requeueEvicted puts back in the broker's queue the borrowed jobs Nomad
+// evicted since the last reclaim pass.
+func (r *run) requeueEvicted() {
+	for _, j := range r.evicted {
+		r.wait(j, -1)
+		r.deregister(j)
+		r.requeue(j, j.queue, float64(j.gpus()))
+	}
+	clear(r.evicted)
+	r.evicted = r.evicted[:0]
+	r.release()
 }

@@ -70,6 +70,9 @@ type Result struct {
 	// Promotions: borrowed jobs run on within their tenant's guarantee
 	// (borrowing.promote_below).
 	Promotions int `json:"promotions"`
+	// Repins: pinned jobs their nodes blocked, pinned again by the broker
+	// (placement mode broker).
+	Repins int `json:"repins"`
 	// SubBandMoves: running borrowed jobs moved to another sub-band
 	// (borrowing.sub_bands).
 	SubBandMoves      int     `json:"sub_band_moves"`

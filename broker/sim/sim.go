@@ -78,6 +78,7 @@ const (
 	stNew      jobState = iota
 	stQueued            // in the broker's queue
 	stPending           // registered with Nomad, not every allocation placed
+	stEvicted           // preempted while borrowed, not yet requeued by the broker
 	stRunning           // every allocation placed
 	stDone              // finished or stopped
 	stRejected          // the broker rejected it
@@ -105,6 +106,9 @@ type simJob struct {
 	preemptions int     // times Nomad evicted it
 	preemptedAt float64 // the last time
 	watched     *reclaim.Alloc
+	// pin are the nodes the broker chose for its allocations, in order
+	// (nil: Nomad chooses).
+	pin []int
 }
 
 // tenant is a tenant's running totals; the integrals are brought up to date
@@ -161,6 +165,18 @@ type run struct {
 	preempts bool
 	ideal    bool       // the idealised Nomad model
 	rng      *rand.Rand // the Nomad model's shuffles
+
+	// The broker's placement (nodeAware: nomad-gpu mode): its rooms, the
+	// GPUs pinned allocations not placed yet wait for and the job each node
+	// is held for, by node; the pinned jobs Nomad has not placed entirely.
+	nodeAware   bool
+	rooms       []admission.NodeRoom
+	waitingOn   []int
+	reservedFor []string
+	pinned      []*simJob
+	// evicted are borrowed jobs Nomad preempted that the broker has not
+	// seen yet: it requeues them at its next reclaim pass.
+	evicted []*simJob
 
 	// The broker's view: GPUs registered jobs hold, by tenant and in all.
 	tu       map[string]admission.TenantUsage
@@ -224,6 +240,7 @@ func newRun(jobs []Job, o Options) *run {
 	r.ideal, r.rng = o.NomadModel == ModelIdeal, rand.New(rand.NewPCG(o.Seed, 0x5eed))
 	r.res = Result{Mode: o.Mode, NomadModel: o.NomadModel, Jobs: len(jobs), GPUs: GPUs(o.Nodes), RejectedBy: map[string]int{}, ByTenant: map[string]*Group{}, ByQueue: map[string]*Group{}, BySize: map[string]*Group{}}
 	r.preempts = o.Mode != NomadAlone
+	r.nodeAware = o.Mode == NomadGPU
 	for _, name := range sortedKeys(p.Tenants) {
 		t := p.Tenants[name]
 		r.byName[name] = len(r.tenants)
@@ -303,7 +320,7 @@ func (r *run) loop() error {
 		if r.dirty && r.queued > 0 && r.passAt < t {
 			t, what = r.passAt, "pass"
 		}
-		if len(r.watched) > 0 || len(r.borrowedRunning) > 0 && (r.p.Borrowing.PromoteBelow > 0 || r.p.Borrowing.SubBands) {
+		if len(r.watched) > 0 || len(r.pinned) > 0 || len(r.evicted) > 0 || len(r.borrowedRunning) > 0 && (r.p.Borrowing.PromoteBelow > 0 || r.p.Borrowing.SubBands) {
 			if reclaimAt <= r.now {
 				reclaimAt = (math.Floor(r.now/period) + 1) * period
 			}
@@ -327,6 +344,8 @@ func (r *run) loop() error {
 		case "pass":
 			r.pass()
 		case "reclaim":
+			r.requeueEvicted()
+			r.repin()
 			r.reclaimPass()
 			r.promote()
 			r.subBand()
@@ -375,6 +394,9 @@ func (r *run) stop(j *simJob) (lost float64) {
 		delete(r.borrowedRunning, j)
 	} else {
 		r.wait(j, -1)
+		if j.state == stPending && j.pin != nil {
+			r.waitOn(j, -1)
+		}
 	}
 	for _, a := range j.placed {
 		r.c.remove(a)

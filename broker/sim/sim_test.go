@@ -43,9 +43,16 @@ var oneNode = []sim.NodeGroup{{Model: "H100", GPUs: 8, Count: 1}}
 
 func runAll(t *testing.T, policySrc string, nodes []sim.NodeGroup, jobs []sim.Job) map[sim.Mode]*sim.Result {
 	t.Helper()
+	return runAllEvery(t, 0, policySrc, nodes, jobs)
+}
+
+// runAllEvery is runAll with reclaim passes every period (0: the default);
+// a borrowed job Nomad preempts is requeued at the next one.
+func runAllEvery(t *testing.T, period time.Duration, policySrc string, nodes []sim.NodeGroup, jobs []sim.Job) map[sim.Mode]*sim.Result {
+	t.Helper()
 	out := map[sim.Mode]*sim.Result{}
 	for _, m := range sim.Modes {
-		res, err := sim.Run(jobs, sim.Options{Policy: testbuild.Policy(t, policySrc), Nodes: nodes, Mode: m})
+		res, err := sim.Run(jobs, sim.Options{Policy: testbuild.Policy(t, policySrc), Nodes: nodes, Mode: m, ReclaimPeriod: period})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -70,7 +77,7 @@ var borrowing = []sim.Job{
 }
 
 func TestBorrowedWorkYieldsToAGuaranteeAndComesBack(t *testing.T) {
-	res := runAll(t, twoTenants, oneNode, borrowing)
+	res := runAllEvery(t, 20*time.Second, twoTenants, oneNode, borrowing)
 
 	// Nomad alone: all at priority 60, no preemption: b1 waits for a1 and
 	// a2 to end at 100, and b sits below its guarantee meanwhile.
@@ -91,8 +98,8 @@ func TestBorrowedWorkYieldsToAGuaranteeAndComesBack(t *testing.T) {
 	near(t, "strict violation", strict.ViolationHours, 0)
 
 	// nomad-gpu: a2 borrows at 0; b1 preempts it at 10 (10 s x 4 GPUs lost)
-	// and ends at 60; a2, requeued, is admitted again at the pass at 70 and
-	// runs its 100 s again: until 170.
+	// and ends at 60; a2, requeued by the reclaim pass at 20, is admitted
+	// again at the pass at 70 and runs its 100 s again: until 170.
 	gpu := res[sim.NomadGPU]
 	near(t, "nomad-gpu span", gpu.Span, 170)
 	near(t, "nomad-gpu b wait", gpu.ByTenant["b"].Wait.Mean, 0)
@@ -333,7 +340,7 @@ func TestGuaranteedWorkIsNoVictimOfAnotherTenantsGuaranteedWork(t *testing.T) {
 // pass at 110) and runs until 210.
 func TestABorrowerPreemptedWaitsOutItsBackoff(t *testing.T) {
 	src := strings.Replace(twoTenants, `backoff  = "0"`, `backoff  = "30m"`, 1)
-	res, err := sim.Run(borrowing, sim.Options{Policy: testbuild.Policy(t, src), Nodes: oneNode, Mode: sim.NomadGPU})
+	res, err := sim.Run(borrowing, sim.Options{Policy: testbuild.Policy(t, src), Nodes: oneNode, Mode: sim.NomadGPU, ReclaimPeriod: 20 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,0 +1,222 @@
+package admission
+
+import (
+	"cmp"
+	"fmt"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/nomad-gpu/nomad-gpu/broker/policy"
+)
+
+// NodeRoom is one device group of a schedulable node (a model, or one NVLink
+// island of it: Nomad takes all of a request's GPUs from one group) as a new
+// allocation finds it.
+type NodeRoom struct {
+	ID    string // the node's id
+	Group string // the device group's name
+	// Free are its healthy GPUs no allocation holds and no admission not
+	// yet placed counts on; Borrowed those borrowed work holds.
+	Free, Borrowed int
+	// Held are the borrowed allocations on it: what Nomad may preempt for
+	// work within a guarantee.
+	Held []Held
+	// ReservedFor is the job ("namespace/id") the node is held for, waiting
+	// for its borrowed work to drain (placement reserve_after): other
+	// borrowed work is not admitted onto it. "": none.
+	ReservedFor string
+}
+
+// Held is a borrowed allocation: its GPUs, its Nomad priority (its sub-band)
+// and when it started, from which the GPU time a preemption loses follows.
+type Held struct {
+	GPUs, Priority int
+	Since          time.Time
+}
+
+// JobKey is how NodeRoom.ReservedFor names a job.
+func JobKey(namespace, id string) string { return namespace + "/" + id }
+
+// Placed is where admission placed a job's allocations: per task group, the
+// node of each allocation.
+type Placed map[string][]string
+
+// Victims is Nomad's choice of allocations to preempt on one device group of
+// a node for an ask of gpus, free GPUs being free already
+// (scheduler/preemption.go, PreemptForDevice): of cands, those at maxPrio
+// or below, grouped by priority, lowest first, taken in their order within
+// a group until they and the free GPUs cover the ask; then, of those, the
+// largest first until they alone cover it (selectBestAllocs does not count
+// the free GPUs again). buf is scratch space; nil when they cannot cover it.
+func Victims[T any](buf, cands []T, free, gpus, maxPrio int, size, prio func(T) int) []T {
+	buf = buf[:0]
+	for _, a := range cands {
+		if prio(a) <= maxPrio {
+			buf = append(buf, a)
+		}
+	}
+	slices.SortStableFunc(buf, func(a, b T) int { return prio(a) - prio(b) })
+	preempted, k := 0, 0
+	for k < len(buf) && preempted+free < gpus {
+		preempted += size(buf[k])
+		k++
+	}
+	if preempted+free < gpus {
+		return nil
+	}
+	set := buf[:k]
+	slices.SortStableFunc(set, func(a, b T) int { return size(b) - size(a) })
+	taken, k := 0, 0
+	for k < len(set) && taken < gpus {
+		taken += size(set[k])
+		k++
+	}
+	return set[:k]
+}
+
+func heldGPUs(h Held) int     { return h.GPUs }
+func heldPriority(h Held) int { return h.Priority }
+
+// alloc is one allocation to place.
+type alloc struct {
+	group, model string
+	gpus         int
+}
+
+// Place chooses a node for each allocation of job, largest first, on
+// scratch copies of nodes: best fit on free GPUs (the fewest left free),
+// never on nodes held for another job. With preempt (the job is admitted
+// within its guarantee at priority prio), nodes held for another job when
+// nothing else has free GPUs for it, then where the borrowed allocations Nomad would evict for
+// it (Victims) lose the least GPU time by now. ok is false when some
+// allocation fits nowhere.
+func Place(job Job, nodes []NodeRoom, preempt bool, prio int, now time.Time) (Placed, bool) {
+	var allocs []alloc
+	for _, g := range job.Groups {
+		for range g.Count {
+			allocs = append(allocs, alloc{g.Name, g.Model, g.GPUsPerAlloc})
+		}
+	}
+	slices.SortStableFunc(allocs, func(a, b alloc) int { return b.gpus - a.gpus })
+	rooms := slices.Clone(nodes)
+	mine := JobKey(job.Namespace, job.ID)
+	placed := Placed{}
+	var buf []Held
+	for _, a := range allocs {
+		i := bestFit(rooms, a, mine, false)
+		if i < 0 && preempt {
+			i = bestFit(rooms, a, mine, true)
+		}
+		if i < 0 && preempt {
+			i, buf = leastLoss(rooms, a, prio-policy.MinPriorityGap, now, buf)
+		}
+		if i < 0 {
+			return nil, false
+		}
+		placed[a.group] = append(placed[a.group], rooms[i].ID)
+	}
+	return placed, true
+}
+
+// matches reports whether room can take an allocation of a (a named model
+// is a device name: Nomad matches it whole).
+func matches(room NodeRoom, a alloc, mine string, reserved bool) bool {
+	return (a.model == "" || room.Group == a.model) && (room.ReservedFor == "" || room.ReservedFor == mine || reserved)
+}
+
+// bestFit takes a's GPUs from the matching room with the fewest free GPUs
+// that still holds them (reserved: rooms held for another job too); -1 if
+// none does.
+func bestFit(rooms []NodeRoom, a alloc, mine string, reserved bool) int {
+	best := -1
+	for i := range rooms {
+		r := &rooms[i]
+		if r.Free < a.gpus || !matches(*r, a, mine, reserved) {
+			continue
+		}
+		if best < 0 || r.Free < rooms[best].Free {
+			best = i
+		}
+	}
+	if best >= 0 {
+		rooms[best].Free -= a.gpus
+	}
+	return best
+}
+
+// leastLoss takes a's GPUs from the matching room where Nomad's victims
+// (those at maxPrio or below) lose the least GPU time at now, then evict
+// the fewest GPUs; -1 if Nomad can make room nowhere.
+func leastLoss(rooms []NodeRoom, a alloc, maxPrio int, now time.Time, buf []Held) (int, []Held) {
+	best, bestLoss, bestGPUs := -1, 0.0, 0
+	for i := range rooms {
+		r := &rooms[i]
+		if !matches(*r, a, "", true) || r.Free+r.Borrowed < a.gpus {
+			continue
+		}
+		buf = Victims(buf, r.Held, r.Free, a.gpus, maxPrio, heldGPUs, heldPriority)
+		if buf == nil {
+			continue
+		}
+		loss, gpus := 0.0, 0
+		for _, h := range buf {
+			loss += float64(h.GPUs) * max(0, now.Sub(h.Since).Seconds())
+			gpus += h.GPUs
+		}
+		if best < 0 || cmp.Or(cmp.Compare(loss, bestLoss), cmp.Compare(gpus, bestGPUs)) < 0 {
+			best, bestLoss, bestGPUs = i, loss, gpus
+		}
+	}
+	if best < 0 {
+		return -1, buf
+	}
+	r := &rooms[best]
+	victims := Victims(buf, r.Held, r.Free, a.gpus, maxPrio, heldGPUs, heldPriority)
+	freed := 0
+	for _, v := range victims {
+		freed += v.GPUs
+		i := slices.IndexFunc(r.Held, func(h Held) bool { return h == v })
+		r.Held = slices.Delete(slices.Clone(r.Held), i, i+1)
+	}
+	r.Free += freed - a.gpus
+	r.Borrowed -= freed
+	return best, victims
+}
+
+// roomText is what a queued borrowed job is told of the nodes: the most
+// free GPUs on one node, per device group it could use.
+func roomText(job Job, nodes []NodeRoom) string {
+	most := map[string]int{}
+	for _, r := range nodes {
+		for _, g := range job.Groups {
+			if g.Model == "" || r.Group == g.Model {
+				most[r.Group] = max(most[r.Group], r.Free)
+			}
+		}
+	}
+	if len(most) == 0 {
+		return "no node has GPUs it can use"
+	}
+	out := ""
+	for _, group := range sortedKeys(most) {
+		if out != "" {
+			out += ", "
+		}
+		if group == "" {
+			out += strconv.Itoa(most[group])
+		} else {
+			out += fmt.Sprintf("%d %s", most[group], group)
+		}
+	}
+	return "the most free GPUs on one node: " + out
+}
+
+func sortedKeys(m map[string]int) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	slices.Sort(out)
+	return out
+}

@@ -1,0 +1,146 @@
+package sim
+
+import (
+	"slices"
+	"strconv"
+
+	"github.com/nomad-gpu/nomad-gpu/broker/admission"
+	"github.com/nomad-gpu/nomad-gpu/broker/policy"
+)
+
+// The broker's placement (policy placement): the rooms admission reads
+// node by node, the jobs pinned to the nodes it chose, and the nodes held for
+// a job that waited reserve_after.
+
+// roomsNow are the nodes as the broker sees them now: free GPUs less those
+// pinned jobs not placed yet wait for, and the borrowed allocations on each.
+// Only the nodes whose allocations changed since the last call are read again.
+func (r *run) roomsNow() []admission.NodeRoom {
+	if r.rooms == nil {
+		r.rooms = make([]admission.NodeRoom, len(r.c.nodes))
+		r.waitingOn = make([]int, len(r.c.nodes))
+		r.reservedFor = make([]string, len(r.c.nodes))
+	}
+	for _, id := range r.c.touched {
+		r.c.isTouched[id] = false
+		n := &r.c.nodes[id]
+		room := &r.rooms[id]
+		*room = admission.NodeRoom{ID: strconv.Itoa(id), Group: r.c.models[n.model], Free: max(0, n.free-r.waitingOn[id]),
+			Held: room.Held[:0], ReservedFor: r.reservedFor[id]}
+		for _, a := range n.allocs {
+			if !a.job.borrowed {
+				continue
+			}
+			since := r.now
+			if a.job.state == stRunning {
+				since = a.job.startedAt
+			}
+			room.Borrowed += a.gpus
+			room.Held = append(room.Held, admission.Held{GPUs: a.gpus, Priority: a.prio, Since: r.time(since)})
+		}
+	}
+	r.c.touched = r.c.touched[:0]
+	return r.rooms
+}
+
+// pin records the nodes the broker chose for j (nil: Nomad chooses).
+func (r *run) pin(j *simJob, placed admission.Placed) {
+	j.pin = j.pin[:0]
+	for _, id := range placed["g"] {
+		j.pin = append(j.pin, atoi(id))
+	}
+	if len(j.pin) == 0 {
+		j.pin = nil
+	}
+}
+
+// waitOn counts the GPUs j's unplaced pinned allocations wait for on their
+// nodes (sign -1: no longer).
+func (r *run) waitOn(j *simJob, sign int) {
+	if r.waitingOn == nil {
+		r.roomsNow()
+	}
+	for _, id := range j.pin[len(j.placed):] {
+		r.waitingOn[id] += sign * j.GPUs
+		r.c.touch(id)
+	}
+}
+
+// placePinned places the allocations of pinned jobs that their nodes take
+// now, by preemption where the job may preempt, in Nomad's order (priority,
+// then registration); the others stay blocked. false if it placed none.
+func (r *run) placePinned() bool {
+	slices.SortFunc(r.pinned, func(a, b *simJob) int {
+		if a.prio != b.prio {
+			return b.prio - a.prio
+		}
+		return int(a.seq) - int(b.seq)
+	})
+	any := false
+	kept := r.pinned[:0]
+	for _, j := range r.pinned {
+		if j.state != stPending || j.pin == nil {
+			continue
+		}
+		for len(j.placed) < j.allocs() && r.placeOnPin(j) {
+			any = true
+		}
+		if j.state == stPending {
+			kept = append(kept, j)
+		}
+	}
+	clear(r.pinned[len(kept):])
+	r.pinned = kept
+	return any
+}
+
+// placeOnPin places j's next allocation on its node if the node takes it.
+func (r *run) placeOnPin(j *simJob) bool {
+	id := j.pin[len(j.placed)]
+	n := &r.c.nodes[id]
+	if n.free < j.GPUs {
+		if !r.preempts || !r.mayPreempt(j) {
+			return false
+		}
+		victims := r.c.deviceVictims(n, j.GPUs, j.prio-policy.MinPriorityGap)
+		if victims == nil {
+			return false
+		}
+		seen := map[*simJob]bool{}
+		for _, a := range slices.Clone(victims) {
+			if !seen[a.job] {
+				seen[a.job] = true
+				r.preempt(a.job)
+			}
+		}
+	}
+	r.waitingOn[id] -= j.GPUs
+	r.start(j, id)
+	return true
+}
+
+// repin chooses nodes again for pinned jobs that their nodes have blocked
+// since the last reclaim pass, as the leader does before they run.
+func (r *run) repin() {
+	now := r.time(r.now)
+	for _, j := range r.pinned {
+		if j.state != stPending || j.pin == nil {
+			continue
+		}
+		left := j.adm
+		left.Groups = []admission.Group{left.Groups[0]}
+		left.Groups[0].Count = j.allocs() - len(j.placed)
+		placed, ok := admission.Place(left, r.roomsNow(), !j.borrowed, j.prio, now)
+		if !ok {
+			continue
+		}
+		r.waitOn(j, -1)
+		j.pin = j.pin[:len(j.placed)]
+		for _, id := range placed["g"] {
+			j.pin = append(j.pin, atoi(id))
+		}
+		r.waitOn(j, 1)
+		r.res.Repins++
+	}
+	r.place()
+}
