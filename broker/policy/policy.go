@@ -43,8 +43,8 @@ type Policy struct {
 	Preemption Preemption
 	// Placement says who chooses the nodes of GPU work.
 	Placement Placement
-	Regions    map[string]*Region
-	Reclaim    map[string]*ReclaimRule
+	Regions   map[string]*Region
+	Reclaim   map[string]*ReclaimRule
 	// ReclaimSettings say how often the rules are applied and how long
 	// decision records are kept.
 	ReclaimSettings ReclaimSettings
