@@ -16,9 +16,9 @@ import (
 type NodeRoom struct {
 	ID    string // the node's id
 	Group string // the device group's name
-	// Free are its healthy GPUs no allocation holds and no admission not
-	// yet placed counts on; Borrowed those borrowed work holds.
-	Free, Borrowed int
+	// GPUs are its healthy GPUs; Free those no allocation holds and no
+	// admission not yet placed counts on; Borrowed those borrowed work holds.
+	GPUs, Free, Borrowed int
 	// Held are the borrowed allocations on it: what Nomad may preempt for
 	// work within a guarantee.
 	Held []Held
@@ -218,5 +218,69 @@ func sortedKeys(m map[string]int) []string {
 		out = append(out, k)
 	}
 	slices.Sort(out)
+	return out
+}
+
+// Waiting is a tenant's oldest queued job, as Reserve reads it.
+type Waiting struct {
+	Namespace, ID, Tenant string
+	Groups                []Group
+	Since                 time.Time // when it was submitted
+}
+
+// Reserve holds nodes for large jobs that would otherwise wait for ever:
+// borrowed work is admitted only where it fits now, so a node seldom
+// drains enough for a job of a whole node. Of each tenant below its
+// guarantee, the oldest waiting job (oldest), once it has waited
+// placement.reserve_after, gets a node held per allocation: no other
+// borrowed work is admitted there while the node's work ends. The nodes held
+// for the same job before (held: node id → JobKey) stay held; others are
+// those with the most free GPUs. The result is the nodes held now.
+func Reserve(p *policy.Policy, oldest []Waiting, used map[string]float64, nodes []NodeRoom, held map[string]string, now time.Time) map[string]string {
+	after := p.Placement.ReserveAfter
+	out := map[string]string{}
+	if after <= 0 {
+		return out
+	}
+	taken := map[int]bool{}
+	for _, w := range oldest {
+		t := p.Tenants[w.Tenant]
+		if t == nil || now.Sub(w.Since) < after || !exceeds(t.Guaranteed.Total(), used[w.Tenant]) {
+			continue
+		}
+		key := JobKey(w.Namespace, w.ID)
+		var allocs []alloc
+		for _, g := range w.Groups {
+			for range g.Count {
+				allocs = append(allocs, alloc{g.Name, g.Model, g.GPUsPerAlloc})
+			}
+		}
+		slices.SortStableFunc(allocs, func(a, b alloc) int { return b.gpus - a.gpus })
+		var chosen []int
+		for _, a := range allocs {
+			best := -1
+			for i, r := range nodes {
+				if taken[i] || r.GPUs < a.gpus || (a.model != "" && r.Group != a.model) {
+					continue
+				}
+				kept, bestKept := held[r.ID] == key, best >= 0 && held[nodes[best].ID] == key
+				if best < 0 || kept && !bestKept || kept == bestKept && r.Free > nodes[best].Free {
+					best = i
+				}
+			}
+			if best < 0 {
+				break
+			}
+			taken[best] = true
+			chosen = append(chosen, best)
+		}
+		for _, i := range chosen {
+			if len(chosen) < len(allocs) {
+				taken[i] = false // the job cannot be held for: no node is
+				continue
+			}
+			out[nodes[i].ID] = key
+		}
+	}
 	return out
 }

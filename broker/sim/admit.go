@@ -349,6 +349,9 @@ func (r *run) pass() {
 	for name, tu := range r.tu {
 		used[name] = tu.Used.Total()
 	}
+	if r.nodeAware {
+		r.reserve(used)
+	}
 	// The candidates in queue.Order's order: a merge of the runs, each in
 	// that order already. A run whose entries all are skipped (its tenant
 	// limited below its demand, or held within its guarantee beyond it) is

@@ -6,6 +6,7 @@ import (
 
 	"github.com/nomad-gpu/nomad-gpu/broker/admission"
 	"github.com/nomad-gpu/nomad-gpu/broker/policy"
+	"github.com/nomad-gpu/nomad-gpu/broker/queue"
 )
 
 // The broker's placement (policy placement): the rooms admission reads
@@ -25,7 +26,7 @@ func (r *run) roomsNow() []admission.NodeRoom {
 		r.c.isTouched[id] = false
 		n := &r.c.nodes[id]
 		room := &r.rooms[id]
-		*room = admission.NodeRoom{ID: strconv.Itoa(id), Group: r.c.models[n.model], Free: max(0, n.free-r.waitingOn[id]),
+		*room = admission.NodeRoom{ID: strconv.Itoa(id), Group: r.c.models[n.model], GPUs: n.gpus, Free: max(0, n.free-r.waitingOn[id]),
 			Held: room.Held[:0], ReservedFor: r.reservedFor[id]}
 		for _, a := range n.allocs {
 			if !a.job.borrowed {
@@ -143,4 +144,40 @@ func (r *run) repin() {
 		r.res.Repins++
 	}
 	r.place()
+}
+
+// reserve holds nodes for the tenants' oldest waiting jobs as the leader
+// does before a pass (admission.Reserve).
+func (r *run) reserve(used map[string]float64) {
+	if r.p.Placement.ReserveAfter <= 0 {
+		return
+	}
+	var oldest []admission.Waiting
+	for _, t := range r.tenants {
+		var first *queue.Entry
+		for k, l := range t.lists {
+			if len(l) > 0 && (first == nil || olderFirst(l[0], *first) < 0) {
+				first = &t.lists[k][0]
+			}
+		}
+		if first != nil {
+			j := &r.jobs[atoi(first.ID)]
+			oldest = append(oldest, admission.Waiting{Namespace: j.adm.Namespace, ID: j.ID, Tenant: t.name, Groups: j.adm.Groups, Since: first.SubmittedAt})
+		}
+	}
+	rooms := r.roomsNow()
+	held := map[string]string{}
+	for i, key := range r.reservedFor {
+		if key != "" {
+			held[rooms[i].ID] = key
+		}
+	}
+	now := admission.Reserve(r.p, oldest, used, rooms, held, r.time(r.now))
+	for i := range r.reservedFor {
+		if key := now[rooms[i].ID]; key != r.reservedFor[i] {
+			r.reservedFor[i] = key
+			r.c.touch(i)
+		}
+	}
+	r.res.Reserved += len(now)
 }

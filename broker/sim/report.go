@@ -12,11 +12,13 @@ import (
 )
 
 // Goals nomad-gpu is held to against the other two modes on one workload
-// (issue 22's, measured over the window in which work arrives).
+// (issue 22's, measured over the window in which work arrives; issue 35's
+// busy share and waits).
 const (
-	// AllocationGoal: its GPU allocation at most this many points below
-	// Nomad alone's.
-	AllocationGoal = 0.01
+	// BusyGoal: its busy share of GPU time at most this many points below
+	// Nomad alone's (allocation would count GPUs held idle, which the idle
+	// reclaim rule gives back on purpose).
+	BusyGoal = 0.01
 	// ViolationGoal: its guarantee-violation share at most this many
 	// points above strict quotas'.
 	ViolationGoal = 0.03
@@ -30,6 +32,10 @@ const (
 )
 
 // Goals says whether nomad-gpu met each goal, and how, in one line each.
+// The waits goal holds nomad-gpu's waits to the better of the other two
+// modes in each of four measures: the p95, the mean weighted by GPUs, the
+// longest, and the p95 of the largest jobs (the last size group any mode
+// ran), so that no size of job is starved behind a good overall figure.
 func Goals(results []*Result) []string {
 	by := map[Mode]*Result{}
 	for _, r := range results {
@@ -52,10 +58,9 @@ func Goals(results []*Result) []string {
 	if gpu.BusyGPUHours > 0 {
 		lost = gpu.LostGPUHours / gpu.BusyGPUHours
 	}
-	wait := min(alone.Wait.P95, strict.Wait.P95)
 	return []string{
-		fmt.Sprintf("allocation while work arrives: nomad-gpu %.1f %% vs Nomad alone %.1f %% (goal: at most %.0f point below): %s",
-			100*gpu.Allocation, 100*alone.Allocation, 100*AllocationGoal, verdict(gpu.Allocation >= alone.Allocation-AllocationGoal-1e-9)),
+		fmt.Sprintf("busy share while work arrives: nomad-gpu %.1f %% vs Nomad alone %.1f %% (goal: at most %.0f point below): %s",
+			100*gpu.Busy, 100*alone.Busy, 100*BusyGoal, verdict(gpu.Busy >= alone.Busy-BusyGoal-1e-9)),
 		fmt.Sprintf("guarantee violation: nomad-gpu %.2f %% of tenant-time vs strict quotas %.2f %% (goal: at most %.0f points above): %s",
 			100*gpu.ViolationShare, 100*strict.ViolationShare, 100*ViolationGoal, verdict(gpu.ViolationShare <= strict.ViolationShare+ViolationGoal+1e-9)),
 		fmt.Sprintf("guaranteed victims: nomad-gpu %d (goal: 0): %s", gpu.GuaranteedVictims, verdict(gpu.GuaranteedVictims == 0)),
@@ -64,9 +69,40 @@ func Goals(results []*Result) []string {
 			verdict(gpu.PreemptionsPerJob.P99 <= P99PreemptionsGoal && gpu.PreemptionsPerJob.Max <= MaxPreemptionsGoal)),
 		fmt.Sprintf("GPU-hours lost to preemption: nomad-gpu %.1f %% of busy GPU-hours (goal: at most %.0f %%): %s", 100*lost, 100*LostGoal,
 			verdict(lost <= LostGoal)),
-		fmt.Sprintf("wait p95: nomad-gpu %s vs the better of Nomad alone and strict quotas %s (goal: no worse): %s", duration(gpu.Wait.P95),
-			duration(wait), verdict(gpu.Wait.P95 <= wait+1e-9)),
+		waitsGoal(alone, strict, gpu, verdict),
 	}
+}
+
+// waitsGoal is the waits goal's line: each measure, nomad-gpu's against the
+// better of Nomad alone's and strict quotas'.
+func waitsGoal(alone, strict, gpu *Result, verdict func(bool) string) string {
+	largest := ""
+	for _, n := range SizeGroups {
+		for _, r := range []*Result{alone, strict, gpu} {
+			if r.BySize[n] != nil {
+				largest = n
+			}
+		}
+	}
+	p95Of := func(r *Result) float64 {
+		if g := r.BySize[largest]; g != nil {
+			return g.Wait.P95
+		}
+		return 0
+	}
+	ok := true
+	var parts []string
+	for _, m := range []struct {
+		name string
+		of   func(r *Result) float64
+	}{{"p95", func(r *Result) float64 { return r.Wait.P95 }}, {"GPU-weighted mean", func(r *Result) float64 { return r.WaitGPUWeighted }},
+		{"longest", func(r *Result) float64 { return r.Wait.Max }}, {"p95 of " + largest + "-GPU jobs", p95Of}} {
+		better := min(m.of(alone), m.of(strict))
+		ok = ok && m.of(gpu) <= better+1e-9
+		parts = append(parts, fmt.Sprintf("%s %s vs %s", m.name, duration(m.of(gpu)), duration(better)))
+	}
+	return fmt.Sprintf("waits: nomad-gpu %s, against the better of Nomad alone and strict quotas (goal: no worse in each): %s",
+		strings.Join(parts, "; "), verdict(ok))
 }
 
 // WriteReport prints the modes side by side, then each tenant's and queue's
@@ -92,7 +128,10 @@ func WriteReport(w io.Writer, results []*Result) error {
 	row("allocation while work waits", func(r *Result) string { return pct(r.AllocationWaiting) })
 	row("busy while work waits", func(r *Result) string { return pct(r.BusyWaiting) })
 	row("time work waits", func(r *Result) string { return pct(r.WaitingShare) })
-	row("wait mean / p95", func(r *Result) string { return duration(r.Wait.Mean) + " / " + duration(r.Wait.P95) })
+	row("wait mean / p95 / longest", func(r *Result) string {
+		return duration(r.Wait.Mean) + " / " + duration(r.Wait.P95) + " / " + duration(r.Wait.Max)
+	})
+	row("wait, mean weighted by GPUs", func(r *Result) string { return duration(r.WaitGPUWeighted) })
 	row("JCT mean / p95 (completed jobs)", func(r *Result) string { return duration(r.JCT.Mean) + " / " + duration(r.JCT.P95) })
 	row("guarantee violation (tenant-hours, share)", func(r *Result) string {
 		return fmt.Sprintf("%.1f h, %s", r.ViolationHours, pct(r.ViolationShare))
@@ -131,12 +170,12 @@ func WriteReport(w io.Writer, results []*Result) error {
 			order = slices.DeleteFunc(slices.Clone(SizeGroups), func(n string) bool { return !names[n] })
 		}
 		for _, n := range order {
-			row(by.name+" "+n+": wait mean / p95", func(r *Result) string {
+			row(by.name+" "+n+": wait mean / p95 / longest", func(r *Result) string {
 				g, ok := by.groups(r)[n]
 				if !ok {
 					return "-"
 				}
-				s := duration(g.Wait.Mean) + " / " + duration(g.Wait.P95)
+				s := duration(g.Wait.Mean) + " / " + duration(g.Wait.P95) + " / " + duration(g.Wait.Max)
 				if g.ViolationHours > 0 {
 					s += fmt.Sprintf(" (below guarantee %.1f h)", g.ViolationHours)
 				}

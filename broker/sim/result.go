@@ -45,6 +45,9 @@ type Result struct {
 	BusyWaiting       float64 `json:"busy_while_waiting"`
 	WaitingShare      float64 `json:"waiting_share"` // of the span, the time work waits
 	Wait              Stats   `json:"wait"`          // submission to first start, seconds
+	// WaitGPUWeighted is the mean wait weighted by each job's GPUs: what a
+	// GPU asked for waits on average, large jobs counting as they weigh.
+	WaitGPUWeighted float64 `json:"wait_gpu_weighted_mean"`
 	JCT               Stats   `json:"jct"`           // submission to end of jobs that completed (not stopped by reclaim), seconds
 	// ViolationHours: hours a tenant below its guarantee has waiting work
 	// that fits under it while another tenant holds more than its own
@@ -73,6 +76,9 @@ type Result struct {
 	// Repins: pinned jobs their nodes blocked, pinned again by the broker
 	// (placement mode broker).
 	Repins int `json:"repins"`
+	// Reserved sums, over the queue passes, the nodes held for a waiting
+	// job (placement.reserve_after): node-passes.
+	Reserved int `json:"reserved_node_passes"`
 	// SubBandMoves: running borrowed jobs moved to another sub-band
 	// (borrowing.sub_bands).
 	SubBandMoves      int     `json:"sub_band_moves"`
@@ -90,6 +96,8 @@ type Result struct {
 	Samples []Sample          `json:"samples"`
 
 	waits, jcts      []float32
+	waitGPUSeconds   float64 // Σ wait × GPUs, over the jobs recorded
+	waitGPUs         float64 // Σ GPUs
 	allocated, busy  float64    // GPU-seconds
 	arriving         [2]float64 // GPU-seconds allocated and busy while work arrives
 	waitingSeconds   float64
@@ -105,10 +113,11 @@ type Percentiles struct {
 	Max int `json:"max"`
 }
 
-// Stats are a mean and 95th percentile, in seconds.
+// Stats are a mean, 95th percentile and maximum, in seconds.
 type Stats struct {
 	Mean float64 `json:"mean"`
 	P95  float64 `json:"p95"`
+	Max  float64 `json:"max"`
 }
 
 // Group is a tenant's or queue's share of the result.
@@ -135,6 +144,8 @@ func (res *Result) record(tenant, queue string, gpus int, submit, start, end flo
 	res.Finished++
 	wait := float32(start - submit)
 	res.waits = append(res.waits, wait)
+	res.waitGPUSeconds += float64(wait) * float64(gpus)
+	res.waitGPUs += float64(gpus)
 	if !reclaimed {
 		res.jcts = append(res.jcts, float32(end-submit))
 	}
@@ -253,6 +264,9 @@ func (r *run) finish(wall time.Duration) {
 		res.Fragmentation = res.strandedWaiting / w
 	}
 	res.Wait, res.JCT = stats(res.waits), stats(res.jcts)
+	if res.waitGPUs > 0 {
+		res.WaitGPUWeighted = res.waitGPUSeconds / res.waitGPUs
+	}
 	res.BusyGPUHours = res.busy / 3600
 	res.WastedGPUHours = res.LostGPUHours + (res.allocated-res.busy)/3600
 	counts := make([]int, len(r.jobs))
@@ -302,7 +316,7 @@ func stats(xs []float32) Stats {
 	}
 	s := slices.Clone(xs)
 	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
-	return Stats{Mean: sum / float64(len(xs)), P95: float64(s[int(math.Ceil(0.95*float64(len(s))))-1])}
+	return Stats{Mean: sum / float64(len(xs)), P95: float64(s[int(math.Ceil(0.95*float64(len(s))))-1]), Max: float64(s[len(s)-1])}
 }
 
 // jain is (Σx)² / (n·Σx²): 1 when all are equal, 1/n when one has all.
