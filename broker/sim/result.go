@@ -48,7 +48,7 @@ type Result struct {
 	// WaitGPUWeighted is the mean wait weighted by each job's GPUs: what a
 	// GPU asked for waits on average, large jobs counting as they weigh.
 	WaitGPUWeighted float64 `json:"wait_gpu_weighted_mean"`
-	JCT               Stats   `json:"jct"`           // submission to end of jobs that completed (not stopped by reclaim), seconds
+	JCT             Stats   `json:"jct"` // submission to end of jobs that completed (not stopped by reclaim), seconds
 	// ViolationHours: hours a tenant below its guarantee has waiting work
 	// that fits under it while another tenant holds more than its own
 	// guarantee, summed over tenants; ViolationShare is that over the
@@ -96,8 +96,8 @@ type Result struct {
 	Samples []Sample          `json:"samples"`
 
 	waits, jcts      []float32
-	waitGPUSeconds   float64 // Σ wait × GPUs, over the jobs recorded
-	waitGPUs         float64 // Σ GPUs
+	waitGPUSeconds   float64    // Σ wait × GPUs, over the jobs recorded
+	waitGPUs         float64    // Σ GPUs
 	allocated, busy  float64    // GPU-seconds
 	arriving         [2]float64 // GPU-seconds allocated and busy while work arrives
 	waitingSeconds   float64
