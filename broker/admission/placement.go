@@ -84,13 +84,14 @@ type alloc struct {
 	gpus         int
 }
 
-// Place chooses a node for each allocation of job, largest first, on
-// scratch copies of nodes: best fit on free GPUs (the fewest left free),
-// never on nodes held for another job. With preempt (the job is admitted
-// within its guarantee at priority prio), nodes held for another job when
-// nothing else has free GPUs for it, then where the borrowed allocations Nomad would evict for
-// it (Victims) lose the least GPU time by now. ok is false when some
-// allocation fits nowhere.
+// Place chooses a node for each allocation of job, largest first: best
+// fit on free GPUs (the fewest left free), never on nodes held for another
+// job. With preempt (the job is admitted within its guarantee at priority
+// prio), nodes held for another job when nothing else has free GPUs for it,
+// then where the borrowed allocations Nomad would evict for it (Victims)
+// lose the least GPU time by now. ok is false when some allocation fits
+// nowhere. nodes are not changed: what earlier allocations take is kept
+// aside.
 func Place(job Job, nodes []NodeRoom, preempt bool, prio int, now time.Time) (Placed, bool) {
 	var allocs []alloc
 	for _, g := range job.Groups {
@@ -99,48 +100,78 @@ func Place(job Job, nodes []NodeRoom, preempt bool, prio int, now time.Time) (Pl
 		}
 	}
 	slices.SortStableFunc(allocs, func(a, b alloc) int { return b.gpus - a.gpus })
-	rooms := slices.Clone(nodes)
+	rooms := scratch{nodes: nodes}
 	mine := JobKey(job.Namespace, job.ID)
 	placed := Placed{}
 	var buf []Held
 	for _, a := range allocs {
-		i := bestFit(rooms, a, mine, false)
+		i := rooms.bestFit(a, mine, false)
 		if i < 0 && preempt {
-			i = bestFit(rooms, a, mine, true)
+			i = rooms.bestFit(a, mine, true)
 		}
 		if i < 0 && preempt {
-			i, buf = leastLoss(rooms, a, prio-policy.MinPriorityGap, now, buf)
+			i, buf = rooms.leastLoss(a, prio-policy.MinPriorityGap, now, buf)
 		}
 		if i < 0 {
 			return nil, false
 		}
-		placed[a.group] = append(placed[a.group], rooms[i].ID)
+		placed[a.group] = append(placed[a.group], nodes[i].ID)
 	}
 	return placed, true
 }
 
+// scratch are nodes as the allocations placed so far leave them: the rooms
+// they changed are copies kept aside (most jobs have one allocation, and a
+// decision must not copy every node).
+type scratch struct {
+	nodes   []NodeRoom
+	changed map[int]*NodeRoom
+}
+
+func (s *scratch) at(i int) *NodeRoom {
+	if r, ok := s.changed[i]; ok {
+		return r
+	}
+	return &s.nodes[i]
+}
+
+// take is room i to change.
+func (s *scratch) take(i int) *NodeRoom {
+	if r, ok := s.changed[i]; ok {
+		return r
+	}
+	if s.changed == nil {
+		s.changed = map[int]*NodeRoom{}
+	}
+	r := s.nodes[i]
+	r.Held = slices.Clone(r.Held)
+	s.changed[i] = &r
+	return &r
+}
+
 // matches reports whether room can take an allocation of a (a named model
 // is a device name: Nomad matches it whole).
-func matches(room NodeRoom, a alloc, mine string, reserved bool) bool {
+func matches(room *NodeRoom, a alloc, mine string, reserved bool) bool {
 	return (a.model == "" || room.Group == a.model) && (room.ReservedFor == "" || room.ReservedFor == mine || reserved)
 }
 
 // bestFit takes a's GPUs from the matching room with the fewest free GPUs
 // that still holds them (reserved: rooms held for another job too); -1 if
 // none does.
-func bestFit(rooms []NodeRoom, a alloc, mine string, reserved bool) int {
-	best := -1
-	for i := range rooms {
-		r := &rooms[i]
-		if r.Free < a.gpus || !matches(*r, a, mine, reserved) {
+func (s *scratch) bestFit(a alloc, mine string, reserved bool) int {
+	best, bestFree := -1, 0
+	for i := range s.nodes {
+		r := s.at(i)
+		if r.Free < a.gpus || (best >= 0 && r.Free >= bestFree) || !matches(r, a, mine, reserved) {
 			continue
 		}
-		if best < 0 || r.Free < rooms[best].Free {
-			best = i
+		best, bestFree = i, r.Free
+		if bestFree == a.gpus {
+			break // nothing fits better
 		}
 	}
 	if best >= 0 {
-		rooms[best].Free -= a.gpus
+		s.take(best).Free -= a.gpus
 	}
 	return best
 }
@@ -148,11 +179,11 @@ func bestFit(rooms []NodeRoom, a alloc, mine string, reserved bool) int {
 // leastLoss takes a's GPUs from the matching room where Nomad's victims
 // (those at maxPrio or below) lose the least GPU time at now, then evict
 // the fewest GPUs; -1 if Nomad can make room nowhere.
-func leastLoss(rooms []NodeRoom, a alloc, maxPrio int, now time.Time, buf []Held) (int, []Held) {
+func (s *scratch) leastLoss(a alloc, maxPrio int, now time.Time, buf []Held) (int, []Held) {
 	best, bestLoss, bestGPUs := -1, 0.0, 0
-	for i := range rooms {
-		r := &rooms[i]
-		if !matches(*r, a, "", true) || r.Free+r.Borrowed < a.gpus {
+	for i := range s.nodes {
+		r := s.at(i)
+		if !matches(r, a, "", true) || r.Free+r.Borrowed < a.gpus {
 			continue
 		}
 		buf = Victims(buf, r.Held, r.Free, a.gpus, maxPrio, heldGPUs, heldPriority)
@@ -171,13 +202,13 @@ func leastLoss(rooms []NodeRoom, a alloc, maxPrio int, now time.Time, buf []Held
 	if best < 0 {
 		return -1, buf
 	}
-	r := &rooms[best]
+	r := s.take(best)
 	victims := Victims(buf, r.Held, r.Free, a.gpus, maxPrio, heldGPUs, heldPriority)
 	freed := 0
 	for _, v := range victims {
 		freed += v.GPUs
-		i := slices.IndexFunc(r.Held, func(h Held) bool { return h == v })
-		r.Held = slices.Delete(slices.Clone(r.Held), i, i+1)
+		i := slices.Index(r.Held, v)
+		r.Held = slices.Delete(r.Held, i, i+1)
 	}
 	r.Free += freed - a.gpus
 	r.Borrowed -= freed
@@ -187,38 +218,42 @@ func leastLoss(rooms []NodeRoom, a alloc, maxPrio int, now time.Time, buf []Held
 // roomText is what a queued borrowed job is told of the nodes: the most
 // free GPUs on one node, per device group it could use.
 func roomText(job Job, nodes []NodeRoom) string {
-	most := map[string]int{}
-	for _, r := range nodes {
+	type most struct {
+		group string
+		free  int
+	}
+	var out []most
+	for i := range nodes {
+		r := &nodes[i]
 		for _, g := range job.Groups {
-			if g.Model == "" || r.Group == g.Model {
-				most[r.Group] = max(most[r.Group], r.Free)
+			if g.Model != "" && r.Group != g.Model {
+				continue
 			}
+			k := slices.IndexFunc(out, func(m most) bool { return m.group == r.Group })
+			if k < 0 {
+				out = append(out, most{r.Group, r.Free})
+			} else {
+				out[k].free = max(out[k].free, r.Free)
+			}
+			break
 		}
 	}
-	if len(most) == 0 {
+	if len(out) == 0 {
 		return "no node has GPUs it can use"
 	}
-	out := ""
-	for _, group := range sortedKeys(most) {
-		if out != "" {
-			out += ", "
+	slices.SortFunc(out, func(a, b most) int { return cmp.Compare(a.group, b.group) })
+	text := "the most free GPUs on one node: "
+	for k, m := range out {
+		if k > 0 {
+			text += ", "
 		}
-		if group == "" {
-			out += strconv.Itoa(most[group])
+		if m.group == "" {
+			text += strconv.Itoa(m.free)
 		} else {
-			out += fmt.Sprintf("%d %s", most[group], group)
+			text += fmt.Sprintf("%d %s", m.free, m.group)
 		}
 	}
-	return "the most free GPUs on one node: " + out
-}
-
-func sortedKeys(m map[string]int) []string {
-	out := make([]string, 0, len(m))
-	for k := range m {
-		out = append(out, k)
-	}
-	slices.Sort(out)
-	return out
+	return text
 }
 
 // Waiting is a tenant's oldest queued job, as Reserve reads it.
