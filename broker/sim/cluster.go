@@ -13,7 +13,8 @@ type node struct {
 	gpus   int
 	free   int
 	allocs []*alloc
-	lowest int // the lowest priority of its allocations (MaxInt: none)
+	lowest int     // the lowest priority of its allocations (MaxInt: none)
+	cpu    float64 // CPU and memory its allocations ask, in GPUs' worth
 }
 
 // alloc is one placed allocation.
@@ -22,6 +23,7 @@ type alloc struct {
 	node int
 	gpus int
 	prio int
+	cpu  float64 // CPU and memory it asks, in GPUs' worth
 }
 
 // cluster tracks which nodes have how many GPUs free, by model, so that best
@@ -136,6 +138,7 @@ func (c *cluster) setFree(id, free int) {
 func (c *cluster) place(a *alloc) {
 	n := &c.nodes[a.node]
 	n.allocs = append(n.allocs, a)
+	n.cpu += a.cpu
 	n.lowest = min(n.lowest, a.prio)
 	c.setFree(a.node, n.free-a.gpus)
 	c.touch(a.node)
@@ -150,6 +153,7 @@ func (c *cluster) remove(a *alloc) {
 			break
 		}
 	}
+	n.cpu -= a.cpu
 	c.relow(a.node)
 	c.setFree(a.node, n.free+a.gpus)
 }

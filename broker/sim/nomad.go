@@ -38,11 +38,12 @@ func scoredNodes(service bool, nodes int) int {
 // iterator passes on the first limit nodes where the allocation fits
 // (scheduler/select.go:38-60, after the bin-packing iterator drops the
 // exhausted ones), and the highest score of those wins. Devices do not
-// score (scheduler/rank.go:546-549 scores CPU and memory); the simulated
-// jobs ask CPU and memory in proportion to their GPUs, so the fullest node
-// after the placement scores highest (structs.ScoreFitBinPack). -1 if the
-// allocation fits no node.
-func (c *cluster) choose(model string, gpus, limit int, rng *rand.Rand) int {
+// score (scheduler/rank.go:546-549 scores CPU and memory): the node whose
+// CPU and memory are fullest after the placement scores highest
+// (structs.ScoreFitBinPack), an allocation asking cpu of them (in GPUs'
+// worth: Options.ProportionalAsks makes it its GPUs). -1 if the allocation
+// fits no node.
+func (c *cluster) choose(model string, gpus int, cpu float64, limit int, rng *rand.Rand) int {
 	lo, hi := c.modelsFor(model)
 	total := 0
 	for m := lo; m < hi; m++ {
@@ -50,7 +51,7 @@ func (c *cluster) choose(model string, gpus, limit int, rng *rand.Rand) int {
 			total += len(c.byFree[m][f])
 		}
 	}
-	best, bestFree := -1, 0
+	best, bestScore := -1, 0.0
 	c.picked = c.picked[:0]
 	for len(c.picked) < min(limit, total) {
 		i := rng.IntN(total)
@@ -58,12 +59,18 @@ func (c *cluster) choose(model string, gpus, limit int, rng *rand.Rand) int {
 			continue
 		}
 		c.picked = append(c.picked, i)
-		id, free := c.nth(lo, hi, gpus, i)
-		if best < 0 || free < bestFree {
-			best, bestFree = id, free
+		id, _ := c.nth(lo, hi, gpus, i)
+		if score := c.fullness(id, cpu); best < 0 || score > bestScore {
+			best, bestScore = id, score
 		}
 	}
 	return best
+}
+
+// fullness is how full node id's CPU and memory are with cpu more.
+func (c *cluster) fullness(id int, cpu float64) float64 {
+	n := &c.nodes[id]
+	return (n.cpu + cpu) / float64(n.gpus)
 }
 
 // nth is the i-th node (and its free GPUs) of those of models [lo, hi) with
@@ -98,11 +105,11 @@ func (c *cluster) fits(model string, gpus int) bool {
 // model at priority prio: the nodes in a random order, of which the first
 // limit where evicting allocations at least gap below makes room are scored
 // (the same limit iterator); on each, the victims PreemptForDevice chooses
-// (deviceVictims). Among them the fullest after the placement wins: the
+// (deviceVictims). Among them the fullest (CPU and memory) after the placement wins: the
 // preemption score (scheduler/rank.go:827-877) is within 1e-4 of 1 for any
 // net priority below a few hundred, so bin-packing decides. nil, -1 if no
 // node can make room.
-func (c *cluster) nomadVictims(model string, gpus, prio, gap, limit int, rng *rand.Rand) ([]*alloc, int) {
+func (c *cluster) nomadVictims(model string, gpus int, cpu float64, prio, gap, limit int, rng *rand.Rand) ([]*alloc, int) {
 	lo, hi := c.modelsFor(model)
 	if len(c.perm) != len(c.nodes) {
 		c.perm = make([]int, len(c.nodes))
@@ -111,7 +118,7 @@ func (c *cluster) nomadVictims(model string, gpus, prio, gap, limit int, rng *ra
 		}
 	}
 	var best []*alloc
-	bestNode, bestFree, found := -1, 0, 0
+	bestNode, bestScore, found := -1, 0.0, 0
 	for i := 0; i < len(c.perm) && found < limit; i++ {
 		k := i + rng.IntN(len(c.perm)-i) // a shuffle, drawn as far as it is read
 		c.perm[i], c.perm[k] = c.perm[k], c.perm[i]
@@ -125,12 +132,12 @@ func (c *cluster) nomadVictims(model string, gpus, prio, gap, limit int, rng *ra
 			continue
 		}
 		found++
-		free := n.free - gpus
+		score := c.fullness(id, cpu)
 		for _, a := range set {
-			free += a.gpus
+			score -= a.cpu / float64(n.gpus)
 		}
-		if bestNode < 0 || free < bestFree {
-			best, bestNode, bestFree = append(best[:0], set...), id, free
+		if bestNode < 0 || score > bestScore {
+			best, bestNode, bestScore = append(best[:0], set...), id, score
 		}
 	}
 	return best, bestNode

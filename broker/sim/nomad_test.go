@@ -12,25 +12,31 @@ import (
 // takes it.
 func TestNomadScoresTheFirstTwoFeasibleNodesOfAShuffle(t *testing.T) {
 	c := newCluster([]NodeGroup{{Model: "H100", GPUs: 8, Count: 10}})
-	c.place(&alloc{job: &simJob{}, node: 3, gpus: 6, prio: 40}) // node 3: 2 free, the best fit for 2
+	c.place(&alloc{job: &simJob{}, node: 3, gpus: 6, prio: 40, cpu: 6}) // node 3: 2 free, the best fit for 2
 	rng := rand.New(rand.NewPCG(1, 2))
 	const tries = 4000
 	best := 0
 	for range tries {
-		if c.choose("H100", 2, scoredNodes(false, 10), rng) == 3 {
+		if c.choose("H100", 2, 2, scoredNodes(false, 10), rng) == 3 {
 			best++
 		}
 	}
 	if share := float64(best) / tries; share < 0.17 || share > 0.23 {
 		t.Errorf("best fit chosen %.3f of the time, want about 0.2", share)
 	}
-	if n := c.choose("H100", 2, 10, rng); n != 3 {
+	if n := c.choose("H100", 2, 2, 10, rng); n != 3 {
 		t.Errorf("scoring every feasible node chose %d, want the best fit 3", n)
+	}
+	// CPU and memory decide, not GPUs: a node with GPUs free but its CPU
+	// asked for by a job of few GPUs scores higher than the best GPU fit.
+	c.place(&alloc{job: &simJob{}, node: 5, gpus: 1, prio: 40, cpu: 7})
+	if n := c.choose("H100", 2, 2, 10, rng); n != 5 {
+		t.Errorf("scoring every feasible node chose %d, want 5, the fullest by CPU", n)
 	}
 	if n := c.fit("H100", 2); n != 3 {
 		t.Errorf("ideal model chose %d, want 3", n)
 	}
-	if n := c.choose("H100", 9, 2, rng); n != -1 {
+	if n := c.choose("H100", 9, 9, 2, rng); n != -1 {
 		t.Errorf("an allocation larger than every node placed on %d", n)
 	}
 	for _, tc := range []struct {
@@ -70,7 +76,7 @@ func TestNomadPreemptsByPriorityGroupThenLargestFirst(t *testing.T) {
 				c.place(&alloc{job: &simJob{Job: &Job{ID: x.name}, seq: uint64(i)}, node: 0, gpus: x.gpus, prio: x.prio})
 			}
 			got := ""
-			victims, node := c.nomadVictims("H100", tc.ask, tc.prio, 10, 2, rand.New(rand.NewPCG(1, 2)))
+			victims, node := c.nomadVictims("H100", tc.ask, float64(tc.ask), tc.prio, 10, 2, rand.New(rand.NewPCG(1, 2)))
 			for _, v := range victims {
 				got += v.job.ID
 			}

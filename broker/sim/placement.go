@@ -38,7 +38,7 @@ func (r *run) preemptOne() bool {
 		if r.ideal {
 			victims, node = r.c.victims(b.model, b.size, b.prio, policy.MinPriorityGap)
 		} else {
-			victims, node = r.c.nomadVictims(b.model, b.size, b.prio, policy.MinPriorityGap, scoredNodes(j.service, len(r.c.nodes)), r.rng)
+			victims, node = r.c.nomadVictims(b.model, b.size, j.cpu, b.prio, policy.MinPriorityGap, scoredNodes(j.service, len(r.c.nodes)), r.rng)
 		}
 		if node < 0 {
 			continue
@@ -62,7 +62,7 @@ func (r *run) node(j *simJob) int {
 	if r.ideal {
 		return r.c.fit(j.Model, j.GPUs)
 	}
-	return r.c.choose(j.Model, j.GPUs, scoredNodes(j.service, len(r.c.nodes)), r.rng)
+	return r.c.choose(j.Model, j.GPUs, j.cpu, scoredNodes(j.service, len(r.c.nodes)), r.rng)
 }
 
 func (r *run) mayPreempt(j *simJob) bool {
@@ -85,7 +85,7 @@ func (r *run) preemptible(prio int) int {
 
 // start places one allocation of j on node; the job runs once all are placed.
 func (r *run) start(j *simJob, node int) {
-	a := &alloc{job: j, node: node, gpus: j.GPUs, prio: j.prio}
+	a := &alloc{job: j, node: node, gpus: j.GPUs, prio: j.prio, cpu: j.cpu}
 	r.c.place(a)
 	j.placed = append(j.placed, a)
 	r.hold(j, a.gpus)

@@ -60,6 +60,12 @@ type Options struct {
 	// seconds with a mock driver, minutes with an image to pull); a job's
 	// run time counts from its task's start.
 	StartLatency time.Duration
+	// ProportionalAsks: each allocation asks CPU and memory in proportion
+	// to its GPUs, so that Nomad's bin-packing on them packs GPUs too. By
+	// default each job asks between a quarter and four times that (drawn
+	// log-uniform, per job, from Seed), as real jobs do: Nomad then packs
+	// GPUs less tightly.
+	ProportionalAsks bool
 }
 
 // Defaults of Options.
@@ -105,6 +111,7 @@ type simJob struct {
 	seq         uint64  // Nomad's registration order
 	preemptions int     // times Nomad evicted it
 	preemptedAt float64 // the last time
+	cpu         float64 // CPU and memory each allocation asks, in GPUs' worth
 	watched     *reclaim.Alloc
 	// pin are the nodes the broker chose for its allocations, in order
 	// (nil: Nomad chooses).
@@ -268,9 +275,13 @@ func newRun(jobs []Job, o Options) *run {
 		}
 	}
 	r.jobs = make([]simJob, len(jobs))
+	asks := rand.New(rand.NewPCG(o.Seed, 0xa5c5))
 	for i := range jobs {
 		j := &r.jobs[i]
-		*j = simJob{Job: &jobs[i], idx: i, tenant: len(r.tenants) - 1, firstStart: -1}
+		*j = simJob{Job: &jobs[i], idx: i, tenant: len(r.tenants) - 1, firstStart: -1, cpu: float64(jobs[i].GPUs)}
+		if !o.ProportionalAsks {
+			j.cpu *= math.Exp((2*asks.Float64() - 1) * 2 * math.Ln2)
+		}
 		ns := j.Namespace
 		t := p.TenantOf(ns)
 		if t == nil && j.Tenant != "" {

@@ -17,14 +17,16 @@ import (
 const simulateUsage = `usage: gpu-broker simulate -policy DIR [-trace FILE | -workload philly|helios -jobs N -load X -seed N]
                           [-nodes COUNTxGPUS:MODEL,...] [-modes nomad-alone,strict-quotas,nomad-gpu]
                           [-svg FILE] [-write-trace FILE] [-json] [-pass-interval 10s] [-reclaim-period 5m]
-                          [-nomad-model nomad|ideal] [-start-latency 0s]
+                          [-nomad-model nomad|ideal] [-start-latency 0s] [-proportional-asks]
        gpu-broker simulate -compare POLICY_A POLICY_B [options as above]
 
 Replays a workload in simulated time three ways on the same jobs: Nomad alone (priority
 order, no quotas), strict quotas (limit = guarantee, no borrowing) and nomad-gpu (the policy
 as written), through the broker's own admission, queue order and reclaim rules. Nomad is
 modelled as v1.6.3's scheduler places and preempts (-nomad-model nomad), or idealised: best
-fit over every node, the fewest GPUs preempted (-nomad-model ideal).
+fit over every node, the fewest GPUs preempted (-nomad-model ideal). Each job asks CPU and
+memory between a quarter and four times its GPUs' share of a node, which Nomad's bin-packing
+scores (-proportional-asks: exactly its share).
 
 With -compare, the same workload (generated under POLICY_A) is replayed under each of two
 policy directories, side by side: what a policy change does before it is merged. The modes
@@ -53,6 +55,7 @@ func simulate(args []string, stdout io.Writer) int {
 		reclaimPeriod = fs.Duration("reclaim-period", sim.DefaultReclaimPeriod, "how often reclaim rules are applied")
 		startLatency  = fs.Duration("start-latency", 0, "how long an allocation holds its GPUs before its task starts")
 		nomadModel    = fs.String("nomad-model", sim.ModelNomad, "how the simulated Nomad places and preempts: nomad (v1.6.3's scheduler) or ideal")
+		proportional  = fs.Bool("proportional-asks", false, "each job asks CPU and memory in proportion to its GPUs (Nomad's bin-packing then packs GPUs)")
 	)
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -133,7 +136,8 @@ func simulate(args []string, stdout io.Writer) int {
 			go func() {
 				defer wg.Done()
 				r, err := sim.Run(work, sim.Options{Policy: pol, Nodes: cluster, Mode: m,
-					PassInterval: *passInterval, ReclaimPeriod: *reclaimPeriod, NomadModel: *nomadModel, Seed: *seed, StartLatency: *startLatency})
+					PassInterval: *passInterval, ReclaimPeriod: *reclaimPeriod, NomadModel: *nomadModel, Seed: *seed, StartLatency: *startLatency,
+					ProportionalAsks: *proportional})
 				if r != nil && *compare {
 					r.Label = dirs[k] + " " + string(m)
 				}
