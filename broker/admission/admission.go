@@ -67,6 +67,21 @@ type Job struct {
 	Granted Granted
 	// Backoff, while it runs, holds the job back from borrowing (nil: none).
 	Backoff *Backoff
+	// Where bounds the nodes its allocations may go to (zero: any node).
+	Where Where
+}
+
+// Where is where a job may run, as the broker reads it.
+type Where struct {
+	Datacenters []string // globs, as Nomad reads them (nil: any)
+	Pool        string   // its node pool ("": any)
+	Nodes       []string // the node-id set it is pinned to (nil: any)
+	// NoPin: the broker does not choose its nodes. A system job places on
+	// every node it may; a service must stay free to scale and to be
+	// rescheduled elsewhere (a scale cannot move a pin); a job with
+	// constraints, affinities or spreads of its own places by rules the
+	// broker does not read.
+	NoPin bool
 }
 
 // Backoff is a job's re-borrow backoff: evicted Preemptions times while
@@ -443,7 +458,7 @@ func placeGate(p *policy.Policy, w *policy.Workload, job Job, u Usage, d Decisio
 		d.Priority, d.Rule = 0, ""
 		return queued(d, WaitCapacity, fmt.Sprintf("beyond tenant %q's guarantee, and no node has room for its allocations now (%s)",
 			d.Tenant, roomText(job, u.Nodes)), "queued until a node has")
-	case ok && p.Placement.Mode == policy.PlaceBroker:
+	case ok && p.Placement.Mode == policy.PlaceBroker && !job.Where.NoPin:
 		d.Placed = placed
 	}
 	return d

@@ -6,7 +6,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net/url"
+	"slices"
 	"sync"
 	"time"
 
@@ -68,9 +70,16 @@ type Registrar interface {
 // locks and running jobs it waits on.
 type Cluster interface {
 	decide.Cluster
+	// UsageWithout is the usage without job namespace/jobID ("": all).
+	UsageWithout(p *policy.Policy, namespace, jobID string) admission.Usage
 	// LockJob holds off other decisions on one job (the gate's too) from
 	// reading it to Nomad's answer.
 	LockJob(namespace, id string) (unlock func())
+	// Rooms are the nodes as admission places work on them; HeldNodes and
+	// HoldNodes the nodes held for waiting jobs (node id → job key).
+	Rooms() []admission.NodeRoom
+	HeldNodes() map[string]string
+	HoldNodes(map[string]string)
 	// Running reports whether Nomad, as far as the view has seen, still
 	// runs the job or an allocation of it (a requeued entry waits for its
 	// stop: queue.Entry.Stopping).
@@ -360,10 +369,14 @@ func (a *Admitter) decide(ctx context.Context, r *registrations) error {
 		a.listed = len(entries)
 		a.forgetGone(entries)
 	}
-	if err != nil || len(entries) == 0 {
+	if err != nil {
 		return err
 	}
 	p := a.Policies.Current()
+	if len(entries) == 0 {
+		a.reserve(p, nil, nil)
+		return nil
+	}
 	used := a.Cluster.UsageWithout(p, "", "").UsedBy()
 	var decayed map[string]float64
 	if a.FairShare != nil && p.FairShare.Enabled {
@@ -390,7 +403,24 @@ func (a *Admitter) decide(ctx context.Context, r *registrations) error {
 			return err
 		}
 	}
+	a.reserve(p, r.waiting, used) // a pass cut short leaves the holds as they were
 	return nil
+}
+
+// reserve holds nodes for the oldest waiting job of each tenant below its
+// guarantee that waited placement.reserve_after (admission.Reserve), the
+// nodes held for the same job before staying held; every other node is
+// released.
+func (a *Admitter) reserve(p *policy.Policy, waiting map[string]admission.Waiting, used map[string]float64) {
+	oldest := make([]admission.Waiting, 0, len(waiting))
+	for _, t := range slices.Sorted(maps.Keys(waiting)) {
+		oldest = append(oldest, waiting[t])
+	}
+	held := admission.Reserve(p, oldest, used, a.Cluster.Rooms(), a.Cluster.HeldNodes(), a.Clock.Now())
+	if !maps.Equal(held, a.Cluster.HeldNodes()) {
+		a.Log.Info("nodes held for waiting jobs (placement reserve_after)", "held", held)
+	}
+	a.Cluster.HoldNodes(held)
 }
 
 // errPassOver ends a pass early: a registration failed meanwhile.
@@ -428,6 +458,9 @@ func (a *Admitter) consider(ctx context.Context, r *registrations, p *policy.Pol
 	d, res := seq.Decide(p, j, decide.Reserve)
 	if !pass.Admits(d) {
 		res.Release()
+		if d.Outcome == admission.Queue {
+			r.waits(e, j)
+		}
 		return nil
 	}
 	if d.Outcome == admission.Reject {
@@ -454,6 +487,7 @@ func (a *Admitter) consider(ctx context.Context, r *registrations, p *policy.Pol
 			return nil
 		}
 	}
+	prepared.PinTo(d.Placed) // before the stamp, which binds it
 	prepared.Stamp(d, a.Stamper.Stamp(e.Namespace, prepared.Job, d))
 	body := prepared.Body()
 	handed = true
@@ -590,6 +624,20 @@ type registrations struct {
 	err       error
 	throttled bool                   // a registration got a 429
 	held      []*cluster.Reservation // of entries backing off, released at the pass's end
+	// waiting is, per tenant, its oldest entry the pass decided on and
+	// left waiting (placement reserve_after holds a node for it).
+	waiting map[string]admission.Waiting
+}
+
+// wait notes that entry e, decided on as j, waits on.
+func (r *registrations) waits(e queue.Entry, j admission.Job) {
+	if w, ok := r.waiting[e.Tenant]; ok && !e.SubmittedAt.Before(w.Since) {
+		return
+	}
+	if r.waiting == nil {
+		r.waiting = map[string]admission.Waiting{}
+	}
+	r.waiting[e.Tenant] = admission.Waiting{Namespace: j.Namespace, ID: j.ID, Tenant: e.Tenant, Groups: j.Groups, Since: e.SubmittedAt}
 }
 
 // hold keeps res to the pass's end.

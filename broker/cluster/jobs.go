@@ -17,6 +17,7 @@ type jobKey struct{ namespace, id string }
 type job struct {
 	groups        []admission.Group
 	borrowed      bool
+	priority      int
 	tenant, queue string // from a verified stamp, else ""
 	modifyIndex   uint64 // Nomad's JobModifyIndex of the version recorded
 	version       uint64 // its Version
@@ -62,6 +63,9 @@ func (v *View) observeJob(j *api.Job) {
 	// whose demand cannot be read is counted as nothing rather than guessed.
 	a, _ := nomadjob.Admission(j, v.nodesFitting)
 	v.remove(key)
+	if !live {
+		delete(v.placing, key) // nothing more of it will be placed
+	}
 	if how := nomadjob.UndeclaredGPUAccess(j); live && len(how) > 0 {
 		v.undeclared[key] = strings.Join(how, "; ")
 	}
@@ -83,6 +87,9 @@ func (v *View) observeJob(j *api.Job) {
 	}
 	if !stopped && (len(groups) > 0 || len(v.stable[key]) > 0) {
 		jb := job{groups: groups, borrowed: borrowed, modifyIndex: modifyIndex}
+		if j.Priority != nil {
+			jb.priority = *j.Priority
+		}
 		if j.Version != nil {
 			jb.version = *j.Version
 		}
@@ -248,6 +255,7 @@ func (v *View) forgetJob(namespace, id string) {
 	delete(v.canaries, key)
 	delete(v.stable, key)
 	delete(v.reverting, key)
+	delete(v.placing, key)
 }
 
 // add records a job and adds its demand (with its deployment's canaries, and

@@ -15,6 +15,7 @@ import (
 type node struct {
 	schedulable bool
 	pool        string
+	datacenter  string
 	// For the GPU map: what Nomad says of the node.
 	name, status string
 	draining     bool
@@ -69,7 +70,7 @@ func (v *View) ObserveNode(n *api.Node) {
 // observeNode records n, which was was before (zero: unknown).
 func (v *View) observeNode(n *api.Node, was node) {
 	nd := node{schedulable: n.Status == api.NodeStatusReady && n.SchedulingEligibility != api.NodeSchedulingIneligible,
-		pool: n.NodePool, gpus: map[string]int{}, devices: map[string]GPU{}, replicas: map[string]int{}, islands: map[string]bool{},
+		pool: n.NodePool, datacenter: n.Datacenter, gpus: map[string]int{}, devices: map[string]GPU{}, replicas: map[string]int{}, islands: map[string]bool{},
 		name: n.Name, status: n.Status, draining: n.Drain || n.DrainStrategy != nil, eligible: n.SchedulingEligibility != api.NodeSchedulingIneligible}
 	if n.NodeResources != nil {
 		for _, d := range n.NodeResources.Devices {
@@ -262,35 +263,4 @@ func (v *View) Capacity() int {
 		}
 	}
 	return int(math.Round(total))
-}
-
-// nodeRooms is, per schedulable node, its healthy GPUs no live allocation
-// holds, and those that allocations of borrowed jobs hold.
-func (v *View) nodeRooms() []admission.NodeRoom {
-	held, borrowed := map[string]int{}, map[string]int{}
-	for _, a := range v.allocs {
-		if a.Preempted {
-			continue
-		}
-		held[a.NodeID] += len(a.GPUs)
-		if v.jobs[jobKey{a.Namespace, a.JobID}].borrowed {
-			borrowed[a.NodeID] += len(a.GPUs)
-		}
-	}
-	ids := make([]string, 0, len(v.nodes))
-	for id, n := range v.nodes {
-		if n.schedulable {
-			ids = append(ids, id)
-		}
-	}
-	sort.Strings(ids)
-	out := make([]admission.NodeRoom, 0, len(ids))
-	for _, id := range ids {
-		healthy := 0
-		for _, c := range v.nodes[id].gpus {
-			healthy += c
-		}
-		out = append(out, admission.NodeRoom{Free: max(healthy-held[id], 0), Borrowed: borrowed[id]})
-	}
-	return out
 }

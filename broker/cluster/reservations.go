@@ -34,11 +34,7 @@ const ReservationHold = 2 * time.Minute
 func (v *View) Admit(p *policy.Policy, j admission.Job) (admission.Decision, *Reservation) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	u := v.usageWithout(p, j.Namespace, j.ID)
-	if isGang(p, j) {
-		u.Nodes = v.nodeRooms() // O(allocations): only for the jobs that need it
-	}
-	d := admission.Decide(p, j, u)
+	d := admission.Decide(p, j, v.usageFor(p, j))
 	if d.Demand.Total() == 0 || (d.Outcome != admission.Admit && d.Outcome != admission.AdmitBorrowed) {
 		return d, nil
 	}
@@ -53,6 +49,7 @@ func (v *View) Admit(p *policy.Policy, j admission.Job) (admission.Decision, *Re
 	v.nextRes++
 	v.reserved[key] = reservation{seq: v.nextRes, demand: demand, borrowed: d.Outcome == admission.AdmitBorrowed,
 		until: v.clock.Now().Add(ReservationHold)}
+	v.place(key, v.nextRes, j, d.Placed)
 	return d, &Reservation{v: v, key: key, seq: v.nextRes}
 }
 
@@ -137,6 +134,9 @@ func (r *Reservation) Release() {
 	r.v.mu.Lock()
 	if res, ok := r.v.reserved[r.key]; ok && res.seq == r.seq {
 		delete(r.v.reserved, r.key)
+	}
+	if pl, ok := r.v.placing[r.key]; ok && pl.seq == r.seq {
+		delete(r.v.placing, r.key)
 	}
 	r.v.mu.Unlock()
 	r.v.notify()

@@ -23,6 +23,20 @@ func (v *View) UsageWithout(p *policy.Policy, namespace, id string) admission.Us
 	return v.usageWithout(p, namespace, id)
 }
 
+// UsageFor is UsageWithout j's own usage, with the nodes j may use as
+// admission places it on them: what a preview decides against.
+func (v *View) UsageFor(p *policy.Policy, j admission.Job) admission.Usage {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return v.usageFor(p, j)
+}
+
+func (v *View) usageFor(p *policy.Policy, j admission.Job) admission.Usage {
+	u := v.usageWithout(p, j.Namespace, j.ID)
+	u.Nodes, u.Now = v.nodeRooms(j.Where, jobKey{j.Namespace, j.ID}), v.clock.Now()
+	return u
+}
+
 func (v *View) usageWithout(p *policy.Policy, namespace, id string) admission.Usage {
 	if v.nodesDirty || v.capPolicy != p {
 		v.replicas = v.sharedReplicas()
@@ -148,16 +162,3 @@ func add(q, d policy.Quota) policy.Quota {
 	return q
 }
 
-// isGang reports whether j is a job of several allocations in a gang
-// workload: the one admission checks node by node.
-func isGang(p *policy.Policy, j admission.Job) bool {
-	w := p.WorkloadFor(j.Namespace, j.Queue)
-	if w == nil || !w.Gang {
-		return false
-	}
-	allocs := 0
-	for _, g := range j.Groups {
-		allocs += g.Count
-	}
-	return allocs > 1
-}

@@ -60,6 +60,11 @@ type View struct {
 	// (StoppedAdmitted) or the broker registers them again.
 	stopped map[jobKey]uint64
 	nextRes uint64
+	// placing are the nodes admitted jobs were placed on (placement mode
+	// broker) until their allocations show there; heldFor the nodes held
+	// for waiting jobs (node id → job key).
+	placing map[jobKey]placing
+	heldFor map[string]string
 	changed chan struct{}
 	synced  bool // a full listing has been applied
 
@@ -86,7 +91,7 @@ func NewView(verify func(*api.Job) bool) *View {
 		canaries: map[jobKey]map[string]int{}, stable: map[jobKey][]admission.Group{}, reverting: map[jobKey]bool{}, held: map[string]*byModel{}, total: map[string]int{},
 		reserved: map[jobKey]reservation{}, allocs: map[string]Alloc{}, ended: map[string]Alloc{}, holds: map[string]hold{}, heldBy: map[jobKey]map[string]int{},
 		excess: map[jobKey]map[string]int{}, excessBorrowed: map[jobKey]bool{}, undeclared: map[jobKey]string{},
-		stopped: map[jobKey]uint64{}, changed: make(chan struct{}, 1), nodesDirty: true}
+		stopped: map[jobKey]uint64{}, placing: map[jobKey]placing{}, changed: make(chan struct{}, 1), nodesDirty: true}
 }
 
 // SetBudgets has admission see which tenants spent their GPU-hour budget

@@ -23,12 +23,14 @@ import (
 )
 
 // Cluster is what a decision is made against: the nodes a job's groups fit
-// on, the usage without the job, and the decision that reserves at once.
+// on, the usage (and the nodes) as a decision on a job sees them, and the
+// decision that reserves at once.
 type Cluster interface {
 	NodesFitting(model string, gpus int) int
 	// FittingNodes are the ids of the nodes NodesFitting counts.
 	FittingNodes(model string, gpus int) []string
-	UsageWithout(p *policy.Policy, namespace, jobID string) admission.Usage
+	// UsageFor is the usage without j's own, with the nodes it may use.
+	UsageFor(p *policy.Policy, j admission.Job) admission.Usage
 	// Admit decides and, when it admits, reserves the demand at once.
 	Admit(p *policy.Policy, j admission.Job) (admission.Decision, *cluster.Reservation)
 }
@@ -88,7 +90,7 @@ type Sequence struct {
 // the reservation returned (nil otherwise: Release and Confirm are no-ops).
 func (s *Sequence) Decide(p *policy.Policy, j admission.Job, mode Mode) (admission.Decision, *cluster.Reservation) {
 	if mode == Preview {
-		return s.Enricher.Decide(p, j, s.Cluster.UsageWithout(p, j.Namespace, j.ID)), nil
+		return s.Enricher.Decide(p, j, s.Cluster.UsageFor(p, j)), nil
 	}
 	return s.Cluster.Admit(p, s.Enrich(p, j))
 }

@@ -52,7 +52,7 @@ func Admission(job *api.Job, nodesFitting func(string, int) int) (admission.Job,
 // admission sees it: the one place its fields are read from a job.
 func AdmissionJob(job *api.Job, namespace string, groups []admission.Group) admission.Job {
 	return admission.Job{ID: deref(job.ID), Namespace: namespace, Queue: job.Meta[MetaQueue], TTL: job.Meta[MetaTTL], Groups: groups,
-		CanaryAutoRevert: CanaryAutoRevert(job)}
+		CanaryAutoRevert: CanaryAutoRevert(job), Where: where(job)}
 }
 
 // IsParent reports whether a job only launches other jobs: parameterized
@@ -75,26 +75,40 @@ type Stamper struct{ Key []byte }
 // (PinNodes), and the job's nomad-gpu.ttl if it has one. It has no time in
 // it, so that registering the same job again changes nothing in Nomad.
 func (s Stamper) Stamp(namespace string, job *api.Job, d admission.Decision) string {
-	return stampV3 + s.sign(namespace, job, deref(job.ID), d.Tenant, d.Queue, d.Priority, strconv.FormatBool(d.Outcome == admission.AdmitBorrowed), nil, true)
+	return stampV4 + s.sign(namespace, job, deref(job.ID), d.Tenant, d.Queue, d.Priority, strconv.FormatBool(d.Outcome == admission.AdmitBorrowed), nil, pinsAll)
 }
 
-// Stamp versions: v3 signs a system job's node pins, v2 (made before) does
-// not, and still verifies: its job was pinned when it was admitted, and a
-// copy of its stamp on a job without the pin is only caught once the job is
+// Stamp versions: v4 signs the node pins of every GPU task group pinned
+// (placement mode broker pins any job), v3 a system job's only, v2 none.
+// Older stamps still verify: their job was pinned as it was admitted, and a
+// copy of one on a job without the pin is only caught once the job is
 // registered through the broker again.
 const (
+	stampV4 = "v4:"
 	stampV3 = "v3:"
 	stampV2 = "v2:"
 )
 
-// stampOf is a job's stamp: its signature, and whether it signs pins.
-func stampOf(job *api.Job) (sig string, pins, ok bool) {
+// pinSigning is which node pins a stamp signs.
+type pinSigning int
+
+const (
+	pinsNone   pinSigning = iota // v2
+	pinsSystem                   // v3: a system or sysbatch job's
+	pinsAll                      // v4: any GPU task group's that has one
+)
+
+// stampOf is a job's stamp: its signature, and which pins it signs.
+func stampOf(job *api.Job) (sig string, pins pinSigning, ok bool) {
 	stamp := job.Meta[MetaAdmission]
+	if sig, ok := strings.CutPrefix(stamp, stampV4); ok {
+		return sig, pinsAll, true
+	}
 	if sig, ok := strings.CutPrefix(stamp, stampV3); ok {
-		return sig, true, true
+		return sig, pinsSystem, true
 	}
 	sig, ok = strings.CutPrefix(stamp, stampV2)
-	return sig, false, ok
+	return sig, pinsNone, ok
 }
 
 // Verify reports whether a job (as Nomad returns it) carries a stamp this
@@ -222,13 +236,13 @@ func GPUGroupCounts(job *api.Job) map[string]int {
 
 // verify checks sig over the job as job id at priority, with counts (when
 // given) in place of the job's own for the groups they name, and its pins.
-func (s Stamper) verify(job *api.Job, id, sig string, priority int, counts map[string]int, pins bool) bool {
+func (s Stamper) verify(job *api.Job, id, sig string, priority int, counts map[string]int, pins pinSigning) bool {
 	want := s.sign(Namespace(job), job, id, job.Meta[MetaTenant], job.Meta[MetaQueue], priority, job.Meta[MetaBorrowed], counts, pins)
 	return want != "" && hmac.Equal([]byte(sig), []byte(want))
 }
 
 // Long: every field a stamp binds, in one fixed order.
-func (s Stamper) sign(namespace string, job *api.Job, id, tenant, queue string, priority int, borrowed string, counts map[string]int, pins bool) string {
+func (s Stamper) sign(namespace string, job *api.Job, id, tenant, queue string, priority int, borrowed string, counts map[string]int, pins pinSigning) string {
 	mac := hmac.New(sha256.New, s.Key)
 	fields := []string{namespace, id, tenant, queue, strconv.Itoa(priority), borrowed}
 	for _, tg := range job.TaskGroups {
@@ -246,9 +260,10 @@ func (s Stamper) sign(namespace string, job *api.Job, id, tenant, queue string, 
 		for _, m := range perModel {
 			fields = append(fields, fmt.Sprintf("%s\x01%s\x01%d\x01%d", deref(tg.Name), m.model, m.gpus, count))
 		}
-		if pins && len(perModel) > 0 && isSystem(job) {
-			// The nodes it may run on: the same job without its pin would
-			// grow onto every node that joins.
+		if len(perModel) > 0 && (pins == pinsSystem && isSystem(job) || pins == pinsAll && (isSystem(job) || pinned(job, tg))) {
+			// The nodes it may run on: the same system job without its pin
+			// would grow onto every node that joins, and a job the broker
+			// placed would run where admission did not count it.
 			fields = append(fields, "\x02pin\x01"+deref(tg.Name)+"\x01"+pinsOf(job, tg))
 		}
 	}

@@ -323,24 +323,31 @@ func TestStampCoversWhatAdmissionDecidedOn(t *testing.T) {
 
 func ptr[T any](v T) *T { return &v }
 
-// A system job's stamp binds the nodes it was pinned to (N7: a copy of the
-// stamp on the job without its pin grew onto a node that joined).
-func TestStampBindsASystemJobsPin(t *testing.T) {
+// A stamp binds the nodes a job was pinned to: a system job's (N7: a copy of
+// the stamp on the job without its pin grew onto a node that joined), and
+// any job's the broker placed (placement mode broker).
+func TestStampBindsAJobsPin(t *testing.T) {
+	for _, typ := range []string{api.JobTypeSystem, api.JobTypeBatch} {
+		t.Run(typ, func(t *testing.T) { testStampBindsPin(t, typ) })
+	}
+}
+
+func testStampBindsPin(t *testing.T, typ string) {
 	s := nomadjob.Stamper{Key: []byte("k")}
 	d := admission.Decision{Tenant: "vision", Queue: "training", Priority: 60}
 	pin := func(ids string) *api.Constraint {
 		return &api.Constraint{LTarget: "${node.unique.id}", Operand: "set_contains_any", RTarget: ids}
 	}
 	stamped := func() *api.Job {
-		j := testbuild.Job("vision", "agent").Type(api.JobTypeSystem).Priority(60).Group("g", 1, 1, "nvidia/gpu").Build()
+		j := testbuild.Job("vision", "agent").Type(typ).Priority(60).Group("g", 1, 1, "nvidia/gpu").Build()
 		j.TaskGroups[0].Constraints = []*api.Constraint{pin("n2,n1")}
 		for k, v := range nomadjob.BrokerMeta(d, s.Stamp("vision", j, d)) {
 			j.Meta[k] = v
 		}
 		return j
 	}
-	if j := stamped(); !s.Verify(j) || !strings.HasPrefix(j.Meta[nomadjob.MetaAdmission], "v3:") {
-		t.Fatalf("own stamp %q not verified", j.Meta[nomadjob.MetaAdmission])
+	if j := stamped(); !s.Verify(j) || !strings.HasPrefix(j.Meta[nomadjob.MetaAdmission], "v4:") {
+		t.Fatalf("own stamp %q not verified, or not v4", j.Meta[nomadjob.MetaAdmission])
 	}
 	reordered := stamped()
 	reordered.TaskGroups[0].Constraints = []*api.Constraint{pin("n1,n2")}

@@ -1,10 +1,13 @@
 package nomadjob
 
 import (
+	"fmt"
 	"slices"
 	"strings"
 
 	"github.com/hashicorp/nomad/api"
+
+	"github.com/nomad-gpu/nomad-gpu/broker/admission"
 )
 
 // A system or sysbatch job places its groups' count on every fitting node,
@@ -95,6 +98,9 @@ func pinnedSet(c *api.Constraint) ([]string, bool) {
 	return ids, true
 }
 
+// pinned reports whether the job or task group tg is pinned to a node-id set.
+func pinned(job *api.Job, tg *api.TaskGroup) bool { return pinnedNodes(job, tg) >= 0 }
+
 // jobPin is the node-id set a job-level constraint allows, if any.
 func jobPin(job *api.Job) ([]string, bool) {
 	for _, c := range job.Constraints {
@@ -119,4 +125,92 @@ func pinnedNodes(job *api.Job, tg *api.TaskGroup) int {
 	consider(job.Constraints)
 	consider(tg.Constraints)
 	return n
+}
+
+// isService reports whether job is a long-running service.
+func isService(job *api.Job) bool { return job.Type == nil || *job.Type == api.JobTypeService }
+
+// where reads where job may run: its datacenters, node pool and node-id
+// set, and whether it places itself by rules of its own.
+func where(job *api.Job) admission.Where {
+	w := admission.Where{Datacenters: job.Datacenters, NoPin: isSystem(job) || isService(job) || len(job.Affinities) > 0 || len(job.Spreads) > 0 || constrains(job.Constraints)}
+	if job.NodePool != nil {
+		w.Pool = *job.NodePool
+	}
+	if set, ok := jobPin(job); ok {
+		w.Nodes = set
+	}
+	for _, tg := range job.TaskGroups {
+		if tg == nil {
+			continue
+		}
+		w.NoPin = w.NoPin || len(tg.Affinities) > 0 || len(tg.Spreads) > 0 || constrains(tg.Constraints)
+		for _, c := range tg.Constraints {
+			if set, ok := pinnedSet(c); ok {
+				w.Nodes = intersect(w.Nodes, set)
+			}
+		}
+		for _, t := range tg.Tasks {
+			if t == nil {
+				continue
+			}
+			w.NoPin = w.NoPin || len(t.Affinities) > 0 || constrains(t.Constraints)
+			if t.Resources != nil {
+				for _, d := range t.Resources.Devices {
+					w.NoPin = w.NoPin || d != nil && (len(d.Constraints) > 0 || len(d.Affinities) > 0)
+				}
+			}
+		}
+	}
+	return w
+}
+
+// constrains reports whether cs holds a constraint other than a node-id set.
+func constrains(cs []*api.Constraint) bool {
+	for _, c := range cs {
+		if _, ok := pinnedSet(c); !ok && c != nil {
+			return true
+		}
+	}
+	return false
+}
+
+// intersect is the ids in both sets (a nil set: any).
+func intersect(a, b []string) []string {
+	if a == nil {
+		return b
+	}
+	return slices.DeleteFunc(slices.Clone(a), func(id string) bool { return !slices.Contains(b, id) })
+}
+
+// PinTo writes into each GPU task group the nodes admission placed its
+// allocations on (placement mode broker), as its node-id set, in place of
+// one it had (the nodes were chosen within it). It says what it wrote, for
+// the answer.
+func (r *Request) PinTo(placed admission.Placed) string {
+	if len(placed) == 0 {
+		return ""
+	}
+	groups := r.Doc.Root().Get("Job").Get("TaskGroups").Elems()
+	var wrote []string
+	for i, tg := range r.Job.TaskGroups {
+		if tg == nil || i >= len(groups) || !groups[i].IsObject() {
+			continue
+		}
+		ids := placed[deref(tg.Name)]
+		if len(ids) == 0 {
+			continue
+		}
+		ids = slices.Compact(slices.Sorted(slices.Values(ids)))
+		tg.Constraints = append(slices.DeleteFunc(slices.Clone(tg.Constraints), func(c *api.Constraint) bool {
+			_, ok := pinnedSet(c)
+			return ok
+		}), &api.Constraint{LTarget: nodeIDTarget, Operand: pinOperand, RTarget: strings.Join(ids, ",")})
+		groups[i].Set("Constraints", tg.Constraints)
+		wrote = append(wrote, fmt.Sprintf("task group %q on node %s", deref(tg.Name), strings.Join(ids, ", ")))
+	}
+	if len(wrote) == 0 {
+		return ""
+	}
+	return "nomad-gpu: placed by the broker (placement mode broker), pinned with a ${node.unique.id} constraint: " + strings.Join(wrote, "; ")
 }

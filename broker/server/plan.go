@@ -49,6 +49,9 @@ func (s *Server) annotate(w http.ResponseWriter, r *http.Request, kind nomadjob.
 	default:
 		note = "nomad-gpu: would be " + admittedWarning(d)[len("nomad-gpu: "):]
 		if kind == nomadjob.Plan {
+			if pinned := rj.PinTo(d.Placed); pinned != "" {
+				note += "; would be " + pinned[len("nomad-gpu: "):]
+			}
 			rj.Stamp(d, s.stamper.Stamp(rj.Namespace, rj.Job, d))
 		}
 	}

@@ -150,6 +150,7 @@ func (s *Server) register(w http.ResponseWriter, r *http.Request, pathJobID stri
 			res.Release()
 			return
 		}
+		pinned := rj.PinTo(d.Placed) // before the stamp, which binds it
 		rj.Stamp(d, s.stamper.Stamp(rj.Namespace, rj.Job, d))
 		settle, err := decide.Revive(r.Context(), s.stops, rj.Namespace, rj.JobID)
 		if err != nil {
@@ -166,7 +167,7 @@ func (s *Server) register(w http.ResponseWriter, r *http.Request, pathJobID stri
 			writeError(w, fail(errNomadUnreach, "Nomad is unreachable: %v", err))
 			return
 		}
-		_, taken := s.relayRegistered(w, resp, res, admittedWarning(d), workloadWarning(rj.Wrote), s.rightSizingWarning(rj.Namespace, rj.JobID, d), rj.warning)
+		_, taken := s.relayRegistered(w, resp, res, admittedWarning(d), pinned, workloadWarning(rj.Wrote), s.rightSizingWarning(rj.Namespace, rj.JobID, d), rj.warning)
 		s.settled(settle, taken)
 	}
 }

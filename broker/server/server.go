@@ -39,6 +39,8 @@ import (
 // broker's API shows of it.
 type Cluster interface {
 	decide.Cluster
+	// UsageWithout is the usage without job namespace/jobID ("": all).
+	UsageWithout(p *policy.Policy, namespace, jobID string) admission.Usage
 	// Map and Followed serve the GPU map.
 	Map(idleBelow float64) []cluster.MapNode
 	Followed() (index, listings uint64)

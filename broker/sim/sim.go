@@ -302,7 +302,7 @@ func newRun(jobs []Job, o Options) *run {
 		j.service = w != nil && w.RequireUpdate || strings.Contains(workloadKind(p, ns, j.queue), "inference")
 		j.adm = admission.Job{ID: j.ID, Namespace: ns, Queue: j.Queue,
 			Groups:           []admission.Group{{Name: "g", Count: j.allocs(), GPUsPerAlloc: j.GPUs, Model: j.Model}},
-			CanaryAutoRevert: true}
+			CanaryAutoRevert: true, Where: admission.Where{NoPin: j.service}}
 		if j.TTL > 0 {
 			j.adm.TTL = (time.Duration(j.TTL) * time.Second).String()
 		}

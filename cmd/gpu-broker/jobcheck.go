@@ -111,7 +111,7 @@ type emptyCluster struct {
 
 func (emptyCluster) NodesFitting(string, int) int      { return 1 }
 func (emptyCluster) FittingNodes(string, int) []string { return []string{"any-node"} }
-func (c emptyCluster) UsageWithout(*policy.Policy, string, string) admission.Usage {
+func (c emptyCluster) UsageFor(*policy.Policy, admission.Job) admission.Usage {
 	const plenty = 1 << 30
 	perNode := c.perNode
 	if perNode <= 0 {
@@ -127,7 +127,7 @@ func (c emptyCluster) UsageWithout(*policy.Policy, string, string) admission.Usa
 
 // Admit is never called: job check previews.
 func (c emptyCluster) Admit(p *policy.Policy, j admission.Job) (admission.Decision, *cluster.Reservation) {
-	return admission.Decide(p, j, c.UsageWithout(p, j.Namespace, j.ID)), nil
+	return admission.Decide(p, j, c.UsageFor(p, j)), nil
 }
 
 // noVersions: job check sees no job running yet.

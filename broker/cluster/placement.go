@@ -1,0 +1,156 @@
+package cluster
+
+import (
+	"path"
+	"slices"
+	"sort"
+	"time"
+
+	"github.com/nomad-gpu/nomad-gpu/broker/admission"
+)
+
+// placing are the nodes admission placed a job's allocations on (placement
+// mode broker), counted there until the job's allocations are seen on them:
+// a decision right after sees the room taken before Nomad places anything.
+type placing struct {
+	seq   uint64         // the reservation it came with
+	nodes map[string]int // GPUs by node
+	until time.Time
+}
+
+// HoldNodes holds nodes for waiting jobs (admission.Reserve: node id → job
+// key): no other borrowed work is admitted onto them.
+func (v *View) HoldNodes(held map[string]string) {
+	v.mu.Lock()
+	v.heldFor = held
+	v.mu.Unlock()
+}
+
+// HeldNodes are the nodes held for waiting jobs now.
+func (v *View) HeldNodes() map[string]string {
+	v.mu.RLock()
+	defer v.mu.RUnlock()
+	return v.heldFor
+}
+
+// Rooms are the nodes' device groups as admission places work on them.
+func (v *View) Rooms() []admission.NodeRoom {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return v.nodeRooms(admission.Where{}, jobKey{})
+}
+
+// nodeRooms are the device groups of the schedulable nodes where may use:
+// healthy GPUs, those free (held by no live allocation of another job than
+// except, nor by another job's placement not yet seen), and the borrowed
+// allocations on each. Expired placements are dropped. O(allocations).
+// Long: one walk over allocations, one over placements, one over nodes, each accumulating per node and group.
+func (v *View) nodeRooms(where admission.Where, except jobKey) []admission.NodeRoom {
+	now := v.clock.Now()
+	type at struct{ node, group string }
+	held := map[at]int{}
+	var borrowed map[at][]admission.Held
+	jobOn := map[jobKey]map[string]int{} // GPUs of each placing job's allocations, by node
+	for _, a := range v.allocs {
+		key := jobKey{a.Namespace, a.JobID}
+		if a.Preempted || key == except {
+			continue
+		}
+		n := v.nodes[a.NodeID]
+		for _, id := range a.GPUs {
+			held[at{a.NodeID, n.devices[id].Model}]++
+		}
+		if _, ok := v.placing[key]; ok {
+			if jobOn[key] == nil {
+				jobOn[key] = map[string]int{}
+			}
+			jobOn[key][a.NodeID] += len(a.GPUs)
+		}
+		if j := v.jobs[key]; j.borrowed && len(a.GPUs) > 0 {
+			if borrowed == nil {
+				borrowed = map[at][]admission.Held{}
+			}
+			since := a.StartedAt
+			if since.IsZero() {
+				since = now
+			}
+			k := at{a.NodeID, n.devices[a.GPUs[0]].Model}
+			borrowed[k] = append(borrowed[k], admission.Held{GPUs: len(a.GPUs), Priority: j.priority, Since: since})
+		}
+	}
+	pending := map[string]int{} // GPUs placements not yet seen take, by node
+	for key, pl := range v.placing {
+		if !now.Before(pl.until) {
+			delete(v.placing, key)
+			continue
+		}
+		if key == except {
+			continue
+		}
+		for id, n := range pl.nodes {
+			pending[id] += max(0, n-jobOn[key][id])
+		}
+	}
+	ids := make([]string, 0, len(v.nodes))
+	for id, n := range v.nodes {
+		if n.schedulable && len(n.gpus) > 0 && eligible(id, n, where) {
+			ids = append(ids, id)
+		}
+	}
+	sort.Strings(ids)
+	out := []admission.NodeRoom{} // known, if empty: nothing fits
+	for _, id := range ids {
+		n := v.nodes[id]
+		groups := make([]string, 0, len(n.gpus))
+		for g := range n.gpus {
+			groups = append(groups, g)
+		}
+		slices.Sort(groups)
+		for _, g := range groups {
+			k := at{id, g}
+			r := admission.NodeRoom{ID: id, Group: g, GPUs: n.gpus[g], Free: max(0, n.gpus[g]-held[k]), Held: borrowed[k], ReservedFor: v.heldFor[id]}
+			for _, h := range r.Held {
+				r.Borrowed += h.GPUs
+			}
+			take := min(r.Free, pending[id]) // a placement takes from the node's first groups
+			r.Free -= take
+			pending[id] -= take
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// eligible reports whether a job bound by where may run on node id.
+func eligible(id string, n node, where admission.Where) bool {
+	if where.Pool != "" && n.pool != where.Pool {
+		return false
+	}
+	if where.Nodes != nil && !slices.Contains(where.Nodes, id) {
+		return false
+	}
+	if len(where.Datacenters) == 0 {
+		return true
+	}
+	for _, dc := range where.Datacenters {
+		if ok, _ := path.Match(dc, n.datacenter); ok {
+			return true
+		}
+	}
+	return false
+}
+
+// place records where admission placed the allocations of j (key).
+func (v *View) place(key jobKey, seq uint64, j admission.Job, placed admission.Placed) {
+	if len(placed) == 0 {
+		delete(v.placing, key)
+		return
+	}
+	nodes := map[string]int{}
+	for _, g := range j.Groups {
+		for _, id := range placed[g.Name] {
+			nodes[id] += g.GPUsPerAlloc
+		}
+	}
+	v.placing[key] = placing{seq: seq, nodes: nodes, until: v.clock.Now().Add(ReservationHold)}
+}
