@@ -161,4 +161,3 @@ func add(q, d policy.Quota) policy.Quota {
 	}
 	return q
 }
-
