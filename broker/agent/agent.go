@@ -323,6 +323,8 @@ func (a *Agent) reclaimer() *reclaimer.Reclaimer {
 				Ended: observer.Ended, EndedSince: observer.EndedSince, Granted: granted},
 			&reclaimer.Bander{Log: a.log.Named("band"), Policies: a.policies, Usage: a.view, Jobs: a.nomad, Grants: st.scales,
 				Stops: st.stops, Stamper: a.stamper, Lock: a.view.LockJob, Audit: a.trail},
+			&reclaimer.Repinner{Log: a.log.Named("repin"), Policies: a.policies, View: a.view, Jobs: a.nomad, Grants: st.scales,
+				Stops: st.stops, Stamper: a.stamper, Lock: a.view.LockJob, Audit: a.trail},
 			&reclaimer.StopRecorder{View: a.view, Records: st.stops, Lock: a.view.LockJob},
 			&reclaimer.Expirer{Store: st.approvals, Jobs: a.view, Policies: a.policies, Records: st.decisions, NewID: queue.NewID, Audit: a.trail},
 			&reclaimer.Pruner{What: "scale and dispatch grants", Every: grantPruneInterval, Log: prune,

@@ -47,6 +47,7 @@ const (
 	QueueCancel    = "queue-cancel"
 	Preemption     = "preemption"  // Nomad preempted a borrowed job's allocation (observed)
 	Promotion      = "promotion"   // a running borrowed job promoted in place to its queue's band (borrowing.promote_below)
+	Repin          = "repin"       // a job the broker placed pinned again before it runs (placement mode broker)
 	AutoRevert     = "auto-revert" // Nomad reverted a job whose deployment failed (observed): result admit or over-limit
 	ReclaimDecided = "reclaim-decision"
 	ReclaimActed   = "reclaim-action"

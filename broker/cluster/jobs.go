@@ -18,6 +18,9 @@ type job struct {
 	groups        []admission.Group
 	borrowed      bool
 	priority      int
+	// pinned are, for a batch job the broker placed (its stamp verified),
+	// the node-id sets its GPU task groups are pinned to, by group.
+	pinned map[string][]string
 	tenant, queue string // from a verified stamp, else ""
 	modifyIndex   uint64 // Nomad's JobModifyIndex of the version recorded
 	version       uint64 // its Version
@@ -89,6 +92,9 @@ func (v *View) observeJob(j *api.Job) {
 		jb := job{groups: groups, borrowed: borrowed, modifyIndex: modifyIndex}
 		if j.Priority != nil {
 			jb.priority = *j.Priority
+		}
+		if verified && j.Type != nil && *j.Type == api.JobTypeBatch {
+			jb.pinned = nomadjob.GroupPins(j)
 		}
 		if j.Version != nil {
 			jb.version = *j.Version

@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"cmp"
 	"path"
 	"slices"
 	"sort"
@@ -153,4 +154,51 @@ func (v *View) place(key jobKey, seq uint64, j admission.Job, placed admission.P
 		}
 	}
 	v.placing[key] = placing{seq: seq, nodes: nodes, until: v.clock.Now().Add(ReservationHold)}
+}
+
+// Unplaced is a batch job the broker pinned whose pinned task group has no
+// live allocation: Nomad has not placed it, or the allocations it had
+// ended (a node drained) and none replaced them.
+type Unplaced struct {
+	Namespace, ID string
+	// NodeGone: a node it is pinned to is gone or takes no new work
+	// (down, draining, ineligible).
+	NodeGone bool
+}
+
+// Unplaced are the jobs pinned by the broker that wait for a placement.
+func (v *View) Unplaced() []Unplaced {
+	v.mu.RLock()
+	defer v.mu.RUnlock()
+	live := map[jobKey]map[string]bool{} // groups with a live allocation
+	for _, a := range v.allocs {
+		if a.Preempted {
+			continue
+		}
+		key := jobKey{a.Namespace, a.JobID}
+		if live[key] == nil {
+			live[key] = map[string]bool{}
+		}
+		live[key][a.Group] = true
+	}
+	var out []Unplaced
+	for key, j := range v.jobs {
+		waiting, gone := false, false
+		for group, ids := range j.pinned {
+			if live[key][group] {
+				continue
+			}
+			waiting = true
+			for _, id := range ids {
+				if n, ok := v.nodes[id]; !ok || !n.schedulable {
+					gone = true
+				}
+			}
+		}
+		if waiting {
+			out = append(out, Unplaced{Namespace: key.namespace, ID: key.id, NodeGone: gone})
+		}
+	}
+	slices.SortFunc(out, func(a, b Unplaced) int { return cmp.Or(cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.ID, b.ID)) })
+	return out
 }

@@ -130,6 +130,42 @@ func pinnedNodes(job *api.Job, tg *api.TaskGroup) int {
 // isService reports whether job is a long-running service.
 func isService(job *api.Job) bool { return job.Type == nil || *job.Type == api.JobTypeService }
 
+// GroupPins are the node-id sets job's GPU task groups are pinned to, by
+// group (nil: none).
+func GroupPins(job *api.Job) map[string][]string {
+	var out map[string][]string
+	for _, tg := range job.TaskGroups {
+		if tg == nil {
+			continue
+		}
+		if perModel, err := gpusPerAlloc(tg); err != nil || len(perModel) == 0 {
+			continue
+		}
+		for _, c := range tg.Constraints {
+			if set, ok := pinnedSet(c); ok {
+				if out == nil {
+					out = map[string][]string{}
+				}
+				out[deref(tg.Name)] = set
+			}
+		}
+	}
+	return out
+}
+
+// Unpin takes the node-id sets off job's task groups (not the document):
+// where it may run is then read without the pins the broker wrote.
+func Unpin(job *api.Job) {
+	for _, tg := range job.TaskGroups {
+		if tg != nil {
+			tg.Constraints = slices.DeleteFunc(slices.Clone(tg.Constraints), func(c *api.Constraint) bool {
+				_, ok := pinnedSet(c)
+				return ok
+			})
+		}
+	}
+}
+
 // where reads where job may run: its datacenters, node pool and node-id
 // set, and whether it places itself by rules of its own.
 func where(job *api.Job) admission.Where {

@@ -1,0 +1,122 @@
+package reclaimer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/nomad-gpu/nomad-gpu/broker/admission"
+	"github.com/nomad-gpu/nomad-gpu/broker/audit"
+	"github.com/nomad-gpu/nomad-gpu/broker/cluster"
+	"github.com/nomad-gpu/nomad-gpu/broker/decide"
+	"github.com/nomad-gpu/nomad-gpu/broker/nomadjob"
+	"github.com/nomad-gpu/nomad-gpu/broker/policy"
+	"github.com/nomad-gpu/nomad-gpu/broker/reclaim"
+)
+
+// RepinAfter is how long a pinned job may wait unplaced on nodes that
+// still take work (Nomad blocked it: another placement took the room)
+// before it is pinned again.
+const RepinAfter = time.Minute
+
+// Repinner pins again, before they run, the batch jobs the broker placed
+// (placement mode broker) that their nodes cannot take: a node gone, down,
+// draining or ineligible at once, any other after RepinAfter. Only a task
+// group without a live allocation is pinned again: Nomad replaces running
+// allocations whose constraints change. The job is registered again with
+// its new pin and a new stamp that binds it, at its priority, as admitted.
+type Repinner struct {
+	Log      hclog.Logger
+	Policies policy.Source
+	View     interface {
+		Unplaced() []cluster.Unplaced
+		UsageFor(p *policy.Policy, j admission.Job) admission.Usage
+		NodesFitting(model string, gpus int) int
+	}
+	Jobs    PromoteJobs
+	Grants  decide.Grants
+	Stops   decide.Stops // nil: none kept
+	Stamper nomadjob.Stamper
+	// Lock holds off other decisions on the job meanwhile (the gate's too).
+	Lock  func(namespace, id string) (unlock func())
+	Audit *audit.Log
+
+	waiting map[[2]string]time.Time // since when each unplaced job was seen so
+}
+
+// Observed implements Watcher.
+func (r *Repinner) Observed(ctx context.Context, now time.Time, _ []reclaim.Alloc, _ map[string]reclaim.GPU) error {
+	p := r.Policies.Current()
+	seen := map[[2]string]time.Time{}
+	var errs []error
+	for _, u := range r.View.Unplaced() {
+		key := [2]string{u.Namespace, u.ID}
+		since, ok := r.waiting[key]
+		if !ok {
+			since = now
+		}
+		seen[key] = since
+		if !u.NodeGone && now.Sub(since) < RepinAfter {
+			continue
+		}
+		if err := r.repin(ctx, p, u, now); err != nil {
+			errs = append(errs, fmt.Errorf("pin %s/%s again: %w", u.Namespace, u.ID, err))
+		}
+	}
+	r.waiting = seen
+	return errors.Join(errs...)
+}
+
+// repin places the job again on the nodes as they are and registers it
+// with the new pin, if Nomad still has it as the broker admitted it and
+// a node can take it.
+func (r *Repinner) repin(ctx context.Context, p *policy.Policy, u cluster.Unplaced, now time.Time) error {
+	defer r.Lock(u.Namespace, u.ID)()
+	doc, job, err := r.Jobs.JobDoc(ctx, u.Namespace, u.ID)
+	if err != nil || job == nil || job.Priority == nil || job.JobModifyIndex == nil || (job.Stop != nil && *job.Stop) {
+		return err
+	}
+	a, err := decide.Check(ctx, r.Stamper, r.Grants, r.Stops, job)
+	if err != nil || !a.OK || a.ByGrant {
+		return err // not the broker's admission as it stands (a grant's stamp binds the pin it was made with)
+	}
+	req, err := nomadjob.ReadRequest(nomadjob.Register, fmt.Appendf(nil, `{"Job":%s}`, doc.Bytes()), url.Values{"namespace": {u.Namespace}})
+	if err != nil {
+		return err
+	}
+	nomadjob.Unpin(req.Job)
+	j, err := nomadjob.Admission(req.Job, r.View.NodesFitting)
+	if err != nil {
+		return err
+	}
+	d := admission.Decision{Outcome: admission.Admit, Tenant: job.Meta[nomadjob.MetaTenant], Queue: job.Meta[nomadjob.MetaQueue],
+		Workload: job.Meta[nomadjob.MetaWorkload], Priority: *job.Priority}
+	if a.Borrowed {
+		d.Outcome = admission.AdmitBorrowed
+	}
+	placed, ok := admission.Place(j, r.View.UsageFor(p, j).Nodes, !a.Borrowed, d.Priority, now)
+	if !ok {
+		return nil // no node can take it now: the next pass tries again
+	}
+	pinned := req.PinTo(placed)
+	req.Stamp(d, r.Stamper.Stamp(u.Namespace, req.Job, d))
+	root := req.Doc.Root()
+	root.Set("EnforceIndex", true)
+	root.Set("JobModifyIndex", *job.JobModifyIndex)
+	if _, err := r.Jobs.Register(ctx, u.Namespace, req.Body()); err != nil {
+		return err
+	}
+	why := "Nomad has not placed it for " + RepinAfter.String()
+	if u.NodeGone {
+		why = "a node it was pinned to takes no new work"
+	}
+	r.Log.Info("pinned job placed again before it runs", "namespace", u.Namespace, "job", u.ID, "why", why, "pin", pinned)
+	r.Audit.Write(audit.Event{Who: audit.BrokerAct, What: audit.Repin, Namespace: u.Namespace, Job: u.ID, Tenant: d.Tenant, Queue: d.Queue,
+		Result: why + ": " + strings.TrimPrefix(pinned, "nomad-gpu: ")})
+	return nil
+}
