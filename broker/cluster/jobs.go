@@ -15,12 +15,12 @@ type jobKey struct{ namespace, id string }
 
 // job is a live job's demand.
 type job struct {
-	groups        []admission.Group
-	borrowed      bool
-	priority      int
+	groups   []admission.Group
+	borrowed bool
+	priority int
 	// pinned are, for a batch job the broker placed (its stamp verified),
 	// the node-id sets its GPU task groups are pinned to, by group.
-	pinned map[string][]string
+	pinned        map[string][]string
 	tenant, queue string // from a verified stamp, else ""
 	modifyIndex   uint64 // Nomad's JobModifyIndex of the version recorded
 	version       uint64 // its Version
