@@ -425,3 +425,103 @@ func TestSubBandsMakeTheNewestBorrowerTheVictim(t *testing.T) {
 		t.Errorf("seconds of work lost by the victim: %v without sub-bands (want a2's ~200), %v with (want a3's ~50)", off, on)
 	}
 }
+
+// placement is for two nodes of 4 GPUs: tenant a is guaranteed 1.
+const placementTenants = `
+queue "training" { priority = 60 }
+tenant "a" {
+  namespaces = ["a"]
+  queues     = ["training"]
+  guaranteed = 1
+  limit      = 8
+}
+tenant "b" {
+  namespaces = ["b"]
+  queues     = ["training"]
+  guaranteed = 4
+  limit      = 8
+}
+borrowing {
+  enabled = true
+  backoff = "0"
+}
+preemption {
+  batch = true
+}
+`
+
+// Two borrowed jobs of 3 GPUs leave 1 free on each node: a third of 2
+// waits in the broker's queue (not in Nomad, where it would count against
+// its tenant) until x1 ends at 100, then starts at the pass at 110.
+func TestBorrowedWorkWaitsForANodeWithRoom(t *testing.T) {
+	nodes := []sim.NodeGroup{{Model: "H100", GPUs: 4, Count: 2}}
+	jobs := []sim.Job{
+		{ID: "x1", Submit: 0, Namespace: "a", GPUs: 3, Duration: 100},
+		{ID: "x2", Submit: 0, Namespace: "a", GPUs: 3, Duration: 1000},
+		{ID: "y", Submit: 1, Namespace: "a", GPUs: 2, Duration: 50},
+	}
+	res, err := sim.Run(jobs, sim.Options{Policy: testbuild.Policy(t, placementTenants), Nodes: nodes, Mode: sim.NomadGPU, Samples: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	near(t, "y's wait", res.BySize["2"].Wait.Mean, 109)
+	for _, s := range res.Samples {
+		if s.T > 1 && s.T < 100 && (s.Queued != 1 || s.Waiting != 1) {
+			t.Errorf("at %.0f s: %d queued in the broker, %d waiting: want y queued in the broker", s.T, s.Queued, s.Waiting)
+		}
+	}
+}
+
+// A borrowed job Nomad preempts is requeued at the broker's next reclaim
+// pass, not at once: until then it waits in Nomad, counted against its
+// tenant (a2, preempted at 10; reclaim passes every 20 s).
+func TestAnEvictedBorrowedJobIsRequeuedAtTheNextReclaimPass(t *testing.T) {
+	res, err := sim.Run(borrowing, sim.Options{Policy: testbuild.Policy(t, twoTenants), Nodes: oneNode, Mode: sim.NomadGPU,
+		ReclaimPeriod: 20 * time.Second, Samples: 200})
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := 0
+	for _, s := range res.Samples {
+		switch {
+		case s.T > 10 && s.T < 20:
+			seen++
+			if s.Queued != 0 || s.Waiting != 1 {
+				t.Errorf("at %.1f s: %d queued, %d waiting: want a2 waiting in Nomad, not yet requeued", s.T, s.Queued, s.Waiting)
+			}
+		case s.T > 20 && s.T < 60:
+			if s.Queued != 1 {
+				t.Errorf("at %.1f s: %d queued: want a2 requeued", s.T, s.Queued)
+			}
+		}
+	}
+	if seen == 0 {
+		t.Fatal("no sample between 10 and 20 s")
+	}
+}
+
+// An 8-GPU job of a tenant below its guarantee (beyond it with the job)
+// waits behind a stream of 1-GPU borrowed jobs that never leaves the node
+// empty, until the stream ends; with reserve_after the node is held for it
+// after an hour, drains, and it starts.
+func TestANodeIsHeldForALargeJobThatWaited(t *testing.T) {
+	nodes := []sim.NodeGroup{{Model: "H100", GPUs: 8, Count: 1}}
+	jobs := []sim.Job{{ID: "big", Submit: 50, Namespace: "b", GPUs: 8, Duration: 1000}}
+	for i := range 200 {
+		jobs = append(jobs, sim.Job{ID: fmt.Sprintf("s%d", i), Submit: float64(100 * i), Namespace: "a", GPUs: 1, Duration: 600})
+	}
+	slices.SortStableFunc(jobs, func(a, b sim.Job) int { return int(a.Submit - b.Submit) })
+	src := strings.Replace(placementTenants, "guaranteed = 1\n", "guaranteed = 0\n", 1)
+	for _, c := range []struct {
+		reserve  string
+		min, max float64
+	}{{"0", 19000, 21000}, {"1h", 3600, 4500}} {
+		res, err := sim.Run(jobs, sim.Options{Policy: testbuild.Policy(t, src+"placement {\n  reserve_after = \""+c.reserve+"\"\n}\n"), Nodes: nodes, Mode: sim.NomadGPU})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if w := res.BySize["5-8"].Wait.Max; w < c.min || w > c.max {
+			t.Errorf("reserve_after %s: the 8-GPU job waited %.0f s, want %.0f to %.0f", c.reserve, w, c.min, c.max)
+		}
+	}
+}
