@@ -305,3 +305,26 @@ func TestBorrowingPriorityIsANomadPriority(t *testing.T) {
 		}
 	}
 }
+
+func TestPlacement(t *testing.T) {
+	parse := func(body string) (*policy.Policy, string) {
+		p, diags := policyhcl.Parse(map[string][]byte{"q.hcl": []byte("queue \"a\" { priority = 60 }\nplacement {\n" + body + "\n}\n")}, 0)
+		return p, policyhcl.FormatDiagnostics(diags)
+	}
+	if p, out := parse(""); p == nil || p.Placement.Mode != policy.PlaceBroker || p.Placement.ReserveAfter != policy.DefaultReserveAfter {
+		t.Fatalf("defaults: %+v %s", p, out)
+	}
+	if p, out := parse(`  mode = "nomad"` + "\n" + `  reserve_after = "0"`); p == nil || p.Placement.Mode != policy.PlaceNomad || p.Placement.ReserveAfter != 0 {
+		t.Fatalf("mode nomad, never reserve: %+v %s", p, out)
+	}
+	for body, want := range map[string]string{
+		`  mode = "scheduler"`:      `q.hcl:3:3: error: Invalid placement mode: placement: mode = "scheduler": want "broker"`,
+		`  reserve_after = "soon"`: `q.hcl:3:3: error: Invalid duration: placement: reserve_after = "soon" is not a duration of 0 or more`,
+		`  reserve_after = "-1h"`:  `q.hcl:3:3: error: Invalid duration: placement: reserve_after = "-1h"`,
+		`  spread = true`:          `q.hcl:3:3: error: Unsupported argument`,
+	} {
+		if p, out := parse(body); p != nil || !strings.Contains(out, want) {
+			t.Errorf("%s: want %q, got\n%s", body, want, out)
+		}
+	}
+}
