@@ -318,7 +318,7 @@ func TestPlacement(t *testing.T) {
 		t.Fatalf("mode nomad, never reserve: %+v %s", p, out)
 	}
 	for body, want := range map[string]string{
-		`  mode = "scheduler"`:      `q.hcl:3:3: error: Invalid placement mode: placement: mode = "scheduler": want "broker"`,
+		`  mode = "scheduler"`:     `q.hcl:3:3: error: Invalid placement mode: placement: mode = "scheduler": want "broker"`,
 		`  reserve_after = "soon"`: `q.hcl:3:3: error: Invalid duration: placement: reserve_after = "soon" is not a duration of 0 or more`,
 		`  reserve_after = "-1h"`:  `q.hcl:3:3: error: Invalid duration: placement: reserve_after = "-1h"`,
 		`  spread = true`:          `q.hcl:3:3: error: Unsupported argument`,
