@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/hashicorp/nomad/api"
 
+	"github.com/nomad-gpu/nomad-gpu/broker/policy"
 	"github.com/nomad-gpu/nomad-gpu/broker/policyhcl"
 	"github.com/nomad-gpu/nomad-gpu/broker/sim"
 	"github.com/nomad-gpu/nomad-gpu/testing/testcluster"
@@ -24,8 +26,8 @@ import (
 const simCheckDir = "../sim/testdata/sim-check"
 
 // simCheckTolerance is how far the simulator may be from the real cluster:
-// its mean allocation from the real one, and the real preemptions beyond
-// the range of its shuffles.
+// its mean allocation from the real one, and its preemptions and the
+// GPU-seconds they lose (see simToReal).
 const simCheckTolerance = 0.15
 
 // simFigures are what the check compares.
@@ -47,10 +49,12 @@ const simSeeds = 10
 // nodes of 8 fake GPUs, mock-driver tasks that run for each job's
 // duration), and the same trace in the simulator with the same policy and
 // time scale, and compares them in mode nomad-gpu: allocation while work
-// arrives, preemptions, guaranteed victims, GPU-hours lost and mean wait.
-// SIM_CHECK_OUT names a file for the table; SIM_CHECK_POLICY a directory
-// of policy files to check instead of the one beside the trace (a policy
-// change measured on a real cluster before it is adopted).
+// arrives, preemptions, guaranteed victims, GPU-seconds lost and mean wait.
+// It runs once per placement mode (the broker pinning jobs, and Nomad
+// choosing), unless the policy sets one. SIM_CHECK_OUT names a file for the
+// tables; SIM_CHECK_POLICY a directory of policy files to check instead of
+// the one beside the trace (a policy change measured on a real cluster
+// before it is adopted).
 func TestSimToReal(t *testing.T) {
 	f, err := os.Open(filepath.Join(simCheckDir, "trace.jsonl"))
 	if err != nil {
@@ -61,11 +65,66 @@ func TestSimToReal(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	nodes := []sim.NodeGroup{{Model: "GPU", GPUs: 8, Count: 4}}
 	policyDir := simCheckDir
 	if dir := os.Getenv("SIM_CHECK_POLICY"); dir != "" {
 		policyDir = dir
 	}
+	var tables strings.Builder
+	defer func() {
+		if out := os.Getenv("SIM_CHECK_OUT"); out != "" {
+			writeFile(t, out, tables.String())
+		}
+	}()
+	p, diags := policyhcl.LoadDir(policyDir, 32)
+	if p == nil {
+		t.Fatal(policyhcl.FormatDiagnostics(diags))
+	}
+	if setsPlacement(t, policyDir) {
+		simToReal(t, trace, policyDir, "as the policy says", &tables)
+		return
+	}
+	for _, mode := range []string{policy.PlaceBroker, policy.PlaceNomad} {
+		t.Run("placement="+mode, func(t *testing.T) {
+			dir := t.TempDir()
+			entries, err := os.ReadDir(policyDir)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, e := range entries {
+				if strings.HasSuffix(e.Name(), ".hcl") {
+					raw, err := os.ReadFile(filepath.Join(policyDir, e.Name()))
+					if err != nil {
+						t.Fatal(err)
+					}
+					writeFile(t, filepath.Join(dir, e.Name()), string(raw))
+				}
+			}
+			writeFile(t, filepath.Join(dir, "zz-placement.hcl"), fmt.Sprintf("placement {\n  mode = %q\n}\n", mode))
+			simToReal(t, trace, dir, "placement mode "+mode, &tables)
+		})
+	}
+}
+
+// setsPlacement reports whether a policy directory has a placement block.
+func setsPlacement(t *testing.T, dir string) bool {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		raw, err := os.ReadFile(filepath.Join(dir, e.Name()))
+		if err == nil && strings.HasSuffix(e.Name(), ".hcl") && regexp.MustCompile(`(?m)^\s*placement\s*\{`).Match(raw) {
+			return true
+		}
+	}
+	return false
+}
+
+// simToReal is one comparison, under the policy in policyDir (named as
+// label in its table, which it adds to tables).
+// Long: the replay, the simulations and the table with its checks, read in the order the table prints.
+func simToReal(t *testing.T, trace []sim.Job, policyDir, label string, tables *strings.Builder) {
+	nodes := []sim.NodeGroup{{Model: "GPU", GPUs: 8, Count: 4}}
 	p, diags := policyhcl.LoadDir(policyDir, sim.GPUs(nodes))
 	if p == nil {
 		t.Fatal(policyhcl.FormatDiagnostics(diags))
@@ -74,10 +133,10 @@ func TestSimToReal(t *testing.T) {
 	// The same trace in the simulator, with the client's start latency the
 	// real cluster showed: each figure the mean over simSeeds shuffles.
 	simulated := map[string]simFigures{}
-	fewest, most := map[string]int{}, map[string]int{} // preemptions, over the shuffles
+	lows, highs := map[string]simFigures{}, map[string]simFigures{} // preemptions and GPU-hours lost, over the shuffles
 	for _, model := range []string{sim.ModelNomad, sim.ModelIdeal} {
 		var f simFigures
-		fewest[model] = math.MaxInt
+		lo, hi := simFigures{preemptions: math.Inf(1), lostGPUHours: math.Inf(1)}, simFigures{}
 		for seed := range uint64(simSeeds) {
 			res, err := sim.Run(trace, sim.Options{Policy: p, Nodes: nodes, Mode: sim.NomadGPU, PassInterval: time.Second,
 				ReclaimPeriod: time.Second, NomadModel: model, Seed: seed + 1, StartLatency: real.startLatency})
@@ -86,34 +145,35 @@ func TestSimToReal(t *testing.T) {
 			}
 			f.allocation += res.Allocation / simSeeds
 			f.preemptions += float64(res.Preemptions) / simSeeds
-			fewest[model], most[model] = min(fewest[model], res.Preemptions), max(most[model], res.Preemptions)
 			f.guaranteedVictims += float64(res.GuaranteedVictims) / simSeeds
 			f.lostGPUHours += res.LostGPUHours / simSeeds
 			f.meanWait += res.Wait.Mean / simSeeds
+			lo.preemptions, hi.preemptions = min(lo.preemptions, float64(res.Preemptions)), max(hi.preemptions, float64(res.Preemptions))
+			lo.lostGPUHours, hi.lostGPUHours = min(lo.lostGPUHours, res.LostGPUHours), max(hi.lostGPUHours, res.LostGPUHours)
 		}
-		simulated[model] = f
+		simulated[model], lows[model], highs[model] = f, lo, hi
 	}
 
 	rows := []struct {
 		name string
 		get  func(simFigures) float64
 		unit string
+		// ranged: shown with the shuffles' range, and checked against it
+		ranged bool
 	}{
-		{"allocation while work arrives", func(f simFigures) float64 { return 100 * f.allocation }, "%"},
-		{"preemptions", func(f simFigures) float64 { return f.preemptions }, ""},
-		{"guaranteed victims", func(f simFigures) float64 { return f.guaranteedVictims }, ""},
-		{"GPU-seconds lost to preemption", func(f simFigures) float64 { return 3600 * f.lostGPUHours }, ""},
-		{"mean wait (s)", func(f simFigures) float64 { return f.meanWait }, ""},
+		{"allocation while work arrives", func(f simFigures) float64 { return 100 * f.allocation }, "%", false},
+		{"preemptions", func(f simFigures) float64 { return f.preemptions }, "", true},
+		{"guaranteed victims", func(f simFigures) float64 { return f.guaranteedVictims }, "", false},
+		{"GPU-seconds lost to preemption", func(f simFigures) float64 { return 3600 * f.lostGPUHours }, "", true},
+		{"mean wait (s)", func(f simFigures) float64 { return f.meanWait }, "", false},
 	}
 	var table strings.Builder
-	fmt.Fprintf(&table, "| nomad-gpu, %d jobs on 4 × 8 GPUs | real (Nomad v1.6.3) | simulated, Nomad model | error | simulated, ideal model | error |\n|---|---|---|---|---|---|\n", len(trace))
+	fmt.Fprintf(&table, "| nomad-gpu, %s, %d jobs on 4 × 8 GPUs | real (Nomad v1.6.3) | simulated, Nomad model | error | simulated, ideal model | error |\n|---|---|---|---|---|---|\n", label, len(trace))
 	defer func() {
-		fmt.Fprintf(&table, "\nSimulated: the mean of %d shuffles, with the real cluster's start latency (placement to task start) of %s.\n",
+		fmt.Fprintf(&table, "\nSimulated: the mean of %d shuffles (their range in brackets), with the real cluster's start latency (placement to task start) of %s.\n\n",
 			simSeeds, real.startLatency.Round(10*time.Millisecond))
-		t.Logf("sim-to-real:\n%s", table.String())
-		if out := os.Getenv("SIM_CHECK_OUT"); out != "" {
-			writeFile(t, out, table.String())
-		}
+		t.Logf("sim-to-real, %s:\n%s", label, table.String())
+		tables.WriteString(table.String())
 	}()
 	relErr := func(sim, real float64) float64 {
 		if real == 0 {
@@ -127,9 +187,9 @@ func TestSimToReal(t *testing.T) {
 	for _, r := range rows {
 		rv, nv, iv := r.get(real), r.get(simulated[sim.ModelNomad]), r.get(simulated[sim.ModelIdeal])
 		nr, ir := "", ""
-		if r.name == "preemptions" {
-			nr = fmt.Sprintf(" (%d–%d)", fewest[sim.ModelNomad], most[sim.ModelNomad])
-			ir = fmt.Sprintf(" (%d–%d)", fewest[sim.ModelIdeal], most[sim.ModelIdeal])
+		if r.ranged {
+			nr = fmt.Sprintf(" (%.0f–%.0f)", r.get(lows[sim.ModelNomad]), r.get(highs[sim.ModelNomad]))
+			ir = fmt.Sprintf(" (%.0f–%.0f)", r.get(lows[sim.ModelIdeal]), r.get(highs[sim.ModelIdeal]))
 		}
 		fmt.Fprintf(&table, "| %s | %.1f%s | %.1f%s%s | %+.0f %% | %.1f%s%s | %+.0f %% |\n", r.name, rv, r.unit, nv, r.unit, nr,
 			100*relErr(nv, rv), iv, r.unit, ir, 100*relErr(iv, rv))
@@ -138,12 +198,21 @@ func TestSimToReal(t *testing.T) {
 	if e := relErr(nomad.allocation, real.allocation); math.Abs(e) > simCheckTolerance {
 		t.Errorf("allocation: simulated %.1f %%, real %.1f %%: off by %.0f %%", 100*nomad.allocation, 100*real.allocation, 100*e)
 	}
-	// One replay of 160 jobs preempts a number that varies from run to run
-	// as much as from shuffle to shuffle (two real runs: 24 and 14): the real
-	// count must lie within the shuffles' range, widened by the tolerance.
-	if lo, hi := float64(fewest[sim.ModelNomad])*(1-simCheckTolerance), float64(most[sim.ModelNomad])*(1+simCheckTolerance); real.preemptions < lo || real.preemptions > hi {
-		t.Errorf("preemptions: real %g, simulated %d to %d over %d shuffles (allowed %.1f to %.1f)", real.preemptions,
-			fewest[sim.ModelNomad], most[sim.ModelNomad], simSeeds, lo, hi)
+	// Preemptions and the work they lose: within the tolerance of the
+	// shuffles' mean. One replay of 160 jobs varies from run to run as much
+	// as one shuffle from another (two real runs preempted 24 and 14
+	// times), so a real figure within the shuffles' range widened by the
+	// tolerance passes too.
+	for _, r := range rows {
+		if !r.ranged {
+			continue
+		}
+		rv, mean := r.get(real), r.get(nomad)
+		lo, hi := r.get(lows[sim.ModelNomad])*(1-simCheckTolerance), r.get(highs[sim.ModelNomad])*(1+simCheckTolerance)
+		if e := relErr(mean, rv); math.Abs(e) > simCheckTolerance && (rv < lo || rv > hi) {
+			t.Errorf("%s: real %.1f, simulated %.1f (off by %.0f %%), %.1f to %.1f over %d shuffles (allowed %.1f to %.1f)", r.name, rv, mean,
+				100*e, r.get(lows[sim.ModelNomad]), r.get(highs[sim.ModelNomad]), simSeeds, lo, hi)
+		}
 	}
 }
 

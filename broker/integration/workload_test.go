@@ -62,7 +62,7 @@ tenant "vision" {
 	waitAllocsRunning(t, n, "vision", "filler", 2)
 	gang := job("vision", "gang", api.JobTypeBatch).group("workers", ptr(2), nil, task(dev("nvidia/gpu", 6)))
 	w := register(gang)
-	if !strings.Contains(w, "queued as") || !strings.Contains(w, `workload "training" is a gang`) || !strings.Contains(w, "free per node: [5 5]") {
+	if !strings.Contains(w, "queued as") || !strings.Contains(w, `workload "training" is a gang`) || !strings.Contains(w, "the most free GPUs on one node: 5 ") {
 		t.Fatalf("gang of 2 × 6 on 5 + 5 free GPUs:\n%s", w)
 	}
 	if _, _, err := n.API.Jobs().Info("gang", &api.QueryOptions{Namespace: "vision"}); err == nil {
