@@ -426,29 +426,8 @@ func TestSubBandsMakeTheNewestBorrowerTheVictim(t *testing.T) {
 	}
 }
 
-// placement is for two nodes of 4 GPUs: tenant a is guaranteed 1.
-const placementTenants = `
-queue "training" { priority = 60 }
-tenant "a" {
-  namespaces = ["a"]
-  queues     = ["training"]
-  guaranteed = 1
-  limit      = 8
-}
-tenant "b" {
-  namespaces = ["b"]
-  queues     = ["training"]
-  guaranteed = 4
-  limit      = 8
-}
-borrowing {
-  enabled = true
-  backoff = "0"
-}
-preemption {
-  batch = true
-}
-`
+// placementTenants is twoTenants with tenant a guaranteed 1 GPU.
+var placementTenants = strings.Replace(twoTenants, "queues     = [\"training\", \"dev\"]\n  guaranteed = 4", "queues     = [\"training\", \"dev\"]\n  guaranteed = 1", 1)
 
 // Two borrowed jobs of 3 GPUs leave 1 free on each node: a third of 2
 // waits in the broker's queue (not in Nomad, where it would count against
