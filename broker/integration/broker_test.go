@@ -15,6 +15,7 @@ import (
 	"github.com/hashicorp/nomad/api"
 
 	"github.com/nomad-gpu/nomad-gpu/broker/nomadapi"
+	"github.com/nomad-gpu/nomad-gpu/broker/policy"
 	"github.com/nomad-gpu/nomad-gpu/broker/reclaim"
 	"github.com/nomad-gpu/nomad-gpu/broker/server"
 	"github.com/nomad-gpu/nomad-gpu/device-plugin/fake"
@@ -413,11 +414,10 @@ func TestBroker(t *testing.T) {
 				t.Errorf("tenant %s is charged %g GPUs (limit %g); vision holds 4", u.Tenant, u.Used, u.Limit)
 			}
 		}
-		// Preempted while borrowed: it does not borrow again for 30 minutes
-		// (the policy's default backoff), and says so.
-		// The preemption came less than a minute ago: its backoff ends this
-		// minute, or the one before, in 30.
-		until := time.Now().UTC().Add(30 * time.Minute)
+		// Preempted while borrowed: it does not borrow again for the
+		// policy's default backoff, and says so. The preemption came less
+		// than a minute ago: its backoff ends this minute, or the one before.
+		until := time.Now().UTC().Add(policy.DefaultBorrowBackoff)
 		backoff := func(text string) bool {
 			for _, at := range []time.Time{until, until.Add(-time.Minute)} {
 				if strings.Contains(text, "borrowing again after "+at.Format("15:04")+" (preempted 1 time)") {

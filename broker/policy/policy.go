@@ -293,8 +293,11 @@ const (
 
 // Default re-borrow backoff.
 const (
-	DefaultBorrowBackoff    = 30 * time.Minute
-	DefaultBorrowMaxBackoff = 24 * time.Hour
+	// 4h / 168h, not the 30m / 24h first specified: with the broker placing
+	// borrowed work they meet one goal more at 100,000 jobs (at most 5
+	// evictions of one job) and halve the GPU-weighted mean wait (docs/simulator.md).
+	DefaultBorrowBackoff    = 4 * time.Hour
+	DefaultBorrowMaxBackoff = 168 * time.Hour
 	DefaultSubBandStep      = 15 * time.Minute
 )
 

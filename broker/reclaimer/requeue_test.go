@@ -9,6 +9,7 @@ import (
 
 	"github.com/hashicorp/nomad/api"
 
+	"github.com/nomad-gpu/nomad-gpu/broker/policy"
 	"github.com/nomad-gpu/nomad-gpu/broker/queue/queuetest"
 	"github.com/nomad-gpu/nomad-gpu/broker/reclaim"
 	"github.com/nomad-gpu/nomad-gpu/broker/reclaimer"
@@ -56,7 +57,7 @@ tenant "vision" {
 	}
 	if e.Tenant != "vision" || e.Queue != "dev" || e.Demand != 4 || !e.SubmittedAt.Equal(submitted) || e.Stopping != 41 || !e.StoppingSince.Equal(t0) ||
 		!strings.Contains(e.Reason, "requeued by rule preempted-borrowed: preempted by Nomad") ||
-		!strings.HasSuffix(e.Reason, "; borrowing again after "+t0.Add(30*time.Minute).UTC().Format("15:04")+" (preempted 1 time)") {
+		!strings.HasSuffix(e.Reason, "; borrowing again after "+t0.Add(policy.DefaultBorrowBackoff).UTC().Format("15:04")+" (preempted 1 time)") {
 		t.Errorf("entry %+v", e)
 	}
 	var body struct{ Job api.Job }
