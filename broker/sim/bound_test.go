@@ -5,6 +5,7 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/nomad-gpu/nomad-gpu/broker/policyhcl"
 )
@@ -32,7 +33,7 @@ func TestBoundedPassesDecideAsWholeQueues(t *testing.T) {
 			var got [2]Result
 			for i, whole := range []bool{false, true} {
 				r := newRun(jobs, Options{Policy: p, Nodes: nodes, Mode: mode, PassInterval: DefaultPassInterval,
-					ReclaimPeriod: DefaultReclaimPeriod, Samples: DefaultSamples})
+					ReclaimPeriod: 5 * time.Minute, Samples: DefaultSamples})
 				r.wholeQueue = whole
 				if err := r.loop(); err != nil {
 					t.Fatal(err)

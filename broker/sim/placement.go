@@ -136,6 +136,9 @@ func (r *run) preempt(j *simJob) {
 // requeueEvicted puts back in the broker's queue the borrowed jobs Nomad
 // evicted since the last reclaim pass.
 func (r *run) requeueEvicted() {
+	if len(r.evicted) == 0 {
+		return
+	}
 	for _, j := range r.evicted {
 		r.wait(j, -1)
 		r.deregister(j)

@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"cmp"
 	"container/heap"
 	"fmt"
 	"math"
@@ -46,7 +47,10 @@ type Options struct {
 	// PassInterval: the queue passes that releases set off within it are
 	// made once, at its end (the leader's passes coalesce the same way).
 	PassInterval time.Duration
-	// ReclaimPeriod is how often reclaim rules are applied.
+	// ReclaimPeriod is how often the leader's reclaim passes run: reclaim
+	// rules, sub-band moves, promotions, re-pins, and the requeue of a
+	// borrowed job Nomad preempted (0: the policy's reclaim_settings
+	// period, as the broker runs them).
 	ReclaimPeriod time.Duration
 	// Samples is the number of points of the chart's time series.
 	Samples int
@@ -70,9 +74,8 @@ type Options struct {
 
 // Defaults of Options.
 const (
-	DefaultPassInterval  = 10 * time.Second
-	DefaultReclaimPeriod = 5 * time.Minute
-	DefaultSamples       = 400
+	DefaultPassInterval = 10 * time.Second
+	DefaultSamples      = 400
 )
 
 // epoch is simulated time zero, for the code that reads wall-clock times.
@@ -210,7 +213,7 @@ func Run(jobs []Job, o Options) (*Result, error) {
 		o.PassInterval = DefaultPassInterval
 	}
 	if o.ReclaimPeriod <= 0 {
-		o.ReclaimPeriod = DefaultReclaimPeriod
+		o.ReclaimPeriod = cmp.Or(o.Policy.ReclaimSettings.Period, policy.DefaultReclaimPeriod)
 	}
 	if o.Samples <= 0 {
 		o.Samples = DefaultSamples

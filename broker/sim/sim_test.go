@@ -150,9 +150,9 @@ reclaim "idle-dev" {
 	if gpu.Reclaims != 1 {
 		t.Fatalf("reclaims %d, want 1", gpu.Reclaims)
 	}
-	// Idle from the first reclaim pass (at 5 min) for 30 min: decided at
-	// 35 min, stopped 5 min later, at 40 min.
-	near(t, "reclaimed GPU-hours", gpu.ReclaimedGPUHours, 4-40.0/60)
+	// Idle from the first reclaim pass (at 30 s, the policy's period) for
+	// 30 min: decided at 30.5 min, stopped 5 min later, at 35.5 min.
+	near(t, "reclaimed GPU-hours", gpu.ReclaimedGPUHours, 4-35.5/60)
 	near(t, "busy share", gpu.Busy, 1.0/8)
 	// The session stopped at 40 min is not a completion: only busy's 4 h.
 	near(t, "JCT of completed jobs", gpu.JCT.Mean, 4*3600)

@@ -16,7 +16,7 @@ import (
 
 const simulateUsage = `usage: gpu-broker simulate -policy DIR [-trace FILE | -workload philly|helios -jobs N -load X -seed N]
                           [-nodes COUNTxGPUS:MODEL,...] [-modes nomad-alone,strict-quotas,nomad-gpu]
-                          [-svg FILE] [-write-trace FILE] [-json] [-pass-interval 10s] [-reclaim-period 5m]
+                          [-svg FILE] [-write-trace FILE] [-json] [-pass-interval 10s] [-reclaim-period 30s]
                           [-nomad-model nomad|ideal] [-start-latency 0s] [-proportional-asks]
        gpu-broker simulate -compare POLICY_A POLICY_B [options as above]
 
@@ -52,7 +52,7 @@ func simulate(args []string, stdout io.Writer) int {
 		writeTrace    = fs.String("write-trace", "", "write the workload replayed as a trace to FILE")
 		asJSON        = fs.Bool("json", false, "print the results as JSON")
 		passInterval  = fs.Duration("pass-interval", sim.DefaultPassInterval, "queue passes set off within this are made once")
-		reclaimPeriod = fs.Duration("reclaim-period", sim.DefaultReclaimPeriod, "how often reclaim rules are applied")
+		reclaimPeriod = fs.Duration("reclaim-period", 0, "how often the leader's reclaim passes run (default: the policy's reclaim_settings period)")
 		startLatency  = fs.Duration("start-latency", 0, "how long an allocation holds its GPUs before its task starts")
 		nomadModel    = fs.String("nomad-model", sim.ModelNomad, "how the simulated Nomad places and preempts: nomad (v1.6.3's scheduler) or ideal")
 		proportional  = fs.Bool("proportional-asks", false, "each job asks CPU and memory in proportion to its GPUs (Nomad's bin-packing then packs GPUs)")
