@@ -479,7 +479,11 @@ func (r *run) subBand() {
 	if !r.p.Borrowing.SubBands {
 		return
 	}
+	top := r.p.Borrowing.Priority + r.p.SubBandRoom() // a job there stays there
 	for j := range r.borrowedRunning {
+		if j.prio == top {
+			continue
+		}
 		prio := r.p.SubBand(j.demand.Total(), time.Duration((r.now-j.startedAt)*float64(time.Second)))
 		if prio == j.prio {
 			continue

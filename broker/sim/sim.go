@@ -167,7 +167,13 @@ type run struct {
 	putBack  []queue.Entry
 	dirty    bool // GPUs were released since the last queue pass
 	passAt   float64
-	watched  map[*simJob]struct{}
+	// watched are the running jobs a reclaim rule may decide on: their
+	// allocations and GPUs as the reclaim engine reads them, kept as jobs
+	// start and stop (a pass every 30 s must not rebuild them), and each
+	// one's index in allocs.
+	watched  map[*simJob]int
+	wAllocs  []reclaim.Alloc
+	wGPUs    map[string]reclaim.GPU
 	engine   *reclaim.Engine
 	rules    []*policy.ReclaimRule
 	decayed  usage.Decayed
@@ -243,7 +249,7 @@ func newRun(jobs []Job, o Options) *run {
 		p = p.StrictQuotas()
 	}
 	r := &run{o: o, p: p, c: newCluster(o.Nodes), byName: map[string]int{}, nomadQ: newPending(),
-		watched: map[*simJob]struct{}{}, engine: reclaim.New(), tu: map[string]admission.TenantUsage{},
+		watched: map[*simJob]int{}, wGPUs: map[string]reclaim.GPU{}, engine: reclaim.New(), tu: map[string]admission.TenantUsage{},
 		held: policy.Quota{}, capacity: policy.Quota{}, maxAlloc: policy.Quota{}, heldByPrio: map[int]int{}, borrowedRunning: map[*simJob]struct{}{},
 		waitingSizes: map[int]int{}}
 	r.enricher = decide.Enricher{Preemptions: r.preemptionsOf, Clock: clock.Func(func() time.Time { return r.time(r.now) })}
@@ -404,7 +410,7 @@ func (r *run) stop(j *simJob) (lost float64) {
 			r.busy -= j.gpus()
 			r.tenants[j.tenant].busyGPUs -= j.gpus()
 		}
-		delete(r.watched, j)
+		r.unwatch(j)
 		delete(r.borrowedRunning, j)
 	} else {
 		r.wait(j, -1)
@@ -482,34 +488,51 @@ func (r *run) watch(j *simJob) {
 	j.watched.StartedAt, j.watched.Borrowed = r.time(r.now), j.borrowed
 	for _, rule := range r.rules {
 		if reclaim.Selects(rule, *j.watched) {
-			r.watched[j] = struct{}{}
+			if i, ok := r.watched[j]; ok {
+				r.wAllocs[i] = *j.watched
+				return
+			}
+			r.watched[j] = len(r.wAllocs)
+			r.wAllocs = append(r.wAllocs, *j.watched)
+			util := 100.0
+			if j.Idle {
+				util = 0
+			}
+			for _, id := range j.watched.GPUs {
+				r.wGPUs[id] = reclaim.GPU{Utilization: util, Healthy: true}
+			}
 			return
 		}
 	}
 }
 
+// unwatch stops following j (it stopped running).
+func (r *run) unwatch(j *simJob) {
+	i, ok := r.watched[j]
+	if !ok {
+		return
+	}
+	delete(r.watched, j)
+	for _, id := range j.watched.GPUs {
+		delete(r.wGPUs, id)
+	}
+	last := len(r.wAllocs) - 1
+	if i != last {
+		r.wAllocs[i] = r.wAllocs[last]
+		r.watched[&r.jobs[atoi(r.wAllocs[i].ID[1:])]] = i
+	}
+	r.wAllocs[last] = reclaim.Alloc{}
+	r.wAllocs = r.wAllocs[:last]
+}
+
 // reclaimPass applies the idle and lifetime rules to the watched jobs; a
 // decision in enforce mode stops its job once its grace has passed.
 func (r *run) reclaimPass() {
-	allocs := make([]reclaim.Alloc, 0, len(r.watched))
-	gpus := map[string]reclaim.GPU{}
-	byID := make(map[string]*simJob, len(r.watched))
-	for j := range r.watched {
-		allocs = append(allocs, *j.watched)
-		byID[j.watched.ID] = j
-		util := 100.0
-		if j.Idle {
-			util = 0
-		}
-		for _, id := range j.watched.GPUs {
-			gpus[id] = reclaim.GPU{Utilization: util, Healthy: true}
-		}
-	}
-	for _, d := range r.engine.Pass(r.time(r.now), r.rules, allocs, gpus) {
+	for _, d := range r.engine.Pass(r.time(r.now), r.rules, r.wAllocs, r.wGPUs) {
 		if d.Mode != policy.ModeEnforce || d.Action == policy.ActionNotify {
 			continue
 		}
-		j := byID[d.Allocs[0]]
+		j := &r.jobs[atoi(d.Allocs[0][1:])] // "a<index>"
 		at := math.Max(r.now, d.ActAfter.Sub(epoch).Seconds())
 		heap.Push(&r.events, event{t: at, job: j, gen: j.gen, reclaimed: true})
 	}
