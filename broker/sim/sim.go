@@ -160,13 +160,13 @@ type run struct {
 	// A pass's runs of candidates, kept between passes; those it set aside;
 	// while it walks the lists, what it took out of them and what went back
 	// in (applied when it ends).
-	runs     []*passRun
-	aside    []*passRun
-	walking  bool
-	taken    []takenEntry
-	putBack  []queue.Entry
-	dirty    bool // GPUs were released since the last queue pass
-	passAt   float64
+	runs    []*passRun
+	aside   []*passRun
+	walking bool
+	taken   []takenEntry
+	putBack []queue.Entry
+	dirty   bool // GPUs were released since the last queue pass
+	passAt  float64
 	// watched are the running jobs a reclaim rule may decide on: their
 	// allocations and GPUs as the reclaim engine reads them, kept as jobs
 	// start and stop (a pass every 30 s must not rebuild them), and each
