@@ -1,9 +1,11 @@
 package integration
 
 import (
+	"cmp"
 	"fmt"
 	"maps"
 	"math"
+	"math/rand/v2"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -39,9 +41,10 @@ type simFigures struct {
 	startLatency time.Duration
 }
 
-// simSeeds is how many shuffles of Nomad's node order the simulated
-// figures are the mean of: one trace of 160 jobs preempts 12 to 20 times
-// from one to another.
+// simSeeds is how many runs the simulated figures are the mean of, each
+// with its own shuffles of Nomad's node order and its own delays of the
+// submissions (late): one trace of 160 jobs preempts 12 to 20 times from
+// one to another.
 const simSeeds = 10
 
 // TestSimToReal (make sim-check; make test skips it: it takes minutes)
@@ -105,6 +108,20 @@ func TestSimToReal(t *testing.T) {
 	}
 }
 
+// late is trace with each job submitted up to half a second late, drawn
+// from seed: the real replay's submissions are (its loop sleeps to each
+// job's time, then the broker decides), and a run where the broker places
+// every job has no shuffle of Nomad's to vary it otherwise.
+func late(trace []sim.Job, seed uint64) []sim.Job {
+	rng := rand.New(rand.NewPCG(seed, 0x1a7e))
+	out := slices.Clone(trace)
+	for i := range out {
+		out[i].Submit += rng.Float64() / 2
+	}
+	slices.SortStableFunc(out, func(a, b sim.Job) int { return cmp.Compare(a.Submit, b.Submit) })
+	return out
+}
+
 // setsPlacement reports whether a policy directory has a placement block.
 func setsPlacement(t *testing.T, dir string) bool {
 	entries, err := os.ReadDir(dir)
@@ -138,7 +155,7 @@ func simToReal(t *testing.T, trace []sim.Job, policyDir, label string, tables *s
 		var f simFigures
 		lo, hi := simFigures{preemptions: math.Inf(1), lostGPUHours: math.Inf(1)}, simFigures{}
 		for seed := range uint64(simSeeds) {
-			res, err := sim.Run(trace, sim.Options{Policy: p, Nodes: nodes, Mode: sim.NomadGPU, PassInterval: time.Second,
+			res, err := sim.Run(late(trace, seed), sim.Options{Policy: p, Nodes: nodes, Mode: sim.NomadGPU, PassInterval: time.Second,
 				ReclaimPeriod: time.Second, NomadModel: model, Seed: seed + 1, StartLatency: real.startLatency})
 			if err != nil {
 				t.Fatal(err)
@@ -170,7 +187,7 @@ func simToReal(t *testing.T, trace []sim.Job, policyDir, label string, tables *s
 	var table strings.Builder
 	fmt.Fprintf(&table, "| nomad-gpu, %s, %d jobs on 4 × 8 GPUs | real (Nomad v1.6.3) | simulated, Nomad model | error | simulated, ideal model | error |\n|---|---|---|---|---|---|\n", label, len(trace))
 	defer func() {
-		fmt.Fprintf(&table, "\nSimulated: the mean of %d shuffles (their range in brackets), with the real cluster's start latency (placement to task start) of %s.\n\n",
+		fmt.Fprintf(&table, "\nSimulated: the mean of %d runs, each with its own shuffles and submissions up to half a second late (their range in brackets), with the real cluster's start latency (placement to task start) of %s.\n\n",
 			simSeeds, real.startLatency.Round(10*time.Millisecond))
 		t.Logf("sim-to-real, %s:\n%s", label, table.String())
 		tables.WriteString(table.String())
