@@ -15,6 +15,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/nomad/api"
 
+	"github.com/nomad-gpu/nomad-gpu/broker/admission"
 	"github.com/nomad-gpu/nomad-gpu/broker/admitter"
 	"github.com/nomad-gpu/nomad-gpu/broker/cluster"
 	"github.com/nomad-gpu/nomad-gpu/broker/nomadjob"
@@ -857,5 +858,55 @@ func TestNoPassBeforeTheViewListed(t *testing.T) {
 	listed = true
 	if got, _ := a.Pass(context.Background()); got != 1 {
 		t.Errorf("once listed: admitted %d", got)
+	}
+}
+
+// A tenant below its guarantee whose oldest queued job, beyond the
+// guarantee, waited reserve_after gets a node held for it at the end of a
+// pass; once its borrowed work ends there, the next pass admits the job,
+// pinned to that node; then the node is free again.
+func TestALargeJobWaitingGetsANodeHeld(t *testing.T) {
+	a, q, n, view, now := setup(t, visionPolicy+"\nplacement {\n  reserve_after = \"1h\"\n}\n", 8)
+	view.ObserveNode(testbuild.Node("m", "H100", 8, 0))
+	// Both nodes run other borrowed work: 2 GPUs busy on each.
+	d := admission.Decision{Tenant: "search", Queue: "training", Outcome: admission.AdmitBorrowed, Priority: 20}
+	for i, node := range []string{"n", "m"} {
+		id := fmt.Sprintf("busy-%d", i)
+		view.ObserveJob(testbuild.Job("search", id).Priority(20).Meta(nomadjob.MetaBorrowed, "true").Meta(nomadjob.MetaTenant, d.Tenant).Group("g", 1, 2, "gpu").Build())
+		view.ObserveAlloc(testbuild.Alloc("a"+id, "search", id, node, 5, node+"-0", node+"-1").Build())
+	}
+	big := entry("big", 8, 2*time.Hour, now) // vision holds nothing: 8 > its guarantee of 4
+	big.Request = json.RawMessage(strings.Replace(string(big.Request), `"ID":"big",`, `"ID":"big","Type":"batch",`, 1))
+	q.Put(context.Background(), big)
+	if got, _ := a.Pass(context.Background()); got != 0 {
+		t.Fatalf("admitted %d: %v", got, n.registered)
+	}
+	held := view.HeldNodes()
+	if len(held) != 1 || held["m"] != "vision/big" && held["n"] != "vision/big" {
+		t.Fatalf("nodes held after the pass: %v, want one for vision/big", held)
+	}
+	var node string
+	for id := range held {
+		node = id
+	}
+	// Its borrowed work ends; other borrowed work that only that node could
+	// take is not admitted there.
+	other := map[string]string{"n": "0", "m": "1"}[node]
+	view.ObserveAlloc(testbuild.Alloc("abusy-"+other, "search", "busy-"+other, node, 9, node+"-0", node+"-1").
+		Status(api.AllocDesiredStatusStop, api.AllocClientStatusComplete, 9).Build())
+	view.ObserveJob(testbuild.Job("search", "busy-"+other).Priority(20).Group("g", 1, 2, "gpu").Stopped().ModifyIndex(9).Build())
+	if dec, _ := view.Admit(testbuild.Policy(t, visionPolicy), admission.Job{ID: "small", Namespace: "vision",
+		Groups: []admission.Group{{Name: "g", Count: 1, GPUsPerAlloc: 8}}}); dec.Outcome != admission.Queue {
+		t.Errorf("8 borrowed GPUs of another job onto the held node: %s placed %v, want queued", dec.Outcome, dec.Placed)
+	}
+	// The job it is held for is admitted there, pinned.
+	if got, _ := a.Pass(context.Background()); got != 1 {
+		t.Fatalf("after the node drained: admitted %d", got)
+	}
+	if body := n.bodies["big"]; !strings.Contains(body, `"RTarget":"`+node+`"`) || !strings.Contains(body, "set_contains_any") {
+		t.Errorf("big registered without its pin to %s:\n%s", node, body)
+	}
+	if held := view.HeldNodes(); len(held) != 0 {
+		t.Errorf("nodes still held with the queue empty: %v", held)
 	}
 }
