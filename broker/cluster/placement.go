@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"cmp"
+	"maps"
 	"path"
 	"slices"
 	"sort"
@@ -31,7 +32,7 @@ func (v *View) HoldNodes(held map[string]string) {
 func (v *View) HeldNodes() map[string]string {
 	v.mu.RLock()
 	defer v.mu.RUnlock()
-	return v.heldFor
+	return maps.Clone(v.heldFor)
 }
 
 // Rooms are the nodes' device groups as admission places work on them.
