@@ -412,12 +412,16 @@ func (a *Admitter) decide(ctx context.Context, r *registrations) error {
 // nodes held for the same job before staying held; every other node is
 // released.
 func (a *Admitter) reserve(p *policy.Policy, waiting map[string]admission.Waiting, used map[string]float64) {
+	before := a.Cluster.HeldNodes()
+	if len(before) == 0 && (p.Placement.ReserveAfter <= 0 || len(waiting) == 0) {
+		return // nothing held, nothing to hold: the nodes need not be read
+	}
 	oldest := make([]admission.Waiting, 0, len(waiting))
 	for _, t := range slices.Sorted(maps.Keys(waiting)) {
 		oldest = append(oldest, waiting[t])
 	}
-	held := admission.Reserve(p, oldest, used, a.Cluster.Rooms(), a.Cluster.HeldNodes(), a.Clock.Now())
-	if !maps.Equal(held, a.Cluster.HeldNodes()) {
+	held := admission.Reserve(p, oldest, used, a.Cluster.Rooms(), before, a.Clock.Now())
+	if !maps.Equal(held, before) {
 		a.Log.Info("nodes held for waiting jobs (placement reserve_after)", "held", held)
 	}
 	a.Cluster.HoldNodes(held)
