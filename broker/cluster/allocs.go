@@ -95,6 +95,7 @@ func (v *View) observeAlloc(a *api.Allocation, fromEvent bool) bool {
 	v.trackEnd(a, old, had, live, preempted)
 	if (!preempted && !live) || len(gpus) == 0 {
 		delete(v.allocs, a.ID)
+		v.rooms = nil
 		return changed
 	}
 	out := Alloc{ID: a.ID, Namespace: a.Namespace, JobID: a.JobID, Group: a.TaskGroup, NodeID: a.NodeID,
@@ -113,6 +114,7 @@ func (v *View) observeAlloc(a *api.Allocation, fromEvent bool) bool {
 		}
 	}
 	v.allocs[a.ID] = out
+	v.rooms = nil
 	return changed
 }
 

@@ -67,7 +67,7 @@ func (v *View) observeJob(j *api.Job) {
 	a, _ := nomadjob.Admission(j, v.nodesFitting)
 	v.remove(key)
 	if !live {
-		delete(v.placing, key) // nothing more of it will be placed
+		v.unplace(key) // nothing more of it will be placed
 	}
 	if how := nomadjob.UndeclaredGPUAccess(j); live && len(how) > 0 {
 		v.undeclared[key] = strings.Join(how, "; ")
@@ -261,7 +261,7 @@ func (v *View) forgetJob(namespace, id string) {
 	delete(v.canaries, key)
 	delete(v.stable, key)
 	delete(v.reverting, key)
-	delete(v.placing, key)
+	v.unplace(key)
 }
 
 // add records a job and adds its demand (with its deployment's canaries, and
@@ -276,6 +276,9 @@ func (v *View) add(key jobKey, j job) {
 		atLeast(j.demand, demandByModel(v.stable[key]))
 	}
 	v.jobs[key] = j
+	if len(v.heldBy[key]) > 0 {
+		v.rooms = nil // its allocations' priority or borrowing may have changed
+	}
 	v.account(key.namespace, j, 1)
 	v.reexcess(key)
 	v.settle(key)
@@ -286,6 +289,9 @@ func (v *View) remove(key jobKey) {
 	if old, ok := v.jobs[key]; ok {
 		v.account(key.namespace, old, -1)
 		delete(v.jobs, key)
+		if len(v.heldBy[key]) > 0 {
+			v.rooms = nil
+		}
 		v.reexcess(key)
 	}
 }

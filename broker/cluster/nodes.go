@@ -108,7 +108,7 @@ func (v *View) observeNode(n *api.Node, was node) {
 	if healthyGPUs(nd) > healthyGPUs(was) {
 		v.gpusCameBack.Add(1)
 	}
-	v.nodes[n.ID], v.nodesDirty = nd, true
+	v.nodes[n.ID], v.nodesDirty, v.rooms, v.order = nd, true, nil, nil
 }
 
 // healthyGPUs is what a node offers to new work: its healthy GPUs while it
@@ -139,7 +139,7 @@ func (v *View) ForgetNode(id string) {
 
 func (v *View) forgetNode(id string) {
 	delete(v.nodes, id)
-	v.nodesDirty = true
+	v.nodesDirty, v.rooms, v.order = true, nil, nil
 }
 
 // NodesFitting counts schedulable nodes with at least gpus healthy GPUs of

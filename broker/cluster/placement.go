@@ -5,7 +5,6 @@ import (
 	"maps"
 	"path"
 	"slices"
-	"sort"
 	"time"
 
 	"github.com/nomad-gpu/nomad-gpu/broker/admission"
@@ -24,7 +23,7 @@ type placing struct {
 // key): no other borrowed work is admitted onto them.
 func (v *View) HoldNodes(held map[string]string) {
 	v.mu.Lock()
-	v.heldFor = held
+	v.heldFor, v.rooms = held, nil
 	v.mu.Unlock()
 }
 
@@ -45,10 +44,29 @@ func (v *View) Rooms() []admission.NodeRoom {
 // nodeRooms are the device groups of the schedulable nodes where may use:
 // healthy GPUs, those free (held by no live allocation of another job than
 // except, nor by another job's placement not yet seen), and the borrowed
-// allocations on each. Expired placements are dropped. O(allocations).
-// Long: one walk over allocations, one over placements, one over nodes, each accumulating per node and group.
+// allocations on each. Expired placements are dropped. The slice may be
+// shared: read it, do not change it.
 func (v *View) nodeRooms(where admission.Where, except jobKey) []admission.NodeRoom {
 	now := v.clock.Now()
+	own := len(v.heldBy[except]) > 0 || v.placing[except].nodes != nil
+	if where.Datacenters == nil && where.Pool == "" && where.Nodes == nil && !own {
+		// Most decisions: a new job that may run anywhere. The rooms are
+		// kept until the view changes (a registration must not walk every
+		// allocation and node), or a placement counted in them expires.
+		if v.rooms == nil || !now.Before(v.roomsUntil) {
+			v.rooms, v.roomsUntil = v.buildRooms(where, jobKey{}, now)
+		}
+		return v.rooms
+	}
+	rooms, _ := v.buildRooms(where, except, now)
+	return rooms
+}
+
+// buildRooms is nodeRooms built afresh, with when the first placement it
+// counts expires.
+// Long: one walk over allocations, one over placements, one over nodes, each accumulating per node and group.
+func (v *View) buildRooms(where admission.Where, except jobKey, now time.Time) ([]admission.NodeRoom, time.Time) {
+	until := now.Add(ReservationHold)
 	type at struct{ node, group string }
 	held := map[at]int{}
 	var borrowed map[at][]admission.Held
@@ -86,6 +104,7 @@ func (v *View) nodeRooms(where admission.Where, except jobKey) []admission.NodeR
 			delete(v.placing, key)
 			continue
 		}
+		until = minTime(until, pl.until)
 		if key == except {
 			continue
 		}
@@ -93,34 +112,28 @@ func (v *View) nodeRooms(where admission.Where, except jobKey) []admission.NodeR
 			pending[id] += max(0, n-jobOn[key][id])
 		}
 	}
-	ids := make([]string, 0, len(v.nodes))
-	for id, n := range v.nodes {
-		if n.schedulable && len(n.gpus) > 0 && eligible(id, n, where) {
-			ids = append(ids, id)
-		}
+	if v.order == nil {
+		v.order = nodeOrder(v.nodes)
 	}
-	sort.Strings(ids)
-	out := []admission.NodeRoom{} // known, if empty: nothing fits
-	for _, id := range ids {
-		n := v.nodes[id]
-		groups := make([]string, 0, len(n.gpus))
-		for g := range n.gpus {
-			groups = append(groups, g)
+	out := make([]admission.NodeRoom, 0, len(v.order)) // known, if empty: nothing fits
+	for _, ng := range v.order {
+		n := v.nodes[ng.node]
+		if !eligible(ng.node, n, where) {
+			continue
 		}
-		slices.Sort(groups)
-		for _, g := range groups {
-			k := at{id, g}
-			r := admission.NodeRoom{ID: id, Group: g, GPUs: n.gpus[g], Free: max(0, n.gpus[g]-held[k]), Held: borrowed[k], ReservedFor: v.heldFor[id]}
-			for _, h := range r.Held {
-				r.Borrowed += h.GPUs
-			}
-			take := min(r.Free, pending[id]) // a placement takes from the node's first groups
+		k := at{ng.node, ng.group}
+		r := admission.NodeRoom{ID: ng.node, Group: ng.group, GPUs: n.gpus[ng.group], Free: max(0, n.gpus[ng.group]-held[k]), Held: borrowed[k],
+			ReservedFor: v.heldFor[ng.node]}
+		for _, h := range r.Held {
+			r.Borrowed += h.GPUs
+		}
+		if take := min(r.Free, pending[ng.node]); take > 0 { // a placement takes from the node's first groups
 			r.Free -= take
-			pending[id] -= take
-			out = append(out, r)
+			pending[ng.node] -= take
 		}
+		out = append(out, r)
 	}
-	return out
+	return out, until
 }
 
 // eligible reports whether a job bound by where may run on node id.
@@ -145,7 +158,7 @@ func eligible(id string, n node, where admission.Where) bool {
 // place records where admission placed the allocations of j (key).
 func (v *View) place(key jobKey, seq uint64, j admission.Job, placed admission.Placed) {
 	if len(placed) == 0 {
-		delete(v.placing, key)
+		v.unplace(key)
 		return
 	}
 	nodes := map[string]int{}
@@ -155,6 +168,15 @@ func (v *View) place(key jobKey, seq uint64, j admission.Job, placed admission.P
 		}
 	}
 	v.placing[key] = placing{seq: seq, nodes: nodes, until: v.clock.Now().Add(ReservationHold)}
+	v.rooms = nil
+}
+
+// unplace forgets where job key was placed.
+func (v *View) unplace(key jobKey) {
+	if _, ok := v.placing[key]; ok {
+		delete(v.placing, key)
+		v.rooms = nil
+	}
 }
 
 // Unplaced is a batch job the broker pinned whose pinned task group has no
@@ -201,5 +223,25 @@ func (v *View) Unplaced() []Unplaced {
 		}
 	}
 	slices.SortFunc(out, func(a, b Unplaced) int { return cmp.Or(cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.ID, b.ID)) })
+	return out
+}
+
+// nodeGroup is one device group of a node.
+type nodeGroup struct{ node, group string }
+
+// nodeOrder is the device groups of the schedulable nodes with healthy
+// GPUs, by node id then group: the order rooms are read in, kept until a
+// node changes.
+func nodeOrder(nodes map[string]node) []nodeGroup {
+	out := []nodeGroup{}
+	for id, n := range nodes {
+		if !n.schedulable {
+			continue
+		}
+		for g := range n.gpus {
+			out = append(out, nodeGroup{id, g})
+		}
+	}
+	slices.SortFunc(out, func(a, b nodeGroup) int { return cmp.Or(cmp.Compare(a.node, b.node), cmp.Compare(a.group, b.group)) })
 	return out
 }

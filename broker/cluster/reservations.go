@@ -136,7 +136,7 @@ func (r *Reservation) Release() {
 		delete(r.v.reserved, r.key)
 	}
 	if pl, ok := r.v.placing[r.key]; ok && pl.seq == r.seq {
-		delete(r.v.placing, r.key)
+		r.v.unplace(r.key)
 	}
 	r.v.mu.Unlock()
 	r.v.notify()

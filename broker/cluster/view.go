@@ -65,8 +65,13 @@ type View struct {
 	// for waiting jobs (node id → job key).
 	placing map[jobKey]placing
 	heldFor map[string]string
-	changed chan struct{}
-	synced  bool // a full listing has been applied
+	// rooms are the nodes as a new job that may run anywhere sees them
+	// (nodeRooms), until roomsUntil; nil: to build again.
+	rooms      []admission.NodeRoom
+	roomsUntil time.Time
+	order      []nodeGroup // see nodeOrder; nil: to sort again
+	changed    chan struct{}
+	synced     bool // a full listing has been applied
 
 	index        atomic.Uint64 // of the last event or listing applied
 	generation   atomic.Uint64 // changes counted by notify
