@@ -67,9 +67,8 @@ func (v *View) nodeRooms(where admission.Where, except jobKey) []admission.NodeR
 // Long: one walk over allocations, one over placements, one over nodes, each accumulating per node and group.
 func (v *View) buildRooms(where admission.Where, except jobKey, now time.Time) ([]admission.NodeRoom, time.Time) {
 	until := now.Add(ReservationHold)
-	type at struct{ node, group string }
-	held := map[at]int{}
-	var borrowed map[at][]admission.Held
+	held := map[nodeGroup]int{}
+	var borrowed map[nodeGroup][]admission.Held
 	jobOn := map[jobKey]map[string]int{} // GPUs of each placing job's allocations, by node
 	for _, a := range v.allocs {
 		key := jobKey{a.Namespace, a.JobID}
@@ -78,7 +77,7 @@ func (v *View) buildRooms(where admission.Where, except jobKey, now time.Time) (
 		}
 		n := v.nodes[a.NodeID]
 		for _, id := range a.GPUs {
-			held[at{a.NodeID, n.devices[id].Model}]++
+			held[nodeGroup{a.NodeID, n.devices[id].Model}]++
 		}
 		if _, ok := v.placing[key]; ok {
 			if jobOn[key] == nil {
@@ -88,13 +87,13 @@ func (v *View) buildRooms(where admission.Where, except jobKey, now time.Time) (
 		}
 		if j := v.jobs[key]; j.borrowed && len(a.GPUs) > 0 {
 			if borrowed == nil {
-				borrowed = map[at][]admission.Held{}
+				borrowed = map[nodeGroup][]admission.Held{}
 			}
 			since := a.StartedAt
 			if since.IsZero() {
 				since = now
 			}
-			k := at{a.NodeID, n.devices[a.GPUs[0]].Model}
+			k := nodeGroup{a.NodeID, n.devices[a.GPUs[0]].Model}
 			borrowed[k] = append(borrowed[k], admission.Held{GPUs: len(a.GPUs), Priority: j.priority, Since: since})
 		}
 	}
@@ -121,7 +120,7 @@ func (v *View) buildRooms(where admission.Where, except jobKey, now time.Time) (
 		if !eligible(ng.node, n, where) {
 			continue
 		}
-		k := at{ng.node, ng.group}
+		k := ng
 		r := admission.NodeRoom{ID: ng.node, Group: ng.group, GPUs: n.gpus[ng.group], Free: max(0, n.gpus[ng.group]-held[k]), Held: borrowed[k],
 			ReservedFor: v.heldFor[ng.node]}
 		for _, h := range r.Held {
