@@ -82,8 +82,12 @@ func (r *Repinner) repin(ctx context.Context, p *policy.Policy, u cluster.Unplac
 		return err
 	}
 	a, err := decide.Check(ctx, r.Stamper, r.Grants, r.Stops, job)
-	if err != nil || !a.OK || a.ByGrant {
-		return err // not the broker's admission as it stands (a grant's stamp binds the pin it was made with)
+	if err != nil || !a.OK || a.Grant.Parent != "" {
+		// Not the broker's admission as it stands, or a dispatched child
+		// (it carries its parent's stamp). A job scaled or moved to a
+		// sub-band was admitted as it stands: its new stamp is made for
+		// its counts and priority now.
+		return err
 	}
 	req, err := nomadjob.ReadRequest(nomadjob.Register, fmt.Appendf(nil, `{"Job":%s}`, doc.Bytes()), url.Values{"namespace": {u.Namespace}})
 	if err != nil {
