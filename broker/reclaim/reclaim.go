@@ -111,8 +111,9 @@ func (e *Engine) Pass(now time.Time, rules []*policy.ReclaimRule, allocs []Alloc
 	}
 	var out []Decision
 	live := map[[2]string]bool{}
+	jobs := sortedJobs(byJob) // once a pass, not once a rule
 	for _, r := range rules {
-		for _, job := range sortedJobs(byJob) {
+		for _, job := range jobs {
 			var hit []Alloc
 			var evidence []string
 			for _, a := range byJob[job] {
