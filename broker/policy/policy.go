@@ -329,6 +329,19 @@ func (p *Policy) SubBand(gpus float64, running time.Duration) int {
 	return p.Borrowing.Priority + k
 }
 
+// NextSubBand is how much longer borrowed work of gpus GPUs that has run for
+// running runs before SubBand moves it up (0: it is at the top sub-band, or
+// there are none).
+func (p *Policy) NextSubBand(gpus float64, running time.Duration) time.Duration {
+	room, step := p.SubBandRoom(), p.Borrowing.SubBandStep.Seconds()
+	k := p.SubBand(gpus, running) - p.Borrowing.Priority
+	if k >= room || step <= 0 || gpus <= 0 {
+		return 0
+	}
+	at := time.Duration(step * math.Pow(2, float64(k)) / gpus * float64(time.Second)) // the stake of sub-band k+1
+	return max(at-running, time.Nanosecond)
+}
+
 // ForgetAfter is how long after its last preemption a job preempted
 // preemptions times is left alone before its count is forgotten: its backoff,
 // then max_backoff more.

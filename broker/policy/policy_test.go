@@ -106,8 +106,25 @@ func TestSubBandsDoubleTheWorkAtStakeEachStepUp(t *testing.T) {
 			t.Errorf("%g GPUs for %s: sub-band %d, want %d", c.gpus, c.running, got, c.want)
 		}
 	}
+	// When the next move up comes: 1 GPU for 10 minutes reaches 15
+	// GPU-minutes 5 minutes later; 4 GPUs at 21 (15 GPU-minutes) reach
+	// 30 GPU-minutes at 7.5 minutes; the top sub-band never moves.
+	for _, c := range []struct {
+		gpus          float64
+		running, want time.Duration
+	}{{1, 10 * time.Minute, 5 * time.Minute}, {4, 225 * time.Second, 225 * time.Second}, {8, 100 * time.Hour, 0}} {
+		if got := p.NextSubBand(c.gpus, c.running); got != c.want {
+			t.Errorf("%g GPUs for %s: next sub-band in %s, want %s", c.gpus, c.running, got, c.want)
+		}
+		if next := p.NextSubBand(c.gpus, c.running); next > 0 && p.SubBand(c.gpus, c.running+next) != p.SubBand(c.gpus, c.running)+1 {
+			t.Errorf("%g GPUs for %s: no move up %s later", c.gpus, c.running, next)
+		}
+	}
 	p.Borrowing.SubBands = false
 	if got := p.SubBand(8, 100*time.Hour); got != 20 {
 		t.Errorf("sub-bands off: %d, want the borrowing priority 20", got)
+	}
+	if got := p.NextSubBand(8, time.Hour); got != 0 {
+		t.Errorf("sub-bands off: next in %s, want never", got)
 	}
 }

@@ -479,17 +479,19 @@ func (r *run) subBand() {
 	if !r.p.Borrowing.SubBands {
 		return
 	}
-	top := r.p.Borrowing.Priority + r.p.SubBandRoom() // a job there stays there
 	for j := range r.borrowedRunning {
-		if j.prio == top {
+		if r.now < j.nextBand {
 			continue
 		}
-		prio := r.p.SubBand(j.demand.Total(), time.Duration((r.now-j.startedAt)*float64(time.Second)))
-		if prio == j.prio {
-			continue
+		gpus, running := j.demand.Total(), time.Duration((r.now-j.startedAt)*float64(time.Second))
+		if prio := r.p.SubBand(gpus, running); prio != j.prio {
+			r.reprioritise(j, prio)
+			r.res.SubBandMoves++
 		}
-		r.reprioritise(j, prio)
-		r.res.SubBandMoves++
+		j.nextBand = math.Inf(1) // at the top: it stays there
+		if next := r.p.NextSubBand(gpus, running); next > 0 {
+			j.nextBand = r.now + next.Seconds()
+		}
 	}
 }
 

@@ -107,6 +107,7 @@ func (r *run) start(j *simJob, node int) {
 	r.watch(j)
 	if j.borrowed {
 		r.borrowedRunning[j] = struct{}{}
+		j.nextBand = 0
 	}
 }
 

@@ -119,6 +119,9 @@ type simJob struct {
 	// pin are the nodes the broker chose for its allocations, in order
 	// (nil: Nomad chooses).
 	pin []int
+	// nextBand is when its sub-band next changes while it runs borrowed
+	// (0: to work out at the next pass).
+	nextBand float64
 }
 
 // tenant is a tenant's running totals; the integrals are brought up to date
