@@ -135,6 +135,11 @@ type Admitter struct {
 	// it has, every GPU looks free, and no pass is made (nil: taken as
 	// listed, for a view built by hand).
 	Synced func() bool
+	// Holds shares the nodes held for waiting jobs with the other brokers'
+	// gates (nil: this broker's view only).
+	Holds interface {
+		Put(ctx context.Context, held map[string]string) error
+	}
 	// IdlePass is the longest Run goes without a pass while nothing it can
 	// see changed (budgets reset with time alone); 0: DefaultIdlePass.
 	IdlePass time.Duration
@@ -374,7 +379,7 @@ func (a *Admitter) decide(ctx context.Context, r *registrations) error {
 	}
 	p := a.Policies.Current()
 	if len(entries) == 0 {
-		a.reserve(p, nil, nil)
+		a.reserve(ctx, p, nil, nil)
 		return nil
 	}
 	used := a.Cluster.UsageWithout(p, "", "").UsedBy()
@@ -403,7 +408,7 @@ func (a *Admitter) decide(ctx context.Context, r *registrations) error {
 			return err
 		}
 	}
-	a.reserve(p, r.waiting, used) // a pass cut short leaves the holds as they were
+	a.reserve(ctx, p, r.waiting, used) // a pass cut short leaves the holds as they were
 	return nil
 }
 
@@ -411,7 +416,7 @@ func (a *Admitter) decide(ctx context.Context, r *registrations) error {
 // guarantee that waited placement.reserve_after (admission.Reserve), the
 // nodes held for the same job before staying held; every other node is
 // released.
-func (a *Admitter) reserve(p *policy.Policy, waiting map[string]admission.Waiting, used map[string]float64) {
+func (a *Admitter) reserve(ctx context.Context, p *policy.Policy, waiting map[string]admission.Waiting, used map[string]float64) {
 	before := a.Cluster.HeldNodes()
 	if len(before) == 0 && (p.Placement.ReserveAfter <= 0 || len(waiting) == 0) {
 		return // nothing held, nothing to hold: the nodes need not be read
@@ -425,6 +430,11 @@ func (a *Admitter) reserve(p *policy.Policy, waiting map[string]admission.Waitin
 		a.Log.Info("nodes held for waiting jobs (placement reserve_after)", "held", held)
 	}
 	a.Cluster.HoldNodes(held)
+	if a.Holds != nil {
+		if err := a.Holds.Put(ctx, held); err != nil {
+			a.Log.Warn("the other brokers do not see the nodes held for waiting jobs", "error", err)
+		}
+	}
 }
 
 // errPassOver ends a pass early: a registration failed meanwhile.

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"reflect"
 	"strings"
 	"sync"
@@ -875,6 +876,8 @@ func TestALargeJobWaitingGetsANodeHeld(t *testing.T) {
 		view.ObserveJob(testbuild.Job("search", id).Priority(20).Meta(nomadjob.MetaBorrowed, "true").Meta(nomadjob.MetaTenant, d.Tenant).Group("g", 1, 2, "gpu").Build())
 		view.ObserveAlloc(testbuild.Alloc("a"+id, "search", id, node, 5, node+"-0", node+"-1").Build())
 	}
+	shared := &sharedHolds{}
+	a.Holds = shared
 	big := entry("big", 8, 2*time.Hour, now) // vision holds nothing: 8 > its guarantee of 4
 	big.Request = json.RawMessage(strings.Replace(string(big.Request), `"ID":"big",`, `"ID":"big","Type":"batch",`, 1))
 	q.Put(context.Background(), big)
@@ -884,6 +887,9 @@ func TestALargeJobWaitingGetsANodeHeld(t *testing.T) {
 	held := view.HeldNodes()
 	if len(held) != 1 || held["m"] != "vision/big" && held["n"] != "vision/big" {
 		t.Fatalf("nodes held after the pass: %v, want one for vision/big", held)
+	}
+	if !maps.Equal(shared.last, held) {
+		t.Errorf("the other brokers were told %v, want %v", shared.last, held)
 	}
 	var node string
 	for id := range held {
@@ -906,7 +912,15 @@ func TestALargeJobWaitingGetsANodeHeld(t *testing.T) {
 	if body := n.bodies["big"]; !strings.Contains(body, `"RTarget":"`+node+`"`) || !strings.Contains(body, "set_contains_any") {
 		t.Errorf("big registered without its pin to %s:\n%s", node, body)
 	}
-	if held := view.HeldNodes(); len(held) != 0 {
-		t.Errorf("nodes still held with the queue empty: %v", held)
+	if held := view.HeldNodes(); len(held) != 0 || len(shared.last) != 0 {
+		t.Errorf("nodes still held with the queue empty: %v (told the others %v)", held, shared.last)
 	}
+}
+
+// sharedHolds is the store the leader tells the other brokers its holds by.
+type sharedHolds struct{ last map[string]string }
+
+func (s *sharedHolds) Put(_ context.Context, held map[string]string) error {
+	s.last = maps.Clone(held)
+	return nil
 }

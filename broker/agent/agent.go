@@ -82,6 +82,7 @@ type stores struct {
 	stops          *consulkv.Stops
 	approvals      *consulkv.Approvals
 	backoffs       *consulkv.Backoffs
+	holds          *consulkv.Holds
 	profiles       *gpuusage.Profiles
 	storedProfiles *consulkv.Profiles
 	rollups        *consulkv.Rollups
@@ -205,12 +206,13 @@ func (a *Agent) setupStores(ctx context.Context) error {
 	})
 	a.stores = stores{aside: aside, queue: consulkv.NewQueue(kv, prefix, aside), decisions: consulkv.NewDecisions(kv, prefix, aside),
 		scales: consulkv.NewScales(kv, prefix, aside), stops: consulkv.NewStops(kv, prefix, aside), approvals: consulkv.NewApprovals(kv, prefix, aside),
-		backoffs: consulkv.NewBackoffs(kv, prefix, aside), profiles: gpuusage.NewProfiles(),
+		backoffs: consulkv.NewBackoffs(kv, prefix, aside), holds: consulkv.NewHolds(kv, prefix), profiles: gpuusage.NewProfiles(),
 		storedProfiles: consulkv.NewProfiles(a.consul, prefix, aside), rollups: consulkv.NewRollups(a.consul, prefix, aside)}
 	go a.stores.approvals.Follow(ctx)
 	go a.stores.stops.Follow(ctx)
 	go a.stores.backoffs.Follow(ctx)
-	go a.stores.queue.Follow(ctx) // the queue's index: the leader skips passes while nothing changed
+	go a.stores.holds.Follow(ctx, a.view.HoldNodes) // the leader's holds, in every broker's gate
+	go a.stores.queue.Follow(ctx)                   // the queue's index: the leader skips passes while nothing changed
 	return nil
 }
 
@@ -253,7 +255,7 @@ func (a *Agent) setupServer(context.Context) error {
 	a.admitter = &admitter.Admitter{Log: a.log.Named("queue"), Queue: st.queue, Nomad: a.nomad, Cluster: a.view,
 		Policies: a.policies, Stamper: a.stamper, Clock: clock.Real, GPUsCameBack: a.view.GPUsCameBack, Blocked: a.nomad, Exclusive: a.exclusive,
 		Metrics: a.metrics, FairShare: st.rollups, Audit: a.trail, Approvals: st.approvals, Preemptions: st.backoffs.Preemptions, Stops: st.stops,
-		Placed: a.nomad.PlacedNothing, Parallel: 32, Synced: a.view.Synced}
+		Placed: a.nomad.PlacedNothing, Parallel: 32, Synced: a.view.Synced, Holds: st.holds}
 	var err error
 	a.server, err = server.New(server.Options{Leader: a.elector, Log: a.log.Named("proxy"), Nomad: cfg.Nomad.Address,
 		Client: a.nomad.HTTPClient(), Policies: a.policies, Cluster: a.view, Queue: st.queue, Decisions: st.decisions, Scales: st.scales, Stops: st.stops,

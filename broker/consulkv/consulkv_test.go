@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"sort"
 	"strings"
 	"sync"
@@ -602,6 +603,42 @@ func TestStores(t *testing.T) {
 		b, err := consulkv.StampKey(ctx, client.KV(), "key-test/")
 		if err != nil || !bytes.Equal(a, b) {
 			t.Errorf("a second broker's key differs: %x %x %v", a, b, err)
+		}
+	})
+
+	t.Run("holds: what the leader writes, every broker follows; none left, the key is gone", func(t *testing.T) {
+		t.Parallel()
+		leader, follower := consulkv.NewHolds(client.KV(), "holds-test/"), consulkv.NewHolds(client.KV(), "holds-test/")
+		seen := make(chan map[string]string, 16)
+		fctx, stop := context.WithCancel(ctx)
+		defer stop()
+		go follower.Follow(fctx, func(h map[string]string) { seen <- h })
+		wait := func(want map[string]string) {
+			t.Helper()
+			deadline := time.After(10 * time.Second)
+			for {
+				select {
+				case h := <-seen:
+					if maps.Equal(h, want) {
+						return
+					}
+				case <-deadline:
+					t.Fatalf("the follower never saw %v", want)
+				}
+			}
+		}
+		wait(map[string]string{})
+		held := map[string]string{"n1": "vision/big"}
+		if err := leader.Put(ctx, held); err != nil {
+			t.Fatal(err)
+		}
+		wait(held)
+		if err := leader.Put(ctx, nil); err != nil {
+			t.Fatal(err)
+		}
+		wait(map[string]string{})
+		if pair, _, err := client.KV().Get("holds-test/holds", nil); err != nil || pair != nil {
+			t.Errorf("no hold left, the key stays: %v %v", pair, err)
 		}
 	})
 }
