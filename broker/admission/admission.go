@@ -90,6 +90,8 @@ type Where struct {
 type Backoff struct {
 	Preemptions int       `json:"preemptions"`
 	Until       time.Time `json:"until"`
+	// NoMore: evicted max_preemptions times, it borrows no more.
+	NoMore bool `json:"no_more,omitempty"`
 }
 
 // Preemptions tells how often job namespace/id was evicted while borrowed,
@@ -112,10 +114,13 @@ func BackoffFor(b policy.Borrowing, count int, last, now time.Time) *Backoff {
 		return nil
 	}
 	until := last.Add(b.BackoffAfter(count))
+	if forget := last.Add(b.ForgetAfter(count)); forget.Before(until) {
+		until = forget // borrowing no more, until its count is forgotten (pruned or not yet)
+	}
 	if !now.Before(until) {
 		return nil
 	}
-	return &Backoff{Preemptions: count, Until: until.UTC()}
+	return &Backoff{Preemptions: count, Until: until.UTC(), NoMore: b.BorrowsNoMore(count)}
 }
 
 // Text is how a user reads it: "borrowing again after 14:20 (preempted 3 times)".
@@ -123,6 +128,9 @@ func (b Backoff) Text() string {
 	times := "times"
 	if b.Preemptions == 1 {
 		times = "time"
+	}
+	if b.NoMore {
+		return fmt.Sprintf("borrowing no more before %s (preempted %d %s: borrowing.max_preemptions)", b.Until.UTC().Format("Jan 2 15:04"), b.Preemptions, times)
 	}
 	return fmt.Sprintf("borrowing again after %s (preempted %d %s)", b.Until.UTC().Format("15:04"), b.Preemptions, times)
 }

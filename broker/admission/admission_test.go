@@ -413,3 +413,30 @@ func TestTheBackoffDoublesUpToItsMost(t *testing.T) {
 		}
 	}
 }
+
+// After max_preemptions evictions a job borrows no more: it runs only within
+// its guarantee, and the user reads why.
+func TestAJobEvictedMaxPreemptionsTimesBorrowsNoMore(t *testing.T) {
+	b := policy.Borrowing{Backoff: 4 * time.Hour, MaxBackoff: 168 * time.Hour, MaxPreemptions: 5}
+	if got := b.BackoffAfter(4); got != 32*time.Hour {
+		t.Errorf("after 4 preemptions: %s, want 32h", got)
+	}
+	if got := b.BackoffAfter(5); got != policy.NoMoreBorrowing {
+		t.Errorf("after 5 preemptions: %s, want no more borrowing", got)
+	}
+	if got := b.ForgetAfter(5); got != 336*time.Hour {
+		t.Errorf("forgotten after %s, want 336h", got)
+	}
+	last := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
+	bo := admission.BackoffFor(b, 5, last, last.Add(200*time.Hour))
+	if bo == nil || !bo.NoMore || bo.Text() != "borrowing no more before Dec 15 10:00 (preempted 5 times: borrowing.max_preemptions)" {
+		t.Errorf("after 5 preemptions: %+v %q", bo, bo.Text())
+	}
+	if bo := admission.BackoffFor(b, 5, last, last.Add(337*time.Hour)); bo != nil {
+		t.Errorf("once forgotten: %+v", bo)
+	}
+	b.MaxPreemptions = 0 // no cap
+	if bo := admission.BackoffFor(b, 5, last, last.Add(200*time.Hour)); bo != nil {
+		t.Errorf("without a cap, 200h after its 5th eviction: %+v", bo)
+	}
+}

@@ -263,6 +263,10 @@ type Borrowing struct {
 	// bands leave room (SubBandRoom).
 	SubBands    bool
 	SubBandStep time.Duration
+	// MaxPreemptions: a job evicted this many times while borrowed is not
+	// admitted borrowed again (within its guarantee it is, at any time),
+	// until its count is forgotten (ForgetAfter); 0: no cap.
+	MaxPreemptions int
 }
 
 // Placement says who chooses where admitted GPU work runs (a placement
@@ -299,6 +303,9 @@ const (
 	DefaultBorrowBackoff    = 4 * time.Hour
 	DefaultBorrowMaxBackoff = 168 * time.Hour
 	DefaultSubBandStep      = 15 * time.Minute
+	// DefaultMaxPreemptions is the goal's bound on the evictions of one
+	// job (docs/simulator.md).
+	DefaultMaxPreemptions = 5
 )
 
 // SubBandRoom is how many sub-bands lie above the borrowing priority: below
@@ -346,12 +353,28 @@ func (p *Policy) NextSubBand(gpus float64, running time.Duration) time.Duration 
 // preemptions times is left alone before its count is forgotten: its backoff,
 // then max_backoff more.
 func (b Borrowing) ForgetAfter(preemptions int) time.Duration {
+	if b.BorrowsNoMore(preemptions) {
+		return 2 * b.MaxBackoff // its record has an end too
+	}
 	return b.BackoffAfter(preemptions) + b.MaxBackoff
 }
+
+// BorrowsNoMore reports whether a job preempted preemptions times while
+// borrowed has reached max_preemptions.
+func (b Borrowing) BorrowsNoMore(preemptions int) bool {
+	return b.MaxPreemptions > 0 && preemptions >= b.MaxPreemptions
+}
+
+// NoMoreBorrowing is the backoff of a job that BorrowsNoMore: longer than
+// any run, until its count is forgotten.
+const NoMoreBorrowing = 100 * 365 * 24 * time.Hour
 
 // BackoffAfter is how long a job preempted preemptions times while borrowed
 // waits before it borrows again (0 for none).
 func (b Borrowing) BackoffAfter(preemptions int) time.Duration {
+	if b.BorrowsNoMore(preemptions) {
+		return NoMoreBorrowing
+	}
 	if preemptions < 1 || b.Backoff <= 0 {
 		return 0
 	}

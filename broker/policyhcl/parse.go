@@ -83,6 +83,8 @@ type borrowingBody struct {
 	PromoteBelow *float64 `hcl:"promote_below,optional"`
 	SubBands     *bool    `hcl:"sub_bands,optional"`
 	SubBandStep  *string  `hcl:"sub_band_step,optional"`
+	// MaxPreemptions caps a job's evictions while borrowed (0: no cap).
+	MaxPreemptions *int `hcl:"max_preemptions,optional"`
 }
 
 type placementBody struct {
@@ -125,7 +127,7 @@ func Parse(files map[string][]byte, capacity int) (*policy.Policy, hcl.Diagnosti
 	pol := &policy.Policy{Queues: map[string]*policy.Queue{}, Tenants: map[string]*policy.Tenant{}, Classes: map[string]*policy.GPUClass{}, Regions: map[string]*policy.Region{},
 		Reclaim: map[string]*policy.ReclaimRule{}, Workloads: map[string]*policy.Workload{}, ReclaimSettings: policy.ReclaimSettings{Period: policy.DefaultReclaimPeriod, Retention: policy.DefaultReclaimRetention},
 		Borrowing: policy.Borrowing{Priority: defaultBorrowingPriority, Backoff: policy.DefaultBorrowBackoff, MaxBackoff: policy.DefaultBorrowMaxBackoff,
-			SubBands: true, SubBandStep: policy.DefaultSubBandStep}, Preemption: policy.Preemption{Batch: true, Service: true},
+			SubBands: true, SubBandStep: policy.DefaultSubBandStep, MaxPreemptions: policy.DefaultMaxPreemptions}, Preemption: policy.Preemption{Batch: true, Service: true},
 		Placement: policy.Placement{Mode: policy.DefaultPlacementMode, ReserveAfter: policy.DefaultReserveAfter},
 		Usage:     policy.Usage{IdleBelow: policy.DefaultIdleBelow, Retention: policy.DefaultUsageRetention}, Currency: policy.DefaultCurrency, UndeclaredGPUAccess: policy.AccessRefuse,
 		OverLimit: policy.OverReclaim, OverLimitGrace: policy.DefaultOverLimitGrace, MakeRoom: policy.OverReclaim, MakeRoomGrace: policy.DefaultMakeRoomGrace,
@@ -340,6 +342,14 @@ func decodeSingleton(p *parser, b *hcl.Block) hcl.Diagnostics {
 					fmt.Sprintf("borrowing: sub_band_step = %q is not a duration above 0 (GPU time at stake of the lowest sub-band: \"15m\")", *v)))
 			} else {
 				p.Borrowing.SubBandStep = step
+			}
+		}
+		if v := bb.MaxPreemptions; v != nil {
+			if *v < 0 {
+				d = append(d, errorAt(attrRange(b, "max_preemptions"), "Invalid count",
+					fmt.Sprintf("borrowing: max_preemptions = %d: want 0 (no cap) or more evictions while borrowed, after which a job runs only within its guarantee", *v)))
+			} else {
+				p.Borrowing.MaxPreemptions = *v
 			}
 		}
 		if p.Borrowing.MaxBackoff < p.Borrowing.Backoff {

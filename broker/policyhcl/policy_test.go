@@ -328,3 +328,20 @@ func TestPlacement(t *testing.T) {
 		}
 	}
 }
+
+func TestMaxPreemptionsIsACountOfEvictions(t *testing.T) {
+	src := "queue \"a\" { priority = 60 }\nborrowing {\n  enabled = true\n%s}\n"
+	parse := func(attr string) (*policy.Policy, string) {
+		p, diags := policyhcl.Parse(map[string][]byte{"q.hcl": []byte(fmt.Sprintf(src, attr))}, 0)
+		return p, policyhcl.FormatDiagnostics(diags)
+	}
+	want := `q.hcl:4:3: error: Invalid count: borrowing: max_preemptions = -1: want 0 (no cap) or more evictions while borrowed`
+	if p, out := parse("  max_preemptions = -1\n"); p != nil || !strings.Contains(out, want) {
+		t.Fatalf("want %q, got\n%s", want, out)
+	}
+	for attr, want := range map[string]int{"": policy.DefaultMaxPreemptions, "  max_preemptions = 0\n": 0, "  max_preemptions = 3\n": 3} {
+		if p, out := parse(attr); p == nil || p.Borrowing.MaxPreemptions != want {
+			t.Errorf("%q: %v %s, want max_preemptions %d", attr, p, out, want)
+		}
+	}
+}

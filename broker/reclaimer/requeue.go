@@ -79,7 +79,8 @@ func (q *Requeue) Requeue(ctx context.Context, rec reclaim.Record) (string, erro
 			return "", err
 		}
 		if d := q.Policies.Current().Borrowing.BackoffAfter(n); d > 0 {
-			reason += "; " + admission.Backoff{Preemptions: n, Until: rec.ProposedAt.Add(d)}.Text()
+			b := q.Policies.Current().Borrowing
+			reason += "; " + admission.Backoff{Preemptions: n, Until: rec.ProposedAt.Add(d), NoMore: b.BorrowsNoMore(n)}.Text()
 		}
 	}
 	e := queue.Entry{ID: rec.ID, JobID: rec.Job, Namespace: rec.Namespace, Tenant: tenant, Queue: queueName, Demand: demand,

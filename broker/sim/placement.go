@@ -117,6 +117,12 @@ func (r *run) start(j *simJob, node int) {
 func (r *run) preempt(j *simJob) {
 	r.res.Preemptions++
 	j.preemptions, j.preemptedAt = j.preemptions+1, r.now
+	if n := r.remembered(j); j.borrowed && r.o.Mode != NomadAlone {
+		b := r.p.Borrowing
+		if d := min(b.BackoffAfter(n), b.ForgetAfter(n)); d > 0 {
+			heap.Push(&r.events, event{t: r.now + d.Seconds(), job: j, backoffEnds: true})
+		}
+	}
 	if !j.borrowed {
 		r.res.GuaranteedVictims++
 	}

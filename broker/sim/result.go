@@ -331,12 +331,14 @@ func jain(xs []float64) float64 {
 	return sum * sum / (float64(len(xs)) * sq)
 }
 
-// event is an allocation set that ends (finishes, or a reclaim rule stops it).
+// event is an allocation set that ends (finishes, or a reclaim rule stops
+// it), or a job's re-borrow backoff that ends (backoffEnds).
 type event struct {
-	t         float64
-	job       *simJob
-	gen       int
-	reclaimed bool
+	t           float64
+	job         *simJob
+	gen         int
+	reclaimed   bool
+	backoffEnds bool
 }
 
 type eventHeap []event

@@ -114,6 +114,7 @@ type simJob struct {
 	seq         uint64  // Nomad's registration order
 	preemptions int     // times Nomad evicted it
 	preemptedAt float64 // the last time
+	forgotten   int     // of those, how many the broker has forgotten (remembered)
 	cpu         float64 // CPU and memory each allocation asks, in GPUs' worth
 	watched     *reclaim.Alloc
 	// pin are the nodes the broker chose for its allocations, in order
@@ -334,6 +335,9 @@ func (r *run) loop() error {
 	period := r.o.ReclaimPeriod.Seconds()
 	for {
 		t, what := math.Inf(1), ""
+		for len(r.events) > 0 && r.events[0].backoffEnds && r.events[0].job.state > stEvicted {
+			heap.Pop(&r.events) // it no longer waits: no pass is due, nor time to pass
+		}
 		if len(r.events) > 0 {
 			t, what = r.events[0].t, "event"
 		}
@@ -358,7 +362,9 @@ func (r *run) loop() error {
 		switch what {
 		case "event":
 			e := heap.Pop(&r.events).(event)
-			if e.job.gen == e.gen && e.job.state == stRunning {
+			if e.backoffEnds {
+				r.release() // the broker's idle pass finds it may borrow again
+			} else if e.job.gen == e.gen && e.job.state == stRunning {
 				r.end(e.job, e.reclaimed)
 			}
 		case "submit":

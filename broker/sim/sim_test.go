@@ -504,3 +504,31 @@ func TestANodeIsHeldForALargeJobThatWaited(t *testing.T) {
 		}
 	}
 }
+
+// max_preemptions: a2, evicted once while borrowed (b1 at 10), borrows no
+// more while a1 runs, until its count is forgotten (twice max_backoff after
+// the eviction, what the leader's prune does).
+func TestAJobEvictedMaxPreemptionsTimesBorrowsNoMoreUntilForgotten(t *testing.T) {
+	jobs := []sim.Job{
+		{ID: "a1", Submit: 0, Namespace: "a", GPUs: 4, Duration: 1000},
+		{ID: "a2", Submit: 0, Namespace: "a", GPUs: 4, Duration: 100},
+		{ID: "b1", Submit: 10, Namespace: "b", GPUs: 4, Duration: 50},
+	}
+	for _, c := range []struct {
+		name, set string
+		min, max  float64 // the span: a2's end
+	}{
+		{"no cap", "max_preemptions = 0", 1000, 1000},                                             // a2 back at 60, done long before a1
+		{"cap 1", "max_preemptions = 1", 1100, 1140},                                              // a2 after a1, at the next pass
+		{"cap 1, forgotten after 10m", "max_preemptions = 1\n  max_backoff = \"5m\"", 1000, 1000}, // a2 back at 610
+	} {
+		src := strings.Replace(twoTenants, `backoff  = "0"`, "backoff  = \"0\"\n  "+c.set, 1)
+		res, err := sim.Run(jobs, sim.Options{Policy: testbuild.Policy(t, src), Nodes: oneNode, Mode: sim.NomadGPU, ReclaimPeriod: 20 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Span < c.min || res.Span > c.max || res.Preemptions != 1 {
+			t.Errorf("%s: span %g (want %g to %g), %d preemptions (want 1)", c.name, res.Span, c.min, c.max, res.Preemptions)
+		}
+	}
+}
