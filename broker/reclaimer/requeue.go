@@ -78,9 +78,8 @@ func (q *Requeue) Requeue(ctx context.Context, rec reclaim.Record) (string, erro
 		if err != nil {
 			return "", err
 		}
-		if d := q.Policies.Current().Borrowing.BackoffAfter(n); d > 0 {
-			b := q.Policies.Current().Borrowing
-			reason += "; " + admission.Backoff{Preemptions: n, Until: rec.ProposedAt.Add(d), NoMore: b.BorrowsNoMore(n)}.Text()
+		if b := admission.BackoffFor(q.Policies.Current().Borrowing, n, rec.ProposedAt, rec.ProposedAt); b != nil {
+			reason += "; " + b.Text()
 		}
 	}
 	e := queue.Entry{ID: rec.ID, JobID: rec.Job, Namespace: rec.Namespace, Tenant: tenant, Queue: queueName, Demand: demand,
