@@ -424,15 +424,15 @@ func TestAJobEvictedMaxPreemptionsTimesBorrowsNoMore(t *testing.T) {
 	if got := b.BackoffAfter(5); got != policy.NoMoreBorrowing {
 		t.Errorf("after 5 preemptions: %s, want no more borrowing", got)
 	}
-	if got := b.ForgetAfter(5); got != 336*time.Hour {
-		t.Errorf("forgotten after %s, want 336h", got)
+	if got := b.ForgetAfter(5); got != 672*time.Hour {
+		t.Errorf("forgotten after %s, want 672h", got)
 	}
 	last := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
 	bo := admission.BackoffFor(b, 5, last, last.Add(200*time.Hour))
-	if bo == nil || !bo.NoMore || bo.Text() != "borrowing no more before Dec 15 10:00 (preempted 5 times: borrowing.max_preemptions)" {
+	if bo == nil || !bo.NoMore || bo.Text() != "borrowing no more before Dec 29 10:00 (preempted 5 times: borrowing.max_preemptions)" {
 		t.Errorf("after 5 preemptions: %+v %q", bo, bo.Text())
 	}
-	if bo := admission.BackoffFor(b, 5, last, last.Add(337*time.Hour)); bo != nil {
+	if bo := admission.BackoffFor(b, 5, last, last.Add(673*time.Hour)); bo != nil {
 		t.Errorf("once forgotten: %+v", bo)
 	}
 	b.MaxPreemptions = 0 // no cap

@@ -354,7 +354,7 @@ func (p *Policy) NextSubBand(gpus float64, running time.Duration) time.Duration 
 // then max_backoff more.
 func (b Borrowing) ForgetAfter(preemptions int) time.Duration {
 	if b.BorrowsNoMore(preemptions) {
-		return 2 * b.MaxBackoff // its record has an end too
+		return NoMoreFor * b.MaxBackoff // its record has an end too
 	}
 	return b.BackoffAfter(preemptions) + b.MaxBackoff
 }
@@ -364,6 +364,12 @@ func (b Borrowing) ForgetAfter(preemptions int) time.Duration {
 func (b Borrowing) BorrowsNoMore(preemptions int) bool {
 	return b.MaxPreemptions > 0 && preemptions >= b.MaxPreemptions
 }
+
+// NoMoreFor: a job that BorrowsNoMore has its count forgotten this many
+// max_backoffs after its last eviction (four weeks by default): longer than
+// almost every wait, so that a capped job seldom borrows, and is evicted,
+// again.
+const NoMoreFor = 4
 
 // NoMoreBorrowing is the backoff of a job that BorrowsNoMore: longer than
 // any run, until its count is forgotten.

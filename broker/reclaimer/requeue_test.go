@@ -104,14 +104,16 @@ tenant "vision" {
 	train := testbuild.Job("vision", "train").Group("g", 2, 2, "gpu").Meta("nomad-gpu.queue", "dev").ModifyIndex(41).Build()
 	q := queuetest.NewMem()
 	r := &reclaimer.Requeue{Jobs: nomadJobs{"vision/train": train}, Actor: &actor{}, Queue: q, Policies: testbuild.Fixed{P: p},
-		Preempted: func(context.Context, string, string, string, time.Time) (int, error) { return policy.DefaultMaxPreemptions, nil }}
+		Preempted: func(context.Context, string, string, string, time.Time) (int, error) {
+			return policy.DefaultMaxPreemptions, nil
+		}}
 	rec := reclaim.Record{ID: "11111111-2222-4333-8444-555555555555", Rule: "preempted-borrowed", Namespace: "vision", Job: "train",
 		Evidence: "preempted by Nomad while borrowing", ProposedAt: t0}
 	if _, err := r.Requeue(context.Background(), rec); err != nil {
 		t.Fatal(err)
 	}
 	e, err := q.Get(context.Background(), rec.ID)
-	want := "; borrowing no more before " + t0.Add(2*policy.DefaultBorrowMaxBackoff).UTC().Format("Jan 2 15:04") + " (preempted 5 times: borrowing.max_preemptions)"
+	want := "; borrowing no more before " + t0.Add(policy.NoMoreFor*policy.DefaultBorrowMaxBackoff).UTC().Format("Jan 2 15:04") + " (preempted 5 times: borrowing.max_preemptions)"
 	if err != nil || !strings.HasSuffix(e.Reason, want) {
 		t.Errorf("reason %q (%v), want it to end %q", e.Reason, err, want)
 	}
