@@ -90,7 +90,8 @@ type Where struct {
 type Backoff struct {
 	Preemptions int       `json:"preemptions"`
 	Until       time.Time `json:"until"`
-	// NoMore: evicted max_preemptions times, it borrows no more.
+	// NoMore: evicted max_preemptions times, it borrows no more until its
+	// count is forgotten (Until is zero).
 	NoMore bool `json:"no_more,omitempty"`
 }
 
@@ -113,14 +114,14 @@ func BackoffFor(b policy.Borrowing, count int, last, now time.Time) *Backoff {
 	if count < 1 {
 		return nil
 	}
-	until := last.Add(b.BackoffAfter(count))
-	if forget := last.Add(b.ForgetAfter(count)); forget.Before(until) {
-		until = forget // borrowing no more, until its count is forgotten (pruned or not yet)
+	if b.BorrowsNoMore(count) {
+		return &Backoff{Preemptions: count, NoMore: true}
 	}
+	until := last.Add(b.BackoffAfter(count))
 	if !now.Before(until) {
 		return nil
 	}
-	return &Backoff{Preemptions: count, Until: until.UTC(), NoMore: b.BorrowsNoMore(count)}
+	return &Backoff{Preemptions: count, Until: until.UTC()}
 }
 
 // Text is how a user reads it: "borrowing again after 14:20 (preempted 3 times)".
@@ -130,7 +131,7 @@ func (b Backoff) Text() string {
 		times = "time"
 	}
 	if b.NoMore {
-		return fmt.Sprintf("borrowing no more before %s (preempted %d %s: borrowing.max_preemptions)", b.Until.UTC().Format("Jan 2 15:04"), b.Preemptions, times)
+		return fmt.Sprintf("borrowing no more (preempted %d %s: borrowing.max_preemptions)", b.Preemptions, times)
 	}
 	return fmt.Sprintf("borrowing again after %s (preempted %d %s)", b.Until.UTC().Format("15:04"), b.Preemptions, times)
 }
@@ -420,6 +421,9 @@ func decideQuota(p *policy.Policy, u Usage, d Decision, tenant *policy.Tenant, q
 	}
 	if p.Borrowing.Enabled && backoff != nil {
 		d.Rule = RuleBorrowBackoff
+		if backoff.NoMore {
+			return queued(d, WaitLimit, backoff.Text(), "queued until its tenant's guarantee has room")
+		}
 		return queued(d, WaitLimit, backoff.Text(), "queued until then, or until its tenant's guarantee has room")
 	}
 	if p.Borrowing.Enabled && within(policy.Quota{}, demand, u.Idle, true) {

@@ -428,12 +428,18 @@ func TestAJobEvictedMaxPreemptionsTimesBorrowsNoMore(t *testing.T) {
 		t.Errorf("forgotten after %s, want 672h", got)
 	}
 	last := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
-	bo := admission.BackoffFor(b, 5, last, last.Add(200*time.Hour))
-	if bo == nil || !bo.NoMore || bo.Text() != "borrowing no more before Dec 29 10:00 (preempted 5 times: borrowing.max_preemptions)" {
-		t.Errorf("after 5 preemptions: %+v %q", bo, bo.Text())
+	// However long ago: only the prune forgets a count, once the job no
+	// longer waits.
+	bo := admission.BackoffFor(b, 5, last, last.Add(2000*time.Hour))
+	if bo == nil || !bo.NoMore || bo.Text() != "borrowing no more (preempted 5 times: borrowing.max_preemptions)" {
+		t.Errorf("after 5 preemptions: %+v", bo)
 	}
-	if bo := admission.BackoffFor(b, 5, last, last.Add(673*time.Hour)); bo != nil {
-		t.Errorf("once forgotten: %+v", bo)
+	p := testPolicy(t, true)
+	beyond := job("vision").gpus(10, 1) // vision's guarantee is 8, its limit 16
+	beyond.Backoff = bo
+	if d := admission.Decide(p, beyond.Job, cluster(16, nil)); d.Outcome != admission.Queue || d.Rule != admission.RuleBorrowBackoff ||
+		d.Reason != "borrowing no more (preempted 5 times: borrowing.max_preemptions); queued until its tenant's guarantee has room" {
+		t.Errorf("borrowed, past max_preemptions: %+v", d)
 	}
 	b.MaxPreemptions = 0 // no cap
 	if bo := admission.BackoffFor(b, 5, last, last.Add(200*time.Hour)); bo != nil {

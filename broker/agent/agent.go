@@ -21,6 +21,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	nomad "github.com/hashicorp/nomad/api"
 
+	"github.com/nomad-gpu/nomad-gpu/broker/admission"
 	"github.com/nomad-gpu/nomad-gpu/broker/admitter"
 	"github.com/nomad-gpu/nomad-gpu/broker/approval"
 	"github.com/nomad-gpu/nomad-gpu/broker/audit"
@@ -339,10 +340,19 @@ func (a *Agent) reclaimer() *reclaimer.Reclaimer {
 					return st.stops.Prune(ctx, time.Now().Add(-a.policies.Current().ReclaimSettings.Retention))
 				}},
 			// A job left alone for max_backoff after its backoff ended
-			// starts again from no preemption.
+			// starts again from no preemption, unless it still waits.
 			&reclaimer.Pruner{What: "preemption counts", Every: grantPruneInterval, Log: prune,
 				Prune: func(ctx context.Context) (int, error) {
-					return st.backoffs.Prune(ctx, time.Now(), a.policies.Current().Borrowing.ForgetAfter)
+					entries, err := st.queue.List(ctx)
+					if err != nil {
+						return 0, err
+					}
+					waiting := map[string]bool{}
+					for _, e := range entries {
+						waiting[admission.JobKey(e.Namespace, e.JobID)] = true
+					}
+					return st.backoffs.Prune(ctx, time.Now(), a.policies.Current().Borrowing.ForgetAfter,
+						func(ns, job string) bool { return waiting[admission.JobKey(ns, job)] })
 				}}},
 		Metrics: a.metrics, Audit: a.trail, Forecast: a.forecast, Queued: st.queue,
 		Granted: granted}

@@ -217,8 +217,11 @@ func TestStores(t *testing.T) {
 			t.Errorf("another job's count: %d", n)
 		}
 		b.Preempted(ctx, "vision", "other", "d3", at.Add(time.Hour))
-		// Quiet for 90 minutes after the last: the first is forgotten, the other not yet.
-		deleted, err := b.Prune(ctx, at.Add(2*time.Minute+90*time.Minute), func(int) time.Duration { return 90 * time.Minute })
+		b.Preempted(ctx, "vision", "queued", "d4", at)
+		// Quiet for 90 minutes after the last: the first is forgotten, the
+		// other not yet, the one still waiting in the queue not at all.
+		waiting := func(ns, job string) bool { return ns == "vision" && job == "queued" }
+		deleted, err := b.Prune(ctx, at.Add(2*time.Minute+90*time.Minute), func(int) time.Duration { return 90 * time.Minute }, waiting)
 		if err != nil || deleted != 1 {
 			t.Fatalf("pruned %d, %v", deleted, err)
 		}
@@ -227,6 +230,9 @@ func TestStores(t *testing.T) {
 		}
 		if n, _ := b.Preemptions("vision", "other"); n != 1 {
 			t.Errorf("not quiet long enough, yet forgotten: %d", n)
+		}
+		if n, _ := b.Preemptions("vision", "queued"); n != 1 {
+			t.Errorf("still waiting in the queue, yet forgotten: %d", n)
 		}
 	})
 

@@ -40,10 +40,11 @@ func (r *run) preemptionsOf(_, _ string) (int, time.Time) {
 }
 
 // remembered is the count of j's preemptions the broker still keeps: the
-// leader forgets it once j has gone unevicted for ForgetAfter.
+// leader forgets it once j has gone unevicted for ForgetAfter and no longer
+// waits in its queue.
 func (r *run) remembered(j *simJob) int {
 	n := j.preemptions - j.forgotten
-	if n > 0 && r.now >= j.preemptedAt+r.p.Borrowing.ForgetAfter(n).Seconds() {
+	if n > 0 && j.state != stQueued && j.state != stEvicted && r.now >= j.preemptedAt+r.p.Borrowing.ForgetAfter(n).Seconds() {
 		j.forgotten, n = j.preemptions, 0
 	}
 	return n

@@ -117,9 +117,8 @@ func (r *run) start(j *simJob, node int) {
 func (r *run) preempt(j *simJob) {
 	r.res.Preemptions++
 	j.preemptions, j.preemptedAt = j.preemptions+1, r.now
-	if n := r.remembered(j); j.borrowed && r.o.Mode != NomadAlone {
-		b := r.p.Borrowing
-		if d := min(b.BackoffAfter(n), b.ForgetAfter(n)); d > 0 {
+	if n := r.remembered(j); j.borrowed && r.o.Mode != NomadAlone && !r.p.Borrowing.BorrowsNoMore(n) {
+		if d := r.p.Borrowing.BackoffAfter(n); d > 0 {
 			heap.Push(&r.events, event{t: r.now + d.Seconds(), job: j, backoffEnds: true})
 		}
 	}

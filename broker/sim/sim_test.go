@@ -506,8 +506,7 @@ func TestANodeIsHeldForALargeJobThatWaited(t *testing.T) {
 }
 
 // max_preemptions: a2, evicted once while borrowed (b1 at 10), borrows no
-// more while a1 runs, until its count is forgotten (four max_backoffs after
-// the eviction, what the leader's prune does).
+// more while a1 runs: its count is forgotten only once it no longer waits.
 func TestAJobEvictedMaxPreemptionsTimesBorrowsNoMoreUntilForgotten(t *testing.T) {
 	jobs := []sim.Job{
 		{ID: "a1", Submit: 0, Namespace: "a", GPUs: 4, Duration: 1000},
@@ -518,9 +517,9 @@ func TestAJobEvictedMaxPreemptionsTimesBorrowsNoMoreUntilForgotten(t *testing.T)
 		name, set string
 		min, max  float64 // the span: a2's end
 	}{
-		{"no cap", "max_preemptions = 0", 1000, 1000},                                            // a2 back at 60, done long before a1
-		{"cap 1", "max_preemptions = 1", 1100, 1140},                                             // a2 after a1, at the next pass
-		{"cap 1, forgotten after 8m", "max_preemptions = 1\n  max_backoff = \"2m\"", 1000, 1000}, // a2 back at 490
+		{"no cap", "max_preemptions = 0", 1000, 1000},                                        // a2 back at 60, done long before a1
+		{"cap 1", "max_preemptions = 1", 1100, 1140},                                         // a2 after a1, at the next pass
+		{"cap 1, max_backoff 2m", "max_preemptions = 1\n  max_backoff = \"2m\"", 1100, 1140}, // the same: it waits
 	} {
 		src := strings.Replace(twoTenants, `backoff  = "0"`, "backoff  = \"0\"\n  "+c.set, 1)
 		res, err := sim.Run(jobs, sim.Options{Policy: testbuild.Policy(t, src), Nodes: oneNode, Mode: sim.NomadGPU, ReclaimPeriod: 20 * time.Second})

@@ -62,7 +62,7 @@ function live(what) { setStatus(`live · ${what} · updated ${new Date().toLocal
 const jobLink = (ns, job) => el('a', { href: `/ui/jobs/${encodeURIComponent(job)}@${encodeURIComponent(ns || 'default')}`, text: job });
 // backoffText says what holds a queued job back from borrowing, as the CLI does.
 const backoffText = (b) => (b.no_more
-  ? `borrowing no more before ${new Date(b.until).toLocaleString()} (preempted ${b.preemptions} times: borrowing.max_preemptions)`
+  ? `borrowing no more (preempted ${b.preemptions} times: borrowing.max_preemptions)`
   : `borrowing again after ${new Date(b.until).toLocaleTimeString()} (preempted ${b.preemptions} times)`);
 const num = (v, digits) => (v === undefined || v === null ? '—' : Number(v).toFixed(digits === undefined ? 0 : digits));
 
@@ -296,7 +296,7 @@ function renderQueues(entries, total, gen) {
         el('td', { text: e.tenant }),
         el('td', { class: 'num', text: num(e.demand, e.demand % 1 ? 2 : 0) }),
         el('td', { title: new Date(e.submitted_at).toLocaleString(), text: ago(e.submitted_at) }),
-        el('td', { text: (e.backoff && !/borrowing (again after|no more before)/.test(e.reason) ? backoffText(e.backoff) + '; ' : '') + e.reason }),
+        el('td', { text: (e.backoff && !/borrowing (again after|no more \()/.test(e.reason) ? backoffText(e.backoff) + '; ' : '') + e.reason }),
         el('td', { text: startText(e) }),
         el('td', {}, el('button', { type: 'button', class: 'danger', text: 'Cancel', onclick: () => act(`cancel ${e.job_id}`, `/v1/gpu/queue/${e.id}`, 'DELETE') }))));
     }
