@@ -293,70 +293,8 @@ func decodeSingleton(p *parser, b *hcl.Block) hcl.Diagnostics {
 		return p.fairShare(b)
 	case "placement":
 		return p.placement(b)
-	}
-	if b.Type == "borrowing" {
-		var bb borrowingBody
-		d := gohcl.DecodeBody(b.Body, nil, &bb)
-		if bb.Enabled != nil {
-			p.Borrowing.Enabled = *bb.Enabled
-		}
-		if bb.Priority != nil {
-			if *bb.Priority < 1 || *bb.Priority > 100 {
-				// Nomad takes a priority of 0 for its default, 50: borrowed
-				// work above the guaranteed bands.
-				d = append(d, errorAt(attrRange(b, "priority"), "Invalid priority",
-					fmt.Sprintf("borrowing: priority %d is not a Nomad priority (1 to 100)", *bb.Priority)))
-			}
-			p.Borrowing.Priority = *bb.Priority
-		}
-		for _, set := range []struct {
-			key string
-			v   *string
-			to  *time.Duration
-		}{{"backoff", bb.Backoff, &p.Borrowing.Backoff}, {"max_backoff", bb.MaxBackoff, &p.Borrowing.MaxBackoff}} {
-			if set.v == nil {
-				continue
-			}
-			v, err := time.ParseDuration(*set.v)
-			if err != nil || v < 0 {
-				d = append(d, errorAt(attrRange(b, set.key), "Invalid duration",
-					fmt.Sprintf("borrowing: %s = %q is not a duration of 0 or more (\"30m\", \"24h\"; 0: no backoff)", set.key, *set.v)))
-				continue
-			}
-			*set.to = v
-		}
-		if v := bb.PromoteBelow; v != nil {
-			if *v < 0 || *v > 1 {
-				d = append(d, errorAt(attrRange(b, "promote_below"), "Invalid share",
-					fmt.Sprintf("borrowing: promote_below = %g is not a share of the guarantee from 0 (never) to 1", *v)))
-			} else {
-				p.Borrowing.PromoteBelow = *v
-			}
-		}
-		if bb.SubBands != nil {
-			p.Borrowing.SubBands, p.subBands = *bb.SubBands, attrRange(b, "sub_bands")
-		}
-		if v := bb.SubBandStep; v != nil {
-			if step, err := time.ParseDuration(*v); err != nil || step <= 0 {
-				d = append(d, errorAt(attrRange(b, "sub_band_step"), "Invalid duration",
-					fmt.Sprintf("borrowing: sub_band_step = %q is not a duration above 0 (GPU time at stake of the lowest sub-band: \"15m\")", *v)))
-			} else {
-				p.Borrowing.SubBandStep = step
-			}
-		}
-		if v := bb.MaxPreemptions; v != nil {
-			if *v < 0 {
-				d = append(d, errorAt(attrRange(b, "max_preemptions"), "Invalid count",
-					fmt.Sprintf("borrowing: max_preemptions = %d: want 0 (no cap) or more evictions while borrowed, after which a job runs only within its guarantee", *v)))
-			} else {
-				p.Borrowing.MaxPreemptions = *v
-			}
-		}
-		if p.Borrowing.MaxBackoff < p.Borrowing.Backoff {
-			d = append(d, errorAt(attrRange(b, "max_backoff"), "Invalid duration",
-				fmt.Sprintf("borrowing: max_backoff %s is below backoff %s", p.Borrowing.MaxBackoff, p.Borrowing.Backoff)))
-		}
-		return d
+	case "borrowing":
+		return p.borrowing(b)
 	}
 	var pb preemptionBody
 	d := gohcl.DecodeBody(b.Body, nil, &pb)
@@ -365,6 +303,71 @@ func decodeSingleton(p *parser, b *hcl.Block) hcl.Diagnostics {
 	}
 	if pb.Service != nil {
 		p.Preemption.Service = *pb.Service
+	}
+	return d
+}
+
+func (p *parser) borrowing(b *hcl.Block) hcl.Diagnostics {
+	var bb borrowingBody
+	d := gohcl.DecodeBody(b.Body, nil, &bb)
+	if bb.Enabled != nil {
+		p.Borrowing.Enabled = *bb.Enabled
+	}
+	if bb.Priority != nil {
+		if *bb.Priority < 1 || *bb.Priority > 100 {
+			// Nomad takes a priority of 0 for its default, 50: borrowed
+			// work above the guaranteed bands.
+			d = append(d, errorAt(attrRange(b, "priority"), "Invalid priority",
+				fmt.Sprintf("borrowing: priority %d is not a Nomad priority (1 to 100)", *bb.Priority)))
+		}
+		p.Borrowing.Priority = *bb.Priority
+	}
+	for _, set := range []struct {
+		key string
+		v   *string
+		to  *time.Duration
+	}{{"backoff", bb.Backoff, &p.Borrowing.Backoff}, {"max_backoff", bb.MaxBackoff, &p.Borrowing.MaxBackoff}} {
+		if set.v == nil {
+			continue
+		}
+		v, err := time.ParseDuration(*set.v)
+		if err != nil || v < 0 {
+			d = append(d, errorAt(attrRange(b, set.key), "Invalid duration",
+				fmt.Sprintf("borrowing: %s = %q is not a duration of 0 or more (\"30m\", \"24h\"; 0: no backoff)", set.key, *set.v)))
+			continue
+		}
+		*set.to = v
+	}
+	if v := bb.PromoteBelow; v != nil {
+		if *v < 0 || *v > 1 {
+			d = append(d, errorAt(attrRange(b, "promote_below"), "Invalid share",
+				fmt.Sprintf("borrowing: promote_below = %g is not a share of the guarantee from 0 (never) to 1", *v)))
+		} else {
+			p.Borrowing.PromoteBelow = *v
+		}
+	}
+	if bb.SubBands != nil {
+		p.Borrowing.SubBands, p.subBands = *bb.SubBands, attrRange(b, "sub_bands")
+	}
+	if v := bb.SubBandStep; v != nil {
+		if step, err := time.ParseDuration(*v); err != nil || step <= 0 {
+			d = append(d, errorAt(attrRange(b, "sub_band_step"), "Invalid duration",
+				fmt.Sprintf("borrowing: sub_band_step = %q is not a duration above 0 (GPU time at stake of the lowest sub-band: \"15m\")", *v)))
+		} else {
+			p.Borrowing.SubBandStep = step
+		}
+	}
+	if v := bb.MaxPreemptions; v != nil {
+		if *v < 0 {
+			d = append(d, errorAt(attrRange(b, "max_preemptions"), "Invalid count",
+				fmt.Sprintf("borrowing: max_preemptions = %d: want 0 (no cap) or more evictions while borrowed, after which a job runs only within its guarantee", *v)))
+		} else {
+			p.Borrowing.MaxPreemptions = *v
+		}
+	}
+	if p.Borrowing.MaxBackoff < p.Borrowing.Backoff {
+		d = append(d, errorAt(attrRange(b, "max_backoff"), "Invalid duration",
+			fmt.Sprintf("borrowing: max_backoff %s is below backoff %s", p.Borrowing.MaxBackoff, p.Borrowing.Backoff)))
 	}
 	return d
 }
