@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"strings"
 	"sync"
 	"time"
 
@@ -62,6 +63,7 @@ func New(cfg Config, log hclog.Logger) *Backend {
 	for i := 0; i < cfg.Count; i++ {
 		size[islandOf(i)]++
 	}
+	sh := shapeOf(cfg.Model)
 	for i := 0; i < cfg.Count; i++ {
 		island, numa := islandOf(i), int64(i*2/max(cfg.Count, 1))
 		if islands > 1 {
@@ -72,19 +74,22 @@ func New(cfg Config, log hclog.Logger) *Backend {
 			UUID:              UUID(cfg.IDPrefix, i),
 			Model:             cfg.Model,
 			MemoryMiB:         cfg.MemoryMiB,
-			ComputeCapability: "9.0",
+			ComputeCapability: sh.computeCapability,
 			DriverVersion:     "550.54.15",
 			CUDAVersion:       "12.4",
-			PowerLimitW:       700,
-			PCIeGeneration:    5,
+			PowerLimitW:       sh.powerLimitW,
+			PCIeGeneration:    sh.pcieGen,
 			PCIeWidth:         16,
 			PCIBusID:          fmt.Sprintf("%04x:%02x:00.0", i/256, i%256),
 			NUMANode:          numa,
 			NVLinkPeers:       int64(peers),
 			Island:            island,
-			BAR1MiB:           131072,
-			CoresClockMHz:     1980,
-			MemoryClockMHz:    2619,
+			BAR1MiB:           sh.bar1MiB,
+			CoresClockMHz:     sh.smMaxMHz,
+			MemoryClockMHz:    sh.memMHz,
+			PowerDrawW:        sh.idleW,
+			CoresClockNowMHz:  sh.smIdleMHz,
+			MemoryClockNowMHz: sh.memMHz,
 			DisplayMode:       "Disabled",
 			PersistenceMode:   "Enabled",
 			Index:             int64(i),
@@ -92,6 +97,33 @@ func New(cfg Config, log hclog.Logger) *Backend {
 		})
 	}
 	return b
+}
+
+// shape is what a real card of a model reports, idle: the fake GPUs take
+// their model's, so that jobspecs tuned on real cards can be tried here.
+type shape struct {
+	computeCapability                    string
+	pcieGen, powerLimitW, idleW, bar1MiB int64
+	smMaxMHz, smIdleMHz, memMHz          int64
+}
+
+// shapes by a word of the model name; an H100 SXM for any other.
+var shapes = []struct {
+	word  string
+	shape shape
+}{
+	{"T4", shape{"7.5", 3, 70, 9, 256, 1590, 300, 5000}},
+	{"A100", shape{"8.0", 4, 400, 52, 131072, 1410, 210, 1593}},
+	{"H100", shape{"9.0", 5, 700, 72, 131072, 1980, 345, 2619}},
+}
+
+func shapeOf(model string) shape {
+	for _, s := range shapes {
+		if strings.Contains(model, s.word) {
+			return s.shape
+		}
+	}
+	return shapes[len(shapes)-1].shape
 }
 
 // UUID is the deterministic UUID of simulated GPU index under prefix.

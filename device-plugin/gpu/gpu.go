@@ -30,10 +30,16 @@ type Device struct {
 	PCIeWidth         int64
 	PCIBusID          string // sysfs form, lower case: "0000:3b:00.0"
 	NUMANode          int64
-	NVLinkPeers       int64  // active NVLink connections
-	BAR1MiB           int64  // BAR1 memory
-	CoresClockMHz     int64  // highest SM clock
-	MemoryClockMHz    int64  // highest memory clock
+	NVLinkPeers       int64 // active NVLink connections
+	BAR1MiB           int64 // BAR1 memory
+	CoresClockMHz     int64 // highest SM clock
+	MemoryClockMHz    int64 // highest memory clock
+	// The readings nomad-device-nvidia reports under its names: the power
+	// drawn and the graphics and memory clocks when the GPU was first
+	// fingerprinted (kept after, or every fingerprint would differ).
+	PowerDrawW        int64
+	CoresClockNowMHz  int64
+	MemoryClockNowMHz int64
 	DisplayMode       string // "Enabled" or "Disabled" ("": unknown)
 	PersistenceMode   string // "Enabled" or "Disabled" ("": unknown)
 	MIG               bool   // a MIG instance, or a GPU with MIG mode on

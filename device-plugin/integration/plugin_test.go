@@ -34,6 +34,19 @@ func pluginConfig(idPrefix, stateFile string) string {
     }`, idPrefix, stateFile)
 }
 
+// shapedConfig is a client of count fake GPUs of a real card's model (the
+// fake takes that card's PCIe generation, power and clocks).
+func shapedConfig(idPrefix, model string, memoryMiB, count int) string {
+	return fmt.Sprintf(`
+    backend = "fake"
+    fake {
+      count      = %d
+      model      = %q
+      memory_mib = %d
+      id_prefix  = %q
+    }`, count, model, memoryMiB, idPrefix)
+}
+
 // TestPluginOnDevAgent runs every single-node scenario on one real Nomad agent,
 // in an order where each leaves the GPUs free for the next.
 func TestPluginOnDevAgent(t *testing.T) {
@@ -80,24 +93,6 @@ func TestPluginOnDevAgent(t *testing.T) {
 		register(t, n, fits)
 		waitRunning(t, n, "fits")
 		purge(t, n, "too-big", "fits")
-	})
-
-	// A job written for nomad-device-nvidia, constraining on its attributes
-	// under its names and units, runs unchanged; a bound above what the GPUs
-	// offer leaves it pending, so the values are compared, not just present.
-	t.Run("a job written for nomad-device-nvidia runs on its attributes", func(t *testing.T) {
-		c := func(attr, op, value string) *api.Constraint {
-			return &api.Constraint{LTarget: "${device.attr." + attr + "}", Operand: op, RTarget: value}
-		}
-		register(t, n, gpuJob("nvidia-style", 1, c("power", ">=", "300 W"), c("bar1", ">=", "16 GiB"), c("cores_clock", ">=", "1 GHz"),
-			c("memory_clock", ">=", "1000 MHz"), c("pci_bandwidth", ">=", "16000 MB/s"), c("driver_version", "=", "550.54.15"),
-			c("persistence_mode", "=", "Enabled"), c("display_state", "=", "Disabled")))
-		waitRunning(t, n, "nvidia-style")
-		evalID := register(t, n, gpuJob("too-fast", 1, c("cores_clock", ">=", "3000 MHz")))
-		if eval := waitEval(t, n, evalID); eval.FailedTGAllocs["g"] == nil {
-			t.Errorf("a job asking cores_clock >= 3000 MHz was placed on 1980 MHz GPUs")
-		}
-		purge(t, n, "nvidia-style", "too-fast")
 	})
 
 	t.Run("tasks see exactly their allocated GPUs", func(t *testing.T) {
@@ -225,26 +220,56 @@ func TestInvalidPluginConfigStopsAgent(t *testing.T) {
 	}
 }
 
-// TestTwoClientsOnOneMachine checks that id_prefix keeps simulated GPUs apart.
-func TestTwoClientsOnOneMachine(t *testing.T) {
+// TestJobsWrittenForNomadDeviceNvidiaPlaceOnRealCards: three clients on one
+// machine, fake GPUs shaped as a T4 (PCIe gen 3), an A100 (gen 4) and an
+// H100 (gen 5). Jobspecs tuned on nomad-device-nvidia v1.1.0, constraining
+// on its attributes with the values it reports there, place unchanged; a
+// bound above what a card offers leaves a job pending (the values are
+// compared, not just present). id_prefix keeps the GPUs of the clients apart.
+func TestJobsWrittenForNomadDeviceNvidiaPlaceOnRealCards(t *testing.T) {
 	server := testcluster.StartNomad(t, testcluster.NomadOptions{Name: "server", Server: true})
-	for _, name := range []string{"client-1", "client-2"} {
-		testcluster.StartNomad(t, testcluster.NomadOptions{Name: name, Client: true,
-			Join: []string{server.RPCAddr}, PluginConfig: pluginConfig(name, "")})
+	cards := []struct{ client, model string }{{"t4", "Tesla T4"}, {"a100", "NVIDIA A100-SXM4-80GB"}, {"h100", model}}
+	for i, c := range cards {
+		testcluster.StartNomad(t, testcluster.NomadOptions{Name: c.client, Client: true,
+			Join: []string{server.RPCAddr}, PluginConfig: shapedConfig(c.client, c.model, []int{15360, 81920, 81559}[i], 2)})
 	}
-	nodes := server.WaitForNodes(t, 2)
+	nodes := server.WaitForNodes(t, len(cards))
 	ids := map[string]string{}
 	for _, node := range nodes {
-		dev := gpuGroup(t, node)
-		if len(dev.Instances) != 8 {
-			t.Errorf("node %s has %d GPUs, want 8", node.Name, len(dev.Instances))
-		}
-		for _, inst := range dev.Instances {
-			if other, dup := ids[inst.ID]; dup {
-				t.Errorf("GPU %s on both %s and %s", inst.ID, other, node.Name)
+		for _, d := range node.NodeResources.Devices {
+			for _, inst := range d.Instances {
+				if other, dup := ids[inst.ID]; dup {
+					t.Errorf("GPU %s on both %s and %s", inst.ID, other, node.Name)
+				}
+				ids[inst.ID] = node.Name
 			}
-			ids[inst.ID] = node.Name
 		}
+	}
+	c := func(attr, op, value string) *api.Constraint {
+		return &api.Constraint{LTarget: "${device.attr." + attr + "}", Operand: op, RTarget: value}
+	}
+	modelIs := func(m string) *api.Constraint {
+		return &api.Constraint{LTarget: "${device.model}", Operand: "=", RTarget: m}
+	}
+	// Its "1" and "0" are strings, which Nomad does not compare with the
+	// number a constraint's "1" is read as: jobs match them by regexp.
+	common := []*api.Constraint{c("persistence_mode", "regexp", "^1$"), c("display_state", "regexp", "^0$"), c("driver_version", "=", "550.54.15")}
+	jobs := map[string][]*api.Constraint{
+		"ndn-t4":   {modelIs("Tesla T4"), c("pci_bandwidth", ">=", "16 GB/s"), c("power", "<", "70 W"), c("memory_clock", ">=", "5000 MHz")},
+		"ndn-a100": {modelIs("NVIDIA A100-SXM4-80GB"), c("pci_bandwidth", ">=", "32 GB/s"), c("bar1", ">=", "64 GiB"), c("cores_clock", ">=", "200 MHz")},
+		"ndn-h100": {modelIs(model), c("pci_bandwidth", ">=", "48 GB/s"), c("power", ">=", "50 W"), c("memory_clock", ">=", "2600 MHz")},
+	}
+	for id, cs := range jobs {
+		register(t, server, gpuJob(id, 1, append(cs, common...)...))
+	}
+	for id := range jobs {
+		waitRunning(t, server, id)
+	}
+	// nomad-device-nvidia gives a gen 5 x16 link 49,152 MB/s (our own
+	// pcie_bandwidth: 63,008): a job tuned on it asking more stays pending.
+	evalID := register(t, server, gpuJob("too-wide", 1, c("pci_bandwidth", ">=", "50 GB/s")))
+	if eval := waitEval(t, server, evalID); eval.FailedTGAllocs["g"] == nil {
+		t.Errorf("a job asking pci_bandwidth >= 50 GB/s was placed: no card offers that under nomad-device-nvidia's rates")
 	}
 }
 

@@ -149,7 +149,7 @@ func describe(dev nvml.Device) (gpu.Device, error) {
 	d := gpu.Device{UUID: uuid, Model: "N/A", MemoryMiB: gpu.Unknown, PowerLimitW: gpu.Unknown,
 		PCIeGeneration: gpu.Unknown, PCIeWidth: gpu.Unknown, NUMANode: gpu.Unknown, NVLinkPeers: gpu.Unknown,
 		BAR1MiB: gpu.Unknown, CoresClockMHz: gpu.Unknown, MemoryClockMHz: gpu.Unknown, Index: gpu.Unknown, GPUInstance: gpu.Unknown,
-		Island: gpu.Unknown}
+		Island: gpu.Unknown, PowerDrawW: gpu.Unknown, CoresClockNowMHz: gpu.Unknown, MemoryClockNowMHz: gpu.Unknown}
 	if name, ret := dev.GetName(); ret == nvml.SUCCESS {
 		d.Model = name
 	}
@@ -184,6 +184,15 @@ func describe(dev nvml.Device) (gpu.Device, error) {
 	if mhz, ret := dev.GetMaxClockInfo(nvml.CLOCK_MEM); ret == nvml.SUCCESS {
 		d.MemoryClockMHz = int64(mhz)
 	}
+	if mw, ret := dev.GetPowerUsage(); ret == nvml.SUCCESS {
+		d.PowerDrawW = int64(mw / 1000)
+	}
+	if mhz, ret := dev.GetClockInfo(nvml.CLOCK_GRAPHICS); ret == nvml.SUCCESS {
+		d.CoresClockNowMHz = int64(mhz)
+	}
+	if mhz, ret := dev.GetClockInfo(nvml.CLOCK_MEM); ret == nvml.SUCCESS {
+		d.MemoryClockNowMHz = int64(mhz)
+	}
 	if m, ret := dev.GetDisplayMode(); ret == nvml.SUCCESS {
 		d.DisplayMode = enabled(m)
 	}
@@ -196,7 +205,7 @@ func describe(dev nvml.Device) (gpu.Device, error) {
 	return d, nil
 }
 
-// enabled is an NVML enable state as nomad-device-nvidia reports it.
+// enabled is an NVML enable state in words.
 func enabled(s nvml.EnableState) string {
 	if s == nvml.FEATURE_ENABLED {
 		return "Enabled"

@@ -96,8 +96,11 @@ func complete(m *machine, i int, d *server.Device) {
 	}
 	d.GetTemperatureFunc = func(nvml.TemperatureSensors) (uint32, nvml.Return) { return 41, nvml.SUCCESS }
 	d.GetClockInfoFunc = func(c nvml.ClockType) (uint32, nvml.Return) {
-		if c == nvml.CLOCK_MEM {
+		switch c {
+		case nvml.CLOCK_MEM:
 			return 2619, nvml.SUCCESS
+		case nvml.CLOCK_GRAPHICS: // below the SM clock's most, as when idle
+			return 1755, nvml.SUCCESS
 		}
 		return 1980, nvml.SUCCESS
 	}
@@ -148,7 +151,7 @@ func TestDevicesOfADGXH100(t *testing.T) {
 	want := gpu.Device{UUID: uuid, Model: name, MemoryMiB: 81920, ComputeCapability: "9.0",
 		DriverVersion: "550.54.15", CUDAVersion: "12.4", PowerLimitW: 700, PCIeGeneration: 5, PCIeWidth: 16,
 		PCIBusID: "0000:28:00.0", NUMANode: 0, NVLinkPeers: 18, BAR1MiB: 131072, CoresClockMHz: 1980, MemoryClockMHz: 2619,
-		DisplayMode: "Disabled", PersistenceMode: "Enabled", Index: 1, GPUInstance: gpu.Unknown, Island: 0, DeviceNodes: []string{"/dev/nvidia1"}}
+		PowerDrawW: 312, CoresClockNowMHz: 1755, MemoryClockNowMHz: 2619, DisplayMode: "Disabled", PersistenceMode: "Enabled", Index: 1, GPUInstance: gpu.Unknown, Island: 0, DeviceNodes: []string{"/dev/nvidia1"}}
 	if fmt.Sprint(d) != fmt.Sprint(want) {
 		t.Errorf("device 1:\n got %+v\nwant %+v", d, want)
 	}

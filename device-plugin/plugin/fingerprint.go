@@ -81,6 +81,9 @@ func (s *scanner) scan(ctx context.Context, now time.Time) (*devicepb.Fingerprin
 			continue
 		}
 		present[d.UUID] = true
+		if k, ok := s.known[d.UUID]; ok {
+			d.PowerDrawW, d.CoresClockNowMHz, d.MemoryClockNowMHz = k.PowerDrawW, k.CoresClockNowMHz, k.MemoryClockNowMHz
+		}
 		s.known[d.UUID] = d
 	}
 	health, err := s.backend.Health(ctx)
@@ -152,6 +155,11 @@ func attributes(d gpu.Device, shared bool, replicas int) map[string]*structspb.A
 			attrs[key] = &structspb.Attribute{Value: &structspb.Attribute_StringVal{StringVal: v}}
 		}
 	}
+	boolAttr := func(key, state string) {
+		if state != "" {
+			attrs[key] = &structspb.Attribute{Value: &structspb.Attribute_BoolVal{BoolVal: state == "Enabled"}}
+		}
+	}
 	intAttr("memory", d.MemoryMiB, "MiB")
 	intAttr("power_limit", d.PowerLimitW, "W")
 	intAttr("pcie_generation", d.PCIeGeneration, "")
@@ -160,17 +168,23 @@ func attributes(d gpu.Device, shared bool, replicas int) map[string]*structspb.A
 	strAttr("compute_capability", d.ComputeCapability)
 	strAttr("driver_version", d.DriverVersion)
 	strAttr("cuda_version", d.CUDAVersion)
-	// nomad-device-nvidia's attributes, under its names and units, so that
-	// jobspecs written for it run unchanged.
-	intAttr("power", d.PowerLimitW, "W")
-	intAttr("bar1", d.BAR1MiB, "MiB")
-	intAttr("cores_clock", d.CoresClockMHz, "MHz")
-	intAttr("memory_clock", d.MemoryClockMHz, "MHz")
+	intAttr("cores_clock_max", d.CoresClockMHz, "MHz")
+	intAttr("memory_clock_max", d.MemoryClockMHz, "MHz")
 	if d.PCIeGeneration > 0 && d.PCIeWidth > 0 {
-		intAttr("pci_bandwidth", pciLaneMBps(d.PCIeGeneration)*d.PCIeWidth, "MB/s")
+		intAttr("pcie_bandwidth", pciLaneMBps(d.PCIeGeneration)*d.PCIeWidth, "MB/s")
+		// nomad-device-nvidia's figure: a round rate per lane from gen 3 on, 0 below.
+		intAttr("pci_bandwidth", ndnLaneMBps(d.PCIeGeneration)*d.PCIeWidth, "MB/s")
 	}
-	strAttr("display_state", d.DisplayMode)
-	strAttr("persistence_mode", d.PersistenceMode)
+	boolAttr("display_enabled", d.DisplayMode)
+	boolAttr("persistence_enabled", d.PersistenceMode)
+	// nomad-device-nvidia's attributes, under its names and units and with
+	// its values (v1.1.0), so that jobspecs tuned on it place unchanged.
+	intAttr("power", d.PowerDrawW, "W")
+	intAttr("bar1", d.BAR1MiB, "MiB")
+	intAttr("cores_clock", d.CoresClockNowMHz, "MHz")
+	intAttr("memory_clock", d.MemoryClockNowMHz, "MHz")
+	strAttr("display_state", ndnEnableState(d.DisplayMode))
+	strAttr("persistence_mode", ndnEnableState(d.PersistenceMode))
 	attrs["mig"] = &structspb.Attribute{Value: &structspb.Attribute_BoolVal{BoolVal: d.MIG}}
 	attrs["shared"] = &structspb.Attribute{Value: &structspb.Attribute_BoolVal{BoolVal: shared}}
 	if shared {
@@ -185,6 +199,28 @@ func attributes(d gpu.Device, shared bool, replicas int) map[string]*structspb.A
 func pciLaneMBps(gen int64) int64 {
 	lane := []int64{0, 250, 500, 985, 1969, 3938, 7877}
 	return lane[min(gen, int64(len(lane)-1))]
+}
+
+// ndnLaneMBps is one PCIe lane at generation gen as nomad-device-nvidia
+// counts it: 1024 MB/s a generation from gen 3 (3072 at gen 5, not the
+// 3938 the line gives), 0 before gen 3 and after gen 6.
+func ndnLaneMBps(gen int64) int64 {
+	if gen < 3 || gen > 6 {
+		return 0
+	}
+	return (gen - 2) * 1024
+}
+
+// ndnEnableState is an enable state as nomad-device-nvidia v1.1.0 prints
+// NVML's: the number, "1" or "0".
+func ndnEnableState(state string) string {
+	switch state {
+	case "Enabled":
+		return "1"
+	case "Disabled":
+		return "0"
+	}
+	return ""
 }
 
 func equalFingerprint(a, b *devicepb.FingerprintResponse) bool { return proto.Equal(a, b) }

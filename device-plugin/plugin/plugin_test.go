@@ -416,16 +416,20 @@ func TestSharedGPUsAreOfferedAsReplicas(t *testing.T) {
 	}
 }
 
-// nomad-device-nvidia's attributes, under its names and units, beside ours:
-// a jobspec written for it constrains on the same keys.
+// nomad-device-nvidia's attributes, under its names and units and with the
+// values v1.1.0 reports, beside ours under our own names: a jobspec written
+// for it constrains on the same keys and values.
 func TestFingerprintOffersNomadDeviceNvidiasAttributes(t *testing.T) {
 	d := device("GPU-a", "H100")
 	d.BAR1MiB, d.CoresClockMHz, d.MemoryClockMHz, d.DisplayMode, d.PersistenceMode = 131072, 1980, 2619, "Disabled", "Enabled"
+	d.PowerDrawW, d.CoresClockNowMHz, d.MemoryClockNowMHz = 72, 345, 2619
 	attrs := attributes(d, false, 0)
 	for name, want := range map[string]string{
-		"memory": "81559 MiB", "power": "700 W", "bar1": "131072 MiB", "driver_version": "", "cores_clock": "1980 MHz",
-		"memory_clock": "2619 MHz", "pci_bandwidth": "63008 MB/s", "display_state": "Disabled", "persistence_mode": "Enabled",
-		"power_limit": "700 W",
+		"memory": "81559 MiB", "power": "72 W", "bar1": "131072 MiB", "driver_version": "", "cores_clock": "345 MHz",
+		"memory_clock": "2619 MHz", "pci_bandwidth": "49152 MB/s", "display_state": "0", "persistence_mode": "1",
+		// ours
+		"power_limit": "700 W", "cores_clock_max": "1980 MHz", "memory_clock_max": "2619 MHz", "pcie_bandwidth": "63008 MB/s",
+		"display_enabled": "false", "persistence_enabled": "true",
 	} {
 		a, ok := attrs[name]
 		got := ""
@@ -434,6 +438,8 @@ func TestFingerprintOffersNomadDeviceNvidiasAttributes(t *testing.T) {
 			got = fmt.Sprintf("%d %s", v.IntVal, a.Unit)
 		case *structspb.Attribute_StringVal:
 			got = v.StringVal
+		case *structspb.Attribute_BoolVal:
+			got = fmt.Sprint(v.BoolVal)
 		}
 		if name == "driver_version" { // the test device has none: left out, not ""
 			if ok {
@@ -445,9 +451,32 @@ func TestFingerprintOffersNomadDeviceNvidiasAttributes(t *testing.T) {
 			t.Errorf("%s = %q (offered %t), want %q", name, got, ok, want)
 		}
 	}
-	d.PCIeGeneration, d.CoresClockMHz = gpu.Unknown, gpu.Unknown
+	// nomad-device-nvidia's lane rates: gen 3 1024 MB/s, gen 4 2048, gen 6 4096, none before gen 3.
+	for gen, want := range map[int64]int64{2: 0, 3: 16384, 4: 32768, 6: 65536} {
+		d.PCIeGeneration = gen
+		if got := attributes(d, false, 0)["pci_bandwidth"].GetIntVal(); got != want {
+			t.Errorf("gen %d x16: pci_bandwidth %d MB/s, want %d", gen, got, want)
+		}
+	}
+	d.PCIeGeneration, d.CoresClockNowMHz = gpu.Unknown, gpu.Unknown
 	if attrs := attributes(d, false, 0); attrs["pci_bandwidth"] != nil || attrs["cores_clock"] != nil {
 		t.Errorf("unknown readings offered: %v %v", attrs["pci_bandwidth"], attrs["cores_clock"])
+	}
+}
+
+// nomad-device-nvidia's readings are those of a GPU's first fingerprint: a
+// power draw or clock that moves since changes no fingerprint (Nomad would
+// update the node every period).
+func TestReadingsAtFirstFingerprintAreKept(t *testing.T) {
+	d := device("GPU-a", "H100")
+	d.PowerDrawW, d.CoresClockNowMHz, d.MemoryClockNowMHz = 72, 345, 2619
+	backend := &testBackend{devices: []gpu.Device{d}}
+	s := newScanner(DefaultConfig(), backend, hclog.NewNullLogger())
+	first, _ := s.scan(context.Background(), time.Now())
+	backend.set(func(b *testBackend) { b.devices[0].PowerDrawW, b.devices[0].CoresClockNowMHz = 410, 1980 })
+	second, _ := s.scan(context.Background(), time.Now())
+	if !equalFingerprint(first, second) || first.DeviceGroup[0].Attributes["power"].GetIntVal() != 72 {
+		t.Errorf("the fingerprint moved with the readings:\n%v\n%v", first, second)
 	}
 }
 
