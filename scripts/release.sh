@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
 # Builds the release of VERSION into DIST, laid out as HashiCorp's releases:
-#   <product>_<version>_linux_<arch>.zip   the binary alone, at the top
-#   <product>_<version>_linux_<arch>.deb / .rpm (made by nfpm)
+#   <product>_<version>_linux_<arch>.zip   the binary and LICENSE.txt, at the top
+#   <product>_<pkgversion>-1_<arch>.deb    Debian's naming (amd64, arm64)
+#   <product>-<pkgversion>-1.<arch>.rpm    RPM's naming (x86_64, aarch64)
+#   <product>_<version>_SHA256SUMS         of the product's files above
 #   SHA256SUMS                             of every file above
+# (pkgversion: a pre-release's "-" becomes "~", which both order before the
+# release.)
 # Reproducible: the same commit gives the same bytes. Binaries are built with
 # -trimpath, no build id and no VCS stamp; every timestamp (zip entries,
 # package files and headers) is the commit's time, SOURCE_DATE_EPOCH.
@@ -54,6 +58,15 @@ cc() {
   esac
 }
 
+# rpmarch ARCH: RPM's name of a Go architecture.
+rpmarch() {
+  case "$1" in
+    amd64) echo x86_64 ;;
+    arm64) echo aarch64 ;;
+    *) die "no RPM architecture known for $1" ;;
+  esac
+}
+
 # nfpm, a build tool at a pinned version (not a dependency of the binaries),
 # built once per release (from Go's cache after the first).
 if [[ " $FORMATS " == *" deb "* || " $FORMATS " == *" rpm "* ]]; then
@@ -78,18 +91,33 @@ for platform in $PLATFORMS; do
       -o "$out" "./cmd/$product"
     chmod 0755 "$out"
     touch -d "@$SOURCE_DATE_EPOCH" "$out"
+    cp LICENSE "$(dirname "$out")/LICENSE.txt"
+    touch -d "@$SOURCE_DATE_EPOCH" "$(dirname "$out")/LICENSE.txt"
+    pkgversion=${VERSION/-/\~}
     for format in $FORMATS; do
-      name="${product}_${VERSION}_${os}_${arch}.${format}"
       case "$format" in
-        zip) (cd "$(dirname "$out")" && zip -q -X -D "$DIST/$name" "$product") ;;
+        zip) name="${product}_${VERSION}_${os}_${arch}.zip" ;;
+        deb) name="${product}_${pkgversion}-1_${arch}.deb" ;;
+        rpm) name="${product}-${pkgversion}-1.$(rpmarch "$arch").rpm" ;;
+        *) die "unknown format $format (zip, deb or rpm)" ;;
+      esac
+      case "$format" in
+        zip) (cd "$(dirname "$out")" && zip -q -X -D "$DIST/$name" "$product" LICENSE.txt) ;;
         deb | rpm)
           sed -e "s|\${BIN}|$out|" -e "s|\${VERSION}|$VERSION|" -e "s|\${ARCH}|$arch|" \
             "packaging/$product.nfpm.yaml" >"$work/nfpm.yaml"
           "$work/bin/nfpm" package -f "$work/nfpm.yaml" -p "$format" -t "$DIST/$name" >&2 ;;
-        *) die "unknown format $format (zip, deb or rpm)" ;;
       esac
     done
   done
 done
-(cd "$DIST" && sha256sum -- * >SHA256SUMS)
+shopt -s nullglob
+cd "$DIST"
+for product in $PRODUCTS; do
+  files=("${product}"_*.zip "${product}"_*.deb "${product}"-*.rpm)
+  sha256sum -- "${files[@]}" >"${product}_${VERSION}_SHA256SUMS"
+done
+files=(*.zip *.deb *.rpm)
+sha256sum -- "${files[@]}" >SHA256SUMS
+cd - >/dev/null
 cat "$DIST/SHA256SUMS"
