@@ -58,6 +58,23 @@ cc() {
   esac
 }
 
+# Every C compiler the plugin's builds need, before anything is built: a
+# missing cross-compiler is installed where apt-get can (as root), or named.
+if [[ " $PRODUCTS " == *" nomad-device-gpu "* ]]; then
+  for platform in $PLATFORMS; do
+    compiler=$(cc "${platform#*/}")
+    command -v "$compiler" >/dev/null && continue
+    pkg="gcc-${compiler%-gcc}"
+    [ "$compiler" = gcc ] && pkg=gcc
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+      printf 'release: installing %s for nomad-device-gpu on %s\n' "$pkg" "$platform" >&2
+      apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$pkg" >&2
+    fi
+    command -v "$compiler" >/dev/null ||
+      die "$compiler is missing for nomad-device-gpu on $platform (Debian: apt-get install $pkg); nothing was built"
+  done
+fi
+
 # rpmarch ARCH: RPM's name of a Go architecture.
 rpmarch() {
   case "$1" in
@@ -82,8 +99,6 @@ for platform in $PLATFORMS; do
     cgo=0 compiler=gcc
     if [ "$product" = nomad-device-gpu ]; then
       cgo=1 compiler=$(cc "$arch")
-      command -v "$compiler" >/dev/null ||
-        die "$compiler is missing for $product on $platform (Debian: apt-get install gcc-${compiler%-gcc})"
     fi
     printf 'release: %s %s %s\n' "$product" "$VERSION" "$platform" >&2
     CGO_ENABLED=$cgo CC=$compiler GOOS=$os GOARCH=$arch go build -trimpath -buildvcs=false \
