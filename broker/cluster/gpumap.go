@@ -29,6 +29,10 @@ type Sample struct {
 	LastXID        *float64 // the last XID the GPU reported (0: none)
 	ECCCorrected   *float64 // since the driver loaded
 	ECCUncorrected *float64
+	MemCopyUtil    *float64 // percent of time device memory was read or written
+	EncoderUtil    *float64 // percent
+	DecoderUtil    *float64 // percent
+	DriverVersion  string
 	// Which GPU the device is, as the plugin says in its stats: the GPU's
 	// index on its host, the physical GPU's UUID, and a MIG instance's GPU
 	// instance id and profile.
@@ -79,6 +83,10 @@ type MapGPU struct {
 	LastXID        *float64 `json:"last_xid,omitempty"`
 	ECCCorrected   *float64 `json:"ecc_corrected,omitempty"`
 	ECCUncorrected *float64 `json:"ecc_uncorrected,omitempty"`
+	MemCopyUtil    *float64 `json:"mem_copy_util,omitempty"`
+	EncoderUtil    *float64 `json:"encoder_util,omitempty"`
+	DecoderUtil    *float64 `json:"decoder_util,omitempty"`
+	DriverVersion  string   `json:"driver_version,omitempty"`
 	PCIBusID       string   `json:"pci_bus_id,omitempty"`
 	GPUIndex       *float64 `json:"gpu_index,omitempty"`
 	GPUUUID        string   `json:"gpu_uuid,omitempty"`
@@ -112,6 +120,7 @@ func (v *View) Map(idleBelow float64) []MapNode {
 				mg.Utilization, mg.MemoryUsed, mg.MemoryTotal, mg.Temperature, mg.Power = s.Utilization, s.MemoryUsedMiB, s.MemoryTotalMiB, s.TemperatureC, s.PowerW
 				mg.SMClock, mg.MemClock, mg.LastXID, mg.ECCCorrected, mg.ECCUncorrected = s.SMClockMHz, s.MemClockMHz, s.LastXID, s.ECCCorrected, s.ECCUncorrected
 				mg.GPUIndex, mg.GPUUUID, mg.MIGInstance, mg.MIGProfile = s.GPUIndex, s.GPUUUID, s.MIGInstance, s.MIGProfile
+				mg.MemCopyUtil, mg.EncoderUtil, mg.DecoderUtil, mg.DriverVersion = s.MemCopyUtil, s.EncoderUtil, s.DecoderUtil, s.DriverVersion
 			}
 			if a, ok := holder[dev]; ok {
 				mg.State, mg.Namespace, mg.Job, mg.Alloc, mg.Tenant, mg.Queue = GPUHeld, a.Namespace, a.JobID, a.ID, a.Tenant, a.Queue

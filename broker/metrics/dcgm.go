@@ -19,7 +19,11 @@ import (
 // task's names are the submitter's, so they are no labels; alloc_id joins
 // to them (the broker's /v1/gpu/nodes, Nomad's API).
 var dcgmLabels = []string{"gpu", "UUID", "device", "modelName", "Hostname", "pci_bus_id", "GPU_I_PROFILE", "GPU_I_ID",
-	"namespace", "tenant", "alloc_id"}
+	"DCGM_FI_DRIVER_VERSION", "namespace", "tenant", "alloc_id"}
+
+// xidLabels are the XID series' own besides: the last XID's number and what
+// it means (xidMeaning), as dcgm-exporter labels it.
+var xidLabels = []string{"err_code", "err_msg"}
 
 // dcgmField is one DCGM field as dcgm-exporter names and types it, and how
 // a GPU on the map gives its value.
@@ -29,8 +33,9 @@ type dcgmField struct {
 	value func(g cluster.MapGPU) *float64
 }
 
-func dcgmDesc(name, help string) *prometheus.Desc {
-	return prometheus.NewDesc(name, help+" (DCGM's name; from the device plugin's stats through Nomad, at the leader's last sample)", dcgmLabels, nil)
+func dcgmDesc(name, help string, more ...string) *prometheus.Desc {
+	return prometheus.NewDesc(name, help+" (DCGM's name; from the device plugin's stats through Nomad, at the leader's last sample)",
+		append(append([]string(nil), dcgmLabels...), more...), nil)
 }
 
 var dcgmFields = []dcgmField{
@@ -54,12 +59,57 @@ var dcgmFields = []dcgmField{
 		func(g cluster.MapGPU) *float64 { return g.SMClock }},
 	{dcgmDesc("DCGM_FI_DEV_MEM_CLOCK", "Memory clock frequency (in MHz)."), prometheus.GaugeValue,
 		func(g cluster.MapGPU) *float64 { return g.MemClock }},
-	{dcgmDesc("DCGM_FI_DEV_XID_ERRORS", "Value of the last XID error encountered (0: none since the plugin started)."), prometheus.GaugeValue,
+	{dcgmDesc("DCGM_FI_DEV_MEM_COPY_UTIL", "Memory utilization (in %)."), prometheus.GaugeValue,
+		func(g cluster.MapGPU) *float64 { return g.MemCopyUtil }},
+	{dcgmDesc("DCGM_FI_DEV_ENC_UTIL", "Encoder utilization (in %)."), prometheus.GaugeValue,
+		func(g cluster.MapGPU) *float64 { return g.EncoderUtil }},
+	{dcgmDesc("DCGM_FI_DEV_DEC_UTIL", "Decoder utilization (in %)."), prometheus.GaugeValue,
+		func(g cluster.MapGPU) *float64 { return g.DecoderUtil }},
+	{xidDesc, prometheus.GaugeValue,
 		func(g cluster.MapGPU) *float64 { return g.LastXID }},
 	{dcgmDesc("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", "Total number of single-bit volatile ECC errors (corrected, since the driver loaded)."), prometheus.CounterValue,
 		func(g cluster.MapGPU) *float64 { return g.ECCCorrected }},
 	{dcgmDesc("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "Total number of double-bit volatile ECC errors (uncorrected, since the driver loaded)."), prometheus.CounterValue,
 		func(g cluster.MapGPU) *float64 { return g.ECCUncorrected }},
+}
+
+// xidDesc is the XID field's, which carries xidLabels too.
+var xidDesc = dcgmDesc("DCGM_FI_DEV_XID_ERRORS", "Value of the last XID error encountered (0: none since the plugin started).", xidLabels...)
+
+// xidMeaning is what an XID says, in short, for the err_msg label: the
+// ones an operator acts on; others are named by number only.
+func xidMeaning(xid int) string {
+	switch xid {
+	case 0:
+		return "No error"
+	case 13:
+		return "Graphics engine exception (usually the application)"
+	case 31:
+		return "GPU memory page fault (usually the application)"
+	case 43:
+		return "GPU stopped processing (usually the application)"
+	case 45:
+		return "Preemptive cleanup after an earlier error"
+	case 48:
+		return "Double-bit ECC error"
+	case 61, 62:
+		return "Internal micro-controller error"
+	case 63, 64:
+		return "ECC page retirement or row remapping event"
+	case 74:
+		return "NVLink error"
+	case 79:
+		return "GPU has fallen off the bus"
+	case 92:
+		return "High single-bit ECC error rate"
+	case 94:
+		return "Contained ECC error"
+	case 95:
+		return "Uncontained ECC error"
+	case 119, 120:
+		return "GSP error"
+	}
+	return "XID " + strconv.Itoa(xid)
 }
 
 // dcgm reports the map's sampled GPUs under DCGM's names. A shared GPU's
@@ -78,9 +128,16 @@ func (c *scrape) dcgm(ch chan<- prometheus.Metric, p *policy.Policy, nodes []clu
 			}
 			seen[key] = true
 			for _, f := range dcgmFields {
-				if v := f.value(g); v != nil {
-					ch <- prometheus.MustNewConstMetric(f.desc, f.kind, *v, labels...)
+				v := f.value(g)
+				if v == nil {
+					continue
 				}
+				values := labels
+				if f.desc == xidDesc {
+					code := strconv.Itoa(int(*v))
+					values = append(append([]string(nil), labels...), code, xidMeaning(int(*v)))
+				}
+				ch <- prometheus.MustNewConstMetric(f.desc, f.kind, *v, values...)
 			}
 		}
 	}
@@ -104,7 +161,7 @@ func dcgmLabelValues(p *policy.Policy, n cluster.MapNode, g cluster.MapGPU) []st
 		alloc = g.Alloc
 	}
 	return []string{index, g.GPUUUID, device, modelName(g.Model), n.Name, dcgmBusID(g.PCIBusID), g.MIGProfile, instance,
-		namespace, tenant, alloc}
+		g.DriverVersion, namespace, tenant, alloc}
 }
 
 // modelName is the GPU's product name, as DCGM's modelName has it, from its

@@ -260,13 +260,16 @@ func TestGPUTelemetryUnderDCGMsNames(t *testing.T) {
 	f := func(v float64) *float64 { return &v }
 	whole := func(i float64, uuid string) cluster.Sample {
 		return cluster.Sample{Utilization: f(42), MemoryUsedMiB: f(1024), MemoryTotalMiB: f(81559), TemperatureC: f(55), PowerW: f(300),
-			SMClockMHz: f(1980), MemClockMHz: f(2619), LastXID: f(0), ECCCorrected: f(3), ECCUncorrected: f(0), GPUIndex: f(i), GPUUUID: uuid}
+			SMClockMHz: f(1980), MemClockMHz: f(2619), LastXID: f(0), ECCCorrected: f(3), ECCUncorrected: f(0), GPUIndex: f(i), GPUUUID: uuid,
+			MemCopyUtil: f(17), EncoderUtil: f(4), DecoderUtil: f(9), DriverVersion: "550.54.15"}
 	}
 	shared := whole(2, "GPU-s")
+	shared.LastXID = f(79)
 	view.SetSamples(map[string]cluster.Sample{"n1-0": whole(0, "GPU-0"),
 		"n1-1":          {Utilization: f(0)}, // a plugin that does not say which GPU it is: not reported
 		"n1-shared-0-0": shared, "n1-shared-0-1": shared,
-		"MIG-a": {MemoryUsedMiB: f(512), MemoryTotalMiB: f(40960), GPUIndex: f(3), GPUUUID: "GPU-m", MIGInstance: f(2), MIGProfile: "3g.40gb"}})
+		"MIG-a": {MemoryUsedMiB: f(512), MemoryTotalMiB: f(40960), GPUIndex: f(3), GPUUUID: "GPU-m", MIGInstance: f(2), MIGProfile: "3g.40gb",
+			DriverVersion: "550.54.15"}})
 	m := metrics.New()
 	m.Observe(metrics.Sources{Cluster: view, Queue: queuetest.NewMem(), Policies: testbuild.Fixed{P: testbuild.Policy(t, src)}})
 	labels := func(gpu, uuid, bus, profile, instance, ns, tenant, alloc string) string {
@@ -274,7 +277,7 @@ func TestGPUTelemetryUnderDCGMsNames(t *testing.T) {
 		if gpu != "" {
 			dev = "nvidia" + gpu
 		}
-		return fmt.Sprintf(`{GPU_I_ID=%q,GPU_I_PROFILE=%q,Hostname="gpu-1",UUID=%q,alloc_id=%q,device=%q,gpu=%q,modelName=%q,namespace=%q,pci_bus_id=%q,tenant=%q}`,
+		return fmt.Sprintf(`{DCGM_FI_DRIVER_VERSION="550.54.15",GPU_I_ID=%q,GPU_I_PROFILE=%q,Hostname="gpu-1",UUID=%q,alloc_id=%q,device=%q,gpu=%q,modelName=%q,namespace=%q,pci_bus_id=%q,tenant=%q}`,
 			instance, profile, uuid, alloc, dev, gpu, testbuild.H100, ns, bus, tenant)
 	}
 	w0 := labels("0", "GPU-0", "00000000:01:00.0", "", "", "vision", "vision", held)
@@ -294,19 +297,29 @@ func TestGPUTelemetryUnderDCGMsNames(t *testing.T) {
 		{"DCGM_FI_DEV_POWER_USAGE", "Power draw (in W).", "gauge", "300", "300", ""},
 		{"DCGM_FI_DEV_SM_CLOCK", "SM clock frequency (in MHz).", "gauge", "1980", "1980", ""},
 		{"DCGM_FI_DEV_MEM_CLOCK", "Memory clock frequency (in MHz).", "gauge", "2619", "2619", ""},
-		{"DCGM_FI_DEV_XID_ERRORS", "Value of the last XID error encountered (0: none since the plugin started).", "gauge", "0", "0", ""},
+		{"DCGM_FI_DEV_MEM_COPY_UTIL", "Memory utilization (in %).", "gauge", "17", "17", ""},
+		{"DCGM_FI_DEV_ENC_UTIL", "Encoder utilization (in %).", "gauge", "4", "4", ""},
+		{"DCGM_FI_DEV_DEC_UTIL", "Decoder utilization (in %).", "gauge", "9", "9", ""},
+		{"DCGM_FI_DEV_XID_ERRORS", "Value of the last XID error encountered (0: none since the plugin started).", "gauge", "0", "79", ""},
 		{"DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", "Total number of single-bit volatile ECC errors (corrected, since the driver loaded).", "counter", "3", "3", ""},
 		{"DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "Total number of double-bit volatile ECC errors (uncorrected, since the driver loaded).", "counter", "0", "0", ""},
 	} {
 		fmt.Fprintf(&want, "# HELP %s %s (DCGM's name; from the device plugin's stats through Nomad, at the leader's last sample)\n# TYPE %s %s\n",
 			f.name, f.help, f.name, f.kind)
-		fmt.Fprintf(&want, "%s%s %s\n%s%s %s\n%s%s %s\n", f.name, w0, f.v0, f.name, ws, f.vs, f.name, wv, f.vs)
+		l0, ls, lv := w0, ws, wv
+		if f.name == "DCGM_FI_DEV_XID_ERRORS" { // and what the XID means
+			l0 = strings.Replace(w0, ",gpu=", `,err_code="0",err_msg="No error",gpu=`, 1)
+			ls = strings.Replace(ws, ",gpu=", `,err_code="79",err_msg="GPU has fallen off the bus",gpu=`, 1)
+			lv = strings.Replace(wv, ",gpu=", `,err_code="79",err_msg="GPU has fallen off the bus",gpu=`, 1)
+		}
+		fmt.Fprintf(&want, "%s%s %s\n%s%s %s\n%s%s %s\n", f.name, l0, f.v0, f.name, ls, f.vs, f.name, lv, f.vs)
 		if f.mig != "" {
 			fmt.Fprintf(&want, "%s%s %s\n", f.name, mig, f.mig)
 		}
 	}
 	names := []string{"DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_POWER_USAGE",
-		"DCGM_FI_DEV_SM_CLOCK", "DCGM_FI_DEV_MEM_CLOCK", "DCGM_FI_DEV_XID_ERRORS", "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL"}
+		"DCGM_FI_DEV_SM_CLOCK", "DCGM_FI_DEV_MEM_CLOCK", "DCGM_FI_DEV_MEM_COPY_UTIL", "DCGM_FI_DEV_ENC_UTIL", "DCGM_FI_DEV_DEC_UTIL",
+		"DCGM_FI_DEV_XID_ERRORS", "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL"}
 	if err := testutil.GatherAndCompare(m.Registry, strings.NewReader(want.String()), names...); err != nil {
 		t.Fatal(err)
 	}

@@ -223,6 +223,10 @@ func (o *Observer) node(ctx context.Context, id string, gpus map[string]reclaim.
 // Stat names the device plugin reports (as `nomad node status -stats` shows them).
 const (
 	statMemory         = "Memory state"
+	statMemUtil        = "Memory utilization"
+	statEncUtil        = "Encoder utilization"
+	statDecUtil        = "Decoder utilization"
+	statDriver         = "Driver version"
 	statTemperature    = "Temperature"
 	statPower          = "Power usage"
 	statSMClock        = "SM clock"
@@ -251,6 +255,10 @@ func sampleOf(node, model string, st *api.DeviceStats) cluster.Sample {
 		s.LastXID, _ = statValue(a[statLastXID])
 		s.ECCCorrected, _ = statValue(a[statECCCorrected])
 		s.ECCUncorrected, _ = statValue(a[statECCUncorrected])
+		s.MemCopyUtil, _ = statValue(a[statMemUtil])
+		s.EncoderUtil, _ = statValue(a[statEncUtil])
+		s.DecoderUtil, _ = statValue(a[statDecUtil])
+		s.DriverVersion = statString(a[statDriver])
 		s.GPUIndex, _ = statValue(a[statGPUIndex])
 		s.MIGInstance, _ = statValue(a[statMIGInstance])
 		s.GPUUUID, s.MIGProfile = statString(a[statGPUUUID]), statString(a[statMIGProfile])

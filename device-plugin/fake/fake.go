@@ -32,12 +32,17 @@ type State struct {
 	Healthy           *bool  `json:"healthy"`
 	HealthDescription string `json:"health_description"`
 	UtilizationGPU    *int64 `json:"utilization_gpu"`
-	MemoryUsedMiB     *int64 `json:"memory_used_mib"`
-	TemperatureC      *int64 `json:"temperature_c"`
-	PowerW            *int64 `json:"power_w"`
-	XID               *int64 `json:"xid"`
-	ECCCorrected      *int64 `json:"ecc_corrected"`
-	ECCUncorrected    *int64 `json:"ecc_uncorrected"`
+	// UtilizationMemory is the share of time memory was read or written
+	// (default: the share of memory used); encoder and decoder: 0.
+	UtilizationMemory  *int64 `json:"utilization_memory"`
+	UtilizationEncoder *int64 `json:"utilization_encoder"`
+	UtilizationDecoder *int64 `json:"utilization_decoder"`
+	MemoryUsedMiB      *int64 `json:"memory_used_mib"`
+	TemperatureC       *int64 `json:"temperature_c"`
+	PowerW             *int64 `json:"power_w"`
+	XID                *int64 `json:"xid"`
+	ECCCorrected       *int64 `json:"ecc_corrected"`
+	ECCUncorrected     *int64 `json:"ecc_uncorrected"`
 }
 
 // Backend serves simulated GPUs. It is safe for concurrent use.
@@ -172,6 +177,11 @@ func (b *Backend) Stats(context.Context) ([]gpu.Stats, error) {
 		}
 		if st.MemTotalMiB > 0 {
 			st.MemUtilPct = st.MemUsedMiB * 100 / st.MemTotalMiB
+		}
+		if s, ok := state[d.UUID]; ok {
+			set(&st.MemUtilPct, s.UtilizationMemory)
+			set(&st.EncUtilPct, s.UtilizationEncoder)
+			set(&st.DecUtilPct, s.UtilizationDecoder)
 		}
 		out = append(out, st)
 	}

@@ -88,9 +88,13 @@ var Healthy = Health{Healthy: true}
 
 // Stats is one sample of a device's activity; fields are Unknown when unreadable.
 type Stats struct {
-	UUID         string
-	GPUUtilPct   int64
+	UUID       string
+	GPUUtilPct int64
+	// MemUtilPct is the share of time device memory was read or written
+	// (NVML's memory utilisation, DCGM's memory copy utilisation).
 	MemUtilPct   int64
+	EncUtilPct   int64 // video encoder
+	DecUtilPct   int64 // video decoder
 	MemUsedMiB   int64
 	MemTotalMiB  int64
 	TemperatureC int64
@@ -107,7 +111,7 @@ type Stats struct {
 
 // UnknownStats is a sample in which nothing could be read.
 func UnknownStats(uuid string) Stats {
-	return Stats{UUID: uuid, GPUUtilPct: Unknown, MemUtilPct: Unknown, MemUsedMiB: Unknown,
+	return Stats{UUID: uuid, GPUUtilPct: Unknown, MemUtilPct: Unknown, EncUtilPct: Unknown, DecUtilPct: Unknown, MemUsedMiB: Unknown,
 		MemTotalMiB: Unknown, TemperatureC: Unknown, PowerW: Unknown, PowerLimitW: Unknown,
 		SMClockMHz: Unknown, MemClockMHz: Unknown, LastXID: Unknown, ECCCorrected: Unknown, ECCUncorrected: Unknown}
 }

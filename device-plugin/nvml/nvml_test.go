@@ -95,6 +95,8 @@ func complete(m *machine, i int, d *server.Device) {
 		return nvml.Utilization{Gpu: uint32(10 * i), Memory: 5}, nvml.SUCCESS
 	}
 	d.GetTemperatureFunc = func(nvml.TemperatureSensors) (uint32, nvml.Return) { return 41, nvml.SUCCESS }
+	d.GetEncoderUtilizationFunc = func() (uint32, uint32, nvml.Return) { return 4, 167000, nvml.SUCCESS }
+	d.GetDecoderUtilizationFunc = func() (uint32, uint32, nvml.Return) { return 9, 167000, nvml.SUCCESS }
 	d.GetClockInfoFunc = func(c nvml.ClockType) (uint32, nvml.Return) {
 		switch c {
 		case nvml.CLOCK_MEM:
@@ -369,7 +371,7 @@ func TestStats(t *testing.T) {
 		if s.UUID != uuid {
 			continue
 		}
-		want := gpu.Stats{UUID: uuid, GPUUtilPct: 30, MemUtilPct: 5, MemUsedMiB: 0, MemTotalMiB: 81920,
+		want := gpu.Stats{UUID: uuid, GPUUtilPct: 30, MemUtilPct: 5, EncUtilPct: 4, DecUtilPct: 9, MemUsedMiB: 0, MemTotalMiB: 81920,
 			TemperatureC: 41, PowerW: 312, PowerLimitW: 700, SMClockMHz: 1980, MemClockMHz: 2619, ECCCorrected: 3, ECCUncorrected: 0}
 		if s != want {
 			t.Errorf("got %+v\nwant %+v", s, want)

@@ -79,6 +79,12 @@ func sample(dev nvml.Device, s *gpu.Stats) {
 	if u, ret := dev.GetUtilizationRates(); ret == nvml.SUCCESS {
 		s.GPUUtilPct, s.MemUtilPct = int64(u.Gpu), int64(u.Memory)
 	}
+	if u, _, ret := dev.GetEncoderUtilization(); ret == nvml.SUCCESS {
+		s.EncUtilPct = int64(u)
+	}
+	if u, _, ret := dev.GetDecoderUtilization(); ret == nvml.SUCCESS {
+		s.DecUtilPct = int64(u)
+	}
 	if t, ret := dev.GetTemperature(nvml.TEMPERATURE_GPU); ret == nvml.SUCCESS {
 		s.TemperatureC = int64(t)
 	}

@@ -15,6 +15,8 @@ import (
 const (
 	StatGPUUtil        = "GPU utilization"
 	StatMemUtil        = "Memory utilization"
+	StatEncUtil        = "Encoder utilization"
+	StatDecUtil        = "Decoder utilization"
 	StatMemory         = "Memory state"
 	StatTemperature    = "Temperature"
 	StatPower          = "Power usage"
@@ -28,6 +30,7 @@ const (
 	// per-device attributes, its stats do.
 	StatGPUIndex    = "GPU index"
 	StatGPUUUID     = "GPU UUID"
+	StatDriver      = "Driver version"
 	StatMIGInstance = "MIG instance"
 	StatMIGProfile  = "MIG profile"
 )
@@ -66,7 +69,9 @@ func deviceStats(s gpu.Stats, d gpu.Device, ts *timestamppb.Timestamp) *devicepb
 		Timestamp: ts,
 		Stats: &structspb.StatObject{Attributes: map[string]*structspb.StatValue{
 			StatGPUUtil:        util,
-			StatMemUtil:        intStat(s.MemUtilPct, "%", "share of frame-buffer memory in use"),
+			StatMemUtil:        intStat(s.MemUtilPct, "%", "share of time device memory was read or written"),
+			StatEncUtil:        intStat(s.EncUtilPct, "%", "video encoder utilization"),
+			StatDecUtil:        intStat(s.DecUtilPct, "%", "video decoder utilization"),
 			StatMemory:         fraction(s.MemUsedMiB, s.MemTotalMiB, "MiB", "frame-buffer memory used / total"),
 			StatTemperature:    intStat(s.TemperatureC, "C", "GPU temperature"),
 			StatPower:          fraction(s.PowerW, s.PowerLimitW, "W", "power drawn / power limit"),
@@ -78,6 +83,9 @@ func deviceStats(s gpu.Stats, d gpu.Device, ts *timestamppb.Timestamp) *devicepb
 			StatGPUIndex:       intStat(d.Index, "", "the GPU's index on its host, as nvidia-smi numbers it"),
 			StatGPUUUID:        {StringVal: wrapperspb.String(d.GPUUUID()), Desc: "the physical GPU's UUID"},
 		}},
+	}
+	if d.DriverVersion != "" {
+		st.Stats.Attributes[StatDriver] = &structspb.StatValue{StringVal: wrapperspb.String(d.DriverVersion), Desc: "the NVIDIA driver's version"}
 	}
 	if d.ParentUUID != "" {
 		st.Stats.Attributes[StatMIGInstance] = intStat(d.GPUInstance, "", "the MIG instance's GPU instance id")
