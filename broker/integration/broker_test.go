@@ -82,16 +82,20 @@ func dcgmPromises(t *testing.T, path string) (metrics, labels []string) {
 		t.Fatalf("%s has no section \"GPU metrics for existing dashboards\"", path)
 	}
 	section, _, _ = strings.Cut(section, "\n## ")
+	inLabels := false // the label table follows the metric table
 	for _, line := range strings.Split(section, "\n") {
+		if strings.HasPrefix(line, "| label |") {
+			inLabels = true
+		}
 		if !strings.HasPrefix(line, "| `") {
 			continue
 		}
 		first, _, _ := strings.Cut(line[2:], " |")
 		for _, name := range regexp.MustCompile("`([A-Za-z_]+)`").FindAllStringSubmatch(first, -1) {
-			if strings.HasPrefix(name[1], "DCGM_") {
-				metrics = append(metrics, name[1])
-			} else {
+			if inLabels {
 				labels = append(labels, name[1])
+			} else {
+				metrics = append(metrics, name[1])
 			}
 		}
 	}
@@ -341,6 +345,29 @@ func TestBroker(t *testing.T) {
 					}
 				}
 			}
+		}
+		// The dashboard for one scrape target: every series and label its
+		// queries and legends name is served, and its GPU variable (UUID)
+		// tells every GPU apart.
+		for _, q := range dashboardQueries(t, "../../dashboards/dcgm-cluster.json") {
+			for _, m := range metricName.FindAllString(q, -1) {
+				if len(series[m]) == 0 {
+					t.Errorf("dcgm-cluster.json queries %s, which the broker does not serve: %s", m, q)
+					continue
+				}
+				for _, label := range queryLabels.FindAllStringSubmatch(q, -1) {
+					if _, ok := series[m][0][label[1]]; !ok {
+						t.Errorf("dcgm-cluster.json: %s has no label %s: %s", m, label[1], q)
+					}
+				}
+			}
+		}
+		uuids := map[string]bool{}
+		for _, l := range series["DCGM_FI_DEV_GPU_TEMP"] {
+			uuids[l["UUID"]] = true
+		}
+		if len(uuids) != 8 {
+			t.Errorf("the GPU variable's label, UUID, has %d values for 8 GPUs", len(uuids))
 		}
 	})
 
@@ -965,4 +992,49 @@ func waitPasses(t *testing.T, b *testcluster.Broker, loop string, n int) {
 		}
 		return nil
 	})
+}
+
+// queryLabels are the label names a query's selectors match on (name=~…,
+// name=…), its legend names ({{name}}) and label_values' label.
+var queryLabels = regexp.MustCompile(`(?:[{,]|\{\{)\s*([A-Za-z_][A-Za-z0-9_]*)\s*(?:=~|!=|=|\}\}|\))`)
+
+// dashboardQueries returns every query of a Grafana dashboard (panels'
+// expressions with their legends, template variables' queries).
+func dashboardQueries(t *testing.T, path string) []string {
+	t.Helper()
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var dash struct {
+		Templating struct {
+			List []struct {
+				Definition string `json:"definition"`
+			} `json:"list"`
+		} `json:"templating"`
+		Panels []struct {
+			Targets []struct {
+				Expr   string `json:"expr"`
+				Legend string `json:"legendFormat"`
+			} `json:"targets"`
+		} `json:"panels"`
+	}
+	if err := json.Unmarshal(raw, &dash); err != nil {
+		t.Fatalf("%s: %v", path, err)
+	}
+	var out []string
+	for _, v := range dash.Templating.List {
+		if v.Definition != "" {
+			out = append(out, v.Definition)
+		}
+	}
+	for _, p := range dash.Panels {
+		for _, target := range p.Targets {
+			out = append(out, target.Expr+" "+target.Legend)
+		}
+	}
+	if len(out) < 10 {
+		t.Fatalf("%s: only %d queries read", path, len(out))
+	}
+	return out
 }
