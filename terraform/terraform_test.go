@@ -5,10 +5,15 @@
 package terraform_test
 
 import (
+	"archive/zip"
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io/fs"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -365,8 +370,9 @@ func TestTerraformIsFormatted(t *testing.T) {
 }
 
 // The broker job that cluster-config registers runs on a real Nomad with a real
-// Consul: its tokens come from the Nomad variable, its policies from the job's
-// templates, and it answers as the broker, leader and all.
+// Consul: Nomad downloads the release's zip and checks its SHA-256, its tokens
+// come from the Nomad variable, its policies from the job's templates, and it
+// answers as the broker, leader and all.
 func TestTheBrokerRunsAsANomadJob(t *testing.T) {
 	nomadBin := tools.Binary(t, "nomad")
 	consul := testcluster.StartConsul(t)
@@ -390,8 +396,9 @@ func TestTheBrokerRunsAsANomadJob(t *testing.T) {
 	}
 	policyJSON, _ := json.Marshal(policies)
 	port := testcluster.FreePorts(t, 1)[0]
+	zipURL, zipSum := serveReleaseZip(t, "gpu-broker", testcluster.BrokerReleaseBinary(t))
 	cmd := exec.Command(nomadBin, "job", "run", "-detach",
-		"-var", "count=1", "-var", "driver=raw_exec", "-var", "binary="+testcluster.BrokerReleaseBinary(t),
+		"-var", "count=1", "-var", "driver=raw_exec", "-var", "url="+zipURL, "-var", "sha256="+zipSum,
 		"-var", fmt.Sprintf("port=%d", port), "-var", "nomad_address="+n.Addr, "-var", "consul_addr="+consul.Addr,
 		"-var", "policies="+string(policyJSON), filepath.Join("modules", "cluster-config", "gpu-broker.nomad.hcl"))
 	cmd.Env = append(os.Environ(), "NOMAD_ADDR="+n.Addr)
@@ -572,4 +579,34 @@ func exprsOf(body *hclsyntax.Body) hclsyntax.Expression {
 		items = append(items, exprsOf(b.Body))
 	}
 	return &hclsyntax.TupleConsExpr{Exprs: items}
+}
+
+// serveReleaseZip serves a zip laid out as the release's (the binary at bin
+// as name, at its top, with LICENSE.txt) over HTTP on loopback, and returns
+// its URL and SHA-256.
+func serveReleaseZip(t *testing.T, name, bin string) (url, sum string) {
+	t.Helper()
+	var buf bytes.Buffer
+	zw := zip.NewWriter(&buf)
+	for file, src := range map[string]string{name: bin, "LICENSE.txt": "../LICENSE"} {
+		b, err := os.ReadFile(src)
+		if err != nil {
+			t.Fatal(err)
+		}
+		h := &zip.FileHeader{Name: file, Method: zip.Deflate}
+		h.SetMode(0o755)
+		w, err := zw.CreateHeader(h)
+		if err != nil {
+			t.Fatal(err)
+		}
+		w.Write(b)
+	}
+	if err := zw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	body := buf.Bytes()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.Write(body) }))
+	t.Cleanup(srv.Close)
+	h := sha256.Sum256(body)
+	return srv.URL + "/" + name + "_" + testcluster.ReleaseVersion + "_linux_amd64.zip", hex.EncodeToString(h[:])
 }

@@ -33,9 +33,21 @@ variable "driver" {
 }
 
 variable "binary" {
-  description = "Path of the gpu-broker binary on the nodes."
+  description = "Path of the gpu-broker binary on the nodes (where the release's package installs it); unused with url."
   type        = string
-  default     = "/usr/local/bin/gpu-broker"
+  default     = "/usr/bin/gpu-broker"
+}
+
+variable "url" {
+  description = "Where Nomad downloads the release's zip (gpu-broker_<version>_linux_<arch>.zip) into the task, checked against sha256; empty: the binary is on the nodes."
+  type        = string
+  default     = ""
+}
+
+variable "sha256" {
+  description = "SHA-256 of the zip at url (its line in the release's SHA256SUMS); required with url."
+  type        = string
+  default     = ""
 }
 
 variable "port" {
@@ -114,8 +126,22 @@ job "gpu-broker" {
       driver = var.driver
 
       config {
-        command = var.binary
+        command = var.url == "" ? var.binary : "local/gpu-broker"
         args    = ["serve", "-config", "local/broker.hcl"]
+      }
+
+      # The release's zip, checked before it is unpacked: a download that
+      # does not match sha256 fails the task instead of running.
+      dynamic "artifact" {
+        for_each = var.url == "" ? [] : [var.url]
+
+        content {
+          source      = artifact.value
+          destination = "local/"
+          options {
+            checksum = "sha256:${var.sha256}"
+          }
+        }
       }
 
       # The broker's Nomad token: a new one (rotated, or one replacing a

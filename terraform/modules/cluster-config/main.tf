@@ -91,6 +91,8 @@ resource "nomad_job" "broker" {
       node_pool     = var.broker.node_pool
       driver        = var.broker.driver
       binary        = var.broker.binary
+      url           = var.broker.url
+      sha256        = var.broker.sha256
       port          = tostring(var.broker.port)
       nomad_address = var.broker.nomad_address
       consul_addr   = var.broker.consul_addr

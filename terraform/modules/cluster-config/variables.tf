@@ -50,17 +50,24 @@ variable "kv_prefix" {
 }
 
 variable "broker" {
-  description = "The gpu-broker Nomad job: instances (one leader through a Consul lock, all serve), where its binary is on the nodes, and its port."
+  description = "The gpu-broker Nomad job: instances (one leader through a Consul lock, all serve), where its binary is on the nodes (/usr/bin/gpu-broker, as the release's package installs it) or the release zip's url and sha256 (Nomad downloads and checks it), and its port."
   type = object({
     count         = optional(number, 2)
     namespace     = optional(string, "default")
     datacenters   = optional(list(string), ["*"])
     node_pool     = optional(string, "default")
     driver        = optional(string, "exec")
-    binary        = optional(string, "/usr/local/bin/gpu-broker")
+    binary        = optional(string, "/usr/bin/gpu-broker")
+    url           = optional(string, "")
+    sha256        = optional(string, "")
     port          = optional(number, 4649)
     nomad_address = optional(string, "http://127.0.0.1:4646")
     consul_addr   = optional(string, "127.0.0.1:8500")
   })
   default = {}
+
+  validation {
+    condition     = var.broker.url == "" || can(regex("^[0-9a-f]{64}$", var.broker.sha256))
+    error_message = "broker.sha256 must be the 64 hex digits of the zip at broker.url (its line in the release's SHA256SUMS)."
+  }
 }
