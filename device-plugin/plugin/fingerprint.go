@@ -81,7 +81,7 @@ func (s *scanner) scan(ctx context.Context, now time.Time) (*devicepb.Fingerprin
 			continue
 		}
 		present[d.UUID] = true
-		if k, ok := s.known[d.UUID]; ok {
+		if k, ok := s.known[d.UUID]; ok { // the first fingerprint's readings: moving ones would change every fingerprint
 			d.PowerDrawW, d.CoresClockNowMHz, d.MemoryClockNowMHz = k.PowerDrawW, k.CoresClockNowMHz, k.MemoryClockNowMHz
 		}
 		s.known[d.UUID] = d
