@@ -116,6 +116,7 @@ func (r *run) start(j *simJob, node int) {
 // by Nomad.
 func (r *run) preempt(j *simJob) {
 	r.res.Preemptions++
+	r.remembered(j) // what the leader's prune forgot while j ran is not counted again
 	j.preemptions, j.preemptedAt = j.preemptions+1, r.now
 	if n := r.remembered(j); j.borrowed && r.o.Mode != NomadAlone && !r.p.Borrowing.BorrowsNoMore(n) {
 		if d := r.p.Borrowing.BackoffAfter(n); d > 0 {

@@ -531,3 +531,25 @@ func TestAJobEvictedMaxPreemptionsTimesBorrowsNoMoreUntilForgotten(t *testing.T)
 		}
 	}
 }
+
+// A count the leader forgets while its job runs (backoff 1m, max_backoff 2m:
+// 3 minutes after the eviction) is not counted again at the next eviction:
+// a2, evicted at 10 and again at 1000, waits out the first backoff (60 s)
+// both times, not 120 s the second.
+func TestACountForgottenWhileTheJobRanStartsOver(t *testing.T) {
+	jobs := []sim.Job{
+		{ID: "a1", Submit: 0, Namespace: "a", GPUs: 4, Duration: 3000},
+		{ID: "a2", Submit: 0, Namespace: "a", GPUs: 4, Duration: 2000},
+		{ID: "b1", Submit: 10, Namespace: "b", GPUs: 4, Duration: 50},
+		{ID: "b2", Submit: 1000, Namespace: "b", GPUs: 4, Duration: 50},
+	}
+	src := strings.Replace(twoTenants, `backoff  = "0"`, "backoff  = \"1m\"\n  max_backoff = \"2m\"", 1)
+	res, err := sim.Run(jobs, sim.Options{Policy: testbuild.Policy(t, src), Nodes: oneNode, Mode: sim.NomadGPU, ReclaimPeriod: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// a2 back at 1060 (at 1130 when counted twice), done 2000 s later.
+	if res.Span < 3050 || res.Span > 3090 || res.Preemptions != 2 {
+		t.Errorf("span %g (want 3050 to 3090), %d preemptions (want 2)", res.Span, res.Preemptions)
+	}
+}
