@@ -339,20 +339,21 @@ func (a *Agent) reclaimer() *reclaimer.Reclaimer {
 				Prune: func(ctx context.Context) (int, error) {
 					return st.stops.Prune(ctx, time.Now().Add(-a.policies.Current().ReclaimSettings.Retention))
 				}},
-			// A job left alone for max_backoff after its backoff ended
-			// starts again from no preemption, unless it still waits.
+			// A job counts its evictions for its life: the count of one
+			// gone (neither queued nor running) is forgotten once left
+			// alone for max_backoff after its backoff ended.
 			&reclaimer.Pruner{What: "preemption counts", Every: grantPruneInterval, Log: prune,
 				Prune: func(ctx context.Context) (int, error) {
 					entries, err := st.queue.List(ctx)
 					if err != nil {
 						return 0, err
 					}
-					waiting := map[string]bool{}
+					queued := map[string]bool{}
 					for _, e := range entries {
-						waiting[admission.JobKey(e.Namespace, e.JobID)] = true
+						queued[admission.JobKey(e.Namespace, e.JobID)] = true
 					}
 					return st.backoffs.Prune(ctx, time.Now(), a.policies.Current().Borrowing.ForgetAfter,
-						func(ns, job string) bool { return waiting[admission.JobKey(ns, job)] })
+						func(ns, job string) bool { return queued[admission.JobKey(ns, job)] || a.view.Running(ns, job) })
 				}}},
 		Metrics: a.metrics, Audit: a.trail, Forecast: a.forecast, Queued: st.queue,
 		Granted: granted}

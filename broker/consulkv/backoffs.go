@@ -97,17 +97,18 @@ func (b *Backoffs) Preempted(ctx context.Context, namespace, id, decision string
 }
 
 // Prune deletes the counts whose last preemption is older than quiet(count)
-// at now, of jobs not waiting in the queue: a job left alone that long starts
-// again from no preemption (one still waiting keeps its count, or a job
-// past max_preemptions would borrow again). It returns how many it deleted.
-func (b *Backoffs) Prune(ctx context.Context, now time.Time, quiet func(count int) time.Duration, waiting func(namespace, job string) bool) (int, error) {
+// at now, of jobs that are not live (live: queued or running): a job counts
+// its evictions for its whole life, or one past max_preemptions would borrow
+// again, and one submitted again soon after keeps its count. It returns how
+// many it deleted.
+func (b *Backoffs) Prune(ctx context.Context, now time.Time, quiet func(count int) time.Duration, live func(namespace, job string) bool) (int, error) {
 	all, _, err := b.r.list(ctx, &consul.QueryOptions{}, nil)
 	if err != nil {
 		return 0, err
 	}
 	deleted := 0
 	for _, p := range all {
-		if now.Sub(p.Last) < quiet(p.Count) || waiting(p.Namespace, p.Job) {
+		if now.Sub(p.Last) < quiet(p.Count) || live(p.Namespace, p.Job) {
 			continue
 		}
 		name := escape(p.Namespace, p.Job)

@@ -219,9 +219,9 @@ func TestStores(t *testing.T) {
 		b.Preempted(ctx, "vision", "other", "d3", at.Add(time.Hour))
 		b.Preempted(ctx, "vision", "queued", "d4", at)
 		// Quiet for 90 minutes after the last: the first is forgotten, the
-		// other not yet, the one still waiting in the queue not at all.
-		waiting := func(ns, job string) bool { return ns == "vision" && job == "queued" }
-		deleted, err := b.Prune(ctx, at.Add(2*time.Minute+90*time.Minute), func(int) time.Duration { return 90 * time.Minute }, waiting)
+		// other not yet, the one still queued or running not at all.
+		live := func(ns, job string) bool { return ns == "vision" && job == "queued" }
+		deleted, err := b.Prune(ctx, at.Add(2*time.Minute+90*time.Minute), func(int) time.Duration { return 90 * time.Minute }, live)
 		if err != nil || deleted != 1 {
 			t.Fatalf("pruned %d, %v", deleted, err)
 		}
@@ -232,7 +232,7 @@ func TestStores(t *testing.T) {
 			t.Errorf("not quiet long enough, yet forgotten: %d", n)
 		}
 		if n, _ := b.Preemptions("vision", "queued"); n != 1 {
-			t.Errorf("still waiting in the queue, yet forgotten: %d", n)
+			t.Errorf("still live, yet forgotten: %d", n)
 		}
 	})
 

@@ -349,9 +349,10 @@ func (p *Policy) NextSubBand(gpus float64, running time.Duration) time.Duration 
 	return max(at-running, time.Nanosecond)
 }
 
-// ForgetAfter is how long after its last preemption a job preempted
-// preemptions times is left alone before its count is forgotten, once it no
-// longer waits in the queue: its backoff, then max_backoff more.
+// ForgetAfter is how long after its last preemption the count of a job
+// preempted preemptions times is kept once the job is gone (no longer queued
+// nor running; a job submitted again meanwhile keeps it): its backoff, then
+// max_backoff more.
 func (b Borrowing) ForgetAfter(preemptions int) time.Duration {
 	if b.BorrowsNoMore(preemptions) {
 		return NoMoreFor * b.MaxBackoff // its record has an end too
@@ -365,14 +366,12 @@ func (b Borrowing) BorrowsNoMore(preemptions int) bool {
 	return b.MaxPreemptions > 0 && preemptions >= b.MaxPreemptions
 }
 
-// NoMoreFor: a job that BorrowsNoMore and no longer waits has its count
-// forgotten this many max_backoffs after its last eviction (four weeks by
-// default).
+// NoMoreFor: a job that BorrowsNoMore and is gone has its count forgotten
+// this many max_backoffs after its last eviction (four weeks by default).
 const NoMoreFor = 4
 
 // NoMoreBorrowing is the backoff of a job that BorrowsNoMore: longer than
-// any wait; its count is forgotten (ForgetAfter) only once it no longer
-// waits in the queue.
+// any wait; its count is forgotten (ForgetAfter) only once the job is gone.
 const NoMoreBorrowing = 100 * 365 * 24 * time.Hour
 
 // BackoffAfter is how long a job preempted preemptions times while borrowed

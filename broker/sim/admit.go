@@ -29,33 +29,19 @@ func (r *run) decide(p *policy.Policy, j *simJob) admission.Decision {
 // the job being decided, the only one it asks about.
 func (r *run) preemptionsOf(_, _ string) (int, time.Time) {
 	j := r.deciding
-	if j == nil {
+	if j == nil || j.preemptions == 0 {
 		return 0, time.Time{}
 	}
-	n := r.remembered(j)
-	if n == 0 {
-		return 0, time.Time{}
-	}
-	return n, r.time(j.preemptedAt)
-}
-
-// remembered is the count of j's preemptions the broker still keeps: the
-// leader forgets it once j has gone unevicted for ForgetAfter and no longer
-// waits in its queue.
-func (r *run) remembered(j *simJob) int {
-	n := j.preemptions - j.forgotten
-	if n > 0 && j.state != stQueued && j.state != stEvicted && r.now >= j.preemptedAt+r.p.Borrowing.ForgetAfter(n).Seconds() {
-		j.forgotten, n = j.preemptions, 0
-	}
-	return n
+	// The leader keeps a count while its job waits or runs (its prune
+	// forgets only those of jobs gone): here, for the whole run.
+	return j.preemptions, r.time(j.preemptedAt)
 }
 
 // inBackoff reports whether j is in its re-borrow backoff now: what
 // the enricher finds, without the clock's conversions (the bounded pass asks
 // it of every entry it walks).
 func (r *run) inBackoff(j *simJob) bool {
-	n := r.remembered(j)
-	return n > 0 && r.now < j.preemptedAt+r.p.Borrowing.BackoffAfter(n).Seconds()
+	return j.preemptions > 0 && r.now < j.preemptedAt+r.p.Borrowing.BackoffAfter(j.preemptions).Seconds()
 }
 
 // submit is a job arriving: through the broker's admission, or straight to

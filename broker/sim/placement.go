@@ -116,9 +116,8 @@ func (r *run) start(j *simJob, node int) {
 // by Nomad.
 func (r *run) preempt(j *simJob) {
 	r.res.Preemptions++
-	r.remembered(j) // what the leader's prune forgot while j ran is not counted again
 	j.preemptions, j.preemptedAt = j.preemptions+1, r.now
-	if n := r.remembered(j); j.borrowed && r.o.Mode != NomadAlone && !r.p.Borrowing.BorrowsNoMore(n) {
+	if n := j.preemptions; j.borrowed && r.o.Mode != NomadAlone && !r.p.Borrowing.BorrowsNoMore(n) {
 		if d := r.p.Borrowing.BackoffAfter(n); d > 0 {
 			heap.Push(&r.events, event{t: r.now + d.Seconds(), job: j, backoffEnds: true})
 		}

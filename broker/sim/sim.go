@@ -114,7 +114,6 @@ type simJob struct {
 	seq         uint64  // Nomad's registration order
 	preemptions int     // times Nomad evicted it
 	preemptedAt float64 // the last time
-	forgotten   int     // of those, how many the broker has forgotten (remembered)
 	cpu         float64 // CPU and memory each allocation asks, in GPUs' worth
 	watched     *reclaim.Alloc
 	// pin are the nodes the broker chose for its allocations, in order
