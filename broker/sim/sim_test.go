@@ -339,11 +339,7 @@ func TestGuaranteedWorkIsNoVictimOfAnotherTenantsGuaranteedWork(t *testing.T) {
 // for 30 minutes: it waits for its tenant's guarantee (a1 ends at 100, the
 // pass at 110) and runs until 210.
 func TestABorrowerPreemptedWaitsOutItsBackoff(t *testing.T) {
-	src := strings.Replace(twoTenants, `backoff  = "0"`, `backoff  = "30m"`, 1)
-	res, err := sim.Run(borrowing, sim.Options{Policy: testbuild.Policy(t, src), Nodes: oneNode, Mode: sim.NomadGPU, ReclaimPeriod: 20 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
+	res := runBorrowing(t, borrowing, `backoff = "30m"`, 20*time.Second)
 	near(t, "span", res.Span, 210)
 	near(t, "JCT", res.JCT.Mean, (100+50+210)/3.0)
 	if res.Preemptions != 1 {
@@ -365,6 +361,19 @@ func TestAnAllocationHoldsItsGPUsBeforeItsTaskStarts(t *testing.T) {
 	near(t, "JCT", res.JCT.Mean, (105+210)/2.0)
 }
 
+// runBorrowing runs jobs in nomad-gpu mode on oneNode under twoTenants with
+// set in place of its borrowing block's backoff = "0" line, the reclaim
+// passes every period.
+func runBorrowing(t *testing.T, jobs []sim.Job, set string, period time.Duration) *sim.Result {
+	t.Helper()
+	src := strings.Replace(twoTenants, `backoff  = "0"`, set, 1)
+	res, err := sim.Run(jobs, sim.Options{Policy: testbuild.Policy(t, src), Nodes: oneNode, Mode: sim.NomadGPU, ReclaimPeriod: period})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return res
+}
+
 // withAndWithout runs jobs on oneNode under twoTenants with a borrowing
 // setting off and on (what borrowing(on) adds to the block), the reclaim
 // passes every 10 s.
@@ -372,11 +381,7 @@ func withAndWithout(t *testing.T, jobs []sim.Job, borrowing func(on bool) string
 	t.Helper()
 	out := map[bool]*sim.Result{}
 	for _, on := range []bool{false, true} {
-		src := strings.Replace(twoTenants, `backoff  = "0"`, "backoff  = \"0\"\n  "+borrowing(on), 1)
-		res, err := sim.Run(jobs, sim.Options{Policy: testbuild.Policy(t, src), Nodes: oneNode, Mode: sim.NomadGPU, ReclaimPeriod: 10 * time.Second})
-		if err != nil {
-			t.Fatal(err)
-		}
+		res := runBorrowing(t, jobs, "backoff = \"0\"\n  "+borrowing(on), 10*time.Second)
 		if res.Preemptions != 1 || res.GuaranteedVictims != 0 {
 			t.Errorf("on %t: %d preemptions (want 1), %d guaranteed victims", on, res.Preemptions, res.GuaranteedVictims)
 		}
@@ -522,11 +527,7 @@ func TestAJobEvictedMaxPreemptionsTimesBorrowsNoMore(t *testing.T) {
 		{"cap 1", "max_preemptions = 1", 1100, 1140},                                         // a2 after a1, at the next pass
 		{"cap 1, max_backoff 2m", "max_preemptions = 1\n  max_backoff = \"2m\"", 1100, 1140}, // the same: it waits
 	} {
-		src := strings.Replace(twoTenants, `backoff  = "0"`, "backoff  = \"0\"\n  "+c.set, 1)
-		res, err := sim.Run(jobs, sim.Options{Policy: testbuild.Policy(t, src), Nodes: oneNode, Mode: sim.NomadGPU, ReclaimPeriod: 20 * time.Second})
-		if err != nil {
-			t.Fatal(err)
-		}
+		res := runBorrowing(t, jobs, "backoff = \"0\"\n  "+c.set, 20*time.Second)
 		if res.Span < c.min || res.Span > c.max || res.Preemptions != 1 {
 			t.Errorf("%s: span %g (want %g to %g), %d preemptions (want 1)", c.name, res.Span, c.min, c.max, res.Preemptions)
 		}
@@ -543,11 +544,7 @@ func TestACountIsKeptWhileTheJobRuns(t *testing.T) {
 		{ID: "b1", Submit: 10, Namespace: "b", GPUs: 4, Duration: 50},
 		{ID: "b2", Submit: 1000, Namespace: "b", GPUs: 4, Duration: 50},
 	}
-	src := strings.Replace(twoTenants, `backoff  = "0"`, "backoff  = \"1m\"\n  max_backoff = \"2m\"", 1)
-	res, err := sim.Run(jobs, sim.Options{Policy: testbuild.Policy(t, src), Nodes: oneNode, Mode: sim.NomadGPU, ReclaimPeriod: 10 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
+	res := runBorrowing(t, jobs, "backoff = \"1m\"\n  max_backoff = \"2m\"", 10*time.Second)
 	// a2 back at 1130 (at 1060 had its count been forgotten), done 2000 s later.
 	if res.Span < 3110 || res.Span > 3150 || res.Preemptions != 2 {
 		t.Errorf("span %g (want 3110 to 3150), %d preemptions (want 2)", res.Span, res.Preemptions)
