@@ -131,7 +131,7 @@ func Parse(files map[string][]byte, capacity int) (*policy.Policy, hcl.Diagnosti
 		Placement: policy.Placement{Mode: policy.DefaultPlacementMode, ReserveAfter: policy.DefaultReserveAfter},
 		Usage:     policy.Usage{IdleBelow: policy.DefaultIdleBelow, Retention: policy.DefaultUsageRetention}, Currency: policy.DefaultCurrency, UndeclaredGPUAccess: policy.AccessRefuse,
 		OverLimit: policy.OverReclaim, OverLimitGrace: policy.DefaultOverLimitGrace, MakeRoom: policy.OverReclaim, MakeRoomGrace: policy.DefaultMakeRoomGrace,
-		FairShare: policy.FairShare{HalfLife: policy.DefaultHalfLife, IdleWeight: policy.DefaultIdleWeight}}
+		FairShare: policy.FairShare{HalfLife: policy.DefaultHalfLife, IdleWeight: policy.DefaultIdleWeight, OldestFirstAfter: policy.DefaultOldestFirstAfter}}
 	p := &parser{Policy: pol, byNamespace: map[string]*policy.Tenant{}, defs: map[string]hcl.Range{}}
 	var diags hcl.Diagnostics
 	var tenantBlocks []*hcl.Block

@@ -59,8 +59,12 @@ func TestReclaimRulesAsWritten(t *testing.T) {
 		t.Errorf("budget: %s", policyhcl.FormatDiagnostics(diags))
 	}
 	p, diags = policyhcl.Parse(map[string][]byte{"queues.hcl": []byte(queues + "fair_share {\n  idle_weight = 2\n}\n")}, 0)
-	if p == nil || p.FairShare != (policy.FairShare{Enabled: true, HalfLife: 24 * time.Hour, IdleWeight: 2}) {
+	if p == nil || p.FairShare != (policy.FairShare{Enabled: true, HalfLife: 24 * time.Hour, IdleWeight: 2, OldestFirstAfter: 6 * time.Hour}) {
 		t.Errorf("fair_share: %s", policyhcl.FormatDiagnostics(diags))
+	}
+	p, diags = policyhcl.Parse(map[string][]byte{"queues.hcl": []byte(queues + "fair_share {\n  oldest_first_after = \"0\"\n}\n")}, 0)
+	if p == nil || p.FairShare.OldestFirstAfter != 0 {
+		t.Errorf("fair_share oldest_first_after = 0: %s", policyhcl.FormatDiagnostics(diags))
 	}
 	p, diags = policyhcl.Parse(map[string][]byte{"queues.hcl": []byte(queues + "reclaim_settings {\n  period = \"5s\"\n  retention = \"48h\"\n}\n")}, 0)
 	if p == nil || p.ReclaimSettings.Period != 5*time.Second || p.ReclaimSettings.Retention != 48*time.Hour {
@@ -106,6 +110,8 @@ func TestReclaimRuleDiagnostics(t *testing.T) {
 			`reclaim.hcl:2:3: error: Invalid duration: fair_share: half_life = "1s" is not a duration of at least 1m`},
 		{"negative idle weight", "fair_share {\n  idle_weight = -1\n}\n",
 			`reclaim.hcl:2:3: error: Invalid idle weight: fair_share: idle_weight = -1 must be from 0`},
+		{"negative oldest_first_after", "fair_share {\n  oldest_first_after = \"-1h\"\n}\n",
+			`reclaim.hcl:2:3: error: Invalid duration: fair_share: oldest_first_after = "-1h" is not a duration of 0 or more`},
 		{"bad budget period", "tenant \"t\" {\n  namespaces = [\"t\"]\n  queues = [\"dev\"]\n  budget {\n    gpu_hours = 10\n    period = \"year\"\n  }\n}\n",
 			`reclaim.hcl:4:3: error: Invalid budget period: tenant "t": budget period "year" is none of "day", "week", "month"`},
 		{"a queued request larger than Consul keeps", "tenant \"t\" {\n  namespaces = [\"t\"]\n  queues = [\"dev\"]\n  max_queued_request_bytes = 1048576\n}\n",

@@ -75,8 +75,9 @@ func (p *parser) currency(a *hcl.Attribute, seen map[string]hcl.Range) hcl.Diagn
 }
 
 type fairShareBody struct {
-	HalfLife   *string  `hcl:"half_life,optional"`
-	IdleWeight *float64 `hcl:"idle_weight,optional"`
+	HalfLife         *string  `hcl:"half_life,optional"`
+	IdleWeight       *float64 `hcl:"idle_weight,optional"`
+	OldestFirstAfter *string  `hcl:"oldest_first_after,optional"`
 }
 
 func (p *parser) fairShare(b *hcl.Block) hcl.Diagnostics {
@@ -101,6 +102,15 @@ func (p *parser) fairShare(b *hcl.Block) hcl.Diagnostics {
 				fmt.Sprintf("fair_share: idle_weight = %g must be from 0 (idle time is free) to 100", w)))
 		} else {
 			p.FairShare.IdleWeight = w
+		}
+	}
+	if v := fb.OldestFirstAfter; v != nil {
+		d, err := time.ParseDuration(*v)
+		if err != nil || d < 0 {
+			diags = append(diags, errorAt(attrRange(b, "oldest_first_after"), "Invalid duration",
+				fmt.Sprintf("fair_share: oldest_first_after = %q is not a duration of 0 or more (\"6h\"; 0: the share alone orders borrowing work)", *v)))
+		} else {
+			p.FairShare.OldestFirstAfter = d
 		}
 	}
 	return diags

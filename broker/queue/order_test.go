@@ -2,6 +2,7 @@ package queue_test
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -100,6 +101,64 @@ fair_share {
 	for i, e := range entries {
 		if e.ID != want[i] {
 			t.Fatalf("position %d: got %s, want order %v", i, e.ID, want)
+		}
+	}
+}
+
+// With fair_share's oldest_first_after, a band is: the entries their
+// tenant's guarantee holds, by share; then the borrowing entries that have
+// waited oldest_first_after, oldest first; then the other borrowing entries,
+// by share. With it 0, the share alone decides.
+func TestOldBorrowingEntriesGoAheadOfTheShareNotOfAGuarantee(t *testing.T) {
+	src := `
+queue "training" { priority = 60 }
+tenant "a" {
+  namespaces = ["a"]
+  queues     = ["training"]
+  guaranteed = 4
+}
+tenant "b" {
+  namespaces = ["b"]
+  queues     = ["training"]
+  guaranteed = 4
+}
+tenant "c" {
+  namespaces = ["c"]
+  queues     = ["training"]
+  guaranteed = 4
+}
+fair_share {
+  half_life = "24h"
+  %s
+}`
+	now := time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC)
+	entries := []queue.Entry{
+		{ID: "a-borrow-7h", Tenant: "a", Queue: "training", Demand: 1, SubmittedAt: now.Add(-7 * time.Hour)},
+		{ID: "b-borrow-new", Tenant: "b", Queue: "training", Demand: 1, SubmittedAt: now},
+		{ID: "b-borrow-5h", Tenant: "b", Queue: "training", Demand: 1, SubmittedAt: now.Add(-5 * time.Hour)},
+		{ID: "b-borrow-8h", Tenant: "b", Queue: "training", Demand: 1, SubmittedAt: now.Add(-8 * time.Hour)},
+		{ID: "c-within-new", Tenant: "c", Queue: "training", Demand: 2, SubmittedAt: now},
+	}
+	// a and b hold their guarantees; c holds nothing now but used the most.
+	used := map[string]float64{"a": 4, "b": 4}
+	decayed := map[string]float64{"a": 100, "b": 10, "c": 500}
+	for _, c := range []struct {
+		attr string
+		want []string
+	}{
+		{"", []string{"c-within-new", "b-borrow-8h", "a-borrow-7h", "b-borrow-5h", "b-borrow-new"}},
+		{`oldest_first_after = "4h"`, []string{"c-within-new", "b-borrow-8h", "a-borrow-7h", "b-borrow-5h", "b-borrow-new"}},
+		{`oldest_first_after = "0"`, []string{"b-borrow-8h", "b-borrow-5h", "b-borrow-new", "a-borrow-7h", "c-within-new"}},
+	} {
+		p := testbuild.Policy(t, fmt.Sprintf(src, c.attr))
+		got := slices.Clone(entries)
+		queue.Order(got, p, used, decayed, now)
+		ids := make([]string, len(got))
+		for i, e := range got {
+			ids[i] = e.ID
+		}
+		if !slices.Equal(ids, c.want) {
+			t.Errorf("fair_share { %s }: order %v, want %v", c.attr, ids, c.want)
 		}
 	}
 }

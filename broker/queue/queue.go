@@ -130,6 +130,13 @@ const HeldHours = 1.0
 // only into the band of a higher queue (to the highest queue priority it
 // reaches): within a band the share decides, so that a tenant flooding the
 // queue does not get ahead by having the oldest entries.
+// With fair_share's oldest_first_after too, a band is in three parts:
+// entries their tenant's guarantee still holds (used + demand, in order of
+// share), then entries that would borrow and have waited oldest_first_after
+// (oldest first: a tenant that offers more than its guarantee must not wait
+// without bound for borrowed GPUs), then the other borrowing entries in
+// order of share. The first part keeps the guarantees what they are: old
+// borrowing entries go ahead of the share, never of a guarantee.
 func Order(entries []Entry, p *policy.Policy, used map[string]float64, decayed map[string]float64, now time.Time) {
 	rank := rankOf(entries, p, used, decayed, now)
 	// Move each entry to its place by following the permutation's cycles.
@@ -174,7 +181,18 @@ type orderKey struct {
 	prio   int
 	index  int32
 	parked bool
+	tier   tier
 }
+
+// tier is the part of its band an entry is in (fair_share's
+// oldest_first_after; without it every entry is in the first).
+type tier uint8
+
+const (
+	guaranteed tier = iota
+	borrowingLate
+	borrowing
+)
 
 // orderKeys is the key of each of n entries, entry(i) being the i-th, in
 // buf if it is large enough.
@@ -199,6 +217,7 @@ type Keyer struct {
 	used, decayed map[string]float64
 	now           int64 // Unix nanoseconds: an entry's age is a subtraction
 	fair          bool
+	lateAfter     int64 // fair_share.oldest_first_after, nanoseconds; 0: no tiers
 	priorities    []int
 	lastQueue     string // entries come in runs of one queue: one lookup a run
 	lastBase      int
@@ -210,6 +229,9 @@ type Keyer struct {
 // NewKeyer orders as Order does with the same arguments.
 func NewKeyer(p *policy.Policy, used map[string]float64, decayed map[string]float64, now time.Time) *Keyer {
 	k := &Keyer{p: p, used: used, decayed: decayed, now: now.UnixNano(), fair: p.FairShare.Enabled && decayed != nil, shares: map[string]float64{}}
+	if k.fair {
+		k.lateAfter = int64(p.FairShare.OldestFirstAfter)
+	}
 	for _, q := range p.Queues {
 		k.priorities = append(k.priorities, q.Priority)
 	}
@@ -235,7 +257,21 @@ func (a OrderKey) Compare(b OrderKey) int {
 
 func (k *Keyer) key(e *Entry, index int32) orderKey {
 	at := e.SubmittedAt.UnixNano()
-	return orderKey{k.share(e.Tenant), at, k.prio(e, at), index, e.Parked != ""}
+	key := orderKey{k.share(e.Tenant), at, k.prio(e, at), index, e.Parked != "", guaranteed}
+	if k.lateAfter > 0 && !k.withinGuarantee(e) {
+		key.tier = borrowing
+		if e.SubmittedAt.IsZero() || k.now-at >= k.lateAfter {
+			key.tier, key.share = borrowingLate, 0
+		}
+	}
+	return key
+}
+
+// withinGuarantee reports whether e's tenant would still be within its
+// guarantee with e admitted.
+func (k *Keyer) withinGuarantee(e *Entry) bool {
+	t, ok := k.p.Tenants[e.Tenant]
+	return ok && k.used[e.Tenant]+e.Demand <= t.Guaranteed.Total()+1e-9
 }
 
 // prio is e's priority, raised by its age (submitted at, Unix nanoseconds).
@@ -308,6 +344,8 @@ func compareFields(a, b orderKey) int {
 		return -1
 	case a.prio != b.prio:
 		return cmp.Compare(b.prio, a.prio)
+	case a.tier != b.tier:
+		return cmp.Compare(a.tier, b.tier)
 	case a.share != b.share:
 		return cmp.Compare(a.share, b.share)
 	}
