@@ -32,9 +32,13 @@ func main() {
 	// Created before Serve swaps os.Stderr: Nomad reads these JSON lines from the
 	// real stderr and re-logs them at their level.
 	log := hclog.New(&hclog.LoggerOptions{Name: plugin.Name, Level: hclog.Trace, JSONFormat: true, Output: os.Stderr})
-	plugin.Serve(plugin.New(log, version.Version, func(cfg plugin.Config) (plugin.Backend, error) {
+	p := plugin.New(log, version.Version, func(cfg plugin.Config) (plugin.Backend, error) {
 		return openBackend(cfg, log)
-	}))
+	})
+	if self, err := os.Executable(); err == nil {
+		p.FollowAgentConfig(plugin.ParentAgent, self)
+	}
+	plugin.Serve(p)
 }
 
 // openBackend picks the backend: auto means NVML where libnvidia-ml loads, else none.

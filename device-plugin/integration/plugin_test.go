@@ -226,14 +226,40 @@ func TestInvalidPluginConfigStopsAgent(t *testing.T) {
 // on its attributes with the values it reports there, place unchanged; a
 // bound above what a card offers leaves a job pending (the values are
 // compared, not just present). id_prefix keeps the GPUs of the clients apart.
+// The T4 client's config still has its nomad-device-nvidia block, which
+// ignores one of its GPUs: that GPU stays ignored, and the client's log says
+// to rename the block.
 func TestJobsWrittenForNomadDeviceNvidiaPlaceOnRealCards(t *testing.T) {
 	server := testcluster.StartNomad(t, testcluster.NomadOptions{Name: "server", Server: true})
 	cards := []struct{ client, model string }{{"t4", "Tesla T4"}, {"a100", "NVIDIA A100-SXM4-80GB"}, {"h100", model}}
+	ignored := fake.UUID("t4", 0)
+	clients := map[string]*testcluster.Nomad{}
 	for i, c := range cards {
-		testcluster.StartNomad(t, testcluster.NomadOptions{Name: c.client, Client: true,
-			Join: []string{server.RPCAddr}, PluginConfig: shapedConfig(c.client, c.model, []int{15360, 81920, 81559}[i], 2)})
+		o := testcluster.NomadOptions{Name: c.client, Client: true,
+			Join: []string{server.RPCAddr}, PluginConfig: shapedConfig(c.client, c.model, []int{15360, 81920, 81559}[i], 2)}
+		if c.client == "t4" {
+			o.ExtraHCL = fmt.Sprintf("plugin \"nomad-device-nvidia\" {\n  config {\n    ignored_gpu_ids = [%q]\n  }\n}\n", ignored)
+		}
+		clients[c.client] = testcluster.StartNomad(t, o)
 	}
 	nodes := server.WaitForNodes(t, len(cards))
+	for _, node := range nodes {
+		if node.Name != "t4" {
+			continue
+		}
+		var ids []string
+		for _, d := range node.NodeResources.Devices {
+			for _, inst := range d.Instances {
+				ids = append(ids, inst.ID)
+			}
+		}
+		if len(ids) != 1 || ids[0] == ignored {
+			t.Errorf("T4 client: GPUs %v, want one, not %s (ignored_gpu_ids of its nomad-device-nvidia block)", ids, ignored)
+		}
+	}
+	if log := clients["t4"].Log(); !strings.Contains(log, "nomad-device-nvidia") || !strings.Contains(log, "rename it to plugin") {
+		t.Errorf("the T4 client's log does not say to rename its nomad-device-nvidia block:\n%s", log)
+	}
 	ids := map[string]string{}
 	for _, node := range nodes {
 		for _, d := range node.NodeResources.Devices {

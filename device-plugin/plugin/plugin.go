@@ -6,6 +6,7 @@ package plugin
 import (
 	"context"
 	"os"
+	"path/filepath"
 	"slices"
 	"sort"
 	"strings"
@@ -52,6 +53,10 @@ type Plugin struct {
 	open    OpenBackend
 	now     func() time.Time
 	stat    func(string) (os.FileInfo, error)
+	// agent and self (this binary's path) find a `plugin "nomad-device-nvidia"`
+	// block in the launching agent's config (FollowAgentConfig); nil: none.
+	agent AgentArgs
+	self  string
 
 	mu        sync.Mutex
 	cfg       Config
@@ -73,6 +78,13 @@ func New(log hclog.Logger, version string, open OpenBackend) *Plugin {
 	}
 }
 
+// FollowAgentConfig makes SetConfig apply a `plugin "nomad-device-nvidia"`
+// block of the config of the agent that agent describes (adoptNDN); self is
+// this binary's path, in the agent's plugin_dir.
+func (p *Plugin) FollowAgentConfig(agent AgentArgs, self string) {
+	p.agent, p.self = agent, self
+}
+
 // PluginInfo identifies the plugin; it must not depend on SetConfig.
 func (p *Plugin) PluginInfo(context.Context, *basepb.PluginInfoRequest) (*basepb.PluginInfoResponse, error) {
 	return &basepb.PluginInfoResponse{
@@ -91,6 +103,9 @@ func (p *Plugin) ConfigSchema(context.Context, *basepb.ConfigSchemaRequest) (*ba
 // SetConfig validates and stores the config; Nomad may call it several times.
 func (p *Plugin) SetConfig(_ context.Context, req *basepb.SetConfigRequest) (*basepb.SetConfigResponse, error) {
 	cfg, err := DecodeConfig(req.GetMsgpackConfig())
+	if err == nil && p.agent != nil {
+		cfg, err = p.adoptAgentConfig(cfg)
+	}
 	if err != nil {
 		p.log.Error("rejected plugin config", "error", err)
 		return nil, status.Error(codes.InvalidArgument, err.Error())
@@ -101,6 +116,26 @@ func (p *Plugin) SetConfig(_ context.Context, req *basepb.SetConfigRequest) (*ba
 	p.log.Debug("plugin configured", "backend", cfg.Backend, "enabled", cfg.Enabled,
 		"fingerprint_period", cfg.FingerprintEvery().String(), "health_recovery", cfg.HealthRecoveryAfter().String())
 	return &basepb.SetConfigResponse{}, nil
+}
+
+// adoptAgentConfig applies to cfg what a `plugin "nomad-device-nvidia"` block
+// of the launching agent's config sets and ours does not (adoptNDN).
+func (p *Plugin) adoptAgentConfig(cfg Config) (Config, error) {
+	args, cwd, err := p.agent()
+	if err != nil {
+		p.log.Debug("the agent's command line was not read: its config is not searched for a nomad-device-nvidia block", "error", err)
+		return cfg, nil
+	}
+	blocks, errs := agentPlugins(args, cwd)
+	for _, err := range errs {
+		p.log.Warn("a client config file naming nomad-device-nvidia was not read", "error", err)
+	}
+	_, beside := p.stat(filepath.Join(filepath.Dir(p.self), NDNName))
+	cfg, notes, err := adoptNDN(cfg, blocks, filepath.Base(p.self), beside == nil)
+	for _, n := range notes {
+		p.log.Warn(n)
+	}
+	return cfg, err
 }
 
 func (p *Plugin) config() Config {
