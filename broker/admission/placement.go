@@ -149,10 +149,17 @@ func (s *scratch) take(i int) *NodeRoom {
 	return &r
 }
 
-// matches reports whether room can take an allocation of a (a named model
-// is a device name: Nomad matches it whole).
+// matches reports whether room can take an allocation of a.
 func matches(room *NodeRoom, a alloc, mine string, reserved bool) bool {
-	return (a.model == "" || room.Group == a.model) && (room.ReservedFor == "" || room.ReservedFor == mine || reserved)
+	return offers(room.Group, a.model) && (room.ReservedFor == "" || room.ReservedFor == mine || reserved)
+}
+
+// offers reports whether a device group can give GPUs asked of model ("":
+// any). A named model is a device name, which Nomad matches whole; the
+// broker asks a model offered per NVLink island of any of its island groups
+// (nomadjob.Request.MatchIslands).
+func offers(group, model string) bool {
+	return model == "" || group == model || policy.IslandModel(group) == model
 }
 
 // bestFit takes a's GPUs from the matching room with the fewest free GPUs
@@ -226,7 +233,7 @@ func roomText(job Job, nodes []NodeRoom) string {
 	for i := range nodes {
 		r := &nodes[i]
 		for _, g := range job.Groups {
-			if g.Model != "" && r.Group != g.Model {
+			if !offers(r.Group, g.Model) {
 				continue
 			}
 			k := slices.IndexFunc(out, func(m most) bool { return m.group == r.Group })
@@ -295,7 +302,7 @@ func Reserve(p *policy.Policy, oldest []Waiting, used map[string]float64, nodes 
 		for _, a := range allocs {
 			best := -1
 			for i, r := range nodes {
-				if taken[i] || r.GPUs < a.gpus || (a.model != "" && r.Group != a.model) {
+				if taken[i] || r.GPUs < a.gpus || !offers(r.Group, a.model) {
 					continue
 				}
 				kept, bestKept := held[r.ID] == key, best >= 0 && held[nodes[best].ID] == key

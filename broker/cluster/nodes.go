@@ -174,13 +174,34 @@ func (v *View) FittingNodes(model string, gpus int) []string {
 	return ids
 }
 
+// Islanded reports whether some node offers model per NVLink island
+// ("<model> (island N)" groups: the plugin's island_groups).
+func (v *View) Islanded(model string) bool {
+	v.mu.RLock()
+	defer v.mu.RUnlock()
+	for _, nd := range v.nodes {
+		for group := range nd.islands {
+			if policy.IslandModel(group) == model {
+				return true
+			}
+		}
+	}
+	return false
+}
+
 // fits reports whether a schedulable node has at least gpus healthy GPUs of
-// model ("" any).
+// model ("" any) in one device group, as Nomad takes them: a model offered
+// per NVLink island from one of its islands.
 func fits(nd node, model string, gpus int) bool {
 	if !nd.schedulable {
 		return false
 	}
 	have := nd.gpus[model]
+	for group, c := range nd.gpus {
+		if nd.islands[group] && policy.IslandModel(group) == model {
+			have = max(have, c)
+		}
+	}
 	if model == "" {
 		have = 0
 		for _, c := range nd.gpus {

@@ -29,6 +29,9 @@ type Cluster interface {
 	NodesFitting(model string, gpus int) int
 	// FittingNodes are the ids of the nodes NodesFitting counts.
 	FittingNodes(model string, gpus int) []string
+	// Islanded reports whether some node offers model per NVLink island
+	// (nomadjob.Request.MatchIslands).
+	Islanded(model string) bool
 	// UsageFor is the usage without j's own, with the nodes it may use.
 	UsageFor(p *policy.Policy, j admission.Job) admission.Usage
 	// Admit decides and, when it admits, reserves the demand at once.
@@ -134,6 +137,7 @@ func (s *Sequence) Prepare(ctx context.Context, p *policy.Policy, req *nomadjob.
 			return nil, err
 		}
 	}
+	islands := req.MatchIslands(s.Cluster.Islanded)
 	req.PinNodes(s.Cluster.FittingNodes)
 	groups, err := req.Groups(current, s.Cluster.NodesFitting)
 	if err != nil {
@@ -149,7 +153,7 @@ func (s *Sequence) Prepare(ctx context.Context, p *policy.Policy, req *nomadjob.
 		}
 	}
 	req.Pin()
-	wrote := req.ApplyWorkload(p.WorkloadFor(req.Namespace, req.Job.Meta[nomadjob.MetaQueue]))
+	wrote := append(islands, req.ApplyWorkload(p.WorkloadFor(req.Namespace, req.Job.Meta[nomadjob.MetaQueue]))...)
 	return &Request{Request: req, Groups: groups, Wrote: wrote}, nil
 }
 

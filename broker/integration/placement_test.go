@@ -2,12 +2,14 @@ package integration
 
 import (
 	"fmt"
+	"os"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/hashicorp/nomad/api"
 
+	"github.com/nomad-gpu/nomad-gpu/testing/testbuild"
 	"github.com/nomad-gpu/nomad-gpu/testing/testcluster"
 )
 
@@ -185,4 +187,75 @@ func TestPlacement(t *testing.T) {
 			t.Errorf("a1 pinned again is taken for unadmitted work: its new stamp does not bind its new pin")
 		}
 	})
+}
+
+// TestAJobNamingAModelPlacesOnIslandGroups: a node whose plugin offers its 4
+// GPUs per NVLink island (island_groups: groups "<model> (island N)" of 2).
+// A job written for the model (device "nvidia/gpu/<model>") finds no group
+// of that name when sent straight to Nomad; through the broker, which asks
+// it of the model's island groups, it is admitted, told so, and runs. Its
+// own one-node cluster: no other test's nodes offer island groups, and such
+// a node would change what their jobs fit.
+func TestAJobNamingAModelPlacesOnIslandGroups(t *testing.T) {
+	t.Parallel()
+	const model = "NVIDIA H100 80GB HBM3"
+	consul := testcluster.StartConsul(t)
+	n := testcluster.StartNomad(t, testcluster.NomadOptions{Name: "islands", Server: true, Client: true, PluginConfig: `
+    backend       = "fake"
+    island_groups = true
+    fake {
+      count     = 4
+      islands   = 2
+      id_prefix = "isl"
+    }`})
+	n.WaitForNodes(t, 1)
+	if _, err := n.API.Namespaces().Register(&api.Namespace{Name: "vision"}, nil); err != nil {
+		t.Fatal(err)
+	}
+	e := brokerEnv(t, n, consul, `
+queue "training" { priority = 60 }
+tenant "vision" {
+  namespaces = ["vision"]
+  queues     = ["training"]
+  guaranteed = 4
+  limit      = 4
+}
+`, "vision", 2, testcluster.BrokerOptions{})
+
+	direct := testbuild.Job("vision", "direct").Type(api.JobTypeBatch).Group("g", 1, 2, "nvidia/gpu/"+model).Build()
+	direct.Datacenters = []string{"*"}
+	direct.TaskGroups[0].Tasks[0].Config = map[string]any{"command": "/bin/sleep", "args": []string{"3600"}}
+	resp, _, err := n.API.Jobs().Register(direct, &api.WriteOptions{Namespace: "vision"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	testcluster.WaitFor(t, 30*time.Second, "Nomad's evaluation of the job sent straight to it", func() error {
+		ev, _, err := n.API.Evaluations().Info(resp.EvalID, &api.QueryOptions{Namespace: "vision"})
+		if err != nil || ev.Status != api.EvalStatusComplete {
+			return fmt.Errorf("evaluation %v (%v)", ev, err)
+		}
+		if ev.FailedTGAllocs["g"] == nil {
+			t.Errorf("straight to Nomad, a job naming %q placed on island groups: the test shows nothing", model)
+		}
+		return nil
+	})
+	if _, _, err := n.API.Jobs().Deregister("direct", true, &api.WriteOptions{Namespace: "vision"}); err != nil {
+		t.Fatal(err)
+	}
+
+	spec := e.spec("vision", "named", 1, 2, "")
+	b, _ := os.ReadFile(spec)
+	writeFile(t, spec, strings.Replace(string(b), `device "nvidia/gpu"`, `device "nvidia/gpu/`+model+`"`, 1))
+	out, err := e.nomadCLI("job", "run", "-detach", spec)
+	if err != nil || !strings.Contains(out, "nomad-gpu: admitted") || !strings.Contains(out, "per NVLink island (island_groups)") {
+		t.Fatalf("a job naming the model through the broker: want admitted, with a warning about islands: %v\n%s", err, out)
+	}
+	e.waitRunning("vision", "named")
+	dev := e.job("vision", "named").TaskGroups[0].Tasks[0].Resources.Devices[0]
+	if dev.Name != "nvidia/gpu" || len(dev.Constraints) != 1 || dev.Constraints[0].LTarget != "${device.model}" || dev.Constraints[0].Operand != "regexp" {
+		t.Errorf("the job Nomad runs asks %q %+v", dev.Name, dev.Constraints)
+	}
+	if used := e.usedBy("vision"); used != 2 {
+		t.Errorf("vision charged %v GPUs, want 2", used)
+	}
 }

@@ -205,6 +205,7 @@ func gpusPerAlloc(tg *api.TaskGroup) ([]modelGPUs, error) {
 			if !ok {
 				continue
 			}
+			model = requestModel(dev, model)
 			n := uint64(1) // Nomad's default
 			if dev.Count != nil {
 				n = *dev.Count

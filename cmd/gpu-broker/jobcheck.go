@@ -111,6 +111,7 @@ type emptyCluster struct {
 
 func (emptyCluster) NodesFitting(string, int) int      { return 1 }
 func (emptyCluster) FittingNodes(string, int) []string { return []string{"any-node"} }
+func (emptyCluster) Islanded(string) bool              { return false }
 func (c emptyCluster) UsageFor(*policy.Policy, admission.Job) admission.Usage {
 	const plenty = 1 << 30
 	perNode := c.perNode
