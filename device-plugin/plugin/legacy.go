@@ -54,30 +54,54 @@ type option struct {
 
 // agentPlugins reads the plugin blocks of the config files an agent command
 // line (`nomad agent -config PATH ...`) names, as Nomad loads them (HCL 1 or
-// JSON; a file, or the .hcl and .json files of a directory). A file it
-// cannot read or parse is an error of its own; the others are still read.
+// JSON). A file it cannot read or parse is an error of its own; the others
+// are still read.
 func agentPlugins(args []string, cwd string) (map[string][]pluginBlock, []error) {
 	if !slices.Contains(args, "agent") {
 		return nil, nil
 	}
-	var paths []string
+	files, errs := configFiles(args, cwd)
+	out := map[string][]pluginBlock{}
+	for _, f := range files {
+		src, err := os.ReadFile(f)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		file, err := hcl.ParseBytes(src)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("read agent config %s: %w", f, err))
+			continue
+		}
+		if list, ok := file.Node.(*ast.ObjectList); ok {
+			for _, item := range list.Filter("plugin").Items {
+				if len(item.Keys) > 0 {
+					name, _ := item.Keys[0].Token.Value().(string)
+					out[name] = append(out[name], readPluginBlock(f, item))
+				}
+			}
+		}
+	}
+	return out, errs
+}
+
+// configFiles are the files of an agent's -config flags: a file, or the .hcl
+// and .json files of a directory, in name order.
+func configFiles(args []string, cwd string) ([]string, []error) {
+	var files []string
+	var errs []error
 	for i := 0; i < len(args); i++ {
-		name, value, inline := strings.Cut(strings.TrimLeft(args[i], "-"), "=")
+		name, p, inline := strings.Cut(strings.TrimLeft(args[i], "-"), "=")
 		if !strings.HasPrefix(args[i], "-") || name != "config" {
 			continue
 		}
 		if !inline && i+1 < len(args) {
 			i++
-			value = args[i]
+			p = args[i]
 		}
-		if !filepath.IsAbs(value) {
-			value = filepath.Join(cwd, value)
+		if !filepath.IsAbs(p) {
+			p = filepath.Join(cwd, p)
 		}
-		paths = append(paths, value)
-	}
-	var files []string
-	var errs []error
-	for _, p := range paths {
 		st, err := os.Stat(p)
 		if err != nil {
 			errs = append(errs, err)
@@ -98,61 +122,42 @@ func agentPlugins(args []string, cwd string) (map[string][]pluginBlock, []error)
 			}
 		}
 	}
-	out := map[string][]pluginBlock{}
-	for _, f := range files {
-		src, err := os.ReadFile(f)
-		if err != nil {
-			errs = append(errs, err)
-			continue
+	return files, errs
+}
+
+// readPluginBlock reads the config options of one plugin block of file f
+// (item: its keys after "plugin").
+func readPluginBlock(f string, item *ast.ObjectItem) pluginBlock {
+	b := pluginBlock{at: fmt.Sprintf("%s:%d", f, item.Pos().Line)}
+	// JSON's objects come flattened: "plugin" "name" "config" can be one
+	// item's keys.
+	var configs []ast.Node
+	switch rest := item.Keys[1:]; {
+	case len(rest) == 1 && rest[0].Token.Value() == "config":
+		configs = append(configs, item.Val)
+	case len(rest) == 0:
+		if body, ok := item.Val.(*ast.ObjectType); ok {
+			for _, c := range body.List.Filter("config").Items {
+				configs = append(configs, c.Val)
+			}
 		}
-		file, err := hcl.ParseBytes(src)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("read agent config %s: %w", f, err))
-			continue
+	}
+	for _, c := range configs {
+		if l, ok := c.(*ast.ListType); ok && len(l.List) == 1 { // JSON: "config": [{...}]
+			c = l.List[0]
 		}
-		list, ok := file.Node.(*ast.ObjectList)
+		inner, ok := c.(*ast.ObjectType)
 		if !ok {
 			continue
 		}
-		for _, item := range list.Filter("plugin").Items {
-			if len(item.Keys) == 0 {
-				continue
+		for _, o := range inner.List.Items {
+			if len(o.Keys) > 0 {
+				key, _ := o.Keys[0].Token.Value().(string)
+				b.options = append(b.options, option{name: key, at: fmt.Sprintf("%s:%d", f, o.Pos().Line), value: o.Val})
 			}
-			name, _ := item.Keys[0].Token.Value().(string)
-			b := pluginBlock{at: fmt.Sprintf("%s:%d", f, item.Pos().Line)}
-			// JSON's objects come flattened: "plugin" "name" "config" can
-			// be one item's keys.
-			var configs []ast.Node
-			switch rest := item.Keys[1:]; {
-			case len(rest) == 1 && rest[0].Token.Value() == "config":
-				configs = append(configs, item.Val)
-			case len(rest) == 0:
-				if body, ok := item.Val.(*ast.ObjectType); ok {
-					for _, c := range body.List.Filter("config").Items {
-						configs = append(configs, c.Val)
-					}
-				}
-			}
-			for _, c := range configs {
-				if l, ok := c.(*ast.ListType); ok && len(l.List) == 1 { // JSON: "config": [{...}]
-					c = l.List[0]
-				}
-				inner, ok := c.(*ast.ObjectType)
-				if !ok {
-					continue
-				}
-				for _, o := range inner.List.Items {
-					if len(o.Keys) == 0 {
-						continue
-					}
-					key, _ := o.Keys[0].Token.Value().(string)
-					b.options = append(b.options, option{name: key, at: fmt.Sprintf("%s:%d", f, o.Pos().Line), value: o.Val})
-				}
-			}
-			out[name] = append(out[name], b)
 		}
 	}
-	return out, errs
+	return b
 }
 
 // adoptNDN applies the options of a `plugin "nomad-device-nvidia"` block to
