@@ -69,16 +69,7 @@ func TestAReleaseIsReproducibleAndLaidOutAsHashiCorps(t *testing.T) {
 	if len(zr.File) != 2 || zr.File[0].Name != "nomad-device-gpu" || zr.File[0].Mode().Perm() != 0o755 || zr.File[1].Name != "LICENSE.txt" {
 		t.Fatalf("the zip holds %v, want nomad-device-gpu (0755) and LICENSE.txt", zr.File)
 	}
-	rc, err := zr.File[0].Open()
-	if err != nil {
-		t.Fatal(err)
-	}
-	bin := filepath.Join(t.TempDir(), "nomad-device-gpu")
-	b, _ := io.ReadAll(rc)
-	rc.Close()
-	if err := os.WriteFile(bin, b, 0o755); err != nil {
-		t.Fatal(err)
-	}
+	bin, b := unzipped(t, zr.File[0])
 	out, err := exec.Command(bin, "-version").CombinedOutput()
 	wantVersion := regexp.MustCompile(`^nomad-device-gpu v` + regexp.QuoteMeta(v) + ` \(commit [0-9a-f]{40}, ` +
 		regexp.QuoteMeta(runtime.Version()) + `\)\n$`)
@@ -104,11 +95,11 @@ func TestAReleaseIsReproducibleAndLaidOutAsHashiCorps(t *testing.T) {
 	if !strings.Contains(string(contents), "-rwxr-xr-x root/root") {
 		t.Errorf("the deb's plugin is not root's and executable:\n%s", contents)
 	}
-	// The C library it declares is what the binary asks for: the newest
-	// GLIBC symbol version it imports.
+	// The C library it declares is the floor the binary keeps
+	// (TestThePluginNeedsGlibc217).
 	fields, _ := exec.Command(dpkg, "-f", filepath.Join(first, want[2]), "Package", "Version", "Architecture", "Depends").CombinedOutput()
-	if got, glibc := string(fields), newestGlibc(t, bin); got != "Package: nomad-device-gpu\nVersion: "+pkg+"-1\nArchitecture: amd64\nDepends: libc6 (>= "+glibc+")\n" {
-		t.Errorf("the deb's control fields (the binary needs glibc %s):\n%s", glibc, got)
+	if got := string(fields); got != "Package: nomad-device-gpu\nVersion: "+pkg+"-1\nArchitecture: amd64\nDepends: libc6 (>= "+glibcFloor+")\n" {
+		t.Errorf("the deb's control fields (the binary needs glibc %s):\n%s", glibcFloor, got)
 	}
 	// An rpm begins with its lead's magic number (no rpm tool on Debian).
 	if rpm, err := os.ReadFile(filepath.Join(first, want[0])); err != nil || !bytes.HasPrefix(rpm, []byte{0xed, 0xab, 0xee, 0xdb}) {
@@ -116,37 +107,126 @@ func TestAReleaseIsReproducibleAndLaidOutAsHashiCorps(t *testing.T) {
 	}
 }
 
-// newestGlibc is the newest GLIBC_x.y symbol version the ELF binary at path
-// imports ("2.34").
-func newestGlibc(t *testing.T, path string) string {
+// glibcFloor is the oldest glibc the plugin runs on (RHEL 7's), which its
+// packages declare.
+const glibcFloor = "2.17"
+
+// TestThePluginNeedsGlibc217: each released plugin binary (amd64, arm64)
+// asks glibc's own loader, no GLIBC symbol version newer than 2.17, and
+// libdl and libpthread, where glibc before 2.34 keeps dlopen and
+// pthread_create. The amd64 one starts on Debian 11's glibc 2.31 (`make
+// tools`), which defines every versioned symbol it imports: a build against
+// this machine's glibc without scripts/plugin-flags.sh stops there at once
+// ("GLIBC_2.34 not found").
+func TestThePluginNeedsGlibc217(t *testing.T) {
+	t.Parallel()
+	dist := t.TempDir()
+	testcluster.ReleaseFor(t, dist, "linux/amd64 linux/arm64", "zip")
+	interpreters := map[string]string{"amd64": "/lib64/ld-linux-x86-64.so.2", "arm64": "/lib/ld-linux-aarch64.so.1"}
+	for arch, interp := range interpreters {
+		zr, err := zip.OpenReader(filepath.Join(dist, "nomad-device-gpu_"+testcluster.ReleaseVersion+"_linux_"+arch+".zip"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		bin, b := unzipped(t, zr.File[0])
+		zr.Close()
+		f, err := elf.NewFile(bytes.NewReader(b))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, p := range f.Progs {
+			if p.Type == elf.PT_INTERP {
+				got, _ := io.ReadAll(p.Open())
+				if string(bytes.TrimRight(got, "\x00")) != interp {
+					t.Errorf("%s: interpreter %q, want %q", arch, got, interp)
+				}
+			}
+		}
+		libs, _ := f.ImportedLibraries()
+		for _, lib := range []string{"libdl.so.2", "libpthread.so.0", "libc.so.6"} {
+			if !slices.Contains(libs, lib) {
+				t.Errorf("%s: needs %v, not %s", arch, libs, lib)
+			}
+		}
+		if v := newestGlibc(t, f); compareVersions(v, glibcFloor) > 0 {
+			t.Errorf("%s: needs GLIBC_%s, newer than the floor %s", arch, v, glibcFloor)
+		}
+		if arch != "amd64" {
+			continue
+		}
+		old := filepath.Join(tools.File(t, "glibc-2.31"), "lib", "x86_64-linux-gnu")
+		defined := map[string]bool{}
+		for _, lib := range []string{"libc.so.6", "libdl.so.2", "libpthread.so.0"} {
+			lf, err := elf.Open(filepath.Join(old, lib))
+			if err != nil {
+				t.Fatal(err)
+			}
+			syms, _ := lf.DynamicSymbols()
+			lf.Close()
+			for _, s := range syms {
+				if s.Section != elf.SHN_UNDEF {
+					defined[s.Name+"@"+s.Version] = true
+				}
+			}
+		}
+		imported, _ := f.ImportedSymbols()
+		for _, s := range imported {
+			if strings.HasPrefix(s.Version, "GLIBC_") && !defined[s.Name+"@"+s.Version] {
+				t.Errorf("%s: imports %s@%s, which glibc 2.31 does not define", arch, s.Name, s.Version)
+			}
+		}
+		run := exec.Command(filepath.Join(old, "ld-2.31.so"), "--library-path", old, bin, "-version")
+		if out, err := run.CombinedOutput(); err != nil || !strings.HasPrefix(string(out), "nomad-device-gpu v"+testcluster.ReleaseVersion) {
+			t.Errorf("on glibc 2.31: %v\n%s", err, out)
+		}
+	}
+}
+
+// unzipped writes a zip's file out, executable, and returns its path and bytes.
+func unzipped(t *testing.T, zf *zip.File) (string, []byte) {
 	t.Helper()
-	f, err := elf.Open(path)
+	rc, err := zf.Open()
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer f.Close()
+	b, err := io.ReadAll(rc)
+	rc.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), zf.Name)
+	if err := os.WriteFile(path, b, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return path, b
+}
+
+// compareVersions compares dotted version numbers ("2.3.3" < "2.17").
+func compareVersions(a, b string) int {
+	parse := func(v string) []int {
+		var out []int
+		for _, p := range strings.Split(v, ".") {
+			n, _ := strconv.Atoi(p)
+			out = append(out, n)
+		}
+		return out
+	}
+	return slices.Compare(parse(a), parse(b))
+}
+
+// newestGlibc is the newest GLIBC_x.y symbol version the ELF binary f
+// imports ("2.34").
+func newestGlibc(t *testing.T, f *elf.File) string {
+	t.Helper()
 	syms, err := f.ImportedSymbols()
 	if err != nil {
 		t.Fatal(err)
 	}
-	newest := []int{0}
+	newest := "0"
 	for _, s := range syms {
-		v, ok := strings.CutPrefix(s.Version, "GLIBC_")
-		if !ok {
-			continue
-		}
-		var parts []int
-		for _, p := range strings.Split(v, ".") {
-			n, _ := strconv.Atoi(p)
-			parts = append(parts, n)
-		}
-		if slices.Compare(parts, newest) > 0 {
-			newest = parts
+		if v, ok := strings.CutPrefix(s.Version, "GLIBC_"); ok && compareVersions(v, newest) > 0 {
+			newest = v
 		}
 	}
-	out := make([]string, len(newest))
-	for i, n := range newest {
-		out[i] = strconv.Itoa(n)
-	}
-	return strings.Join(out, ".")
+	return newest
 }

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the real Nomad and Consul agents used by tests and the demo, and OpenTofu
 # for terraform/, from the Go module proxy (MPL-2.0 releases), once per machine,
-# into TOOLS_DIR.
+# into TOOLS_DIR; and unpacks an older glibc (Debian 11's) that the released
+# plugin is run on.
 # Idempotent: a binary that already reports the wanted version is kept.
 set -euo pipefail
 
@@ -10,6 +11,7 @@ NOMAD_API=v0.0.0-20231030125810-e0497bff1437 # the api module at the v1.6.3 comm
 CONSUL_VERSION=1.16.3
 CONSUL_SUBMODULES="api@v1.25.1 envoyextensions@v0.4.1 proto-public@v0.4.1 sdk@v0.14.1 troubleshoot@v0.3.1"
 TOFU_VERSION=1.12.6
+OLD_GLIBC=2.31 # Debian 11 (bullseye), RHEL 8's 2.28 and Ubuntu 20.04's 2.31 are of its age
 
 TOOLS_DIR=${TOOLS_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/nomad-gpu/tools}
 mkdir -p "$TOOLS_DIR/bin"
@@ -102,11 +104,33 @@ build_tofu() {
   has_version "$TOOLS_DIR/bin/tofu" "$TOFU_VERSION"
 }
 
+# old_glibc unpacks Debian 11's libc6 (glibc 2.31, before 2.34 moved libdl
+# and libpthread into libc) for amd64, checked against the suite's package
+# index: packaging's test runs the released plugin on it.
+old_glibc() {
+  local dest="$TOOLS_DIR/glibc-$OLD_GLIBC" index deb sum work
+  if [ -x "$dest/lib/x86_64-linux-gnu/ld-$OLD_GLIBC.so" ]; then log "glibc $OLD_GLIBC present"; return; fi
+  for cmd in curl xz dpkg-deb sha256sum; do
+    command -v "$cmd" >/dev/null || { log "$cmd is missing for glibc $OLD_GLIBC (Debian: apt-get install $cmd)"; return 1; }
+  done
+  log "unpacking glibc $OLD_GLIBC (Debian 11's libc6)"
+  work=$(mktemp -d)
+  curl -fsSL -o "$work/Packages.xz" https://deb.debian.org/debian/dists/bullseye/main/binary-amd64/Packages.xz
+  index=$(xz -dc "$work/Packages.xz" | awk '/^Package: libc6$/ {p = 1} p && /^(Version|Filename|SHA256):/ {print $2} p && /^$/ {p = 0}')
+  read -r version deb sum <<<"$(echo $index)"
+  [[ "$version" == "$OLD_GLIBC"-* ]] || { log "bullseye's libc6 is $version, not $OLD_GLIBC"; rm -rf "$work"; return 1; }
+  curl -fsSL -o "$work/libc6.deb" "https://deb.debian.org/debian/$deb"
+  echo "$sum  $work/libc6.deb" | sha256sum -c --quiet || { log "libc6 $version: checksum mismatch"; rm -rf "$work"; return 1; }
+  dpkg-deb -x "$work/libc6.deb" "$work/root"
+  rm -rf "$dest"; mv "$work/root" "$dest"; rm -rf "$work"
+}
+
 case "${1:-all}" in
   nomad) build_nomad; keep_nomad_routes ;;
   consul) build_consul ;;
   tofu) build_tofu ;;
-  all) build_nomad; keep_nomad_routes; build_consul; build_tofu ;;
+  glibc) old_glibc ;;
+  all) build_nomad; keep_nomad_routes; build_consul; build_tofu; old_glibc ;;
   dir) echo "$TOOLS_DIR" ;;
-  *) log "usage: $0 [all|nomad|consul|tofu|dir]"; exit 2 ;;
+  *) log "usage: $0 [all|nomad|consul|tofu|glibc|dir]"; exit 2 ;;
 esac

@@ -96,13 +96,16 @@ for platform in $PLATFORMS; do
   for product in $PRODUCTS; do
     out="$work/$arch/$product"
     mkdir -p "$(dirname "$out")"
-    cgo=0 compiler=gcc
+    cgo=0 compiler=gcc cflags=$CGO_CFLAGS tags="" extld=""
     if [ "$product" = nomad-device-gpu ]; then
+      # glibc 2.17 or later: scripts/plugin-flags.sh says how.
       cgo=1 compiler=$(cc "$arch")
+      { read -r more; read -r tags; read -r extld; } < <(./scripts/plugin-flags.sh)
+      cflags="$CGO_CFLAGS $more"
     fi
     printf 'release: %s %s %s\n' "$product" "$VERSION" "$platform" >&2
-    CGO_ENABLED=$cgo CC=$compiler GOOS=$os GOARCH=$arch go build -trimpath -buildvcs=false \
-      -ldflags "-s -w -buildid= -X github.com/nomad-gpu/nomad-gpu/internal/version.Version=$VERSION -X github.com/nomad-gpu/nomad-gpu/internal/version.Commit=$COMMIT" \
+    CGO_ENABLED=$cgo CC=$compiler CGO_CFLAGS=$cflags GOOS=$os GOARCH=$arch go build -trimpath -buildvcs=false -tags "$tags" \
+      -ldflags "-s -w -buildid= -X github.com/nomad-gpu/nomad-gpu/internal/version.Version=$VERSION -X github.com/nomad-gpu/nomad-gpu/internal/version.Commit=$COMMIT $extld" \
       -o "$out" "./cmd/$product"
     chmod 0755 "$out"
     touch -d "@$SOURCE_DATE_EPOCH" "$out"

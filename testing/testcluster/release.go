@@ -20,6 +20,12 @@ const ReleaseVersion = "0.0.0-test"
 // returns the SHA-256 of each file by name, from its SHA256SUMS.
 func Release(t testing.TB, dist string, formats ...string) map[string]string {
 	t.Helper()
+	return ReleaseFor(t, dist, "linux/amd64", formats...)
+}
+
+// ReleaseFor is Release for platforms ("linux/amd64 linux/arm64").
+func ReleaseFor(t testing.TB, dist, platforms string, formats ...string) map[string]string {
+	t.Helper()
 	for _, tool := range []string{"zip", "sha256sum", "git"} {
 		tools.Binary(t, tool)
 	}
@@ -29,7 +35,7 @@ func Release(t testing.TB, dist string, formats ...string) map[string]string {
 	}
 	cmd := exec.Command(filepath.Join(root, "scripts", "release.sh"))
 	// A test runs on a tree with changes; a release refuses one.
-	cmd.Env = append(os.Environ(), "VERSION="+ReleaseVersion, "DIST="+dist, "PLATFORMS=linux/amd64",
+	cmd.Env = append(os.Environ(), "VERSION="+ReleaseVersion, "DIST="+dist, "PLATFORMS="+platforms,
 		"PRODUCTS=nomad-device-gpu", "FORMATS="+strings.Join(formats, " "), "RELEASE_DIRTY=1")
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("scripts/release.sh: %v\n%s", err, out)

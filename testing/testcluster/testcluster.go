@@ -100,8 +100,20 @@ func buildOnce(t testing.TB, pkg, name string, race bool) string {
 		if race {
 			args = append(args, "-race")
 		}
+		cflags := "-Wno-deprecated-declarations"
+		if name == "nomad-device-gpu" {
+			// Built as released, for glibc 2.17 (scripts/plugin-flags.sh).
+			out, err := exec.Command(filepath.Join(moduleRoot(t), "scripts", "plugin-flags.sh")).Output()
+			lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+			if err != nil || len(lines) != 3 {
+				b.err = fmt.Errorf("scripts/plugin-flags.sh: %v: %q", err, out)
+				return
+			}
+			cflags += " " + lines[0]
+			args = append(args, "-tags", lines[1], "-ldflags", lines[2])
+		}
 		cmd := exec.Command("go", append(args, pkg)...)
-		cmd.Env = append(os.Environ(), "CGO_CFLAGS=-Wno-deprecated-declarations")
+		cmd.Env = append(os.Environ(), "CGO_CFLAGS="+cflags)
 		if out, err := cmd.CombinedOutput(); err != nil {
 			b.err = fmt.Errorf("build %s: %v\n%s", name, err, out)
 		}
