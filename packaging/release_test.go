@@ -24,7 +24,8 @@ import (
 
 // Two releases of one commit are the same bytes, laid out as HashiCorp's:
 // a zip holding the binary and the licence, packages named as Debian and RPM
-// name them installing it in Nomad's plugin_dir with the licence and the C
+// name them installing it in Nomad's own plugin_dir for HashiCorp's data_dir
+// (with a link where earlier packages put it) with the licence and the C
 // library the binary needs declared, the product's SHA256SUMS and one of
 // them all.
 func TestAReleaseIsReproducibleAndLaidOutAsHashiCorps(t *testing.T) {
@@ -86,13 +87,13 @@ func TestAReleaseIsReproducibleAndLaidOutAsHashiCorps(t *testing.T) {
 	if err != nil {
 		t.Fatalf("dpkg-deb -c: %v\n%s", err, contents)
 	}
-	for _, path := range []string{"./opt/nomad/plugins/nomad-device-gpu", "./etc/nomad.d/nomad-device-gpu.hcl.example",
-		"./usr/share/doc/nomad-device-gpu/LICENSE.txt"} {
+	for _, path := range []string{"./opt/nomad/data/plugins/nomad-device-gpu", "./etc/nomad.d/nomad-device-gpu.hcl.example",
+		"./usr/share/doc/nomad-device-gpu/LICENSE.txt", "./opt/nomad/plugins/nomad-device-gpu -> /opt/nomad/data/plugins/nomad-device-gpu"} {
 		if !strings.Contains(string(contents), path) {
 			t.Errorf("the deb lacks %s:\n%s", path, contents)
 		}
 	}
-	if !strings.Contains(string(contents), "-rwxr-xr-x root/root") {
+	if !regexp.MustCompile(`-rwxr-xr-x root/root .* \./opt/nomad/data/plugins/nomad-device-gpu\n`).Match(contents) {
 		t.Errorf("the deb's plugin is not root's and executable:\n%s", contents)
 	}
 	// The C library it declares is the floor the binary keeps

@@ -150,17 +150,23 @@ func TestGPUNodeModuleAppliesWithItsDefaults(t *testing.T) {
 	}
 }
 
-// A Nomad client started from the rendered configuration joins a real server,
-// loads the plugin, installed from a release zip of `make release` by the
-// cloud-init command that checks its SHA-256, with GPU sharing, and offers
-// the host volume for checkpoints; its cloud-init writes exactly the
-// rendered files.
+// A Nomad client started as the rendered unit starts it, from the rendered
+// configuration, beside a server configuration of HashiCorp's nomad package's
+// kind in /etc/nomad.d (a one-node server, a client of 127.0.0.1), joins a
+// real server and is no server itself; it loads the plugin, installed into
+// Nomad's own plugin directory (<data_dir>/plugins) from a release zip of
+// `make release` by the cloud-init command that checks its SHA-256, with GPU
+// sharing, and offers the host volume for checkpoints; its cloud-init writes
+// exactly the rendered files.
 func TestAClientFromTheGPUNodeModuleJoinsAndLoadsThePlugin(t *testing.T) {
 	consul := testcluster.StartConsul(t)
 	server := testcluster.StartNomad(t, testcluster.NomadOptions{Name: "server", Server: true})
 	dir := t.TempDir()
-	pluginDir, dataDir, ckpt := filepath.Join(dir, "plugins"), filepath.Join(dir, "data"), filepath.Join(dir, "checkpoints")
-	for _, d := range []string{pluginDir, dataDir, ckpt} {
+	dataDir, ckpt := filepath.Join(dir, "data"), filepath.Join(dir, "checkpoints")
+	pluginDir := filepath.Join(dataDir, "plugins")
+	etc := filepath.Join(dir, "etc")
+	configDir := filepath.Join(etc, "nomad-gpu", "nomad.d")
+	for _, d := range []string{pluginDir, dataDir, ckpt, configDir, filepath.Join(etc, "nomad.d")} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			t.Fatal(err)
 		}
@@ -182,7 +188,7 @@ module "node" {
   nomad_ports    = { http = %d, rpc = %d, serf = %d }
   consul_address = %q
   nomad_data_dir = %q
-  plugin_dir     = %q
+  nomad_config_dir = %q
   host_volumes   = { checkpoints = { path = %q } }
   plugin_version = %q
   plugin_url     = "file://%s/nomad-device-gpu_{version}_linux_amd64.zip"
@@ -196,9 +202,10 @@ module "node" {
 }
 
 output "nomad_client_hcl" { value = module.node.nomad_client_hcl }
+output "nomad_service"    { value = module.node.nomad_service }
 output "files"            { value = module.node.files }
 output "cloud_init"       { value = yamldecode(trimprefix(module.node.cloud_init, "#cloud-config\n")) }
-`, module, server.RPCAddr, ports[0], ports[1], ports[2], consul.Addr, dataDir, pluginDir, ckpt, testcluster.ReleaseVersion, dist, sha))
+`, module, server.RPCAddr, ports[0], ports[1], ports[2], consul.Addr, dataDir, configDir, ckpt, testcluster.ReleaseVersion, dist, sha))
 	out := outputs(t, root)
 
 	var files map[string]struct{ Content, Permissions string }
@@ -227,9 +234,26 @@ output "cloud_init"       { value = yamldecode(trimprefix(module.node.cloud_init
 
 	installPlugin(t, cloudInit.RunCmd, cloudInit.Packages, pluginDir, sha)
 
-	cfg := write(t, filepath.Join(dir, "client.hcl"), str(t, out["nomad_client_hcl"]))
-	testcluster.StartClientFromConfig(t, "tf-gpu-1", cfg, fmt.Sprintf("http://127.0.0.1:%d", ports[0]), dataDir)
+	// What HashiCorp's nomad package installs: a server configuration in
+	// /etc/nomad.d, and /usr/bin/nomad, which the unit runs on its own
+	// directory (the tools' nomad stands in for the package's).
+	write(t, filepath.Join(etc, "nomad.d", "nomad.hcl"), fmt.Sprintf("data_dir  = %q\nbind_addr = \"0.0.0.0\"\n\nserver {\n  enabled          = true\n  bootstrap_expect = 1\n}\n\nclient {\n  enabled = true\n  servers = [\"127.0.0.1\"]\n}\n", dataDir))
+	if unit := str(t, out["nomad_service"]); !strings.Contains(unit, "\nExecStart=/usr/bin/nomad agent -config "+configDir+"\n") {
+		t.Errorf("the unit does not run /usr/bin/nomad on %s alone:\n%s", configDir, unit)
+	}
+	for path, f := range files {
+		if strings.HasPrefix(path, configDir+"/") {
+			write(t, path, f.Content)
+		}
+	}
+	client := testcluster.StartClientFromConfig(t, "tf-gpu-1", configDir, fmt.Sprintf("http://127.0.0.1:%d", ports[0]), dataDir)
 	node := server.WaitForNodes(t, 1)[0]
+	if self, err := client.API.Agent().Self(); err != nil || self.Config["Server"].(map[string]any)["Enabled"] != false {
+		t.Errorf("the GPU client runs a server too (%v)", err)
+	}
+	if peers, err := server.API.Status().Peers(); err != nil || len(peers) != 1 {
+		t.Errorf("raft peers %v (%v), want the one server", peers, err)
+	}
 	if node.Name != "tf-gpu-1" || node.NodePool != "gpu" || node.NodeClass != "gpu" {
 		t.Errorf("node %s in pool %q class %q, want tf-gpu-1 in gpu/gpu", node.Name, node.NodePool, node.NodeClass)
 	}

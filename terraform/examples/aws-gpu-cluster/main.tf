@@ -129,10 +129,12 @@ resource "aws_instance" "server" {
   iam_instance_profile   = aws_iam_instance_profile.node.name
 
   # The server image carries nomad and consul; this only configures them.
+  # Their files replace those of HashiCorp's packages: that nomad.hcl makes
+  # a one-node server and a client, which a file beside it cannot undo.
   user_data = <<-EOT
     #cloud-config
     write_files:
-      - path: /etc/consul.d/server.hcl
+      - path: /etc/consul.d/consul.hcl
         content: |
           datacenter           = "dc1"
           data_dir             = "/opt/consul/data"
@@ -146,7 +148,7 @@ resource "aws_instance" "server" {
             default_policy = "deny"
           }
           disable_update_check = true
-      - path: /etc/nomad.d/server.hcl
+      - path: /etc/nomad.d/nomad.hcl
         content: |
           datacenter           = "dc1"
           data_dir             = "/opt/nomad/data"

@@ -4,7 +4,7 @@ locals {
     region               = var.region
     datacenter           = var.datacenter
     nomad_data_dir       = var.nomad_data_dir
-    plugin_dir           = var.plugin_dir
+    plugin_dir           = var.plugin_dir # "": not written, Nomad's own
     bind_addr            = var.bind_addr
     advertise_addr       = var.advertise_addr != "" ? var.advertise_addr : var.bind_addr
     ports                = var.nomad_ports
@@ -27,17 +27,21 @@ locals {
     retry_join = var.consul_retry_join
   })
 
-  nomad_service  = templatefile("${path.module}/templates/nomad.service.tftpl", { nomad_binary = var.nomad_binary })
-  consul_service = templatefile("${path.module}/templates/consul.service.tftpl", { consul_binary = var.consul_binary })
+  # Units of the packages' names in /etc/systemd/system, which systemd
+  # prefers to the packages' own in /lib/systemd/system.
+  nomad_service  = templatefile("${path.module}/templates/nomad.service.tftpl", { nomad_binary = var.nomad_binary, config_dir = var.nomad_config_dir })
+  consul_service = templatefile("${path.module}/templates/consul.service.tftpl", { consul_binary = var.consul_binary, config_dir = var.consul_config_dir })
 
+  consul_client_path = "${var.consul_config_dir}/client.hcl"
   files = {
-    "/etc/nomad.d/client.hcl"            = { content = local.nomad_client_hcl, permissions = "0640" }
-    "/etc/consul.d/client.hcl"           = { content = local.consul_client_hcl, permissions = "0640" }
+    "${var.nomad_config_dir}/client.hcl" = { content = local.nomad_client_hcl, permissions = "0640" }
+    (local.consul_client_path)           = { content = local.consul_client_hcl, permissions = "0640" }
     "/etc/systemd/system/nomad.service"  = { content = local.nomad_service, permissions = "0644" }
     "/etc/systemd/system/consul.service" = { content = local.consul_service, permissions = "0644" }
   }
 
-  plugin_path = "${var.plugin_dir}/nomad-device-gpu"
+  plugin_dir  = var.plugin_dir != "" ? var.plugin_dir : "${var.nomad_data_dir}/plugins"
+  plugin_path = "${local.plugin_dir}/nomad-device-gpu"
   plugin_url  = replace(var.plugin_url, "{version}", var.plugin_version)
 
   # The download is checked against its SHA-256 before anything is
@@ -71,9 +75,9 @@ locals {
     runcmd = concat(
       [
         ["sh", "-c", "id consul >/dev/null 2>&1 || useradd --system --home ${var.consul_data_dir} --shell /bin/false consul"],
-        ["mkdir", "-p", var.nomad_data_dir, var.plugin_dir, var.consul_data_dir],
+        ["mkdir", "-p", var.nomad_data_dir, local.plugin_dir, var.consul_data_dir],
         ["chown", "-R", "consul:consul", var.consul_data_dir],
-        ["chgrp", "consul", "/etc/consul.d/client.hcl"],
+        ["chgrp", "consul", local.consul_client_path],
       ],
       [for v in values(var.host_volumes) : ["mkdir", "-p", v.path]],
       local.install_plugin,

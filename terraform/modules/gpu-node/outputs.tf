@@ -1,10 +1,10 @@
 output "nomad_client_hcl" {
-  description = "Nomad client configuration (/etc/nomad.d/client.hcl)."
+  description = "Nomad client configuration (<nomad_config_dir>/client.hcl)."
   value       = local.nomad_client_hcl
 }
 
 output "consul_client_hcl" {
-  description = "Consul client configuration (/etc/consul.d/client.hcl)."
+  description = "Consul client configuration (<consul_config_dir>/client.hcl)."
   value       = local.consul_client_hcl
 }
 

@@ -88,9 +88,31 @@ variable "consul_data_dir" {
 }
 
 variable "plugin_dir" {
-  description = "Nomad plugin_dir; nomad-device-gpu must be in it."
+  description = "Nomad plugin_dir, where cloud-init installs nomad-device-gpu. Empty: Nomad's own, <nomad_data_dir>/plugins (where the .deb and .rpm put it for HashiCorp's data_dir, /opt/nomad/data), so that other plugins there stay loaded."
   type        = string
-  default     = "/opt/nomad/plugins"
+  default     = ""
+}
+
+variable "nomad_config_dir" {
+  description = "The directory of the Nomad client's configuration, the only one its unit loads: HashiCorp's nomad package's own /etc/nomad.d/nomad.hcl (a one-node server and a client of 127.0.0.1) stays unread beside it."
+  type        = string
+  default     = "/etc/nomad-gpu/nomad.d"
+
+  validation {
+    condition     = startswith(var.nomad_config_dir, "/") && var.nomad_config_dir != "/etc/nomad.d"
+    error_message = "nomad_config_dir must be an absolute path other than /etc/nomad.d, where HashiCorp's nomad package puts a server configuration."
+  }
+}
+
+variable "consul_config_dir" {
+  description = "The directory of the Consul client's configuration, the only one its unit loads (HashiCorp's consul package's /etc/consul.d/consul.hcl stays unread)."
+  type        = string
+  default     = "/etc/nomad-gpu/consul.d"
+
+  validation {
+    condition     = startswith(var.consul_config_dir, "/") && var.consul_config_dir != "/etc/consul.d"
+    error_message = "consul_config_dir must be an absolute path other than /etc/consul.d, where HashiCorp's consul package puts its own configuration."
+  }
 }
 
 variable "plugin_version" {
@@ -175,13 +197,15 @@ variable "fingerprint_denylist" {
 }
 
 variable "nomad_binary" {
-  type    = string
-  default = "/usr/local/bin/nomad"
+  description = "The nomad the unit runs; HashiCorp's package installs /usr/bin/nomad."
+  type        = string
+  default     = "/usr/bin/nomad"
 }
 
 variable "consul_binary" {
-  type    = string
-  default = "/usr/local/bin/consul"
+  description = "The consul the unit runs; HashiCorp's package installs /usr/bin/consul."
+  type        = string
+  default     = "/usr/bin/consul"
 }
 
 variable "extra_nomad_hcl" {
