@@ -11,6 +11,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"io"
 	"io/fs"
 	"net/http"
 	"net/http/httptest"
@@ -395,8 +396,10 @@ func TestTerraformIsFormatted(t *testing.T) {
 
 // The broker job that cluster-config registers runs on a real Nomad with a real
 // Consul: Nomad downloads the release's zip and checks its SHA-256, its tokens
-// come from the Nomad variable, its policies from the job's templates, and it
-// answers as the broker, leader and all.
+// and its TLS certificate come from the Nomad variable, its policies from the
+// job's templates, and it answers as the broker, leader and all, over HTTPS
+// on its node's address, metrics included, as a remote Prometheus scrapes
+// them; its Consul service says so.
 func TestTheBrokerRunsAsANomadJob(t *testing.T) {
 	nomadBin := tools.Binary(t, "nomad")
 	consul := testcluster.StartConsul(t)
@@ -405,8 +408,17 @@ func TestTheBrokerRunsAsANomadJob(t *testing.T) {
 		// Tasks' addresses (NOMAD_ADDR_http, where the broker listens) on loopback.
 		ClientHCL: `network_interface = "lo"`})
 	n.WaitForNodes(t, 1)
+	certs := testcluster.NewCerts(t)
+	pem := func(path string) string {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(b)
+	}
 	if _, _, err := n.API.Variables().Create(&api.Variable{Path: "nomad/jobs/gpu-broker",
-		Items: api.VariableItems{"nomad_token": "not-used-without-acls", "consul_token": "not-used-without-acls"}}, nil); err != nil {
+		Items: api.VariableItems{"nomad_token": "not-used-without-acls", "consul_token": "not-used-without-acls",
+			"tls_cert": pem(certs.CertFile), "tls_key": pem(certs.KeyFile)}}, nil); err != nil {
 		t.Fatalf("nomad var put: %v", err)
 	}
 	policies := map[string]string{}
@@ -422,7 +434,7 @@ func TestTheBrokerRunsAsANomadJob(t *testing.T) {
 	port := testcluster.FreePorts(t, 1)[0]
 	zipURL, zipSum := serveReleaseZip(t, "gpu-broker", testcluster.BrokerReleaseBinary(t))
 	cmd := exec.Command(nomadBin, "job", "run", "-detach",
-		"-var", "count=1", "-var", "driver=raw_exec", "-var", "url="+zipURL, "-var", "sha256="+zipSum,
+		"-var", "count=1", "-var", "driver=raw_exec", "-var", "url="+zipURL, "-var", "sha256="+zipSum, "-var", "tls=true",
 		"-var", fmt.Sprintf("port=%d", port), "-var", "nomad_address="+n.Addr, "-var", "consul_addr="+consul.Addr,
 		"-var", "policies="+string(policyJSON), filepath.Join("modules", "cluster-config", "gpu-broker.nomad.hcl"))
 	cmd.Env = append(os.Environ(), "NOMAD_ADDR="+n.Addr)
@@ -439,9 +451,9 @@ func TestTheBrokerRunsAsANomadJob(t *testing.T) {
 			}
 		}
 	})
-	broker := fmt.Sprintf("http://127.0.0.1:%d", port)
+	broker, https := fmt.Sprintf("https://127.0.0.1:%d", port), certs.Client()
 	testcluster.WaitFor(t, 90*time.Second, "the broker job's leader answering /v1/gpu/queue", func() error {
-		resp, err := http.Get(broker + "/v1/gpu/queue")
+		resp, err := https.Get(broker + "/v1/gpu/queue")
 		if err != nil {
 			return err
 		}
@@ -451,7 +463,38 @@ func TestTheBrokerRunsAsANomadJob(t *testing.T) {
 		}
 		return nil
 	})
-	resp, err := http.Get(broker + "/v1/gpu/usage")
+	metrics, err := https.Get(broker + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(metrics.Body)
+	metrics.Body.Close()
+	if metrics.StatusCode != http.StatusOK || !strings.Contains(string(body), "nomadgpu_") {
+		t.Errorf("GET /metrics over HTTPS: %s\n%.300s", metrics.Status, body)
+	}
+	if plain, err := http.Get(strings.Replace(broker, "https:", "http:", 1) + "/metrics"); err == nil {
+		if plain.Body.Close(); plain.StatusCode == http.StatusOK {
+			t.Errorf("the broker answers /metrics over plain HTTP too")
+		}
+	}
+	testcluster.WaitFor(t, 60*time.Second, "the gpu-broker service in Consul, passing over HTTPS, meta metrics_scheme https", func() error {
+		resp, err := http.Get("http://" + consul.Addr + "/v1/health/service/gpu-broker?passing=true")
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		var entries []struct {
+			Service struct{ Meta map[string]string }
+		}
+		if err := json.NewDecoder(resp.Body).Decode(&entries); err != nil {
+			return err
+		}
+		if len(entries) != 1 || entries[0].Service.Meta["metrics_scheme"] != "https" || entries[0].Service.Meta["metrics_path"] != "/metrics" {
+			return fmt.Errorf("passing instances %+v", entries)
+		}
+		return nil
+	})
+	resp, err := https.Get(broker + "/v1/gpu/usage")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -80,6 +80,12 @@ variable "policies" {
   type        = string
 }
 
+variable "tls" {
+  description = "Serve HTTPS (and metrics a remote Prometheus scrapes over it) with the certificate and key in the Nomad variable nomad/jobs/gpu-broker (items tls_cert, tls_key, PEM)."
+  type        = bool
+  default     = false
+}
+
 job "gpu-broker" {
   namespace   = var.namespace
   type        = "service"
@@ -107,13 +113,23 @@ job "gpu-broker" {
       port     = "http"
       provider = "consul"
 
+      # For Prometheus' consul_sd_configs: __meta_consul_service_metadata_*
+      # say where and how to scrape (docs/operations.md).
+      meta {
+        metrics_path   = "/metrics"
+        metrics_scheme = var.tls ? "https" : "http"
+      }
+
       # /v1/gpu/health needs no token, so the check works with Nomad ACLs
-      # on; it fails while Nomad refuses the broker's own token.
+      # on; it fails while Nomad refuses the broker's own token. Consul
+      # does not hold the broker's CA: it checks liveness, not identity.
       check {
-        type     = "http"
-        path     = "/v1/gpu/health"
-        interval = "10s"
-        timeout  = "2s"
+        type            = "http"
+        protocol        = var.tls ? "https" : "http"
+        tls_skip_verify = var.tls
+        path            = "/v1/gpu/health"
+        interval        = "10s"
+        timeout         = "2s"
       }
     }
 
@@ -153,13 +169,26 @@ job "gpu-broker" {
         change_signal = "SIGHUP"
       }
 
+      # Its certificate and key: a renewed pair is read on SIGHUP.
+      dynamic "template" {
+        for_each = var.tls ? ["tls_cert", "tls_key"] : []
+
+        content {
+          destination   = "secrets/${template.value}.pem"
+          data          = "{{ with nomadVar \"nomad/jobs/gpu-broker\" }}{{ .${template.value} }}{{ end }}"
+          perms         = "0600"
+          change_mode   = "signal"
+          change_signal = "SIGHUP"
+        }
+      }
+
       template {
         destination = "local/broker.hcl"
         # A new Consul token restarts the broker; a policy change only reloads it.
         change_mode = "restart"
         data        = <<-EOT
           listen      = "{{ env "NOMAD_ADDR_http" }}"
-          advertise   = "http://{{ env "NOMAD_ADDR_http" }}"
+          advertise   = "${var.tls ? "https" : "http"}://{{ env "NOMAD_ADDR_http" }}"
           policy_dir  = "{{ env "NOMAD_TASK_DIR" }}/policies"
           enforcement = "${var.enforcement}"
           nomad {
@@ -171,6 +200,7 @@ job "gpu-broker" {
             token     = "{{ with nomadVar "nomad/jobs/gpu-broker" }}{{ .consul_token }}{{ end }}"
             kv_prefix = "${var.kv_prefix}"
           }
+          ${var.tls ? "tls {\n  cert_file = \"{{ env \"NOMAD_SECRETS_DIR\" }}/tls_cert.pem\"\n  key_file  = \"{{ env \"NOMAD_SECRETS_DIR\" }}/tls_key.pem\"\n}" : ""}
         EOT
       }
 

@@ -74,10 +74,10 @@ data "consul_acl_token_secret_id" "broker" {
 resource "nomad_variable" "broker" {
   path      = "nomad/jobs/gpu-broker"
   namespace = var.broker.namespace
-  items = {
+  items = merge({
     nomad_token  = nomad_acl_token.broker.secret_id
     consul_token = data.consul_acl_token_secret_id.broker.secret_id
-  }
+  }, var.broker_tls == null ? {} : { tls_cert = var.broker_tls.cert_pem, tls_key = var.broker_tls.key_pem })
 }
 
 resource "nomad_job" "broker" {
@@ -99,6 +99,7 @@ resource "nomad_job" "broker" {
       kv_prefix     = var.kv_prefix
       enforcement   = var.enforcement
       policies      = jsonencode(local.policies)
+      tls           = tostring(var.broker_tls != null)
     }
   }
 

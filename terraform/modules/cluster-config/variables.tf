@@ -71,3 +71,13 @@ variable "broker" {
     error_message = "broker.sha256 must be the 64 hex digits of the zip at broker.url (its line in the release's SHA256SUMS)."
   }
 }
+
+variable "broker_tls" {
+  description = "The brokers' certificate and key (PEM): each serves HTTPS on its node's address, where a remote Prometheus scrapes /metrics (the Consul service's meta metrics_scheme says https). Null: HTTP. The certificate must name the nodes' addresses (or a name they share)."
+  type = object({
+    cert_pem = string
+    key_pem  = string
+  })
+  default   = null
+  sensitive = true
+}
