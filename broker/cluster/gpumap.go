@@ -32,6 +32,7 @@ type Sample struct {
 	MemCopyUtil    *float64 // percent of time device memory was read or written
 	EncoderUtil    *float64 // percent
 	DecoderUtil    *float64 // percent
+	TensorActive   *float64 // percent of time tensor cores were busy (GPM, Hopper and later)
 	DriverVersion  string
 	// Which GPU the device is, as the plugin says in its stats: the GPU's
 	// index on its host, the physical GPU's UUID, and a MIG instance's GPU
@@ -86,6 +87,7 @@ type MapGPU struct {
 	MemCopyUtil    *float64 `json:"mem_copy_util,omitempty"`
 	EncoderUtil    *float64 `json:"encoder_util,omitempty"`
 	DecoderUtil    *float64 `json:"decoder_util,omitempty"`
+	TensorActive   *float64 `json:"tensor_active,omitempty"`
 	DriverVersion  string   `json:"driver_version,omitempty"`
 	PCIBusID       string   `json:"pci_bus_id,omitempty"`
 	GPUIndex       *float64 `json:"gpu_index,omitempty"`
@@ -121,6 +123,7 @@ func (v *View) Map(idleBelow float64) []MapNode {
 				mg.SMClock, mg.MemClock, mg.LastXID, mg.ECCCorrected, mg.ECCUncorrected = s.SMClockMHz, s.MemClockMHz, s.LastXID, s.ECCCorrected, s.ECCUncorrected
 				mg.GPUIndex, mg.GPUUUID, mg.MIGInstance, mg.MIGProfile = s.GPUIndex, s.GPUUUID, s.MIGInstance, s.MIGProfile
 				mg.MemCopyUtil, mg.EncoderUtil, mg.DecoderUtil, mg.DriverVersion = s.MemCopyUtil, s.EncoderUtil, s.DecoderUtil, s.DriverVersion
+				mg.TensorActive = s.TensorActive
 			}
 			if a, ok := holder[dev]; ok {
 				mg.State, mg.Namespace, mg.Job, mg.Alloc, mg.Tenant, mg.Queue = GPUHeld, a.Namespace, a.JobID, a.ID, a.Tenant, a.Queue

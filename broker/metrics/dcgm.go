@@ -65,6 +65,16 @@ var dcgmFields = []dcgmField{
 		func(g cluster.MapGPU) *float64 { return g.EncoderUtil }},
 	{dcgmDesc("DCGM_FI_DEV_DEC_UTIL", "Decoder utilization (in %)."), prometheus.GaugeValue,
 		func(g cluster.MapGPU) *float64 { return g.DecoderUtil }},
+	// A profiling field: a ratio, as dcgm-exporter serves it; only GPUs
+	// with GPM (Hopper and later) have it, the others leave it out.
+	{dcgmDesc("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "Share of time any tensor pipe was active (a ratio, 0 to 1)."), prometheus.GaugeValue,
+		func(g cluster.MapGPU) *float64 {
+			if g.TensorActive == nil {
+				return nil
+			}
+			r := *g.TensorActive / 100
+			return &r
+		}},
 	{xidDesc, prometheus.GaugeValue,
 		func(g cluster.MapGPU) *float64 { return g.LastXID }},
 	{dcgmDesc("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", "Total number of single-bit volatile ECC errors (corrected, since the driver loaded)."), prometheus.CounterValue,

@@ -265,11 +265,13 @@ func TestGPUTelemetryUnderDCGMsNames(t *testing.T) {
 	}
 	shared := whole(2, "GPU-s")
 	shared.LastXID = f(79)
-	view.SetSamples(map[string]cluster.Sample{"n1-0": whole(0, "GPU-0"),
+	gpu0 := whole(0, "GPU-0")
+	gpu0.TensorActive = f(25) // GPM: a Hopper GPU's; GPU-s has none
+	view.SetSamples(map[string]cluster.Sample{"n1-0": gpu0,
 		"n1-1":          {Utilization: f(0)}, // a plugin that does not say which GPU it is: not reported
 		"n1-shared-0-0": shared, "n1-shared-0-1": shared,
 		"MIG-a": {MemoryUsedMiB: f(512), MemoryTotalMiB: f(40960), GPUIndex: f(3), GPUUUID: "GPU-m", MIGInstance: f(2), MIGProfile: "3g.40gb",
-			DriverVersion: "550.54.15"}})
+			DriverVersion: "550.54.15", TensorActive: f(40)}})
 	m := metrics.New()
 	m.Observe(metrics.Sources{Cluster: view, Queue: queuetest.NewMem(), Policies: testbuild.Fixed{P: testbuild.Policy(t, src)}})
 	labels := func(gpu, uuid, bus, profile, instance, ns, tenant, alloc string) string {
@@ -300,6 +302,7 @@ func TestGPUTelemetryUnderDCGMsNames(t *testing.T) {
 		{"DCGM_FI_DEV_MEM_COPY_UTIL", "Memory utilization (in %).", "gauge", "17", "17", ""},
 		{"DCGM_FI_DEV_ENC_UTIL", "Encoder utilization (in %).", "gauge", "4", "4", ""},
 		{"DCGM_FI_DEV_DEC_UTIL", "Decoder utilization (in %).", "gauge", "9", "9", ""},
+		{"DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "Share of time any tensor pipe was active (a ratio, 0 to 1).", "gauge", "0.25", "", "0.4"},
 		{"DCGM_FI_DEV_XID_ERRORS", "Value of the last XID error encountered (0: none since the plugin started).", "gauge", "0", "79", ""},
 		{"DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", "Total number of single-bit volatile ECC errors (corrected, since the driver loaded).", "counter", "3", "3", ""},
 		{"DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "Total number of double-bit volatile ECC errors (uncorrected, since the driver loaded).", "counter", "0", "0", ""},
@@ -312,14 +315,17 @@ func TestGPUTelemetryUnderDCGMsNames(t *testing.T) {
 			ls = strings.Replace(ws, ",gpu=", `,err_code="79",err_msg="GPU has fallen off the bus",gpu=`, 1)
 			lv = strings.Replace(wv, ",gpu=", `,err_code="79",err_msg="GPU has fallen off the bus",gpu=`, 1)
 		}
-		fmt.Fprintf(&want, "%s%s %s\n%s%s %s\n%s%s %s\n", f.name, l0, f.v0, f.name, ls, f.vs, f.name, lv, f.vs)
+		fmt.Fprintf(&want, "%s%s %s\n", f.name, l0, f.v0)
+		if f.vs != "" {
+			fmt.Fprintf(&want, "%s%s %s\n%s%s %s\n", f.name, ls, f.vs, f.name, lv, f.vs)
+		}
 		if f.mig != "" {
 			fmt.Fprintf(&want, "%s%s %s\n", f.name, mig, f.mig)
 		}
 	}
 	names := []string{"DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_POWER_USAGE",
 		"DCGM_FI_DEV_SM_CLOCK", "DCGM_FI_DEV_MEM_CLOCK", "DCGM_FI_DEV_MEM_COPY_UTIL", "DCGM_FI_DEV_ENC_UTIL", "DCGM_FI_DEV_DEC_UTIL",
-		"DCGM_FI_DEV_XID_ERRORS", "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL"}
+		"DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "DCGM_FI_DEV_XID_ERRORS", "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL"}
 	if err := testutil.GatherAndCompare(m.Registry, strings.NewReader(want.String()), names...); err != nil {
 		t.Fatal(err)
 	}

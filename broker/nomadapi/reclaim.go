@@ -226,6 +226,7 @@ const (
 	statMemUtil        = "Memory utilization"
 	statEncUtil        = "Encoder utilization"
 	statDecUtil        = "Decoder utilization"
+	statTensorActive   = "Tensor core activity"
 	statDriver         = "Driver version"
 	statTemperature    = "Temperature"
 	statPower          = "Power usage"
@@ -258,6 +259,7 @@ func sampleOf(node, model string, st *api.DeviceStats) cluster.Sample {
 		s.MemCopyUtil, _ = statValue(a[statMemUtil])
 		s.EncoderUtil, _ = statValue(a[statEncUtil])
 		s.DecoderUtil, _ = statValue(a[statDecUtil])
+		s.TensorActive, _ = statValue(a[statTensorActive])
 		s.DriverVersion = statString(a[statDriver])
 		s.GPUIndex, _ = statValue(a[statGPUIndex])
 		s.MIGInstance, _ = statValue(a[statMIGInstance])

@@ -37,12 +37,16 @@ type State struct {
 	UtilizationMemory  *int64 `json:"utilization_memory"`
 	UtilizationEncoder *int64 `json:"utilization_encoder"`
 	UtilizationDecoder *int64 `json:"utilization_decoder"`
-	MemoryUsedMiB      *int64 `json:"memory_used_mib"`
-	TemperatureC       *int64 `json:"temperature_c"`
-	PowerW             *int64 `json:"power_w"`
-	XID                *int64 `json:"xid"`
-	ECCCorrected       *int64 `json:"ecc_corrected"`
-	ECCUncorrected     *int64 `json:"ecc_uncorrected"`
+	// TensorActive is the share of time tensor cores were busy, which GPUs
+	// with GPM (compute capability 9.0 and later) report (default 0); the
+	// others report none, whatever the file says.
+	TensorActive   *int64 `json:"tensor_active"`
+	MemoryUsedMiB  *int64 `json:"memory_used_mib"`
+	TemperatureC   *int64 `json:"temperature_c"`
+	PowerW         *int64 `json:"power_w"`
+	XID            *int64 `json:"xid"`
+	ECCCorrected   *int64 `json:"ecc_corrected"`
+	ECCUncorrected *int64 `json:"ecc_uncorrected"`
 }
 
 // Backend serves simulated GPUs. It is safe for concurrent use.
@@ -165,7 +169,11 @@ func (b *Backend) Stats(context.Context) ([]gpu.Stats, error) {
 	out := make([]gpu.Stats, 0, len(b.devices))
 	for _, d := range b.devices {
 		st := gpu.Stats{UUID: d.UUID, MemTotalMiB: d.MemoryMiB, TemperatureC: 30, PowerW: 70,
-			PowerLimitW: d.PowerLimitW, SMClockMHz: 1980, MemClockMHz: d.MemoryClockMHz}
+			PowerLimitW: d.PowerLimitW, SMClockMHz: 1980, MemClockMHz: d.MemoryClockMHz, TensorActivePct: gpu.Unknown}
+		gpm := d.ComputeCapability >= "9.0" // Hopper and later (one digit each, so far)
+		if gpm {
+			st.TensorActivePct = 0
+		}
 		if s, ok := state[d.UUID]; ok {
 			set(&st.GPUUtilPct, s.UtilizationGPU)
 			set(&st.MemUsedMiB, s.MemoryUsedMiB)
@@ -182,6 +190,9 @@ func (b *Backend) Stats(context.Context) ([]gpu.Stats, error) {
 			set(&st.MemUtilPct, s.UtilizationMemory)
 			set(&st.EncUtilPct, s.UtilizationEncoder)
 			set(&st.DecUtilPct, s.UtilizationDecoder)
+			if gpm {
+				set(&st.TensorActivePct, s.TensorActive)
+			}
 		}
 		out = append(out, st)
 	}

@@ -10,6 +10,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/nomad-gpu/nomad-gpu/device-plugin/fake"
+	"github.com/nomad-gpu/nomad-gpu/device-plugin/gpu"
 )
 
 func TestUUIDsAreStableAndUniqueAcrossPrefixes(t *testing.T) {
@@ -61,6 +62,22 @@ func TestStateFileDrivesHealthAndStats(t *testing.T) {
 	h, _ = b.Health(ctx)
 	if !h[id0].Healthy {
 		t.Fatalf("removing the state file must restore the defaults, got %+v", h[id0])
+	}
+}
+
+// Tensor-core activity is a Hopper GPU's (GPM): an H100 fake reports it, 0
+// or the state file's; an A100 fake reports none, whatever the file says.
+func TestOnlyHopperFakesReportTensorActivity(t *testing.T) {
+	ctx := context.Background()
+	for model, want := range map[string][2]int64{"H100": {0, 37}, "A100": {gpu.Unknown, gpu.Unknown}} {
+		path := filepath.Join(t.TempDir(), "state.json")
+		b := fake.New(fake.Config{Count: 1, Model: "NVIDIA " + model, MemoryMiB: 1000, StateFile: path}, hclog.NewNullLogger())
+		st, _ := b.Stats(ctx)
+		write(t, path, `{"`+fake.UUID("", 0)+`": {"tensor_active": 37}}`)
+		again, _ := b.Stats(ctx)
+		if got := [2]int64{st[0].TensorActivePct, again[0].TensorActivePct}; got != want {
+			t.Errorf("%s: tensor activity %v (idle, then the file's 37), want %v", model, got, want)
+		}
 	}
 }
 

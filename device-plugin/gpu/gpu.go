@@ -92,16 +92,20 @@ type Stats struct {
 	GPUUtilPct int64
 	// MemUtilPct is the share of time device memory was read or written
 	// (NVML's memory utilisation, DCGM's memory copy utilisation).
-	MemUtilPct   int64
-	EncUtilPct   int64 // video encoder
-	DecUtilPct   int64 // video decoder
-	MemUsedMiB   int64
-	MemTotalMiB  int64
-	TemperatureC int64
-	PowerW       int64
-	PowerLimitW  int64
-	SMClockMHz   int64
-	MemClockMHz  int64
+	MemUtilPct int64
+	EncUtilPct int64 // video encoder
+	DecUtilPct int64 // video decoder
+	// TensorActivePct is the share of time any tensor core was busy, from
+	// GPM (Hopper and later; Unknown elsewhere): DCGM's profiling field
+	// PIPE_TENSOR_ACTIVE.
+	TensorActivePct int64
+	MemUsedMiB      int64
+	MemTotalMiB     int64
+	TemperatureC    int64
+	PowerW          int64
+	PowerLimitW     int64
+	SMClockMHz      int64
+	MemClockMHz     int64
 	// LastXID is the last XID error the driver reported for the GPU since
 	// the plugin started, application XIDs included; 0: none.
 	LastXID        int64
@@ -111,7 +115,7 @@ type Stats struct {
 
 // UnknownStats is a sample in which nothing could be read.
 func UnknownStats(uuid string) Stats {
-	return Stats{UUID: uuid, GPUUtilPct: Unknown, MemUtilPct: Unknown, EncUtilPct: Unknown, DecUtilPct: Unknown, MemUsedMiB: Unknown,
+	return Stats{UUID: uuid, GPUUtilPct: Unknown, MemUtilPct: Unknown, EncUtilPct: Unknown, DecUtilPct: Unknown, TensorActivePct: Unknown, MemUsedMiB: Unknown,
 		MemTotalMiB: Unknown, TemperatureC: Unknown, PowerW: Unknown, PowerLimitW: Unknown,
 		SMClockMHz: Unknown, MemClockMHz: Unknown, LastXID: Unknown, ECCCorrected: Unknown, ECCUncorrected: Unknown}
 }

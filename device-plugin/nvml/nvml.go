@@ -34,7 +34,7 @@ type Backend struct {
 
 	mu      sync.Mutex
 	handles map[string]handle         // by UUID, as of the last Devices call
-	gpm     map[string]nvml.GpmSample // a MIG instance's last GPM sample, by its UUID
+	gpm     map[string]nvml.GpmSample // a device's last GPM sample, by its UUID
 	faults  map[string]string         // GPU UUID → fault seen by the event loop since the last Health call
 	lastXID map[string]uint64         // GPU UUID → the last XID an event reported
 

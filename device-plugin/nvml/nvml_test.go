@@ -91,6 +91,8 @@ func complete(m *machine, i int, d *server.Device) {
 		return nvml.FEATURE_DISABLED, nvml.SUCCESS
 	}
 	d.GetRemappedRowsFunc = func() (int, int, bool, bool, nvml.Return) { return 0, 0, false, false, nvml.SUCCESS }
+	// GPM off unless a test turns it on (TestTensorActivityFromGPM).
+	d.GpmQueryDeviceSupportFunc = func() (nvml.GpmSupport, nvml.Return) { return nvml.GpmSupport{}, nvml.SUCCESS }
 	d.GetUtilizationRatesFunc = func() (nvml.Utilization, nvml.Return) {
 		return nvml.Utilization{Gpu: uint32(10 * i), Memory: 5}, nvml.SUCCESS
 	}
@@ -299,8 +301,9 @@ func (g *gpmSample) Get(nvml.Device) nvml.Return         { return nvml.ERROR_NOT
 func (g *gpmSample) MigGet(nvml.Device, int) nvml.Return { return nvml.ERROR_NOT_SUPPORTED }
 
 // With GPM (Hopper), a MIG instance's utilisation is its SMs' between two
-// samples: N/A at the first Stats, then each instance's own; every sample
-// but the last of each instance is freed.
+// samples, and its tensor activity its tensor cores': N/A at the first
+// Stats, then each instance's own; every sample but the last of each
+// instance is freed.
 func TestMIGInstancesGetTheirOwnUtilisationFromGPM(t *testing.T) {
 	m := newMachine(t)
 	parent := withMIG(m, true)
@@ -317,13 +320,16 @@ func TestMIGInstancesGetTheirOwnUtilisationFromGPM(t *testing.T) {
 		s.(*gpmSample).instance, s.(*gpmSample).at = instance, clock
 		return nvml.SUCCESS
 	}
-	// GPU instance 1 keeps 37.4 % of its SMs busy, instance 2 81.6 %.
+	// GPU instance 1 keeps 37.4 % of its SMs busy, instance 2 81.6 %; their
+	// tensor cores 20.2 % and 70.5 %.
 	m.GpmMetricsGetFunc = func(get *nvml.GpmMetricsGetType) nvml.Return {
 		a, z := get.Sample1.(*gpmSample), get.Sample2.(*gpmSample)
-		if get.NumMetrics != 1 || nvml.GpmMetricId(get.Metrics[0].MetricId) != nvml.GPM_METRIC_SM_UTIL || a.instance != z.instance || a.at >= z.at {
-			t.Errorf("GPM asked %d metrics (%d) between %+v and %+v", get.NumMetrics, get.Metrics[0].MetricId, a, z)
+		if get.NumMetrics != 2 || nvml.GpmMetricId(get.Metrics[0].MetricId) != nvml.GPM_METRIC_SM_UTIL ||
+			nvml.GpmMetricId(get.Metrics[1].MetricId) != nvml.GPM_METRIC_ANY_TENSOR_UTIL || a.instance != z.instance || a.at >= z.at {
+			t.Errorf("GPM asked %d metrics (%d, %d) between %+v and %+v", get.NumMetrics, get.Metrics[0].MetricId, get.Metrics[1].MetricId, a, z)
 		}
 		get.Metrics[0].Value = map[int]float64{1: 37.4, 2: 81.6}[a.instance]
+		get.Metrics[1].Value = map[int]float64{1: 20.2, 2: 70.5}[a.instance]
 		return nvml.SUCCESS
 	}
 	b, err := gpunvml.Open(gpunvml.Options{Library: m}, hclog.NewNullLogger()) // closed below
@@ -338,17 +344,17 @@ func TestMIGInstancesGetTheirOwnUtilisationFromGPM(t *testing.T) {
 		out := map[string]int64{}
 		for _, s := range stats {
 			if strings.HasPrefix(s.UUID, "MIG-") {
-				out[s.UUID] = s.GPUUtilPct
+				out[s.UUID], out[s.UUID+" tensor"] = s.GPUUtilPct, s.TensorActivePct
 			}
 		}
 		return out
 	}
-	if got := utils(); got["MIG-0"] != gpu.Unknown || got["MIG-1"] != gpu.Unknown {
+	if got := utils(); got["MIG-0"] != gpu.Unknown || got["MIG-1"] != gpu.Unknown || got["MIG-0 tensor"] != gpu.Unknown {
 		t.Errorf("first stats: %v, want N/A (nothing to measure against)", got)
 	}
 	for range 2 {
-		if got := utils(); got["MIG-0"] != 37 || got["MIG-1"] != 82 {
-			t.Errorf("stats: %v, want MIG-0 37 and MIG-1 82", got)
+		if got := utils(); got["MIG-0"] != 37 || got["MIG-1"] != 82 || got["MIG-0 tensor"] != 20 || got["MIG-1 tensor"] != 71 {
+			t.Errorf("stats: %v, want MIG-0 37 (tensor 20) and MIG-1 82 (tensor 71)", got)
 		}
 	}
 	if live := allocated - freed; live != 2 {
@@ -357,6 +363,57 @@ func TestMIGInstancesGetTheirOwnUtilisationFromGPM(t *testing.T) {
 	b.Close()
 	if freed != allocated {
 		t.Errorf("after Close, %d of %d GPM samples freed", freed, allocated)
+	}
+}
+
+// A whole GPU's tensor-core activity comes from GPM where the GPU has it
+// (Hopper and later): N/A at the first Stats, then the share between two
+// samples of that GPU; N/A on GPUs without GPM, as dcgm-exporter leaves
+// the field out without profiling.
+func TestTensorActivityFromGPM(t *testing.T) {
+	m := newMachine(t)
+	withGPM := m.Devices[1].(*server.Device)
+	withGPM.GpmQueryDeviceSupportFunc = func() (nvml.GpmSupport, nvml.Return) {
+		return nvml.GpmSupport{IsSupportedDevice: 1}, nvml.SUCCESS
+	}
+	freed, clock := 0, 0
+	m.GpmSampleAllocFunc = func() (nvml.GpmSample, nvml.Return) { return &gpmSample{freed: &freed}, nvml.SUCCESS }
+	m.GpmSampleGetFunc = func(dev nvml.Device, s nvml.GpmSample) nvml.Return {
+		if dev != withGPM {
+			t.Errorf("GPM sampled a GPU without GPM")
+		}
+		clock++
+		s.(*gpmSample).at = clock
+		return nvml.SUCCESS
+	}
+	m.GpmMetricsGetFunc = func(get *nvml.GpmMetricsGetType) nvml.Return {
+		if get.NumMetrics != 1 || nvml.GpmMetricId(get.Metrics[0].MetricId) != nvml.GPM_METRIC_ANY_TENSOR_UTIL ||
+			get.Sample1.(*gpmSample).at >= get.Sample2.(*gpmSample).at {
+			t.Errorf("GPM asked %d metrics (%d)", get.NumMetrics, get.Metrics[0].MetricId)
+		}
+		get.Metrics[0].Value = 62.5
+		return nvml.SUCCESS
+	}
+	b := open(t, m)
+	uuid, _ := withGPM.GetUUID()
+	tensor := func() map[string]int64 {
+		stats, err := b.Stats(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := map[string]int64{}
+		for _, s := range stats {
+			out[s.UUID] = s.TensorActivePct
+		}
+		return out
+	}
+	if got := tensor(); got[uuid] != gpu.Unknown {
+		t.Errorf("first stats: %d, want N/A", got[uuid])
+	}
+	got := tensor()
+	other, _ := m.Devices[2].GetUUID()
+	if got[uuid] != 63 || got[other] != gpu.Unknown {
+		t.Errorf("tensor activity %d on the GPU with GPM (want 63), %d without (want N/A)", got[uuid], got[other])
 	}
 }
 
@@ -371,7 +428,7 @@ func TestStats(t *testing.T) {
 		if s.UUID != uuid {
 			continue
 		}
-		want := gpu.Stats{UUID: uuid, GPUUtilPct: 30, MemUtilPct: 5, EncUtilPct: 4, DecUtilPct: 9, MemUsedMiB: 0, MemTotalMiB: 81920,
+		want := gpu.Stats{UUID: uuid, GPUUtilPct: 30, MemUtilPct: 5, EncUtilPct: 4, DecUtilPct: 9, TensorActivePct: gpu.Unknown, MemUsedMiB: 0, MemTotalMiB: 81920,
 			TemperatureC: 41, PowerW: 312, PowerLimitW: 700, SMClockMHz: 1980, MemClockMHz: 2619, ECCCorrected: 3, ECCUncorrected: 0}
 		if s != want {
 			t.Errorf("got %+v\nwant %+v", s, want)

@@ -11,9 +11,10 @@ import (
 
 // Stats samples every device. A MIG instance has its own memory; NVML's
 // utilisation counters are the whole GPU's, so an instance's utilisation
-// comes from GPM (Hopper and later), which measures its SMs between two
-// samples: each Stats takes one, and reports the share between it and the
-// previous. The first, and any where GPM is unsupported, report N/A, never 0.
+// comes from GPM (Hopper and later), which measures between two samples:
+// each Stats takes one per device, and reports the share between it and the
+// previous. GPM gives tensor-core activity too, of a GPU and of an instance.
+// The first sample, and any where GPM is unsupported, report N/A, never 0.
 func (b *Backend) Stats(context.Context) ([]gpu.Stats, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -26,13 +27,17 @@ func (b *Backend) Stats(context.Context) ([]gpu.Stats, error) {
 		if h.parentUUID == "" {
 			sample(h.dev, &s)
 			s.LastXID = int64(b.lastXID[uuid])
+			s.TensorActivePct = b.gpmMetrics(uuid, h.dev, wholeGPU, nvml.GPM_METRIC_ANY_TENSOR_UTIL)[0]
 		} else {
-			s.GPUUtilPct = b.instanceUtil(uuid, h)
+			if h.instance >= 0 { // its GPU instance id known
+				m := b.gpmMetrics(uuid, h.parent, h.instance, nvml.GPM_METRIC_SM_UTIL, nvml.GPM_METRIC_ANY_TENSOR_UTIL)
+				s.GPUUtilPct, s.TensorActivePct = m[0], m[1]
+			}
 			s.LastXID = int64(b.lastXID[h.parentUUID]) // XIDs are the GPU's
 		}
 		out = append(out, s)
 	}
-	for uuid, old := range b.gpm { // instances gone (MIG reconfigured)
+	for uuid, old := range b.gpm { // devices gone (MIG reconfigured)
 		if _, ok := b.handles[uuid]; !ok {
 			old.Free()
 			delete(b.gpm, uuid)
@@ -41,22 +46,32 @@ func (b *Backend) Stats(context.Context) ([]gpu.Stats, error) {
 	return out, nil
 }
 
-// instanceUtil is a MIG instance's SM utilisation (percent) since the last
-// call, by GPM; gpu.Unknown where GPM cannot tell. b.mu is held.
-func (b *Backend) instanceUtil(uuid string, h handle) int64 {
-	if h.instance < 0 {
-		return gpu.Unknown
+// wholeGPU is gpmMetrics' instance for the GPU itself.
+const wholeGPU = -1
+
+// gpmMetrics are GPM's metrics (percent) of a GPU (instance wholeGPU) or of
+// one of its MIG instances (by its GPU instance id) since the last call for
+// the device uuid; gpu.Unknown where GPM cannot tell. b.mu is held.
+func (b *Backend) gpmMetrics(uuid string, dev nvml.Device, instance int, metrics ...nvml.GpmMetricId) []int64 {
+	out := make([]int64, len(metrics))
+	for i := range out {
+		out[i] = gpu.Unknown
 	}
-	if support, ret := h.parent.GpmQueryDeviceSupport(); ret != nvml.SUCCESS || support.IsSupportedDevice == 0 {
-		return gpu.Unknown
+	if support, ret := dev.GpmQueryDeviceSupport(); ret != nvml.SUCCESS || support.IsSupportedDevice == 0 {
+		return out
 	}
 	now, ret := b.lib.GpmSampleAlloc()
 	if ret != nvml.SUCCESS {
-		return gpu.Unknown
+		return out
 	}
-	if ret := b.lib.GpmMigSampleGet(h.parent, h.instance, now); ret != nvml.SUCCESS {
+	if instance == wholeGPU {
+		ret = b.lib.GpmSampleGet(dev, now)
+	} else {
+		ret = b.lib.GpmMigSampleGet(dev, instance, now)
+	}
+	if ret != nvml.SUCCESS {
 		now.Free()
-		return gpu.Unknown
+		return out
 	}
 	if b.gpm == nil {
 		b.gpm = map[string]nvml.GpmSample{}
@@ -64,15 +79,22 @@ func (b *Backend) instanceUtil(uuid string, h handle) int64 {
 	before, ok := b.gpm[uuid]
 	b.gpm[uuid] = now
 	if !ok {
-		return gpu.Unknown // the first sample: nothing to measure against yet
+		return out // the first sample: nothing to measure against yet
 	}
 	defer before.Free()
-	get := &nvml.GpmMetricsGetType{NumMetrics: 1, Sample1: before, Sample2: now}
-	get.Metrics[0].MetricId = uint32(nvml.GPM_METRIC_SM_UTIL)
-	if ret := b.lib.GpmMetricsGet(get); ret != nvml.SUCCESS || nvml.Return(get.Metrics[0].NvmlReturn) != nvml.SUCCESS {
-		return gpu.Unknown
+	get := &nvml.GpmMetricsGetType{NumMetrics: uint32(len(metrics)), Sample1: before, Sample2: now}
+	for i, m := range metrics {
+		get.Metrics[i].MetricId = uint32(m)
 	}
-	return int64(math.Round(get.Metrics[0].Value))
+	if ret := b.lib.GpmMetricsGet(get); ret != nvml.SUCCESS {
+		return out
+	}
+	for i := range metrics {
+		if nvml.Return(get.Metrics[i].NvmlReturn) == nvml.SUCCESS {
+			out[i] = int64(math.Round(get.Metrics[i].Value))
+		}
+	}
+	return out
 }
 
 func sample(dev nvml.Device, s *gpu.Stats) {

@@ -17,6 +17,7 @@ const (
 	StatMemUtil        = "Memory utilization"
 	StatEncUtil        = "Encoder utilization"
 	StatDecUtil        = "Decoder utilization"
+	StatTensorActive   = "Tensor core activity"
 	StatMemory         = "Memory state"
 	StatTemperature    = "Temperature"
 	StatPower          = "Power usage"
@@ -72,6 +73,7 @@ func deviceStats(s gpu.Stats, d gpu.Device, ts *timestamppb.Timestamp) *devicepb
 			StatMemUtil:        intStat(s.MemUtilPct, "%", "share of time device memory was read or written"),
 			StatEncUtil:        intStat(s.EncUtilPct, "%", "video encoder utilization"),
 			StatDecUtil:        intStat(s.DecUtilPct, "%", "video decoder utilization"),
+			StatTensorActive:   intStat(s.TensorActivePct, "%", "share of time any tensor core was busy (GPM, Hopper and later)"),
 			StatMemory:         fraction(s.MemUsedMiB, s.MemTotalMiB, "MiB", "frame-buffer memory used / total"),
 			StatTemperature:    intStat(s.TemperatureC, "C", "GPU temperature"),
 			StatPower:          fraction(s.PowerW, s.PowerLimitW, "W", "power drawn / power limit"),
