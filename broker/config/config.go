@@ -62,6 +62,10 @@ type Config struct {
 	TLS    *TLS    `hcl:"tls,block"`
 	Nomad  *Nomad  `hcl:"nomad,block"`
 	Consul *Consul `hcl:"consul,block"`
+	// Regions are the Nomad regions the broker governs besides its own (the
+	// nomad block's): one quota, queue and ledger over all of them. A block
+	// named as its own region may be given, empty.
+	Regions []*Region `hcl:"region,block"`
 	// Audit is the audit trail's file (nil: none kept).
 	Audit *Audit `hcl:"audit,block"`
 	// EnableDebug serves Go's profiler at /debug/pprof/ on the listener, as
@@ -90,6 +94,15 @@ type Nomad struct {
 	// region of the Nomad agent at Address.
 	Region string `hcl:"region,optional"`
 	TLS    *TLS   `hcl:"tls,block"`
+}
+
+// Region is one more Nomad region the broker governs.
+type Region struct {
+	Name string `hcl:"name,label"`
+	// Address is a server of that region, reached with the nomad block's
+	// token and TLS; empty: through the nomad block's agent, which forwards
+	// a call naming another region to that region's servers.
+	Address string `hcl:"address,optional"`
 }
 
 // Consul is how the broker reaches Consul, and where its keys live.
@@ -164,8 +177,12 @@ func settings(body *hclsyntax.Body, prefix string, at map[string]hcl.Range) {
 		at[prefix+name] = a.SrcRange
 	}
 	for _, b := range body.Blocks {
-		at[prefix+b.Type] = b.DefRange()
-		settings(b.Body, prefix+b.Type+".", at)
+		name := prefix + b.Type
+		if len(b.Labels) > 0 {
+			name += "." + b.Labels[0] // region "west": region.west
+		}
+		at[name] = b.DefRange()
+		settings(b.Body, name+".", at)
 	}
 }
 
@@ -260,6 +277,9 @@ func (c *Config) Validate() error {
 	if !strings.HasPrefix(c.Nomad.Address, "http://") && !strings.HasPrefix(c.Nomad.Address, "https://") {
 		return refuse("nomad.address", "nomad.address %q must start with http:// or https://", c.Nomad.Address)
 	}
+	if err := c.validateRegions(); err != nil {
+		return err
+	}
 	if c.Nomad.TokenFile != "" {
 		if c.Nomad.Token != "" {
 			return refuse("nomad.token_file", "nomad.token_file and nomad.token are both set: give one")
@@ -290,6 +310,28 @@ func (c *Config) Validate() error {
 	}
 	if fi, err := os.Stat(c.PolicyDir); err != nil || !fi.IsDir() {
 		return refuse("policy_dir", "policy_dir %q is not a directory", c.PolicyDir)
+	}
+	return nil
+}
+
+// validateRegions refuses a region named twice, one with an address that is
+// not http(s), and the broker's own region given an address of its own (it is
+// reached at nomad.address).
+func (c *Config) validateRegions() error {
+	seen := map[string]bool{}
+	for _, r := range c.Regions {
+		key := "region." + r.Name
+		switch {
+		case r.Name == "":
+			return refuse(key, "a region block needs the region's name, as Nomad's agents give it (-region)")
+		case seen[r.Name]:
+			return refuse(key, "region %q is given twice", r.Name)
+		case r.Address != "" && !strings.HasPrefix(r.Address, "http://") && !strings.HasPrefix(r.Address, "https://"):
+			return refuse(key, "region %q: address %q must start with http:// or https://", r.Name, r.Address)
+		case r.Address != "" && r.Name == c.Nomad.Region:
+			return refuse(key, "region %q is the broker's own (nomad.region): it is reached at nomad.address, so give it no address", r.Name)
+		}
+		seen[r.Name] = true
 	}
 	return nil
 }

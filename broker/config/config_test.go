@@ -221,3 +221,36 @@ func TestNomadTokenFile(t *testing.T) {
 		t.Errorf("both: %v", err)
 	}
 }
+
+func TestRegionBlocks(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "broker.hcl")
+	os.WriteFile(path, []byte(`policy_dir = "`+dir+`"
+nomad {
+  region = "east"
+}
+region "east" {}
+region "west" {
+  address = "https://nomad.west:4646"
+}
+region "north" {}
+`), 0o644)
+	c, err := Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(c.Regions) != 3 || c.Regions[1].Name != "west" || c.Regions[1].Address != "https://nomad.west:4646" || c.Regions[2].Address != "" {
+		t.Fatalf("regions: %+v %+v %+v", c.Regions[0], c.Regions[1], c.Regions[2])
+	}
+	for body, want := range map[string]string{
+		"region \"west\" {}\nregion \"west\" {}\n":                 `broker.hcl:4:1: region "west" is given twice`,
+		"region \"west\" {\n  address = \"nomad.west:4646\"\n}\n":  `broker.hcl:3:1: region "west": address "nomad.west:4646" must start with http:// or https://`,
+		"region \"east\" {\n  address = \"http://elsewhere\"\n}\n": `broker.hcl:3:1: region "east" is the broker's own (nomad.region)`,
+		"region \"\" {}\n": `broker.hcl:3:1: a region block needs the region's name`,
+	} {
+		os.WriteFile(path, []byte("policy_dir = \""+dir+"\"\nnomad { region = \"east\" }\n"+body), 0o644)
+		if _, err := Load(path); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: want %q, got %v", body, want, err)
+		}
+	}
+}
