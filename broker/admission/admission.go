@@ -75,7 +75,11 @@ type Job struct {
 type Where struct {
 	Datacenters []string // globs, as Nomad reads them (nil: any)
 	Pool        string   // its node pool ("": any)
-	Nodes       []string // the node-id set it is pinned to (nil: any)
+	// Region is the Nomad region it is registered in, as the broker names
+	// it ("": the broker's own): its nodes, idle GPUs and preemptions are
+	// that region's, its tenant's usage is counted over every region.
+	Region string
+	Nodes  []string // the node-id set it is pinned to (nil: any)
 	// NoPin: the broker does not choose its nodes. A system job places on
 	// every node it may; a service must stay free to scale and to be
 	// rescheduled elsewhere (a scale cannot move a pin); a job with

@@ -14,8 +14,9 @@ import (
 // island of it: Nomad takes all of a request's GPUs from one group) as a new
 // allocation finds it.
 type NodeRoom struct {
-	ID    string // the node's id
-	Group string // the device group's name
+	ID     string // the node's id
+	Region string // its Nomad region, as Where.Region names it
+	Group  string // the device group's name
 	// GPUs are its healthy GPUs; Free those no allocation holds and no
 	// admission not yet placed counts on; Borrowed those borrowed work holds.
 	GPUs, Free, Borrowed int
@@ -266,6 +267,7 @@ func roomText(job Job, nodes []NodeRoom) string {
 // Waiting is a tenant's oldest queued job, as Reserve reads it.
 type Waiting struct {
 	Namespace, ID, Tenant string
+	Region                string // Where.Region: only its region's nodes are held for it
 	Groups                []Group
 	Since                 time.Time // when it was submitted
 }
@@ -302,7 +304,7 @@ func Reserve(p *policy.Policy, oldest []Waiting, used map[string]float64, nodes 
 		for _, a := range allocs {
 			best := -1
 			for i, r := range nodes {
-				if taken[i] || r.GPUs < a.gpus || !offers(r.Group, a.model) {
+				if taken[i] || r.Region != w.Region || r.GPUs < a.gpus || !offers(r.Group, a.model) {
 					continue
 				}
 				kept, bestKept := held[r.ID] == key, best >= 0 && held[nodes[best].ID] == key

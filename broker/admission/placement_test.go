@@ -191,6 +191,17 @@ func TestReserve(t *testing.T) {
 			}
 		})
 	}
+	// A job of another region is held a node of its own region only.
+	west := slices.Clone(nodes)
+	west[3].Region = "west"
+	inWest := big
+	inWest.Region = "west"
+	if got := admission.Reserve(p, []admission.Waiting{big}, map[string]float64{"vision": 6}, west, nil, now); !maps.Equal(got, map[string]string{"n2": "vision/big"}) {
+		t.Errorf("a job of the own region held %v, want n2", got)
+	}
+	if got := admission.Reserve(p, []admission.Waiting{inWest}, map[string]float64{"vision": 6}, west, nil, now); !maps.Equal(got, map[string]string{"n4": "vision/big"}) {
+		t.Errorf("a job of region west held %v, want west's n4", got)
+	}
 	p.Placement.ReserveAfter = 0
 	if got := admission.Reserve(p, []admission.Waiting{big}, map[string]float64{"vision": 6}, nodes, nil, now); len(got) != 0 {
 		t.Errorf("reserve_after = 0 held %v", got)

@@ -651,7 +651,8 @@ func (r *registrations) waits(e queue.Entry, j admission.Job) {
 	if r.waiting == nil {
 		r.waiting = map[string]admission.Waiting{}
 	}
-	r.waiting[e.Tenant] = admission.Waiting{Namespace: j.Namespace, ID: j.ID, Tenant: e.Tenant, Groups: j.Groups, Since: e.SubmittedAt}
+	r.waiting[e.Tenant] = admission.Waiting{Namespace: j.Namespace, ID: j.ID, Tenant: e.Tenant, Region: j.Where.Region, Groups: j.Groups,
+		Since: e.SubmittedAt}
 }
 
 // hold keeps res to the pass's end.

@@ -51,17 +51,20 @@ type Agent struct {
 
 	// setupClients
 	nomad   *nomadapi.Client
+	tlsCfg  *nomad.TLSConfig // the nomad block's, for every region's client
 	consul  *consul.Client
 	metrics *brokermetrics.Metrics
 	stamper nomadjob.Stamper
-	// setupPolicy
-	view     *cluster.View
-	budgets  *gpuusage.BudgetBook
-	policies *policystore.Store
 	// setupNomadAgent
 	region          string
 	acls, exclusive bool
 	peers           *http.Client
+	// setupPolicy
+	view     *cluster.View    // the broker's own region's
+	regions  *cluster.Regions // every region it governs, view by view
+	others   map[string]region
+	budgets  *gpuusage.BudgetBook
+	policies *policystore.Store
 	// setupStores
 	stores stores
 	// setupObservers
@@ -100,7 +103,7 @@ func New(cfg *config.Config, log hclog.Logger, reload <-chan os.Signal) *Agent {
 // whose context ends) stops its leader's loops.
 func (a *Agent) Run(ctx context.Context) error {
 	defer a.close()
-	for _, step := range []func(context.Context) error{a.setupClients, a.setupPolicy, a.setupNomadAgent,
+	for _, step := range []func(context.Context) error{a.setupClients, a.setupNomadAgent, a.setupPolicy,
 		a.setupStores, a.setupObservers, a.setupServer} {
 		if err := step(ctx); err != nil {
 			return err
@@ -128,12 +131,11 @@ func (a *Agent) close() {
 // reads the key admissions are stamped with (made once, in Consul KV).
 func (a *Agent) setupClients(ctx context.Context) error {
 	cfg := a.cfg
-	var tlsCfg *nomad.TLSConfig
 	if t := cfg.Nomad.TLS; t != nil {
-		tlsCfg = &nomad.TLSConfig{CACert: t.CAFile, ClientCert: t.CertFile, ClientKey: t.KeyFile}
+		a.tlsCfg = &nomad.TLSConfig{CACert: t.CAFile, ClientCert: t.CertFile, ClientKey: t.KeyFile}
 	}
 	var err error
-	if a.nomad, err = nomadapi.New(cfg.Nomad.Address, cfg.Nomad.Token, tlsCfg); err != nil {
+	if a.nomad, err = nomadapi.New(cfg.Nomad.Address, cfg.Nomad.Token, a.tlsCfg); err != nil {
 		return err
 	}
 	a.metrics = brokermetrics.New()
@@ -158,14 +160,36 @@ func (a *Agent) setupClients(ctx context.Context) error {
 	return nil
 }
 
-// setupPolicy makes the cluster view (which counts only jobs whose stamp
-// verifies) and loads the policy, refusing an invalid one with its
-// diagnostics.
+// region is another Nomad region the broker governs: its client (every
+// call names the region) and its view.
+type region struct {
+	nomad *nomadapi.Client
+	view  *cluster.View
+}
+
+// setupPolicy makes the cluster views, one per region governed (each counts
+// only jobs whose stamp verifies), and loads the policy, refusing an invalid
+// one with its diagnostics.
 func (a *Agent) setupPolicy(context.Context) error {
-	a.view = cluster.NewView(a.stamper.VerifyCounting)
 	a.budgets = &gpuusage.BudgetBook{}
-	a.view.SetBudgets(a.budgets.OverBudget)
-	policies, diags := policystore.New(a.cfg.PolicyDir, a.view.Capacity, a.log.Named("policy"))
+	newView := func() *cluster.View {
+		v := cluster.NewView(a.stamper.VerifyCounting)
+		v.SetBudgets(a.budgets.OverBudget)
+		return v
+	}
+	a.view = newView()
+	views := map[string]*cluster.View{}
+	for name, r := range a.others {
+		r.view = newView()
+		r.view.SetRegion(name)
+		a.others[name], views[name] = r, r.view
+	}
+	a.regions = cluster.NewRegions(a.region, a.view, views)
+	a.regions.Addresses = map[string]string{}
+	for _, r := range a.cfg.Regions {
+		a.regions.Addresses[r.Name] = r.Address
+	}
+	policies, diags := policystore.New(a.cfg.PolicyDir, a.regions.Capacity, a.log.Named("policy"))
 	if policies == nil {
 		return fmt.Errorf("policy %s is invalid:\n%s", a.cfg.PolicyDir, policyhcl.FormatDiagnostics(diags))
 	}
@@ -175,8 +199,8 @@ func (a *Agent) setupPolicy(context.Context) error {
 }
 
 // setupNomadAgent asks Nomad for its region and whether it enforces ACLs,
-// which exclusive enforcement needs, and makes the client to the other
-// brokers.
+// which exclusive enforcement needs, and makes the clients of the other
+// regions the broker governs and the client to the other brokers.
 func (a *Agent) setupNomadAgent(ctx context.Context) error {
 	agentRegion, acls, err := a.nomad.Agent(ctx)
 	if err != nil {
@@ -193,6 +217,34 @@ func (a *Agent) setupNomadAgent(ctx context.Context) error {
 	if a.region == "" {
 		a.region = agentRegion
 	}
+	return a.regionClients()
+}
+
+// regionClients makes a client for each other region of broker.hcl: at its
+// address, else through the broker's own agent, which forwards.
+func (a *Agent) regionClients() error {
+	a.others = map[string]region{}
+	clients := map[string]*nomadapi.Client{}
+	for _, r := range a.cfg.Regions {
+		if r.Name == a.region {
+			if r.Address != "" {
+				return fmt.Errorf("region %q is the broker's own (its Nomad agent's): it is reached at nomad.address, so give it no address", r.Name)
+			}
+			continue
+		}
+		address := r.Address
+		if address == "" {
+			address = a.cfg.Nomad.Address
+		}
+		c, err := nomadapi.NewInRegion(r.Name, address, a.nomad.Token(), a.tlsCfg)
+		if err != nil {
+			return fmt.Errorf("region %q: %w", r.Name, err)
+		}
+		hc := c.HTTPClient()
+		hc.Transport = a.metrics.NomadTransport(hc.Transport)
+		a.others[r.Name], clients[r.Name] = region{nomad: c}, c
+	}
+	a.nomad.SetRegions(clients)
 	return nil
 }
 
@@ -212,8 +264,8 @@ func (a *Agent) setupStores(ctx context.Context) error {
 	go a.stores.approvals.Follow(ctx)
 	go a.stores.stops.Follow(ctx)
 	go a.stores.backoffs.Follow(ctx)
-	go a.stores.holds.Follow(ctx, a.view.HoldNodes) // the leader's holds, in every broker's gate
-	go a.stores.queue.Follow(ctx)                   // the queue's index: the leader skips passes while nothing changed
+	go a.stores.holds.Follow(ctx, a.regions.HoldNodes) // the leader's holds, in every broker's gate
+	go a.stores.queue.Follow(ctx)                      // the queue's index: the leader skips passes while nothing changed
 	return nil
 }
 
@@ -253,13 +305,13 @@ func (a *Agent) setupServer(context.Context) error {
 	cfg, st := a.cfg, &a.stores
 	// 32 registrations in flight stays well inside Nomad's default limit of 100
 	// HTTP connections per client.
-	a.admitter = &admitter.Admitter{Log: a.log.Named("queue"), Queue: st.queue, Nomad: a.nomad, Cluster: a.view,
-		Policies: a.policies, Stamper: a.stamper, Clock: clock.Real, GPUsCameBack: a.view.GPUsCameBack, Blocked: a.nomad, Exclusive: a.exclusive,
+	a.admitter = &admitter.Admitter{Log: a.log.Named("queue"), Queue: st.queue, Nomad: a.nomad, Cluster: a.regions,
+		Policies: a.policies, Stamper: a.stamper, Clock: clock.Real, GPUsCameBack: a.regions.GPUsCameBack, Blocked: a.nomad, Exclusive: a.exclusive,
 		Metrics: a.metrics, FairShare: st.rollups, Audit: a.trail, Approvals: st.approvals, Preemptions: st.backoffs.Preemptions, Stops: st.stops,
 		Placed: a.nomad.PlacedNothing, Parallel: 32, Synced: a.view.Synced, Holds: st.holds}
 	var err error
 	a.server, err = server.New(server.Options{Leader: a.elector, Log: a.log.Named("proxy"), Nomad: cfg.Nomad.Address,
-		Client: a.nomad.HTTPClient(), Policies: a.policies, Cluster: a.view, Queue: st.queue, Decisions: st.decisions, Scales: st.scales, Stops: st.stops,
+		Client: a.nomad.HTTPClient(), Policies: a.policies, Cluster: a.regions, Regions: a.regions, Queue: st.queue, Decisions: st.decisions, Scales: st.scales, Stops: st.stops,
 		Profiles: st.profiles, RightSizing: st.storedProfiles, Metrics: a.metrics, Rollups: st.rollups, FairShare: st.rollups, Audit: a.trail,
 		Approvals: st.approvals, Preemptions: st.backoffs.Preemptions, SetAside: st.aside, PolicyStatus: a.policies.Status,
 		Unhealthy: a.nomad.Unhealthy, Synced: a.view.Synced, Forecast: a.forecast, Stamper: a.stamper, Region: a.region, ACLs: a.acls,
@@ -275,6 +327,13 @@ func (a *Agent) follow(ctx context.Context) {
 		defer resync.Stop()
 		a.view.Follow(ctx, a.nomad, a.log.Named("cluster"), resync.C)
 	}()
+	for name, r := range a.others {
+		resync := time.NewTicker(a.cfg.ResyncInterval)
+		go func() {
+			defer resync.Stop()
+			r.view.Follow(ctx, r.nomad, a.log.Named("cluster").With("region", name), resync.C)
+		}()
+	}
 	policyReload := make(chan os.Signal, 1)
 	go a.reloads(ctx, policyReload)
 	go a.policies.Watch(ctx, policyReload, a.cfg.PolicyPollInterval)
@@ -308,7 +367,7 @@ func (a *Agent) lead(ctx context.Context) {
 	go a.reclaimer().Run(ctx)
 	passes := time.NewTicker(a.cfg.QueueIntervalDuration)
 	defer passes.Stop()
-	a.admitter.Run(ctx, a.view.Changed(), passes.C)
+	a.admitter.Run(ctx, a.regions.Changed(ctx), passes.C)
 }
 
 // reclaimer is one term's reclaim loop: each term starts afresh, and what
@@ -376,7 +435,7 @@ func (a *Agent) reloads(ctx context.Context, policy chan<- os.Signal) {
 				case tok == nomadClient.Token():
 					a.log.Info("the Nomad token file holds the token in use", "path", a.cfg.Nomad.TokenFile)
 				default:
-					if err := nomadClient.SetToken(tok); err != nil {
+					if err := a.setToken(tok); err != nil {
 						a.log.Error("the Nomad token file's token cannot be used: the token in use is kept", "error", err)
 					} else {
 						a.log.Info("the Nomad token was replaced from the token file", "path", a.cfg.Nomad.TokenFile)
@@ -389,6 +448,19 @@ func (a *Agent) reloads(ctx context.Context, policy chan<- os.Signal) {
 			}
 		}
 	}
+}
+
+// setToken makes tok the token of every region's client.
+func (a *Agent) setToken(tok string) error {
+	if err := a.nomad.SetToken(tok); err != nil {
+		return err
+	}
+	for name, r := range a.others {
+		if err := r.nomad.SetToken(tok); err != nil {
+			return fmt.Errorf("region %q: %w", name, err)
+		}
+	}
+	return nil
 }
 
 // grantPruneInterval is how often the leader deletes the grants of jobs

@@ -48,6 +48,7 @@ type Sample struct {
 type MapNode struct {
 	ID       string   `json:"id"`
 	Name     string   `json:"name"`
+	Region   string   `json:"region,omitempty"` // its Nomad region, when the broker governs several
 	Pool     string   `json:"node_pool"`
 	Status   string   `json:"status"`
 	Draining bool     `json:"draining"`

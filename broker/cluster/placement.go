@@ -121,7 +121,7 @@ func (v *View) buildRooms(where admission.Where, except jobKey, now time.Time) (
 			continue
 		}
 		k := ng
-		r := admission.NodeRoom{ID: ng.node, Group: ng.group, GPUs: n.gpus[ng.group], Free: max(0, n.gpus[ng.group]-held[k]), Held: borrowed[k],
+		r := admission.NodeRoom{ID: ng.node, Region: v.region, Group: ng.group, GPUs: n.gpus[ng.group], Free: max(0, n.gpus[ng.group]-held[k]), Held: borrowed[k],
 			ReservedFor: v.heldFor[ng.node]}
 		for _, h := range r.Held {
 			r.Borrowed += h.GPUs

@@ -19,6 +19,7 @@ import (
 // View is safe for concurrent use. It keeps aggregates up to date as events
 // arrive, so that a usage snapshot costs per namespace and model, not per job.
 type View struct {
+	region     string // the Nomad region it follows, as admission.Where names it ("": the broker's own)
 	verify     func(*api.Job) bool
 	clock      clock.Clock
 	overBudget func(tenant string) string
@@ -98,6 +99,10 @@ func NewView(verify func(*api.Job) bool) *View {
 		excess: map[jobKey]map[string]int{}, excessBorrowed: map[jobKey]bool{}, undeclared: map[jobKey]string{},
 		stopped: map[jobKey]uint64{}, placing: map[jobKey]placing{}, changed: make(chan struct{}, 1), nodesDirty: true}
 }
+
+// SetRegion names the region the view follows, when it is not the broker's
+// own (set before the view is used): its nodes' rooms carry the name.
+func (v *View) SetRegion(name string) { v.region = name }
 
 // SetBudgets has admission see which tenants spent their GPU-hour budget
 // (set before the view is used).

@@ -11,6 +11,7 @@ package decide
 import (
 	"context"
 	"errors"
+	"fmt"
 
 	"github.com/hashicorp/nomad/api"
 
@@ -36,6 +37,33 @@ type Cluster interface {
 	UsageFor(p *policy.Policy, j admission.Job) admission.Usage
 	// Admit decides and, when it admits, reserves the demand at once.
 	Admit(p *policy.Policy, j admission.Job) (admission.Decision, *cluster.Reservation)
+}
+
+// Regional is a cluster over several Nomad regions (cluster.Regions): a
+// request is prepared against its own region's nodes.
+type Regional interface {
+	// In is the view of region as a request names it and the name
+	// admission.Where keys it by; false when the broker does not govern it.
+	In(region string) (*cluster.View, string, bool)
+}
+
+// in is the cluster of region, and its name as admission keys it.
+func (s *Sequence) in(region string) (Cluster, string, error) {
+	r, ok := s.Cluster.(Regional)
+	if !ok {
+		return s.Cluster, region, nil
+	}
+	v, name, ok := r.In(region)
+	if !ok {
+		return nil, "", &JobError{fmt.Errorf("region %q is not one this broker governs", region)}
+	}
+	return v, name, nil
+}
+
+// RegionVersions reads the versions of another region's jobs than the
+// broker's own.
+type RegionVersions interface {
+	In(region string) Versions
 }
 
 // Versions reads the versions of a job Nomad has: the gate reads them with
@@ -125,21 +153,29 @@ func IsJobError(err error) bool {
 }
 
 // Prepare readies req for its decision, in the one order every caller
-// shares: the version Nomad runs (when counts or canaries depend on it), the
-// nodes a system job may run on, the groups as Nomad will place them, the
-// stable version a failing deployment reverts to, the namespace and counts
-// pinned, and the job's workload written in.
+// shares: its region's cluster, the version Nomad runs there (when counts or
+// canaries depend on it), the nodes a system job may run on, the groups as
+// Nomad will place them, the stable version a failing deployment reverts
+// to, the namespace, region and counts pinned, and the job's workload
+// written in.
 func (s *Sequence) Prepare(ctx context.Context, p *policy.Policy, req *nomadjob.Request, versions Versions) (*Request, error) {
+	c, region, err := s.in(req.Region)
+	if err != nil {
+		return nil, err
+	}
+	req.Region = region
+	if rv, ok := versions.(RegionVersions); ok && region != "" {
+		versions = rv.In(region)
+	}
 	var current *api.Job
 	if req.PreserveCounts || nomadjob.HasCanaries(req.Job) {
-		var err error
 		if current, err = versions.Job(ctx, req.Namespace, req.JobID); err != nil {
 			return nil, err
 		}
 	}
-	islands := req.MatchIslands(s.Cluster.Islanded)
-	req.PinNodes(s.Cluster.FittingNodes)
-	groups, err := req.Groups(current, s.Cluster.NodesFitting)
+	islands := req.MatchIslands(c.Islanded)
+	req.PinNodes(c.FittingNodes)
+	groups, err := req.Groups(current, c.NodesFitting)
 	if err != nil {
 		return nil, &JobError{err}
 	}
@@ -148,7 +184,7 @@ func (s *Sequence) Prepare(ctx context.Context, p *policy.Policy, req *nomadjob.
 		if err != nil {
 			return nil, err
 		}
-		if err := req.RevertsTo(stable, s.Cluster.NodesFitting); err != nil {
+		if err := req.RevertsTo(stable, c.NodesFitting); err != nil {
 			return nil, &JobError{err}
 		}
 	}
@@ -161,9 +197,22 @@ func (s *Sequence) Prepare(ctx context.Context, p *policy.Policy, req *nomadjob.
 // it without a body (scale, dispatch, revert): its groups as Nomad will
 // place them (current: the version it runs, for a revert's canaries).
 func (s *Sequence) Existing(job, current *api.Job, namespace string) (admission.Job, error) {
-	groups, err := nomadjob.Groups(job, nomadjob.Placement{Current: current, NodesFitting: s.Cluster.NodesFitting})
+	c, region, err := s.in(deref(job.Region))
+	if err != nil {
+		return admission.Job{}, err
+	}
+	groups, err := nomadjob.Groups(job, nomadjob.Placement{Current: current, NodesFitting: c.NodesFitting})
 	if err != nil {
 		return admission.Job{}, &JobError{err}
 	}
-	return nomadjob.AdmissionJob(job, namespace, groups), nil
+	j := nomadjob.AdmissionJob(job, namespace, groups)
+	j.Where.Region = region
+	return j, nil
+}
+
+func deref(s *string) string {
+	if s == nil {
+		return ""
+	}
+	return *s
 }

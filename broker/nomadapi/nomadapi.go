@@ -26,6 +26,7 @@ import (
 	"github.com/hashicorp/nomad/api"
 
 	"github.com/nomad-gpu/nomad-gpu/broker/cluster"
+	"github.com/nomad-gpu/nomad-gpu/broker/decide"
 	"github.com/nomad-gpu/nomad-gpu/broker/policy"
 	"github.com/nomad-gpu/nomad-gpu/internal/jsondoc"
 )
@@ -44,6 +45,7 @@ type Client struct {
 	// taken for broken (a half-open connection): Nomad sends a heartbeat
 	// every 10 s. 0: DefaultStreamIdle.
 	StreamIdle time.Duration
+	regions    map[string]*Client // the other regions' (SetRegions)
 }
 
 // DefaultStreamIdle is three of Nomad's event stream heartbeats.
@@ -750,4 +752,51 @@ func evaluated(evals []*api.Evaluation, index uint64) (done bool, why string) {
 		why += " (" + strings.Join(failed, "; ") + ")"
 	}
 	return true, why
+}
+
+// NewInRegion is a client for Nomad region region through address (an agent
+// of that region, or of a region federated with it, which forwards): every
+// call it makes, the API client's and its own, names the region.
+func NewInRegion(region, address, token string, tls *api.TLSConfig) (*Client, error) {
+	c, err := New(address, token, tls)
+	if err != nil {
+		return nil, err
+	}
+	c.cfg.Region = region
+	c.http.Transport = regionTransport{next: c.http.Transport, region: region}
+	if err := c.SetToken(token); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// regionTransport adds ?region= to every request that names none.
+type regionTransport struct {
+	next   http.RoundTripper
+	region string
+}
+
+func (t regionTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	if r.URL.Query().Has("region") {
+		return t.next.RoundTrip(r)
+	}
+	r = r.Clone(r.Context())
+	if r.URL.RawQuery != "" {
+		r.URL.RawQuery += "&"
+	}
+	r.URL.RawQuery += "region=" + url.QueryEscape(t.region)
+	return t.next.RoundTrip(r)
+}
+
+// SetRegions gives the clients of the other regions the broker governs, by
+// name (set before the client is used): In reads their jobs.
+func (c *Client) SetRegions(regions map[string]*Client) { c.regions = regions }
+
+// In reads the versions of region's jobs (decide.RegionVersions): that
+// region's client, this one for its own or one not set.
+func (c *Client) In(region string) decide.Versions {
+	if r, ok := c.regions[region]; ok {
+		return r
+	}
+	return c
 }

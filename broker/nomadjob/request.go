@@ -179,12 +179,13 @@ func (r *Request) RevertsTo(stable *api.Job, nodesFitting func(string, int) int)
 // Admission is the request as admission sees it.
 func (r *Request) Admission(groups []admission.Group) admission.Job {
 	j := AdmissionJob(r.Job, r.Namespace, groups)
-	j.ID, j.RevertTo = r.JobID, r.revertTo
+	j.ID, j.RevertTo, j.Where.Region = r.JobID, r.revertTo, r.Region
 	return j
 }
 
 // Pin writes into the document what Nomad must read exactly as the broker
-// did (after Groups): the resolved namespace, in the body and the job, and
+// did (after Groups): the resolved namespace, in the body and the job, the
+// region when it is not the broker's own, and
 // every task group's count explicit, so that neither a scaling default nor
 // PreserveCounts can place more than was counted.
 func (r *Request) Pin() {
@@ -192,6 +193,12 @@ func (r *Request) Pin() {
 	job := root.Get("Job")
 	root.Set("Namespace", r.Namespace)
 	job.Set("Namespace", r.Namespace)
+	if r.Region != "" {
+		// Another region than the broker's own: the job itself names it,
+		// so that a queued copy registered later goes there too.
+		job.Set("Region", r.Region)
+		r.Job.Region = &r.Region
+	}
 	if root.Get("PreserveCounts") != nil {
 		root.Set("PreserveCounts", false)
 	}

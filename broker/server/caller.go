@@ -16,6 +16,7 @@ import (
 
 	"github.com/hashicorp/nomad/api"
 
+	"github.com/nomad-gpu/nomad-gpu/broker/decide"
 	"github.com/nomad-gpu/nomad-gpu/broker/nomadapi"
 	"github.com/nomad-gpu/nomad-gpu/broker/policy"
 	"github.com/nomad-gpu/nomad-gpu/internal/clock"
@@ -39,11 +40,25 @@ type callers struct {
 // caller reads Nomad with one request's token.
 type caller struct {
 	*callers
-	r *http.Request
+	r      *http.Request
+	region string // the region its reads go to ("": the agent's own)
 }
 
-// as is Nomad read as the caller of r.
-func (s *Server) as(r *http.Request) caller { return caller{s.callers, r} }
+// as is Nomad read as the caller of r, in the region r names (?region=, as
+// Nomad forwards it): a call about another region's job reads that job.
+func (s *Server) as(r *http.Request) caller {
+	c := caller{callers: s.callers, r: r}
+	if r.URL.RawQuery != "" {
+		c.region = r.URL.Query().Get("region")
+	}
+	return c
+}
+
+// In is the caller reading another region's jobs (decide.RegionVersions).
+func (c caller) In(region string) decide.Versions {
+	c.region = region
+	return c
+}
 
 // Job and StableJob are the versions a registration is prepared with
 // (decide.Versions), read as the caller.
@@ -220,6 +235,12 @@ func (c caller) do(method, path, ns string, body []byte, out any) error {
 			u.RawQuery += "&"
 		}
 		u.RawQuery += "namespace=" + url.QueryEscape(ns)
+	}
+	if c.region != "" {
+		if u.RawQuery != "" {
+			u.RawQuery += "&"
+		}
+		u.RawQuery += "region=" + url.QueryEscape(c.region)
 	}
 	req, err := http.NewRequestWithContext(c.r.Context(), method, u.String(), bytes.NewReader(body))
 	if err != nil {

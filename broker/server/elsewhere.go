@@ -55,11 +55,12 @@ func (s *Server) sendOn(w http.ResponseWriter, r *http.Request, addr string, bod
 	s.relay(w, resp)
 }
 
-// checkRegion passes a call for the broker's own region. One for another
-// region goes to that region's broker when policy names it (that broker
-// decides with that region's usage), and is refused otherwise.
+// checkRegion passes a call for a region the broker governs (its own, or
+// one of broker.hcl's region blocks). One for another region goes to that
+// region's broker when policy names it (that broker decides with that
+// region's usage), and is refused otherwise.
 func (s *Server) checkRegion(w http.ResponseWriter, r *http.Request, region, jobID string, body []byte) bool {
-	if region == "" || region == s.region || region == api.GlobalRegion {
+	if region == "" || region == s.region || region == api.GlobalRegion || (s.regions != nil && s.regions.Governs(region)) {
 		return true
 	}
 	if other, ok := s.policies.Current().Regions[region]; ok && r.Header.Get(regionForwardedHeader) == "" {

@@ -72,6 +72,7 @@ func (s *Server) gpuAPI() http.Handler {
 	decisions := func() bool { return s.decisions != nil }
 	setAside := func() bool { return s.setAside != nil }
 	policyStatus := func() bool { return s.policyStatus != nil }
+	regions := func() bool { return s.regions != nil }
 	fallback := map[string]bool{}
 	for _, e := range []struct {
 		methods, path string
@@ -104,6 +105,9 @@ func (s *Server) gpuAPI() http.Handler {
 			default:
 				notFound(w, r)
 			}
+		}},
+		{"GET", "/v1/gpu/regions", regions, func(w http.ResponseWriter, r *http.Request) {
+			writeJSON(w, http.StatusOK, s.regions.Status())
 		}},
 		{"GET", "/v1/gpu/audit", always, s.auditTrail},
 		{"GET", "/v1/gpu/trace", stored, s.trace},

@@ -48,6 +48,13 @@ type Cluster interface {
 	LockJob(namespace, id string) (unlock func())
 }
 
+// Regions are the Nomad regions the broker governs (cluster.Regions).
+type Regions interface {
+	// Governs reports whether region, as a request names it, is one.
+	Governs(region string) bool
+	Status() []cluster.RegionStatus
+}
+
 // Queue is where jobs wait.
 type Queue interface {
 	Put(ctx context.Context, e queue.Entry) error
@@ -124,6 +131,7 @@ type Server struct {
 	metricsHandler http.Handler
 	stamper        nomadjob.Stamper
 	region         string
+	regions        Regions // nil: the own region alone
 	acls           bool
 	exclusive      bool
 	token          func() string
@@ -180,9 +188,12 @@ type Options struct {
 	Synced   func() bool
 	Forecast *queue.Forecast // running jobs' ends, for queue estimates (nil: none)
 	Stamper  nomadjob.Stamper
-	Region   string // the Nomad region the broker governs ("" or "global": Nomad's default)
-	Leader   Leader // nil: this broker takes every admission itself
-	ACLs     bool   // Nomad enforces ACLs: the broker's API then needs a valid token
+	Region   string // the broker's own Nomad region ("" or "global": Nomad's default)
+	// Regions are the regions it governs, its own and those of broker.hcl's
+	// region blocks (nil: its own alone, and /v1/gpu/regions not served).
+	Regions Regions
+	Leader  Leader // nil: this broker takes every admission itself
+	ACLs    bool   // Nomad enforces ACLs: the broker's API then needs a valid token
 	// Exclusive enforcement: the broker writes jobs in tenant namespaces with
 	// Token, its own (read at each call: the operator may replace it), for
 	// the tenants' submitters.
@@ -204,7 +215,7 @@ func New(o Options) (*Server, error) {
 		return nil, fmt.Errorf("nomad address %q: %w", o.Nomad, err)
 	}
 	s := &Server{log: o.Log, upstream: u, client: o.Client, policies: o.Policies, cluster: o.Cluster,
-		queue: o.Queue, decisions: o.Decisions, scales: o.Scales, stops: o.Stops, profiles: o.Profiles, stored: o.RightSizing, metrics: o.Metrics, rollups: o.Rollups, fairShare: o.FairShare, audit: o.Audit, approvalStore: o.Approvals, preemptions: o.Preemptions, setAside: o.SetAside, policyStatus: o.PolicyStatus, healthy: o.Unhealthy, synced: o.Synced, forecast: o.Forecast, stamper: o.Stamper, region: o.Region, acls: o.ACLs, exclusive: o.Exclusive, token: o.Token, leader: o.Leader, clock: o.Clock, newID: o.NewID, ui: webui.Handler()}
+		queue: o.Queue, decisions: o.Decisions, scales: o.Scales, stops: o.Stops, profiles: o.Profiles, stored: o.RightSizing, metrics: o.Metrics, rollups: o.Rollups, fairShare: o.FairShare, audit: o.Audit, approvalStore: o.Approvals, preemptions: o.Preemptions, setAside: o.SetAside, policyStatus: o.PolicyStatus, healthy: o.Unhealthy, synced: o.Synced, forecast: o.Forecast, stamper: o.Stamper, region: o.Region, regions: o.Regions, acls: o.ACLs, exclusive: o.Exclusive, token: o.Token, leader: o.Leader, clock: o.Clock, newID: o.NewID, ui: webui.Handler()}
 	if s.client == nil {
 		s.client = &http.Client{}
 	}

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/nomad-gpu/nomad-gpu/broker/audit"
+	"github.com/nomad-gpu/nomad-gpu/broker/cluster"
 	"github.com/nomad-gpu/nomad-gpu/broker/reclaim"
 	"github.com/nomad-gpu/nomad-gpu/broker/server"
 	gpuusage "github.com/nomad-gpu/nomad-gpu/broker/usage"
@@ -99,7 +100,14 @@ func client(args []string) int {
 		}
 	case "list":
 		path = "/v1/gpu/" + args[0]
+		if args[0] == "region" {
+			path = "/v1/gpu/regions"
+		}
 	case "show", "cancel":
+		if args[0] == "region" {
+			fmt.Fprintf(os.Stderr, "gpu-broker region: unknown subcommand %q (region list)\n", sub)
+			return 2
+		}
 		if len(positional) != 1 {
 			fmt.Fprintf(os.Stderr, "usage: gpu-broker %s %s ID\n", args[0], sub)
 			return 2
@@ -117,8 +125,11 @@ func client(args []string) int {
 		return exit(ok)
 	}
 	width := outputWidth(*wide)
-	if args[0] == "reclaim" {
+	switch args[0] {
+	case "reclaim":
 		return printDecisions(sub, body, width)
+	case "region":
+		return printRegions(body, width)
 	}
 	switch sub {
 	case "trace":
@@ -373,6 +384,28 @@ func printTable(sub string, body []byte, width int) int {
 	if t != nil {
 		t.print(os.Stdout, width)
 	}
+	return 0
+}
+
+// printRegions prints the regions a broker governs.
+func printRegions(body []byte, width int) int {
+	var rows []cluster.RegionStatus
+	if err := json.Unmarshal(body, &rows); err != nil {
+		return fail(err)
+	}
+	t := newTable("REGION", "REACHED AT", "SYNCED", "NODES", "GPUS", "FREE")
+	home := ""
+	for _, r := range rows {
+		at := r.Address
+		switch {
+		case r.Own:
+			home, at = r.Name, "nomad.address (own region)"
+		case at == "":
+			at = "through " + home
+		}
+		t.row(r.Name, at, strconv.FormatBool(r.Synced), strconv.Itoa(r.Nodes), strconv.Itoa(r.GPUs), strconv.Itoa(r.Free))
+	}
+	t.print(os.Stdout, width)
 	return 0
 }
 

@@ -30,6 +30,7 @@ Commands:
   usage -trace [-since 168h]     the GPU jobs of that time as a trace for simulate -trace (JSON lines)
   usage -from DAY [-to DAY] [-by tenant|queue|class] [-csv]
                                  GPU-hours allocated / busy / idle and cost, from DAY up to -to (UTC days)
+  region list                    the Nomad regions the broker governs: how each is reached, its nodes and GPUs
   reclaim list                   reclaim decisions, newest first
   reclaim show ID                one reclaim decision
   reclaim cancel ID              cancel a proposed reclaim decision
@@ -40,7 +41,7 @@ Commands:
   audit [-since 24h] [-tenant T] [-job J] [-limit N] [-cursor C]
                                  the audit trail: who decided or did what, oldest first, a page at a time
 
-The queue, usage, reclaim, approval, audit and policy status commands reach the broker at -address or
+The queue, usage, region, reclaim, approval, audit and policy status commands reach the broker at -address or
 GPU_BROKER_ADDR (default http://127.0.0.1:4649) with -token or NOMAD_TOKEN,
 trust -ca-cert or GPU_BROKER_CACERT, and print JSON with -json.
 `
@@ -72,7 +73,7 @@ func run(args []string) int {
 		}
 		fmt.Fprint(os.Stderr, usage)
 		return 2
-	case "queue", "usage", "reclaim", "audit":
+	case "queue", "usage", "reclaim", "audit", "region":
 		return client(args)
 	case "approval":
 		return approvalCmd(args[1:])

@@ -41,14 +41,17 @@ type Nomad struct {
 	Name    string
 	Addr    string // http://127.0.0.1:port
 	RPCAddr string
-	DataDir string
-	API     *api.Client
-	client  bool
-	tls     *Certs
-	t       testing.TB
-	dir     string
-	args    []string // the command line, for Restart
-	runs    int
+	// SerfAddr is a server's gossip address: another region's servers
+	// join it (Agent().Join) to federate.
+	SerfAddr string
+	DataDir  string
+	API      *api.Client
+	client   bool
+	tls      *Certs
+	t        testing.TB
+	dir      string
+	args     []string // the command line, for Restart
+	runs     int
 }
 
 var agentTemplate = template.Must(template.New("agent").Parse(`
@@ -184,7 +187,7 @@ func LaunchNomad(t testing.TB, o NomadOptions) *Nomad {
 	}
 	n := &Nomad{
 		Name: o.Name, Addr: fmt.Sprintf("http://127.0.0.1:%d", ports[0]),
-		RPCAddr: fmt.Sprintf("127.0.0.1:%d", ports[1]), DataDir: dataDir, client: o.Client, tls: o.TLS,
+		RPCAddr: fmt.Sprintf("127.0.0.1:%d", ports[1]), SerfAddr: fmt.Sprintf("127.0.0.1:%d", ports[2]), DataDir: dataDir, client: o.Client, tls: o.TLS,
 	}
 	if o.TLS != nil {
 		n.Addr = "https" + strings.TrimPrefix(n.Addr, "http")

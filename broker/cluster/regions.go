@@ -1,0 +1,297 @@
+package cluster
+
+import (
+	"context"
+	"maps"
+	"slices"
+	"sync"
+
+	"github.com/hashicorp/nomad/api"
+
+	"github.com/nomad-gpu/nomad-gpu/broker/admission"
+	"github.com/nomad-gpu/nomad-gpu/broker/policy"
+)
+
+// Regions is the broker's view over every Nomad region it governs, one View
+// each: a job is decided on its own region's nodes, idle GPUs and borrowed
+// work, against its tenant's usage over all regions (one quota). With one
+// region it is that region's View and nothing more.
+type Regions struct {
+	home     *View
+	homeName string           // the broker's own region as Nomad names it
+	others   map[string]*View // the other regions', by name
+	// Addresses are the Nomad agents the other regions are reached at, by
+	// name ("": through the broker's own region's agent, which forwards).
+	Addresses map[string]string
+	// mu makes one admission at a time across regions: two regions'
+	// admissions for one tenant must each see the other's.
+	mu sync.Mutex
+}
+
+// NewRegions is the view over home (the broker's own region, named
+// homeName) and others (by region name, each SetRegion to its name).
+func NewRegions(homeName string, home *View, others map[string]*View) *Regions {
+	return &Regions{home: home, homeName: homeName, others: others}
+}
+
+// In is the view of region as a request names it, and the name admission
+// keys it by ("" for the broker's own: "", "global" or its name); false
+// when the broker does not govern region.
+func (r *Regions) In(region string) (*View, string, bool) {
+	if region == "" || region == api.GlobalRegion || region == r.homeName {
+		return r.home, "", true
+	}
+	v, ok := r.others[region]
+	return v, region, ok
+}
+
+// Names are the regions governed, the broker's own first, then by name.
+func (r *Regions) Names() []string {
+	return append([]string{r.homeName}, slices.Sorted(maps.Keys(r.others))...)
+}
+
+// Views are the views by region name ("" the broker's own).
+func (r *Regions) Views() map[string]*View {
+	out := maps.Clone(r.others)
+	if out == nil {
+		out = map[string]*View{}
+	}
+	out[""] = r.home
+	return out
+}
+
+// elsewhere is what j's tenant holds in the regions other than in's.
+func (r *Regions) elsewhere(p *policy.Policy, j admission.Job, in *View) map[string]admission.TenantUsage {
+	var out map[string]admission.TenantUsage
+	for _, v := range r.Views() {
+		if v == in {
+			continue
+		}
+		// Another region's job of the same name is another job: only
+		// this region's own is left out.
+		u := v.UsageWithout(p, j.Namespace, "")
+		if out == nil {
+			out = map[string]admission.TenantUsage{}
+		}
+		addTenants(admission.Usage{Tenants: out}, u.Tenants)
+	}
+	return out
+}
+
+// addTenants adds what tenants hold elsewhere to u's.
+func addTenants(u admission.Usage, elsewhere map[string]admission.TenantUsage) {
+	for name, e := range elsewhere {
+		tu := u.Tenants[name]
+		tu.Used, tu.Borrowed = add(tu.Used, e.Used), add(tu.Borrowed, e.Borrowed)
+		if tu.OverBudget == "" {
+			tu.OverBudget = e.OverBudget
+		}
+		u.Tenants[name] = tu
+	}
+}
+
+// unknownRegion is the decision on a job of a region the broker does not
+// govern (the gate refuses such a request before it is decided).
+func unknownRegion(j admission.Job) admission.Decision {
+	return admission.Decision{Outcome: admission.Reject, Rule: "region",
+		Reason: "region " + j.Where.Region + " is not one this broker governs"}
+}
+
+// UsageFor is j's region's usage without j, its tenant's as held in every
+// region.
+func (r *Regions) UsageFor(p *policy.Policy, j admission.Job) admission.Usage {
+	v, _, ok := r.In(j.Where.Region)
+	if !ok {
+		return admission.Usage{Tenants: map[string]admission.TenantUsage{}}
+	}
+	u := v.UsageFor(p, j)
+	addTenants(u, r.elsewhere(p, j, v))
+	return u
+}
+
+// Admit decides on j in its region and reserves its demand there.
+func (r *Regions) Admit(p *policy.Policy, j admission.Job) (admission.Decision, *Reservation) {
+	v, _, ok := r.In(j.Where.Region)
+	if !ok {
+		return unknownRegion(j), nil
+	}
+	if len(r.others) == 0 {
+		return v.Admit(p, j)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return v.admit(p, j, r.elsewhere(p, j, v))
+}
+
+// UsageWithout is every region's usage without the job namespace/id of the
+// broker's own region: tenants' and idle GPUs summed, the largest node's
+// GPUs the largest of any region.
+func (r *Regions) UsageWithout(p *policy.Policy, namespace, id string) admission.Usage {
+	u := r.home.UsageWithout(p, namespace, id)
+	for _, v := range r.others {
+		o := v.UsageWithout(p, namespace, "")
+		addTenants(u, o.Tenants)
+		u.Idle = add(u.Idle, o.Idle)
+		for class, n := range o.MaxAlloc {
+			u.MaxAlloc[class] = max(u.MaxAlloc[class], n)
+		}
+	}
+	return u
+}
+
+// NodesFitting, FittingNodes and Islanded are the broker's own region's: a
+// request is prepared against its own region's view (In).
+func (r *Regions) NodesFitting(model string, gpus int) int { return r.home.NodesFitting(model, gpus) }
+
+func (r *Regions) FittingNodes(model string, gpus int) []string {
+	return r.home.FittingNodes(model, gpus)
+}
+
+func (r *Regions) Islanded(model string) bool { return r.home.Islanded(model) }
+
+// LockJob holds off other decisions on namespace/id in any region: the
+// broker's own region's locks serve all.
+func (r *Regions) LockJob(namespace, id string) (unlock func()) { return r.home.LockJob(namespace, id) }
+
+// Running reports whether any region runs the job.
+func (r *Regions) Running(namespace, id string) bool {
+	for _, v := range r.Views() {
+		if v.Running(namespace, id) {
+			return true
+		}
+	}
+	return false
+}
+
+// Rooms are every region's rooms, each named by its region.
+func (r *Regions) Rooms() []admission.NodeRoom {
+	out := r.home.Rooms()
+	for _, name := range slices.Sorted(maps.Keys(r.others)) {
+		out = append(slices.Clip(out), r.others[name].Rooms()...)
+	}
+	return out
+}
+
+// HeldNodes are the nodes held for waiting jobs in every region.
+func (r *Regions) HeldNodes() map[string]string {
+	out := r.home.HeldNodes()
+	for _, v := range r.others {
+		maps.Copy(out, v.HeldNodes())
+	}
+	return out
+}
+
+// HoldNodes holds nodes in every region (node ids are unique across them).
+func (r *Regions) HoldNodes(held map[string]string) {
+	for _, v := range r.Views() {
+		v.HoldNodes(held)
+	}
+}
+
+// Map is every region's GPU map, each node named by its region when there
+// are several.
+func (r *Regions) Map(idleBelow float64) []MapNode {
+	out := r.home.Map(idleBelow)
+	if len(r.others) > 0 {
+		for i := range out {
+			out[i].Region = r.homeName
+		}
+	}
+	for _, name := range slices.Sorted(maps.Keys(r.others)) {
+		for _, n := range r.others[name].Map(idleBelow) {
+			n.Region = name
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+// Followed is the broker's own region's progress.
+func (r *Regions) Followed() (index, listings uint64) { return r.home.Followed() }
+
+// Synced reports whether the broker's own region is listed: another
+// region out of reach holds up nothing but its own jobs.
+func (r *Regions) Synced() bool { return r.home.Synced() }
+
+// Capacity is the GPUs of every region (a policy's guarantees are over all).
+func (r *Regions) Capacity() int {
+	n := 0
+	for _, v := range r.Views() {
+		n += v.Capacity()
+	}
+	return n
+}
+
+// GPUsCameBack counts GPUs back in service in any region.
+func (r *Regions) GPUsCameBack() uint64 {
+	var n uint64
+	for _, v := range r.Views() {
+		n += v.GPUsCameBack()
+	}
+	return n
+}
+
+// Changed is signalled when any region's view changes, until ctx ends.
+func (r *Regions) Changed(ctx context.Context) <-chan struct{} {
+	if len(r.others) == 0 {
+		return r.home.Changed()
+	}
+	out := make(chan struct{}, 1)
+	for _, v := range r.Views() {
+		go func() {
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case <-v.Changed():
+					select {
+					case out <- struct{}{}:
+					default:
+					}
+				}
+			}
+		}()
+	}
+	return out
+}
+
+// Governs reports whether region (as a request names it) is one of the
+// regions the broker governs.
+func (r *Regions) Governs(region string) bool {
+	_, _, ok := r.In(region)
+	return ok
+}
+
+// RegionStatus is a governed region as GET /v1/gpu/regions lists it.
+type RegionStatus struct {
+	Name    string `json:"name"`
+	Own     bool   `json:"own"`               // the broker's own region (its nomad block's)
+	Address string `json:"address,omitempty"` // another region's own agent ("": through the own region's)
+	Synced  bool   `json:"synced"`            // its nodes and jobs are listed
+	Nodes   int    `json:"nodes"`             // nodes with GPUs
+	GPUs    int    `json:"gpus"`
+	Free    int    `json:"free_gpus"` // healthy GPUs no allocation holds
+}
+
+// Status is every governed region's, the broker's own first.
+func (r *Regions) Status() []RegionStatus {
+	out := make([]RegionStatus, 0, 1+len(r.others))
+	for i, name := range r.Names() {
+		v, _, _ := r.In(name)
+		st := RegionStatus{Name: name, Own: i == 0, Synced: v.Synced()}
+		if !st.Own {
+			st.Address = r.Addresses[name]
+		}
+		for _, n := range v.Map(0) {
+			st.Nodes++
+			for _, g := range n.GPUs {
+				st.GPUs++
+				if g.State == GPUFree {
+					st.Free++
+				}
+			}
+		}
+		out = append(out, st)
+	}
+	return out
+}

@@ -1,0 +1,89 @@
+package cluster
+
+import (
+	"slices"
+	"testing"
+
+	"github.com/nomad-gpu/nomad-gpu/broker/admission"
+	"github.com/nomad-gpu/nomad-gpu/testing/testbuild"
+)
+
+// twoRegions is east (the broker's own) and west, one 8-GPU H100 node each.
+func twoRegions() (*Regions, *View, *View) {
+	east, west := NewView(stamper.Verify), NewView(stamper.Verify)
+	west.SetRegion("west")
+	east.ObserveNode(testbuild.Node("e1", testbuild.H100, 8, 0))
+	west.ObserveNode(testbuild.Node("w1", testbuild.H100, 8, 0))
+	return NewRegions("east", east, map[string]*View{"west": west}), east, west
+}
+
+// A tenant's limit counts its GPUs in every region: what it holds in west
+// leaves east only the rest, and each job is placed on its own region's
+// nodes.
+func TestOneQuotaOverRegions(t *testing.T) {
+	p := testbuild.Policy(t, visionPolicy) // vision: guaranteed 4, limit 8
+	r, _, west := twoRegions()
+	held := admitted(testbuild.Job("vision", "w-train").Group("g", 1, 6, "nvidia/gpu"), admission.Decision{Tenant: "vision",
+		Queue: "training", Outcome: admission.AdmitBorrowed, Priority: 22})
+	west.ObserveJob(held)
+	west.ObserveAlloc(testbuild.Alloc("a0", "vision", "w-train", "w1", 5, "w1-0", "w1-1", "w1-2", "w1-3", "w1-4", "w1-5").Build())
+
+	three := admission.Job{ID: "e-three", Namespace: "vision", Groups: []admission.Group{{Name: "g", Count: 1, GPUsPerAlloc: 3}}}
+	if d, _ := r.Admit(p, three); d.Outcome != admission.Queue {
+		t.Fatalf("3 GPUs in east with 6 held in west (limit 8): %s (%s), want queue", d.Outcome, d.Reason)
+	}
+	if u := r.UsageFor(p, three); u.Tenants["vision"].Used.Total() != 6 {
+		t.Errorf("east's usage counts vision's %v GPUs, want the 6 held in west", u.Tenants["vision"].Used.Total())
+	}
+	two := admission.Job{ID: "e-two", Namespace: "vision", Groups: []admission.Group{{Name: "g", Count: 1, GPUsPerAlloc: 2}}}
+	d, res := r.Admit(p, two)
+	if d.Outcome != admission.AdmitBorrowed || !slices.Equal(d.Placed["g"], []string{"e1"}) {
+		t.Fatalf("2 GPUs in east: %s on %v (%s), want admitted on e1", d.Outcome, d.Placed, d.Reason)
+	}
+	defer res.Release()
+	// West sees east's reservation too: no GPU is left to vision anywhere.
+	one := admission.Job{ID: "w-one", Namespace: "vision", Where: admission.Where{Region: "west"},
+		Groups: []admission.Group{{Name: "g", Count: 1, GPUsPerAlloc: 1}}}
+	if d, _ := r.Admit(p, one); d.Outcome != admission.Queue {
+		t.Errorf("1 GPU in west at vision's limit: %s (%s), want queue", d.Outcome, d.Reason)
+	}
+	if got := r.Capacity(); got != 16 {
+		t.Errorf("capacity %d, want both regions' 16", got)
+	}
+}
+
+// A request names its region as Nomad reads it: none, "global" or the
+// broker's own name is the own region; a region the broker does not
+// govern is refused with the reason.
+func TestRegionsAreNamedAsNomadNamesThem(t *testing.T) {
+	r, east, west := twoRegions()
+	for _, name := range []string{"", "global", "east"} {
+		if v, key, ok := r.In(name); !ok || v != east || key != "" {
+			t.Errorf("In(%q) = %v, %q, %v; want east's view, \"\"", name, v == east, key, ok)
+		}
+	}
+	if v, key, ok := r.In("west"); !ok || v != west || key != "west" {
+		t.Errorf("In(west) = %v, %q, %v", v == west, key, ok)
+	}
+	if r.Governs("south") {
+		t.Error("south is governed")
+	}
+	p := testbuild.Policy(t, visionPolicy)
+	d, _ := r.Admit(p, admission.Job{ID: "j", Namespace: "vision", Where: admission.Where{Region: "south"},
+		Groups: []admission.Group{{Name: "g", Count: 1, GPUsPerAlloc: 1}}})
+	if d.Outcome != admission.Reject || d.Rule != "region" {
+		t.Errorf("a job for south: %s by %q, want rejected by rule region", d.Outcome, d.Rule)
+	}
+	got := r.Status()
+	if len(got) != 2 || got[0].Name != "east" || !got[0].Own || got[1].Name != "west" || got[1].GPUs != 8 || got[1].Free != 8 || got[1].Nodes != 1 {
+		t.Errorf("status %+v", got)
+	}
+	for _, n := range r.Map(0) {
+		if want := map[string]string{"e1": "east", "w1": "west"}[n.ID]; n.Region != want {
+			t.Errorf("node %s in region %q on the map, want %q", n.ID, n.Region, want)
+		}
+	}
+	if rooms := r.Rooms(); len(rooms) != 2 || rooms[0].Region != "" || rooms[1].Region != "west" {
+		t.Errorf("rooms %+v", rooms)
+	}
+}

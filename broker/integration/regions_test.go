@@ -1,0 +1,135 @@
+package integration
+
+import (
+	"fmt"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/nomad/api"
+
+	"github.com/nomad-gpu/nomad-gpu/testing/testcluster"
+)
+
+const regionsPolicy = `
+queue "training" { priority = 60 }
+tenant "vision" {
+  namespaces = ["vision"]
+  queues     = ["training"]
+  guaranteed = 4
+  limit      = 4
+}
+`
+
+// startRegion starts a Nomad server and client of region name with gpus fake
+// GPUs and namespaces.
+func startRegion(t *testing.T, name string, gpus int, namespaces ...string) *testcluster.Nomad {
+	t.Helper()
+	n := testcluster.StartNomad(t, testcluster.NomadOptions{Name: name, Server: true, Client: true, ExtraHCL: fmt.Sprintf("region = %q", name),
+		PluginConfig: fmt.Sprintf(`
+    backend = "fake"
+    fake {
+      count     = %d
+      id_prefix = %q
+    }`, gpus, name)})
+	n.WaitForNodes(t, 1)
+	for _, ns := range namespaces {
+		if _, err := n.API.Namespaces().Register(&api.Namespace{Name: ns}, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return n
+}
+
+// TestRegions: one broker in front of region east governs west too
+// (region "west" {} in broker.hcl, reached through east's servers, which
+// forward). Two federated regions of one 4-GPU node each: a job naming west
+// runs there, a tenant's limit counts both regions, and a job for a region
+// the broker does not govern is refused.
+func TestRegions(t *testing.T) {
+	t.Parallel()
+	consul := testcluster.StartConsul(t)
+	east, west := startRegion(t, "east", 4, "vision"), startRegion(t, "west", 4, "vision")
+	if _, err := east.API.Agent().Join(west.SerfAddr); err != nil {
+		t.Fatalf("federate east with west: %v", err)
+	}
+	testcluster.WaitFor(t, 60*time.Second, "east's servers reaching west", func() error {
+		_, _, err := east.API.Nodes().List(&api.QueryOptions{Region: "west"})
+		return err
+	})
+	e := brokerEnv(t, east, consul, regionsPolicy, "vision", 4, testcluster.BrokerOptions{Config: `region "west" {}`})
+	testcluster.WaitFor(t, 60*time.Second, "the broker following west", func() error {
+		out := e.brokerCLI("region", "list")
+		for _, line := range strings.Split(out, "\n") {
+			if f := strings.Fields(line); len(f) > 0 && f[0] == "west" {
+				if want := []string{"west", "through", "east", "true", "1", "4", "4"}; strings.Join(f, " ") != strings.Join(want, " ") {
+					return fmt.Errorf("west listed as %q, want %q\n%s", line, strings.Join(want, " "), out)
+				}
+				return nil
+			}
+		}
+		return fmt.Errorf("west not listed:\n%s", out)
+	})
+	runsIn := func(n *testcluster.Nomad, region, id string) {
+		t.Helper()
+		testcluster.WaitFor(t, 60*time.Second, id+" running in "+region, func() error {
+			stubs, _, err := n.API.Jobs().Allocations(id, false, &api.QueryOptions{Namespace: "vision"})
+			if err != nil {
+				return err
+			}
+			for _, s := range stubs {
+				if s.ClientStatus == api.AllocClientStatusRunning {
+					return nil
+				}
+			}
+			return fmt.Errorf("%d allocations in %s, none running", len(stubs), region)
+		})
+	}
+	inRegion := func(id, region string, gpus int) string {
+		path := e.spec("vision", id, 1, gpus, "")
+		spec, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		writeFile(t, path, strings.Replace(string(spec), "\n", fmt.Sprintf("\n  region = %q\n", region), 1))
+		return path
+	}
+
+	if out, err := e.run("vision", "e1", 1, 2, "", false); err != nil {
+		t.Fatalf("e1 (east, 2 GPUs): %v\n%s", err, out)
+	}
+	if out, err := e.nomadCLI("job", "run", inRegion("w1", "west", 2)); err != nil {
+		t.Fatalf("w1 (west, 2 GPUs): %v\n%s", err, out)
+	}
+	runsIn(east, "east", "e1")
+	runsIn(west, "west", "w1")
+	if _, _, err := east.API.Jobs().Info("w1", &api.QueryOptions{Namespace: "vision", Region: "east"}); err == nil {
+		t.Error("w1 registered in east too")
+	}
+	e.waitUsed("vision", 4)
+
+	// A fifth GPU, in either region, is over the limit.
+	id := e.queuedIn("vision", "e2", 1, true)
+	out, err := e.nomadCLI("job", "run", "-detach", inRegion("w2", "west", 1))
+	if err != nil || !strings.Contains(out, "nomad-gpu: queued as ") {
+		t.Fatalf("w2 (west, 1 GPU) at vision's limit: want queued: %v\n%s", err, out)
+	}
+	// West frees 2 GPUs: the queue admits both, each in its own region.
+	if _, _, err := west.API.Jobs().Deregister("w1", false, &api.WriteOptions{Namespace: "vision"}); err != nil {
+		t.Fatal(err)
+	}
+	runsIn(east, "east", "e2")
+	runsIn(west, "west", "w2")
+	if got := e.brokerCLI("queue", "list"); strings.Contains(got, id) {
+		t.Errorf("e2 still queued:\n%s", got)
+	}
+	e.waitUsed("vision", 4)
+
+	t.Run("a region the broker does not govern is refused", func(t *testing.T) {
+		out, err := e.nomadCLI("job", "run", inRegion("s1", "south", 1))
+		if err == nil || !strings.Contains(out, `is for region "south"`) {
+			t.Fatalf("a job for region south: want refused by the broker: %v\n%s", err, out)
+		}
+	})
+}
