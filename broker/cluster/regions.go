@@ -206,6 +206,15 @@ func (r *Regions) Map(idleBelow float64) []MapNode {
 	return out
 }
 
+// Inventory is every region's nodes' GPU inventory.
+func (r *Regions) Inventory() []NodeInventory {
+	out := r.home.Inventory()
+	for _, name := range slices.Sorted(maps.Keys(r.others)) {
+		out = append(slices.Clip(out), r.others[name].Inventory()...)
+	}
+	return out
+}
+
 // Followed is the broker's own region's progress.
 func (r *Regions) Followed() (index, listings uint64) { return r.home.Followed() }
 
