@@ -44,13 +44,14 @@ func startRegion(t *testing.T, name string, gpus int, namespaces ...string) *tes
 
 // TestRegions: one broker in front of region east governs west too
 // (region "west" {} in broker.hcl, reached through east's servers, which
-// forward). Two federated regions of one 4-GPU node each: a job naming west
-// runs there, a tenant's limit counts both regions, and a job for a region
-// the broker does not govern is refused.
+// forward). Two federated regions, east of one 4-GPU node, west of one
+// 2-GPU node: a job naming west runs there, a tenant's limit counts both
+// regions, a job is decided on its own region's nodes, and a job for a
+// region the broker does not govern is refused.
 func TestRegions(t *testing.T) {
 	t.Parallel()
 	consul := testcluster.StartConsul(t)
-	east, west := startRegion(t, "east", 4, "vision"), startRegion(t, "west", 4, "vision")
+	east, west := startRegion(t, "east", 4, "vision"), startRegion(t, "west", 2, "vision")
 	if _, err := east.API.Agent().Join(west.SerfAddr); err != nil {
 		t.Fatalf("federate east with west: %v", err)
 	}
@@ -63,7 +64,7 @@ func TestRegions(t *testing.T) {
 		out := e.brokerCLI("region", "list")
 		for _, line := range strings.Split(out, "\n") {
 			if f := strings.Fields(line); len(f) > 0 && f[0] == "west" {
-				if want := []string{"west", "through", "east", "true", "1", "4", "4"}; strings.Join(f, " ") != strings.Join(want, " ") {
+				if want := []string{"west", "through", "east", "true", "1", "2", "2"}; strings.Join(f, " ") != strings.Join(want, " ") {
 					return fmt.Errorf("west listed as %q, want %q\n%s", line, strings.Join(want, " "), out)
 				}
 				return nil
@@ -109,7 +110,8 @@ func TestRegions(t *testing.T) {
 	}
 	e.waitUsed("vision", 4)
 
-	// A fifth GPU, in either region, is over the limit.
+	// A fifth GPU is over the limit: in east, whose node has 2 GPUs free, it
+	// is queued.
 	id := e.queuedIn("vision", "e2", 1, true)
 	out, err := e.nomadCLI("job", "run", "-detach", inRegion("w2", "west", 1))
 	if err != nil || !strings.Contains(out, "nomad-gpu: queued as ") {
@@ -126,6 +128,13 @@ func TestRegions(t *testing.T) {
 	}
 	e.waitUsed("vision", 4)
 
+	t.Run("a job no node of its region fits is refused at once", func(t *testing.T) {
+		// East's node has 4 GPUs, west's 2: a job is decided on its own region's nodes.
+		out, err := e.nomadCLI("job", "run", inRegion("w3", "west", 3))
+		if err == nil || !strings.Contains(out, "no node has more than 2") {
+			t.Fatalf("3 GPUs in west, whose node has 2: want refused, no node fits: %v\n%s", err, out)
+		}
+	})
 	t.Run("a region the broker does not govern is refused", func(t *testing.T) {
 		out, err := e.nomadCLI("job", "run", inRegion("s1", "south", 1))
 		if err == nil || !strings.Contains(out, `is for region "south"`) {
