@@ -248,6 +248,12 @@ func (a *Agent) regionClients() error {
 	return nil
 }
 
+// regionalNomad is the broker's Nomad client reading a queued job's versions
+// in its region (decide.RegionVersions).
+type regionalNomad struct{ *nomadapi.Client }
+
+func (n regionalNomad) In(region string) decide.Versions { return n.Region(region) }
+
 // setupStores makes the records in Consul KV (an unreadable one is set
 // aside, counted and logged) and starts following those every broker reads.
 func (a *Agent) setupStores(ctx context.Context) error {
@@ -305,7 +311,7 @@ func (a *Agent) setupServer(context.Context) error {
 	cfg, st := a.cfg, &a.stores
 	// 32 registrations in flight stays well inside Nomad's default limit of 100
 	// HTTP connections per client.
-	a.admitter = &admitter.Admitter{Log: a.log.Named("queue"), Queue: st.queue, Nomad: a.nomad, Cluster: a.regions,
+	a.admitter = &admitter.Admitter{Log: a.log.Named("queue"), Queue: st.queue, Nomad: regionalNomad{a.nomad}, Cluster: a.regions,
 		Policies: a.policies, Stamper: a.stamper, Clock: clock.Real, GPUsCameBack: a.regions.GPUsCameBack, Blocked: a.nomad, Exclusive: a.exclusive,
 		Metrics: a.metrics, FairShare: st.rollups, Audit: a.trail, Approvals: st.approvals, Preemptions: st.backoffs.Preemptions, Stops: st.stops,
 		Placed: a.nomad.PlacedNothing, Parallel: 32, Synced: a.view.Synced, Holds: st.holds}

@@ -26,7 +26,6 @@ import (
 	"github.com/hashicorp/nomad/api"
 
 	"github.com/nomad-gpu/nomad-gpu/broker/cluster"
-	"github.com/nomad-gpu/nomad-gpu/broker/decide"
 	"github.com/nomad-gpu/nomad-gpu/broker/policy"
 	"github.com/nomad-gpu/nomad-gpu/internal/jsondoc"
 )
@@ -789,12 +788,12 @@ func (t regionTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 }
 
 // SetRegions gives the clients of the other regions the broker governs, by
-// name (set before the client is used): In reads their jobs.
+// name (set before the client is used): Region returns them.
 func (c *Client) SetRegions(regions map[string]*Client) { c.regions = regions }
 
-// In reads the versions of region's jobs (decide.RegionVersions): that
-// region's client, this one for its own or one not set.
-func (c *Client) In(region string) decide.Versions {
+// Region is the client of a region: that region's, this one for its own or
+// one not set.
+func (c *Client) Region(region string) *Client {
 	if r, ok := c.regions[region]; ok {
 		return r
 	}

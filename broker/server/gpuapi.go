@@ -55,17 +55,43 @@ func apiCaller(r *http.Request) string { s, _ := r.Context().Value(callerKey{}).
 // an endpoint whose store this broker lacks is not served.
 func (s *Server) gpuAPI() http.Handler {
 	mux := http.NewServeMux()
-	handle := func(methods, path string, served func() bool, h http.HandlerFunc) {
-		for _, m := range strings.Fields(methods) {
-			mux.HandleFunc(m+" "+path, func(w http.ResponseWriter, r *http.Request) {
-				if served != nil && !served() {
+	fallback := map[string]bool{}
+	for _, e := range s.gpuRoutes() {
+		for _, m := range strings.Fields(e.methods) {
+			mux.HandleFunc(m+" "+e.path, func(w http.ResponseWriter, r *http.Request) {
+				if !e.served() {
 					notFound(w, r)
 					return
 				}
-				h(w, r)
+				e.h(w, r)
 			})
 		}
+		if fallback[e.path] {
+			continue
+		}
+		fallback[e.path] = true
+		// Any other method on the path: 405, in the broker's words.
+		mux.HandleFunc(e.path, func(w http.ResponseWriter, r *http.Request) {
+			if !e.served() {
+				notFound(w, r)
+				return
+			}
+			writeError(w, fail(errNotAllowed, "%s not allowed on %s", r.Method, r.URL.Path))
+		})
 	}
+	mux.HandleFunc("/v1/gpu/", notFound)
+	return mux
+}
+
+// gpuRoute is one of the broker's own endpoints: its methods, its path as a
+// ServeMux pattern, whether this broker serves it (has its store).
+type gpuRoute struct {
+	methods, path string
+	served        func() bool
+	h             http.HandlerFunc
+}
+
+func (s *Server) gpuRoutes() []gpuRoute {
 	always := func() bool { return true }
 	approvals := func() bool { return s.approvalStore != nil }
 	stored := func() bool { return s.stored != nil }
@@ -73,12 +99,7 @@ func (s *Server) gpuAPI() http.Handler {
 	setAside := func() bool { return s.setAside != nil }
 	policyStatus := func() bool { return s.policyStatus != nil }
 	regions := func() bool { return s.regions != nil }
-	fallback := map[string]bool{}
-	for _, e := range []struct {
-		methods, path string
-		served        func() bool
-		h             http.HandlerFunc
-	}{
+	return []gpuRoute{
 		{"GET", "/v1/gpu/usage", always, func(w http.ResponseWriter, r *http.Request) {
 			if r.URL.Query().Has("from") {
 				s.usageReport(w, r)
@@ -118,23 +139,7 @@ func (s *Server) gpuAPI() http.Handler {
 		{"GET DELETE", "/v1/gpu/reclaim/{id}", decisions, func(w http.ResponseWriter, r *http.Request) {
 			s.reclaimDecision(w, r, r.PathValue("id"), apiCaller(r))
 		}},
-	} {
-		handle(e.methods, e.path, e.served, e.h)
-		if fallback[e.path] {
-			continue
-		}
-		fallback[e.path] = true
-		// Any other method on the path: 405, in the broker's words.
-		mux.HandleFunc(e.path, func(w http.ResponseWriter, r *http.Request) {
-			if !e.served() {
-				notFound(w, r)
-				return
-			}
-			writeError(w, fail(errNotAllowed, "%s not allowed on %s", r.Method, r.URL.Path))
-		})
 	}
-	mux.HandleFunc("/v1/gpu/", notFound)
-	return mux
 }
 
 func notFound(w http.ResponseWriter, r *http.Request) {
