@@ -305,8 +305,8 @@ func TestStatsStreamHasTimestampsAndUnknowns(t *testing.T) {
 		if mem.IntNumeratorVal.GetValue() != 1024 || mem.IntDenominatorVal.GetValue() != 81559 {
 			t.Errorf("memory state wrong: %v", mem)
 		}
-		if temp := st.Stats.Attributes[StatTemperature]; temp.StringVal.GetValue() != "N/A" {
-			t.Errorf("an unreadable value must be N/A, got %v", temp)
+		if temp := st.Stats.Attributes[StatTemperature]; temp.StringVal.GetValue() != "N/A" || temp.Unit != "" {
+			t.Errorf("an unreadable value must be N/A with no unit, got %v", temp)
 		}
 	}
 }

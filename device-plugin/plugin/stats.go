@@ -98,7 +98,8 @@ func deviceStats(s gpu.Stats, d gpu.Device, ts *timestamppb.Timestamp) *devicepb
 
 func intStat(v int64, unit, desc string) *structspb.StatValue {
 	if v == gpu.Unknown {
-		return &structspb.StatValue{StringVal: wrapperspb.String("N/A"), Unit: unit, Desc: desc}
+		// No unit: "N/A %" reads as a reading in nomad node status.
+		return &structspb.StatValue{StringVal: wrapperspb.String("N/A"), Desc: desc}
 	}
 	return &structspb.StatValue{IntNumeratorVal: wrapperspb.Int64(v), Unit: unit, Desc: desc}
 }
