@@ -501,6 +501,9 @@ func (a *Admitter) consider(ctx context.Context, r *registrations, p *policy.Pol
 			return nil
 		}
 	}
+	if prepared.Dispatch != "" {
+		d.Reason += "; dispatched to " + prepared.Dispatch // for the audit trail
+	}
 	prepared.PinTo(d.Placed) // before the stamp, which binds it
 	prepared.Stamp(d, a.Stamper.Stamp(e.Namespace, prepared.Job, d))
 	body := prepared.Body()

@@ -133,6 +133,9 @@ type Request struct {
 	Groups []admission.Group
 	// Wrote says what the job's workload wrote into it, for its answer.
 	Wrote []string
+	// Dispatch says which region the broker chose for a job that left it
+	// to the broker, and why ("": it named its region).
+	Dispatch string
 }
 
 // AdmissionJob is the request as admission decides on it.
@@ -153,15 +156,29 @@ func IsJobError(err error) bool {
 }
 
 // Prepare readies req for its decision, in the one order every caller
-// shares: its region's cluster, the version Nomad runs there (when counts or
+// shares: its region's cluster (the broker's choice, dispatch, for a job
+// that leaves its region to the broker), the version Nomad runs there (when counts or
 // canaries depend on it), the nodes a system job may run on, the groups as
 // Nomad will place them, the stable version a failing deployment reverts
 // to, the namespace, region and counts pinned, and the job's workload
 // written in.
 func (s *Sequence) Prepare(ctx context.Context, p *policy.Policy, req *nomadjob.Request, versions Versions) (*Request, error) {
+	auto, err := req.AutoRegion()
+	if err != nil {
+		return nil, &JobError{err}
+	}
+	var dispatched string
+	if auto {
+		if req.Region, dispatched, err = s.dispatch(p, req); err != nil {
+			return nil, err
+		}
+	}
 	c, region, err := s.in(req.Region)
 	if err != nil {
 		return nil, err
+	}
+	if auto && dispatched != "" {
+		req.Dispatched = req.Region
 	}
 	req.Region = region
 	if rv, ok := versions.(RegionVersions); ok && region != "" {
@@ -190,7 +207,7 @@ func (s *Sequence) Prepare(ctx context.Context, p *policy.Policy, req *nomadjob.
 	}
 	req.Pin()
 	wrote := append(islands, req.ApplyWorkload(p.WorkloadFor(req.Namespace, req.Job.Meta[nomadjob.MetaQueue]))...)
-	return &Request{Request: req, Groups: groups, Wrote: wrote}, nil
+	return &Request{Request: req, Groups: groups, Wrote: wrote, Dispatch: dispatched}, nil
 }
 
 // Existing is a job Nomad has as admission decides on a call that changes

@@ -14,12 +14,23 @@ import (
 
 const regionsPolicy = `
 queue "training" { priority = 60 }
+queue "serving" {
+  priority = 70
+  dispatch = "best_fit"
+}
 tenant "vision" {
   namespaces = ["vision"]
   queues     = ["training"]
   guaranteed = 4
   limit      = 4
 }
+tenant "audio" {
+  namespaces = ["audio"]
+  queues     = ["training", "serving"]
+  guaranteed = 2
+  limit      = 6
+}
+borrowing { enabled = true }
 `
 
 // startRegion starts a Nomad server and client of region name with gpus fake
@@ -51,7 +62,7 @@ func startRegion(t *testing.T, name string, gpus int, namespaces ...string) *tes
 func TestRegions(t *testing.T) {
 	t.Parallel()
 	consul := testcluster.StartConsul(t)
-	east, west := startRegion(t, "east", 4, "vision"), startRegion(t, "west", 2, "vision")
+	east, west := startRegion(t, "east", 4, "vision", "audio"), startRegion(t, "west", 2, "vision", "audio")
 	if _, err := east.API.Agent().Join(west.SerfAddr); err != nil {
 		t.Fatalf("federate east with west: %v", err)
 	}
@@ -74,8 +85,12 @@ func TestRegions(t *testing.T) {
 	})
 	runsIn := func(n *testcluster.Nomad, region, id string) {
 		t.Helper()
+		ns := "vision"
+		if strings.HasPrefix(id, "a") {
+			ns = "audio"
+		}
 		testcluster.WaitFor(t, 60*time.Second, id+" running in "+region, func() error {
-			stubs, _, err := n.API.Jobs().Allocations(id, false, &api.QueryOptions{Namespace: "vision"})
+			stubs, _, err := n.API.Jobs().Allocations(id, false, &api.QueryOptions{Namespace: ns})
 			if err != nil {
 				return err
 			}
@@ -139,6 +154,76 @@ func TestRegions(t *testing.T) {
 		out, err := e.nomadCLI("job", "run", inRegion("s1", "south", 1))
 		if err == nil || !strings.Contains(out, `is for region "south"`) {
 			t.Fatalf("a job for region south: want refused by the broker: %v\n%s", err, out)
+		}
+	})
+	t.Run("a job that leaves its region to the broker runs in exactly one", func(t *testing.T) {
+		for _, stop := range []struct {
+			n  *testcluster.Nomad
+			id string
+		}{{east, "e1"}, {east, "e2"}, {west, "w2"}} {
+			if _, _, err := stop.n.API.Jobs().Deregister(stop.id, false, &api.WriteOptions{Namespace: "vision"}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		e.waitUsed("vision", 0)
+		auto := func(id string, gpus int, queue string) string {
+			path := e.spec("audio", id, 1, gpus, queue)
+			spec, err := os.ReadFile(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			writeFile(t, path, strings.Replace(string(spec), `meta = {`, `meta = { "nomad-gpu.region" = "auto",`, 1))
+			out, err := e.nomadCLI("job", "run", "-detach", path)
+			if err != nil {
+				t.Fatalf("%s (auto, %d GPUs, queue %s): %v\n%s", id, gpus, queue, err, out)
+			}
+			return out
+		}
+		// only checks that id is registered in the one region, as the broker chose.
+		only := func(id, in string) {
+			t.Helper()
+			for name, n := range map[string]*testcluster.Nomad{"east": east, "west": west} {
+				job, _, err := n.API.Jobs().Info(id, &api.QueryOptions{Namespace: "audio", Region: name})
+				switch {
+				case name != in && err == nil:
+					t.Errorf("%s registered in %s too", id, name)
+				case name == in && err != nil:
+					t.Errorf("%s not registered in %s: %v", id, name, err)
+				case name == in && (job.Meta["nomad-gpu.dispatched-region"] != in || *job.Region != in || job.Meta["nomad-gpu.region"] != "auto"):
+					t.Errorf("%s in %s: region %q, meta %v; want region and nomad-gpu.dispatched-region %q, nomad-gpu.region auto", id, name, *job.Region, job.Meta, in)
+				}
+			}
+		}
+		// East has 4 free GPUs, west 2: ordered takes the broker's own region.
+		if out := auto("a1", 3, "training"); !strings.Contains(out, "nomad-gpu: dispatched to region east (dispatch ordered; not west: ") {
+			t.Errorf("a1: want the answer to say it went to east:\n%s", out)
+		}
+		runsIn(east, "east", "a1")
+		only("a1", "east")
+		// East has 1 free, west 2: both admit; best_fit takes the freer.
+		if out := auto("a2", 1, "serving"); !strings.Contains(out, "nomad-gpu: dispatched to region west (dispatch best_fit)") {
+			t.Errorf("a2: want the answer to say best_fit chose west:\n%s", out)
+		}
+		runsIn(west, "west", "a2")
+		only("a2", "west")
+		// 2 GPUs fit no node now in either region: queued, each region's
+		// reason told; the region that frees GPUs first takes it.
+		out := auto("a3", 2, "training")
+		if !strings.Contains(out, "nomad-gpu: queued as ") || !strings.Contains(out, "no region admits it now: east: ") || !strings.Contains(out, "; west: ") {
+			t.Errorf("a3: want queued, with east's and west's reasons:\n%s", out)
+		}
+		if _, _, err := west.API.Jobs().Deregister("a2", false, &api.WriteOptions{Namespace: "audio"}); err != nil {
+			t.Fatal(err)
+		}
+		runsIn(west, "west", "a3")
+		only("a3", "west")
+		e.waitUsed("audio", 5)
+		// 5 GPUs fit no node of any region: refused at once, per region.
+		path := e.spec("audio", "a4", 1, 5, "training")
+		spec, _ := os.ReadFile(path)
+		writeFile(t, path, strings.Replace(string(spec), `meta = {`, `meta = { "nomad-gpu.region" = "auto",`, 1))
+		if out, err := e.nomadCLI("job", "run", path); err == nil || !strings.Contains(out, "no region this broker governs can take it: east: ") {
+			t.Errorf("a4 (auto, 5 GPUs): want refused, no region fits: %v\n%s", err, out)
 		}
 	})
 }

@@ -26,7 +26,14 @@ const (
 	MetaAdmission = "nomad-gpu.admission"
 	// MetaTTL is the lifetime a job asks for; the user's, not the broker's.
 	MetaTTL = "nomad-gpu.ttl"
+	// MetaRegion = RegionAuto leaves the job's region to the broker (the
+	// user's); MetaDispatched is the region the broker chose for it.
+	MetaRegion     = "nomad-gpu.region"
+	MetaDispatched = "nomad-gpu.dispatched-region"
 )
+
+// RegionAuto is MetaRegion's one value.
+const RegionAuto = "auto"
 
 // DefaultNamespace is Nomad's namespace when a job names none.
 const DefaultNamespace = "default"

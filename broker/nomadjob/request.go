@@ -24,11 +24,14 @@ const (
 
 // Request is a job register, plan or validate request read as Nomad reads it.
 type Request struct {
-	Doc            *jsondoc.Doc
-	Job            *api.Job
-	JobID          string
-	Namespace      string // resolved as Nomad resolves it
-	Region         string // the region asked for; "" when none (the agent's own)
+	Doc       *jsondoc.Doc
+	Job       *api.Job
+	JobID     string
+	Namespace string // resolved as Nomad resolves it
+	Region    string // the region asked for; "" when none (the agent's own)
+	// Dispatched is the region the broker chose for a job that leaves it
+	// to the broker (AutoRegion), as Nomad names it; Pin writes it.
+	Dispatched     string
 	PreserveCounts bool
 	// Token is the ACL token the body carries (SecretID), which Nomad acts
 	// on for a register or a plan when no header carries one.
@@ -147,6 +150,19 @@ func resolveRegion(query, body, job string) string {
 	return r
 }
 
+// AutoRegion reports whether the job leaves its region to the broker (meta
+// nomad-gpu.region = "auto"), or an error for another value of that key.
+func (r *Request) AutoRegion() (bool, error) {
+	v, ok := r.Job.Meta[MetaRegion]
+	switch {
+	case !ok:
+		return false, nil
+	case v == RegionAuto:
+		return true, nil
+	}
+	return false, fmt.Errorf("meta %s = %q: its one value is %q (the broker chooses the region); to name a region, set the job's region", MetaRegion, v, RegionAuto)
+}
+
 // AsksForGPUs reports whether the job asks for any GPU, as it stands and
 // before anything is looked up: a job that does not is no admission's.
 func (r *Request) AsksForGPUs() (bool, error) {
@@ -193,7 +209,15 @@ func (r *Request) Pin() {
 	job := root.Get("Job")
 	root.Set("Namespace", r.Namespace)
 	job.Set("Namespace", r.Namespace)
-	if r.Region != "" {
+	switch {
+	case r.Dispatched != "":
+		// The body's region overrides the query's (Nomad's regionForJob):
+		// the registration goes where the broker chose, whatever the
+		// caller's -region.
+		root.Set("Region", r.Dispatched)
+		job.Set("Region", r.Dispatched)
+		r.Job.Region = &r.Dispatched
+	case r.Region != "":
 		// Another region than the broker's own: the job itself names it,
 		// so that a queued copy registered later goes there too.
 		job.Set("Region", r.Region)
@@ -219,15 +243,19 @@ func (r *Request) Pin() {
 }
 
 // Stamp writes an admission into the document: the priority, and the broker's
-// meta keys in place of any the caller wrote, whatever their spelling. The
-// caller's nomad-gpu.ttl (exactly so spelt: what admission read) stays.
+// meta keys in place of any the caller wrote, whatever their spelling, with
+// the region the broker chose (Dispatched). The caller's nomad-gpu.ttl and
+// nomad-gpu.region (exactly so spelt: what admission read) stay.
 func (r *Request) Stamp(d admission.Decision, stamp string) {
 	job := r.Doc.Root().Get("Job")
 	job.Set("Priority", d.Priority)
 	meta := job.Object("Meta")
-	meta.Delete(func(k string) bool { return IsBrokerMeta(k) && k != MetaTTL })
+	meta.Delete(func(k string) bool { return IsBrokerMeta(k) && k != MetaTTL && k != MetaRegion })
 	for k, v := range BrokerMeta(d, stamp) {
 		meta.Set(k, v)
+	}
+	if r.Dispatched != "" {
+		meta.Set(MetaDispatched, r.Dispatched)
 	}
 }
 

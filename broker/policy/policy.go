@@ -77,6 +77,10 @@ type Policy struct {
 	MakeRoomGrace time.Duration
 	// Workloads say how each kind of GPU work is treated, by name.
 	Workloads map[string]*Workload
+	// Dispatch says how a job that leaves its region to the broker (meta
+	// nomad-gpu.region = "auto") is placed in one of the regions it
+	// governs (top-level dispatch, dispatch_order).
+	Dispatch Dispatch
 
 	byNamespace map[string]*Tenant
 }
@@ -93,7 +97,39 @@ type Queue struct {
 	// Band is the Nomad priority of its jobs admitted within a guarantee,
 	// set by Index: see Index.
 	Band int
-	Pos  Pos // where it is defined
+	// Dispatch is the policy's Dispatch.Mode for this queue's jobs ("":
+	// the policy's).
+	Dispatch string
+	Pos      Pos // where it is defined
+}
+
+// Dispatch says how the broker chooses a region for a job that leaves it to
+// the broker: Mode DispatchOrdered takes the first region in Order (the
+// broker's own region first, then the others by name, where Order leaves
+// them out) whose decision admits the job now; DispatchBestFit the
+// admitting region with the most idle GPUs of the job's class. A job
+// admitted nowhere waits in the queue, where each pass chooses again.
+type Dispatch struct {
+	Mode  string
+	Order []string
+}
+
+// Dispatch modes.
+const (
+	DispatchOrdered = "ordered"
+	DispatchBestFit = "best_fit"
+)
+
+// DispatchFor is the dispatch mode of a job in namespace asking for queue
+// ("": its tenant's default).
+func (p *Policy) DispatchFor(namespace, queue string) string {
+	if t := p.TenantOf(namespace); t != nil && queue == "" {
+		queue = t.DefaultQueue()
+	}
+	if q := p.Queues[queue]; q != nil && q.Dispatch != "" {
+		return q.Dispatch
+	}
+	return p.Dispatch.Mode
 }
 
 // Tenant owns Nomad namespaces and has GPU quotas.

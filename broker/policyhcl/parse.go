@@ -20,7 +20,7 @@ import (
 	"github.com/nomad-gpu/nomad-gpu/broker/policy"
 )
 
-var fileSchema = &hcl.BodySchema{Attributes: []hcl.AttributeSchema{{Name: "currency"}, {Name: "approvers"}, {Name: "undeclared_gpu_access"}, {Name: "over_limit"}, {Name: "over_limit_grace"}, {Name: "make_room"}, {Name: "make_room_grace"}}, Blocks: []hcl.BlockHeaderSchema{
+var fileSchema = &hcl.BodySchema{Attributes: []hcl.AttributeSchema{{Name: "currency"}, {Name: "approvers"}, {Name: "undeclared_gpu_access"}, {Name: "over_limit"}, {Name: "over_limit_grace"}, {Name: "make_room"}, {Name: "make_room_grace"}, {Name: "dispatch"}, {Name: "dispatch_order"}}, Blocks: []hcl.BlockHeaderSchema{
 	{Type: "queue", LabelNames: []string{"name"}},
 	{Type: "tenant", LabelNames: []string{"name"}},
 	{Type: "gpu_class", LabelNames: []string{"name"}},
@@ -43,6 +43,7 @@ type queueBody struct {
 	Priority                int     `hcl:"priority"`
 	Workload                *string `hcl:"workload,optional"`
 	PreemptsWithinGuarantee bool    `hcl:"preempts_within_guarantee,optional"`
+	Dispatch                *string `hcl:"dispatch,optional"`
 }
 
 type tenantBody struct {
@@ -131,7 +132,8 @@ func Parse(files map[string][]byte, capacity int) (*policy.Policy, hcl.Diagnosti
 		Placement: policy.Placement{Mode: policy.DefaultPlacementMode, ReserveAfter: policy.DefaultReserveAfter},
 		Usage:     policy.Usage{IdleBelow: policy.DefaultIdleBelow, Retention: policy.DefaultUsageRetention}, Currency: policy.DefaultCurrency, UndeclaredGPUAccess: policy.AccessRefuse,
 		OverLimit: policy.OverReclaim, OverLimitGrace: policy.DefaultOverLimitGrace, MakeRoom: policy.OverReclaim, MakeRoomGrace: policy.DefaultMakeRoomGrace,
-		FairShare: policy.FairShare{HalfLife: policy.DefaultHalfLife, IdleWeight: policy.DefaultIdleWeight, OldestFirstAfter: policy.DefaultOldestFirstAfter}}
+		FairShare: policy.FairShare{HalfLife: policy.DefaultHalfLife, IdleWeight: policy.DefaultIdleWeight, OldestFirstAfter: policy.DefaultOldestFirstAfter},
+		Dispatch:  policy.Dispatch{Mode: policy.DispatchOrdered}}
 	p := &parser{Policy: pol, byNamespace: map[string]*policy.Tenant{}, defs: map[string]hcl.Range{}}
 	var diags hcl.Diagnostics
 	var tenantBlocks []*hcl.Block
@@ -175,6 +177,12 @@ func Parse(files map[string][]byte, capacity int) (*policy.Policy, hcl.Diagnosti
 		if a, ok := content.Attributes["make_room_grace"]; ok {
 			diags = append(diags, grace(a, seenSingleton, &p.MakeRoomGrace)...)
 		}
+		if a, ok := content.Attributes["dispatch"]; ok {
+			diags = append(diags, either(a, seenSingleton, &p.Dispatch.Mode, policy.DispatchOrdered, policy.DispatchBestFit)...)
+		}
+		if a, ok := content.Attributes["dispatch_order"]; ok {
+			diags = append(diags, p.dispatchOrder(a, seenSingleton)...)
+		}
 		for _, b := range content.Blocks {
 			if len(b.Labels) > 0 && strings.TrimSpace(b.Labels[0]) == "" {
 				diags = append(diags, errorAt(b.LabelRanges[0], "Empty name",
@@ -198,6 +206,13 @@ func Parse(files map[string][]byte, capacity int) (*policy.Policy, hcl.Diagnosti
 					Pos: pos(b.DefRange)}
 				if qb.Workload != nil {
 					q.Workload = *qb.Workload
+				}
+				if v := qb.Dispatch; v != nil {
+					if *v != policy.DispatchOrdered && *v != policy.DispatchBestFit {
+						diags = append(diags, errorAt(attrRange(b, "dispatch"), "Invalid dispatch",
+							fmt.Sprintf("queue %q: dispatch = %q is neither %q nor %q", q.Name, *v, policy.DispatchOrdered, policy.DispatchBestFit)))
+					}
+					q.Dispatch = *v
 				}
 				if _, dup := p.Queues[q.Name]; dup {
 					diags = append(diags, duplicate("queue", q.Name, b.DefRange, p.defs["queue "+q.Name]))

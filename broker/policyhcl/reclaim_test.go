@@ -138,6 +138,12 @@ func TestReclaimRuleDiagnostics(t *testing.T) {
 			`reclaim.hcl:1:1: error: Invalid duration: make_room_grace = "-1m" is not a duration of 0 or more`},
 		{"make_room twice", "make_room = \"wait\"\nmake_room = \"wait\"\n",
 			`reclaim.hcl:2:1: error: Attribute redefined: The argument "make_room" was already set at reclaim.hcl:1`},
+		{"bad dispatch", "dispatch = \"random\"\n",
+			`reclaim.hcl:1:1: error: Invalid dispatch: dispatch = "random" is neither "ordered" nor "best_fit"`},
+		{"a region twice in dispatch_order", "dispatch_order = [\"west\", \"west\"]\n",
+			`reclaim.hcl:1:1: error: Invalid dispatch_order: dispatch_order names region "west": each entry must be a region's name, given once`},
+		{"bad queue dispatch", "queue \"q\" {\n  priority = 10\n  dispatch = \"nearest\"\n}\n",
+			`reclaim.hcl:3:3: error: Invalid dispatch: queue "q": dispatch = "nearest" is neither "ordered" nor "best_fit"`},
 		{"bad undeclared_gpu_access", "undeclared_gpu_access = \"allow\"\n",
 			`reclaim.hcl:1:1: error: Invalid undeclared_gpu_access: undeclared_gpu_access = "allow" is neither "refuse" nor "warn"`},
 		{"bad approver", "approvers = [\"ops\", \"group:sre\"]\n",
@@ -223,5 +229,37 @@ tenant "vision" {
 	raised := p.WithExtraLimit("vision", 3)
 	if raised.TenantOf("vision-dev").Limit.Total() != 7 || p.TenantOf("vision-dev").Limit.Total() != 4 || raised.TenantOf("vision").Guaranteed.Total() != 2 {
 		t.Errorf("raised %v, original %v", raised.TenantOf("vision-dev").Limit, p.TenantOf("vision-dev").Limit)
+	}
+}
+
+// Dispatch: ordered by default; the top level sets the mode and the order, a
+// queue its own mode.
+func TestDispatchIsReadPerPolicyAndQueue(t *testing.T) {
+	src := queues + `
+tenant "vision" {
+  namespaces = ["vision"]
+  queues     = ["training", "serving"]
+}
+queue "serving" {
+  priority = 70
+  dispatch = "best_fit"
+}
+`
+	p, diags := policyhcl.Parse(map[string][]byte{"queues.hcl": []byte(src)}, 0)
+	if p == nil {
+		t.Fatal(policyhcl.FormatDiagnostics(diags))
+	}
+	if got := p.DispatchFor("vision", ""); got != "ordered" || len(p.Dispatch.Order) != 0 {
+		t.Errorf("default: dispatch %q, order %v; want ordered, none", got, p.Dispatch.Order)
+	}
+	if got := p.DispatchFor("vision", "serving"); got != "best_fit" {
+		t.Errorf("queue serving: dispatch %q, want best_fit", got)
+	}
+	p, diags = policyhcl.Parse(map[string][]byte{"queues.hcl": []byte(src + "dispatch = \"best_fit\"\ndispatch_order = [\"west\", \"east\"]\n")}, 0)
+	if p == nil {
+		t.Fatal(policyhcl.FormatDiagnostics(diags))
+	}
+	if got := p.DispatchFor("vision", "training"); got != "best_fit" || strings.Join(p.Dispatch.Order, ",") != "west,east" {
+		t.Errorf("top level: dispatch %q, order %v; want best_fit, west,east", got, p.Dispatch.Order)
 	}
 }

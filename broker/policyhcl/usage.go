@@ -2,6 +2,7 @@ package policyhcl
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -144,6 +145,22 @@ func either(a *hcl.Attribute, seen map[string]hcl.Range, dst *string, one, other
 		return hcl.Diagnostics{errorAt(a.Range, "Invalid "+a.Name, fmt.Sprintf("%s = %q is neither %q nor %q", a.Name, v, one, other))}
 	}
 	*dst = v
+	return nil
+}
+
+// dispatchOrder reads dispatch_order: region names, each once.
+func (p *parser) dispatchOrder(a *hcl.Attribute, seen map[string]hcl.Range) hcl.Diagnostics {
+	var order []string
+	if d := topLevel(a, seen, &order); d.HasErrors() {
+		return d
+	}
+	for i, name := range order {
+		if strings.TrimSpace(name) == "" || slices.Contains(order[:i], name) {
+			return hcl.Diagnostics{errorAt(a.Range, "Invalid dispatch_order",
+				fmt.Sprintf("dispatch_order names region %q: each entry must be a region's name, given once", name))}
+		}
+	}
+	p.Dispatch.Order = order
 	return nil
 }
 

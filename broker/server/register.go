@@ -138,13 +138,16 @@ func (s *Server) register(w http.ResponseWriter, r *http.Request, pathJobID stri
 		"queue", d.Queue, "priority", d.Priority, "gpus", d.Demand.Total(), "rule", d.Rule, "reason", d.Reason, "by", who)
 	event := audit.Event{Who: who, What: audit.Admission, Namespace: rj.Namespace, Job: rj.JobID, Tenant: d.Tenant, Queue: d.Queue,
 		Rule: d.Rule, Result: string(d.Outcome) + ": " + d.Reason}
+	if rj.Dispatch != "" {
+		event.Result += "; dispatched to " + rj.Dispatch
+	}
 	switch d.Outcome {
 	case admission.Reject:
 		if s.audited(w, event) {
 			writeError(w, fail(errForbidden, "job %q rejected by rule %s: %s", rj.JobID, d.Rule, d.Reason))
 		}
 	case admission.Queue:
-		s.enqueue(w, r, rj, d, who, event, workloadWarning(rj.Wrote), rj.warning)
+		s.enqueue(w, r, rj, d, who, event, dispatchWarning(rj.Dispatch), workloadWarning(rj.Wrote), rj.warning)
 	default:
 		if !s.audited(w, event) {
 			res.Release()
@@ -167,7 +170,7 @@ func (s *Server) register(w http.ResponseWriter, r *http.Request, pathJobID stri
 			writeError(w, fail(errNomadUnreach, "Nomad is unreachable: %v", err))
 			return
 		}
-		_, taken := s.relayRegistered(w, resp, res, admittedWarning(d), pinned, workloadWarning(rj.Wrote), s.rightSizingWarning(rj.Namespace, rj.JobID, d), rj.warning)
+		_, taken := s.relayRegistered(w, resp, res, admittedWarning(d), dispatchWarning(rj.Dispatch), pinned, workloadWarning(rj.Wrote), s.rightSizingWarning(rj.Namespace, rj.JobID, d), rj.warning)
 		s.settled(settle, taken)
 	}
 }
@@ -178,6 +181,15 @@ func (s *Server) settled(settle func(taken bool) error, taken bool) {
 	if err := settle(taken); err != nil {
 		s.log.Error("registration through the broker: the job's stopped record stays pending", "error", err)
 	}
+}
+
+// dispatchWarning tells the user which region the broker chose for a job
+// that left it to the broker, and why.
+func dispatchWarning(note string) string {
+	if note == "" {
+		return ""
+	}
+	return "nomad-gpu: dispatched to " + note
 }
 
 // workloadWarning tells the user what the job's workload wrote into it.

@@ -1,0 +1,111 @@
+package decide
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/nomad-gpu/nomad-gpu/broker/admission"
+	"github.com/nomad-gpu/nomad-gpu/broker/nomadjob"
+	"github.com/nomad-gpu/nomad-gpu/broker/policy"
+)
+
+// Dispatching is a cluster over several regions, among which a job that
+// leaves its region to the broker is placed in one (cluster.Regions).
+type Dispatching interface {
+	Regional
+	// Names are the regions governed as Nomad names them, the broker's own
+	// first.
+	Names() []string
+}
+
+// dispatch chooses the one region of a job that leaves it to the broker
+// (meta nomad-gpu.region = "auto"): the region it runs in, if any (a
+// running job never moves); else, among the regions whose decision admits
+// it now, the first in the policy's order (ordered) or the one with the
+// most idle GPUs of its class (best_fit); else the first where it may wait
+// for GPUs, where it queues (each queue pass chooses again). A job no
+// region can take is the job's error, with each region's reason. note is
+// what the answer and the audit trail say of the choice.
+func (s *Sequence) dispatch(p *policy.Policy, req *nomadjob.Request) (region, note string, err error) {
+	r, ok := s.Cluster.(Dispatching)
+	if !ok {
+		return req.Region, "", nil // one region: nothing to choose
+	}
+	names := ordered(p.Dispatch.Order, r.Names())
+	for _, name := range names {
+		if v, _, _ := r.In(name); v.Running(req.Namespace, req.JobID) {
+			return name, fmt.Sprintf("region %s, where the job runs", name), nil
+		}
+	}
+	mode := p.DispatchFor(req.Namespace, req.Job.Meta[nomadjob.MetaQueue])
+	var (
+		chosen, waits string
+		most          float64
+		why           []string
+	)
+	for _, name := range names {
+		v, key, _ := r.In(name)
+		groups, err := nomadjob.Groups(req.Job, nomadjob.Placement{PreserveCounts: req.PreserveCounts, NodesFitting: v.NodesFitting})
+		if err != nil {
+			why = append(why, fmt.Sprintf("%s: %v", name, err))
+			continue
+		}
+		j := nomadjob.AdmissionJob(req.Job, req.Namespace, groups)
+		j.ID, j.Where.Region = req.JobID, key
+		u := s.Cluster.UsageFor(p, j)
+		d := s.Enricher.Decide(p, j, u)
+		switch d.Outcome {
+		case admission.Admit, admission.AdmitBorrowed:
+			if idle := idleFor(u, d.Demand); chosen == "" || (mode == policy.DispatchBestFit && idle > most) {
+				chosen, most = name, idle
+			}
+		case admission.Queue:
+			if waits == "" {
+				waits = name
+			}
+			why = append(why, fmt.Sprintf("%s: %s", name, d.Reason))
+		default:
+			why = append(why, fmt.Sprintf("%s: %s", name, d.Reason))
+		}
+	}
+	switch {
+	case chosen != "" && len(why) == 0:
+		return chosen, fmt.Sprintf("region %s (dispatch %s)", chosen, mode), nil
+	case chosen != "":
+		return chosen, fmt.Sprintf("region %s (dispatch %s; not %s)", chosen, mode, strings.Join(why, "; ")), nil
+	case waits != "":
+		return waits, fmt.Sprintf("region %s to wait in (dispatch %s; no region admits it now: %s)", waits, mode, strings.Join(why, "; ")), nil
+	}
+	return "", "", &JobError{fmt.Errorf("no region this broker governs can take it: %s", strings.Join(why, "; "))}
+}
+
+// ordered are the regions governed (names, the broker's own first) in the
+// policy's dispatch_order, those it leaves out after in their own order; a
+// name in order the broker does not govern is passed over.
+func ordered(order, names []string) []string {
+	out := make([]string, 0, len(names))
+	for _, n := range order {
+		if slices.Contains(names, n) && !slices.Contains(out, n) {
+			out = append(out, n)
+		}
+	}
+	for _, n := range names {
+		if !slices.Contains(out, n) {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+// idleFor is how many GPUs of demand's classes are idle in u: the fewest of
+// any class it asks for, its total when it names none.
+func idleFor(u admission.Usage, demand policy.Quota) float64 {
+	idle := u.Idle[policy.AllGPUs]
+	for class := range demand {
+		if class != policy.AllGPUs {
+			idle = min(idle, u.Idle[class])
+		}
+	}
+	return idle
+}

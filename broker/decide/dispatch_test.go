@@ -1,0 +1,91 @@
+package decide_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nomad-gpu/nomad-gpu/broker/cluster"
+	"github.com/nomad-gpu/nomad-gpu/broker/decide"
+	"github.com/nomad-gpu/nomad-gpu/broker/nomadjob"
+	"github.com/nomad-gpu/nomad-gpu/internal/clock"
+	"github.com/nomad-gpu/nomad-gpu/testing/testbuild"
+)
+
+// regions is east (the broker's own, one 2-GPU node) and west (one 4-GPU
+// node).
+func regions() (*decide.Sequence, *cluster.View) {
+	east, west := cluster.NewView(nil), cluster.NewView(nil)
+	west.SetRegion("west")
+	east.ObserveNode(testbuild.Node("e1", "H100", 2, 0))
+	west.ObserveNode(testbuild.Node("w1", "H100", 4, 0))
+	r := cluster.NewRegions("east", east, map[string]*cluster.View{"west": west})
+	return &decide.Sequence{Cluster: r, Enricher: decide.Enricher{Clock: clock.Fixed(time.Now())}}, west
+}
+
+// A job with meta nomad-gpu.region = "auto" goes to one region: the first
+// that admits it in the policy's order (the broker's own first), or the
+// freest under best_fit; the one it runs in whatever the order; the region
+// is written where Nomad forwards by it, and the answer says why.
+func TestAJobLeavingItsRegionToTheBrokerGoesToOne(t *testing.T) {
+	auto := func(id string, gpus int) *testbuild.JobBuilder {
+		return testbuild.Job("vision", id).Meta(nomadjob.MetaQueue, "training").Meta(nomadjob.MetaRegion, "auto").Group("g", 1, gpus, "nvidia/gpu")
+	}
+	for _, c := range []struct {
+		name, policy string
+		job          *testbuild.JobBuilder
+		running      bool // the job runs in west already
+		want, note   string
+	}{
+		{name: "ordered: the broker's own region first", job: auto("a", 1), want: "east", note: "region east (dispatch ordered)"},
+		{name: "best_fit: the region with the most idle GPUs", policy: `dispatch = "best_fit"`, job: auto("a", 1), want: "west",
+			note: "region west (dispatch best_fit)"},
+		{name: "dispatch_order", policy: `dispatch_order = ["west", "south"]`, job: auto("a", 1), want: "west", note: "region west (dispatch ordered)"},
+		{name: "a region no node of fits is passed over, and said so", job: auto("a", 3), want: "west",
+			note: "region west (dispatch ordered; not east: task group \"g\" needs 3 GPUs in one allocation, but no node has more than 2"},
+		{name: "a job running in a region stays there", job: auto("a", 1), running: true, want: "west", note: "region west, where the job runs"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			seq, west := regions()
+			if c.running {
+				west.ObserveJob(c.job.Build())
+			}
+			p := testbuild.Policy(t, policySrc+c.policy)
+			r, err := seq.Prepare(context.Background(), p, request(t, c.job), &versions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if r.Dispatched != c.want || !strings.HasPrefix(r.Dispatch, c.note) {
+				t.Errorf("dispatched to %q (%s), want %q (%s…)", r.Dispatched, r.Dispatch, c.want, c.note)
+			}
+			body := string(r.Body())
+			if !strings.Contains(body, `"Region":"`+c.want+`"`) {
+				t.Errorf("the region is not written into the request: %s", body)
+			}
+		})
+	}
+	t.Run("a job no region can take is refused, each region's reason told", func(t *testing.T) {
+		seq, _ := regions()
+		_, err := seq.Prepare(context.Background(), testbuild.Policy(t, policySrc), request(t, auto("a", 8)), &versions{})
+		if !decide.IsJobError(err) || !strings.Contains(err.Error(), "no region this broker governs can take it: east: ") ||
+			!strings.Contains(err.Error(), "; west: ") {
+			t.Errorf("8 GPUs, no node with more than 4: %v", err)
+		}
+	})
+	t.Run("only auto is read", func(t *testing.T) {
+		seq, _ := regions()
+		job := testbuild.Job("vision", "a").Meta(nomadjob.MetaRegion, "west").Group("g", 1, 1, "nvidia/gpu")
+		_, err := seq.Prepare(context.Background(), testbuild.Policy(t, policySrc), request(t, job), &versions{})
+		if !decide.IsJobError(err) || !strings.Contains(err.Error(), `meta nomad-gpu.region = "west": its one value is "auto"`) {
+			t.Errorf("meta nomad-gpu.region = west: %v", err)
+		}
+	})
+	t.Run("a job naming its region is not dispatched", func(t *testing.T) {
+		seq, _ := regions()
+		r, err := seq.Prepare(context.Background(), testbuild.Policy(t, policySrc), request(t, testbuild.Job("vision", "a").Group("g", 1, 1, "nvidia/gpu")), &versions{})
+		if err != nil || r.Dispatched != "" || r.Dispatch != "" {
+			t.Errorf("no meta: dispatched to %q (%s), %v; want not dispatched", r.Dispatched, r.Dispatch, err)
+		}
+	})
+}
