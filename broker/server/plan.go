@@ -60,5 +60,9 @@ func (s *Server) annotate(w http.ResponseWriter, r *http.Request, kind nomadjob.
 		writeError(w, fail(errNomadUnreach, "Nomad is unreachable: %v", err))
 		return
 	}
-	s.relay(w, resp, note, rj.warning)
+	dispatch := ""
+	if rj.Dispatch != "" {
+		dispatch = "nomad-gpu: would be dispatched to " + rj.Dispatch
+	}
+	s.relay(w, resp, note, dispatch, rj.warning)
 }
