@@ -387,6 +387,23 @@ func (v *View) HasJob(namespace, id string) bool {
 	return ok
 }
 
+// Knows reports whether the view has a live job of namespace whose id is
+// id or, with prefix, starts with it.
+func (v *View) Knows(namespace, id string, prefix bool) bool {
+	v.mu.RLock()
+	defer v.mu.RUnlock()
+	if !prefix {
+		_, ok := v.jobs[jobKey{namespace, id}]
+		return ok
+	}
+	for k := range v.jobs {
+		if k.namespace == namespace && strings.HasPrefix(k.id, id) {
+			return true
+		}
+	}
+	return false
+}
+
 // Running reports whether, as far as the view has seen, Nomad still runs
 // the job: it is live, or an allocation of it still holds GPUs (Nomad's
 // event for a stopped job may come before those for its allocations).

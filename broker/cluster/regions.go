@@ -271,6 +271,27 @@ func (r *Regions) Governs(region string) bool {
 	return ok
 }
 
+// RegionOf is the one other region than the broker's own whose view has a
+// live job of namespace with id (with prefix, an id starting with it), as
+// Nomad names it: where a read that names no region finds a job the broker
+// dispatched there. "" when the broker's own region has such a job, or no
+// other region or more than one has.
+func (r *Regions) RegionOf(namespace, id string, prefix bool) string {
+	if r.home.Knows(namespace, id, prefix) {
+		return ""
+	}
+	found := ""
+	for _, name := range slices.Sorted(maps.Keys(r.others)) {
+		if r.others[name].Knows(namespace, id, prefix) {
+			if found != "" {
+				return ""
+			}
+			found = name
+		}
+	}
+	return found
+}
+
 // RegionStatus is a governed region as GET /v1/gpu/regions lists it.
 type RegionStatus struct {
 	Name    string `json:"name"`

@@ -87,3 +87,23 @@ func TestRegionsAreNamedAsNomadNamesThem(t *testing.T) {
 		t.Errorf("rooms %+v", rooms)
 	}
 }
+
+// A job is found in the one other region that has it, by id or prefix; a
+// job of the broker's own region, or of none, is left to it.
+func TestAJobIsFoundInItsRegion(t *testing.T) {
+	r, east, west := twoRegions()
+	west.ObserveJob(testbuild.Job("vision", "train-7").Group("g", 1, 1, "nvidia/gpu").Build())
+	east.ObserveJob(testbuild.Job("vision", "serve").Group("g", 1, 1, "nvidia/gpu").Build())
+	for _, c := range []struct {
+		ns, id string
+		prefix bool
+		want   string
+	}{
+		{"vision", "train-7", false, "west"}, {"vision", "train", true, "west"}, {"vision", "train", false, ""},
+		{"other", "train-7", false, ""}, {"vision", "serve", false, ""}, {"vision", "nothing", true, ""},
+	} {
+		if got := r.RegionOf(c.ns, c.id, c.prefix); got != c.want {
+			t.Errorf("RegionOf(%s, %s, prefix %t) = %q, want %q", c.ns, c.id, c.prefix, got, c.want)
+		}
+	}
+}

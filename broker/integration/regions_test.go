@@ -217,6 +217,10 @@ func TestRegions(t *testing.T) {
 		}
 		runsIn(west, "west", "a3")
 		only("a3", "west")
+		// Read through the broker with no -region, as users do.
+		if out, err := e.nomadCLI("job", "status", "-namespace", "audio", "a3"); err != nil || !strings.Contains(out, "running") {
+			t.Errorf("nomad job status a3 (in west) with no region: want found and running: %v\n%s", err, out)
+		}
 		e.waitUsed("audio", 5)
 		// 5 GPUs fit no node of any region: refused at once, per region.
 		path := e.spec("audio", "a4", 1, 5, "training")

@@ -53,6 +53,10 @@ type Regions interface {
 	// Governs reports whether region, as a request names it, is one.
 	Governs(region string) bool
 	Status() []cluster.RegionStatus
+	// RegionOf is the one other region than the broker's own that has a
+	// live job of namespace with id (or, with prefix, an id starting with
+	// it); "" if none.
+	RegionOf(namespace, id string, prefix bool) string
 }
 
 // Queue is where jobs wait.
@@ -398,7 +402,43 @@ func (s *Server) gate(w http.ResponseWriter, r *http.Request, c call, jobID stri
 			s.evaluation(w, r)
 			return
 		}
+		if r.Method == http.MethodGet {
+			s.toJobsRegion(r)
+		}
 		s.proxy.ServeHTTP(w, r)
+	}
+}
+
+// toJobsRegion sends a read of a job (GET /v1/job/<id>[/…], or the jobs
+// listing by prefix that `nomad job status <id>` starts with) that names no
+// region other than the broker's own to the region the broker dispatched
+// the job to, when that region alone has it: a job that left its region to
+// the broker is found without -region.
+func (s *Server) toJobsRegion(r *http.Request) {
+	q := r.URL.Query()
+	if s.regions == nil || q.Get("namespace") == "*" {
+		return
+	}
+	if region := q.Get("region"); region != "" && region != s.region && region != api.GlobalRegion {
+		return
+	}
+	namespace := nomadjob.ResolveNamespace(q.Get("namespace"), "", "")
+	found := ""
+	switch rest, ok := strings.CutPrefix(r.URL.Path, "/v1/job/"); {
+	case ok && rest != "":
+		// The id, or the id and one of Nomad's sub-paths (allocations,
+		// summary, …): a parameterized job's child has a "/" in its id.
+		if found = s.regions.RegionOf(namespace, rest, false); found == "" {
+			if i := strings.LastIndex(rest, "/"); i > 0 {
+				found = s.regions.RegionOf(namespace, rest[:i], false)
+			}
+		}
+	case r.URL.Path == "/v1/jobs" && q.Get("prefix") != "":
+		found = s.regions.RegionOf(namespace, q.Get("prefix"), true)
+	}
+	if found != "" {
+		q.Set("region", found)
+		r.URL.RawQuery = q.Encode()
 	}
 }
 
