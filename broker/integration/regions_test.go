@@ -166,14 +166,20 @@ func TestRegions(t *testing.T) {
 			}
 		}
 		e.waitUsed("vision", 0)
-		auto := func(id string, gpus int, queue string) string {
+		// auto submits an auto job; detached unless follow (nomad job run
+		// then follows its evaluation by id, through the broker, with no region).
+		auto := func(id string, gpus int, queue string, follow ...bool) string {
 			path := e.spec("audio", id, 1, gpus, queue)
 			spec, err := os.ReadFile(path)
 			if err != nil {
 				t.Fatal(err)
 			}
 			writeFile(t, path, strings.Replace(string(spec), `meta = {`, `meta = { "nomad-gpu.region" = "auto",`, 1))
-			out, err := e.nomadCLI("job", "run", "-detach", path)
+			args := []string{"job", "run", "-detach", path}
+			if len(follow) > 0 {
+				args = []string{"job", "run", path}
+			}
+			out, err := e.nomadCLI(args...)
 			if err != nil {
 				t.Fatalf("%s (auto, %d GPUs, queue %s): %v\n%s", id, gpus, queue, err, out)
 			}
@@ -201,8 +207,9 @@ func TestRegions(t *testing.T) {
 		runsIn(east, "east", "a1")
 		only("a1", "east")
 		// East has 1 free, west 2: both admit; best_fit takes the freer.
-		if out := auto("a2", 1, "serving"); !strings.Contains(out, "nomad-gpu: dispatched to region west (dispatch best_fit)") {
-			t.Errorf("a2: want the answer to say best_fit chose west:\n%s", out)
+		if out := auto("a2", 1, "serving", true); !strings.Contains(out, "nomad-gpu: dispatched to region west (dispatch best_fit)") ||
+			!strings.Contains(out, `finished with status "complete"`) {
+			t.Errorf("a2: want the answer to say best_fit chose west, and its evaluation followed:\n%s", out)
 		}
 		runsIn(west, "west", "a2")
 		only("a2", "west")

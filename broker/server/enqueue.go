@@ -166,12 +166,12 @@ func (s *Server) evaluation(w http.ResponseWriter, r *http.Request) {
 	rest := r.URL.Path[len("/v1/evaluation/"):]
 	id, sub, _ := cutSlash(rest)
 	if !queue.ValidID(id) {
-		s.proxy.ServeHTTP(w, r)
+		s.readAnyRegion(w, r)
 		return
 	}
 	e, err := s.queue.Get(r.Context(), id)
 	if err != nil {
-		s.proxy.ServeHTTP(w, r)
+		s.readAnyRegion(w, r)
 		return
 	}
 	switch sub {
@@ -182,7 +182,7 @@ func (s *Server) evaluation(w http.ResponseWriter, r *http.Request) {
 	case "allocations":
 		writeJSON(w, http.StatusOK, []*api.AllocationListStub{})
 	default:
-		s.proxy.ServeHTTP(w, r)
+		s.readAnyRegion(w, r)
 	}
 }
 

@@ -57,6 +57,8 @@ type Regions interface {
 	// live job of namespace with id (or, with prefix, an id starting with
 	// it); "" if none.
 	RegionOf(namespace, id string, prefix bool) string
+	// Names are the regions governed, the broker's own first.
+	Names() []string
 }
 
 // Queue is where jobs wait.
@@ -402,6 +404,10 @@ func (s *Server) gate(w http.ResponseWriter, r *http.Request, c call, jobID stri
 			s.evaluation(w, r)
 			return
 		}
+		if r.Method == http.MethodGet && byID(r.URL.Path) {
+			s.readAnyRegion(w, r)
+			return
+		}
 		if r.Method == http.MethodGet {
 			s.toJobsRegion(r)
 		}
@@ -440,6 +446,47 @@ func (s *Server) toJobsRegion(r *http.Request) {
 		q.Set("region", found)
 		r.URL.RawQuery = q.Encode()
 	}
+}
+
+// byID reports whether path reads an evaluation, allocation or deployment
+// by its id (or something of it).
+func byID(path string) bool {
+	for _, p := range []string{"/v1/evaluation/", "/v1/allocation/", "/v1/deployment/"} {
+		if rest, ok := strings.CutPrefix(path, p); ok && rest != "" {
+			return true
+		}
+	}
+	return false
+}
+
+// readAnyRegion answers a read by id (byID) that names no other region than
+// the broker's own from its own region, else, where that has no such object
+// (404), from the first other region governed that has: the evaluation,
+// allocations and deployment of a job the broker dispatched to another
+// region are found by their ids, as `nomad job run` follows them.
+func (s *Server) readAnyRegion(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	region := q.Get("region")
+	if s.regions == nil || len(s.regions.Names()) < 2 || region != "" && region != s.region && region != api.GlobalRegion {
+		s.proxy.ServeHTTP(w, r)
+		return
+	}
+	resp, err := s.forward(r, nil, "")
+	for _, name := range s.regions.Names()[1:] {
+		if err != nil || resp.StatusCode != http.StatusNotFound {
+			break
+		}
+		resp.Body.Close()
+		q.Set("region", name)
+		again := r.Clone(r.Context())
+		again.URL.RawQuery = q.Encode()
+		resp, err = s.forward(again, nil, "")
+	}
+	if err != nil {
+		writeError(w, fail(errNomadUnreach, "Nomad is unreachable: %v", err))
+		return
+	}
+	s.relay(w, resp)
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {
