@@ -60,20 +60,21 @@ func (r *Regions) Views() map[string]*View {
 	return out
 }
 
-// elsewhere is what j's tenant holds in the regions other than in's.
+// elsewhere is what j's tenant holds in the regions other than in's (the
+// decision on j reads its own tenant's usage alone).
 func (r *Regions) elsewhere(p *policy.Policy, j admission.Job, in *View) map[string]admission.TenantUsage {
-	var out map[string]admission.TenantUsage
+	t := p.TenantOf(j.Namespace)
+	if t == nil {
+		return nil
+	}
+	out := map[string]admission.TenantUsage{}
 	for _, v := range r.Views() {
 		if v == in {
 			continue
 		}
 		// Another region's job of the same name is another job: only
 		// this region's own is left out.
-		u := v.UsageWithout(p, j.Namespace, "")
-		if out == nil {
-			out = map[string]admission.TenantUsage{}
-		}
-		addTenants(admission.Usage{Tenants: out}, u.Tenants)
+		addTenants(admission.Usage{Tenants: out}, map[string]admission.TenantUsage{t.Name: v.UsageWithout(p, j.Namespace, "").Tenants[t.Name]})
 	}
 	return out
 }
@@ -107,6 +108,40 @@ func (r *Regions) UsageFor(p *policy.Policy, j admission.Job) admission.Usage {
 	u := v.UsageFor(p, j)
 	addTenants(u, r.elsewhere(p, j, v))
 	return u
+}
+
+// EachUsage hands each of jobs (one job as each region would decide on it,
+// dispatch) to f with the usage it sees in its region (UsageFor), in order,
+// until f returns false: what its tenant holds in each region is read once,
+// not once per job, and only its tenant's is added across regions.
+func (r *Regions) EachUsage(p *policy.Policy, jobs []admission.Job, f func(i int, u admission.Usage) bool) {
+	if len(jobs) == 0 {
+		return
+	}
+	tenant := p.TenantOf(jobs[0].Namespace)
+	views := r.Views()
+	held := make(map[*View]map[string]admission.TenantUsage, len(views))
+	for _, v := range views {
+		if tenant != nil {
+			tu := v.UsageWithout(p, jobs[0].Namespace, "").Tenants[tenant.Name]
+			held[v] = map[string]admission.TenantUsage{tenant.Name: tu}
+		}
+	}
+	for i, j := range jobs {
+		v, _, ok := r.In(j.Where.Region)
+		u := admission.Usage{Tenants: map[string]admission.TenantUsage{}}
+		if ok {
+			u = v.UsageFor(p, j)
+			for other, tenants := range held {
+				if other != v {
+					addTenants(u, tenants)
+				}
+			}
+		}
+		if !f(i, u) {
+			return
+		}
+	}
 }
 
 // Admit decides on j in its region and reserves its demand there.

@@ -17,6 +17,10 @@ type Dispatching interface {
 	// Names are the regions governed as Nomad names them, the broker's own
 	// first.
 	Names() []string
+	// EachUsage hands f each job (one job as each region would decide on
+	// it) with the usage it sees in its region (UsageFor), until f returns
+	// false.
+	EachUsage(p *policy.Policy, jobs []admission.Job, f func(i int, u admission.Usage) bool)
 }
 
 // dispatch chooses the one region of a job that leaves it to the broker
@@ -43,6 +47,8 @@ func (s *Sequence) dispatch(p *policy.Policy, req *nomadjob.Request) (region, no
 		chosen, waits string
 		most          float64
 		why           []string
+		jobs          []admission.Job
+		in            []string
 	)
 	for _, name := range names {
 		v, key, _ := r.In(name)
@@ -53,13 +59,16 @@ func (s *Sequence) dispatch(p *policy.Policy, req *nomadjob.Request) (region, no
 		}
 		j := nomadjob.AdmissionJob(req.Job, req.Namespace, groups)
 		j.ID, j.Where.Region = req.JobID, key
-		u := s.Cluster.UsageFor(p, j)
-		d := s.Enricher.Decide(p, j, u)
-		switch d.Outcome {
+		jobs, in = append(jobs, j), append(in, name)
+	}
+	r.EachUsage(p, jobs, func(i int, u admission.Usage) bool {
+		name := in[i]
+		switch d := s.Enricher.Decide(p, jobs[i], u); d.Outcome {
 		case admission.Admit, admission.AdmitBorrowed:
-			if idle := idleFor(u, d.Demand); chosen == "" || (mode == policy.DispatchBestFit && idle > most) {
+			if idle := idleFor(u, d.Demand); chosen == "" || idle > most {
 				chosen, most = name, idle
 			}
+			return mode == policy.DispatchBestFit // ordered: the first that admits
 		case admission.Queue:
 			if waits == "" {
 				waits = name
@@ -68,7 +77,8 @@ func (s *Sequence) dispatch(p *policy.Policy, req *nomadjob.Request) (region, no
 		default:
 			why = append(why, fmt.Sprintf("%s: %s", name, d.Reason))
 		}
-	}
+		return true
+	})
 	switch {
 	case chosen != "" && len(why) == 0:
 		return chosen, fmt.Sprintf("region %s (dispatch %s)", chosen, mode), nil
