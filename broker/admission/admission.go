@@ -236,9 +236,9 @@ type Decision struct {
 	Placed Placed
 }
 
-// queued makes d a Queue outcome: cause holds the job back, and then says
+// Queued makes d a Queue outcome: cause holds the job back, and then says
 // what waiting does about it.
-func queued(d Decision, waitsFor, cause, then string) Decision {
+func Queued(d Decision, waitsFor, cause, then string) Decision {
 	d.Outcome, d.WaitsFor, d.Cause = Queue, waitsFor, cause
 	d.Reason = cause + "; " + then
 	return d
@@ -420,15 +420,15 @@ func decideQuota(p *policy.Policy, u Usage, d Decision, tenant *policy.Tenant, q
 		return d
 	}
 	if !within(used, demand, tenant.Limit, false) {
-		return queued(d, WaitLimit, fmt.Sprintf("tenant %q would hold %g of its limit of %g GPUs",
+		return Queued(d, WaitLimit, fmt.Sprintf("tenant %q would hold %g of its limit of %g GPUs",
 			tenant.Name, used[policy.AllGPUs]+demand[policy.AllGPUs], tenant.Limit.Total()), "queued until its own jobs free GPUs")
 	}
 	if p.Borrowing.Enabled && backoff != nil {
 		d.Rule = RuleBorrowBackoff
 		if backoff.NoMore {
-			return queued(d, WaitLimit, backoff.Text(), "queued until its tenant's guarantee has room")
+			return Queued(d, WaitLimit, backoff.Text(), "queued until its tenant's guarantee has room")
 		}
-		return queued(d, WaitLimit, backoff.Text(), "queued until then, or until its tenant's guarantee has room")
+		return Queued(d, WaitLimit, backoff.Text(), "queued until then, or until its tenant's guarantee has room")
 	}
 	if p.Borrowing.Enabled && within(policy.Quota{}, demand, u.Idle, true) {
 		d.Outcome, d.Priority = AdmitBorrowed, p.Borrowing.Priority
@@ -436,9 +436,9 @@ func decideQuota(p *policy.Policy, u Usage, d Decision, tenant *policy.Tenant, q
 		return d
 	}
 	if !p.Borrowing.Enabled {
-		return queued(d, WaitCapacity, fmt.Sprintf("beyond tenant %q's guarantee and borrowing is off", tenant.Name), "queued until its own jobs free GPUs")
+		return Queued(d, WaitCapacity, fmt.Sprintf("beyond tenant %q's guarantee and borrowing is off", tenant.Name), "queued until its own jobs free GPUs")
 	}
-	return queued(d, WaitCapacity, fmt.Sprintf("beyond tenant %q's guarantee and only %g GPUs are idle", tenant.Name, u.Idle[policy.AllGPUs]), "queued until GPUs free")
+	return Queued(d, WaitCapacity, fmt.Sprintf("beyond tenant %q's guarantee and only %g GPUs are idle", tenant.Name, u.Idle[policy.AllGPUs]), "queued until GPUs free")
 }
 
 // workloadGate holds back an admission its workload does not allow yet:
@@ -446,7 +446,7 @@ func decideQuota(p *policy.Policy, u Usage, d Decision, tenant *policy.Tenant, q
 func workloadGate(w *policy.Workload, d Decision) Decision {
 	if w != nil && w.ProtectMinCount && d.Outcome == AdmitBorrowed {
 		d.Priority, d.Rule = 0, RuleProtectedMinCount
-		return queued(d, WaitLimit, fmt.Sprintf("workload %q is never admitted borrowed (its minimum replicas must not be preempted)", w.Name),
+		return Queued(d, WaitLimit, fmt.Sprintf("workload %q is never admitted borrowed (its minimum replicas must not be preempted)", w.Name),
 			"queued until its tenant's guarantee has room")
 	}
 	return d
@@ -468,11 +468,11 @@ func placeGate(p *policy.Policy, w *policy.Workload, job Job, u Usage, d Decisio
 	switch {
 	case !ok && gang:
 		d.Priority, d.Rule = 0, RuleGang
-		return queued(d, WaitCapacity, fmt.Sprintf("workload %q is a gang: its %d allocations do not all fit the nodes at once (%s)",
+		return Queued(d, WaitCapacity, fmt.Sprintf("workload %q is a gang: its %d allocations do not all fit the nodes at once (%s)",
 			w.Name, allocations(job), roomText(job, u.Nodes)), "queued, not placed in part")
 	case !ok && d.Outcome == AdmitBorrowed:
 		d.Priority, d.Rule = 0, ""
-		return queued(d, WaitCapacity, fmt.Sprintf("beyond tenant %q's guarantee, and no node has room for its allocations now (%s)",
+		return Queued(d, WaitCapacity, fmt.Sprintf("beyond tenant %q's guarantee, and no node has room for its allocations now (%s)",
 			d.Tenant, roomText(job, u.Nodes)), "queued until a node has")
 	case ok && p.Placement.Mode == policy.PlaceBroker && !job.Where.NoPin:
 		d.Placed = placed

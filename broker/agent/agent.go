@@ -87,6 +87,7 @@ type stores struct {
 	approvals      *consulkv.Approvals
 	backoffs       *consulkv.Backoffs
 	holds          *consulkv.Holds
+	drains         *consulkv.Drains
 	profiles       *gpuusage.Profiles
 	storedProfiles *consulkv.Profiles
 	rollups        *consulkv.Rollups
@@ -265,13 +266,14 @@ func (a *Agent) setupStores(ctx context.Context) error {
 	})
 	a.stores = stores{aside: aside, queue: consulkv.NewQueue(kv, prefix, aside), decisions: consulkv.NewDecisions(kv, prefix, aside),
 		scales: consulkv.NewScales(kv, prefix, aside), stops: consulkv.NewStops(kv, prefix, aside), approvals: consulkv.NewApprovals(kv, prefix, aside),
-		backoffs: consulkv.NewBackoffs(kv, prefix, aside), holds: consulkv.NewHolds(kv, prefix), profiles: gpuusage.NewProfiles(),
+		backoffs: consulkv.NewBackoffs(kv, prefix, aside), holds: consulkv.NewHolds(kv, prefix), drains: consulkv.NewDrains(kv, prefix), profiles: gpuusage.NewProfiles(),
 		storedProfiles: consulkv.NewProfiles(a.consul, prefix, aside), rollups: consulkv.NewRollups(a.consul, prefix, aside)}
 	go a.stores.approvals.Follow(ctx)
 	go a.stores.stops.Follow(ctx)
 	go a.stores.backoffs.Follow(ctx)
 	go a.stores.holds.Follow(ctx, a.regions.HoldNodes) // the leader's holds, in every broker's gate
-	go a.stores.queue.Follow(ctx)                      // the queue's index: the leader skips passes while nothing changed
+	go a.stores.drains.Follow(ctx, a.regions.SetDrained)
+	go a.stores.queue.Follow(ctx) // the queue's index: the leader skips passes while nothing changed
 	return nil
 }
 
@@ -317,7 +319,7 @@ func (a *Agent) setupServer(context.Context) error {
 		Placed: a.nomad.PlacedNothing, Parallel: 32, Synced: a.view.Synced, Holds: st.holds}
 	var err error
 	a.server, err = server.New(server.Options{Leader: a.elector, Log: a.log.Named("proxy"), Nomad: cfg.Nomad.Address,
-		Client: a.nomad.HTTPClient(), Policies: a.policies, Cluster: a.regions, Regions: a.regions, Queue: st.queue, Decisions: st.decisions, Scales: st.scales, Stops: st.stops,
+		Client: a.nomad.HTTPClient(), Policies: a.policies, Cluster: a.regions, Regions: a.regions, Drains: st.drains, Queue: st.queue, Decisions: st.decisions, Scales: st.scales, Stops: st.stops,
 		Profiles: st.profiles, RightSizing: st.storedProfiles, Metrics: a.metrics, Rollups: st.rollups, FairShare: st.rollups, Audit: a.trail,
 		Approvals: st.approvals, Preemptions: st.backoffs.Preemptions, SetAside: st.aside, PolicyStatus: a.policies.Status,
 		Unhealthy: a.nomad.Unhealthy, Synced: a.view.Synced, Forecast: a.forecast, Stamper: a.stamper, Region: a.region, ACLs: a.acls,

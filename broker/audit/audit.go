@@ -57,7 +57,9 @@ const (
 	ApprovalGrant  = "approval-grant"
 	ApprovalDeny   = "approval-deny"
 	ApprovalExpire = "approval-expire"
-	BrokerAct      = "broker" // Who of the broker's own acts
+	RegionDrain    = "region-drain"  // no new work goes to a region (gpu-broker region drain)
+	RegionResume   = "region-resume" // a drained region takes work again
+	BrokerAct      = "broker"        // Who of the broker's own acts
 )
 
 // Log appends events to path, rotating it to path.1 … path.<maxFiles> when

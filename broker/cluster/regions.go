@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"context"
+	"fmt"
 	"maps"
 	"slices"
 	"sync"
@@ -26,6 +27,43 @@ type Regions struct {
 	// mu makes one admission at a time across regions: two regions'
 	// admissions for one tenant must each see the other's.
 	mu sync.Mutex
+	// drained are the regions no new work goes to (gpu-broker region
+	// drain), each with who drained it and when.
+	drainMu sync.RWMutex
+	drained map[string]string
+}
+
+// SetDrained sets the regions drained now (region → who and when; none:
+// every region takes work), and sets off a queue pass.
+func (r *Regions) SetDrained(drained map[string]string) {
+	r.drainMu.Lock()
+	r.drained = maps.Clone(drained)
+	r.drainMu.Unlock()
+	r.home.notify()
+}
+
+// Drained says who drained region and when, "" while it takes work.
+func (r *Regions) Drained(region string) string {
+	r.drainMu.RLock()
+	defer r.drainMu.RUnlock()
+	return r.drained[region]
+}
+
+// drainedFor is the decision d becomes on j in a drained region: queued,
+// passed over by the queue, until the region resumes. A job already
+// running there is decided as ever: its work finishes there.
+func (r *Regions) drainedFor(j admission.Job, v *View, d admission.Decision) (admission.Decision, bool) {
+	name := j.Where.Region
+	if name == "" {
+		name = r.homeName
+	}
+	by := r.Drained(name)
+	if by == "" || (d.Outcome != admission.Admit && d.Outcome != admission.AdmitBorrowed) || v.Running(j.Namespace, j.ID) {
+		return d, false
+	}
+	d.Priority, d.Placed = 0, nil
+	return admission.Queued(d, admission.WaitLimit, fmt.Sprintf("region %s is drained (%s): no new work goes there", name, by),
+		"queued until it resumes (gpu-broker region resume)"), true
 }
 
 // NewRegions is the view over home (the broker's own region, named
@@ -150,12 +188,22 @@ func (r *Regions) Admit(p *policy.Policy, j admission.Job) (admission.Decision, 
 	if !ok {
 		return unknownRegion(j), nil
 	}
+	var (
+		d   admission.Decision
+		res *Reservation
+	)
 	if len(r.others) == 0 {
-		return v.Admit(p, j)
+		d, res = v.Admit(p, j)
+	} else {
+		r.mu.Lock()
+		d, res = v.admit(p, j, r.elsewhere(p, j, v))
+		r.mu.Unlock()
 	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return v.admit(p, j, r.elsewhere(p, j, v))
+	if d, held := r.drainedFor(j, v, d); held {
+		res.Release()
+		return d, nil
+	}
+	return d, res
 }
 
 // UsageWithout is every region's usage without the job namespace/id of the
@@ -336,6 +384,8 @@ type RegionStatus struct {
 	Nodes   int    `json:"nodes"`             // nodes with GPUs
 	GPUs    int    `json:"gpus"`
 	Free    int    `json:"free_gpus"` // healthy GPUs no allocation holds
+	// Drained says who drained it and when ("": it takes new work).
+	Drained string `json:"drained,omitempty"`
 }
 
 // Status is every governed region's, the broker's own first.
@@ -343,7 +393,7 @@ func (r *Regions) Status() []RegionStatus {
 	out := make([]RegionStatus, 0, 1+len(r.others))
 	for i, name := range r.Names() {
 		v, _, _ := r.In(name)
-		st := RegionStatus{Name: name, Own: i == 0, Synced: v.Synced()}
+		st := RegionStatus{Name: name, Own: i == 0, Synced: v.Synced(), Drained: r.Drained(name)}
 		if !st.Own {
 			st.Address = r.Addresses[name]
 		}

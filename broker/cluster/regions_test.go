@@ -107,3 +107,33 @@ func TestAJobIsFoundInItsRegion(t *testing.T) {
 		}
 	}
 }
+
+// A drained region takes no new work: a job for it is queued, passed over
+// by the queue, saying who drained it; one running there is decided as
+// ever; once it resumes, the same job is admitted.
+func TestADrainedRegionTakesNoNewWork(t *testing.T) {
+	p := testbuild.Policy(t, visionPolicy)
+	r, _, west := twoRegions()
+	west.ObserveJob(testbuild.Job("vision", "running").Group("g", 1, 1, "nvidia/gpu").Build())
+	r.SetDrained(map[string]string{"west": "by ops at 2026-12-04T10:00:00Z"})
+	job := func(id string) admission.Job {
+		return admission.Job{ID: id, Namespace: "vision", Where: admission.Where{Region: "west"}, Groups: []admission.Group{{Name: "g", Count: 1, GPUsPerAlloc: 1}}}
+	}
+	d, res := r.Admit(p, job("new"))
+	if d.Outcome != admission.Queue || d.WaitsFor != admission.WaitLimit || res != nil ||
+		d.Reason != "region west is drained (by ops at 2026-12-04T10:00:00Z): no new work goes there; queued until it resumes (gpu-broker region resume)" {
+		t.Fatalf("a new job in drained west: %s (%s), %v", d.Outcome, d.Reason, res)
+	}
+	if d, res := r.Admit(p, job("running")); d.Outcome != admission.Admit {
+		t.Errorf("an update of a job running in drained west: %s (%s)", d.Outcome, d.Reason)
+	} else {
+		res.Release()
+	}
+	if st := r.Status(); st[1].Drained == "" || st[0].Drained != "" {
+		t.Errorf("status: %+v, want west drained alone", st)
+	}
+	r.SetDrained(nil)
+	if d, _ := r.Admit(p, job("new")); d.Outcome != admission.Admit {
+		t.Errorf("a new job in west resumed: %s (%s)", d.Outcome, d.Reason)
+	}
+}

@@ -51,9 +51,16 @@ func (h *Holds) Put(ctx context.Context, held map[string]string) error {
 // until ctx ends; a value that cannot be read counts as no hold (the next
 // pass writes it again), and an error is retried after a second.
 func (h *Holds) Follow(ctx context.Context, apply func(map[string]string)) {
+	followMap(ctx, h.kv, h.key, apply)
+}
+
+// followMap hands every change of key's JSON object of strings to apply (a
+// blocking query) until ctx ends: a value that cannot be read as one counts
+// as empty, and an error is retried after a second.
+func followMap(ctx context.Context, kv *consul.KV, key string, apply func(map[string]string)) {
 	var index uint64
 	for ctx.Err() == nil {
-		pair, meta, err := h.kv.Get(h.key, (&consul.QueryOptions{WaitIndex: index, WaitTime: 5 * time.Minute}).WithContext(ctx))
+		pair, meta, err := kv.Get(key, (&consul.QueryOptions{WaitIndex: index, WaitTime: 5 * time.Minute}).WithContext(ctx))
 		if err != nil {
 			index = 0
 			select {
@@ -62,11 +69,11 @@ func (h *Holds) Follow(ctx context.Context, apply func(map[string]string)) {
 			}
 			continue
 		}
-		held := map[string]string{}
-		if pair != nil && json.Unmarshal(pair.Value, &held) != nil {
-			held = map[string]string{}
+		m := map[string]string{}
+		if pair != nil && json.Unmarshal(pair.Value, &m) != nil {
+			m = map[string]string{}
 		}
-		apply(held)
+		apply(m)
 		if meta.LastIndex < index {
 			meta.LastIndex = 0 // Consul's index went back (a restore): start over
 		}

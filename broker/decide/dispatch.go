@@ -21,14 +21,17 @@ type Dispatching interface {
 	// it) with the usage it sees in its region (UsageFor), until f returns
 	// false.
 	EachUsage(p *policy.Policy, jobs []admission.Job, f func(i int, u admission.Usage) bool)
+	// Drained says who drained region and when ("": it takes new work).
+	Drained(region string) string
 }
 
 // dispatch chooses the one region of a job that leaves it to the broker
 // (meta nomad-gpu.region = "auto"): the region it runs in, if any (a
 // running job never moves); else, among the regions whose decision admits
 // it now, the first in the policy's order (ordered) or the one with the
-// most idle GPUs of its class (best_fit); else the first where it may wait
-// for GPUs, where it queues (each queue pass chooses again). A job no
+// most idle GPUs of its class (best_fit), a drained region never; else the
+// first where it may wait for GPUs, or for a drained region to resume,
+// where it queues (each queue pass chooses again). A job no
 // region can take is the job's error, with each region's reason. note is
 // what the answer and the audit trail say of the choice.
 func (s *Sequence) dispatch(p *policy.Policy, req *nomadjob.Request) (region, note string, err error) {
@@ -45,12 +48,20 @@ func (s *Sequence) dispatch(p *policy.Policy, req *nomadjob.Request) (region, no
 	mode := p.DispatchFor(req.Namespace, req.Job.Meta[nomadjob.MetaQueue])
 	var (
 		chosen, waits string
+		drained       string // the first drained region: one to wait in, if no other
 		most          float64
 		why           []string
 		jobs          []admission.Job
 		in            []string
 	)
 	for _, name := range names {
+		if by := r.Drained(name); by != "" {
+			why = append(why, fmt.Sprintf("%s: drained (%s)", name, by))
+			if drained == "" {
+				drained = name
+			}
+			continue
+		}
 		v, key, _ := r.In(name)
 		groups, err := nomadjob.Groups(req.Job, nomadjob.Placement{PreserveCounts: req.PreserveCounts, NodesFitting: v.NodesFitting})
 		if err != nil {
@@ -79,6 +90,9 @@ func (s *Sequence) dispatch(p *policy.Policy, req *nomadjob.Request) (region, no
 		}
 		return true
 	})
+	if waits == "" {
+		waits = drained
+	}
 	switch {
 	case chosen != "" && len(why) == 0:
 		return chosen, fmt.Sprintf("region %s (dispatch %s)", chosen, mode), nil

@@ -73,6 +73,20 @@ func TestAJobLeavingItsRegionToTheBrokerGoesToOne(t *testing.T) {
 			t.Errorf("8 GPUs, no node with more than 4: %v", err)
 		}
 	})
+	t.Run("a drained region is passed over, or waited for when no other takes the job", func(t *testing.T) {
+		seq, _ := regions()
+		seq.Cluster.(*cluster.Regions).SetDrained(map[string]string{"east": "by ops"})
+		p := testbuild.Policy(t, policySrc)
+		r, err := seq.Prepare(context.Background(), p, request(t, auto("a", 1)), &versions{})
+		if err != nil || r.Dispatched != "west" || r.Dispatch != "region west (dispatch ordered; not east: drained (by ops))" {
+			t.Errorf("east drained: dispatched to %q (%s), %v; want west", r.Dispatched, r.Dispatch, err)
+		}
+		seq.Cluster.(*cluster.Regions).SetDrained(map[string]string{"east": "by ops", "west": "by ops"})
+		r, err = seq.Prepare(context.Background(), p, request(t, auto("a", 1)), &versions{})
+		if err != nil || r.Dispatched != "east" || !strings.HasPrefix(r.Dispatch, "region east to wait in") {
+			t.Errorf("both drained: dispatched to %q (%s), %v; want to wait in east", r.Dispatched, r.Dispatch, err)
+		}
+	})
 	t.Run("only auto is read", func(t *testing.T) {
 		seq, _ := regions()
 		job := testbuild.Job("vision", "a").Meta(nomadjob.MetaRegion, "west").Group("g", 1, 1, "nvidia/gpu")

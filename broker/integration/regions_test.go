@@ -75,7 +75,7 @@ func TestRegions(t *testing.T) {
 		out := e.brokerCLI("region", "list")
 		for _, line := range strings.Split(out, "\n") {
 			if f := strings.Fields(line); len(f) > 0 && f[0] == "west" {
-				if want := []string{"west", "through", "east", "true", "1", "2", "2"}; strings.Join(f, " ") != strings.Join(want, " ") {
+				if want := []string{"west", "through", "east", "true", "1", "2", "2", "-"}; strings.Join(f, " ") != strings.Join(want, " ") {
 					return fmt.Errorf("west listed as %q, want %q\n%s", line, strings.Join(want, " "), out)
 				}
 				return nil
@@ -200,8 +200,9 @@ func TestRegions(t *testing.T) {
 				}
 			}
 		}
-		// East has 4 free GPUs, west 2: ordered takes the broker's own region.
-		if out := auto("a1", 3, "training"); !strings.Contains(out, "nomad-gpu: dispatched to region east (dispatch ordered; not west: ") {
+		// East has 4 free GPUs, west 2: ordered takes the broker's own region,
+		// the first that admits it, and looks no further.
+		if out := auto("a1", 3, "training"); !strings.Contains(out, "nomad-gpu: dispatched to region east (dispatch ordered)\n") {
 			t.Errorf("a1: want the answer to say it went to east:\n%s", out)
 		}
 		runsIn(east, "east", "a1")
@@ -236,5 +237,35 @@ func TestRegions(t *testing.T) {
 		if out, err := e.nomadCLI("job", "run", path); err == nil || !strings.Contains(out, "no region this broker governs can take it: east: ") {
 			t.Errorf("a4 (auto, 5 GPUs): want refused, no region fits: %v\n%s", err, out)
 		}
+	})
+	t.Run("a drained region takes no new work until it resumes", func(t *testing.T) {
+		for _, stop := range []struct {
+			n  *testcluster.Nomad
+			id string
+		}{{east, "a1"}, {west, "a3"}} {
+			if _, _, err := stop.n.API.Jobs().Deregister(stop.id, false, &api.WriteOptions{Namespace: "audio"}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		e.waitUsed("audio", 0)
+		if out := e.brokerCLI("region", "drain", "east"); !strings.Contains(out, "by anonymous at ") {
+			t.Fatalf("gpu-broker region drain east: want east listed as drained:\n%s", out)
+		}
+		// An auto job passes the drained region over; one for it waits.
+		path := e.spec("audio", "a5", 1, 1, "training")
+		spec, _ := os.ReadFile(path)
+		writeFile(t, path, strings.Replace(string(spec), `meta = {`, `meta = { "nomad-gpu.region" = "auto",`, 1))
+		if out, err := e.nomadCLI("job", "run", "-detach", path); err != nil || !strings.Contains(out, "dispatched to region west (dispatch ordered; not east: drained (by anonymous at ") {
+			t.Errorf("a5 (auto) with east drained: want it sent to west: %v\n%s", err, out)
+		}
+		runsIn(west, "west", "a5")
+		out, err := e.run("vision", "e5", 1, 1, "", true)
+		if err != nil || !strings.Contains(out, "nomad-gpu: queued as ") || !strings.Contains(out, "region east is drained (by anonymous at ") {
+			t.Fatalf("e5 in drained east: want queued, saying east is drained: %v\n%s", err, out)
+		}
+		if out := e.brokerCLI("region", "resume", "east"); strings.Contains(out, "by anonymous") {
+			t.Errorf("gpu-broker region resume east: want no region drained:\n%s", out)
+		}
+		runsIn(east, "east", "e5")
 	})
 }

@@ -99,6 +99,7 @@ func (s *Server) gpuRoutes() []gpuRoute {
 	setAside := func() bool { return s.setAside != nil }
 	policyStatus := func() bool { return s.policyStatus != nil }
 	regions := func() bool { return s.regions != nil }
+	drains := func() bool { return s.regions != nil && s.drains != nil }
 	return []gpuRoute{
 		{"GET", "/v1/gpu/usage", always, func(w http.ResponseWriter, r *http.Request) {
 			if r.URL.Query().Has("from") {
@@ -129,6 +130,14 @@ func (s *Server) gpuRoutes() []gpuRoute {
 		}},
 		{"GET", "/v1/gpu/regions", regions, func(w http.ResponseWriter, r *http.Request) {
 			writeJSON(w, http.StatusOK, s.regions.Status())
+		}},
+		{"POST PUT", "/v1/gpu/regions/{name}/{verb}", drains, func(w http.ResponseWriter, r *http.Request) {
+			switch verb := r.PathValue("verb"); verb {
+			case "drain", "resume":
+				s.drain(w, r, r.PathValue("name"), verb == "drain", apiCaller(r))
+			default:
+				notFound(w, r)
+			}
 		}},
 		{"GET", "/v1/gpu/audit", always, s.auditTrail},
 		{"GET", "/v1/gpu/trace", stored, s.trace},

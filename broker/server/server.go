@@ -59,6 +59,15 @@ type Regions interface {
 	RegionOf(namespace, id string, prefix bool) string
 	// Names are the regions governed, the broker's own first.
 	Names() []string
+	// SetDrained sets the regions no new work goes to, region → who and when.
+	SetDrained(drained map[string]string)
+}
+
+// Drains records which regions are drained, for every broker (consulkv.Drains).
+type Drains interface {
+	// Set drains region, by saying who and when, or resumes it (by ""),
+	// and returns the drained regions now.
+	Set(ctx context.Context, region, by string) (map[string]string, error)
 }
 
 // Queue is where jobs wait.
@@ -138,6 +147,7 @@ type Server struct {
 	stamper        nomadjob.Stamper
 	region         string
 	regions        Regions // nil: the own region alone
+	drains         Drains
 	acls           bool
 	exclusive      bool
 	token          func() string
@@ -198,6 +208,7 @@ type Options struct {
 	// Regions are the regions it governs, its own and those of broker.hcl's
 	// region blocks (nil: its own alone, and /v1/gpu/regions not served).
 	Regions Regions
+	Drains  Drains // nil: regions are not drained
 	Leader  Leader // nil: this broker takes every admission itself
 	ACLs    bool   // Nomad enforces ACLs: the broker's API then needs a valid token
 	// Exclusive enforcement: the broker writes jobs in tenant namespaces with
@@ -221,7 +232,7 @@ func New(o Options) (*Server, error) {
 		return nil, fmt.Errorf("nomad address %q: %w", o.Nomad, err)
 	}
 	s := &Server{log: o.Log, upstream: u, client: o.Client, policies: o.Policies, cluster: o.Cluster,
-		queue: o.Queue, decisions: o.Decisions, scales: o.Scales, stops: o.Stops, profiles: o.Profiles, stored: o.RightSizing, metrics: o.Metrics, rollups: o.Rollups, fairShare: o.FairShare, audit: o.Audit, approvalStore: o.Approvals, preemptions: o.Preemptions, setAside: o.SetAside, policyStatus: o.PolicyStatus, healthy: o.Unhealthy, synced: o.Synced, forecast: o.Forecast, stamper: o.Stamper, region: o.Region, regions: o.Regions, acls: o.ACLs, exclusive: o.Exclusive, token: o.Token, leader: o.Leader, clock: o.Clock, newID: o.NewID, ui: webui.Handler()}
+		queue: o.Queue, decisions: o.Decisions, scales: o.Scales, stops: o.Stops, profiles: o.Profiles, stored: o.RightSizing, metrics: o.Metrics, rollups: o.Rollups, fairShare: o.FairShare, audit: o.Audit, approvalStore: o.Approvals, preemptions: o.Preemptions, setAside: o.SetAside, policyStatus: o.PolicyStatus, healthy: o.Unhealthy, synced: o.Synced, forecast: o.Forecast, stamper: o.Stamper, region: o.Region, regions: o.Regions, drains: o.Drains, acls: o.ACLs, exclusive: o.Exclusive, token: o.Token, leader: o.Leader, clock: o.Clock, newID: o.NewID, ui: webui.Handler()}
 	if s.client == nil {
 		s.client = &http.Client{}
 	}

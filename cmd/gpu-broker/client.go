@@ -103,9 +103,15 @@ func client(args []string) int {
 		if args[0] == "region" {
 			path = "/v1/gpu/regions"
 		}
+	case "drain", "resume":
+		if args[0] != "region" || len(positional) != 1 {
+			fmt.Fprintf(os.Stderr, "usage: gpu-broker region %s REGION\n", sub)
+			return 2
+		}
+		method, path = http.MethodPut, "/v1/gpu/regions/"+url.PathEscape(positional[0])+"/"+sub
 	case "show", "cancel":
 		if args[0] == "region" {
-			fmt.Fprintf(os.Stderr, "gpu-broker region: unknown subcommand %q (region list)\n", sub)
+			fmt.Fprintf(os.Stderr, "gpu-broker region: unknown subcommand %q (region list|drain REGION|resume REGION)\n", sub)
 			return 2
 		}
 		if len(positional) != 1 {
@@ -393,7 +399,7 @@ func printRegions(body []byte, width int) int {
 	if err := json.Unmarshal(body, &rows); err != nil {
 		return fail(err)
 	}
-	t := newTable("REGION", "REACHED AT", "SYNCED", "NODES", "GPUS", "FREE")
+	t := newTable("REGION", "REACHED AT", "SYNCED", "NODES", "GPUS", "FREE", "DRAINED")
 	home := ""
 	for _, r := range rows {
 		at := r.Address
@@ -403,7 +409,11 @@ func printRegions(body []byte, width int) int {
 		case at == "":
 			at = "through " + home
 		}
-		t.row(r.Name, at, strconv.FormatBool(r.Synced), strconv.Itoa(r.Nodes), strconv.Itoa(r.GPUs), strconv.Itoa(r.Free))
+		drained := "-"
+		if r.Drained != "" {
+			drained = r.Drained
+		}
+		t.row(r.Name, at, strconv.FormatBool(r.Synced), strconv.Itoa(r.Nodes), strconv.Itoa(r.GPUs), strconv.Itoa(r.Free), drained)
 	}
 	t.print(os.Stdout, width)
 	return 0

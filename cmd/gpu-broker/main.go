@@ -30,7 +30,8 @@ Commands:
   usage -trace [-since 168h]     the GPU jobs of that time as a trace for simulate -trace (JSON lines)
   usage -from DAY [-to DAY] [-by tenant|queue|class] [-csv]
                                  GPU-hours allocated / busy / idle and cost, from DAY up to -to (UTC days)
-  region list                    the Nomad regions the broker governs: how each is reached, its nodes and GPUs
+  region list                    the Nomad regions the broker governs: how each is reached, its nodes and GPUs, whether drained
+  region drain|resume REGION     no new work goes to REGION (its running work finishes there), or it takes work again
   reclaim list                   reclaim decisions, newest first
   reclaim show ID                one reclaim decision
   reclaim cancel ID              cancel a proposed reclaim decision
