@@ -49,6 +49,17 @@ func (r *Regions) Drained(region string) string {
 	return r.drained[region]
 }
 
+// Hold is the decision d on j as a drained region makes it (drainedFor):
+// what a preview shows, as the registration would be decided.
+func (r *Regions) Hold(j admission.Job, d admission.Decision) admission.Decision {
+	v, _, ok := r.In(j.Where.Region)
+	if !ok {
+		return d
+	}
+	d, _ = r.drainedFor(j, v, d)
+	return d
+}
+
 // drainedFor is the decision d becomes on j in a drained region: queued,
 // passed over by the queue, until the region resumes. A job already
 // running there is decided as ever: its work finishes there.

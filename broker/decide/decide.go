@@ -99,6 +99,13 @@ func (e Enricher) Decide(p *policy.Policy, j admission.Job, u admission.Usage) a
 	return admission.Decide(p, e.Enrich(p, j), u)
 }
 
+// holding is a cluster that holds back some admissions whatever the usage
+// (cluster.Regions: a drained region's new work), so that a preview says
+// what the registration would be told.
+type holding interface {
+	Hold(j admission.Job, d admission.Decision) admission.Decision
+}
+
 // Mode says whether a decision holds the GPUs it admits.
 type Mode int
 
@@ -121,7 +128,11 @@ type Sequence struct {
 // the reservation returned (nil otherwise: Release and Confirm are no-ops).
 func (s *Sequence) Decide(p *policy.Policy, j admission.Job, mode Mode) (admission.Decision, *cluster.Reservation) {
 	if mode == Preview {
-		return s.Enricher.Decide(p, j, s.Cluster.UsageFor(p, j)), nil
+		d := s.Enricher.Decide(p, j, s.Cluster.UsageFor(p, j))
+		if h, ok := s.Cluster.(holding); ok {
+			d = h.Hold(j, d)
+		}
+		return d, nil
 	}
 	return s.Cluster.Admit(p, s.Enrich(p, j))
 }
