@@ -120,25 +120,11 @@ func (s *Server) gpuRoutes() []gpuRoute {
 				writeJSON(w, http.StatusOK, a)
 			}
 		}},
-		{"POST PUT", "/v1/gpu/approvals/{id}/{verb}", approvals, func(w http.ResponseWriter, r *http.Request) {
-			switch verb := r.PathValue("verb"); verb {
-			case "grant", "deny":
-				s.decideApproval(w, r, r.PathValue("id"), verb == "grant", apiCaller(r))
-			default:
-				notFound(w, r)
-			}
-		}},
+		{"POST PUT", "/v1/gpu/approvals/{id}/{verb}", approvals, oneOf("grant", "deny", "id", s.decideApproval)},
 		{"GET", "/v1/gpu/regions", regions, func(w http.ResponseWriter, r *http.Request) {
 			writeJSON(w, http.StatusOK, s.regions.Status())
 		}},
-		{"POST PUT", "/v1/gpu/regions/{name}/{verb}", drains, func(w http.ResponseWriter, r *http.Request) {
-			switch verb := r.PathValue("verb"); verb {
-			case "drain", "resume":
-				s.drain(w, r, r.PathValue("name"), verb == "drain", apiCaller(r))
-			default:
-				notFound(w, r)
-			}
-		}},
+		{"POST PUT", "/v1/gpu/regions/{name}/{verb}", drains, oneOf("drain", "resume", "name", s.drain)},
 		{"GET", "/v1/gpu/audit", always, s.auditTrail},
 		{"GET", "/v1/gpu/trace", stored, s.trace},
 		{"GET", "/v1/gpu/rightsizing", stored, s.rightSizing},
@@ -148,6 +134,19 @@ func (s *Server) gpuRoutes() []gpuRoute {
 		{"GET DELETE", "/v1/gpu/reclaim/{id}", decisions, func(w http.ResponseWriter, r *http.Request) {
 			s.reclaimDecision(w, r, r.PathValue("id"), apiCaller(r))
 		}},
+	}
+}
+
+// oneOf serves a path ending in /{verb}, verb one or other: f gets the path's
+// key, whether the verb was one, and the caller; another verb is 404.
+func oneOf(one, other, key string, f func(w http.ResponseWriter, r *http.Request, id string, isOne bool, who string)) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		switch verb := r.PathValue("verb"); verb {
+		case one, other:
+			f(w, r, r.PathValue(key), verb == one, apiCaller(r))
+		default:
+			notFound(w, r)
+		}
 	}
 }
 
