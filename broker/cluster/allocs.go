@@ -232,6 +232,7 @@ func (v *View) EndedAllocs() []Alloc {
 type hold struct {
 	key     jobKey
 	byModel map[string]int
+	created uint64 // the allocation's CreateIndex
 }
 
 // hold records what a holds while holding (its client runs it, or is about
@@ -251,7 +252,7 @@ func (v *View) hold(a *api.Allocation, holding bool) bool {
 		delete(v.holds, a.ID)
 	}
 	if holding && a.AllocatedResources != nil {
-		h := hold{key: key, byModel: map[string]int{}}
+		h := hold{key: key, byModel: map[string]int{}, created: a.CreateIndex}
 		for _, t := range a.AllocatedResources.Tasks {
 			for _, d := range t.Devices {
 				if d != nil && nomadjob.IsGPUGroup(d.Vendor, d.Type) {

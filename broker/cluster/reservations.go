@@ -1,6 +1,8 @@
 package cluster
 
 import (
+	"maps"
+	"slices"
 	"time"
 
 	"github.com/nomad-gpu/nomad-gpu/broker/admission"
@@ -150,8 +152,27 @@ func (r *Reservation) Release() {
 	r.v.notify()
 }
 
+// heldSince is the GPUs the live allocations of key created after index
+// hold, no more than its excess. It walks every allocation held: it is
+// asked only while a job's allocations exceed its recorded demand.
+func (v *View) heldSince(key jobKey, index uint64) int {
+	n, excess := 0, 0
+	for _, e := range v.excess[key] {
+		excess += e
+	}
+	for _, h := range v.holds {
+		if h.key == key && h.created > index {
+			for _, g := range h.byModel {
+				n += g
+			}
+		}
+	}
+	return min(n, excess)
+}
+
 // reservationExtra drops expired reservations and returns, per namespace, the
-// GPUs by model that live ones add beyond their job's recorded demand.
+// GPUs by model that live ones add beyond what their job's recorded demand
+// and its allocations count.
 func (v *View) reservationExtra(except jobKey) (extra, extraBorrowed map[string]map[string]int) {
 	extra, extraBorrowed = map[string]map[string]int{}, map[string]map[string]int{}
 	now := v.clock.Now()
@@ -163,9 +184,20 @@ func (v *View) reservationExtra(except jobKey) (extra, extraBorrowed map[string]
 		if key == except {
 			continue
 		}
-		rec := v.jobs[key].demand
-		for model, n := range r.demand {
-			if d := n - rec[model]; d > 0 {
+		// The allocations Nomad placed for the registration it took (created
+		// after its JobModifyIndex) count as excess while the job's own
+		// event has not come: those GPUs are the reservation's, not more.
+		// Their device names may differ from the model asked for ("" for
+		// any), so they are taken in all.
+		rec, counted := v.jobs[key].demand, 0
+		if len(v.excess[key]) > 0 && r.index > 0 {
+			counted = v.heldSince(key, r.index)
+		}
+		for _, model := range slices.Sorted(maps.Keys(r.demand)) {
+			d := r.demand[model] - rec[model]
+			take := min(max(d, 0), counted)
+			d, counted = d-take, counted-take
+			if d > 0 {
 				if extra[key.namespace] == nil {
 					extra[key.namespace], extraBorrowed[key.namespace] = map[string]int{}, map[string]int{}
 				}

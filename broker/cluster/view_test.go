@@ -115,6 +115,37 @@ func TestStaleJobEventsAreIgnored(t *testing.T) {
 	}
 }
 
+// An allocation seen before its job's event (the view then counts all it
+// holds) and the job's reservation are the same GPUs: counted once. Under
+// load the gate queued a tenant's second 1-GPU job "at 3 of its limit of 2".
+func TestAReservationAndItsJobsFirstAllocationAreCountedOnce(t *testing.T) {
+	p := testbuild.Policy(t, visionPolicy)
+	v := NewView(nil)
+	v.ObserveNode(testbuild.Node("n1", testbuild.H100, 8, 0))
+	job := admission.Job{ID: "a", Namespace: "vision", Groups: []admission.Group{{Name: "g", Count: 1, GPUsPerAlloc: 1}}}
+	d, res := v.Admit(p, job)
+	if d.Outcome != admission.Admit {
+		t.Fatalf("first: %+v", d)
+	}
+	res.Confirm(30)
+	v.ObserveAlloc(testbuild.Alloc("a0", "vision", "a", "n1", 31, "n1-0").Build())
+	if got := v.Usage(p).Tenants["vision"].Used.Total(); got != 1 {
+		t.Fatalf("reserved and its allocation seen before its job: %g used, want 1", got)
+	}
+	v.ObserveJob(testbuild.Job("vision", "a").Group("g", 1, 1, "gpu").ModifyIndex(30).Build())
+	if got := v.Usage(p).Tenants["vision"].Used.Total(); got != 1 {
+		t.Fatalf("then the job's event: %g used, want 1", got)
+	}
+	// An allocation of the job's stopped version, still stopping, is not the
+	// new registration's: both count.
+	v.ObserveJob(testbuild.Job("vision", "a").Group("g", 1, 1, "gpu").ModifyIndex(40).Stopped().Build())
+	_, res = v.Admit(p, job)
+	res.Confirm(50)
+	if got := v.Usage(p).Tenants["vision"].Used.Total(); got != 2 {
+		t.Fatalf("registered again while the stopped version's allocation runs: %g used, want 2", got)
+	}
+}
+
 func TestReservationsCountUntilTheJobsEventShowsThem(t *testing.T) {
 	p := testbuild.Policy(t, visionPolicy)
 	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
