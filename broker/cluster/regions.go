@@ -49,32 +49,48 @@ func (r *Regions) Drained(region string) string {
 	return r.drained[region]
 }
 
-// Hold is the decision d on j as a drained region makes it (drainedFor):
-// what a preview shows, as the registration would be decided.
-func (r *Regions) Hold(j admission.Job, d admission.Decision) admission.Decision {
+// Hold is the decision d on j as its region holds it back (heldBack): what a
+// preview shows, as the registration would be decided.
+func (r *Regions) Hold(p *policy.Policy, j admission.Job, d admission.Decision) admission.Decision {
 	v, _, ok := r.In(j.Where.Region)
 	if !ok {
 		return d
 	}
-	d, _ = r.drainedFor(j, v, d)
+	d, _ = r.heldBack(p, j, v, d)
 	return d
 }
 
-// drainedFor is the decision d becomes on j in a drained region: queued,
-// passed over by the queue, until the region resumes. A job already
-// running there is decided as ever: its work finishes there.
-func (r *Regions) drainedFor(j admission.Job, v *View, d admission.Decision) (admission.Decision, bool) {
+// heldBack is the decision d becomes on j in its region (v) when the region
+// holds it back, queued and passed over by the queue: a drained region
+// takes no new work until it resumes (a job already running there is
+// decided as ever: its work finishes there), and a tenant's region block
+// caps what it holds there.
+func (r *Regions) heldBack(p *policy.Policy, j admission.Job, v *View, d admission.Decision) (admission.Decision, bool) {
+	if d.Outcome != admission.Admit && d.Outcome != admission.AdmitBorrowed {
+		return d, false
+	}
 	name := j.Where.Region
 	if name == "" {
 		name = r.homeName
 	}
-	by := r.Drained(name)
-	if by == "" || (d.Outcome != admission.Admit && d.Outcome != admission.AdmitBorrowed) || v.Running(j.Namespace, j.ID) {
+	if by := r.Drained(name); by != "" && !v.Running(j.Namespace, j.ID) {
+		d.Priority, d.Placed = 0, nil
+		return admission.Queued(d, admission.WaitLimit, fmt.Sprintf("region %s is drained (%s): no new work goes there", name, by),
+			"queued until it resumes (gpu-broker region resume)"), true
+	}
+	t := p.TenantOf(j.Namespace)
+	if t == nil {
 		return d, false
 	}
-	d.Priority, d.Placed = 0, nil
-	return admission.Queued(d, admission.WaitLimit, fmt.Sprintf("region %s is drained (%s): no new work goes there", name, by),
-		"queued until it resumes (gpu-broker region resume)"), true
+	if limit, ok := t.RegionLimits[name]; ok {
+		held := v.UsageWithout(p, j.Namespace, j.ID).Tenants[t.Name].Used.Total()
+		if held+d.Demand.Total() > limit+1e-9 {
+			d.Priority, d.Placed = 0, nil
+			return admission.Queued(d, admission.WaitLimit, fmt.Sprintf("tenant %q would hold %g of its limit of %g GPUs in region %s",
+				t.Name, held+d.Demand.Total(), limit, name), "queued until its own jobs there free GPUs"), true
+		}
+	}
+	return d, false
 }
 
 // NewRegions is the view over home (the broker's own region, named
@@ -210,7 +226,7 @@ func (r *Regions) Admit(p *policy.Policy, j admission.Job) (admission.Decision, 
 		d, res = v.admit(p, j, r.elsewhere(p, j, v))
 		r.mu.Unlock()
 	}
-	if d, held := r.drainedFor(j, v, d); held {
+	if d, held := r.heldBack(p, j, v, d); held {
 		res.Release()
 		return d, nil
 	}

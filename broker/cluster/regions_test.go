@@ -124,7 +124,7 @@ func TestADrainedRegionTakesNoNewWork(t *testing.T) {
 		d.Reason != "region west is drained (by ops at 2026-12-04T10:00:00Z): no new work goes there; queued until it resumes (gpu-broker region resume)" {
 		t.Fatalf("a new job in drained west: %s (%s), %v", d.Outcome, d.Reason, res)
 	}
-	if d := r.Hold(job("new"), admission.Decision{Outcome: admission.Admit}); d.Outcome != admission.Queue {
+	if d := r.Hold(p, job("new"), admission.Decision{Outcome: admission.Admit}); d.Outcome != admission.Queue {
 		t.Errorf("a preview of a new job in drained west: %s, want queue", d.Outcome)
 	}
 	if d, res := r.Admit(p, job("running")); d.Outcome != admission.Admit {
@@ -138,5 +138,40 @@ func TestADrainedRegionTakesNoNewWork(t *testing.T) {
 	r.SetDrained(nil)
 	if d, _ := r.Admit(p, job("new")); d.Outcome != admission.Admit {
 		t.Errorf("a new job in west resumed: %s (%s)", d.Outcome, d.Reason)
+	}
+}
+
+// A tenant's region block caps what it holds in that region, whatever its
+// limit over all regions: beyond it a job there is queued, saying so.
+func TestARegionCapHoldsATenantsWorkThere(t *testing.T) {
+	p := testbuild.Policy(t, `
+queue "training" { priority = 60 }
+tenant "vision" {
+  namespaces = ["vision"]
+  queues     = ["training"]
+  guaranteed = 4
+  limit      = 8
+  region "west" {
+    limit = 2
+  }
+}
+`)
+	r, _, _ := twoRegions()
+	job := func(id, region string, gpus int) admission.Job {
+		return admission.Job{ID: id, Namespace: "vision", Where: admission.Where{Region: region}, Groups: []admission.Group{{Name: "g", Count: 1, GPUsPerAlloc: gpus}}}
+	}
+	d, res := r.Admit(p, job("w1", "west", 2))
+	if d.Outcome != admission.Admit {
+		t.Fatalf("2 GPUs in west, capped at 2: %s (%s)", d.Outcome, d.Reason)
+	}
+	defer res.Release()
+	if d, _ := r.Admit(p, job("w2", "west", 1)); d.Outcome != admission.Queue ||
+		d.Reason != `tenant "vision" would hold 3 of its limit of 2 GPUs in region west; queued until its own jobs there free GPUs` {
+		t.Errorf("a third GPU in west: %s (%s)", d.Outcome, d.Reason)
+	}
+	if d, res := r.Admit(p, job("e1", "", 2)); d.Outcome != admission.Admit {
+		t.Errorf("2 GPUs in east, no cap there: %s (%s)", d.Outcome, d.Reason)
+	} else {
+		res.Release()
 	}
 }

@@ -99,11 +99,11 @@ func (e Enricher) Decide(p *policy.Policy, j admission.Job, u admission.Usage) a
 	return admission.Decide(p, e.Enrich(p, j), u)
 }
 
-// holding is a cluster that holds back some admissions whatever the usage
-// (cluster.Regions: a drained region's new work), so that a preview says
-// what the registration would be told.
+// holding is a cluster that holds back some admissions (cluster.Regions: a
+// drained region's new work, a tenant over its cap in a region), so that a
+// preview says what the registration would be told.
 type holding interface {
-	Hold(j admission.Job, d admission.Decision) admission.Decision
+	Hold(p *policy.Policy, j admission.Job, d admission.Decision) admission.Decision
 }
 
 // Mode says whether a decision holds the GPUs it admits.
@@ -130,7 +130,7 @@ func (s *Sequence) Decide(p *policy.Policy, j admission.Job, mode Mode) (admissi
 	if mode == Preview {
 		d := s.Enricher.Decide(p, j, s.Cluster.UsageFor(p, j))
 		if h, ok := s.Cluster.(holding); ok {
-			d = h.Hold(j, d)
+			d = h.Hold(p, j, d)
 		}
 		return d, nil
 	}

@@ -23,6 +23,7 @@ type Dispatching interface {
 	EachUsage(p *policy.Policy, jobs []admission.Job, f func(i int, u admission.Usage) bool)
 	// Drained says who drained region and when ("": it takes new work).
 	Drained(region string) string
+	holding
 }
 
 // dispatch chooses the one region of a job that leaves it to the broker
@@ -74,7 +75,7 @@ func (s *Sequence) dispatch(p *policy.Policy, req *nomadjob.Request) (region, no
 	}
 	r.EachUsage(p, jobs, func(i int, u admission.Usage) bool {
 		name := in[i]
-		switch d := s.Enricher.Decide(p, jobs[i], u); d.Outcome {
+		switch d := r.Hold(p, jobs[i], s.Enricher.Decide(p, jobs[i], u)); d.Outcome {
 		case admission.Admit, admission.AdmitBorrowed:
 			if idle := idleFor(u, d.Demand); chosen == "" || idle > most {
 				chosen, most = name, idle

@@ -87,6 +87,14 @@ func TestAJobLeavingItsRegionToTheBrokerGoesToOne(t *testing.T) {
 			t.Errorf("both drained: dispatched to %q (%s), %v; want to wait in east", r.Dispatched, r.Dispatch, err)
 		}
 	})
+	t.Run("a region where the tenant is at its cap there is passed over", func(t *testing.T) {
+		seq, _ := regions()
+		capped := strings.Replace(policySrc, "  limit      = 4\n}", "  limit      = 4\n  region \"east\" {\n    limit = 0\n  }\n}", 1)
+		r, err := seq.Prepare(context.Background(), testbuild.Policy(t, capped), request(t, auto("a", 1)), &versions{})
+		if err != nil || r.Dispatched != "west" || !strings.Contains(r.Dispatch, `not east: tenant "vision" would hold 1 of its limit of 0 GPUs in region east`) {
+			t.Errorf("vision capped at 0 in east: dispatched to %q (%s), %v; want west", r.Dispatched, r.Dispatch, err)
+		}
+	})
 	t.Run("only auto is read", func(t *testing.T) {
 		seq, _ := regions()
 		job := testbuild.Job("vision", "a").Meta(nomadjob.MetaRegion, "west").Group("g", 1, 1, "nvidia/gpu")

@@ -149,8 +149,12 @@ type Tenant struct {
 	// the broker write jobs in the tenant's namespaces (enforcement "exclusive").
 	Submitters []Submitter
 	// Approvals bound what one approval may grant the tenant's jobs.
-	Approvals ApprovalBounds
-	Pos       Pos // where it is defined
+	// RegionLimits cap the GPUs it holds in one region, by region name as
+	// Nomad names it (a region block inside the tenant); its limit is over
+	// all regions.
+	RegionLimits map[string]float64
+	Approvals    ApprovalBounds
+	Pos          Pos // where it is defined
 }
 
 // ApprovalBounds bound one approval (a tenant's approvals block).

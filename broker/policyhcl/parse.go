@@ -47,15 +47,22 @@ type queueBody struct {
 }
 
 type tenantBody struct {
-	Namespaces []string       `hcl:"namespaces"`
-	Queues     []string       `hcl:"queues"`
-	Guaranteed hcl.Expression `hcl:"guaranteed,optional"`
-	Limit      hcl.Expression `hcl:"limit,optional"`
-	MaxQueued  *int           `hcl:"max_queued,optional"`
-	MaxRequest *int           `hcl:"max_queued_request_bytes,optional"`
-	Submitters hcl.Expression `hcl:"submitters,optional"`
-	Budget     *budgetBody    `hcl:"budget,block"`
-	Approvals  *approvalsBody `hcl:"approvals,block"`
+	Namespaces []string        `hcl:"namespaces"`
+	Queues     []string        `hcl:"queues"`
+	Guaranteed hcl.Expression  `hcl:"guaranteed,optional"`
+	Limit      hcl.Expression  `hcl:"limit,optional"`
+	MaxQueued  *int            `hcl:"max_queued,optional"`
+	MaxRequest *int            `hcl:"max_queued_request_bytes,optional"`
+	Submitters hcl.Expression  `hcl:"submitters,optional"`
+	Budget     *budgetBody     `hcl:"budget,block"`
+	Approvals  *approvalsBody  `hcl:"approvals,block"`
+	Regions    []regionCapBody `hcl:"region,block"`
+}
+
+type regionCapBody struct {
+	Name  string    `hcl:"name,label"`
+	Limit float64   `hcl:"limit"`
+	Range hcl.Range `hcl:",def_range"`
 }
 
 type approvalsBody struct {
@@ -481,6 +488,7 @@ func (p *parser) addTenant(b *hcl.Block, tb tenantBody) hcl.Diagnostics {
 		t.Guaranteed = policy.Quota{}
 	}
 	diags = append(diags, approvalBounds(t, tb.Approvals)...)
+	diags = append(diags, regionCaps(t, tb.Regions)...)
 	if bb := tb.Budget; bb != nil {
 		switch {
 		case bb.GPUHours <= 0:
@@ -491,6 +499,29 @@ func (p *parser) addTenant(b *hcl.Block, tb tenantBody) hcl.Diagnostics {
 				fmt.Sprintf("tenant %q: budget period %q is none of \"day\", \"week\", \"month\"", t.Name, bb.Period)))
 		default:
 			t.Budget = &policy.Budget{GPUHours: bb.GPUHours, Period: bb.Period}
+		}
+	}
+	return diags
+}
+
+// regionCaps sets t's per-region limits from its region blocks: each a
+// number of GPUs from 0 to its limit, each region once.
+func regionCaps(t *policy.Tenant, blocks []regionCapBody) hcl.Diagnostics {
+	var diags hcl.Diagnostics
+	for _, rb := range blocks {
+		switch _, dup := t.RegionLimits[rb.Name]; {
+		case strings.TrimSpace(rb.Name) == "":
+			diags = append(diags, errorAt(rb.Range, "Empty name", fmt.Sprintf("tenant %q: a region block needs the region's name", t.Name)))
+		case dup:
+			diags = append(diags, errorAt(rb.Range, "Duplicate region", fmt.Sprintf("tenant %q: region %q is given twice", t.Name, rb.Name)))
+		case rb.Limit < 0 || rb.Limit > t.Limit.Total():
+			diags = append(diags, errorAt(rb.Range, "Invalid region limit",
+				fmt.Sprintf("tenant %q: region %q limit = %g must be from 0 to the tenant's limit, %g", t.Name, rb.Name, rb.Limit, t.Limit.Total())))
+		default:
+			if t.RegionLimits == nil {
+				t.RegionLimits = map[string]float64{}
+			}
+			t.RegionLimits[rb.Name] = rb.Limit
 		}
 	}
 	return diags
