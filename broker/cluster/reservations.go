@@ -191,7 +191,15 @@ func (v *View) reservationExtra(except jobKey) (extra, extraBorrowed map[string]
 		// any), so they are taken in all.
 		rec, counted := v.jobs[key].demand, 0
 		if len(v.excess[key]) > 0 && r.index > 0 {
+			// Only what they hold beyond the job's recorded demand: within
+			// it they are that version's, and what the reservation adds
+			// beyond it (the stable version a deployment may revert to)
+			// still counts.
 			counted = v.heldSince(key, r.index)
+			for _, n := range rec {
+				counted -= n
+			}
+			counted = max(counted, 0)
 		}
 		for _, model := range slices.Sorted(maps.Keys(r.demand)) {
 			d := r.demand[model] - rec[model]
