@@ -128,18 +128,41 @@ func (r *Regions) Views() map[string]*View {
 // elsewhere is what j's tenant holds in the regions other than in's (the
 // decision on j reads its own tenant's usage alone).
 func (r *Regions) elsewhere(p *policy.Policy, j admission.Job, in *View) map[string]admission.TenantUsage {
-	t := p.TenantOf(j.Namespace)
+	return r.tenantHeld(p, j.Namespace).othersThan(in)
+}
+
+// held is what one tenant holds in each region's view.
+type held struct {
+	tenant string
+	byView map[*View]admission.TenantUsage
+}
+
+// tenantHeld is what namespace's tenant holds in each region (nothing for a
+// namespace of no tenant). Another region's job of the same name is another
+// job: nothing is left out.
+func (r *Regions) tenantHeld(p *policy.Policy, namespace string) held {
+	t := p.TenantOf(namespace)
 	if t == nil {
+		return held{}
+	}
+	h := held{tenant: t.Name, byView: map[*View]admission.TenantUsage{}}
+	for _, v := range r.Views() {
+		h.byView[v] = v.UsageWithout(p, namespace, "").Tenants[t.Name]
+	}
+	return h
+}
+
+// othersThan is what the tenant holds in the views other than in, by its
+// name (nil when it is no tenant's).
+func (h held) othersThan(in *View) map[string]admission.TenantUsage {
+	if h.byView == nil {
 		return nil
 	}
 	out := map[string]admission.TenantUsage{}
-	for _, v := range r.Views() {
-		if v == in {
-			continue
+	for v, tu := range h.byView {
+		if v != in {
+			addTenants(admission.Usage{Tenants: out}, map[string]admission.TenantUsage{h.tenant: tu})
 		}
-		// Another region's job of the same name is another job: only
-		// this region's own is left out.
-		addTenants(admission.Usage{Tenants: out}, map[string]admission.TenantUsage{t.Name: v.UsageWithout(p, j.Namespace, "").Tenants[t.Name]})
 	}
 	return out
 }
@@ -178,30 +201,17 @@ func (r *Regions) UsageFor(p *policy.Policy, j admission.Job) admission.Usage {
 // EachUsage hands each of jobs (one job as each region would decide on it,
 // dispatch) to f with the usage it sees in its region (UsageFor), in order,
 // until f returns false: what its tenant holds in each region is read once,
-// not once per job, and only its tenant's is added across regions.
+// not once per job.
 func (r *Regions) EachUsage(p *policy.Policy, jobs []admission.Job, f func(i int, u admission.Usage) bool) {
 	if len(jobs) == 0 {
 		return
 	}
-	tenant := p.TenantOf(jobs[0].Namespace)
-	views := r.Views()
-	held := make(map[*View]map[string]admission.TenantUsage, len(views))
-	for _, v := range views {
-		if tenant != nil {
-			tu := v.UsageWithout(p, jobs[0].Namespace, "").Tenants[tenant.Name]
-			held[v] = map[string]admission.TenantUsage{tenant.Name: tu}
-		}
-	}
+	h := r.tenantHeld(p, jobs[0].Namespace)
 	for i, j := range jobs {
-		v, _, ok := r.In(j.Where.Region)
 		u := admission.Usage{Tenants: map[string]admission.TenantUsage{}}
-		if ok {
+		if v, _, ok := r.In(j.Where.Region); ok {
 			u = v.UsageFor(p, j)
-			for other, tenants := range held {
-				if other != v {
-					addTenants(u, tenants)
-				}
-			}
+			addTenants(u, h.othersThan(v))
 		}
 		if !f(i, u) {
 			return

@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/nomad-gpu/nomad-gpu/broker/admission"
@@ -144,18 +145,8 @@ func TestADrainedRegionTakesNoNewWork(t *testing.T) {
 // A tenant's region block caps what it holds in that region, whatever its
 // limit over all regions: beyond it a job there is queued, saying so.
 func TestARegionCapHoldsATenantsWorkThere(t *testing.T) {
-	p := testbuild.Policy(t, `
-queue "training" { priority = 60 }
-tenant "vision" {
-  namespaces = ["vision"]
-  queues     = ["training"]
-  guaranteed = 4
-  limit      = 8
-  region "west" {
-    limit = 2
-  }
-}
-`)
+	// vision: guaranteed 4, limit 8, and at most 2 GPUs in west.
+	p := testbuild.Policy(t, strings.Replace(visionPolicy, "  limit = 8\n}", "  limit = 8\n  region \"west\" {\n    limit = 2\n  }\n}", 1))
 	r, _, _ := twoRegions()
 	job := func(id, region string, gpus int) admission.Job {
 		return admission.Job{ID: id, Namespace: "vision", Where: admission.Where{Region: region}, Groups: []admission.Group{{Name: "g", Count: 1, GPUsPerAlloc: gpus}}}
