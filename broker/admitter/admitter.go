@@ -457,6 +457,7 @@ func (a *Admitter) consider(ctx context.Context, r *registrations, p *policy.Pol
 		a.park(ctx, e, err)
 		return nil
 	}
+	req.QueuedAt = e.SubmittedAt
 	prepared, err := seq.Prepare(ctx, p, req, a.Nomad) // the nodes fitting now, not when it was queued
 	if decide.IsJobError(err) {
 		a.park(ctx, e, err)

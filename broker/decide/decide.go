@@ -178,6 +178,7 @@ func (s *Sequence) Prepare(ctx context.Context, p *policy.Policy, req *nomadjob.
 	if err != nil {
 		return nil, &JobError{err}
 	}
+	auto = auto || req.Region == "" && p.AutoRegionFor(req.Namespace, req.Job.Meta[nomadjob.MetaQueue])
 	var dispatched string
 	if auto {
 		if req.Region, dispatched, err = s.dispatch(p, req); err != nil {

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/nomad-gpu/nomad-gpu/broker/admission"
 	"github.com/nomad-gpu/nomad-gpu/broker/nomadjob"
@@ -27,10 +28,12 @@ type Dispatching interface {
 }
 
 // dispatch chooses the one region of a job that leaves it to the broker
-// (meta nomad-gpu.region = "auto"): the region it runs in, if any (a
-// running job never moves); else, among the regions whose decision admits
-// it now, the first in the policy's order (ordered) or the one with the
-// most idle GPUs of its class (best_fit), a drained region never; else the
+// (meta nomad-gpu.region = "auto", or its queue's region = "auto"): the
+// region it runs in, if any (a running job never moves); else, among the
+// regions whose decision admits it now, the first in the policy's order
+// (ordered; a region only once the job has waited spill_after for each
+// region before it that could take it) or the one with the most idle GPUs
+// of its class (best_fit), a drained region never; else the
 // first where it may wait for GPUs, or for a drained region to resume,
 // where it queues (each queue pass chooses again). A job no
 // region can take is the job's error, with each region's reason. note is
@@ -46,7 +49,12 @@ func (s *Sequence) dispatch(p *policy.Policy, req *nomadjob.Request) (region, no
 			return name, fmt.Sprintf("region %s, where the job runs", name), nil
 		}
 	}
-	mode := p.DispatchFor(req.Namespace, req.Job.Meta[nomadjob.MetaQueue])
+	how := p.DispatchFor(req.Namespace, req.Job.Meta[nomadjob.MetaQueue])
+	mode := how.Mode
+	var waited time.Duration
+	if !req.QueuedAt.IsZero() {
+		waited = s.Clock.Now().Sub(req.QueuedAt)
+	}
 	var (
 		chosen, waits string
 		drained       string // the first drained region: one to wait in, if no other
@@ -54,6 +62,7 @@ func (s *Sequence) dispatch(p *policy.Policy, req *nomadjob.Request) (region, no
 		why           []string
 		jobs          []admission.Job
 		in            []string
+		before        time.Duration // ordered: spill_after for each region before this one that could take it
 	)
 	for _, name := range names {
 		if by := r.Drained(name); by != "" {
@@ -75,8 +84,17 @@ func (s *Sequence) dispatch(p *policy.Policy, req *nomadjob.Request) (region, no
 	}
 	r.EachUsage(p, jobs, func(i int, u admission.Usage) bool {
 		name := in[i]
-		switch d := r.Hold(p, jobs[i], s.Enricher.Decide(p, jobs[i], u)); d.Outcome {
+		d := r.Hold(p, jobs[i], s.Enricher.Decide(p, jobs[i], u))
+		need := before
+		if d.Outcome != admission.Reject {
+			before += how.SpillAfter
+		}
+		switch d.Outcome {
 		case admission.Admit, admission.AdmitBorrowed:
+			if mode == policy.DispatchOrdered && waited < need {
+				why = append(why, fmt.Sprintf("%s: admits it once it has waited %s for the regions before it (spill_after %s)", name, need, how.SpillAfter))
+				return true
+			}
 			if idle := idleFor(u, d.Demand); chosen == "" || idle > most {
 				chosen, most = name, idle
 			}

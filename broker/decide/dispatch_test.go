@@ -95,6 +95,40 @@ func TestAJobLeavingItsRegionToTheBrokerGoesToOne(t *testing.T) {
 			t.Errorf("vision capped at 0 in east: dispatched to %q (%s), %v; want west", r.Dispatched, r.Dispatch, err)
 		}
 	})
+	t.Run("ordered spills to the next region only once the job has waited spill_after", func(t *testing.T) {
+		seq, _ := regions()
+		capped := strings.Replace(policySrc, "  limit      = 4\n}", "  limit      = 4\n  region \"east\" {\n    limit = 0\n  }\n}", 1) + `spill_after = "30m"`
+		p := testbuild.Policy(t, capped)
+		req := request(t, auto("a", 1))
+		r, err := seq.Prepare(context.Background(), p, req, &versions{})
+		if err != nil || r.Dispatched != "east" || !strings.HasPrefix(r.Dispatch, "region east to wait in") ||
+			!strings.Contains(r.Dispatch, "west: admits it once it has waited 30m0s for the regions before it (spill_after 30m0s)") {
+			t.Errorf("at the gate: dispatched to %q (%s), %v; want to wait in east, west's spill told", r.Dispatched, r.Dispatch, err)
+		}
+		for _, c := range []struct {
+			waited time.Duration
+			want   string
+		}{{29 * time.Minute, "east"}, {30 * time.Minute, "west"}} {
+			req := request(t, auto("a", 1))
+			req.QueuedAt = seq.Clock.Now().Add(-c.waited)
+			if r, err := seq.Prepare(context.Background(), p, req, &versions{}); err != nil || r.Dispatched != c.want {
+				t.Errorf("queued %s ago: dispatched to %q (%s), %v; want %s", c.waited, r.Dispatched, r.Dispatch, err, c.want)
+			}
+		}
+	})
+	t.Run("a queue's region = auto makes its jobs that name no region auto", func(t *testing.T) {
+		seq, _ := regions()
+		p := testbuild.Policy(t, strings.Replace(policySrc, `workload = "training"`, `workload = "training"`+"\n  region = \"auto\"", 1)+`dispatch = "best_fit"`)
+		job := testbuild.Job("vision", "a").Group("g", 1, 1, "nvidia/gpu")
+		if r, err := seq.Prepare(context.Background(), p, request(t, job), &versions{}); err != nil || r.Dispatched != "west" {
+			t.Errorf("no region named: dispatched to %q (%s), %v; want west (best_fit)", r.Dispatched, r.Dispatch, err)
+		}
+		req := request(t, job)
+		req.Region = "east"
+		if r, err := seq.Prepare(context.Background(), p, req, &versions{}); err != nil || r.Dispatched != "" {
+			t.Errorf("east named: dispatched to %q (%s), %v; want east, not dispatched", r.Dispatched, r.Dispatch, err)
+		}
+	})
 	t.Run("only auto is read", func(t *testing.T) {
 		seq, _ := regions()
 		job := testbuild.Job("vision", "a").Meta(nomadjob.MetaRegion, "west").Group("g", 1, 1, "nvidia/gpu")

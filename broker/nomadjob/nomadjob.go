@@ -33,7 +33,7 @@ const (
 )
 
 // RegionAuto is MetaRegion's one value.
-const RegionAuto = "auto"
+const RegionAuto = policy.RegionAuto
 
 // DefaultNamespace is Nomad's namespace when a job names none.
 const DefaultNamespace = "default"

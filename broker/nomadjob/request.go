@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/url"
 	"strings"
+	"time"
 
 	"github.com/hashicorp/nomad/api"
 
@@ -31,7 +32,10 @@ type Request struct {
 	Region    string // the region asked for; "" when none (the agent's own)
 	// Dispatched is the region the broker chose for a job that leaves it
 	// to the broker (AutoRegion), as Nomad names it; Pin writes it.
-	Dispatched     string
+	Dispatched string
+	// QueuedAt is when the job began to wait in the broker's queue (zero:
+	// it does not wait), which an ordered dispatch's spill_after counts from.
+	QueuedAt       time.Time
 	PreserveCounts bool
 	// Token is the ACL token the body carries (SecretID), which Nomad acts
 	// on for a register or a plan when no header carries one.

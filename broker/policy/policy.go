@@ -98,9 +98,14 @@ type Queue struct {
 	// set by Index: see Index.
 	Band int
 	// Dispatch is the policy's Dispatch.Mode for this queue's jobs ("":
-	// the policy's).
-	Dispatch string
-	Pos      Pos // where it is defined
+	// the policy's), SpillAfter its Dispatch.SpillAfter (nil: the
+	// policy's).
+	Dispatch   string
+	SpillAfter *time.Duration
+	// AutoRegion: its jobs that name no region leave it to the broker, as
+	// meta nomad-gpu.region = "auto" does (queue region = "auto").
+	AutoRegion bool
+	Pos        Pos // where it is defined
 }
 
 // Dispatch says how the broker chooses a region for a job that leaves it to
@@ -109,10 +114,18 @@ type Queue struct {
 // them out) whose decision admits the job now; DispatchBestFit the
 // admitting region with the most idle GPUs of the job's class. A job
 // admitted nowhere waits in the queue, where each pass chooses again.
+// Under DispatchOrdered, a region is taken only once the job has waited
+// SpillAfter for each region before it in the order that could take it
+// (0: at once), so that work spills to the next region only after a wait.
 type Dispatch struct {
-	Mode  string
-	Order []string
+	Mode       string
+	Order      []string
+	SpillAfter time.Duration
 }
+
+// RegionAuto leaves a job's region to the broker: meta nomad-gpu.region's
+// one value, and a queue's region.
+const RegionAuto = "auto"
 
 // Dispatch modes.
 const (
@@ -120,16 +133,36 @@ const (
 	DispatchBestFit = "best_fit"
 )
 
-// DispatchFor is the dispatch mode of a job in namespace asking for queue
-// ("": its tenant's default).
-func (p *Policy) DispatchFor(namespace, queue string) string {
+// DispatchFor is how a job in namespace asking for queue ("": its tenant's
+// default) is dispatched: the policy's Dispatch, with the queue's own mode
+// and spill_after where it sets them.
+func (p *Policy) DispatchFor(namespace, queue string) Dispatch {
+	d := p.Dispatch
+	if q := p.queueOf(namespace, queue); q != nil {
+		if q.Dispatch != "" {
+			d.Mode = q.Dispatch
+		}
+		if q.SpillAfter != nil {
+			d.SpillAfter = *q.SpillAfter
+		}
+	}
+	return d
+}
+
+// AutoRegionFor reports whether a job in namespace asking for queue ("":
+// its tenant's default) that names no region leaves it to the broker.
+func (p *Policy) AutoRegionFor(namespace, queue string) bool {
+	q := p.queueOf(namespace, queue)
+	return q != nil && q.AutoRegion
+}
+
+// queueOf is the queue a job in namespace asking for queue ("": its
+// tenant's default) goes to; nil when there is none.
+func (p *Policy) queueOf(namespace, queue string) *Queue {
 	if t := p.TenantOf(namespace); t != nil && queue == "" {
 		queue = t.DefaultQueue()
 	}
-	if q := p.Queues[queue]; q != nil && q.Dispatch != "" {
-		return q.Dispatch
-	}
-	return p.Dispatch.Mode
+	return p.Queues[queue]
 }
 
 // Tenant owns Nomad namespaces and has GPU quotas.

@@ -43,12 +43,8 @@ func (p *Policy) WorkloadOf(queue string) *Workload {
 // WorkloadFor is the workload of a job in namespace asking for queue (""
 // its tenant's default queue), nil if none.
 func (p *Policy) WorkloadFor(namespace, queue string) *Workload {
-	t := p.TenantOf(namespace)
-	if t == nil {
-		return nil
+	if q := p.queueOf(namespace, queue); q != nil && p.TenantOf(namespace) != nil {
+		return p.Workloads[q.Workload]
 	}
-	if queue == "" {
-		queue = t.DefaultQueue()
-	}
-	return p.WorkloadOf(queue)
+	return nil
 }

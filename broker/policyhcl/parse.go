@@ -20,7 +20,7 @@ import (
 	"github.com/nomad-gpu/nomad-gpu/broker/policy"
 )
 
-var fileSchema = &hcl.BodySchema{Attributes: []hcl.AttributeSchema{{Name: "currency"}, {Name: "approvers"}, {Name: "undeclared_gpu_access"}, {Name: "over_limit"}, {Name: "over_limit_grace"}, {Name: "make_room"}, {Name: "make_room_grace"}, {Name: "dispatch"}, {Name: "dispatch_order"}}, Blocks: []hcl.BlockHeaderSchema{
+var fileSchema = &hcl.BodySchema{Attributes: []hcl.AttributeSchema{{Name: "currency"}, {Name: "approvers"}, {Name: "undeclared_gpu_access"}, {Name: "over_limit"}, {Name: "over_limit_grace"}, {Name: "make_room"}, {Name: "make_room_grace"}, {Name: "dispatch"}, {Name: "dispatch_order"}, {Name: "spill_after"}}, Blocks: []hcl.BlockHeaderSchema{
 	{Type: "queue", LabelNames: []string{"name"}},
 	{Type: "tenant", LabelNames: []string{"name"}},
 	{Type: "gpu_class", LabelNames: []string{"name"}},
@@ -44,6 +44,8 @@ type queueBody struct {
 	Workload                *string `hcl:"workload,optional"`
 	PreemptsWithinGuarantee bool    `hcl:"preempts_within_guarantee,optional"`
 	Dispatch                *string `hcl:"dispatch,optional"`
+	SpillAfter              *string `hcl:"spill_after,optional"`
+	Region                  *string `hcl:"region,optional"`
 }
 
 type tenantBody struct {
@@ -190,6 +192,9 @@ func Parse(files map[string][]byte, capacity int) (*policy.Policy, hcl.Diagnosti
 		if a, ok := content.Attributes["dispatch_order"]; ok {
 			diags = append(diags, p.dispatchOrder(a, seenSingleton)...)
 		}
+		if a, ok := content.Attributes["spill_after"]; ok {
+			diags = append(diags, grace(a, seenSingleton, &p.Dispatch.SpillAfter)...)
+		}
 		for _, b := range content.Blocks {
 			if len(b.Labels) > 0 && strings.TrimSpace(b.Labels[0]) == "" {
 				diags = append(diags, errorAt(b.LabelRanges[0], "Empty name",
@@ -221,6 +226,7 @@ func Parse(files map[string][]byte, capacity int) (*policy.Policy, hcl.Diagnosti
 					}
 					q.Dispatch = *v
 				}
+				diags = append(diags, queueRegion(b, q, qb)...)
 				if _, dup := p.Queues[q.Name]; dup {
 					diags = append(diags, duplicate("queue", q.Name, b.DefRange, p.defs["queue "+q.Name]))
 					continue

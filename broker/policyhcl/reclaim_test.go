@@ -148,6 +148,12 @@ func TestReclaimRuleDiagnostics(t *testing.T) {
 			`reclaim.hcl:1:1: error: Invalid dispatch_order: dispatch_order names region "west": each entry must be a region's name, given once`},
 		{"bad queue dispatch", "queue \"q\" {\n  priority = 10\n  dispatch = \"nearest\"\n}\n",
 			`reclaim.hcl:3:3: error: Invalid dispatch: queue "q": dispatch = "nearest" is neither "ordered" nor "best_fit"`},
+		{"bad spill_after", "spill_after = \"-1m\"\n",
+			`reclaim.hcl:1:1: error: Invalid duration: spill_after = "-1m" is not a duration of 0 or more`},
+		{"bad queue spill_after", "queue \"q\" {\n  priority = 10\n  spill_after = \"later\"\n}\n",
+			`reclaim.hcl:3:3: error: Invalid duration: queue "q": spill_after = "later" is not a duration of 0 or more`},
+		{"a queue naming a region", "queue \"q\" {\n  priority = 10\n  region = \"west\"\n}\n",
+			`reclaim.hcl:3:3: error: Invalid region: queue "q": region = "west": its one value is "auto" (the broker chooses the region of the queue's jobs that name none)`},
 		{"bad undeclared_gpu_access", "undeclared_gpu_access = \"allow\"\n",
 			`reclaim.hcl:1:1: error: Invalid undeclared_gpu_access: undeclared_gpu_access = "allow" is neither "refuse" nor "warn"`},
 		{"bad approver", "approvers = [\"ops\", \"group:sre\"]\n",
@@ -236,8 +242,9 @@ tenant "vision" {
 	}
 }
 
-// Dispatch: ordered by default; the top level sets the mode and the order, a
-// queue its own mode.
+// Dispatch: ordered by default, spilling at once; the top level sets the
+// mode, the order and spill_after, a queue its own mode and spill_after, and
+// whether its jobs that name no region are auto.
 func TestDispatchIsReadPerPolicyAndQueue(t *testing.T) {
 	src := queues + `
 tenant "vision" {
@@ -245,25 +252,30 @@ tenant "vision" {
   queues     = ["training", "serving"]
 }
 queue "serving" {
-  priority = 70
-  dispatch = "best_fit"
+  priority    = 70
+  dispatch    = "best_fit"
+  spill_after = "10m"
+  region      = "auto"
 }
 `
 	p, diags := policyhcl.Parse(map[string][]byte{"queues.hcl": []byte(src)}, 0)
 	if p == nil {
 		t.Fatal(policyhcl.FormatDiagnostics(diags))
 	}
-	if got := p.DispatchFor("vision", ""); got != "ordered" || len(p.Dispatch.Order) != 0 {
-		t.Errorf("default: dispatch %q, order %v; want ordered, none", got, p.Dispatch.Order)
+	if got := p.DispatchFor("vision", ""); got.Mode != "ordered" || len(got.Order) != 0 || got.SpillAfter != 0 || p.AutoRegionFor("vision", "") {
+		t.Errorf("default: %+v, auto %v; want ordered, no order, spilling at once, not auto", got, p.AutoRegionFor("vision", ""))
 	}
-	if got := p.DispatchFor("vision", "serving"); got != "best_fit" {
-		t.Errorf("queue serving: dispatch %q, want best_fit", got)
+	if got := p.DispatchFor("vision", "serving"); got.Mode != "best_fit" || got.SpillAfter != 10*time.Minute || !p.AutoRegionFor("vision", "serving") {
+		t.Errorf("queue serving: %+v, auto %v; want best_fit, spill_after 10m, auto", got, p.AutoRegionFor("vision", "serving"))
 	}
-	p, diags = policyhcl.Parse(map[string][]byte{"queues.hcl": []byte(src + "dispatch = \"best_fit\"\ndispatch_order = [\"west\", \"east\"]\n")}, 0)
+	p, diags = policyhcl.Parse(map[string][]byte{"queues.hcl": []byte(src + "dispatch = \"best_fit\"\ndispatch_order = [\"west\", \"east\"]\nspill_after = \"1h\"\n")}, 0)
 	if p == nil {
 		t.Fatal(policyhcl.FormatDiagnostics(diags))
 	}
-	if got := p.DispatchFor("vision", "training"); got != "best_fit" || strings.Join(p.Dispatch.Order, ",") != "west,east" {
-		t.Errorf("top level: dispatch %q, order %v; want best_fit, west,east", got, p.Dispatch.Order)
+	if got := p.DispatchFor("vision", "training"); got.Mode != "best_fit" || strings.Join(got.Order, ",") != "west,east" || got.SpillAfter != time.Hour {
+		t.Errorf("top level: %+v; want best_fit, west,east, spill_after 1h", got)
+	}
+	if got := p.DispatchFor("vision", "serving"); got.SpillAfter != 10*time.Minute {
+		t.Errorf("queue serving under a top-level spill_after: %+v; want its own 10m", got)
 	}
 }

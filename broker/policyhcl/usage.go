@@ -164,6 +164,29 @@ func (p *parser) dispatchOrder(a *hcl.Attribute, seen map[string]hcl.Range) hcl.
 	return nil
 }
 
+// queueRegion reads a queue's spill_after (a duration of 0 or more) and
+// region ("auto", its one value: the queue's jobs that name no region leave
+// it to the broker).
+func queueRegion(b *hcl.Block, q *policy.Queue, qb queueBody) hcl.Diagnostics {
+	var diags hcl.Diagnostics
+	if v := qb.SpillAfter; v != nil {
+		if g, err := time.ParseDuration(*v); err != nil || g < 0 {
+			diags = append(diags, errorAt(attrRange(b, "spill_after"), "Invalid duration",
+				fmt.Sprintf("queue %q: spill_after = %q is not a duration of 0 or more", q.Name, *v)))
+		} else {
+			q.SpillAfter = &g
+		}
+	}
+	if v := qb.Region; v != nil {
+		if *v != policy.RegionAuto {
+			diags = append(diags, errorAt(attrRange(b, "region"), "Invalid region",
+				fmt.Sprintf("queue %q: region = %q: its one value is %q (the broker chooses the region of the queue's jobs that name none)", q.Name, *v, policy.RegionAuto)))
+		}
+		q.AutoRegion = true
+	}
+	return diags
+}
+
 // undeclaredAccess reads undeclared_gpu_access: "refuse" or "warn".
 func (p *parser) undeclaredAccess(a *hcl.Attribute, seen map[string]hcl.Range) hcl.Diagnostics {
 	return either(a, seen, &p.UndeclaredGPUAccess, policy.AccessRefuse, policy.AccessWarn)
