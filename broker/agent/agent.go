@@ -396,6 +396,10 @@ func (a *Agent) reclaimer() *reclaimer.Reclaimer {
 			&reclaimer.Repinner{Log: a.log.Named("repin"), Policies: a.policies, View: a.view, Jobs: a.nomad, Grants: st.scales,
 				Stops: st.stops, Stamper: a.stamper, Lock: a.view.LockJob, Audit: a.trail},
 			&reclaimer.StopRecorder{View: a.view, Records: st.stops, Lock: a.view.LockJob},
+			&reclaimer.RegionLoss{Log: a.log.Named("region-loss"), Policies: a.policies, Regions: a.regions, Queue: st.queue, Audit: a.trail,
+				Stop: func(ctx context.Context, region, namespace, id string) (string, error) {
+					return a.nomad.Region(region).StopJob(ctx, namespace, id)
+				}},
 			&reclaimer.Expirer{Store: st.approvals, Jobs: a.view, Policies: a.policies, Records: st.decisions, NewID: queue.NewID, Audit: a.trail},
 			&reclaimer.Pruner{What: "scale and dispatch grants", Every: grantPruneInterval, Log: prune,
 				Prune: func(ctx context.Context) (int, error) { return st.scales.Prune(ctx, a.nomad.Gone) }},

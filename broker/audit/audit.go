@@ -59,6 +59,8 @@ const (
 	ApprovalExpire = "approval-expire"
 	RegionDrain    = "region-drain"  // no new work goes to a region (gpu-broker region drain)
 	RegionResume   = "region-resume" // a drained region takes work again
+	RegionLost     = "region-lost"   // a job of a region lost past region_lost_timeout requeued (on_region_loss)
+	RegionStale    = "region-stale"  // a region back: a stale copy of a job stopped, or its requeued copy withdrawn
 	BrokerAct      = "broker"        // Who of the broker's own acts
 )
 

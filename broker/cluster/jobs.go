@@ -69,6 +69,11 @@ func (v *View) observeJob(j *api.Job) {
 	if !live {
 		v.unplace(key) // nothing more of it will be placed
 	}
+	if live && verified && j.Meta[nomadjob.MetaDispatched] != "" {
+		v.dispatched[key] = j
+	} else {
+		delete(v.dispatched, key)
+	}
 	if how := nomadjob.UndeclaredGPUAccess(j); live && len(how) > 0 {
 		v.undeclared[key] = strings.Join(how, "; ")
 	}
@@ -261,6 +266,7 @@ func (v *View) forgetJob(namespace, id string) {
 	delete(v.canaries, key)
 	delete(v.stable, key)
 	delete(v.reverting, key)
+	delete(v.dispatched, key)
 	v.unplace(key)
 }
 

@@ -6,6 +6,7 @@ import (
 	"maps"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/hashicorp/nomad/api"
 
@@ -423,6 +424,9 @@ type RegionStatus struct {
 	Free    int    `json:"free_gpus"` // healthy GPUs no allocation holds
 	// Drained says who drained it and when ("": it takes new work).
 	Drained string `json:"drained,omitempty"`
+	// Unreachable says since when following it fails, and why ("": it is
+	// followed); its jobs stay charged until region_lost_timeout.
+	Unreachable string `json:"unreachable,omitempty"`
 }
 
 // Status is every governed region's, the broker's own first.
@@ -433,6 +437,9 @@ func (r *Regions) Status() []RegionStatus {
 		st := RegionStatus{Name: name, Own: i == 0, Synced: v.Synced(), Drained: r.Drained(name)}
 		if !st.Own {
 			st.Address = r.Addresses[name]
+		}
+		if since, why := v.Unreachable(); !since.IsZero() {
+			st.Unreachable = "since " + since.UTC().Format(time.RFC3339) + ": " + why
 		}
 		for _, n := range v.Map(0) {
 			st.Nodes++

@@ -96,6 +96,7 @@ func (v *View) Follow(ctx context.Context, src Source, log hclog.Logger, resync 
 			backoff = time.Second
 			continue
 		}
+		v.unreached(err)
 		log.Warn("cluster view: event stream broke, resyncing", "error", err, "after", backoff)
 		select {
 		case <-ctx.Done():
@@ -112,6 +113,7 @@ func (v *View) followOnce(ctx context.Context, src Source, resync <-chan time.Ti
 		return fmt.Errorf("list cluster: %w", err)
 	}
 	v.Reset(snap)
+	v.reached()
 	v.relisted.Add(1)
 	v.index.Store(snap.Index)
 	// The stream ends with this pass: a resync opens a new one.

@@ -73,6 +73,14 @@ type View struct {
 	order      []nodeGroup // see nodeOrder; nil: to sort again
 	changed    chan struct{}
 	synced     bool // a full listing has been applied
+	// dispatched are the live jobs the broker placed in this region (meta
+	// nomad-gpu.dispatched-region, verified stamp) as Nomad returned them:
+	// what is requeued elsewhere if the region is lost.
+	dispatched map[jobKey]*api.Job
+	// unreachable is since when following the region fails (zero while it
+	// is followed), and why.
+	unreachable    time.Time
+	unreachableWhy string
 
 	index        atomic.Uint64 // of the last event or listing applied
 	generation   atomic.Uint64 // changes counted by notify
@@ -97,7 +105,7 @@ func NewView(verify func(*api.Job) bool) *View {
 		canaries: map[jobKey]map[string]int{}, stable: map[jobKey][]admission.Group{}, reverting: map[jobKey]bool{}, held: map[string]*byModel{}, total: map[string]int{},
 		reserved: map[jobKey]reservation{}, allocs: map[string]Alloc{}, ended: map[string]Alloc{}, holds: map[string]hold{}, heldBy: map[jobKey]map[string]int{},
 		excess: map[jobKey]map[string]int{}, excessBorrowed: map[jobKey]bool{}, undeclared: map[jobKey]string{},
-		stopped: map[jobKey]uint64{}, placing: map[jobKey]placing{}, changed: make(chan struct{}, 1), nodesDirty: true}
+		stopped: map[jobKey]uint64{}, placing: map[jobKey]placing{}, dispatched: map[jobKey]*api.Job{}, changed: make(chan struct{}, 1), nodesDirty: true}
 }
 
 // SetRegion names the region the view follows, when it is not the broker's
@@ -160,6 +168,7 @@ func (v *View) Reset(snap Snapshot) {
 	}
 	v.holds, v.heldBy, v.excess = map[string]hold{}, map[jobKey]map[string]int{}, map[jobKey]map[string]int{}
 	v.excessBorrowed, v.undeclared, v.stopped = map[jobKey]bool{}, map[jobKey]string{}, map[jobKey]uint64{}
+	v.dispatched = map[jobKey]*api.Job{}
 	for _, n := range snap.Nodes {
 		v.observeNode(n, was[n.ID])
 	}

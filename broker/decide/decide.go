@@ -12,6 +12,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
+	"time"
 
 	"github.com/hashicorp/nomad/api"
 
@@ -190,7 +192,7 @@ func (s *Sequence) Prepare(ctx context.Context, p *policy.Policy, req *nomadjob.
 		return nil, err
 	}
 	if auto && dispatched != "" {
-		req.Dispatched = req.Region
+		req.Dispatched, req.DispatchID = req.Region, DispatchID(s.Clock.Now())
 	}
 	req.Region = region
 	if rv, ok := versions.(RegionVersions); ok && region != "" {
@@ -237,6 +239,12 @@ func (s *Sequence) Existing(job, current *api.Job, namespace string) (admission.
 	j := nomadjob.AdmissionJob(job, namespace, groups)
 	j.Where.Region = region
 	return j, nil
+}
+
+// DispatchID names a dispatch made at now (meta nomad-gpu.dispatch-id): ids
+// sort by time, the random part keeping two made at once apart.
+func DispatchID(now time.Time) string {
+	return fmt.Sprintf("%016x%08x", now.UnixNano(), rand.Uint32())
 }
 
 func deref(s *string) string {

@@ -24,6 +24,9 @@ type Dispatching interface {
 	EachUsage(p *policy.Policy, jobs []admission.Job, f func(i int, u admission.Usage) bool)
 	// Drained says who drained region and when ("": it takes new work).
 	Drained(region string) string
+	// Unreachable is since when following region has failed (zero while
+	// it is followed): no job is sent there meanwhile.
+	Unreachable(region string) (time.Time, string)
 	holding
 }
 
@@ -65,6 +68,10 @@ func (s *Sequence) dispatch(p *policy.Policy, req *nomadjob.Request) (region, no
 		before        time.Duration // ordered: spill_after for each region before this one that could take it
 	)
 	for _, name := range names {
+		if since, err := r.Unreachable(name); !since.IsZero() {
+			why = append(why, fmt.Sprintf("%s: unreachable since %s (%s)", name, since.UTC().Format(time.RFC3339), err))
+			continue
+		}
 		if by := r.Drained(name); by != "" {
 			why = append(why, fmt.Sprintf("%s: drained (%s)", name, by))
 			if drained == "" {

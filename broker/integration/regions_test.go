@@ -31,6 +31,8 @@ tenant "audio" {
   limit      = 6
 }
 borrowing { enabled = true }
+region_lost_timeout = "5s"
+reclaim_settings { period = "2s" }
 `
 
 // startRegion starts a Nomad server and client of region name with gpus fake
@@ -75,7 +77,7 @@ func TestRegions(t *testing.T) {
 		out := e.brokerCLI("region", "list")
 		for _, line := range strings.Split(out, "\n") {
 			if f := strings.Fields(line); len(f) > 0 && f[0] == "west" {
-				if want := []string{"west", "through", "east", "true", "1", "2", "2", "-"}; strings.Join(f, " ") != strings.Join(want, " ") {
+				if want := []string{"west", "through", "east", "true", "1", "2", "2", "-", "-"}; strings.Join(f, " ") != strings.Join(want, " ") {
 					return fmt.Errorf("west listed as %q, want %q\n%s", line, strings.Join(want, " "), out)
 				}
 				return nil
@@ -268,4 +270,53 @@ func TestRegions(t *testing.T) {
 		}
 		runsIn(east, "east", "e5")
 	})
+	t.Run("a lost region's batch job is requeued elsewhere, and its stale copy stopped when the region is back", func(t *testing.T) {
+		// a5 (auto, batch, 1 GPU) runs in west. West goes down: after
+		// region_lost_timeout (5s) the broker requeues a5, and the queue
+		// dispatches it to east, the one region left.
+		lost := time.Now()
+		west.Down()
+		testcluster.WaitFor(t, 90*time.Second, "west listed as unreachable", func() error {
+			if out := e.brokerCLI("region", "list"); !strings.Contains(out, "since ") {
+				return fmt.Errorf("west not unreachable:\n%s", out)
+			}
+			return nil
+		})
+		runsIn(east, "east", "a5")
+		job, _, err := east.API.Jobs().Info("a5", &api.QueryOptions{Namespace: "audio"})
+		if err != nil || job.Meta["nomad-gpu.dispatched-region"] != "east" || job.Meta["nomad-gpu.dispatch-id"] == "" {
+			t.Fatalf("a5 in east: want dispatched there, with a dispatch id: %v %v", err, job)
+		}
+		if trail := auditTrail(t, e); !strings.Contains(trail, `"what":"region-lost","id":"region-lost-west-`) || !strings.Contains(trail, "past region_lost_timeout 5s") {
+			t.Errorf("want the requeue in the audit trail:\n%s", trail)
+		}
+		t.Logf("a5 ran again in east %s after west went down", time.Since(lost).Round(time.Second))
+		// West comes back, a5's copy there with it: the broker stops the
+		// copy with the earlier dispatch id, and records why.
+		west.Up()
+		testcluster.WaitFor(t, 120*time.Second, "a5's stale copy in west stopped", func() error {
+			job, _, err := west.API.Jobs().Info("a5", &api.QueryOptions{Namespace: "audio"})
+			if err != nil {
+				return err
+			}
+			if job.Stop == nil || !*job.Stop {
+				return fmt.Errorf("a5 in west not stopped")
+			}
+			return nil
+		})
+		if trail := auditTrail(t, e); !strings.Contains(trail, `"what":"region-stale"`) || !strings.Contains(trail, "region west came back running a stale copy") {
+			t.Errorf("want the stale copy's stop in the audit trail:\n%s", trail)
+		}
+		runsIn(east, "east", "a5")
+	})
+}
+
+// auditTrail is the broker's audit trail as written so far.
+func auditTrail(t *testing.T, e *env) string {
+	t.Helper()
+	trail, err := os.ReadFile(e.broker.AuditPath())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(trail)
 }

@@ -30,6 +30,11 @@ const (
 	// user's); MetaDispatched is the region the broker chose for it.
 	MetaRegion     = "nomad-gpu.region"
 	MetaDispatched = "nomad-gpu.dispatched-region"
+	// MetaDispatchID names one dispatch of the job: of two copies of a job
+	// in two regions (one requeued from a region lost, which came back),
+	// the one with the earlier id is stale. Ids sort by the time of their
+	// dispatch.
+	MetaDispatchID = "nomad-gpu.dispatch-id"
 )
 
 // RegionAuto is MetaRegion's one value.

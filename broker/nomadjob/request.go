@@ -33,6 +33,8 @@ type Request struct {
 	// Dispatched is the region the broker chose for a job that leaves it
 	// to the broker (AutoRegion), as Nomad names it; Pin writes it.
 	Dispatched string
+	// DispatchID names this dispatch (MetaDispatchID); Stamp writes it.
+	DispatchID string
 	// QueuedAt is when the job began to wait in the broker's queue (zero:
 	// it does not wait), which an ordered dispatch's spill_after counts from.
 	QueuedAt       time.Time
@@ -260,6 +262,7 @@ func (r *Request) Stamp(d admission.Decision, stamp string) {
 	}
 	if r.Dispatched != "" {
 		meta.Set(MetaDispatched, r.Dispatched)
+		meta.Set(MetaDispatchID, r.DispatchID)
 	}
 }
 

@@ -81,6 +81,14 @@ type Policy struct {
 	// nomad-gpu.region = "auto") is placed in one of the regions it
 	// governs (top-level dispatch, dispatch_order).
 	Dispatch Dispatch
+	// RegionLostTimeout is how long a region the broker cannot reach keeps
+	// its jobs charged before each job the broker dispatched there follows
+	// its OnRegionLossFor (top-level region_lost_timeout).
+	RegionLostTimeout time.Duration
+	// OnRegionLoss is RegionLossRequeue or RegionLossHold for every job of
+	// a lost region; "" (the default): by the job's type (top-level
+	// on_region_loss; a workload's own comes first).
+	OnRegionLoss string
 
 	byNamespace map[string]*Tenant
 }
@@ -121,6 +129,34 @@ type Dispatch struct {
 	Mode       string
 	Order      []string
 	SpillAfter time.Duration
+}
+
+// What becomes of a job the broker dispatched to a region it lost:
+// requeued, to be dispatched again (the copy there stopped should the region
+// come back), or held there, charged, until the region comes back.
+const (
+	RegionLossRequeue = "requeue"
+	RegionLossHold    = "hold"
+)
+
+// DefaultRegionLostTimeout is region_lost_timeout's default.
+const DefaultRegionLostTimeout = 15 * time.Minute
+
+// OnRegionLossFor is what becomes of a job of jobType in namespace asking
+// for queue ("": its tenant's default) when its region is lost: its
+// workload's on_region_loss, else the policy's, else requeue for a batch
+// job and hold for any other (a service's copy may well still serve).
+func (p *Policy) OnRegionLossFor(namespace, queue, jobType string) string {
+	if w := p.WorkloadFor(namespace, queue); w != nil && w.OnRegionLoss != "" {
+		return w.OnRegionLoss
+	}
+	if p.OnRegionLoss != "" {
+		return p.OnRegionLoss
+	}
+	if jobType == "batch" {
+		return RegionLossRequeue
+	}
+	return RegionLossHold
 }
 
 // RegionAuto leaves a job's region to the broker: meta nomad-gpu.region's

@@ -29,7 +29,10 @@ type Workload struct {
 	DefaultTTL time.Duration
 	// Shared: it may be placed on time-sliced GPU replicas.
 	Shared bool
-	Pos    Pos // where it is defined
+	// OnRegionLoss is the policy's OnRegionLoss for its jobs ("": the
+	// policy's).
+	OnRegionLoss string
+	Pos          Pos // where it is defined
 }
 
 // WorkloadOf is the workload of a queue, nil if the policy defines none for it.

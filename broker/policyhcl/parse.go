@@ -20,7 +20,7 @@ import (
 	"github.com/nomad-gpu/nomad-gpu/broker/policy"
 )
 
-var fileSchema = &hcl.BodySchema{Attributes: []hcl.AttributeSchema{{Name: "currency"}, {Name: "approvers"}, {Name: "undeclared_gpu_access"}, {Name: "over_limit"}, {Name: "over_limit_grace"}, {Name: "make_room"}, {Name: "make_room_grace"}, {Name: "dispatch"}, {Name: "dispatch_order"}, {Name: "spill_after"}}, Blocks: []hcl.BlockHeaderSchema{
+var fileSchema = &hcl.BodySchema{Attributes: []hcl.AttributeSchema{{Name: "currency"}, {Name: "approvers"}, {Name: "undeclared_gpu_access"}, {Name: "over_limit"}, {Name: "over_limit_grace"}, {Name: "make_room"}, {Name: "make_room_grace"}, {Name: "dispatch"}, {Name: "dispatch_order"}, {Name: "spill_after"}, {Name: "region_lost_timeout"}, {Name: "on_region_loss"}}, Blocks: []hcl.BlockHeaderSchema{
 	{Type: "queue", LabelNames: []string{"name"}},
 	{Type: "tenant", LabelNames: []string{"name"}},
 	{Type: "gpu_class", LabelNames: []string{"name"}},
@@ -142,7 +142,7 @@ func Parse(files map[string][]byte, capacity int) (*policy.Policy, hcl.Diagnosti
 		Usage:     policy.Usage{IdleBelow: policy.DefaultIdleBelow, Retention: policy.DefaultUsageRetention}, Currency: policy.DefaultCurrency, UndeclaredGPUAccess: policy.AccessRefuse,
 		OverLimit: policy.OverReclaim, OverLimitGrace: policy.DefaultOverLimitGrace, MakeRoom: policy.OverReclaim, MakeRoomGrace: policy.DefaultMakeRoomGrace,
 		FairShare: policy.FairShare{HalfLife: policy.DefaultHalfLife, IdleWeight: policy.DefaultIdleWeight, OldestFirstAfter: policy.DefaultOldestFirstAfter},
-		Dispatch:  policy.Dispatch{Mode: policy.DispatchOrdered}}
+		Dispatch:  policy.Dispatch{Mode: policy.DispatchOrdered}, RegionLostTimeout: policy.DefaultRegionLostTimeout}
 	p := &parser{Policy: pol, byNamespace: map[string]*policy.Tenant{}, defs: map[string]hcl.Range{}}
 	var diags hcl.Diagnostics
 	var tenantBlocks []*hcl.Block
@@ -194,6 +194,12 @@ func Parse(files map[string][]byte, capacity int) (*policy.Policy, hcl.Diagnosti
 		}
 		if a, ok := content.Attributes["spill_after"]; ok {
 			diags = append(diags, grace(a, seenSingleton, &p.Dispatch.SpillAfter)...)
+		}
+		if a, ok := content.Attributes["region_lost_timeout"]; ok {
+			diags = append(diags, grace(a, seenSingleton, &p.RegionLostTimeout)...)
+		}
+		if a, ok := content.Attributes["on_region_loss"]; ok {
+			diags = append(diags, either(a, seenSingleton, &p.OnRegionLoss, policy.RegionLossRequeue, policy.RegionLossHold)...)
 		}
 		for _, b := range content.Blocks {
 			if len(b.Labels) > 0 && strings.TrimSpace(b.Labels[0]) == "" {

@@ -152,6 +152,12 @@ func TestReclaimRuleDiagnostics(t *testing.T) {
 			`reclaim.hcl:1:1: error: Invalid duration: spill_after = "-1m" is not a duration of 0 or more`},
 		{"bad queue spill_after", "queue \"q\" {\n  priority = 10\n  spill_after = \"later\"\n}\n",
 			`reclaim.hcl:3:3: error: Invalid duration: queue "q": spill_after = "later" is not a duration of 0 or more`},
+		{"bad region_lost_timeout", "region_lost_timeout = \"soon\"\n",
+			`reclaim.hcl:1:1: error: Invalid duration: region_lost_timeout = "soon" is not a duration of 0 or more`},
+		{"bad on_region_loss", "on_region_loss = \"retry\"\n",
+			`reclaim.hcl:1:1: error: Invalid on_region_loss: on_region_loss = "retry" is neither "requeue" nor "hold"`},
+		{"bad workload on_region_loss", "workload \"w\" {\n  on_region_loss = \"drop\"\n}\n",
+			`reclaim.hcl:2:3: error: Invalid workload: workload "w": on_region_loss = "drop" is neither "requeue" nor "hold"`},
 		{"a queue naming a region", "queue \"q\" {\n  priority = 10\n  region = \"west\"\n}\n",
 			`reclaim.hcl:3:3: error: Invalid region: queue "q": region = "west": its one value is "auto" (the broker chooses the region of the queue's jobs that name none)`},
 		{"bad undeclared_gpu_access", "undeclared_gpu_access = \"allow\"\n",
@@ -277,5 +283,51 @@ queue "serving" {
 	}
 	if got := p.DispatchFor("vision", "serving"); got.SpillAfter != 10*time.Minute {
 		t.Errorf("queue serving under a top-level spill_after: %+v; want its own 10m", got)
+	}
+}
+
+// Region loss: a lost region's jobs wait 15m by default; then a batch job is
+// requeued and any other held, unless the policy or the job's workload says
+// otherwise.
+func TestRegionLossIsReadPerPolicyAndWorkload(t *testing.T) {
+	src := `
+queue "training" {
+  priority = 60
+}
+queue "serving" {
+  priority = 70
+}
+workload "training" {}
+workload "serving" {
+  on_region_loss = "requeue"
+}
+tenant "vision" {
+  namespaces = ["vision"]
+  queues     = ["training", "serving"]
+}
+`
+	p, diags := policyhcl.Parse(map[string][]byte{"p.hcl": []byte(src)}, 0)
+	if p == nil {
+		t.Fatal(policyhcl.FormatDiagnostics(diags))
+	}
+	for _, c := range []struct{ queue, typ, want string }{
+		{"training", "batch", "requeue"}, {"training", "service", "hold"}, {"serving", "service", "requeue"},
+	} {
+		if got := p.OnRegionLossFor("vision", c.queue, c.typ); got != c.want {
+			t.Errorf("default, a %s job of %s: %q, want %q", c.typ, c.queue, got, c.want)
+		}
+	}
+	if p.RegionLostTimeout != 15*time.Minute {
+		t.Errorf("region_lost_timeout %s by default, want 15m", p.RegionLostTimeout)
+	}
+	p, diags = policyhcl.Parse(map[string][]byte{"p.hcl": []byte(src + "region_lost_timeout = \"5m\"\non_region_loss = \"hold\"\n")}, 0)
+	if p == nil {
+		t.Fatal(policyhcl.FormatDiagnostics(diags))
+	}
+	if got := p.OnRegionLossFor("vision", "", "batch"); got != "hold" || p.RegionLostTimeout != 5*time.Minute {
+		t.Errorf("top level hold, 5m: a batch job %q, timeout %s", got, p.RegionLostTimeout)
+	}
+	if got := p.OnRegionLossFor("vision", "serving", "batch"); got != "requeue" {
+		t.Errorf("workload serving's own requeue under a top-level hold: %q", got)
 	}
 }

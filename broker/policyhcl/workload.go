@@ -20,6 +20,7 @@ type workloadBody struct {
 	MaxGPUs         *int    `hcl:"max_gpus,optional"`
 	DefaultTTL      *string `hcl:"default_ttl,optional"`
 	Shared          *bool   `hcl:"shared,optional"`
+	OnRegionLoss    *string `hcl:"on_region_loss,optional"`
 }
 
 func (p *parser) addWorkload(b *hcl.Block) hcl.Diagnostics {
@@ -71,6 +72,12 @@ func (p *parser) addWorkload(b *hcl.Block) hcl.Diagnostics {
 		if f.v != nil {
 			*f.dst = *f.v
 		}
+	}
+	if v := wb.OnRegionLoss; v != nil {
+		if *v != policy.RegionLossRequeue && *v != policy.RegionLossHold {
+			bad("on_region_loss", fmt.Sprintf("on_region_loss = %q is neither %q nor %q", *v, policy.RegionLossRequeue, policy.RegionLossHold))
+		}
+		w.OnRegionLoss = *v
 	}
 	p.Workloads[w.Name] = w
 	p.defs["workload "+w.Name] = b.DefRange

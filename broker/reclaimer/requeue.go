@@ -48,29 +48,16 @@ func (q *Requeue) Requeue(ctx context.Context, rec reclaim.Record) (string, erro
 	if job.Stop != nil && *job.Stop {
 		return "the job had stopped: requeued as " + rec.ID + " if it was this decision that stopped it", nil
 	}
-	a, err := nomadjob.Admission(job, nil)
-	if err != nil {
-		return "", fmt.Errorf("read the job's demand: %w", err)
-	}
-	// Devices, a replica counted whole: the queue decides again on admission.
-	demand := 0.0
-	for _, g := range a.Groups {
-		demand += float64(g.Count * g.GPUsPerAlloc)
-	}
-	tenant, queueName := rec.Tenant, rec.Queue
-	if t := q.Policies.Current().TenantOf(rec.Namespace); t != nil && tenant == "" {
-		tenant, queueName = t.Name, job.Meta[nomadjob.MetaQueue]
-		if queueName == "" {
-			queueName = t.DefaultQueue()
-		}
-	}
 	submitted := rec.ProposedAt
 	if job.SubmitTime != nil && rec.Rule != policy.MakeRoom.Name {
 		submitted = time.Unix(0, *job.SubmitTime).UTC()
 	}
-	body, err := json.Marshal(map[string]any{"Job": job})
+	e, err := requeued(q.Policies.Current(), job, rec.ID, "gpu-broker (rule "+rec.Rule+")", submitted)
 	if err != nil {
 		return "", err
+	}
+	if rec.Tenant != "" {
+		e.Tenant, e.Queue = rec.Tenant, rec.Queue
 	}
 	reason := "requeued by rule " + rec.Rule + ": " + rec.Evidence
 	if rec.Rule == policy.PreemptedBorrowed.Name && q.Preempted != nil {
@@ -82,9 +69,7 @@ func (q *Requeue) Requeue(ctx context.Context, rec reclaim.Record) (string, erro
 			reason += "; " + b.Text()
 		}
 	}
-	e := queue.Entry{ID: rec.ID, JobID: rec.Job, Namespace: rec.Namespace, Tenant: tenant, Queue: queueName, Demand: demand,
-		Reason: reason, SubmittedBy: "gpu-broker (rule " + rec.Rule + ")",
-		SubmittedAt: submitted, Request: body}
+	e.Reason = reason
 	if job.JobModifyIndex != nil {
 		e.Stopping, e.StoppingSince = *job.JobModifyIndex, rec.ActingSince
 		if e.StoppingSince.IsZero() {
@@ -99,4 +84,30 @@ func (q *Requeue) Requeue(ctx context.Context, rec reclaim.Record) (string, erro
 		return "", err
 	}
 	return "requeued as " + rec.ID + "; " + stopped, nil
+}
+
+// requeued is the queue entry id that puts job, as Nomad has it, back in the
+// queue: its tenant and queue by the policy, its GPUs counted whole (the
+// queue decides again on admission), submitted by by at submitted.
+func requeued(p *policy.Policy, job *api.Job, id, by string, submitted time.Time) (queue.Entry, error) {
+	a, err := nomadjob.Admission(job, nil)
+	if err != nil {
+		return queue.Entry{}, fmt.Errorf("read the job's demand: %w", err)
+	}
+	demand := 0.0
+	for _, g := range a.Groups {
+		demand += float64(g.Count * g.GPUsPerAlloc)
+	}
+	body, err := json.Marshal(map[string]any{"Job": job})
+	if err != nil {
+		return queue.Entry{}, err
+	}
+	e := queue.Entry{ID: id, JobID: *job.ID, Namespace: nomadjob.Namespace(job), Demand: demand, SubmittedBy: by, SubmittedAt: submitted, Request: body}
+	if t := p.TenantOf(e.Namespace); t != nil {
+		e.Tenant, e.Queue = t.Name, job.Meta[nomadjob.MetaQueue]
+		if e.Queue == "" {
+			e.Queue = t.DefaultQueue()
+		}
+	}
+	return e, nil
 }

@@ -399,7 +399,7 @@ func printRegions(body []byte, width int) int {
 	if err := json.Unmarshal(body, &rows); err != nil {
 		return fail(err)
 	}
-	t := newTable("REGION", "REACHED AT", "SYNCED", "NODES", "GPUS", "FREE", "DRAINED")
+	t := newTable("REGION", "REACHED AT", "SYNCED", "NODES", "GPUS", "FREE", "DRAINED", "UNREACHABLE")
 	home := ""
 	for _, r := range rows {
 		at := r.Address
@@ -409,14 +409,18 @@ func printRegions(body []byte, width int) int {
 		case at == "":
 			at = "through " + home
 		}
-		drained := "-"
-		if r.Drained != "" {
-			drained = r.Drained
-		}
-		t.row(r.Name, at, strconv.FormatBool(r.Synced), strconv.Itoa(r.Nodes), strconv.Itoa(r.GPUs), strconv.Itoa(r.Free), drained)
+		t.row(r.Name, at, strconv.FormatBool(r.Synced), strconv.Itoa(r.Nodes), strconv.Itoa(r.GPUs), strconv.Itoa(r.Free), orDash(r.Drained), orDash(r.Unreachable))
 	}
 	t.print(os.Stdout, width)
 	return 0
+}
+
+// orDash is s, or "-" for none.
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
 }
 
 // num prints a count as %g does.

@@ -334,7 +334,18 @@ func (n *Nomad) PluginPIDs() []int {
 // restart) and starts it again with the same configuration and data.
 func (n *Nomad) Restart() {
 	n.t.Helper()
-	n.stop()
+	n.Down()
+	n.Up()
+}
+
+// Down stops the agent, as a site lost would be (see Restart); Up starts
+// it again.
+func (n *Nomad) Down() { n.stop() }
+
+// Up starts the agent again after Down, with the same configuration and
+// data, and waits for its API.
+func (n *Nomad) Up() {
+	n.t.Helper()
 	n.runs++
 	n.process = start(n.t, fmt.Sprintf("nomad-%s-%d", n.Name, n.runs), n.dir, n.args[0], n.args[1:]...)
 	n.waitForAPI(n.t, "nomad agent "+n.Name+" back")
