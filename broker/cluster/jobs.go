@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"iter"
 	"maps"
 	"sort"
 	"strings"
@@ -69,11 +70,7 @@ func (v *View) observeJob(j *api.Job) {
 	if !live {
 		v.unplace(key) // nothing more of it will be placed
 	}
-	if live && verified && j.Meta[nomadjob.MetaDispatched] != "" {
-		v.dispatched[key] = j
-	} else {
-		delete(v.dispatched, key)
-	}
+	v.noteDispatched(key, j, live, verified)
 	if how := nomadjob.UndeclaredGPUAccess(j); live && len(how) > 0 {
 		v.undeclared[key] = strings.Join(how, "; ")
 	}
@@ -394,17 +391,21 @@ func (v *View) HasJob(namespace, id string) bool {
 }
 
 // Knows reports whether the view has a live job of namespace whose id is
-// id or, with prefix, starts with it.
+// id or, with prefix, starts with it, or one the broker dispatched to its
+// region that ended within endedDispatchKept.
 func (v *View) Knows(namespace, id string, prefix bool) bool {
 	v.mu.RLock()
 	defer v.mu.RUnlock()
 	if !prefix {
 		_, ok := v.jobs[jobKey{namespace, id}]
-		return ok
+		_, ended := v.endedDispatch[jobKey{namespace, id}]
+		return ok || ended
 	}
-	for k := range v.jobs {
-		if k.namespace == namespace && strings.HasPrefix(k.id, id) {
-			return true
+	for _, keys := range []iter.Seq[jobKey]{maps.Keys(v.jobs), maps.Keys(v.endedDispatch)} {
+		for k := range keys {
+			if k.namespace == namespace && strings.HasPrefix(k.id, id) {
+				return true
+			}
 		}
 	}
 	return false

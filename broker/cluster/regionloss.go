@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/hashicorp/nomad/api"
+
+	"github.com/nomad-gpu/nomad-gpu/broker/nomadjob"
 )
 
 // unreached notes that following the region failed (err), from the first
@@ -25,6 +27,30 @@ func (v *View) reached() {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	v.unreachable, v.unreachableWhy = time.Time{}, ""
+}
+
+// endedDispatchKept is how long the view remembers a job the broker
+// dispatched that ended: Nomad's own job_gc_threshold by default.
+const endedDispatchKept = 4 * time.Hour
+
+// noteDispatched keeps j (of key) as the broker's dispatch to the view's
+// region while it is live and its stamp verified, and as one that ended once
+// it is not live. The caller holds v.mu.
+func (v *View) noteDispatched(key jobKey, j *api.Job, live, verified bool) {
+	delete(v.dispatched, key)
+	delete(v.endedDispatch, key)
+	switch {
+	case j.Meta[nomadjob.MetaDispatched] == "":
+	case live && verified:
+		v.dispatched[key] = j
+	case !live:
+		now := v.clock.Now()
+		v.endedDispatch[key] = now
+		if now.Sub(v.endedSwept) > time.Minute {
+			v.endedSwept = now
+			maps.DeleteFunc(v.endedDispatch, func(_ jobKey, at time.Time) bool { return now.Sub(at) > endedDispatchKept })
+		}
+	}
 }
 
 // Unreachable is since when following the view's region has failed, and the

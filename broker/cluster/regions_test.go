@@ -95,6 +95,16 @@ func TestAJobIsFoundInItsRegion(t *testing.T) {
 	r, east, west := twoRegions()
 	west.ObserveJob(testbuild.Job("vision", "train-7").Group("g", 1, 1, "nvidia/gpu").Build())
 	east.ObserveJob(testbuild.Job("vision", "serve").Group("g", 1, 1, "nvidia/gpu").Build())
+	// Dispatched to west, then finished: still found there (Nomad keeps it
+	// for its job_gc_threshold); one never dispatched is forgotten once it ends.
+	done := testbuild.Job("vision", "done").Type("batch").Group("g", 1, 1, "nvidia/gpu").Meta("nomad-gpu.dispatched-region", "west").Build()
+	west.ObserveJob(done)
+	done.Status = ptr("dead")
+	west.ObserveJob(done)
+	other := testbuild.Job("vision", "other").Type("batch").Group("g", 1, 1, "nvidia/gpu").Build()
+	west.ObserveJob(other)
+	other.Status = ptr("dead")
+	west.ObserveJob(other)
 	for _, c := range []struct {
 		ns, id string
 		prefix bool
@@ -102,6 +112,7 @@ func TestAJobIsFoundInItsRegion(t *testing.T) {
 	}{
 		{"vision", "train-7", false, "west"}, {"vision", "train", true, "west"}, {"vision", "train", false, ""},
 		{"other", "train-7", false, ""}, {"vision", "serve", false, ""}, {"vision", "nothing", true, ""},
+		{"vision", "done", false, "west"}, {"vision", "do", true, "west"}, {"vision", "other", false, ""},
 	} {
 		if got := r.RegionOf(c.ns, c.id, c.prefix); got != c.want {
 			t.Errorf("RegionOf(%s, %s, prefix %t) = %q, want %q", c.ns, c.id, c.prefix, got, c.want)

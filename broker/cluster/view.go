@@ -77,6 +77,11 @@ type View struct {
 	// nomad-gpu.dispatched-region, verified stamp) as Nomad returned them:
 	// what is requeued elsewhere if the region is lost.
 	dispatched map[jobKey]*api.Job
+	// endedDispatch are the jobs the broker dispatched to this region that
+	// stopped or finished, with when it saw that (kept endedDispatchKept):
+	// a read of one that names no region is sent here.
+	endedDispatch map[jobKey]time.Time
+	endedSwept    time.Time
 	// unreachable is since when following the region fails (zero while it
 	// is followed), and why.
 	unreachable    time.Time
@@ -105,7 +110,7 @@ func NewView(verify func(*api.Job) bool) *View {
 		canaries: map[jobKey]map[string]int{}, stable: map[jobKey][]admission.Group{}, reverting: map[jobKey]bool{}, held: map[string]*byModel{}, total: map[string]int{},
 		reserved: map[jobKey]reservation{}, allocs: map[string]Alloc{}, ended: map[string]Alloc{}, holds: map[string]hold{}, heldBy: map[jobKey]map[string]int{},
 		excess: map[jobKey]map[string]int{}, excessBorrowed: map[jobKey]bool{}, undeclared: map[jobKey]string{},
-		stopped: map[jobKey]uint64{}, placing: map[jobKey]placing{}, dispatched: map[jobKey]*api.Job{}, changed: make(chan struct{}, 1), nodesDirty: true}
+		stopped: map[jobKey]uint64{}, placing: map[jobKey]placing{}, dispatched: map[jobKey]*api.Job{}, endedDispatch: map[jobKey]time.Time{}, changed: make(chan struct{}, 1), nodesDirty: true}
 }
 
 // SetRegion names the region the view follows, when it is not the broker's

@@ -250,6 +250,13 @@ func TestRegions(t *testing.T) {
 			}
 		}
 		e.waitUsed("audio", 0)
+		// a3, dispatched to west, has ended: still found there with no -region.
+		testcluster.WaitFor(t, 30*time.Second, "a3, stopped in west, read with no region", func() error {
+			if out, err := e.nomadCLI("job", "status", "-namespace", "audio", "a3"); err != nil || !strings.Contains(out, "dead (stopped)") {
+				return fmt.Errorf("nomad job status a3: %v\n%s", err, out)
+			}
+			return nil
+		})
 		if out := e.brokerCLI("region", "drain", "east"); !strings.Contains(out, "by anonymous at ") {
 			t.Fatalf("gpu-broker region drain east: want east listed as drained:\n%s", out)
 		}
