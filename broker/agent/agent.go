@@ -284,7 +284,7 @@ func (a *Agent) setupObservers(context.Context) error {
 	cfg, st := a.cfg, &a.stores
 	a.forecast = &queue.Forecast{}
 	a.elector = &leader.Elector{Client: a.consul, Key: cfg.Consul.KVPrefix + "leader", Address: cfg.Advertise, Log: a.log.Named("leader")}
-	a.metrics.Observe(brokermetrics.Sources{Cluster: a.regions, Policies: a.policies, Queue: st.queue, Leader: a.elector,
+	a.metrics.Observe(brokermetrics.Sources{Cluster: a.regions, Regions: a.regions, Policies: a.policies, Queue: st.queue, Leader: a.elector,
 		PolicyState: a.policies.Loaded, TokenRefused: a.nomad.TokenRefused, InBackoff: st.backoffs.InBackoff(a.policies),
 		NomadConnections: a.nomad.Connections().Open})
 	a.view.SetAllocEvents(a.metrics.AllocEvent)

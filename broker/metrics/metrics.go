@@ -52,6 +52,9 @@ type Sources struct {
 	// NomadConnections is how many HTTP connections the broker holds open to
 	// Nomad now (nil: not reported).
 	NomadConnections func() int64
+	// Regions split the GPU and tenant series by region, when the broker
+	// governs several (nil: not split).
+	Regions Regions
 }
 
 // Metrics holds the broker's registry and counters. A nil *Metrics counts
@@ -376,6 +379,35 @@ func (m *Metrics) GPUSeconds(by map[usage.Key]usage.Seconds) {
 	}
 }
 
+// poolModel is a node pool and a GPU model.
+type poolModel struct{ pool, model string }
+
+// byPoolAndModel sums an inventory by node pool and model.
+func byPoolAndModel(inventory []cluster.NodeInventory) map[poolModel]*cluster.NodeInventory {
+	states := map[poolModel]*cluster.NodeInventory{}
+	for _, inv := range inventory {
+		k := poolModel{inv.Pool, inv.Model}
+		s := states[k]
+		if s == nil {
+			s = &cluster.NodeInventory{Unhealthy: map[string]int{}}
+			states[k] = s
+		}
+		s.Total += inv.Total
+		s.Healthy += inv.Healthy
+		s.Allocated += inv.Allocated
+		s.Free += inv.Free
+		for why, n := range inv.Unhealthy {
+			s.Unhealthy[why] += n
+		}
+	}
+	return states
+}
+
+// gpuStates are an inventory's GPUs by nomadgpu_gpus's state.
+func gpuStates(s *cluster.NodeInventory) map[string]int {
+	return map[string]int{"total": s.Total, "healthy": s.Healthy, "unhealthy": s.Total - s.Healthy, "allocated": s.Allocated, "free": s.Free}
+}
+
 // scrape reads the view, the policy and the queue at each scrape.
 type scrape struct{ src Sources }
 
@@ -438,6 +470,9 @@ func (c *scrape) Describe(ch chan<- *prometheus.Desc) {
 	for _, f := range dcgmFields {
 		ch <- f.desc
 	}
+	for _, d := range regionDescs {
+		ch <- d
+	}
 }
 
 func (c *scrape) Collect(ch chan<- prometheus.Metric) {
@@ -451,6 +486,7 @@ func (c *scrape) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(priceDesc, prometheus.GaugeValue, class.PricePerGPUHour, name, p.Currency)
 		}
 	}
+	c.regions(ch, p)
 	u := c.src.Cluster.UsageWithout(p, "", "")
 	for name, t := range p.Tenants {
 		tu := u.Tenants[name]
@@ -528,34 +564,16 @@ func (c *scrape) telemetry(ch chan<- prometheus.Metric, nodes []cluster.MapNode)
 // gpus reports GPU states by pool and model, free GPUs per node and the
 // fragmented share.
 func (c *scrape) gpus(ch chan<- prometheus.Metric) {
-	type key struct{ pool, model string }
-	states := map[key]*cluster.NodeInventory{}
+	inventory := c.src.Cluster.Inventory()
 	freeByNode, sizeByNode := map[string]int{}, map[string]int{}
-	for _, inv := range c.src.Cluster.Inventory() {
-		k := key{inv.Pool, inv.Model}
-		s := states[k]
-		if s == nil {
-			s = &cluster.NodeInventory{}
-			states[k] = s
-		}
-		s.Total += inv.Total
-		s.Healthy += inv.Healthy
-		s.Allocated += inv.Allocated
-		s.Free += inv.Free
-		if s.Unhealthy == nil {
-			s.Unhealthy = map[string]int{}
-		}
-		for why, n := range inv.Unhealthy {
-			s.Unhealthy[why] += n
-		}
+	for _, inv := range inventory {
 		sizeByNode[inv.Node] += inv.Total
 		if inv.Schedulable {
 			freeByNode[inv.Node] += inv.Free
 		}
 	}
-	for k, s := range states {
-		for state, n := range map[string]int{"total": s.Total, "healthy": s.Healthy, "unhealthy": s.Total - s.Healthy,
-			"allocated": s.Allocated, "free": s.Free} {
+	for k, s := range byPoolAndModel(inventory) {
+		for state, n := range gpuStates(s) {
 			ch <- prometheus.MustNewConstMetric(gpusDesc, prometheus.GaugeValue, float64(n), k.pool, k.model, state)
 		}
 		for why, n := range s.Unhealthy {
