@@ -9,6 +9,7 @@ import (
 
 	"github.com/hashicorp/nomad/api"
 
+	"github.com/nomad-gpu/nomad-gpu/testing/browser"
 	"github.com/nomad-gpu/nomad-gpu/testing/testcluster"
 )
 
@@ -276,6 +277,21 @@ func TestRegions(t *testing.T) {
 			t.Errorf("gpu-broker region resume east: want no region drained:\n%s", out)
 		}
 		runsIn(east, "east", "e5")
+	})
+	t.Run("the web UI's map filters by region", func(t *testing.T) {
+		nodes, _, err := west.API.Nodes().List(nil)
+		if err != nil || len(nodes) != 1 {
+			t.Fatalf("west's nodes: %v %v", nodes, err)
+		}
+		tab := browser.New(t)
+		rows := "JSON.stringify([...document.querySelectorAll('#map-rows .row')].map(r => [r.dataset.node, r.dataset.gpus]))"
+		browser.Navigate(t, tab, e.broker.Addr+"/gpu/#map")
+		browser.WaitFor(t, tab, 20*time.Second, "both regions' nodes, and a region filter", `document.querySelectorAll('#map-rows .row').length == 2 && !document.getElementById('f-region-label').hidden`, rows)
+		browser.Eval[bool](t, tab, `(() => { const s = document.getElementById('f-region'); s.value = 'west'; s.dispatchEvent(new Event('input')); return true; })()`)
+		browser.WaitFor(t, tab, 10*time.Second, "west's node alone", fmt.Sprintf(`document.querySelectorAll('#map-rows .row').length == 1 && document.querySelector('#map-rows .row').dataset.node == %q`, nodes[0].Name), rows)
+		if href := browser.Eval[string](t, tab, `document.querySelector('#map-rows .row a.node').getAttribute('href')`); !strings.HasSuffix(href, "?region=west") {
+			t.Errorf("west's node links to %q, want Nomad's UI in region west", href)
+		}
 	})
 	t.Run("a lost region's batch job is requeued elsewhere, and its stale copy stopped when the region is back", func(t *testing.T) {
 		// a5 (auto, batch, 1 GPU) runs in west. West goes down: after

@@ -132,9 +132,11 @@ function describe(node, g) {
 
 function filtered() {
   const pool = $('f-pool').value, model = $('f-model').value, tenant = $('f-tenant').value;
+  const region = $('f-region').value;
   const name = $('f-node').value.trim().toLowerCase();
   const out = [];
   for (const n of map.nodes) {
+    if (region && n.region !== region) continue;
     if (pool && n.node_pool !== pool) continue;
     if (name && !n.name.toLowerCase().includes(name)) continue;
     const gpus = model ? n.gpus.filter((g) => g.model === model) : n.gpus;
@@ -159,14 +161,17 @@ let rows = []; // the filtered rows the virtual list draws from
 function renderMap() {
   if (!map) return;
   const t0 = performance.now();
-  const pools = new Set(), models = new Set(), tenants = new Set();
+  const pools = new Set(), models = new Set(), tenants = new Set(), regions = new Set();
   for (const n of map.nodes) {
     pools.add(n.node_pool);
+    if (n.region) regions.add(n.region); // set when the broker governs several regions
     for (const g of n.gpus) {
       models.add(g.model);
       if (g.tenant) tenants.add(g.tenant);
     }
   }
+  options($('f-region'), regions);
+  $('f-region-label').hidden = regions.size < 2;
   options($('f-pool'), pools);
   options($('f-model'), models);
   options($('f-tenant'), tenants);
@@ -230,7 +235,8 @@ function drawRow(r, i) {
     cells.append(cell);
   }
   const row = el('div', { class: 'row', 'data-node': n.name, 'data-gpus': String(r.gpus.length) },
-    el('a', { class: 'node', href: `/ui/clients/${encodeURIComponent(n.id)}`, text: n.name, title: `${n.name} · pool ${n.node_pool}` }),
+    el('a', { class: 'node', href: `/ui/clients/${encodeURIComponent(n.id)}` + (n.region ? `?region=${encodeURIComponent(n.region)}` : ''), text: n.name,
+      title: `${n.name} · pool ${n.node_pool}` + (n.region ? ` · region ${n.region}` : '') }),
     el('span', { class: 'pool', text: n.node_pool }),
     el('span', { class: 'marks', text: marks.join(' · ') }),
     cells);
@@ -559,7 +565,7 @@ $('forget').addEventListener('click', () => {
   show();
 });
 if (token()) $('token').placeholder = 'token set for this tab';
-for (const id of ['f-pool', 'f-model', 'f-tenant', 'f-node']) $(id).addEventListener('input', () => { $('map-rows').scrollTop = 0; renderMap(); });
+for (const id of ['f-region', 'f-pool', 'f-model', 'f-tenant', 'f-node']) $(id).addEventListener('input', () => { $('map-rows').scrollTop = 0; renderMap(); });
 $('map-rows').addEventListener('scroll', () => requestAnimationFrame(drawRows));
 $('p-7').addEventListener('click', () => { period(7); report(); });
 $('p-30').addEventListener('click', () => { period(30); report(); });
