@@ -390,7 +390,7 @@ func (a *Agent) reclaimer() *reclaimer.Reclaimer {
 		Requeue: &reclaimer.Requeue{Jobs: a.nomad, Actor: a.nomad, Queue: st.queue, Policies: a.policies, Preempted: st.backoffs.Preempted},
 		Watchers: []reclaimer.Watcher{&reclaimer.Recorder{Store: st.storedProfiles, Table: st.profiles, Policies: a.policies},
 			&reclaimer.Ledger{Store: st.rollups, Policies: a.policies, Metrics: a.metrics, Budgets: a.budgets, Clock: a.nomad.NomadNow,
-				Ended: observer.Ended, EndedSince: observer.EndedSince, Granted: granted},
+				Ended: observer.Ended, EndedSince: observer.EndedSince, Granted: granted, Elsewhere: a.elsewhere(observer.Verify)},
 			&reclaimer.Bander{Log: a.log.Named("band"), Policies: a.policies, Usage: a.view, Jobs: a.nomad, Grants: st.scales,
 				Stops: st.stops, Stamper: a.stamper, Lock: a.view.LockJob, Audit: a.trail},
 			&reclaimer.Repinner{Log: a.log.Named("repin"), Policies: a.policies, View: a.view, Jobs: a.nomad, Grants: st.scales,
@@ -428,6 +428,19 @@ func (a *Agent) reclaimer() *reclaimer.Reclaimer {
 				}}},
 		Metrics: a.metrics, Audit: a.trail, Forecast: a.forecast, Queued: st.queue,
 		Granted: granted}
+}
+
+// elsewhere observes the other regions for the usage ledger (nil: the
+// broker governs one), each through its own client and view.
+func (a *Agent) elsewhere(verify func(context.Context, *nomad.Job) (bool, bool)) *reclaimer.Elsewhere {
+	if len(a.others) == 0 {
+		return nil
+	}
+	observers := map[string]reclaimer.RegionObserver{}
+	for name, r := range a.others {
+		observers[name] = &nomadapi.Observer{Client: a.nomad.Region(name), View: r.view, Verify: verify, Samples: r.view.SetSamples}
+	}
+	return &reclaimer.Elsewhere{Log: a.log.Named("usage"), Observers: observers}
 }
 
 // reloads reads nomad.token_file again at each SIGHUP (a revoked or rotated

@@ -1,6 +1,7 @@
 package integration
 
 import (
+	"encoding/json"
 	"fmt"
 	"os"
 	"strings"
@@ -9,6 +10,7 @@ import (
 
 	"github.com/hashicorp/nomad/api"
 
+	"github.com/nomad-gpu/nomad-gpu/broker/server"
 	"github.com/nomad-gpu/nomad-gpu/testing/browser"
 	"github.com/nomad-gpu/nomad-gpu/testing/testcluster"
 )
@@ -277,6 +279,23 @@ func TestRegions(t *testing.T) {
 			t.Errorf("gpu-broker region resume east: want no region drained:\n%s", out)
 		}
 		runsIn(east, "east", "e5")
+	})
+	t.Run("GPU time is counted in every region, and split by region", func(t *testing.T) {
+		testcluster.WaitFor(t, 30*time.Second, "GPU-hours in east and west", func() error {
+			var rep server.UsageReport
+			out := e.brokerCLI("usage", "-from", time.Now().UTC().Format("2006-01-02"), "-by", "region", "-json")
+			if err := json.Unmarshal([]byte(out), &rep); err != nil {
+				return fmt.Errorf("%v: %s", err, out)
+			}
+			hours := map[string]float64{}
+			for _, r := range rep.Rows {
+				hours[r.Group] = r.AllocatedHours
+			}
+			if len(hours) != 2 || hours["east"] <= 0 || hours["west"] <= 0 {
+				return fmt.Errorf("allocated GPU-hours by region %v, want east's and west's", hours)
+			}
+			return nil
+		})
 	})
 	t.Run("the web UI's map filters by region", func(t *testing.T) {
 		nodes, _, err := west.API.Nodes().List(nil)

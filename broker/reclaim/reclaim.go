@@ -42,6 +42,9 @@ type Alloc struct {
 	// Undeclared says how its job would use GPUs it does not ask for (it
 	// then holds none in Nomad's accounting); "" for a GPU allocation.
 	Undeclared string
+	// Region is the Nomad region it runs in, when it is not the broker's
+	// own (the usage ledger's only: the rules see the broker's own region).
+	Region string
 }
 
 // GPU is one GPU's latest state.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"time"
 
@@ -75,6 +76,10 @@ type Ledger struct {
 	// Granted is, by tenant, the GPUs above its limit that the approvals in
 	// force at now grant (nil: none): not over the limit.
 	Granted func(now time.Time) map[string]float64
+	// Elsewhere observes the other regions the broker governs (nil: none):
+	// their GPU time is charged with the broker's own region's, each row
+	// marked with its region.
+	Elsewhere *Elsewhere
 
 	// since is where this term's first charge started (zero before it),
 	// and charged the allocations its last pass charged as started.
@@ -137,7 +142,14 @@ func (l *Ledger) Observed(ctx context.Context, now time.Time, allocs []reclaim.A
 		from = now.Add(-usage.MaxInterval) // this clock may have stepped: not the whole step
 		floor = from
 	}
-	all, err := l.withEnded(ctx, allocs, through)
+	var elsewhereEnded []reclaim.Alloc
+	if l.Elsewhere != nil {
+		more, ended, g := l.Elsewhere.Observe(ctx)
+		allocs, elsewhereEnded = append(slices.Clip(allocs), more...), ended
+		gpus = maps.Clone(gpus)
+		maps.Copy(gpus, g)
+	}
+	all, err := l.withEnded(ctx, allocs, through, elsewhereEnded)
 	if err != nil {
 		return err
 	}
@@ -308,13 +320,14 @@ func (l *Ledger) charge(from, floor, now time.Time, allocs []reclaim.Alloc, gpus
 	return usage.Charge(floor, now, bounded, gpus, p.Usage.IdleBelow, p.ClassOf)
 }
 
-// withEnded is allocs and the ended ones that are not among them (one may
-// have ended between the pass's observation and now); a term's first pass
-// adds those that ended since through, while no broker led.
-func (l *Ledger) withEnded(ctx context.Context, allocs []reclaim.Alloc, through time.Time) ([]reclaim.Alloc, error) {
-	var ended []reclaim.Alloc
+// withEnded is allocs and the ended ones (those of the other regions,
+// elsewhere, with the broker's own) that are not among them (one may have
+// ended between the pass's observation and now); a term's first pass adds
+// those that ended since through, while no broker led.
+func (l *Ledger) withEnded(ctx context.Context, allocs []reclaim.Alloc, through time.Time, elsewhere []reclaim.Alloc) ([]reclaim.Alloc, error) {
+	ended := elsewhere
 	if l.Ended != nil {
-		ended = l.Ended()
+		ended = append(slices.Clip(ended), l.Ended()...)
 	}
 	if l.EndedSince != nil && l.lastLocal.IsZero() && !through.IsZero() {
 		gap, err := l.EndedSince(ctx, through)

@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hashicorp/go-hclog"
+
 	"github.com/nomad-gpu/nomad-gpu/broker/reclaim"
 	"github.com/nomad-gpu/nomad-gpu/broker/reclaimer"
 	"github.com/nomad-gpu/nomad-gpu/broker/usage"
@@ -362,5 +364,58 @@ func TestWhatEndedWhileNoBrokerLedIsCharged(t *testing.T) {
 	now = now.Add(time.Minute)
 	if err := l.Observed(context.Background(), now, nil, nil); err != nil || store.byDay["2026-11-30"].Rows[0].Seconds.Allocated != 302 {
 		t.Errorf("charged again: %+v (%v)", store.byDay["2026-11-30"].Rows, err)
+	}
+}
+
+// regionObserver is one other region as Elsewhere observes it.
+type regionObserver struct {
+	allocs []reclaim.Alloc
+	ended  []reclaim.Alloc
+	err    error
+}
+
+func (o *regionObserver) Observe(context.Context) ([]reclaim.Alloc, map[string]reclaim.GPU, error) {
+	if o.err != nil {
+		return nil, nil, o.err
+	}
+	return append([]reclaim.Alloc(nil), o.allocs...), map[string]reclaim.GPU{}, nil
+}
+func (o *regionObserver) Ended() []reclaim.Alloc { return o.ended }
+
+// Another region's GPU time is charged with the broker's own, in rows of its
+// region; while the region cannot be observed it is charged as last
+// observed, and an allocation that ended there (lost with the region) up to
+// its end.
+func TestTheLedgerChargesEveryRegionSplitByRegion(t *testing.T) {
+	t0 := time.Date(2026, 11, 30, 8, 0, 0, 0, time.UTC)
+	store := &days{byDay: map[string]usage.Rollup{}}
+	west := &regionObserver{allocs: []reclaim.Alloc{{ID: "w", Namespace: "vision", JobID: "train", Admitted: true, Tenant: "vision", Queue: "dev",
+		StartedAt: t0, GPUs: []string{"w0", "w1"}}}}
+	home := []reclaim.Alloc{{ID: "e", Namespace: "vision", JobID: "nb", Admitted: true, Tenant: "vision", Queue: "dev", StartedAt: t0, GPUs: []string{"e0"}}}
+	l := &reclaimer.Ledger{Store: store, Policies: testbuild.Fixed{P: testbuild.Policy(t, src)},
+		Elsewhere: &reclaimer.Elsewhere{Log: hclog.NewNullLogger(), Observers: map[string]reclaimer.RegionObserver{"west": west}}}
+	pass := func(at time.Duration) {
+		t.Helper()
+		if err := l.Observed(context.Background(), t0.Add(at), home, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pass(0)
+	pass(30 * time.Second)
+	west.err = errors.New("no path to region west")
+	pass(60 * time.Second) // charged as last observed
+	lost := west.allocs[0]
+	lost.EndedAt = t0.Add(75 * time.Second)
+	west.ended = []reclaim.Alloc{lost}
+	pass(90 * time.Second) // up to its end
+	got := map[string]float64{}
+	for _, r := range store.byDay["2026-11-30"].Rows {
+		got[r.Region] += r.Allocated
+	}
+	if len(got) != 2 || got[""] != 90 || got["west"] != 2*75 {
+		t.Errorf("allocated GPU-seconds by region %v, want the broker's own 90 (1 GPU × 90 s), west's 150 (2 GPUs × 75 s)", got)
+	}
+	if rows := usage.Report([]usage.Rollup{store.byDay["2026-11-30"]}, usage.ByRegion, func(string) float64 { return 0 }); len(rows) != 2 || rows[1].Group != "west" {
+		t.Errorf("report by region %+v, want the broker's own and west", rows)
 	}
 }

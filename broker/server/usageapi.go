@@ -96,9 +96,9 @@ func (s *Server) usageReport(w http.ResponseWriter, r *http.Request) {
 	switch rep.By {
 	case "":
 		rep.By = usage.ByTenant
-	case usage.ByTenant, usage.ByQueue, usage.ByClass:
+	case usage.ByTenant, usage.ByQueue, usage.ByClass, usage.ByRegion:
 	default:
-		writeError(w, fail(errBadRequest, "by=%q: report by tenant, queue or class", rep.By))
+		writeError(w, fail(errBadRequest, "by=%q: report by tenant, queue, class or region", rep.By))
 		return
 	}
 	days, err := s.rollups.Days(r.Context(), rep.From, to.AddDate(0, 0, -1).Format(usage.DayFormat))
@@ -134,6 +134,14 @@ func (s *Server) usageReport(w http.ResponseWriter, r *http.Request) {
 		}
 		return 0
 	})
+	if rep.By == usage.ByRegion && s.region != "" {
+		for i := range rep.Rows {
+			if rep.Rows[i].Group == "" {
+				rep.Rows[i].Group = s.region // the broker's own
+			}
+		}
+		sort.Slice(rep.Rows, func(i, j int) bool { return rep.Rows[i].Group < rep.Rows[j].Group })
+	}
 	writeJSON(w, http.StatusOK, rep)
 }
 

@@ -12,6 +12,9 @@ type Key struct {
 	Tenant string `json:"tenant"`
 	Queue  string `json:"queue"`
 	Class  string `json:"gpu_class"`
+	// Region is the Nomad region the GPUs are in, when the broker governs
+	// several ("": the broker's own).
+	Region string `json:"region,omitempty"`
 }
 
 // Seconds are GPU-seconds: allocated = busy + idle.
@@ -82,7 +85,7 @@ func interval(prev, now time.Time, allocs []reclaim.Alloc, gpus map[string]recla
 		}
 		for _, id := range a.GPUs {
 			g, ok := gpus[id]
-			k := Key{Tenant: a.Tenant, Queue: a.Queue, Class: classOf(g.Model)}
+			k := Key{Tenant: a.Tenant, Queue: a.Queue, Class: classOf(g.Model), Region: a.Region}
 			s := out[k]
 			// A time-sliced replica is charged its share of the GPU.
 			t := span * g.Share()

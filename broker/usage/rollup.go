@@ -4,8 +4,9 @@ import (
 	"sort"
 )
 
-// Rollup is one UTC day's GPU time by tenant, queue and class: bounded by
-// tenants × queues × classes, whatever the number of jobs.
+// Rollup is one UTC day's GPU time by tenant, queue, class and region:
+// bounded by tenants × queues × classes × regions, whatever the number of
+// jobs.
 type Rollup struct {
 	Day  string `json:"day"` // YYYY-MM-DD
 	Rows []Row  `json:"rows"`
@@ -27,7 +28,7 @@ func (r *Rollup) AddOverLimit(by map[string]float64) {
 	}
 }
 
-// Row is the GPU time of one tenant, queue and class.
+// Row is the GPU time of one tenant, queue, class and region.
 type Row struct {
 	Key
 	Seconds
@@ -58,7 +59,10 @@ func (k Key) less(o Key) bool {
 	if k.Queue != o.Queue {
 		return k.Queue < o.Queue
 	}
-	return k.Class < o.Class
+	if k.Class != o.Class {
+		return k.Class < o.Class
+	}
+	return k.Region < o.Region
 }
 
 // Groupings of a report.
@@ -66,6 +70,8 @@ const (
 	ByTenant = "tenant"
 	ByQueue  = "queue"
 	ByClass  = "class"
+	// ByRegion groups by Nomad region, "" being the broker's own.
+	ByRegion = "region"
 )
 
 // ReportRow is GPU-hours and cost of one group over a period.
@@ -95,6 +101,8 @@ func Report(days []Rollup, by string, price func(class string) float64) []Report
 				g = row.Queue
 			case ByClass:
 				g = row.Class
+			case ByRegion:
+				g = row.Region
 			}
 			r := groups[g]
 			if r == nil {

@@ -41,7 +41,7 @@ func client(args []string) int {
 		top = fs.Int("top", server.DefaultRightSizingTop, "with -rightsizing: jobs per tenant (0: all)")
 		from = fs.String("from", "", "GPU-hours and cost from this day (YYYY-MM-DD, UTC)")
 		to = fs.String("to", "", "with -from: up to, not including, this day (default: through today)")
-		by = fs.String("by", "tenant", "with -from: tenant, queue or class")
+		by = fs.String("by", "tenant", "with -from: tenant, queue, class or region")
 		asCSV = fs.Bool("csv", false, "with -from: print CSV")
 		trace = fs.Bool("trace", false, "the GPU jobs of the last -since as a trace for gpu-broker simulate -trace (JSON lines)")
 	}
