@@ -83,6 +83,8 @@ bench: ## Benchmarks, side by side with ratios to each group's baseline
 	@$(GO) test -run '^$$' -bench 'BenchmarkRegister$$' -benchtime $(or $(AGENT_BENCHTIME),300x) ./broker/integration/ | awk -f scripts/benchtable.awk
 	@$(GO) test -run '^$$' -bench 'BenchmarkQueueAdmission$$' -benchtime 1x ./broker/integration/ | awk -f scripts/benchtable.awk
 	@$(GO) test -run '^$$' -bench 'BenchmarkQueuedSubmission$$' -benchtime 1x ./broker/integration/ | awk -f scripts/benchtable.awk
+	@# The same drain into two federated regions, the jobs leaving the region to the broker.
+	@$(GO) test -run '^$$' -bench 'BenchmarkQueueAdmissionTwoRegions$$' -benchtime 1x ./broker/integration/ | awk -f scripts/benchtable.awk
 	@# NVLink islands: multi-GPU allocations spanning islands, without and with island_groups.
 	@$(GO) test -run '^$$' -bench 'BenchmarkIslandSpanning$$' -benchtime 1x ./device-plugin/integration/ | awk -f scripts/benchtable.awk
 	@# The simulator at its goal's size: 10,000 GPUs, 1,000,000 jobs.

@@ -58,37 +58,12 @@ func (s *Sequence) dispatch(p *policy.Policy, req *nomadjob.Request) (region, no
 	if !req.QueuedAt.IsZero() {
 		waited = s.Clock.Now().Sub(req.QueuedAt)
 	}
+	jobs, in, why, drained := candidates(r, req, names)
 	var (
 		chosen, waits string
-		drained       string // the first drained region: one to wait in, if no other
 		most          float64
-		why           []string
-		jobs          []admission.Job
-		in            []string
 		before        time.Duration // ordered: spill_after for each region before this one that could take it
 	)
-	for _, name := range names {
-		if since, err := r.Unreachable(name); !since.IsZero() {
-			why = append(why, fmt.Sprintf("%s: unreachable since %s (%s)", name, since.UTC().Format(time.RFC3339), err))
-			continue
-		}
-		if by := r.Drained(name); by != "" {
-			why = append(why, fmt.Sprintf("%s: drained (%s)", name, by))
-			if drained == "" {
-				drained = name
-			}
-			continue
-		}
-		v, key, _ := r.In(name)
-		groups, err := nomadjob.Groups(req.Job, nomadjob.Placement{PreserveCounts: req.PreserveCounts, NodesFitting: v.NodesFitting})
-		if err != nil {
-			why = append(why, fmt.Sprintf("%s: %v", name, err))
-			continue
-		}
-		j := nomadjob.AdmissionJob(req.Job, req.Namespace, groups)
-		j.ID, j.Where.Region = req.JobID, key
-		jobs, in = append(jobs, j), append(in, name)
-	}
 	r.EachUsage(p, jobs, func(i int, u admission.Usage) bool {
 		name := in[i]
 		d := r.Hold(p, jobs[i], s.Enricher.Decide(p, jobs[i], u))
@@ -128,6 +103,36 @@ func (s *Sequence) dispatch(p *policy.Policy, req *nomadjob.Request) (region, no
 		return waits, fmt.Sprintf("region %s to wait in (dispatch %s; no region admits it now: %s)", waits, mode, strings.Join(why, "; ")), nil
 	}
 	return "", "", &JobError{fmt.Errorf("no region this broker governs can take it: %s", strings.Join(why, "; "))}
+}
+
+// candidates are the job as each region of names that may take new work
+// would decide on it (its groups on that region's nodes), and those regions;
+// why says why each other region may not, and drained is the first drained
+// region, one to wait in if no other takes the job.
+func candidates(r Dispatching, req *nomadjob.Request, names []string) (jobs []admission.Job, in, why []string, drained string) {
+	for _, name := range names {
+		if since, err := r.Unreachable(name); !since.IsZero() {
+			why = append(why, fmt.Sprintf("%s: unreachable since %s (%s)", name, since.UTC().Format(time.RFC3339), err))
+			continue
+		}
+		if by := r.Drained(name); by != "" {
+			why = append(why, fmt.Sprintf("%s: drained (%s)", name, by))
+			if drained == "" {
+				drained = name
+			}
+			continue
+		}
+		v, key, _ := r.In(name)
+		groups, err := nomadjob.Groups(req.Job, nomadjob.Placement{PreserveCounts: req.PreserveCounts, NodesFitting: v.NodesFitting})
+		if err != nil {
+			why = append(why, fmt.Sprintf("%s: %v", name, err))
+			continue
+		}
+		j := nomadjob.AdmissionJob(req.Job, req.Namespace, groups)
+		j.ID, j.Where.Region = req.JobID, key
+		jobs, in = append(jobs, j), append(in, name)
+	}
+	return jobs, in, why, drained
 }
 
 // ordered are the regions governed (names, the broker's own first) in the

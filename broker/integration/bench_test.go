@@ -392,6 +392,100 @@ func BenchmarkQueueAdmission(b *testing.B) {
 	b.ReportMetric(nomadRate(b, n, gpus, job), "nomad-registrations/s")
 }
 
+// BenchmarkQueueAdmissionTwoRegions: BenchmarkQueueAdmission over two
+// federated regions of 400 GPUs each, the 5,000 queued jobs leaving their
+// region to the broker (meta nomad-gpu.region = "auto"): once both regions'
+// blockers stop, the leader dispatches and admits 800 of them, 400 into each
+// region. It reports admissions/s, how many went to each region, and Nomad's
+// own registration rate into one region.
+func BenchmarkQueueAdmissionTwoRegions(b *testing.B) {
+	const perRegion, queued = 400, 5000
+	consul := testcluster.StartConsul(b)
+	regions := map[string]*testcluster.Nomad{}
+	for _, name := range []string{"east", "west"} {
+		n := testcluster.StartNomad(b, testcluster.NomadOptions{Name: "q" + name, Server: true, Client: true, ConsulAddr: consul.Addr,
+			PluginConfig: fmt.Sprintf("\n    backend = \"fake\"\n    fake {\n      count = %d\n      id_prefix = %q\n    }", perRegion, name),
+			ExtraHCL:     fmt.Sprintf("region = %q\nplugin \"mock_driver\" {}\nlimits {\n  http_max_conns_per_client = 0\n}\n", name)})
+		n.WaitForNodes(b, 1)
+		if _, err := n.API.Namespaces().Register(&api.Namespace{Name: "vision"}, nil); err != nil {
+			b.Fatal(err)
+		}
+		regions[name] = n
+	}
+	east, west := regions["east"], regions["west"]
+	if _, err := east.API.Agent().Join(west.SerfAddr); err != nil {
+		b.Fatal(err)
+	}
+	dir := b.TempDir()
+	writeFile(b, filepath.Join(dir, "p.hcl"), fmt.Sprintf(`
+queue "training" { priority = 60 }
+tenant "vision" {
+  namespaces = ["vision"]
+  queues     = ["training"]
+  guaranteed = %d
+  limit      = %d
+  max_queued = %d
+}
+`, 2*perRegion, 2*perRegion, queued))
+	broker := testcluster.StartReleaseBrokerWith(b, east, consul, dir, testcluster.BrokerOptions{Config: "enable_debug = true\nregion \"west\" {}"})
+	in := func(region string, body []byte) []byte {
+		return bytes.Replace(body, []byte(`"Namespace":"vision",`), []byte(`"Namespace":"vision","Region":"`+region+`",`), 1)
+	}
+	auto := func(id string, count int) []byte {
+		return bytes.Replace(mockGPUJob(id, count), []byte(`"Type":"batch",`), []byte(`"Type":"batch","Meta":{"nomad-gpu.region":"auto"},`), 1)
+	}
+	testcluster.WaitFor(b, 90*time.Second, "the broker's view of both regions' GPUs", func() error {
+		for name := range regions {
+			if out := register(b, broker, in(name, mockGPUJob("blocker", perRegion))); !strings.Contains(out, "admitted") {
+				return fmt.Errorf("blocker in %s: %s", name, out)
+			}
+		}
+		return nil
+	})
+	store := consulkv.NewQueue(consulKV(consul), "nomad-gpu/", nil)
+	now := time.Now()
+	for i := 0; i < queued; i++ {
+		id := fmt.Sprintf("q-%05d", i)
+		e := queue.Entry{ID: queue.NewID(), JobID: id, Namespace: "vision", Tenant: "vision", Queue: "training", Demand: 1,
+			Reason: "benchmark", SubmittedBy: "bench", SubmittedAt: now.Add(time.Duration(i) * time.Millisecond), Request: auto(id, 1)}
+		if err := store.Put(b.Context(), e); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ResetTimer()
+	start := time.Now()
+	for name, n := range regions {
+		if _, _, err := n.API.Jobs().Deregister("blocker", false, &api.WriteOptions{Namespace: "vision", Region: name}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	left := queued
+	for time.Since(start) < 5*time.Minute {
+		entries, err := store.List(b.Context())
+		if err != nil {
+			b.Fatal(err)
+		}
+		if left = len(entries); left <= queued-2*perRegion {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	elapsed := time.Since(start)
+	b.StopTimer()
+	if left > queued-2*perRegion {
+		b.Fatalf("%d of %d admitted in %s", queued-left, 2*perRegion, elapsed)
+	}
+	b.ReportMetric(float64(queued-left)/elapsed.Seconds(), "admissions/s")
+	for name, n := range regions {
+		stubs, _, err := n.API.Jobs().List(&api.QueryOptions{Namespace: "vision", Prefix: "q-", Region: name})
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.ReportMetric(float64(len(stubs)), "jobs-in-"+name)
+	}
+	b.ReportMetric(nomadRate(b, east, 2*perRegion, mockGPUJob), "nomad-registrations/s")
+}
+
 // nomadRate is the bound a drain cannot beat: the same jobs registered
 // straight with Nomad, as many at once as the broker's leader sends
 // (Admitter.Parallel in gpu-broker serve).
