@@ -34,8 +34,9 @@ type Dispatching interface {
 // (meta nomad-gpu.region = "auto", or its queue's region = "auto"): the
 // region it runs in, if any (a running job never moves); else, among the
 // regions whose decision admits it now, the first in the policy's order
-// (ordered; a region only once the job has waited spill_after for each
-// region before it that could take it) or the one with the most idle GPUs
+// (ordered: the first with the job's GPUs idle, else the first; a region
+// only once the job has waited spill_after for each region before it that
+// could take it) or the one with the most idle GPUs
 // of its class (best_fit), a drained region never; else the
 // first where it may wait for GPUs, or for a drained region to resume,
 // where it queues (each queue pass chooses again). A job no
@@ -63,6 +64,7 @@ func (s *Sequence) dispatch(p *policy.Policy, req *nomadjob.Request) (region, no
 		chosen, waits string
 		most          float64
 		before        time.Duration // ordered: spill_after for each region before this one that could take it
+		full          [][2]string   // ordered: regions that admit the job but have too few GPUs idle for it now, and why
 	)
 	r.EachUsage(p, jobs, func(i int, u admission.Usage) bool {
 		name := in[i]
@@ -77,10 +79,21 @@ func (s *Sequence) dispatch(p *policy.Policy, req *nomadjob.Request) (region, no
 				why = append(why, fmt.Sprintf("%s: admits it once it has waited %s for the regions before it (spill_after %s)", name, need, how.SpillAfter))
 				return true
 			}
-			if idle := idleFor(u, d.Demand); chosen == "" || idle > most {
-				chosen, most = name, idle
+			idle := idleFor(u, d.Demand)
+			if mode == policy.DispatchBestFit {
+				if chosen == "" || idle > most {
+					chosen, most = name, idle
+				}
+				return true
 			}
-			return mode == policy.DispatchBestFit // ordered: the first that admits
+			if idle+1e-9 >= d.Demand.Total() {
+				chosen = name
+				return false // ordered: the first that admits it where its GPUs are idle
+			}
+			// Admitted within a guarantee, it would preempt, or wait in
+			// Nomad: only where no region has its GPUs idle.
+			full = append(full, [2]string{name, fmt.Sprintf("%s: admits it, but %g of its %g GPUs are idle there", name, idle, d.Demand.Total())})
+			return true
 		case admission.Queue:
 			if waits == "" {
 				waits = name
@@ -91,9 +104,22 @@ func (s *Sequence) dispatch(p *policy.Policy, req *nomadjob.Request) (region, no
 		}
 		return true
 	})
+	for _, f := range full {
+		if chosen == "" {
+			chosen = f[0] // the first that admits it: preemption aims at one region
+		} else if f[0] != chosen {
+			why = append(why, f[1])
+		}
+	}
 	if waits == "" {
 		waits = drained
 	}
+	return told(chosen, waits, mode, why)
+}
+
+// told is dispatch's answer: the region chosen, else the one to wait in,
+// else the job's error; why says why each other region was not chosen.
+func told(chosen, waits, mode string, why []string) (region, note string, err error) {
 	switch {
 	case chosen != "" && len(why) == 0:
 		return chosen, fmt.Sprintf("region %s (dispatch %s)", chosen, mode), nil

@@ -95,6 +95,15 @@ func TestAJobLeavingItsRegionToTheBrokerGoesToOne(t *testing.T) {
 			t.Errorf("vision capped at 0 in east: dispatched to %q (%s), %v; want west", r.Dispatched, r.Dispatch, err)
 		}
 	})
+	t.Run("ordered passes over a region that admits the job but has too few GPUs idle for it", func(t *testing.T) {
+		seq, _ := regions()
+		east, _, _ := seq.Cluster.(*cluster.Regions).In("east")
+		east.ObserveJob(testbuild.Job("vision", "holds-east").Meta(nomadjob.MetaQueue, "training").Group("g", 1, 2, "nvidia/gpu").Build())
+		r, err := seq.Prepare(context.Background(), testbuild.Policy(t, policySrc), request(t, auto("a", 2)), &versions{})
+		if err != nil || r.Dispatched != "west" || !strings.Contains(r.Dispatch, "not east: admits it, but 0 of its 2 GPUs are idle there") {
+			t.Errorf("east full, within vision's guarantee: dispatched to %q (%s), %v; want west", r.Dispatched, r.Dispatch, err)
+		}
+	})
 	t.Run("ordered spills to the next region only once the job has waited spill_after", func(t *testing.T) {
 		seq, _ := regions()
 		capped := strings.Replace(policySrc, "  limit      = 4\n}", "  limit      = 4\n  region \"east\" {\n    limit = 0\n  }\n}", 1) + `spill_after = "30m"`
