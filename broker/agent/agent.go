@@ -385,12 +385,13 @@ func (a *Agent) reclaimer() *reclaimer.Reclaimer {
 	observer := &nomadapi.Observer{Client: a.nomad, View: a.view, Verify: decide.Verifier(a.stamper, st.scales, st.stops), Samples: a.view.SetSamples}
 	prune := a.log.Named("prune")
 	granted := approval.ExtraGranted(a.policies, st.approvals)
-	return &reclaimer.Reclaimer{Log: a.log.Named("reclaim"), Records: st.decisions, Observer: observer, Actor: a.nomad, Policies: a.policies,
+	elsewhere := a.elsewhere(observer.Verify)
+	return &reclaimer.Reclaimer{Elsewhere: elsewhere,Log: a.log.Named("reclaim"), Records: st.decisions, Observer: observer, Actor: a.nomad, Policies: a.policies,
 		Clock: clock.Real, NewID: queue.NewID,
 		Requeue: &reclaimer.Requeue{Jobs: a.nomad, Actor: a.nomad, Queue: st.queue, Policies: a.policies, Preempted: st.backoffs.Preempted},
 		Watchers: []reclaimer.Watcher{&reclaimer.Recorder{Store: st.storedProfiles, Table: st.profiles, Policies: a.policies},
 			&reclaimer.Ledger{Store: st.rollups, Policies: a.policies, Metrics: a.metrics, Budgets: a.budgets, Clock: a.nomad.NomadNow,
-				Ended: observer.Ended, EndedSince: observer.EndedSince, Granted: granted, Elsewhere: a.elsewhere(observer.Verify)},
+				Ended: observer.Ended, EndedSince: observer.EndedSince, Granted: granted, Elsewhere: elsewhere},
 			&reclaimer.Bander{Log: a.log.Named("band"), Policies: a.policies, Usage: a.view, Jobs: a.nomad, Grants: st.scales,
 				Stops: st.stops, Stamper: a.stamper, Lock: a.view.LockJob, Audit: a.trail},
 			&reclaimer.Repinner{Log: a.log.Named("repin"), Policies: a.policies, View: a.view, Jobs: a.nomad, Grants: st.scales,
@@ -430,8 +431,9 @@ func (a *Agent) reclaimer() *reclaimer.Reclaimer {
 		Granted: granted}
 }
 
-// elsewhere observes the other regions for the usage ledger (nil: the
-// broker governs one), each through its own client and view.
+// elsewhere observes the other regions for the reclaim rules and the usage
+// ledger, and acts there (nil: the broker governs one), each region through
+// its own client and view.
 func (a *Agent) elsewhere(verify func(context.Context, *nomad.Job) (bool, bool)) *reclaimer.Elsewhere {
 	if len(a.others) == 0 {
 		return nil
@@ -440,7 +442,8 @@ func (a *Agent) elsewhere(verify func(context.Context, *nomad.Job) (bool, bool))
 	for name, r := range a.others {
 		observers[name] = &nomadapi.Observer{Client: a.nomad.Region(name), View: r.view, Verify: verify, Samples: r.view.SetSamples}
 	}
-	return &reclaimer.Elsewhere{Log: a.log.Named("usage"), Observers: observers}
+	return &reclaimer.Elsewhere{Log: a.log.Named("reclaim"), Observers: observers,
+		In: func(region string) reclaimer.RegionalActor { return a.nomad.Region(region) }}
 }
 
 // reloads reads nomad.token_file again at each SIGHUP (a revoked or rotated

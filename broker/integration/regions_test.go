@@ -36,6 +36,11 @@ tenant "audio" {
 borrowing { enabled = true }
 region_lost_timeout = "5s"
 reclaim_settings { period = "2s" }
+reclaim "unadmitted" {
+  unadmitted = true
+  action     = "stop"
+  mode       = "enforce"
+}
 `
 
 // startRegion starts a Nomad server and client of region name with gpus fake
@@ -279,6 +284,26 @@ func TestRegions(t *testing.T) {
 			t.Errorf("gpu-broker region resume east: want no region drained:\n%s", out)
 		}
 		runsIn(east, "east", "e5")
+	})
+	t.Run("the reclaim rules see every region, and act where the job runs", func(t *testing.T) {
+		// Registered straight with west, past the broker: rule unadmitted
+		// stops it there.
+		if out, err := e.nomadCLI("job", "run", "-detach", "-address", west.Addr, inRegion("bypass", "west", 1)); err != nil {
+			t.Fatalf("bypass, straight to west: %v\n%s", err, out)
+		}
+		testcluster.WaitFor(t, 60*time.Second, "bypass stopped in west", func() error {
+			job, _, err := west.API.Jobs().Info("bypass", &api.QueryOptions{Namespace: "vision"})
+			if err != nil {
+				return err
+			}
+			if job.Stop == nil || !*job.Stop {
+				return fmt.Errorf("bypass runs in west")
+			}
+			return nil
+		})
+		if trail := auditTrail(t, e); !strings.Contains(trail, `"what":"reclaim-action"`) || !strings.Contains(trail, `"job":"bypass","rule":"unadmitted","result":"executed stop`) {
+			t.Errorf("want the stop in the audit trail:\n%s", trail)
+		}
 	})
 	t.Run("GPU time is counted in every region, and split by region", func(t *testing.T) {
 		testcluster.WaitFor(t, 30*time.Second, "GPU-hours in east and west", func() error {

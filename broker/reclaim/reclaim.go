@@ -43,7 +43,7 @@ type Alloc struct {
 	// then holds none in Nomad's accounting); "" for a GPU allocation.
 	Undeclared string
 	// Region is the Nomad region it runs in, when it is not the broker's
-	// own (the usage ledger's only: the rules see the broker's own region).
+	// own ("").
 	Region string
 }
 
@@ -73,6 +73,7 @@ type Decision struct {
 	Condition policy.Condition
 	Namespace string
 	JobID     string
+	Region    string // the job's Nomad region ("": the broker's own)
 	// Allocs are the allocations the decision is about; WholeJob is true when
 	// they are every GPU allocation of the job (a stop then stops the job).
 	Allocs   []string
@@ -109,7 +110,7 @@ func (e *Engine) Pass(now time.Time, rules []*policy.ReclaimRule, allocs []Alloc
 	e.observe(now, rules, allocs, gpus)
 	byJob := map[[2]string][]Alloc{}
 	for _, a := range allocs {
-		k := [2]string{a.Namespace, a.JobID}
+		k := jobOf(a)
 		byJob[k] = append(byJob[k], a)
 	}
 	var out []Decision
@@ -233,7 +234,7 @@ func (e *Engine) holdings(allocs []Alloc, gpus map[string]GPU) (map[string]float
 		}
 		live[a.ID] = true
 		held[a.Tenant] += share(a, gpus)
-		k := [2]string{a.Namespace, a.JobID}
+		k := jobOf(a)
 		byJob[k] = append(byJob[k], a)
 	}
 	for id := range e.going {
@@ -527,13 +528,22 @@ func Selects(r *policy.ReclaimRule, a Alloc) bool {
 
 func decision(now time.Time, r *policy.ReclaimRule, hit []Alloc, whole bool, evidence []string) Decision {
 	d := Decision{Rule: r.Name, Action: r.Action, Mode: r.Mode, Condition: r.Condition, Namespace: hit[0].Namespace,
-		JobID: hit[0].JobID, WholeJob: whole, Tenant: hit[0].Tenant, Queue: hit[0].Queue,
+		JobID: hit[0].JobID, Region: hit[0].Region, WholeJob: whole, Tenant: hit[0].Tenant, Queue: hit[0].Queue,
 		Evidence: strings.Join(evidence, "; "), ActAfter: now.Add(r.Grace)}
 	for _, a := range hit {
 		d.Allocs = append(d.Allocs, a.ID)
 		d.GPUs += len(a.GPUs)
 	}
 	return d
+}
+
+// jobOf keys an allocation's job: its namespace (then region, so that a
+// job of the same name in two regions is two jobs) and id.
+func jobOf(a Alloc) [2]string {
+	if a.Region == "" {
+		return [2]string{a.Namespace, a.JobID}
+	}
+	return [2]string{a.Namespace + "\x00" + a.Region, a.JobID}
 }
 
 func sortedJobs(byJob map[[2]string][]Alloc) [][2]string {

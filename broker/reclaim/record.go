@@ -32,6 +32,7 @@ type Record struct {
 	Mode       policy.Mode   `json:"mode"`
 	Namespace  string        `json:"namespace"`
 	Job        string        `json:"job"`
+	Region     string        `json:"region,omitempty"` // the job's Nomad region ("": the broker's own)
 	Allocs     []string      `json:"allocs"`
 	WholeJob   bool          `json:"whole_job"`
 	Tenant     string        `json:"tenant"`
@@ -57,7 +58,7 @@ func NewRecord(id string, d Decision, now time.Time) Record {
 	if d.Mode != policy.ModeEnforce {
 		state = DryRun
 	}
-	return Record{ID: id, Rule: d.Rule, Action: d.Action, Mode: d.Mode, Namespace: d.Namespace, Job: d.JobID,
+	return Record{ID: id, Rule: d.Rule, Action: d.Action, Mode: d.Mode, Namespace: d.Namespace, Job: d.JobID, Region: d.Region,
 		Allocs: d.Allocs, WholeJob: d.WholeJob, Tenant: d.Tenant, Queue: d.Queue, GPUs: d.GPUs, Evidence: d.Evidence,
 		State: state, ProposedAt: now.UTC(), ActAfter: d.ActAfter.UTC()}
 }

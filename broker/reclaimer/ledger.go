@@ -76,9 +76,9 @@ type Ledger struct {
 	// Granted is, by tenant, the GPUs above its limit that the approvals in
 	// force at now grant (nil: none): not over the limit.
 	Granted func(now time.Time) map[string]float64
-	// Elsewhere observes the other regions the broker governs (nil: none):
-	// their GPU time is charged with the broker's own region's, each row
-	// marked with its region.
+	// Elsewhere is what the reclaim pass observed in the other regions the
+	// broker governs (nil: none): their GPU time is charged with the
+	// broker's own region's, each row marked with its region.
 	Elsewhere *Elsewhere
 
 	// since is where this term's first charge started (zero before it),
@@ -144,7 +144,7 @@ func (l *Ledger) Observed(ctx context.Context, now time.Time, allocs []reclaim.A
 	}
 	var elsewhereEnded []reclaim.Alloc
 	if l.Elsewhere != nil {
-		more, ended, g := l.Elsewhere.Observe(ctx)
+		more, ended, g := l.Elsewhere.Last()
 		allocs, elsewhereEnded = append(slices.Clip(allocs), more...), ended
 		gpus = maps.Clone(gpus)
 		maps.Copy(gpus, g)

@@ -392,10 +392,11 @@ func TestTheLedgerChargesEveryRegionSplitByRegion(t *testing.T) {
 	west := &regionObserver{allocs: []reclaim.Alloc{{ID: "w", Namespace: "vision", JobID: "train", Admitted: true, Tenant: "vision", Queue: "dev",
 		StartedAt: t0, GPUs: []string{"w0", "w1"}}}}
 	home := []reclaim.Alloc{{ID: "e", Namespace: "vision", JobID: "nb", Admitted: true, Tenant: "vision", Queue: "dev", StartedAt: t0, GPUs: []string{"e0"}}}
-	l := &reclaimer.Ledger{Store: store, Policies: testbuild.Fixed{P: testbuild.Policy(t, src)},
-		Elsewhere: &reclaimer.Elsewhere{Log: hclog.NewNullLogger(), Observers: map[string]reclaimer.RegionObserver{"west": west}}}
+	elsewhere := &reclaimer.Elsewhere{Log: hclog.NewNullLogger(), Observers: map[string]reclaimer.RegionObserver{"west": west}}
+	l := &reclaimer.Ledger{Store: store, Policies: testbuild.Fixed{P: testbuild.Policy(t, src)}, Elsewhere: elsewhere}
 	pass := func(at time.Duration) {
 		t.Helper()
+		elsewhere.Observe(context.Background()) // as the reclaim pass does, before its watchers
 		if err := l.Observed(context.Background(), t0.Add(at), home, nil); err != nil {
 			t.Fatal(err)
 		}

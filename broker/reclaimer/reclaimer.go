@@ -5,6 +5,7 @@ package reclaimer
 
 import (
 	"context"
+	"maps"
 	"errors"
 	"fmt"
 	"math/rand"
@@ -78,6 +79,11 @@ type Reclaimer struct {
 	Queued interface {
 		List(ctx context.Context) ([]queue.Entry, error)
 	}
+	// Elsewhere observes the other regions the broker governs, whose
+	// allocations the rules decide on too, and carries out those decisions
+	// there (nil: the broker governs one region). The watchers see the
+	// broker's own region only; the ledger reads the rest from Elsewhere.
+	Elsewhere *Elsewhere
 
 	engine *reclaim.Engine
 }
@@ -123,6 +129,12 @@ func (r *Reclaimer) Pass(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	seen, all := allocs, gpus // the watchers': the broker's own region
+	if r.Elsewhere != nil {
+		more, g := r.Elsewhere.Observe(ctx)
+		allocs, all = append(slices.Clip(allocs), more...), maps.Clone(gpus)
+		maps.Copy(all, g)
+	}
 	now := r.Clock.Now()
 	if r.Forecast != nil {
 		var releases []queue.Release
@@ -133,17 +145,17 @@ func (r *Reclaimer) Pass(ctx context.Context) error {
 		}
 		r.Forecast.Set(releases)
 	}
-	decisions := r.engine.Pass(now, rules, allocs, gpus)
+	decisions := r.engine.Pass(now, rules, allocs, all)
 	var granted map[string]float64
 	if r.Granted != nil {
 		granted = r.Granted(now)
 	}
-	decisions = append(decisions, r.engine.OverLimit(now, p, allocs, gpus, granted)...)
+	decisions = append(decisions, r.engine.OverLimit(now, p, allocs, all, granted)...)
 	var errs []error
 	if r.Queued != nil {
 		waiting, err := r.waiting(ctx)
 		errs = append(errs, err)
-		decisions = append(decisions, r.engine.MakeRoom(now, p, allocs, gpus, waiting)...)
+		decisions = append(decisions, r.engine.MakeRoom(now, p, allocs, all, waiting)...)
 	}
 	for _, d := range decisions {
 		rec := reclaim.NewRecord(r.NewID(), d, now)
@@ -165,7 +177,7 @@ func (r *Reclaimer) Pass(ctx context.Context) error {
 	}
 	retention := p.ReclaimSettings.Retention
 	for _, w := range r.Watchers {
-		errs = append(errs, w.Observed(ctx, now, allocs, gpus))
+		errs = append(errs, w.Observed(ctx, now, seen, gpus))
 	}
 	for _, rec := range records {
 		switch {
@@ -248,26 +260,38 @@ func (r *Reclaimer) act(ctx context.Context, rec reclaim.Record, now time.Time) 
 }
 
 func (r *Reclaimer) carryOut(ctx context.Context, rec reclaim.Record) (string, error) {
+	actor, requeue := r.Actor, r.Requeue
+	if rec.Region != "" {
+		// A decision on another region's job is carried out there.
+		if r.Elsewhere == nil || r.Elsewhere.In == nil {
+			return "", fmt.Errorf("the job is in region %s, which this broker does not govern now", rec.Region)
+		}
+		in := r.Elsewhere.In(rec.Region)
+		actor = in
+		if q, ok := requeue.(*Requeue); ok {
+			requeue = q.in(in)
+		}
+	}
 	switch rec.Action {
 	case policy.ActionNotify:
 		return "recorded only (notify)", nil
 	case policy.ActionStop:
 		if rec.WholeJob {
-			return r.Actor.StopJob(ctx, rec.Namespace, rec.Job)
+			return actor.StopJob(ctx, rec.Namespace, rec.Job)
 		}
-		return r.stopAllocs(ctx, rec)
+		return stopAllocs(ctx, actor, rec)
 	case policy.ActionReschedule:
-		return r.stopAllocs(ctx, rec) // Nomad places a stopped allocation again
+		return stopAllocs(ctx, actor, rec) // Nomad places a stopped allocation again
 	case policy.ActionRequeue:
-		return r.Requeue.Requeue(ctx, rec)
+		return requeue.Requeue(ctx, rec)
 	}
 	return "", fmt.Errorf("unknown action %q", rec.Action)
 }
 
-func (r *Reclaimer) stopAllocs(ctx context.Context, rec reclaim.Record) (string, error) {
+func stopAllocs(ctx context.Context, actor Actor, rec reclaim.Record) (string, error) {
 	var results []string
 	for _, id := range rec.Allocs {
-		res, err := r.Actor.StopAlloc(ctx, id)
+		res, err := actor.StopAlloc(ctx, id)
 		if err != nil {
 			return strings.Join(results, "; "), err
 		}

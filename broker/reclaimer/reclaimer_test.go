@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/hashicorp/nomad/api"
 
 	"github.com/nomad-gpu/nomad-gpu/broker/queue"
 	"github.com/nomad-gpu/nomad-gpu/broker/reclaim"
@@ -257,3 +258,59 @@ type waitClock func(time.Duration) <-chan time.Time
 
 func (waitClock) Now() time.Time                           { return t0 }
 func (w waitClock) After(d time.Duration) <-chan time.Time { return w(d) }
+
+// regionalActor is another region's actor, as the reclaimer reaches it.
+type regionalActor struct{ actor }
+
+func (*regionalActor) Job(context.Context, string, string) (*api.Job, error) { return nil, nil }
+
+// The rules see every region the broker governs: a decision on another
+// region's allocation is recorded with its region and carried out there,
+// by that region's actor; the watchers see the broker's own region only.
+func TestADecisionOnAnotherRegionsJobIsCarriedOutThere(t *testing.T) {
+	recs := reclaimtest.NewMem()
+	home := reclaim.Alloc{ID: "a1", Namespace: "vision", JobID: "direct", StartedAt: t0, GPUs: []string{"g0"}}
+	r, act, _ := setup(t, recs, home)
+	west := &regionalActor{}
+	r.Elsewhere = &reclaimer.Elsewhere{Log: hclog.NewNullLogger(),
+		Observers: map[string]reclaimer.RegionObserver{"west": &regionObserver{allocs: []reclaim.Alloc{
+			{ID: "w1", Namespace: "vision", JobID: "direct", StartedAt: t0, GPUs: []string{"w0"}}}}},
+		In: func(region string) reclaimer.RegionalActor {
+			if region != "west" {
+				t.Errorf("acted in region %q", region)
+			}
+			return west
+		}}
+	var watched []string
+	r.Watchers = []reclaimer.Watcher{watcher(func(allocs []reclaim.Alloc) {
+		for _, a := range allocs {
+			watched = append(watched, a.ID)
+		}
+	})}
+	if err := r.Pass(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if fmt.Sprint(act.did) != "[stop job vision/direct]" || fmt.Sprint(west.did) != "[stop job vision/direct]" {
+		t.Errorf("the broker's own region did %v, west %v; want the job of the same name stopped in each", act.did, west.did)
+	}
+	all, _ := recs.List(context.Background())
+	regions := []string{}
+	for _, rec := range all {
+		regions = append(regions, rec.Region)
+	}
+	sort.Strings(regions)
+	if fmt.Sprint(regions) != "[ west]" {
+		t.Errorf("decisions in regions %q, want one in the broker's own and one in west", regions)
+	}
+	if fmt.Sprint(watched) != "[a1]" {
+		t.Errorf("the watchers saw %v, want the broker's own region's a1 alone", watched)
+	}
+}
+
+// watcher is a Watcher of the allocations each pass shows it.
+type watcher func([]reclaim.Alloc)
+
+func (w watcher) Observed(_ context.Context, _ time.Time, allocs []reclaim.Alloc, _ map[string]reclaim.GPU) error {
+	w(allocs)
+	return nil
+}

@@ -86,14 +86,11 @@ func (l *RegionLoss) lost(ctx context.Context, p *policy.Policy, region string, 
 		l.Regions.LoseIn(region, ns, id) // requeued by an earlier leader, and dispatched again
 		return nil
 	}
-	spec := *job
-	spec.Region, spec.TaskGroups = nil, cloneGroups(job.TaskGroups)
-	nomadjob.Unpin(&spec) // the lost region's nodes
 	submitted := since
 	if job.SubmitTime != nil {
 		submitted = time.Unix(0, *job.SubmitTime).UTC() // its place in the queue kept
 	}
-	e, err := requeued(p, &spec, lostEntryID(region, job.Meta[nomadjob.MetaDispatchID]), "gpu-broker (on_region_loss)", submitted)
+	e, err := requeued(p, job, lostEntryID(region, job.Meta[nomadjob.MetaDispatchID]), "gpu-broker (on_region_loss)", submitted)
 	if err != nil {
 		return fmt.Errorf("requeue %s/%s from region %s: %w", ns, id, region, err)
 	}

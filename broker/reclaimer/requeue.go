@@ -86,6 +86,13 @@ func (q *Requeue) Requeue(ctx context.Context, rec reclaim.Record) (string, erro
 	return "requeued as " + rec.ID + "; " + stopped, nil
 }
 
+// in is q for a job of another region, read and stopped there.
+func (q *Requeue) in(a RegionalActor) *Requeue {
+	c := *q
+	c.Jobs, c.Actor = a, a
+	return &c
+}
+
 // requeued is the queue entry id that puts job, as Nomad has it, back in the
 // queue: its tenant and queue by the policy, its GPUs counted whole (the
 // queue decides again on admission), submitted by by at submitted.
@@ -97,6 +104,14 @@ func requeued(p *policy.Policy, job *api.Job, id, by string, submitted time.Time
 	demand := 0.0
 	for _, g := range a.Groups {
 		demand += float64(g.Count * g.GPUsPerAlloc)
+	}
+	if job.Meta[nomadjob.MetaDispatched] != "" {
+		// The broker chose its region: it chooses again, with the job's
+		// node pins, which are that region's, taken off.
+		spec := *job
+		spec.Region, spec.TaskGroups = nil, cloneGroups(job.TaskGroups)
+		nomadjob.Unpin(&spec)
+		job = &spec
 	}
 	body, err := json.Marshal(map[string]any{"Job": job})
 	if err != nil {
