@@ -84,7 +84,7 @@ func (r *Regions) heldBack(p *policy.Policy, j admission.Job, v *View, d admissi
 		return d, false
 	}
 	if limit, ok := t.RegionLimits[name]; ok {
-		held := v.UsageWithout(p, j.Namespace, j.ID).Tenants[t.Name].Used.Total()
+		held := v.tenantUsage(p, j.Namespace, j.ID).Used.Total()
 		if held+d.Demand.Total() > limit+1e-9 {
 			d.Priority, d.Placed = 0, nil
 			return admission.Queued(d, admission.WaitLimit, fmt.Sprintf("tenant %q would hold %g of its limit of %g GPUs in region %s",
@@ -148,7 +148,7 @@ func (r *Regions) tenantHeld(p *policy.Policy, namespace string) held {
 	}
 	h := held{tenant: t.Name, byView: map[*View]admission.TenantUsage{}}
 	for _, v := range r.Views() {
-		h.byView[v] = v.UsageWithout(p, namespace, "").Tenants[t.Name]
+		h.byView[v] = v.tenantUsage(p, namespace, "")
 	}
 	return h
 }

@@ -38,47 +38,74 @@ func (v *View) usageFor(p *policy.Policy, j admission.Job) admission.Usage {
 }
 
 func (v *View) usageWithout(p *policy.Policy, namespace, id string) admission.Usage {
+	u, c := v.usageOf(p, namespace, id)
+	u.Idle, u.MaxAlloc = policy.Quota{}, copyQuota(v.maxAlloc)
+	held := c.classify(v.total)
+	sub(held, c.exceptDemand)
+	for _, byNS := range c.extra {
+		add(held, c.classify(byNS))
+	}
+	for class, n := range v.capacity {
+		u.Idle[class] = max(n-held[class], 0)
+	}
+	return u
+}
+
+// tenantUsage is what namespace's tenant holds in the view without the job
+// namespace/id, as UsageWithout reports it, without the idle GPUs and node
+// sizes around it: what a decision in another region reads of this one.
+func (v *View) tenantUsage(p *policy.Policy, namespace, id string) admission.TenantUsage {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	u, _ := v.usageOf(p, namespace, id)
+	if t := p.TenantOf(namespace); t != nil {
+		return u.Tenants[t.Name]
+	}
+	return admission.TenantUsage{}
+}
+
+// counting is what usageOf counted a usage's tenants by.
+type counting struct {
+	classify     func(byModel map[string]int) policy.Quota
+	extra        map[string]map[string]int // what live reservations add beyond the jobs' recorded demand, by namespace
+	exceptDemand policy.Quota
+}
+
+// usageOf is the usage's tenants (those of namespace's tenant, or every
+// one) without the job namespace/id, and what they were counted by. The
+// caller holds v.mu.
+func (v *View) usageOf(p *policy.Policy, namespace, id string) (admission.Usage, counting) {
 	if v.nodesDirty || v.capPolicy != p {
 		v.replicas = v.sharedReplicas()
 		v.capacity, v.maxAlloc = v.nodeTotals(p)
 		v.capPolicy, v.nodesDirty = p, false
 	}
-	u := admission.Usage{Tenants: map[string]admission.TenantUsage{}, Idle: policy.Quota{}, MaxAlloc: copyQuota(v.maxAlloc),
-		Replicas: v.replicas}
-	classify := func(byModel map[string]int) policy.Quota { return classify(p, byModel, u) }
+	u := admission.Usage{Tenants: map[string]admission.TenantUsage{}, Replicas: v.replicas}
+	c := counting{classify: func(byModel map[string]int) policy.Quota { return classify(p, byModel, u) }, exceptDemand: policy.Quota{}}
 	except := jobKey{namespace, id}
-	// What live reservations add beyond the jobs' recorded demand, by namespace.
-	extra, extraBorrowed := v.reservationExtra(except)
-	exceptDemand := policy.Quota{}
+	var extraBorrowed map[string]map[string]int
+	c.extra, extraBorrowed = v.reservationExtra(except)
 	exceptBorrowed := false
 	if old, ok := v.jobs[except]; ok {
-		exceptDemand, exceptBorrowed = classify(old.demand), old.borrowed
+		c.exceptDemand, exceptBorrowed = c.classify(old.demand), old.borrowed
 	}
-	held := classify(v.total)
-	sub(held, exceptDemand)
-	for _, byNS := range extra {
-		add(held, classify(byNS))
-	}
-	for class, c := range v.capacity {
-		u.Idle[class] = max(c-held[class], 0)
-	}
-	for _, ns := range v.namespacesToReport(p, namespace, extra) {
+	for _, ns := range v.namespacesToReport(p, namespace, c.extra) {
 		t := p.TenantOf(ns)
 		if t == nil {
 			continue
 		}
 		demand, borrowed := policy.Quota{}, policy.Quota{}
 		if agg, ok := v.held[ns]; ok {
-			demand, borrowed = classify(agg.held), classify(agg.borrowed)
+			demand, borrowed = c.classify(agg.held), c.classify(agg.borrowed)
 		}
 		if ns == namespace {
-			sub(demand, exceptDemand)
+			sub(demand, c.exceptDemand)
 			if exceptBorrowed {
-				sub(borrowed, exceptDemand)
+				sub(borrowed, c.exceptDemand)
 			}
 		}
-		add(demand, classify(extra[ns]))
-		add(borrowed, classify(extraBorrowed[ns]))
+		add(demand, c.classify(c.extra[ns]))
+		add(borrowed, c.classify(extraBorrowed[ns]))
 		tu := u.Tenants[t.Name]
 		tu.Used = add(tu.Used, demand)
 		tu.Borrowed = add(tu.Borrowed, borrowed)
@@ -87,7 +114,7 @@ func (v *View) usageWithout(p *policy.Policy, namespace, id string) admission.Us
 		}
 		u.Tenants[t.Name] = tu
 	}
-	return u
+	return u, c
 }
 
 // namespacesToReport is every namespace with jobs or reservations, or those of
