@@ -107,6 +107,18 @@ func (r *Reclaimer) Run(ctx context.Context) {
 	}
 }
 
+// everyRegion is what the rules decide on: the broker's own region's
+// allocations and GPUs (the watchers'), with the other regions'.
+func (r *Reclaimer) everyRegion(ctx context.Context, allocs []reclaim.Alloc, gpus map[string]reclaim.GPU) ([]reclaim.Alloc, map[string]reclaim.GPU) {
+	if r.Elsewhere == nil {
+		return allocs, gpus
+	}
+	more, g := r.Elsewhere.Observe(ctx)
+	all := maps.Clone(gpus)
+	maps.Copy(all, g)
+	return append(slices.Clip(allocs), more...), all
+}
+
 // Pass observes, records new decisions, carries out those due, and drops
 // finished records past retention.
 func (r *Reclaimer) Pass(ctx context.Context) error {
@@ -125,16 +137,11 @@ func (r *Reclaimer) Pass(ctx context.Context) error {
 	}
 	p := r.Policies.Current()
 	rules := p.ReclaimRules()
-	allocs, gpus, err := r.Observer.Observe(ctx) // the built-in rule needs it with no rules too
+	seen, gpus, err := r.Observer.Observe(ctx) // the built-in rule needs it with no rules too
 	if err != nil {
 		return err
 	}
-	seen, all := allocs, gpus // the watchers': the broker's own region
-	if r.Elsewhere != nil {
-		more, g := r.Elsewhere.Observe(ctx)
-		allocs, all = append(slices.Clip(allocs), more...), maps.Clone(gpus)
-		maps.Copy(all, g)
-	}
+	allocs, all := r.everyRegion(ctx, seen, gpus)
 	now := r.Clock.Now()
 	if r.Forecast != nil {
 		var releases []queue.Release
