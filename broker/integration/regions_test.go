@@ -34,7 +34,7 @@ tenant "audio" {
   limit      = 6
 }
 borrowing { enabled = true }
-region_lost_timeout = "5s"
+region_lost_timeout = "2s"
 reclaim_settings { period = "2s" }
 reclaim "unadmitted" {
   unadmitted = true
@@ -339,7 +339,7 @@ func TestRegions(t *testing.T) {
 	})
 	t.Run("a lost region's batch job is requeued elsewhere, and its stale copy stopped when the region is back", func(t *testing.T) {
 		// a5 (auto, batch, 1 GPU) runs in west. West goes down: after
-		// region_lost_timeout (5s) the broker requeues a5, and the queue
+		// region_lost_timeout (2s) the broker requeues a5, and the queue
 		// dispatches it to east, the one region left.
 		lost := time.Now()
 		west.Down()
@@ -354,7 +354,7 @@ func TestRegions(t *testing.T) {
 		if err != nil || job.Meta["nomad-gpu.dispatched-region"] != "east" || job.Meta["nomad-gpu.dispatch-id"] == "" {
 			t.Fatalf("a5 in east: want dispatched there, with a dispatch id: %v %v", err, job)
 		}
-		if trail := auditTrail(t, e); !strings.Contains(trail, `"what":"region-lost","id":"region-lost-west-`) || !strings.Contains(trail, "past region_lost_timeout 5s") {
+		if trail := auditTrail(t, e); !strings.Contains(trail, `"what":"region-lost","id":"region-lost-west-`) || !strings.Contains(trail, "past region_lost_timeout 2s") {
 			t.Errorf("want the requeue in the audit trail:\n%s", trail)
 		}
 		t.Logf("a5 ran again in east %s after west went down", time.Since(lost).Round(time.Second))
