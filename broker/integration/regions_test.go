@@ -321,8 +321,25 @@ func TestRegions(t *testing.T) {
 			}
 			return nil
 		})
+		// West's alone, by tenant: audio ran a2, a3 and a5 there, vision w1
+		// and w2 (and the job registered past the broker, of no tenant, may
+		// have started before it was stopped).
+		var west server.UsageReport
+		out := e.brokerCLI("usage", "-from", time.Now().UTC().Format("2006-01-02"), "-region", "west", "-json")
+		if err := json.Unmarshal([]byte(out), &west); err != nil {
+			t.Fatalf("%v: %s", err, out)
+		}
+		var tenants []string
+		for _, r := range west.Rows {
+			if r.Group != "" {
+				tenants = append(tenants, r.Group)
+			}
+		}
+		if west.Region != "west" || strings.Join(tenants, ",") != "audio,vision" {
+			t.Errorf("usage -region west: %s; want audio's and vision's GPU-hours in west", out)
+		}
 	})
-	t.Run("the web UI's map filters by region", func(t *testing.T) {
+	t.Run("the web UI's map and GPU-hours filter by region", func(t *testing.T) {
 		nodes, _, err := west.API.Nodes().List(nil)
 		if err != nil || len(nodes) != 1 {
 			t.Fatalf("west's nodes: %v %v", nodes, err)
@@ -335,6 +352,24 @@ func TestRegions(t *testing.T) {
 		browser.WaitFor(t, tab, 10*time.Second, "west's node alone", fmt.Sprintf(`document.querySelectorAll('#map-rows .row').length == 1 && document.querySelector('#map-rows .row').dataset.node == %q`, nodes[0].Name), rows)
 		if href := browser.Eval[string](t, tab, `document.querySelector('#map-rows .row a.node').getAttribute('href')`); !strings.HasSuffix(href, "?region=west") {
 			t.Errorf("west's node links to %q, want Nomad's UI in region west", href)
+		}
+		// The GPU-hours table, west's alone: its tenants' rows.
+		browser.Navigate(t, tab, e.broker.Addr+"/gpu/#tenants")
+		report := "JSON.stringify([...document.querySelectorAll('#report tbody tr')].map(r => r.dataset.tenant))"
+		browser.WaitFor(t, tab, 20*time.Second, "a region filter on the GPU-hours", `!document.getElementById('p-region-label').hidden && document.querySelectorAll('#report tr[data-tenant]').length > 0`, report)
+		for _, region := range []string{"east", "west"} {
+			var rep server.UsageReport
+			out := e.brokerCLI("usage", "-from", time.Now().UTC().Format("2006-01-02"), "-region", region, "-json")
+			if err := json.Unmarshal([]byte(out), &rep); err != nil {
+				t.Fatalf("%v: %s", err, out)
+			}
+			var tenants []string
+			for _, r := range rep.Rows {
+				tenants = append(tenants, r.Group)
+			}
+			want, _ := json.Marshal(tenants)
+			browser.Eval[bool](t, tab, fmt.Sprintf(`(() => { const s = document.getElementById('p-region'); s.value = %q; s.dispatchEvent(new Event('change')); return true; })()`, region))
+			browser.WaitFor(t, tab, 10*time.Second, region+"'s GPU-hours alone, as usage -region says", fmt.Sprintf("%s == %q", report, want), report)
 		}
 	})
 	t.Run("a lost region's batch job is requeued elsewhere, and its stale copy stopped when the region is back", func(t *testing.T) {

@@ -2,9 +2,12 @@ package server
 
 import (
 	"net/http"
+	"slices"
 	"sort"
 	"strconv"
 	"time"
+
+	"github.com/hashicorp/nomad/api"
 
 	"github.com/nomad-gpu/nomad-gpu/broker/policy"
 	"github.com/nomad-gpu/nomad-gpu/broker/usage"
@@ -62,6 +65,7 @@ type UsageReport struct {
 	From     string            `json:"from"`
 	To       string            `json:"to"`
 	By       string            `json:"by"`
+	Region   string            `json:"region,omitempty"` // the region reported on alone ("": every one)
 	Currency string            `json:"currency"`
 	Rows     []usage.ReportRow `json:"rows"`
 }
@@ -75,7 +79,7 @@ func (s *Server) usageReport(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	q := r.URL.Query()
-	rep := UsageReport{From: q.Get("from"), To: q.Get("to"), By: q.Get("by")}
+	rep := UsageReport{From: q.Get("from"), To: q.Get("to"), By: q.Get("by"), Region: q.Get("region")}
 	from, err := time.Parse(usage.DayFormat, rep.From)
 	if err != nil {
 		writeError(w, fail(errBadRequest, "from=%q is not a day (YYYY-MM-DD)", rep.From))
@@ -101,10 +105,21 @@ func (s *Server) usageReport(w http.ResponseWriter, r *http.Request) {
 		writeError(w, fail(errBadRequest, "by=%q: report by tenant, queue, class or region", rep.By))
 		return
 	}
+	inRegion, ok := s.rowsOfRegion(rep.Region)
+	if !ok {
+		writeError(w, fail(errBadRequest, "region=%q is not a region this broker governs", rep.Region))
+		return
+	}
 	days, err := s.rollups.Days(r.Context(), rep.From, to.AddDate(0, 0, -1).Format(usage.DayFormat))
 	if err != nil {
 		writeError(w, fail(errUnavailable, "%v", err))
 		return
+	}
+	if inRegion != nil {
+		for i := range days {
+			days[i].Rows = slices.DeleteFunc(slices.Clone(days[i].Rows), func(row usage.Row) bool { return !inRegion(row) })
+			days[i].OverLimit = nil // over all regions: not one region's
+		}
 	}
 	p := s.policies.Current()
 	if s.acls {
@@ -143,6 +158,22 @@ func (s *Server) usageReport(w http.ResponseWriter, r *http.Request) {
 		sort.Slice(rep.Rows, func(i, j int) bool { return rep.Rows[i].Group < rep.Rows[j].Group })
 	}
 	writeJSON(w, http.StatusOK, rep)
+}
+
+// rowsOfRegion tells a usage row of region (as a request names it; "":
+// any) from the others; false when the broker does not govern it.
+func (s *Server) rowsOfRegion(region string) (func(usage.Row) bool, bool) {
+	if region == "" {
+		return nil, true
+	}
+	if s.regions == nil || !s.regions.Governs(region) {
+		return nil, region == s.region
+	}
+	key := region // the rows' name: "" for the broker's own
+	if region == s.region || region == api.GlobalRegion {
+		key = ""
+	}
+	return func(row usage.Row) bool { return row.Region == key }, true
 }
 
 // RightSizing is one row of GET /v1/gpu/rightsizing: a job that kept under

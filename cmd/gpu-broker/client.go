@@ -35,13 +35,14 @@ func client(args []string) int {
 	wide := fs.Bool("wide", false, wideUsage)
 	var rightSizing, asCSV, trace *bool
 	var top *int
-	var from, to, by *string
+	var from, to, by, region *string
 	if args[0] == "usage" {
 		rightSizing = fs.Bool("rightsizing", false, "list each tenant's jobs that kept under half of their GPUs busy")
 		top = fs.Int("top", server.DefaultRightSizingTop, "with -rightsizing: jobs per tenant (0: all)")
 		from = fs.String("from", "", "GPU-hours and cost from this day (YYYY-MM-DD, UTC)")
 		to = fs.String("to", "", "with -from: up to, not including, this day (default: through today)")
 		by = fs.String("by", "tenant", "with -from: tenant, queue, class or region")
+		region = fs.String("region", "", "with -from: the GPU time of this Nomad region alone (a broker governing several)")
 		asCSV = fs.Bool("csv", false, "with -from: print CSV")
 		trace = fs.Bool("trace", false, "the GPU jobs of the last -since as a trace for gpu-broker simulate -trace (JSON lines)")
 	}
@@ -96,7 +97,7 @@ func client(args []string) int {
 		case *trace:
 			sub, path = "trace", "/v1/gpu/trace?"+url.Values{"since": {*since}}.Encode()
 		case *from != "":
-			sub, path = "report", "/v1/gpu/usage?"+url.Values{"from": {*from}, "to": {*to}, "by": {*by}}.Encode()
+			sub, path = "report", "/v1/gpu/usage?"+url.Values{"from": {*from}, "to": {*to}, "by": {*by}, "region": {*region}}.Encode()
 		}
 	case "list":
 		path = "/v1/gpu/" + args[0]

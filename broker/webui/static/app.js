@@ -425,11 +425,18 @@ function burnDown(b) {
     svg);
 }
 
+let reportRegions = null; // the regions the broker governs, read once
+
 async function report() {
-  const from = $('p-from').value, to = $('p-to').value;
+  const from = $('p-from').value, to = $('p-to').value, region = $('p-region').value;
   const body = $('report').tBodies[0];
   try {
-    const rep = await api(`/v1/gpu/usage?from=${encodeURIComponent(from)}&to=${encodeURIComponent(to)}&by=tenant`);
+    if (!reportRegions) {
+      reportRegions = await api('/v1/gpu/regions').then((rs) => rs.map((r) => r.name), () => []); // none: no filter
+      options($('p-region'), reportRegions);
+      $('p-region-label').hidden = reportRegions.length < 2;
+    }
+    const rep = await api(`/v1/gpu/usage?from=${encodeURIComponent(from)}&to=${encodeURIComponent(to)}&by=tenant&region=${encodeURIComponent(region)}`);
     const rows = rep.rows || [];
     body.replaceChildren(...(rows.length ? rows.map((r) => el('tr', { 'data-tenant': r.group },
       el('td', { text: r.group || '(not admitted by the broker)' }),
@@ -569,7 +576,7 @@ for (const id of ['f-region', 'f-pool', 'f-model', 'f-tenant', 'f-node']) $(id).
 $('map-rows').addEventListener('scroll', () => requestAnimationFrame(drawRows));
 $('p-7').addEventListener('click', () => { period(7); report(); });
 $('p-30').addEventListener('click', () => { period(30); report(); });
-for (const id of ['p-from', 'p-to']) $(id).addEventListener('change', report);
+for (const id of ['p-from', 'p-to', 'p-region']) $(id).addEventListener('change', report);
 window.addEventListener('hashchange', show);
 show();
 policyLoop();
