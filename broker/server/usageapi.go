@@ -115,31 +115,17 @@ func (s *Server) usageReport(w http.ResponseWriter, r *http.Request) {
 		writeError(w, fail(errUnavailable, "%v", err))
 		return
 	}
-	if inRegion != nil {
-		for i := range days {
-			days[i].Rows = slices.DeleteFunc(slices.Clone(days[i].Rows), func(row usage.Row) bool { return !inRegion(row) })
-			days[i].OverLimit = nil // over all regions: not one region's
-		}
-	}
 	p := s.policies.Current()
+	var readable map[string]bool // with ACLs, the tenants the caller may read
 	if s.acls {
-		readable, tenants := map[string]bool{}, map[string]bool{}
-		for name, t := range p.Tenants {
-			for _, ns := range t.Namespaces {
-				if s.mayRead(r, ns, readable) {
-					tenants[name] = true
-					break
-				}
-			}
-		}
-		for i := range days {
-			rows := days[i].Rows[:0:0]
-			for _, row := range days[i].Rows {
-				if tenants[row.Tenant] {
-					rows = append(rows, row)
-				}
-			}
-			days[i].Rows = rows
+		readable = s.readableTenants(r, p)
+	}
+	for i := range days {
+		days[i].Rows = slices.DeleteFunc(slices.Clone(days[i].Rows), func(row usage.Row) bool {
+			return inRegion != nil && !inRegion(row) || readable != nil && !readable[row.Tenant]
+		})
+		if inRegion != nil {
+			days[i].OverLimit = nil // over all regions: not one region's
 		}
 	}
 	rep.Currency = p.Currency
@@ -158,6 +144,20 @@ func (s *Server) usageReport(w http.ResponseWriter, r *http.Request) {
 		sort.Slice(rep.Rows, func(i, j int) bool { return rep.Rows[i].Group < rep.Rows[j].Group })
 	}
 	writeJSON(w, http.StatusOK, rep)
+}
+
+// readableTenants are the tenants with a namespace the caller may read.
+func (s *Server) readableTenants(r *http.Request, p *policy.Policy) map[string]bool {
+	readable, tenants := map[string]bool{}, map[string]bool{}
+	for name, t := range p.Tenants {
+		for _, ns := range t.Namespaces {
+			if s.mayRead(r, ns, readable) {
+				tenants[name] = true
+				break
+			}
+		}
+	}
+	return tenants
 }
 
 // rowsOfRegion tells a usage row of region (as a request names it; "":
