@@ -346,18 +346,7 @@ func BenchmarkQueueAdmission(b *testing.B) {
 		}
 		return nil
 	})
-	// The queue is written as the broker writes it, straight into Consul: 5,000
-	// registrations through the broker would each list the queue first.
-	store := consulkv.NewQueue(consulKV(consul), "nomad-gpu/", nil)
-	now := time.Now()
-	for i := 0; i < queued; i++ {
-		id := fmt.Sprintf("q-%05d", i)
-		e := queue.Entry{ID: queue.NewID(), JobID: id, Namespace: "vision", Tenant: "vision", Queue: "training", Demand: 1,
-			Reason: "benchmark", SubmittedBy: "bench", SubmittedAt: now.Add(time.Duration(i) * time.Millisecond), Request: job(id, 1)}
-		if err := store.Put(b.Context(), e); err != nil {
-			b.Fatal(err)
-		}
-	}
+	store := fillQueue(b, consul, queued, job)
 	var wait func()
 	if path := os.Getenv("BENCH_CPUPROFILE"); path != "" {
 		wait = cpuProfile(b, broker, path, 20) // the first 20 s of the drain
@@ -367,17 +356,7 @@ func BenchmarkQueueAdmission(b *testing.B) {
 	if _, _, err := n.API.Jobs().Deregister("blocker", false, &api.WriteOptions{Namespace: "vision"}); err != nil {
 		b.Fatal(err)
 	}
-	left := queued
-	for time.Since(start) < 5*time.Minute {
-		entries, err := store.List(b.Context())
-		if err != nil {
-			b.Fatal(err)
-		}
-		if left = len(entries); left <= queued-gpus {
-			break
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	left := drain(b, store, start, queued-gpus)
 	elapsed, cpu, nomadCPU := time.Since(start), broker.CPUTime()-cpu0, n.CPUTime()-nomadCPU0
 	b.StopTimer()
 	if wait != nil {
@@ -403,30 +382,15 @@ func BenchmarkQueueAdmissionTwoRegions(b *testing.B) {
 	consul := testcluster.StartConsul(b)
 	regions := map[string]*testcluster.Nomad{}
 	for _, name := range []string{"east", "west"} {
-		n := testcluster.StartNomad(b, testcluster.NomadOptions{Name: "q" + name, Server: true, Client: true, ConsulAddr: consul.Addr,
-			PluginConfig: fmt.Sprintf("\n    backend = \"fake\"\n    fake {\n      count = %d\n      id_prefix = %q\n    }", perRegion, name),
-			ExtraHCL:     fmt.Sprintf("region = %q\nplugin \"mock_driver\" {}\nlimits {\n  http_max_conns_per_client = 0\n}\n", name)})
-		n.WaitForNodes(b, 1)
-		if _, err := n.API.Namespaces().Register(&api.Namespace{Name: "vision"}, nil); err != nil {
-			b.Fatal(err)
-		}
-		regions[name] = n
+		regions[name] = queueNomad(b, consul, "q"+name, perRegion, fmt.Sprintf("id_prefix = %q", name),
+			fmt.Sprintf("region = %q\nlimits {\n  http_max_conns_per_client = 0\n}\n", name))
 	}
 	east, west := regions["east"], regions["west"]
 	if _, err := east.API.Agent().Join(west.SerfAddr); err != nil {
 		b.Fatal(err)
 	}
 	dir := b.TempDir()
-	writeFile(b, filepath.Join(dir, "p.hcl"), fmt.Sprintf(`
-queue "training" { priority = 60 }
-tenant "vision" {
-  namespaces = ["vision"]
-  queues     = ["training"]
-  guaranteed = %d
-  limit      = %d
-  max_queued = %d
-}
-`, 2*perRegion, 2*perRegion, queued))
+	writeFile(b, filepath.Join(dir, "p.hcl"), queuePolicy(2*perRegion, queued))
 	broker := testcluster.StartReleaseBrokerWith(b, east, consul, dir, testcluster.BrokerOptions{Config: "enable_debug = true\nregion \"west\" {}"})
 	in := func(region string, body []byte) []byte {
 		return bytes.Replace(body, []byte(`"Namespace":"vision",`), []byte(`"Namespace":"vision","Region":"`+region+`",`), 1)
@@ -442,16 +406,7 @@ tenant "vision" {
 		}
 		return nil
 	})
-	store := consulkv.NewQueue(consulKV(consul), "nomad-gpu/", nil)
-	now := time.Now()
-	for i := 0; i < queued; i++ {
-		id := fmt.Sprintf("q-%05d", i)
-		e := queue.Entry{ID: queue.NewID(), JobID: id, Namespace: "vision", Tenant: "vision", Queue: "training", Demand: 1,
-			Reason: "benchmark", SubmittedBy: "bench", SubmittedAt: now.Add(time.Duration(i) * time.Millisecond), Request: auto(id, 1)}
-		if err := store.Put(b.Context(), e); err != nil {
-			b.Fatal(err)
-		}
-	}
+	store := fillQueue(b, consul, queued, auto)
 	b.ResetTimer()
 	start := time.Now()
 	for name, n := range regions {
@@ -459,17 +414,7 @@ tenant "vision" {
 			b.Fatal(err)
 		}
 	}
-	left := queued
-	for time.Since(start) < 5*time.Minute {
-		entries, err := store.List(b.Context())
-		if err != nil {
-			b.Fatal(err)
-		}
-		if left = len(entries); left <= queued-2*perRegion {
-			break
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	left := drain(b, store, start, queued-2*perRegion)
 	elapsed := time.Since(start)
 	b.StopTimer()
 	if left > queued-2*perRegion {
@@ -597,15 +542,29 @@ func BenchmarkQueuedSubmission(b *testing.B) {
 // is guaranteed all of them and may queue maxQueued jobs.
 func queueCluster(b *testing.B, name string, gpus, maxQueued int, nomadHCL string) (*testcluster.Consul, *testcluster.Nomad, *testcluster.Broker) {
 	consul := testcluster.StartConsul(b)
+	n := queueNomad(b, consul, name, gpus, "", nomadHCL)
+	dir := b.TempDir()
+	writeFile(b, filepath.Join(dir, "p.hcl"), queuePolicy(gpus, maxQueued))
+	return consul, n, testcluster.StartReleaseBrokerWith(b, n, consul, dir, testcluster.BrokerOptions{Config: "enable_debug = true"})
+}
+
+// queueNomad starts a Nomad server and client with gpus fake GPUs (fake: more
+// of the plugin's fake block) and Nomad's mock driver, namespace vision made.
+func queueNomad(b *testing.B, consul *testcluster.Consul, name string, gpus int, fake, nomadHCL string) *testcluster.Nomad {
 	n := testcluster.StartNomad(b, testcluster.NomadOptions{Name: name, Server: true, Client: true, ConsulAddr: consul.Addr,
-		PluginConfig: fmt.Sprintf("\n    backend = \"fake\"\n    fake {\n      count = %d\n    }", gpus),
+		PluginConfig: fmt.Sprintf("\n    backend = \"fake\"\n    fake {\n      count = %d\n      %s\n    }", gpus, fake),
 		ExtraHCL:     "plugin \"mock_driver\" {}\n" + nomadHCL})
 	n.WaitForNodes(b, 1)
 	if _, err := n.API.Namespaces().Register(&api.Namespace{Name: "vision"}, nil); err != nil {
 		b.Fatal(err)
 	}
-	dir := b.TempDir()
-	writeFile(b, filepath.Join(dir, "p.hcl"), fmt.Sprintf(`
+	return n
+}
+
+// queuePolicy is the drain benchmarks' policy: tenant vision guaranteed and
+// limited to gpus, with room for queued jobs.
+func queuePolicy(gpus, queued int) string {
+	return fmt.Sprintf(`
 queue "training" { priority = 60 }
 tenant "vision" {
   namespaces = ["vision"]
@@ -614,8 +573,41 @@ tenant "vision" {
   limit      = %d
   max_queued = %d
 }
-`, gpus, gpus, maxQueued))
-	return consul, n, testcluster.StartReleaseBrokerWith(b, n, consul, dir, testcluster.BrokerOptions{Config: "enable_debug = true"})
+`, gpus, gpus, queued)
+}
+
+// fillQueue writes queued one-GPU jobs (job) into the broker's queue as the
+// broker writes it, straight into Consul: 5,000 registrations through the
+// broker would each list the queue first.
+func fillQueue(b *testing.B, consul *testcluster.Consul, queued int, job func(string, int) []byte) *consulkv.Queue {
+	store := consulkv.NewQueue(consulKV(consul), "nomad-gpu/", nil)
+	now := time.Now()
+	for i := 0; i < queued; i++ {
+		id := fmt.Sprintf("q-%05d", i)
+		e := queue.Entry{ID: queue.NewID(), JobID: id, Namespace: "vision", Tenant: "vision", Queue: "training", Demand: 1,
+			Reason: "benchmark", SubmittedBy: "bench", SubmittedAt: now.Add(time.Duration(i) * time.Millisecond), Request: job(id, 1)}
+		if err := store.Put(b.Context(), e); err != nil {
+			b.Fatal(err)
+		}
+	}
+	return store
+}
+
+// drain waits, up to 5 minutes from start, until at most left entries are
+// queued, and returns how many are.
+func drain(b *testing.B, store *consulkv.Queue, start time.Time, left int) int {
+	n := -1
+	for time.Since(start) < 5*time.Minute {
+		entries, err := store.List(b.Context())
+		if err != nil {
+			b.Fatal(err)
+		}
+		if n = len(entries); n <= left {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return n
 }
 
 // mockGPUJob is a batch job of one allocation of count GPUs whose task (the
