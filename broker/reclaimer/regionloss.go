@@ -44,9 +44,9 @@ type RegionLoss struct {
 	// Stop stops a job in region, saying what Nomad did.
 	Stop  func(ctx context.Context, region, namespace, id string) (string, error)
 	Audit *audit.Log
-	// requeued are the entries this leader put back in the queue, by
-	// entry id, until their region came back.
-	requeued map[string]string // entry id → its region
+	// requeued are the ids of the entries this leader put back in the
+	// queue, until their region came back.
+	requeued map[string]bool
 }
 
 // Observed implements Watcher.
@@ -101,9 +101,9 @@ func (l *RegionLoss) lost(ctx context.Context, p *policy.Policy, region string, 
 	}
 	l.audit(audit.RegionLost, e.ID, ns, id, e.Reason)
 	if l.requeued == nil {
-		l.requeued = map[string]string{}
+		l.requeued = map[string]bool{}
 	}
-	l.requeued[e.ID] = region
+	l.requeued[e.ID] = true
 	l.Regions.LoseIn(region, ns, id)
 	return nil
 }
@@ -124,7 +124,7 @@ func (l *RegionLoss) back(ctx context.Context, region string, job *api.Job) erro
 		return nil
 	}
 	entryID := lostEntryID(region, dispatch)
-	if l.requeued[entryID] == "" {
+	if !l.requeued[entryID] {
 		return nil
 	}
 	entries, err := l.Queue.List(ctx)
