@@ -2,6 +2,7 @@ package decide_test
 
 import (
 	"context"
+	"net/url"
 	"strings"
 	"testing"
 	"time"
@@ -136,6 +137,21 @@ func TestAJobLeavingItsRegionToTheBrokerGoesToOne(t *testing.T) {
 		req.Region = "east"
 		if r, err := seq.Prepare(context.Background(), p, req, &versions{}); err != nil || r.Dispatched != "" {
 			t.Errorf("east named: dispatched to %q (%s), %v; want east, not dispatched", r.Dispatched, r.Dispatch, err)
+		}
+		// Queued (every region drained), it waits in east; the copy the
+		// queue keeps names east, and is still dispatched at the next pass.
+		seq.Cluster.(*cluster.Regions).SetDrained(map[string]string{"east": "by ops", "west": "by ops"})
+		r, err := seq.Prepare(context.Background(), p, request(t, job), &versions{})
+		if err != nil || r.Dispatched != "east" {
+			t.Fatalf("both drained: dispatched to %q (%s), %v; want to wait in east", r.Dispatched, r.Dispatch, err)
+		}
+		seq.Cluster.(*cluster.Regions).SetDrained(nil)
+		queued, err := nomadjob.ReadRequest(nomadjob.Register, r.Body(), url.Values{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r, err := seq.Prepare(context.Background(), p, queued, &versions{}); err != nil || r.Dispatched != "west" {
+			t.Errorf("the queued copy: dispatched to %q (%s), %v; want west (best_fit), dispatched again", r.Dispatched, r.Dispatch, err)
 		}
 	})
 	t.Run("only auto is read", func(t *testing.T) {

@@ -219,10 +219,17 @@ func (r *Request) Pin() {
 	case r.Dispatched != "":
 		// The body's region overrides the query's (Nomad's regionForJob):
 		// the registration goes where the broker chose, whatever the
-		// caller's -region.
+		// caller's -region. The job says it is auto (its queue's region may
+		// have made it so), so that a queued copy, which now names a region,
+		// is dispatched again.
 		root.Set("Region", r.Dispatched)
 		job.Set("Region", r.Dispatched)
 		r.Job.Region = &r.Dispatched
+		job.Object("Meta").Set(MetaRegion, RegionAuto)
+		if r.Job.Meta == nil {
+			r.Job.Meta = map[string]string{}
+		}
+		r.Job.Meta[MetaRegion] = RegionAuto
 	case r.Region != "":
 		// Another region than the broker's own: the job itself names it,
 		// so that a queued copy registered later goes there too.
