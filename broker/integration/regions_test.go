@@ -230,6 +230,9 @@ func TestRegions(t *testing.T) {
 		if !strings.Contains(out, "nomad-gpu: queued as ") || !strings.Contains(out, "no region admits it now: east: ") || !strings.Contains(out, "; west: ") {
 			t.Errorf("a3: want queued, with east's and west's reasons:\n%s", out)
 		}
+		if got := queuedRegions(t, e); got["a3"] != "auto" {
+			t.Errorf("a3 queued with region %q, want auto", got["a3"])
+		}
 		if _, _, err := west.API.Jobs().Deregister("a2", false, &api.WriteOptions{Namespace: "audio"}); err != nil {
 			t.Fatal(err)
 		}
@@ -279,6 +282,9 @@ func TestRegions(t *testing.T) {
 		out, err := e.run("vision", "e5", 1, 1, "", true)
 		if err != nil || !strings.Contains(out, "nomad-gpu: queued as ") || !strings.Contains(out, "region east is drained (by anonymous at ") {
 			t.Fatalf("e5 in drained east: want queued, saying east is drained: %v\n%s", err, out)
+		}
+		if got := queuedRegions(t, e); got["e5"] != "east" {
+			t.Errorf("e5 queued with region %q, want east", got["e5"])
 		}
 		if out := e.brokerCLI("region", "resume", "east"); strings.Contains(out, "by anonymous") {
 			t.Errorf("gpu-broker region resume east: want no region drained:\n%s", out)
@@ -421,4 +427,18 @@ func auditTrail(t *testing.T, e *env) string {
 		t.Fatal(err)
 	}
 	return string(trail)
+}
+
+// queuedRegions are the queued jobs' regions, by job id.
+func queuedRegions(t *testing.T, e *env) map[string]string {
+	t.Helper()
+	var entries []server.QueuedJob
+	if out := e.brokerCLI("queue", "list", "-json"); json.Unmarshal([]byte(out), &entries) != nil {
+		t.Fatalf("gpu-broker queue list -json: %s", out)
+	}
+	out := map[string]string{}
+	for _, q := range entries {
+		out[q.JobID] = q.Region
+	}
+	return out
 }

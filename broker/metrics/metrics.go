@@ -516,6 +516,7 @@ func (c *scrape) Collect(ch chan<- prometheus.Metric) {
 		for q, n := range depth {
 			ch <- prometheus.MustNewConstMetric(queueDesc, prometheus.GaugeValue, float64(n), q)
 		}
+		c.regionQueues(ch, entries)
 	}
 	index, listings := c.src.Cluster.Followed()
 	ch <- prometheus.MustNewConstMetric(viewIndexDesc, prometheus.GaugeValue, float64(index))

@@ -7,6 +7,7 @@ import (
 
 	"github.com/nomad-gpu/nomad-gpu/broker/cluster"
 	"github.com/nomad-gpu/nomad-gpu/broker/policy"
+	"github.com/nomad-gpu/nomad-gpu/broker/queue"
 )
 
 // Regions are the Nomad regions a broker governs, for the series split by
@@ -32,8 +33,33 @@ var (
 		[]string{"region"}, nil)
 	regionDrainedDesc = prometheus.NewDesc("nomadgpu_region_drained",
 		"1 while the region is drained (gpu-broker region drain): no new work goes there.", []string{"region"}, nil)
-	regionDescs = []*prometheus.Desc{regionGPUsDesc, regionTenantDesc, regionReachableDesc, regionDrainedDesc}
+	regionQueueDesc = prometheus.NewDesc("nomadgpu_region_queue_depth",
+		"Jobs waiting in the broker's queue by the region they name, \"auto\" for those whose region the broker chooses (a broker governing several).",
+		[]string{"region"}, nil)
+	regionDescs = []*prometheus.Desc{regionGPUsDesc, regionTenantDesc, regionReachableDesc, regionDrainedDesc, regionQueueDesc}
 )
+
+// regionQueues reports the queue's depth by region, when the broker governs
+// several: each governed region and "auto", 0 too (an entry queued before
+// entries had a region is in none).
+func (c *scrape) regionQueues(ch chan<- prometheus.Metric, entries []queue.Entry) {
+	r := c.src.Regions
+	if r == nil || len(r.Names()) < 2 {
+		return
+	}
+	depth := map[string]int{queue.RegionAuto: 0}
+	for _, name := range r.Names() {
+		depth[name] = 0
+	}
+	for _, e := range entries {
+		if _, ok := depth[e.Region]; ok {
+			depth[e.Region]++
+		}
+	}
+	for region, n := range depth {
+		ch <- prometheus.MustNewConstMetric(regionQueueDesc, prometheus.GaugeValue, float64(n), region)
+	}
+}
 
 // regions reports the region series, when the broker governs several.
 func (c *scrape) regions(ch chan<- prometheus.Metric, p *policy.Policy) {

@@ -8,6 +8,7 @@ import (
 
 	"github.com/nomad-gpu/nomad-gpu/broker/cluster"
 	"github.com/nomad-gpu/nomad-gpu/broker/metrics"
+	"github.com/nomad-gpu/nomad-gpu/broker/queue"
 	"github.com/nomad-gpu/nomad-gpu/broker/queue/queuetest"
 	"github.com/nomad-gpu/nomad-gpu/testing/testbuild"
 )
@@ -25,12 +26,20 @@ func TestSeriesAreSplitByRegion(t *testing.T) {
 	r.SetDrained(map[string]string{"west": "by ops"})
 	p := testbuild.Policy(t, strings.Replace(src, "  limit      = { h100 = 6 }\n", "  limit      = { h100 = 6 }\n  region \"west\" {\n    limit = 2\n  }\n", 1))
 	m := metrics.New()
-	m.Observe(metrics.Sources{Cluster: r, Regions: r, Policies: testbuild.Fixed{P: p}, Queue: queuetest.NewMem()})
+	m.Observe(metrics.Sources{Cluster: r, Regions: r, Policies: testbuild.Fixed{P: p}, Queue: queuetest.NewMem(
+		queue.Entry{ID: "e1", JobID: "a", Namespace: "vision", Tenant: "vision", Queue: "training", Region: "auto", Demand: 1},
+		queue.Entry{ID: "e2", JobID: "w", Namespace: "vision", Tenant: "vision", Queue: "training", Region: "west", Demand: 1},
+		queue.Entry{ID: "e3", JobID: "old", Namespace: "vision", Tenant: "vision", Queue: "training", Demand: 1})})
 	want := `
 # HELP nomadgpu_region_drained 1 while the region is drained (gpu-broker region drain): no new work goes there.
 # TYPE nomadgpu_region_drained gauge
 nomadgpu_region_drained{region="east"} 0
 nomadgpu_region_drained{region="west"} 1
+# HELP nomadgpu_region_queue_depth Jobs waiting in the broker's queue by the region they name, "auto" for those whose region the broker chooses (a broker governing several).
+# TYPE nomadgpu_region_queue_depth gauge
+nomadgpu_region_queue_depth{region="auto"} 1
+nomadgpu_region_queue_depth{region="east"} 0
+nomadgpu_region_queue_depth{region="west"} 1
 # HELP nomadgpu_region_reachable 1 while the broker follows the region, 0 from its first failure to follow it (its jobs stay charged for region_lost_timeout).
 # TYPE nomadgpu_region_reachable gauge
 nomadgpu_region_reachable{region="east"} 1
@@ -55,7 +64,7 @@ nomadgpu_tenant_gpus{gpu_class="h100",kind="limit",tenant="vision"} 6
 nomadgpu_tenant_gpus{gpu_class="h100",kind="over_limit",tenant="vision"} 0
 nomadgpu_tenant_gpus{gpu_class="h100",kind="used",tenant="vision"} 2
 `
-	if err := testutil.GatherAndCompare(m.Registry, strings.NewReader(want), "nomadgpu_region_drained", "nomadgpu_region_reachable",
+	if err := testutil.GatherAndCompare(m.Registry, strings.NewReader(want), "nomadgpu_region_drained", "nomadgpu_region_queue_depth", "nomadgpu_region_reachable",
 		"nomadgpu_region_tenant_gpus", "nomadgpu_tenant_gpus"); err != nil {
 		t.Error(err)
 	}
@@ -65,7 +74,7 @@ nomadgpu_tenant_gpus{gpu_class="h100",kind="used",tenant="vision"} 2
 	}
 	one := metrics.New()
 	one.Observe(metrics.Sources{Cluster: east, Regions: cluster.NewRegions("east", east, nil), Policies: testbuild.Fixed{P: p}, Queue: queuetest.NewMem()})
-	if n, err := testutil.GatherAndCount(one.Registry, "nomadgpu_region_gpus", "nomadgpu_region_tenant_gpus", "nomadgpu_region_reachable"); err != nil || n != 0 {
+	if n, err := testutil.GatherAndCount(one.Registry, "nomadgpu_region_gpus", "nomadgpu_region_tenant_gpus", "nomadgpu_region_reachable", "nomadgpu_region_queue_depth"); err != nil || n != 0 {
 		t.Errorf("one region: %d region series (%v), want none", n, err)
 	}
 }

@@ -18,13 +18,19 @@ import (
 	"github.com/nomad-gpu/nomad-gpu/broker/policy"
 )
 
+// RegionAuto is Entry.Region for a job whose region the broker chooses.
+const RegionAuto = "auto"
+
 // Entry is one queued job, with everything needed to register it later.
 type Entry struct {
-	ID          string  `json:"id"`
-	JobID       string  `json:"job_id"`
-	Namespace   string  `json:"namespace"`
-	Tenant      string  `json:"tenant"`
-	Queue       string  `json:"queue"`
+	ID        string `json:"id"`
+	JobID     string `json:"job_id"`
+	Namespace string `json:"namespace"`
+	Tenant    string `json:"tenant"`
+	Queue     string `json:"queue"`
+	// Region is the Nomad region the job names, or "auto" where the broker
+	// chooses it, when the broker governs several ("": it governs one).
+	Region      string  `json:"region,omitempty"`
 	Demand      float64 `json:"demand"` // GPUs; a replica is a share of one
 	Reason      string  `json:"reason"` // why it was queued
 	SubmittedBy string  `json:"submitted_by"`

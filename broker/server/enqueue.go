@@ -15,6 +15,21 @@ import (
 	"github.com/nomad-gpu/nomad-gpu/broker/queue"
 )
 
+// entryRegion is what a queue entry of rj says of its region: the region it
+// names, or "auto" where the broker chooses it, when the broker governs
+// several.
+func (s *Server) entryRegion(rj *gpuJobRequest) string {
+	switch {
+	case s.regions == nil || len(s.regions.Names()) < 2:
+		return ""
+	case rj.Dispatch != "":
+		return queue.RegionAuto
+	case rj.Region != "":
+		return rj.Region
+	}
+	return s.region
+}
+
 // enqueue stores the job and answers as Nomad would for a registration, with an
 // evaluation id the broker itself serves, so that `nomad job run` (attached or
 // -detach) prints the message and exits 0. What is stored is the request as
@@ -54,7 +69,7 @@ func (s *Server) enqueue(w http.ResponseWriter, r *http.Request, rj *gpuJobReque
 		writeError(w, fail(errUnavailable, "job %q could not be queued: %v", rj.JobID, err))
 		return
 	}
-	e := queue.Entry{ID: s.newID(), JobID: rj.JobID, Namespace: rj.Namespace, Tenant: d.Tenant, Queue: d.Queue,
+	e := queue.Entry{ID: s.newID(), JobID: rj.JobID, Namespace: rj.Namespace, Tenant: d.Tenant, Queue: d.Queue, Region: s.entryRegion(rj),
 		Demand: d.Demand.Total(), Reason: d.Reason, SubmittedBy: who, Accessor: accessor, Grants: grants, SubmittedAt: s.clock.Now().UTC(), Request: rj.Body()}
 	// The job again while it waits: as in Nomad, the new version replaces
 	// the old one, which keeps its place in the queue.

@@ -280,8 +280,15 @@ function startText(e) {
 }
 
 function renderQueues(entries, total, gen) {
+  // With several regions each entry says the region it names ("auto": the
+  // broker chooses), and the tables may be filtered by it.
+  const regions = new Set(entries.map((e) => e.region).filter((r) => r));
+  options($('q-region'), regions);
+  $('q-region-bar').hidden = regions.size === 0;
+  const region = $('q-region').value;
   const byQueue = new Map();
   for (const e of entries) {
+    if (region && e.region !== region) continue;
     if (!byQueue.has(e.queue)) byQueue.set(e.queue, []);
     byQueue.get(e.queue).push(e);
   }
@@ -299,6 +306,7 @@ function renderQueues(entries, total, gen) {
         el('td', { class: 'num', text: String(e.position) }),
         el('td', {}, jobLink(e.namespace, e.job_id)),
         el('td', { text: e.namespace }),
+        ...(regions.size ? [el('td', { text: e.region || '' })] : []),
         el('td', { text: e.tenant }),
         el('td', { class: 'num', text: num(e.demand, e.demand % 1 ? 2 : 0) }),
         el('td', { title: new Date(e.submitted_at).toLocaleString(), text: ago(e.submitted_at) }),
@@ -307,7 +315,7 @@ function renderQueues(entries, total, gen) {
         el('td', {}, el('button', { type: 'button', class: 'danger', text: 'Cancel', onclick: () => act(`cancel ${e.job_id}`, `/v1/gpu/queue/${e.id}`, 'DELETE') }))));
     }
     out.push(el('h2', { text: `Queue ${name}` }), el('table', { 'data-queue': name },
-      el('thead', {}, el('tr', {}, ...['#', 'Job', 'Namespace', 'Tenant', 'GPUs', 'Waiting since', 'Why it waits', 'Estimated start', ''].map((h) => el('th', { text: h })))),
+      el('thead', {}, el('tr', {}, ...['#', 'Job', 'Namespace', ...(regions.size ? ['Region'] : []), 'Tenant', 'GPUs', 'Waiting since', 'Why it waits', 'Estimated start', ''].map((h) => el('th', { text: h })))),
       body));
   }
   $('queue-tables').replaceChildren(...out);
@@ -572,6 +580,7 @@ $('forget').addEventListener('click', () => {
   show();
 });
 if (token()) $('token').placeholder = 'token set for this tab';
+$('q-region').addEventListener('input', () => show());
 for (const id of ['f-region', 'f-pool', 'f-model', 'f-tenant', 'f-node']) $(id).addEventListener('input', () => { $('map-rows').scrollTop = 0; renderMap(); });
 $('map-rows').addEventListener('scroll', () => requestAnimationFrame(drawRows));
 $('p-7').addEventListener('click', () => { period(7); report(); });
