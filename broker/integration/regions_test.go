@@ -345,7 +345,7 @@ func TestRegions(t *testing.T) {
 			t.Errorf("usage -region west: %s; want audio's and vision's GPU-hours in west", out)
 		}
 	})
-	t.Run("the web UI's map and GPU-hours filter by region", func(t *testing.T) {
+	t.Run("the web UI filters by region, and says where a decision acts", func(t *testing.T) {
 		nodes, _, err := west.API.Nodes().List(nil)
 		if err != nil || len(nodes) != 1 {
 			t.Fatalf("west's nodes: %v %v", nodes, err)
@@ -359,6 +359,11 @@ func TestRegions(t *testing.T) {
 		if href := browser.Eval[string](t, tab, `document.querySelector('#map-rows .row a.node').getAttribute('href')`); !strings.HasSuffix(href, "?region=west") {
 			t.Errorf("west's node links to %q, want Nomad's UI in region west", href)
 		}
+		// The decision on bypass, in west, says so and links there.
+		browser.Navigate(t, tab, e.broker.Addr+"/gpu/#reclaim")
+		browser.WaitFor(t, tab, 20*time.Second, "the decision on bypass, in west", `(() => { const a = document.querySelector('#decided tr[data-job="bypass"] a');
+			return !!a && a.textContent == 'bypass (west)' && a.getAttribute('href').endsWith('?region=west'); })()`,
+			`document.querySelector('#decided').outerHTML`)
 		// The GPU-hours table, west's alone: its tenants' rows.
 		browser.Navigate(t, tab, e.broker.Addr+"/gpu/#tenants")
 		report := "JSON.stringify([...document.querySelectorAll('#report tbody tr')].map(r => r.dataset.tenant))"

@@ -59,7 +59,10 @@ function failed(e) {
 
 function live(what) { setStatus(`live · ${what} · updated ${new Date().toLocaleTimeString()}`); }
 
-const jobLink = (ns, job) => el('a', { href: `/ui/jobs/${encodeURIComponent(job)}@${encodeURIComponent(ns || 'default')}`, text: job });
+// jobLink links a job to Nomad's UI, in its region when that is not the
+// broker's own (a reclaim decision's region; the text then says it).
+const jobLink = (ns, job, region) => el('a', { href: `/ui/jobs/${encodeURIComponent(job)}@${encodeURIComponent(ns || 'default')}` +
+  (region ? `?region=${encodeURIComponent(region)}` : ''), text: region ? `${job} (${region})` : job });
 // backoffText says what holds a queued job back from borrowing, as the CLI does.
 const backoffText = (b) => (b.no_more
   ? `borrowing no more (preempted ${b.preemptions} times: borrowing.max_preemptions)`
@@ -495,7 +498,7 @@ function renderReclaim(recs, approvals) {
   const decided = recs.filter((r) => r.state !== 'proposed').slice(0, 100);
   const empty = (n, text) => [el('tr', {}, el('td', { colspan: String(n), class: 'empty', text }))];
   $('proposed').tBodies[0].replaceChildren(...(proposed.length ? proposed.map((r) => el('tr', { 'data-id': r.id, 'data-job': r.job },
-    el('td', {}, jobLink(r.namespace, r.job)),
+    el('td', {}, jobLink(r.namespace, r.job, r.region)),
     el('td', { text: r.tenant || '—' }),
     el('td', { text: r.rule }),
     el('td', { text: r.action }),
@@ -517,7 +520,7 @@ function renderReclaim(recs, approvals) {
       el('button', { type: 'button', class: 'danger', text: 'Deny', onclick: () => act(`deny ${a.job}'s request`, `/v1/gpu/approvals/${a.id}/deny`, 'POST') })))) :
     empty(6, 'No request waits for an approver.')));
   $('decided').tBodies[0].replaceChildren(...(decided.length ? decided.map((r) => el('tr', { 'data-id': r.id, 'data-job': r.job },
-    el('td', {}, jobLink(r.namespace, r.job)),
+    el('td', {}, jobLink(r.namespace, r.job, r.region)),
     el('td', { text: r.rule }),
     el('td', { text: r.action }),
     el('td', { text: r.state }),
