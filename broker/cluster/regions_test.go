@@ -4,8 +4,11 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/nomad-gpu/nomad-gpu/broker/admission"
+	"github.com/nomad-gpu/nomad-gpu/broker/nomadjob"
+	"github.com/nomad-gpu/nomad-gpu/internal/clock"
 	"github.com/nomad-gpu/nomad-gpu/testing/testbuild"
 )
 
@@ -175,5 +178,33 @@ func TestARegionCapHoldsATenantsWorkThere(t *testing.T) {
 		t.Errorf("2 GPUs in east, no cap there: %s (%s)", d.Outcome, d.Reason)
 	} else {
 		res.Release()
+	}
+}
+
+// A job the broker dispatched to a region is kept as Nomad returned it; once
+// the region is lost and the job requeued elsewhere, Lose drops it: its
+// allocations end then, for the ledger, and its tenant holds nothing there.
+func TestALostRegionsJobIsDroppedAndItsAllocationsEndNow(t *testing.T) {
+	p := testbuild.Policy(t, visionPolicy)
+	_, _, west := twoRegions()
+	start := time.Date(2026, 12, 4, 9, 0, 0, 0, time.UTC)
+	now := start.Add(time.Hour)
+	west.SetClock(clock.Func(func() time.Time { return now }))
+	d := admission.Decision{Outcome: admission.Admit, Tenant: "vision", Queue: "training", Priority: 60}
+	job := admitted(testbuild.Job("vision", "train").Group("g", 1, 2, "nvidia/gpu").Meta(nomadjob.MetaDispatched, "west"), d)
+	west.ObserveJob(job)
+	west.ObserveAlloc(testbuild.Alloc("a1", "vision", "train", "w1", 10, "w1-0", "w1-1").Started(start).Build())
+	if got := west.Dispatched(); len(got) != 1 || *got[0].ID != "train" {
+		t.Fatalf("dispatched %v, want train", got)
+	}
+	if used := west.UsageWithout(p, "vision", "").Tenants["vision"].Used.Total(); used != 2 {
+		t.Fatalf("vision holds %g in west before, want 2", used)
+	}
+	west.Lose("vision", "train")
+	if used := west.UsageWithout(p, "vision", "").Tenants["vision"].Used.Total(); used != 0 || len(west.Dispatched()) != 0 {
+		t.Errorf("after Lose: vision holds %g, dispatched %v; want nothing", used, west.Dispatched())
+	}
+	if ended := west.EndedAllocs(); len(ended) != 1 || ended[0].ID != "a1" || !ended[0].EndedAt.Equal(now) {
+		t.Errorf("ended %+v, want a1 ended now (%s), charged up to then", ended, now)
 	}
 }
