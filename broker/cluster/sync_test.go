@@ -3,6 +3,8 @@ package cluster
 import (
 	"context"
 	"encoding/json"
+	"errors"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -10,6 +12,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/nomad/api"
 
+	"github.com/nomad-gpu/nomad-gpu/internal/clock"
 	"github.com/nomad-gpu/nomad-gpu/testing/testbuild"
 )
 
@@ -115,4 +118,49 @@ func TestTheViewKeepsJobsUsingGPUsTheyDoNotAskFor(t *testing.T) {
 	if got := v.UndeclaredJobs(); len(got) != 0 {
 		t.Errorf("a stopped job is still kept: %v", got)
 	}
+}
+
+// flaky is a region that cannot be listed for its first fails calls.
+type flaky struct {
+	listings
+	fails int
+}
+
+func (f *flaky) List(ctx context.Context) (Snapshot, error) {
+	f.mu.Lock()
+	failing := f.fails > 0
+	f.fails--
+	f.mu.Unlock()
+	if failing {
+		return Snapshot{}, errors.New("no path to region")
+	}
+	return f.listings.List(ctx)
+}
+
+// A region the view cannot list is unreachable from the first failure, with
+// the error, until a listing gets through.
+func TestAViewSaysSinceWhenItsRegionIsUnreachable(t *testing.T) {
+	at := time.Date(2026, 12, 4, 9, 0, 0, 0, time.UTC)
+	src := &flaky{listings: listings{snaps: []Snapshot{{Nodes: []*api.Node{testbuild.Node("n", testbuild.H100, 8, 0)}}}}, fails: 1}
+	v := NewView(nil)
+	v.SetClock(clock.Func(func() time.Time { return at }))
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go v.Follow(ctx, src, hclog.NewNullLogger(), make(chan time.Time))
+	wait := func(what string, cond func() bool) {
+		t.Helper()
+		for deadline := time.Now().Add(5 * time.Second); !cond(); time.Sleep(5 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatal(what)
+			}
+		}
+	}
+	wait("unreachable after the listing failed", func() bool {
+		since, why := v.Unreachable()
+		return since.Equal(at) && strings.Contains(why, "no path to region")
+	})
+	wait("followed again once a listing got through (after a second's backoff)", func() bool {
+		since, _ := v.Unreachable()
+		return since.IsZero() && v.Synced()
+	})
 }
