@@ -38,10 +38,16 @@ type Observer interface {
 	Observe(ctx context.Context) ([]reclaim.Alloc, map[string]reclaim.GPU, error)
 }
 
-// Watcher is given what each pass observed (right-sizing samples it).
+// Watcher is given what each pass observed (right-sizing samples it): the
+// broker's own region's allocations, or every region's for one that says
+// EveryRegion.
 type Watcher interface {
 	Observed(ctx context.Context, now time.Time, allocs []reclaim.Alloc, gpus map[string]reclaim.GPU) error
 }
+
+// everyRegion is a watcher given every region's allocations, each marked
+// with its region.
+type everyRegion interface{ EveryRegion() }
 
 // Actor carries decisions out in Nomad; each answers what Nomad did, and
 // does nothing to a job or allocation that has already stopped.
@@ -119,6 +125,21 @@ func (r *Reclaimer) everyRegion(ctx context.Context, allocs []reclaim.Alloc, gpu
 	return append(slices.Clip(allocs), more...), all
 }
 
+// watch hands the pass's observation to each watcher: the broker's own
+// region's (own), or every region's to one that says EveryRegion.
+func (r *Reclaimer) watch(ctx context.Context, now time.Time, own []reclaim.Alloc, ownGPUs map[string]reclaim.GPU,
+	all []reclaim.Alloc, allGPUs map[string]reclaim.GPU) error {
+	var errs []error
+	for _, w := range r.Watchers {
+		if _, ok := w.(everyRegion); ok {
+			errs = append(errs, w.Observed(ctx, now, all, allGPUs))
+		} else {
+			errs = append(errs, w.Observed(ctx, now, own, ownGPUs))
+		}
+	}
+	return errors.Join(errs...)
+}
+
 // Pass observes, records new decisions, carries out those due, and drops
 // finished records past retention.
 func (r *Reclaimer) Pass(ctx context.Context) error {
@@ -183,9 +204,7 @@ func (r *Reclaimer) Pass(ctx context.Context) error {
 		records = append(records, rec)
 	}
 	retention := p.ReclaimSettings.Retention
-	for _, w := range r.Watchers {
-		errs = append(errs, w.Observed(ctx, now, seen, gpus))
-	}
+	errs = append(errs, r.watch(ctx, now, seen, gpus, allocs, all))
 	for _, rec := range records {
 		switch {
 		case rec.Due(now):

@@ -281,12 +281,16 @@ func TestADecisionOnAnotherRegionsJobIsCarriedOutThere(t *testing.T) {
 			}
 			return west
 		}}
-	var watched []string
+	var watched, sampled []string
 	r.Watchers = []reclaimer.Watcher{watcher(func(allocs []reclaim.Alloc) {
 		for _, a := range allocs {
 			watched = append(watched, a.ID)
 		}
-	})}
+	}), everyRegionWatcher{func(allocs []reclaim.Alloc) {
+		for _, a := range allocs {
+			sampled = append(sampled, a.ID+"@"+a.Region)
+		}
+	}}}
 	if err := r.Pass(context.Background()); err != nil {
 		t.Fatal(err)
 	}
@@ -302,8 +306,8 @@ func TestADecisionOnAnotherRegionsJobIsCarriedOutThere(t *testing.T) {
 	if fmt.Sprint(regions) != "[ west]" {
 		t.Errorf("decisions in regions %q, want one in the broker's own and one in west", regions)
 	}
-	if fmt.Sprint(watched) != "[a1]" {
-		t.Errorf("the watchers saw %v, want the broker's own region's a1 alone", watched)
+	if fmt.Sprint(watched) != "[a1]" || fmt.Sprint(sampled) != "[a1@ w1@west]" {
+		t.Errorf("the watchers saw %v, and one of every region (right-sizing) %v; want the broker's own region's a1 alone, and both", watched, sampled)
 	}
 }
 
@@ -314,3 +318,9 @@ func (w watcher) Observed(_ context.Context, _ time.Time, allocs []reclaim.Alloc
 	w(allocs)
 	return nil
 }
+
+// everyRegionWatcher is a watcher of every region's allocations, as
+// right-sizing is.
+type everyRegionWatcher struct{ watcher }
+
+func (everyRegionWatcher) EveryRegion() {}
