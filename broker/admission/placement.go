@@ -150,6 +150,27 @@ func (s *scratch) take(i int) *NodeRoom {
 	return &r
 }
 
+// FreeFor is how many free GPUs job's allocations could take now: those of
+// the rooms that offer its largest allocation's model (a device name, a MIG
+// profile, an NVLink island of an island group) with room for one of them,
+// not held for another job. What dispatch best_fit ranks regions by.
+func FreeFor(job Job, nodes []NodeRoom) int {
+	var largest Group
+	for _, g := range job.Groups {
+		if g.GPUsPerAlloc > largest.GPUsPerAlloc {
+			largest = g
+		}
+	}
+	mine, free := JobKey(job.Namespace, job.ID), 0
+	for i := range nodes {
+		r := &nodes[i]
+		if r.Free >= largest.GPUsPerAlloc && matches(r, alloc{model: largest.Model}, mine, false) {
+			free += r.Free
+		}
+	}
+	return free
+}
+
 // matches reports whether room can take an allocation of a.
 func matches(room *NodeRoom, a alloc, mine string, reserved bool) bool {
 	return offers(room.Group, a.model) && (room.ReservedFor == "" || room.ReservedFor == mine || reserved)

@@ -207,3 +207,21 @@ func TestReserve(t *testing.T) {
 		t.Errorf("reserve_after = 0 held %v", got)
 	}
 }
+
+// FreeFor counts the free GPUs a job's allocations could take: of rooms that
+// offer its model with room for its largest allocation, not held for
+// another job.
+func TestFreeForCountsWhatTheJobsAllocationsCouldTake(t *testing.T) {
+	nodes := rooms(3, 1, 4, 2)
+	nodes[2].ReservedFor = "vision/other"
+	nodes = append(nodes, admission.NodeRoom{ID: "a1", Group: "NVIDIA A100-SXM4-80GB", GPUs: 8, Free: 8})
+	job := admission.Job{ID: "train", Namespace: "vision", Groups: []admission.Group{
+		{Name: "small", Count: 4, GPUsPerAlloc: 1, Model: h100}, {Name: "big", Count: 1, GPUsPerAlloc: 2, Model: h100}}}
+	if got := admission.FreeFor(job, nodes); got != 3+2 {
+		t.Errorf("FreeFor = %d, want 5: n1's 3 and n4's 2 (n2 has room for no 2-GPU allocation, n3 is held for another job, a1 is another model)", got)
+	}
+	job.Groups = []admission.Group{{Name: "any", Count: 1, GPUsPerAlloc: 1}}
+	if got := admission.FreeFor(job, nodes); got != 3+1+2+8 {
+		t.Errorf("any model, 1 GPU: FreeFor = %d, want 14", got)
+	}
+}

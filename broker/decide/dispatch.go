@@ -36,8 +36,8 @@ type Dispatching interface {
 // regions whose decision admits it now, the first in the policy's order
 // (ordered: the first with the job's GPUs idle, else the first; a region
 // only once the job has waited spill_after for each region before it that
-// could take it) or the one with the most idle GPUs
-// of its class (best_fit), a drained region never; else the
+// could take it) or the one with the most free GPUs its allocations could
+// take, node by node (best_fit), a drained region never; else the
 // first where it may wait for GPUs, or for a drained region to resume,
 // where it queues (each queue pass chooses again). A job no
 // region can take is the job's error, with each region's reason. note is
@@ -81,6 +81,9 @@ func (s *Sequence) dispatch(p *policy.Policy, req *nomadjob.Request) (region, no
 			}
 			idle := idleFor(u, d.Demand)
 			if mode == policy.DispatchBestFit {
+				if len(u.Nodes) > 0 { // the free GPUs its allocations could take, node by node
+					idle = float64(admission.FreeFor(jobs[i], u.Nodes))
+				}
 				if chosen == "" || idle > most {
 					chosen, most = name, idle
 				}

@@ -105,6 +105,18 @@ func TestAJobLeavingItsRegionToTheBrokerGoesToOne(t *testing.T) {
 			t.Errorf("east full, within vision's guarantee: dispatched to %q (%s), %v; want west", r.Dispatched, r.Dispatch, err)
 		}
 	})
+	t.Run("best_fit ranks regions by the free GPUs the job's allocations could take, node by node", func(t *testing.T) {
+		seq, west := regions()
+		// West: w1 (4 GPUs, 3 held) and w2, w3 (1 GPU each): 3 free, none two on one node.
+		west.ObserveNode(testbuild.Node("w2", "H100", 1, 0))
+		west.ObserveNode(testbuild.Node("w3", "H100", 1, 0))
+		west.ObserveJob(testbuild.Job("audio", "holds-w1").Group("g", 1, 3, "nvidia/gpu").Build())
+		west.ObserveAlloc(testbuild.Alloc("h1", "audio", "holds-w1", "w1", 5, "w1-0", "w1-1", "w1-2").Build())
+		r, err := seq.Prepare(context.Background(), testbuild.Policy(t, policySrc+`dispatch = "best_fit"`), request(t, auto("a", 2)), &versions{})
+		if err != nil || r.Dispatched != "east" {
+			t.Errorf("2 GPUs, east's node 2 free, west 3 free on three nodes: dispatched to %q (%s), %v; want east", r.Dispatched, r.Dispatch, err)
+		}
+	})
 	t.Run("ordered spills to the next region only once the job has waited spill_after", func(t *testing.T) {
 		seq, _ := regions()
 		capped := strings.Replace(policySrc, "  limit      = 4\n}", "  limit      = 4\n  region \"east\" {\n    limit = 0\n  }\n}", 1) + `spill_after = "30m"`

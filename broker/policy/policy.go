@@ -120,7 +120,9 @@ type Queue struct {
 // the broker: Mode DispatchOrdered takes the first region in Order (the
 // broker's own region first, then the others by name, where Order leaves
 // them out) whose decision admits the job now; DispatchBestFit the
-// admitting region with the most idle GPUs of the job's class. A job
+// admitting region with the most free GPUs the job's allocations could take
+// (the job's model, MIG profile or NVLink island, on nodes with room for
+// one). A job
 // admitted nowhere waits in the queue, where each pass chooses again.
 // Under DispatchOrdered, a region is taken only once the job has waited
 // SpillAfter for each region before it in the order that could take it
