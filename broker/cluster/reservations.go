@@ -172,8 +172,12 @@ func (v *View) heldSince(key jobKey, index uint64) int {
 
 // reservationExtra drops expired reservations and returns, per namespace, the
 // GPUs by model that live ones add beyond what their job's recorded demand
-// and its allocations count.
+// and its allocations count (nil with no reservation: usage is read for every
+// decision and region).
 func (v *View) reservationExtra(except jobKey) (extra, extraBorrowed map[string]map[string]int) {
+	if len(v.reserved) == 0 {
+		return nil, nil
+	}
 	extra, extraBorrowed = map[string]map[string]int{}, map[string]map[string]int{}
 	now := v.clock.Now()
 	for key, r := range v.reserved {

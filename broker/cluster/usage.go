@@ -94,9 +94,11 @@ func (v *View) usageOf(p *policy.Policy, namespace, id string) (admission.Usage,
 		if t == nil {
 			continue
 		}
-		demand, borrowed := policy.Quota{}, policy.Quota{}
+		var demand, borrowed policy.Quota
 		if agg, ok := v.held[ns]; ok {
 			demand, borrowed = c.classify(agg.held), c.classify(agg.borrowed)
+		} else {
+			demand, borrowed = policy.Quota{}, policy.Quota{}
 		}
 		if ns == namespace {
 			sub(demand, c.exceptDemand)
@@ -104,11 +106,16 @@ func (v *View) usageOf(p *policy.Policy, namespace, id string) (admission.Usage,
 				sub(borrowed, c.exceptDemand)
 			}
 		}
-		add(demand, c.classify(c.extra[ns]))
-		add(borrowed, c.classify(extraBorrowed[ns]))
+		if len(c.extra[ns]) > 0 {
+			add(demand, c.classify(c.extra[ns]))
+			add(borrowed, c.classify(extraBorrowed[ns]))
+		}
 		tu := u.Tenants[t.Name]
-		tu.Used = add(tu.Used, demand)
-		tu.Borrowed = add(tu.Borrowed, borrowed)
+		if tu.Used == nil { // its first namespace: demand and borrowed are this call's own
+			tu.Used, tu.Borrowed = demand, borrowed
+		} else {
+			tu.Used, tu.Borrowed = add(tu.Used, demand), add(tu.Borrowed, borrowed)
+		}
 		if v.overBudget != nil {
 			tu.OverBudget = v.overBudget(t.Name)
 		}

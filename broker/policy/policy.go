@@ -10,7 +10,6 @@ import (
 	"fmt"
 	"math"
 	"slices"
-	"sort"
 	"strings"
 	"time"
 )
@@ -570,6 +569,9 @@ func (t *Tenant) Allows(queue string) bool {
 
 // ClassOf returns the GPU class a device name (model) belongs to, or "".
 func (p *Policy) ClassOf(model string) string {
+	if len(p.Classes) == 0 { // most policies: a usage classifies every model it counts
+		return ""
+	}
 	for _, c := range p.sortedClasses() {
 		for _, m := range c.Models {
 			if matchModel(m, model) {
@@ -585,7 +587,7 @@ func (p *Policy) sortedClasses() []*GPUClass {
 	for _, c := range p.Classes {
 		out = append(out, c)
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	slices.SortFunc(out, func(a, b *GPUClass) int { return strings.Compare(a.Name, b.Name) })
 	return out
 }
 
