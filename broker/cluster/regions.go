@@ -135,7 +135,8 @@ func (r *Regions) elsewhere(p *policy.Policy, j admission.Job, in *View) map[str
 // held is what one tenant holds in each region's view.
 type held struct {
 	tenant string
-	byView map[*View]admission.TenantUsage
+	views  []*View
+	usage  []admission.TenantUsage // usage[i] is what it holds in views[i]
 }
 
 // tenantHeld is what namespace's tenant holds in each region (nothing for a
@@ -146,26 +147,40 @@ func (r *Regions) tenantHeld(p *policy.Policy, namespace string) held {
 	if t == nil {
 		return held{}
 	}
-	h := held{tenant: t.Name, byView: map[*View]admission.TenantUsage{}}
-	for _, v := range r.Views() {
-		h.byView[v] = v.tenantUsage(p, namespace, "")
+	h := held{tenant: t.Name, views: make([]*View, 0, len(r.others)+1), usage: make([]admission.TenantUsage, 0, len(r.others)+1)}
+	h.views, h.usage = append(h.views, r.home), append(h.usage, r.home.tenantUsage(p, namespace, ""))
+	for _, v := range r.others {
+		h.views, h.usage = append(h.views, v), append(h.usage, v.tenantUsage(p, namespace, ""))
 	}
 	return h
 }
 
 // othersThan is what the tenant holds in the views other than in, by its
-// name (nil when it is no tenant's).
+// name (nil when it is no tenant's), summed into one usage: a dispatch over
+// many regions reads it once per region it decides on.
 func (h held) othersThan(in *View) map[string]admission.TenantUsage {
-	if h.byView == nil {
+	if h.tenant == "" {
 		return nil
 	}
-	out := map[string]admission.TenantUsage{}
-	for v, tu := range h.byView {
-		if v != in {
-			addTenants(admission.Usage{Tenants: out}, map[string]admission.TenantUsage{h.tenant: tu})
+	var (
+		sum   admission.TenantUsage
+		other bool
+	)
+	for i, v := range h.views {
+		if v == in {
+			continue
+		}
+		tu := h.usage[i]
+		other = true
+		sum.Used, sum.Borrowed = add(sum.Used, tu.Used), add(sum.Borrowed, tu.Borrowed)
+		if sum.OverBudget == "" {
+			sum.OverBudget = tu.OverBudget
 		}
 	}
-	return out
+	if !other {
+		return nil
+	}
+	return map[string]admission.TenantUsage{h.tenant: sum}
 }
 
 // addTenants adds what tenants hold elsewhere to u's.
@@ -199,25 +214,43 @@ func (r *Regions) UsageFor(p *policy.Policy, j admission.Job) admission.Usage {
 	return u
 }
 
-// EachUsage hands each of jobs (one job as each region would decide on it,
+// EachUsage hands each of n jobs of namespace (job(i): one job as each
+// region would decide on it, built only when reached; false: none there;
 // dispatch) to f with the usage it sees in its region (UsageFor), in order,
 // until f returns false: what its tenant holds in each region is read once,
 // not once per job.
-func (r *Regions) EachUsage(p *policy.Policy, jobs []admission.Job, f func(i int, u admission.Usage) bool) {
-	if len(jobs) == 0 {
+func (r *Regions) EachUsage(p *policy.Policy, namespace string, n int, job func(i int) (admission.Job, bool), f func(i int, j admission.Job, u admission.Usage) bool) {
+	if n == 0 {
 		return
 	}
-	h := r.tenantHeld(p, jobs[0].Namespace)
-	for i, j := range jobs {
+	h := r.tenantHeld(p, namespace)
+	for i := range n {
+		j, ok := job(i)
+		if !ok {
+			continue
+		}
 		u := admission.Usage{Tenants: map[string]admission.TenantUsage{}}
 		if v, _, ok := r.In(j.Where.Region); ok {
 			u = v.UsageFor(p, j)
 			addTenants(u, h.othersThan(v))
 		}
-		if !f(i, u) {
+		if !f(i, j, u) {
 			return
 		}
 	}
+}
+
+// Free is how many free GPUs j's allocations could take in its region, node
+// by node (admission.FreeFor, on the rooms its decision sees): what
+// best_fit dispatch ranks regions by.
+func (r *Regions) Free(j admission.Job) int {
+	v, _, ok := r.In(j.Where.Region)
+	if !ok {
+		return 0
+	}
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return admission.FreeFor(j, v.nodeRooms(j.Where, jobKey{j.Namespace, j.ID}))
 }
 
 // Admit decides on j in its region and reserves its demand there.

@@ -18,12 +18,16 @@ type Dispatching interface {
 	// Names are the regions governed as Nomad names them, the broker's own
 	// first.
 	Names() []string
-	// EachUsage hands f each job (one job as each region would decide on
-	// it) with the usage it sees in its region (UsageFor), until f returns
-	// false.
-	EachUsage(p *policy.Policy, jobs []admission.Job, f func(i int, u admission.Usage) bool)
+	// EachUsage hands f each of n jobs of namespace (job(i): the job as a
+	// region would decide on it, built only when reached; false: that
+	// region cannot take it) with the usage it sees in its region
+	// (UsageFor), until f returns false.
+	EachUsage(p *policy.Policy, namespace string, n int, job func(i int) (admission.Job, bool), f func(i int, j admission.Job, u admission.Usage) bool)
 	// Drained says who drained region and when ("": it takes new work).
 	Drained(region string) string
+	// Free is how many free GPUs j's allocations could take in its region,
+	// node by node (admission.FreeFor): what best_fit ranks regions by.
+	Free(j admission.Job) int
 	// Unreachable is since when following region has failed (zero while
 	// it is followed): no job is sent there meanwhile.
 	Unreachable(region string) (time.Time, string)
@@ -59,16 +63,21 @@ func (s *Sequence) dispatch(p *policy.Policy, req *nomadjob.Request) (region, no
 	if !req.QueuedAt.IsZero() {
 		waited = s.Clock.Now().Sub(req.QueuedAt)
 	}
-	jobs, in, why, drained := candidates(r, req, names)
+	in, why, drained := candidates(r, names)
 	var (
 		chosen, waits string
-		most          float64
-		before        time.Duration // ordered: spill_after for each region before this one that could take it
-		full          [][2]string   // ordered: regions that admit the job but have too few GPUs idle for it now, and why
+		queues        = map[string]bool{} // regions where it may wait
+		before        time.Duration       // ordered: spill_after for each region before this one that could take it
+		full          [][2]string         // ordered: regions that admit the job but have too few GPUs idle for it now, and why
 	)
-	r.EachUsage(p, jobs, func(i int, u admission.Usage) bool {
+	js := &regionJobs{r: r, req: req, built: map[string]*admission.Job{}}
+	job := func(i int) (admission.Job, bool) { return js.at(in[i]) }
+	if mode == policy.DispatchBestFit {
+		in = byFree(r, in, job)
+	}
+	r.EachUsage(p, req.Namespace, len(in), job, func(i int, j admission.Job, u admission.Usage) bool {
 		name := in[i]
-		d := r.Hold(p, jobs[i], s.Enricher.Decide(p, jobs[i], u))
+		d := r.Hold(p, j, s.Enricher.Decide(p, j, u))
 		need := before
 		if d.Outcome != admission.Reject {
 			before += how.SpillAfter
@@ -79,16 +88,11 @@ func (s *Sequence) dispatch(p *policy.Policy, req *nomadjob.Request) (region, no
 				why = append(why, fmt.Sprintf("%s: admits it once it has waited %s for the regions before it (spill_after %s)", name, need, how.SpillAfter))
 				return true
 			}
-			idle := idleFor(u, d.Demand)
 			if mode == policy.DispatchBestFit {
-				if len(u.Nodes) > 0 { // the free GPUs its allocations could take, node by node
-					idle = float64(admission.FreeFor(jobs[i], u.Nodes))
-				}
-				if chosen == "" || idle > most {
-					chosen, most = name, idle
-				}
-				return true
+				chosen = name
+				return false // the most free GPUs of those that admit it: they come in that order (byFree)
 			}
+			idle := idleFor(u, d.Demand)
 			if idle+1e-9 >= d.Demand.Total() {
 				chosen = name
 				return false // ordered: the first that admits it where its GPUs are idle
@@ -98,9 +102,7 @@ func (s *Sequence) dispatch(p *policy.Policy, req *nomadjob.Request) (region, no
 			full = append(full, [2]string{name, fmt.Sprintf("%s: admits it, but %g of its %g GPUs are idle there", name, idle, d.Demand.Total())})
 			return true
 		case admission.Queue:
-			if waits == "" {
-				waits = name
-			}
+			queues[name] = true
 			why = append(why, fmt.Sprintf("%s: %s", name, d.Reason))
 		default:
 			why = append(why, fmt.Sprintf("%s: %s", name, d.Reason))
@@ -114,10 +116,11 @@ func (s *Sequence) dispatch(p *policy.Policy, req *nomadjob.Request) (region, no
 			why = append(why, f[1])
 		}
 	}
-	if waits == "" {
-		waits = drained
+	waits = drained
+	if i := slices.IndexFunc(names, func(n string) bool { return queues[n] }); i >= 0 {
+		waits = names[i]
 	}
-	return told(chosen, waits, mode, why)
+	return told(chosen, waits, mode, append(why, js.why...))
 }
 
 // told is dispatch's answer: the region chosen, else the one to wait in,
@@ -134,11 +137,10 @@ func told(chosen, waits, mode string, why []string) (region, note string, err er
 	return "", "", &JobError{fmt.Errorf("no region this broker governs can take it: %s", strings.Join(why, "; "))}
 }
 
-// candidates are the job as each region of names that may take new work
-// would decide on it (its groups on that region's nodes), and those regions;
-// why says why each other region may not, and drained is the first drained
-// region, one to wait in if no other takes the job.
-func candidates(r Dispatching, req *nomadjob.Request, names []string) (jobs []admission.Job, in, why []string, drained string) {
+// candidates are the regions of names that may take new work; why says why
+// each other region may not, and drained is the first drained region, one to
+// wait in if no other takes the job.
+func candidates(r Dispatching, names []string) (in, why []string, drained string) {
 	for _, name := range names {
 		if since, err := r.Unreachable(name); !since.IsZero() {
 			why = append(why, fmt.Sprintf("%s: unreachable since %s (%s)", name, since.UTC().Format(time.RFC3339), err))
@@ -151,17 +153,87 @@ func candidates(r Dispatching, req *nomadjob.Request, names []string) (jobs []ad
 			}
 			continue
 		}
-		v, key, _ := r.In(name)
-		groups, err := nomadjob.Groups(req.Job, nomadjob.Placement{PreserveCounts: req.PreserveCounts, NodesFitting: v.NodesFitting})
-		if err != nil {
-			why = append(why, fmt.Sprintf("%s: %v", name, err))
-			continue
-		}
-		j := nomadjob.AdmissionJob(req.Job, req.Namespace, groups)
-		j.ID, j.Where.Region = req.JobID, key
-		jobs, in = append(jobs, j), append(in, name)
+		in = append(in, name)
 	}
-	return jobs, in, why, drained
+	return in, why, drained
+}
+
+// regionJobs are the job as each region decides on it, built once per
+// region (best_fit ranks regions by it before deciding) and shared among
+// regions while its groups do not count a region's nodes; why says which
+// regions it could not be read for.
+type regionJobs struct {
+	r     Dispatching
+	req   *nomadjob.Request
+	built map[string]*admission.Job // nil: not readable there
+	same  *admission.Job            // the job in any region, while its groups did not count a region's nodes
+	why   []string
+}
+
+func (js *regionJobs) at(region string) (admission.Job, bool) {
+	if j, ok := js.built[region]; ok {
+		if j == nil {
+			return admission.Job{}, false
+		}
+		return *j, true
+	}
+	j, perRegion, err := regionJob(js.r, js.req, region, js.same)
+	if err != nil {
+		js.why, js.built[region] = append(js.why, fmt.Sprintf("%s: %v", region, err)), nil
+		return j, false
+	}
+	if js.built[region] = &j; !perRegion {
+		js.same = &j
+	}
+	return j, true
+}
+
+// regionJob is the job as region would decide on it: its groups on that
+// region's nodes, or same's (the job as another region decides on it) when
+// its groups do not count nodes (only a system job's do); perRegion says
+// whether they did.
+func regionJob(r Dispatching, req *nomadjob.Request, region string, same *admission.Job) (j admission.Job, perRegion bool, err error) {
+	v, key, _ := r.In(region)
+	if same != nil {
+		j = *same
+		j.Where.Region = key
+		return j, false, nil
+	}
+	counted := func(model string, gpus int) int {
+		perRegion = true
+		return v.NodesFitting(model, gpus)
+	}
+	groups, err := nomadjob.Groups(req.Job, nomadjob.Placement{PreserveCounts: req.PreserveCounts, NodesFitting: counted})
+	if err != nil {
+		return admission.Job{}, perRegion, err
+	}
+	j = nomadjob.AdmissionJob(req.Job, req.Namespace, groups)
+	j.ID, j.Where.Region = req.JobID, key
+	return j, perRegion, nil
+}
+
+// byFree are the regions in by the free GPUs the job's allocations could
+// take in each, node by node (Dispatching.Free), the most first, in their
+// order where equal: best_fit decides on them in that order and takes the
+// first that admits the job, deciding on no more regions than it must. A
+// region the job cannot be read for is left out (job says why).
+func byFree(r Dispatching, in []string, job func(i int) (admission.Job, bool)) []string {
+	type ranked struct {
+		name string
+		free int
+	}
+	out := make([]ranked, 0, len(in))
+	for i, name := range in {
+		if j, ok := job(i); ok {
+			out = append(out, ranked{name, r.Free(j)})
+		}
+	}
+	slices.SortStableFunc(out, func(a, b ranked) int { return b.free - a.free })
+	names := make([]string, len(out))
+	for i, o := range out {
+		names[i] = o.name
+	}
+	return names
 }
 
 // ordered are the regions governed (names, the broker's own first) in the

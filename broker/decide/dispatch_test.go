@@ -117,6 +117,17 @@ func TestAJobLeavingItsRegionToTheBrokerGoesToOne(t *testing.T) {
 			t.Errorf("2 GPUs, east's node 2 free, west 3 free on three nodes: dispatched to %q (%s), %v; want east", r.Dispatched, r.Dispatch, err)
 		}
 	})
+	t.Run("a system job is counted on each region's own nodes", func(t *testing.T) {
+		seq, west := regions()
+		for _, n := range []string{"w2", "w3", "w4", "w5"} {
+			west.ObserveNode(testbuild.Node(n, "H100", 4, 0))
+		}
+		// One GPU on each node: 1 in east, 5 in west, above vision's limit of 4.
+		r, err := seq.Prepare(context.Background(), testbuild.Policy(t, policySrc+`dispatch = "best_fit"`), request(t, auto("s", 1).Type("system")), &versions{})
+		if err != nil || r.Dispatched != "east" || !strings.Contains(r.Dispatch, "not west: ") {
+			t.Errorf("west freer but its 5 nodes above the limit: dispatched to %q (%s), %v; want east", r.Dispatched, r.Dispatch, err)
+		}
+	})
 	t.Run("ordered spills to the next region only once the job has waited spill_after", func(t *testing.T) {
 		seq, _ := regions()
 		capped := strings.Replace(policySrc, "  limit      = 4\n}", "  limit      = 4\n  region \"east\" {\n    limit = 0\n  }\n}", 1) + `spill_after = "30m"`
