@@ -394,7 +394,7 @@ func (a *Agent) reclaimer() *reclaimer.Reclaimer {
 				Ended: observer.Ended, EndedSince: observer.EndedSince, Granted: granted, Elsewhere: elsewhere},
 			&reclaimer.Bander{Log: a.log.Named("band"), Policies: a.policies, Usage: a.view, Jobs: a.nomad, Grants: st.scales,
 				Stops: st.stops, Stamper: a.stamper, Lock: a.view.LockJob, Audit: a.trail},
-			&reclaimer.Repinner{Log: a.log.Named("repin"), Policies: a.policies, View: a.view, Jobs: a.nomad, Grants: st.scales,
+			&reclaimer.Repinner{Log: a.log.Named("repin"), Policies: a.policies, View: a.view, Jobs: a.nomad, Elsewhere: a.repinRegions(), Grants: st.scales,
 				Stops: st.stops, Stamper: a.stamper, Lock: a.view.LockJob, Audit: a.trail},
 			&reclaimer.StopRecorder{View: a.view, Records: st.stops, Lock: a.view.LockJob},
 			&reclaimer.RegionLoss{Log: a.log.Named("region-loss"), Policies: a.policies, Regions: a.regions, Queue: st.queue, Audit: a.trail,
@@ -476,6 +476,16 @@ func (a *Agent) reloads(ctx context.Context, policy chan<- os.Signal) {
 			}
 		}
 	}
+}
+
+// repinRegions are the other regions as the repinner reads and registers
+// their jobs: each through its own view and client.
+func (a *Agent) repinRegions() map[string]reclaimer.RepinRegion {
+	out := map[string]reclaimer.RepinRegion{}
+	for name, r := range a.others {
+		out[name] = reclaimer.RepinRegion{View: r.view, Jobs: r.nomad}
+	}
+	return out
 }
 
 // setToken makes tok the token of every region's client.

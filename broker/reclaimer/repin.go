@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net/url"
+	"slices"
 	"strings"
 	"time"
 
@@ -30,54 +32,86 @@ const RepinAfter = time.Minute
 // group without a live allocation is pinned again: Nomad replaces running
 // allocations whose constraints change. The job is registered again with
 // its new pin and a new stamp that binds it, at its priority, as admitted.
+// It does so in every region governed, each on its own nodes.
 type Repinner struct {
 	Log      hclog.Logger
 	Policies policy.Source
-	View     interface {
-		Unplaced() []cluster.Unplaced
-		UsageFor(p *policy.Policy, j admission.Job) admission.Usage
-		NodesFitting(model string, gpus int) int
-	}
-	Jobs    PromoteJobs
-	Grants  decide.Grants
-	Stops   decide.Stops // nil: none kept
-	Stamper nomadjob.Stamper
+	View     RepinView // the broker's own region
+	Jobs     PromoteJobs
+	// Elsewhere are the other regions governed, by name (none: one region).
+	Elsewhere map[string]RepinRegion
+	Grants    decide.Grants
+	Stops     decide.Stops // nil: none kept
+	Stamper   nomadjob.Stamper
 	// Lock holds off other decisions on the job meanwhile (the gate's too).
 	Lock  func(namespace, id string) (unlock func())
 	Audit *audit.Log
 
-	waiting map[[2]string]time.Time // since when each unplaced job was seen so
+	waiting map[[3]string]time.Time // since when each unplaced job (region, namespace, id) was seen so
+}
+
+// RepinView is what the repinner reads of a region: its pinned jobs not
+// placed yet, and its nodes.
+type RepinView interface {
+	Unplaced() []cluster.Unplaced
+	UsageFor(p *policy.Policy, j admission.Job) admission.Usage
+	NodesFitting(model string, gpus int) int
+}
+
+// RepinRegion is a region other than the broker's own: its view, and its
+// Nomad client, through which its jobs are read and registered.
+type RepinRegion struct {
+	View RepinView
+	Jobs PromoteJobs
 }
 
 // Observed implements Watcher.
 func (r *Repinner) Observed(ctx context.Context, now time.Time, _ []reclaim.Alloc, _ map[string]reclaim.GPU) error {
 	p := r.Policies.Current()
-	seen := map[[2]string]time.Time{}
+	seen := map[[3]string]time.Time{}
 	var errs []error
-	for _, u := range r.View.Unplaced() {
-		key := [2]string{u.Namespace, u.ID}
-		since, ok := r.waiting[key]
-		if !ok {
-			since = now
+	regions := []string{""} // "": the broker's own
+	for _, name := range slices.Sorted(maps.Keys(r.Elsewhere)) {
+		regions = append(regions, name)
+	}
+	for _, region := range regions {
+		in := RepinRegion{View: r.View, Jobs: r.Jobs}
+		if region != "" {
+			in = r.Elsewhere[region]
 		}
-		seen[key] = since
-		if !u.NodeGone && now.Sub(since) < RepinAfter {
-			continue
-		}
-		if err := r.repin(ctx, p, u, now); err != nil {
-			errs = append(errs, fmt.Errorf("pin %s/%s again: %w", u.Namespace, u.ID, err))
+		for _, u := range in.View.Unplaced() {
+			key := [3]string{region, u.Namespace, u.ID}
+			since, ok := r.waiting[key]
+			if !ok {
+				since = now
+			}
+			seen[key] = since
+			if !u.NodeGone && now.Sub(since) < RepinAfter {
+				continue
+			}
+			if err := r.repin(ctx, p, region, in, u, now); err != nil {
+				errs = append(errs, fmt.Errorf("pin %s/%s again%s: %w", u.Namespace, u.ID, inRegion(region), err))
+			}
 		}
 	}
 	r.waiting = seen
 	return errors.Join(errs...)
 }
 
-// repin places the job again on the nodes as they are and registers it
-// with the new pin, if Nomad still has it as the broker admitted it and
-// a node can take it.
-func (r *Repinner) repin(ctx context.Context, p *policy.Policy, u cluster.Unplaced, now time.Time) error {
+// inRegion names region in an error ("": the broker's own, unnamed).
+func inRegion(region string) string {
+	if region == "" {
+		return ""
+	}
+	return " in region " + region
+}
+
+// repin places the job again on the nodes of its region (in) as they are
+// and registers it there with the new pin, if Nomad still has it as the
+// broker admitted it and a node can take it.
+func (r *Repinner) repin(ctx context.Context, p *policy.Policy, region string, in RepinRegion, u cluster.Unplaced, now time.Time) error {
 	defer r.Lock(u.Namespace, u.ID)()
-	doc, job, err := r.Jobs.JobDoc(ctx, u.Namespace, u.ID)
+	doc, job, err := in.Jobs.JobDoc(ctx, u.Namespace, u.ID)
 	if err != nil || job == nil || job.Priority == nil || job.JobModifyIndex == nil || (job.Stop != nil && *job.Stop) {
 		return err
 	}
@@ -94,7 +128,7 @@ func (r *Repinner) repin(ctx context.Context, p *policy.Policy, u cluster.Unplac
 		return err
 	}
 	nomadjob.Unpin(req.Job)
-	j, err := nomadjob.Admission(req.Job, r.View.NodesFitting)
+	j, err := nomadjob.Admission(req.Job, in.View.NodesFitting)
 	if err != nil {
 		return err
 	}
@@ -103,7 +137,7 @@ func (r *Repinner) repin(ctx context.Context, p *policy.Policy, u cluster.Unplac
 	if a.Borrowed {
 		d.Outcome = admission.AdmitBorrowed
 	}
-	placed, ok := admission.Place(j, r.View.UsageFor(p, j).Nodes, !a.Borrowed, d.Priority, now)
+	placed, ok := admission.Place(j, in.View.UsageFor(p, j).Nodes, !a.Borrowed, d.Priority, now)
 	if !ok {
 		return nil // no node can take it now: the next pass tries again
 	}
@@ -112,15 +146,15 @@ func (r *Repinner) repin(ctx context.Context, p *policy.Policy, u cluster.Unplac
 	root := req.Doc.Root()
 	root.Set("EnforceIndex", true)
 	root.Set("JobModifyIndex", *job.JobModifyIndex)
-	if _, err := r.Jobs.Register(ctx, u.Namespace, req.Body()); err != nil {
+	if _, err := in.Jobs.Register(ctx, u.Namespace, req.Body()); err != nil {
 		return err
 	}
 	why := "Nomad has not placed it for " + RepinAfter.String()
 	if u.NodeGone {
 		why = "a node it was pinned to takes no new work"
 	}
-	r.Log.Info("pinned job placed again before it runs", "namespace", u.Namespace, "job", u.ID, "why", why, "pin", pinned)
+	r.Log.Info("pinned job placed again before it runs", "region", region, "namespace", u.Namespace, "job", u.ID, "why", why, "pin", pinned)
 	r.Audit.Write(audit.Event{Who: audit.BrokerAct, What: audit.Repin, Namespace: u.Namespace, Job: u.ID, Tenant: d.Tenant, Queue: d.Queue,
-		Result: why + ": " + strings.TrimPrefix(pinned, "nomad-gpu: ")})
+		Result: why + inRegion(region) + ": " + strings.TrimPrefix(pinned, "nomad-gpu: ")})
 	return nil
 }

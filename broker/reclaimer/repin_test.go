@@ -26,15 +26,7 @@ func TestTheRepinnerPinsAJobAgainBeforeItRuns(t *testing.T) {
 	view := cluster.NewView(st.VerifyCounting)
 	view.ObserveNode(testbuild.Node("n1", "H100", 8, 0))
 	view.ObserveNode(testbuild.Node("n2", "H100", 8, 0))
-	pinned := func(id, node string, prio int) *api.Job {
-		j := testbuild.Job("vision", id).Type(api.JobTypeBatch).Priority(prio).Group("g", 1, 2, "nvidia/gpu").ModifyIndex(7).Build()
-		j.TaskGroups[0].Constraints = []*api.Constraint{{LTarget: "${node.unique.id}", Operand: "set_contains_any", RTarget: node}}
-		d := admission.Decision{Tenant: "vision", Queue: "training", Priority: 20, Outcome: admission.AdmitBorrowed}
-		for k, v := range nomadjob.BrokerMeta(d, st.Stamp("vision", j, d)) {
-			j.Meta[k] = v
-		}
-		return j
-	}
+	pinned := func(id, node string, prio int) *api.Job { return pinnedJob(st, id, node, prio) }
 	drained, waiting, moved := pinned("drained", "n1", 20), pinned("waiting", "n2", 20), pinned("moved", "n1", 20)
 	moved.Priority = ptr(23) // moved to a sub-band: verified through its grant
 	g := grants{"moved": {Stamp: moved.Meta[nomadjob.MetaAdmission], Stamped: map[string]int{"g": 1}, Admitted: map[string]int{"g": 1},
@@ -77,6 +69,47 @@ func TestTheRepinnerPinsAJobAgainBeforeItRuns(t *testing.T) {
 	}
 	if !containsJob(nomad.registered, "waiting") {
 		t.Errorf("waiting not pinned again after %s: %d registered", reclaimer.RepinAfter, len(nomad.registered))
+	}
+}
+
+// pinnedJob is a borrowed batch job of vision the broker admitted at prio
+// and pinned to node.
+func pinnedJob(st nomadjob.Stamper, id, node string, prio int) *api.Job {
+	j := testbuild.Job("vision", id).Type(api.JobTypeBatch).Priority(prio).Group("g", 1, 2, "nvidia/gpu").ModifyIndex(7).Build()
+	j.TaskGroups[0].Constraints = []*api.Constraint{{LTarget: "${node.unique.id}", Operand: "set_contains_any", RTarget: node}}
+	d := admission.Decision{Tenant: "vision", Queue: "training", Priority: 20, Outcome: admission.AdmitBorrowed}
+	for k, v := range nomadjob.BrokerMeta(d, st.Stamp("vision", j, d)) {
+		j.Meta[k] = v
+	}
+	return j
+}
+
+// A job the broker placed in another region it governs is pinned again on
+// that region's nodes, read and registered through that region's client.
+func TestTheRepinnerPinsAgainInEveryRegion(t *testing.T) {
+	p := bandPolicy(t, "")
+	st := nomadjob.Stamper{Key: []byte("k")}
+	home, west := cluster.NewView(st.VerifyCounting), cluster.NewView(st.VerifyCounting)
+	west.SetRegion("west")
+	home.ObserveNode(testbuild.Node("e1", "H100", 8, 0))
+	w1 := testbuild.Node("w1", "H100", 8, 0)
+	west.ObserveNode(w1)
+	west.ObserveNode(testbuild.Node("w2", "H100", 8, 0))
+	job := pinnedJob(st, "far", "w1", 20)
+	west.ObserveJob(job)
+	w1.SchedulingEligibility = api.NodeSchedulingIneligible
+	west.ObserveNode(w1)
+	homeNomad, westNomad := &promoteJobs{jobs: map[string]*api.Job{}}, &promoteJobs{jobs: map[string]*api.Job{"far": job}}
+	r := &reclaimer.Repinner{Log: hclog.NewNullLogger(), Policies: testbuild.Fixed{P: p}, View: home, Jobs: homeNomad,
+		Elsewhere: map[string]reclaimer.RepinRegion{"west": {View: west, Jobs: westNomad}}, Stamper: st, Lock: home.LockJob}
+	if err := r.Observed(context.Background(), time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC), nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	if len(homeNomad.registered) != 0 || len(westNomad.registered) != 1 {
+		t.Fatalf("registered: %d in the broker's own region, %d in west; want far once, in west", len(homeNomad.registered), len(westNomad.registered))
+	}
+	if pin := westNomad.registered[0].Job.TaskGroups[0].Constraints; len(pin) != 1 || pin[0].RTarget != "w2" {
+		t.Errorf("far pinned to %+v, want w2, west's node that takes work", pin)
 	}
 }
 
