@@ -10,6 +10,7 @@ import (
 // Running is a job running borrowed, as promotion weighs it.
 type Running struct {
 	Namespace, ID, Tenant, Queue string
+	Region                       string // the Nomad region it runs in ("": the broker's own)
 	GPUs                         float64
 	Since                        time.Time // when it started running
 	Priority                     int       // its priority in Nomad now

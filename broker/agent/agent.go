@@ -392,7 +392,7 @@ func (a *Agent) reclaimer() *reclaimer.Reclaimer {
 		Watchers: []reclaimer.Watcher{&reclaimer.Recorder{Store: st.storedProfiles, Table: st.profiles, Policies: a.policies},
 			&reclaimer.Ledger{Store: st.rollups, Policies: a.policies, Metrics: a.metrics, Budgets: a.budgets, Clock: a.nomad.NomadNow,
 				Ended: observer.Ended, EndedSince: observer.EndedSince, Granted: granted, Elsewhere: elsewhere},
-			&reclaimer.Bander{Log: a.log.Named("band"), Policies: a.policies, Usage: a.view, Jobs: a.nomad, Grants: st.scales,
+			&reclaimer.Bander{Log: a.log.Named("band"), Policies: a.policies, Usage: a.regions, Jobs: a.nomad, Elsewhere: a.otherClients(), Grants: st.scales,
 				Stops: st.stops, Stamper: a.stamper, Lock: a.view.LockJob, Audit: a.trail},
 			&reclaimer.Repinner{Log: a.log.Named("repin"), Policies: a.policies, View: a.view, Jobs: a.nomad, Elsewhere: a.repinRegions(), Grants: st.scales,
 				Stops: st.stops, Stamper: a.stamper, Lock: a.view.LockJob, Audit: a.trail},
@@ -484,6 +484,15 @@ func (a *Agent) repinRegions() map[string]reclaimer.RepinRegion {
 	out := map[string]reclaimer.RepinRegion{}
 	for name, r := range a.others {
 		out[name] = reclaimer.RepinRegion{View: r.view, Jobs: r.nomad}
+	}
+	return out
+}
+
+// otherClients are the other regions' Nomad clients, by name.
+func (a *Agent) otherClients() map[string]reclaimer.PromoteJobs {
+	out := map[string]reclaimer.PromoteJobs{}
+	for name, r := range a.others {
+		out[name] = r.nomad
 	}
 	return out
 }

@@ -43,21 +43,30 @@ type Grants interface {
 // preemption would lose (policy.SubBand), so that Nomad takes the cheapest
 // victims first. The stamp stays (a meta change would replace the
 // allocations); a grant under <prefix>scaled/ records the priority it was
-// made for and the one the job runs at.
+// made for and the one the job runs at. It does so in every region
+// governed (a tenant's guarantee counts them all), each job through its own
+// region's client.
 type Bander struct {
 	Log      hclog.Logger
 	Policies policy.Source
-	Usage    interface {
+	// Usage is every region's: a tenant's work within its guarantee counts
+	// all of them.
+	Usage interface {
 		UsageWithout(p *policy.Policy, namespace, jobID string) admission.Usage
 	}
-	Jobs    PromoteJobs
-	Grants  Grants
-	Stops   decide.Stops // nil: none kept
-	Stamper nomadjob.Stamper
+	Jobs PromoteJobs // the broker's own region's
+	// Elsewhere are the other regions' clients, by name (none: one region).
+	Elsewhere map[string]PromoteJobs
+	Grants    Grants
+	Stops     decide.Stops // nil: none kept
+	Stamper   nomadjob.Stamper
 	// Lock holds off other decisions on the job meanwhile (the gate's too).
 	Lock  func(namespace, id string) (unlock func())
 	Audit *audit.Log
 }
+
+// EveryRegion: borrowed work is moved in whichever region it runs.
+func (*Bander) EveryRegion() {}
 
 // Observed implements Watcher.
 func (b *Bander) Observed(ctx context.Context, now time.Time, allocs []reclaim.Alloc, gpus map[string]reclaim.GPU) error {
@@ -70,26 +79,26 @@ func (b *Bander) Observed(ctx context.Context, now time.Time, allocs []reclaim.A
 		return nil
 	}
 	var errs []error
-	promoted := map[[2]string]bool{}
+	promoted := map[[3]string]bool{}
 	if p.Borrowing.PromoteBelow > 0 {
 		guaranteed := map[string]float64{}
 		for name, tu := range b.Usage.UsageWithout(p, "", "").Tenants {
 			guaranteed[name] = tu.Used.Total() - tu.Borrowed.Total()
 		}
 		for _, pm := range admission.Promotions(p, guaranteed, running) {
-			promoted[[2]string{pm.Namespace, pm.ID}] = true
+			promoted[[3]string{pm.Region, pm.Namespace, pm.ID}] = true
 			if err := b.move(ctx, pm.Running, pm.Priority, false); err != nil {
-				errs = append(errs, fmt.Errorf("promote %s/%s: %w", pm.Namespace, pm.ID, err))
+				errs = append(errs, fmt.Errorf("promote %s/%s%s: %w", pm.Namespace, pm.ID, inRegion(pm.Region), err))
 			}
 		}
 	}
 	for _, r := range running {
-		if !p.Borrowing.SubBands || promoted[[2]string{r.Namespace, r.ID}] {
+		if !p.Borrowing.SubBands || promoted[[3]string{r.Region, r.Namespace, r.ID}] {
 			continue
 		}
 		if to := p.SubBand(r.GPUs, now.Sub(r.Since)); to != r.Priority {
 			if err := b.move(ctx, r, to, true); err != nil {
-				errs = append(errs, fmt.Errorf("move %s/%s to sub-band %d: %w", r.Namespace, r.ID, to, err))
+				errs = append(errs, fmt.Errorf("move %s/%s%s to sub-band %d: %w", r.Namespace, r.ID, inRegion(r.Region), to, err))
 			}
 		}
 	}
@@ -97,18 +106,18 @@ func (b *Bander) Observed(ctx context.Context, now time.Time, allocs []reclaim.A
 }
 
 // runningBorrowed are the jobs admitted borrowed whose allocations all
-// run, by job, since the last of them started.
+// run, by job and region, since the last of them started.
 func runningBorrowed(allocs []reclaim.Alloc, gpus map[string]reclaim.GPU) []admission.Running {
-	byJob := map[[2]string]*admission.Running{}
-	var order [][2]string
+	byJob := map[[3]string]*admission.Running{}
+	var order [][3]string
 	for _, a := range allocs {
 		if a.Undeclared != "" || !a.Admitted || a.Tenant == "" {
 			continue
 		}
-		key := [2]string{a.Namespace, a.JobID}
+		key := [3]string{a.Region, a.Namespace, a.JobID}
 		r, ok := byJob[key]
 		if !ok {
-			r = &admission.Running{Namespace: a.Namespace, ID: a.JobID, Tenant: a.Tenant, Queue: a.Queue, Priority: a.Priority}
+			r = &admission.Running{Namespace: a.Namespace, ID: a.JobID, Region: a.Region, Tenant: a.Tenant, Queue: a.Queue, Priority: a.Priority}
 			byJob[key], order = r, append(order, key)
 		}
 		if !a.Borrowed || a.Preempted || a.StartedAt.IsZero() {
@@ -136,7 +145,13 @@ func runningBorrowed(allocs []reclaim.Alloc, gpus map[string]reclaim.GPU) []admi
 // recording the grant that keeps its stamp verifiable.
 func (b *Bander) move(ctx context.Context, r admission.Running, to int, subBand bool) error {
 	defer b.Lock(r.Namespace, r.ID)()
-	doc, job, err := b.Jobs.JobDoc(ctx, r.Namespace, r.ID)
+	jobs := b.Jobs
+	if r.Region != "" {
+		if jobs = b.Elsewhere[r.Region]; jobs == nil {
+			return fmt.Errorf("region %q is not governed", r.Region)
+		}
+	}
+	doc, job, err := jobs.JobDoc(ctx, r.Namespace, r.ID)
 	if err != nil || job == nil || job.Priority == nil || job.JobModifyIndex == nil || (job.Stop != nil && *job.Stop) ||
 		job.Meta[nomadjob.MetaBorrowed] != "true" || job.Meta[nomadjob.MetaTenant] != r.Tenant || *job.Priority == to {
 		return err // gone, stopped, changed or moved since observed: nothing to do
@@ -162,17 +177,17 @@ func (b *Bander) move(ctx context.Context, r admission.Running, to int, subBand 
 	}
 	doc.Root().Set("Priority", to)
 	body := fmt.Appendf(nil, `{"Job":%s,"EnforceIndex":true,"JobModifyIndex":%d}`, doc.Bytes(), *job.JobModifyIndex)
-	if _, err := b.Jobs.Register(ctx, r.Namespace, body); err != nil {
+	if _, err := jobs.Register(ctx, r.Namespace, body); err != nil {
 		return err // the grant verifies the job at from as well, where it still runs
 	}
 	if subBand {
-		b.Log.Debug("borrowed job moved to the sub-band of the work at stake", "namespace", r.Namespace, "job", r.ID, "tenant", r.Tenant,
+		b.Log.Debug("borrowed job moved to the sub-band of the work at stake", "region", r.Region, "namespace", r.Namespace, "job", r.ID, "tenant", r.Tenant,
 			"gpus", r.GPUs, "running_since", r.Since, "from", from, "to", to)
 		return nil
 	}
-	result := fmt.Sprintf("promoted in place from priority %d to %d: with its %s GPUs, its tenant's work within the guarantee stays within promote_below = %s of it",
-		from, to, strconv.FormatFloat(r.GPUs, 'g', -1, 64), strconv.FormatFloat(b.Policies.Current().Borrowing.PromoteBelow, 'g', -1, 64))
-	b.Log.Info("borrowed job promoted within its tenant's guarantee", "namespace", r.Namespace, "job", r.ID, "tenant", r.Tenant,
+	result := fmt.Sprintf("promoted in place%s from priority %d to %d: with its %s GPUs, its tenant's work within the guarantee stays within promote_below = %s of it",
+		inRegion(r.Region), from, to, strconv.FormatFloat(r.GPUs, 'g', -1, 64), strconv.FormatFloat(b.Policies.Current().Borrowing.PromoteBelow, 'g', -1, 64))
+	b.Log.Info("borrowed job promoted within its tenant's guarantee", "region", r.Region, "namespace", r.Namespace, "job", r.ID, "tenant", r.Tenant,
 		"queue", r.Queue, "from", from, "to", to)
 	b.Audit.Write(audit.Event{Who: audit.BrokerAct, What: audit.Promotion, Namespace: r.Namespace, Job: r.ID, Tenant: r.Tenant,
 		Queue: r.Queue, Result: result})

@@ -144,6 +144,27 @@ func TestThePromoterRunsBorrowedWorkOnAtItsBandInPlace(t *testing.T) {
 	}
 }
 
+// A borrowed job running in another region the broker governs is promoted
+// there, through that region's client.
+func TestThePromoterPromotesInTheRegionTheJobRunsIn(t *testing.T) {
+	p := bandPolicy(t, "promote_below = 1\n  sub_bands = false")
+	st := nomadjob.Stamper{Key: []byte("k")}
+	home, west := &promoteJobs{jobs: map[string]*api.Job{}}, &promoteJobs{jobs: map[string]*api.Job{"far": borrowedJob(st, "far")}}
+	pr := &reclaimer.Bander{Log: hclog.NewNullLogger(), Policies: testbuild.Fixed{P: p}, Jobs: home, Elsewhere: map[string]reclaimer.PromoteJobs{"west": west},
+		Grants: grants{}, Stamper: st, Lock: func(string, string) func() { return func() {} },
+		Usage: usageOf{Tenants: map[string]admission.TenantUsage{"vision": {Used: policy.Quota{policy.AllGPUs: 2}, Borrowed: policy.Quota{policy.AllGPUs: 2}}}}}
+	t0 := time.Date(2026, 12, 2, 8, 0, 0, 0, time.UTC)
+	allocs := []reclaim.Alloc{{ID: "far-a", Namespace: "vision", JobID: "far", Region: "west", Admitted: true, Borrowed: true, Tenant: "vision",
+		Queue: "training", StartedAt: t0, GPUs: []string{"w0", "w1"}}}
+	gpus := map[string]reclaim.GPU{"w0": {Healthy: true}, "w1": {Healthy: true}}
+	if err := pr.Observed(context.Background(), t0.Add(time.Hour), allocs, gpus); err != nil {
+		t.Fatal(err)
+	}
+	if len(home.registered) != 0 || len(west.registered) != 1 || *west.registered[0].Job.Priority != p.Queues["training"].Band {
+		t.Fatalf("registered %d in the broker's own region, %d in west; want far once, in west, at its band", len(home.registered), len(west.registered))
+	}
+}
+
 // With sub-bands, a borrowed job moves up as the GPU time a preemption would
 // lose grows, in place, and stays verifiable (as borrowed) at each step.
 func TestTheBanderMovesBorrowedWorkUpItsSubBands(t *testing.T) {
