@@ -10,10 +10,12 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"net/http"
 	"net/http/pprof"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
@@ -33,6 +35,7 @@ import (
 	brokermetrics "github.com/nomad-gpu/nomad-gpu/broker/metrics"
 	"github.com/nomad-gpu/nomad-gpu/broker/nomadapi"
 	"github.com/nomad-gpu/nomad-gpu/broker/nomadjob"
+	"github.com/nomad-gpu/nomad-gpu/broker/policy"
 	"github.com/nomad-gpu/nomad-gpu/broker/policyhcl"
 	"github.com/nomad-gpu/nomad-gpu/broker/policystore"
 	"github.com/nomad-gpu/nomad-gpu/broker/queue"
@@ -302,8 +305,12 @@ func (a *Agent) setupObservers(context.Context) error {
 			trail.Write(audit.Event{Who: audit.BrokerAct, What: audit.PolicyReload, Result: detail})
 		}
 	}
-	a.view.SetReverts((&leader.Reverts{Leader: a.elector, Policies: a.policies, Usage: a.view.Usage, Audit: a.trail, Metrics: a.metrics,
-		Log: a.log.Named("revert")}).Observed)
+	// A revert in any region is recorded, its tenant's usage counting all.
+	reverts := (&leader.Reverts{Leader: a.elector, Policies: a.policies, Audit: a.trail, Metrics: a.metrics, Log: a.log.Named("revert"),
+		Usage: func(p *policy.Policy) admission.Usage { return a.regions.UsageWithout(p, "", "") }}).Observed
+	for _, v := range a.regions.Views() {
+		v.SetReverts(reverts)
+	}
 	return nil
 }
 
@@ -389,7 +396,7 @@ func (a *Agent) reclaimer() *reclaimer.Reclaimer {
 	return &reclaimer.Reclaimer{Elsewhere: elsewhere, Log: a.log.Named("reclaim"), Records: st.decisions, Observer: observer, Actor: a.nomad, Policies: a.policies,
 		Clock: clock.Real, NewID: queue.NewID,
 		Requeue: &reclaimer.Requeue{Jobs: a.nomad, Actor: a.nomad, Queue: st.queue, Policies: a.policies, Preempted: st.backoffs.Preempted},
-		Watchers: []reclaimer.Watcher{&reclaimer.Recorder{Store: st.storedProfiles, Table: st.profiles, Policies: a.policies},
+		Watchers: append([]reclaimer.Watcher{&reclaimer.Recorder{Store: st.storedProfiles, Table: st.profiles, Policies: a.policies},
 			&reclaimer.Ledger{Store: st.rollups, Policies: a.policies, Metrics: a.metrics, Budgets: a.budgets, Clock: a.nomad.NomadNow,
 				Ended: observer.Ended, EndedSince: observer.EndedSince, Granted: granted, Elsewhere: elsewhere},
 			&reclaimer.Bander{Log: a.log.Named("band"), Policies: a.policies, Usage: a.regions, Jobs: a.nomad, Elsewhere: a.otherClients(), Grants: st.scales,
@@ -401,9 +408,9 @@ func (a *Agent) reclaimer() *reclaimer.Reclaimer {
 				Stop: func(ctx context.Context, region, namespace, id string) (string, error) {
 					return a.nomad.Region(region).StopJob(ctx, namespace, id)
 				}},
-			&reclaimer.Expirer{Store: st.approvals, Jobs: a.view, Policies: a.policies, Records: st.decisions, NewID: queue.NewID, Audit: a.trail},
+			&reclaimer.Expirer{Store: st.approvals, Jobs: a.regions, Policies: a.policies, Records: st.decisions, NewID: queue.NewID, Audit: a.trail},
 			&reclaimer.Pruner{What: "scale and dispatch grants", Every: grantPruneInterval, Log: prune,
-				Prune: func(ctx context.Context) (int, error) { return st.scales.Prune(ctx, a.nomad.Gone) }},
+				Prune: func(ctx context.Context) (int, error) { return st.scales.Prune(ctx, a.goneEverywhere) }},
 			// A stop is kept for the reclaim retention (Nomad collects a
 			// stopped job within hours): a replay of its stamp after that
 			// verifies again.
@@ -425,8 +432,8 @@ func (a *Agent) reclaimer() *reclaimer.Reclaimer {
 						queued[admission.JobKey(e.Namespace, e.JobID)] = true
 					}
 					return st.backoffs.Prune(ctx, time.Now(), a.policies.Current().Borrowing.ForgetAfter,
-						func(ns, job string) bool { return queued[admission.JobKey(ns, job)] || a.view.Running(ns, job) })
-				}}},
+						func(ns, job string) bool { return queued[admission.JobKey(ns, job)] || a.regions.Running(ns, job) })
+				}}}, a.otherStopRecorders()...),
 		Metrics: a.metrics, Audit: a.trail, Forecast: a.forecast, Queued: st.queue,
 		Granted: granted}
 }
@@ -476,6 +483,35 @@ func (a *Agent) reloads(ctx context.Context, policy chan<- os.Signal) {
 			}
 		}
 	}
+}
+
+// otherStopRecorders record the stops of the broker's admissions in each
+// other region, as the one in its watchers does in its own: a stamp copied
+// into a registration straight in that region must not verify.
+func (a *Agent) otherStopRecorders() []reclaimer.Watcher {
+	var out []reclaimer.Watcher
+	for _, name := range slices.Sorted(maps.Keys(a.others)) {
+		out = append(out, &reclaimer.StopRecorder{View: a.others[name].view, Records: a.stores.stops, Lock: a.view.LockJob})
+	}
+	return out
+}
+
+// goneEverywhere reports whether no region governed has the job: a grant
+// of a job the broker dispatched to another region is kept while it lives
+// there. A region that cannot be asked keeps it too.
+func (a *Agent) goneEverywhere(ctx context.Context, namespace, id string) (bool, error) {
+	if gone, err := a.nomad.Gone(ctx, namespace, id); err != nil || !gone {
+		return false, err
+	}
+	for name, r := range a.others {
+		switch gone, err := r.nomad.Gone(ctx, namespace, id); {
+		case err != nil:
+			return false, fmt.Errorf("region %s: %w", name, err)
+		case !gone:
+			return false, nil
+		}
+	}
+	return true, nil
 }
 
 // repinRegions are the other regions as the repinner reads and registers

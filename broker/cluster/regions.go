@@ -307,6 +307,21 @@ func (r *Regions) Islanded(model string) bool { return r.home.Islanded(model) }
 // broker's own region's locks serve all.
 func (r *Regions) LockJob(namespace, id string) (unlock func()) { return r.home.LockJob(namespace, id) }
 
+// JobRegion is the region whose view holds the live GPU job namespace/id,
+// as Nomad names it ("": the broker's own; the first other by name where
+// several do); ok is false where none does.
+func (r *Regions) JobRegion(namespace, id string) (region string, ok bool) {
+	if r.home.HasJob(namespace, id) {
+		return "", true
+	}
+	for _, name := range slices.Sorted(maps.Keys(r.others)) {
+		if r.others[name].HasJob(namespace, id) {
+			return name, true
+		}
+	}
+	return "", false
+}
+
 // Running reports whether any region runs the job.
 func (r *Regions) Running(namespace, id string) bool {
 	for _, v := range r.Views() {

@@ -121,6 +121,17 @@ func TestAJobIsFoundInItsRegion(t *testing.T) {
 			t.Errorf("RegionOf(%s, %s, prefix %t) = %q, want %q", c.ns, c.id, c.prefix, got, c.want)
 		}
 	}
+	// The leader's loops (an approval's expiry) find a live GPU job in its
+	// region, the broker's own as "".
+	for id, want := range map[string]string{"train-7": "west", "serve": "", "nothing": "-"} {
+		got, ok := r.JobRegion("vision", id)
+		if !ok {
+			got = "-"
+		}
+		if got != want {
+			t.Errorf("JobRegion(vision, %s) = %q, want %q (-: none)", id, got, want)
+		}
+	}
 }
 
 // A drained region takes no new work: a job for it is queued, passed over

@@ -19,7 +19,10 @@ const ExpiredRule = "approval-expired"
 
 // Jobs is what expiry looks at: whether a job is live, and its tenant's usage.
 type Jobs interface {
-	HasJob(namespace, id string) bool
+	// JobRegion is the region governed that holds the live GPU job ("":
+	// the broker's own); ok is false where none does.
+	JobRegion(namespace, id string) (region string, ok bool)
+	// UsageWithout counts every region governed.
 	UsageWithout(p *policy.Policy, namespace, jobID string) admission.Usage
 }
 
@@ -92,11 +95,12 @@ func (e *Expirer) expire(ctx context.Context, id string, now time.Time) error {
 	p := e.Policies.Current()
 	t := p.TenantOf(a.Namespace)
 	result := "expired"
-	if a.ExtraGPUs > 0 && t != nil && e.Jobs.HasJob(a.Namespace, a.Job) {
+	region, live := e.Jobs.JobRegion(a.Namespace, a.Job)
+	if a.ExtraGPUs > 0 && t != nil && live {
 		used := e.Jobs.UsageWithout(p, a.Namespace, "").Tenants[t.Name].Used.Total()
 		if limit := t.Limit.Total(); used > limit {
 			d := reclaim.Decision{Rule: ExpiredRule, Action: policy.ActionRequeue, Mode: policy.ModeEnforce, Namespace: a.Namespace,
-				JobID: a.Job, WholeJob: true, Tenant: t.Name, ActAfter: now,
+				JobID: a.Job, Region: region, WholeJob: true, Tenant: t.Name, ActAfter: now,
 				Evidence: fmt.Sprintf("approval %s (%d GPUs above the limit) expired at %s; tenant %q holds %g GPUs, its limit is %g",
 					a.ID, a.ExtraGPUs, a.ExpiresAt.Format(time.RFC3339), t.Name, used, limit)}
 			rec := reclaim.NewRecord(e.NewID(), d, now)

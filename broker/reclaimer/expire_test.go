@@ -52,13 +52,16 @@ func (m *approvals) Update(_ context.Context, a approval.Approval) (bool, error)
 	return true, nil
 }
 
-// jobs are live jobs and what vision holds.
+// jobs are live jobs, by the region that holds each, and what vision holds.
 type jobs struct {
-	live map[string]bool
+	live map[string]string
 	used float64
 }
 
-func (j jobs) HasJob(ns, id string) bool { return j.live[ns+"/"+id] }
+func (j jobs) JobRegion(ns, id string) (string, bool) {
+	region, ok := j.live[ns+"/"+id]
+	return region, ok
+}
 func (j jobs) UsageWithout(*policy.Policy, string, string) admission.Usage {
 	return admission.Usage{Tenants: map[string]admission.TenantUsage{"vision": {Used: policy.Quota{policy.AllGPUs: j.used}}}}
 }
@@ -83,20 +86,21 @@ func TestAnExpiredApprovalRequeuesOnlyAJobItAloneKeptWithinTheLimit(t *testing.T
 	for _, c := range []struct {
 		name    string
 		a       approval.Approval
-		live    bool
+		live    map[string]string // region by job
 		used    float64
 		requeue bool
 	}{
-		{"above the limit without it", granted("a1", "big", 2, 0), true, 6, true},
-		{"within the limit again", granted("a2", "big", 2, 0), true, 4, false},
-		{"the job is gone", granted("a3", "big", 2, 0), false, 6, false},
-		{"a band, not GPUs", granted("a4", "big", 0, 90), true, 6, false},
+		{"above the limit without it", granted("a1", "big", 2, 0), map[string]string{"vision/big": ""}, 6, true},
+		{"above the limit, in another region", granted("a1", "big", 2, 0), map[string]string{"vision/big": "west"}, 6, true},
+		{"within the limit again", granted("a2", "big", 2, 0), map[string]string{"vision/big": ""}, 4, false},
+		{"the job is gone", granted("a3", "big", 2, 0), nil, 6, false},
+		{"a band, not GPUs", granted("a4", "big", 0, 90), map[string]string{"vision/big": ""}, 6, false},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			store := &approvals{byID: map[string]approval.Approval{c.a.ID: c.a}}
 			recs := reclaimtest.NewMem()
 			n := 0
-			e := &reclaimer.Expirer{Store: store, Jobs: jobs{live: map[string]bool{"vision/big": c.live}, used: c.used},
+			e := &reclaimer.Expirer{Store: store, Jobs: jobs{live: c.live, used: c.used},
 				Policies: testbuild.Fixed{P: p}, Records: recs, NewID: func() string { n++; return fmt.Sprint("rec-", n) }}
 			if err := e.Observed(context.Background(), t0.Add(30*time.Minute), nil, nil); err != nil {
 				t.Fatal(err)
@@ -114,7 +118,8 @@ func TestAnExpiredApprovalRequeuesOnlyAJobItAloneKeptWithinTheLimit(t *testing.T
 			if c.requeue != (len(all) == 1) {
 				t.Fatalf("records %+v, want a requeue: %v", all, c.requeue)
 			}
-			if c.requeue && (all[0].Rule != reclaimer.ExpiredRule || all[0].Action != policy.ActionRequeue || all[0].State != reclaim.Proposed || all[0].Job != "big") {
+			if c.requeue && (all[0].Rule != reclaimer.ExpiredRule || all[0].Action != policy.ActionRequeue || all[0].State != reclaim.Proposed || all[0].Job != "big" ||
+				all[0].Region != c.live["vision/big"]) {
 				t.Errorf("record %+v", all[0])
 			}
 			// Expired once: the passes after it decide nothing again.
