@@ -121,7 +121,8 @@ type Admitter struct {
 	Stops decide.StopRecords
 	// Placed tells, for a requeued job registered again, why Nomad placed
 	// nothing for that version ("" when it did; nil: not asked).
-	Placed func(ctx context.Context, namespace, id string, index uint64) (string, error)
+	// region is the one it was registered in ("": the broker's own).
+	Placed func(ctx context.Context, region, namespace, id string, index uint64) (string, error)
 	// FairShare gives the decayed GPU-hours the policy's fair_share orders by.
 	FairShare interface {
 		Decayed(ctx context.Context, now time.Time, halfLife time.Duration) (map[string]float64, error)
@@ -509,7 +510,7 @@ func (a *Admitter) consider(ctx context.Context, r *registrations, p *policy.Pol
 	prepared.Stamp(d, a.Stamper.Stamp(e.Namespace, prepared.Job, d))
 	body := prepared.Body()
 	handed = true
-	if !r.start(func() error { defer unlock(); return a.register(ctx, e, d, res, body) }) {
+	if !r.start(func() error { defer unlock(); return a.register(ctx, e, j.Where.Region, d, res, body) }) {
 		handed = false
 		res.Release()
 		return errPassOver
@@ -530,7 +531,7 @@ func (a *Admitter) sequence() *decide.Sequence {
 // register registers one admitted job with Nomad, then removes its entry; it
 // returns an error only when Nomad could not be reached or the queue not
 // updated, which ends the pass.
-func (a *Admitter) register(ctx context.Context, e queue.Entry, d admission.Decision, res *cluster.Reservation, body []byte) error {
+func (a *Admitter) register(ctx context.Context, e queue.Entry, region string, d admission.Decision, res *cluster.Reservation, body []byte) error {
 	// Claim first: an entry cancelled, stopped or replaced since the pass
 	// read it is not registered. Then register, then remove: a crash in
 	// between registers the same job again, which Nomad treats as the same
@@ -569,7 +570,7 @@ func (a *Admitter) register(ctx context.Context, e queue.Entry, d admission.Deci
 	}
 	a.succeeded(e.ID)
 	res.Confirm(index)
-	if why := a.placedNothing(ctx, e, index); why != "" {
+	if why := a.placedNothing(ctx, e, region, index); why != "" {
 		// A requeue must never end work silently: the entry stays, parked
 		// with what Nomad said, where its owner sees it.
 		a.park(ctx, e, fmt.Errorf("registered again after its requeue, but Nomad placed nothing for it: %s; "+
@@ -613,11 +614,11 @@ func (a *Admitter) send(ctx context.Context, e queue.Entry, body []byte, again b
 // placedNothing is, for an entry a reclaim requeue made (e.Stopping), why
 // Nomad placed nothing for the version registered at index; "" when it
 // placed (or waits for room to), or it is not such an entry.
-func (a *Admitter) placedNothing(ctx context.Context, e queue.Entry, index uint64) string {
+func (a *Admitter) placedNothing(ctx context.Context, e queue.Entry, region string, index uint64) string {
 	if e.Stopping == 0 || a.Placed == nil {
 		return ""
 	}
-	why, err := a.Placed(ctx, e.Namespace, e.JobID, index)
+	why, err := a.Placed(ctx, region, e.Namespace, e.JobID, index)
 	if err != nil {
 		a.Log.Warn("queue: cannot tell whether Nomad placed a requeued job", "id", e.ID, "job", e.JobID, "error", err)
 	}

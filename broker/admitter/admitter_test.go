@@ -669,7 +669,7 @@ func TestTheQueueWaitsForTheGatesDecisionOnTheSameJob(t *testing.T) {
 func TestARequeuedJobNomadDoesNotPlaceStaysInTheQueue(t *testing.T) {
 	a, q, n, view, now := setup(t, visionPolicy, 8)
 	asked := 0
-	a.Placed = func(_ context.Context, ns, id string, _ uint64) (string, error) {
+	a.Placed = func(_ context.Context, _, ns, id string, _ uint64) (string, error) {
 		asked++
 		return "its evaluation finished without placing an allocation", nil
 	}

@@ -323,7 +323,9 @@ func (a *Agent) setupServer(context.Context) error {
 	a.admitter = &admitter.Admitter{Log: a.log.Named("queue"), Queue: st.queue, Nomad: regionalNomad{a.nomad}, Cluster: a.regions,
 		Policies: a.policies, Stamper: a.stamper, Clock: clock.Real, GPUsCameBack: a.regions.GPUsCameBack, Blocked: a.nomad, Exclusive: a.exclusive,
 		Metrics: a.metrics, FairShare: st.rollups, Audit: a.trail, Approvals: st.approvals, Preemptions: st.backoffs.Preemptions, Stops: st.stops,
-		Placed: a.nomad.PlacedNothing, Parallel: 32, Synced: a.view.Synced, Holds: st.holds}
+		Placed: func(ctx context.Context, region, namespace, id string, index uint64) (string, error) {
+			return a.nomad.Region(region).PlacedNothing(ctx, namespace, id, index)
+		}, Parallel: 32, Synced: a.view.Synced, Holds: st.holds}
 	var err error
 	a.server, err = server.New(server.Options{Leader: a.elector, Log: a.log.Named("proxy"), Nomad: cfg.Nomad.Address,
 		Client: a.nomad.HTTPClient(), Policies: a.policies, Cluster: a.regions, Regions: a.regions, Drains: st.drains, Queue: st.queue, Decisions: st.decisions, Scales: st.scales, Stops: st.stops,
