@@ -321,7 +321,7 @@ func (a *Agent) setupServer(context.Context) error {
 	// 32 registrations in flight stays well inside Nomad's default limit of 100
 	// HTTP connections per client.
 	a.admitter = &admitter.Admitter{Log: a.log.Named("queue"), Queue: st.queue, Nomad: regionalNomad{a.nomad}, Cluster: a.regions,
-		Policies: a.policies, Stamper: a.stamper, Clock: clock.Real, GPUsCameBack: a.regions.GPUsCameBack, Blocked: a.nomad, Exclusive: a.exclusive,
+		Policies: a.policies, Stamper: a.stamper, Clock: clock.Real, GPUsCameBack: a.regions.GPUsCameBack, Blocked: a.unblockers(), Exclusive: a.exclusive,
 		Metrics: a.metrics, FairShare: st.rollups, Audit: a.trail, Approvals: st.approvals, Preemptions: st.backoffs.Preemptions, Stops: st.stops,
 		Placed: func(ctx context.Context, region, namespace, id string, index uint64) (string, error) {
 			return a.nomad.Region(region).PlacedNothing(ctx, namespace, id, index)
@@ -514,6 +514,30 @@ func (a *Agent) goneEverywhere(ctx context.Context, namespace, id string) (bool,
 		}
 	}
 	return true, nil
+}
+
+// unblockers re-evaluate the blocked jobs of every region governed: healthy
+// GPUs that came back anywhere count (GPUsCameBack counts every region).
+func (a *Agent) unblockers() unblockEverywhere {
+	out := unblockEverywhere{a.nomad}
+	for _, name := range slices.Sorted(maps.Keys(a.others)) {
+		out = append(out, a.others[name].nomad)
+	}
+	return out
+}
+
+// unblockEverywhere is each region's client, the broker's own first.
+type unblockEverywhere []*nomadapi.Client
+
+func (u unblockEverywhere) ReevaluateBlocked(ctx context.Context) (int, error) {
+	n := 0
+	var errs []error
+	for _, c := range u {
+		k, err := c.ReevaluateBlocked(ctx)
+		n += k
+		errs = append(errs, err)
+	}
+	return n, errors.Join(errs...)
 }
 
 // repinRegions are the other regions as the repinner reads and registers
