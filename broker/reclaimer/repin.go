@@ -70,10 +70,7 @@ func (r *Repinner) Observed(ctx context.Context, now time.Time, _ []reclaim.Allo
 	p := r.Policies.Current()
 	seen := map[[3]string]time.Time{}
 	var errs []error
-	regions := []string{""} // "": the broker's own
-	for _, name := range slices.Sorted(maps.Keys(r.Elsewhere)) {
-		regions = append(regions, name)
-	}
+	regions := append([]string{""}, slices.Sorted(maps.Keys(r.Elsewhere))...) // "": the broker's own
 	for _, region := range regions {
 		in := RepinRegion{View: r.View, Jobs: r.Jobs}
 		if region != "" {
