@@ -94,8 +94,13 @@ tenant "vision" {
 // borrowedJob is a job as Nomad returns it once the broker admitted it
 // borrowed at 20: 1 allocation of 2 GPUs, at index 7.
 func borrowedJob(st nomadjob.Stamper, id string) *api.Job {
+	return admittedBorrowed(st, testbuild.Job("vision", id).Priority(20).Group("g", 1, 2, "nvidia/gpu").ModifyIndex(7).Build())
+}
+
+// admittedBorrowed is j with the meta and stamp of vision's borrowed
+// admission at 20.
+func admittedBorrowed(st nomadjob.Stamper, j *api.Job) *api.Job {
 	d := admission.Decision{Tenant: "vision", Queue: "training", Priority: 20, Outcome: admission.AdmitBorrowed}
-	j := testbuild.Job("vision", id).Priority(20).Group("g", 1, 2, "nvidia/gpu").ModifyIndex(7).Build()
 	for k, v := range nomadjob.BrokerMeta(d, st.Stamp("vision", j, d)) {
 		j.Meta[k] = v
 	}

@@ -9,7 +9,6 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/nomad/api"
 
-	"github.com/nomad-gpu/nomad-gpu/broker/admission"
 	"github.com/nomad-gpu/nomad-gpu/broker/cluster"
 	"github.com/nomad-gpu/nomad-gpu/broker/nomadjob"
 	"github.com/nomad-gpu/nomad-gpu/broker/reclaimer"
@@ -77,11 +76,7 @@ func TestTheRepinnerPinsAJobAgainBeforeItRuns(t *testing.T) {
 func pinnedJob(st nomadjob.Stamper, id, node string, prio int) *api.Job {
 	j := testbuild.Job("vision", id).Type(api.JobTypeBatch).Priority(prio).Group("g", 1, 2, "nvidia/gpu").ModifyIndex(7).Build()
 	j.TaskGroups[0].Constraints = []*api.Constraint{{LTarget: "${node.unique.id}", Operand: "set_contains_any", RTarget: node}}
-	d := admission.Decision{Tenant: "vision", Queue: "training", Priority: 20, Outcome: admission.AdmitBorrowed}
-	for k, v := range nomadjob.BrokerMeta(d, st.Stamp("vision", j, d)) {
-		j.Meta[k] = v
-	}
-	return j
+	return admittedBorrowed(st, j)
 }
 
 // A job the broker placed in another region it governs is pinned again on
