@@ -213,6 +213,11 @@ type TenantUsage struct {
 	// OverBudget says why the tenant has spent its GPU-hour budget ("" if
 	// it has not, or has none): its jobs then run borrowed.
 	OverBudget string
+	// Unsettled are the GPUs of its jobs in regions the broker lost and
+	// requeued them from: not in Used (nor its guarantee, nor its GPU-hours),
+	// but they may run there still, so they count against its limit until
+	// the region answers and a copy that runs twice is stopped.
+	Unsettled policy.Quota
 }
 
 // Decision is the outcome and everything needed to apply and explain it.
@@ -409,6 +414,11 @@ func larger(a, b policy.Quota) bool {
 // tenant's guarantee to have room.
 func decideQuota(p *policy.Policy, u Usage, d Decision, tenant *policy.Tenant, q *policy.Queue, demand policy.Quota, backoff *Backoff) Decision {
 	used, over := u.Tenants[tenant.Name].Used, u.Tenants[tenant.Name].OverBudget
+	if lost := u.Tenants[tenant.Name].Unsettled; len(lost) > 0 && !within(used.Plus(lost), demand, tenant.Limit, false) {
+		return Queued(d, WaitLimit, fmt.Sprintf("tenant %q would hold %g of its limit of %g GPUs, counting %g of its jobs' in regions the broker cannot reach",
+			tenant.Name, used[policy.AllGPUs]+lost.Total()+demand[policy.AllGPUs], tenant.Limit.Total(), lost.Total()),
+			"queued until those regions answer or its own jobs free GPUs")
+	}
 	if within(used, demand, tenant.Guaranteed, true) {
 		if over != "" {
 			d.Outcome, d.Priority, d.Rule = AdmitBorrowed, p.Borrowing.Priority, RuleOverBudget

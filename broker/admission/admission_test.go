@@ -90,6 +90,14 @@ func cluster(idle float64, used map[string]float64) admission.Usage {
 	return u
 }
 
+// unsettled gives tenant n GPUs in a region the broker lost.
+func unsettled(u admission.Usage, tenant string, n float64) admission.Usage {
+	tu := u.Tenants[tenant]
+	tu.Unsettled = policy.Quota{"": n, "h100": n}
+	u.Tenants[tenant] = tu
+	return u
+}
+
 // overBudget marks tenant as having spent its GPU-hour budget.
 func overBudget(u admission.Usage, tenant string) admission.Usage {
 	tu := u.Tenants[tenant]
@@ -144,6 +152,10 @@ func TestDecide(t *testing.T) {
 			outcome: admission.Queue, reason: "borrowing is off"},
 		{name: "over limit with what it holds: queued", job: job("search").gpus(1, 1), usage: cluster(12, map[string]float64{"search": 4}),
 			outcome: admission.Queue, reason: `tenant "search" would hold 5 of its limit of 4 GPUs`},
+		{name: "a lost region's jobs, requeued, count against the limit, not the guarantee", job: job("vision").gpus(1, 2), usage: unsettled(cluster(8, map[string]float64{"vision": 6}), "vision", 9),
+			outcome: admission.Queue, reason: `tenant "vision" would hold 17 of its limit of 16 GPUs, counting 9 of its jobs' in regions the broker cannot reach`},
+		{name: "a lost region's jobs leave room up to the limit", job: job("vision").gpus(1, 2), usage: unsettled(cluster(8, map[string]float64{"vision": 6}), "vision", 8),
+			outcome: admission.Admit, priority: 45},
 		{name: "an update that may revert counts its stable version", job: job("search").gpus(1, 1).revertsTo(3, 1), usage: cluster(12, map[string]float64{"search": 2}),
 			outcome: admission.Queue, reason: `tenant "search" would hold 5 of its limit of 4 GPUs; counted at the larger of two versions (this version 1, its stable version 3`},
 		{name: "a stable version above the limit refuses an update that may revert to it", job: job("search").gpus(1, 1).revertsTo(5, 1), usage: cluster(12, nil),

@@ -31,12 +31,17 @@ func genUsage(t *rapid.T) admission.Usage {
 	u := cluster(float64(rapid.IntRange(0, 16).Draw(t, "idle")), nil)
 	for _, tenant := range []string{"vision", "search", "research"} {
 		n := float64(rapid.IntRange(0, 16).Draw(t, "used-"+tenant))
-		u.Tenants[tenant] = admission.TenantUsage{Used: policy.Quota{"": n, "h100": n}}
+		tu := admission.TenantUsage{Used: policy.Quota{"": n, "h100": n}}
+		if lost := float64(rapid.IntRange(0, 4).Draw(t, "unsettled-"+tenant)); lost > 0 { // of jobs in a lost region
+			tu.Unsettled = policy.Quota{"": lost, "h100": lost}
+		}
+		u.Tenants[tenant] = tu
 	}
 	return u
 }
 
-// TestNeverAboveLimit: whatever is admitted keeps its tenant within every limit.
+// TestNeverAboveLimit: whatever is admitted keeps its tenant within every
+// limit, counting its jobs in lost regions that may run there still.
 func TestNeverAboveLimit(t *testing.T) {
 	p := testPolicy(t, true)
 	rapid.Check(t, func(t *rapid.T) {
@@ -47,7 +52,7 @@ func TestNeverAboveLimit(t *testing.T) {
 		}
 		tenant := p.Tenants[d.Tenant]
 		for class, limit := range tenant.Limit {
-			if got := u.Tenants[d.Tenant].Used[class] + d.Demand[class]; got > limit {
+			if got := u.Tenants[d.Tenant].Used[class] + u.Tenants[d.Tenant].Unsettled[class] + d.Demand[class]; got > limit {
 				t.Fatalf("%s admitted: tenant %s would hold %g %q GPUs, limit %g", d.Outcome, d.Tenant, got, class, limit)
 			}
 		}
@@ -58,7 +63,8 @@ func TestNeverAboveLimit(t *testing.T) {
 }
 
 // TestGuaranteeNeverQueued: a tenant that stays within its guarantee is admitted
-// at its queue's band, even when every GPU is held (Nomad preempts borrowed work).
+// at its queue's band, even when every GPU is held (Nomad preempts borrowed
+// work), unless its jobs in lost regions would take it above its limit.
 func TestGuaranteeNeverQueued(t *testing.T) {
 	p := testPolicy(t, true)
 	rapid.Check(t, func(t *rapid.T) {
@@ -68,9 +74,14 @@ func TestGuaranteeNeverQueued(t *testing.T) {
 		if tenant == nil || d.Outcome == admission.Reject || d.Demand[policy.AllGPUs] == 0 {
 			return
 		}
-		used := u.Tenants[tenant.Name].Used
+		used, lost := u.Tenants[tenant.Name].Used, u.Tenants[tenant.Name].Unsettled
 		for class, g := range tenant.Guaranteed {
 			if used[class]+d.Demand[class] > g {
+				return
+			}
+		}
+		for class, limit := range tenant.Limit {
+			if used[class]+lost[class]+d.Demand[class] > limit {
 				return
 			}
 		}

@@ -26,7 +26,7 @@ func (v *View) unreached(err error) {
 func (v *View) reached() {
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	v.unreachable, v.unreachableWhy = time.Time{}, ""
+	v.unreachable, v.unreachableWhy, v.lost = time.Time{}, "", nil
 }
 
 // endedDispatchKept is how long the view remembers a job the broker
@@ -81,11 +81,18 @@ func (v *View) Dispatched() []*api.Job {
 
 // Lose drops a job of a region the broker lost, as Nomad will once it marks
 // its allocations lost: they end now (the ledger charges them until now)
-// and the job holds nothing. Should the region come back, its listing shows
-// the job again.
+// and the job holds nothing of its tenant's guarantee. Its GPUs count
+// against its tenant's limit alone (Unsettled) until the region is listed
+// again, and its listing shows the job again if it still runs there.
 func (v *View) Lose(namespace, id string) {
 	v.mu.Lock()
 	now := v.clock.Now()
+	if j, ok := v.jobs[jobKey{namespace, id}]; ok && len(j.demand) > 0 {
+		if v.lost == nil {
+			v.lost = map[jobKey]map[string]int{}
+		}
+		v.lost[jobKey{namespace, id}] = maps.Clone(j.demand)
+	}
 	for _, a := range v.allocs {
 		if a.Namespace == namespace && a.JobID == id {
 			v.observeAlloc(&api.Allocation{ID: a.ID, Namespace: a.Namespace, JobID: a.JobID, TaskGroup: a.Group, NodeID: a.NodeID,

@@ -173,6 +173,9 @@ func (h held) othersThan(in *View) map[string]admission.TenantUsage {
 		tu := h.usage[i]
 		other = true
 		sum.Used, sum.Borrowed = add(sum.Used, tu.Used), add(sum.Borrowed, tu.Borrowed)
+		if len(tu.Unsettled) > 0 {
+			sum.Unsettled = add(sum.Unsettled, tu.Unsettled)
+		}
 		if sum.OverBudget == "" {
 			sum.OverBudget = tu.OverBudget
 		}
@@ -188,6 +191,9 @@ func addTenants(u admission.Usage, elsewhere map[string]admission.TenantUsage) {
 	for name, e := range elsewhere {
 		tu := u.Tenants[name]
 		tu.Used, tu.Borrowed = add(tu.Used, e.Used), add(tu.Borrowed, e.Borrowed)
+		if len(e.Unsettled) > 0 {
+			tu.Unsettled = add(tu.Unsettled, e.Unsettled)
+		}
 		if tu.OverBudget == "" {
 			tu.OverBudget = e.OverBudget
 		}

@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hashicorp/nomad/api"
+
 	"github.com/nomad-gpu/nomad-gpu/broker/admission"
 	"github.com/nomad-gpu/nomad-gpu/broker/nomadjob"
 	"github.com/nomad-gpu/nomad-gpu/internal/clock"
@@ -194,10 +196,12 @@ func TestARegionCapHoldsATenantsWorkThere(t *testing.T) {
 
 // A job the broker dispatched to a region is kept as Nomad returned it; once
 // the region is lost and the job requeued elsewhere, Lose drops it: its
-// allocations end then, for the ledger, and its tenant holds nothing there.
+// allocations end then, for the ledger, and its tenant holds nothing there
+// but against its limit (the job may run there still) until the region is
+// listed again.
 func TestALostRegionsJobIsDroppedAndItsAllocationsEndNow(t *testing.T) {
-	p := testbuild.Policy(t, visionPolicy)
-	_, _, west := twoRegions()
+	p := testbuild.Policy(t, visionPolicy) // vision: guaranteed 4, limit 8
+	r, _, west := twoRegions()
 	start := time.Date(2026, 12, 4, 9, 0, 0, 0, time.UTC)
 	now := start.Add(time.Hour)
 	west.SetClock(clock.Func(func() time.Time { return now }))
@@ -217,5 +221,17 @@ func TestALostRegionsJobIsDroppedAndItsAllocationsEndNow(t *testing.T) {
 	}
 	if ended := west.EndedAllocs(); len(ended) != 1 || ended[0].ID != "a1" || !ended[0].EndedAt.Equal(now) {
 		t.Errorf("ended %+v, want a1 ended now (%s), charged up to then", ended, now)
+	}
+	seven := admission.Job{ID: "e-seven", Namespace: "vision", Groups: []admission.Group{{Name: "g", Count: 1, GPUsPerAlloc: 7}}}
+	if d, _ := r.Admit(p, seven); d.Outcome != admission.Queue ||
+		!strings.Contains(d.Reason, `would hold 9 of its limit of 8 GPUs, counting 2 of its jobs' in regions the broker cannot reach`) {
+		t.Errorf("7 GPUs in east while train may run in lost west: %s (%s), want queued", d.Outcome, d.Reason)
+	}
+	west.Reset(Snapshot{Nodes: []*api.Node{testbuild.Node("w1", testbuild.H100, 8, 0)}})
+	west.reached()
+	if d, res := r.Admit(p, seven); d.Outcome != admission.AdmitBorrowed {
+		t.Errorf("7 GPUs in east once west is listed without train: %s (%s), want borrowed", d.Outcome, d.Reason)
+	} else {
+		res.Release()
 	}
 }

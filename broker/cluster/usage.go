@@ -121,7 +121,28 @@ func (v *View) usageOf(p *policy.Policy, namespace, id string) (admission.Usage,
 		}
 		u.Tenants[t.Name] = tu
 	}
+	v.addUnsettled(p, namespace, u, c)
 	return u, c
+}
+
+// addUnsettled adds to u's tenants (namespace's alone, with a namespace) the
+// GPUs of their jobs dropped with the region (lost). The caller holds v.mu.
+func (v *View) addUnsettled(p *policy.Policy, namespace string, u admission.Usage, c counting) {
+	var only *policy.Tenant
+	if namespace != "" {
+		if only = p.TenantOf(namespace); only == nil {
+			return
+		}
+	}
+	for key, gpus := range v.lost {
+		t := p.TenantOf(key.namespace)
+		if t == nil || (only != nil && t != only) {
+			continue
+		}
+		tu := u.Tenants[t.Name]
+		tu.Unsettled = add(tu.Unsettled, c.classify(gpus))
+		u.Tenants[t.Name] = tu
+	}
 }
 
 // namespacesToReport is every namespace with jobs or reservations, or those of

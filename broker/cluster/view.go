@@ -86,6 +86,10 @@ type View struct {
 	// is followed), and why.
 	unreachable    time.Time
 	unreachableWhy string
+	// lost are the GPUs, by model, of the jobs Lose dropped while the
+	// region is unreachable, until it is listed again: they may run there
+	// still, beside a copy requeued elsewhere (see TenantUsage.Unsettled).
+	lost map[jobKey]map[string]int
 
 	index        atomic.Uint64 // of the last event or listing applied
 	generation   atomic.Uint64 // changes counted by notify

@@ -4,7 +4,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"regexp"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -32,6 +34,12 @@ tenant "audio" {
   queues     = ["training", "serving"]
   guaranteed = 2
   limit      = 6
+}
+tenant "speech" {
+  namespaces = ["speech"]
+  queues     = ["training"]
+  guaranteed = 2
+  limit      = 2
 }
 borrowing { enabled = true }
 region_lost_timeout = "2s"
@@ -72,7 +80,7 @@ func startRegion(t *testing.T, name string, gpus int, namespaces ...string) *tes
 func TestRegions(t *testing.T) {
 	t.Parallel()
 	consul := testcluster.StartConsul(t)
-	east, west := startRegion(t, "east", 4, "vision", "audio"), startRegion(t, "west", 2, "vision", "audio")
+	east, west := startRegion(t, "east", 4, "vision", "audio", "speech"), startRegion(t, "west", 2, "vision", "audio", "speech")
 	if _, err := east.API.Agent().Join(west.SerfAddr); err != nil {
 		t.Fatalf("federate east with west: %v", err)
 	}
@@ -95,10 +103,7 @@ func TestRegions(t *testing.T) {
 	})
 	runsIn := func(n *testcluster.Nomad, region, id string) {
 		t.Helper()
-		ns := "vision"
-		if strings.HasPrefix(id, "a") {
-			ns = "audio"
-		}
+		ns := namespaceOf(id)
 		testcluster.WaitFor(t, 60*time.Second, id+" running in "+region, func() error {
 			stubs, _, err := n.API.Jobs().Allocations(id, false, &api.QueryOptions{Namespace: ns})
 			if err != nil {
@@ -119,6 +124,16 @@ func TestRegions(t *testing.T) {
 			t.Fatal(err)
 		}
 		writeFile(t, path, strings.Replace(string(spec), "\n", fmt.Sprintf("\n  region = %q\n", region), 1))
+		return path
+	}
+	// autoSpec is a jobspec of id that leaves its region to the broker.
+	autoSpec := func(id string, gpus int, queue string) string {
+		path := e.spec(namespaceOf(id), id, 1, gpus, queue)
+		spec, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		writeFile(t, path, strings.Replace(string(spec), `meta = {`, `meta = { "nomad-gpu.region" = "auto",`, 1))
 		return path
 	}
 
@@ -161,7 +176,7 @@ func TestRegions(t *testing.T) {
 		}
 	})
 	t.Run("a region the broker does not govern is refused", func(t *testing.T) {
-		out, err := e.nomadCLI("job", "run", inRegion("s1", "south", 1))
+		out, err := e.nomadCLI("job", "run", inRegion("x1", "south", 1))
 		if err == nil || !strings.Contains(out, `is for region "south"`) {
 			t.Fatalf("a job for region south: want refused by the broker: %v\n%s", err, out)
 		}
@@ -179,12 +194,7 @@ func TestRegions(t *testing.T) {
 		// auto submits an auto job; detached unless follow (nomad job run
 		// then follows its evaluation by id, through the broker, with no region).
 		auto := func(id string, gpus int, queue string, follow ...bool) string {
-			path := e.spec("audio", id, 1, gpus, queue)
-			spec, err := os.ReadFile(path)
-			if err != nil {
-				t.Fatal(err)
-			}
-			writeFile(t, path, strings.Replace(string(spec), `meta = {`, `meta = { "nomad-gpu.region" = "auto",`, 1))
+			path := autoSpec(id, gpus, queue)
 			args := []string{"job", "run", "-detach", path}
 			if len(follow) > 0 {
 				args = []string{"job", "run", path}
@@ -244,10 +254,7 @@ func TestRegions(t *testing.T) {
 		}
 		e.waitUsed("audio", 5)
 		// 5 GPUs fit no node of any region: refused at once, per region.
-		path := e.spec("audio", "a4", 1, 5, "training")
-		spec, _ := os.ReadFile(path)
-		writeFile(t, path, strings.Replace(string(spec), `meta = {`, `meta = { "nomad-gpu.region" = "auto",`, 1))
-		if out, err := e.nomadCLI("job", "run", path); err == nil || !strings.Contains(out, "no region this broker governs can take it: east: ") {
+		if out, err := e.nomadCLI("job", "run", autoSpec("a4", 5, "training")); err == nil || !strings.Contains(out, "no region this broker governs can take it: east: ") {
 			t.Errorf("a4 (auto, 5 GPUs): want refused, no region fits: %v\n%s", err, out)
 		}
 	})
@@ -272,10 +279,7 @@ func TestRegions(t *testing.T) {
 			t.Fatalf("gpu-broker region drain east: want east listed as drained:\n%s", out)
 		}
 		// An auto job passes the drained region over; one for it waits.
-		path := e.spec("audio", "a5", 1, 1, "training")
-		spec, _ := os.ReadFile(path)
-		writeFile(t, path, strings.Replace(string(spec), `meta = {`, `meta = { "nomad-gpu.region" = "auto",`, 1))
-		if out, err := e.nomadCLI("job", "run", "-detach", path); err != nil || !strings.Contains(out, "dispatched to region west (dispatch ordered; not east: drained (by anonymous at ") {
+		if out, err := e.nomadCLI("job", "run", "-detach", autoSpec("a5", 1, "training")); err != nil || !strings.Contains(out, "dispatched to region west (dispatch ordered; not east: drained (by anonymous at ") {
 			t.Errorf("a5 (auto) with east drained: want it sent to west: %v\n%s", err, out)
 		}
 		runsIn(west, "west", "a5")
@@ -307,9 +311,9 @@ func TestRegions(t *testing.T) {
 			}
 			return nil
 		})
-		if trail := auditTrail(t, e); !strings.Contains(trail, `"what":"reclaim-action"`) || !strings.Contains(trail, `"job":"bypass","rule":"unadmitted","result":"executed stop`) {
-			t.Errorf("want the stop in the audit trail:\n%s", trail)
-		}
+		waitTrail(t, e, "the stop", func(trail string) bool {
+			return strings.Contains(trail, `"what":"reclaim-action"`) && strings.Contains(trail, `"job":"bypass","rule":"unadmitted","result":"executed stop`)
+		})
 	})
 	t.Run("GPU time is counted in every region, and split by region", func(t *testing.T) {
 		testcluster.WaitFor(t, 30*time.Second, "GPU-hours in east and west", func() error {
@@ -384,9 +388,22 @@ func TestRegions(t *testing.T) {
 		}
 	})
 	t.Run("a lost region's batch job is requeued elsewhere, and its stale copy stopped when the region is back", func(t *testing.T) {
-		// a5 (auto, batch, 1 GPU) runs in west. West goes down: after
-		// region_lost_timeout (2s) the broker requeues a5, and the queue
-		// dispatches it to east, the one region left.
+		// a5 and s1 (auto, batch, 1 GPU each) run in west; speech holds
+		// its limit of 2 with s2 in east. West goes down: after
+		// region_lost_timeout (2s) the broker requeues both. The queue
+		// dispatches a5 to east, the one region left; s1 waits, for its
+		// copy in west may run still (and does, once west is back).
+		e.brokerCLI("region", "drain", "east")
+		if out, err := e.nomadCLI("job", "run", "-detach", autoSpec("s1", 1, "training")); err != nil || !strings.Contains(out, "dispatched to region west") {
+			t.Fatalf("s1 (auto) with east drained: want it sent to west: %v\n%s", err, out)
+		}
+		e.brokerCLI("region", "resume", "east")
+		if out, err := e.run("speech", "s2", 1, 1, "", false); err != nil {
+			t.Fatalf("s2 (east, 1 GPU): %v\n%s", err, out)
+		}
+		runsIn(west, "west", "s1")
+		runsIn(east, "east", "s2")
+		held := sampleHeld(t, map[string]*testcluster.Nomad{"east": east, "west": west})
 		lost := time.Now()
 		west.Down()
 		testcluster.WaitFor(t, 90*time.Second, "west listed as unreachable", func() error {
@@ -400,12 +417,22 @@ func TestRegions(t *testing.T) {
 		if err != nil || job.Meta["nomad-gpu.dispatched-region"] != "east" || job.Meta["nomad-gpu.dispatch-id"] == "" {
 			t.Fatalf("a5 in east: want dispatched there, with a dispatch id: %v %v", err, job)
 		}
-		if trail := auditTrail(t, e); !strings.Contains(trail, `"what":"region-lost","id":"region-lost-west-`) || !strings.Contains(trail, "past region_lost_timeout 2s") {
-			t.Errorf("want the requeue in the audit trail:\n%s", trail)
-		}
+		waitTrail(t, e, "the requeue", func(trail string) bool {
+			return strings.Contains(trail, `"what":"region-lost","id":"region-lost-west-`) && strings.Contains(trail, "past region_lost_timeout 2s")
+		})
 		t.Logf("a5 ran again in east %s after west went down", time.Since(lost).Round(time.Second))
-		// West comes back, a5's copy there with it: the broker stops the
-		// copy with the earlier dispatch id, and records why.
+		testcluster.WaitFor(t, 30*time.Second, "s1 requeued, waiting for west", func() error {
+			if got := queuedRegions(t, e); len(got) != 1 || got["s1"] != "" {
+				return fmt.Errorf("queued %v, want s1 alone, its region left to the broker", got)
+			}
+			return nil
+		})
+		if out, err := e.nomadCLI("job", "plan", autoSpec("s1", 1, "training")); !strings.Contains(out, "counting 1 of its jobs' in regions the broker cannot reach") {
+			t.Errorf("a plan of s1 while west is lost: want it held by its copy there: %v\n%s", err, out)
+		}
+		// West comes back, a5's and s1's copies there with it: the broker
+		// stops a5's with the earlier dispatch id, withdraws s1's requeued
+		// copy, and records why.
 		west.Up()
 		testcluster.WaitFor(t, 120*time.Second, "a5's stale copy in west stopped", func() error {
 			job, _, err := west.API.Jobs().Info("a5", &api.QueryOptions{Namespace: "audio"})
@@ -417,10 +444,111 @@ func TestRegions(t *testing.T) {
 			}
 			return nil
 		})
-		if trail := auditTrail(t, e); !strings.Contains(trail, `"what":"region-stale"`) || !strings.Contains(trail, "region west came back running a stale copy") {
-			t.Errorf("want the stale copy's stop in the audit trail:\n%s", trail)
-		}
+		waitTrail(t, e, "the stale copy's stop", func(trail string) bool {
+			return strings.Contains(trail, `"what":"region-stale"`) && strings.Contains(trail, "region west came back running a stale copy")
+		})
 		runsIn(east, "east", "a5")
+		// s1's requeued copy is withdrawn, or, should a queue pass come
+		// first, sent where the job runs: either way it runs once, in west.
+		testcluster.WaitFor(t, 30*time.Second, "s1's requeued copy settled", func() error {
+			if got := queuedRegions(t, e); len(got) > 0 {
+				return fmt.Errorf("queued %v, want none", got)
+			}
+			return nil
+		})
+		waitTrail(t, e, "s1's requeued copy withdrawn, or sent to west where it runs,", func(trail string) bool {
+			return strings.Contains(trail, "region west came back running the job: its requeued copy, still queued, withdrawn") ||
+				regexp.MustCompile(`"job":"s1",[^\n]*dispatched to region west, where the job runs`).MatchString(trail)
+		})
+		runsIn(west, "west", "s1")
+		if _, _, err := east.API.Jobs().Info("s1", &api.QueryOptions{Namespace: "speech"}); err == nil {
+			t.Error("s1 registered in east too")
+		}
+		most, samples := held()
+		if samples < 20 || most["speech"] != 2 {
+			t.Errorf("%d samples, speech at most %v; want 20 or more, speech at its limit", samples, most["speech"])
+		}
+	})
+}
+
+// sampleHeld samples, every 200 ms, the GPUs each namespace holds over
+// regions (one that cannot be asked counted as last seen) and fails t if a
+// tenant of TestRegions' policy holds more than its limit at any sample.
+// Its result ends the sampling and says the most each namespace held, and
+// in how many samples.
+func sampleHeld(t *testing.T, regions map[string]*testcluster.Nomad) func() (map[string]int, int) {
+	limits := map[string]int{"vision": 4, "audio": 6, "speech": 2}
+	most, samples, over := map[string]int{}, 0, map[string]bool{}
+	seen := map[string]map[string]int{}         // by region
+	holders := map[string]map[string][]string{} // by region
+	sample := func() {
+		for name, n := range regions {
+			if used, by, err := gpusHeld(n); err == nil {
+				seen[name], holders[name] = used, by
+			}
+		}
+		samples++
+		sum, by := map[string]int{}, map[string][]string{}
+		for region, used := range seen {
+			for ns, gpus := range used {
+				sum[ns] += gpus
+				by[ns] = append(by[ns], fmt.Sprintf("%s: %s", region, strings.Join(holders[region][ns], ", ")))
+			}
+		}
+		for ns, gpus := range sum {
+			most[ns] = max(most[ns], gpus)
+			if gpus > limits[ns] && !over[ns] { // the first sample above it tells the cause
+				over[ns] = true
+				t.Errorf("at %s %s holds %d GPUs over both regions, above its limit of %d: %s", time.Now().Format("15:04:05.000"), ns, gpus, limits[ns], strings.Join(by[ns], "; "))
+			}
+		}
+	}
+	sample() // every region seen before the caller takes one down
+	if len(seen) != len(regions) {
+		t.Fatalf("sampling: %d of %d regions answered", len(seen), len(regions))
+	}
+	stop, done := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	end := func() { once.Do(func() { close(stop); <-done }) }
+	t.Cleanup(end) // a test that fails early ends the sampling too
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(200 * time.Millisecond):
+			}
+			sample()
+		}
+	}()
+	return func() (map[string]int, int) {
+		end()
+		return most, samples
+	}
+}
+
+// namespaceOf is the namespace of a job of TestRegions, by its id's first
+// letter: audio's, speech's or vision's.
+func namespaceOf(id string) string {
+	switch id[0] {
+	case 'a':
+		return "audio"
+	case 's':
+		return "speech"
+	}
+	return "vision"
+}
+
+// waitTrail waits for the broker's audit trail to show what (ok): an act is
+// written there once done, which Nomad or the queue may show first.
+func waitTrail(t *testing.T, e *env, what string, ok func(trail string) bool) {
+	t.Helper()
+	testcluster.WaitFor(t, 10*time.Second, what+" in the audit trail", func() error {
+		if trail := auditTrail(t, e); !ok(trail) {
+			return fmt.Errorf("not there:\n%s", trail)
+		}
+		return nil
 	})
 }
 

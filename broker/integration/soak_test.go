@@ -183,28 +183,9 @@ func TestSoak(t *testing.T) {
 					}
 				}
 			}
-			allocs, _, err := n.API.Allocations().List(&api.QueryOptions{Namespace: "*", Params: map[string]string{"resources": "true"}})
+			used, holders, err := gpusHeld(n)
 			if err != nil {
 				continue
-			}
-			used := map[string]int{}
-			holders := map[string][]string{} // by namespace: what held the GPUs, to tell a violation's cause
-			for _, a := range allocs {
-				if a.DesiredStatus != api.AllocDesiredStatusRun || a.ClientStatus == api.AllocClientStatusComplete ||
-					a.ClientStatus == api.AllocClientStatusFailed || a.ClientStatus == api.AllocClientStatusLost || a.AllocatedResources == nil {
-					continue
-				}
-				n := 0
-				for _, tr := range a.AllocatedResources.Tasks {
-					for _, d := range tr.Devices {
-						n += len(d.DeviceIDs)
-					}
-				}
-				used[a.Namespace] += n
-				if n > 0 {
-					holders[a.Namespace] = append(holders[a.Namespace], fmt.Sprintf("%s/%s v%d %s %d GPUs (created at index %d)",
-						a.JobID, a.ID[:8], a.JobVersion, a.ClientStatus, n, a.CreateIndex))
-				}
 			}
 			samples++
 			for ns, u := range used {
@@ -447,4 +428,33 @@ func liveHeap(t *testing.T, b *testcluster.Broker, name string) float64 {
 		t.Fatal(err)
 	}
 	return v
+}
+
+// gpusHeld is the GPUs each namespace's allocations in n's region hold
+// (to run, and not ended), and what holds them, by namespace: to tell a
+// violation's cause.
+func gpusHeld(n *testcluster.Nomad) (used map[string]int, holders map[string][]string, err error) {
+	allocs, _, err := n.API.Allocations().List(&api.QueryOptions{Namespace: "*", Params: map[string]string{"resources": "true"}})
+	if err != nil {
+		return nil, nil, err
+	}
+	used, holders = map[string]int{}, map[string][]string{}
+	for _, a := range allocs {
+		if a.DesiredStatus != api.AllocDesiredStatusRun || a.ClientStatus == api.AllocClientStatusComplete ||
+			a.ClientStatus == api.AllocClientStatusFailed || a.ClientStatus == api.AllocClientStatusLost || a.AllocatedResources == nil {
+			continue
+		}
+		gpus := 0
+		for _, tr := range a.AllocatedResources.Tasks {
+			for _, d := range tr.Devices {
+				gpus += len(d.DeviceIDs)
+			}
+		}
+		used[a.Namespace] += gpus
+		if gpus > 0 {
+			holders[a.Namespace] = append(holders[a.Namespace], fmt.Sprintf("%s/%s v%d %s %d GPUs (created at index %d)",
+				a.JobID, a.ID[:8], a.JobVersion, a.ClientStatus, gpus, a.CreateIndex))
+		}
+	}
+	return used, holders, nil
 }

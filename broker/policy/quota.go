@@ -11,3 +11,15 @@ func (q Quota) Total() float64 {
 	}
 	return total
 }
+
+// Plus is q and d added class by class, in a new quota.
+func (q Quota) Plus(d Quota) Quota {
+	out := make(Quota, len(q)+len(d))
+	for k, n := range q {
+		out[k] = n
+	}
+	for k, n := range d {
+		out[k] += n
+	}
+	return out
+}
