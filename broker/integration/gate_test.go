@@ -746,7 +746,18 @@ func TestGate(t *testing.T) {
 		waitAllocsRunning(t, e.nomad, ns, "again", 1)
 		testcluster.WaitFor(t, 30*time.Second, "rp read as unadmitted", func() error {
 			if !e.unadmitted(ns, "rp") {
-				return fmt.Errorf("no unadmitted decision on rp")
+				// What the rule reads, for a failure to say which was off.
+				p, _, _ := consulKV(consul).Get("nomad-gpu/stopped/"+ns+"/rp", nil)
+				j, _, _ := e.nomad.API.Jobs().Info("rp", &api.QueryOptions{Namespace: ns})
+				var record string
+				if p != nil {
+					record = string(p.Value)
+				}
+				var index uint64
+				if j != nil && j.JobModifyIndex != nil {
+					index = *j.JobModifyIndex
+				}
+				return fmt.Errorf("no unadmitted decision on rp (its stop record %s; Nomad's JobModifyIndex %d)", record, index)
 			}
 			return nil
 		})
