@@ -47,13 +47,16 @@ func (v *View) observeJob(j *api.Job) {
 	}
 	key := jobKey{nomadjob.Namespace(j), *j.ID}
 	stopped := j.Stop != nil && *j.Stop
-	live := !stopped && !(j.Status != nil && *j.Status == "dead")
-	verified := v.verify(j)
-	borrowed := j.Meta[nomadjob.MetaBorrowed] == "true" && verified
-	var modifyIndex uint64
+	var modifyIndex, changedAt uint64
 	if j.JobModifyIndex != nil {
 		modifyIndex = *j.JobModifyIndex
 	}
+	if j.ModifyIndex != nil {
+		changedAt = *j.ModifyIndex
+	}
+	live := !stopped && !(j.Status != nil && nomadjob.Dead(*j.Status, changedAt, modifyIndex))
+	verified := v.verify(j)
+	borrowed := j.Meta[nomadjob.MetaBorrowed] == "true" && verified
 	if old, ok := v.jobs[key]; ok && modifyIndex < old.modifyIndex {
 		return
 	}

@@ -104,11 +104,11 @@ func TestAJobIsFoundInItsRegion(t *testing.T) {
 	// for its job_gc_threshold); one never dispatched is forgotten once it ends.
 	done := testbuild.Job("vision", "done").Type("batch").Group("g", 1, 1, "nvidia/gpu").Meta("nomad-gpu.dispatched-region", "west").Build()
 	west.ObserveJob(done)
-	done.Status = ptr("dead")
+	done.Status, done.ModifyIndex = ptr("dead"), ptr(uint64(1)) // ended after its registration
 	west.ObserveJob(done)
 	other := testbuild.Job("vision", "other").Type("batch").Group("g", 1, 1, "nvidia/gpu").Build()
 	west.ObserveJob(other)
-	other.Status = ptr("dead")
+	other.Status, other.ModifyIndex = ptr("dead"), ptr(uint64(1)) // ended after its registration
 	west.ObserveJob(other)
 	for _, c := range []struct {
 		ns, id string

@@ -376,8 +376,7 @@ func TestAnAdmissionReservesTheVersionItMayRevertTo(t *testing.T) {
 func TestADeadVersionWhoseDeploymentMayRevertCountsTheStableVersion(t *testing.T) {
 	p := testbuild.Policy(t, visionPolicy)
 	v := viewWithStableWeb()
-	dead := testbuild.Job("vision", "web").Group("web", 1, 1, "gpu").AutoRevert().ModifyIndex(2).Build()
-	dead.Status = ptr("dead")
+	dead := testbuild.Job("vision", "web").Group("web", 1, 1, "gpu").AutoRevert().ModifyIndex(2).Dead().Build()
 	v.ObserveJob(dead)
 	dep := &api.Deployment{ID: "d1", Namespace: "vision", JobID: "web", Status: api.DeploymentStatusRunning,
 		TaskGroups: map[string]*api.DeploymentState{"web": {AutoRevert: true}}}
@@ -425,8 +424,7 @@ func TestARollbackCountsTheStableVersionUntilItsOwnDeploymentEnds(t *testing.T) 
 	w := NewView(nil)
 	w.ObserveNode(testbuild.Node("n1", testbuild.H100, 8, 0))
 	w.ObserveJob(testbuild.Job("vision", "web").Group("web", 1, 2, "gpu").AutoRevert().Stable().ModifyIndex(1).Build())
-	dead := testbuild.Job("vision", "web").Group("web", 1, 1, "gpu").AutoRevert().ModifyIndex(2).Build()
-	dead.Status = ptr("dead")
+	dead := testbuild.Job("vision", "web").Group("web", 1, 1, "gpu").AutoRevert().ModifyIndex(2).Dead().Build()
 	w.ObserveJob(dead)
 	w.ObserveDeployment(&cancelled)
 	if got := used(w); got != 0 {
@@ -453,7 +451,19 @@ func TestStoppedAdmissionsAreKeptUntilTheBrokerRegistersThemAgain(t *testing.T) 
 	if got := v.StoppedAdmitted(); got[[2]string{"vision", "train"}] != 7 {
 		t.Fatalf("stopped: %v", got)
 	}
-	v.ObserveJob(stamp(testbuild.Job("vision", "train").Group("g", 1, 1, "gpu").ModifyIndex(9).Build())) // straight in Nomad
+	// Straight in Nomad; Nomad tells of it first as dead (at the index it
+	// was registered at: its evaluation is stored next), then pending.
+	replay := stamp(testbuild.Job("vision", "train").Group("g", 1, 1, "gpu").Type(api.JobTypeBatch).ModifyIndex(9).Build())
+	replay.ModifyIndex, replay.Status = ptr(uint64(9)), ptr("dead")
+	v.ObserveJob(replay)
+	if got := v.StoppedAdmitted(); got[[2]string{"vision", "train"}] != 7 {
+		t.Errorf("a replay straight in Nomad, its first step, read as a finished batch job: %v", got)
+	}
+	if got := v.Usage(p).Tenants["vision"].Used.Total(); got != 1 {
+		t.Errorf("a replay straight in Nomad, its first step: %g GPUs used, want 1", got)
+	}
+	replay.Status = ptr("pending")
+	v.ObserveJob(replay)
 	if got := v.StoppedAdmitted(); got[[2]string{"vision", "train"}] != 7 {
 		t.Errorf("a replay straight in Nomad ended the stop: %v", got)
 	}
@@ -478,10 +488,8 @@ func TestStoppedAdmissionsAreKeptUntilTheBrokerRegistersThemAgain(t *testing.T) 
 	}
 	// A batch job that finished is done with its admission too; a service
 	// job Nomad calls dead may still be reverted by its deployment.
-	done := testbuild.Job("vision", "batch").Group("g", 1, 1, "gpu").ModifyIndex(17).Build()
-	done.Type, done.Status = ptr(api.JobTypeBatch), ptr("dead")
-	failed := testbuild.Job("vision", "svc").Group("g", 1, 1, "gpu").ModifyIndex(18).Build()
-	failed.Type, failed.Status = ptr(api.JobTypeService), ptr("dead")
+	done := testbuild.Job("vision", "batch").Group("g", 1, 1, "gpu").Type(api.JobTypeBatch).ModifyIndex(17).Dead().Build()
+	failed := testbuild.Job("vision", "svc").Group("g", 1, 1, "gpu").ModifyIndex(18).Dead().Build()
 	v.ObserveJob(stamp(done))
 	v.ObserveJob(stamp(failed))
 	if got := v.StoppedAdmitted(); len(got) != 1 || got[[2]string{"vision", "batch"}] != 17 {

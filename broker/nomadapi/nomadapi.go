@@ -26,6 +26,7 @@ import (
 	"github.com/hashicorp/nomad/api"
 
 	"github.com/nomad-gpu/nomad-gpu/broker/cluster"
+	"github.com/nomad-gpu/nomad-gpu/broker/nomadjob"
 	"github.com/nomad-gpu/nomad-gpu/broker/policy"
 	"github.com/nomad-gpu/nomad-gpu/internal/jsondoc"
 )
@@ -322,7 +323,7 @@ func (c *Client) list(ctx context.Context) ([]*api.Node, []*api.Job, uint64, err
 	index = max(index, meta.LastIndex)
 	var jobs []*api.Job
 	for _, s := range jobStubs {
-		if s.Stop || s.Status == "dead" {
+		if s.Stop || nomadjob.Dead(s.Status, s.ModifyIndex, s.JobModifyIndex) {
 			continue
 		}
 		j, _, err := c.nomad().Jobs().Info(s.ID, (&api.QueryOptions{Namespace: s.Namespace}).WithContext(ctx))

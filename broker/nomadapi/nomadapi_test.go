@@ -200,8 +200,11 @@ func TestListIsEveryNodeLiveJobActiveDeploymentAndAllocation(t *testing.T) {
 		"GET /v1/nodes":   answer(http.StatusOK, []api.NodeListStub{{ID: "n1"}}),
 		"GET /v1/node/n1": answer(http.StatusOK, api.Node{ID: "n1", Name: "gpu-1"}),
 		"GET /v1/jobs": answer(http.StatusOK, []api.JobListStub{{ID: "live", Namespace: "vision", Status: "running"},
-			{ID: "stopped", Namespace: "vision", Stop: true}, {ID: "dead", Namespace: "vision", Status: "dead"}}),
-		"GET /v1/job/live": answer(http.StatusOK, api.Job{ID: ptr("live"), Namespace: ptr("vision")}),
+			{ID: "stopped", Namespace: "vision", Stop: true}, {ID: "dead", Namespace: "vision", Status: "dead", JobModifyIndex: 5, ModifyIndex: 9},
+			// Nomad stored the job of a registration, not yet its evaluation.
+			{ID: "registering", Namespace: "vision", Status: "dead", JobModifyIndex: 11, ModifyIndex: 11}}),
+		"GET /v1/job/live":        answer(http.StatusOK, api.Job{ID: ptr("live"), Namespace: ptr("vision")}),
+		"GET /v1/job/registering": answer(http.StatusOK, api.Job{ID: ptr("registering"), Namespace: ptr("vision")}),
 		"GET /v1/deployments": answer(http.StatusOK, []api.Deployment{{ID: "d1", Status: api.DeploymentStatusRunning},
 			{ID: "d2", Status: api.DeploymentStatusSuccessful}}),
 		"GET /v1/allocations": answer(http.StatusOK, []api.AllocationListStub{{ID: "a1", JobID: "live", NodeID: "n1"}}),
@@ -210,7 +213,7 @@ func TestListIsEveryNodeLiveJobActiveDeploymentAndAllocation(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(s.Nodes) != 1 || s.Nodes[0].Name != "gpu-1" || len(s.Jobs) != 1 || *s.Jobs[0].ID != "live" ||
+	if len(s.Nodes) != 1 || s.Nodes[0].Name != "gpu-1" || len(s.Jobs) != 2 || *s.Jobs[0].ID != "live" || *s.Jobs[1].ID != "registering" ||
 		len(s.Deployments) != 1 || s.Deployments[0].ID != "d1" || len(s.Allocs) != 1 || s.Allocs[0].NodeID != "n1" || s.Index != 42 {
 		t.Errorf("snapshot: %+v", s)
 	}

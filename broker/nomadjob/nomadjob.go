@@ -67,6 +67,17 @@ func AdmissionJob(job *api.Job, namespace string, groups []admission.Group) admi
 		CanaryAutoRevert: CanaryAutoRevert(job), Where: where(job)}
 }
 
+// Dead reports whether Nomad's status for a job version that is not
+// stopped says its work is over. Nomad stores a registration in two steps
+// at one index: the job, its status read from what ran before ("dead" once
+// anything ran), then its evaluation, which makes it pending. Readers see
+// the first step too; a version dead at the index it was registered at
+// (ModifyIndex, JobModifyIndex: those of a job or of a list stub) has not
+// run yet.
+func Dead(status string, modifyIndex, jobModifyIndex uint64) bool {
+	return status == "dead" && modifyIndex != jobModifyIndex
+}
+
 // IsParent reports whether a job only launches other jobs: parameterized
 // (each dispatch is a job) or periodic (each launch is a job).
 func IsParent(job *api.Job) bool { return job.IsParameterized() || job.IsPeriodic() }

@@ -108,6 +108,18 @@ func (b *JobBuilder) Stable() *JobBuilder { b.job.Stable = ptr(true); return b }
 // ModifyIndex sets Nomad's JobModifyIndex.
 func (b *JobBuilder) ModifyIndex(i uint64) *JobBuilder { b.job.JobModifyIndex = &i; return b }
 
+// Dead marks the job dead as Nomad returns one whose work is over: its
+// status changed at an index after the version's registration (so after
+// ModifyIndex, if set).
+func (b *JobBuilder) Dead() *JobBuilder {
+	var registered uint64
+	if b.job.JobModifyIndex != nil {
+		registered = *b.job.JobModifyIndex
+	}
+	b.job.Status, b.job.ModifyIndex = ptr("dead"), ptr(registered+1)
+	return b
+}
+
 // Stopped marks the job stopped.
 func (b *JobBuilder) Stopped() *JobBuilder { b.job.Stop = ptr(true); return b }
 
