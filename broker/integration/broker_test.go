@@ -118,38 +118,9 @@ func seriesLabels(key string) map[string]string {
 // with 8 simulated GPUs, Consul, and the broker in front, driven by the nomad CLI.
 func TestBroker(t *testing.T) {
 	t.Parallel()
-	consul := testcluster.StartConsul(t)
-	gpuState := filepath.Join(t.TempDir(), "gpu-state.json")
-	n := testcluster.StartNomad(t, testcluster.NomadOptions{Name: "dev", Server: true, Client: true,
-		ConsulAddr: consul.Addr, PluginConfig: fmt.Sprintf(`
-    backend            = "fake"
-    fingerprint_period = "2s"
-    health_recovery    = "2s"
-    fake {
-      count      = 8
-      id_prefix  = "broker"
-      state_file = %q
-    }`, gpuState)})
-	n.WaitForNodes(t, 1)
-	for _, ns := range []string{"vision", "search"} {
-		if _, err := n.API.Namespaces().Register(&api.Namespace{Name: ns}, nil); err != nil {
-			t.Fatal(err)
-		}
-	}
-	e := &env{t: t, nomad: n, dir: t.TempDir(), policyDir: t.TempDir(), logged: map[string]bool{"train-a": true}}
-	writeFile(t, filepath.Join(e.policyDir, "policy.hcl"), policies)
 	// A process: "queue survives a broker crash" SIGKILLs it.
-	e.broker = testcluster.StartBrokerWith(t, n, consul, e.policyDir, testcluster.BrokerOptions{Process: true})
-	testcluster.WaitFor(t, 30*time.Second, "broker to see 8 GPUs", func() error {
-		if cfg, _, err := n.API.Operator().SchedulerGetConfiguration(nil); err != nil || !cfg.SchedulerConfig.PreemptionConfig.BatchSchedulerEnabled {
-			return fmt.Errorf("batch preemption not switched on yet (%v)", err)
-		}
-		out, _ := e.run("vision", "probe", 1, 9, "", false)
-		if !strings.Contains(out, "no node has more than 8") {
-			return fmt.Errorf("broker's view not ready: %s", out)
-		}
-		return nil
-	})
+	e, n, _ := startBrokerTest(t, testcluster.BrokerOptions{Process: true})
+	e.logged["train-a"] = true
 
 	t.Run("rejects name the rule and exit non-zero", func(t *testing.T) {
 		cases := []struct {
@@ -520,9 +491,56 @@ func TestBroker(t *testing.T) {
 		}
 	})
 
+}
+
+// startBrokerTest starts what TestBroker and TestBrokerPolicyAndGPUHealth
+// run on: Consul, one Nomad node of 8 fake GPUs whose health is read from
+// the state file it returns, and a broker with the policies above, once it
+// sees the GPUs and has switched Nomad's batch preemption on.
+func startBrokerTest(t *testing.T, o testcluster.BrokerOptions) (*env, *testcluster.Nomad, string) {
+	t.Helper()
+	consul := testcluster.StartConsul(t)
+	gpuState := filepath.Join(t.TempDir(), "gpu-state.json")
+	n := testcluster.StartNomad(t, testcluster.NomadOptions{Name: "dev", Server: true, Client: true,
+		ConsulAddr: consul.Addr, PluginConfig: fmt.Sprintf(`
+    backend            = "fake"
+    fingerprint_period = "2s"
+    health_recovery    = "2s"
+    fake {
+      count      = 8
+      id_prefix  = "broker"
+      state_file = %q
+    }`, gpuState)})
+	n.WaitForNodes(t, 1)
+	for _, ns := range []string{"vision", "search"} {
+		if _, err := n.API.Namespaces().Register(&api.Namespace{Name: ns}, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e := &env{t: t, nomad: n, dir: t.TempDir(), policyDir: t.TempDir(), logged: map[string]bool{}}
+	writeFile(t, filepath.Join(e.policyDir, "policy.hcl"), policies)
+	e.broker = testcluster.StartBrokerWith(t, n, consul, e.policyDir, o)
+	testcluster.WaitFor(t, 30*time.Second, "broker to see 8 GPUs", func() error {
+		if cfg, _, err := n.API.Operator().SchedulerGetConfiguration(nil); err != nil || !cfg.SchedulerConfig.PreemptionConfig.BatchSchedulerEnabled {
+			return fmt.Errorf("batch preemption not switched on yet (%v)", err)
+		}
+		out, _ := e.run("vision", "probe", 1, 9, "", false)
+		if !strings.Contains(out, "no node has more than 8") {
+			return fmt.Errorf("broker's view not ready: %s", out)
+		}
+		return nil
+	})
+	return e, n, gpuState
+}
+
+// TestBrokerPolicyAndGPUHealth: a sick GPU's recovery, and policy changes,
+// on a cluster of their own (TestBroker's chain of subtests was the
+// package's longest test: it set how long the package took).
+func TestBrokerPolicyAndGPUHealth(t *testing.T) {
+	t.Parallel()
+	e, n, gpuState := startBrokerTest(t, testcluster.BrokerOptions{})
+
 	t.Run("a job blocked on a sick GPU is placed when it recovers", func(t *testing.T) {
-		e.stop("vision", "train-q")
-		e.stop("vision", "crash-q")
 		sick := fake.UUID("broker", 0)
 		writeFile(t, gpuState, fmt.Sprintf(`{%q: {"healthy": false, "health_description": "XID 79"}}`, sick))
 		testcluster.WaitFor(t, 30*time.Second, "GPU unhealthy in Nomad", func() error {
