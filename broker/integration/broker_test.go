@@ -983,10 +983,44 @@ func (e *env) waitUsed(tenant string, want float64) {
 	e.t.Helper()
 	testcluster.WaitFor(e.t, 60*time.Second, fmt.Sprintf("tenant %s using %g GPUs", tenant, want), func() error {
 		if got := e.usedBy(tenant); got != want {
-			return fmt.Errorf("%g used", got)
+			return fmt.Errorf("%g used; %s", got, e.holders(tenant))
 		}
 		return nil
 	})
+}
+
+// holders says, for a wait's failure, which allocations of tenant's jobs
+// the broker's GPU map has holding GPUs, and how Nomad has each of those
+// jobs' allocations.
+func (e *env) holders(tenant string) string {
+	var m server.GPUMap
+	resp, err := e.broker.Client.Get(e.broker.Addr + "/v1/gpu/nodes")
+	if err != nil {
+		return fmt.Sprintf("no GPU map: %v", err)
+	}
+	defer resp.Body.Close()
+	if err := json.NewDecoder(resp.Body).Decode(&m); err != nil {
+		return fmt.Sprintf("no GPU map: %v", err)
+	}
+	held, jobs := map[string]int{}, map[[2]string]bool{}
+	for _, n := range m.Nodes {
+		for _, g := range n.GPUs {
+			if g.Tenant == tenant {
+				held[g.Namespace+"/"+g.Job+" alloc "+g.Alloc]++
+				jobs[[2]string{g.Namespace, g.Job}] = true
+			}
+		}
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "the broker's GPU map has %v held", held)
+	for k := range jobs {
+		stubs, _, err := e.nomad.API.Jobs().Allocations(k[1], true, &api.QueryOptions{Namespace: k[0]})
+		fmt.Fprintf(&b, "; Nomad's allocations of %s/%s (%v):", k[0], k[1], err)
+		for _, a := range stubs {
+			fmt.Fprintf(&b, " %s v%d %s/%s", a.ID, a.JobVersion, a.DesiredStatus, a.ClientStatus)
+		}
+	}
+	return b.String()
 }
 
 func writeFile(t testing.TB, path, content string) {
