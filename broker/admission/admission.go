@@ -426,7 +426,10 @@ func decideQuota(p *policy.Policy, u Usage, d Decision, tenant *policy.Tenant, q
 			return d
 		}
 		d.Outcome, d.Priority = Admit, q.Band
-		d.Reason = fmt.Sprintf("within tenant %q's guarantee", tenant.Name)
+		// What it counted, said: a user sees why, an operator what the
+		// broker's view held when it decided.
+		d.Reason = fmt.Sprintf("within tenant %q's guarantee (it holds %g of %g GPUs with this job)",
+			tenant.Name, used[policy.AllGPUs]+demand[policy.AllGPUs], tenant.Guaranteed.Total())
 		return d
 	}
 	if !within(used, demand, tenant.Limit, false) {
@@ -442,7 +445,8 @@ func decideQuota(p *policy.Policy, u Usage, d Decision, tenant *policy.Tenant, q
 	}
 	if p.Borrowing.Enabled && within(policy.Quota{}, demand, u.Idle, true) {
 		d.Outcome, d.Priority = AdmitBorrowed, p.Borrowing.Priority
-		d.Reason = fmt.Sprintf("beyond tenant %q's guarantee on idle GPUs: borrowed, preemptible at priority %d", tenant.Name, p.Borrowing.Priority)
+		d.Reason = fmt.Sprintf("beyond tenant %q's guarantee on idle GPUs (it holds %g of its limit of %g with this job): borrowed, preemptible at priority %d",
+			tenant.Name, used[policy.AllGPUs]+demand[policy.AllGPUs], tenant.Limit.Total(), p.Borrowing.Priority)
 		return d
 	}
 	if !p.Borrowing.Enabled {
