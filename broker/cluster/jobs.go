@@ -220,10 +220,10 @@ func (v *View) observeDeployment(d *api.Deployment) {
 	switch d.Status {
 	case api.DeploymentStatusSuccessful, api.DeploymentStatusFailed, api.DeploymentStatusCancelled:
 		// A failed deployment that Nomad rolls back keeps the stable
-		// version's floor: the rollback version arrives dead, with no
-		// allocation yet, and counts nothing until they are placed; the
-		// floor holds until its own deployment ends (N3: a queue pass in
-		// those milliseconds took its GPUs).
+		// version's floor until the rollback's own deployment ends: the
+		// rollback version may come later, or dead with every allocation
+		// failed, and count nothing meanwhile (N3: a queue pass in those
+		// milliseconds took its GPUs).
 		_, reverting = rolledBack(d)
 	default:
 		for tg, s := range d.TaskGroups {
