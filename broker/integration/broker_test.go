@@ -534,8 +534,10 @@ func startBrokerTest(t *testing.T, o testcluster.BrokerOptions) (*env, *testclus
 }
 
 // TestBrokerPolicyAndGPUHealth: a sick GPU's recovery, and policy changes,
-// on a cluster of their own (TestBroker's chain of subtests was the
-// package's longest test: it set how long the package took).
+// moved out of TestBroker (its chain of subtests was the package's longest
+// unit and set how long the package took). Agents of its own: it makes its
+// node's GPU sick, takes every GPU of it, and rewrites its broker's policy,
+// which no other test sharing them could bear.
 func TestBrokerPolicyAndGPUHealth(t *testing.T) {
 	t.Parallel()
 	e, n, gpuState := startBrokerTest(t, testcluster.BrokerOptions{})

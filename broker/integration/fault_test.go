@@ -121,6 +121,7 @@ func TestConsulOutage(t *testing.T) {
 // it out instead of dropping its lock at the first error, so GPU
 // registrations are refused for at most a few seconds after Consul is
 // back, not until the old session's TTL ran out (10 s after it, before).
+// It stops its Consul agent: agents of its own.
 func TestAShortConsulOutageCostsSecondsNotASessionTTL(t *testing.T) {
 	t.Parallel()
 	consul := testcluster.StartDurableConsul(t)
