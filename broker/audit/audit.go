@@ -74,9 +74,12 @@ type Log struct {
 	// Failed is told of every write that failed (logs and metrics).
 	Failed func(error)
 
-	mu   sync.Mutex
-	f    file
-	size int64
+	mu sync.Mutex
+	f  file
+	// opened identifies the open file (os.SameFile): a write then stats
+	// only the path.
+	opened os.FileInfo
+	size   int64
 	// torn: a failed write left part of a line that could not be cut off;
 	// the next record starts on a line of its own.
 	torn bool
@@ -87,7 +90,6 @@ type Log struct {
 type file interface {
 	io.Writer
 	Truncate(size int64) error
-	Stat() (os.FileInfo, error)
 	Close() error
 }
 
@@ -113,7 +115,7 @@ func (l *Log) open() error {
 		f.Close()
 		return fmt.Errorf("audit log %s: %w", l.path, err)
 	}
-	l.f, l.size = f, st.Size()
+	l.f, l.size, l.opened = f, st.Size(), st
 	if l.size > 0 {
 		// A crash may have cut the last line: the next record starts on a
 		// line of its own, or it would be read as part of the fragment.
@@ -132,11 +134,7 @@ func (l *Log) open() error {
 // (removed or renamed away, as by logrotate without copytruncate).
 func (l *Log) moved() bool {
 	at, err := os.Stat(l.path)
-	if err != nil {
-		return true
-	}
-	open, err := l.f.Stat()
-	return err != nil || !os.SameFile(at, open)
+	return err != nil || !os.SameFile(at, l.opened)
 }
 
 // Write appends e (its time and broker set here) as one line, written to
