@@ -119,6 +119,12 @@ func (v *View) followStop(key jobKey, stopped, live, stamped bool, modifyIndex u
 	switch {
 	case stopped && stamped:
 		v.stopped[key] = modifyIndex
+		if res, ok := v.reserved[key]; ok && res.index != 0 && res.index < modifyIndex {
+			// Nomad took that registration and has stopped the job since:
+			// nothing of it is still to come (its own event may never show,
+			// as when a listing replaced the stream in between).
+			delete(v.reserved, key)
+		}
 	case live:
 		if res, ok := v.reserved[key]; ok && (res.index == 0 || res.index == modifyIndex) {
 			delete(v.stopped, key)
@@ -154,12 +160,13 @@ func (v *View) RecordedStop(namespace, id string, index uint64) {
 }
 
 // Registering reports whether the broker is registering the job: it holds a
-// reservation Nomad's events have not shown yet.
+// reservation Nomad's events have not shown yet, and that has not expired
+// (expired ones are dropped only when usage is next read).
 func (v *View) Registering(namespace, id string) bool {
 	v.mu.RLock()
 	defer v.mu.RUnlock()
-	_, ok := v.reserved[jobKey{namespace, id}]
-	return ok
+	res, ok := v.reserved[jobKey{namespace, id}]
+	return ok && v.clock.Now().Before(res.until)
 }
 
 // observeStable records a job version Nomad marks stable (read from its

@@ -486,6 +486,29 @@ func TestStoppedAdmissionsAreKeptUntilTheBrokerRegistersThemAgain(t *testing.T) 
 	if got := v.StoppedAdmitted(); len(got) != 0 {
 		t.Errorf("recorded by the leader: %v", got)
 	}
+	// A registration Nomad took whose own event never came (a listing in
+	// between), then a stop: nothing of it is still being registered, and
+	// the stop is kept for the leader. A reservation that expired is not a
+	// registration either, before or after usage is read.
+	now := time.Now()
+	v.SetClock(clock.Func(func() time.Time { return now }))
+	_, res = v.Admit(p, admission.Job{ID: "train", Namespace: "vision", Queue: "training",
+		Groups: []admission.Group{{Name: "g", Count: 1, GPUsPerAlloc: 1}}})
+	res.Confirm(16)
+	v.ObserveJob(stamp(testbuild.Job("vision", "train").Group("g", 1, 1, "gpu").ModifyIndex(19).Stopped().Build()))
+	if v.Registering("vision", "train") {
+		t.Errorf("a registration Nomad took, the job stopped since: still read as registering")
+	}
+	if got := v.StoppedAdmitted(); got[[2]string{"vision", "train"}] != 19 {
+		t.Errorf("stopped after a registration whose event never came: %v", got)
+	}
+	v.RecordedStop("vision", "train", 19)
+	v.Admit(p, admission.Job{ID: "train", Namespace: "vision", Queue: "training",
+		Groups: []admission.Group{{Name: "g", Count: 1, GPUsPerAlloc: 1}}})
+	now = now.Add(ReservationHold)
+	if v.Registering("vision", "train") {
+		t.Errorf("a reservation past ReservationHold: still read as registering")
+	}
 	// A batch job that finished is done with its admission too; a service
 	// job Nomad calls dead may still be reverted by its deployment.
 	done := testbuild.Job("vision", "batch").Group("g", 1, 1, "gpu").Type(api.JobTypeBatch).ModifyIndex(17).Dead().Build()
