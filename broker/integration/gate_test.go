@@ -619,7 +619,7 @@ func TestGate(t *testing.T) {
 		}
 		waitAllocsRunning(t, e.nomad, ns, "sw", 1)
 		if out, err := e.run(ns, "sw", 1, 1, "", true); err != nil || !strings.Contains(out, "1 GPUs") {
-			t.Fatalf("version 1 (1 GPU): %v\n%s", err, out)
+			t.Fatalf("version 1 (1 GPU): %v\n%s\n%s", err, out, e.holders("stable"))
 		}
 		e.waitUsed("stable", 1) // version 0's allocation ended
 		if out, err := e.run(ns, "fill", 1, 1, "", true); err != nil || !strings.Contains(out, "admitted") {

@@ -258,6 +258,9 @@ func (c *Client) List(ctx context.Context) (snap cluster.Snapshot, err error) {
 	if err != nil {
 		return cluster.Snapshot{}, fmt.Errorf("list allocations: %w", err)
 	}
+	if jobs, err = c.jobsOfAllocs(ctx, jobs, stubs); err != nil {
+		return cluster.Snapshot{}, err
+	}
 	allocs := make([]*api.Allocation, 0, len(stubs))
 	for _, s := range stubs {
 		allocs = append(allocs, &api.Allocation{ID: s.ID, Namespace: s.Namespace, JobID: s.JobID, TaskGroup: s.TaskGroup,
@@ -266,6 +269,59 @@ func (c *Client) List(ctx context.Context) (snap cluster.Snapshot, err error) {
 			CreateIndex: s.CreateIndex, ModifyIndex: s.ModifyIndex})
 	}
 	return cluster.Snapshot{Nodes: nodes, Jobs: jobs, Deployments: active, Stable: stable, Allocs: allocs, Index: max(index, meta.LastIndex)}, nil
+}
+
+// jobsOfAllocs is jobs with the job of each listed allocation that the jobs'
+// listing lacks, or has at an older version, read again. The listings are
+// read one after another and the stream resumes after the last of them: a
+// job registered or updated between the jobs' listing and the allocations'
+// would otherwise come neither as listed nor as an event, and its
+// allocation would count as held beside it until the next listing.
+func (c *Client) jobsOfAllocs(ctx context.Context, jobs []*api.Job, stubs []*api.AllocationListStub) ([]*api.Job, error) {
+	at := make(map[[2]string]int, len(jobs))
+	for i, j := range jobs {
+		at[[2]string{nomadjob.Namespace(j), *j.ID}] = i
+	}
+	drop := map[int]bool{}
+	for _, s := range stubs {
+		k := [2]string{s.Namespace, s.JobID}
+		i, listed := at[k]
+		if listed && (drop[i] || jobs[i].Version == nil || *jobs[i].Version >= s.JobVersion) {
+			continue
+		}
+		j, _, err := c.nomad().Jobs().Info(s.JobID, (&api.QueryOptions{Namespace: s.Namespace}).WithContext(ctx))
+		if err != nil && !isNotFound(err) {
+			return nil, fmt.Errorf("read job %s/%s: %w", s.Namespace, s.JobID, err)
+		}
+		switch live := err == nil && liveJob(j); {
+		case listed && live:
+			jobs[i] = j
+		case listed:
+			drop[i] = true // stopped or purged since, as list leaves such jobs out
+		case live:
+			at[k] = len(jobs)
+			jobs = append(jobs, j)
+		}
+	}
+	if len(drop) == 0 {
+		return jobs, nil
+	}
+	kept := jobs[:0]
+	for i, j := range jobs {
+		if !drop[i] {
+			kept = append(kept, j)
+		}
+	}
+	return kept, nil
+}
+
+// liveJob reports whether a job Nomad returned is one list keeps: not
+// stopped, and not dead (nomadjob.Dead).
+func liveJob(j *api.Job) bool {
+	if j.ID == nil || j.Stop != nil && *j.Stop {
+		return false
+	}
+	return j.Status == nil || j.ModifyIndex == nil || j.JobModifyIndex == nil || !nomadjob.Dead(*j.Status, *j.ModifyIndex, *j.JobModifyIndex)
 }
 
 // liveOrPreempted is the listing's filter (Nomad's go-bexpr over its

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -207,7 +208,7 @@ func TestListIsEveryNodeLiveJobActiveDeploymentAndAllocation(t *testing.T) {
 		"GET /v1/job/registering": answer(http.StatusOK, api.Job{ID: ptr("registering"), Namespace: ptr("vision")}),
 		"GET /v1/deployments": answer(http.StatusOK, []api.Deployment{{ID: "d1", Status: api.DeploymentStatusRunning},
 			{ID: "d2", Status: api.DeploymentStatusSuccessful}}),
-		"GET /v1/allocations": answer(http.StatusOK, []api.AllocationListStub{{ID: "a1", JobID: "live", NodeID: "n1"}}),
+		"GET /v1/allocations": answer(http.StatusOK, []api.AllocationListStub{{ID: "a1", Namespace: "vision", JobID: "live", NodeID: "n1"}}),
 	})
 	s, err := c.List(context.Background())
 	if err != nil {
@@ -216,6 +217,56 @@ func TestListIsEveryNodeLiveJobActiveDeploymentAndAllocation(t *testing.T) {
 	if len(s.Nodes) != 1 || s.Nodes[0].Name != "gpu-1" || len(s.Jobs) != 2 || *s.Jobs[0].ID != "live" || *s.Jobs[1].ID != "registering" ||
 		len(s.Deployments) != 1 || s.Deployments[0].ID != "d1" || len(s.Allocs) != 1 || s.Allocs[0].NodeID != "n1" || s.Index != 42 {
 		t.Errorf("snapshot: %+v", s)
+	}
+}
+
+// The listings are read one after another, and the stream resumes after
+// the last: a job registered or updated after the jobs were listed, whose
+// allocation is listed, is read again; one stopped since is left out.
+func TestAJobChangedBetweenTheListingsIsReadAgain(t *testing.T) {
+	c, f := newClient(t, map[string]func(http.ResponseWriter, *http.Request){
+		"GET /v1/nodes": answer(http.StatusOK, []api.NodeListStub{}),
+		"GET /v1/jobs": answer(http.StatusOK, []api.JobListStub{{ID: "updated", Namespace: "vision", Status: "running"},
+			{ID: "steady", Namespace: "vision", Status: "running"}, {ID: "stopping", Namespace: "vision", Status: "running"}}),
+		"GET /v1/job/updated": answerOnce(api.Job{ID: ptr("updated"), Namespace: ptr("vision"), Version: ptr(uint64(0))},
+			api.Job{ID: ptr("updated"), Namespace: ptr("vision"), Version: ptr(uint64(1))}),
+		"GET /v1/job/steady": answer(http.StatusOK, api.Job{ID: ptr("steady"), Namespace: ptr("vision"), Version: ptr(uint64(3))}),
+		"GET /v1/job/stopping": answerOnce(api.Job{ID: ptr("stopping"), Namespace: ptr("vision"), Version: ptr(uint64(0))},
+			api.Job{ID: ptr("stopping"), Namespace: ptr("vision"), Version: ptr(uint64(1)), Stop: ptr(true)}),
+		"GET /v1/job/new":     answer(http.StatusOK, api.Job{ID: ptr("new"), Namespace: ptr("vision"), Version: ptr(uint64(0))}),
+		"GET /v1/deployments": answer(http.StatusOK, []api.Deployment{}),
+		"GET /v1/allocations": answer(http.StatusOK, []api.AllocationListStub{
+			{ID: "a1", Namespace: "vision", JobID: "updated", JobVersion: 1}, {ID: "a2", Namespace: "vision", JobID: "steady", JobVersion: 3},
+			{ID: "a3", Namespace: "vision", JobID: "new"}, {ID: "a4", Namespace: "vision", JobID: "stopping", JobVersion: 1}}),
+	})
+	s, err := c.List(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]uint64{}
+	for _, j := range s.Jobs {
+		got[*j.ID] = *j.Version
+	}
+	if want := map[string]uint64{"updated": 1, "steady": 3, "new": 0}; !maps.Equal(got, want) {
+		t.Errorf("the snapshot's jobs (id: version): %v, want %v", got, want)
+	}
+	if n := strings.Count(strings.Join(f.requests, " "), "GET /v1/job/steady?"); n != 1 {
+		t.Errorf("a job listed at its allocation's version was read %d times, want once", n)
+	}
+}
+
+// answerOnce answers first with first, then with then.
+func answerOnce(first, then any) func(http.ResponseWriter, *http.Request) {
+	var mu sync.Mutex
+	n := 0
+	return func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		v := first
+		if n++; n > 1 {
+			v = then
+		}
+		mu.Unlock()
+		answer(http.StatusOK, v)(w, r)
 	}
 }
 
