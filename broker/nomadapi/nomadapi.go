@@ -220,10 +220,11 @@ func (c *Client) HTTPClient() *http.Client { return c.http }
 // resume after.
 func (c *Client) List(ctx context.Context) (snap cluster.Snapshot, err error) {
 	defer func() { c.saw(err) }()
-	nodes, jobs, index, err := c.list(ctx)
+	nodes, jobs, nodesAt, jobsAt, err := c.list(ctx)
 	if err != nil {
 		return cluster.Snapshot{}, err
 	}
+	index := max(nodesAt, jobsAt)
 	all := (&api.QueryOptions{Namespace: "*"}).WithContext(ctx)
 	deps, meta, err := c.nomad().Deployments().List(all)
 	if err != nil {
@@ -258,7 +259,7 @@ func (c *Client) List(ctx context.Context) (snap cluster.Snapshot, err error) {
 	if err != nil {
 		return cluster.Snapshot{}, fmt.Errorf("list allocations: %w", err)
 	}
-	if jobs, err = c.jobsOfAllocs(ctx, jobs, stubs); err != nil {
+	if jobs, err = c.jobsOfAllocs(ctx, jobs, jobsAt, stubs); err != nil {
 		return cluster.Snapshot{}, err
 	}
 	allocs := make([]*api.Allocation, 0, len(stubs))
@@ -271,19 +272,23 @@ func (c *Client) List(ctx context.Context) (snap cluster.Snapshot, err error) {
 	return cluster.Snapshot{Nodes: nodes, Jobs: jobs, Deployments: active, Stable: stable, Allocs: allocs, Index: max(index, meta.LastIndex)}, nil
 }
 
-// jobsOfAllocs is jobs with the job of each listed allocation that the jobs'
-// listing lacks, or has at an older version, read again. The listings are
+// jobsOfAllocs is jobs with the job of each allocation changed since the
+// jobs were listed (at index jobsAt) that the listing lacks, or has at an
+// older version, read again. The listings are
 // read one after another and the stream resumes after the last of them: a
 // job registered or updated between the jobs' listing and the allocations'
 // would otherwise come neither as listed nor as an event, and its
 // allocation would count as held beside it until the next listing.
-func (c *Client) jobsOfAllocs(ctx context.Context, jobs []*api.Job, stubs []*api.AllocationListStub) ([]*api.Job, error) {
+func (c *Client) jobsOfAllocs(ctx context.Context, jobs []*api.Job, jobsAt uint64, stubs []*api.AllocationListStub) ([]*api.Job, error) {
 	at := make(map[[2]string]int, len(jobs))
 	for i, j := range jobs {
 		at[[2]string{nomadjob.Namespace(j), *j.ID}] = i
 	}
 	drop := map[int]bool{}
 	for _, s := range stubs {
+		if s.ModifyIndex <= jobsAt {
+			continue // its job's change, if any, came before the jobs' listing
+		}
 		k := [2]string{s.Namespace, s.JobID}
 		i, listed := at[k]
 		if listed && (drop[i] || jobs[i].Version == nil || *jobs[i].Version >= s.JobVersion) {
@@ -356,27 +361,27 @@ func (c *Client) StableJob(ctx context.Context, namespace, id string) (*api.Job,
 	return nil, nil
 }
 
-func (c *Client) list(ctx context.Context) ([]*api.Node, []*api.Job, uint64, error) {
+func (c *Client) list(ctx context.Context) (_ []*api.Node, _ []*api.Job, nodesAt, jobsAt uint64, _ error) {
 	q := (&api.QueryOptions{}).WithContext(ctx)
 	stubs, meta, err := c.nomad().Nodes().List(q)
 	if err != nil {
-		return nil, nil, 0, fmt.Errorf("list nodes: %w", err)
+		return nil, nil, 0, 0, fmt.Errorf("list nodes: %w", err)
 	}
-	index := meta.LastIndex
+	nodesAt = meta.LastIndex
 	nodes := make([]*api.Node, 0, len(stubs))
 	for _, s := range stubs {
 		n, _, err := c.nomad().Nodes().Info(s.ID, q)
 		if err != nil {
-			return nil, nil, 0, fmt.Errorf("read node %s: %w", s.ID, err)
+			return nil, nil, 0, 0, fmt.Errorf("read node %s: %w", s.ID, err)
 		}
 		nodes = append(nodes, n)
 	}
 	all := (&api.QueryOptions{Namespace: "*"}).WithContext(ctx)
 	jobStubs, meta, err := c.nomad().Jobs().List(all)
 	if err != nil {
-		return nil, nil, 0, fmt.Errorf("list jobs: %w", err)
+		return nil, nil, 0, 0, fmt.Errorf("list jobs: %w", err)
 	}
-	index = max(index, meta.LastIndex)
+	jobsAt = meta.LastIndex
 	var jobs []*api.Job
 	for _, s := range jobStubs {
 		if s.Stop || nomadjob.Dead(s.Status, s.ModifyIndex, s.JobModifyIndex) {
@@ -384,11 +389,11 @@ func (c *Client) list(ctx context.Context) ([]*api.Node, []*api.Job, uint64, err
 		}
 		j, _, err := c.nomad().Jobs().Info(s.ID, (&api.QueryOptions{Namespace: s.Namespace}).WithContext(ctx))
 		if err != nil {
-			return nil, nil, 0, fmt.Errorf("read job %s/%s: %w", s.Namespace, s.ID, err)
+			return nil, nil, 0, 0, fmt.Errorf("read job %s/%s: %w", s.Namespace, s.ID, err)
 		}
 		jobs = append(jobs, j)
 	}
-	return nodes, jobs, index, nil
+	return nodes, jobs, nodesAt, jobsAt, nil
 }
 
 // Events streams node, job, deployment, allocation and evaluation events of

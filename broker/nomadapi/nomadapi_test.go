@@ -222,7 +222,8 @@ func TestListIsEveryNodeLiveJobActiveDeploymentAndAllocation(t *testing.T) {
 
 // The listings are read one after another, and the stream resumes after
 // the last: a job registered or updated after the jobs were listed, whose
-// allocation is listed, is read again; one stopped since is left out.
+// allocation is listed, is read again; one stopped since is left out. Only
+// allocations changed since the jobs' listing send their job to be read.
 func TestAJobChangedBetweenTheListingsIsReadAgain(t *testing.T) {
 	c, f := newClient(t, map[string]func(http.ResponseWriter, *http.Request){
 		"GET /v1/nodes": answer(http.StatusOK, []api.NodeListStub{}),
@@ -236,8 +237,11 @@ func TestAJobChangedBetweenTheListingsIsReadAgain(t *testing.T) {
 		"GET /v1/job/new":     answer(http.StatusOK, api.Job{ID: ptr("new"), Namespace: ptr("vision"), Version: ptr(uint64(0))}),
 		"GET /v1/deployments": answer(http.StatusOK, []api.Deployment{}),
 		"GET /v1/allocations": answer(http.StatusOK, []api.AllocationListStub{
-			{ID: "a1", Namespace: "vision", JobID: "updated", JobVersion: 1}, {ID: "a2", Namespace: "vision", JobID: "steady", JobVersion: 3},
-			{ID: "a3", Namespace: "vision", JobID: "new"}, {ID: "a4", Namespace: "vision", JobID: "stopping", JobVersion: 1}}),
+			{ID: "a1", Namespace: "vision", JobID: "updated", JobVersion: 1, ModifyIndex: 50},
+			{ID: "a2", Namespace: "vision", JobID: "steady", JobVersion: 3, ModifyIndex: 50},
+			{ID: "a3", Namespace: "vision", JobID: "new", ModifyIndex: 50}, {ID: "a4", Namespace: "vision", JobID: "stopping", JobVersion: 1, ModifyIndex: 50},
+			// Unchanged since the jobs were listed (at 42): its job, stopped before, is not read.
+			{ID: "a5", Namespace: "vision", JobID: "stopped-before", ModifyIndex: 30}}),
 	})
 	s, err := c.List(context.Background())
 	if err != nil {
@@ -250,8 +254,12 @@ func TestAJobChangedBetweenTheListingsIsReadAgain(t *testing.T) {
 	if want := map[string]uint64{"updated": 1, "steady": 3, "new": 0}; !maps.Equal(got, want) {
 		t.Errorf("the snapshot's jobs (id: version): %v, want %v", got, want)
 	}
-	if n := strings.Count(strings.Join(f.requests, " "), "GET /v1/job/steady?"); n != 1 {
+	all := strings.Join(f.requests, " ")
+	if n := strings.Count(all, "GET /v1/job/steady?"); n != 1 {
 		t.Errorf("a job listed at its allocation's version was read %d times, want once", n)
+	}
+	if strings.Contains(all, "stopped-before") {
+		t.Errorf("the job of an allocation unchanged since the jobs were listed was read")
 	}
 }
 
