@@ -34,7 +34,9 @@ build: ## Build nomad-device-gpu and gpu-broker into bin/
 release: ## Release VERSION=x.y.z into dist/: zips, .deb and .rpm for linux/amd64 and arm64, SHA256SUMS (reproducible; arm64 needs gcc-aarch64-linux-gnu)
 	VERSION=$(VERSION) ./scripts/release.sh
 
-# -vet=off: lint runs all of go vet on every package just before.
+# -vet=off: lint runs all of go vet on every package; go test's own vet
+# repeated it beside the integration package (make test's CPU, user and
+# system: 699 s with it, 507 s without, on 2 cores).
 TEST_FLAGS = -race -count=1 -vet=off -timeout $(TEST_TIMEOUT) -parallel $(TEST_PARALLEL) -skip '^(TestSoak|TestSimToReal)$$'
 # The broker's integration package is the longest by far (about 5 minutes,
 # at about 1.2 of 2 cores): it starts at once, in a go test of its own, while
