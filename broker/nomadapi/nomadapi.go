@@ -225,8 +225,37 @@ func (c *Client) List(ctx context.Context) (snap cluster.Snapshot, err error) {
 		return cluster.Snapshot{}, err
 	}
 	index := max(nodesAt, jobsAt)
+	// Only what the view keeps: allocations that hold GPUs or are about to,
+	// and those Nomad preempted. Nomad keeps ended ones for hours, and a
+	// listing of them all grew with the cluster's history (2,500 of them
+	// after a 10-minute soak), the broker's memory with it.
+	stubs, meta, err := c.nomad().Allocations().List((&api.QueryOptions{Namespace: "*", Params: map[string]string{"resources": "true"},
+		Filter: liveOrPreempted}).WithContext(ctx))
+	if err != nil {
+		return cluster.Snapshot{}, fmt.Errorf("list allocations: %w", err)
+	}
+	if jobs, err = c.jobsOfAllocs(ctx, jobs, jobsAt, stubs); err != nil {
+		return cluster.Snapshot{}, err
+	}
+	allocs := make([]*api.Allocation, 0, len(stubs))
+	for _, s := range stubs {
+		allocs = append(allocs, &api.Allocation{ID: s.ID, Namespace: s.Namespace, JobID: s.JobID, TaskGroup: s.TaskGroup,
+			NodeID: s.NodeID, DesiredStatus: s.DesiredStatus, ClientStatus: s.ClientStatus,
+			PreemptedByAllocation: s.PreemptedByAllocation, AllocatedResources: s.AllocatedResources, TaskStates: s.TaskStates,
+			CreateIndex: s.CreateIndex, ModifyIndex: s.ModifyIndex})
+	}
+	index = max(index, meta.LastIndex)
+	// The listings are read one after another, and the stream resumes after
+	// the last index they saw: a node or deployment that changed between its
+	// listing and the allocations' would come neither as listed nor as an
+	// event (jobs: jobsOfAllocs). Read after the allocations, these two are
+	// at least as new; what changed after that comes again as events, from
+	// index, and their own indexes are left out of it.
+	if nodes, err = c.nodesSince(ctx, nodes); err != nil {
+		return cluster.Snapshot{}, err
+	}
 	all := (&api.QueryOptions{Namespace: "*"}).WithContext(ctx)
-	deps, meta, err := c.nomad().Deployments().List(all)
+	deps, _, err := c.nomad().Deployments().List(all)
 	if err != nil {
 		return cluster.Snapshot{}, fmt.Errorf("list deployments: %w", err)
 	}
@@ -249,27 +278,32 @@ func (c *Client) List(ctx context.Context) (snap cluster.Snapshot, err error) {
 			}
 		}
 	}
-	index = max(index, meta.LastIndex)
-	// Only what the view keeps: allocations that hold GPUs or are about to,
-	// and those Nomad preempted. Nomad keeps ended ones for hours, and a
-	// listing of them all grew with the cluster's history (2,500 of them
-	// after a 10-minute soak), the broker's memory with it.
-	stubs, meta, err := c.nomad().Allocations().List((&api.QueryOptions{Namespace: "*", Params: map[string]string{"resources": "true"},
-		Filter: liveOrPreempted}).WithContext(ctx))
+	return cluster.Snapshot{Nodes: nodes, Jobs: jobs, Deployments: active, Stable: stable, Allocs: allocs, Index: index}, nil
+}
+
+// nodesSince is nodes as Nomad lists them now: those changed since they were
+// read, or new, read again; those gone, dropped.
+func (c *Client) nodesSince(ctx context.Context, nodes []*api.Node) ([]*api.Node, error) {
+	q := (&api.QueryOptions{}).WithContext(ctx)
+	stubs, _, err := c.nomad().Nodes().List(q)
 	if err != nil {
-		return cluster.Snapshot{}, fmt.Errorf("list allocations: %w", err)
+		return nil, fmt.Errorf("list nodes: %w", err)
 	}
-	if jobs, err = c.jobsOfAllocs(ctx, jobs, jobsAt, stubs); err != nil {
-		return cluster.Snapshot{}, err
+	read := make(map[string]*api.Node, len(nodes))
+	for _, n := range nodes {
+		read[n.ID] = n
 	}
-	allocs := make([]*api.Allocation, 0, len(stubs))
+	out := make([]*api.Node, 0, len(stubs))
 	for _, s := range stubs {
-		allocs = append(allocs, &api.Allocation{ID: s.ID, Namespace: s.Namespace, JobID: s.JobID, TaskGroup: s.TaskGroup,
-			NodeID: s.NodeID, DesiredStatus: s.DesiredStatus, ClientStatus: s.ClientStatus,
-			PreemptedByAllocation: s.PreemptedByAllocation, AllocatedResources: s.AllocatedResources, TaskStates: s.TaskStates,
-			CreateIndex: s.CreateIndex, ModifyIndex: s.ModifyIndex})
+		n := read[s.ID]
+		if n == nil || n.ModifyIndex < s.ModifyIndex {
+			if n, _, err = c.nomad().Nodes().Info(s.ID, q); err != nil {
+				return nil, fmt.Errorf("read node %s: %w", s.ID, err)
+			}
+		}
+		out = append(out, n)
 	}
-	return cluster.Snapshot{Nodes: nodes, Jobs: jobs, Deployments: active, Stable: stable, Allocs: allocs, Index: max(index, meta.LastIndex)}, nil
+	return out, nil
 }
 
 // jobsOfAllocs is jobs with the job of each allocation changed since the

@@ -263,6 +263,38 @@ func TestAJobChangedBetweenTheListingsIsReadAgain(t *testing.T) {
 	}
 }
 
+// A node that changed or joined while the other listings were read is read
+// again, one gone is dropped, and deployments are listed after the
+// allocations: the stream resumes after the last listing, so such changes
+// would come neither as listed nor as events.
+func TestNodesAndDeploymentsChangedDuringTheListingsAreReadAsTheyAreNow(t *testing.T) {
+	c, f := newClient(t, map[string]func(http.ResponseWriter, *http.Request){
+		"GET /v1/nodes": answerOnce([]api.NodeListStub{{ID: "n1", ModifyIndex: 10}, {ID: "gone", ModifyIndex: 10}},
+			[]api.NodeListStub{{ID: "n1", ModifyIndex: 20}, {ID: "joined", ModifyIndex: 21}}),
+		"GET /v1/node/n1":     answerOnce(api.Node{ID: "n1", Status: "ready", ModifyIndex: 10}, api.Node{ID: "n1", Status: "down", ModifyIndex: 20}),
+		"GET /v1/node/gone":   answer(http.StatusOK, api.Node{ID: "gone", Status: "ready", ModifyIndex: 10}),
+		"GET /v1/node/joined": answer(http.StatusOK, api.Node{ID: "joined", Status: "ready", ModifyIndex: 21}),
+		"GET /v1/jobs":        answer(http.StatusOK, []api.JobListStub{}),
+		"GET /v1/deployments": answer(http.StatusOK, []api.Deployment{}),
+		"GET /v1/allocations": answer(http.StatusOK, []api.AllocationListStub{}),
+	})
+	s, err := c.List(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, n := range s.Nodes {
+		got = append(got, n.ID+":"+n.Status)
+	}
+	if want := "n1:down joined:ready"; strings.Join(got, " ") != want {
+		t.Errorf("the snapshot's nodes: %v, want %s", got, want)
+	}
+	all := strings.Join(f.requests, " ")
+	if a, d := strings.Index(all, "GET /v1/allocations"), strings.Index(all, "GET /v1/deployments"); a < 0 || d < a {
+		t.Errorf("deployments listed before the allocations: %s", all)
+	}
+}
+
 // answerOnce answers first with first, then with then.
 func answerOnce(first, then any) func(http.ResponseWriter, *http.Request) {
 	var mu sync.Mutex
