@@ -39,7 +39,7 @@ release: ## Release VERSION=x.y.z into dist/: zips, .deb and .rpm for linux/amd6
 # system: 699 s with it, 507 s without, on 2 cores).
 TEST_FLAGS = -race -count=1 -vet=off -timeout $(TEST_TIMEOUT) -parallel $(TEST_PARALLEL) -skip '^(TestSoak|TestSimToReal)$$'
 # The broker's integration package is the longest by far (about 5 minutes,
-# at about 1.2 of 2 cores): it starts at once, in a go test of its own, while
+# at about 1 of 2 cores alone): it starts at once, in a go test of its own, while
 # lint and the other packages take the rest of the machine beside it, not
 # before it or after it in go test's package order.
 INTEGRATION := ./broker/integration/

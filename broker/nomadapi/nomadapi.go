@@ -251,7 +251,7 @@ func (c *Client) List(ctx context.Context) (snap cluster.Snapshot, err error) {
 	// event (jobs: jobsOfAllocs). Read after the allocations, these two are
 	// at least as new; what changed after that comes again as events, from
 	// index, and their own indexes are left out of it.
-	if nodes, err = c.nodesSince(ctx, nodes); err != nil {
+	if nodes, _, err = c.nodesSince(ctx, nodes); err != nil {
 		return cluster.Snapshot{}, err
 	}
 	all := (&api.QueryOptions{Namespace: "*"}).WithContext(ctx)
@@ -281,13 +281,14 @@ func (c *Client) List(ctx context.Context) (snap cluster.Snapshot, err error) {
 	return cluster.Snapshot{Nodes: nodes, Jobs: jobs, Deployments: active, Stable: stable, Allocs: allocs, Index: index}, nil
 }
 
-// nodesSince is nodes as Nomad lists them now: those changed since they were
-// read, or new, read again; those gone, dropped.
-func (c *Client) nodesSince(ctx context.Context, nodes []*api.Node) ([]*api.Node, error) {
+// nodesSince is nodes as Nomad lists them now, with the listing's index:
+// those changed since they were read (nodes), or new, read; those gone,
+// dropped.
+func (c *Client) nodesSince(ctx context.Context, nodes []*api.Node) ([]*api.Node, uint64, error) {
 	q := (&api.QueryOptions{}).WithContext(ctx)
-	stubs, _, err := c.nomad().Nodes().List(q)
+	stubs, meta, err := c.nomad().Nodes().List(q)
 	if err != nil {
-		return nil, fmt.Errorf("list nodes: %w", err)
+		return nil, 0, fmt.Errorf("list nodes: %w", err)
 	}
 	read := make(map[string]*api.Node, len(nodes))
 	for _, n := range nodes {
@@ -298,12 +299,12 @@ func (c *Client) nodesSince(ctx context.Context, nodes []*api.Node) ([]*api.Node
 		n := read[s.ID]
 		if n == nil || n.ModifyIndex < s.ModifyIndex {
 			if n, _, err = c.nomad().Nodes().Info(s.ID, q); err != nil {
-				return nil, fmt.Errorf("read node %s: %w", s.ID, err)
+				return nil, 0, fmt.Errorf("read node %s: %w", s.ID, err)
 			}
 		}
 		out = append(out, n)
 	}
-	return out, nil
+	return out, meta.LastIndex, nil
 }
 
 // jobsOfAllocs is jobs with the job of each allocation changed since the
@@ -396,19 +397,9 @@ func (c *Client) StableJob(ctx context.Context, namespace, id string) (*api.Job,
 }
 
 func (c *Client) list(ctx context.Context) (_ []*api.Node, _ []*api.Job, nodesAt, jobsAt uint64, _ error) {
-	q := (&api.QueryOptions{}).WithContext(ctx)
-	stubs, meta, err := c.nomad().Nodes().List(q)
+	nodes, nodesAt, err := c.nodesSince(ctx, nil)
 	if err != nil {
-		return nil, nil, 0, 0, fmt.Errorf("list nodes: %w", err)
-	}
-	nodesAt = meta.LastIndex
-	nodes := make([]*api.Node, 0, len(stubs))
-	for _, s := range stubs {
-		n, _, err := c.nomad().Nodes().Info(s.ID, q)
-		if err != nil {
-			return nil, nil, 0, 0, fmt.Errorf("read node %s: %w", s.ID, err)
-		}
-		nodes = append(nodes, n)
+		return nil, nil, 0, 0, err
 	}
 	all := (&api.QueryOptions{Namespace: "*"}).WithContext(ctx)
 	jobStubs, meta, err := c.nomad().Jobs().List(all)
