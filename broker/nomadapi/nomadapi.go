@@ -246,11 +246,11 @@ func (c *Client) List(ctx context.Context) (snap cluster.Snapshot, err error) {
 	}
 	index = max(index, meta.LastIndex)
 	// The listings are read one after another, and the stream resumes after
-	// the last index they saw: a node or deployment that changed between its
-	// listing and the allocations' would come neither as listed nor as an
-	// event (jobs: jobsOfAllocs). Read after the allocations, these two are
-	// at least as new; what changed after that comes again as events, from
-	// index, and their own indexes are left out of it.
+	// the last index they saw: a job, node or deployment that changed between
+	// its listing and the allocations' would come neither as listed nor as an
+	// event (jobs: jobsOfAllocs). Read after the allocations, nodes and
+	// deployments are at least as new; what changed after that comes again
+	// as events, from index, and their own indexes are left out of it.
 	if nodes, _, err = c.nodesSince(ctx, nodes); err != nil {
 		return cluster.Snapshot{}, err
 	}
@@ -309,11 +309,9 @@ func (c *Client) nodesSince(ctx context.Context, nodes []*api.Node) ([]*api.Node
 
 // jobsOfAllocs is jobs with the job of each allocation changed since the
 // jobs were listed (at index jobsAt) that the listing lacks, or has at an
-// older version, read again. The listings are
-// read one after another and the stream resumes after the last of them: a
-// job registered or updated between the jobs' listing and the allocations'
-// would otherwise come neither as listed nor as an event, and its
-// allocation would count as held beside it until the next listing.
+// older version, read again: such a job came neither as listed nor as an
+// event (List), and its allocation counted as held beside it until the next
+// listing.
 func (c *Client) jobsOfAllocs(ctx context.Context, jobs []*api.Job, jobsAt uint64, stubs []*api.AllocationListStub) ([]*api.Job, error) {
 	at := make(map[[2]string]int, len(jobs))
 	for i, j := range jobs {
