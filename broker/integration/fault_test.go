@@ -53,7 +53,9 @@ borrowing {
 // TestConsulOutage: with Consul down, GPU admissions fail closed with a clear
 // 503 while everything else passes through (the leader rides out the first
 // seconds, admitting what needs no Consul, then steps down); when Consul is
-// back (with its data), the queue resumes, and nothing was lost or done twice.
+// back (with its data), the queue resumes within seconds (the broker ends the
+// session of the lock it lost, which held the lock for two TTLs more), and
+// nothing was lost or done twice.
 func TestConsulOutage(t *testing.T) {
 	t.Parallel()
 	consul := testcluster.StartDurableConsul(t)
@@ -99,7 +101,11 @@ func TestConsulOutage(t *testing.T) {
 	}
 
 	consul.Start()
+	back := time.Now()
 	e.waitAdmitted(t, "vision", "waits", 90*time.Second)
+	if d := time.Since(back); d > 15*time.Second {
+		t.Errorf("the queued job was admitted %s after Consul was back, want under 15 s", d.Round(time.Second))
+	}
 	if out := e.brokerCLI("queue", "list"); strings.Contains(out, queued) {
 		t.Errorf("admitted, still queued:\n%s", out)
 	}

@@ -7,7 +7,6 @@ package leader
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -60,7 +59,18 @@ func (e *Elector) LeaderAddress(ctx context.Context) (string, error) {
 // Run runs work while this broker holds the lock, taking it again whenever it
 // is lost, until ctx ends.
 func (e *Elector) Run(ctx context.Context, work func(context.Context)) {
+	stale := "" // the session of a lock lost while Consul was away, not ended yet
 	for ctx.Err() == nil {
+		if stale != "" {
+			// Until it ends, it holds the key for up to two TTLs after
+			// Consul is back, and no broker leads.
+			if err := e.endSession(ctx, stale); err != nil {
+				e.Log.Debug("ending the lost leader session", "session", stale, "error", err)
+				sleep(ctx, time.Second)
+				continue
+			}
+			stale = ""
+		}
 		// A crashed leader's session expires within two TTLs; the short lock
 		// delay lets the next broker take over right after. The lock rides
 		// out Consul blips (an election takes about 2 s) for up to
@@ -85,6 +95,7 @@ func (e *Elector) Run(ctx context.Context, work func(context.Context)) {
 			continue
 		}
 		e.Log.Info("leader: running the queue and taking GPU admissions", "address", e.Address)
+		session := e.sessionOf(ctx)
 		leaderCtx, cancel := context.WithCancel(ctx)
 		e.leading.Store(true)
 		go func() {
@@ -99,25 +110,58 @@ func (e *Elector) Run(ctx context.Context, work func(context.Context)) {
 		work(leaderCtx)
 		e.leading.Store(false)
 		cancel()
-		e.stepDown(ctx, lock)
+		if !e.stepDown(ctx, lock, session) {
+			stale = session
+		}
 	}
+}
+
+// sessionOf is the session that holds the lock key now ("" if it cannot be
+// read): the lock does not tell its own.
+func (e *Elector) sessionOf(ctx context.Context) string {
+	pair, _, err := e.Client.KV().Get(e.Key, (&consul.QueryOptions{}).WithContext(ctx))
+	if err != nil || pair == nil {
+		return ""
+	}
+	return pair.Session
+}
+
+// endSession releases the key if the session still holds it (a release
+// sets no lock delay; the session's end would) and destroys the session.
+// Only the destroy must succeed: a session gone already is no error, and a
+// key it still held is freed by its end, a lock delay later.
+func (e *Elector) endSession(ctx context.Context, id string) error {
+	wo := (&consul.WriteOptions{}).WithContext(ctx)
+	_, _, _ = e.Client.KV().Release(&consul.KVPair{Key: e.Key, Value: []byte(e.Address), Flags: consul.LockFlagValue, Session: id}, wo)
+	_, err := e.Client.Session().Destroy(id, wo)
+	return err
 }
 
 // monitorRetries is how many times, a second apart, the lock is checked
 // again after a Consul error before it counts as lost.
 const monitorRetries = 5
 
-// stepDown releases the lock (and with it ends its session), trying again
-// for a few seconds through a Consul blip: a session left behind would keep
-// every broker from leading until its TTL ran out.
-func (e *Elector) stepDown(ctx context.Context, lock *consul.Lock) {
+// stepDown releases the lock and ends its session, trying again for a few
+// seconds through a Consul blip; false if the session could not be ended.
+// Unlock tries only once (called again, it says the lock is not held), so
+// the retries end the session itself.
+func (e *Elector) stepDown(ctx context.Context, lock *consul.Lock, session string) bool {
+	err := lock.Unlock()
+	if err == nil {
+		return true // its renewal, stopped, ends the session
+	}
+	if session == "" {
+		e.Log.Warn("leader lock not released; it expires with its session", "error", err)
+		return true
+	}
+	ctx = context.WithoutCancel(ctx) // a broker shutting down hands over too
 	for try := 0; ; try++ {
-		err := lock.Unlock()
-		if err == nil || errors.Is(err, consul.ErrLockNotHeld) || try == 4 {
-			if err != nil && !errors.Is(err, consul.ErrLockNotHeld) {
-				e.Log.Warn("leader lock not released; it expires with its session", "error", err)
-			}
-			return
+		if err = e.endSession(ctx, session); err == nil {
+			return true
+		}
+		if try == 4 {
+			e.Log.Warn("leader session not ended; ending it once Consul answers", "session", session, "error", err)
+			return false
 		}
 		sleep(ctx, time.Second)
 	}
