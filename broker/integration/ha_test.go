@@ -146,6 +146,32 @@ func leaderOf(consul *testcluster.Consul) string {
 	return string(pair.Value)
 }
 
+// takeover watches the leader key until addr holds it: when the key was
+// last seen free, and when addr was seen holding it.
+func takeover(t *testing.T, consul *testcluster.Consul, addr string) (freed, taken time.Time) {
+	t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	var index uint64
+	for time.Now().Before(deadline) {
+		pair, meta, err := consulKV(consul).Get("nomad-gpu/leader", &consulapi.QueryOptions{WaitIndex: index, WaitTime: 5 * time.Second})
+		if err != nil {
+			t.Fatalf("watch the leader key: %v", err)
+		}
+		switch {
+		case pair == nil || pair.Session == "":
+			freed = time.Now()
+		case string(pair.Value) == addr:
+			if freed.IsZero() {
+				t.Fatalf("%s took the leader lock, which was never seen free", addr)
+			}
+			return freed, time.Now()
+		}
+		index = meta.LastIndex
+	}
+	t.Fatalf("%s did not take the leader lock within 60 s", addr)
+	return
+}
+
 // startBrokerPair starts two brokers on one policy directory and waits for
 // one of them to lead.
 func startBrokerPair(t *testing.T, n *testcluster.Nomad, consul *testcluster.Consul, policyDir string) []*testcluster.Broker {
@@ -235,6 +261,12 @@ func TestLeaderKilledWhileAdmitting(t *testing.T) {
 	}
 	time.Sleep(200 * time.Millisecond) // the leader sees the change and starts admitting
 	survivor := killLeader(t, consul, brokers)
+	// Once the killed leader's session has expired, the survivor takes the
+	// lock as soon as the lock delay (1 s) allows, not after the Consul
+	// client's retry of 5 s.
+	if freed, taken := takeover(t, consul, survivor.Addr); taken.Sub(freed) > 3*time.Second {
+		t.Errorf("the survivor took the lock %s after it was freed, want under 3 s", taken.Sub(freed).Round(100*time.Millisecond))
+	}
 
 	e.broker = survivor
 	for i := 0; i < queued; i++ {

@@ -79,13 +79,14 @@ func (e *Elector) Run(ctx context.Context, work func(context.Context)) {
 		// out.
 		lock, err := e.Client.LockOpts(&consul.LockOptions{Key: e.Key, Value: []byte(e.Address),
 			MonitorRetries: monitorRetries, MonitorRetryTime: time.Second,
-			SessionOpts: &consul.SessionEntry{Name: "gpu-broker leader", TTL: "10s", LockDelay: time.Second,
+			SessionOpts: &consul.SessionEntry{Name: "gpu-broker leader", TTL: "10s", LockDelay: lockDelay,
 				Behavior: consul.SessionBehaviorRelease}})
 		if err != nil {
 			e.Log.Error("leader lock", "error", err)
 			sleep(ctx, 5*time.Second)
 			continue
 		}
+		e.awaitFree(ctx)
 		lost, err := lock.Lock(ctx.Done())
 		if err != nil || lost == nil {
 			if ctx.Err() == nil {
@@ -136,6 +137,29 @@ func (e *Elector) endSession(ctx context.Context, id string) error {
 	_, err := e.Client.Session().Destroy(id, wo)
 	return err
 }
+
+// awaitFree waits until no session holds the lock key, then lets a lock
+// delay pass if a session had held it: the Consul client's Lock, finding the
+// delay in force, would wait 5 s before it tried again. An error is left
+// to Lock to report.
+func (e *Elector) awaitFree(ctx context.Context) {
+	var index uint64
+	for ctx.Err() == nil {
+		pair, meta, err := e.Client.KV().Get(e.Key, (&consul.QueryOptions{WaitIndex: index}).WithContext(ctx))
+		switch {
+		case err != nil || pair == nil:
+			return
+		case pair.Session == "":
+			sleep(ctx, lockDelay)
+			return
+		}
+		index = meta.LastIndex
+	}
+}
+
+// lockDelay is how long Consul keeps the lock from being taken after the
+// session that held it ended.
+const lockDelay = time.Second
 
 // monitorRetries is how many times, a second apart, the lock is checked
 // again after a Consul error before it counts as lost.
