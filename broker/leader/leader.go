@@ -59,36 +59,24 @@ func (e *Elector) LeaderAddress(ctx context.Context) (string, error) {
 // Run runs work while this broker holds the lock, taking it again whenever it
 // is lost, until ctx ends.
 func (e *Elector) Run(ctx context.Context, work func(context.Context)) {
-	stale := "" // the session of a lock lost while Consul was away, not ended yet
+	stale := "" // a session of ours not ended yet
 	for ctx.Err() == nil {
 		if stale != "" {
-			// Until it ends, it holds the key for up to two TTLs after
-			// Consul is back, and no broker leads.
+			// Until it ends, a session that held the key holds it for up to
+			// two TTLs after Consul is back, and no broker leads.
 			if err := e.endSession(ctx, stale); err != nil {
-				e.Log.Debug("ending the lost leader session", "session", stale, "error", err)
+				e.Log.Debug("ending an old leader session", "session", stale, "error", err)
 				sleep(ctx, time.Second)
 				continue
 			}
 			stale = ""
 		}
-		// A crashed leader's session expires within two TTLs; the short lock
-		// delay lets the next broker take over right after. The lock rides
-		// out Consul blips (an election takes about 2 s) for up to
-		// monitorRetries seconds before the leader steps down: stepping down
-		// on the first error left GPU registrations refused until the TTL ran
-		// out.
-		lock, err := e.Client.LockOpts(&consul.LockOptions{Key: e.Key, Value: []byte(e.Address),
-			MonitorRetries: monitorRetries, MonitorRetryTime: time.Second,
-			SessionOpts: &consul.SessionEntry{Name: "gpu-broker leader", TTL: "10s", LockDelay: lockDelay,
-				Behavior: consul.SessionBehaviorRelease}})
+		t, err := e.take(ctx)
 		if err != nil {
-			e.Log.Error("leader lock", "error", err)
-			sleep(ctx, 5*time.Second)
-			continue
-		}
-		e.awaitFree(ctx)
-		lost, err := lock.Lock(ctx.Done())
-		if err != nil || lost == nil {
+			if t.session != "" {
+				close(t.renew)
+				stale = t.session
+			}
 			if ctx.Err() == nil {
 				e.Log.Warn("cannot take the leader lock, retrying", "error", err)
 				sleep(ctx, 5*time.Second)
@@ -96,12 +84,11 @@ func (e *Elector) Run(ctx context.Context, work func(context.Context)) {
 			continue
 		}
 		e.Log.Info("leader: running the queue and taking GPU admissions", "address", e.Address)
-		session := e.sessionOf(ctx)
 		leaderCtx, cancel := context.WithCancel(ctx)
 		e.leading.Store(true)
 		go func() {
 			select {
-			case <-lost:
+			case <-t.lost:
 				e.leading.Store(false)
 				e.Log.Warn("leader lock lost")
 			case <-leaderCtx.Done():
@@ -111,20 +98,89 @@ func (e *Elector) Run(ctx context.Context, work func(context.Context)) {
 		work(leaderCtx)
 		e.leading.Store(false)
 		cancel()
-		if !e.stepDown(ctx, lock, session) {
-			stale = session
+		if !e.stepDown(ctx, t) {
+			stale = t.session
 		}
 	}
 }
 
-// sessionOf is the session that holds the lock key now ("" if it cannot be
-// read): the lock does not tell its own.
-func (e *Elector) sessionOf(ctx context.Context) string {
-	pair, _, err := e.Client.KV().Get(e.Key, (&consul.QueryOptions{}).WithContext(ctx))
-	if err != nil || pair == nil {
-		return ""
+// A term is one session's hold of the lock.
+type term struct {
+	session string
+	renew   chan struct{} // closed: the session is no longer renewed
+	lost    <-chan struct{}
+}
+
+// Session options: a crashed leader's session expires within two TTLs, and
+// the short lock delay lets the next broker take over right after.
+const (
+	sessionTTL = "10s"
+	lockDelay  = time.Second
+)
+
+// monitorRetries is how many times, a second apart, the lock is checked
+// again after a Consul error before it counts as lost.
+const monitorRetries = 5
+
+// take makes a session and takes the lock with it, waiting while another
+// broker holds it. The broker makes and renews the session itself, so that
+// it knows which one to end (the Consul client's Lock does not tell), and
+// takes the key itself: Lock, finding a lock delay in force, waits 5 s
+// before it tries again. The session comes back with an error too, to be
+// ended.
+func (e *Elector) take(ctx context.Context) (t term, err error) {
+	t.session, _, err = e.Client.Session().Create(&consul.SessionEntry{Name: "gpu-broker leader", TTL: sessionTTL,
+		LockDelay: lockDelay, Behavior: consul.SessionBehaviorRelease}, (&consul.WriteOptions{}).WithContext(ctx))
+	if err != nil {
+		return t, fmt.Errorf("create a session: %w", err)
 	}
-	return pair.Session
+	t.renew = make(chan struct{})
+	go func() { _ = e.Client.Session().RenewPeriodic(sessionTTL, t.session, nil, t.renew) }()
+	if err := e.acquire(ctx, t.session); err != nil {
+		return t, err
+	}
+	// The key is the session's: Lock only watches it. It rides out Consul
+	// blips (an election takes about 2 s) for up to monitorRetries seconds
+	// before the leader steps down: stepping down on the first error left
+	// GPU registrations refused until the TTL ran out.
+	lock, err := e.Client.LockOpts(&consul.LockOptions{Key: e.Key, Value: []byte(e.Address), Session: t.session,
+		MonitorRetries: monitorRetries, MonitorRetryTime: time.Second})
+	if err != nil {
+		return t, err
+	}
+	if t.lost, err = lock.Lock(ctx.Done()); err == nil && t.lost == nil {
+		err = ctx.Err()
+	}
+	return t, err
+}
+
+// acquire takes the key for session, waiting while another session holds
+// it, and trying again four times a lock delay while the delay of a session
+// that ended is in force.
+func (e *Elector) acquire(ctx context.Context, session string) error {
+	kv := e.Client.KV()
+	mine := &consul.KVPair{Key: e.Key, Value: []byte(e.Address), Flags: consul.LockFlagValue, Session: session}
+	for {
+		ok, _, err := kv.Acquire(mine, (&consul.WriteOptions{}).WithContext(ctx))
+		if err != nil {
+			return fmt.Errorf("take the leader key: %w", err)
+		}
+		if ok {
+			return nil
+		}
+		pair, meta, err := kv.Get(e.Key, (&consul.QueryOptions{}).WithContext(ctx))
+		if err != nil {
+			return fmt.Errorf("read the leader key: %w", err)
+		}
+		if pair == nil || pair.Session == "" {
+			sleep(ctx, lockDelay/4)
+		} else if _, _, err := kv.Get(e.Key, (&consul.QueryOptions{WaitIndex: meta.LastIndex}).WithContext(ctx)); err != nil {
+			return fmt.Errorf("wait for the leader key: %w", err)
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+	}
 }
 
 // endSession releases the key if the session still holds it (a release
@@ -138,53 +194,20 @@ func (e *Elector) endSession(ctx context.Context, id string) error {
 	return err
 }
 
-// awaitFree waits until no session holds the lock key, then lets a lock
-// delay pass if a session had held it: the Consul client's Lock, finding the
-// delay in force, would wait 5 s before it tried again. An error is left
-// to Lock to report.
-func (e *Elector) awaitFree(ctx context.Context) {
-	var index uint64
-	for ctx.Err() == nil {
-		pair, meta, err := e.Client.KV().Get(e.Key, (&consul.QueryOptions{WaitIndex: index}).WithContext(ctx))
-		switch {
-		case err != nil || pair == nil:
-			return
-		case pair.Session == "":
-			sleep(ctx, lockDelay)
-			return
-		}
-		index = meta.LastIndex
-	}
-}
-
-// lockDelay is how long Consul keeps the lock from being taken after the
-// session that held it ended.
-const lockDelay = time.Second
-
-// monitorRetries is how many times, a second apart, the lock is checked
-// again after a Consul error before it counts as lost.
-const monitorRetries = 5
-
-// stepDown releases the lock and ends its session, trying again for a few
-// seconds through a Consul blip; false if the session could not be ended.
-// Unlock tries only once (called again, it says the lock is not held), so
-// the retries end the session itself.
-func (e *Elector) stepDown(ctx context.Context, lock *consul.Lock, session string) bool {
-	err := lock.Unlock()
-	if err == nil {
-		return true // its renewal, stopped, ends the session
-	}
-	if session == "" {
-		e.Log.Warn("leader lock not released; it expires with its session", "error", err)
-		return true
-	}
+// stepDown releases the lock and ends the term's session, trying again for
+// a few seconds through a Consul blip; false if the session could not be
+// ended. Its renewal stops after the release: a session that ends first
+// leaves a lock delay behind.
+func (e *Elector) stepDown(ctx context.Context, t term) bool {
+	defer close(t.renew)
 	ctx = context.WithoutCancel(ctx) // a broker shutting down hands over too
 	for try := 0; ; try++ {
-		if err = e.endSession(ctx, session); err == nil {
+		err := e.endSession(ctx, t.session)
+		if err == nil {
 			return true
 		}
 		if try == 4 {
-			e.Log.Warn("leader session not ended; ending it once Consul answers", "session", session, "error", err)
+			e.Log.Warn("leader session not ended; ending it once Consul answers", "session", t.session, "error", err)
 			return false
 		}
 		sleep(ctx, time.Second)
