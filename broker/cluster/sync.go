@@ -88,12 +88,17 @@ var errResync = errors.New("periodic resync")
 func (v *View) Follow(ctx context.Context, src Source, log hclog.Logger, resync <-chan time.Time) {
 	backoff := time.Second
 	for ctx.Err() == nil {
-		err := v.followOnce(ctx, src, resync)
+		listed, err := v.followOnce(ctx, src, resync)
 		if ctx.Err() != nil {
 			return
 		}
-		if errors.Is(err, errResync) {
+		if listed {
+			// The failures before it are over: a stream that breaks
+			// days after an outage waits a second, not the outage's
+			// backoff.
 			backoff = time.Second
+		}
+		if errors.Is(err, errResync) {
 			continue
 		}
 		v.unreached(err)
@@ -101,16 +106,18 @@ func (v *View) Follow(ctx context.Context, src Source, log hclog.Logger, resync 
 		select {
 		case <-ctx.Done():
 			return
-		case <-time.After(backoff):
+		case <-v.clock.After(backoff):
 		}
 		backoff = min(backoff*2, 30*time.Second)
 	}
 }
 
-func (v *View) followOnce(ctx context.Context, src Source, resync <-chan time.Time) error {
+// followOnce lists everything, then follows the events until the stream
+// breaks or resync ticks; listed says the listing got through.
+func (v *View) followOnce(ctx context.Context, src Source, resync <-chan time.Time) (listed bool, _ error) {
 	snap, err := src.List(ctx)
 	if err != nil {
-		return fmt.Errorf("list cluster: %w", err)
+		return false, fmt.Errorf("list cluster: %w", err)
 	}
 	v.Reset(snap)
 	v.reached()
@@ -121,24 +128,24 @@ func (v *View) followOnce(ctx context.Context, src Source, resync <-chan time.Ti
 	defer cancel()
 	events, err := src.Events(ctx, snap.Index+1)
 	if err != nil {
-		return fmt.Errorf("open event stream: %w", err)
+		return true, fmt.Errorf("open event stream: %w", err)
 	}
 	for {
 		select {
 		case <-ctx.Done():
-			return ctx.Err()
+			return true, ctx.Err()
 		case <-resync:
-			return errResync
+			return true, errResync
 		case batch, ok := <-events:
 			if !ok {
-				return fmt.Errorf("event stream closed")
+				return true, fmt.Errorf("event stream closed")
 			}
 			if batch.Err != nil {
-				return batch.Err
+				return true, batch.Err
 			}
 			var reverts []Revert
 			if err := v.applyBatch(batch.Events, &reverts); err != nil {
-				return err
+				return true, err
 			}
 			// Told once the batch is applied: Nomad's revert of the job
 			// comes in the same one.

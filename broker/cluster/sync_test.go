@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -163,4 +164,63 @@ func TestAViewSaysSinceWhenItsRegionIsUnreachable(t *testing.T) {
 		since, _ := v.Unreachable()
 		return since.IsZero() && v.Synced()
 	})
+}
+
+// breaking lists (after its failures) and then breaks the stream at once.
+type breaking struct{ flaky }
+
+func (*breaking) Events(context.Context, uint64) (<-chan *Events, error) {
+	ch := make(chan *Events)
+	close(ch)
+	return ch, nil
+}
+
+// waits is a clock that records how long each wait is, ends the first n at
+// once and never ends the others.
+type waits struct {
+	mu  sync.Mutex
+	n   int
+	got []time.Duration
+}
+
+func (w *waits) Now() time.Time { return time.Time{} }
+
+func (w *waits) After(d time.Duration) <-chan time.Time {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.got = append(w.got, d)
+	if len(w.got) > w.n {
+		return nil
+	}
+	ch := make(chan time.Time, 1)
+	ch <- time.Time{}
+	return ch
+}
+
+// The backoff between attempts grows while listings fail, and starts again
+// from a second once one gets through: a stream that breaks after a good
+// listing is not kept waiting by the failures before it.
+func TestTheBackoffStartsAgainOnceAListingGetsThrough(t *testing.T) {
+	src := &breaking{flaky{listings: listings{snaps: []Snapshot{{Nodes: []*api.Node{testbuild.Node("n", testbuild.H100, 8, 0)}}}}, fails: 3}}
+	v := NewView(nil)
+	w := &waits{n: 5}
+	v.SetClock(w)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go v.Follow(ctx, src, hclog.NewNullLogger(), make(chan time.Time))
+	want := []time.Duration{time.Second, 2 * time.Second, 4 * time.Second, time.Second, time.Second, time.Second}
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		w.mu.Lock()
+		got := slices.Clone(w.got)
+		w.mu.Unlock()
+		if len(got) >= len(want) {
+			if !slices.Equal(got, want) {
+				t.Fatalf("waits between attempts %v, want %v", got, want)
+			}
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("waits between attempts %v, want %v", got, want)
+		}
+	}
 }
