@@ -172,26 +172,21 @@ func (e *Elector) take(ctx context.Context) (t term, err error) {
 func (e *Elector) acquire(ctx context.Context, session string) error {
 	kv := e.Client.KV()
 	mine := &consul.KVPair{Key: e.Key, Value: []byte(e.Address), Flags: consul.LockFlagValue, Session: session}
-	var index uint64
 	refused, holder := 0, ""
 	for {
-		// Reads only while another holds the key: a try to take it is a
-		// write through Consul's log.
-		pair, meta, err := kv.Get(e.Key, (&consul.QueryOptions{WaitIndex: index, WaitTime: probeEvery}).WithContext(ctx))
+		ok, _, err := kv.Acquire(mine, (&consul.WriteOptions{}).WithContext(ctx))
+		if err != nil {
+			return fmt.Errorf("take the leader key: %w", err)
+		}
+		if ok {
+			return nil
+		}
+		pair, _, err := kv.Get(e.Key, (&consul.QueryOptions{}).WithContext(ctx))
 		if err != nil {
 			return fmt.Errorf("read the leader key: %w", err)
 		}
-		index = meta.LastIndex
 		if pair == nil || pair.Session == "" {
-			ok, _, err := kv.Acquire(mine, (&consul.WriteOptions{}).WithContext(ctx))
-			if err != nil {
-				return fmt.Errorf("take the leader key: %w", err)
-			}
-			if ok {
-				return nil
-			}
-			sleep(ctx, lockDelay/4) // the lock delay of a session that ended
-			index = 0
+			sleep(ctx, lockDelay/4)
 		} else {
 			if pair.Session != holder {
 				refused, holder = 0, pair.Session
@@ -203,6 +198,7 @@ func (e *Elector) acquire(ctx context.Context, session string) error {
 				}
 				refused = 0
 			}
+			sleep(ctx, probeEvery)
 		}
 		if ctx.Err() != nil {
 			return ctx.Err()
