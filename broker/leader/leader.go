@@ -159,7 +159,7 @@ func (e *Elector) take(ctx context.Context) (t term, err error) {
 // that ended is in force.
 func (e *Elector) acquire(ctx context.Context, session string) error {
 	kv := e.Client.KV()
-	mine := &consul.KVPair{Key: e.Key, Value: []byte(e.Address), Flags: consul.LockFlagValue, Session: session}
+	mine := e.lockPair(session)
 	for {
 		ok, _, err := kv.Acquire(mine, (&consul.WriteOptions{}).WithContext(ctx))
 		if err != nil {
@@ -183,13 +183,19 @@ func (e *Elector) acquire(ctx context.Context, session string) error {
 	}
 }
 
+// lockPair is the key as session holds it: the Consul client's Lock reads
+// the flag, and followers read the address.
+func (e *Elector) lockPair(session string) *consul.KVPair {
+	return &consul.KVPair{Key: e.Key, Value: []byte(e.Address), Flags: consul.LockFlagValue, Session: session}
+}
+
 // endSession releases the key if the session still holds it (a release
 // sets no lock delay; the session's end would) and destroys the session.
 // Only the destroy must succeed: a session gone already is no error, and a
 // key it still held is freed by its end, a lock delay later.
 func (e *Elector) endSession(ctx context.Context, id string) error {
 	wo := (&consul.WriteOptions{}).WithContext(ctx)
-	_, _, _ = e.Client.KV().Release(&consul.KVPair{Key: e.Key, Value: []byte(e.Address), Flags: consul.LockFlagValue, Session: id}, wo)
+	_, _, _ = e.Client.KV().Release(e.lockPair(id), wo)
 	_, err := e.Client.Session().Destroy(id, wo)
 	return err
 }
