@@ -7,9 +7,13 @@ package leader
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"net"
+	"net/url"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	consul "github.com/hashicorp/consul/api"
@@ -157,25 +161,48 @@ func (e *Elector) take(ctx context.Context) (t term, err error) {
 // acquire takes the key for session, waiting while another session holds
 // it, and trying again four times a lock delay while the delay of a session
 // that ended is in force.
+//
+// A leader SIGKILLed leaves its session to expire, two TTLs (about 20 s)
+// during which no broker leads. So while it waits, a broker checks the
+// leader's address: when connections to it are refused deadRefusals times
+// in a row, nothing listens there any more (a live broker always serves its
+// address; a network cut times out rather than refuses), and it ends the
+// leader's session. A leader that is alive after all and reaches Consul
+// sees that at once and steps down.
 func (e *Elector) acquire(ctx context.Context, session string) error {
 	kv := e.Client.KV()
 	mine := e.lockPair(session)
+	var index uint64
+	refused, holder := 0, ""
 	for {
-		ok, _, err := kv.Acquire(mine, (&consul.WriteOptions{}).WithContext(ctx))
-		if err != nil {
-			return fmt.Errorf("take the leader key: %w", err)
-		}
-		if ok {
-			return nil
-		}
-		pair, meta, err := kv.Get(e.Key, (&consul.QueryOptions{}).WithContext(ctx))
+		// Reads only while another holds the key: a try to take it is a
+		// write through Consul's log.
+		pair, meta, err := kv.Get(e.Key, (&consul.QueryOptions{WaitIndex: index, WaitTime: probeEvery}).WithContext(ctx))
 		if err != nil {
 			return fmt.Errorf("read the leader key: %w", err)
 		}
+		index = meta.LastIndex
 		if pair == nil || pair.Session == "" {
-			sleep(ctx, lockDelay/4)
-		} else if _, _, err := kv.Get(e.Key, (&consul.QueryOptions{WaitIndex: meta.LastIndex}).WithContext(ctx)); err != nil {
-			return fmt.Errorf("wait for the leader key: %w", err)
+			ok, _, err := kv.Acquire(mine, (&consul.WriteOptions{}).WithContext(ctx))
+			if err != nil {
+				return fmt.Errorf("take the leader key: %w", err)
+			}
+			if ok {
+				return nil
+			}
+			sleep(ctx, lockDelay/4) // the lock delay of a session that ended
+			index = 0
+		} else {
+			if pair.Session != holder {
+				refused, holder = 0, pair.Session
+			}
+			if refused = refusals(ctx, string(pair.Value), refused); refused >= deadRefusals {
+				e.Log.Warn("the leader's address refuses connections: ending its session", "leader", string(pair.Value), "session", pair.Session)
+				if _, err := e.Client.Session().Destroy(pair.Session, (&consul.WriteOptions{}).WithContext(ctx)); err != nil {
+					return fmt.Errorf("end the session of the leader that refuses connections: %w", err)
+				}
+				refused = 0
+			}
 		}
 		if ctx.Err() != nil {
 			return ctx.Err()
@@ -187,6 +214,41 @@ func (e *Elector) acquire(ctx context.Context, session string) error {
 // the flag, and followers read the address.
 func (e *Elector) lockPair(session string) *consul.KVPair {
 	return &consul.KVPair{Key: e.Key, Value: []byte(e.Address), Flags: consul.LockFlagValue, Session: session}
+}
+
+// The leader's address is checked every probeEvery; deadRefusals refused
+// connections in a row end its session.
+const (
+	probeEvery   = 500 * time.Millisecond
+	deadRefusals = 3
+)
+
+// refusals is n+1 if a connection to address (a URL) is refused, 0 if
+// anything else happens: only a refusal says nothing listens there.
+func refusals(ctx context.Context, address string, n int) int {
+	u, err := url.Parse(address)
+	if err != nil || u.Host == "" {
+		return 0
+	}
+	host := u.Host
+	if u.Port() == "" {
+		port := "80"
+		if u.Scheme == "https" {
+			port = "443"
+		}
+		host = net.JoinHostPort(u.Hostname(), port)
+	}
+	ctx, cancel := context.WithTimeout(ctx, probeEvery)
+	defer cancel()
+	conn, err := (&net.Dialer{}).DialContext(ctx, "tcp", host)
+	if err == nil {
+		conn.Close()
+		return 0
+	}
+	if errors.Is(err, syscall.ECONNREFUSED) {
+		return n + 1
+	}
+	return 0
 }
 
 // endSession releases the key if the session still holds it (a release
