@@ -173,7 +173,7 @@ func (e *Elector) acquire(ctx context.Context, session string) error {
 	kv := e.Client.KV()
 	mine := e.lockPair(session)
 	var index uint64
-	refused, holder := 0, ""
+	refused, holder, warned := 0, "", false
 	for {
 		// Reads only while another holds the key: a try to take it is a
 		// write through Consul's log.
@@ -196,12 +196,12 @@ func (e *Elector) acquire(ctx context.Context, session string) error {
 			if pair.Session != holder {
 				refused, holder = 0, pair.Session
 			}
-			if refused = refusals(ctx, string(pair.Value), refused); refused >= deadRefusals {
+			var dead bool
+			if refused, dead = e.leaderDead(ctx, string(pair.Value), refused, &warned); dead {
 				e.Log.Warn("the leader's address refuses connections: ending its session", "leader", string(pair.Value), "session", pair.Session)
 				if _, err := e.Client.Session().Destroy(pair.Session, (&consul.WriteOptions{}).WithContext(ctx)); err != nil {
 					return fmt.Errorf("end the session of the leader that refuses connections: %w", err)
 				}
-				refused = 0
 			}
 		}
 		if ctx.Err() != nil {
@@ -222,6 +222,28 @@ const (
 	probeEvery   = 500 * time.Millisecond
 	deadRefusals = 3
 )
+
+// leaderDead counts a refused connection to the leader's address after n
+// (see refusals) and says whether the leader is dead: deadRefusals refusals
+// in a row, while this broker's own address takes connections. When it
+// refuses too, the advertised addresses are wrong rather than the leader
+// dead (brokers sharing one mistaken template), and ending sessions on that
+// would pass the lock from broker to broker every few seconds; it says so
+// once (warned).
+func (e *Elector) leaderDead(ctx context.Context, leader string, n int, warned *bool) (int, bool) {
+	if n = refusals(ctx, leader, n); n < deadRefusals {
+		return n, false
+	}
+	if refusals(ctx, e.Address, 0) > 0 {
+		if !*warned {
+			e.Log.Error("this broker's advertise address refuses connections, so it does not end the leader's session when the leader's refuses too: check advertise",
+				"advertise", e.Address, "leader", leader)
+			*warned = true
+		}
+		return 0, false
+	}
+	return 0, true
+}
 
 // refusals is n+1 if a connection to address (a URL) is refused, 0 if
 // anything else happens: only a refusal says nothing listens there.
