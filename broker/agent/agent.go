@@ -10,6 +10,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"log"
 	"maps"
 	"net"
 	"net/http"
@@ -364,7 +365,8 @@ func (a *Agent) serve() (*http.Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("listen on %s: %w", cfg.Listen, err)
 	}
-	httpServer := &http.Server{Handler: debugHandler(cfg.EnableDebug, a.server.Handler()), ReadHeaderTimeout: 10 * time.Second}
+	httpServer := &http.Server{Handler: debugHandler(cfg.EnableDebug, a.server.Handler()), ReadHeaderTimeout: 10 * time.Second,
+		ErrorLog: serverLog(a.log.Named("http"))}
 	if cfg.TLS != nil {
 		go httpServer.ServeTLS(ln, cfg.TLS.CertFile, cfg.TLS.KeyFile)
 	} else {
@@ -373,6 +375,27 @@ func (a *Agent) serve() (*http.Server, error) {
 	a.log.Info("broker listening", "address", cfg.Listen, "tls", cfg.TLS != nil, "enforcement", cfg.Enforcement, "nomad", cfg.Nomad.Address,
 		"consul", cfg.Consul.Address, "policy_dir", cfg.PolicyDir, "region", a.region, "acls", a.acls)
 	return httpServer, nil
+}
+
+// serverLog is the HTTP server's error log in the broker's. A connection
+// closed before its TLS handshake began is logged at debug level only: the
+// followers' check of the leader's address (every half second) and load
+// balancers' TCP checks are such connections, and at the default level they
+// would fill the log.
+func serverLog(l hclog.Logger) *log.Logger {
+	return log.New(serverLogWriter{l}, "", 0)
+}
+
+type serverLogWriter struct{ log hclog.Logger }
+
+func (w serverLogWriter) Write(p []byte) (int, error) {
+	msg := strings.TrimSpace(string(p))
+	if strings.HasPrefix(msg, "http: TLS handshake error") && strings.HasSuffix(msg, ": EOF") {
+		w.log.Debug(msg)
+	} else {
+		w.log.Warn(msg)
+	}
+	return len(p), nil
 }
 
 // lead runs the leader's loops for one term, until ctx ends: Nomad's
