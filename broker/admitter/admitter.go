@@ -159,6 +159,15 @@ type Admitter struct {
 	// its second failure: an entry Nomad never answers holds its place, and
 	// the entries behind it go on.
 	quiet time.Time
+	// probeAt is ProbeEvery after the latest registration without an
+	// answer: from then on, each pass sends one entry still backing off
+	// (waitsOut), so that Nomad's recovery is seen within ProbeEvery, not at
+	// the end of the longest backoff. Zero once a registration got through:
+	// Nomad answers, and what still fails waits out its own backoff.
+	probeAt time.Time
+	// resumed: a registration got through while others backed off, which
+	// are due now; the next pass comes at once.
+	resumed bool
 	// parallel is how many registrations a pass sends at once now: halved
 	// at each 429, doubled back (to Parallel) by each pass without one.
 	parallel int
@@ -172,18 +181,23 @@ type Admitter struct {
 // DefaultIdlePass bounds how long a budget reset waits for a pass.
 const DefaultIdlePass = time.Minute
 
-// retry is when an entry's registration may be sent again, and how many
-// times it failed in a row.
+// retry is when an entry's registration may be sent again, how many times
+// it failed in a row, and when it last did.
 type retry struct {
 	failures int
 	at       time.Time
+	failed   time.Time
 }
 
 // Backoff of an entry whose registration did not get an answer from Nomad:
-// the first wait, and the longest.
+// the first wait, and the longest. While entries back off, one of them is
+// sent every ProbeEvery: once Nomad answers it, every entry that failed
+// before it was sent is due at once (the outage is over), and the queue
+// drains at Nomad's pace instead of at each entry's doubled backoff.
 const (
 	RetryFirst = time.Second
 	RetryMax   = time.Minute
+	ProbeEvery = 2 * time.Second
 )
 
 // passState is what a pass's decisions depend on, as far as Run can see it
@@ -221,27 +235,63 @@ func (a *Admitter) unchanged() bool {
 	}
 	s := a.state()
 	now := a.Clock.Now()
-	return s.ok && s == a.idle && now.Sub(a.idleAt) < idle && !a.retryDue(now)
+	wait, due := a.wake(now)
+	return s.ok && s == a.idle && now.Sub(a.idleAt) < idle && !(due && wait == 0)
 }
 
-// retryDue reports whether an entry's backoff ended since the last pass.
-func (a *Admitter) retryDue(now time.Time) bool {
+// wake is how long from now until a backoff alone makes a pass due: the
+// quiet's end, an entry's backoff ending, or Nomad's next probe, each only
+// if it came after the last pass began (a pass that found nothing it could
+// send waits for what changes, never for itself). due is false when no
+// backoff is pending.
+func (a *Admitter) wake(now time.Time) (wait time.Duration, due bool) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	if a.resumed {
+		return 0, true
+	}
+	var next time.Time
+	at := func(t time.Time) {
+		if t.After(a.passed) && (next.IsZero() || t.Before(next)) {
+			next = t
+		}
+	}
 	for _, r := range a.retries {
-		if r.at.After(a.passed) && !now.Before(r.at) {
+		at(r.at)
+	}
+	if len(a.retries) > 0 {
+		at(a.quiet)
+		at(a.probeAt)
+	}
+	if next.IsZero() {
+		return 0, false
+	}
+	return max(next.Sub(now), 0), true
+}
+
+// waitsOut reports whether entry id waits for its backoff at now, unless
+// it is the pass's probe of Nomad: the first entry the pass may send that
+// failed the fewest times, once ProbeEvery went by since the latest
+// failure, and no registration got through since (an entry Nomad always
+// fails has failed more often than the others, and is not the one that
+// finds Nomad back; alone, it is sent every ProbeEvery).
+func (a *Admitter) waitsOut(id string, now time.Time, r *registrations) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	mine, ok := a.retries[id]
+	if !ok || !now.Before(mine.at) {
+		return false
+	}
+	if r.probed || a.probeAt.IsZero() || now.Before(a.probeAt) {
+		return true
+	}
+	for _, other := range a.retries {
+		if other.failures < mine.failures {
 			return true
 		}
 	}
+	r.probed = true
 	return false
-}
-
-// backingOff reports whether entry id waits for its backoff at now.
-func (a *Admitter) backingOff(id string, now time.Time) bool {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	r, ok := a.retries[id]
-	return ok && now.Before(r.at)
 }
 
 // backOff notes that entry id's registration got no answer: its backoff
@@ -253,11 +303,12 @@ func (a *Admitter) backOff(id string, err error) {
 	if a.retries == nil {
 		a.retries = map[string]retry{}
 	}
+	now := a.Clock.Now()
 	r := a.retries[id]
 	r.failures++
-	r.at = a.Clock.Now().Add(min(RetryFirst<<min(r.failures-1, 16), RetryMax))
+	r.at, r.failed = now.Add(min(RetryFirst<<min(r.failures-1, 16), RetryMax)), now
 	a.retries[id] = r
-	a.quiet = a.Clock.Now().Add(RetryFirst)
+	a.quiet, a.probeAt = now.Add(RetryFirst), now.Add(ProbeEvery)
 	var t throttling
 	if was := a.inFlight(); errors.As(err, &t) && t.Throttled() && was > 1 {
 		a.parallel = max(was/2, 1)
@@ -266,19 +317,29 @@ func (a *Admitter) backOff(id string, err error) {
 	}
 }
 
-// succeeded forgets entry id's backoff: Nomad answers again.
-func (a *Admitter) succeeded(id string) {
+// succeeded forgets entry id's backoff: Nomad answers again. Every entry
+// that failed before id was sent (at sent) failed for the outage that is
+// over now: it is due at once, not at the end of its own backoff.
+func (a *Admitter) succeeded(id string, sent time.Time) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	delete(a.retries, id)
-	a.quiet = time.Time{}
+	a.quiet, a.probeAt = time.Time{}, time.Time{}
+	now := a.Clock.Now()
+	for other, r := range a.retries {
+		if r.failed.Before(sent) && now.Before(r.at) {
+			r.at = now
+			a.retries[other] = r
+			a.resumed = true
+		}
+	}
 }
 
 // start begins a pass at now: false while registrations back off.
 func (a *Admitter) start(now time.Time) bool {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	a.passed = now
+	a.passed, a.resumed = now, false
 	return !now.Before(a.quiet)
 }
 
@@ -313,20 +374,31 @@ func (a *Admitter) forgetGone(entries []queue.Entry) {
 // nothing a pass depends on changed since one that admitted nothing. A
 // change with nothing queued costs no round trip to Consul, a tick with
 // nothing changed none either: a long queue costs nothing while it waits.
+// While entries back off after Nomad failed them, it passes again when the
+// earliest backoff ends, and the pass's own withdrawn reservations set off
+// nothing: a pass that can send nothing sleeps until something changes.
 func (a *Admitter) Run(ctx context.Context, changed <-chan struct{}, tick <-chan time.Time) {
-	var cameBack uint64
+	var (
+		cameBack uint64
+		wake     <-chan time.Time // when a backoff ends (nil: none pending)
+	)
 	first, pass := true, true
 	for {
 		if pass {
-			before := a.state()
+			before, began := a.state(), a.Clock.Now()
 			admitted, err := a.Pass(ctx)
 			if err != nil && ctx.Err() == nil {
 				a.Log.Warn("queue pass failed", "error", err)
 			}
-			a.Metrics.Pass(metrics.LoopQueue, err)
+			now := a.Clock.Now()
+			a.Metrics.Pass(metrics.LoopQueue, now.Sub(began), err)
 			a.idle, a.idleAt = passState{}, time.Time{}
 			if admitted == 0 && err == nil {
-				a.idle, a.idleAt = before, a.Clock.Now()
+				a.idle, a.idleAt = before, now
+			}
+			wake = nil
+			if wait, due := a.wake(now); due {
+				wake = a.Clock.After(wait)
 			}
 		}
 		if a.GPUsCameBack != nil && a.Blocked != nil {
@@ -345,6 +417,8 @@ func (a *Admitter) Run(ctx context.Context, changed <-chan struct{}, tick <-chan
 			pass = a.listed > 0
 		case <-tick:
 			pass = !a.unchanged()
+		case <-wake:
+			pass = true
 		}
 	}
 }
@@ -473,7 +547,7 @@ func (a *Admitter) consider(ctx context.Context, r *registrations, p *policy.Pol
 	}
 	d, res := seq.Decide(p, j, decide.Reserve)
 	if !pass.Admits(d) {
-		res.Release()
+		res.Withdraw()
 		if d.Outcome == admission.Queue {
 			r.waits(e, j)
 		}
@@ -485,7 +559,7 @@ func (a *Admitter) consider(ctx context.Context, r *registrations, p *policy.Pol
 		a.parkByPolicy(ctx, e, d)
 		return nil
 	}
-	if a.backingOff(e.ID, a.Clock.Now()) {
+	if a.waitsOut(e.ID, a.Clock.Now(), r) {
 		r.hold(res) // its place kept to the pass's end
 		return nil
 	}
@@ -493,12 +567,12 @@ func (a *Admitter) consider(ctx context.Context, r *registrations, p *policy.Pol
 		// Registered with the broker's token: only while the submitter may still.
 		why, err := a.submitterMay(ctx, p, e)
 		if err != nil {
-			res.Release()
+			res.Withdraw()
 			a.noteTokenRefused(err, e)
 			return fmt.Errorf("queue entry %s: %w", e.ID, err)
 		}
 		if why != "" {
-			res.Release()
+			res.Withdraw()
 			a.park(ctx, e, errors.New(why))
 			return nil
 		}
@@ -512,7 +586,7 @@ func (a *Admitter) consider(ctx context.Context, r *registrations, p *policy.Pol
 	handed = true
 	if !r.start(func() error { defer unlock(); return a.register(ctx, e, j.Where.Region, d, res, body) }) {
 		handed = false
-		res.Release()
+		res.Withdraw()
 		return errPassOver
 	}
 	return nil
@@ -539,7 +613,7 @@ func (a *Admitter) register(ctx context.Context, e queue.Entry, region string, d
 	again := !e.Admitting.IsZero() // a claim before this one did not end
 	e, claimed, err := a.Queue.Claim(ctx, e, a.Clock.Now())
 	if err != nil || !claimed {
-		res.Release()
+		res.Withdraw()
 		if err != nil {
 			return fmt.Errorf("claim queued job %s (%s): %w", e.ID, e.JobID, err)
 		}
@@ -548,27 +622,29 @@ func (a *Admitter) register(ctx context.Context, e queue.Entry, region string, d
 	}
 	settle, err := decide.Revive(ctx, a.Stops, e.Namespace, e.JobID)
 	if err != nil {
-		res.Release()
+		res.Withdraw()
 		return fmt.Errorf("admit queued job %s (%s): %w", e.ID, e.JobID, err)
 	}
+	sent := a.Clock.Now()
 	index, err := a.send(ctx, e, body, again)
 	if serr := settle(err == nil); serr != nil {
 		a.Log.Error("queue: the job's stopped record stays pending", "id", e.ID, "job", e.JobID, "error", serr)
 	}
 	if err != nil {
-		res.Release()
-		if a.noteTokenRefused(err, e) {
-			return fmt.Errorf("admit queued job %s (%s): %w", e.ID, e.JobID, err)
-		}
 		var r refusal
 		if errors.As(err, &r) && r.Refused() {
+			res.Release() // for good: what it held back may go now
 			a.park(ctx, e, err)
 			return errRefused
+		}
+		res.Withdraw()
+		if a.noteTokenRefused(err, e) {
+			return fmt.Errorf("admit queued job %s (%s): %w", e.ID, e.JobID, err)
 		}
 		a.backOff(e.ID, err)
 		return fmt.Errorf("admit queued job %s (%s): %w", e.ID, e.JobID, err)
 	}
-	a.succeeded(e.ID)
+	a.succeeded(e.ID, sent)
 	res.Confirm(index)
 	if why := a.placedNothing(ctx, e, region, index); why != "" {
 		// A requeue must never end work silently: the entry stays, parked
@@ -643,6 +719,7 @@ type registrations struct {
 	err       error
 	throttled bool                   // a registration got a 429
 	held      []*cluster.Reservation // of entries backing off, released at the pass's end
+	probed    bool                   // the pass sent its probe of Nomad (Admitter.waitsOut)
 	// waiting is, per tenant, its oldest entry the pass decided on and
 	// left waiting (placement reserve_after holds a node for it).
 	waiting map[string]admission.Waiting
@@ -706,7 +783,7 @@ func (r *registrations) failed() bool {
 func (r *registrations) wait() (int, error) {
 	r.wg.Wait()
 	for _, res := range r.held {
-		res.Release()
+		res.Withdraw()
 	}
 	return r.admitted, r.err
 }

@@ -277,7 +277,7 @@ func (r *Regions) Admit(p *policy.Policy, j admission.Job) (admission.Decision, 
 		r.mu.Unlock()
 	}
 	if d, held := r.heldBack(p, j, v, d); held {
-		res.Release()
+		res.Withdraw() // never seen by another decision: no pass to set off
 		return d, nil
 	}
 	return d, res

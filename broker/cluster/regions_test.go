@@ -235,3 +235,39 @@ func TestALostRegionsJobIsDroppedAndItsAllocationsEndNow(t *testing.T) {
 		res.Release()
 	}
 }
+
+// Only a reservation given up for good sets off a queue pass (Release):
+// one the queue's pass withdraws itself, or a decision held back by a
+// drained region, sets off none; else each pass would wake the next, and
+// the leader would pass in a loop while nothing changed.
+func TestOnlyAReleaseSetsOffAPass(t *testing.T) {
+	p := testbuild.Policy(t, visionPolicy)
+	r, east, _ := twoRegions()
+	r.SetDrained(map[string]string{"west": "by ops at 2026-12-04T10:00:00Z"})
+	changed := r.Changed(t.Context())
+	signalled := func() bool {
+		select {
+		case <-changed:
+			return true
+		case <-time.After(50 * time.Millisecond):
+			return false
+		}
+	}
+	for signalled() { // the nodes' and SetDrained's own, from each region
+	}
+	job := func(id, region string) admission.Job {
+		return admission.Job{ID: id, Namespace: "vision", Where: admission.Where{Region: region}, Groups: []admission.Group{{Name: "g", Count: 1, GPUsPerAlloc: 1}}}
+	}
+	if d, _ := r.Admit(p, job("held", "west")); d.Outcome != admission.Queue || signalled() {
+		t.Errorf("a job held back by drained west: %s, and a pass set off", d.Outcome)
+	}
+	_, res := r.Admit(p, job("waits", ""))
+	gen := east.Generation()
+	if res.Withdraw(); signalled() || east.Generation() != gen {
+		t.Error("a withdrawn reservation set off a pass")
+	}
+	_, res = r.Admit(p, job("refused", ""))
+	if res.Release(); !signalled() {
+		t.Error("a released reservation set off no pass")
+	}
+}

@@ -136,20 +136,31 @@ func minTime(a, b time.Time) time.Time {
 	return b
 }
 
-// Release gives the reservation up: Nomad did not take the job.
+// Release gives the reservation up: Nomad did not take the job. It sets off
+// a queue pass, which may admit what the reservation held back.
 func (r *Reservation) Release() {
+	if r.Withdraw() {
+		r.v.notify()
+	}
+}
+
+// Withdraw gives the reservation up without setting off a queue pass: the
+// queue's own pass made it and withdraws it (the entry waits, backs off or
+// is held back), and a pass woken by its own withdrawals would decide the
+// same again, in a loop. It reports whether there was anything to give up.
+func (r *Reservation) Withdraw() bool {
 	if r == nil {
-		return
+		return false
 	}
 	r.v.mu.Lock()
+	defer r.v.mu.Unlock()
 	if res, ok := r.v.reserved[r.key]; ok && res.seq == r.seq {
 		delete(r.v.reserved, r.key)
 	}
 	if pl, ok := r.v.placing[r.key]; ok && pl.seq == r.seq {
 		r.v.unplace(r.key)
 	}
-	r.v.mu.Unlock()
-	r.v.notify()
+	return true
 }
 
 // heldSince is the GPUs the live allocations of key created after index

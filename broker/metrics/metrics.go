@@ -77,6 +77,7 @@ type Metrics struct {
 	consulErrs *prometheus.CounterVec
 	throttled  prometheus.Counter
 	passes     *prometheus.CounterVec
+	passTime   *prometheus.CounterVec
 	unknown    *prometheus.CounterVec
 	overLimit  *prometheus.CounterVec
 
@@ -173,6 +174,9 @@ func New() *Metrics {
 	m.passes = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "nomadgpu_leader_passes_total",
 		Help: "Passes the leader's loops finished, by loop (queue, reclaim) and result (ok, error): a loop whose count stops rising is stuck."},
 		[]string{"loop", "result"})
+	m.passTime = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "nomadgpu_leader_pass_seconds_total",
+		Help: "Time the leader's loops spent in their passes, by loop (queue, reclaim): its rate is the share of the time a loop is busy, which stays low while Nomad fails."},
+		[]string{"loop"})
 	m.unknown = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "nomadgpu_unclassified_writes_total",
 		Help: "Writes to Nomad's API that the broker's route table does not know, passed through (without exclusive enforcement; with it they are refused), by route pattern."},
 		[]string{"route"})
@@ -180,7 +184,7 @@ func New() *Metrics {
 		Help: "GPU-seconds a tenant held above its limit (raised by approvals in force), as Nomad's allocations in its namespaces show them, admitted by the broker or not."},
 		[]string{"tenant"})
 	m.Registry.MustRegister(m.unknown, m.overLimit, m.admissions, m.decisions, m.gpuSeconds, m.auditFails, m.unreadable, m.queueWait, m.preempted, m.lostWork, m.reclaimed,
-		m.requests, m.estimates, m.allocs, m.scaleUp, m.consulErrs, m.throttled, m.passes,
+		m.requests, m.estimates, m.allocs, m.scaleUp, m.consulErrs, m.throttled, m.passes, m.passTime,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -198,14 +202,15 @@ const (
 	LoopReclaim = "reclaim"
 )
 
-// Pass counts a finished pass of one of the leader's loops.
-func (m *Metrics) Pass(loop string, err error) {
+// Pass counts a finished pass of one of the leader's loops, and the time it took.
+func (m *Metrics) Pass(loop string, took time.Duration, err error) {
 	if m != nil {
 		result := "ok"
 		if err != nil {
 			result = "error"
 		}
 		m.passes.WithLabelValues(loop, result).Inc()
+		m.passTime.WithLabelValues(loop).Add(took.Seconds())
 	}
 }
 

@@ -191,18 +191,22 @@ nomadgpu_gpu_price_per_hour{currency="EUR",gpu_class="h100"} 2.5
 
 func TestTheLeadersPassesAreCountedByLoopAndResult(t *testing.T) {
 	m := metrics.New()
-	m.Pass(metrics.LoopQueue, nil)
-	m.Pass(metrics.LoopQueue, nil)
-	m.Pass(metrics.LoopReclaim, errors.New("consul unreachable"))
+	m.Pass(metrics.LoopQueue, 250*time.Millisecond, nil)
+	m.Pass(metrics.LoopQueue, 500*time.Millisecond, nil)
+	m.Pass(metrics.LoopReclaim, 2*time.Second, errors.New("consul unreachable"))
 	var none *metrics.Metrics
-	none.Pass(metrics.LoopQueue, nil) // no metrics: nothing, no panic
+	none.Pass(metrics.LoopQueue, time.Second, nil) // no metrics: nothing, no panic
 	want := `
 # HELP nomadgpu_leader_passes_total Passes the leader's loops finished, by loop (queue, reclaim) and result (ok, error): a loop whose count stops rising is stuck.
 # TYPE nomadgpu_leader_passes_total counter
 nomadgpu_leader_passes_total{loop="queue",result="ok"} 2
 nomadgpu_leader_passes_total{loop="reclaim",result="error"} 1
+# HELP nomadgpu_leader_pass_seconds_total Time the leader's loops spent in their passes, by loop (queue, reclaim): its rate is the share of the time a loop is busy, which stays low while Nomad fails.
+# TYPE nomadgpu_leader_pass_seconds_total counter
+nomadgpu_leader_pass_seconds_total{loop="queue"} 0.75
+nomadgpu_leader_pass_seconds_total{loop="reclaim"} 2
 `
-	if err := testutil.GatherAndCompare(m.Registry, strings.NewReader(want), "nomadgpu_leader_passes_total"); err != nil {
+	if err := testutil.GatherAndCompare(m.Registry, strings.NewReader(want), "nomadgpu_leader_passes_total", "nomadgpu_leader_pass_seconds_total"); err != nil {
 		t.Error(err)
 	}
 }

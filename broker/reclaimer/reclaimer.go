@@ -99,11 +99,12 @@ type Reclaimer struct {
 // ctx ends. wait is time.After outside tests.
 func (r *Reclaimer) Run(ctx context.Context) {
 	for {
+		began := r.Clock.Now()
 		err := r.Pass(ctx)
 		if err != nil && ctx.Err() == nil {
 			r.Log.Warn("reclaim pass failed", "error", err)
 		}
-		r.Metrics.Pass(metrics.LoopReclaim, err)
+		r.Metrics.Pass(metrics.LoopReclaim, r.Clock.Now().Sub(began), err)
 		period := r.Policies.Current().ReclaimSettings.Period
 		select {
 		case <-ctx.Done():
