@@ -384,6 +384,57 @@ func BenchmarkQueueAdmission(b *testing.B) {
 	b.ReportMetric(nomadRate(b, n, gpus, job), "nomad-registrations/s")
 }
 
+// BenchmarkQueueRecovery: 8 and 1,000 one-GPU jobs wait for the GPUs a
+// blocker holds (a Nomad client of as many GPUs, the mock driver); the
+// blocker stops while a proxy answers 500 to every registration and plan
+// for 20 s. It reports the leader's queue passes a second and cores during
+// the fault, the seconds from Nomad answering again to an empty queue, and
+// beside it the seconds Nomad takes to register as many jobs sent straight
+// to it (32 at once, as the leader sends them).
+func BenchmarkQueueRecovery(b *testing.B) {
+	for _, queued := range []int{8, 1000} {
+		b.Run(fmt.Sprintf("%d-entries", queued), func(b *testing.B) {
+			consul := testcluster.StartConsul(b)
+			n := queueNomad(b, consul, fmt.Sprintf("qrecover%d", queued), queued, "", "limits {\n  http_max_conns_per_client = 0\n}")
+			f, proxy := startFaultyNomad(b, n)
+			dir := b.TempDir()
+			writeFile(b, filepath.Join(dir, "p.hcl"), queuePolicy(queued, queued))
+			broker := testcluster.StartReleaseBrokerWith(b, n, consul, dir, testcluster.BrokerOptions{NomadAddress: proxy})
+			testcluster.WaitFor(b, 60*time.Second, "the broker's view of the GPUs", func() error {
+				if out := register(b, broker, mockGPUJob("blocker", queued)); !strings.Contains(out, "admitted") {
+					return fmt.Errorf("blocker: %s", out)
+				}
+				return nil
+			})
+			store := fillQueue(b, consul, queued, mockGPUJob)
+			passes := func() float64 {
+				m := broker.Scrape()
+				return m[`nomadgpu_leader_passes_total{loop="queue",result="ok"}`] + m[`nomadgpu_leader_passes_total{loop="queue",result="error"}`]
+			}
+			b.ResetTimer()
+			f.set("500")
+			if _, _, err := n.API.Jobs().Deregister("blocker", false, &api.WriteOptions{Namespace: "vision"}); err != nil {
+				b.Fatal(err)
+			}
+			const fault = 20 * time.Second
+			p0, cpu0, start := passes(), broker.CPUTime(), time.Now()
+			time.Sleep(fault)
+			rate, cores := (passes()-p0)/time.Since(start).Seconds(), float64(broker.CPUTime()-cpu0)/float64(time.Since(start))
+			f.set("")
+			recovered := time.Now()
+			if left := drain(b, store, recovered, 0); left != 0 {
+				b.Fatalf("%d of %d still queued %s after Nomad answered again", left, queued, time.Since(recovered))
+			}
+			took := time.Since(recovered)
+			b.StopTimer()
+			b.ReportMetric(rate, "passes/s-failing")
+			b.ReportMetric(cores, "broker-cores-failing")
+			b.ReportMetric(took.Seconds(), "s-to-empty")
+			b.ReportMetric(float64(queued)/nomadRate(b, n, queued, mockGPUJob), "s-nomad-alone")
+		})
+	}
+}
+
 // BenchmarkQueueAdmissionTwoRegions: BenchmarkQueueAdmission over two
 // federated regions of 400 GPUs each, the 5,000 queued jobs leaving their
 // region to the broker (meta nomad-gpu.region = "auto"): once both regions'

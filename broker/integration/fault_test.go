@@ -547,25 +547,29 @@ over_limit_grace = "2s"
 }
 
 // faultyNomad passes every call through to Nomad except registrations and
-// plans, which it answers as mode says: "429", "500", or "lost" (Nomad takes
-// a registration, the broker gets a 502 instead of Nomad's answer). The test
-// sets a mode only while no user submits: the calls it answers are the
-// leader's, registering queued jobs. Every answer's Date is step ahead of
-// Nomad's: its clock as the broker reads it.
+// plans (every write, with writes set), which it answers as mode says:
+// "429", "500", "lost" (Nomad takes a registration, the broker gets a 502
+// instead of Nomad's answer), or "stall" (nothing is answered until the
+// mode changes, then Nomad answers). TestNomadFailing sets a mode only
+// while no user submits: the calls it answers are the leader's, registering
+// queued jobs. Every answer's Date is step ahead of Nomad's: its clock as
+// the broker reads it.
 type faultyNomad struct {
 	proxy   *httputil.ReverseProxy
 	step    atomic.Int64 // a time.Duration
+	writes  bool
 	mu      sync.Mutex
 	mode    string
+	moved   chan struct{}  // closed when the mode changes
 	faults  map[string]int // calls answered, by mode
 	reached map[string]int // registrations that reached Nomad in mode lost, by job id
 }
 
 // startFaultyNomad runs a faultyNomad in front of n and returns it and its
 // address.
-func startFaultyNomad(t *testing.T, n *testcluster.Nomad) (*faultyNomad, string) {
+func startFaultyNomad(t testing.TB, n *testcluster.Nomad) (*faultyNomad, string) {
 	target, _ := url.Parse(n.Addr)
-	f := &faultyNomad{proxy: httputil.NewSingleHostReverseProxy(target), faults: map[string]int{}, reached: map[string]int{}}
+	f := &faultyNomad{proxy: httputil.NewSingleHostReverseProxy(target), moved: make(chan struct{}), faults: map[string]int{}, reached: map[string]int{}}
 	proxy := httptest.NewServer(f)
 	t.Cleanup(proxy.Close)
 	return f, proxy.URL
@@ -575,6 +579,14 @@ func (f *faultyNomad) set(mode string) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.mode = mode
+	close(f.moved)
+	f.moved = make(chan struct{})
+}
+
+func (f *faultyNomad) current() string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.mode
 }
 
 func (f *faultyNomad) count(mode string) int {
@@ -586,9 +598,10 @@ func (f *faultyNomad) count(mode string) int {
 func (f *faultyNomad) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	register := r.Method == http.MethodPut && r.URL.Path == "/v1/jobs"
 	plan := r.Method == http.MethodPut && strings.HasSuffix(r.URL.Path, "/plan")
+	write := r.Method != http.MethodGet && r.Method != http.MethodHead
 	f.mu.Lock()
-	mode := f.mode
-	if !register && !plan || mode == "lost" && !register {
+	mode, moved := f.mode, f.moved
+	if !register && !plan && !(f.writes && write) || mode == "lost" && !register {
 		mode = ""
 	}
 	if mode != "" {
@@ -596,6 +609,12 @@ func (f *faultyNomad) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	f.mu.Unlock()
 	switch mode {
+	case "stall":
+		select {
+		case <-moved:
+			f.proxy.ServeHTTP(w, r)
+		case <-r.Context().Done():
+		}
 	case "429":
 		http.Error(w, "injected: too many connections", http.StatusTooManyRequests)
 	case "500":

@@ -81,6 +81,8 @@ func (l *soakLedger) add(op string, status int, body string, err error, ns, id s
 	defer l.mu.Unlock()
 	kind := ""
 	switch {
+	case err == nil && strings.Contains(body, "injected: "):
+		kind = "Nomad failing (injected)" // relayed as Nomad answered it
 	case err != nil:
 		kind = "unreachable (broker killed)"
 	case status == http.StatusOK && strings.Contains(body, "nomad-gpu: queued as "):
@@ -101,6 +103,8 @@ func (l *soakLedger) add(op string, status int, body string, err error, ns, id s
 		kind = "refused"
 	case status == http.StatusTooManyRequests:
 		kind = "limited"
+	case status == http.StatusConflict && strings.Contains(body, "again in a moment"):
+		kind = "busy (try again)" // a stop while the leader's registration of it waits on Nomad
 	case status == http.StatusServiceUnavailable:
 		kind = "unavailable (leader change)"
 		l.unavailable = append(l.unavailable, time.Now())
@@ -111,15 +115,30 @@ func (l *soakLedger) add(op string, status int, body string, err error, ns, id s
 	l.counts[op+": "+kind]++
 }
 
+// soakCPUWindow is the window over which each broker's CPU and queue
+// passes are measured; soakCPUShare the share of a core it may use in any
+// one, users' requests included, and soakPassRate the queue passes a
+// second (a leader passing in a loop while Nomad fails makes hundreds).
+const (
+	soakCPUWindow = 20 * time.Second
+	soakCPUShare  = 0.25
+	soakPassRate  = 50
+)
+
 // TestSoak: users of two tenants submit, scale, dispatch and stop GPU jobs
-// through two brokers against real Nomad while the leader is killed once.
-// Every answer is one the users can act on, everything admitted or queued is
-// accounted for, Nomad never runs more GPUs for a tenant than its limit at any
-// sampled moment, and the surviving broker's memory stays flat.
+// through two brokers against real Nomad while the leader is killed once,
+// and later Nomad answers every write 500, then 429, then nothing for a
+// while (a proxy between the brokers and Nomad). Every answer is one the
+// users can act on, everything admitted or queued is accounted for, Nomad
+// never runs more GPUs for a tenant than its limit at any sampled moment,
+// no broker uses more than soakCPUShare of a core in any soakCPUWindow, and
+// the surviving broker's memory stays flat.
 func TestSoak(t *testing.T) {
 	duration := soakDuration(t)
 	consul := testcluster.StartConsul(t)
 	n := startGPUNode(t, "soak", 16, "soak-a", "soak-b")
+	faults, proxy := startFaultyNomad(t, n)
+	faults.writes = true
 	policyDir := t.TempDir()
 	writeFile(t, filepath.Join(policyDir, "policy.hcl"), soakPolicy)
 	// Processes: the leader is SIGKILLed, the survivor's memory measured.
@@ -128,8 +147,8 @@ func TestSoak(t *testing.T) {
 	// integration tests run brokers under the race detector).
 	// enable_debug: SOAK_PROFILE_DIR=DIR saves the survivor's heap profiles.
 	brokers := []*testcluster.Broker{
-		testcluster.StartReleaseBrokerWith(t, n, consul, policyDir, testcluster.BrokerOptions{Config: "enable_debug = true"}),
-		testcluster.StartReleaseBrokerWith(t, n, consul, policyDir, testcluster.BrokerOptions{Config: "enable_debug = true"}),
+		testcluster.StartReleaseBrokerWith(t, n, consul, policyDir, testcluster.BrokerOptions{Config: "enable_debug = true", NomadAddress: proxy}),
+		testcluster.StartReleaseBrokerWith(t, n, consul, policyDir, testcluster.BrokerOptions{Config: "enable_debug = true", NomadAddress: proxy}),
 	}
 	// The users hold quiet for reading while a call is in flight; the
 	// survivor's first sample takes it for writing, so that it is taken at
@@ -202,6 +221,64 @@ func TestSoak(t *testing.T) {
 					sort.Strings(holders[ns])
 					over = append(over, fmt.Sprintf("%s: %d GPUs at %s: %s", ns, u, time.Now().Format("15:04:05.000"), strings.Join(holders[ns], "; ")))
 				}
+			}
+		}
+	}()
+
+	// Each broker's share of a core and queue passes a second, window by
+	// window (a killed one's end with it).
+	var busiest []string
+	sampler.Add(1)
+	go func() {
+		defer sampler.Done()
+		cpus, passes := make([]time.Duration, len(brokers)), make([]float64, len(brokers))
+		for i, b := range brokers {
+			cpus[i], passes[i] = b.CPUTime(), queuePasses(b)
+		}
+		for start := time.Now(); ; start = time.Now() {
+			select {
+			case <-stop:
+				return
+			case <-time.After(soakCPUWindow):
+			}
+			seen := make([]string, len(brokers))
+			for i, b := range brokers {
+				cpu, passed := b.CPUTime(), queuePasses(b)
+				share, rate := float64(cpu-cpus[i])/float64(time.Since(start)), (passed-passes[i])/time.Since(start).Seconds()
+				cpus[i], passes[i] = cpu, passed
+				seen[i] = fmt.Sprintf("%.3f of a core and %.1f queue passes a second", max(share, 0), max(rate, 0))
+				if share > soakCPUShare || rate > soakPassRate {
+					busiest = append(busiest, fmt.Sprintf("broker %d in the %s to %s: %s", i, soakCPUWindow, time.Now().Format("15:04:05"), seen[i]))
+				}
+			}
+			t.Logf("%s, over %s: %s (Nomad failing: %q)", time.Now().Format("15:04:05"), soakCPUWindow, strings.Join(seen, "; "), faults.current())
+		}
+	}()
+	// Nomad fails from 55 % of the run, after the survivor's first sample:
+	// every write answered 500, then 429, then not at all, each for a
+	// twelfth of the run (at most 20 s), then Nomad answers again. At the
+	// start of each, an operator stops the users' jobs straight in Nomad:
+	// queued jobs then fit, and the leader registers them while Nomad fails.
+	sampler.Add(1)
+	go func() {
+		defer sampler.Done()
+		phase := min(duration/12, 20*time.Second)
+		select {
+		case <-stop:
+			return
+		case <-time.After(duration * 55 / 100):
+		}
+		for _, mode := range []string{"500", "429", "stall", ""} {
+			faults.set(mode)
+			if mode == "" {
+				return
+			}
+			stopUsersJobs(n)
+			select {
+			case <-stop:
+				faults.set("")
+				return
+			case <-time.After(phase):
 			}
 		}
 	}()
@@ -312,6 +389,13 @@ func TestSoak(t *testing.T) {
 	if len(over) > 0 {
 		t.Errorf("Nomad ran more GPUs than a tenant's limit at %d of %d samples:\n%s", len(over), samples, strings.Join(over, "\n"))
 	}
+	t.Logf("Nomad failing: %d writes answered 500, %d answered 429, %d stalled", faults.count("500"), faults.count("429"), faults.count("stall"))
+	if faults.count("500") == 0 || faults.count("stall") == 0 {
+		t.Error("the brokers sent Nomad no write while it failed")
+	}
+	if len(busiest) > 0 {
+		t.Errorf("a broker used more than %.2f of a core or made more than %d queue passes a second:\n%s", soakCPUShare, soakPassRate, strings.Join(busiest, "\n"))
+	}
 	// Between samples too: the leaders' ledger charges every GPU-second a
 	// tenant's allocations held above its limit, those being stopped
 	// included, and keeps it across the failover.
@@ -381,6 +465,38 @@ func TestSoak(t *testing.T) {
 	if torn > 0 {
 		t.Errorf("%d audit lines cannot be read", torn)
 	}
+}
+
+// stopUsersJobs stops every job of the soak's users straight in Nomad (not
+// the parameterized parents).
+func stopUsersJobs(n *testcluster.Nomad) {
+	jobs, _, err := n.API.Jobs().List(&api.QueryOptions{Namespace: "*"})
+	if err != nil {
+		return
+	}
+	for _, j := range jobs {
+		if j.Status != "dead" && !j.ParameterizedJob && !j.Stop {
+			n.API.Jobs().Deregister(j.ID, false, &api.WriteOptions{Namespace: j.Namespace})
+		}
+	}
+}
+
+// queuePasses is how many queue passes b made as leader (0 once it is gone).
+func queuePasses(b *testcluster.Broker) float64 {
+	resp, err := b.Client.Get(b.Addr + "/metrics")
+	if err != nil {
+		return 0
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	n := 0.0
+	for _, line := range strings.Split(string(body), "\n") {
+		if strings.HasPrefix(line, `nomadgpu_leader_passes_total{loop="queue",`) {
+			v, _ := strconv.ParseFloat(line[strings.LastIndexByte(line, ' ')+1:], 64)
+			n += v
+		}
+	}
+	return n
 }
 
 // nomadObjects counts the jobs and allocations Nomad holds (the state the
