@@ -266,6 +266,9 @@ func (a *Admitter) wake(now time.Time) (wait time.Duration, due bool) {
 	if next.IsZero() {
 		return 0, false
 	}
+	if next.Before(a.quiet) { // nothing is sent before it ends
+		next = a.quiet
+	}
 	return max(next.Sub(now), 0), true
 }
 
@@ -294,6 +297,17 @@ func (a *Admitter) waitsOut(id string, now time.Time, r *registrations) bool {
 	return false
 }
 
+// retryGrid is what backoffs' ends are rounded up to.
+const retryGrid = 250 * time.Millisecond
+
+// ceil is t rounded up to a multiple of d.
+func ceil(t time.Time, d time.Duration) time.Time {
+	if r := t.Truncate(d); r.Before(t) {
+		return r.Add(d)
+	}
+	return t
+}
+
 // backOff notes that entry id's registration got no answer: its backoff
 // doubles, no pass registers anything for RetryFirst, and a 429 halves the
 // registrations sent at once.
@@ -306,7 +320,9 @@ func (a *Admitter) backOff(id string, err error) {
 	now := a.Clock.Now()
 	r := a.retries[id]
 	r.failures++
-	r.at, r.failed = now.Add(min(RetryFirst<<min(r.failures-1, 16), RetryMax)), now
+	// Rounded up to a grid: entries that failed together (a pass's
+	// registrations in flight at once) are due together, in one pass.
+	r.at, r.failed = ceil(now.Add(min(RetryFirst<<min(r.failures-1, 16), RetryMax)), retryGrid), now
 	a.retries[id] = r
 	a.quiet, a.probeAt = now.Add(RetryFirst), now.Add(ProbeEvery)
 	var t throttling
