@@ -41,7 +41,7 @@ func TestRouteReadsPathsAsNomadDoes(t *testing.T) {
 		{"POST", "/v1/job/train/dispatch", decided, callDispatch, "train"},
 		{"PUT", "/v1/job/train/revert", decided, callRevert, "train"},
 		{"PUT", "/v1/job/nightly/periodic/force", decided, callPeriodicForce, "nightly"},
-		{"PUT", "/v1/job/train/evaluate", neutral, callJobWrite, "train"},
+		{"PUT", "/v1/job/train/evaluate", decided, callEvaluate, "train"},
 		{"POST", "/v1/job/train/stable", decided, callStable, "train"},
 		{"GET", "/v1/job/train/evaluations", read, callNone, ""},
 		{"PUT", "/v1/job/train/evaluations", unknown, callNone, "train"}, // Nomad: 405
@@ -63,6 +63,9 @@ func TestRouteReadsPathsAsNomadDoes(t *testing.T) {
 		{"PUT", "/v1/job", unknown, callNone, "v1/job"}, // Nomad: 301 to /v1/job/
 		{"PUT", "/v1/brand-new", unknown, callNone, "v1/brand-new"},
 		{"PATCH", "/v1/client/allocation/a1/restart", neutral, callNone, "a1/restart"},
+		{"HEAD", "/v1/jobs", read, callNone, ""},                      // Nomad: 405; never refused as an unknown write
+		{"OPTIONS", "/v1/job/train", read, callNone, ""},              // Nomad: 405
+		{"HEAD", "/v1/client/fs/cat/a1", neutral, callNone, "cat/a1"}, // the handler ignores the method
 	}
 	for _, c := range cases {
 		got := route(c.method, c.path)

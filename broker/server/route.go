@@ -22,8 +22,11 @@ const (
 	// named back as the job's current one, so on an older version it is a
 	// revert that creates no evaluation and publishes no event.
 	callStable
-	// callJobWrite is any other job write (stop, evaluate): it grows no GPU
-	// demand, but with exclusive enforcement only the broker may make it.
+	// callEvaluate evaluates a job again: on one that runs nothing, or with
+	// failed allocations forced to reschedule, Nomad places its count again.
+	callEvaluate
+	// callJobWrite is any other job write (a stop): it grows no GPU demand,
+	// but with exclusive enforcement only the broker may make it.
 	callJobWrite
 	// callDeploymentWrite is a job write on a deployment, by its id.
 	callDeploymentWrite
@@ -31,7 +34,7 @@ const (
 
 func (c call) String() string {
 	return [...]string{"", "register", "plan", "validate", "scale", "dispatch", "revert", "periodic force", "stable",
-		"job write", "deployment write"}[c]
+		"evaluate", "job write", "deployment write"}[c]
 }
 
 // class is what the gate does with a write, by its route.
@@ -88,8 +91,7 @@ var nomadRoutes = []nomadRoute{
 	{mux: "/v1/jobs", methods: writeMethod, class: decided, call: callRegister},
 	{mux: "/v1/jobs/parse", methods: writeMethod, class: neutral, why: "parses HCL into a job and returns it; registers nothing"},
 	// /v1/job/<id>/<sub>: Nomad tries these suffixes in this order.
-	{mux: "/v1/job/", sub: "/evaluate", methods: writeMethod, class: neutral, call: callJobWrite,
-		why: "evaluates the job Nomad has: places no more than it was charged"},
+	{mux: "/v1/job/", sub: "/evaluate", methods: writeMethod, class: decided, call: callEvaluate},
 	{mux: "/v1/job/", sub: "/allocations", why: readsOnly},
 	{mux: "/v1/job/", sub: "/evaluations", why: readsOnly},
 	{mux: "/v1/job/", sub: "/periodic/force", methods: writeMethod, class: decided, call: callPeriodicForce},
@@ -255,7 +257,9 @@ func route(method, p string) routed {
 			return found
 		}
 	}
-	if method == http.MethodGet {
+	// HEAD and OPTIONS write nothing: Nomad's handlers answer them 405,
+	// but on routes whose handler ignores the method (classified above).
+	if method == http.MethodGet || method == http.MethodHead || method == http.MethodOptions {
 		return routed{class: read, pattern: found.pattern}
 	}
 	return found
