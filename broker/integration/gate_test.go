@@ -2,6 +2,7 @@ package integration
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -115,6 +116,12 @@ tenant "replay" {
   guaranteed = 2
   limit      = 2
 }
+tenant "evaluate" {
+  namespaces = ["gate-evaluate"]
+  queues     = ["training"]
+  guaranteed = 2
+  limit      = 2
+}
 reclaim_settings {
   period = "1s"
 }
@@ -129,9 +136,9 @@ reclaim "unadmitted" {
 `
 
 // gateGPUs is the cluster's GPUs: more than all the scenarios' limits
-// together (15 tenants of 2, and a job or two registered straight in
+// together (16 tenants of 2, and a job or two registered straight in
 // Nomad), so that only tenant limits, never capacity, decide.
-const gateGPUs = 36
+const gateGPUs = 38
 
 // TestGate runs the gate's scenarios against one cluster they share (Consul,
 // a Nomad agent with gateGPUs fake GPUs, a broker in front), each with its own
@@ -140,7 +147,7 @@ const gateGPUs = 36
 func TestGate(t *testing.T) {
 	t.Parallel()
 	consul := testcluster.StartConsul(t)
-	n := startGPUNode(t, "gate", gateGPUs, "gate-probe", "gate-revert", "gate-dispatch", "gate-stop", "gate-zero", "gate-race", "gate-invalid", "gate-purge", "gate-deploy", "gate-autorevert", "gate-garbage", "gate-stable", "gate-sysbatch", "gate-scaleblock", "gate-replay")
+	n := startGPUNode(t, "gate", gateGPUs, "gate-probe", "gate-revert", "gate-dispatch", "gate-stop", "gate-zero", "gate-race", "gate-invalid", "gate-purge", "gate-deploy", "gate-autorevert", "gate-garbage", "gate-stable", "gate-sysbatch", "gate-scaleblock", "gate-replay", "gate-evaluate")
 	e := brokerEnv(t, n, consul, gatePolicy, "gate-probe", gateGPUs, testcluster.BrokerOptions{Config: `body_read_timeout = "3s"`})
 
 	// Nomad reads the namespace of a revert's or a dispatch's body when the
@@ -210,6 +217,60 @@ func TestGate(t *testing.T) {
 		if err != nil || len(jobs) != 1 {
 			t.Errorf("Nomad has %d children of p in %s, want 1 (%v)", len(jobs), ns, err)
 		}
+	})
+
+	// E1: a batch job whose allocations all failed is dead, and holds
+	// nothing; its tenant fills its limit with another job. An evaluation
+	// forcing failed allocations to reschedule (nomad job eval
+	// -force-reschedule) revived it past the limit, passed as neutral. It
+	// is decided on the job's whole demand: refused at the limit, admitted
+	// once the other job is gone.
+	t.Run("evaluate: a dead job revived only within the limit", func(t *testing.T) {
+		t.Parallel()
+		e := e.in(t)
+		const ns = "gate-evaluate"
+		failing := job(ns, "ev", api.JobTypeBatch).group("g", ptr(1), nil, task(dev("nvidia/gpu", 2)))
+		failing.j.TaskGroups[0].Tasks[0].Config = map[string]any{"run_for": "100ms", "exit_code": 1}
+		failing.j.TaskGroups[0].ReschedulePolicy = &api.ReschedulePolicy{Attempts: ptr(1), Interval: ptr(24 * time.Hour),
+			Delay: ptr(5 * time.Second), DelayFunction: ptr("constant"), Unlimited: ptr(false)}
+		if status, out := send(t, e.broker.Addr, http.MethodPut, "/v1/jobs", failing.body(nil, canonical)); status != http.StatusOK {
+			t.Fatalf("a failing job of 2 GPUs: %d %s", status, out)
+		}
+		testcluster.WaitFor(t, 60*time.Second, "the failing job dead", func() error {
+			j, _, err := e.nomad.API.Jobs().Info("ev", &api.QueryOptions{Namespace: ns})
+			if err != nil {
+				return err
+			}
+			if *j.Status != "dead" {
+				return errors.New(*j.Status)
+			}
+			return nil
+		})
+		e.waitUsed("evaluate", 0)
+		if out, err := e.run(ns, "fill", 1, 2, "", true); err != nil || !strings.Contains(out, "admitted") {
+			t.Fatalf("another job of 2 GPUs: %v\n%s", err, out)
+		}
+		force := `{"JobID": "ev", "EvalOptions": {"ForceReschedule": true}}`
+		status, out := send(t, e.broker.Addr, http.MethodPut, "/v1/job/ev/evaluate?namespace="+ns, force)
+		if status != http.StatusForbidden || !strings.Contains(out, `evaluate of "ev" refused: tenant "evaluate" would hold 4 of its limit of 2 GPUs. Nothing was queued`) {
+			t.Errorf("a forced reschedule of the dead job beside 2 GPUs, limit 2: want 403, nothing queued; got %d %s", status, out)
+		}
+		time.Sleep(2 * time.Second) // an evaluation let through places within this
+		if allocs, _, err := e.nomad.API.Jobs().Allocations("ev", true, &api.QueryOptions{Namespace: ns}); err != nil || len(allocs) != 2 {
+			t.Errorf("the dead job has %d allocations, want its 2 failed ones (%v)", len(allocs), err)
+		}
+		e.stop(ns, "fill")
+		e.waitUsed("evaluate", 0)
+		status, out = send(t, e.broker.Addr, http.MethodPut, "/v1/job/ev/evaluate?namespace="+ns, force)
+		if status != http.StatusOK || !strings.Contains(out, "EvalID") {
+			t.Fatalf("the same with the limit free: %d %s", status, out)
+		}
+		testcluster.WaitFor(t, 30*time.Second, "the dead job revived", func() error {
+			if allocs, _, err := e.nomad.API.Jobs().Allocations("ev", true, &api.QueryOptions{Namespace: ns}); err != nil || len(allocs) != 3 {
+				return fmt.Errorf("%d allocations (%v)", len(allocs), err)
+			}
+			return nil
+		})
 	})
 
 	// A job stopped (or purged) through the broker must not start later from

@@ -42,7 +42,7 @@ func (s *Server) readJobCall(w http.ResponseWriter, r *http.Request, c call) (jo
 	}
 	// Nomad rebuilds a scale's request, and reads no body for a stop or a
 	// periodic force: only the query counts for those.
-	bodyCounts := r.Method != http.MethodDelete && (c == callDispatch || c == callRevert || c == callStable || c == callJobWrite || c == callDeploymentWrite)
+	bodyCounts := r.Method != http.MethodDelete && (c == callDispatch || c == callRevert || c == callStable || c == callEvaluate || c == callJobWrite || c == callDeploymentWrite)
 	t, err := nomadjob.CallTarget(r.URL.Query(), body, bodyCounts)
 	if err != nil {
 		writeError(w, fail(errBadRequest, "%s: %v", c, err))
@@ -310,6 +310,41 @@ func (s *Server) stable(w http.ResponseWriter, r *http.Request, jc jobCall, jobI
 	s.passThrough(w, r, doc.Bytes())
 }
 
+// evaluate decides an evaluation of a job on what Nomad may place after it
+// (Job.Evaluate in v1.6.3's nomad/job_endpoint.go): the evaluation is a
+// registration's, which places whatever the job's count misses, and with
+// ForceReschedule every failed allocation is replaced. So one of a job that
+// runs nothing (dead: its allocations failed or ended; pending), or one
+// that forces rescheduling, is decided on the job's whole demand, as a
+// revert to the version Nomad has is; one of a running job places no more
+// than it is charged for, and a stopped, periodic or parameterized job's
+// places nothing (Nomad refuses the last two).
+func (s *Server) evaluate(w http.ResponseWriter, r *http.Request, jc jobCall, jobID string) {
+	var req api.JobEvaluateRequest
+	body := jc.body
+	if len(body) > 0 || r.ContentLength != 0 { // Nomad reads a body unless ContentLength is 0
+		doc, ok := s.parseJobCall(w, r, jc, &req, jobID, func() string { return req.JobID })
+		if !ok {
+			return
+		}
+		body = doc.Bytes()
+	} else if !s.checkRegion(w, r, jc.region, "", body) {
+		return
+	}
+	defer s.cluster.LockJob(jc.namespace, jobID)()
+	job, err := s.as(r).currentJob(jc.namespace, jobID)
+	if err != nil {
+		s.lookupFailed(w, err, "evaluate", jobID)
+		return
+	}
+	running := job.Status != nil && *job.Status == "running" && !req.EvalOptions.ForceReschedule
+	if running || job.Stop != nil && *job.Stop || job.IsPeriodic() || job.IsParameterized() {
+		s.passThrough(w, r, body)
+		return
+	}
+	s.checkThenForward(w, r, body, job, job, derefInt(job.Priority), jc.namespace, jobID, "evaluate", nil)
+}
+
 // activeDeployment reports whether a deployment of status may still fail.
 func activeDeployment(status string) bool {
 	switch status {
@@ -471,8 +506,9 @@ func derefInt(p *int) int {
 
 // waitInstead is, per call that cannot wait, how to wait in the queue instead.
 var waitInstead = map[string]string{
-	"scale":  ", or register the job with the new count to wait in the queue",
-	"revert": ", or register that version again to wait in the queue",
+	"scale":    ", or register the job with the new count to wait in the queue",
+	"revert":   ", or register that version again to wait in the queue",
+	"evaluate": ", or register the job again to wait in the queue",
 }
 
 // lookupFailed refuses a call the broker could not decide on.

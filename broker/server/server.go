@@ -377,7 +377,7 @@ func (s *Server) serveOwn(w http.ResponseWriter, r *http.Request) bool {
 func (s *Server) gate(w http.ResponseWriter, r *http.Request, c call, jobID string) {
 	var jc jobCall
 	switch c {
-	case callScale, callDispatch, callPeriodicForce, callRevert, callStable, callJobWrite, callDeploymentWrite:
+	case callScale, callDispatch, callPeriodicForce, callRevert, callStable, callEvaluate, callJobWrite, callDeploymentWrite:
 		var ok bool
 		if jc, ok = s.readJobCall(w, r, c); !ok {
 			return
@@ -402,6 +402,8 @@ func (s *Server) gate(w http.ResponseWriter, r *http.Request, c call, jobID stri
 		s.revert(w, r, jc, jobID)
 	case callStable:
 		s.stable(w, r, jc, jobID)
+	case callEvaluate:
+		s.evaluate(w, r, jc, jobID)
 	case callDeploymentWrite:
 		s.deploymentWrite(w, r, jc, r.URL.Path, jobID)
 	case callJobWrite:
