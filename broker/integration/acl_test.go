@@ -2,6 +2,7 @@ package integration
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -15,6 +16,7 @@ import (
 	"github.com/hashicorp/nomad/api"
 
 	"github.com/nomad-gpu/nomad-gpu/broker/audit"
+	"github.com/nomad-gpu/nomad-gpu/broker/server"
 	"github.com/nomad-gpu/nomad-gpu/testing/testcluster"
 	"github.com/nomad-gpu/nomad-gpu/testing/tools"
 )
@@ -165,6 +167,58 @@ func TestExclusiveEnforcementWithNomadACLs(t *testing.T) {
 			t.Errorf("priority %d, meta %v", *job.Priority, job.Meta)
 		}
 		e.waitRunning("vision", "direct")
+	})
+	used := func(want float64) { // vision's GPUs as the broker counts them, read with ana's token
+		t.Helper()
+		testcluster.WaitFor(t, 60*time.Second, fmt.Sprintf("vision using %g GPUs", want), func() error {
+			var rows []server.TenantUsage
+			status, body := e.brokerAPI(ana.SecretID, http.MethodGet, "/v1/gpu/usage")
+			if err := json.Unmarshal([]byte(body), &rows); status != http.StatusOK || err != nil {
+				return fmt.Errorf("%d %s", status, body)
+			}
+			for _, r := range rows {
+				if r.Tenant == "vision" && r.Used != want {
+					return fmt.Errorf("%g used", r.Used)
+				}
+			}
+			return nil
+		})
+	}
+	// E1 with exclusive enforcement: a submitter's dead job (its
+	// allocations failed) holds nothing; evaluated with failed allocations
+	// forced to reschedule, through the broker, it would run again beside
+	// the limit the tenant filled meanwhile. Refused, nothing placed.
+	t.Run("a dead job's forced reschedule above the limit is refused", func(t *testing.T) {
+		path := e.spec("vision", "dies", 1, 1, "")
+		spec, _ := os.ReadFile(path)
+		writeFile(t, path, strings.NewReplacer(`"/bin/sleep"`, `"/bin/false"`, `["3600"]`, `[]`,
+			"attempts  = 0", "attempts  = 1\n      interval = \"24h\"\n      delay = \"5s\"\n      delay_function = \"constant\"",
+			"reschedule {", "restart {\n      attempts = 0\n      mode = \"fail\"\n    }\n    reschedule {").Replace(string(spec)))
+		if out, err := e.cli(ana.SecretID, e.broker.Addr, "job", "run", "-detach", path); err != nil || !strings.Contains(out, "admitted") {
+			t.Fatalf("a failing job of 1 GPU: %v\n%s", err, out)
+		}
+		testcluster.WaitFor(t, 60*time.Second, "the failing job dead", func() error {
+			if status := *e.job("vision", "dies").Status; status != "dead" {
+				return errors.New(status)
+			}
+			return nil
+		})
+		used(1) // direct's
+		if out, err := e.cli(ana.SecretID, e.broker.Addr, "job", "run", "-detach", e.spec("vision", "fill", 1, 1, "")); err != nil || !strings.Contains(out, "admitted") {
+			t.Fatalf("a second GPU, limit 2: %v\n%s", err, out)
+		}
+		out, err := e.cli(ana.SecretID, e.broker.Addr, "job", "eval", "-force-reschedule", "-detach", "-namespace", "vision", "dies")
+		if err == nil || !strings.Contains(out, `evaluate of "dies" refused: tenant "vision" would hold 3 of its limit of 2 GPUs`) {
+			t.Errorf("a forced reschedule of the dead job at the limit: %v\n%s", err, out)
+		}
+		time.Sleep(2 * time.Second) // an evaluation let through places within this
+		if allocs, _, err := n.API.Jobs().Allocations("dies", true, &api.QueryOptions{Namespace: "vision"}); err != nil || len(allocs) != 2 {
+			t.Errorf("the dead job has %d allocations, want its 2 failed ones (%v)", len(allocs), err)
+		}
+		if out, err := e.cli(ana.SecretID, e.broker.Addr, "job", "stop", "-purge", "-namespace", "vision", "fill"); err != nil {
+			t.Fatalf("%v\n%s", err, out)
+		}
+		used(1)
 	})
 	t.Run("a write the broker does not know is refused, naming its route", func(t *testing.T) {
 		for _, c := range []struct{ method, path, route string }{
