@@ -3,6 +3,7 @@ package integration
 import (
 	"encoding/json"
 	"fmt"
+	"net/http"
 	"os"
 	"regexp"
 	"strings"
@@ -34,6 +35,15 @@ tenant "audio" {
   queues     = ["training", "serving"]
   guaranteed = 2
   limit      = 6
+}
+tenant "dub" {
+  namespaces = ["dub"]
+  queues     = ["training"]
+  guaranteed = 1
+  limit      = 2
+  region "west" {
+    limit = 1
+  }
 }
 tenant "speech" {
   namespaces = ["speech"]
@@ -80,7 +90,7 @@ func startRegion(t *testing.T, name string, gpus int, namespaces ...string) *tes
 func TestRegions(t *testing.T) {
 	t.Parallel()
 	consul := testcluster.StartConsul(t)
-	east, west := startRegion(t, "east", 4, "vision", "audio", "speech"), startRegion(t, "west", 2, "vision", "audio", "speech")
+	east, west := startRegion(t, "east", 4, "vision", "audio", "speech", "dub"), startRegion(t, "west", 2, "vision", "audio", "speech", "dub")
 	if _, err := east.API.Agent().Join(west.SerfAddr); err != nil {
 		t.Fatalf("federate east with west: %v", err)
 	}
@@ -180,6 +190,42 @@ func TestRegions(t *testing.T) {
 		if err == nil || !strings.Contains(out, `is for region "south"`) {
 			t.Fatalf("a job for region south: want refused by the broker: %v\n%s", err, out)
 		}
+	})
+	// R1: Nomad acts in the region a job call's body names when its query
+	// names none. A revert naming west in its body was decided on east's
+	// GPU-less job of the same id, and Nomad reverted west's past dub's
+	// cap there; it is decided in west now.
+	t.Run("a revert is decided in the region its body names", func(t *testing.T) {
+		dub := func(id, region string, gpus int) string {
+			path := e.spec("dub", id, 1, gpus, "")
+			spec, _ := os.ReadFile(path)
+			writeFile(t, path, strings.Replace(string(spec), "\n", fmt.Sprintf("\n  region = %q\n", region), 1))
+			return path
+		}
+		for _, c := range []struct {
+			id, region string
+			gpus       int
+		}{{"rv", "west", 1}, {"rv", "west", 0}, {"cap", "west", 1}, {"rv", "east", 0}} {
+			if out, err := e.nomadCLI("job", "run", "-detach", dub(c.id, c.region, c.gpus)); err != nil || !strings.Contains(out, "admitted") && c.gpus > 0 {
+				t.Fatalf("%s in %s (%d GPUs): %v\n%s", c.id, c.region, c.gpus, err, out)
+			}
+		}
+		e.waitUsed("dub", 1) // cap's: dub at its cap in west
+		status, out := send(t, e.broker.Addr, http.MethodPut, "/v1/job/rv/revert", `{"JobID": "rv", "JobVersion": 0, "Namespace": "dub", "Region": "west"}`)
+		// West is full: refused there, whether for the cap or for no idle
+		// GPU to borrow (east's rv, of no GPU, would pass).
+		if status != http.StatusForbidden || !strings.Contains(out, `revert of "rv" refused: `) {
+			t.Errorf("a revert of west's rv to 1 GPU beside cap's, cap 1 in west: want 403; got %d %s", status, out)
+		}
+		if j, _, err := west.API.Jobs().Info("rv", &api.QueryOptions{Namespace: "dub"}); err != nil || *j.Version != 1 || gpusOf(j) != 0 {
+			t.Errorf("Nomad reverted west's rv (%v)", err)
+		}
+		for region, n := range map[string]*testcluster.Nomad{"east": east, "west": west} {
+			for _, id := range []string{"rv", "cap"} {
+				n.API.Jobs().Deregister(id, true, &api.WriteOptions{Namespace: "dub", Region: region})
+			}
+		}
+		e.waitUsed("dub", 0)
 	})
 	t.Run("a job that leaves its region to the broker runs in exactly one", func(t *testing.T) {
 		for _, stop := range []struct {
@@ -477,7 +523,7 @@ func TestRegions(t *testing.T) {
 // Its result ends the sampling and says the most each namespace held, and
 // in how many samples.
 func sampleHeld(t *testing.T, regions map[string]*testcluster.Nomad) func() (map[string]int, int) {
-	limits := map[string]int{"vision": 4, "audio": 6, "speech": 2}
+	limits := map[string]int{"vision": 4, "audio": 6, "speech": 2, "dub": 2}
 	most, samples, over := map[string]int{}, 0, map[string]bool{}
 	seen := map[string]map[string]int{}         // by region
 	holders := map[string]map[string][]string{} // by region

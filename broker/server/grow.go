@@ -49,7 +49,21 @@ func (s *Server) readJobCall(w http.ResponseWriter, r *http.Request, c call) (jo
 		return jobCall{}, false
 	}
 	bodyToken(r, t.AuthToken)
+	bodyRegion(r, t.Region)
 	return jobCall{body: body, namespace: t.Namespace, region: t.Region, idempotencyToken: t.IdempotencyToken}, true
+}
+
+// bodyRegion puts the region a job call's body names into its query when
+// the query names none: Nomad acts in that region (parseRegion keeps a
+// body's region unless the query has one), so the broker reads and
+// decides on the job there, and forwards the call naming it.
+func bodyRegion(r *http.Request, region string) {
+	q := r.URL.Query()
+	if region == "" || q.Get("region") != "" {
+		return
+	}
+	q.Set("region", region)
+	r.URL.RawQuery = q.Encode()
 }
 
 func (s *Server) scale(w http.ResponseWriter, r *http.Request, jc jobCall, jobID string) {
