@@ -122,6 +122,12 @@ tenant "evaluate" {
   guaranteed = 2
   limit      = 2
 }
+tenant "revive" {
+  namespaces = ["gate-revive"]
+  queues     = ["training"]
+  guaranteed = 2
+  limit      = 2
+}
 reclaim_settings {
   period = "1s"
 }
@@ -136,9 +142,9 @@ reclaim "unadmitted" {
 `
 
 // gateGPUs is the cluster's GPUs: more than all the scenarios' limits
-// together (16 tenants of 2, and a job or two registered straight in
+// together (17 tenants of 2, and a job or two registered straight in
 // Nomad), so that only tenant limits, never capacity, decide.
-const gateGPUs = 38
+const gateGPUs = 40
 
 // TestGate runs the gate's scenarios against one cluster they share (Consul,
 // a Nomad agent with gateGPUs fake GPUs, a broker in front), each with its own
@@ -147,7 +153,7 @@ const gateGPUs = 38
 func TestGate(t *testing.T) {
 	t.Parallel()
 	consul := testcluster.StartConsul(t)
-	n := startGPUNode(t, "gate", gateGPUs, "gate-probe", "gate-revert", "gate-dispatch", "gate-stop", "gate-zero", "gate-race", "gate-invalid", "gate-purge", "gate-deploy", "gate-autorevert", "gate-garbage", "gate-stable", "gate-sysbatch", "gate-scaleblock", "gate-replay", "gate-evaluate")
+	n := startGPUNode(t, "gate", gateGPUs, "gate-probe", "gate-revert", "gate-dispatch", "gate-stop", "gate-zero", "gate-race", "gate-invalid", "gate-purge", "gate-deploy", "gate-autorevert", "gate-garbage", "gate-stable", "gate-sysbatch", "gate-scaleblock", "gate-replay", "gate-evaluate", "gate-revive")
 	e := brokerEnv(t, n, consul, gatePolicy, "gate-probe", gateGPUs, testcluster.BrokerOptions{Config: `body_read_timeout = "3s"`})
 
 	// Nomad reads the namespace of a revert's or a dispatch's body when the
@@ -271,6 +277,40 @@ func TestGate(t *testing.T) {
 			}
 			return nil
 		})
+	})
+
+	// D1: a revert through the broker of a job stopped earlier is a
+	// registration: admitted, it must not be read as unadmitted afterwards
+	// (enforce would stop it), as a job run again through the broker is not.
+	t.Run("revert: a stopped job reverted through the broker is its admission", func(t *testing.T) {
+		t.Parallel()
+		e := e.in(t)
+		const ns = "gate-revive"
+		for _, gpus := range []int{1, 2} {
+			if out, err := e.run(ns, "rv", 1, gpus, "", true); err != nil || !strings.Contains(out, "admitted") {
+				t.Fatalf("version of %d GPUs: %v\n%s", gpus, err, out)
+			}
+		}
+		if out, err := e.nomadCLI("job", "stop", "-namespace", ns, "-detach", "rv"); err != nil {
+			t.Fatalf("stop through the broker: %v\n%s", err, out)
+		}
+		testcluster.WaitFor(t, 30*time.Second, "rv's stop recorded", func() error {
+			if p, _, err := consulKV(consul).Get("nomad-gpu/stopped/"+ns+"/rv", nil); err != nil || p == nil {
+				return fmt.Errorf("no record (%v)", err)
+			}
+			return nil
+		})
+		if out, err := e.nomadCLI("job", "revert", "-namespace", ns, "-detach", "rv", "0"); err != nil {
+			t.Fatalf("revert to version 0 (1 GPU) through the broker: %v\n%s", err, out)
+		}
+		waitAllocsRunning(t, e.nomad, ns, "rv", 1)
+		waitPasses(t, e.broker, metrics.LoopReclaim, 3)
+		if e.unadmitted(ns, "rv") {
+			t.Errorf("reverted through the broker, read as unadmitted")
+		}
+		if p, _, err := consulKV(consul).Get("nomad-gpu/stopped/"+ns+"/rv", nil); err != nil || p != nil {
+			t.Errorf("rv's stop record after its revert through the broker: %v %v", p, err)
+		}
 	})
 
 	// A job stopped (or purged) through the broker must not start later from

@@ -142,6 +142,23 @@ type record struct {
 	refused  func()
 }
 
+// revived is the record of a call that runs job ns/jobID again as a
+// registration does (a revert registers a version again, an evaluation
+// revives a job Nomad ended): its stopped record, if any, is revived like a
+// registration's (decide.Revive), so that the broker's own admission is
+// not read as unadmitted afterwards.
+func (s *Server) revived(r *http.Request, ns, jobID string) *record {
+	var settle func(taken bool) error
+	return &record{
+		before: func() (err error) {
+			settle, err = decide.Revive(r.Context(), s.stops, ns, jobID)
+			return err
+		},
+		accepted: func() { s.settled(settle, true) },
+		refused:  func() { s.settled(settle, false) },
+	}
+}
+
 // settle runs the part of rec (nil: none) for Nomad's answer.
 func (rec *record) settle(accepted bool) {
 	switch {
@@ -279,7 +296,7 @@ func (s *Server) revertTo(w http.ResponseWriter, r *http.Request, body []byte, n
 		if v == nil || v.Version == nil || !target(v) {
 			continue
 		}
-		s.checkThenForward(w, r, body, v, current, derefInt(v.Priority), ns, jobID, "revert", nil)
+		s.checkThenForward(w, r, body, v, current, derefInt(v.Priority), ns, jobID, "revert", s.revived(r, ns, jobID))
 		return
 	}
 	s.passThrough(w, r, body)
@@ -356,7 +373,7 @@ func (s *Server) evaluate(w http.ResponseWriter, r *http.Request, jc jobCall, jo
 		s.passThrough(w, r, body)
 		return
 	}
-	s.checkThenForward(w, r, body, job, job, derefInt(job.Priority), jc.namespace, jobID, "evaluate", nil)
+	s.checkThenForward(w, r, body, job, job, derefInt(job.Priority), jc.namespace, jobID, "evaluate", s.revived(r, jc.namespace, jobID))
 }
 
 // activeDeployment reports whether a deployment of status may still fail.
