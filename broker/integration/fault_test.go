@@ -2,6 +2,7 @@ package integration
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -23,6 +24,7 @@ import (
 	"github.com/nomad-gpu/nomad-gpu/broker/audit"
 	"github.com/nomad-gpu/nomad-gpu/broker/consulkv"
 	"github.com/nomad-gpu/nomad-gpu/broker/metrics"
+	"github.com/nomad-gpu/nomad-gpu/broker/nomadjob"
 	"github.com/nomad-gpu/nomad-gpu/broker/queue"
 	"github.com/nomad-gpu/nomad-gpu/broker/reclaim"
 	"github.com/nomad-gpu/nomad-gpu/broker/server"
@@ -549,8 +551,9 @@ over_limit_grace = "2s"
 // faultyNomad passes every call through to Nomad except registrations and
 // plans (every write, with writes set), which it answers as mode says:
 // "429", "500", "lost" (Nomad takes a registration, the broker gets a 502
-// instead of Nomad's answer), or "stall" (nothing is answered until the
-// mode changes, then Nomad answers). TestNomadFailing sets a mode only
+// instead of Nomad's answer), "stall" (nothing is answered until the
+// mode changes, then Nomad answers), or "late" (Nomad takes the call at
+// once, and its answer comes lateBy later, if the caller still waits). TestNomadFailing sets a mode only
 // while no user submits: the calls it answers are the leader's, registering
 // queued jobs. Every answer's Date is step ahead of Nomad's: its clock as
 // the broker reads it.
@@ -564,6 +567,9 @@ type faultyNomad struct {
 	faults  map[string]int // calls answered, by mode
 	reached map[string]int // registrations that reached Nomad in mode lost, by job id
 }
+
+// lateBy is how late a faultyNomad in mode "late" answers.
+const lateBy = 2 * time.Second
 
 // startFaultyNomad runs a faultyNomad in front of n and returns it and its
 // address.
@@ -609,6 +615,19 @@ func (f *faultyNomad) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	f.mu.Unlock()
 	switch mode {
+	case "late":
+		rec := httptest.NewRecorder()
+		f.proxy.ServeHTTP(rec, r.WithContext(context.WithoutCancel(r.Context())))
+		select {
+		case <-time.After(lateBy):
+		case <-r.Context().Done():
+			return
+		}
+		for k, v := range rec.Header() {
+			w.Header()[k] = v
+		}
+		w.WriteHeader(rec.Code)
+		w.Write(rec.Body.Bytes())
 	case "stall":
 		select {
 		case <-moved:
@@ -802,12 +821,44 @@ func TestTheLeaderStaysCalmWhileNomadFails(t *testing.T) {
 		t.Errorf("the queue took %.1f s to empty once Nomad answered again, want at most 8 s", took.Seconds())
 	}
 	calm("after Nomad's recovery", 5*time.Second)
+
 	for _, id := range jobs {
 		evals, _, err := n.API.Jobs().Evaluations(id, &api.QueryOptions{Namespace: "vision"})
 		allocs, _, aerr := n.API.Jobs().Allocations(id, true, &api.QueryOptions{Namespace: "vision"})
 		if err != nil || aerr != nil || len(evals) != 1 || len(allocs) != 1 {
 			t.Errorf("%s: %d evaluations, %d allocations (want 1 of each) %v %v", id, len(evals), len(allocs), err, aerr)
 		}
+	}
+
+	// D3: a scale whose caller leaves while Nomad takes it. Nomad has the
+	// new count; the broker's grant must say so (at 2617474 the forward
+	// was cancelled with the caller, and the grant put back to the old
+	// count, so the job read as unadmitted).
+	e.stop("vision", "j1")
+	e.stop("vision", "j2")
+	e.waitUsed("vision", 6)
+	if out, err := e.run("vision", "sc", 1, 1, "", true); err != nil || !strings.Contains(out, "admitted") {
+		t.Fatalf("sc (1 GPU): %v\n%s", err, out)
+	}
+	f.mu.Lock()
+	f.writes = true
+	f.mu.Unlock()
+	f.set("late")
+	impatient := &http.Client{Timeout: lateBy / 4}
+	if resp, err := impatient.Post(e.broker.Addr+"/v1/job/sc/scale?namespace=vision", "application/json",
+		strings.NewReader(`{"Count": 2, "Target": {"Group": "g"}}`)); err == nil {
+		resp.Body.Close()
+		t.Fatalf("the scale was answered within %s: %s", lateBy/4, resp.Status)
+	}
+	time.Sleep(lateBy + time.Second)
+	f.set("")
+	if j := e.job("vision", "sc"); *j.TaskGroups[0].Count != 2 {
+		t.Fatalf("Nomad's count %d, want the scale taken", *j.TaskGroups[0].Count)
+	}
+	var grant nomadjob.ScaleGrant
+	p, _, err := consulKV(consul).Get("nomad-gpu/scaled/vision/sc", nil)
+	if err != nil || p == nil || json.Unmarshal(p.Value, &grant) != nil || grant.Admitted["g"] != 2 {
+		t.Errorf("sc's grant after a scale to 2 Nomad took, its caller gone: %+v (%v)", grant, err)
 	}
 }
 

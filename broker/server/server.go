@@ -519,7 +519,15 @@ func (s *Server) forward(r *http.Request, body []byte, namespace string) (*http.
 		q.Set("namespace", namespace)
 		u.RawQuery = q.Encode()
 	}
-	req, err := http.NewRequestWithContext(r.Context(), r.Method, u.String(), bytes.NewReader(body))
+	// A write is not cancelled when its caller leaves: Nomad may have taken
+	// it already, and what the broker records of it (a grant, a stop
+	// record, a reservation) follows Nomad's answer, not the caller's
+	// patience. A read (a blocking query among them) ends with its caller.
+	ctx := r.Context()
+	if r.Method != http.MethodGet && r.Method != http.MethodHead {
+		ctx = context.WithoutCancel(ctx)
+	}
+	req, err := http.NewRequestWithContext(ctx, r.Method, u.String(), bytes.NewReader(body))
 	if err != nil {
 		return nil, err
 	}
