@@ -222,6 +222,7 @@ func (a *Agent) setupNomadAgent(ctx context.Context) error {
 	if a.region == "" {
 		a.region = agentRegion
 	}
+	a.stamper.Region = a.region // stamps bind the region a job is stored in
 	return a.regionClients()
 }
 

@@ -250,7 +250,7 @@ func TestBroker(t *testing.T) {
 		}
 		job := e.job("vision", "train-a")
 		if *job.Priority != 45 || job.Meta["nomad-gpu.tenant"] != "vision" || job.Meta["nomad-gpu.queue"] != "training" ||
-			job.Meta["nomad-gpu.workload"] != "training" || !strings.HasPrefix(job.Meta["nomad-gpu.admission"], "v4:") {
+			job.Meta["nomad-gpu.workload"] != "training" || !strings.HasPrefix(job.Meta["nomad-gpu.admission"], "v5:") {
 			t.Errorf("job not stamped: priority %d meta %v", *job.Priority, job.Meta)
 		}
 		e.waitRunning("vision", "train-a")

@@ -128,6 +128,12 @@ tenant "revive" {
   guaranteed = 2
   limit      = 2
 }
+tenant "retype" {
+  namespaces = ["gate-retype"]
+  queues     = ["training"]
+  guaranteed = 2
+  limit      = 2
+}
 reclaim_settings {
   period = "1s"
 }
@@ -142,9 +148,9 @@ reclaim "unadmitted" {
 `
 
 // gateGPUs is the cluster's GPUs: more than all the scenarios' limits
-// together (17 tenants of 2, and a job or two registered straight in
+// together (18 tenants of 2, and a job or two registered straight in
 // Nomad), so that only tenant limits, never capacity, decide.
-const gateGPUs = 40
+const gateGPUs = 42
 
 // TestGate runs the gate's scenarios against one cluster they share (Consul,
 // a Nomad agent with gateGPUs fake GPUs, a broker in front), each with its own
@@ -153,7 +159,7 @@ const gateGPUs = 40
 func TestGate(t *testing.T) {
 	t.Parallel()
 	consul := testcluster.StartConsul(t)
-	n := startGPUNode(t, "gate", gateGPUs, "gate-probe", "gate-revert", "gate-dispatch", "gate-stop", "gate-zero", "gate-race", "gate-invalid", "gate-purge", "gate-deploy", "gate-autorevert", "gate-garbage", "gate-stable", "gate-sysbatch", "gate-scaleblock", "gate-replay", "gate-evaluate", "gate-revive")
+	n := startGPUNode(t, "gate", gateGPUs, "gate-probe", "gate-revert", "gate-dispatch", "gate-stop", "gate-zero", "gate-race", "gate-invalid", "gate-purge", "gate-deploy", "gate-autorevert", "gate-garbage", "gate-stable", "gate-sysbatch", "gate-scaleblock", "gate-replay", "gate-evaluate", "gate-revive", "gate-retype")
 	e := brokerEnv(t, n, consul, gatePolicy, "gate-probe", gateGPUs, testcluster.BrokerOptions{Config: `body_read_timeout = "3s"`})
 
 	// Nomad reads the namespace of a revert's or a dispatch's body when the
@@ -311,6 +317,50 @@ func TestGate(t *testing.T) {
 		if p, _, err := consulKV(consul).Get("nomad-gpu/stopped/"+ns+"/rv", nil); err != nil || p != nil {
 			t.Errorf("rv's stop record after its revert through the broker: %v %v", p, err)
 		}
+	})
+
+	// P6 (and P1's purge): an admitted batch job, purged straight in Nomad
+	// and registered again straight in Nomad as another type, with its
+	// stamp (as sysbatch, on a pinned multi-node job, it multiplies; here
+	// as service: the purged job's ended allocation keeps a sysbatch copy
+	// off the one node). The stamp binds the job's type, so it is not the
+	// broker's admission.
+	t.Run("a batch job's stamp on a job of another type is not an admission", func(t *testing.T) {
+		t.Parallel()
+		e := e.in(t)
+		const ns = "gate-retype"
+		if out, err := e.run(ns, "sb", 1, 1, "", true); err != nil || !strings.Contains(out, "admitted") {
+			t.Fatalf("sb (batch, 1 GPU): %v\n%s", err, out)
+		}
+		stored, _, err := e.nomad.API.Jobs().Info("sb", &api.QueryOptions{Namespace: ns})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, _, err := e.nomad.API.Jobs().Deregister("sb", true, &api.WriteOptions{Namespace: ns}); err != nil {
+			t.Fatal(err)
+		}
+		testcluster.WaitFor(t, 30*time.Second, "sb purged", func() error {
+			if _, _, err := e.nomad.API.Jobs().Info("sb", &api.QueryOptions{Namespace: ns}); err == nil {
+				return errors.New("still there")
+			}
+			return nil
+		})
+		stored.Type = ptr(api.JobTypeService)
+		stored.ID, stored.Name = ptr("sb"), ptr("sb")
+		if _, _, err := e.nomad.API.Jobs().Register(stored, nil); err != nil {
+			t.Fatalf("sb again, straight in Nomad, as a service: %v", err)
+		}
+		testcluster.WaitFor(t, 30*time.Second, "the service copy read as unadmitted", func() error {
+			if !e.unadmitted(ns, "sb") {
+				allocs, _, err := e.nomad.API.Jobs().Allocations("sb", true, &api.QueryOptions{Namespace: ns})
+				var seen []string
+				for _, a := range allocs {
+					seen = append(seen, a.ClientStatus+"/"+a.DesiredStatus)
+				}
+				return fmt.Errorf("no unadmitted decision on sb; its allocations: %v (%v)", seen, err)
+			}
+			return nil
+		})
 	})
 
 	// A job stopped (or purged) through the broker must not start later from

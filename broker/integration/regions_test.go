@@ -2,6 +2,7 @@ package integration
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"os"
@@ -224,6 +225,41 @@ func TestRegions(t *testing.T) {
 			for _, id := range []string{"rv", "cap"} {
 				n.API.Jobs().Deregister(id, true, &api.WriteOptions{Namespace: "dub", Region: region})
 			}
+		}
+		e.waitUsed("dub", 0)
+	})
+	// P5: a job admitted in east, its stored JSON registered straight in
+	// west: the stamp binds the region Nomad stores the job in, so the
+	// copy is not the broker's admission (here enforced: stopped).
+	t.Run("an east job's stamp on a copy in west is not an admission", func(t *testing.T) {
+		// A service job: the broker pins a batch job to the nodes it chose
+		// (placement mode broker), and a copy of that pin in west places
+		// nothing.
+		path := e.spec("dub", "p5", 1, 1, "")
+		spec, _ := os.ReadFile(path)
+		writeFile(t, path, strings.Replace(string(spec), `type        = "batch"`, `type        = "service"`, 1))
+		if out, err := e.nomadCLI("job", "run", "-detach", path); err != nil || !strings.Contains(out, "admitted") {
+			t.Fatalf("p5 (east, 1 GPU): %v\n%s", err, out)
+		}
+		stored, _, err := east.API.Jobs().Info("p5", &api.QueryOptions{Namespace: "dub"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		stored.Region = ptr("west")
+		if _, _, err := west.API.Jobs().Register(stored, &api.WriteOptions{Region: "west"}); err != nil {
+			t.Fatalf("p5's copy straight in west: %v", err)
+		}
+		testcluster.WaitFor(t, 60*time.Second, "the copy in west read as unadmitted", func() error {
+			if !e.unadmitted("dub", "p5") {
+				return errors.New("no unadmitted decision on p5")
+			}
+			return nil
+		})
+		if j, _, err := east.API.Jobs().Info("p5", &api.QueryOptions{Namespace: "dub"}); err != nil || *j.Stop {
+			t.Errorf("east's p5, the broker's admission, was stopped (%v)", err)
+		}
+		for region, n := range map[string]*testcluster.Nomad{"east": east, "west": west} {
+			n.API.Jobs().Deregister("p5", true, &api.WriteOptions{Namespace: "dub", Region: region})
 		}
 		e.waitUsed("dub", 0)
 	})

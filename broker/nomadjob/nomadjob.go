@@ -89,8 +89,13 @@ func BrokerMeta(d admission.Decision, stamp string) map[string]string {
 }
 
 // Stamper signs admissions, so that the broker can tell its own stamp from one a
-// user wrote into the job meta, or copied from another job.
-type Stamper struct{ Key []byte }
+// user wrote into the job meta, or copied from another job. Region is the
+// broker's own region as Nomad names it: a job naming none, or "global",
+// is stored by Nomad in that region.
+type Stamper struct {
+	Key    []byte
+	Region string
+}
 
 // Stamp is "v3:<signature>" over what the admission decided: namespace, job
 // id, tenant, queue, priority, borrowed, each GPU task group's name, model,
@@ -98,15 +103,18 @@ type Stamper struct{ Key []byte }
 // (PinNodes), and the job's nomad-gpu.ttl if it has one. It has no time in
 // it, so that registering the same job again changes nothing in Nomad.
 func (s Stamper) Stamp(namespace string, job *api.Job, d admission.Decision) string {
-	return stampV4 + s.sign(namespace, job, deref(job.ID), d.Tenant, d.Queue, d.Priority, strconv.FormatBool(d.Outcome == admission.AdmitBorrowed), nil, pinsAll)
+	return stampV5 + s.sign(namespace, job, deref(job.ID), d.Tenant, d.Queue, d.Priority, strconv.FormatBool(d.Outcome == admission.AdmitBorrowed), nil, pinsAllWhere)
 }
 
-// Stamp versions: v4 signs the node pins of every GPU task group pinned
-// (placement mode broker pins any job), v3 a system job's only, v2 none.
-// Older stamps still verify: their job was pinned as it was admitted, and a
-// copy of one on a job without the pin is only caught once the job is
-// registered through the broker again.
+// Stamp versions: v5 signs v4's fields and the job's type and region (a
+// batch job's stamp on a sysbatch job, or an east job's registered in
+// west, is not the broker's admission); v4 the node pins of every GPU task
+// group pinned (placement mode broker pins any job), v3 a system job's
+// only, v2 none. Older stamps still verify: their job was pinned as it was
+// admitted, and a copy of one on a job without the pin is only caught once
+// the job is registered through the broker again.
 const (
+	stampV5 = "v5:"
 	stampV4 = "v4:"
 	stampV3 = "v3:"
 	stampV2 = "v2:"
@@ -116,14 +124,18 @@ const (
 type pinSigning int
 
 const (
-	pinsNone   pinSigning = iota // v2
-	pinsSystem                   // v3: a system or sysbatch job's
-	pinsAll                      // v4: any GPU task group's that has one
+	pinsNone     pinSigning = iota // v2
+	pinsSystem                     // v3: a system or sysbatch job's
+	pinsAll                        // v4: any GPU task group's that has one
+	pinsAllWhere                   // v5: v4's, and the job's type and region
 )
 
 // stampOf is a job's stamp: its signature, and which pins it signs.
 func stampOf(job *api.Job) (sig string, pins pinSigning, ok bool) {
 	stamp := job.Meta[MetaAdmission]
+	if sig, ok := strings.CutPrefix(stamp, stampV5); ok {
+		return sig, pinsAllWhere, true
+	}
 	if sig, ok := strings.CutPrefix(stamp, stampV4); ok {
 		return sig, pinsAll, true
 	}
@@ -257,6 +269,23 @@ func GPUGroupCounts(job *api.Job) map[string]int {
 	return out
 }
 
+// jobType is a job's type as Nomad stores it (service when none).
+func jobType(job *api.Job) string {
+	if t := deref(job.Type); t != "" {
+		return t
+	}
+	return api.JobTypeService
+}
+
+// regionOf is the region Nomad stores job in: its own, unless it names
+// none or "global" (Nomad's regionForJob), then the broker's.
+func (s Stamper) regionOf(job *api.Job) string {
+	if r := deref(job.Region); r != "" && r != api.GlobalRegion {
+		return r
+	}
+	return s.Region
+}
+
 // verify checks sig over the job as job id at priority, with counts (when
 // given) in place of the job's own for the groups they name, and its pins.
 func (s Stamper) verify(job *api.Job, id, sig string, priority int, counts map[string]int, pins pinSigning) bool {
@@ -283,7 +312,7 @@ func (s Stamper) sign(namespace string, job *api.Job, id, tenant, queue string, 
 		for _, m := range perModel {
 			fields = append(fields, fmt.Sprintf("%s\x01%s\x01%d\x01%d", deref(tg.Name), m.model, m.gpus, count))
 		}
-		if len(perModel) > 0 && (pins == pinsSystem && isSystem(job) || pins == pinsAll && (isSystem(job) || pinned(job, tg))) {
+		if len(perModel) > 0 && (pins == pinsSystem && isSystem(job) || pins >= pinsAll && (isSystem(job) || pinned(job, tg))) {
 			// The nodes it may run on: the same system job without its pin
 			// would grow onto every node that joins, and a job the broker
 			// placed would run where admission did not count it.
@@ -294,6 +323,9 @@ func (s Stamper) sign(namespace string, job *api.Job, id, tenant, queue string, 
 		// The lifetime admission allowed: one written into Nomad later is
 		// not. (Absent, nothing is added: stamps made before it still verify.)
 		fields = append(fields, "\x02ttl\x01"+ttl)
+	}
+	if pins >= pinsAllWhere {
+		fields = append(fields, "\x02type\x01"+jobType(job), "\x02region\x01"+s.regionOf(job))
 	}
 	for _, f := range fields {
 		fmt.Fprintf(mac, "%d:%s", len(f), f) // length-prefixed: no two field lists sign alike

@@ -346,8 +346,8 @@ func testStampBindsPin(t *testing.T, typ string) {
 		}
 		return j
 	}
-	if j := stamped(); !s.Verify(j) || !strings.HasPrefix(j.Meta[nomadjob.MetaAdmission], "v4:") {
-		t.Fatalf("own stamp %q not verified, or not v4", j.Meta[nomadjob.MetaAdmission])
+	if j := stamped(); !s.Verify(j) || !strings.HasPrefix(j.Meta[nomadjob.MetaAdmission], "v5:") {
+		t.Fatalf("own stamp %q not verified, or not v5", j.Meta[nomadjob.MetaAdmission])
 	}
 	reordered := stamped()
 	reordered.TaskGroups[0].Constraints = []*api.Constraint{pin("n1,n2")}
@@ -700,5 +700,43 @@ func TestASystemJobIsPinnedToTheNodesItWasCountedOn(t *testing.T) {
 	svc.PinNodes(fitting("n1"))
 	if len(svc.Job.TaskGroups[0].Constraints) != 0 {
 		t.Errorf("a service job was pinned")
+	}
+}
+
+// A stamp binds the job's type and region, as Nomad stores them (P5, P6:
+// a batch job's stamp copied onto a sysbatch job of the same groups, and
+// a job admitted in east registered straight in west, verified). A job
+// naming no region, or "global", is stored in the broker's own; stamps
+// made before (v4) verify as they did.
+func TestAStampBindsTheJobsTypeAndRegion(t *testing.T) {
+	s := nomadjob.Stamper{Key: []byte("k"), Region: "east"}
+	d := admission.Decision{Tenant: "vision", Queue: "training", Priority: 60}
+	stamped := func(region *string) *api.Job {
+		j := testbuild.Job("vision", "train").Type(api.JobTypeBatch).Priority(60).Group("g", 2, 1, "nvidia/gpu").Build()
+		j.Region = region
+		for k, v := range nomadjob.BrokerMeta(d, s.Stamp("vision", j, d)) {
+			j.Meta[k] = v
+		}
+		return j
+	}
+	for _, region := range []*string{nil, ptr("global"), ptr("east")} {
+		j := stamped(region)
+		j.Region = ptr("east") // as Nomad stores it
+		if !s.Verify(j) {
+			t.Errorf("admitted naming region %v, stored in east: not verified", region)
+		}
+	}
+	for name, change := range map[string]func(j *api.Job){
+		"sysbatch":         func(j *api.Job) { j.Type = ptr(api.JobTypeSysbatch) },
+		"service":          func(j *api.Job) { j.Type = nil },
+		"stored in west":   func(j *api.Job) { j.Region = ptr("west") },
+		"another broker's": func(j *api.Job) { j.Region = nil; s.Region = "west" },
+	} {
+		s.Region = "east"
+		j := stamped(ptr("east"))
+		change(j)
+		if s.Verify(j) {
+			t.Errorf("the stamp survived: %s", name)
+		}
 	}
 }

@@ -54,7 +54,7 @@ func TestTheRepinnerPinsAJobAgainBeforeItRuns(t *testing.T) {
 		if pin := j.TaskGroups[0].Constraints; len(pin) != 1 || pin[0].RTarget != "n2" {
 			t.Errorf("%s pinned to %+v, want n2", id, pin)
 		}
-		if !st.Verify(j) || !strings.HasPrefix(j.Meta[nomadjob.MetaAdmission], "v4:") {
+		if !st.Verify(j) || !strings.HasPrefix(j.Meta[nomadjob.MetaAdmission], "v5:") {
 			t.Errorf("%s: its new stamp does not verify it (priority %d)", id, *j.Priority)
 		}
 	}
