@@ -267,6 +267,17 @@ func (v *View) ForgetJob(namespace, id string) {
 	v.notify()
 }
 
+// forgetPurged drops a job Nomad purged (or collected) at index. One with
+// the broker's stamp is a stop, kept for the leader to record: its stored
+// JSON registered again straight in Nomad is not the broker's admission.
+func (v *View) forgetPurged(namespace, id string, index uint64) {
+	key := jobKey{namespace, id}
+	if j, ok := v.jobs[key]; ok && j.tenant != "" {
+		v.followStop(key, true, false, true, index)
+	}
+	v.forgetJob(namespace, id)
+}
+
 func (v *View) forgetJob(namespace, id string) {
 	key := jobKey{namespace, id}
 	v.remove(key)

@@ -215,7 +215,7 @@ func (v *View) change(e *Event, reverts *[]Revert) (func() bool, error) {
 			return nil, fmt.Errorf("decode job event: %v", err)
 		}
 		if e.Type == "JobDeregistered" || e.Type == "JobBatchDeregistered" {
-			return func() bool { v.forgetJob(nomadjob.Namespace(j), *j.ID); return true }, nil
+			return func() bool { v.forgetPurged(nomadjob.Namespace(j), *j.ID, e.Index); return true }, nil
 		}
 		return func() bool { v.observeJob(j); return true }, nil
 	case api.TopicDeployment:
@@ -245,7 +245,7 @@ func (v *View) change(e *Event, reverts *[]Revert) (func() bool, error) {
 		if err := e.decode("Evaluation", &ev); err != nil || ev == nil {
 			return nil, fmt.Errorf("decode evaluation event: %v", err)
 		}
-		return func() bool { v.forgetJob(ev.Namespace, ev.JobID); return true }, nil
+		return func() bool { v.forgetPurged(ev.Namespace, ev.JobID, e.Index); return true }, nil
 	}
 	return nil, nil
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/nomad/api"
 
+	"github.com/nomad-gpu/nomad-gpu/broker/nomadjob"
 	"github.com/nomad-gpu/nomad-gpu/internal/clock"
 	"github.com/nomad-gpu/nomad-gpu/testing/testbuild"
 )
@@ -65,23 +66,35 @@ func TestResyncDropsAPurgedJob(t *testing.T) {
 }
 
 // A purge is told by its evaluation alone: the job holds nothing from then
-// on. Other evaluations change nothing.
+// on, and one with the broker's stamp is a stop for the leader to record
+// at the purge's index (P1: its stored JSON registered again straight in
+// Nomad verified). Other evaluations change nothing.
 func TestAPurgesEvaluationDropsTheJob(t *testing.T) {
 	p := testbuild.Policy(t, visionPolicy)
-	v := NewView(nil)
+	v := NewView(func(j *api.Job) bool { return j.ID != nil && *j.ID == "a" })
+	stamped := testbuild.Job("vision", "a").Group("g", 1, 4, "gpu").Build()
+	stamped.Meta[nomadjob.MetaAdmission], stamped.Meta[nomadjob.MetaTenant] = "v5:sig", "vision"
 	v.Reset(Snapshot{Nodes: []*api.Node{testbuild.Node("n", testbuild.H100, 8, 0)},
-		Jobs: []*api.Job{testbuild.Job("vision", "a").Group("g", 1, 4, "gpu").Build()}})
-	eval := func(typ string) *Event {
-		raw, _ := json.Marshal(api.Evaluation{ID: "e", Namespace: "vision", JobID: "a", TriggeredBy: "job-deregister"})
-		return &Event{Topic: api.TopicEvaluation, Type: typ, Payload: map[string]json.RawMessage{"Evaluation": raw}}
+		Jobs: []*api.Job{stamped, testbuild.Job("vision", "b").Group("g", 1, 2, "gpu").Build()}})
+	eval := func(typ, id string) *Event {
+		raw, _ := json.Marshal(api.Evaluation{ID: "e", Namespace: "vision", JobID: id, TriggeredBy: "job-deregister"})
+		return &Event{Topic: api.TopicEvaluation, Type: typ, Index: 42, Payload: map[string]json.RawMessage{"Evaluation": raw}}
 	}
 	for _, typ := range []string{"EvaluationUpdated", "PlanResult"} {
-		if err := v.apply(eval(typ), new([]Revert)); err != nil || v.Usage(p).Tenants["vision"].Used.Total() != 4 {
+		if err := v.apply(eval(typ, "a"), new([]Revert)); err != nil || v.Usage(p).Tenants["vision"].Used.Total() != 6 {
 			t.Errorf("after a %s event: %v, vision uses %g", typ, err, v.Usage(p).Tenants["vision"].Used.Total())
 		}
 	}
-	if err := v.apply(eval("JobDeregistered"), new([]Revert)); err != nil || v.Usage(p).Tenants["vision"].Used.Total() != 0 {
-		t.Errorf("after the purge's evaluation: %v, vision uses %g", err, v.Usage(p).Tenants["vision"].Used.Total())
+	for _, id := range []string{"a", "b"} {
+		if err := v.apply(eval("JobDeregistered", id), new([]Revert)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if used := v.Usage(p).Tenants["vision"].Used.Total(); used != 0 {
+		t.Errorf("after the purges' evaluations, vision uses %g", used)
+	}
+	if got := v.StoppedAdmitted(); len(got) != 1 || got[[2]string{"vision", "a"}] != 42 {
+		t.Errorf("stops to record after the purges: %v, want the stamped job's at the purge's index", got)
 	}
 }
 

@@ -319,7 +319,7 @@ func TestGate(t *testing.T) {
 		}
 	})
 
-	// P6 (and P1's purge): an admitted batch job, purged straight in Nomad
+	// P6: an admitted batch job, purged straight in Nomad
 	// and registered again straight in Nomad as another type, with its
 	// stamp (as sysbatch, on a pinned multi-node job, it multiplies; here
 	// as service: the purged job's ended allocation keeps a sysbatch copy
@@ -358,6 +358,34 @@ func TestGate(t *testing.T) {
 					seen = append(seen, a.ClientStatus+"/"+a.DesiredStatus)
 				}
 				return fmt.Errorf("no unadmitted decision on sb; its allocations: %v (%v)", seen, err)
+			}
+			return nil
+		})
+
+		// P1: the same, the copy unchanged: a purge is a stop, recorded.
+		if out, err := e.run(ns, "pp", 1, 1, "", true); err != nil || !strings.Contains(out, "admitted") {
+			t.Fatalf("pp (1 GPU): %v\n%s", err, out)
+		}
+		waitAllocsRunning(t, e.nomad, ns, "pp", 1)
+		kept, _, err := e.nomad.API.Jobs().Info("pp", &api.QueryOptions{Namespace: ns})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, _, err := e.nomad.API.Jobs().Deregister("pp", true, &api.WriteOptions{Namespace: ns}); err != nil {
+			t.Fatal(err)
+		}
+		testcluster.WaitFor(t, 30*time.Second, "pp's purge recorded as its stop", func() error {
+			if p, _, err := consulKV(consul).Get("nomad-gpu/stopped/"+ns+"/pp", nil); err != nil || p == nil {
+				return fmt.Errorf("no record (%v)", err)
+			}
+			return nil
+		})
+		if _, _, err := e.nomad.API.Jobs().Register(kept, nil); err != nil {
+			t.Fatalf("pp again, straight in Nomad: %v", err)
+		}
+		testcluster.WaitFor(t, 30*time.Second, "pp's copy read as unadmitted", func() error {
+			if !e.unadmitted(ns, "pp") {
+				return errors.New("no unadmitted decision on pp")
 			}
 			return nil
 		})
