@@ -43,7 +43,7 @@ type Approval struct {
 	RequestedIdentity string `json:"requested_identity,omitempty"`
 	// RequestedGrants are the roles and policies of the token that asked
 	// ("role:x", "policy:y", sorted), when it may approve: another token
-	// holding the same ones is the same approver's (SamePerson).
+	// holding all of them is the same approver's (SamePerson).
 	RequestedGrants []string  `json:"requested_grants,omitempty"`
 	RequestedAt     time.Time `json:"requested_at"`
 	DecidedBy       string    `json:"decided_by,omitempty"`
@@ -171,10 +171,11 @@ func GrantsOf(g policy.Grants) []string {
 //     method, roles and policies);
 //   - a name that is the asker's, or the asker's name is its, followed by
 //     one of - . _ @ + and more ("dana-ci", "dana.laptop" are dana's);
-//   - for a request an approver made, the same roles and policies, not
-//     none (a second key to the same approver's rights is theirs, whatever
-//     its name; two approvers with exactly the same ones are told apart by
-//     a role of their own).
+//   - for a request an approver made, a token that holds all its roles
+//     and policies (not none), whatever else it holds: what a token can do,
+//     not its name, tells a second key to the same approver's rights (N5:
+//     dana2, with dana's roles and one more, granted dana's request). Two
+//     approvers are told apart by a role each of their own.
 //
 // For a request recorded before identities were, its token's name stands
 // for the identity.
@@ -191,7 +192,15 @@ func (a Approval) SamePerson(tokenName string, g policy.Grants) bool {
 		return true
 	}
 	mine := GrantsOf(g)
-	return len(mine) > 0 && slices.Equal(mine, a.RequestedGrants)
+	if len(a.RequestedGrants) == 0 {
+		return false
+	}
+	for _, r := range a.RequestedGrants {
+		if _, held := slices.BinarySearch(mine, r); !held {
+			return false
+		}
+	}
+	return true
 }
 
 // namePrefix reports whether name is person's, a separator, and more.

@@ -131,8 +131,9 @@ func TestIdentityIsThePersonNotTheToken(t *testing.T) {
 }
 
 // Nobody grants their own request with another of their tokens: one named
-// after them with a suffix, or one holding the same roles and policies
-// (N5: dana-ci, with dana's roles, granted dana's request).
+// after them with a suffix, or one holding all their roles and policies,
+// whatever else (N5: dana-ci, with dana's roles, and dana2, with dana's
+// roles and one more, granted dana's request).
 func TestSamePersonCoversTheirOtherTokens(t *testing.T) {
 	dana := policy.Grants{Roles: []string{"ml-user", "gpu-approve"}}
 	asked := approval.Approval{RequestedBy: "dana (acc-1)", RequestedAccessor: "acc-1", RequestedIdentity: "dana",
@@ -147,7 +148,9 @@ func TestSamePersonCoversTheirOtherTokens(t *testing.T) {
 		{"dana-ci", ops, true},
 		{"dana.laptop", policy.Grants{}, true},
 		{"dana@ci", ops, true},
-		{"ci-bot", policy.Grants{Roles: []string{"gpu-approve", "ml-user"}}, true}, // dana's rights, another name
+		{"ci-bot", policy.Grants{Roles: []string{"gpu-approve", "ml-user"}}, true},                             // dana's rights, another name
+		{"dana2", policy.Grants{Roles: []string{"gpu-approve", "ml-user"}, Policies: []string{"extra"}}, true}, // and one more
+		{"ops-lead", policy.Grants{Roles: []string{"gpu-approve", "ops-lead", "sre"}}, false},                  // another approver, a role of their own
 		{"ops-oncall", ops, false},
 		{"danaher", ops, false}, // another name that starts like hers
 		{"dan", ops, false},     // hers starts like it, with no separator

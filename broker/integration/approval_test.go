@@ -25,12 +25,13 @@ import (
 // expires, with nobody acting, the job goes back to the queue.
 func TestAnApprovalLetsAJobAboveTheLimitUntilItExpires(t *testing.T) {
 	t.Parallel()
-	n, consul, token := startACLCluster(t, map[string]string{"vision-write": writeRules("vision")})
+	n, consul, token := startACLCluster(t, map[string]string{"vision-write": writeRules("vision"), "default-read": `namespace "default" { policy = "read" }`})
 	ana := token("ana", "client", nil, []string{"vision-write"})
 	ops := token("ops-oncall", "client", nil, []string{"vision-write"})
-	opsLaptop := token("ops-oncall", "client", nil, []string{"vision-write"}) // the same person's second token
-	opsCI := token("ops-oncall-ci", "client", nil, []string{"vision-write"})  // a token made for the same person
-	robot := token("robot", "client", nil, []string{"vision-write"})          // another name, the same rights
+	opsLaptop := token("ops-oncall", "client", nil, []string{"vision-write"})          // the same person's second token
+	opsCI := token("ops-oncall-ci", "client", nil, []string{"vision-write"})           // a token made for the same person
+	robot := token("robot", "client", nil, []string{"vision-write"})                   // another name, the same rights
+	backup := token("backup", "client", nil, []string{"vision-write", "default-read"}) // and one more (N5)
 	brokerToken := token("gpu-broker", "management", nil, nil)
 	policyDir := t.TempDir()
 	writeFile(t, filepath.Join(policyDir, "policy.hcl"), `
@@ -48,7 +49,7 @@ tenant "vision" {
 borrowing {
   enabled = true
 }
-approvers = ["ops-oncall", "ops-oncall-ci", "robot"]
+approvers = ["ops-oncall", "ops-oncall-ci", "robot", "backup"]
 reclaim_settings {
   period = "1s"
 }
@@ -94,7 +95,7 @@ reclaim_settings {
 	if err != nil || json.Unmarshal([]byte(out), &own) != nil {
 		t.Fatalf("request: %v\n%s", err, out)
 	}
-	for _, tok := range []string{ops.SecretID, opsLaptop.SecretID, opsCI.SecretID, robot.SecretID} {
+	for _, tok := range []string{ops.SecretID, opsLaptop.SecretID, opsCI.SecretID, robot.SecretID, backup.SecretID} {
 		if out, err := broker(tok, "approval", "grant", own.ID); err == nil || !strings.Contains(out, "nobody grants or denies their own request") {
 			t.Errorf("an approver granted their own request: %v\n%s", err, out)
 		}

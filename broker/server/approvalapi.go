@@ -145,7 +145,7 @@ func (s *Server) decideApproval(w http.ResponseWriter, r *http.Request, id strin
 		return
 	case accessor == a.RequestedAccessor || a.SamePerson(tokenName, g):
 		writeError(w, fail(errForbidden, "nobody grants or denies their own request, with any of their tokens (the same name, the name "+
-			"and a suffix such as -ci, or an approver's same roles and policies); another approver must"))
+			"and a suffix such as -ci, or all of an approver's roles and policies); another approver must"))
 		return
 	case a.State != approval.Pending:
 		writeError(w, fail(errConflict, "approval %s is %s, not pending", id, a.State))
