@@ -192,11 +192,12 @@ func TestRegions(t *testing.T) {
 			t.Fatalf("a job for region south: want refused by the broker: %v\n%s", err, out)
 		}
 	})
-	// R1: Nomad acts in the region a job call's body names when its query
-	// names none. A revert naming west in its body was decided on east's
-	// GPU-less job of the same id, and Nomad reverted west's past dub's
-	// cap there; it is decided in west now.
-	t.Run("a revert is decided in the region its body names", func(t *testing.T) {
+	// R1, R1b: Nomad acts in the region a job call's body names when its
+	// query names none. A revert naming west in its body was decided on
+	// east's GPU-less job of the same id, and Nomad reverted west's past
+	// dub's cap there; a dispatch so made a child in west at every call.
+	// Both are decided in west now.
+	t.Run("a revert and a dispatch are decided in the region their body names", func(t *testing.T) {
 		dub := func(id, region string, gpus int) string {
 			path := e.spec("dub", id, 1, gpus, "")
 			spec, _ := os.ReadFile(path)
@@ -224,6 +225,36 @@ func TestRegions(t *testing.T) {
 		for region, n := range map[string]*testcluster.Nomad{"east": east, "west": west} {
 			for _, id := range []string{"rv", "cap"} {
 				n.API.Jobs().Deregister(id, true, &api.WriteOptions{Namespace: "dub", Region: region})
+			}
+		}
+		e.waitUsed("dub", 0)
+
+		// A parameterized parent in west (a child of 1 GPU), and a GPU-less
+		// one of the same id in east: the second child is beyond dub's cap
+		// of 1 in west.
+		for _, c := range []struct {
+			region string
+			gpus   int
+		}{{"west", 1}, {"east", 0}} {
+			path := dub("pa", c.region, c.gpus)
+			spec, _ := os.ReadFile(path)
+			writeFile(t, path, strings.Replace(string(spec), `type        = "batch"`, "type        = \"batch\"\n  parameterized {}", 1))
+			if out, err := e.nomadCLI("job", "run", "-detach", path); err != nil {
+				t.Fatalf("parent pa in %s: %v\n%s", c.region, err, out)
+			}
+		}
+		for i, want := range []int{http.StatusOK, http.StatusForbidden} {
+			if status, out := send(t, e.broker.Addr, http.MethodPut, "/v1/job/pa/dispatch", `{"Namespace": "dub", "Region": "west"}`); status != want {
+				t.Errorf("dispatch %d of west's pa, named by the body: %d %s, want %d", i+1, status, out, want)
+			}
+		}
+		if kids, _, err := west.API.Jobs().List(&api.QueryOptions{Namespace: "dub", Prefix: "pa/dispatch-"}); err != nil || len(kids) != 1 {
+			t.Errorf("west has %d children of pa, want 1 (%v)", len(kids), err)
+		}
+		for region, n := range map[string]*testcluster.Nomad{"east": east, "west": west} {
+			kids, _, _ := n.API.Jobs().List(&api.QueryOptions{Namespace: "dub", Prefix: "pa", Region: region})
+			for _, k := range kids {
+				n.API.Jobs().Deregister(k.ID, true, &api.WriteOptions{Namespace: "dub", Region: region})
 			}
 		}
 		e.waitUsed("dub", 0)
