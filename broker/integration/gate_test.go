@@ -300,23 +300,12 @@ func TestGate(t *testing.T) {
 		if out, err := e.nomadCLI("job", "stop", "-namespace", ns, "-detach", "rv"); err != nil {
 			t.Fatalf("stop through the broker: %v\n%s", err, out)
 		}
-		testcluster.WaitFor(t, 30*time.Second, "rv's stop recorded", func() error {
-			if p, _, err := consulKV(consul).Get("nomad-gpu/stopped/"+ns+"/rv", nil); err != nil || p == nil {
-				return fmt.Errorf("no record (%v)", err)
-			}
-			return nil
-		})
+		stopsRecorded(t, consul, ns, "rv")
 		if out, err := e.nomadCLI("job", "revert", "-namespace", ns, "-detach", "rv", "0"); err != nil {
 			t.Fatalf("revert to version 0 (1 GPU) through the broker: %v\n%s", err, out)
 		}
 		waitAllocsRunning(t, e.nomad, ns, "rv", 1)
-		waitPasses(t, e.broker, metrics.LoopReclaim, 3)
-		if e.unadmitted(ns, "rv") {
-			t.Errorf("reverted through the broker, read as unadmitted")
-		}
-		if p, _, err := consulKV(consul).Get("nomad-gpu/stopped/"+ns+"/rv", nil); err != nil || p != nil {
-			t.Errorf("rv's stop record after its revert through the broker: %v %v", p, err)
-		}
+		admittedAgain(t, e, consul, ns, "rv")
 	})
 
 	// P6: an admitted batch job, purged straight in Nomad
@@ -374,12 +363,7 @@ func TestGate(t *testing.T) {
 		if _, _, err := e.nomad.API.Jobs().Deregister("pp", true, &api.WriteOptions{Namespace: ns}); err != nil {
 			t.Fatal(err)
 		}
-		testcluster.WaitFor(t, 30*time.Second, "pp's purge recorded as its stop", func() error {
-			if p, _, err := consulKV(consul).Get("nomad-gpu/stopped/"+ns+"/pp", nil); err != nil || p == nil {
-				return fmt.Errorf("no record (%v)", err)
-			}
-			return nil
-		})
+		stopsRecorded(t, consul, ns, "pp")
 		if _, _, err := e.nomad.API.Jobs().Register(kept, nil); err != nil {
 			t.Fatalf("pp again, straight in Nomad: %v", err)
 		}
@@ -902,14 +886,7 @@ func TestGate(t *testing.T) {
 			}
 		}
 		e.waitUsed("replay", 0) // their allocations ended
-		testcluster.WaitFor(t, 30*time.Second, "the stops recorded", func() error {
-			for _, id := range []string{"rp", "again"} {
-				if p, _, err := consulKV(consul).Get("nomad-gpu/stopped/"+ns+"/"+id, nil); err != nil || p == nil {
-					return fmt.Errorf("no record of %s's stop (%v)", id, err)
-				}
-			}
-			return nil
-		})
+		stopsRecorded(t, consul, ns, "rp", "again")
 		replay, _, err := e.nomad.API.Jobs().Info("rp", &api.QueryOptions{Namespace: ns})
 		if err != nil {
 			t.Fatal(err)
@@ -940,13 +917,7 @@ func TestGate(t *testing.T) {
 			}
 			return nil
 		})
-		waitPasses(t, e.broker, metrics.LoopReclaim, 2)
-		if e.unadmitted(ns, "again") {
-			t.Errorf("run again through the broker, read as unadmitted")
-		}
-		if p, _, err := consulKV(consul).Get("nomad-gpu/stopped/"+ns+"/again", nil); err != nil || p != nil {
-			t.Errorf("again's stop record after it ran again through the broker: %v %v", p, err)
-		}
+		admittedAgain(t, e, consul, ns, "again")
 	})
 
 	// A write the broker's route table does not know is passed through
@@ -1051,6 +1022,33 @@ func gpusOf(j *api.Job) int {
 		}
 	}
 	return n
+}
+
+// stopsRecorded waits until the leader recorded the stops of jobs ids in ns.
+func stopsRecorded(t *testing.T, consul *testcluster.Consul, ns string, ids ...string) {
+	t.Helper()
+	testcluster.WaitFor(t, 30*time.Second, "the stops recorded", func() error {
+		for _, id := range ids {
+			if p, _, err := consulKV(consul).Get("nomad-gpu/stopped/"+ns+"/"+id, nil); err != nil || p == nil {
+				return fmt.Errorf("no record of %s's stop (%v)", id, err)
+			}
+		}
+		return nil
+	})
+}
+
+// admittedAgain checks that job ns/id, stopped and run again through the
+// broker, is its admission: after reclaim passes it is not read as
+// unadmitted, and its stop record is gone.
+func admittedAgain(t *testing.T, e *env, consul *testcluster.Consul, ns, id string) {
+	t.Helper()
+	waitPasses(t, e.broker, metrics.LoopReclaim, 3)
+	if e.unadmitted(ns, id) {
+		t.Errorf("%s, run again through the broker, read as unadmitted", id)
+	}
+	if p, _, err := consulKV(consul).Get("nomad-gpu/stopped/"+ns+"/"+id, nil); err != nil || p != nil {
+		t.Errorf("%s's stop record after it ran again through the broker: %v %v", id, p, err)
+	}
 }
 
 // send makes an HTTP request to addr and returns the answer's status and
