@@ -82,6 +82,38 @@ func TestRoomsCountPlacementsUntilTheirAllocationsShow(t *testing.T) {
 	}
 }
 
+// A dispatched child is decided under a key of the broker's and placed
+// there; Nomad names it: its placement moves to that id with its
+// reservation, so that the child's allocation shows it taken, and its end
+// frees the node. (Left under the broker's key, the node looked taken
+// until the placement expired: a dispatch in west sent the next job of
+// another tenant to east.)
+func TestADispatchedChildsPlacementEndsWithItsAllocation(t *testing.T) {
+	p := testbuild.Policy(t, visionPolicy)
+	now := time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC)
+	v := NewView(nil)
+	v.SetClock(clock.Func(func() time.Time { return now }))
+	v.ObserveNode(testbuild.Node("n1", testbuild.H100, 8, 0))
+	free := func() int { return v.Rooms()[0].Free }
+	d, res := v.Admit(p, admission.Job{ID: "parent/dispatch-broker-key", Namespace: "vision",
+		Groups: []admission.Group{{Name: "g", Count: 1, GPUsPerAlloc: 4}}})
+	if !slices.Equal(d.Placed["g"], []string{"n1"}) || free() != 4 {
+		t.Fatalf("placed %v, free %d, want n1 and 4", d.Placed, free())
+	}
+	const child = "parent/dispatch-1700000000-abcd"
+	res.ConfirmAs(child, 40)
+	v.ObserveJob(testbuild.Job("vision", child).Group("g", 1, 4, "gpu").ModifyIndex(40).Build())
+	v.ObserveAlloc(testbuild.Alloc("a1", "vision", child, "n1", 41, "n1-0", "n1-1", "n1-2", "n1-3").Build())
+	if got := free(); got != 4 {
+		t.Errorf("the child's allocation seen: free %d, want 4 (counted once)", got)
+	}
+	v.ObserveAlloc(testbuild.Alloc("a1", "vision", child, "n1", 42, "n1-0", "n1-1", "n1-2", "n1-3").Status("stop", "complete", 42).Build())
+	v.ObserveJob(testbuild.Job("vision", child).Type(api.JobTypeBatch).Group("g", 1, 4, "gpu").ModifyIndex(40).Dead().Build())
+	if got := free(); got != 8 {
+		t.Errorf("the child done: free %d, want 8", got)
+	}
+}
+
 // A batch job the broker pinned whose pinned group has no live allocation
 // waits for a placement; its node gone, it is pinned again at once.
 func TestUnplacedPinnedJobs(t *testing.T) {

@@ -105,7 +105,16 @@ func (r *Reservation) ConfirmAs(id string, index uint64) {
 		return
 	}
 	delete(r.v.reserved, r.key)
-	r.key = jobKey{r.key.namespace, id}
+	child := jobKey{r.key.namespace, id}
+	if pl, ok := r.v.placing[r.key]; ok && pl.seq == r.seq {
+		// The nodes chosen are the child's: its allocations show them
+		// taken. Left under the parent's id, nothing of the parent's ever
+		// would, and they looked taken until the placement expired.
+		delete(r.v.placing, r.key)
+		r.v.placing[child] = pl
+		r.v.rooms = nil
+	}
+	r.key = child
 	res.index = index
 	r.v.reserved[r.key] = res
 	r.v.settle(r.key)
