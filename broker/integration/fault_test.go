@@ -761,6 +761,34 @@ func TestNomadFailing(t *testing.T) {
 	emptied()
 	e.waitUsed("vision", 4)
 	clockSteps(t, e, consul, &f.step, 4)
+
+	// D2: a job stopped straight in Nomad, registered again through the
+	// broker by a caller who leaves while Nomad takes it. Nomad runs it
+	// again; the broker's stop record must go with it (at 2617474 the
+	// forward was cancelled with the caller, the record put back, and the
+	// job read as unadmitted).
+	e.stop("vision", "x1")
+	stopsRecorded(t, consul, "vision", "x1")
+	e.waitUsed("vision", 3) // admitted at once, not queued
+	stored := e.job("vision", "x1")
+	stored.Stop = ptr(false)
+	body, _ := json.Marshal(api.JobRegisterRequest{Job: stored})
+	f.set("late")
+	impatient := &http.Client{Timeout: lateBy / 4}
+	put, _ := http.NewRequest(http.MethodPut, e.broker.Addr+"/v1/jobs", bytes.NewReader(body))
+	if resp, err := impatient.Do(put); err == nil {
+		out, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		t.Fatalf("the registration was answered within %s: %s %s", lateBy/4, resp.Status, out)
+	}
+	time.Sleep(lateBy + time.Second)
+	f.set("")
+	if j := e.job("vision", "x1"); *j.Stop {
+		t.Fatal("Nomad did not take the registration")
+	}
+	if p, _, err := consulKV(consul).Get("nomad-gpu/stopped/vision/x1", nil); err != nil || p != nil {
+		t.Errorf("x1's stop record after its registration through the broker, its caller gone: %v %v", p, err)
+	}
 }
 
 // TestTheLeaderStaysCalmWhileNomadFails: 8 queued jobs wait for the GPUs a
