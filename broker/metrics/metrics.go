@@ -181,7 +181,7 @@ func New() *Metrics {
 		Help: "Writes to Nomad's API that the broker's route table does not know, passed through (without exclusive enforcement; with it they are refused), by route pattern."},
 		[]string{"route"})
 	m.overLimit = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "nomadgpu_tenant_over_limit_gpu_seconds_total",
-		Help: "GPU-seconds a tenant held above its limit (raised by approvals in force), as Nomad's allocations in its namespaces show them, admitted by the broker or not."},
+		Help: "GPU-seconds a tenant held above its limit (raised by approvals in force) or above a region cap, as Nomad's allocations in its namespaces show them, admitted by the broker or not."},
 		[]string{"tenant"})
 	m.Registry.MustRegister(m.unknown, m.overLimit, m.admissions, m.decisions, m.gpuSeconds, m.auditFails, m.unreadable, m.queueWait, m.preempted, m.lostWork, m.reclaimed,
 		m.requests, m.estimates, m.allocs, m.scaleUp, m.consulErrs, m.throttled, m.passes, m.passTime,

@@ -45,7 +45,10 @@ const clockStepBack = time.Minute
 // what it committed to nomadgpu_gpu_seconds_total, and tells admission
 // (Budgets) which tenants spent their GPU-hour budget. One per leader term.
 type Ledger struct {
-	Store    DayStore
+	Store DayStore
+	// Region is the broker's own region, for the region caps of
+	// allocations that name none.
+	Region   string
 	Policies policy.Source
 	Metrics  *metrics.Metrics
 	Budgets  *usage.BudgetBook // nil: none kept
@@ -280,7 +283,7 @@ func (l *Ledger) overLimit(ctx context.Context, from, now time.Time, allocs []re
 	if l.Granted != nil {
 		granted = l.Granted(now)
 	}
-	over := usage.OverLimitSeconds(from, now, allocs, gpus, p, granted)
+	over := usage.OverLimitSeconds(from, now, allocs, gpus, p, granted, l.Region)
 	if len(over) == 0 {
 		return nil, nil
 	}

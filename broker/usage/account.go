@@ -101,17 +101,22 @@ func interval(prev, now time.Time, allocs []reclaim.Alloc, gpus map[string]recla
 	return out
 }
 
-// OverLimitSeconds is, by tenant, the GPU-seconds its namespaces' allocations
+// OverLimitSeconds is, by tenant, the GPU-seconds each tenant of p
 // held above its limit (raised by extra, what approvals in force grant it)
-// from prev to now, as Nomad's allocations show them: the broker's
-// admissions or not. Within the interval it is what they held in all above
-// the limit's worth of GPU-seconds: exact while holdings are steady, and
-// a pass's period at most from it when they change.
-func OverLimitSeconds(prev, now time.Time, allocs []reclaim.Alloc, gpus map[string]reclaim.GPU, p *policy.Policy, extra map[string]float64) map[string]float64 {
+// or above a region cap (its region blocks) from prev to now, as Nomad's
+// allocations show them: the broker's admissions or not. Within the
+// interval it is the larger of what they held in all above the limit's
+// worth and what they held in capped regions above the caps' worth (the
+// fewest GPU-seconds that had to go for the tenant to be within both):
+// exact while holdings are steady, and a pass's period at most from it
+// when they change. home names the broker's own region, whose allocations
+// name none.
+func OverLimitSeconds(prev, now time.Time, allocs []reclaim.Alloc, gpus map[string]reclaim.GPU, p *policy.Policy, extra map[string]float64, home string) map[string]float64 {
 	if prev.IsZero() || !now.After(prev) {
 		return nil
 	}
 	held := map[string]float64{}
+	inRegion := map[[2]string]float64{} // by tenant and capped region
 	for _, a := range allocs {
 		t := p.TenantOf(a.Namespace)
 		if t == nil || a.Preempted || a.StartedAt.IsZero() {
@@ -122,16 +127,29 @@ func OverLimitSeconds(prev, now time.Time, allocs []reclaim.Alloc, gpus map[stri
 			end = a.EndedAt
 		}
 		span := min(end.Sub(prev), end.Sub(a.StartedAt)).Seconds()
+		region := a.Region
+		if region == "" {
+			region = home
+		}
+		_, capped := t.RegionLimits[region]
 		for _, id := range a.GPUs {
 			if span > 0 {
 				held[t.Name] += span * gpus[id].Share()
+				if capped {
+					inRegion[[2]string{t.Name, region}] += span * gpus[id].Share()
+				}
 			}
 		}
 	}
 	out := map[string]float64{}
 	dt := now.Sub(prev).Seconds()
 	for name, s := range held {
-		if over := s - (p.Tenants[name].Limit.Total()+extra[name])*dt; over > 1e-6 {
+		over := s - (p.Tenants[name].Limit.Total()+extra[name])*dt
+		regional := 0.0
+		for region, limit := range p.Tenants[name].RegionLimits {
+			regional += max(inRegion[[2]string{name, region}]-limit*dt, 0)
+		}
+		if over = max(over, regional); over > 1e-6 {
 			out[name] = over
 		}
 	}

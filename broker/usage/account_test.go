@@ -113,14 +113,39 @@ tenant "vision" {
 	from, to := t0.Add(time.Minute), t0.Add(2*time.Minute)
 	// 2 GPUs × 60 s + 1 × 60 s + 1 × 30 s = 210 GPU-seconds; the limit is
 	// 2 × 60 s.
-	if got := usage.OverLimitSeconds(from, to, allocs, nil, p, nil); got["vision"] != 90 || len(got) != 1 {
+	if got := usage.OverLimitSeconds(from, to, allocs, nil, p, nil, ""); got["vision"] != 90 || len(got) != 1 {
 		t.Errorf("over the limit: %v, want vision 90", got)
 	}
-	if got := usage.OverLimitSeconds(from, to, allocs, nil, p, map[string]float64{"vision": 2}); len(got) != 0 {
+	if got := usage.OverLimitSeconds(from, to, allocs, nil, p, map[string]float64{"vision": 2}, ""); len(got) != 0 {
 		t.Errorf("within a limit raised by 2 approved GPUs: %v", got)
 	}
-	if got := usage.OverLimitSeconds(time.Time{}, to, allocs, nil, p, nil); len(got) != 0 {
+	if got := usage.OverLimitSeconds(time.Time{}, to, allocs, nil, p, nil, ""); len(got) != 0 {
 		t.Errorf("the first pass (no interval): %v", got)
+	}
+	// Over a region cap, within the limit (R1d: 2 GPUs in west against a
+	// cap of 1, past the gate): the GPU-seconds above the cap. Over both,
+	// the larger: the fewest that had to go.
+	capped := testbuild.Policy(t, `
+queue "training" { priority = 60 }
+tenant "vision" {
+  namespaces = ["vision"]
+  queues     = ["training"]
+  limit      = 4
+  region "west" {
+    limit = 1
+  }
+  region "east" {
+    limit = 4
+  }
+}
+`)
+	west := running("w", "in-west", "g5", "g6")
+	west.Region = "west"
+	if got := usage.OverLimitSeconds(from, to, []reclaim.Alloc{admitted, west}, nil, capped, nil, "east"); got["vision"] != 60 {
+		t.Errorf("2 GPUs in west, capped at 1, 4 in all, limit 4: %v, want vision 60", got)
+	}
+	if got := usage.OverLimitSeconds(from, to, []reclaim.Alloc{admitted, late, west}, nil, capped, map[string]float64{"vision": 2}, "east"); got["vision"] != 60 {
+		t.Errorf("an approval raises the limit, not the cap: %v, want vision 60", got)
 	}
 	days := []usage.Rollup{{Day: "2026-11-30"}}
 	days[0].AddOverLimit(map[string]float64{"vision": 90})
