@@ -231,6 +231,12 @@ func TestExclusiveEnforcementWithNomadACLs(t *testing.T) {
 				t.Errorf("%s %s: %d %s", c.method, c.path, status, out)
 			}
 		}
+		// D5: HEAD and OPTIONS write nothing; Nomad answers them itself.
+		for _, method := range []string{http.MethodHead, http.MethodOptions} {
+			if status, out := e.brokerAPI(ana.SecretID, method, "/v1/jobs?namespace=vision"); status == http.StatusForbidden {
+				t.Errorf("%s /v1/jobs refused as an unknown write: %s", method, out)
+			}
+		}
 	})
 	t.Run("reads go to Nomad with the caller's own token", func(t *testing.T) {
 		if out, err := e.cli(bob.SecretID, e.broker.Addr, "job", "status", "-namespace", "vision", "direct"); err != nil || !strings.Contains(out, "running") {
