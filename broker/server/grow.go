@@ -344,10 +344,10 @@ func (s *Server) stable(w http.ResponseWriter, r *http.Request, jc jobCall, jobI
 // evaluate decides an evaluation of a job on what Nomad may place after it
 // (Job.Evaluate in v1.6.3's nomad/job_endpoint.go): the evaluation is a
 // registration's, which places whatever the job's count misses, and with
-// ForceReschedule every failed allocation is replaced. So one of a job that
-// runs nothing (dead: its allocations failed or ended; pending), or one
-// that forces rescheduling, is decided on the job's whole demand, as a
-// revert to the version Nomad has is; one of a running job places no more
+// ForceReschedule every failed allocation is replaced. So one of a dead
+// job (its allocations failed or ended: charged nothing), or one that
+// forces rescheduling, is decided on the job's whole demand, as a revert to
+// the version Nomad has is; one of a running or pending job places no more
 // than it is charged for, and a stopped, periodic or parameterized job's
 // places nothing (Nomad refuses the last two).
 func (s *Server) evaluate(w http.ResponseWriter, r *http.Request, jc jobCall, jobID string) {
@@ -368,8 +368,9 @@ func (s *Server) evaluate(w http.ResponseWriter, r *http.Request, jc jobCall, jo
 		s.lookupFailed(w, err, "evaluate", jobID)
 		return
 	}
-	running := job.Status != nil && *job.Status == "running" && !req.EvalOptions.ForceReschedule
-	if running || job.Stop != nil && *job.Stop || job.IsPeriodic() || job.IsParameterized() {
+	// Running or pending, the job is charged its whole demand already.
+	charged := job.Status != nil && *job.Status != "dead" && !req.EvalOptions.ForceReschedule
+	if charged || job.Stop != nil && *job.Stop || job.IsPeriodic() || job.IsParameterized() {
 		s.passThrough(w, r, body)
 		return
 	}
