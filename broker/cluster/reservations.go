@@ -148,18 +148,20 @@ func minTime(a, b time.Time) time.Time {
 // Release gives the reservation up: Nomad did not take the job. It sets off
 // a queue pass, which may admit what the reservation held back.
 func (r *Reservation) Release() {
-	if r.Withdraw() {
-		r.v.notify()
+	if r == nil {
+		return
 	}
+	r.Withdraw()
+	r.v.notify()
 }
 
 // Withdraw gives the reservation up without setting off a queue pass: the
 // queue's own pass made it and withdraws it (the entry waits, backs off or
 // is held back), and a pass woken by its own withdrawals would decide the
-// same again, in a loop. It reports whether there was anything to give up.
-func (r *Reservation) Withdraw() bool {
+// same again, in a loop.
+func (r *Reservation) Withdraw() {
 	if r == nil {
-		return false
+		return
 	}
 	r.v.mu.Lock()
 	defer r.v.mu.Unlock()
@@ -169,7 +171,6 @@ func (r *Reservation) Withdraw() bool {
 	if pl, ok := r.v.placing[r.key]; ok && pl.seq == r.seq {
 		r.v.unplace(r.key)
 	}
-	return true
 }
 
 // heldSince is the GPUs the live allocations of key created after index
