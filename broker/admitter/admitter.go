@@ -119,6 +119,9 @@ type Admitter struct {
 	// Stops are the jobs the broker admitted that Nomad stopped since (nil:
 	// none kept): a requeued job registered again is revived from them.
 	Stops decide.StopRecords
+	// Writes are the JobModifyIndexes of the broker's own writes (nil: none
+	// kept): a queued job registered is recorded in them.
+	Writes decide.RegistrationRecords
 	// Placed tells, for a requeued job registered again, why Nomad placed
 	// nothing for that version ("" when it did; nil: not asked).
 	// region is the one it was registered in ("": the broker's own).
@@ -636,15 +639,19 @@ func (a *Admitter) register(ctx context.Context, e queue.Entry, region string, d
 		a.Log.Info("queue: changed since the pass read it; not registered", "id", e.ID, "job", e.JobID, "namespace", e.Namespace)
 		return errChanged
 	}
-	settle, err := decide.Revive(ctx, a.Stops, e.Namespace, e.JobID)
+	settle, err := decide.Registering(ctx, a.Stops, a.Writes, nomadjob.Ref{Region: region, Namespace: e.Namespace, ID: e.JobID}, a.Clock.Now())
 	if err != nil {
 		res.Withdraw()
 		return fmt.Errorf("admit queued job %s (%s): %w", e.ID, e.JobID, err)
 	}
 	sent := a.Clock.Now()
 	index, err := a.send(ctx, e, body, again)
-	if serr := settle(err == nil); serr != nil {
-		a.Log.Error("queue: the job's stopped record stays pending", "id", e.ID, "job", e.JobID, "error", serr)
+	took := index
+	if err != nil {
+		took = 0
+	}
+	if serr := settle(took); serr != nil {
+		a.Log.Error("queue: the job's records of the broker's writes stay pending", "id", e.ID, "job", e.JobID, "error", serr)
 	}
 	if err != nil {
 		var r refusal

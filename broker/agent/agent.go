@@ -87,7 +87,8 @@ type stores struct {
 	queue          *consulkv.Queue
 	decisions      *consulkv.Decisions
 	scales         *consulkv.Scales
-	stops          *consulkv.Stops
+	stops          consulkv.Stops
+	writes         consulkv.Registrations
 	approvals      *consulkv.Approvals
 	backoffs       *consulkv.Backoffs
 	holds          *consulkv.Holds
@@ -270,11 +271,13 @@ func (a *Agent) setupStores(ctx context.Context) error {
 			"moved_to", u.MovedTo, "error", u.Err)
 	})
 	a.stores = stores{aside: aside, queue: consulkv.NewQueue(kv, prefix, aside), decisions: consulkv.NewDecisions(kv, prefix, aside),
-		scales: consulkv.NewScales(kv, prefix, aside), stops: consulkv.NewStops(kv, prefix, aside), approvals: consulkv.NewApprovals(kv, prefix, aside),
+		scales: consulkv.NewScales(kv, prefix, a.region, aside), stops: consulkv.NewStops(kv, prefix, a.region, aside),
+		writes: consulkv.NewRegistrations(kv, prefix, a.region, aside), approvals: consulkv.NewApprovals(kv, prefix, aside),
 		backoffs: consulkv.NewBackoffs(kv, prefix, aside), holds: consulkv.NewHolds(kv, prefix), drains: consulkv.NewDrains(kv, prefix), profiles: gpuusage.NewProfiles(),
 		storedProfiles: consulkv.NewProfiles(a.consul, prefix, aside), rollups: consulkv.NewRollups(a.consul, prefix, aside)}
 	go a.stores.approvals.Follow(ctx)
 	go a.stores.stops.Follow(ctx)
+	go a.stores.writes.Follow(ctx)
 	go a.stores.backoffs.Follow(ctx)
 	go a.stores.holds.Follow(ctx, a.regions.HoldNodes) // the leader's holds, in every broker's gate
 	go a.stores.drains.Follow(ctx, a.regions.SetDrained)
@@ -309,6 +312,7 @@ func (a *Agent) setupObservers(context.Context) error {
 	}
 	// A revert in any region is recorded, its tenant's usage counting all.
 	reverts := (&leader.Reverts{Leader: a.elector, Policies: a.policies, Audit: a.trail, Metrics: a.metrics, Log: a.log.Named("revert"),
+		Writes: st.writes, Clock: clock.Real,
 		Usage: func(p *policy.Policy) admission.Usage { return a.regions.UsageWithout(p, "", "") }}).Observed
 	for _, v := range a.regions.Views() {
 		v.SetReverts(reverts)
@@ -324,13 +328,13 @@ func (a *Agent) setupServer(context.Context) error {
 	// HTTP connections per client.
 	a.admitter = &admitter.Admitter{Log: a.log.Named("queue"), Queue: st.queue, Nomad: regionalNomad{a.nomad}, Cluster: a.regions,
 		Policies: a.policies, Stamper: a.stamper, Clock: clock.Real, GPUsCameBack: a.regions.GPUsCameBack, Blocked: a.unblockers(), Exclusive: a.exclusive,
-		Metrics: a.metrics, FairShare: st.rollups, Audit: a.trail, Approvals: st.approvals, Preemptions: st.backoffs.Preemptions, Stops: st.stops,
+		Metrics: a.metrics, FairShare: st.rollups, Audit: a.trail, Approvals: st.approvals, Preemptions: st.backoffs.Preemptions, Stops: st.stops, Writes: st.writes,
 		Placed: func(ctx context.Context, region, namespace, id string, index uint64) (string, error) {
 			return a.nomad.Region(region).PlacedNothing(ctx, namespace, id, index)
 		}, Parallel: 32, Synced: a.view.Synced, Holds: st.holds}
 	var err error
 	a.server, err = server.New(server.Options{Leader: a.elector, Log: a.log.Named("proxy"), Nomad: cfg.Nomad.Address,
-		Client: a.nomad.HTTPClient(), Policies: a.policies, Cluster: a.regions, Regions: a.regions, Drains: st.drains, Queue: st.queue, Decisions: st.decisions, Scales: st.scales, Stops: st.stops,
+		Client: a.nomad.HTTPClient(), Policies: a.policies, Cluster: a.regions, Regions: a.regions, Drains: st.drains, Queue: st.queue, Decisions: st.decisions, Scales: st.scales, Stops: st.stops, Writes: st.writes,
 		Profiles: st.profiles, RightSizing: st.storedProfiles, Metrics: a.metrics, Rollups: st.rollups, FairShare: st.rollups, Audit: a.trail,
 		Approvals: st.approvals, Preemptions: st.backoffs.Preemptions, SetAside: st.aside, PolicyStatus: a.policies.Status,
 		Unhealthy: a.nomad.Unhealthy, Synced: a.view.Synced, Forecast: a.forecast, Stamper: a.stamper, Region: a.region, ACLs: a.acls,
@@ -415,7 +419,7 @@ func (a *Agent) lead(ctx context.Context) {
 // earlier leaders recorded is read back.
 func (a *Agent) reclaimer() *reclaimer.Reclaimer {
 	st := &a.stores
-	observer := &nomadapi.Observer{Client: a.nomad, View: a.view, Verify: decide.Verifier(a.stamper, st.scales, st.stops), Samples: a.view.SetSamples}
+	observer := &nomadapi.Observer{Client: a.nomad, View: a.view, Verify: decide.Verifier(a.stamper, a.records()), Samples: a.view.SetSamples}
 	prune := a.log.Named("prune")
 	granted := approval.ExtraGranted(a.policies, st.approvals)
 	elsewhere := a.elsewhere(observer.Verify)
@@ -426,9 +430,9 @@ func (a *Agent) reclaimer() *reclaimer.Reclaimer {
 			&reclaimer.Ledger{Store: st.rollups, Region: a.region, Policies: a.policies, Metrics: a.metrics, Budgets: a.budgets, Clock: a.nomad.NomadNow,
 				Ended: observer.Ended, EndedSince: observer.EndedSince, Granted: granted, Elsewhere: elsewhere},
 			&reclaimer.Bander{Log: a.log.Named("band"), Policies: a.policies, Usage: a.regions, Jobs: a.nomad, Elsewhere: a.otherClients(), Grants: st.scales,
-				Stops: st.stops, Stamper: a.stamper, Lock: a.view.LockJob, Audit: a.trail},
-			&reclaimer.Repinner{Log: a.log.Named("repin"), Policies: a.policies, View: a.view, Jobs: a.nomad, Elsewhere: a.repinRegions(), Grants: st.scales,
-				Stops: st.stops, Stamper: a.stamper, Lock: a.view.LockJob, Audit: a.trail},
+				Stops: st.stops, Writes: st.writes, Stamper: a.stamper, Lock: a.view.LockJob, Audit: a.trail},
+			&reclaimer.Repinner{Log: a.log.Named("repin"), Policies: a.policies, View: a.view, Jobs: a.nomad, Elsewhere: a.repinRegions(), Records: a.records(),
+				Writes: st.writes, Stamper: a.stamper, Lock: a.view.LockJob, Audit: a.trail},
 			&reclaimer.StopRecorder{View: a.view, Records: st.stops, Lock: a.view.LockJob},
 			&reclaimer.RegionLoss{Log: a.log.Named("region-loss"), Policies: a.policies, Regions: a.regions, Queue: st.queue, Audit: a.trail,
 				Stop: func(ctx context.Context, region, namespace, id string) (string, error) {
@@ -436,7 +440,9 @@ func (a *Agent) reclaimer() *reclaimer.Reclaimer {
 				}},
 			&reclaimer.Expirer{Store: st.approvals, Jobs: a.regions, Policies: a.policies, Records: st.decisions, NewID: queue.NewID, Audit: a.trail},
 			&reclaimer.Pruner{What: "scale and dispatch grants", Every: grantPruneInterval, Log: prune,
-				Prune: func(ctx context.Context) (int, error) { return st.scales.Prune(ctx, a.goneEverywhere) }},
+				Prune: func(ctx context.Context) (int, error) { return st.scales.Prune(ctx, a.gone) }},
+			&reclaimer.Pruner{What: "records of the broker's writes", Every: grantPruneInterval, Log: prune,
+				Prune: func(ctx context.Context) (int, error) { return st.writes.Prune(ctx, a.gone) }},
 			// A stop is kept for the reclaim retention (Nomad collects a
 			// stopped job within hours): a replay of its stamp after that
 			// verifies again.
@@ -517,20 +523,37 @@ func (a *Agent) reloads(ctx context.Context, policy chan<- os.Signal) {
 func (a *Agent) otherStopRecorders() []reclaimer.Watcher {
 	var out []reclaimer.Watcher
 	for _, name := range slices.Sorted(maps.Keys(a.others)) {
-		out = append(out, &reclaimer.StopRecorder{View: a.others[name].view, Records: a.stores.stops, Lock: a.view.LockJob})
+		out = append(out, &reclaimer.StopRecorder{View: a.others[name].view, Records: a.stores.stops, Region: name, Lock: a.view.LockJob})
 	}
 	return out
 }
 
-// goneEverywhere reports whether no region governed has the job: a grant
-// of a job the broker dispatched to another region is kept while it lives
-// there. A region that cannot be asked keeps it too.
-func (a *Agent) goneEverywhere(ctx context.Context, namespace, id string) (bool, error) {
-	if gone, err := a.nomad.Gone(ctx, namespace, id); err != nil || !gone {
+// records are what the broker keeps of its admissions besides stamps.
+func (a *Agent) records() decide.Records {
+	return decide.Records{Grants: a.stores.scales, Stops: a.stores.stops, Registrations: a.stores.writes}
+}
+
+// gone reports whether the region of a job's record no longer has it, or
+// for a record of no region (written before records were keyed by one),
+// whether no region governed has it. A region that cannot be asked keeps
+// it; one no longer governed has nothing the broker decides on.
+func (a *Agent) gone(ctx context.Context, job nomadjob.Ref) (bool, error) {
+	if job.Region != "" {
+		in := a.nomad
+		if job.Region != a.region {
+			r, ok := a.others[job.Region]
+			if !ok {
+				return true, nil
+			}
+			in = r.nomad
+		}
+		return in.Gone(ctx, job.Namespace, job.ID)
+	}
+	if gone, err := a.nomad.Gone(ctx, job.Namespace, job.ID); err != nil || !gone {
 		return false, err
 	}
 	for name, r := range a.others {
-		switch gone, err := r.nomad.Gone(ctx, namespace, id); {
+		switch gone, err := r.nomad.Gone(ctx, job.Namespace, job.ID); {
 		case err != nil:
 			return false, fmt.Errorf("region %s: %w", name, err)
 		case !gone:

@@ -190,9 +190,13 @@ func (v *View) setStable(key jobKey, groups []admission.Group) {
 // Revert is a revert Nomad made on its own: a deployment with auto_revert
 // failed and Nomad registered the job's stable version again.
 type Revert struct {
-	Namespace, JobID, Deployment string
+	// Region is the view's ("": the broker's own).
+	Region, Namespace, JobID, Deployment string
 	// Description is Nomad's, naming the version it went back to.
 	Description string
+	// Index is the deployment's ModifyIndex at its failure: Nomad registers
+	// the stable version with that update, at that JobModifyIndex.
+	Index uint64
 }
 
 // rolledBack reports the revert a deployment's update tells of.
@@ -200,7 +204,7 @@ func rolledBack(d *api.Deployment) (Revert, bool) {
 	if d.Status != api.DeploymentStatusFailed || !strings.Contains(d.StatusDescription, "rolling back to job version") {
 		return Revert{}, false
 	}
-	return Revert{Namespace: d.Namespace, JobID: d.JobID, Deployment: d.ID, Description: d.StatusDescription}, true
+	return Revert{Namespace: d.Namespace, JobID: d.JobID, Deployment: d.ID, Description: d.StatusDescription, Index: d.ModifyIndex}, true
 }
 
 // ObserveDeployment records the canaries an active, unpromoted deployment

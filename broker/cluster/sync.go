@@ -224,6 +224,7 @@ func (v *View) change(e *Event, reverts *[]Revert) (func() bool, error) {
 			return nil, fmt.Errorf("decode deployment event: %v", err)
 		}
 		if rv, ok := rolledBack(d); ok {
+			rv.Region = v.region
 			*reverts = append(*reverts, rv)
 		}
 		return func() bool { v.observeDeployment(d); return true }, nil

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -313,52 +314,108 @@ func TestStores(t *testing.T) {
 		}
 	})
 
-	t.Run("scale grants: namespaces and job ids with slashes stay apart", func(t *testing.T) {
+	t.Run("scale grants: namespaces, job ids with slashes and regions stay apart", func(t *testing.T) {
 		t.Parallel()
-		s := consulkv.NewScales(client.KV(), "scales-test/", nil)
+		s := consulkv.NewScales(client.KV(), "scales-test/", "east", nil)
 		a := nomadjob.ScaleGrant{Stamp: "a", Admitted: map[string]int{"g": 2}}
 		b := nomadjob.ScaleGrant{Stamp: "b", Admitted: map[string]int{"g": 3}}
-		if err := s.Put(ctx, "team/a", "train", a); err != nil {
-			t.Fatal(err)
+		w := nomadjob.ScaleGrant{Stamp: "w", Admitted: map[string]int{"g": 1}}
+		ref := func(region, ns, job string) nomadjob.Ref { return nomadjob.Ref{Region: region, Namespace: ns, ID: job} }
+		for r, g := range map[nomadjob.Ref]nomadjob.ScaleGrant{ref("", "team/a", "train"): a, ref("east", "team", "a/train"): b,
+			ref("west", "team/a", "train"): w} {
+			if err := s.Put(ctx, r, g); err != nil {
+				t.Fatal(err)
+			}
 		}
-		if err := s.Put(ctx, "team", "a/train", b); err != nil {
+		// One written before grants were keyed by region is the home region's.
+		if _, err := client.KV().Put(&consul.KVPair{Key: "scales-test/scaled/team/legacy", Value: []byte(`{"stamp":"l"}`)}, nil); err != nil {
 			t.Fatal(err)
 		}
 		for _, c := range []struct {
-			ns, job, stamp string
-		}{{"team/a", "train", "a"}, {"team", "a/train", "b"}} {
-			g, ok, err := s.Get(ctx, c.ns, c.job)
-			if err != nil || !ok || g.Stamp != c.stamp {
-				t.Errorf("%s/%s: %+v %v %v", c.ns, c.job, g, ok, err)
+			ref   nomadjob.Ref
+			stamp string
+		}{{ref("east", "team/a", "train"), "a"}, {ref("global", "team", "a/train"), "b"}, {ref("west", "team/a", "train"), "w"},
+			{ref("", "team", "legacy"), "l"}, {ref("west", "team", "legacy"), ""}, {ref("", "team", "none"), ""}} {
+			g, ok, err := s.Get(ctx, c.ref)
+			if err != nil || ok != (c.stamp != "") || g.Stamp != c.stamp {
+				t.Errorf("%+v: %+v %v %v, want stamp %q", c.ref, g, ok, err, c.stamp)
 			}
-		}
-		if _, ok, err := s.Get(ctx, "team", "none"); ok || err != nil {
-			t.Errorf("a job without a grant: %v %v", ok, err)
 		}
 		// Prune deletes the grants of the jobs Nomad no longer has, and a key
 		// no grant could be under; one it cannot look up stays.
 		if _, err := client.KV().Put(&consul.KVPair{Key: "scales-test/scaled/stray", Value: []byte("{}")}, nil); err != nil {
 			t.Fatal(err)
 		}
-		if err := s.Put(ctx, "team", "unknown", b); err != nil {
+		if err := s.Put(ctx, ref("", "team", "unknown"), b); err != nil {
 			t.Fatal(err)
 		}
-		gone := func(_ context.Context, ns, job string) (bool, error) {
-			if job == "unknown" {
+		var asked []nomadjob.Ref
+		gone := func(_ context.Context, job nomadjob.Ref) (bool, error) {
+			asked = append(asked, job)
+			if job.ID == "unknown" {
 				return false, errors.New("nomad unreachable")
 			}
-			return ns == "team/a", nil
+			return job.Region == "west" || job.ID == "legacy", nil
 		}
-		if n, err := s.Prune(ctx, gone); n != 2 || err == nil {
-			t.Errorf("prune: %d deleted (want 2: team/a's grant and the stray key), %v (want the lookup's error)", n, err)
+		if n, err := s.Prune(ctx, gone); n != 3 || err == nil {
+			t.Errorf("prune: %d deleted (want 3: west's grant, the legacy one and the stray key), %v (want the lookup's error)", n, err)
+		}
+		if !slices.Contains(asked, ref("", "team", "legacy")) || !slices.Contains(asked, ref("east", "team", "a/train")) {
+			t.Errorf("prune asked of %+v: want the legacy grant's job in no region, the others in theirs", asked)
 		}
 		for _, c := range []struct {
-			ns, job string
-			kept    bool
-		}{{"team/a", "train", false}, {"team", "a/train", true}, {"team", "unknown", true}} {
-			if _, ok, err := s.Get(ctx, c.ns, c.job); ok != c.kept || err != nil {
-				t.Errorf("%s/%s after the prune: kept %t, want %t (%v)", c.ns, c.job, ok, c.kept, err)
+			ref  nomadjob.Ref
+			kept bool
+		}{{ref("west", "team/a", "train"), false}, {ref("east", "team/a", "train"), true}, {ref("east", "team", "a/train"), true},
+			{ref("east", "team", "unknown"), true}, {ref("east", "team", "legacy"), false}} {
+			if _, ok, err := s.Get(ctx, c.ref); ok != c.kept || err != nil {
+				t.Errorf("%+v after the prune: kept %t, want %t (%v)", c.ref, ok, c.kept, err)
 			}
+		}
+	})
+
+	// D4: a stop in west is not a stop of east's job of the same id; a
+	// record from before records were keyed by region is the home region's,
+	// and goes with the job's own.
+	t.Run("stopped and written records: by region", func(t *testing.T) {
+		t.Parallel()
+		st := consulkv.NewStops(client.KV(), "stops-test/", "east", nil)
+		wr := consulkv.NewRegistrations(client.KV(), "stops-test/", "east", nil)
+		fctx, stop := context.WithCancel(ctx)
+		defer stop()
+		go st.Follow(fctx)
+		west := nomadjob.Ref{Region: "west", Namespace: "team", ID: "train"}
+		east := nomadjob.Ref{Region: "east", Namespace: "team", ID: "train"}
+		if err := st.Put(ctx, west, nomadjob.Stopped{Index: 9}); err != nil {
+			t.Fatal(err)
+		}
+		if err := wr.Put(ctx, east, nomadjob.Registered{Index: 7}); err != nil {
+			t.Fatal(err)
+		}
+		if _, ok := st.Get(east); ok {
+			t.Errorf("west's stop reads as east's")
+		}
+		if r, ok := wr.Get(nomadjob.Ref{Namespace: "team", ID: "train"}); !ok || r.Index != 7 {
+			t.Errorf("east's write, asked for in the home region: %+v %v", r, ok)
+		}
+		if _, err := client.KV().Put(&consul.KVPair{Key: "stops-test/stopped/team/old", Value: []byte(`{"stopped_at_index":3}`)}, nil); err != nil {
+			t.Fatal(err)
+		}
+		old := nomadjob.Ref{Namespace: "team", ID: "old"}
+		testcluster.WaitFor(t, 10*time.Second, "the record from before regions in the copy", func() error {
+			if r, ok := st.Get(old); !ok || r.Index != 3 {
+				return fmt.Errorf("%+v %v", r, ok)
+			}
+			return nil
+		})
+		if _, ok := st.Get(old.In("west")); ok {
+			t.Errorf("a record from before regions reads as west's")
+		}
+		if err := st.Delete(ctx, old); err != nil {
+			t.Fatal(err)
+		}
+		if p, _, _ := client.KV().Get("stops-test/stopped/team/old", nil); p != nil {
+			t.Errorf("deleting the job's record left the one from before regions, which would read as the job's again")
 		}
 	})
 
@@ -477,9 +534,9 @@ func TestStores(t *testing.T) {
 			t.Errorf("counting goes on after a garbage mark: %v %v", ok, err)
 		}
 
-		s := consulkv.NewScales(client.KV(), prefix, aside)
-		garbage("scaled/team/train")
-		if _, ok, err := s.Get(ctx, "team", "train"); ok || err != nil {
+		s := consulkv.NewScales(client.KV(), prefix, "east", aside)
+		garbage("scaled/east/team/train")
+		if _, ok, err := s.Get(ctx, nomadjob.Ref{Namespace: "team", ID: "train"}); ok || err != nil {
 			t.Errorf("a garbage grant reads as none: %v %v", ok, err)
 		}
 		p := consulkv.NewProfiles(client, prefix, aside)
@@ -552,18 +609,18 @@ func TestStores(t *testing.T) {
 			}
 			return len(k)
 		}
-		s := consulkv.NewScales(client.KV(), prefix, nil)
-		s.Put(ctx, "team", "stays", nomadjob.ScaleGrant{Stamp: "s"})
+		s := consulkv.NewScales(client.KV(), prefix, "east", nil)
+		s.Put(ctx, nomadjob.Ref{Namespace: "team", ID: "stays"}, nomadjob.ScaleGrant{Stamp: "s"})
 		before := keys()
 		for i := 0; i < 1000; i++ {
-			if err := s.Put(ctx, "team", fmt.Sprintf("job-%d", i), nomadjob.ScaleGrant{Stamp: "s"}); err != nil {
+			if err := s.Put(ctx, nomadjob.Ref{Namespace: "team", ID: fmt.Sprintf("job-%d", i)}, nomadjob.ScaleGrant{Stamp: "s"}); err != nil {
 				t.Fatal(err)
 			}
 		}
 		if got := keys(); got != before+1000 {
 			t.Fatalf("%d keys after 1,000 grants, %d before", got, before)
 		}
-		gone := func(_ context.Context, _, job string) (bool, error) { return job != "stays", nil }
+		gone := func(_ context.Context, job nomadjob.Ref) (bool, error) { return job.ID != "stays", nil }
 		if n, err := s.Prune(ctx, gone); err != nil || n != 1000 {
 			t.Fatalf("pruned %d: %v", n, err)
 		}

@@ -5,12 +5,17 @@
 //	queue/<id>                      queued jobs (Queue)
 //	reclaim/<id>                    reclaim decisions (Decisions)
 //	approvals/<id>                  approvals, with a snapshot every broker follows (Approvals)
-//	scaled/<namespace>/<job>        what a scale or dispatch through the broker admitted (Scales)
-//	stopped/<namespace>/<job>       admitted jobs Nomad stopped since, with a snapshot every broker follows (Stops)
+//	scaled/<region>/<namespace>/<job>      what a scale or dispatch through the broker admitted (Scales)
+//	stopped/<region>/<namespace>/<job>     admitted jobs Nomad stopped since, with a snapshot every broker follows (Stops)
+//	registered/<region>/<namespace>/<job>  the JobModifyIndex of the broker's last write of each job, with a snapshot every broker follows (Registrations)
 //	rightsizing/<namespace>/<job>   right-sizing profiles (Profiles)
 //	usage/<day>, usage-through      daily GPU time and how far it is counted (Rollups)
 //	admission-key                   the key admission stamps are made with (StampKey)
 //	quarantine/<kind>/<name>        records that could not be read, set aside as they were (Aside)
+//
+// A job's records are its region's: two regions each keep their own job of
+// one id. One written before records were keyed by region
+// (<namespace>/<job>) is the broker's home region's.
 //
 // Values are JSON. A record's version is Consul's ModifyIndex, and every
 // change of one that was read is a check-and-set against it, so that two
@@ -237,6 +242,35 @@ func (r records[T]) names(ctx context.Context) (map[string]uint64, error) {
 		out[strings.TrimPrefix(p.Key, r.dir)] = p.ModifyIndex
 	}
 	return out, nil
+}
+
+// prune deletes the records gone picks (removed, if not nil, hears of
+// each); it returns how many. Gone's first error is returned once every
+// other record was looked at.
+func (r records[T]) prune(ctx context.Context, gone func(name string) (bool, error), removed func(name string)) (int, error) {
+	names, err := r.names(ctx)
+	if err != nil {
+		return 0, err
+	}
+	deleted := 0
+	var firstErr error
+	for name, index := range names {
+		if g, err := gone(name); err != nil || !g {
+			if firstErr == nil {
+				firstErr = err
+			}
+			continue
+		}
+		if ok, err := r.remove(ctx, name, index); err != nil {
+			return deleted, err
+		} else if ok {
+			if removed != nil {
+				removed(name)
+			}
+			deleted++
+		}
+	}
+	return deleted, firstErr
 }
 
 // unescape is escape's parts back; false for a name escape did not make.

@@ -2,6 +2,7 @@ package consulkv
 
 import (
 	"context"
+	"fmt"
 
 	consul "github.com/hashicorp/consul/api"
 
@@ -9,52 +10,50 @@ import (
 )
 
 // Scales keeps what the broker admitted when it scaled a job, or dispatched
-// a child of one, under <prefix>scaled/<namespace>/<job>: a scale changes a
-// job's counts but not its meta, and a child carries its parent's stamp, so
-// the admission stamp alone no longer verifies either. Prune is the keys'
-// owner: the leader deletes those of jobs Nomad no longer has.
-type Scales struct{ r records[nomadjob.ScaleGrant] }
+// a child of one, under <prefix>scaled/<region>/<namespace>/<job>: a scale
+// changes a job's counts but not its meta, and a child carries its parent's
+// stamp, so the admission stamp alone no longer verifies either. Prune is
+// the keys' owner: the leader deletes those of jobs Nomad no longer has.
+type Scales struct {
+	r records[nomadjob.ScaleGrant]
+	b byJob
+}
 
-// NewScales returns the grants under prefix (e.g. "nomad-gpu/").
-func NewScales(kv *consul.KV, prefix string, aside *Aside) *Scales {
-	return &Scales{records[nomadjob.ScaleGrant]{kv: kv, dir: prefix + "scaled/", what: "scale grant", kind: "scaled", aside: aside}}
+// NewScales returns the grants under prefix (e.g. "nomad-gpu/") of the jobs
+// of every region; home is the broker's own.
+func NewScales(kv *consul.KV, prefix, home string, aside *Aside) *Scales {
+	return &Scales{r: records[nomadjob.ScaleGrant]{kv: kv, dir: prefix + "scaled/", what: "scale grant", kind: "scaled", aside: aside},
+		b: byJob{home: home}}
 }
 
 // Get returns the grant of a job, if any.
-func (s *Scales) Get(ctx context.Context, namespace, job string) (nomadjob.ScaleGrant, bool, error) {
-	g, _, ok, err := s.r.get(ctx, escape(namespace, job))
-	return g, ok, err
+func (s *Scales) Get(ctx context.Context, job nomadjob.Ref) (nomadjob.ScaleGrant, bool, error) {
+	for _, name := range s.b.names(job) {
+		if g, _, ok, err := s.r.get(ctx, name); ok || err != nil {
+			return g, ok, err
+		}
+	}
+	return nomadjob.ScaleGrant{}, false, nil
 }
 
 // Put records a job's grant, replacing the one before.
-func (s *Scales) Put(ctx context.Context, namespace, job string, g nomadjob.ScaleGrant) error {
-	return s.r.put(ctx, escape(namespace, job), g)
+func (s *Scales) Put(ctx context.Context, job nomadjob.Ref, g nomadjob.ScaleGrant) error {
+	names := s.b.names(job)
+	if err := s.r.put(ctx, names[0], g); err != nil {
+		return err
+	}
+	for _, legacy := range names[1:] { // it would verify the job by an older grant
+		if _, err := s.r.kv.Delete(s.r.dir+legacy, (&consul.WriteOptions{}).WithContext(ctx)); err != nil {
+			return fmt.Errorf("delete scale grant %s: %w", legacy, err)
+		}
+	}
+	return nil
 }
 
-// Prune deletes the grants of the jobs gone says Nomad no longer has, and a
-// key no grant could be under; it returns how many it deleted. A grant whose
-// job cannot be looked up stays, for the next time.
-func (s *Scales) Prune(ctx context.Context, gone func(ctx context.Context, namespace, job string) (bool, error)) (int, error) {
-	names, err := s.r.names(ctx)
-	if err != nil {
-		return 0, err
-	}
-	deleted := 0
-	var firstErr error
-	for name, index := range names {
-		if parts, ok := unescape(name, 2); ok {
-			if g, err := gone(ctx, parts[0], parts[1]); err != nil || !g {
-				if firstErr == nil {
-					firstErr = err
-				}
-				continue
-			}
-		}
-		if ok, err := s.r.remove(ctx, name, index); err != nil {
-			return deleted, err
-		} else if ok {
-			deleted++
-		}
-	}
-	return deleted, firstErr
+// Prune deletes the grants of the jobs gone says Nomad no longer has (a
+// region "": any region governed), and a key no grant could be under; it
+// returns how many it deleted. A grant whose job cannot be looked up stays,
+// for the next time.
+func (s *Scales) Prune(ctx context.Context, gone func(ctx context.Context, job nomadjob.Ref) (bool, error)) (int, error) {
+	return s.r.prune(ctx, s.b.jobGone(ctx, gone), nil)
 }

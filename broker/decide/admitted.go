@@ -2,7 +2,9 @@ package decide
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"time"
 
 	"github.com/hashicorp/nomad/api"
 
@@ -13,13 +15,33 @@ import (
 // stamp: scaled, dispatched from a parent, promoted or moved between
 // sub-bands (consulkv.Scales).
 type Grants interface {
-	Get(ctx context.Context, namespace, job string) (nomadjob.ScaleGrant, bool, error)
+	Get(ctx context.Context, job nomadjob.Ref) (nomadjob.ScaleGrant, bool, error)
+}
+
+// GrantRecords are Grants the broker writes.
+type GrantRecords interface {
+	Grants
+	Put(ctx context.Context, job nomadjob.Ref, g nomadjob.ScaleGrant) error
 }
 
 // Stops tells the jobs the broker admitted that Nomad stopped since
 // (consulkv.Stops).
 type Stops interface {
-	Stopped(namespace, job string) (nomadjob.Stopped, bool)
+	Get(job nomadjob.Ref) (nomadjob.Stopped, bool)
+}
+
+// Registrations tells the JobModifyIndex of the broker's own last write of
+// each job it admitted (consulkv.Registrations).
+type Registrations interface {
+	Get(job nomadjob.Ref) (nomadjob.Registered, bool)
+}
+
+// Records are what the broker keeps of the jobs it admitted besides their
+// stamps; each may be nil (none kept).
+type Records struct {
+	Grants        Grants
+	Stops         Stops
+	Registrations Registrations
 }
 
 // Admitted is whether a job Nomad has is the broker's admission, and by what.
@@ -34,36 +56,63 @@ type Admitted struct {
 }
 
 // Check is the one rule for whether job (as Nomad returns it) is the
-// broker's admission: its stamp verifies as the job stands, else the grant
-// recorded for it (grants nil: none kept) does; and it is not a version
-// registered after Nomad stopped the admitted one, unless by the broker
-// (stops nil: none kept). A grant that cannot be read is an error, and the
-// job is not taken as admitted.
-func Check(ctx context.Context, st nomadjob.Stamper, grants Grants, stops Stops, job *api.Job) (Admitted, error) {
+// broker's admission: it is the version the broker last wrote, or the one
+// Nomad stopped since (by its JobModifyIndex, against records of the job's
+// own region: two regions' indexes do not compare), and its stamp verifies
+// as the job stands, else the grant recorded for it does. A version made
+// past the broker (registered again after a stop, reverted, scaled, or
+// made current again by marking an old version stable, straight in Nomad)
+// is not its admission, whatever stamp it carries. A grant that cannot be
+// read is an error, and the job is not taken as admitted.
+func Check(ctx context.Context, st nomadjob.Stamper, rec Records, job *api.Job) (Admitted, error) {
 	borrowed := job.Meta[nomadjob.MetaBorrowed] == "true"
-	if job.ID != nil && stops != nil && job.JobModifyIndex != nil {
-		if s, ok := stops.Stopped(nomadjob.Namespace(job), *job.ID); ok && !s.Pending && *job.JobModifyIndex > s.Index {
-			return Admitted{}, nil // its stamp replayed after the stop
-		}
+	if job.ID == nil {
+		return Admitted{}, nil
+	}
+	ref := nomadjob.RefOf(job)
+	if !written(rec, ref, job) {
+		return Admitted{}, nil
 	}
 	if st.Verify(job) {
 		return Admitted{OK: true, Grant: nomadjob.ScaleGrant{Stamped: nomadjob.GPUGroupCounts(job)}, Borrowed: borrowed}, nil
 	}
-	if grants == nil || job.ID == nil {
+	if rec.Grants == nil {
 		return Admitted{}, nil
 	}
-	g, ok, err := grants.Get(ctx, nomadjob.Namespace(job), *job.ID)
+	g, ok, err := rec.Grants.Get(ctx, ref)
 	if err != nil || !ok || !st.VerifyScaled(job, g) {
 		return Admitted{}, err
 	}
 	return Admitted{OK: true, Grant: g, ByGrant: true, Borrowed: borrowed && !g.Promoted(job)}, nil
 }
 
+// written reports whether the version of job that Nomad runs is one the
+// broker's records allow: after a stop, only the stopped version itself
+// (its allocations stopping) until the broker registers the job again;
+// else the broker's last write (from it on, while one is in flight).
+func written(rec Records, ref nomadjob.Ref, job *api.Job) bool {
+	if job.JobModifyIndex == nil {
+		return true
+	}
+	at := *job.JobModifyIndex
+	if rec.Stops != nil {
+		if s, ok := rec.Stops.Get(ref); ok && !s.Pending {
+			return at == s.Index
+		}
+	}
+	if rec.Registrations != nil && (job.Stop == nil || !*job.Stop) {
+		if r, ok := rec.Registrations.Get(ref); ok {
+			return at == r.Index || (r.Pending && at > r.Index)
+		}
+	}
+	return true
+}
+
 // Verifier is Check as the cluster's observer asks it: admitted, and
 // borrowed. A job whose grant cannot be read is not verified.
-func Verifier(st nomadjob.Stamper, grants Grants, stops Stops) func(context.Context, *api.Job) (admitted, borrowed bool) {
+func Verifier(st nomadjob.Stamper, rec Records) func(context.Context, *api.Job) (admitted, borrowed bool) {
 	return func(ctx context.Context, job *api.Job) (bool, bool) {
-		a, _ := Check(ctx, st, grants, stops, job)
+		a, _ := Check(ctx, st, rec, job)
 		return a.OK, a.Borrowed
 	}
 }
@@ -72,12 +121,11 @@ func Verifier(st nomadjob.Stamper, grants Grants, stops Stops) func(context.Cont
 // broker revives a job from.
 type StopRecords interface {
 	Stops
-	Put(ctx context.Context, namespace, job string, s nomadjob.Stopped) error
-	Delete(ctx context.Context, namespace, job string) error
+	Put(ctx context.Context, job nomadjob.Ref, s nomadjob.Stopped) error
+	Delete(ctx context.Context, job nomadjob.Ref) error
 }
 
-// Revive readies the registration through the broker of job
-// namespace/id, which Nomad may have stopped since the broker admitted it:
+// Revive readies the registration through the broker of job, which Nomad may have stopped since the broker admitted it:
 // its record is marked pending first (a version Nomad then answers with is
 // the broker's), and settle, once Nomad answered, deletes it when Nomad
 // took the job, or marks it not pending again. Without a record (or
@@ -85,31 +133,88 @@ type StopRecords interface {
 // A settle that fails leaves the record pending: the broker's version, and
 // any after it, verify (no admitted work is taken for unadmitted) until the
 // job's next stop.
-func Revive(ctx context.Context, records StopRecords, namespace, id string) (settle func(taken bool) error, err error) {
+func Revive(ctx context.Context, records StopRecords, job nomadjob.Ref) (settle func(taken bool) error, err error) {
 	none := func(bool) error { return nil }
 	if records == nil {
 		return none, nil
 	}
-	s, ok := records.Stopped(namespace, id)
+	s, ok := records.Get(job)
 	if !ok {
 		return none, nil
 	}
 	s.Pending = true
-	if err := records.Put(ctx, namespace, id, s); err != nil {
-		return nil, fmt.Errorf("mark stopped job %s/%s as registered again: %w", namespace, id, err)
+	if err := records.Put(ctx, job, s); err != nil {
+		return nil, fmt.Errorf("mark stopped job %s/%s as registered again: %w", job.Namespace, job.ID, err)
 	}
 	return func(taken bool) error {
 		ctx := context.WithoutCancel(ctx)
 		var err error
 		if taken {
-			err = records.Delete(ctx, namespace, id)
+			err = records.Delete(ctx, job)
 		} else {
 			s.Pending = false
-			err = records.Put(ctx, namespace, id, s)
+			err = records.Put(ctx, job, s)
 		}
 		if err != nil {
-			return fmt.Errorf("settle the stopped record of %s/%s: %w", namespace, id, err)
+			return fmt.Errorf("settle the stopped record of %s/%s: %w", job.Namespace, job.ID, err)
 		}
 		return nil
 	}, nil
+}
+
+// RegistrationRecords are the records of the broker's own writes of jobs.
+type RegistrationRecords interface {
+	Registrations
+	Put(ctx context.Context, job nomadjob.Ref, r nomadjob.Registered) error
+	Delete(ctx context.Context, job nomadjob.Ref) error
+}
+
+// Rewrite readies a write through the broker that makes a new version of
+// job (a registration, a revert, a scale): its record is marked pending
+// first, so that the version Nomad makes verifies from the first moment,
+// and settle, once Nomad answered, records the JobModifyIndex Nomad made
+// it at, or with 0 (Nomad did not take it) puts the record back as it was.
+// records nil: none kept. A settle that fails leaves the record pending:
+// the broker's version, and any after it, verify until the next write.
+func Rewrite(ctx context.Context, records RegistrationRecords, job nomadjob.Ref, now time.Time) (settle func(index uint64) error, err error) {
+	if records == nil {
+		return func(uint64) error { return nil }, nil
+	}
+	before, had := records.Get(job)
+	pending := before
+	pending.Pending, pending.At = true, now.UTC()
+	if err := records.Put(ctx, job, pending); err != nil {
+		return nil, fmt.Errorf("record the write of %s/%s: %w", job.Namespace, job.ID, err)
+	}
+	return func(index uint64) error {
+		ctx := context.WithoutCancel(ctx)
+		var err error
+		switch {
+		case index != 0:
+			err = records.Put(ctx, job, nomadjob.Registered{Index: index, At: now.UTC()})
+		case had:
+			err = records.Put(ctx, job, before)
+		default:
+			err = records.Delete(ctx, job)
+		}
+		if err != nil {
+			return fmt.Errorf("settle the write record of %s/%s: %w", job.Namespace, job.ID, err)
+		}
+		return nil
+	}, nil
+}
+
+// Registering readies a registration of job through the broker (a revert
+// is one): Revive and Rewrite, settled together with the JobModifyIndex
+// Nomad took it at (0: not taken).
+func Registering(ctx context.Context, stops StopRecords, writes RegistrationRecords, job nomadjob.Ref, now time.Time) (settle func(index uint64) error, err error) {
+	revived, err := Revive(ctx, stops, job)
+	if err != nil {
+		return nil, err
+	}
+	rewritten, err := Rewrite(ctx, writes, job, now)
+	if err != nil {
+		return nil, errors.Join(err, revived(false))
+	}
+	return func(index uint64) error { return errors.Join(revived(index != 0), rewritten(index)) }, nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"testing"
+	"time"
 
 	"github.com/hashicorp/nomad/api"
 
@@ -12,16 +13,6 @@ import (
 	"github.com/nomad-gpu/nomad-gpu/broker/nomadjob"
 	"github.com/nomad-gpu/nomad-gpu/testing/testbuild"
 )
-
-type grants struct {
-	g   map[string]nomadjob.ScaleGrant
-	err error
-}
-
-func (g grants) Get(_ context.Context, ns, job string) (nomadjob.ScaleGrant, bool, error) {
-	v, ok := g.g[ns+"/"+job]
-	return v, ok, g.err
-}
 
 // stamped is a job the broker admitted borrowed at priority 20, stamped.
 func stamped(st nomadjob.Stamper) *api.Job {
@@ -33,82 +24,136 @@ func stamped(st nomadjob.Stamper) *api.Job {
 	return j
 }
 
+// train is the job stamped makes.
+var train = testbuild.Ref("vision", "train")
+
 // Check is the one rule: the stamp as the job stands, else its grant; a
 // grant that cannot be read admits nothing.
 func TestCheckTakesTheStampElseTheGrant(t *testing.T) {
 	st := nomadjob.Stamper{Key: []byte("k")}
 	ctx := context.Background()
 	j := stamped(st)
-	if a, err := decide.Check(ctx, st, nil, nil, j); err != nil || !a.OK || a.ByGrant || !a.Borrowed || a.Grant.Stamped["g"] != 2 {
+	if a, err := decide.Check(ctx, st, decide.Records{}, j); err != nil || !a.OK || a.ByGrant || !a.Borrowed || a.Grant.Stamped["g"] != 2 {
 		t.Errorf("stamped: %+v %v", a, err)
 	}
 	three := 3
 	j.TaskGroups[0].Count = &three // scaled: the stamp no longer verifies
-	if a, _ := decide.Check(ctx, st, nil, nil, j); a.OK {
+	if a, _ := decide.Check(ctx, st, decide.Records{}, j); a.OK {
 		t.Errorf("scaled, no grant kept: %+v", a)
 	}
 	scaled := nomadjob.ScaleGrant{Stamp: j.Meta[nomadjob.MetaAdmission], Stamped: map[string]int{"g": 2}, Admitted: map[string]int{"g": 3}}
-	kept := grants{g: map[string]nomadjob.ScaleGrant{"vision/train": scaled}}
-	if a, err := decide.Check(ctx, st, kept, nil, j); err != nil || !a.OK || !a.ByGrant || !a.Borrowed {
+	kept := &testbuild.Grants{G: map[nomadjob.Ref]nomadjob.ScaleGrant{train: scaled}}
+	if a, err := decide.Check(ctx, st, decide.Records{Grants: kept}, j); err != nil || !a.OK || !a.ByGrant || !a.Borrowed {
 		t.Errorf("scaled through the broker: %+v %v", a, err)
 	}
 	down := errors.New("consul unreachable")
-	if a, err := decide.Check(ctx, st, grants{err: down}, nil, j); a.OK || !errors.Is(err, down) {
+	if a, err := decide.Check(ctx, st, decide.Records{Grants: &testbuild.Grants{Err: down}}, j); a.OK || !errors.Is(err, down) {
 		t.Errorf("grant unreadable: %+v %v", a, err)
 	}
 	promoted := scaled
 	promoted.StampedPriority, promoted.Priority, promoted.From = 20, 25, 20
 	j.Priority = &promoted.Priority
-	if a, _ := decide.Check(ctx, st, grants{g: map[string]nomadjob.ScaleGrant{"vision/train": promoted}}, nil, j); !a.OK || a.Borrowed {
+	if a, _ := decide.Check(ctx, st, decide.Records{Grants: &testbuild.Grants{G: map[nomadjob.Ref]nomadjob.ScaleGrant{train: promoted}}}, j); !a.OK || a.Borrowed {
 		t.Errorf("promoted: %+v, want admitted and no longer borrowed", a)
 	}
-	admitted, borrowed := decide.Verifier(st, kept, nil)(ctx, stamped(st))
+	admitted, borrowed := decide.Verifier(st, decide.Records{Grants: kept})(ctx, stamped(st))
 	if !admitted || !borrowed {
 		t.Errorf("Verifier: %t %t", admitted, borrowed)
 	}
 }
 
-// stops keeps stopped-job records in memory.
-type stops map[string]nomadjob.Stopped
-
-func (s stops) Stopped(ns, job string) (nomadjob.Stopped, bool) { r, ok := s[ns+"/"+job]; return r, ok }
-func (s stops) Put(_ context.Context, ns, job string, r nomadjob.Stopped) error {
-	s[ns+"/"+job] = r
-	return nil
+// at is the stamped job at JobModifyIndex index.
+func at(st nomadjob.Stamper, index uint64) *api.Job {
+	j := stamped(st)
+	j.JobModifyIndex = &index
+	return j
 }
-func (s stops) Delete(_ context.Context, ns, job string) error { delete(s, ns+"/"+job); return nil }
 
 // A stamp says "admitted", not "admitted for this run": once Nomad stopped
 // the job, a version registered after the stop verifies only when the broker
-// registered it (N6, N8); the stopped version itself still does.
+// registered it (N6, N8); the stopped version itself still does, and no
+// other: an older one made current again (P4: stable on v0) does not.
 func TestAStopEndsWhatTheStampStandsFor(t *testing.T) {
 	st := nomadjob.Stamper{Key: []byte("k")}
 	ctx := context.Background()
-	at := func(index uint64) *api.Job {
-		j := stamped(st)
-		j.JobModifyIndex = &index
-		return j
+	recs := testbuild.Stops{train: {Index: 10}}
+	check := func(index uint64) bool {
+		a, _ := decide.Check(ctx, st, decide.Records{Stops: recs}, at(st, index))
+		return a.OK
 	}
-	recs := stops{"vision/train": {Index: 10}}
-	if a, _ := decide.Check(ctx, st, nil, recs, at(10)); !a.OK {
-		t.Errorf("the stopped version: %+v", a)
+	if !check(10) {
+		t.Errorf("the stopped version does not verify")
 	}
-	if a, _ := decide.Check(ctx, st, nil, recs, at(12)); a.OK {
-		t.Errorf("registered again straight in Nomad, its stamp copied: %+v", a)
+	if check(12) {
+		t.Errorf("registered again straight in Nomad, its stamp copied: verifies")
 	}
-	settle, err := decide.Revive(ctx, recs, "vision", "train")
-	if err != nil || !recs["vision/train"].Pending {
+	if check(4) {
+		t.Errorf("P4: an older version made current again (stable, straight in Nomad): verifies")
+	}
+	settle, err := decide.Revive(ctx, recs, train)
+	if err != nil || !recs[train].Pending {
 		t.Fatalf("revive: %v %+v", err, recs)
 	}
-	if a, _ := decide.Check(ctx, st, nil, recs, at(14)); !a.OK {
-		t.Errorf("the broker's registration in flight: %+v", a)
+	if !check(14) {
+		t.Errorf("the broker's registration in flight does not verify")
 	}
 	if err := settle(true); err != nil || len(recs) != 0 {
 		t.Errorf("Nomad took it: %v %+v", err, recs)
 	}
-	recs["vision/train"] = nomadjob.Stopped{Index: 20}
-	settle, _ = decide.Revive(ctx, recs, "vision", "train")
-	if err := settle(false); err != nil || recs["vision/train"].Pending {
+	recs[train] = nomadjob.Stopped{Index: 20}
+	settle, _ = decide.Revive(ctx, recs, train)
+	if err := settle(false); err != nil || recs[train].Pending {
 		t.Errorf("Nomad refused it: the record stands again: %v %+v", err, recs)
 	}
 }
+
+// A stamp binds the version the broker wrote (P2, P3): the same stamp on a
+// version Nomad made past the broker (a revert or a scale back to the
+// stamped counts, straight in Nomad) is not the broker's admission; the
+// broker's own next write, once Nomad answers, is.
+func TestAStampBindsTheVersionTheBrokerWrote(t *testing.T) {
+	st := nomadjob.Stamper{Key: []byte("k")}
+	ctx := context.Background()
+	writes := testbuild.Writes{}
+	check := func(j *api.Job) bool {
+		a, _ := decide.Check(ctx, st, decide.Records{Registrations: writes}, j)
+		return a.OK
+	}
+	if !check(at(st, 30)) {
+		t.Errorf("no record kept (admitted before records were): the stamp alone does not verify")
+	}
+	settle, err := decide.Rewrite(ctx, writes, train, time.Unix(0, 0))
+	if err != nil || !writes[train].Pending {
+		t.Fatalf("rewrite: %v %+v", err, writes)
+	}
+	if !check(at(st, 40)) {
+		t.Errorf("the broker's write in flight does not verify")
+	}
+	if err := settle(40); err != nil || writes[train].Pending || writes[train].Index != 40 {
+		t.Fatalf("settled: %v %+v", err, writes)
+	}
+	if !check(at(st, 40)) {
+		t.Errorf("the version the broker wrote does not verify")
+	}
+	for _, index := range []uint64{45, 38} {
+		if check(at(st, index)) {
+			t.Errorf("a version at %d made straight in Nomad (revert, scale back, stable on an old one) verifies", index)
+		}
+	}
+	stopped := at(st, 50)
+	stopped.Stop = ptr(true)
+	if !check(stopped) {
+		t.Errorf("the job stopped: its stopping allocations read as unadmitted")
+	}
+	settle, _ = decide.Rewrite(ctx, writes, train, time.Unix(0, 0))
+	if err := settle(0); err != nil || writes[train].Index != 40 || writes[train].Pending {
+		t.Errorf("Nomad refused the write: the record stands again: %v %+v", err, writes)
+	}
+	delete(writes, train)
+	settle, _ = decide.Registering(ctx, testbuild.Stops{}, writes, train, time.Unix(0, 0))
+	if err := settle(0); err != nil || len(writes) != 0 {
+		t.Errorf("refused, no record before: none after: %v %+v", err, writes)
+	}
+}
+
+func ptr[T any](v T) *T { return &v }

@@ -858,7 +858,7 @@ func TestTheLeaderStaysCalmWhileNomadFails(t *testing.T) {
 		t.Fatalf("Nomad's count %d, want the scale taken", *j.TaskGroups[0].Count)
 	}
 	var grant nomadjob.ScaleGrant
-	p, _, err := consulKV(consul).Get("nomad-gpu/scaled/vision/sc", nil)
+	p, _, err := consulKV(consul).Get(jobRecord("scaled", "vision", "sc"), nil)
 	if err != nil || p == nil || json.Unmarshal(p.Value, &grant) != nil || grant.Admitted["g"] != 2 {
 		t.Errorf("sc's grant after a scale to 2 Nomad took, its caller gone: %+v (%v)", grant, err)
 	}
@@ -892,7 +892,7 @@ func TestTheLeaderStaysCalmWhileNomadFails(t *testing.T) {
 	if j := e.job("vision", "d2"); *j.Stop {
 		t.Fatal("Nomad did not take the registration")
 	}
-	if p, _, err := consulKV(consul).Get("nomad-gpu/stopped/vision/d2", nil); err != nil || p != nil {
+	if p, _, err := consulKV(consul).Get(jobRecord("stopped", "vision", "d2"), nil); err != nil || p != nil {
 		t.Errorf("d2's stop record after its registration through the broker, its caller gone: %v %v", p, err)
 	}
 }

@@ -128,6 +128,12 @@ tenant "revive" {
   guaranteed = 2
   limit      = 2
 }
+tenant "bypass" {
+  namespaces = ["gate-bypass"]
+  queues     = ["training"]
+  guaranteed = 2
+  limit      = 2
+}
 tenant "retype" {
   namespaces = ["gate-retype"]
   queues     = ["training"]
@@ -150,7 +156,7 @@ reclaim "unadmitted" {
 // gateGPUs is the cluster's GPUs: more than all the scenarios' limits
 // together (18 tenants of 2, and a job or two registered straight in
 // Nomad), so that only tenant limits, never capacity, decide.
-const gateGPUs = 42
+const gateGPUs = 46
 
 // TestGate runs the gate's scenarios against one cluster they share (Consul,
 // a Nomad agent with gateGPUs fake GPUs, a broker in front), each with its own
@@ -159,7 +165,7 @@ const gateGPUs = 42
 func TestGate(t *testing.T) {
 	t.Parallel()
 	consul := testcluster.StartConsul(t)
-	n := startGPUNode(t, "gate", gateGPUs, "gate-probe", "gate-revert", "gate-dispatch", "gate-stop", "gate-zero", "gate-race", "gate-invalid", "gate-purge", "gate-deploy", "gate-autorevert", "gate-garbage", "gate-stable", "gate-sysbatch", "gate-scaleblock", "gate-replay", "gate-evaluate", "gate-revive", "gate-retype")
+	n := startGPUNode(t, "gate", gateGPUs, "gate-probe", "gate-revert", "gate-dispatch", "gate-stop", "gate-zero", "gate-race", "gate-invalid", "gate-purge", "gate-deploy", "gate-autorevert", "gate-garbage", "gate-stable", "gate-sysbatch", "gate-scaleblock", "gate-replay", "gate-evaluate", "gate-revive", "gate-retype", "gate-bypass")
 	e := brokerEnv(t, n, consul, gatePolicy, "gate-probe", gateGPUs, testcluster.BrokerOptions{Config: `body_read_timeout = "3s"`})
 
 	// Nomad reads the namespace of a revert's or a dispatch's body when the
@@ -373,6 +379,85 @@ func TestGate(t *testing.T) {
 			}
 			return nil
 		})
+	})
+
+	// P2-P4: a stamp binds the version the broker wrote. A revert, a scale
+	// or a stable made straight in Nomad, back to what a stamp or grant
+	// covers, is not the broker's admission; the broker's own writes of the
+	// same jobs are.
+	t.Run("a revert, scale or stable straight in Nomad is unadmitted", func(t *testing.T) {
+		t.Parallel()
+		e := e.in(t)
+		const ns = "gate-bypass"
+		q := &api.WriteOptions{Namespace: ns}
+		admitted := func(id string) {
+			t.Helper()
+			waitPasses(t, e.broker, metrics.LoopReclaim, 3)
+			if e.unadmitted(ns, id) {
+				t.Fatalf("%s, written through the broker only, read as unadmitted", id)
+			}
+		}
+		unadmitted := func(id, what string) {
+			t.Helper()
+			testcluster.WaitFor(t, 30*time.Second, what+" read as unadmitted", func() error {
+				if !e.unadmitted(ns, id) {
+					return errors.New("no unadmitted decision on " + id)
+				}
+				return nil
+			})
+		}
+
+		// P2: version 0 of 2 GPUs, version 1 of 1, then a revert to 0
+		// straight in Nomad.
+		for _, gpus := range []int{2, 1} {
+			if out, err := e.run(ns, "rb", 1, gpus, "", true); err != nil || !strings.Contains(out, "admitted") {
+				t.Fatalf("rb of %d GPUs: %v\n%s", gpus, err, out)
+			}
+		}
+		waitAllocsRunning(t, e.nomad, ns, "rb", 1)
+		admitted("rb")
+		if _, _, err := e.nomad.API.Jobs().Revert("rb", 0, nil, q, "", ""); err != nil {
+			t.Fatalf("revert straight in Nomad: %v", err)
+		}
+		unadmitted("rb", "P2: rb reverted straight in Nomad")
+		e.stop(ns, "rb")
+		e.waitUsed("bypass", 0)
+
+		// P3: 2 x 1 GPU, scaled to 1 through the broker, back to 2 straight
+		// in Nomad: the stamp verifies on those counts again.
+		if out, err := e.run(ns, "rs", 2, 1, "", true); err != nil || !strings.Contains(out, "admitted") {
+			t.Fatalf("rs, 2 x 1 GPU: %v\n%s", err, out)
+		}
+		if status, out := send(t, e.broker.Addr, http.MethodPut, "/v1/job/rs/scale?namespace="+ns, `{"Count": 1, "Target": {"Group": "g"}}`); status != http.StatusOK {
+			t.Fatalf("scale to 1 through the broker: %d %s", status, out)
+		}
+		e.waitUsed("bypass", 1)
+		admitted("rs")
+		if _, _, err := e.nomad.API.Jobs().Scale("rs", "g", ptr(2), "", false, nil, q); err != nil {
+			t.Fatalf("scale back to 2 straight in Nomad: %v", err)
+		}
+		unadmitted("rs", "P3: rs scaled back straight in Nomad")
+		e.stop(ns, "rs")
+		e.waitUsed("bypass", 0)
+
+		// P4: stopped, then version 0 marked stable straight in Nomad (Nomad
+		// makes it the current one, with its old JobModifyIndex, running
+		// again), then evaluated.
+		for _, gpus := range []int{1, 2} {
+			if out, err := e.run(ns, "rt", 1, gpus, "", true); err != nil || !strings.Contains(out, "admitted") {
+				t.Fatalf("rt of %d GPUs: %v\n%s", gpus, err, out)
+			}
+		}
+		e.stop(ns, "rt")
+		stopsRecorded(t, consul, ns, "rt")
+		if _, _, err := e.nomad.API.Jobs().Stable("rt", 0, true, q); err != nil {
+			t.Fatalf("stable on version 0 straight in Nomad: %v", err)
+		}
+		if _, _, err := e.nomad.API.Jobs().EvaluateWithOpts("rt", api.EvalOptions{}, q); err != nil {
+			t.Fatalf("evaluate straight in Nomad: %v", err)
+		}
+		waitAllocsRunning(t, e.nomad, ns, "rt", 1)
+		unadmitted("rt", "P4: rt run again by stable and evaluate straight in Nomad")
 	})
 
 	// A job stopped (or purged) through the broker must not start later from
@@ -723,6 +808,12 @@ func TestGate(t *testing.T) {
 		if _, _, err := e.nomad.API.Jobs().Info("other", &api.QueryOptions{Namespace: ns}); err == nil {
 			t.Errorf("Nomad has the other job beside the reverted one: the tenant holds 3 GPUs of its limit of 2")
 		}
+		// Nomad's own revert is not a write past the broker: the version it
+		// makes is the broker's admission.
+		waitPasses(t, e.broker, metrics.LoopReclaim, 3)
+		if e.unadmitted(ns, "svc") {
+			t.Errorf("the job Nomad reverted on its own reads as unadmitted")
+		}
 		testcluster.WaitFor(t, 30*time.Second, "the revert's record", func() error {
 			out, err := exec.Command(testcluster.BrokerBinary(t), "audit", "-json", "-job", "svc", "-address", e.broker.Addr).CombinedOutput()
 			if err != nil || !strings.Contains(string(out), `"what":"auto-revert"`) ||
@@ -857,7 +948,7 @@ func TestGate(t *testing.T) {
 		if status == http.StatusOK || !strings.Contains(out, "active deployment") {
 			t.Fatalf("a scale during the deployment: %d %s, want Nomad's refusal", status, out)
 		}
-		pair, _, err := consulKV(consul).Get("nomad-gpu/scaled/"+ns+"/svc", nil)
+		pair, _, err := consulKV(consul).Get(jobRecord("scaled", ns, "svc"), nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -903,7 +994,7 @@ func TestGate(t *testing.T) {
 		testcluster.WaitFor(t, 30*time.Second, "rp read as unadmitted", func() error {
 			if !e.unadmitted(ns, "rp") {
 				// What the rule reads, for a failure to say which was off.
-				p, _, _ := consulKV(consul).Get("nomad-gpu/stopped/"+ns+"/rp", nil)
+				p, _, _ := consulKV(consul).Get(jobRecord("stopped", ns, "rp"), nil)
 				j, _, _ := e.nomad.API.Jobs().Info("rp", &api.QueryOptions{Namespace: ns})
 				var record string
 				if p != nil {
@@ -1029,7 +1120,7 @@ func stopsRecorded(t *testing.T, consul *testcluster.Consul, ns string, ids ...s
 	t.Helper()
 	testcluster.WaitFor(t, 30*time.Second, "the stops recorded", func() error {
 		for _, id := range ids {
-			if p, _, err := consulKV(consul).Get("nomad-gpu/stopped/"+ns+"/"+id, nil); err != nil || p == nil {
+			if p, _, err := consulKV(consul).Get(jobRecord("stopped", ns, id), nil); err != nil || p == nil {
 				return fmt.Errorf("no record of %s's stop (%v)", id, err)
 			}
 		}
@@ -1046,7 +1137,7 @@ func admittedAgain(t *testing.T, e *env, consul *testcluster.Consul, ns, id stri
 	if e.unadmitted(ns, id) {
 		t.Errorf("%s, run again through the broker, read as unadmitted", id)
 	}
-	if p, _, err := consulKV(consul).Get("nomad-gpu/stopped/"+ns+"/"+id, nil); err != nil || p != nil {
+	if p, _, err := consulKV(consul).Get(jobRecord("stopped", ns, id), nil); err != nil || p != nil {
 		t.Errorf("%s's stop record after it ran again through the broker: %v %v", id, p, err)
 	}
 }
@@ -1150,4 +1241,10 @@ reclaim "unadmitted" {
 		}
 		return nil
 	})
+}
+
+// jobRecord is the key of the broker's record of kind (stopped, scaled,
+// registered) of job ns/id in the tests' one region.
+func jobRecord(kind, ns, id string) string {
+	return "nomad-gpu/" + kind + "/" + api.GlobalRegion + "/" + ns + "/" + id
 }

@@ -624,7 +624,7 @@ func TestPreemptedBorrowedJobRunsAgainOnce(t *testing.T) {
 	// admission: the grant was for the run that stopped.
 	e.stop("vision", "extra")
 	testcluster.WaitFor(t, 30*time.Second, "extra's stop recorded", func() error {
-		if p, _, err := consulKV(consul).Get("nomad-gpu/stopped/vision/extra", nil); err != nil || p == nil {
+		if p, _, err := consulKV(consul).Get(jobRecord("stopped", "vision", "extra"), nil); err != nil || p == nil {
 			return fmt.Errorf("no record (%v)", err)
 		}
 		return nil

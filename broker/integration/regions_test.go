@@ -14,6 +14,7 @@ import (
 
 	"github.com/hashicorp/nomad/api"
 
+	"github.com/nomad-gpu/nomad-gpu/broker/metrics"
 	"github.com/nomad-gpu/nomad-gpu/broker/server"
 	"github.com/nomad-gpu/nomad-gpu/testing/browser"
 	"github.com/nomad-gpu/nomad-gpu/testing/testcluster"
@@ -317,6 +318,81 @@ func TestRegions(t *testing.T) {
 		}
 		for region, n := range map[string]*testcluster.Nomad{"east": east, "west": west} {
 			n.API.Jobs().Deregister("p5", true, &api.WriteOptions{Namespace: "dub", Region: region})
+		}
+		dubGone()
+	})
+	// D4: the broker's records of a job are its region's. A stop of west's
+	// d4 is not a stop of east's job of the same id: east's d4, scaled
+	// through the broker afterwards, is its admission (here enforced: a
+	// scale read as unadmitted would be stopped).
+	t.Run("a stop in one region is not one of another's job of the same id", func(t *testing.T) {
+		for _, c := range []struct {
+			region string
+			count  int
+		}{{"west", 0}, {"east", 1}} {
+			path := e.spec("dub", "d4", c.count, 1, "")
+			spec, _ := os.ReadFile(path)
+			writeFile(t, path, strings.Replace(string(spec), "\n", fmt.Sprintf("\n  region = %q\n", c.region), 1))
+			if out, err := e.nomadCLI("job", "run", "-detach", path); err != nil || !strings.Contains(out, "admitted") {
+				t.Fatalf("d4 in %s (%d x 1 GPU): %v\n%s", c.region, c.count, err, out)
+			}
+		}
+		running := func(want int) {
+			t.Helper()
+			testcluster.WaitFor(t, 60*time.Second, fmt.Sprintf("east's d4 at %d", want), func() error {
+				allocs, _, err := east.API.Jobs().Allocations("d4", false, &api.QueryOptions{Namespace: "dub", Region: "east"})
+				n := 0
+				for _, a := range allocs {
+					if a.ClientStatus == api.AllocClientStatusRunning && a.DesiredStatus == api.AllocDesiredStatusRun {
+						n++
+					}
+				}
+				if err != nil || n != want {
+					return fmt.Errorf("%d running (%v)", n, err)
+				}
+				return nil
+			})
+		}
+		running(1)
+		if _, _, err := west.API.Jobs().Deregister("d4", false, &api.WriteOptions{Namespace: "dub", Region: "west"}); err != nil {
+			t.Fatal(err)
+		}
+		testcluster.WaitFor(t, 30*time.Second, "west's stop of d4 recorded", func() error {
+			if p, _, err := consulKV(consul).Get("nomad-gpu/stopped/west/dub/d4", nil); err != nil || p == nil {
+				return fmt.Errorf("no record (%v)", err)
+			}
+			return nil
+		})
+		// Two regions' indexes do not compare: east's is taken past west's
+		// stop, as it may well be, so that a record keyed without a region
+		// would read east's scale as a version registered after the stop.
+		stopped, _, err := west.API.Jobs().Info("d4", &api.QueryOptions{Namespace: "dub", Region: "west"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := 0; ; i++ {
+			wrote, err := east.API.Namespaces().Register(&api.Namespace{Name: "dub", Description: fmt.Sprint(i)}, &api.WriteOptions{Region: "east"})
+			if err != nil || i > 1000 {
+				t.Fatalf("east's index not past west's stop at %d (%v)", *stopped.JobModifyIndex, err)
+			}
+			if wrote.LastIndex > *stopped.JobModifyIndex {
+				break
+			}
+		}
+		// East has one GPU idle beside vision's: the scale keeps the count,
+		// and Nomad makes a new version of the job all the same.
+		if status, out := send(t, e.broker.Addr, http.MethodPut, "/v1/job/d4/scale?namespace=dub", `{"Count": 1, "Target": {"Group": "g"}}`); status != http.StatusOK {
+			t.Fatalf("east's d4 scaled through the broker: %d %s", status, out)
+		}
+		waitPasses(t, e.broker, metrics.LoopReclaim, 3)
+		if e.unadmitted("dub", "d4") {
+			t.Errorf("east's d4, scaled through the broker, read as unadmitted after west's stop")
+		}
+		if j, _, err := east.API.Jobs().Info("d4", &api.QueryOptions{Namespace: "dub", Region: "east"}); err != nil || *j.Stop {
+			t.Errorf("east's d4 was stopped (%v)", err)
+		}
+		for region, n := range map[string]*testcluster.Nomad{"east": east, "west": west} {
+			n.API.Jobs().Deregister("d4", true, &api.WriteOptions{Namespace: "dub", Region: region})
 		}
 		dubGone()
 	})
@@ -676,6 +752,8 @@ func namespaceOf(id string) string {
 		return "audio"
 	case 's':
 		return "speech"
+	case 'd':
+		return "dub"
 	}
 	return "vision"
 }

@@ -1,6 +1,7 @@
 package leader
 
 import (
+	"context"
 	"fmt"
 
 	"github.com/hashicorp/go-hclog"
@@ -8,8 +9,11 @@ import (
 	"github.com/nomad-gpu/nomad-gpu/broker/admission"
 	"github.com/nomad-gpu/nomad-gpu/broker/audit"
 	"github.com/nomad-gpu/nomad-gpu/broker/cluster"
+	"github.com/nomad-gpu/nomad-gpu/broker/decide"
 	"github.com/nomad-gpu/nomad-gpu/broker/metrics"
+	"github.com/nomad-gpu/nomad-gpu/broker/nomadjob"
 	"github.com/nomad-gpu/nomad-gpu/broker/policy"
+	"github.com/nomad-gpu/nomad-gpu/internal/clock"
 )
 
 // Reverts records, on the leader, each revert Nomad makes on its own (a
@@ -25,6 +29,11 @@ type Reverts struct {
 	Audit    *audit.Log
 	Metrics  *metrics.Metrics
 	Log      hclog.Logger
+	// Writes are the records of the broker's own writes of jobs (nil: none
+	// kept): Nomad's revert of a job the broker wrote is recorded in them
+	// as the broker's, its version's stamp being the broker's admission.
+	Writes decide.RegistrationRecords
+	Clock  clock.Clock
 }
 
 // Observed implements the view's revert callback (cluster.View.SetReverts).
@@ -32,6 +41,7 @@ func (r *Reverts) Observed(rv cluster.Revert) {
 	if !r.Leader.IsLeader() {
 		return
 	}
+	r.recordWrite(rv)
 	p := r.Policies.Current()
 	t := p.TenantOf(rv.Namespace)
 	if t == nil {
@@ -52,4 +62,24 @@ func (r *Reverts) Observed(rv cluster.Revert) {
 	r.Metrics.Admission(metrics.AutoRevert, admission.Decision{Outcome: admission.Admit, Tenant: t.Name})
 	r.Log.Info("Nomad reverted a job within its tenant's limit", "namespace", rv.Namespace, "job", rv.JobID,
 		"deployment", rv.Deployment, "tenant", t.Name, "used", used, "limit", limit)
+}
+
+// recordWrite moves the record of the broker's last write of the job to
+// the version Nomad reverted to, before the job's new allocations are
+// looked at: told once the batch with the revert is applied, and those
+// come in later ones. A job the broker has no record of, or one it is
+// writing now, is left as it is.
+func (r *Reverts) recordWrite(rv cluster.Revert) {
+	if r.Writes == nil {
+		return
+	}
+	job := nomadjob.Ref{Region: rv.Region, Namespace: rv.Namespace, ID: rv.JobID}
+	w, ok := r.Writes.Get(job)
+	if !ok || w.Pending || w.Index >= rv.Index {
+		return
+	}
+	if err := r.Writes.Put(context.Background(), job, nomadjob.Registered{Index: rv.Index, At: r.Clock.Now().UTC()}); err != nil {
+		r.Log.Error("Nomad reverted a job the broker wrote: the record of it could not be moved; the job may read as unadmitted",
+			"namespace", rv.Namespace, "job", rv.JobID, "error", err)
+	}
 }

@@ -48,6 +48,10 @@ type observedJob struct {
 	tenant, queue     string
 	workload          string
 	ttl               time.Duration
+	// unadmitted is the job as read when it did not verify: verified again
+	// on each pass, since the broker's records of it may change while the
+	// version stays (Nomad's revert of it, recorded as the broker's).
+	unadmitted *api.Job
 }
 
 // Observe implements reclaimer.Observer.
@@ -172,6 +176,9 @@ func (o *Observer) EndedSince(ctx context.Context, since time.Time) ([]reclaim.A
 // version was not read before, or the view holds no live version (index 0).
 func (o *Observer) job(ctx context.Context, key [2]string, index uint64) (observedJob, error) {
 	if j, ok := o.jobs[key]; ok && index != 0 && j.index == index {
+		if j.unadmitted != nil {
+			return o.verified(ctx, j.unadmitted), nil
+		}
 		return j, nil
 	}
 	job, err := o.Client.Job(ctx, key[0], key[1])
@@ -181,6 +188,11 @@ func (o *Observer) job(ctx context.Context, key [2]string, index uint64) (observ
 	if job == nil {
 		return observedJob{stopped: true}, nil // purged
 	}
+	return o.verified(ctx, job), nil
+}
+
+// verified is what job, as read from Nomad, says about its allocations.
+func (o *Observer) verified(ctx context.Context, job *api.Job) observedJob {
 	out := observedJob{stopped: job.Stop != nil && *job.Stop}
 	if job.JobModifyIndex != nil {
 		out.index = *job.JobModifyIndex
@@ -190,11 +202,13 @@ func (o *Observer) job(ctx context.Context, key [2]string, index uint64) (observ
 	}
 	if out.admitted, out.borrowed = o.Verify(ctx, job); out.admitted {
 		out.tenant, out.queue, out.workload = job.Meta[nomadjob.MetaTenant], job.Meta[nomadjob.MetaQueue], job.Meta[nomadjob.MetaWorkload]
+	} else {
+		out.unadmitted = job
 	}
 	if ttl, err := time.ParseDuration(job.Meta[nomadjob.MetaTTL]); err == nil && ttl > 0 {
 		out.ttl = ttl
 	}
-	return out, nil
+	return out
 }
 
 // node adds the GPUs of a node: health from the view, utilisation from its

@@ -128,3 +128,31 @@ func TestTheObserverReadsEachJobVersionOnceAndEachNodesStats(t *testing.T) {
 		t.Errorf("samples: %+v", samples)
 	}
 }
+
+// A job version that did not verify is verified again on each pass, from
+// the copy read, since the broker's records of it may change while the
+// version stays (Nomad's own revert, recorded as the broker's write); one
+// that verified is not.
+func TestTheObserverVerifiesAnUnadmittedVersionAgainWithoutReadingIt(t *testing.T) {
+	jobReads := 0
+	c, _ := newClient(t, map[string]func(http.ResponseWriter, *http.Request){
+		"GET /v1/job/web": func(w http.ResponseWriter, r *http.Request) {
+			jobReads++
+			answer(http.StatusOK, api.Job{ID: ptr("web"), JobModifyIndex: ptr(uint64(10))})(w, r)
+		},
+		"GET /v1/client/stats": answer(http.StatusOK, api.HostStats{}),
+	})
+	v := view{allocs: []cluster.Alloc{{ID: "a1", Namespace: "vision", JobID: "web", Group: "g", JobIndex: 10, GPUs: []string{"g0"}}}}
+	recorded, verifies := false, 0
+	o := &nomadapi.Observer{Client: c, View: v, Verify: func(context.Context, *api.Job) (bool, bool) { verifies++; return recorded, false }}
+	for pass, want := range []bool{false, true, true} {
+		allocs, _, err := o.Observe(context.Background())
+		if err != nil || len(allocs) != 1 || allocs[0].Admitted != want {
+			t.Errorf("pass %d: %+v %v, want admitted %t", pass, allocs, err, want)
+		}
+		recorded = true
+	}
+	if jobReads != 1 || verifies != 2 {
+		t.Errorf("%d reads of the job from Nomad, %d verifications; want 1 read, 2 verifications (none once it verified)", jobReads, verifies)
+	}
+}

@@ -216,6 +216,39 @@ type Stopped struct {
 	At      time.Time `json:"recorded_at"`
 }
 
+// Registered records the JobModifyIndex at which the broker's own last
+// write of a job that makes a new version of it (a registration, a revert,
+// a scale, a rollback Nomad made of a deployment the broker let fail) took
+// effect. A stamp is made before Nomad has the job and cannot name that
+// index; this record binds it: a version the broker did not write (a
+// revert, scale or stable straight in Nomad, back to what a stamp or grant
+// covers) is not its admission. Pending while a write is in flight: any
+// version from Index on is the broker's until it is settled.
+type Registered struct {
+	Index   uint64    `json:"job_modify_index"`
+	Pending bool      `json:"pending,omitempty"`
+	At      time.Time `json:"recorded_at"`
+}
+
+// Ref names a job where Nomad keeps it. The broker's records of a job are
+// keyed by it: two regions each keep their own job of one id, and the
+// indexes of two regions' Nomads do not compare. Region "" (or "global")
+// is the broker's home region.
+type Ref struct{ Region, Namespace, ID string }
+
+// RefOf is the Ref of a job as Nomad returns it.
+func RefOf(job *api.Job) Ref {
+	return Ref{Region: deref(job.Region), Namespace: Namespace(job), ID: deref(job.ID)}
+}
+
+// In is r in region (its own one, when region is "").
+func (r Ref) In(region string) Ref {
+	if region != "" {
+		r.Region = region
+	}
+	return r
+}
+
 // Promoted reports whether job runs promoted under g: at another priority
 // than its (borrowed) stamp was made for, and not in a sub-band.
 func (g ScaleGrant) Promoted(job *api.Job) bool {

@@ -28,12 +28,6 @@ type PromoteJobs interface {
 	Register(ctx context.Context, namespace string, body []byte) (uint64, error)
 }
 
-// Grants keeps what the broker admitted beside a job's stamp.
-type Grants interface {
-	Get(ctx context.Context, namespace, job string) (nomadjob.ScaleGrant, bool, error)
-	Put(ctx context.Context, namespace, job string, g nomadjob.ScaleGrant) error
-}
-
 // Bander moves running borrowed jobs to another priority, in place: Nomad
 // applies a change of priority alone to a job's allocations without
 // replacing them. It promotes to their queue's band those that
@@ -57,9 +51,11 @@ type Bander struct {
 	Jobs PromoteJobs // the broker's own region's
 	// Elsewhere are the other regions' clients, by name (none: one region).
 	Elsewhere map[string]PromoteJobs
-	Grants    Grants
+	Grants    decide.GrantRecords
 	Stops     decide.Stops // nil: none kept
-	Stamper   nomadjob.Stamper
+	// Writes record the versions the bander makes (nil: none kept).
+	Writes  decide.RegistrationRecords
+	Stamper nomadjob.Stamper
 	// Lock holds off other decisions on the job meanwhile (the gate's too).
 	Lock  func(namespace, id string) (unlock func())
 	Audit *audit.Log
@@ -87,7 +83,7 @@ func (b *Bander) Observed(ctx context.Context, now time.Time, allocs []reclaim.A
 		}
 		for _, pm := range admission.Promotions(p, guaranteed, running) {
 			promoted[[3]string{pm.Region, pm.Namespace, pm.ID}] = true
-			if err := b.move(ctx, pm.Running, pm.Priority, false); err != nil {
+			if err := b.move(ctx, pm.Running, pm.Priority, false, now); err != nil {
 				errs = append(errs, fmt.Errorf("promote %s/%s%s: %w", pm.Namespace, pm.ID, inRegion(pm.Region), err))
 			}
 		}
@@ -97,7 +93,7 @@ func (b *Bander) Observed(ctx context.Context, now time.Time, allocs []reclaim.A
 			continue
 		}
 		if to := p.SubBand(r.GPUs, now.Sub(r.Since)); to != r.Priority {
-			if err := b.move(ctx, r, to, true); err != nil {
+			if err := b.move(ctx, r, to, true, now); err != nil {
 				errs = append(errs, fmt.Errorf("move %s/%s%s to sub-band %d: %w", r.Namespace, r.ID, inRegion(r.Region), to, err))
 			}
 		}
@@ -143,7 +139,7 @@ func runningBorrowed(allocs []reclaim.Alloc, gpus map[string]reclaim.GPU) []admi
 // move registers the job again at priority to, in a sub-band or promoted,
 // if Nomad still runs it as the broker admitted it borrowed, after
 // recording the grant that keeps its stamp verifiable.
-func (b *Bander) move(ctx context.Context, r admission.Running, to int, subBand bool) error {
+func (b *Bander) move(ctx context.Context, r admission.Running, to int, subBand bool, now time.Time) error {
 	defer b.Lock(r.Namespace, r.ID)()
 	jobs := b.Jobs
 	if r.Region != "" {
@@ -160,7 +156,8 @@ func (b *Bander) move(ctx context.Context, r admission.Running, to int, subBand 
 	counts := nomadjob.GPUGroupCounts(job)
 	grant := nomadjob.ScaleGrant{Stamp: job.Meta[nomadjob.MetaAdmission], Stamped: counts, Admitted: counts,
 		StampedPriority: from, Priority: to, From: from, SubBand: subBand}
-	a, err := decide.Check(ctx, b.Stamper, b.Grants, b.Stops, job)
+	ref := nomadjob.Ref{Region: r.Region, Namespace: r.Namespace, ID: r.ID}
+	a, err := decide.Check(ctx, b.Stamper, decide.Records{Grants: b.Grants, Stops: b.Stops, Registrations: b.Writes}, job)
 	switch {
 	case err != nil:
 		return err
@@ -172,12 +169,12 @@ func (b *Bander) move(ctx context.Context, r admission.Running, to int, subBand 
 			grant.StampedPriority = a.Grant.StampedPriority
 		}
 	}
-	if err := b.Grants.Put(ctx, r.Namespace, r.ID, grant); err != nil {
+	if err := b.Grants.Put(ctx, ref, grant); err != nil {
 		return err
 	}
 	doc.Root().Set("Priority", to)
 	body := fmt.Appendf(nil, `{"Job":%s,"EnforceIndex":true,"JobModifyIndex":%d}`, doc.Bytes(), *job.JobModifyIndex)
-	if _, err := jobs.Register(ctx, r.Namespace, body); err != nil {
+	if err := register(ctx, jobs, b.Writes, ref, body, now); err != nil {
 		return err // the grant verifies the job at from as well, where it still runs
 	}
 	if subBand {
@@ -192,4 +189,18 @@ func (b *Bander) move(ctx context.Context, r admission.Running, to int, subBand 
 	b.Audit.Write(audit.Event{Who: audit.BrokerAct, What: audit.Promotion, Namespace: r.Namespace, Job: r.ID, Tenant: r.Tenant,
 		Queue: r.Queue, Result: result})
 	return nil
+}
+
+// register registers body (a new version of job ref) with jobs, recorded
+// as the broker's own write (decide.Rewrite).
+func register(ctx context.Context, jobs PromoteJobs, writes decide.RegistrationRecords, ref nomadjob.Ref, body []byte, now time.Time) error {
+	settle, err := decide.Rewrite(ctx, writes, ref, now)
+	if err != nil {
+		return err
+	}
+	index, err := jobs.Register(ctx, ref.Namespace, body)
+	if err != nil {
+		index = 0
+	}
+	return errors.Join(err, settle(index))
 }

@@ -56,14 +56,15 @@ func (n *promoteJobs) Register(_ context.Context, _ string, body []byte) (uint64
 	return 0, nil
 }
 
+// grants keeps scale grants by job id.
 type grants map[string]nomadjob.ScaleGrant
 
-func (g grants) Get(_ context.Context, _, job string) (nomadjob.ScaleGrant, bool, error) {
-	v, ok := g[job]
+func (g grants) Get(_ context.Context, job nomadjob.Ref) (nomadjob.ScaleGrant, bool, error) {
+	v, ok := g[job.ID]
 	return v, ok, nil
 }
-func (g grants) Put(_ context.Context, _, job string, v nomadjob.ScaleGrant) error {
-	g[job] = v
+func (g grants) Put(_ context.Context, job nomadjob.Ref, v nomadjob.ScaleGrant) error {
+	g[job.ID] = v
 	return nil
 }
 

@@ -40,9 +40,11 @@ type Repinner struct {
 	Jobs     PromoteJobs
 	// Elsewhere are the other regions governed, by name (none: one region).
 	Elsewhere map[string]RepinRegion
-	Grants    decide.Grants
-	Stops     decide.Stops // nil: none kept
-	Stamper   nomadjob.Stamper
+	// Records tell the broker's admissions as they stand.
+	Records decide.Records
+	// Writes record the versions the repinner makes (nil: none kept).
+	Writes  decide.RegistrationRecords
+	Stamper nomadjob.Stamper
 	// Lock holds off other decisions on the job meanwhile (the gate's too).
 	Lock  func(namespace, id string) (unlock func())
 	Audit *audit.Log
@@ -112,7 +114,7 @@ func (r *Repinner) repin(ctx context.Context, p *policy.Policy, region string, i
 	if err != nil || job == nil || job.Priority == nil || job.JobModifyIndex == nil || (job.Stop != nil && *job.Stop) {
 		return err
 	}
-	a, err := decide.Check(ctx, r.Stamper, r.Grants, r.Stops, job)
+	a, err := decide.Check(ctx, r.Stamper, r.Records, job)
 	if err != nil || !a.OK || a.Grant.Parent != "" {
 		// Not the broker's admission as it stands, or a dispatched child
 		// (it carries its parent's stamp). A job scaled or moved to a
@@ -143,7 +145,7 @@ func (r *Repinner) repin(ctx context.Context, p *policy.Policy, region string, i
 	root := req.Doc.Root()
 	root.Set("EnforceIndex", true)
 	root.Set("JobModifyIndex", *job.JobModifyIndex)
-	if _, err := in.Jobs.Register(ctx, u.Namespace, req.Body()); err != nil {
+	if err := register(ctx, in.Jobs, r.Writes, nomadjob.Ref{Region: region, Namespace: u.Namespace, ID: u.ID}, req.Body(), now); err != nil {
 		return err
 	}
 	why := "Nomad has not placed it for " + RepinAfter.String()

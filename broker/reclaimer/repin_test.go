@@ -10,6 +10,7 @@ import (
 	"github.com/hashicorp/nomad/api"
 
 	"github.com/nomad-gpu/nomad-gpu/broker/cluster"
+	"github.com/nomad-gpu/nomad-gpu/broker/decide"
 	"github.com/nomad-gpu/nomad-gpu/broker/nomadjob"
 	"github.com/nomad-gpu/nomad-gpu/broker/reclaimer"
 	"github.com/nomad-gpu/nomad-gpu/testing/testbuild"
@@ -37,7 +38,7 @@ func TestTheRepinnerPinsAJobAgainBeforeItRuns(t *testing.T) {
 	n1 := testbuild.Node("n1", "H100", 8, 0)
 	n1.SchedulingEligibility = api.NodeSchedulingIneligible
 	view.ObserveNode(n1)
-	r := &reclaimer.Repinner{Log: hclog.NewNullLogger(), Policies: testbuild.Fixed{P: p}, View: view, Jobs: nomad, Grants: g,
+	r := &reclaimer.Repinner{Log: hclog.NewNullLogger(), Policies: testbuild.Fixed{P: p}, View: view, Jobs: nomad, Records: decide.Records{Grants: g},
 		Stamper: st, Lock: view.LockJob}
 	now := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
 	if err := r.Observed(context.Background(), now, nil, nil); err != nil {

@@ -22,6 +22,8 @@ type StopRecorder struct {
 		Registering(namespace, id string) bool
 	}
 	Records decide.StopRecords
+	// Region is the view's ("": the broker's own).
+	Region string
 	// Lock holds off the gate's and the queue's decisions on the job while
 	// it is recorded: one of theirs in flight is the broker's own version.
 	Lock func(namespace, id string) (unlock func())
@@ -41,8 +43,9 @@ func (s *StopRecorder) record(ctx context.Context, namespace, id string, index u
 	if s.View.Registering(namespace, id) {
 		return nil // the broker registers it again: the next pass looks
 	}
-	if r, ok := s.Records.Stopped(namespace, id); !ok || r.Index < index {
-		if err := s.Records.Put(ctx, namespace, id, nomadjob.Stopped{Index: index, At: now.UTC()}); err != nil {
+	job := nomadjob.Ref{Region: s.Region, Namespace: namespace, ID: id}
+	if r, ok := s.Records.Get(job); !ok || r.Index < index {
+		if err := s.Records.Put(ctx, job, nomadjob.Stopped{Index: index, At: now.UTC()}); err != nil {
 			return err
 		}
 	}

@@ -98,7 +98,8 @@ func (s *Server) scale(w http.ResponseWriter, r *http.Request, jc jobCall, jobID
 			tg.Count = &n
 		}
 	}
-	rec := &record{}
+	ref := nomadjob.Ref{Region: jc.region, Namespace: ns, ID: jobID}
+	rec := s.rewritten(r, ref, false)
 	if admittedBefore && s.scales != nil {
 		// The stamp covers counts: record what is admitted now, before Nomad
 		// has it, so that the job stays verifiable; when Nomad does not take
@@ -106,21 +107,22 @@ func (s *Server) scale(w http.ResponseWriter, r *http.Request, jc jobCall, jobID
 		// the counts Nomad still runs, so the job stays verifiable as it is.
 		grant := before // what else it says (a promotion, a sub-band) still holds
 		grant.Stamp, grant.Admitted = job.Meta[nomadjob.MetaAdmission], nomadjob.GPUGroupCounts(job)
-		rec.before = func() error { return s.scales.Put(r.Context(), ns, jobID, grant) }
 		undo := grant
 		undo.Admitted = counts
-		rec.refused = func() {
-			if err := s.scales.Put(context.WithoutCancel(r.Context()), ns, jobID, undo); err != nil {
-				s.log.Error("scale refused by Nomad: its grant could not be restored; the reclaim rule unadmitted may see the job so",
-					"job", jobID, "namespace", ns, "error", err)
-			}
-		}
+		rec = rec.and(&record{
+			before: func() error { return s.scales.Put(r.Context(), ref, grant) },
+			refused: func() {
+				if err := s.scales.Put(context.WithoutCancel(r.Context()), ref, undo); err != nil {
+					s.log.Error("scale refused by Nomad: its grant could not be restored; the reclaim rule unadmitted may see the job so",
+						"job", jobID, "namespace", ns, "error", err)
+				}
+			}})
 	}
 	if up && admittedBefore {
 		// Timed from Nomad taking it to the first new allocation running.
-		rec.accepted = func() {
+		rec = rec.and(&record{accepted: func(uint64) {
 			s.metrics.ScaledUp(ns, jobID, job.Meta[nomadjob.MetaTenant], job.Meta[nomadjob.MetaQueue], time.Now())
-		}
+		}})
 	}
 	// Scaling changes no spec: Nomad places no canaries for it. The job
 	// keeps the priority it runs at: for one moved to a sub-band, it was
@@ -134,37 +136,82 @@ func (s *Server) scale(w http.ResponseWriter, r *http.Request, jc jobCall, jobID
 
 // record is what the broker records of a call it admitted: before Nomad
 // has the call (so that what Nomad runs is verifiable from the first
-// moment), and once Nomad answered, accepted or refused (any answer but
-// 200, or none). Each part may be nil.
+// moment), and once Nomad answered, accepted (with the JobModifyIndex it
+// answered with) or refused (any answer but 200, or none). Each part may
+// be nil.
 type record struct {
 	before   func() error
-	accepted func()
+	accepted func(index uint64)
 	refused  func()
 }
 
-// revived is the record of a call that runs job ns/jobID again as a
-// registration does (a revert registers a version again, an evaluation
-// revives a job Nomad ended): its stopped record, if any, is revived like a
-// registration's (decide.Revive), so that the broker's own admission is
-// not read as unadmitted afterwards.
-func (s *Server) revived(r *http.Request, ns, jobID string) *record {
+// and is rec, then next: next is not readied when rec could not be.
+func (rec *record) and(next *record) *record {
+	return &record{
+		before: func() error {
+			if err := rec.run(); err != nil {
+				return err
+			}
+			if err := next.run(); err != nil {
+				rec.settle(false, 0)
+				return err
+			}
+			return nil
+		},
+		accepted: func(index uint64) { rec.settle(true, index); next.settle(true, index) },
+		refused:  func() { rec.settle(false, 0); next.settle(false, 0) },
+	}
+}
+
+// run readies rec (nil: nothing to ready).
+func (rec *record) run() error {
+	if rec == nil || rec.before == nil {
+		return nil
+	}
+	return rec.before()
+}
+
+// revived is the record of an evaluation of job ref, which may run the job
+// again as a registration does: its stopped record, if any, is revived like
+// a registration's (decide.Revive), so that the broker's own admission is
+// not read as unadmitted afterwards. It makes no new version.
+func (s *Server) revived(r *http.Request, ref nomadjob.Ref) *record {
 	var settle func(taken bool) error
 	return &record{
 		before: func() (err error) {
-			settle, err = decide.Revive(r.Context(), s.stops, ns, jobID)
+			settle, err = decide.Revive(r.Context(), s.stops, ref)
 			return err
 		},
-		accepted: func() { s.settled(settle, true) },
-		refused:  func() { s.settled(settle, false) },
+		accepted: func(uint64) { s.settled(settle(true)) },
+		refused:  func() { s.settled(settle(false)) },
+	}
+}
+
+// rewritten is the record of a call that makes a new version of job ref: a
+// scale, or with registers a revert, which registers a version again as a
+// registration does (decide.Registering).
+func (s *Server) rewritten(r *http.Request, ref nomadjob.Ref, registers bool) *record {
+	var settle func(index uint64) error
+	return &record{
+		before: func() (err error) {
+			if registers {
+				settle, err = decide.Registering(r.Context(), s.stops, s.writes, ref, s.clock.Now())
+			} else {
+				settle, err = decide.Rewrite(r.Context(), s.writes, ref, s.clock.Now())
+			}
+			return err
+		},
+		accepted: func(index uint64) { s.settled(settle(index)) },
+		refused:  func() { s.settled(settle(0)) },
 	}
 }
 
 // settle runs the part of rec (nil: none) for Nomad's answer.
-func (rec *record) settle(accepted bool) {
+func (rec *record) settle(accepted bool, index uint64) {
 	switch {
 	case rec == nil:
 	case accepted && rec.accepted != nil:
-		rec.accepted()
+		rec.accepted(index)
 	case !accepted && rec.refused != nil:
 		rec.refused()
 	}
@@ -173,7 +220,7 @@ func (rec *record) settle(accepted bool) {
 // stampedGrant is what a job's admission covers (decide.Check), and
 // whether it is the broker's admission at all.
 func (s *Server) stampedGrant(r *http.Request, job *api.Job) (nomadjob.ScaleGrant, bool) {
-	a, _ := decide.Check(r.Context(), s.stamper, s.scales, s.stops, job)
+	a, _ := decide.Check(r.Context(), s.stamper, decide.Records{Grants: s.scales, Stops: s.stops, Registrations: s.writes}, job)
 	return a.Grant, a.OK
 }
 
@@ -219,7 +266,7 @@ func (s *Server) spawn(w http.ResponseWriter, r *http.Request, c call, jc jobCal
 	*child.ID = jobID + "/" + c.String() + "-" + s.newID() // its own key: nothing of it is counted yet
 	id := s.checkThenForward(w, r, body, &child, nil, derefInt(child.Priority), ns, jobID, c.String(), nil)
 	if id != "" && c == callDispatch {
-		s.recordChild(r, ns, jobID, parent, id)
+		s.recordChild(r, nomadjob.Ref{Region: jc.region, Namespace: ns, ID: id}, jobID, parent)
 	}
 }
 
@@ -254,15 +301,15 @@ func (s *Server) dispatchedWith(r *http.Request, ns, parent, token string) (stri
 // stamp alone would not verify it (and a child dispatched straight in Nomad
 // must not verify). Nomad has the child already: a record that cannot be
 // written is logged, and the reclaim rule unadmitted will see the child so.
-func (s *Server) recordChild(r *http.Request, ns, parentID string, parent *api.Job, childID string) {
+func (s *Server) recordChild(r *http.Request, child nomadjob.Ref, parentID string, parent *api.Job) {
 	before, admitted := s.stampedGrant(r, parent)
 	if !admitted || s.scales == nil {
 		return
 	}
 	g := nomadjob.ScaleGrant{Stamp: parent.Meta[nomadjob.MetaAdmission], Stamped: before.Stamped, Admitted: nomadjob.GPUGroupCounts(parent), Parent: parentID}
-	if err := s.scales.Put(r.Context(), ns, childID, g); err != nil {
+	if err := s.scales.Put(r.Context(), child, g); err != nil {
 		s.log.Error("dispatch: the child's admission is not recorded; the reclaim rule unadmitted will count it as unadmitted",
-			"job", childID, "namespace", ns, "error", err)
+			"job", child.ID, "namespace", child.Namespace, "error", err)
 	}
 }
 
@@ -272,15 +319,16 @@ func (s *Server) revert(w http.ResponseWriter, r *http.Request, jc jobCall, jobI
 	if !ok {
 		return
 	}
-	s.revertTo(w, r, doc.Bytes(), jc.namespace, jobID, "revert", func(v *api.Job) bool {
+	s.revertTo(w, r, doc.Bytes(), nomadjob.Ref{Region: jc.region, Namespace: jc.namespace, ID: jobID}, "revert", func(v *api.Job) bool {
 		return *v.Version == req.JobVersion
 	}) // no such version: Nomad says so
 }
 
 // revertTo decides a call that makes Nomad register an earlier version of
-// job ns/jobID again (the newest that target picks) as an update of the
-// one it runs, then forwards body; with no such version it passes body on.
-func (s *Server) revertTo(w http.ResponseWriter, r *http.Request, body []byte, ns, jobID, what string, target func(*api.Job) bool) {
+// job ref again (the newest that target picks) as an update of the one it
+// runs, then forwards body; with no such version it passes body on.
+func (s *Server) revertTo(w http.ResponseWriter, r *http.Request, body []byte, ref nomadjob.Ref, what string, target func(*api.Job) bool) {
+	ns, jobID := ref.Namespace, ref.ID
 	defer s.cluster.LockJob(ns, jobID)()
 	current, err := s.as(r).currentJob(ns, jobID)
 	if err != nil {
@@ -296,7 +344,7 @@ func (s *Server) revertTo(w http.ResponseWriter, r *http.Request, body []byte, n
 		if v == nil || v.Version == nil || !target(v) {
 			continue
 		}
-		s.checkThenForward(w, r, body, v, current, derefInt(v.Priority), ns, jobID, "revert", s.revived(r, ns, jobID))
+		s.checkThenForward(w, r, body, v, current, derefInt(v.Priority), ns, jobID, "revert", s.rewritten(r, ref, true))
 		return
 	}
 	s.passThrough(w, r, body)
@@ -374,7 +422,7 @@ func (s *Server) evaluate(w http.ResponseWriter, r *http.Request, jc jobCall, jo
 		s.passThrough(w, r, body)
 		return
 	}
-	s.checkThenForward(w, r, body, job, job, derefInt(job.Priority), jc.namespace, jobID, "evaluate", s.revived(r, jc.namespace, jobID))
+	s.checkThenForward(w, r, body, job, job, derefInt(job.Priority), jc.namespace, jobID, "evaluate", s.revived(r, nomadjob.Ref{Region: jc.region, Namespace: jc.namespace, ID: jobID}))
 }
 
 // activeDeployment reports whether a deployment of status may still fail.
@@ -423,7 +471,7 @@ func (s *Server) deploymentWrite(w http.ResponseWriter, r *http.Request, jc jobC
 		s.passThrough(w, r, jc.body)
 		return
 	}
-	s.revertTo(w, r, jc.body, d.Namespace, d.JobID, "deployment write", func(v *api.Job) bool {
+	s.revertTo(w, r, jc.body, nomadjob.Ref{Region: jc.region, Namespace: d.Namespace, ID: d.JobID}, "deployment write", func(v *api.Job) bool {
 		return *v.Version != d.JobVersion && v.Stable != nil && *v.Stable
 	}) // no stable version: Nomad reverts nothing
 }
@@ -508,23 +556,21 @@ func (s *Server) decideThenForward(w http.ResponseWriter, r *http.Request, body 
 		writeError(w, fail(errForbidden, "%s of %q refused: the result would run at priority %d (%s) but the job runs at %d; register it again instead",
 			what, jobID, d.Priority, d.Reason, current))
 	default:
-		if rec != nil && rec.before != nil {
-			if err := rec.before(); err != nil {
-				res.Release()
-				writeError(w, fail(errUnavailable, "%s of %q not forwarded: %v", what, jobID, err))
-				return ""
-			}
+		if err := rec.run(); err != nil {
+			res.Release()
+			writeError(w, fail(errUnavailable, "%s of %q not forwarded: %v", what, jobID, err))
+			return ""
 		}
 		resp, err := s.forward(r, body, ns)
 		if err != nil {
 			res.Release()
-			rec.settle(false)
+			rec.settle(false, 0)
 			writeError(w, fail(errNomadUnreach, "Nomad is unreachable: %v", err))
 			return ""
 		}
-		child, accepted := s.relayRegistered(w, resp, res, admittedWarning(d))
-		rec.settle(accepted)
-		return child
+		took := s.relayRegistered(w, resp, res, admittedWarning(d))
+		rec.settle(took.accepted, took.index)
+		return took.child
 	}
 	return ""
 }

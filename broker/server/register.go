@@ -155,7 +155,7 @@ func (s *Server) register(w http.ResponseWriter, r *http.Request, pathJobID stri
 		}
 		pinned := rj.PinTo(d.Placed) // before the stamp, which binds it
 		rj.Stamp(d, s.stamper.Stamp(rj.Namespace, rj.Job, d))
-		settle, err := decide.Revive(r.Context(), s.stops, rj.Namespace, rj.JobID)
+		settle, err := decide.Registering(r.Context(), s.stops, s.writes, nomadjob.RefOf(rj.Job), s.clock.Now())
 		if err != nil {
 			res.Release()
 			writeError(w, fail(errUnavailable, "job %q not registered: %v", rj.JobID, err))
@@ -164,22 +164,22 @@ func (s *Server) register(w http.ResponseWriter, r *http.Request, pathJobID stri
 		resp, err := s.forward(r, rj.Body(), rj.Namespace)
 		if err != nil {
 			res.Release()
-			s.settled(settle, false)
+			s.settled(settle(0))
 			event.What, event.Result = audit.AdmissionError, "Nomad is unreachable: "+err.Error()
 			s.audit.Write(event)
 			writeError(w, fail(errNomadUnreach, "Nomad is unreachable: %v", err))
 			return
 		}
-		_, taken := s.relayRegistered(w, resp, res, admittedWarning(d), dispatchWarning(rj.Dispatch), pinned, workloadWarning(rj.Wrote), s.rightSizingWarning(rj.Namespace, rj.JobID, d), rj.warning)
-		s.settled(settle, taken)
+		took := s.relayRegistered(w, resp, res, admittedWarning(d), dispatchWarning(rj.Dispatch), pinned, workloadWarning(rj.Wrote), s.rightSizingWarning(rj.Namespace, rj.JobID, d), rj.warning)
+		s.settled(settle(took.index))
 	}
 }
 
-// settled settles a revived job's stopped record (decide.Revive) once Nomad
-// answered; one that cannot be written is logged.
-func (s *Server) settled(settle func(taken bool) error, taken bool) {
-	if err := settle(taken); err != nil {
-		s.log.Error("registration through the broker: the job's stopped record stays pending", "error", err)
+// settled logs a record of the broker's own write that could not be
+// settled once Nomad answered (decide.Revive, decide.Rewrite).
+func (s *Server) settled(err error) {
+	if err != nil {
+		s.log.Error("a write through the broker: the job's record of it stays pending", "error", err)
 	}
 }
 
@@ -235,17 +235,28 @@ func (s *Server) registerParent(w http.ResponseWriter, r *http.Request, rj *gpuJ
 	s.relay(w, resp, admittedWarning(d))
 }
 
+// taken is what Nomad answered to a call the broker admitted.
+type taken struct {
+	accepted bool
+	child    string // a dispatch's child ("" for none)
+	// index is the JobModifyIndex of the version the call made (0: none,
+	// or not told).
+	index uint64
+}
+
 // relayRegistered relays Nomad's answer to a call the broker admitted, and
 // settles the reservation: confirmed at the job's new index, or released.
-// It returns the id of the child a dispatch created ("" for none), and
-// whether Nomad took the call.
-func (s *Server) relayRegistered(w http.ResponseWriter, resp *http.Response, res *cluster.Reservation, warnings ...string) (string, bool) {
+func (s *Server) relayRegistered(w http.ResponseWriter, resp *http.Response, res *cluster.Reservation, warnings ...string) taken {
 	defer resp.Body.Close()
 	body, err := io.ReadAll(io.LimitReader(resp.Body, MaxBody))
 	var out struct {
 		api.JobRegisterResponse
 		DispatchedJobID string // a dispatch's child, created at JobCreateIndex
 		JobCreateIndex  uint64
+		// A deployment failed with auto_revert: Nomad registered the
+		// stable version with the deployment's update.
+		RevertedJobVersion    *uint64
+		DeploymentModifyIndex uint64
 	}
 	var doc *jsondoc.Doc // read once: for the reservation, and to add the warnings to
 	if err == nil && resp.StatusCode == http.StatusOK {
@@ -266,7 +277,15 @@ func (s *Server) relayRegistered(w http.ResponseWriter, resp *http.Response, res
 		body, warnings = addWarnings(doc, out.Warnings, warnings), nil
 	}
 	s.relayBody(w, resp, body, err, warnings...)
-	return out.DispatchedJobID, doc != nil
+	t := taken{accepted: doc != nil, child: out.DispatchedJobID}
+	switch {
+	case doc == nil || out.DispatchedJobID != "":
+	case out.RevertedJobVersion != nil:
+		t.index = out.DeploymentModifyIndex
+	default:
+		t.index = out.JobModifyIndex
+	}
+	return t
 }
 
 func admittedWarning(d admission.Decision) string {

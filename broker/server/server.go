@@ -80,12 +80,6 @@ type Queue interface {
 	Remove(ctx context.Context, e queue.Entry) (bool, error)
 }
 
-// Scales keeps, per job, what the broker admitted when it scaled it.
-type Scales interface {
-	Get(ctx context.Context, namespace, job string) (nomadjob.ScaleGrant, bool, error)
-	Put(ctx context.Context, namespace, job string, g nomadjob.ScaleGrant) error
-}
-
 // Profiles are the leader's right-sizing profiles of jobs.
 type Profiles interface {
 	Get(namespace, job string) (usage.Profile, bool)
@@ -125,8 +119,9 @@ type Server struct {
 	cluster       Cluster
 	queue         Queue
 	decisions     Decisions
-	scales        Scales
+	scales        decide.GrantRecords
 	stops         decide.StopRecords
+	writes        decide.RegistrationRecords
 	profiles      Profiles
 	stored        StoredProfiles
 	metrics       *metrics.Metrics
@@ -175,10 +170,13 @@ type Options struct {
 	// Decisions are the reclaim decision records (nil: none kept).
 	Decisions Decisions
 	// Scales keeps what the broker admitted for scaled jobs (nil: nothing kept).
-	Scales Scales
+	Scales decide.GrantRecords
 	// Stops are the jobs the broker admitted that Nomad stopped since (nil:
 	// none kept): a registration through the broker revives one.
 	Stops decide.StopRecords
+	// Writes record the JobModifyIndex of each version of a job the broker
+	// makes (nil: none kept).
+	Writes decide.RegistrationRecords
 	// Profiles (the leader's) warn a job submitted again that it asks for
 	// far more GPUs than it kept busy; RightSizing lists them (nil: neither).
 	Profiles    Profiles
@@ -232,7 +230,7 @@ func New(o Options) (*Server, error) {
 		return nil, fmt.Errorf("nomad address %q: %w", o.Nomad, err)
 	}
 	s := &Server{log: o.Log, upstream: u, client: o.Client, policies: o.Policies, cluster: o.Cluster,
-		queue: o.Queue, decisions: o.Decisions, scales: o.Scales, stops: o.Stops, profiles: o.Profiles, stored: o.RightSizing, metrics: o.Metrics, rollups: o.Rollups, fairShare: o.FairShare, audit: o.Audit, approvalStore: o.Approvals, preemptions: o.Preemptions, setAside: o.SetAside, policyStatus: o.PolicyStatus, healthy: o.Unhealthy, synced: o.Synced, forecast: o.Forecast, stamper: o.Stamper, region: o.Region, regions: o.Regions, drains: o.Drains, acls: o.ACLs, exclusive: o.Exclusive, token: o.Token, leader: o.Leader, clock: o.Clock, newID: o.NewID, ui: webui.Handler()}
+		queue: o.Queue, decisions: o.Decisions, scales: o.Scales, stops: o.Stops, writes: o.Writes, profiles: o.Profiles, stored: o.RightSizing, metrics: o.Metrics, rollups: o.Rollups, fairShare: o.FairShare, audit: o.Audit, approvalStore: o.Approvals, preemptions: o.Preemptions, setAside: o.SetAside, policyStatus: o.PolicyStatus, healthy: o.Unhealthy, synced: o.Synced, forecast: o.Forecast, stamper: o.Stamper, region: o.Region, regions: o.Regions, drains: o.Drains, acls: o.ACLs, exclusive: o.Exclusive, token: o.Token, leader: o.Leader, clock: o.Clock, newID: o.NewID, ui: webui.Handler()}
 	if s.client == nil {
 		s.client = &http.Client{}
 	}
