@@ -423,7 +423,7 @@ func (a *Agent) reclaimer() *reclaimer.Reclaimer {
 	prune := a.log.Named("prune")
 	granted := approval.ExtraGranted(a.policies, st.approvals)
 	elsewhere := a.elsewhere(observer.Verify)
-	return &reclaimer.Reclaimer{Elsewhere: elsewhere, Log: a.log.Named("reclaim"), Records: st.decisions, Observer: observer, Actor: a.nomad, Policies: a.policies,
+	return &reclaimer.Reclaimer{Elsewhere: elsewhere, Home: a.region, Log: a.log.Named("reclaim"), Records: st.decisions, Observer: observer, Actor: a.nomad, Policies: a.policies,
 		Clock: clock.Real, NewID: queue.NewID,
 		Requeue: &reclaimer.Requeue{Jobs: a.nomad, Actor: a.nomad, Queue: st.queue, Policies: a.policies, Preempted: st.backoffs.Preempted},
 		Watchers: append([]reclaimer.Watcher{&reclaimer.Recorder{Store: st.storedProfiles, Table: st.profiles, Policies: a.policies},

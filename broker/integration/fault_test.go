@@ -471,6 +471,42 @@ make_room_grace  = "3s"
 			t.Errorf("audit trail of old: %s", all)
 		}
 	})
+	// over_limit_grace is for admitted work that grew late: a job registered
+	// straight in Nomad that puts the tenant over its limit is requeued at
+	// once, whatever the grace (here an hour).
+	t.Run("work nobody admitted over the limit is requeued at once", func(t *testing.T) {
+		loaded := e.broker.Scrape()["nomadgpu_policy_loaded_timestamp"]
+		time.Sleep(time.Second) // the timestamp is in seconds
+		writeFile(t, filepath.Join(e.policyDir, "policy.hcl"), strings.Replace(fmt.Sprintf(policy, 2, 2), `over_limit_grace = "2s"`, `over_limit_grace = "1h"`, 1))
+		testcluster.WaitFor(t, 30*time.Second, "the policy with an hour's grace", func() error {
+			if at := e.broker.Scrape()["nomadgpu_policy_loaded_timestamp"]; at <= loaded {
+				return fmt.Errorf("loaded at %g, as before", at)
+			}
+			return nil
+		})
+		sneak := job("vision", "sneak", api.JobTypeBatch).group("g", ptr(1), nil, task(dev("nvidia/gpu", 2)))
+		if _, _, err := n.API.Jobs().Register(sneak.j, nil); err != nil {
+			t.Fatalf("2 GPUs straight in Nomad beside serve's 1, limit 2: %v", err)
+		}
+		testcluster.WaitFor(t, 30*time.Second, "sneak requeued", func() error { return stopped("sneak") })
+		var recs []reclaim.Record
+		if err := json.Unmarshal([]byte(e.brokerCLI("reclaim", "list", "-json")), &recs); err != nil {
+			t.Fatal(err)
+		}
+		found := false
+		for _, r := range recs {
+			found = found || r.Rule == "over-limit" && r.Job == "sneak" && strings.Contains(r.Evidence, "with work no decision of the broker's covers")
+		}
+		if !found {
+			t.Errorf("no over-limit decision on sneak naming work nobody admitted: %+v", recs)
+		}
+		if out := e.brokerCLI("queue", "list"); !strings.Contains(out, "sneak") {
+			t.Errorf("sneak is not in the queue, where it waits for admission:\n%s", out)
+		}
+		if stopped("serve") == nil {
+			t.Errorf("serve, admitted, was stopped")
+		}
+	})
 }
 
 // TestARequeuedJobNomadDoesNotPlaceStaysQueued: a requeue must never end

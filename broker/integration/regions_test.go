@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"sync"
@@ -15,6 +16,7 @@ import (
 	"github.com/hashicorp/nomad/api"
 
 	"github.com/nomad-gpu/nomad-gpu/broker/metrics"
+	"github.com/nomad-gpu/nomad-gpu/broker/reclaim"
 	"github.com/nomad-gpu/nomad-gpu/broker/server"
 	"github.com/nomad-gpu/nomad-gpu/testing/browser"
 	"github.com/nomad-gpu/nomad-gpu/testing/testcluster"
@@ -393,6 +395,50 @@ func TestRegions(t *testing.T) {
 		}
 		for region, n := range map[string]*testcluster.Nomad{"east": east, "west": west} {
 			n.API.Jobs().Deregister("d4", true, &api.WriteOptions{Namespace: "dub", Region: region})
+		}
+		dubGone()
+	})
+	// over_limit knows region caps: a cap lowered below what the tenant
+	// holds there has its work there requeued after the grace.
+	t.Run("a region's cap lowered below what a tenant holds there: its work there is requeued", func(t *testing.T) {
+		path := e.spec("dub", "dc", 1, 1, "")
+		spec, _ := os.ReadFile(path)
+		writeFile(t, path, strings.Replace(string(spec), "\n", "\n  region = \"west\"\n", 1))
+		if out, err := e.nomadCLI("job", "run", "-detach", path); err != nil || !strings.Contains(out, "admitted") {
+			t.Fatalf("dc in west (1 GPU, dub's cap there 1): %v\n%s", err, out)
+		}
+		runsIn(west, "west", "dc")
+		policyFile := filepath.Join(e.policyDir, "policy.hcl")
+		lowered := strings.Replace(regionsPolicy, "region \"west\" {\n    limit = 1", "region \"west\" {\n    limit = 0", 1) + "over_limit_grace = \"1s\"\n"
+		writeFile(t, policyFile, lowered)
+		defer writeFile(t, policyFile, regionsPolicy)
+		testcluster.WaitFor(t, 60*time.Second, "dc requeued from west", func() error {
+			j, _, err := west.API.Jobs().Info("dc", &api.QueryOptions{Namespace: "dub", Region: "west"})
+			if err != nil || j.Stop == nil || !*j.Stop {
+				return fmt.Errorf("dc not stopped (%v)", err)
+			}
+			return nil
+		})
+		var recs []reclaim.Record
+		if err := json.Unmarshal([]byte(e.brokerCLI("reclaim", "list", "-json")), &recs); err != nil {
+			t.Fatal(err)
+		}
+		found := false
+		for _, r := range recs {
+			found = found || r.Rule == "over-limit" && r.Job == "dc" && r.Region == "west" && strings.Contains(r.Evidence, "above its cap of 0 in region west")
+		}
+		if !found {
+			t.Errorf("no over-limit decision on dc for west's cap: %+v", recs)
+		}
+		writeFile(t, policyFile, regionsPolicy)
+		testcluster.WaitFor(t, 30*time.Second, "dub's cap in west back to 1", func() error {
+			if out := e.brokerCLI("queue", "list"); strings.Contains(out, "dc") {
+				return errors.New("dc still queued: " + out)
+			}
+			return nil
+		})
+		for region, n := range map[string]*testcluster.Nomad{"east": east, "west": west} {
+			n.API.Jobs().Deregister("dc", true, &api.WriteOptions{Namespace: "dub", Region: region})
 		}
 		dubGone()
 	})

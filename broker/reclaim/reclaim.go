@@ -6,7 +6,9 @@
 package reclaim
 
 import (
+	"cmp"
 	"fmt"
+	"maps"
 	"slices"
 	"sort"
 	"strings"
@@ -169,12 +171,23 @@ func (e *Engine) Retract(d Decision) {
 }
 
 // OverLimit returns, under policy over_limit = "reclaim", the decisions
-// that requeue the work of each tenant that has held more GPUs than its limit
-// (raised by extra, what approvals in force grant it) for over_limit_grace:
-// whole jobs, borrowed first, then the lowest band, then the newest, until
-// what is left is within the limit. Work already decided on counts as going.
-func (e *Engine) OverLimit(now time.Time, p *policy.Policy, allocs []Alloc, gpus map[string]GPU, extra map[string]float64) []Decision {
-	held, byJob := e.holdings(allocs, gpus)
+// that requeue the work of each tenant that holds more GPUs than its limit
+// (raised by extra, what approvals in force grant it), or than a cap of a
+// region (home names the broker's own): whole jobs, until what is left is
+// within. Work no decision covers (unadmitted, in the tenant's namespaces)
+// goes first and at once: over_limit_grace is for admitted work that grew
+// past the limit late (a lowered limit, a revert Nomad made), not for work
+// nobody admitted. Admitted work goes once the tenant has been over for
+// over_limit_grace: borrowed first, then the lowest band, then the newest.
+// Work already decided on counts as going.
+func (e *Engine) OverLimit(now time.Time, p *policy.Policy, allocs []Alloc, gpus map[string]GPU, extra map[string]float64, home string) []Decision {
+	_, byJob := e.holdings(allocs, gpus)
+	uncovered := map[[2]string][]Alloc{}
+	for _, a := range allocs {
+		if t := p.TenantOf(a.Namespace); t != nil && !a.Preempted && !a.Admitted && len(a.GPUs) > 0 {
+			uncovered[jobOf(a)] = append(uncovered[jobOf(a)], a)
+		}
+	}
 	names := make([]string, 0, len(p.Tenants))
 	for name := range p.Tenants {
 		names = append(names, name)
@@ -182,44 +195,131 @@ func (e *Engine) OverLimit(now time.Time, p *policy.Policy, allocs []Alloc, gpus
 	sort.Strings(names)
 	var out []Decision
 	for _, name := range names {
-		limit := p.Tenants[name].Limit.Total() + extra[name]
-		over := held[name] - limit
-		if p.OverLimit != policy.OverReclaim || over <= 1e-9 {
-			delete(e.overSince, name)
-			continue
+		t := p.Tenants[name]
+		scopes := []limitScope{{limit: t.Limit.Total() + extra[name]}}
+		for _, region := range slices.Sorted(maps.Keys(t.RegionLimits)) {
+			scopes = append(scopes, limitScope{region: region, limit: t.RegionLimits[region]})
 		}
-		since, ok := e.overSince[name]
-		if !ok {
-			since, e.overSince[name] = now, now
-		}
-		if now.Sub(since) < p.OverLimitGrace {
-			continue
-		}
-		for _, job := range victims(p, byJob, name) {
-			if over <= 1e-9 {
-				break
-			}
-			hit := byJob[job]
-			gone := 0.0
-			decided := false
-			for _, a := range hit {
-				gone += share(a, gpus)
-				decided = decided || e.going[a.ID]
-			}
-			over -= gone
-			if decided {
+		for _, sc := range scopes {
+			key := name + "\x00" + sc.region
+			in := func(a Alloc) bool { return sc.region == "" || cmp.Or(a.Region, home) == sc.region }
+			admitted := within(victims(p, byJob, name), byJob, in)
+			nobody := within(newestFirst(uncovered, p, name), uncovered, in)
+			over := holding(admitted, byJob, gpus) + holding(nobody, uncovered, gpus) - sc.limit
+			if p.OverLimit != policy.OverReclaim || over <= 1e-9 {
+				delete(e.overSince, key)
 				continue
 			}
-			for _, a := range hit {
-				e.going[a.ID] = true
+			where := fmt.Sprintf("its limit of %g", sc.limit)
+			if sc.region != "" {
+				where = fmt.Sprintf("its cap of %g in region %s", sc.limit, sc.region)
 			}
-			why := fmt.Sprintf("tenant %q holds %g GPUs, above its limit of %g, since %s (over_limit = %q, grace %s): its newest work is requeued, borrowed and lowest band first, until it is within",
-				name, held[name], limit, since.UTC().Format(time.RFC3339), p.OverLimit, p.OverLimitGrace)
-			d := decision(now, policy.OverLimit, hit, true, []string{why})
-			out = append(out, d)
+			over = e.requeue(now, &out, nobody, uncovered, gpus, over, func(held float64) string {
+				return fmt.Sprintf("tenant %q holds %g GPUs, above %s, with work no decision of the broker's covers (unadmitted, in its namespaces): that work is requeued at once, newest first, until it is within",
+					name, held, where)
+			}, over+sc.limit)
+			if over <= 1e-9 {
+				delete(e.overSince, key)
+				continue
+			}
+			since, ok := e.overSince[key]
+			if !ok {
+				since, e.overSince[key] = now, now
+			}
+			if now.Sub(since) < p.OverLimitGrace {
+				continue
+			}
+			e.requeue(now, &out, admitted, byJob, gpus, over, func(held float64) string {
+				return fmt.Sprintf("tenant %q holds %g GPUs, above %s, since %s (over_limit = %q, grace %s): its newest work is requeued, borrowed and lowest band first, until it is within",
+					name, held, where, since.UTC().Format(time.RFC3339), p.OverLimit, p.OverLimitGrace)
+			}, over+sc.limit)
 		}
 	}
 	return out
+}
+
+// limitScope is a limit of a tenant's: its whole one (region ""), or a
+// region's cap.
+type limitScope struct {
+	region string
+	limit  float64
+}
+
+// within are the jobs of order (keys of byJob) that in takes.
+func within(order [][2]string, byJob map[[2]string][]Alloc, in func(Alloc) bool) [][2]string {
+	var out [][2]string
+	for _, k := range order {
+		if in(byJob[k][0]) {
+			out = append(out, k)
+		}
+	}
+	return out
+}
+
+// holding is what jobs hold.
+func holding(jobs [][2]string, byJob map[[2]string][]Alloc, gpus map[string]GPU) float64 {
+	n := 0.0
+	for _, k := range jobs {
+		for _, a := range byJob[k] {
+			n += share(a, gpus)
+		}
+	}
+	return n
+}
+
+// requeue decides on jobs, in order, until over is gone, and returns what
+// is left of it; a job decided on already counts as going. why tells the
+// evidence of a tenant holding total.
+func (e *Engine) requeue(now time.Time, out *[]Decision, jobs [][2]string, byJob map[[2]string][]Alloc, gpus map[string]GPU, over float64, why func(total float64) string, total float64) float64 {
+	for _, job := range jobs {
+		if over <= 1e-9 {
+			break
+		}
+		hit := byJob[job]
+		decided := false
+		for _, a := range hit {
+			over -= share(a, gpus)
+			decided = decided || e.going[a.ID]
+		}
+		if decided {
+			continue
+		}
+		for _, a := range hit {
+			e.going[a.ID] = true
+		}
+		*out = append(*out, decision(now, policy.OverLimit, hit, true, []string{why(total)}))
+	}
+	return over
+}
+
+// newestFirst are the jobs of byJob in tenant's namespaces, the newest
+// first.
+func newestFirst(byJob map[[2]string][]Alloc, p *policy.Policy, tenant string) [][2]string {
+	var out [][2]string
+	for k, allocs := range byJob {
+		if t := p.TenantOf(allocs[0].Namespace); t != nil && t.Name == tenant {
+			out = append(out, k)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool {
+		a, b := newest(byJob[out[i]]), newest(byJob[out[j]])
+		if !a.Equal(b) {
+			return a.After(b)
+		}
+		return out[i][0]+"/"+out[i][1] < out[j][0]+"/"+out[j][1]
+	})
+	return out
+}
+
+// newest is when the last of allocs started.
+func newest(allocs []Alloc) time.Time {
+	var t time.Time
+	for _, a := range allocs {
+		if a.StartedAt.After(t) {
+			t = a.StartedAt
+		}
+	}
+	return t
 }
 
 // holdings are the GPUs each tenant's admitted work holds, and that work by
@@ -360,15 +460,6 @@ func victims(p *policy.Policy, byJob map[[2]string][]Alloc, tenant string) [][2]
 			return q.Band
 		}
 		return 0
-	}
-	newest := func(allocs []Alloc) time.Time {
-		var t time.Time
-		for _, a := range allocs {
-			if a.StartedAt.After(t) {
-				t = a.StartedAt
-			}
-		}
-		return t
 	}
 	sort.Slice(out, func(i, j int) bool {
 		a, b := byJob[out[i]][0], byJob[out[j]][0]

@@ -280,10 +280,10 @@ over_limit_grace = "5m"
 	gpus := utilization(50, "g1", "g2", "g3", "g4", "g5")
 	e := reclaim.New()
 	now := t0.Add(2 * time.Hour)
-	if got := e.OverLimit(now, p, allocs, gpus, nil); len(got) != 0 {
+	if got := e.OverLimit(now, p, allocs, gpus, nil, ""); len(got) != 0 {
 		t.Fatalf("within the grace: %+v", got)
 	}
-	got := e.OverLimit(now.Add(5*time.Minute), p, allocs, gpus, nil)
+	got := e.OverLimit(now.Add(5*time.Minute), p, allocs, gpus, nil, "")
 	var jobs []string
 	for _, d := range got {
 		jobs = append(jobs, d.JobID)
@@ -296,17 +296,90 @@ over_limit_grace = "5m"
 	if fmt.Sprint(jobs) != "[borrowed dev]" {
 		t.Errorf("requeued %v, want [borrowed dev]", jobs)
 	}
-	if again := e.OverLimit(now.Add(6*time.Minute), p, allocs, gpus, nil); len(again) != 0 {
+	if again := e.OverLimit(now.Add(6*time.Minute), p, allocs, gpus, nil, ""); len(again) != 0 {
 		t.Errorf("decided twice: %+v", again)
 	}
-	if got := reclaim.New().OverLimit(now, p, allocs, gpus, map[string]float64{"vision": 2}); len(got) != 0 {
+	if got := reclaim.New().OverLimit(now, p, allocs, gpus, map[string]float64{"vision": 2}, ""); len(got) != 0 {
 		t.Errorf("with 2 GPUs granted by approval: %+v", got)
 	}
 	p.OverLimit = policy.OverWait
 	w := reclaim.New()
-	w.OverLimit(now, p, allocs, gpus, nil)
-	if got := w.OverLimit(now.Add(time.Hour), p, allocs, gpus, nil); len(got) != 0 {
+	w.OverLimit(now, p, allocs, gpus, nil, "")
+	if got := w.OverLimit(now.Add(time.Hour), p, allocs, gpus, nil, ""); len(got) != 0 {
 		t.Errorf("over_limit = wait: %+v", got)
+	}
+}
+
+// Work no decision covers (unadmitted, in a tenant's namespace) that puts
+// the tenant over its limit goes at once, newest first, before any admitted
+// work, which still waits out the grace; under the limit it is left to the
+// unadmitted rule.
+func TestWorkNobodyAdmittedOverALimitIsRequeuedAtOnce(t *testing.T) {
+	p := testbuild.Policy(t, `
+queue "training" { priority = 60 }
+tenant "vision" {
+  namespaces = ["vision"]
+  queues     = ["training"]
+  guaranteed = 2
+  limit      = 3
+}
+over_limit_grace = "5m"
+`)
+	admitted := reclaim.Alloc{ID: "a", Namespace: "vision", JobID: "a", Admitted: true, Tenant: "vision", Queue: "training", StartedAt: t0, GPUs: []string{"g1", "g2"}}
+	old := reclaim.Alloc{ID: "o", Namespace: "vision", JobID: "old", StartedAt: t0, GPUs: []string{"g3"}}
+	revived := reclaim.Alloc{ID: "r", Namespace: "vision", JobID: "revived", StartedAt: t0.Add(time.Minute), GPUs: []string{"g4", "g5"}}
+	other := reclaim.Alloc{ID: "x", Namespace: "default", JobID: "x", StartedAt: t0, GPUs: []string{"g6"}}
+	gpus := utilization(50, "g1", "g2", "g3", "g4", "g5", "g6")
+	e := reclaim.New()
+	if got := e.OverLimit(t0.Add(time.Hour), p, []reclaim.Alloc{admitted, old, other}, gpus, nil, ""); len(got) != 0 {
+		t.Errorf("3 held of a limit of 3, one unadmitted: %+v", got)
+	}
+	got := e.OverLimit(t0.Add(time.Hour), p, []reclaim.Alloc{admitted, old, revived, other}, gpus, nil, "")
+	if len(got) != 1 || got[0].JobID != "revived" || got[0].Action != policy.ActionRequeue || !got[0].ActAfter.Equal(t0.Add(time.Hour)) ||
+		!strings.Contains(got[0].Evidence, `tenant "vision" holds 5 GPUs, above its limit of 3, with work no decision of the broker's covers`) {
+		t.Errorf("5 held of 3, 3 unadmitted: want the newest unadmitted job requeued at once; got %+v", got)
+	}
+}
+
+// A region's cap is a limit too: admitted work above it goes after the
+// grace, in that region only; work nobody admitted above it at once.
+func TestATenantOverARegionCapHasItsWorkThereRequeued(t *testing.T) {
+	capIn := func(region string) *policy.Policy {
+		return testbuild.Policy(t, fmt.Sprintf(`
+queue "training" { priority = 60 }
+tenant "dub" {
+  namespaces = ["dub"]
+  queues     = ["training"]
+  guaranteed = 1
+  limit      = 4
+  region %q {
+    limit = 1
+  }
+}
+over_limit_grace = "5m"
+`, region))
+	}
+	p := capIn("west")
+	alloc := func(id, region string, admitted bool, started time.Duration, gpu string) reclaim.Alloc {
+		a := reclaim.Alloc{ID: id, Namespace: "dub", JobID: id, Region: region, StartedAt: t0.Add(started), GPUs: []string{gpu}}
+		if admitted {
+			a.Admitted, a.Tenant, a.Queue = true, "dub", "training"
+		}
+		return a
+	}
+	gpus := utilization(50, "e1", "w1", "w2", "w3")
+	allocs := []reclaim.Alloc{alloc("home", "", true, 0, "e1"), alloc("w-old", "west", true, 0, "w1"), alloc("w-new", "west", true, time.Minute, "w2")}
+	e := reclaim.New()
+	if got := e.OverLimit(t0.Add(time.Hour), p, allocs, gpus, nil, "east"); len(got) != 0 {
+		t.Fatalf("2 in west, cap 1, within the grace: %+v", got)
+	}
+	got := e.OverLimit(t0.Add(time.Hour+5*time.Minute), p, allocs, gpus, nil, "east")
+	if len(got) != 1 || got[0].JobID != "w-new" || got[0].Region != "west" || !strings.Contains(got[0].Evidence, `above its cap of 1 in region west`) {
+		t.Errorf("after the grace: want west's newest requeued; got %+v", got)
+	}
+	// The home region named by its cap: the broker's own allocations count.
+	if got := reclaim.New().OverLimit(t0, capIn("east"), append(allocs, alloc("sneak", "", false, 2*time.Minute, "w3")), gpus, nil, "east"); len(got) != 1 || got[0].JobID != "sneak" {
+		t.Errorf("an unadmitted job in the home region over its cap of 1: want it requeued at once; got %+v", got)
 	}
 }
 
@@ -411,7 +484,7 @@ make_room_grace  = "0s"
 	allocs := []reclaim.Alloc{dev("d1", 0, "g1"), dev("d2", time.Minute, "g2"), dev("d3", 2*time.Minute, "g3")}
 	gpus := utilization(50, "g1", "g2", "g3")
 	e := reclaim.New()
-	over := e.OverLimit(t0, p, allocs, gpus, nil)
+	over := e.OverLimit(t0, p, allocs, gpus, nil, "")
 	room := e.MakeRoom(t0, p, allocs, gpus, []reclaim.Waiting{{Namespace: "vision", JobID: "serve", Tenant: "vision", Queue: "inference", GPUs: 1}})
 	// 3 held, limit 2: d3 goes over the limit; serve then needs d2's GPU.
 	if summary(over) != "over-limit requeue vision/d3 [d3] whole=true gpus=1" || summary(room) != "make-room requeue vision/d2 [d2] whole=true gpus=1" {

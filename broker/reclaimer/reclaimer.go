@@ -90,6 +90,9 @@ type Reclaimer struct {
 	// there (nil: the broker governs one region). The watchers see the
 	// broker's own region only; the ledger reads the rest from Elsewhere.
 	Elsewhere *Elsewhere
+	// Home is the broker's own region's name: a tenant's cap of it counts
+	// the allocations observed here.
+	Home string
 
 	engine *reclaim.Engine
 }
@@ -179,7 +182,7 @@ func (r *Reclaimer) Pass(ctx context.Context) error {
 	if r.Granted != nil {
 		granted = r.Granted(now)
 	}
-	decisions = append(decisions, r.engine.OverLimit(now, p, allocs, all, granted)...)
+	decisions = append(decisions, r.engine.OverLimit(now, p, allocs, all, granted, r.Home)...)
 	var errs []error
 	if r.Queued != nil {
 		waiting, err := r.waiting(ctx)
