@@ -246,10 +246,22 @@ func TestRegions(t *testing.T) {
 		if status != http.StatusForbidden || !strings.Contains(out, `revert of "rv" refused: `) {
 			t.Errorf("a revert of west's rv to 1 GPU beside cap's, cap 1 in west: want 403; got %d %s", status, out)
 		}
+		// R1c: marking west's version 0 stable makes it west's current one
+		// (Nomad copies it back); east's decoy is at version 0, where
+		// stable changes nothing. Decided on west's, it is refused, and
+		// the evaluation after it places nothing.
+		status, out = send(t, e.broker.Addr, http.MethodPut, "/v1/job/rv/stable", `{"JobID": "rv", "JobVersion": 0, "Stable": true, "Namespace": "dub", "Region": "west"}`)
+		if status != http.StatusForbidden || !strings.Contains(out, `marking version 0 of "rv" stable or not refused`) {
+			t.Errorf("stable on west's version 0, named by the body: want 403; got %d %s", status, out)
+		}
+		if status, out := send(t, e.broker.Addr, http.MethodPut, "/v1/job/rv/evaluate", `{"JobID": "rv", "Namespace": "dub", "Region": "west"}`); status != http.StatusOK {
+			t.Errorf("an evaluation of west's rv, at count 0: %d %s", status, out)
+		}
+		time.Sleep(2 * time.Second) // an evaluation places within this
 		// Its GPUs, not its version: the broker's own moves (a sub-band, a
 		// pin) register versions of their own.
 		if j, _, err := west.API.Jobs().Info("rv", &api.QueryOptions{Namespace: "dub"}); err != nil || gpusOf(j) != 0 {
-			t.Errorf("Nomad reverted west's rv to a version with GPUs (%v)", err)
+			t.Errorf("Nomad made west's rv a version with GPUs (%v)", err)
 		}
 		for region, n := range map[string]*testcluster.Nomad{"east": east, "west": west} {
 			for _, id := range []string{"rv", "cap"} {
