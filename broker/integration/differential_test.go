@@ -105,6 +105,7 @@ func TestGateDifferential(t *testing.T) {
 		}()
 	}
 	wg.Wait()
+	t.Run("every job write on every job state", e.routesOnStates)
 }
 
 // diffCheck is one request sent and what to compare afterwards.

@@ -246,6 +246,13 @@ func TestRegions(t *testing.T) {
 		if status != http.StatusForbidden || !strings.Contains(out, `revert of "rv" refused: `) {
 			t.Errorf("a revert of west's rv to 1 GPU beside cap's, cap 1 in west: want 403; got %d %s", status, out)
 		}
+		// In both, disagreeing: Nomad takes the query's (parseWriteRequest
+		// overrides the body's), and so does the broker.
+		status, out = send(t, e.broker.Addr, http.MethodPut, "/v1/job/rv/revert?region=west", `{"JobID": "rv", "JobVersion": 0, "Namespace": "dub", "Region": "east"}`)
+		if status != http.StatusForbidden || !strings.Contains(out, `revert of "rv" refused: `) {
+			t.Errorf("a revert naming west in the query and east in the body: want 403, decided in west; got %d %s", status, out)
+		}
+		send(t, e.broker.Addr, http.MethodPut, "/v1/job/rv/revert?region=east", `{"JobID": "rv", "JobVersion": 0, "Namespace": "dub", "Region": "west"}`)
 		// R1c: marking west's version 0 stable makes it west's current one
 		// (Nomad copies it back); east's decoy is at version 0, where
 		// stable changes nothing. Decided on west's, it is refused, and

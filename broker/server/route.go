@@ -107,15 +107,18 @@ var nomadRoutes = []nomadRoute{
 	{mux: "/v1/job/", sub: "/services", why: readsOnly},
 	{mux: "/v1/job/", sub: "/submission", why: readsOnly},
 	{mux: "/v1/job/", methods: writeMethod, class: decided, call: callRegister},
-	{mux: "/v1/job/", methods: "DELETE", class: neutral, call: callJobWrite, why: "stops the job: frees its GPUs"},
+	{mux: "/v1/job/", methods: "DELETE", class: neutral, call: callJobWrite,
+		why: "stops or purges the job: frees its GPUs, and its evaluation places nothing (v1.6.3 nomad/job_endpoint.go, Job.Deregister)"},
 	{mux: "/v1/nodes", why: readsOnly},
 	{mux: "/v1/node/", methods: writeMethod, class: neutral,
-		why: "drain, eligibility, evaluate and purge move or stop allocations; a job places no more than the count it was charged, and system jobs are pinned to the nodes counted"},
+		why: "drain, eligibility, evaluate and purge move or stop allocations; a job places no more than the count it was charged, and system jobs are pinned to the nodes counted " +
+			"(v1.6.3 nomad/node_endpoint.go: Node.UpdateDrain, UpdateEligibility, Evaluate, Deregister)"},
 	{mux: "/v1/node/pools", methods: writeMethod, class: neutral, why: "node pools: where jobs may run, not how many GPUs they hold"},
 	{mux: "/v1/node/pool/", methods: writeMethod + " DELETE", class: neutral, why: "node pools: where jobs may run, not how many GPUs they hold"},
 	{mux: "/v1/allocations", why: readsOnly},
-	{mux: "/v1/allocation/", methods: writeMethod, class: neutral, why: "stop and signal: Nomad replaces a stopped allocation within its job's count"},
-	{mux: "/v1/evaluations", methods: "DELETE", class: neutral, why: "deletes evaluations (scheduler paused): places nothing"},
+	{mux: "/v1/allocation/", methods: writeMethod, class: neutral,
+		why: "stop and signal: Nomad replaces a stopped allocation within its job's count (v1.6.3 nomad/alloc_endpoint.go, Alloc.Stop)"},
+	{mux: "/v1/evaluations", methods: "DELETE", class: neutral, why: "deletes evaluations (scheduler paused): places nothing (v1.6.3 nomad/eval_endpoint.go, Eval.Delete)"},
 	{mux: "/v1/evaluations/count", why: readsOnly},
 	{mux: "/v1/evaluation/", why: readsOnly},
 	{mux: "/v1/deployments", why: readsOnly},
@@ -155,10 +158,11 @@ var nomadRoutes = []nomadRoute{
 	{mux: "/v1/acl/oidc/complete-auth", methods: writeMethod, class: neutral, why: "completes an OIDC login: no job"},
 	{mux: "/v1/acl/login", methods: writeMethod, class: neutral, why: "logs in: no job"},
 	{mux: "/v1/client/fs/", methods: anyMethod, class: neutral, why: clientRead},
-	{mux: "/v1/client/gc", methods: anyMethod, class: neutral, why: "collects a client's dead allocations: frees, never places"},
+	{mux: "/v1/client/gc", methods: anyMethod, class: neutral,
+		why: "collects a client's dead allocations: frees, never places (v1.6.3 nomad/client_alloc_endpoint.go, ClientAllocations.GarbageCollectAll)"},
 	{mux: "/v1/client/stats", methods: anyMethod, class: neutral, why: clientRead},
 	{mux: "/v1/client/allocation/", methods: anyMethod, class: neutral,
-		why: "restart, signal, exec, gc, stats or checks of one running allocation: its GPUs stay what they were"},
+		why: "restart, signal, exec, gc, stats or checks of one running allocation: its GPUs stay what they were (v1.6.3 nomad/client_alloc_endpoint.go)"},
 	{mux: "/v1/client/metadata", methods: "POST", class: neutral, why: "a node's dynamic metadata: the broker's pins name node ids, and it reads no node metadata"},
 	{mux: "/v1/agent/self", why: readsOnly},
 	{mux: "/v1/agent/join", methods: writeMethod, class: neutral, why: agentWrite},
@@ -190,8 +194,9 @@ var nomadRoutes = []nomadRoute{
 	{mux: "/v1/operator/autopilot/health", why: readsOnly},
 	{mux: "/v1/operator/snapshot", methods: writeMethod, class: refused,
 		why: "restoring a snapshot brings back every job as it was then, past admission; restore it on Nomad itself, and the broker's reclaim rules judge what then runs"},
-	{mux: "/v1/system/gc", methods: "PUT", class: neutral, why: "collects dead jobs and allocations: frees, never places"},
-	{mux: "/v1/system/reconcile/summaries", methods: "PUT", class: neutral, why: "recounts job summaries: places nothing"},
+	{mux: "/v1/system/gc", methods: "PUT", class: neutral, why: "collects dead jobs and allocations: frees, never places (v1.6.3 nomad/system_endpoint.go, System.GarbageCollect)"},
+	{mux: "/v1/system/reconcile/summaries", methods: "PUT", class: neutral,
+		why: "recounts job summaries: places nothing (v1.6.3 nomad/system_endpoint.go, System.ReconcileJobSummaries)"},
 	{mux: "/v1/operator/scheduler/configuration", methods: writeMethod, class: neutral,
 		why: "scheduler settings (Nomad asks for a management token); they change how Nomad places, not what a job is charged"},
 	{mux: "/v1/event/stream", why: readsOnly},
@@ -325,4 +330,27 @@ func cleanPath(p string) string {
 		np += "/"
 	}
 	return np
+}
+
+// JobWrite is one job-scoped write the route table knows: Method on
+// /v1/job/<id><Sub> (Sub "": the job itself).
+type JobWrite struct {
+	Method, Sub string
+	// Decided: admission decides it; else it is passed through (Why).
+	Decided bool
+	Why     string
+}
+
+// JobWrites are the writes of the table on /v1/job/<id>, one method each
+// (Nomad's handlers take PUT and POST alike), for tests that run each on
+// jobs in every state: a route added to the table is one more case.
+func JobWrites() []JobWrite {
+	var out []JobWrite
+	for _, r := range nomadRoutes {
+		if r.mux != "/v1/job/" || r.methods == "" {
+			continue
+		}
+		out = append(out, JobWrite{Method: strings.Fields(r.methods)[0], Sub: r.sub, Decided: r.class == decided, Why: r.why})
+	}
+	return out
 }

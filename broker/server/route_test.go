@@ -107,3 +107,18 @@ func funcBody(t *testing.T, src, name string) string {
 	body, _, _ = strings.Cut(body, "\nfunc ")
 	return body
 }
+
+// A route stays neutral only where Nomad's own handler cannot create or
+// revive an allocation: each neutral write on jobs, nodes, allocations and
+// evaluations names the v1.6.3 handler that says so.
+func TestANeutralWriteOnJobsNamesNomadsHandler(t *testing.T) {
+	for _, r := range nomadRoutes {
+		touches := false
+		for _, p := range []string{"/v1/job/", "/v1/node/", "/v1/allocation/", "/v1/evaluations", "/v1/client/allocation/", "/v1/client/gc", "/v1/system/"} {
+			touches = touches || strings.HasPrefix(r.mux, p) && !strings.HasPrefix(r.mux, "/v1/node/pool")
+		}
+		if r.class == neutral && touches && !regexp.MustCompile(`\(v1\.6\.3 nomad/\w+\.go[,:)]`).MatchString(r.why) {
+			t.Errorf("%s%s is neutral, and its why names no handler of Nomad v1.6.3 that shows it places nothing: %q", r.mux, r.sub, r.why)
+		}
+	}
+}
