@@ -17,6 +17,7 @@ import (
 	"github.com/hashicorp/nomad/api"
 
 	"github.com/nomad-gpu/nomad-gpu/broker/metrics"
+	"github.com/nomad-gpu/nomad-gpu/broker/reclaim"
 	"github.com/nomad-gpu/nomad-gpu/broker/nomadjob"
 	"github.com/nomad-gpu/nomad-gpu/broker/queue"
 	"github.com/nomad-gpu/nomad-gpu/testing/testcluster"
@@ -1225,7 +1226,8 @@ reclaim "unadmitted" {
 
 	// The same job, its stamp kept and its pin taken out, registered straight
 	// in Nomad (passthrough) grows onto the new node: its stamp binds the
-	// pin, so it is not the broker's admission any more (N7).
+	// pin, so it is not the broker's admission any more (N7), and as work
+	// nobody admitted over its tenant's limit of 1 it is requeued at once.
 	unpinned, _, err := n.API.Jobs().Info("monitor", &api.QueryOptions{Namespace: "daemons"})
 	if err != nil {
 		t.Fatal(err)
@@ -1234,10 +1236,19 @@ reclaim "unadmitted" {
 	if _, _, err := n.API.Jobs().Register(unpinned, nil); err != nil {
 		t.Fatal(err)
 	}
-	waitAllocsRunning(t, n, "daemons", "monitor", 2)
-	testcluster.WaitFor(t, 30*time.Second, "the unpinned copy read as unadmitted", func() error {
-		if out := e.brokerCLI("reclaim", "list"); !strings.Contains(out, "unadmitted") || !strings.Contains(out, "monitor") {
-			return fmt.Errorf("reclaim list:\n%s", out)
+	testcluster.WaitFor(t, 60*time.Second, "the unpinned copy read as unadmitted, and requeued", func() error {
+		var recs []reclaim.Record
+		if err := json.Unmarshal([]byte(e.brokerCLI("reclaim", "list", "-json")), &recs); err != nil {
+			return err
+		}
+		rules := map[string]bool{}
+		for _, r := range recs {
+			if r.Job == "monitor" && (r.Rule != "over-limit" || strings.Contains(r.Evidence, "no decision of the broker's covers")) {
+				rules[r.Rule] = true
+			}
+		}
+		if !rules["unadmitted"] || !rules["over-limit"] {
+			return fmt.Errorf("decisions on monitor: %v", rules)
 		}
 		return nil
 	})
