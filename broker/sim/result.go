@@ -49,6 +49,18 @@ type Result struct {
 	// GPU asked for waits on average, large jobs counting as they weigh.
 	WaitGPUWeighted float64 `json:"wait_gpu_weighted_mean"`
 	JCT             Stats   `json:"jct"` // submission to end of jobs that completed (not stopped by reclaim), seconds
+	// Delay is, over the jobs that completed, every second one spent not
+	// running after its submission, the work it lost counted in: its end
+	// less its submission less its run time. Wait stops at the first
+	// start; a job evicted and queued again waits on past it. Nomad alone
+	// and strict quotas evict nothing: their delay is their wait.
+	Delay            Stats   `json:"delay"`
+	DelayGPUWeighted float64 `json:"delay_gpu_weighted_mean"`
+	// Capped counts the jobs evicted borrowing.max_preemptions times, which
+	// then run only within their tenant's guarantee; CappedWait is their
+	// wait from the last eviction to their last start.
+	Capped     int   `json:"capped_jobs"`
+	CappedWait Stats `json:"capped_wait_after_last_eviction"`
 	// ViolationHours: hours a tenant below its guarantee has waiting work
 	// that fits under it while another tenant holds more than its own
 	// guarantee, summed over tenants; ViolationShare is that over the
@@ -96,6 +108,9 @@ type Result struct {
 	Samples []Sample          `json:"samples"`
 
 	waits, jcts      []float32
+	delays, capped   []float32
+	delayGPUSeconds  float64    // Σ delay × GPUs, over the jobs completed
+	delayGPUs        float64    // Σ GPUs, over the jobs completed
 	waitGPUSeconds   float64    // Σ wait × GPUs, over the jobs recorded
 	waitGPUs         float64    // Σ GPUs
 	allocated, busy  float64    // GPU-seconds
@@ -125,8 +140,9 @@ type Group struct {
 	Jobs           int     `json:"jobs"`
 	GPUHours       float64 `json:"gpu_hours,omitempty"`
 	Wait           Stats   `json:"wait"`
+	Delay          Stats   `json:"delay"` // of its jobs that completed
 	ViolationHours float64 `json:"guarantee_violation_hours,omitempty"`
-	waits          []float32
+	waits, delays  []float32
 }
 
 // Sample is the cluster at one time, for the chart.
@@ -140,18 +156,25 @@ type Sample struct {
 
 // record counts a job that ended: completed, or stopped by a reclaim rule
 // (its completion time is not one).
-func (res *Result) record(tenant, queue string, gpus int, submit, start, end float64, reclaimed bool) {
+func (res *Result) record(tenant, queue string, gpus int, submit, start, end float64, reclaimed bool, ran float64) {
 	res.Finished++
 	wait := float32(start - submit)
 	res.waits = append(res.waits, wait)
 	res.waitGPUSeconds += float64(wait) * float64(gpus)
 	res.waitGPUs += float64(gpus)
+	delay := float32(max(0, end-submit-ran))
 	if !reclaimed {
 		res.jcts = append(res.jcts, float32(end-submit))
+		res.delays = append(res.delays, delay)
+		res.delayGPUSeconds += float64(delay) * float64(gpus)
+		res.delayGPUs += float64(gpus)
 	}
 	for _, g := range []*Group{res.group(res.ByTenant, tenant), res.group(res.ByQueue, queue), res.group(res.BySize, sizeGroup(gpus))} {
 		g.Jobs++
 		g.waits = append(g.waits, wait)
+		if !reclaimed {
+			g.delays = append(g.delays, delay)
+		}
 	}
 }
 
@@ -263,9 +286,13 @@ func (r *run) finish(wall time.Duration) {
 		res.AllocationWaiting, res.BusyWaiting = res.allocatedWaiting/w, res.busyWaiting/w
 		res.Fragmentation = res.strandedWaiting / w
 	}
-	res.Wait, res.JCT = stats(res.waits), stats(res.jcts)
+	res.Wait, res.JCT, res.Delay, res.CappedWait = stats(res.waits), stats(res.jcts), stats(res.delays), stats(res.capped)
+	res.Capped = len(res.capped)
 	if res.waitGPUs > 0 {
 		res.WaitGPUWeighted = res.waitGPUSeconds / res.waitGPUs
+	}
+	if res.delayGPUs > 0 {
+		res.DelayGPUWeighted = res.delayGPUSeconds / res.delayGPUs
 	}
 	res.BusyGPUHours = res.busy / 3600
 	res.WastedGPUHours = res.LostGPUHours + (res.allocated-res.busy)/3600
@@ -300,10 +327,10 @@ func (r *run) finish(wall time.Duration) {
 	res.Jain = jain(xs)
 	for _, m := range []map[string]*Group{res.ByTenant, res.ByQueue, res.BySize} {
 		for _, g := range m {
-			g.Wait, g.waits = stats(g.waits), nil
+			g.Wait, g.Delay, g.waits, g.delays = stats(g.waits), stats(g.delays), nil, nil
 		}
 	}
-	res.waits, res.jcts = nil, nil
+	res.waits, res.jcts, res.delays, res.capped = nil, nil, nil, nil
 }
 
 func stats(xs []float32) Stats {

@@ -446,7 +446,10 @@ func (r *run) end(j *simJob, reclaimed bool) {
 	r.stop(j)
 	r.deregister(j)
 	j.state = stDone
-	r.res.record(r.tenants[j.tenant].name, j.queue, j.gpus(), j.Submit, j.firstStart, r.now, reclaimed)
+	r.res.record(r.tenants[j.tenant].name, j.queue, j.gpus(), j.Submit, j.firstStart, r.now, reclaimed, j.Duration)
+	if most := r.p.Borrowing.MaxPreemptions; most > 0 && j.preemptions >= most {
+		r.res.capped = append(r.res.capped, float32(max(0, j.startedAt-j.preemptedAt)))
+	}
 	r.place()
 }
 
