@@ -41,7 +41,10 @@ const (
 	RuleProtectedMinCount = "workload-protect-min-count"
 	// RuleBorrowBackoff holds back from borrowing a job preempted while
 	// borrowed, for its backoff (policy borrowing { backoff }).
-	RuleBorrowBackoff  = "borrow-backoff"
+	RuleBorrowBackoff = "borrow-backoff"
+	// RuleTenantOrder holds a tenant's work behind its older job that runs
+	// only within its guarantee (TenantUsage.OwedSince).
+	RuleTenantOrder    = "tenant-order"
 	RuleWorkloadShared = "workload-shared"
 	// RuleUndeclaredGPUAccess refuses a job that would use GPUs it does not
 	// ask for (nomadjob.UndeclaredGPUAccess).
@@ -67,6 +70,10 @@ type Job struct {
 	Granted Granted
 	// Backoff, while it runs, holds the job back from borrowing (nil: none).
 	Backoff *Backoff
+	// Submitted is when it entered the broker's queue (zero: a submission
+	// being decided now): its place behind its tenant's work owed its
+	// guarantee (TenantUsage.OwedSince).
+	Submitted time.Time
 	// Where bounds the nodes its allocations may go to (zero: any node).
 	Where Where
 }
@@ -213,6 +220,12 @@ type TenantUsage struct {
 	// OverBudget says why the tenant has spent its GPU-hour budget ("" if
 	// it has not, or has none): its jobs then run borrowed.
 	OverBudget string
+	// OwedSince is when the oldest of its queued jobs that run only within
+	// its guarantee (admission.WaitGuarantee) entered the queue, as the
+	// last queue pass found it (zero: none waits so). Its work submitted
+	// after that waits behind it: borrowing, or taking room within the
+	// guarantee, that work would keep the job from ever starting.
+	OwedSince time.Time
 	// Unsettled are the GPUs of its jobs in regions the broker lost and
 	// requeued them from: not in Used (nor its guarantee, nor its GPU-hours),
 	// but they may run there still, so they count against its limit until
@@ -253,6 +266,10 @@ func Queued(d Decision, waitsFor, cause, then string) Decision {
 const (
 	WaitLimit    = "limit"    // its tenant's own jobs to free quota
 	WaitCapacity = "capacity" // GPUs to become idle
+	// WaitGuarantee: room within its tenant's guarantee, the only way it
+	// may run (evicted max_preemptions times, or never borrowed): the
+	// tenant's newer work does not take that room meanwhile (queue.Pass).
+	WaitGuarantee = "guarantee"
 )
 
 // Demand sums GPUs per class (and in all) over the job's groups, a replica
@@ -384,7 +401,7 @@ func decide(p *policy.Policy, job Job, u Usage) Decision {
 				demand[class], gpus(class), reverts, tenant.Name, limit))
 		}
 	}
-	d = placeGate(p, w, job, u, workloadGate(w, decideQuota(p, u, d, tenant, q, demand, job.Backoff)))
+	d = placeGate(p, w, job, u, workloadGate(w, decideQuota(p, u, d, tenant, q, demand, job)))
 	if reverts != "" {
 		note := "; counted at the larger of two versions" + reverts
 		if then, ok := strings.CutPrefix(d.Reason, d.Cause); ok && d.Cause != "" {
@@ -412,12 +429,19 @@ func larger(a, b policy.Quota) bool {
 // borrowed: it waits, passed over by the queue's pass (it holds no one up,
 // as one waiting for idle GPUs would), for its backoff to end or its
 // tenant's guarantee to have room.
-func decideQuota(p *policy.Policy, u Usage, d Decision, tenant *policy.Tenant, q *policy.Queue, demand policy.Quota, backoff *Backoff) Decision {
+func decideQuota(p *policy.Policy, u Usage, d Decision, tenant *policy.Tenant, q *policy.Queue, demand policy.Quota, job Job) Decision {
+	backoff := job.Backoff
 	used, over := u.Tenants[tenant.Name].Used, u.Tenants[tenant.Name].OverBudget
 	if lost := u.Tenants[tenant.Name].Unsettled; len(lost) > 0 && !within(used.Plus(lost), demand, tenant.Limit, false) {
 		return Queued(d, WaitLimit, fmt.Sprintf("tenant %q would hold %g of its limit of %g GPUs, counting %g of its jobs' in regions the broker cannot reach",
 			tenant.Name, used[policy.AllGPUs]+lost.Total()+demand[policy.AllGPUs], tenant.Limit.Total(), lost.Total()),
 			"queued until those regions answer or its own jobs free GPUs")
+	}
+	if owed := u.Tenants[tenant.Name].OwedSince; !owed.IsZero() && (job.Submitted.IsZero() || job.Submitted.After(owed)) {
+		d.Rule = RuleTenantOrder
+		return Queued(d, WaitLimit, fmt.Sprintf("tenant %q has a job queued since %s that runs only within its guarantee (%s)",
+			tenant.Name, owed.UTC().Format(time.RFC3339), "evicted borrowing.max_preemptions times, or a workload never borrowed"),
+			"queued behind it, in the tenant's own order")
 	}
 	if within(used, demand, tenant.Guaranteed, true) {
 		if over != "" {
@@ -439,7 +463,7 @@ func decideQuota(p *policy.Policy, u Usage, d Decision, tenant *policy.Tenant, q
 	if p.Borrowing.Enabled && backoff != nil {
 		d.Rule = RuleBorrowBackoff
 		if backoff.NoMore {
-			return Queued(d, WaitLimit, backoff.Text(), "queued until its tenant's guarantee has room")
+			return Queued(d, WaitGuarantee, backoff.Text(), "queued until its tenant's guarantee has room, its tenant's newer work held behind it")
 		}
 		return Queued(d, WaitLimit, backoff.Text(), "queued until then, or until its tenant's guarantee has room")
 	}
@@ -460,8 +484,8 @@ func decideQuota(p *policy.Policy, u Usage, d Decision, tenant *policy.Tenant, q
 func workloadGate(w *policy.Workload, d Decision) Decision {
 	if w != nil && w.ProtectMinCount && d.Outcome == AdmitBorrowed {
 		d.Priority, d.Rule = 0, RuleProtectedMinCount
-		return Queued(d, WaitLimit, fmt.Sprintf("workload %q is never admitted borrowed (its minimum replicas must not be preempted)", w.Name),
-			"queued until its tenant's guarantee has room")
+		return Queued(d, WaitGuarantee, fmt.Sprintf("workload %q is never admitted borrowed (its minimum replicas must not be preempted)", w.Name),
+			"queued until its tenant's guarantee has room, its tenant's newer work held behind it")
 	}
 	return d
 }

@@ -281,7 +281,7 @@ borrowing {
 	}
 	// Beyond its guarantee it would be borrowed: protected, it waits instead.
 	full := cluster(10, map[string]float64{"vision": 12})
-	if d := admission.Decide(p, inference.Job, full); d.Outcome != admission.Queue || d.Rule != admission.RuleProtectedMinCount || d.WaitsFor != admission.WaitLimit {
+	if d := admission.Decide(p, inference.Job, full); d.Outcome != admission.Queue || d.Rule != admission.RuleProtectedMinCount || d.WaitsFor != admission.WaitGuarantee {
 		t.Errorf("inference beyond guarantee: %s %s: %s", d.Outcome, d.Rule, d.Reason)
 	}
 	// Replicas only for a shared workload.
@@ -449,12 +449,46 @@ func TestAJobEvictedMaxPreemptionsTimesBorrowsNoMore(t *testing.T) {
 	p := testPolicy(t, true)
 	beyond := job("vision").gpus(10, 1) // vision's guarantee is 8, its limit 16
 	beyond.Backoff = bo
-	if d := admission.Decide(p, beyond.Job, cluster(16, nil)); d.Outcome != admission.Queue || d.Rule != admission.RuleBorrowBackoff ||
-		d.Reason != "borrowing no more (preempted 5 times: borrowing.max_preemptions); queued until its tenant's guarantee has room" {
+	if d := admission.Decide(p, beyond.Job, cluster(16, nil)); d.Outcome != admission.Queue || d.Rule != admission.RuleBorrowBackoff || d.WaitsFor != admission.WaitGuarantee ||
+		d.Reason != "borrowing no more (preempted 5 times: borrowing.max_preemptions); queued until its tenant's guarantee has room, its tenant's newer work held behind it" {
 		t.Errorf("borrowed, past max_preemptions: %+v", d)
 	}
 	b.MaxPreemptions = 0 // no cap
 	if bo := admission.BackoffFor(b, 5, last, last.Add(200*time.Hour)); bo != nil {
 		t.Errorf("without a cap, 200h after its 5th eviction: %+v", bo)
+	}
+}
+
+// A tenant's own order (issue 57): while its job queued since owed waits
+// for room within its guarantee only, its work submitted after it is
+// queued behind it, borrowing or within the guarantee; that job itself,
+// and work queued before it, are decided as always; other tenants are not
+// held.
+func TestATenantsWorkWaitsBehindItsJobOwedItsGuarantee(t *testing.T) {
+	p := testPolicy(t, true)
+	owed := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
+	u := cluster(16, map[string]float64{"vision": 4})
+	tu := u.Tenants["vision"]
+	tu.OwedSince = owed
+	u.Tenants["vision"] = tu
+	for _, c := range []struct {
+		name      string
+		ns        string
+		submitted time.Time
+		want      admission.Outcome
+	}{
+		{"a submission, within the guarantee", "vision", time.Time{}, admission.Queue},
+		{"an entry queued after it", "vision", owed.Add(time.Minute), admission.Queue},
+		{"the owed entry itself", "vision", owed, admission.Admit},
+		{"an entry queued before it", "vision", owed.Add(-time.Minute), admission.Admit},
+		{"another tenant's submission", "search", time.Time{}, admission.Admit},
+	} {
+		j := job(c.ns).gpus(2, 1)
+		j.Submitted = c.submitted
+		d := admission.Decide(p, j.Job, u)
+		if d.Outcome != c.want || (c.want == admission.Queue && (d.Rule != admission.RuleTenantOrder ||
+			!strings.Contains(d.Reason, `tenant "vision" has a job queued since 2026-12-01T10:00:00Z that runs only within its guarantee`))) {
+			t.Errorf("%s: %s %s: %s; want %s", c.name, d.Outcome, d.Rule, d.Reason, c.want)
+		}
 	}
 }

@@ -119,6 +119,9 @@ type Admitter struct {
 	// Stops are the jobs the broker admitted that Nomad stopped since (nil:
 	// none kept): a requeued job registered again is revived from them.
 	Stops decide.StopRecords
+	// Owed is set at each pass to what the queue owes its tenants'
+	// guarantees (queue.Owed), for the gate's admissions (nil: not kept).
+	Owed *queue.OwedBook
 	// Writes are the JobModifyIndexes of the broker's own writes (nil: none
 	// kept): a queued job registered is recorded in them.
 	Writes decide.RegistrationRecords
@@ -483,6 +486,15 @@ func (a *Admitter) decide(ctx context.Context, r *registrations) error {
 			return err
 		}
 	}
+	if a.Owed != nil {
+		a.Owed.Set(queue.Owed(entries, func(e queue.Entry) bool {
+			n := 0
+			if a.Preemptions != nil {
+				n, _ = a.Preemptions(e.Namespace, e.JobID)
+			}
+			return queue.Owes(p, e, n)
+		}))
+	}
 	queue.Order(entries, p, used, decayed, a.Clock.Now())
 	seq := a.sequence()
 	var pass queue.Pass
@@ -560,6 +572,7 @@ func (a *Admitter) consider(ctx context.Context, r *registrations, p *policy.Pol
 		return fmt.Errorf("queue entry %s: %w", e.ID, err)
 	}
 	j := prepared.AdmissionJob()
+	j.Submitted = e.SubmittedAt
 	if e.ParkedByPolicy {
 		a.reconsider(ctx, p, e, seq, j)
 		return nil

@@ -68,6 +68,7 @@ type Agent struct {
 	regions  *cluster.Regions // every region it governs, view by view
 	others   map[string]region
 	budgets  *gpuusage.BudgetBook
+	owed     *queue.OwedBook // the last queue pass's, for admissions between passes
 	policies *policystore.Store
 	// setupStores
 	stores stores
@@ -177,10 +178,11 @@ type region struct {
 // only jobs whose stamp verifies), and loads the policy, refusing an invalid
 // one with its diagnostics.
 func (a *Agent) setupPolicy(context.Context) error {
-	a.budgets = &gpuusage.BudgetBook{}
+	a.budgets, a.owed = &gpuusage.BudgetBook{}, &queue.OwedBook{}
 	newView := func() *cluster.View {
 		v := cluster.NewView(a.stamper.VerifyCounting)
 		v.SetBudgets(a.budgets.OverBudget)
+		v.SetOwed(a.owed.Since)
 		return v
 	}
 	a.view = newView()
@@ -328,7 +330,7 @@ func (a *Agent) setupServer(context.Context) error {
 	// HTTP connections per client.
 	a.admitter = &admitter.Admitter{Log: a.log.Named("queue"), Queue: st.queue, Nomad: regionalNomad{a.nomad}, Cluster: a.regions,
 		Policies: a.policies, Stamper: a.stamper, Clock: clock.Real, GPUsCameBack: a.regions.GPUsCameBack, Blocked: a.unblockers(), Exclusive: a.exclusive,
-		Metrics: a.metrics, FairShare: st.rollups, Audit: a.trail, Approvals: st.approvals, Preemptions: st.backoffs.Preemptions, Stops: st.stops, Writes: st.writes,
+		Metrics: a.metrics, FairShare: st.rollups, Audit: a.trail, Approvals: st.approvals, Preemptions: st.backoffs.Preemptions, Stops: st.stops, Writes: st.writes, Owed: a.owed,
 		Placed: func(ctx context.Context, region, namespace, id string, index uint64) (string, error) {
 			return a.nomad.Region(region).PlacedNothing(ctx, namespace, id, index)
 		}, Parallel: 32, Synced: a.view.Synced, Holds: st.holds}

@@ -179,6 +179,9 @@ func (h held) othersThan(in *View) map[string]admission.TenantUsage {
 		if sum.OverBudget == "" {
 			sum.OverBudget = tu.OverBudget
 		}
+		if sum.OwedSince.IsZero() {
+			sum.OwedSince = tu.OwedSince
+		}
 	}
 	if !other {
 		return nil
@@ -196,6 +199,9 @@ func addTenants(u admission.Usage, elsewhere map[string]admission.TenantUsage) {
 		}
 		if tu.OverBudget == "" {
 			tu.OverBudget = e.OverBudget
+		}
+		if tu.OwedSince.IsZero() {
+			tu.OwedSince = e.OwedSince
 		}
 		u.Tenants[name] = tu
 	}

@@ -119,6 +119,9 @@ func (v *View) usageOf(p *policy.Policy, namespace, id string) (admission.Usage,
 		if v.overBudget != nil {
 			tu.OverBudget = v.overBudget(t.Name)
 		}
+		if v.owedSince != nil {
+			tu.OwedSince = v.owedSince(t.Name)
+		}
 		u.Tenants[t.Name] = tu
 	}
 	v.addUnsettled(p, namespace, u, c)

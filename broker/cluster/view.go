@@ -23,6 +23,7 @@ type View struct {
 	verify     func(*api.Job) bool
 	clock      clock.Clock
 	overBudget func(tenant string) string
+	owedSince  func(tenant string) time.Time
 	allocEvent func(AllocEvent)
 	reverted   func(Revert)
 
@@ -124,6 +125,11 @@ func (v *View) SetRegion(name string) { v.region = name }
 // SetBudgets has admission see which tenants spent their GPU-hour budget
 // (set before the view is used).
 func (v *View) SetBudgets(overBudget func(tenant string) string) { v.overBudget = overBudget }
+
+// SetOwed has admission see, by tenant, when its oldest queued job that runs
+// only within its guarantee entered the queue (queue.OwedBook; set before
+// the view is used).
+func (v *View) SetOwed(since func(tenant string) time.Time) { v.owedSince = since }
 
 // SetAllocEvents has the view tell what becomes of the GPU allocations it
 // follows in events (set before the view is used).

@@ -865,3 +865,49 @@ func runningAllocs(n *testcluster.Nomad) string {
 	}
 	return strings.Join(out, ", ")
 }
+
+// A tenant's own order holds (issue 57): extra, borrowed and preempted by
+// search's guaranteed service once (max_preemptions = 1), runs only within
+// vision's guarantee from then on. vision's newer job, submitted while extra
+// waits and GPUs are idle, is queued behind it, not admitted borrowed: once
+// vision's own job ends, extra starts, and the newer job after it.
+func TestATenantsCappedJobStartsBeforeItsNewerWork(t *testing.T) {
+	t.Parallel()
+	consul := testcluster.StartConsul(t)
+	n := startGPUNode(t, "capped", 4, "vision", "search")
+	policy := strings.Replace(preemptPolicy, `backoff  = "0" # borrowed again at once: TestBroker has the backoff`, "backoff  = \"0\"\n  max_preemptions = 1", 1)
+	e := brokerEnv(t, n, consul, policy, "vision", 4, testcluster.BrokerOptions{})
+	for _, c := range []struct{ id, want string }{{"own", "borrowed: no"}, {"extra", "borrowed: yes"}} {
+		if out, err := e.run("vision", c.id, 1, 2, "", true); err != nil || !strings.Contains(out, c.want) {
+			t.Fatalf("%s: %v\n%s", c.id, err, out)
+		}
+		e.waitRunning("vision", c.id)
+	}
+	if out, err := e.run("search", "svc", 1, 2, "", true); err != nil || !strings.Contains(out, "borrowed: no") {
+		t.Fatalf("svc: %v\n%s", err, out)
+	}
+	e.waitRunning("search", "svc")
+	testcluster.WaitFor(t, 30*time.Second, "extra back in the queue, borrowing no more", func() error {
+		if out := e.brokerCLI("queue", "list"); !strings.Contains(out, "extra") || !strings.Contains(out, "borrowing no more") {
+			return fmt.Errorf("queue:\n%s", out)
+		}
+		return nil
+	})
+	e.stop("search", "svc")
+	e.waitUsed("search", 0)
+	waitPasses(t, e.broker, metrics.LoopQueue, 2) // extra stays: vision holds its guarantee
+	out, err := e.run("vision", "newer", 1, 2, "", true)
+	if err != nil || !strings.Contains(out, "queued as") || !strings.Contains(out, `tenant "vision" has a job queued since`) {
+		t.Fatalf("newer (2 GPUs, 2 idle) while vision's capped extra waits: want queued behind it: %v\n%s", err, out)
+	}
+	e.stop("vision", "own")
+	e.waitRunning("vision", "extra")
+	e.waitRunning("vision", "newer")
+	extra, newer := e.job("vision", "extra"), e.job("vision", "newer")
+	if *newer.CreateIndex < *extra.JobModifyIndex {
+		t.Errorf("newer was registered (index %d) before extra ran again (index %d)", *newer.CreateIndex, *extra.JobModifyIndex)
+	}
+	if newer.Meta["nomad-gpu.borrowed"] != "true" || extra.Meta["nomad-gpu.borrowed"] == "true" {
+		t.Errorf("extra within vision's guarantee, newer borrowed: got borrowed %q and %q", extra.Meta["nomad-gpu.borrowed"], newer.Meta["nomad-gpu.borrowed"])
+	}
+}

@@ -3,6 +3,7 @@ package sim
 import (
 	"cmp"
 	"container/heap"
+	"maps"
 	"math"
 	"slices"
 	"strconv"
@@ -56,6 +57,7 @@ func (r *run) submit(j *simJob) {
 		r.place()
 		return
 	}
+	j.adm.Submitted = time.Time{} // a submission: newer than anything queued
 	d := r.decide(r.p, j)
 	switch d.Outcome {
 	case admission.Reject:
@@ -92,6 +94,24 @@ func (r *run) requeue(j *simJob, queueName string, demand float64) {
 	t.queued++
 	r.queued++
 	r.wait(j, 1)
+	if queue.Owes(r.p, e, j.preemptions) {
+		if t.owing == nil {
+			t.owing = map[int]float64{}
+		}
+		t.owing[j.idx] = j.Submit
+		r.owedBy(t)
+	}
+}
+
+// owedBy sets, in t's usage, when its oldest job owed its guarantee was
+// submitted (admission.TenantUsage.OwedSince).
+func (r *run) owedBy(t *tenant) {
+	tu := r.tu[t.name]
+	tu.OwedSince = time.Time{}
+	if len(t.owing) > 0 {
+		tu.OwedSince = r.time(slices.Min(slices.Collect(maps.Values(t.owing))))
+	}
+	r.tu[t.name] = tu
 }
 
 // insert puts e in its list, in order.
@@ -404,8 +424,13 @@ func (r *run) pass() {
 		if l, ok := limitedModel[[2]string{e.Tenant, j.Model}]; ok && j.Model != "" && e.Demand >= l {
 			continue
 		}
+		j.adm.Submitted = r.time(j.Submit)
 		d := r.decide(p, j)
 		if !pass.Admits(d) {
+			if pass.HoldsBack(d.Tenant) {
+				limited[j.tenant] = 0 // nothing more of its: its every entry is passed over
+				continue
+			}
 			// One in its backoff says nothing of the tenant's others.
 			if d.Outcome != admission.Queue || d.WaitsFor == admission.WaitCapacity || d.Rule == admission.RuleBorrowBackoff {
 				continue
@@ -551,8 +576,13 @@ func (h *runHeap) Pop() any {
 // ends (endWalk).
 func (r *run) unqueue(tenant int, e queue.Entry) {
 	r.taken = append(r.taken, takenEntry{tenant, e})
-	r.tenants[tenant].queued--
+	t := r.tenants[tenant]
+	t.queued--
 	r.queued--
+	if _, ok := t.owing[atoi(e.ID)]; ok {
+		delete(t.owing, atoi(e.ID))
+		r.owedBy(t)
+	}
 }
 
 type takenEntry struct {

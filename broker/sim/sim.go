@@ -132,6 +132,10 @@ type tenant struct {
 	placed     int         // GPUs its allocations hold
 	busyGPUs   int         // of which running jobs use
 	waiting    map[int]int // jobs waiting (queued or unplaced), by GPUs in all
+	// owing are its queued jobs that run only within its guarantee
+	// (queue.Owes), by index, with their submission: its newer work waits
+	// behind the oldest.
+	owing map[int]float64
 	// lists are its queued entries by queue and demand, each in the order
 	// queue.Order keeps among them whatever the time: oldest first.
 	lists      map[listKey][]queue.Entry

@@ -553,3 +553,20 @@ func TestACountIsKeptWhileTheJobRuns(t *testing.T) {
 		t.Errorf("span %g (want 3110 to 3150), %d preemptions (want 2)", res.Span, res.Preemptions)
 	}
 }
+
+// A tenant's own order holds (issue 57): a2, evicted max_preemptions times,
+// runs only within a's guarantee; a3, submitted later, is not admitted
+// ahead of it (borrowed, it would keep a at its guarantee until it ended
+// at 2100), so a2 starts once a1 ends at 1000.
+func TestATenantsCappedJobStartsBeforeItsNewerWork(t *testing.T) {
+	jobs := []sim.Job{
+		{ID: "a1", Submit: 0, Namespace: "a", GPUs: 4, Duration: 1000},
+		{ID: "a2", Submit: 0, Namespace: "a", GPUs: 4, Duration: 100},
+		{ID: "b1", Submit: 10, Namespace: "b", GPUs: 4, Duration: 50},
+		{ID: "a3", Submit: 100, Namespace: "a", GPUs: 4, Duration: 2000},
+	}
+	res := runBorrowing(t, jobs, "backoff = \"0\"\n  max_preemptions = 1", 20*time.Second)
+	if res.Capped != 1 || res.CappedWait.Max < 990 || res.CappedWait.Max > 1030 {
+		t.Errorf("%d capped, waiting %.0f s after its eviction at 10; want 1, started when a1 ends at 1000", res.Capped, res.CappedWait.Max)
+	}
+}
