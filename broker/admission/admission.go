@@ -267,8 +267,8 @@ const (
 	WaitLimit    = "limit"    // its tenant's own jobs to free quota
 	WaitCapacity = "capacity" // GPUs to become idle
 	// WaitGuarantee: room within its tenant's guarantee, the only way it
-	// may run (evicted max_preemptions times, or never borrowed): the
-	// tenant's newer work does not take that room meanwhile (queue.Pass).
+	// may run (evicted max_preemptions times): the tenant's newer work
+	// does not take that room meanwhile (queue.Pass).
 	WaitGuarantee = "guarantee"
 )
 
@@ -440,7 +440,7 @@ func decideQuota(p *policy.Policy, u Usage, d Decision, tenant *policy.Tenant, q
 	if owed := u.Tenants[tenant.Name].OwedSince; !owed.IsZero() && (job.Submitted.IsZero() || job.Submitted.After(owed)) {
 		d.Rule = RuleTenantOrder
 		return Queued(d, WaitLimit, fmt.Sprintf("tenant %q has a job queued since %s that runs only within its guarantee (%s)",
-			tenant.Name, owed.UTC().Format(time.RFC3339), "evicted borrowing.max_preemptions times, or a workload never borrowed"),
+			tenant.Name, owed.UTC().Format(time.RFC3339), "evicted borrowing.max_preemptions times"),
 			"queued behind it, in the tenant's own order")
 	}
 	if within(used, demand, tenant.Guaranteed, true) {
@@ -484,8 +484,8 @@ func decideQuota(p *policy.Policy, u Usage, d Decision, tenant *policy.Tenant, q
 func workloadGate(w *policy.Workload, d Decision) Decision {
 	if w != nil && w.ProtectMinCount && d.Outcome == AdmitBorrowed {
 		d.Priority, d.Rule = 0, RuleProtectedMinCount
-		return Queued(d, WaitGuarantee, fmt.Sprintf("workload %q is never admitted borrowed (its minimum replicas must not be preempted)", w.Name),
-			"queued until its tenant's guarantee has room, its tenant's newer work held behind it")
+		return Queued(d, WaitLimit, fmt.Sprintf("workload %q is never admitted borrowed (its minimum replicas must not be preempted)", w.Name),
+			"queued until its tenant's guarantee has room")
 	}
 	return d
 }

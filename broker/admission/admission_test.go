@@ -281,7 +281,7 @@ borrowing {
 	}
 	// Beyond its guarantee it would be borrowed: protected, it waits instead.
 	full := cluster(10, map[string]float64{"vision": 12})
-	if d := admission.Decide(p, inference.Job, full); d.Outcome != admission.Queue || d.Rule != admission.RuleProtectedMinCount || d.WaitsFor != admission.WaitGuarantee {
+	if d := admission.Decide(p, inference.Job, full); d.Outcome != admission.Queue || d.Rule != admission.RuleProtectedMinCount || d.WaitsFor != admission.WaitLimit {
 		t.Errorf("inference beyond guarantee: %s %s: %s", d.Outcome, d.Rule, d.Reason)
 	}
 	// Replicas only for a shared workload.

@@ -7,12 +7,14 @@ import (
 	"github.com/nomad-gpu/nomad-gpu/broker/policy"
 )
 
-// Owes reports whether entry e runs only within its tenant's guarantee:
-// its job was evicted borrowing.max_preemptions times while borrowed
-// (preemptions), or its workload is never admitted borrowed. While it
-// waits, its tenant's newer work waits behind it (admission.TenantUsage
-// .OwedSince): borrowing, or taking room within the guarantee, that work
-// would keep it from ever starting.
+// Owes reports whether entry e runs only within its tenant's guarantee
+// because its job was evicted borrowing.max_preemptions times while
+// borrowed (preemptions). While it waits, its tenant's newer work waits
+// behind it (admission.TenantUsage.OwedSince): borrowing, or taking room
+// within the guarantee, that work would keep it from ever starting. A
+// protect_min_count workload, never borrowed, does not hold its tenant's
+// work so: a whole workload of jobs, not a few, would serialize the tenant
+// behind it (measured in docs/simulator.md).
 func Owes(p *policy.Policy, e Entry, preemptions int) bool {
 	if e.Parked != "" {
 		return false // not waiting to be admitted
@@ -20,11 +22,8 @@ func Owes(p *policy.Policy, e Entry, preemptions int) bool {
 	if !p.Borrowing.Enabled {
 		return false // nothing borrows: nothing newer takes its room so
 	}
-	if most := p.Borrowing.MaxPreemptions; most > 0 && preemptions >= most {
-		return true
-	}
-	w := p.WorkloadFor(e.Namespace, e.Queue)
-	return w != nil && w.ProtectMinCount
+	most := p.Borrowing.MaxPreemptions
+	return most > 0 && preemptions >= most
 }
 
 // Owed is, by tenant, when the oldest of its entries that owes picks entered

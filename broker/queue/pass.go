@@ -9,8 +9,8 @@ import "github.com/nomad-gpu/nomad-gpu/broker/admission"
 // then lifts it above newer work), while jobs within their tenant's guarantee
 // still are: they are owed their GPUs and take them back from borrowed work.
 // Once one waits for room within its tenant's guarantee, the only way it may
-// run (admission.WaitGuarantee: evicted max_preemptions times, or a
-// workload never borrowed), nothing of that tenant's behind it is admitted:
+// run (admission.WaitGuarantee: evicted max_preemptions times), nothing of
+// that tenant's behind it is admitted:
 // its newer work, borrowing or not, would take that room, and the tenant's
 // own order must hold. The leader's admitter and the simulator both walk
 // their queues with it.
