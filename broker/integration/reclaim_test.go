@@ -871,6 +871,9 @@ func runningAllocs(n *testcluster.Nomad) string {
 // vision's guarantee from then on. vision's newer job, submitted while extra
 // waits and GPUs are idle, is queued behind it, not admitted borrowed: once
 // vision's own job ends, extra starts, and the newer job after it.
+// Its own agents: the scenario needs the node to itself from a real
+// preemption to the order of two registrations, which any other test's
+// jobs on a shared node would change.
 func TestATenantsCappedJobStartsBeforeItsNewerWork(t *testing.T) {
 	t.Parallel()
 	consul := testcluster.StartConsul(t)
