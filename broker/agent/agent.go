@@ -315,9 +315,10 @@ func (a *Agent) setupObservers(context.Context) error {
 	// A revert in any region is recorded, its tenant's usage counting all.
 	reverts := (&leader.Reverts{Leader: a.elector, Policies: a.policies, Audit: a.trail, Metrics: a.metrics, Log: a.log.Named("revert"),
 		Writes: st.writes, Clock: clock.Real,
-		Usage: func(p *policy.Policy) admission.Usage { return a.regions.UsageWithout(p, "", "") }}).Observed
+		Usage: func(p *policy.Policy) admission.Usage { return a.regions.UsageWithout(p, "", "") }})
 	for _, v := range a.regions.Views() {
-		v.SetReverts(reverts)
+		v.SetReverts(reverts.Observed)
+		v.SetRollbacks(reverts.RecordWrite)
 	}
 	return nil
 }

@@ -23,6 +23,9 @@ type Snapshot struct {
 	// Stable are the latest stable versions of the jobs whose active
 	// deployment reverts to them on failure (auto_revert).
 	Stable []*api.Job
+	// Failed are the failed deployments: those that rolled their job back
+	// tell a listing what the event stream told before it (SetRollbacks).
+	Failed []*api.Deployment
 	Allocs []*api.Allocation
 	Index  uint64
 }

@@ -26,6 +26,7 @@ type View struct {
 	owedSince  func(tenant string) time.Time
 	allocEvent func(AllocEvent)
 	reverted   func(Revert)
+	rollbacks  func(Revert)
 
 	decisions jobLocks // one decision at a time per job (LockJob)
 
@@ -140,6 +141,13 @@ func (v *View) SetAllocEvents(f func(AllocEvent)) { v.allocEvent = f }
 // applied (set before the view is used).
 func (v *View) SetReverts(f func(Revert)) { v.reverted = f }
 
+// SetRollbacks has the view tell, at each listing, every revert Nomad made
+// on its own that the listing shows (a failed deployment that rolled back),
+// however old: a broker that was down while one was made, or whose stream
+// was replaced by a listing meanwhile, learns of it so (set before the view
+// is used). What it is told may have been told before.
+func (v *View) SetRollbacks(f func(Revert)) { v.rollbacks = f }
+
 // SetClock replaces the clock reservations expire by (tests).
 func (v *View) SetClock(c clock.Clock) { v.clock = c }
 
@@ -202,6 +210,12 @@ func (v *View) Reset(snap Snapshot) {
 	v.synced = true
 	v.mu.Unlock()
 	v.notify()
+	for _, d := range snap.Failed {
+		if rv, ok := rolledBack(d); ok && v.rollbacks != nil {
+			rv.Region = v.region
+			v.rollbacks(rv)
+		}
+	}
 }
 
 // Synced reports whether a full listing has been applied.

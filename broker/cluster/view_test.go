@@ -545,3 +545,21 @@ func viewWithStableWeb() *View {
 	v.ObserveJob(testbuild.Job("vision", "web").Group("web", 1, 2, "gpu").AutoRevert().Stable().ModifyIndex(1).Build())
 	return v
 }
+
+// A listing tells the rollbacks its failed deployments show, each with the
+// index Nomad registered the stable version at; a failure that did not
+// roll back is not one.
+func TestAListingTellsTheRollbacksItShows(t *testing.T) {
+	v := NewView(nil)
+	v.SetRegion("west")
+	var told []Revert
+	v.SetRollbacks(func(rv Revert) { told = append(told, rv) })
+	rolled := &api.Deployment{ID: "d1", Namespace: "vision", JobID: "web", Status: api.DeploymentStatusFailed, ModifyIndex: 42,
+		StatusDescription: "Failed due to unhealthy allocations - rolling back to job version 0"}
+	plain := &api.Deployment{ID: "d2", Namespace: "vision", JobID: "api", Status: api.DeploymentStatusFailed, ModifyIndex: 50,
+		StatusDescription: "Failed due to unhealthy allocations"}
+	v.Reset(Snapshot{Failed: []*api.Deployment{rolled, plain}})
+	if len(told) != 1 || told[0].JobID != "web" || told[0].Index != 42 || told[0].Region != "west" {
+		t.Errorf("told %+v, want web's rollback at 42 in west", told)
+	}
+}

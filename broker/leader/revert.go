@@ -64,6 +64,13 @@ func (r *Reverts) Observed(rv cluster.Revert) {
 		"deployment", rv.Deployment, "tenant", t.Name, "used", used, "limit", limit)
 }
 
+// RecordWrite implements the view's rollback callback (cluster.View
+// .SetRollbacks): the record of the broker's last write of a job Nomad
+// rolled back moves to the rollback (recordWrite). On any broker, not the
+// leader alone: a view lists before its broker may lead, and a record only
+// ever moves forward, to the same index whoever writes it.
+func (r *Reverts) RecordWrite(rv cluster.Revert) { r.recordWrite(rv) }
+
 // recordWrite moves the record of the broker's last write of the job to
 // the version Nomad reverted to, before the job's new allocations are
 // looked at: told once the batch with the revert is applied, and those

@@ -93,4 +93,10 @@ func TestARevertNomadMadeIsRecordedAsTheBrokersWrite(t *testing.T) {
 	if writes[web].Index != 30 || writes[west].Index != 50 || writes[busy].Index != 10 || len(writes) != 3 {
 		t.Errorf("records after Nomad's reverts: %+v; want web at 30 (not back to 20), west's and the pending one as they were, none added", writes)
 	}
+	// A listing tells rollbacks to every broker, leading or not.
+	r.Leader = leading(false)
+	r.RecordWrite(cluster.Revert{Namespace: "vision", JobID: "web", Index: 35})
+	if writes[web].Index != 35 {
+		t.Errorf("a rollback a listing showed, on a broker not leading: web at %d, want 35", writes[web].Index)
+	}
 }

@@ -259,11 +259,13 @@ func (c *Client) List(ctx context.Context) (snap cluster.Snapshot, err error) {
 	if err != nil {
 		return cluster.Snapshot{}, fmt.Errorf("list deployments: %w", err)
 	}
-	var active []*api.Deployment
+	var active, failed []*api.Deployment
 	var stable []*api.Job
 	for _, d := range deps {
 		switch d.Status {
-		case api.DeploymentStatusSuccessful, api.DeploymentStatusFailed, api.DeploymentStatusCancelled:
+		case api.DeploymentStatusFailed:
+			failed = append(failed, d)
+		case api.DeploymentStatusSuccessful, api.DeploymentStatusCancelled:
 		default:
 			active = append(active, d)
 			if !autoReverts(d) {
@@ -278,7 +280,7 @@ func (c *Client) List(ctx context.Context) (snap cluster.Snapshot, err error) {
 			}
 		}
 	}
-	return cluster.Snapshot{Nodes: nodes, Jobs: jobs, Deployments: active, Stable: stable, Allocs: allocs, Index: index}, nil
+	return cluster.Snapshot{Nodes: nodes, Jobs: jobs, Deployments: active, Stable: stable, Failed: failed, Allocs: allocs, Index: index}, nil
 }
 
 // nodesSince is nodes as Nomad lists them now, with the listing's index:
