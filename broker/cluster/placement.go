@@ -64,7 +64,6 @@ func (v *View) nodeRooms(where admission.Where, except jobKey) []admission.NodeR
 
 // buildRooms is nodeRooms built afresh, with when the first placement it
 // counts expires.
-// Long: one walk over allocations, one over placements, one over nodes, each accumulating per node and group.
 func (v *View) buildRooms(where admission.Where, except jobKey, now time.Time) ([]admission.NodeRoom, time.Time) {
 	until := now.Add(ReservationHold)
 	held := map[nodeGroup]int{}

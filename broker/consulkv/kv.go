@@ -2,16 +2,21 @@
 // keeps, each kind under its own path below the configured prefix (default
 // nomad-gpu/):
 //
-//	queue/<id>                      queued jobs (Queue)
-//	reclaim/<id>                    reclaim decisions (Decisions)
-//	approvals/<id>                  approvals, with a snapshot every broker follows (Approvals)
+//	queue/<id>                             queued jobs (Queue)
+//	reclaim/<id>                           reclaim decisions (Decisions)
+//	approvals/<id>                         approvals, with a snapshot every broker follows (Approvals)
 //	scaled/<region>/<namespace>/<job>      what a scale or dispatch through the broker admitted (Scales)
-//	stopped/<region>/<namespace>/<job>     admitted jobs Nomad stopped since, with a snapshot every broker follows (Stops)
-//	registered/<region>/<namespace>/<job>  the JobModifyIndex of the broker's last write of each job, with a snapshot every broker follows (Registrations)
-//	rightsizing/<namespace>/<job>   right-sizing profiles (Profiles)
-//	usage/<day>, usage-through      daily GPU time and how far it is counted (Rollups)
-//	admission-key                   the key admission stamps are made with (StampKey)
-//	quarantine/<kind>/<name>        records that could not be read, set aside as they were (Aside)
+//	stopped/<region>/<namespace>/<job>     admitted jobs Nomad stopped since, followed (Stops)
+//	registered/<region>/<namespace>/<job>  the JobModifyIndex of the broker's last write of each job, followed (Registrations)
+//	backoff/<namespace>/<job>              preemptions of jobs evicted while borrowed, followed (Backoffs)
+//	rightsizing/<namespace>/<job>          right-sizing profiles (Profiles)
+//	usage/<day>, usage-through             daily GPU time and how far it is counted (Rollups)
+//	holds                                  the nodes the leader holds for waiting jobs, followed (Holds)
+//	drained                                the regions no new work goes to, followed (Drains)
+//	admission-key                          the key admission stamps are made with (StampKey)
+//	quarantine/<kind>/<name>               records that could not be read, set aside as they were (Aside)
+//
+// ("Followed": every broker keeps a copy current with a blocking query.)
 //
 // A job's records are its region's: two regions each keep their own job of
 // one id. One written before records were keyed by region

@@ -326,7 +326,7 @@ func (s Stamper) verify(job *api.Job, id, sig string, priority int, counts map[s
 	return want != "" && hmac.Equal([]byte(sig), []byte(want))
 }
 
-// Long: every field a stamp binds, in one fixed order.
+// sign is the signature over every field a stamp binds, in one fixed order.
 func (s Stamper) sign(namespace string, job *api.Job, id, tenant, queue string, priority int, borrowed string, counts map[string]int, pins pinSigning) string {
 	mac := hmac.New(sha256.New, s.Key)
 	fields := []string{namespace, id, tenant, queue, strconv.Itoa(priority), borrowed}

@@ -37,7 +37,6 @@ type lexical struct {
 // reads HCL's lexical structure as far as nesting goes: strings and
 // heredocs are text but for their ${ } and %{ } templates, which are code
 // again; comments are skipped.
-// Long: one pass of a small lexer, each branch one lexical case.
 func tooDeep(src []byte) (int, bool) {
 	stack := []lexical{{kind: 'c'}}
 	line := 1

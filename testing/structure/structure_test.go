@@ -22,15 +22,19 @@ var rings = []struct {
 	name     string
 	packages []string
 }{
-	{"libraries", []string{"internal/clock", "internal/jsondoc", "internal/version"}},
+	{"libraries", []string{"internal/clock", "internal/jsondoc", "internal/version",
+		"device-plugin/proto", "device-plugin/proto/base", "device-plugin/proto/device", "device-plugin/proto/hclspec", "device-plugin/proto/structs"}},
 	{"domain and engines", []string{"broker/policy", "broker/admission", "broker/approval", "broker/queue", "broker/queue/queuetest",
-		"broker/reclaim", "broker/reclaim/reclaimtest", "broker/usage"}},
+		"broker/reclaim", "broker/reclaim/reclaimtest", "broker/usage", "device-plugin/gpu"}},
 	{"adapters", []string{"broker/policyhcl", "broker/policystore", "broker/config", "broker/consulkv", "broker/nomadapi", "broker/nomadjob",
-		"broker/metrics", "broker/audit", "broker/cluster", "broker/webui"}},
+		"broker/metrics", "broker/audit", "broker/cluster", "broker/webui", "device-plugin/nvml", "device-plugin/fake", "device-plugin/plugin"}},
 	{"the admission sequence", []string{"broker/decide", "broker/sim"}},
-	{"loops and the HTTP front", []string{"broker/admitter", "broker/reclaimer", "broker/leader", "broker/server"}},
-	{"wiring", []string{"broker/agent", "cmd/gpu-broker"}},
+	{"loops and the HTTP front", []string{"broker/admitter", "broker/reclaimer", "broker/leader", "broker/server", "device-plugin/check"}},
+	{"wiring", []string{"broker/agent", "cmd/gpu-broker", "cmd/nomad-device-gpu"}},
 }
+
+// testsOnly are packages of tests alone: in no ring, and imported by none.
+var testsOnly = map[string]bool{"broker/integration": true, "device-plugin/integration": true}
 
 func ringOf(pkg string) (int, bool) {
 	for i, r := range rings {
@@ -43,18 +47,20 @@ func ringOf(pkg string) (int, bool) {
 	return 0, false
 }
 
-// No broker package imports one from a ring above its own, and every broker
+// No package of the broker or the device plugin imports one from a ring
+// above its own, or one in no ring (the test harness), and every such
 // package has a ring (a new one is placed in docs/design.md and here).
 func TestNoPackageImportsFromARingAbove(t *testing.T) {
-	out, err := exec.Command("go", "list", "-f", `{{.ImportPath}} {{join .Imports " "}}`, "../../broker/...", "../../internal/...", "../../cmd/gpu-broker").CombinedOutput()
+	out, err := exec.Command("go", "list", "-f", `{{.ImportPath}} {{join .Imports " "}}`, "../../broker/...", "../../internal/...",
+		"../../device-plugin/...", "../../cmd/...").CombinedOutput()
 	if err != nil {
 		t.Fatalf("go list: %v\n%s", err, out)
 	}
 	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
 		fields := strings.Fields(line)
 		pkg := strings.TrimPrefix(fields[0], module)
-		if pkg == "broker/integration" {
-			continue // tests only
+		if testsOnly[pkg] {
+			continue
 		}
 		ring, ok := ringOf(pkg)
 		if !ok {
@@ -66,7 +72,10 @@ func TestNoPackageImportsFromARingAbove(t *testing.T) {
 			if !ours {
 				continue
 			}
-			if r, ok := ringOf(dep); ok && r > ring {
+			switch r, ok := ringOf(dep); {
+			case !ok:
+				t.Errorf("%s (%s) imports %s, which is in no ring (the test harness, or a package to place)", pkg, rings[ring].name, dep)
+			case r > ring:
 				t.Errorf("%s (%s) imports %s (%s), a ring above it", pkg, rings[ring].name, dep, rings[r].name)
 			}
 		}
@@ -74,8 +83,12 @@ func TestNoPackageImportsFromARingAbove(t *testing.T) {
 }
 
 // maxLines is the longest a function of non-test code may be without a
-// "// Long: why" line in its comment.
-const maxLines = 80
+// "// Long: why" line in its comment; maxLong the longest with one. A
+// marker on a function no longer over maxLines is stale, and fails too.
+const (
+	maxLines = 80
+	maxLong  = 200
+)
 
 func TestNoLongFunctionWithoutAReason(t *testing.T) {
 	fset := token.NewFileSet()
@@ -99,9 +112,15 @@ func TestNoLongFunctionWithoutAReason(t *testing.T) {
 				continue
 			}
 			lines := fset.Position(fn.End()).Line - fset.Position(fn.Pos()).Line + 1
-			if lines > maxLines && (fn.Doc == nil || !strings.Contains(fn.Doc.Text(), "Long: ")) {
+			marked := fn.Doc != nil && strings.Contains(fn.Doc.Text(), "Long: ")
+			switch {
+			case lines > maxLines && !marked:
 				t.Errorf("%s: %s is %d lines, over %d: split it, or say why in a \"// Long: …\" line above it",
 					fset.Position(fn.Pos()), fn.Name.Name, lines, maxLines)
+			case lines > maxLong:
+				t.Errorf("%s: %s is %d lines, over %d even with its reason: split it", fset.Position(fn.Pos()), fn.Name.Name, lines, maxLong)
+			case marked && lines <= maxLines:
+				t.Errorf("%s: %s is %d lines: its \"// Long:\" marker is stale, take it out", fset.Position(fn.Pos()), fn.Name.Name, lines)
 			}
 		}
 		return nil
