@@ -86,16 +86,49 @@ func (p *JobRecords[T]) Get(job nomadjob.Ref) (T, bool) {
 // Put writes a job's record, replacing the one before.
 func (p *JobRecords[T]) Put(ctx context.Context, job nomadjob.Ref, v T) error {
 	names := p.b.names(job)
-	if err := p.r.put(ctx, names[0], v); err != nil {
+	b, err := p.r.encode(names[0], v)
+	if err != nil {
 		return err
 	}
-	p.m.readBack(ctx, names[0])
-	return p.delete(ctx, names[1:]...) // the legacy one would show again once this one is deleted
+	// One transaction: the write, which answers with its version (no read
+	// back), and the delete of a legacy record, which would show again
+	// once this one is deleted.
+	ops := consul.KVTxnOps{{Verb: consul.KVSet, Key: p.r.dir + names[0], Value: b}}
+	legacy := p.kept(names[1:])
+	for _, name := range legacy {
+		ops = append(ops, &consul.KVTxnOp{Verb: consul.KVDelete, Key: p.r.dir + name})
+	}
+	ok, resp, _, err := p.r.kv.Txn(ops, (&consul.QueryOptions{}).WithContext(ctx))
+	if err == nil && (!ok || resp == nil || len(resp.Results) == 0) {
+		err = fmt.Errorf("transaction refused: %+v", resp)
+	}
+	if err != nil {
+		return fmt.Errorf("write %s %s: %w", p.r.what, names[0], err)
+	}
+	p.m.wrote(names[0], v, resp.Results[0].ModifyIndex)
+	for _, name := range legacy {
+		p.m.removed(name)
+	}
+	return nil
+}
+
+// kept are the names the copy has a record under: a delete of one it has
+// not is a round trip for nothing (another broker's write of one shows in
+// the copy within a blocking query, and the record's owner prunes it).
+func (p *JobRecords[T]) kept(names []string) []string {
+	var out []string
+	for _, name := range names {
+		if _, ok := p.m.get(name); ok {
+			out = append(out, name)
+		}
+	}
+	return out
 }
 
 // Delete removes a job's record, whatever its version.
 func (p *JobRecords[T]) Delete(ctx context.Context, job nomadjob.Ref) error {
-	return p.delete(ctx, p.b.names(job)...)
+	names := p.b.names(job)
+	return p.delete(ctx, append(names[:1], p.kept(names[1:])...)...)
 }
 
 // delete removes records by name, whatever their version.

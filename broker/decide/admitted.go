@@ -166,14 +166,14 @@ func Revive(ctx context.Context, records StopRecords, job nomadjob.Ref) (settle 
 type RegistrationRecords interface {
 	Registrations
 	Put(ctx context.Context, job nomadjob.Ref, r nomadjob.Registered) error
-	Delete(ctx context.Context, job nomadjob.Ref) error
 }
 
 // Rewrite readies a write through the broker that makes a new version of
-// job (a registration, a revert, a scale): its record is marked pending
-// first, so that the version Nomad makes verifies from the first moment,
-// and settle, once Nomad answered, records the JobModifyIndex Nomad made
-// it at, or with 0 (Nomad did not take it) puts the record back as it was.
+// job (a registration, a revert, a scale): its record, if it has one, is
+// marked pending first, so that the version Nomad makes verifies from the
+// first moment, and settle, once Nomad answered, records the JobModifyIndex
+// Nomad made it at, or with 0 (Nomad did not take it) puts the record back
+// as it was.
 // records nil: none kept. A settle that fails leaves the record pending:
 // the broker's version, and any after it, verify until the next write.
 func Rewrite(ctx context.Context, records RegistrationRecords, job nomadjob.Ref, now time.Time) (settle func(index uint64) error, err error) {
@@ -181,10 +181,14 @@ func Rewrite(ctx context.Context, records RegistrationRecords, job nomadjob.Ref,
 		return func(uint64) error { return nil }, nil
 	}
 	before, had := records.Get(job)
-	pending := before
-	pending.Pending, pending.At = true, now.UTC()
-	if err := records.Put(ctx, job, pending); err != nil {
-		return nil, fmt.Errorf("record the write of %s/%s: %w", job.Namespace, job.ID, err)
+	// Without a record the stamp alone decides (Check), so the version
+	// Nomad makes verifies meanwhile: nothing to mark pending.
+	if had {
+		pending := before
+		pending.Pending, pending.At = true, now.UTC()
+		if err := records.Put(ctx, job, pending); err != nil {
+			return nil, fmt.Errorf("record the write of %s/%s: %w", job.Namespace, job.ID, err)
+		}
 	}
 	return func(index uint64) error {
 		ctx := context.WithoutCancel(ctx)
@@ -194,8 +198,6 @@ func Rewrite(ctx context.Context, records RegistrationRecords, job nomadjob.Ref,
 			err = records.Put(ctx, job, nomadjob.Registered{Index: index, At: now.UTC()})
 		case had:
 			err = records.Put(ctx, job, before)
-		default:
-			err = records.Delete(ctx, job)
 		}
 		if err != nil {
 			return fmt.Errorf("settle the write record of %s/%s: %w", job.Namespace, job.ID, err)

@@ -123,10 +123,17 @@ func TestAStampBindsTheVersionTheBrokerWrote(t *testing.T) {
 		t.Errorf("no record kept (admitted before records were): the stamp alone does not verify")
 	}
 	settle, err := decide.Rewrite(ctx, writes, train, time.Unix(0, 0))
+	if err != nil || len(writes) != 0 {
+		t.Fatalf("rewrite of a job with no record: %v %+v, want none marked (the stamp alone decides meanwhile)", err, writes)
+	}
+	if err := settle(40); err != nil || writes[train].Pending || writes[train].Index != 40 {
+		t.Fatalf("settled: %v %+v", err, writes)
+	}
+	settle, err = decide.Rewrite(ctx, writes, train, time.Unix(0, 0))
 	if err != nil || !writes[train].Pending {
 		t.Fatalf("rewrite: %v %+v", err, writes)
 	}
-	if !check(at(st, 40)) {
+	if !check(at(st, 44)) {
 		t.Errorf("the broker's write in flight does not verify")
 	}
 	if err := settle(40); err != nil || writes[train].Pending || writes[train].Index != 40 {
