@@ -812,6 +812,10 @@ type throttled struct {
 	mu         sync.Mutex
 	calls, now int
 	most       []int // most at once, by pass
+	// expect is how many the pass should send at once: each call is held
+	// until that many are in flight (at most a second), so that a slow
+	// machine does not answer the first before the others start.
+	expect int
 }
 
 func (t *throttled) Register(ctx context.Context, ns string, body []byte) (uint64, error) {
@@ -821,7 +825,15 @@ func (t *throttled) Register(ctx context.Context, ns string, body []byte) (uint6
 	t.most[len(t.most)-1] = max(t.most[len(t.most)-1], t.now)
 	first := t.calls == 1
 	t.mu.Unlock()
-	time.Sleep(20 * time.Millisecond)
+	for deadline := time.Now().Add(time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+		t.mu.Lock()
+		all := t.most[len(t.most)-1] >= t.expect
+		t.mu.Unlock()
+		if all {
+			break
+		}
+	}
+	time.Sleep(5 * time.Millisecond)
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.now--
@@ -843,17 +855,19 @@ func TestA429LowersTheRegistrationsSentAtOnce(t *testing.T) {
 	for i := range 60 {
 		q.Put(context.Background(), entry(fmt.Sprintf("j%02d", i), 1, time.Duration(100-i)*time.Minute, now))
 	}
-	pass := func() {
-		th.most = append(th.most, 0)
+	pass := func(expect int) {
+		th.mu.Lock()
+		th.most, th.expect = append(th.most, 0), expect
+		th.mu.Unlock()
 		a.Pass(context.Background())
 		at = at.Add(admitter.RetryMax)
 	}
-	pass() // 8 at once, one answered 429: the pass ends
-	pass() // 4 at once
+	pass(8) // 8 at once, one answered 429: the pass ends
+	pass(4) // 4 at once
 	for i := range 20 {
 		q.Put(context.Background(), entry(fmt.Sprintf("k%02d", i), 1, time.Duration(10-i)*time.Second, now))
 	}
-	pass() // 8 again
+	pass(8) // 8 again
 	if fmt.Sprint(th.most) != "[8 4 8]" || len(q.IDs()) != 0 {
 		t.Errorf("registrations at once, by pass: %v (want [8 4 8]); still queued: %d", th.most, len(q.IDs()))
 	}
