@@ -86,26 +86,14 @@ func (p *JobRecords[T]) Get(job nomadjob.Ref) (T, bool) {
 // Put writes a job's record, replacing the one before.
 func (p *JobRecords[T]) Put(ctx context.Context, job nomadjob.Ref, v T) error {
 	names := p.b.names(job)
-	b, err := p.r.encode(names[0], v)
+	// A legacy record would show again once this one is deleted; one the
+	// copy does not have is not deleted (a write of it for nothing).
+	legacy := p.kept(names[1:])
+	index, err := p.r.replace(ctx, names[0], v, legacy)
 	if err != nil {
 		return err
 	}
-	// One transaction: the write, which answers with its version (no read
-	// back), and the delete of a legacy record, which would show again
-	// once this one is deleted.
-	ops := consul.KVTxnOps{{Verb: consul.KVSet, Key: p.r.dir + names[0], Value: b}}
-	legacy := p.kept(names[1:])
-	for _, name := range legacy {
-		ops = append(ops, &consul.KVTxnOp{Verb: consul.KVDelete, Key: p.r.dir + name})
-	}
-	ok, resp, _, err := p.r.kv.Txn(ops, (&consul.QueryOptions{}).WithContext(ctx))
-	if err == nil && (!ok || resp == nil || len(resp.Results) == 0) {
-		err = fmt.Errorf("transaction refused: %+v", resp)
-	}
-	if err != nil {
-		return fmt.Errorf("write %s %s: %w", p.r.what, names[0], err)
-	}
-	p.m.wrote(names[0], v, resp.Results[0].ModifyIndex)
+	p.m.wrote(names[0], v, index)
 	for _, name := range legacy {
 		p.m.removed(name)
 	}

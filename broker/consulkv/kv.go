@@ -212,6 +212,28 @@ func (r records[T]) put(ctx context.Context, name string, v T) error {
 	return nil
 }
 
+// replace writes the record name and deletes the records named in stale,
+// in one transaction, and returns the version written (a write alone does
+// not tell it, so the copy would read it back).
+func (r records[T]) replace(ctx context.Context, name string, v T, stale []string) (uint64, error) {
+	b, err := r.encode(name, v)
+	if err != nil {
+		return 0, err
+	}
+	ops := consul.KVTxnOps{{Verb: consul.KVSet, Key: r.dir + name, Value: b}}
+	for _, s := range stale {
+		ops = append(ops, &consul.KVTxnOp{Verb: consul.KVDelete, Key: r.dir + s})
+	}
+	ok, resp, _, err := r.kv.Txn(ops, (&consul.QueryOptions{}).WithContext(ctx))
+	if err == nil && (!ok || resp == nil || len(resp.Results) == 0) {
+		err = fmt.Errorf("transaction refused: %+v", resp)
+	}
+	if err != nil {
+		return 0, fmt.Errorf("write %s %s: %w", r.what, name, err)
+	}
+	return resp.Results[0].ModifyIndex, nil
+}
+
 // cas writes the record name if its version is still index (0: if there is
 // none); false when another writer changed it first.
 func (r records[T]) cas(ctx context.Context, name string, v T, index uint64) (bool, error) {

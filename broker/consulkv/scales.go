@@ -2,7 +2,6 @@ package consulkv
 
 import (
 	"context"
-	"fmt"
 
 	consul "github.com/hashicorp/consul/api"
 
@@ -39,15 +38,10 @@ func (s *Scales) Get(ctx context.Context, job nomadjob.Ref) (nomadjob.ScaleGrant
 // Put records a job's grant, replacing the one before.
 func (s *Scales) Put(ctx context.Context, job nomadjob.Ref, g nomadjob.ScaleGrant) error {
 	names := s.b.names(job)
-	if err := s.r.put(ctx, names[0], g); err != nil {
-		return err
-	}
-	for _, legacy := range names[1:] { // it would verify the job by an older grant
-		if _, err := s.r.kv.Delete(s.r.dir+legacy, (&consul.WriteOptions{}).WithContext(ctx)); err != nil {
-			return fmt.Errorf("delete scale grant %s: %w", legacy, err)
-		}
-	}
-	return nil
+	// A legacy grant would verify the job by an older admission: deleted in
+	// the same transaction.
+	_, err := s.r.replace(ctx, names[0], g, names[1:])
+	return err
 }
 
 // Prune deletes the grants of the jobs gone says Nomad no longer has (a
