@@ -23,7 +23,8 @@ type Promotion struct {
 	Priority int
 }
 
-// Promotions returns, under policy borrowing.promote_below, the running
+// Promotions returns, under policy borrowing.promote_below (or its
+// workload's, for a job of a workload that sets its own), the running
 // borrowed jobs that run on within their tenant's guarantee: each tenant's
 // oldest first (the most work a preemption would lose, short of knowing
 // its checkpoints), while its work within the guarantee (guaranteed, by
@@ -33,7 +34,7 @@ type Promotion struct {
 // back. Only guarantees over all GPUs are weighed (one by class says
 // nothing of another class's job).
 func Promotions(p *policy.Policy, guaranteed map[string]float64, running []Running) []Promotion {
-	if p.Borrowing.PromoteBelow <= 0 || len(running) == 0 {
+	if p.MaxPromoteBelow() <= 0 || len(running) == 0 {
 		return nil
 	}
 	running = append([]Running(nil), running...)
@@ -54,7 +55,7 @@ func Promotions(p *policy.Policy, guaranteed map[string]float64, running []Runni
 			continue
 		}
 		g, ok := t.Guaranteed[policy.AllGPUs]
-		if !ok || exceeds(held[r.Tenant]+r.GPUs, p.Borrowing.PromoteBelow*g) {
+		if below := p.PromoteBelow(r.Queue); below <= 0 || !ok || exceeds(held[r.Tenant]+r.GPUs, below*g) {
 			continue
 		}
 		held[r.Tenant] += r.GPUs

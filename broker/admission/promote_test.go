@@ -61,3 +61,36 @@ tenant "research" {
 		t.Errorf("promote_below 0 promoted %v", got)
 	}
 }
+
+// A workload's own promote_below (work that keeps no checkpoint) promotes
+// its borrowed jobs up to its share, while the others follow the borrowing
+// block's (here: never).
+func TestAWorkloadsOwnPromoteBelowPromotesOnlyItsWork(t *testing.T) {
+	p := testbuild.Policy(t, `
+queue "training" { priority = 60 }
+queue "inference" { priority = 80 }
+workload "training" {}
+workload "inference" { promote_below = 1 }
+borrowing { enabled = true }
+tenant "search" {
+  namespaces = ["search"]
+  queues     = ["training", "inference"]
+  guaranteed = 8
+  limit      = 16
+}
+`)
+	t0 := time.Date(2026, 12, 7, 8, 0, 0, 0, time.UTC)
+	running := []admission.Running{
+		{Namespace: "search", ID: "train", Tenant: "search", Queue: "training", GPUs: 1, Since: t0},
+		{Namespace: "search", ID: "serve", Tenant: "search", Queue: "inference", GPUs: 2, Since: t0.Add(time.Hour)},
+		{Namespace: "search", ID: "serve-more", Tenant: "search", Queue: "inference", GPUs: 2, Since: t0.Add(2 * time.Hour)},
+	}
+	// 5 held within the guarantee: serve (2) fits 8, serve-more would pass it.
+	got := admission.Promotions(p, map[string]float64{"search": 5}, running)
+	if len(got) != 1 || got[0].ID != "serve" || got[0].Priority != p.Queues["inference"].Band {
+		t.Errorf("promoted %+v, want serve alone at the inference band %d", got, p.Queues["inference"].Band)
+	}
+	if b := p.PromoteBelow("training"); b != 0 {
+		t.Errorf("training's promote_below = %g, want the borrowing block's 0", b)
+	}
+}

@@ -363,7 +363,8 @@ type Borrowing struct {
 	// PromoteBelow: a running borrowed job runs on within its tenant's
 	// guarantee (at its queue's band, in place) once the tenant's work
 	// within the guarantee and the job together are at most this share of
-	// the guarantee; 0: never.
+	// the guarantee; 0: never. A workload may set its own
+	// (Policy.PromoteBelow).
 	PromoteBelow float64
 	// SubBands: running borrowed work moves, in place, between sub-bands
 	// above Priority by the work a preemption would lose (its GPUs times

@@ -32,6 +32,10 @@ type Workload struct {
 	// OnRegionLoss is the policy's OnRegionLoss for its jobs ("": the
 	// policy's).
 	OnRegionLoss string
+	// PromoteBelow is its own borrowing.promote_below (nil: the borrowing
+	// block's): work that keeps no checkpoint loses everything it did when
+	// evicted, so it may stop being preemptible sooner than other work.
+	PromoteBelow *float64
 	Pos          Pos // where it is defined
 }
 
@@ -41,6 +45,27 @@ func (p *Policy) WorkloadOf(queue string) *Workload {
 		return p.Workloads[q.Workload]
 	}
 	return nil
+}
+
+// PromoteBelow is the promote_below of queue's work: its workload's, else
+// the borrowing block's.
+func (p *Policy) PromoteBelow(queue string) float64 {
+	if w := p.WorkloadOf(queue); w != nil && w.PromoteBelow != nil {
+		return *w.PromoteBelow
+	}
+	return p.Borrowing.PromoteBelow
+}
+
+// MaxPromoteBelow is the highest promote_below of any work, the borrowing
+// block's or a workload's: 0, no running borrowed work is ever promoted.
+func (p *Policy) MaxPromoteBelow() float64 {
+	most := p.Borrowing.PromoteBelow
+	for _, w := range p.Workloads {
+		if w.PromoteBelow != nil {
+			most = max(most, *w.PromoteBelow)
+		}
+	}
+	return most
 }
 
 // WorkloadFor is the workload of a job in namespace asking for queue (""

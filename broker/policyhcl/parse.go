@@ -373,9 +373,8 @@ func (p *parser) borrowing(b *hcl.Block) hcl.Diagnostics {
 		*set.to = v
 	}
 	if v := bb.PromoteBelow; v != nil {
-		if *v < 0 || *v > 1 {
-			d = append(d, errorAt(attrRange(b, "promote_below"), "Invalid share",
-				fmt.Sprintf("borrowing: promote_below = %g is not a share of the guarantee from 0 (never) to 1", *v)))
+		if bad := promoteBelow(b, "borrowing", *v); bad != nil {
+			d = append(d, bad)
 		} else {
 			p.Borrowing.PromoteBelow = *v
 		}
@@ -714,4 +713,14 @@ func warningAt(r hcl.Range, summary, detail string) *hcl.Diagnostic {
 		d.Subject = nil
 	}
 	return d
+}
+
+// promoteBelow checks a promote_below of block b (what names it in the
+// message): a share of the guarantee.
+func promoteBelow(b *hcl.Block, what string, v float64) *hcl.Diagnostic {
+	if v < 0 || v > 1 {
+		return errorAt(attrRange(b, "promote_below"), "Invalid share",
+			fmt.Sprintf("%s: promote_below = %g is not a share of the guarantee from 0 (never) to 1", what, v))
+	}
+	return nil
 }

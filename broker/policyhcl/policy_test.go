@@ -217,6 +217,20 @@ borrowing {
 	if diags.HasErrors() || p.Borrowing.PromoteBelow != 0.6 {
 		t.Fatalf("promote_below = 0.6: %v %s", p, policyhcl.FormatDiagnostics(diags))
 	}
+	// A workload's own: the same share, named by its workload.
+	wsrc := src + `
+workload "a" {
+  promote_below = %s
+}`
+	p, diags = policyhcl.Parse(map[string][]byte{"q.hcl": []byte(fmt.Sprintf(wsrc, "0.6", "-1"))}, 0)
+	want = `q.hcl:8:3: error: Invalid share: workload "a": promote_below = -1 is not a share of the guarantee from 0 (never) to 1`
+	if out := policyhcl.FormatDiagnostics(diags); p != nil || !strings.Contains(out, want) {
+		t.Fatalf("want %q, got\n%s", want, out)
+	}
+	p, diags = policyhcl.Parse(map[string][]byte{"q.hcl": []byte(fmt.Sprintf(wsrc, "0", "1"))}, 0)
+	if diags.HasErrors() || p.PromoteBelow("a") != 1 || p.MaxPromoteBelow() != 1 {
+		t.Fatalf("workload promote_below = 1: %v %s", p, policyhcl.FormatDiagnostics(diags))
+	}
 }
 
 // Sub-bands lie between the borrowing priority and 10 below the lowest band:

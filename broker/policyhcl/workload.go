@@ -21,6 +21,8 @@ type workloadBody struct {
 	DefaultTTL      *string `hcl:"default_ttl,optional"`
 	Shared          *bool   `hcl:"shared,optional"`
 	OnRegionLoss    *string `hcl:"on_region_loss,optional"`
+	// PromoteBelow overrides borrowing.promote_below for its work.
+	PromoteBelow *float64 `hcl:"promote_below,optional"`
 }
 
 func (p *parser) addWorkload(b *hcl.Block) hcl.Diagnostics {
@@ -78,6 +80,13 @@ func (p *parser) addWorkload(b *hcl.Block) hcl.Diagnostics {
 			bad("on_region_loss", fmt.Sprintf("on_region_loss = %q is neither %q nor %q", *v, policy.RegionLossRequeue, policy.RegionLossHold))
 		}
 		w.OnRegionLoss = *v
+	}
+	if v := wb.PromoteBelow; v != nil {
+		if d := promoteBelow(b, fmt.Sprintf("workload %q", w.Name), *v); d != nil {
+			diags = append(diags, d)
+		} else {
+			w.PromoteBelow = v
+		}
 	}
 	p.Workloads[w.Name] = w
 	p.defs["workload "+w.Name] = b.DefRange

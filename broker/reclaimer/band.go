@@ -67,7 +67,7 @@ func (*Bander) EveryRegion() {}
 // Observed implements Watcher.
 func (b *Bander) Observed(ctx context.Context, now time.Time, allocs []reclaim.Alloc, gpus map[string]reclaim.GPU) error {
 	p := b.Policies.Current()
-	if p.Borrowing.PromoteBelow <= 0 && !p.Borrowing.SubBands {
+	if p.MaxPromoteBelow() <= 0 && !p.Borrowing.SubBands {
 		return nil
 	}
 	running := runningBorrowed(allocs, gpus)
@@ -76,7 +76,7 @@ func (b *Bander) Observed(ctx context.Context, now time.Time, allocs []reclaim.A
 	}
 	var errs []error
 	promoted := map[[3]string]bool{}
-	if p.Borrowing.PromoteBelow > 0 {
+	if p.MaxPromoteBelow() > 0 {
 		guaranteed := map[string]float64{}
 		for name, tu := range b.Usage.UsageWithout(p, "", "").Tenants {
 			guaranteed[name] = tu.Used.Total() - tu.Borrowed.Total()
@@ -183,7 +183,7 @@ func (b *Bander) move(ctx context.Context, r admission.Running, to int, subBand 
 		return nil
 	}
 	result := fmt.Sprintf("promoted in place%s from priority %d to %d: with its %s GPUs, its tenant's work within the guarantee stays within promote_below = %s of it",
-		inRegion(r.Region), from, to, strconv.FormatFloat(r.GPUs, 'g', -1, 64), strconv.FormatFloat(b.Policies.Current().Borrowing.PromoteBelow, 'g', -1, 64))
+		inRegion(r.Region), from, to, strconv.FormatFloat(r.GPUs, 'g', -1, 64), strconv.FormatFloat(b.Policies.Current().PromoteBelow(r.Queue), 'g', -1, 64))
 	b.Log.Info("borrowed job promoted within its tenant's guarantee", "region", r.Region, "namespace", r.Namespace, "job", r.ID, "tenant", r.Tenant,
 		"queue", r.Queue, "from", from, "to", to)
 	b.Audit.Write(audit.Event{Who: audit.BrokerAct, What: audit.Promotion, Namespace: r.Namespace, Job: r.ID, Tenant: r.Tenant,

@@ -150,6 +150,29 @@ func TestThePromoterRunsBorrowedWorkOnAtItsBandInPlace(t *testing.T) {
 	}
 }
 
+// A workload's own promote_below promotes its work where the borrowing block
+// promotes none: the leader weighs the same rule as the simulator.
+func TestThePromoterFollowsAWorkloadsOwnPromoteBelow(t *testing.T) {
+	p := bandPolicy(t, "sub_bands = false")
+	p.Workloads = map[string]*policy.Workload{"training": {Name: "training", PromoteBelow: new(float64)}}
+	*p.Workloads["training"].PromoteBelow = 1
+	st := nomadjob.Stamper{Key: []byte("k")}
+	nomad := &promoteJobs{jobs: map[string]*api.Job{"serve": borrowedJob(st, "serve")}}
+	pr := &reclaimer.Bander{Log: hclog.NewNullLogger(), Policies: testbuild.Fixed{P: p}, Jobs: nomad, Grants: grants{}, Stamper: st,
+		Lock:  func(string, string) func() { return func() {} },
+		Usage: usageOf{Tenants: map[string]admission.TenantUsage{"vision": {Used: policy.Quota{policy.AllGPUs: 2}, Borrowed: policy.Quota{policy.AllGPUs: 2}}}}}
+	t0 := time.Date(2026, 12, 7, 8, 0, 0, 0, time.UTC)
+	allocs := []reclaim.Alloc{{ID: "serve-a", Namespace: "vision", JobID: "serve", Admitted: true, Borrowed: true, Tenant: "vision",
+		Queue: "training", StartedAt: t0, GPUs: []string{"g0", "g1"}}}
+	gpus := map[string]reclaim.GPU{"g0": {Healthy: true}, "g1": {Healthy: true}}
+	if err := pr.Observed(context.Background(), t0.Add(time.Hour), allocs, gpus); err != nil {
+		t.Fatal(err)
+	}
+	if len(nomad.registered) != 1 || *nomad.registered[0].Job.Priority != p.Queues["training"].Band {
+		t.Fatalf("registered %+v, want serve at its band %d", nomad.registered, p.Queues["training"].Band)
+	}
+}
+
 // A borrowed job running in another region the broker governs is promoted
 // there, through that region's client.
 func TestThePromoterPromotesInTheRegionTheJobRunsIn(t *testing.T) {

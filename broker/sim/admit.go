@@ -463,7 +463,7 @@ func (r *run) pass() {
 // leader does before a queue pass: Nomad changes a running job's priority
 // in place.
 func (r *run) promote() {
-	below := r.p.Borrowing.PromoteBelow
+	below := r.p.MaxPromoteBelow()
 	if below <= 0 || len(r.borrowedRunning) == 0 {
 		return
 	}

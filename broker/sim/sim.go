@@ -336,6 +336,7 @@ func (r *run) loop() error {
 	next := 0
 	reclaimAt := 0.0
 	period := r.o.ReclaimPeriod.Seconds()
+	promotes := r.p.MaxPromoteBelow() > 0
 	for {
 		t, what := math.Inf(1), ""
 		for len(r.events) > 0 && r.events[0].backoffEnds && r.events[0].job.state > stEvicted {
@@ -350,7 +351,7 @@ func (r *run) loop() error {
 		if r.dirty && r.queued > 0 && r.passAt < t {
 			t, what = r.passAt, "pass"
 		}
-		if len(r.watched) > 0 || len(r.pinned) > 0 || len(r.evicted) > 0 || len(r.borrowedRunning) > 0 && (r.p.Borrowing.PromoteBelow > 0 || r.p.Borrowing.SubBands) {
+		if len(r.watched) > 0 || len(r.pinned) > 0 || len(r.evicted) > 0 || len(r.borrowedRunning) > 0 && (promotes || r.p.Borrowing.SubBands) {
 			if reclaimAt <= r.now {
 				reclaimAt = (math.Floor(r.now/period) + 1) * period
 			}
