@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"cmp"
 	"sort"
 	"time"
 
@@ -23,6 +24,13 @@ type Alloc struct {
 	// when the allocation was read; 0 when the view holds no such GPU job.
 	JobIndex  uint64
 	Preempted bool
+	// PreemptedAt is, for a preempted one, Nomad's index at its preemption
+	// (AllocModifyIndex; a listing, which has none, gives ModifyIndex, at
+	// or after it): a job registered after it has dealt with it. Its
+	// CreateIndex does not tell: the broker's in-place changes of a running
+	// job's priority (sub-bands, promotion) register the job again without
+	// replacing its allocations.
+	PreemptedAt uint64
 	// GPUs are the device ids the allocation holds (held, for a preempted one).
 	GPUs      []string
 	StartedAt time.Time // its first task's start; zero while none started
@@ -100,6 +108,9 @@ func (v *View) observeAlloc(a *api.Allocation, fromEvent bool) bool {
 	}
 	out := Alloc{ID: a.ID, Namespace: a.Namespace, JobID: a.JobID, Group: a.TaskGroup, NodeID: a.NodeID,
 		CreateIndex: a.CreateIndex, Preempted: preempted, GPUs: gpus, ModifyIndex: a.ModifyIndex, Tenant: tenant, Queue: queue}
+	if preempted {
+		out.PreemptedAt = cmp.Or(a.AllocModifyIndex, a.ModifyIndex)
+	}
 	for _, ts := range a.TaskStates {
 		if ts == nil {
 			continue

@@ -46,8 +46,8 @@ func TestGPUAllocationsFollowTheirEvents(t *testing.T) {
 	}
 	// Evicted by preemption: kept, marked, until a listing no longer has it.
 	v.ObserveAlloc(testbuild.Alloc("a2", "vision", "train", "n1", 11, "gpu-1").PreemptedBy("owner", 21).Status(api.AllocDesiredStatusEvict, api.AllocClientStatusComplete, 22).Build())
-	if got := v.GPUAllocs(); len(got) != 1 || !got[0].Preempted {
-		t.Fatalf("after preemption: %+v, want a2 preempted", got)
+	if got := v.GPUAllocs(); len(got) != 1 || !got[0].Preempted || got[0].PreemptedAt != 21 {
+		t.Fatalf("after preemption: %+v, want a2 preempted at 21 (its AllocModifyIndex, not its client's later update)", got)
 	}
 	v.Reset(Snapshot{})
 	if got := allocIDs(v); got != nil {

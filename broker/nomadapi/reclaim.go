@@ -71,9 +71,10 @@ func (o *Observer) Observe(ctx context.Context) ([]reclaim.Alloc, map[string]rec
 			}
 			seen[key] = job
 		}
-		if s.Preempted && (job.stopped || job.index > s.CreateIndex) {
+		if s.Preempted && (job.stopped || job.index > s.PreemptedAt) {
 			// Stopped (requeued already, or by its owner), or registered
-			// again since: that preemption has been dealt with.
+			// again since it was preempted: that preemption has been dealt
+			// with.
 			continue
 		}
 		a := reclaim.Alloc{ID: s.ID, Namespace: s.Namespace, JobID: s.JobID, Group: s.Group, GPUs: s.GPUs, Preempted: s.Preempted,

@@ -156,3 +156,33 @@ func TestTheObserverVerifiesAnUnadmittedVersionAgainWithoutReadingIt(t *testing.
 		t.Errorf("%d reads of the job from Nomad, %d verifications; want 1 read, 2 verifications (none once it verified)", jobReads, verifies)
 	}
 }
+
+// A borrowed job the broker moved to another sub-band in place (a new
+// version, its allocation kept) and Nomad then preempted is still to be
+// requeued: what deals with a preemption is a registration after it, not
+// one after the allocation was created. Stopped, or registered again since,
+// it is not.
+func TestTheObserverKeepsAPreemptionAfterAnInPlaceMove(t *testing.T) {
+	for _, c := range []struct {
+		index   uint64
+		stopped bool
+		want    bool
+	}{{30, false, true}, {50, false, false}, {30, true, false}} {
+		cl, _ := newClient(t, map[string]func(http.ResponseWriter, *http.Request){
+			"GET /v1/job/train": answer(http.StatusOK, api.Job{ID: ptr("train"), JobModifyIndex: ptr(c.index), Stop: ptr(c.stopped),
+				Meta: map[string]string{nomadjob.MetaTenant: "vision", nomadjob.MetaQueue: "training", nomadjob.MetaBorrowed: "true"}}),
+			"GET /v1/client/stats": answer(http.StatusOK, api.HostStats{}),
+		})
+		// Created at 10, its job moved in place at 30, preempted at 40.
+		v := view{allocs: []cluster.Alloc{{ID: "a1", Namespace: "vision", JobID: "train", NodeID: "n1", CreateIndex: 10, JobIndex: c.index,
+			Preempted: true, PreemptedAt: 40, GPUs: []string{"g0"}}}}
+		o := &nomadapi.Observer{Client: cl, View: v, Verify: func(context.Context, *api.Job) (bool, bool) { return true, true }}
+		allocs, _, err := o.Observe(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := len(allocs) == 1 && allocs[0].Preempted && allocs[0].Borrowed; got != c.want {
+			t.Errorf("job at index %d, stopped %t: preemption kept %t, want %t (%+v)", c.index, c.stopped, got, c.want, allocs)
+		}
+	}
+}

@@ -181,7 +181,7 @@ func (b *AllocBuilder) Status(desired, client string, index uint64) *AllocBuilde
 
 // PreemptedBy marks it evicted by Nomad's preemption for allocation by, at index.
 func (b *AllocBuilder) PreemptedBy(by string, index uint64) *AllocBuilder {
-	b.a.DesiredStatus, b.a.PreemptedByAllocation, b.a.ModifyIndex = api.AllocDesiredStatusEvict, by, index
+	b.a.DesiredStatus, b.a.PreemptedByAllocation, b.a.ModifyIndex, b.a.AllocModifyIndex = api.AllocDesiredStatusEvict, by, index, index
 	return b
 }
 
