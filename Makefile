@@ -92,7 +92,7 @@ sim-check: tools ## The simulator against a real cluster: one trace replayed on 
 	SIM_CHECK_OUT=$(or $(SIM_CHECK_OUT),$(CURDIR)/sim-check.md) SIM_CHECK_POLICY=$(if $(SIM_CHECK_POLICY),$(abspath $(SIM_CHECK_POLICY))) $(GO) test -count=1 -timeout 30m -run '^TestSimToReal$$' -v ./broker/integration/
 
 .PHONY: sim-grid
-sim-grid: build ## The simulator on the grid the goals are held on: Philly at loads 0.9-1.2 and two seeds, Helios 1.2, a mixed and a small cluster (SIM_GRID_JOBS, default 100000; minutes)
+sim-grid: build ## The simulator on the grid the goals are held on: Philly at loads 0.9-1.2 and two seeds, Helios 1.2, a mixed and a small cluster (SIM_GRID_JOBS, default 100000; SIM_GRID_POLICY=DIR another policy; minutes)
 	scripts/sim-grid.sh $(BIN_DIR)/gpu-broker $(or $(SIM_GRID_JOBS),100000)
 
 .PHONY: bench

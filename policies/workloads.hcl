@@ -13,7 +13,11 @@ workload "training" {
 
 # Inference wants stability: it is registered only with canaries and
 # auto_revert, and never in the borrowing band, so that its replicas are not
-# preempted by an owner's work.
+# preempted by an owner's work (an evicted replica is an outage, and a
+# service keeps no checkpoint). Where replicas may be evicted, let it borrow
+# with promote_below = 1 instead: borrowed, it then runs on within its
+# tenant's guarantee as soon as that holds it (docs/simulator.md, "Work that
+# keeps no checkpoint": never borrowing cost 17 points of busy share there).
 workload "inference" {
   require_update    = true
   protect_min_count = true

@@ -2,13 +2,14 @@
 # sim-grid runs the simulator on the grid of loads, seeds and clusters the
 # goals are held on (docs/simulator.md, "The grid"), and prints one row per
 # case: each goal met or MISSED, with the figures that decide the waits.
-# Usage: scripts/sim-grid.sh [GPU_BROKER] [JOBS]  (defaults: bin/gpu-broker, 100000)
+# Usage: scripts/sim-grid.sh [GPU_BROKER] [JOBS]  (defaults: bin/gpu-broker, 100000;
+# SIM_GRID_POLICY: another policy directory than ten-tenants)
 set -euo pipefail
 bin=${1:-bin/gpu-broker}
 jobs=${2:-100000}
 h100='NVIDIA H100 80GB HBM3'
 a100='NVIDIA A100 80GB'
-policy=broker/sim/testdata/ten-tenants
+policy=${SIM_GRID_POLICY:-broker/sim/testdata/ten-tenants}
 # The small cluster's tenants: ten-tenants scaled to 800 GPUs.
 small=$(mktemp -d)
 trap 'rm -rf "$small"' EXIT
@@ -19,16 +20,18 @@ row() { # name policy args...
   shift 2
   start=$(date +%s)
   out=$("$bin" simulate -policy "$pol" -jobs "$jobs" "$@" 2>/dev/null)
-  printf '| %s | %s | %s | %s | %s | %s s |\n' "$name" \
+  printf '| %s | %s | %s | %s | %s | %s | %s | %s s |\n' "$name" \
     "$(grep -c ': met$' <<<"$out") of 6" \
     "$(grep ': MISSED$' <<<"$out" | sed 's/ (.*//; s/:.*//' | paste -sd, - | sed 's/,/, /g')" \
+    "$(sed -n 's/^guarantee violation: nomad-gpu \([0-9.]* %\).*/\1/p' <<<"$out")" \
+    "$(sed -n 's/^GPU-hours lost to preemption: nomad-gpu \([0-9.]* %\).*/\1/p' <<<"$out")" \
     "$(grep 'delay mean / p95 / longest (every wait)' <<<"$out" | awk -F'  +' '{print $NF}')" \
     "$(grep 'jobs evicted max_preemptions times' <<<"$out" | awk -F'  +' '{print $NF}')" \
     "$(( $(date +%s) - start ))"
 }
 
-echo "| case ($jobs jobs) | goals met | missed | nomad-gpu delay mean / p95 / longest | evicted max_preemptions times: wait after the last | wall |"
-echo "|---|---|---|---|---|---|"
+echo "| case ($jobs jobs) | goals met | missed | nomad-gpu violation | GPU-hours lost (of busy) | nomad-gpu delay mean / p95 / longest | evicted max_preemptions times: wait after the last | wall |"
+echo "|---|---|---|---|---|---|---|---|"
 for load in 0.9 1.0 1.1 1.2; do
   for seed in 1 2; do
     row "Philly $load, seed $seed" "$policy" -workload philly -load "$load" -seed "$seed" -nodes "1250x8:$h100"

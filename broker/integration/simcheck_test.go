@@ -59,7 +59,10 @@ const simSeeds = 40
 // choosing), unless the policy sets one. SIM_CHECK_OUT names a file for the
 // tables; SIM_CHECK_POLICY a directory of policy files to check instead of
 // the one beside the trace (a policy change measured on a real cluster
-// before it is adopted).
+// before it is adopted); SIM_CHECK_TIMELINE a directory, for following
+// where a real run parts from the simulated one: each job's submission,
+// first registration and first start are logged, and the broker's log and
+// audit trail written there.
 func TestSimToReal(t *testing.T) {
 	f, err := os.Open(filepath.Join(simCheckDir, "trace.jsonl"))
 	if err != nil {
@@ -338,6 +341,13 @@ func replay(t *testing.T, trace []sim.Job, policyDir string, namespaces []string
 	})
 	close(stop)
 	<-sampled
+	if dir := os.Getenv("SIM_CHECK_TIMELINE"); dir != "" {
+		// The broker's log and audit trail beside the timeline, to follow
+		// where the real run parts from the simulated one.
+		audit, _ := os.ReadFile(broker.AuditPath())
+		writeFile(t, filepath.Join(dir, "broker.log"), broker.Log())
+		writeFile(t, filepath.Join(dir, "audit.log"), string(audit))
+	}
 
 	var f simFigures
 	mu.Lock()
@@ -349,14 +359,14 @@ func replay(t *testing.T, trace []sim.Job, policyDir string, namespaces []string
 	for _, a := range stubs {
 		key := a.Namespace + "/" + a.JobID
 		ts := a.TaskStates["t0"]
-		if ts == nil || ts.StartedAt.IsZero() {
-			continue
+		ran := ts != nil && !ts.StartedAt.IsZero()
+		if ran {
+			if s, ok := firstStart[key]; !ok || ts.StartedAt.Before(s) {
+				firstStart[key] = ts.StartedAt
+			}
+			latency += ts.StartedAt.Sub(time.Unix(0, a.CreateTime))
+			started++
 		}
-		if s, ok := firstStart[key]; !ok || ts.StartedAt.Before(s) {
-			firstStart[key] = ts.StartedAt
-		}
-		latency += ts.StartedAt.Sub(time.Unix(0, a.CreateTime))
-		started++
 		if a.DesiredStatus != api.AllocDesiredStatusEvict {
 			continue
 		}
@@ -364,10 +374,18 @@ func replay(t *testing.T, trace []sim.Job, policyDir string, namespaces []string
 		if err != nil || full.PreemptedByAllocation == "" {
 			continue
 		}
+		// An allocation evicted before its task started is a preemption too,
+		// as the simulator counts it (its job is requeued and backs off
+		// alike); it loses no work.
 		f.preemptions++
 		borrowed := full.Job != nil && full.Job.Meta["nomad-gpu.borrowed"] == "true"
 		if !borrowed {
 			f.guaranteedVictims++
+		}
+		if !ran {
+			t.Logf("preempted before its task started: %s (%d GPUs, priority %d, borrowed %t), on %s, by %s", key, gpus[key],
+				*full.Job.Priority, borrowed, a.NodeName, full.PreemptedByAllocation[:8])
+			continue
 		}
 		end := ts.FinishedAt
 		if end.IsZero() {
@@ -387,6 +405,16 @@ func replay(t *testing.T, trace []sim.Job, policyDir string, namespaces []string
 			continue
 		}
 		f.meanWait += s.Sub(start.Add(time.Duration(j.Submit*float64(time.Second)))).Seconds() / float64(len(trace))
+		if os.Getenv("SIM_CHECK_TIMELINE") != "" {
+			// When Nomad first had the job: the broker's first admission of it.
+			registered := math.Inf(1)
+			if versions, _, _, err := n.API.Jobs().Versions(j.ID, false, &api.QueryOptions{Namespace: j.Tenant}); err == nil {
+				for _, v := range versions {
+					registered = math.Min(registered, time.Unix(0, *v.SubmitTime).Sub(start).Seconds())
+				}
+			}
+			t.Logf("timeline %s/%s: submitted %6.1fs, first registered %6.1fs, first started %6.1fs", j.Tenant, j.ID, j.Submit, registered, s.Sub(start).Seconds())
+		}
 	}
 	return f
 }

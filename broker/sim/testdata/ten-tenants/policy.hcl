@@ -17,7 +17,12 @@ queue "dev" {
   workload = "dev"
 }
 
-workload "inference" {}
+# Inference services keep no checkpoint: evicted, they lose everything they
+# did. Borrowed, they run on within their tenant's guarantee as soon as it
+# holds them (docs/simulator.md, "Work that keeps no checkpoint").
+workload "inference" {
+  promote_below = 0.75
+}
 workload "training" {}
 workload "dev" {
   max_gpus = 1
