@@ -1,6 +1,7 @@
 package admission
 
 import (
+	"slices"
 	"sort"
 	"time"
 
@@ -37,7 +38,9 @@ func Promotions(p *policy.Policy, guaranteed map[string]float64, running []Runni
 	if p.MaxPromoteBelow() <= 0 || len(running) == 0 {
 		return nil
 	}
-	running = append([]Running(nil), running...)
+	// Only work whose promote_below is above 0 is weighed (a workload may
+	// promote while the borrowing block does not).
+	running = slices.DeleteFunc(slices.Clone(running), func(r Running) bool { return p.PromoteBelow(r.Queue) <= 0 })
 	sort.SliceStable(running, func(i, j int) bool {
 		if !running[i].Since.Equal(running[j].Since) {
 			return running[i].Since.Before(running[j].Since)
@@ -55,7 +58,7 @@ func Promotions(p *policy.Policy, guaranteed map[string]float64, running []Runni
 			continue
 		}
 		g, ok := t.Guaranteed[policy.AllGPUs]
-		if below := p.PromoteBelow(r.Queue); below <= 0 || !ok || exceeds(held[r.Tenant]+r.GPUs, below*g) {
+		if !ok || exceeds(held[r.Tenant]+r.GPUs, p.PromoteBelow(r.Queue)*g) {
 			continue
 		}
 		held[r.Tenant] += r.GPUs

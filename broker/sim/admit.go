@@ -464,7 +464,7 @@ func (r *run) pass() {
 // in place.
 func (r *run) promote() {
 	below := r.p.MaxPromoteBelow()
-	if below <= 0 || len(r.borrowedRunning) == 0 {
+	if below <= 0 || len(r.promotable) == 0 {
 		return
 	}
 	guaranteed := make(map[string]float64, len(r.tu))
@@ -479,9 +479,9 @@ func (r *run) promote() {
 	if !room {
 		return
 	}
-	running := make([]admission.Running, 0, len(r.borrowedRunning))
-	byID := make(map[string]*simJob, len(r.borrowedRunning))
-	for j := range r.borrowedRunning {
+	running := make([]admission.Running, 0, len(r.promotable))
+	byID := make(map[string]*simJob, len(r.promotable))
+	for j := range r.promotable {
 		byID[j.ID] = j
 		running = append(running, admission.Running{Namespace: j.adm.Namespace, ID: j.ID, Tenant: r.tenants[j.tenant].name,
 			Queue: j.queue, GPUs: j.demand.Total(), Since: r.time(j.startedAt)})
@@ -494,6 +494,7 @@ func (r *run) promote() {
 		}
 		j.borrowed = false
 		delete(r.borrowedRunning, j)
+		delete(r.promotable, j)
 		r.reprioritise(j, pr.Priority)
 		r.res.Promotions++
 	}

@@ -107,6 +107,9 @@ func (r *run) start(j *simJob, node int) {
 	r.watch(j)
 	if j.borrowed {
 		r.borrowedRunning[j] = struct{}{}
+		if r.p.PromoteBelow(j.queue) > 0 {
+			r.promotable[j] = struct{}{}
+		}
 		j.nextBand = 0
 	}
 }

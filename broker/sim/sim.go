@@ -210,7 +210,8 @@ type run struct {
 
 	placed, busy                  int // GPUs held, and held by running jobs that use them
 	heldByPrio                    map[int]int
-	borrowedRunning               map[*simJob]struct{} // running borrowed: promote weighs them
+	borrowedRunning               map[*simJob]struct{} // running borrowed: subBand moves them
+	promotable                    map[*simJob]struct{} // those of them a promote_below above 0 may promote
 	borrowers                     int                  // tenants holding more than their guarantee
 	waitingSizes                  map[int]int
 	waitingJobs                   int
@@ -258,6 +259,7 @@ func newRun(jobs []Job, o Options) *run {
 	r := &run{o: o, p: p, c: newCluster(o.Nodes), byName: map[string]int{}, nomadQ: newPending(),
 		watched: map[*simJob]int{}, wGPUs: map[string]reclaim.GPU{}, engine: reclaim.New(), tu: map[string]admission.TenantUsage{},
 		held: policy.Quota{}, capacity: policy.Quota{}, maxAlloc: policy.Quota{}, heldByPrio: map[int]int{}, borrowedRunning: map[*simJob]struct{}{},
+		promotable:   map[*simJob]struct{}{},
 		waitingSizes: map[int]int{}}
 	r.enricher = decide.Enricher{Preemptions: r.preemptionsOf, Clock: clock.Func(func() time.Time { return r.time(r.now) })}
 	r.ideal, r.rng = o.NomadModel == ModelIdeal, rand.New(rand.NewPCG(o.Seed, 0x5eed))
@@ -425,6 +427,7 @@ func (r *run) stop(j *simJob) (lost float64) {
 		}
 		r.unwatch(j)
 		delete(r.borrowedRunning, j)
+		delete(r.promotable, j)
 	} else {
 		r.wait(j, -1)
 		if j.state == stPending && j.pin != nil {
