@@ -35,12 +35,12 @@ type Promotion struct {
 // back. Only guarantees over all GPUs are weighed (one by class says
 // nothing of another class's job).
 func Promotions(p *policy.Policy, guaranteed map[string]float64, running []Running) []Promotion {
-	if p.MaxPromoteBelow() <= 0 || len(running) == 0 {
-		return nil
-	}
 	// Only work whose promote_below is above 0 is weighed (a workload may
 	// promote while the borrowing block does not).
 	running = slices.DeleteFunc(slices.Clone(running), func(r Running) bool { return p.PromoteBelow(r.Queue) <= 0 })
+	if len(running) == 0 {
+		return nil
+	}
 	sort.SliceStable(running, func(i, j int) bool {
 		if !running[i].Since.Equal(running[j].Since) {
 			return running[i].Since.Before(running[j].Since)

@@ -31,8 +31,9 @@ type PromoteJobs interface {
 // Bander moves running borrowed jobs to another priority, in place: Nomad
 // applies a change of priority alone to a job's allocations without
 // replacing them. It promotes to their queue's band those that
-// borrowing.promote_below runs on within their tenant's guarantee
-// (admission.Promotions): no other tenant's work preempts them any more.
+// borrowing.promote_below (or their workload's own) runs on within their
+// tenant's guarantee (admission.Promotions): no other tenant's work
+// preempts them any more.
 // With borrowing.sub_bands it moves the others to the sub-band of the work a
 // preemption would lose (policy.SubBand), so that Nomad takes the cheapest
 // victims first. The stamp stays (a meta change would replace the
@@ -67,7 +68,8 @@ func (*Bander) EveryRegion() {}
 // Observed implements Watcher.
 func (b *Bander) Observed(ctx context.Context, now time.Time, allocs []reclaim.Alloc, gpus map[string]reclaim.GPU) error {
 	p := b.Policies.Current()
-	if p.MaxPromoteBelow() <= 0 && !p.Borrowing.SubBands {
+	promotes := p.MaxPromoteBelow() > 0
+	if !promotes && !p.Borrowing.SubBands {
 		return nil
 	}
 	running := runningBorrowed(allocs, gpus)
@@ -76,7 +78,7 @@ func (b *Bander) Observed(ctx context.Context, now time.Time, allocs []reclaim.A
 	}
 	var errs []error
 	promoted := map[[3]string]bool{}
-	if p.MaxPromoteBelow() > 0 {
+	if promotes {
 		guaranteed := map[string]float64{}
 		for name, tu := range b.Usage.UsageWithout(p, "", "").Tenants {
 			guaranteed[name] = tu.Used.Total() - tu.Borrowed.Total()
