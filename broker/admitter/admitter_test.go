@@ -60,6 +60,8 @@ func (refused) Refused() bool { return true }
 func (n *nomad) Job(context.Context, string, string) (*api.Job, error) { return nil, nil }
 
 func (n *nomad) Registered(_ context.Context, _, id string, body []byte) (uint64, bool, error) {
+	n.mu.Lock() // a test switches down while registrations are under way
+	defer n.mu.Unlock()
 	n.plans++
 	if n.down != nil {
 		return 0, false, n.down
@@ -100,7 +102,10 @@ func (n *nomad) Register(_ context.Context, ns string, body []byte) (uint64, err
 	var req struct{ Job map[string]any }
 	json.Unmarshal(body, &req)
 	id := req.Job["ID"].(string)
-	if n.down != nil || id == n.flaky {
+	n.mu.Lock()
+	down := n.down
+	n.mu.Unlock()
+	if down != nil || id == n.flaky {
 		if n.slow != nil {
 			<-n.begun
 			defer close(n.slow)
