@@ -115,7 +115,7 @@ func TestRegions(t *testing.T) {
 		}
 		return fmt.Errorf("west not listed:\n%s", out)
 	})
-	runsIn := func(n *testcluster.Nomad, region, id string) {
+	runsIn := func(t *testing.T, n *testcluster.Nomad, region, id string) {
 		t.Helper()
 		ns := namespaceOf(id)
 		testcluster.WaitFor(t, 60*time.Second, id+" running in "+region, func() error {
@@ -131,7 +131,8 @@ func TestRegions(t *testing.T) {
 			return fmt.Errorf("%d allocations in %s, none running", len(stubs), region)
 		})
 	}
-	inRegion := func(id, region string, gpus int) string {
+	inRegion := func(t *testing.T, id, region string, gpus int) string {
+		e := e.in(t)
 		path := e.spec("vision", id, 1, gpus, "")
 		spec, err := os.ReadFile(path)
 		if err != nil {
@@ -141,7 +142,8 @@ func TestRegions(t *testing.T) {
 		return path
 	}
 	// autoSpec is a jobspec of id that leaves its region to the broker.
-	autoSpec := func(id string, gpus int, queue string) string {
+	autoSpec := func(t *testing.T, id string, gpus int, queue string) string {
+		e := e.in(t)
 		path := e.spec(namespaceOf(id), id, 1, gpus, queue)
 		spec, err := os.ReadFile(path)
 		if err != nil {
@@ -154,11 +156,11 @@ func TestRegions(t *testing.T) {
 	if out, err := e.run("vision", "e1", 1, 2, "", false); err != nil {
 		t.Fatalf("e1 (east, 2 GPUs): %v\n%s", err, out)
 	}
-	if out, err := e.nomadCLI("job", "run", inRegion("w1", "west", 2)); err != nil {
+	if out, err := e.nomadCLI("job", "run", inRegion(t, "w1", "west", 2)); err != nil {
 		t.Fatalf("w1 (west, 2 GPUs): %v\n%s", err, out)
 	}
-	runsIn(east, "east", "e1")
-	runsIn(west, "west", "w1")
+	runsIn(t, east, "east", "e1")
+	runsIn(t, west, "west", "w1")
 	if _, _, err := east.API.Jobs().Info("w1", &api.QueryOptions{Namespace: "vision", Region: "east"}); err == nil {
 		t.Error("w1 registered in east too")
 	}
@@ -167,7 +169,7 @@ func TestRegions(t *testing.T) {
 	// A fifth GPU is over the limit: in east, whose node has 2 GPUs free, it
 	// is queued.
 	id := e.queuedIn("vision", "e2", 1, true)
-	out, err := e.nomadCLI("job", "run", "-detach", inRegion("w2", "west", 1))
+	out, err := e.nomadCLI("job", "run", "-detach", inRegion(t, "w2", "west", 1))
 	if err != nil || !strings.Contains(out, "nomad-gpu: queued as ") {
 		t.Fatalf("w2 (west, 1 GPU) at vision's limit: want queued: %v\n%s", err, out)
 	}
@@ -175,22 +177,24 @@ func TestRegions(t *testing.T) {
 	if _, _, err := west.API.Jobs().Deregister("w1", false, &api.WriteOptions{Namespace: "vision"}); err != nil {
 		t.Fatal(err)
 	}
-	runsIn(east, "east", "e2")
-	runsIn(west, "west", "w2")
+	runsIn(t, east, "east", "e2")
+	runsIn(t, west, "west", "w2")
 	if got := e.brokerCLI("queue", "list"); strings.Contains(got, id) {
 		t.Errorf("e2 still queued:\n%s", got)
 	}
 	e.waitUsed("vision", 4)
 
 	t.Run("a job no node of its region fits is refused at once", func(t *testing.T) {
+		e := e.in(t)
 		// East's node has 4 GPUs, west's 2: a job is decided on its own region's nodes.
-		out, err := e.nomadCLI("job", "run", inRegion("w3", "west", 3))
+		out, err := e.nomadCLI("job", "run", inRegion(t, "w3", "west", 3))
 		if err == nil || !strings.Contains(out, "no node has more than 2") {
 			t.Fatalf("3 GPUs in west, whose node has 2: want refused, no node fits: %v\n%s", err, out)
 		}
 	})
 	t.Run("a region the broker does not govern is refused", func(t *testing.T) {
-		out, err := e.nomadCLI("job", "run", inRegion("x1", "south", 1))
+		e := e.in(t)
+		out, err := e.nomadCLI("job", "run", inRegion(t, "x1", "south", 1))
 		if err == nil || !strings.Contains(out, `is for region "south"`) {
 			t.Fatalf("a job for region south: want refused by the broker: %v\n%s", err, out)
 		}
@@ -198,8 +202,9 @@ func TestRegions(t *testing.T) {
 	// dubGone waits until no allocation of dub's holds a GPU in either
 	// region (a purged job's tasks take seconds to stop): the subtests after
 	// dub's count on every GPU it used being free.
-	dubGone := func() {
+	dubGone := func(t *testing.T) {
 		t.Helper()
+		e := e.in(t)
 		e.waitUsed("dub", 0)
 		testcluster.WaitFor(t, 60*time.Second, "dub's allocations ended", func() error {
 			for name, n := range map[string]*testcluster.Nomad{"east": east, "west": west} {
@@ -222,6 +227,7 @@ func TestRegions(t *testing.T) {
 	// dub's cap there; a dispatch so made a child in west at every call.
 	// Both are decided in west now.
 	t.Run("a revert and a dispatch are decided in the region their body names", func(t *testing.T) {
+		e := e.in(t)
 		dub := func(id, region string, count, gpus int) string {
 			path := e.spec("dub", id, count, gpus, "")
 			spec, _ := os.ReadFile(path)
@@ -237,6 +243,11 @@ func TestRegions(t *testing.T) {
 		}{{"rv", "west", 1, 1}, {"rv", "west", 0, 1}, {"cap", "west", 1, 1}, {"rv", "east", 1, 0}} {
 			if out, err := e.nomadCLI("job", "run", "-detach", dub(c.id, c.region, c.count, c.gpus)); err != nil || !strings.Contains(out, "admitted") && c.gpus > 0 {
 				t.Fatalf("%s in %s (%d × %d GPUs): %v\n%s", c.id, c.region, c.count, c.gpus, err, out)
+			}
+			if c.count == 0 {
+				// West's second GPU is cap's only once rv's first
+				// allocation has stopped: before, cap would queue.
+				e.waitUsed("dub", 0)
 			}
 		}
 		e.waitUsed("dub", 1) // cap's: dub at its cap in west
@@ -305,12 +316,13 @@ func TestRegions(t *testing.T) {
 				n.API.Jobs().Deregister(k.ID, true, &api.WriteOptions{Namespace: "dub", Region: region})
 			}
 		}
-		dubGone()
+		dubGone(t)
 	})
 	// P5: a job admitted in east, its stored JSON registered straight in
 	// west: the stamp binds the region Nomad stores the job in, so the
 	// copy is not the broker's admission (here enforced: stopped).
 	t.Run("an east job's stamp on a copy in west is not an admission", func(t *testing.T) {
+		e := e.in(t)
 		// A service job: the broker pins a batch job to the nodes it chose
 		// (placement mode broker), and a copy of that pin in west places
 		// nothing.
@@ -340,13 +352,14 @@ func TestRegions(t *testing.T) {
 		for region, n := range map[string]*testcluster.Nomad{"east": east, "west": west} {
 			n.API.Jobs().Deregister("p5", true, &api.WriteOptions{Namespace: "dub", Region: region})
 		}
-		dubGone()
+		dubGone(t)
 	})
 	// D4: the broker's records of a job are its region's. A stop of west's
 	// d4 is not a stop of east's job of the same id: east's d4, scaled
 	// through the broker afterwards, is its admission (here enforced: a
 	// scale read as unadmitted would be stopped).
 	t.Run("a stop in one region is not one of another's job of the same id", func(t *testing.T) {
+		e := e.in(t)
 		for _, c := range []struct {
 			region string
 			count  int
@@ -415,18 +428,19 @@ func TestRegions(t *testing.T) {
 		for region, n := range map[string]*testcluster.Nomad{"east": east, "west": west} {
 			n.API.Jobs().Deregister("d4", true, &api.WriteOptions{Namespace: "dub", Region: region})
 		}
-		dubGone()
+		dubGone(t)
 	})
 	// over_limit knows region caps: a cap lowered below what the tenant
 	// holds there has its work there requeued after the grace.
 	t.Run("a region's cap lowered below what a tenant holds there: its work there is requeued", func(t *testing.T) {
+		e := e.in(t)
 		path := e.spec("dub", "dc", 1, 1, "")
 		spec, _ := os.ReadFile(path)
 		writeFile(t, path, strings.Replace(string(spec), "\n", "\n  region = \"west\"\n", 1))
 		if out, err := e.nomadCLI("job", "run", "-detach", path); err != nil || !strings.Contains(out, "admitted") {
 			t.Fatalf("dc in west (1 GPU, dub's cap there 1): %v\n%s", err, out)
 		}
-		runsIn(west, "west", "dc")
+		runsIn(t, west, "west", "dc")
 		policyFile := filepath.Join(e.policyDir, "policy.hcl")
 		lowered := strings.Replace(regionsPolicy, "region \"west\" {\n    limit = 1", "region \"west\" {\n    limit = 0", 1) + "over_limit_grace = \"1s\"\n"
 		writeFile(t, policyFile, lowered)
@@ -459,9 +473,10 @@ func TestRegions(t *testing.T) {
 		for region, n := range map[string]*testcluster.Nomad{"east": east, "west": west} {
 			n.API.Jobs().Deregister("dc", true, &api.WriteOptions{Namespace: "dub", Region: region})
 		}
-		dubGone()
+		dubGone(t)
 	})
 	t.Run("a job that leaves its region to the broker runs in exactly one", func(t *testing.T) {
+		e := e.in(t)
 		for _, stop := range []struct {
 			n  *testcluster.Nomad
 			id string
@@ -474,7 +489,7 @@ func TestRegions(t *testing.T) {
 		// auto submits an auto job; detached unless follow (nomad job run
 		// then follows its evaluation by id, through the broker, with no region).
 		auto := func(id string, gpus int, queue string, follow ...bool) string {
-			path := autoSpec(id, gpus, queue)
+			path := autoSpec(t, id, gpus, queue)
 			args := []string{"job", "run", "-detach", path}
 			if len(follow) > 0 {
 				args = []string{"job", "run", path}
@@ -505,14 +520,14 @@ func TestRegions(t *testing.T) {
 		if out := auto("a1", 3, "training"); !strings.Contains(out, "nomad-gpu: dispatched to region east (dispatch ordered)\n") {
 			t.Errorf("a1: want the answer to say it went to east:\n%s", out)
 		}
-		runsIn(east, "east", "a1")
+		runsIn(t, east, "east", "a1")
 		only("a1", "east")
 		// East has 1 free, west 2: both admit; best_fit takes the freer.
 		if out := auto("a2", 1, "serving", true); !strings.Contains(out, "nomad-gpu: dispatched to region west (dispatch best_fit)") ||
 			!strings.Contains(out, `finished with status "complete"`) {
 			t.Errorf("a2: want the answer to say best_fit chose west, and its evaluation followed:\n%s", out)
 		}
-		runsIn(west, "west", "a2")
+		runsIn(t, west, "west", "a2")
 		only("a2", "west")
 		// 2 GPUs fit no node now in either region: queued, each region's
 		// reason told; the region that frees GPUs first takes it.
@@ -526,7 +541,7 @@ func TestRegions(t *testing.T) {
 		if _, _, err := west.API.Jobs().Deregister("a2", false, &api.WriteOptions{Namespace: "audio"}); err != nil {
 			t.Fatal(err)
 		}
-		runsIn(west, "west", "a3")
+		runsIn(t, west, "west", "a3")
 		only("a3", "west")
 		// Read through the broker with no -region, as users do.
 		if out, err := e.nomadCLI("job", "status", "-namespace", "audio", "a3"); err != nil || !strings.Contains(out, "running") {
@@ -534,11 +549,12 @@ func TestRegions(t *testing.T) {
 		}
 		e.waitUsed("audio", 5)
 		// 5 GPUs fit no node of any region: refused at once, per region.
-		if out, err := e.nomadCLI("job", "run", autoSpec("a4", 5, "training")); err == nil || !strings.Contains(out, "no region this broker governs can take it: east: ") {
+		if out, err := e.nomadCLI("job", "run", autoSpec(t, "a4", 5, "training")); err == nil || !strings.Contains(out, "no region this broker governs can take it: east: ") {
 			t.Errorf("a4 (auto, 5 GPUs): want refused, no region fits: %v\n%s", err, out)
 		}
 	})
 	t.Run("a drained region takes no new work until it resumes", func(t *testing.T) {
+		e := e.in(t)
 		for _, stop := range []struct {
 			n  *testcluster.Nomad
 			id string
@@ -559,10 +575,10 @@ func TestRegions(t *testing.T) {
 			t.Fatalf("gpu-broker region drain east: want east listed as drained:\n%s", out)
 		}
 		// An auto job passes the drained region over; one for it waits.
-		if out, err := e.nomadCLI("job", "run", "-detach", autoSpec("a5", 1, "training")); err != nil || !strings.Contains(out, "dispatched to region west (dispatch ordered; not east: drained (by anonymous at ") {
+		if out, err := e.nomadCLI("job", "run", "-detach", autoSpec(t, "a5", 1, "training")); err != nil || !strings.Contains(out, "dispatched to region west (dispatch ordered; not east: drained (by anonymous at ") {
 			t.Errorf("a5 (auto) with east drained: want it sent to west: %v\n%s", err, out)
 		}
-		runsIn(west, "west", "a5")
+		runsIn(t, west, "west", "a5")
 		out, err := e.run("vision", "e5", 1, 1, "", true)
 		if err != nil || !strings.Contains(out, "nomad-gpu: queued as ") || !strings.Contains(out, "region east is drained (by anonymous at ") {
 			t.Fatalf("e5 in drained east: want queued, saying east is drained: %v\n%s", err, out)
@@ -573,12 +589,13 @@ func TestRegions(t *testing.T) {
 		if out := e.brokerCLI("region", "resume", "east"); strings.Contains(out, "by anonymous") {
 			t.Errorf("gpu-broker region resume east: want no region drained:\n%s", out)
 		}
-		runsIn(east, "east", "e5")
+		runsIn(t, east, "east", "e5")
 	})
 	t.Run("the reclaim rules see every region, and act where the job runs", func(t *testing.T) {
+		e := e.in(t)
 		// Registered straight with west, past the broker: rule unadmitted
 		// stops it there.
-		if out, err := e.nomadCLI("job", "run", "-detach", "-address", west.Addr, inRegion("bypass", "west", 1)); err != nil {
+		if out, err := e.nomadCLI("job", "run", "-detach", "-address", west.Addr, inRegion(t, "bypass", "west", 1)); err != nil {
 			t.Fatalf("bypass, straight to west: %v\n%s", err, out)
 		}
 		testcluster.WaitFor(t, 60*time.Second, "bypass stopped in west", func() error {
@@ -596,6 +613,7 @@ func TestRegions(t *testing.T) {
 		})
 	})
 	t.Run("GPU time is counted in every region, and split by region", func(t *testing.T) {
+		e := e.in(t)
 		testcluster.WaitFor(t, 30*time.Second, "GPU-hours in east and west", func() error {
 			var rep server.UsageReport
 			out := e.brokerCLI("usage", "-from", time.Now().UTC().Format("2006-01-02"), "-by", "region", "-json")
@@ -631,6 +649,7 @@ func TestRegions(t *testing.T) {
 		}
 	})
 	t.Run("the web UI filters by region, and says where a decision acts", func(t *testing.T) {
+		e := e.in(t)
 		nodes, _, err := west.API.Nodes().List(nil)
 		if err != nil || len(nodes) != 1 {
 			t.Fatalf("west's nodes: %v %v", nodes, err)
@@ -669,21 +688,22 @@ func TestRegions(t *testing.T) {
 		}
 	})
 	t.Run("a lost region's batch job is requeued elsewhere, and its stale copy stopped when the region is back", func(t *testing.T) {
+		e := e.in(t)
 		// a5 and s1 (auto, batch, 1 GPU each) run in west; speech holds
 		// its limit of 2 with s2 in east. West goes down: after
 		// region_lost_timeout (2s) the broker requeues both. The queue
 		// dispatches a5 to east, the one region left; s1 waits, for its
 		// copy in west may run still (and does, once west is back).
 		e.brokerCLI("region", "drain", "east")
-		if out, err := e.nomadCLI("job", "run", "-detach", autoSpec("s1", 1, "training")); err != nil || !strings.Contains(out, "dispatched to region west") {
+		if out, err := e.nomadCLI("job", "run", "-detach", autoSpec(t, "s1", 1, "training")); err != nil || !strings.Contains(out, "dispatched to region west") {
 			t.Fatalf("s1 (auto) with east drained: want it sent to west: %v\n%s", err, out)
 		}
 		e.brokerCLI("region", "resume", "east")
 		if out, err := e.run("speech", "s2", 1, 1, "", false); err != nil {
 			t.Fatalf("s2 (east, 1 GPU): %v\n%s", err, out)
 		}
-		runsIn(west, "west", "s1")
-		runsIn(east, "east", "s2")
+		runsIn(t, west, "west", "s1")
+		runsIn(t, east, "east", "s2")
 		held := sampleHeld(t, map[string]*testcluster.Nomad{"east": east, "west": west})
 		lost := time.Now()
 		west.Down()
@@ -693,7 +713,7 @@ func TestRegions(t *testing.T) {
 			}
 			return nil
 		})
-		runsIn(east, "east", "a5")
+		runsIn(t, east, "east", "a5")
 		job, _, err := east.API.Jobs().Info("a5", &api.QueryOptions{Namespace: "audio"})
 		if err != nil || job.Meta["nomad-gpu.dispatched-region"] != "east" || job.Meta["nomad-gpu.dispatch-id"] == "" {
 			t.Fatalf("a5 in east: want dispatched there, with a dispatch id: %v %v", err, job)
@@ -708,7 +728,7 @@ func TestRegions(t *testing.T) {
 			}
 			return nil
 		})
-		if out, err := e.nomadCLI("job", "plan", autoSpec("s1", 1, "training")); !strings.Contains(out, "counting 1 of its jobs' in regions the broker cannot reach") {
+		if out, err := e.nomadCLI("job", "plan", autoSpec(t, "s1", 1, "training")); !strings.Contains(out, "counting 1 of its jobs' in regions the broker cannot reach") {
 			t.Errorf("a plan of s1 while west is lost: want it held by its copy there: %v\n%s", err, out)
 		}
 		// West comes back, a5's and s1's copies there with it: the broker
@@ -728,7 +748,7 @@ func TestRegions(t *testing.T) {
 		waitTrail(t, e, "the stale copy's stop", func(trail string) bool {
 			return strings.Contains(trail, `"what":"region-stale"`) && strings.Contains(trail, "region west came back running a stale copy")
 		})
-		runsIn(east, "east", "a5")
+		runsIn(t, east, "east", "a5")
 		// s1's requeued copy is withdrawn, or, should a queue pass come
 		// first, sent where the job runs: either way it runs once, in west.
 		testcluster.WaitFor(t, 30*time.Second, "s1's requeued copy settled", func() error {
@@ -741,7 +761,7 @@ func TestRegions(t *testing.T) {
 			return strings.Contains(trail, "region west came back running the job: its requeued copy, still queued, withdrawn") ||
 				regexp.MustCompile(`"job":"s1",[^\n]*dispatched to region west, where the job runs`).MatchString(trail)
 		})
-		runsIn(west, "west", "s1")
+		runsIn(t, west, "west", "s1")
 		if _, _, err := east.API.Jobs().Info("s1", &api.QueryOptions{Namespace: "speech"}); err == nil {
 			t.Error("s1 registered in east too")
 		}
