@@ -54,6 +54,11 @@ type aclEnv struct {
 	certs *testcluster.Certs
 }
 
+// in is e bound to a subtest's t, as env.in.
+func (e *aclEnv) in(t *testing.T) *aclEnv {
+	return &aclEnv{env: e.env.in(t), certs: e.certs}
+}
+
 func (e *aclEnv) cli(token, addr string, args ...string) (string, error) {
 	cmd := exec.Command(tools.Binary(e.t, "nomad"), args...)
 	cmd.Env = append(os.Environ(), "NOMAD_ADDR="+addr, "NOMAD_TOKEN="+token)
@@ -152,12 +157,14 @@ func TestExclusiveEnforcementWithNomadACLs(t *testing.T) {
 	})
 
 	t.Run("a submitter's direct nomad job run is refused by Nomad", func(t *testing.T) {
+		e := e.in(t)
 		out, err := e.cli(ana.SecretID, n.Addr, "job", "run", e.spec("vision", "direct", 1, 1, ""))
 		if err == nil || !strings.Contains(out, "Permission denied") {
 			t.Fatalf("Nomad took a user's write: %v\n%s", err, out)
 		}
 	})
 	t.Run("the same through the broker runs, written by the broker", func(t *testing.T) {
+		e := e.in(t)
 		out, err := e.cli(ana.SecretID, e.broker.Addr, "job", "run", e.spec("vision", "direct", 1, 1, ""))
 		if err != nil || !strings.Contains(out, "nomad-gpu: admitted: tenant vision") {
 			t.Fatalf("%v\n%s", err, out)
@@ -189,6 +196,7 @@ func TestExclusiveEnforcementWithNomadACLs(t *testing.T) {
 	// forced to reschedule, through the broker, it would run again beside
 	// the limit the tenant filled meanwhile. Refused, nothing placed.
 	t.Run("a dead job's forced reschedule above the limit is refused", func(t *testing.T) {
+		e := e.in(t)
 		path := e.spec("vision", "dies", 1, 1, "")
 		spec, _ := os.ReadFile(path)
 		writeFile(t, path, strings.NewReplacer(`"/bin/sleep"`, `"/bin/false"`, `["3600"]`, `[]`,
@@ -221,6 +229,7 @@ func TestExclusiveEnforcementWithNomadACLs(t *testing.T) {
 		used(1)
 	})
 	t.Run("a write the broker does not know is refused, naming its route", func(t *testing.T) {
+		e := e.in(t)
 		for _, c := range []struct{ method, path, route string }{
 			{http.MethodPut, "/v1/made-up-route", "/"},
 			{http.MethodDelete, "/v1/job/direct/plan", "/v1/job/<id>/plan"},
@@ -239,6 +248,7 @@ func TestExclusiveEnforcementWithNomadACLs(t *testing.T) {
 		}
 	})
 	t.Run("reads go to Nomad with the caller's own token", func(t *testing.T) {
+		e := e.in(t)
 		if out, err := e.cli(bob.SecretID, e.broker.Addr, "job", "status", "-namespace", "vision", "direct"); err != nil || !strings.Contains(out, "running") {
 			t.Errorf("bob cannot read vision's job through the broker: %v\n%s", err, out)
 		}
@@ -247,6 +257,7 @@ func TestExclusiveEnforcementWithNomadACLs(t *testing.T) {
 		}
 	})
 	t.Run("a user outside submitters is refused by the broker", func(t *testing.T) {
+		e := e.in(t)
 		for _, args := range [][]string{
 			{"job", "run", e.spec("vision", "bobs", 1, 1, "")},
 			{"job", "run", e.spec("vision", "bobs-cpu", 1, 0, "")},
@@ -274,6 +285,7 @@ func TestExclusiveEnforcementWithNomadACLs(t *testing.T) {
 
 	var queued string
 	t.Run("the queue: a submitter's job waits, the API needs a token and shows only what it may read", func(t *testing.T) {
+		e := e.in(t)
 		out, err := e.cli(cai.SecretID, e.broker.Addr, "job", "run", "-detach", e.spec("vision", "waits", 1, 2, ""))
 		if err != nil || !strings.Contains(out, "nomad-gpu: queued as ") {
 			t.Fatalf("%v\n%s", err, out)
@@ -291,6 +303,7 @@ func TestExclusiveEnforcementWithNomadACLs(t *testing.T) {
 		}
 	})
 	t.Run("a submitter's nomad job stop through the broker works", func(t *testing.T) {
+		e := e.in(t)
 		// Its GPU frees the queued job's way: first take its submitter's token away.
 		if _, err := n.API.ACLTokens().Delete(cai.AccessorID, nil); err != nil {
 			t.Fatal(err)
@@ -304,6 +317,7 @@ func TestExclusiveEnforcementWithNomadACLs(t *testing.T) {
 		}
 	})
 	t.Run("the leader admits a queued job only while its submitter's token exists", func(t *testing.T) {
+		e := e.in(t)
 		cmd := exec.Command(testcluster.BrokerBinary(t), "queue", "show", queued, "-address", e.broker.Addr,
 			"-token", bob.SecretID, "-ca-cert", certs.CAFile)
 		testcluster.WaitFor(t, 60*time.Second, "the queued job parked", func() error {
@@ -318,6 +332,7 @@ func TestExclusiveEnforcementWithNomadACLs(t *testing.T) {
 		}
 	})
 	t.Run("gpu-broker audit names who did what, in order, and never a secret", func(t *testing.T) {
+		e := e.in(t)
 		out, err := exec.Command(testcluster.BrokerBinary(t), "audit", "-json", "-since", "1h", "-address", e.broker.Addr,
 			"-token", brokerToken.SecretID, "-ca-cert", certs.CAFile).CombinedOutput()
 		var events []audit.Event
@@ -350,6 +365,7 @@ func TestExclusiveEnforcementWithNomadACLs(t *testing.T) {
 	})
 	// Last: it revokes the broker's own token.
 	t.Run("the broker's token revoked: the queue waits, health says why; a new token in its file and SIGHUP resume it", func(t *testing.T) {
+		e := e.in(t)
 		out, err := e.cli(ana.SecretID, e.broker.Addr, "job", "run", e.spec("vision", "full", 1, 2, ""))
 		if err != nil || !strings.Contains(out, "nomad-gpu: admitted") {
 			t.Fatalf("%v\n%s", err, out)
@@ -429,6 +445,7 @@ func TestPassthroughWithNomadACLs(t *testing.T) {
 	// AuthToken of the other job calls) when no header carries one: the
 	// broker names that caller too (D6: audited as anonymous).
 	t.Run("a token in the body alone: the broker names the caller Nomad acts for", func(t *testing.T) {
+		e := e.in(t)
 		jb := job("search", "body-token", api.JobTypeBatch).group("g", ptr(1), nil, task(dev("nvidia/gpu", 1)))
 		if status, out := send(t, e.broker.Addr, http.MethodPut, "/v1/jobs", jb.body(map[string]any{"SecretID": sue.SecretID}, canonical)); status != http.StatusOK {
 			t.Fatalf("register with sue's token in the body: %d %s", status, out)
@@ -451,6 +468,7 @@ func TestPassthroughWithNomadACLs(t *testing.T) {
 		}
 	})
 	t.Run("another tenant's user: Nomad refuses what the broker admits, the broker what it would queue", func(t *testing.T) {
+		e := e.in(t)
 		out, err := e.cli(sue.SecretID, e.broker.Addr, "job", "run", e.spec("vision", "sues", 1, 1, ""))
 		if err == nil || !strings.Contains(out, "Permission denied") || inNomad("sues") {
 			t.Errorf("admitted with sue's token: %v\n%s", err, out)
@@ -470,6 +488,7 @@ func TestPassthroughWithNomadACLs(t *testing.T) {
 	})
 	var queued string
 	t.Run("the queue API shows each user what its token may read", func(t *testing.T) {
+		e := e.in(t)
 		out, err := e.cli(vic.SecretID, e.broker.Addr, "job", "run", "-detach", e.spec("vision", "waits", 1, 1, ""))
 		if err != nil || !strings.Contains(out, "queued as ") {
 			t.Fatalf("%v\n%s", err, out)
@@ -491,6 +510,7 @@ func TestPassthroughWithNomadACLs(t *testing.T) {
 		}
 	})
 	t.Run("the leader admits a queued job only while its submitter's rights are the ones Nomad checked", func(t *testing.T) {
+		e := e.in(t)
 		// The policy changes (here: only its description): what Nomad checked no longer holds.
 		if _, err := n.API.ACLPolicies().Upsert(&api.ACLPolicy{Name: "vision-write", Description: "changed", Rules: writeRules("vision")}, nil); err != nil {
 			t.Fatal(err)

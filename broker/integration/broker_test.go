@@ -123,6 +123,7 @@ func TestBroker(t *testing.T) {
 	e.logged["train-a"] = true
 
 	t.Run("rejects name the rule and exit non-zero", func(t *testing.T) {
+		e := e.in(t)
 		cases := []struct {
 			ns, queue, rule string
 			count, gpus     int
@@ -141,6 +142,7 @@ func TestBroker(t *testing.T) {
 	})
 
 	t.Run("non-GPU job passes through untouched", func(t *testing.T) {
+		e := e.in(t)
 		out, err := e.run("default", "cpu-only", 1, 0, "", false)
 		if err != nil || strings.Contains(out, "nomad-gpu") {
 			t.Fatalf("want plain Nomad output, got %v:\n%s", err, out)
@@ -155,6 +157,7 @@ func TestBroker(t *testing.T) {
 	// update that changes only the priority keeps its allocation (an
 	// in-place update), one that changes its meta replaces it.
 	t.Run("Nomad changes a running job's priority in place, not its meta", func(t *testing.T) {
+		e := e.in(t)
 		j := job("default", "in-place", api.JobTypeService).group("g", ptr(1), nil, task())
 		j.j.Priority, j.j.Meta = ptr(20), map[string]string{"nomad-gpu.borrowed": "true"}
 		update := func(what string) *api.AllocationListStub {
@@ -230,6 +233,7 @@ func TestBroker(t *testing.T) {
 	})
 
 	t.Run("plan shows the decision without side effects", func(t *testing.T) {
+		e := e.in(t)
 		path := e.spec("vision", "planned", 1, 2, "")
 		out, _ := e.nomadCLI("job", "plan", path) // exit 1 means "allocations would be created"
 		if !strings.Contains(out, "nomad-gpu: would be admitted: tenant vision, queue training, priority 45") {
@@ -244,6 +248,7 @@ func TestBroker(t *testing.T) {
 	})
 
 	t.Run("admitted job runs with its queue's priority and meta", func(t *testing.T) {
+		e := e.in(t)
 		out, err := e.run("vision", "train-a", 1, 4, "", false)
 		if err != nil || !strings.Contains(out, "nomad-gpu: admitted: tenant vision, queue training, priority 45, 4 GPUs, borrowed: no") {
 			t.Fatalf("nomad job run: %v\n%s", err, out)
@@ -266,6 +271,7 @@ func TestBroker(t *testing.T) {
 	// The README's compatibility table is the contract: every metric and
 	// label in it, scraped from the leader while train-a holds 4 GPUs.
 	t.Run("GPU telemetry is served under DCGM's names and labels, as the README promises", func(t *testing.T) {
+		e := e.in(t)
 		promised, labels := dcgmPromises(t, "../../README.md")
 		alloc := e.waitRunning("vision", "train-a")
 		nodes, _, err := n.API.Nodes().List(nil)
@@ -343,6 +349,7 @@ func TestBroker(t *testing.T) {
 	})
 
 	t.Run("Nomad's own API passes through: exec, logs, events, blocking queries", func(t *testing.T) {
+		e := e.in(t)
 		alloc := e.waitRunning("vision", "train-a")
 		out, err := e.nomadCLI("alloc", "exec", "-namespace", "vision", "-task", "t", alloc.ID, "/bin/echo", "through-the-broker")
 		if err != nil || !strings.Contains(out, "through-the-broker") {
@@ -378,6 +385,7 @@ func TestBroker(t *testing.T) {
 	})
 
 	t.Run("borrowed job preempted by a tenant within its guarantee goes back to the queue", func(t *testing.T) {
+		e := e.in(t)
 		out, err := e.run("vision", "borrow-a", 1, 4, "", true)
 		if err != nil || !strings.Contains(out, "priority 20, 4 GPUs, borrowed: yes") {
 			t.Fatalf("want borrowed admission: %v\n%s", err, out)
@@ -444,6 +452,7 @@ func TestBroker(t *testing.T) {
 	})
 
 	t.Run("over quota is queued, shown, and admitted when the tenant's jobs stop", func(t *testing.T) {
+		e := e.in(t)
 		// vision holds train-a (4), its guarantee: 4 more must borrow, and search holds the other 4 GPUs.
 		id := e.queued("train-q", 4, false)
 		if list := e.brokerCLI("queue", "list"); !strings.Contains(list, id) || !strings.Contains(list, "train-q") {
@@ -471,6 +480,7 @@ func TestBroker(t *testing.T) {
 	})
 
 	t.Run("queue survives a broker crash and admits exactly once", func(t *testing.T) {
+		e := e.in(t)
 		// vision holds 4 of its guarantee of 4; 4 more must borrow, and no GPU is idle.
 		id := e.queued("crash-q", 4, true)
 		e.broker.Kill()
@@ -543,6 +553,7 @@ func TestBrokerPolicyAndGPUHealth(t *testing.T) {
 	e, n, gpuState := startBrokerTest(t, testcluster.BrokerOptions{})
 
 	t.Run("a job blocked on a sick GPU is placed when it recovers", func(t *testing.T) {
+		e := e.in(t)
 		sick := fake.UUID("broker", 0)
 		writeFile(t, gpuState, fmt.Sprintf(`{%q: {"healthy": false, "health_description": "XID 79"}}`, sick))
 		testcluster.WaitFor(t, 30*time.Second, "GPU unhealthy in Nomad", func() error {
@@ -583,6 +594,7 @@ func TestBrokerPolicyAndGPUHealth(t *testing.T) {
 	})
 
 	t.Run("policy reload keeps the last good policy", func(t *testing.T) {
+		e := e.in(t)
 		path := filepath.Join(e.policyDir, "policy.hcl")
 		writeFile(t, path, strings.Replace(policies, "limit      = 8", "limit      = 8\n  bogus = true", 1))
 		time.Sleep(3 * time.Second)
@@ -624,6 +636,7 @@ func TestBrokerPolicyAndGPUHealth(t *testing.T) {
 	// and a policy without the job's tenant parks it with the reason until
 	// the tenant is back.
 	t.Run("a policy that drops a tenant parks its queued jobs, never deletes them", func(t *testing.T) {
+		e := e.in(t)
 		path := filepath.Join(e.policyDir, "policy.hcl")
 		restored := strings.Replace(policies, "limit      = 8", "limit      = 6", 1)
 		if free := 6 - int(e.usedBy("vision")); free > 0 {
@@ -667,6 +680,7 @@ func TestBrokerPolicyAndGPUHealth(t *testing.T) {
 	// 45) are less than 10 apart, so Nomad does not evict vision's job; at
 	// the queues' priorities (80 and 60) it would.
 	t.Run("another tenant's guaranteed job does not evict guaranteed work", func(t *testing.T) {
+		e := e.in(t)
 		for _, ns := range []string{"vision", "search"} {
 			jobs, _, err := n.API.Jobs().List(&api.QueryOptions{Namespace: ns})
 			if err != nil {

@@ -51,6 +51,13 @@ type diffEnv struct {
 	broker *testcluster.Broker
 }
 
+// in is e bound to a subtest's t, as env.in.
+func (e *diffEnv) in(t *testing.T) *diffEnv {
+	c := *e
+	c.t = t
+	return &c
+}
+
 func TestGateDifferential(t *testing.T) {
 	t.Parallel()
 	consul := testcluster.StartConsul(t)
@@ -76,10 +83,10 @@ func TestGateDifferential(t *testing.T) {
 	}
 	policyDir := t.TempDir()
 	writeFile(t, filepath.Join(policyDir, "policy.hcl"), diffPolicy)
-	e := &diffEnv{t: t, nomad: n, broker: testcluster.StartBroker(t, n, consul, policyDir)}
+	d := &diffEnv{t: t, nomad: n, broker: testcluster.StartBroker(t, n, consul, policyDir)}
 	testcluster.WaitFor(t, 60*time.Second, "broker to see both nodes' GPUs", func() error {
 		probe := job("diff", "probe", api.JobTypeSystem).group("g", ptr(1), nil, task(dev("gpu", 1))).body(nil, canonical)
-		status, out := e.send(http.MethodPut, "/v1/job/probe/plan", probe)
+		status, out := d.send(http.MethodPut, "/v1/job/probe/plan", probe)
 		if status != http.StatusOK || !strings.Contains(out, ", 2 GPUs,") {
 			return fmt.Errorf("plan of a one-GPU system job: %d %s", status, out)
 		}
@@ -89,9 +96,9 @@ func TestGateDifferential(t *testing.T) {
 	var checks []diffCheck
 	rng := rand.New(rand.NewSource(20261130))
 	for i := 0; i < 40; i++ {
-		checks = append(checks, e.generated(rng, i))
+		checks = append(checks, d.generated(rng, i))
 	}
-	checks = append(checks, e.special()...)
+	checks = append(checks, d.special()...)
 	// Each check has a job of its own: verify them 4 at a time (each mostly
 	// waits for Nomad's placements to settle).
 	var wg sync.WaitGroup
@@ -101,11 +108,11 @@ func TestGateDifferential(t *testing.T) {
 		slots <- struct{}{}
 		go func() {
 			defer func() { <-slots; wg.Done() }()
-			t.Run(c.name, func(t *testing.T) { e.verify(t, c) })
+			t.Run(c.name, func(t *testing.T) { d.verify(t, c) })
 		}()
 	}
 	wg.Wait()
-	t.Run("every job write on every job state", e.routesOnStates)
+	t.Run("every job write on every job state", d.routesOnStates)
 }
 
 // diffCheck is one request sent and what to compare afterwards.

@@ -393,6 +393,7 @@ make_room_grace  = "3s"
 		return nil
 	}
 	t.Run("a lowered limit requeues the newest work", func(t *testing.T) {
+		e := e.in(t)
 		if out, err := e.run("vision", "old", 1, 2, "", true); err != nil || !strings.Contains(out, "admitted") {
 			t.Fatalf("%v\n%s", err, out)
 		}
@@ -426,6 +427,7 @@ make_room_grace  = "3s"
 		}
 	})
 	t.Run("make-room requeues the tenant's own training job for its inference job", func(t *testing.T) {
+		e := e.in(t)
 		// vision holds 2 of its guarantee of 2 (old, training); new waits.
 		out, err := e.run("vision", "serve", 1, 1, "inference", true)
 		if err != nil || !strings.Contains(out, "queued") {
@@ -476,6 +478,7 @@ make_room_grace  = "3s"
 	// straight in Nomad that puts the tenant over its limit is requeued at
 	// once, whatever the grace (here an hour).
 	t.Run("work nobody admitted over the limit is requeued at once", func(t *testing.T) {
+		e := e.in(t)
 		loaded := e.broker.Scrape()["nomadgpu_policy_loaded_timestamp"]
 		time.Sleep(time.Second) // the timestamp is in seconds
 		writeFile(t, filepath.Join(e.policyDir, "policy.hcl"), strings.Replace(fmt.Sprintf(policy, 2, 2), `over_limit_grace = "2s"`, `over_limit_grace = "1h"`, 1))

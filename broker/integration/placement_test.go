@@ -98,6 +98,7 @@ func TestPlacement(t *testing.T) {
 	}
 
 	t.Run("borrowed work waits for a node with room, not for idle GPUs", func(t *testing.T) {
+		e := e.in(t)
 		// 2 GPUs are idle, but on two nodes: Nomad could not place it, so
 		// it is not admitted (it would count against b while it waits).
 		out, err := e.run("b", "b3", 1, 2, "", true)
@@ -114,6 +115,7 @@ func TestPlacement(t *testing.T) {
 	})
 
 	t.Run("a pinned job is pinned again when its node drains before it runs", func(t *testing.T) {
+		e := e.in(t)
 		// A job that needs no GPU, straight to Nomad, takes the memory of
 		// the node b3 leaves: a GPU job pinned there waits, blocked (with
 		// no borrowed work there, Nomad has nothing to preempt for it).

@@ -219,6 +219,7 @@ func TestReclaim(t *testing.T) {
 	})
 	var cancelledActAfter time.Time
 	t.Run("a cancelled decision is never carried out", func(t *testing.T) {
+		e := e.in(t)
 		rec := waitDecision("keep-nb", reclaim.Proposed)
 		cancelledActAfter = rec.ActAfter
 		out := e.brokerCLI("reclaim", "cancel", rec.ID)
@@ -227,6 +228,7 @@ func TestReclaim(t *testing.T) {
 		}
 	})
 	t.Run("an idle dev job is proposed, then stopped after its grace", func(t *testing.T) {
+		e := e.in(t)
 		rec := waitDecision("idle-nb", reclaim.Executed)
 		if !stopped("idle-nb") || rec.ExecutedAt.Sub(rec.ProposedAt) < 10*time.Second || !strings.Contains(rec.Evidence, "every GPU below 5%") {
 			t.Errorf("stopped %t, record %+v", stopped("idle-nb"), rec)
@@ -236,6 +238,7 @@ func TestReclaim(t *testing.T) {
 		}
 	})
 	t.Run("a scale through the broker keeps a job admitted, one straight in Nomad does not", func(t *testing.T) {
+		e := e.in(t)
 		for _, id := range []string{"idle-nb", "direct"} {
 			setJobUtil(id, 60) // their GPUs, free again, busy for whoever gets them next
 		}
@@ -258,6 +261,7 @@ func TestReclaim(t *testing.T) {
 		}
 	})
 	t.Run("a child dispatched through the broker stays admitted, one dispatched straight in Nomad does not", func(t *testing.T) {
+		e := e.in(t)
 		parent := job("vision", "fan-out", api.JobTypeBatch).group("g", ptr(1), nil, task(dev("nvidia/gpu", 1)))
 		parent.j.ParameterizedJob = &api.ParameterizedJobConfig{}
 		if status, out := send(t, e.broker.Addr, http.MethodPut, "/v1/jobs", parent.body(nil, canonical)); status != http.StatusOK {
@@ -287,6 +291,7 @@ func TestReclaim(t *testing.T) {
 		e.stop("vision", through.DispatchedJobID)
 	})
 	t.Run("an allocation on a sick GPU is placed again, on healthy ones", func(t *testing.T) {
+		e := e.in(t)
 		if out, err := e.run("vision", "on-sick", 1, 1, "", true); err != nil || !strings.Contains(out, "admitted") {
 			t.Fatalf("%v\n%s", err, out)
 		}
@@ -318,6 +323,7 @@ func TestReclaim(t *testing.T) {
 		})
 	})
 	t.Run("a crash-looping task holding a GPU is stopped", func(t *testing.T) {
+		e := e.in(t)
 		crashing := job("vision", "crashing", api.JobTypeService).group("g", ptr(1), nil, task(dev("nvidia/gpu", 1)))
 		tg := crashing.j.TaskGroups[0]
 		tg.Tasks[0].Driver, tg.Tasks[0].Config = "raw_exec", map[string]any{"command": "/bin/sh", "args": []string{"-c", "sleep 1; exit 1"}}
@@ -348,6 +354,7 @@ func TestReclaim(t *testing.T) {
 		}
 	})
 	t.Run("a job that keeps its GPUs idle is listed for right-sizing, and warned when submitted again", func(t *testing.T) {
+		e := e.in(t)
 		// Its profile is written every ten passes (of a second here).
 		testcluster.WaitFor(t, 40*time.Second, "train listed for right-sizing", func() error {
 			out := e.brokerCLI("usage", "-rightsizing", "-json")
@@ -374,6 +381,7 @@ func TestReclaim(t *testing.T) {
 		}
 	})
 	t.Run("a busy job, the one scaled through the broker and the cancelled one keep running", func(t *testing.T) {
+		e := e.in(t)
 		time.Sleep(time.Until(cancelledActAfter.Add(time.Second))) // past the cancelled decision's grace
 		recs := decisions()
 		if rec, ok := recs["busy-nb"]; ok || stopped("busy-nb") {
@@ -390,6 +398,7 @@ func TestReclaim(t *testing.T) {
 		}
 	})
 	t.Run("the broker's metrics say what happened", func(t *testing.T) {
+		e := e.in(t)
 		m := e.broker.Scrape()
 		for series, want := range map[string]float64{
 			`nomadgpu_reclaim_decisions_total{action="stop",rule="unadmitted",state="executed"}`:     5, // direct, copied, by-hand, scaled-direct, fan-out's straight child
@@ -431,6 +440,7 @@ func TestReclaim(t *testing.T) {
 		}
 	})
 	t.Run("the audit trail has each decision and act, and who made it", func(t *testing.T) {
+		e := e.in(t)
 		var events []audit.Event
 		if err := json.Unmarshal([]byte(e.brokerCLI("audit", "-json", "-tenant", "", "-since", "1h")), &events); err != nil {
 			t.Fatal(err)

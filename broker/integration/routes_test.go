@@ -57,6 +57,7 @@ func (e *diffEnv) routesOnStates(t *testing.T) {
 			go func() {
 				defer func() { <-slots; wg.Done() }()
 				t.Run(st.name+"/"+c.name, func(t *testing.T) {
+					e := e.in(t)
 					st.make(t, e, id)
 					e.noRiseWithoutDecision(t, st.name, c, id)
 				})

@@ -125,6 +125,7 @@ func TestWebUI(t *testing.T) {
 	})
 
 	t.Run("a borrowed job shows as borrowed", func(t *testing.T) {
+		e := e.in(t)
 		if out, err := e.run("vision", "big", 1, 4, "", true); err != nil || !strings.Contains(out, "borrowed: yes") {
 			t.Fatalf("want a borrowed admission: %v\n%s", err, out)
 		}
@@ -134,6 +135,7 @@ func TestWebUI(t *testing.T) {
 	})
 
 	t.Run("a queued job appears in the queue and goes when admitted", func(t *testing.T) {
+		e := e.in(t)
 		e.queued("waiter", 4, true)
 		browser.Navigate(t, tab, e.broker.Addr+"/gpu/#queues")
 		row := `document.querySelector('#queue-tables tr[data-job="waiter"]')`
@@ -148,6 +150,7 @@ func TestWebUI(t *testing.T) {
 	})
 
 	t.Run("a preempted borrowed job is shown in reclaim", func(t *testing.T) {
+		e := e.in(t)
 		if out, err := e.run("search", "infer", 1, 4, "", true); err != nil || !strings.Contains(out, "tenant search, queue inference") {
 			t.Fatalf("want admission within search's guarantee: %v\n%s", err, out)
 		}
@@ -158,6 +161,7 @@ func TestWebUI(t *testing.T) {
 	})
 
 	t.Run("tenants show their quota use", func(t *testing.T) {
+		e := e.in(t)
 		browser.Navigate(t, tab, e.broker.Addr+"/gpu/#tenants")
 		browser.WaitFor(t, tab, 15*time.Second, "search using its 4 GPUs", `(document.querySelector('.tenant[data-tenant="search"]') || {}).innerText?.includes('used 4.0')`,
 			"document.getElementById('tenant-bars').innerText")
@@ -170,6 +174,7 @@ func TestWebUI(t *testing.T) {
 	})
 
 	t.Run("a GPU made unhealthy shows as unhealthy within seconds, utilisation as sampled", func(t *testing.T) {
+		e := e.in(t)
 		browser.Navigate(t, tab, e.broker.Addr+"/gpu/#map")
 		sick := gpuOf["ui-2"]
 		util := map[string]map[string]any{sick: {"healthy": false, "health_description": "XID 79: GPU has fallen off the bus"}}
@@ -194,6 +199,7 @@ func TestWebUI(t *testing.T) {
 	})
 
 	t.Run("job links reach Nomad's own UI through the broker", func(t *testing.T) {
+		e := e.in(t)
 		resp, err := http.Get(e.broker.Addr + "/ui/jobs/infer@search")
 		if err != nil || resp.StatusCode != http.StatusOK {
 			t.Fatalf("GET /ui/jobs/infer@search through the broker: %v %v", err, resp)
@@ -202,6 +208,7 @@ func TestWebUI(t *testing.T) {
 	})
 
 	t.Run("every metric the Grafana dashboard queries is exposed", func(t *testing.T) {
+		e := e.in(t)
 		queried := dashboardMetrics(t, "../../dashboards/nomad-gpu.json")
 		if len(queried) < 20 {
 			t.Fatalf("the dashboard queries only %d metrics: %v", len(queried), queried)

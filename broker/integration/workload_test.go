@@ -150,7 +150,10 @@ func TestTheJobspecsRunThroughTheBroker(t *testing.T) {
 		return fmt.Errorf("children %+v", jobs)
 	})
 
-	t.Run("the README's tour works as printed", func(t *testing.T) { readmeTour(t, e, n) })
+	t.Run("the README's tour works as printed", func(t *testing.T) {
+		e := e.in(t)
+		readmeTour(t, e, n)
+	})
 }
 
 // readmeTour brings the cluster to where `make demo` leaves it (vision at

@@ -129,3 +129,80 @@ func TestNoLongFunctionWithoutAReason(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// An integration subtest that uses the package's env binds it to its own t
+// first (e := e.in(t)): the env's helpers fail through the t they hold, and
+// a subtest failing its parent's t panics instead of saying what failed.
+func TestIntegrationSubtestsBindTheirEnv(t *testing.T) {
+	fset := token.NewFileSet()
+	files, err := filepath.Glob("../../broker/integration/*_test.go")
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no integration tests found: %v", err)
+	}
+	for _, path := range files {
+		f, err := parser.ParseFile(fset, path, nil, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ast.Inspect(f, func(n ast.Node) bool {
+			call, ok := n.(*ast.CallExpr)
+			if !ok || len(call.Args) != 2 {
+				return true
+			}
+			if sel, ok := call.Fun.(*ast.SelectorExpr); !ok || sel.Sel.Name != "Run" {
+				return true
+			}
+			body, ok := call.Args[1].(*ast.FuncLit)
+			if !ok || !usesEnv(body.Body) || bindsEnv(body.Body) {
+				return true
+			}
+			t.Errorf("%s: a subtest uses the env e without binding it to its own t: begin it with e := e.in(t)", fset.Position(call.Pos()))
+			return true
+		})
+	}
+}
+
+// usesEnv says whether a subtest's body names e, the enclosing test's env:
+// an e it declares itself (a loop's entry) is not.
+func usesEnv(body *ast.BlockStmt) bool {
+	used, declared := false, false
+	ast.Inspect(body, func(n ast.Node) bool {
+		switch n := n.(type) {
+		case *ast.Ident:
+			used = used || n.Name == "e"
+		case *ast.RangeStmt:
+			declared = declared || n.Tok == token.DEFINE && (isE(n.Key) || isE(n.Value))
+		case *ast.AssignStmt:
+			for _, l := range n.Lhs {
+				declared = declared || n.Tok == token.DEFINE && isE(l)
+			}
+		}
+		return true
+	})
+	return used && !declared
+}
+
+func isE(x ast.Expr) bool {
+	id, ok := x.(*ast.Ident)
+	return ok && id.Name == "e"
+}
+
+// bindsEnv says whether one of a subtest's first two statements (the other
+// may be t.Parallel()) is e := e.in(t).
+func bindsEnv(body *ast.BlockStmt) bool {
+	for _, s := range body.List[:min(2, len(body.List))] {
+		as, ok := s.(*ast.AssignStmt)
+		if !ok || as.Tok != token.DEFINE || len(as.Lhs) != 1 || len(as.Rhs) != 1 {
+			continue
+		}
+		if id, ok := as.Lhs[0].(*ast.Ident); !ok || id.Name != "e" {
+			continue
+		}
+		if call, ok := as.Rhs[0].(*ast.CallExpr); ok {
+			if sel, ok := call.Fun.(*ast.SelectorExpr); ok && sel.Sel.Name == "in" {
+				return true
+			}
+		}
+	}
+	return false
+}
