@@ -20,18 +20,19 @@ row() { # name policy args...
   shift 2
   start=$(date +%s)
   out=$("$bin" simulate -policy "$pol" -jobs "$jobs" "$@" 2>/dev/null)
-  printf '| %s | %s | %s | %s | %s | %s | %s | %s s |\n' "$name" \
+  printf '| %s | %s | %s | %s | %s | %s | %s | %s | %s s |\n' "$name" \
     "$(grep -c ': met$' <<<"$out") of 6" \
     "$(grep ': MISSED$' <<<"$out" | sed 's/ (.*//; s/:.*//' | paste -sd, - | sed 's/,/, /g')" \
     "$(sed -n 's/^guarantee violation: nomad-gpu \([0-9.]* %\).*/\1/p' <<<"$out")" \
+    "$(awk -F'  +' '/guarantee violation \(tenant-hours, share\)/ {v=$NF} /no node could make room/ {print $NF " of " v}' <<<"$out" | sed 's/, [0-9.]* %//')" \
     "$(sed -n 's/^GPU-hours lost to preemption: nomad-gpu \([0-9.]* %\).*/\1/p' <<<"$out")" \
     "$(grep 'delay mean / p95 / longest (every wait)' <<<"$out" | awk -F'  +' '{print $NF}')" \
     "$(grep 'jobs evicted max_preemptions times' <<<"$out" | awk -F'  +' '{print $NF}')" \
     "$(( $(date +%s) - start ))"
 }
 
-echo "| case ($jobs jobs) | goals met | missed | nomad-gpu violation | GPU-hours lost (of busy) | nomad-gpu delay mean / p95 / longest | evicted max_preemptions times: wait after the last | wall |"
-echo "|---|---|---|---|---|---|---|---|"
+echo "| case ($jobs jobs) | goals met | missed | nomad-gpu violation | of it, no node could make room | GPU-hours lost (of busy) | nomad-gpu delay mean / p95 / longest | evicted max_preemptions times: wait after the last | wall |"
+echo "|---|---|---|---|---|---|---|---|---|"
 for load in 0.9 1.0 1.1 1.2; do
   for seed in 1 2; do
     row "Philly $load, seed $seed" "$policy" -workload philly -load "$load" -seed "$seed" -nodes "1250x8:$h100"

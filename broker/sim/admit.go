@@ -493,6 +493,12 @@ func (r *run) promote() {
 			tu.Borrowed[class] -= n
 		}
 		j.borrowed = false
+		for _, a := range j.placed {
+			if a.borrowed {
+				a.borrowed = false
+				r.c.lend(a, -1)
+			}
+		}
 		delete(r.borrowedRunning, j)
 		delete(r.promotable, j)
 		r.reprioritise(j, pr.Priority)

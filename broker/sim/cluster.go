@@ -14,6 +14,9 @@ type node struct {
 	free   int
 	allocs []*alloc
 	lowest int     // the lowest priority of its allocations (MaxInt: none)
+	// borrowed are the GPUs borrowed allocations hold: with the free ones,
+	// the most an owner's allocation could get here by preemption.
+	borrowed int
 	cpu    float64 // CPU and memory its allocations ask, in GPUs' worth
 }
 
@@ -24,6 +27,8 @@ type alloc struct {
 	gpus int
 	prio int
 	cpu  float64 // CPU and memory it asks, in GPUs' worth
+	// borrowed: its job was borrowed work when placed, or until promoted.
+	borrowed bool
 }
 
 // cluster tracks which nodes have how many GPUs free, by model, so that best
@@ -37,6 +42,9 @@ type cluster struct {
 	pos    []int
 	// freeNodes[f] counts nodes with f GPUs free, all models (fragmentation).
 	freeNodes []int
+	// roomNodes[r] counts nodes whose free and borrowed GPUs add up to r,
+	// all models: the largest allocation any node could make room for.
+	roomNodes []int
 	// Scratch space of the Nomad model's choices, kept between them.
 	picked, perm []int
 	cand         []*alloc
@@ -52,7 +60,7 @@ func newCluster(groups []NodeGroup) *cluster {
 	for _, g := range groups {
 		most = max(most, g.GPUs)
 	}
-	c.freeNodes = make([]int, most+1)
+	c.freeNodes, c.roomNodes = make([]int, most+1), make([]int, most+1)
 	for _, g := range groups {
 		m := c.modelIndex(g.Model)
 		for len(c.byFree) <= m {
@@ -64,6 +72,7 @@ func newCluster(groups []NodeGroup) *cluster {
 			c.pos = append(c.pos, len(c.byFree[m][g.GPUs]))
 			c.byFree[m][g.GPUs] = append(c.byFree[m][g.GPUs], id)
 			c.freeNodes[g.GPUs]++
+			c.roomNodes[g.GPUs]++
 			c.touch(id)
 		}
 	}
@@ -129,6 +138,8 @@ func (c *cluster) setFree(id, free int) {
 	b[c.pos[id]], c.pos[last] = last, c.pos[id]
 	c.byFree[n.model][n.free] = b[:len(b)-1]
 	c.freeNodes[n.free]--
+	c.roomNodes[n.free+n.borrowed]--
+	c.roomNodes[free+n.borrowed]++
 	n.free = free
 	c.pos[id] = len(c.byFree[n.model][free])
 	c.byFree[n.model][free] = append(c.byFree[n.model][free], id)
@@ -141,6 +152,9 @@ func (c *cluster) place(a *alloc) {
 	n.cpu += a.cpu
 	n.lowest = min(n.lowest, a.prio)
 	c.setFree(a.node, n.free-a.gpus)
+	if a.borrowed = a.job.borrowed; a.borrowed {
+		c.lend(a, 1)
+	}
 	c.touch(a.node)
 }
 
@@ -154,8 +168,30 @@ func (c *cluster) remove(a *alloc) {
 		}
 	}
 	n.cpu -= a.cpu
+	if a.borrowed {
+		c.lend(a, -1)
+	}
 	c.relow(a.node)
 	c.setFree(a.node, n.free+a.gpus)
+}
+
+// lend counts a's GPUs as borrowed on its node (sign -1: no longer).
+func (c *cluster) lend(a *alloc, sign int) {
+	n := &c.nodes[a.node]
+	c.roomNodes[n.free+n.borrowed]--
+	n.borrowed += sign * a.gpus
+	c.roomNodes[n.free+n.borrowed]++
+}
+
+// mostRoom is the largest allocation some node could take if every
+// borrowed allocation on it were evicted.
+func (c *cluster) mostRoom() int {
+	for r := len(c.roomNodes) - 1; r > 0; r-- {
+		if c.roomNodes[r] > 0 {
+			return r
+		}
+	}
+	return 0
 }
 
 // relow recomputes the lowest priority on node id.

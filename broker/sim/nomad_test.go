@@ -94,3 +94,37 @@ func TestNomadPreemptsByPriorityGroupThenLargestFirst(t *testing.T) {
 		})
 	}
 }
+
+// mostRoom is what the report's "no node could make room" reads: free and
+// borrowed GPUs of one node, kept as allocations come, go and are promoted.
+func TestTheMostRoomCountsFreeAndBorrowedGPUsOfOneNode(t *testing.T) {
+	c := newCluster([]NodeGroup{{Model: "H100", GPUs: 8, Count: 2}})
+	owned, lent := &simJob{}, &simJob{borrowed: true}
+	guaranteed := func(node, gpus int) *alloc {
+		a := &alloc{job: owned, node: node, gpus: gpus, prio: 60}
+		c.place(a)
+		return a
+	}
+	if got := c.mostRoom(); got != 8 {
+		t.Fatalf("empty: most room %d, want 8", got)
+	}
+	g0, _ := guaranteed(0, 2), guaranteed(1, 3)
+	if got := c.mostRoom(); got != 6 {
+		t.Fatalf("2 and 3 guaranteed GPUs on the two nodes: most room %d, want 6", got)
+	}
+	b := &alloc{job: lent, node: 0, gpus: 6, prio: 20}
+	c.place(b)
+	if got := c.mostRoom(); got != 6 {
+		t.Errorf("6 borrowed beside node 0's 2 guaranteed: most room %d, want 6 (evictable)", got)
+	}
+	b.borrowed = false // promoted, as run.promote does
+	c.lend(b, -1)
+	if got := c.mostRoom(); got != 5 {
+		t.Errorf("node 0's 6 promoted: most room %d, want node 1's 5", got)
+	}
+	c.remove(b)
+	c.remove(g0)
+	if got := c.mostRoom(); got != 8 {
+		t.Errorf("node 0 emptied: most room %d, want 8", got)
+	}
+}

@@ -148,6 +148,9 @@ func WriteReport(w io.Writer, results []*Result) error {
 	row("guarantee violation (tenant-hours, share)", func(r *Result) string {
 		return fmt.Sprintf("%.1f h, %s", r.ViolationHours, pct(r.ViolationShare))
 	})
+	row("of it, no node could make room even by evicting all borrowed work", func(r *Result) string {
+		return fmt.Sprintf("%.1f h", r.NoRoomHours)
+	})
 	row("Jain fairness (GPU-hours per guaranteed GPU)", func(r *Result) string { return fmt.Sprintf("%.3f", r.Jain) })
 	row("preemptions / GPU-hours lost", func(r *Result) string { return fmt.Sprintf("%d / %.1f", r.Preemptions, r.LostGPUHours) })
 	row("guaranteed victims", func(r *Result) string { return fmt.Sprint(r.GuaranteedVictims) })

@@ -67,6 +67,11 @@ type Result struct {
 	// span times the tenants with a guarantee.
 	ViolationHours float64 `json:"guarantee_violation_hours"`
 	ViolationShare float64 `json:"guarantee_violation_share"`
+	// NoRoomHours are the hours of ViolationHours in which no node could
+	// have made room for the tenant's smallest such job even by evicting
+	// every borrowed allocation on it: what neither a held node nor borrowed
+	// work moved can shorten, only guaranteed work placed otherwise.
+	NoRoomHours float64 `json:"guarantee_violation_no_room_hours"`
 	// Jain is Jain's fairness index over tenants' GPU-hours per guaranteed GPU.
 	Jain         float64 `json:"jain_fairness"`
 	Preemptions  int     `json:"preemptions"`
@@ -246,18 +251,22 @@ func (r *run) touch(t *tenant) {
 		if t.violating {
 			t.violation += dt
 		}
+		if t.roomless {
+			t.noRoom += dt
+		}
 		t.since = r.now
 	}
-	t.violating = false
+	t.violating, t.roomless = false, false
 	if r.borrowers == 0 || t.guaranteed == 0 {
 		return
 	}
+	smallest := math.MaxInt
 	for size := range t.waiting {
 		if float64(t.placed+size) <= t.guaranteed {
-			t.violating = true
-			return
+			t.violating, smallest = true, min(smallest, size)
 		}
 	}
+	t.roomless = t.violating && r.c.mostRoom() < smallest
 }
 
 // finish computes the figures once nothing more happens.
@@ -316,6 +325,7 @@ func (r *run) finish(wall time.Duration) {
 		g.GPUHours = t.gpuSeconds / 3600
 		g.ViolationHours = t.violation / 3600
 		res.ViolationHours += g.ViolationHours
+		res.NoRoomHours += t.noRoom / 3600
 		if t.guaranteed > 0 {
 			guaranteed++
 			xs = append(xs, g.GPUHours/t.guaranteed)

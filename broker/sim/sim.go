@@ -145,6 +145,10 @@ type tenant struct {
 	busy, idle float64 // GPU-seconds, for the fair share's decay
 	violating  bool
 	violation  float64 // seconds below its guarantee with work waiting while others borrow
+	// roomless: violating, and no node could make room for the smallest
+	// such work even by evicting all its borrowed work; noRoom its seconds.
+	roomless bool
+	noRoom   float64
 }
 
 type run struct {

@@ -76,6 +76,15 @@ var borrowing = []sim.Job{
 	{ID: "b1", Submit: 10, Namespace: "b", GPUs: 4, Duration: 50},
 }
 
+// A guarantee kept waiting where borrowed work could have made room is
+// violation the report does not set aside as roomless: here a2, borrowed,
+// holds the 4 GPUs b1 needs, and batch work may not preempt.
+func TestViolationWithRoomIsNotRoomless(t *testing.T) {
+	res := runAllEvery(t, 20*time.Second, strings.Replace(twoTenants, "batch = true", "batch = false", 1), oneNode, borrowing)[sim.NomadGPU]
+	near(t, "violation", res.ViolationHours, 90.0/3600)
+	near(t, "violation with no room", res.NoRoomHours, 0)
+}
+
 func TestBorrowedWorkYieldsToAGuaranteeAndComesBack(t *testing.T) {
 	res := runAllEvery(t, 20*time.Second, twoTenants, oneNode, borrowing)
 
@@ -85,6 +94,8 @@ func TestBorrowedWorkYieldsToAGuaranteeAndComesBack(t *testing.T) {
 	near(t, "nomad-alone span", alone.Span, 150)
 	near(t, "nomad-alone b wait", alone.ByTenant["b"].Wait.Mean, 90)
 	near(t, "nomad-alone violation hours", alone.ViolationHours, 90.0/3600)
+	// Nothing is borrowed in Nomad alone: no node could make room for b1.
+	near(t, "nomad-alone violation with no room", alone.NoRoomHours, 90.0/3600)
 	if alone.Preemptions != 0 {
 		t.Errorf("nomad alone preempted %d", alone.Preemptions)
 	}
