@@ -308,10 +308,20 @@ func Reserve(p *policy.Policy, oldest []Waiting, used map[string]float64, nodes 
 		return out
 	}
 	taken := map[int]bool{}
+	// heldFor is held by node index, read once a call that holds anything
+	// (not once a node per job).
+	var heldFor []string
+	keeps := func(i int, key string) bool { return len(held) > 0 && heldFor[i] == key }
 	for _, w := range oldest {
 		t := p.Tenants[w.Tenant]
 		if t == nil || now.Sub(w.Since) < after || !exceeds(t.Guaranteed.Total(), used[w.Tenant]) {
 			continue
+		}
+		if heldFor == nil && len(held) > 0 {
+			heldFor = make([]string, len(nodes))
+			for i, r := range nodes {
+				heldFor[i] = held[r.ID]
+			}
 		}
 		key := JobKey(w.Namespace, w.ID)
 		var allocs []alloc
@@ -328,7 +338,7 @@ func Reserve(p *policy.Policy, oldest []Waiting, used map[string]float64, nodes 
 				if taken[i] || r.Region != w.Region || r.GPUs < a.gpus || !offers(r.Group, a.model) {
 					continue
 				}
-				kept, bestKept := held[r.ID] == key, best >= 0 && held[nodes[best].ID] == key
+				kept, bestKept := keeps(i, key), best >= 0 && keeps(best, key)
 				if best < 0 || kept && !bestKept || kept == bestKept && r.Free > nodes[best].Free {
 					best = i
 				}

@@ -109,25 +109,27 @@ func New() *Engine {
 // device id) at now, and returns the new decisions under rules.
 func (e *Engine) Pass(now time.Time, rules []*policy.ReclaimRule, allocs []Alloc, gpus map[string]GPU) []Decision {
 	rules = append(rules[:len(rules):len(rules)], policy.PreemptedBorrowed)
-	e.observe(now, rules, allocs, gpus)
-	byJob := map[[2]string][]Alloc{}
+	// present: the allocations of this pass; with rules, every pair of a
+	// rule and an allocation that the state kept between passes may name.
+	present := make(map[string]bool, len(allocs))
 	for _, a := range allocs {
-		k := jobOf(a)
-		byJob[k] = append(byJob[k], a)
+		present[a.ID] = true
 	}
+	e.observe(now, rules, allocs, present, gpus)
 	var out []Decision
-	live := map[[2]string]bool{}
-	jobs := sortedJobs(byJob) // once a pass, not once a rule
+	jobs := jobsInOrder(allocs) // once a pass, not once a rule
 	for _, r := range rules {
 		for _, job := range jobs {
 			var hit []Alloc
 			var evidence []string
-			for _, a := range byJob[job] {
-				live[[2]string{r.Name, a.ID}] = true
+			for _, i := range job {
+				a := allocs[i]
 				why, ok := e.matches(now, r, a, gpus)
 				key := [2]string{r.Name, a.ID}
 				if !ok {
-					delete(e.raised, key) // cleared: it may be raised again when it recurs
+					if len(e.raised) > 0 {
+						delete(e.raised, key) // cleared: it may be raised again when it recurs
+					}
 					continue
 				}
 				if e.raised[key] {
@@ -138,12 +140,12 @@ func (e *Engine) Pass(now time.Time, rules []*policy.ReclaimRule, allocs []Alloc
 				evidence = append(evidence, a.ID+": "+why)
 			}
 			if len(hit) > 0 {
-				out = append(out, decision(now, r, hit, len(hit) == len(byJob[job]), evidence))
+				out = append(out, decision(now, r, hit, len(hit) == len(job), evidence))
 			}
 		}
 	}
 	for k := range e.raised {
-		if !live[k] {
+		if !present[k[1]] || !slices.ContainsFunc(rules, func(r *policy.ReclaimRule) bool { return r.Name == k[0] }) {
 			delete(e.raised, k) // the allocation or the rule is gone
 		}
 	}
@@ -486,15 +488,16 @@ func share(a Alloc, gpus map[string]GPU) float64 {
 }
 
 // observe brings the idle and health clocks up to now.
-func (e *Engine) observe(now time.Time, rules []*policy.ReclaimRule, allocs []Alloc, gpus map[string]GPU) {
-	seen := map[[2]string]bool{}
+func (e *Engine) observe(now time.Time, rules []*policy.ReclaimRule, allocs []Alloc, present map[string]bool, gpus map[string]GPU) {
+	idleRule := func(name string) bool {
+		return slices.ContainsFunc(rules, func(r *policy.ReclaimRule) bool { return r.Condition == policy.CondIdle && r.Name == name })
+	}
 	for _, r := range rules {
 		if r.Condition != policy.CondIdle {
 			continue
 		}
 		for _, a := range allocs {
 			key := [2]string{r.Name, a.ID}
-			seen[key] = true
 			idle := len(a.GPUs) > 0
 			for _, id := range a.GPUs {
 				if g, ok := gpus[id]; !ok || g.Utilization >= r.IdleBelow {
@@ -503,13 +506,13 @@ func (e *Engine) observe(now time.Time, rules []*policy.ReclaimRule, allocs []Al
 			}
 			if _, was := e.idleSince[key]; idle && !was {
 				e.idleSince[key] = now
-			} else if !idle {
+			} else if !idle && was {
 				delete(e.idleSince, key) // one busy sample resets it
 			}
 		}
 	}
 	for key := range e.idleSince {
-		if !seen[key] {
+		if !present[key[1]] || !idleRule(key[0]) {
 			delete(e.idleSince, key)
 		}
 	}
@@ -637,16 +640,24 @@ func jobOf(a Alloc) [2]string {
 	return [2]string{a.Namespace + "\x00" + a.Region, a.JobID}
 }
 
-func sortedJobs(byJob map[[2]string][]Alloc) [][2]string {
-	out := make([][2]string, 0, len(byJob))
-	for k := range byJob {
-		out = append(out, k)
+// jobsInOrder groups allocs (by index) by job, the jobs in order of
+// namespace and id, each job's allocations in their order in allocs.
+func jobsInOrder(allocs []Alloc) [][]int {
+	keys, idx := make([][2]string, len(allocs)), make([]int, len(allocs))
+	for i, a := range allocs {
+		keys[i], idx[i] = jobOf(a), i
 	}
-	sort.Slice(out, func(i, j int) bool {
-		if out[i][0] != out[j][0] {
-			return out[i][0] < out[j][0]
-		}
-		return out[i][1] < out[j][1]
+	slices.SortStableFunc(idx, func(a, b int) int {
+		return cmp.Or(strings.Compare(keys[a][0], keys[b][0]), strings.Compare(keys[a][1], keys[b][1]))
 	})
+	var out [][]int
+	for i := 0; i < len(idx); {
+		k := i + 1
+		for k < len(idx) && keys[idx[k]] == keys[idx[i]] {
+			k++
+		}
+		out = append(out, idx[i:k:k])
+		i = k
+	}
 	return out
 }

@@ -513,9 +513,11 @@ func (r *run) subBand() {
 	if !r.p.Borrowing.SubBands {
 		return
 	}
-	for j := range r.borrowedRunning {
-		if r.now < j.nextBand {
-			continue
+	for len(r.bands) > 0 && r.bands[0].t <= r.now {
+		due := heap.Pop(&r.bands).(bandDue)
+		j := due.j
+		if _, ok := r.borrowedRunning[j]; !ok || j.nextBand != due.t {
+			continue // ended, promoted, or started again since
 		}
 		gpus, running := j.demand.Total(), time.Duration((r.now-j.startedAt)*float64(time.Second))
 		if prio := r.p.SubBand(gpus, running); prio != j.prio {
@@ -525,8 +527,30 @@ func (r *run) subBand() {
 		j.nextBand = math.Inf(1) // at the top: it stays there
 		if next := r.p.NextSubBand(gpus, running); next > 0 {
 			j.nextBand = r.now + next.Seconds()
+			heap.Push(&r.bands, bandDue{j.nextBand, j})
 		}
 	}
+}
+
+// bandDue is when a running borrowed job's sub-band is next worked out.
+type bandDue struct {
+	t float64
+	j *simJob
+}
+
+// bandHeap holds them soonest first.
+type bandHeap []bandDue
+
+func (h bandHeap) Len() int           { return len(h) }
+func (h bandHeap) Less(i, k int) bool { return h[i].t < h[k].t }
+func (h bandHeap) Swap(i, k int)      { h[i], h[k] = h[k], h[i] }
+func (h *bandHeap) Push(x any)        { *h = append(*h, x.(bandDue)) }
+func (h *bandHeap) Pop() any {
+	old := *h
+	x := old[len(old)-1]
+	old[len(old)-1] = bandDue{}
+	*h = old[:len(old)-1]
+	return x
 }
 
 // reprioritise runs j on at prio, its allocations where they are.

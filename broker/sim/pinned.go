@@ -173,8 +173,15 @@ func (r *run) reserve(used map[string]float64) {
 		}
 	}
 	now := admission.Reserve(r.p, oldest, used, rooms, held, r.time(r.now))
-	for i := range r.reservedFor {
-		if key := now[rooms[i].ID]; key != r.reservedFor[i] {
+	// Few nodes are held: those held before, then those held now.
+	for i, key := range r.reservedFor {
+		if key != "" && now[rooms[i].ID] != key {
+			r.reservedFor[i] = now[rooms[i].ID]
+			r.c.touch(i)
+		}
+	}
+	for id, key := range now {
+		if i := atoi(id); r.reservedFor[i] != key {
 			r.reservedFor[i] = key
 			r.c.touch(i)
 		}

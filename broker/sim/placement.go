@@ -111,6 +111,9 @@ func (r *run) start(j *simJob, node int) {
 			r.promotable[j] = struct{}{}
 		}
 		j.nextBand = 0
+		if r.p.Borrowing.SubBands {
+			heap.Push(&r.bands, bandDue{0, j})
+		}
 	}
 }
 

@@ -215,6 +215,7 @@ type run struct {
 	placed, busy                  int // GPUs held, and held by running jobs that use them
 	heldByPrio                    map[int]int
 	borrowedRunning               map[*simJob]struct{} // running borrowed: subBand moves them
+	bands                         bandHeap             // when each of them is due a move: subBand reads only those
 	promotable                    map[*simJob]struct{} // those of them a promote_below above 0 may promote
 	borrowers                     int                  // tenants holding more than their guarantee
 	waitingSizes                  map[int]int
