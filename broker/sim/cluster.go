@@ -13,11 +13,11 @@ type node struct {
 	gpus   int
 	free   int
 	allocs []*alloc
-	lowest int     // the lowest priority of its allocations (MaxInt: none)
+	lowest int // the lowest priority of its allocations (MaxInt: none)
 	// borrowed are the GPUs borrowed allocations hold: with the free ones,
 	// the most an owner's allocation could get here by preemption.
 	borrowed int
-	cpu    float64 // CPU and memory its allocations ask, in GPUs' worth
+	cpu      float64 // CPU and memory its allocations ask, in GPUs' worth
 }
 
 // alloc is one placed allocation.
