@@ -343,7 +343,12 @@ func replay(t *testing.T, trace []sim.Job, policyDir string, namespaces []string
 	<-sampled
 	if dir := os.Getenv("SIM_CHECK_TIMELINE"); dir != "" {
 		// The broker's log and audit trail beside the timeline, to follow
-		// where the real run parts from the simulated one.
+		// where the real run parts from the simulated one; a directory per
+		// placement mode.
+		dir = filepath.Join(dir, strings.ReplaceAll(t.Name(), "/", "-"))
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
 		audit, _ := os.ReadFile(broker.AuditPath())
 		writeFile(t, filepath.Join(dir, "broker.log"), broker.Log())
 		writeFile(t, filepath.Join(dir, "audit.log"), string(audit))
