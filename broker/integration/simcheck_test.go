@@ -238,6 +238,16 @@ func simToReal(t *testing.T, trace []sim.Job, policyDir, label string, tables *s
 	}
 }
 
+// preemptor names the job of the allocation that preempted another: a
+// tenant's own work evicting its own shows as such.
+func preemptor(n *testcluster.Nomad, allocID string) string {
+	a, _, err := n.API.Allocations().Info(allocID, nil)
+	if err != nil {
+		return allocID[:8]
+	}
+	return fmt.Sprintf("%s/%s (priority %d)", a.Namespace, a.JobID, *a.Job.Priority)
+}
+
 // replay submits trace through a broker in front of a real cluster of 4
 // nodes of 8 fake GPUs, each job at its time, waits until every job has
 // completed, and measures what happened.
@@ -389,7 +399,7 @@ func replay(t *testing.T, trace []sim.Job, policyDir string, namespaces []string
 		}
 		if !ran {
 			t.Logf("preempted before its task started: %s (%d GPUs, priority %d, borrowed %t), on %s, by %s", key, gpus[key],
-				*full.Job.Priority, borrowed, a.NodeName, full.PreemptedByAllocation[:8])
+				*full.Job.Priority, borrowed, a.NodeName, preemptor(n, full.PreemptedByAllocation))
 			continue
 		}
 		end := ts.FinishedAt
@@ -398,7 +408,7 @@ func replay(t *testing.T, trace []sim.Job, policyDir string, namespaces []string
 		}
 		f.lostGPUHours += end.Sub(ts.StartedAt).Hours() * float64(gpus[key])
 		t.Logf("preempted at %5.1fs: %s (%d GPUs, priority %d, borrowed %t) after %.1fs, on %s, by %s", end.Sub(start).Seconds(), key, gpus[key],
-			*full.Job.Priority, borrowed, end.Sub(ts.StartedAt).Seconds(), a.NodeName, full.PreemptedByAllocation[:8])
+			*full.Job.Priority, borrowed, end.Sub(ts.StartedAt).Seconds(), a.NodeName, preemptor(n, full.PreemptedByAllocation))
 	}
 	if started > 0 {
 		f.startLatency = latency / time.Duration(started)
