@@ -308,6 +308,9 @@ func TestGate(t *testing.T) {
 			t.Fatalf("stop through the broker: %v\n%s", err, out)
 		}
 		stopsRecorded(t, consul, ns, "rv")
+		// Its allocation holds its 2 GPUs until it has stopped: a revert
+		// to 1 GPU before then is refused for the limit of 2.
+		e.waitUsed("revive", 0)
 		if out, err := e.nomadCLI("job", "revert", "-namespace", ns, "-detach", "rv", "0"); err != nil {
 			t.Fatalf("revert to version 0 (1 GPU) through the broker: %v\n%s", err, out)
 		}
