@@ -122,17 +122,32 @@ func (f Preemptions) Backoff(b policy.Borrowing, namespace, id string, now time.
 // BackoffFor is the backoff of a job evicted count times while borrowed, the
 // last at last, as it stands at now under b (nil: none running).
 func BackoffFor(b policy.Borrowing, count int, last, now time.Time) *Backoff {
-	if count < 1 {
+	switch {
+	case !b.InBackoff(count, now.Sub(last)):
 		return nil
-	}
-	if b.BorrowsNoMore(count) {
+	case b.BorrowsNoMore(count):
 		return &Backoff{Preemptions: count, NoMore: true}
 	}
-	until := last.Add(b.BackoffAfter(count))
-	if !now.Before(until) {
-		return nil
+	return &Backoff{Preemptions: count, Until: last.Add(b.BackoffAfter(count)).UTC()}
+}
+
+// Evicted is one job's evictions while borrowed: how many, and the last.
+type Evicted struct {
+	Namespace string
+	Count     int
+	Last      time.Time
+}
+
+// InBackoffByTenant counts, by tenant of p, the jobs of evicted in their
+// re-borrow backoff at now.
+func InBackoffByTenant(p *policy.Policy, evicted []Evicted, now time.Time) map[string]int {
+	out := map[string]int{}
+	for _, e := range evicted {
+		if t := p.TenantOf(e.Namespace); t != nil && p.Borrowing.InBackoff(e.Count, now.Sub(e.Last)) {
+			out[t.Name]++
+		}
 	}
-	return &Backoff{Preemptions: count, Until: until.UTC()}
+	return out
 }
 
 // Text is how a user reads it: "borrowing again after 14:20 (preempted 3 times)".

@@ -1,6 +1,7 @@
 package admission_test
 
 import (
+	"maps"
 	"strings"
 	"testing"
 	"time"
@@ -456,6 +457,23 @@ func TestAJobEvictedMaxPreemptionsTimesBorrowsNoMore(t *testing.T) {
 	b.MaxPreemptions = 0 // no cap
 	if bo := admission.BackoffFor(b, 5, last, last.Add(200*time.Hour)); bo != nil {
 		t.Errorf("without a cap, 200h after its 5th eviction: %+v", bo)
+	}
+}
+
+// The metric of jobs held back from borrowing counts by the same rule, by
+// the tenant the policy maps each namespace to.
+func TestJobsInBackoffAreCountedByTenant(t *testing.T) {
+	p := testPolicy(t, true)
+	p.Borrowing.Backoff, p.Borrowing.MaxBackoff, p.Borrowing.MaxPreemptions = time.Hour, 4*time.Hour, 3
+	now := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
+	got := admission.InBackoffByTenant(p, []admission.Evicted{
+		{Namespace: "vision", Count: 1, Last: now.Add(-30 * time.Minute)}, // in its first hour
+		{Namespace: "vision", Count: 2, Last: now.Add(-3 * time.Hour)},    // its 2 hours are over
+		{Namespace: "vision", Count: 3, Last: now.Add(-1000 * time.Hour)}, // capped: no more
+		{Namespace: "unmapped", Count: 1, Last: now.Add(-time.Minute)},    // no tenant
+	}, now)
+	if want := map[string]int{"vision": 2}; !maps.Equal(got, want) {
+		t.Errorf("in backoff by tenant: %v, want %v", got, want)
 	}
 }
 

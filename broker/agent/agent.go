@@ -295,7 +295,9 @@ func (a *Agent) setupObservers(context.Context) error {
 	a.forecast = &queue.Forecast{}
 	a.elector = &leader.Elector{Client: a.consul, Key: cfg.Consul.KVPrefix + "leader", Address: cfg.Advertise, Log: a.log.Named("leader")}
 	a.metrics.Observe(brokermetrics.Sources{Cluster: a.regions, Regions: a.regions, Policies: a.policies, Queue: st.queue, Leader: a.elector,
-		PolicyState: a.policies.Loaded, TokenRefused: a.nomad.TokenRefused, InBackoff: st.backoffs.InBackoff(a.policies),
+		PolicyState: a.policies.Loaded, TokenRefused: a.nomad.TokenRefused, InBackoff: func() map[string]int {
+			return admission.InBackoffByTenant(a.policies.Current(), st.backoffs.Evicted(), clock.Real.Now())
+		},
 		NomadConnections: a.nomad.Connections().Open})
 	a.view.SetAllocEvents(a.metrics.AllocEvent)
 	if c := cfg.Audit; c != nil {

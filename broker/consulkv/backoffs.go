@@ -8,7 +8,6 @@ import (
 	consul "github.com/hashicorp/consul/api"
 
 	"github.com/nomad-gpu/nomad-gpu/broker/admission"
-	"github.com/nomad-gpu/nomad-gpu/broker/policy"
 )
 
 // Preemptions is how often Nomad evicted one job while it was borrowed, the
@@ -56,18 +55,15 @@ func (b *Backoffs) Preemptions(namespace, id string) (count int, last time.Time)
 // All is every job's preemptions while borrowed.
 func (b *Backoffs) All() []Preemptions { return b.m.all() }
 
-// InBackoff counts, by tenant under the policy in force, the jobs in their
-// re-borrow backoff now: for the metrics.
-func (b *Backoffs) InBackoff(policies policy.Source) func() map[string]int {
-	return func() map[string]int {
-		p, now, out := policies.Current(), time.Now(), map[string]int{}
-		for _, pr := range b.All() {
-			if t := p.TenantOf(pr.Namespace); t != nil && admission.BackoffFor(p.Borrowing, pr.Count, pr.Last, now) != nil {
-				out[t.Name]++
-			}
-		}
-		return out
+// Evicted is every job's evictions while borrowed, as the admission
+// engine counts backoffs by (admission.InBackoffByTenant).
+func (b *Backoffs) Evicted() []admission.Evicted {
+	all := b.All()
+	out := make([]admission.Evicted, len(all))
+	for i, pr := range all {
+		out[i] = admission.Evicted{Namespace: pr.Namespace, Count: pr.Count, Last: pr.Last}
 	}
+	return out
 }
 
 // Preempted counts one more preemption of namespace/id at at, by reclaim

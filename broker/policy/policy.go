@@ -485,6 +485,13 @@ const NoMoreFor = 4
 // any wait; its count is forgotten (ForgetAfter) only once the job is gone.
 const NoMoreBorrowing = 100 * 365 * 24 * time.Hour
 
+// InBackoff reports whether a job preempted preemptions times while
+// borrowed, the last sinceLast ago, may not borrow yet: the re-borrow rule
+// the admission engine and the simulator read alike.
+func (b Borrowing) InBackoff(preemptions int, sinceLast time.Duration) bool {
+	return preemptions > 0 && (b.BorrowsNoMore(preemptions) || sinceLast < b.BackoffAfter(preemptions))
+}
+
 // BackoffAfter is how long a job preempted preemptions times while borrowed
 // waits before it borrows again (0 for none).
 func (b Borrowing) BackoffAfter(preemptions int) time.Duration {

@@ -42,7 +42,7 @@ func (r *run) preemptionsOf(_, _ string) (int, time.Time) {
 // the enricher finds, without the clock's conversions (the bounded pass asks
 // it of every entry it walks).
 func (r *run) inBackoff(j *simJob) bool {
-	return j.preemptions > 0 && r.now < j.preemptedAt+r.p.Borrowing.BackoffAfter(j.preemptions).Seconds()
+	return r.p.Borrowing.InBackoff(j.preemptions, time.Duration((r.now-j.preemptedAt)*float64(time.Second)))
 }
 
 // submit is a job arriving: through the broker's admission, or straight to
