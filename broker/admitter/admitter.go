@@ -20,6 +20,7 @@ import (
 	"github.com/nomad-gpu/nomad-gpu/broker/audit"
 	"github.com/nomad-gpu/nomad-gpu/broker/cluster"
 	"github.com/nomad-gpu/nomad-gpu/broker/decide"
+	"github.com/nomad-gpu/nomad-gpu/broker/enrich"
 	"github.com/nomad-gpu/nomad-gpu/broker/metrics"
 	"github.com/nomad-gpu/nomad-gpu/broker/nomadjob"
 	"github.com/nomad-gpu/nomad-gpu/broker/policy"
@@ -627,7 +628,7 @@ func (a *Admitter) consider(ctx context.Context, r *registrations, p *policy.Pol
 // sequence is the admission sequence a pass decides through: the gate's,
 // against the same view, approvals and preemptions (made once a pass).
 func (a *Admitter) sequence() *decide.Sequence {
-	s := &decide.Sequence{Cluster: a.Cluster, Enricher: decide.Enricher{Preemptions: a.Preemptions, Clock: a.Clock}}
+	s := &decide.Sequence{Cluster: a.Cluster, Enricher: enrich.Enricher{Preemptions: a.Preemptions, Clock: a.Clock}}
 	if a.Approvals != nil {
 		s.Approvals = a.Approvals.Current
 	}

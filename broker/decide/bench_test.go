@@ -9,6 +9,7 @@ import (
 	"github.com/nomad-gpu/nomad-gpu/broker/admission"
 	"github.com/nomad-gpu/nomad-gpu/broker/cluster"
 	"github.com/nomad-gpu/nomad-gpu/broker/decide"
+	"github.com/nomad-gpu/nomad-gpu/broker/enrich"
 	"github.com/nomad-gpu/nomad-gpu/broker/nomadjob"
 	"github.com/nomad-gpu/nomad-gpu/internal/clock"
 	"github.com/nomad-gpu/nomad-gpu/testing/testbuild"
@@ -61,7 +62,7 @@ tenant "vision" {
 			for i := 1; i < c.regions; i++ {
 				others[fmt.Sprintf("r%d", i)] = benchRegion(fmt.Sprintf("r%d", i))
 			}
-			seq := &decide.Sequence{Cluster: cluster.NewRegions("r0", benchRegion(""), others), Enricher: decide.Enricher{Clock: clock.Fixed(time.Now())}}
+			seq := &decide.Sequence{Cluster: cluster.NewRegions("r0", benchRegion(""), others), Enricher: enrich.Enricher{Clock: clock.Fixed(time.Now())}}
 			job := testbuild.Job("vision", "new").Meta(nomadjob.MetaQueue, "training").Group("g", 1, 2, "nvidia/gpu")
 			if c.auto {
 				job.Meta(nomadjob.MetaRegion, nomadjob.RegionAuto)

@@ -18,11 +18,10 @@ import (
 	"github.com/hashicorp/nomad/api"
 
 	"github.com/nomad-gpu/nomad-gpu/broker/admission"
-	"github.com/nomad-gpu/nomad-gpu/broker/approval"
 	"github.com/nomad-gpu/nomad-gpu/broker/cluster"
+	"github.com/nomad-gpu/nomad-gpu/broker/enrich"
 	"github.com/nomad-gpu/nomad-gpu/broker/nomadjob"
 	"github.com/nomad-gpu/nomad-gpu/broker/policy"
-	"github.com/nomad-gpu/nomad-gpu/internal/clock"
 )
 
 // Cluster is what a decision is made against: the nodes a job's groups fit
@@ -77,30 +76,6 @@ type Versions interface {
 	StableJob(ctx context.Context, namespace, id string) (*api.Job, error)
 }
 
-// Enricher sets on a job what surrounds its decision besides usage: what
-// the approvals in force grant it, and its re-borrow backoff.
-type Enricher struct {
-	Approvals   func() []approval.Approval // nil: none
-	Preemptions admission.Preemptions      // nil: none kept
-	Clock       clock.Clock
-}
-
-// Enrich is j with its grants and backoff as they stand now.
-func (e Enricher) Enrich(p *policy.Policy, j admission.Job) admission.Job {
-	now := e.Clock.Now()
-	if e.Approvals != nil {
-		j.Granted = approval.For(e.Approvals(), p, j.Namespace, j.ID, now)
-	}
-	j.Backoff = e.Preemptions.Backoff(p.Borrowing, j.Namespace, j.ID, now)
-	return j
-}
-
-// Decide is the decision on j, enriched, against usage u: what the
-// simulator calls with the usage it keeps, and a preview with the view's.
-func (e Enricher) Decide(p *policy.Policy, j admission.Job, u admission.Usage) admission.Decision {
-	return admission.Decide(p, e.Enrich(p, j), u)
-}
-
 // holding is a cluster that holds back some admissions (cluster.Regions: a
 // drained region's new work, a tenant over its cap in a region), so that a
 // preview says what the registration would be told.
@@ -123,7 +98,7 @@ const (
 // Sequence is the admission sequence against one cluster.
 type Sequence struct {
 	Cluster Cluster
-	Enricher
+	enrich.Enricher
 }
 
 // Decide decides on j, enriched; with Reserve an admission holds its GPUs in

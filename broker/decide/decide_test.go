@@ -14,6 +14,7 @@ import (
 	"github.com/nomad-gpu/nomad-gpu/broker/approval"
 	"github.com/nomad-gpu/nomad-gpu/broker/cluster"
 	"github.com/nomad-gpu/nomad-gpu/broker/decide"
+	"github.com/nomad-gpu/nomad-gpu/broker/enrich"
 	"github.com/nomad-gpu/nomad-gpu/broker/nomadjob"
 	"github.com/nomad-gpu/nomad-gpu/internal/clock"
 	"github.com/nomad-gpu/nomad-gpu/testing/testbuild"
@@ -55,7 +56,7 @@ func (v *versions) StableJob(_ context.Context, ns, id string) (*api.Job, error)
 func sequence(t *testing.T) (*decide.Sequence, *cluster.View) {
 	view := cluster.NewView(nil)
 	view.ObserveNode(testbuild.Node("n", "H100", 4, 0))
-	return &decide.Sequence{Cluster: view, Enricher: decide.Enricher{Clock: clock.Fixed(time.Now())}}, view
+	return &decide.Sequence{Cluster: view, Enricher: enrich.Enricher{Clock: clock.Fixed(time.Now())}}, view
 }
 
 func request(t *testing.T, b *testbuild.JobBuilder) *nomadjob.Request {

@@ -9,6 +9,7 @@ import (
 
 	"github.com/nomad-gpu/nomad-gpu/broker/cluster"
 	"github.com/nomad-gpu/nomad-gpu/broker/decide"
+	"github.com/nomad-gpu/nomad-gpu/broker/enrich"
 	"github.com/nomad-gpu/nomad-gpu/broker/nomadjob"
 	"github.com/nomad-gpu/nomad-gpu/internal/clock"
 	"github.com/nomad-gpu/nomad-gpu/testing/testbuild"
@@ -22,7 +23,7 @@ func regions() (*decide.Sequence, *cluster.View) {
 	east.ObserveNode(testbuild.Node("e1", "H100", 2, 0))
 	west.ObserveNode(testbuild.Node("w1", "H100", 4, 0))
 	r := cluster.NewRegions("east", east, map[string]*cluster.View{"west": west})
-	return &decide.Sequence{Cluster: r, Enricher: decide.Enricher{Clock: clock.Fixed(time.Now())}}, west
+	return &decide.Sequence{Cluster: r, Enricher: enrich.Enricher{Clock: clock.Fixed(time.Now())}}, west
 }
 
 // A job with meta nomad-gpu.region = "auto" goes to one region: the first

@@ -24,6 +24,7 @@ import (
 	"github.com/nomad-gpu/nomad-gpu/broker/audit"
 	"github.com/nomad-gpu/nomad-gpu/broker/cluster"
 	"github.com/nomad-gpu/nomad-gpu/broker/decide"
+	"github.com/nomad-gpu/nomad-gpu/broker/enrich"
 	"github.com/nomad-gpu/nomad-gpu/broker/metrics"
 	"github.com/nomad-gpu/nomad-gpu/broker/nomadjob"
 	"github.com/nomad-gpu/nomad-gpu/broker/policy"
@@ -255,7 +256,7 @@ func New(o Options) (*Server, error) {
 		s.newID = queue.NewID
 	}
 	s.callers = &callers{upstream: u, client: s.client, clock: s.clock, identities: map[[32]byte]cachedIdentity{}}
-	s.seq = &decide.Sequence{Cluster: s.cluster, Enricher: decide.Enricher{Preemptions: s.preemptions, Clock: s.clock, Approvals: s.approvals}}
+	s.seq = &decide.Sequence{Cluster: s.cluster, Enricher: enrich.Enricher{Preemptions: s.preemptions, Clock: s.clock, Approvals: s.approvals}}
 	s.proxy = httputil.NewSingleHostReverseProxy(u)
 	s.api = s.gpuAPI()
 	s.proxy.FlushInterval = -1 // blocking queries, logs and event streams flow as they come

@@ -17,7 +17,7 @@ import (
 )
 
 // decide is the decision on j now, through the broker's own sequence
-// (decide.Enricher: its re-borrow backoff set, then admission.Decide) with the
+// (enrich.Enricher: its re-borrow backoff set, then admission.Decide) with the
 // usage the simulation keeps.
 func (r *run) decide(p *policy.Policy, j *simJob) admission.Decision {
 	r.deciding = j

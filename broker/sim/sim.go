@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/nomad-gpu/nomad-gpu/broker/admission"
-	"github.com/nomad-gpu/nomad-gpu/broker/decide"
+	"github.com/nomad-gpu/nomad-gpu/broker/enrich"
 	"github.com/nomad-gpu/nomad-gpu/broker/policy"
 	"github.com/nomad-gpu/nomad-gpu/broker/queue"
 	"github.com/nomad-gpu/nomad-gpu/broker/reclaim"
@@ -156,7 +156,7 @@ type run struct {
 	p *policy.Policy
 	// enricher is the broker's (no approvals); deciding is the job it is
 	// asked about.
-	enricher decide.Enricher
+	enricher enrich.Enricher
 	deciding *simJob
 	jobs     []simJob
 	c        *cluster
@@ -266,7 +266,7 @@ func newRun(jobs []Job, o Options) *run {
 		held: policy.Quota{}, capacity: policy.Quota{}, maxAlloc: policy.Quota{}, heldByPrio: map[int]int{}, borrowedRunning: map[*simJob]struct{}{},
 		promotable:   map[*simJob]struct{}{},
 		waitingSizes: map[int]int{}}
-	r.enricher = decide.Enricher{Preemptions: r.preemptionsOf, Clock: clock.Func(func() time.Time { return r.time(r.now) })}
+	r.enricher = enrich.Enricher{Preemptions: r.preemptionsOf, Clock: clock.Func(func() time.Time { return r.time(r.now) })}
 	r.ideal, r.rng = o.NomadModel == ModelIdeal, rand.New(rand.NewPCG(o.Seed, 0x5eed))
 	r.res = Result{Mode: o.Mode, NomadModel: o.NomadModel, Jobs: len(jobs), GPUs: GPUs(o.Nodes), RejectedBy: map[string]int{}, ByTenant: map[string]*Group{}, ByQueue: map[string]*Group{}, BySize: map[string]*Group{}}
 	r.preempts = o.Mode != NomadAlone

@@ -19,6 +19,7 @@ import (
 	"github.com/nomad-gpu/nomad-gpu/broker/admission"
 	"github.com/nomad-gpu/nomad-gpu/broker/cluster"
 	"github.com/nomad-gpu/nomad-gpu/broker/decide"
+	"github.com/nomad-gpu/nomad-gpu/broker/enrich"
 	"github.com/nomad-gpu/nomad-gpu/broker/nomadjob"
 	"github.com/nomad-gpu/nomad-gpu/broker/policy"
 	"github.com/nomad-gpu/nomad-gpu/broker/policyhcl"
@@ -75,7 +76,7 @@ func checkJob(p *policy.Policy, file string, perNode int, addr string) []string 
 		return []string{"error: " + err.Error()}
 	}
 	// The gate's own sequence, on an empty cluster with no job running yet.
-	seq := &decide.Sequence{Cluster: emptyCluster{p, perNode}, Enricher: decide.Enricher{Clock: clock.Real}}
+	seq := &decide.Sequence{Cluster: emptyCluster{p, perNode}, Enricher: enrich.Enricher{Clock: clock.Real}}
 	prepared, err := seq.Prepare(context.Background(), p, req, noVersions{})
 	if err != nil {
 		return []string{fmt.Sprintf("error: job %q: %v", req.JobID, err)}

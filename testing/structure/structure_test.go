@@ -24,7 +24,7 @@ var rings = []struct {
 }{
 	{"libraries", []string{"internal/clock", "internal/jsondoc", "internal/version",
 		"device-plugin/proto", "device-plugin/proto/base", "device-plugin/proto/device", "device-plugin/proto/hclspec", "device-plugin/proto/structs"}},
-	{"domain and engines", []string{"broker/policy", "broker/admission", "broker/approval", "broker/queue", "broker/queue/queuetest",
+	{"domain and engines", []string{"broker/policy", "broker/admission", "broker/approval", "broker/enrich", "broker/queue", "broker/queue/queuetest",
 		"broker/reclaim", "broker/reclaim/reclaimtest", "broker/usage", "device-plugin/gpu"}},
 	{"adapters", []string{"broker/policyhcl", "broker/policystore", "broker/config", "broker/consulkv", "broker/nomadapi", "broker/nomadjob",
 		"broker/metrics", "broker/audit", "broker/cluster", "broker/webui", "device-plugin/nvml", "device-plugin/fake", "device-plugin/plugin"}},
