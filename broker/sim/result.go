@@ -70,7 +70,8 @@ type Result struct {
 	// NoRoomHours are the hours of ViolationHours in which no node could
 	// have made room for the tenant's smallest such job even by evicting
 	// every borrowed allocation on it: what neither a held node nor borrowed
-	// work moved can shorten, only guaranteed work placed otherwise.
+	// work moved can shorten, only guaranteed work placed otherwise. The
+	// nodes are read when the tenant's waiting or placed work changes.
 	NoRoomHours float64 `json:"guarantee_violation_no_room_hours"`
 	// Jain is Jain's fairness index over tenants' GPU-hours per guaranteed GPU.
 	Jain         float64 `json:"jain_fairness"`
