@@ -131,32 +131,32 @@ func TestRegions(t *testing.T) {
 			return fmt.Errorf("%d allocations in %s, none running", len(stubs), region)
 		})
 	}
-	inRegion := func(t *testing.T, id, region string, gpus int) string {
-		e := e.in(t)
+	// inRegion and autoSpec write a jobspec with e, the caller's env (a
+	// subtest's, bound to its t).
+	inRegion := func(e *env, id, region string, gpus int) string {
 		path := e.spec("vision", id, 1, gpus, "")
 		spec, err := os.ReadFile(path)
 		if err != nil {
-			t.Fatal(err)
+			e.t.Fatal(err)
 		}
-		writeFile(t, path, strings.Replace(string(spec), "\n", fmt.Sprintf("\n  region = %q\n", region), 1))
+		writeFile(e.t, path, strings.Replace(string(spec), "\n", fmt.Sprintf("\n  region = %q\n", region), 1))
 		return path
 	}
 	// autoSpec is a jobspec of id that leaves its region to the broker.
-	autoSpec := func(t *testing.T, id string, gpus int, queue string) string {
-		e := e.in(t)
+	autoSpec := func(e *env, id string, gpus int, queue string) string {
 		path := e.spec(namespaceOf(id), id, 1, gpus, queue)
 		spec, err := os.ReadFile(path)
 		if err != nil {
-			t.Fatal(err)
+			e.t.Fatal(err)
 		}
-		writeFile(t, path, strings.Replace(string(spec), `meta = {`, `meta = { "nomad-gpu.region" = "auto",`, 1))
+		writeFile(e.t, path, strings.Replace(string(spec), `meta = {`, `meta = { "nomad-gpu.region" = "auto",`, 1))
 		return path
 	}
 
 	if out, err := e.run("vision", "e1", 1, 2, "", false); err != nil {
 		t.Fatalf("e1 (east, 2 GPUs): %v\n%s", err, out)
 	}
-	if out, err := e.nomadCLI("job", "run", inRegion(t, "w1", "west", 2)); err != nil {
+	if out, err := e.nomadCLI("job", "run", inRegion(e, "w1", "west", 2)); err != nil {
 		t.Fatalf("w1 (west, 2 GPUs): %v\n%s", err, out)
 	}
 	runsIn(t, east, "east", "e1")
@@ -169,7 +169,7 @@ func TestRegions(t *testing.T) {
 	// A fifth GPU is over the limit: in east, whose node has 2 GPUs free, it
 	// is queued.
 	id := e.queuedIn("vision", "e2", 1, true)
-	out, err := e.nomadCLI("job", "run", "-detach", inRegion(t, "w2", "west", 1))
+	out, err := e.nomadCLI("job", "run", "-detach", inRegion(e, "w2", "west", 1))
 	if err != nil || !strings.Contains(out, "nomad-gpu: queued as ") {
 		t.Fatalf("w2 (west, 1 GPU) at vision's limit: want queued: %v\n%s", err, out)
 	}
@@ -187,14 +187,14 @@ func TestRegions(t *testing.T) {
 	t.Run("a job no node of its region fits is refused at once", func(t *testing.T) {
 		e := e.in(t)
 		// East's node has 4 GPUs, west's 2: a job is decided on its own region's nodes.
-		out, err := e.nomadCLI("job", "run", inRegion(t, "w3", "west", 3))
+		out, err := e.nomadCLI("job", "run", inRegion(e, "w3", "west", 3))
 		if err == nil || !strings.Contains(out, "no node has more than 2") {
 			t.Fatalf("3 GPUs in west, whose node has 2: want refused, no node fits: %v\n%s", err, out)
 		}
 	})
 	t.Run("a region the broker does not govern is refused", func(t *testing.T) {
 		e := e.in(t)
-		out, err := e.nomadCLI("job", "run", inRegion(t, "x1", "south", 1))
+		out, err := e.nomadCLI("job", "run", inRegion(e, "x1", "south", 1))
 		if err == nil || !strings.Contains(out, `is for region "south"`) {
 			t.Fatalf("a job for region south: want refused by the broker: %v\n%s", err, out)
 		}
@@ -202,11 +202,10 @@ func TestRegions(t *testing.T) {
 	// dubGone waits until no allocation of dub's holds a GPU in either
 	// region (a purged job's tasks take seconds to stop): the subtests after
 	// dub's count on every GPU it used being free.
-	dubGone := func(t *testing.T) {
-		t.Helper()
-		e := e.in(t)
+	dubGone := func(e *env) {
+		e.t.Helper()
 		e.waitUsed("dub", 0)
-		testcluster.WaitFor(t, 60*time.Second, "dub's allocations ended", func() error {
+		testcluster.WaitFor(e.t, 60*time.Second, "dub's allocations ended", func() error {
 			for name, n := range map[string]*testcluster.Nomad{"east": east, "west": west} {
 				allocs, _, err := n.API.Allocations().List(&api.QueryOptions{Namespace: "dub", Region: name})
 				if err != nil {
@@ -316,7 +315,7 @@ func TestRegions(t *testing.T) {
 				n.API.Jobs().Deregister(k.ID, true, &api.WriteOptions{Namespace: "dub", Region: region})
 			}
 		}
-		dubGone(t)
+		dubGone(e)
 	})
 	// P5: a job admitted in east, its stored JSON registered straight in
 	// west: the stamp binds the region Nomad stores the job in, so the
@@ -352,7 +351,7 @@ func TestRegions(t *testing.T) {
 		for region, n := range map[string]*testcluster.Nomad{"east": east, "west": west} {
 			n.API.Jobs().Deregister("p5", true, &api.WriteOptions{Namespace: "dub", Region: region})
 		}
-		dubGone(t)
+		dubGone(e)
 	})
 	// D4: the broker's records of a job are its region's. A stop of west's
 	// d4 is not a stop of east's job of the same id: east's d4, scaled
@@ -428,7 +427,7 @@ func TestRegions(t *testing.T) {
 		for region, n := range map[string]*testcluster.Nomad{"east": east, "west": west} {
 			n.API.Jobs().Deregister("d4", true, &api.WriteOptions{Namespace: "dub", Region: region})
 		}
-		dubGone(t)
+		dubGone(e)
 	})
 	// over_limit knows region caps: a cap lowered below what the tenant
 	// holds there has its work there requeued after the grace.
@@ -473,7 +472,7 @@ func TestRegions(t *testing.T) {
 		for region, n := range map[string]*testcluster.Nomad{"east": east, "west": west} {
 			n.API.Jobs().Deregister("dc", true, &api.WriteOptions{Namespace: "dub", Region: region})
 		}
-		dubGone(t)
+		dubGone(e)
 	})
 	t.Run("a job that leaves its region to the broker runs in exactly one", func(t *testing.T) {
 		e := e.in(t)
@@ -489,7 +488,7 @@ func TestRegions(t *testing.T) {
 		// auto submits an auto job; detached unless follow (nomad job run
 		// then follows its evaluation by id, through the broker, with no region).
 		auto := func(id string, gpus int, queue string, follow ...bool) string {
-			path := autoSpec(t, id, gpus, queue)
+			path := autoSpec(e, id, gpus, queue)
 			args := []string{"job", "run", "-detach", path}
 			if len(follow) > 0 {
 				args = []string{"job", "run", path}
@@ -549,7 +548,7 @@ func TestRegions(t *testing.T) {
 		}
 		e.waitUsed("audio", 5)
 		// 5 GPUs fit no node of any region: refused at once, per region.
-		if out, err := e.nomadCLI("job", "run", autoSpec(t, "a4", 5, "training")); err == nil || !strings.Contains(out, "no region this broker governs can take it: east: ") {
+		if out, err := e.nomadCLI("job", "run", autoSpec(e, "a4", 5, "training")); err == nil || !strings.Contains(out, "no region this broker governs can take it: east: ") {
 			t.Errorf("a4 (auto, 5 GPUs): want refused, no region fits: %v\n%s", err, out)
 		}
 	})
@@ -575,7 +574,7 @@ func TestRegions(t *testing.T) {
 			t.Fatalf("gpu-broker region drain east: want east listed as drained:\n%s", out)
 		}
 		// An auto job passes the drained region over; one for it waits.
-		if out, err := e.nomadCLI("job", "run", "-detach", autoSpec(t, "a5", 1, "training")); err != nil || !strings.Contains(out, "dispatched to region west (dispatch ordered; not east: drained (by anonymous at ") {
+		if out, err := e.nomadCLI("job", "run", "-detach", autoSpec(e, "a5", 1, "training")); err != nil || !strings.Contains(out, "dispatched to region west (dispatch ordered; not east: drained (by anonymous at ") {
 			t.Errorf("a5 (auto) with east drained: want it sent to west: %v\n%s", err, out)
 		}
 		runsIn(t, west, "west", "a5")
@@ -595,7 +594,7 @@ func TestRegions(t *testing.T) {
 		e := e.in(t)
 		// Registered straight with west, past the broker: rule unadmitted
 		// stops it there.
-		if out, err := e.nomadCLI("job", "run", "-detach", "-address", west.Addr, inRegion(t, "bypass", "west", 1)); err != nil {
+		if out, err := e.nomadCLI("job", "run", "-detach", "-address", west.Addr, inRegion(e, "bypass", "west", 1)); err != nil {
 			t.Fatalf("bypass, straight to west: %v\n%s", err, out)
 		}
 		testcluster.WaitFor(t, 60*time.Second, "bypass stopped in west", func() error {
@@ -695,7 +694,7 @@ func TestRegions(t *testing.T) {
 		// dispatches a5 to east, the one region left; s1 waits, for its
 		// copy in west may run still (and does, once west is back).
 		e.brokerCLI("region", "drain", "east")
-		if out, err := e.nomadCLI("job", "run", "-detach", autoSpec(t, "s1", 1, "training")); err != nil || !strings.Contains(out, "dispatched to region west") {
+		if out, err := e.nomadCLI("job", "run", "-detach", autoSpec(e, "s1", 1, "training")); err != nil || !strings.Contains(out, "dispatched to region west") {
 			t.Fatalf("s1 (auto) with east drained: want it sent to west: %v\n%s", err, out)
 		}
 		e.brokerCLI("region", "resume", "east")
@@ -728,7 +727,7 @@ func TestRegions(t *testing.T) {
 			}
 			return nil
 		})
-		if out, err := e.nomadCLI("job", "plan", autoSpec(t, "s1", 1, "training")); !strings.Contains(out, "counting 1 of its jobs' in regions the broker cannot reach") {
+		if out, err := e.nomadCLI("job", "plan", autoSpec(e, "s1", 1, "training")); !strings.Contains(out, "counting 1 of its jobs' in regions the broker cannot reach") {
 			t.Errorf("a plan of s1 while west is lost: want it held by its copy there: %v\n%s", err, out)
 		}
 		// West comes back, a5's and s1's copies there with it: the broker
