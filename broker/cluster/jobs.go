@@ -5,6 +5,7 @@ import (
 	"maps"
 	"sort"
 	"strings"
+	"time"
 
 	"github.com/hashicorp/nomad/api"
 
@@ -46,23 +47,16 @@ func (v *View) observeJob(j *api.Job) {
 		return
 	}
 	key := jobKey{nomadjob.Namespace(j), *j.ID}
-	stopped := j.Stop != nil && *j.Stop
-	var modifyIndex, changedAt uint64
+	stopped, finished, live := ended(j)
+	var modifyIndex uint64
 	if j.JobModifyIndex != nil {
 		modifyIndex = *j.JobModifyIndex
 	}
-	if j.ModifyIndex != nil {
-		changedAt = *j.ModifyIndex
-	}
-	live := !stopped && !(j.Status != nil && nomadjob.Dead(*j.Status, changedAt, modifyIndex))
 	verified := v.verify(j)
 	borrowed := j.Meta[nomadjob.MetaBorrowed] == "true" && verified
 	if old, ok := v.jobs[key]; ok && modifyIndex < old.modifyIndex {
 		return
 	}
-	// A batch job that finished is done with its admission as a stopped one
-	// is (nothing of Nomad's own runs it again: no deployment reverts it).
-	finished := !live && !stopped && j.Type != nil && (*j.Type == api.JobTypeBatch || *j.Type == api.JobTypeSysbatch)
 	// Any job carrying a stamp, verified here or not: one promoted, scaled
 	// or dispatched verifies by its grant, which the view does not read.
 	v.followStop(key, stopped || finished, live, j.Meta[nomadjob.MetaAdmission] != "", modifyIndex)
@@ -111,6 +105,24 @@ func (v *View) observeJob(j *api.Job) {
 	}
 }
 
+// ended reports whether Nomad stopped a job, whether it finished (a batch
+// job that is done with its admission as a stopped one is: nothing of
+// Nomad's own runs it again, no deployment reverts it), and whether it is
+// live (neither stopped nor dead).
+func ended(j *api.Job) (stopped, finished, live bool) {
+	stopped = j.Stop != nil && *j.Stop
+	var changedAt, modifyIndex uint64
+	if j.ModifyIndex != nil {
+		changedAt = *j.ModifyIndex
+	}
+	if j.JobModifyIndex != nil {
+		modifyIndex = *j.JobModifyIndex
+	}
+	live = !stopped && !(j.Status != nil && nomadjob.Dead(*j.Status, changedAt, modifyIndex))
+	finished = !live && !stopped && j.Type != nil && (*j.Type == api.JobTypeBatch || *j.Type == api.JobTypeSysbatch)
+	return stopped, finished, live
+}
+
 // followStop keeps the jobs with a stamp Nomad stopped (or, for batch work,
 // that finished), for the leader to record (StoppedAdmitted); a
 // version the broker registers again (its reservation, confirmed at this
@@ -118,7 +130,9 @@ func (v *View) observeJob(j *api.Job) {
 func (v *View) followStop(key jobKey, stopped, live, stamped bool, modifyIndex uint64) {
 	switch {
 	case stopped && stamped:
-		v.stopped[key] = modifyIndex
+		if s, ok := v.stopped[key]; !ok || s.index != modifyIndex {
+			v.stopped[key] = stop{index: modifyIndex, seen: v.clock.Now()}
+		}
 		if res, ok := v.reserved[key]; ok && res.index != 0 && res.index < modifyIndex {
 			// Nomad took that registration and has stopped the job since:
 			// nothing of it is still to come (its own event may never show,
@@ -137,7 +151,37 @@ func (v *View) followStop(key jobKey, stopped, live, stamped bool, modifyIndex u
 func (v *View) StoppedAdmitted() map[[2]string]uint64 {
 	v.mu.RLock()
 	defer v.mu.RUnlock()
-	return byNamespaceAndID(v.stopped)
+	out := make(map[[2]string]uint64, len(v.stopped))
+	for k, s := range v.stopped {
+		out[[2]string{k.namespace, k.id}] = s.index
+	}
+	return out
+}
+
+// stop is a stop the leader has not recorded yet, with when the view saw it.
+type stop struct {
+	index uint64
+	seen  time.Time
+}
+
+// unrecordedStopKept is how long a listing keeps a stop seen before it
+// whose job it lists no more (purged, collected): the leader records one
+// at its next reclaim pass, and a follower, which records none, forgets it.
+const unrecordedStopKept = time.Hour
+
+// keepUnrecordedStops is, at a listing, the stops not yet recorded that it
+// keeps, with those of the jobs it lists as ended: a listing that replaced
+// the event stream between a stop and its record lost the record.
+func (v *View) keepUnrecordedStops(listed []*api.Job) {
+	now := v.clock.Now()
+	maps.DeleteFunc(v.stopped, func(_ jobKey, s stop) bool { return now.Sub(s.seen) > unrecordedStopKept })
+	for _, j := range listed {
+		if j.ID == nil || j.JobModifyIndex == nil {
+			continue
+		}
+		stopped, finished, live := ended(j)
+		v.followStop(jobKey{nomadjob.Namespace(j), *j.ID}, stopped || finished, live, j.Meta[nomadjob.MetaAdmission] != "", *j.JobModifyIndex)
+	}
 }
 
 // byNamespaceAndID is a copy of m keyed by [namespace, id], for callers
@@ -154,7 +198,7 @@ func byNamespaceAndID[T any](m map[jobKey]T) map[[2]string]T {
 func (v *View) RecordedStop(namespace, id string, index uint64) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	if key := (jobKey{namespace, id}); v.stopped[key] == index {
+	if key := (jobKey{namespace, id}); v.stopped[key].index == index {
 		delete(v.stopped, key)
 	}
 }

@@ -27,7 +27,11 @@ type Snapshot struct {
 	// tell a listing what the event stream told before it (SetRollbacks).
 	Failed []*api.Deployment
 	Allocs []*api.Allocation
-	Index  uint64
+	// Ended are the jobs with the broker's stamp that Nomad stopped, or
+	// that finished (batch), which Jobs leaves out: a stop the event stream
+	// did not tell before the listing replaced it is recorded so.
+	Ended []*api.Job
+	Index uint64
 }
 
 // Source is what the view is kept from: a full listing, then events after its index.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -95,6 +96,60 @@ func TestAPurgesEvaluationDropsTheJob(t *testing.T) {
 	}
 	if got := v.StoppedAdmitted(); len(got) != 1 || got[[2]string{"vision", "a"}] != 42 {
 		t.Errorf("stops to record after the purges: %v, want the stamped job's at the purge's index", got)
+	}
+}
+
+// A listing that replaces the event stream keeps the stops the stream told
+// that the leader has not recorded (a purged job is in no listing), for an
+// hour, and reads those of the jobs it lists as ended with a stamp: the
+// stopped one, and the batch job that finished.
+func TestAListingKeepsTheStopsNotRecorded(t *testing.T) {
+	now := time.Now()
+	v := NewView(func(*api.Job) bool { return true })
+	v.SetClock(clock.Func(func() time.Time { return now }))
+	stamped := func(b *testbuild.JobBuilder) *api.Job {
+		j := b.Build()
+		j.Meta[nomadjob.MetaAdmission], j.Meta[nomadjob.MetaTenant] = "v5:sig", "vision"
+		return j
+	}
+	v.Reset(Snapshot{Jobs: []*api.Job{stamped(testbuild.Job("vision", "purged").Group("g", 1, 1, "gpu").ModifyIndex(3))}})
+	v.forgetPurged("vision", "purged", 40)
+	v.Reset(Snapshot{Ended: []*api.Job{
+		stamped(testbuild.Job("vision", "stopped").Group("g", 1, 1, "gpu").ModifyIndex(41).Stopped()),
+		stamped(testbuild.Job("vision", "done").Group("g", 1, 1, "gpu").Type(api.JobTypeBatch).ModifyIndex(42).Dead()),
+		stamped(testbuild.Job("vision", "failed").Group("g", 1, 1, "gpu").ModifyIndex(43).Dead()),
+		testbuild.Job("vision", "unstamped").Group("g", 1, 1, "gpu").ModifyIndex(44).Stopped().Build(),
+	}})
+	want := map[[2]string]uint64{{"vision", "purged"}: 40, {"vision", "stopped"}: 41, {"vision", "done"}: 42}
+	if got := v.StoppedAdmitted(); !maps.Equal(got, want) {
+		t.Errorf("stops to record after the listing: %v, want %v", got, want)
+	}
+	now = now.Add(unrecordedStopKept + time.Second)
+	v.Reset(Snapshot{})
+	if got := v.StoppedAdmitted(); len(got) != 0 {
+		t.Errorf("an hour on, with nothing of them listed: %v, want none (a follower records none)", got)
+	}
+}
+
+// A listing that replaced the stream tells the reverts whose failed
+// deployment is newer than the last event applied: the stream would have
+// told them. Older ones, and a first listing's, were told or are history.
+func TestAListingTellsTheRevertsTheStreamDidNot(t *testing.T) {
+	v := NewView(nil)
+	var told []string
+	v.SetReverts(func(rv Revert) { told = append(told, rv.JobID) })
+	failed := func(job string, index uint64) *api.Deployment {
+		return &api.Deployment{ID: "d-" + job, Namespace: "vision", JobID: job, Status: api.DeploymentStatusFailed, ModifyIndex: index,
+			StatusDescription: "Failed due to progress deadline - rolling back to job version 0"}
+	}
+	v.Reset(Snapshot{Failed: []*api.Deployment{failed("old", 10)}, Index: 20})
+	if len(told) != 0 {
+		t.Fatalf("a first listing told %v", told)
+	}
+	v.index.Store(20)
+	v.Reset(Snapshot{Failed: []*api.Deployment{failed("old", 10), failed("web", 25)}, Index: 30})
+	if !slices.Equal(told, []string{"web"}) {
+		t.Errorf("told %v, want web's revert alone", told)
 	}
 }
 

@@ -60,8 +60,9 @@ type View struct {
 	undeclared map[jobKey]string
 	// stopped are the jobs with the broker's stamp that Nomad stopped, at
 	// the stop's JobModifyIndex, until the leader records them
-	// (StoppedAdmitted) or the broker registers them again.
-	stopped map[jobKey]uint64
+	// (StoppedAdmitted) or the broker registers them again; a listing
+	// keeps them (unrecordedStopKept).
+	stopped map[jobKey]stop
 	nextRes uint64
 	// placing are the nodes admitted jobs were placed on (placement mode
 	// broker) until their allocations show there; heldFor the nodes held
@@ -116,7 +117,7 @@ func NewView(verify func(*api.Job) bool) *View {
 		canaries: map[jobKey]map[string]int{}, stable: map[jobKey][]admission.Group{}, reverting: map[jobKey]bool{}, held: map[string]*byModel{}, total: map[string]int{},
 		reserved: map[jobKey]reservation{}, allocs: map[string]Alloc{}, ended: map[string]Alloc{}, holds: map[string]hold{}, heldBy: map[jobKey]map[string]int{},
 		excess: map[jobKey]map[string]int{}, excessBorrowed: map[jobKey]bool{}, undeclared: map[jobKey]string{},
-		stopped: map[jobKey]uint64{}, placing: map[jobKey]placing{}, dispatched: map[jobKey]*api.Job{}, endedDispatch: map[jobKey]time.Time{}, changed: make(chan struct{}, 1), nodesDirty: true}
+		stopped: map[jobKey]stop{}, placing: map[jobKey]placing{}, dispatched: map[jobKey]*api.Job{}, endedDispatch: map[jobKey]time.Time{}, changed: make(chan struct{}, 1), nodesDirty: true}
 }
 
 // SetRegion names the region the view follows, when it is not the broker's
@@ -138,7 +139,8 @@ func (v *View) SetAllocEvents(f func(AllocEvent)) { v.allocEvent = f }
 
 // SetReverts has the view tell each revert Nomad makes on its own (a
 // deployment with auto_revert failed), once the events of its batch are
-// applied (set before the view is used).
+// applied, or the listing that replaced the stream before they came (set
+// before the view is used).
 func (v *View) SetReverts(f func(Revert)) { v.reverted = f }
 
 // SetRollbacks has the view tell, at each listing, every revert Nomad made
@@ -190,7 +192,8 @@ func (v *View) Reset(snap Snapshot) {
 		v.observeStable(j)
 	}
 	v.holds, v.heldBy, v.excess = map[string]hold{}, map[jobKey]map[string]int{}, map[jobKey]map[string]int{}
-	v.excessBorrowed, v.undeclared, v.stopped = map[jobKey]bool{}, map[jobKey]string{}, map[jobKey]uint64{}
+	v.excessBorrowed, v.undeclared = map[jobKey]bool{}, map[jobKey]string{}
+	v.keepUnrecordedStops(snap.Ended)
 	v.dispatched = map[jobKey]*api.Job{}
 	for _, n := range snap.Nodes {
 		v.observeNode(n, was[n.ID])
@@ -210,10 +213,20 @@ func (v *View) Reset(snap Snapshot) {
 	v.synced = true
 	v.mu.Unlock()
 	v.notify()
+	applied := v.index.Load()
 	for _, d := range snap.Failed {
-		if rv, ok := rolledBack(d); ok && v.rollbacks != nil {
-			rv.Region = v.region
+		rv, ok := rolledBack(d)
+		if !ok {
+			continue
+		}
+		rv.Region = v.region
+		if v.rollbacks != nil {
 			v.rollbacks(rv)
+		}
+		// One after the last event applied is a revert the stream would
+		// have told: the listing that replaced it tells it instead.
+		if applied > 0 && d.ModifyIndex > applied && v.reverted != nil {
+			v.reverted(rv)
 		}
 	}
 }

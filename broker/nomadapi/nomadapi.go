@@ -220,7 +220,7 @@ func (c *Client) HTTPClient() *http.Client { return c.http }
 // resume after.
 func (c *Client) List(ctx context.Context) (snap cluster.Snapshot, err error) {
 	defer func() { c.saw(err) }()
-	nodes, jobs, nodesAt, jobsAt, err := c.list(ctx)
+	nodes, jobs, ended, nodesAt, jobsAt, err := c.list(ctx)
 	if err != nil {
 		return cluster.Snapshot{}, err
 	}
@@ -234,7 +234,7 @@ func (c *Client) List(ctx context.Context) (snap cluster.Snapshot, err error) {
 	if err != nil {
 		return cluster.Snapshot{}, fmt.Errorf("list allocations: %w", err)
 	}
-	if jobs, err = c.jobsOfAllocs(ctx, jobs, jobsAt, stubs); err != nil {
+	if jobs, ended, err = c.jobsOfAllocs(ctx, jobs, ended, jobsAt, stubs); err != nil {
 		return cluster.Snapshot{}, err
 	}
 	allocs := make([]*api.Allocation, 0, len(stubs))
@@ -261,6 +261,10 @@ func (c *Client) List(ctx context.Context) (snap cluster.Snapshot, err error) {
 	}
 	var active, failed []*api.Deployment
 	var stable []*api.Job
+	listed := make(map[[2]string]bool, len(jobs))
+	for _, j := range jobs {
+		listed[[2]string{nomadjob.Namespace(j), *j.ID}] = true
+	}
 	for _, d := range deps {
 		switch d.Status {
 		case api.DeploymentStatusFailed:
@@ -275,12 +279,16 @@ func (c *Client) List(ctx context.Context) (snap cluster.Snapshot, err error) {
 			if err != nil {
 				return cluster.Snapshot{}, err
 			}
-			if j != nil {
-				stable = append(stable, j)
+			if j == nil {
+				continue
+			}
+			stable = append(stable, j)
+			if jobs, err = c.revertible(ctx, jobs, listed, d); err != nil {
+				return cluster.Snapshot{}, err
 			}
 		}
 	}
-	return cluster.Snapshot{Nodes: nodes, Jobs: jobs, Deployments: active, Stable: stable, Failed: failed, Allocs: allocs, Index: index}, nil
+	return cluster.Snapshot{Nodes: nodes, Jobs: jobs, Deployments: active, Stable: stable, Failed: failed, Allocs: allocs, Ended: ended, Index: index}, nil
 }
 
 // nodesSince is nodes as Nomad lists them now, with the listing's index:
@@ -313,8 +321,9 @@ func (c *Client) nodesSince(ctx context.Context, nodes []*api.Node) ([]*api.Node
 // jobs were listed (at index jobsAt) that the listing lacks, or has at an
 // older version, read again: such a job came neither as listed nor as an
 // event (List), and its allocation counted as held beside it until the next
-// listing.
-func (c *Client) jobsOfAllocs(ctx context.Context, jobs []*api.Job, jobsAt uint64, stubs []*api.AllocationListStub) ([]*api.Job, error) {
+// listing. One found stopped or dead since joins ended if it has the
+// broker's stamp.
+func (c *Client) jobsOfAllocs(ctx context.Context, jobs, ended []*api.Job, jobsAt uint64, stubs []*api.AllocationListStub) (_, _ []*api.Job, _ error) {
 	at := make(map[[2]string]int, len(jobs))
 	for i, j := range jobs {
 		at[[2]string{nomadjob.Namespace(j), *j.ID}] = i
@@ -331,9 +340,13 @@ func (c *Client) jobsOfAllocs(ctx context.Context, jobs []*api.Job, jobsAt uint6
 		}
 		j, _, err := c.nomad().Jobs().Info(s.JobID, (&api.QueryOptions{Namespace: s.Namespace}).WithContext(ctx))
 		if err != nil && !isNotFound(err) {
-			return nil, fmt.Errorf("read job %s/%s: %w", s.Namespace, s.JobID, err)
+			return nil, nil, fmt.Errorf("read job %s/%s: %w", s.Namespace, s.JobID, err)
 		}
-		switch live := err == nil && liveJob(j); {
+		live := err == nil && liveJob(j)
+		if err == nil && !live && j.Meta[nomadjob.MetaAdmission] != "" {
+			ended = append(ended, j)
+		}
+		switch {
 		case listed && live:
 			jobs[i] = j
 		case listed:
@@ -344,7 +357,7 @@ func (c *Client) jobsOfAllocs(ctx context.Context, jobs []*api.Job, jobsAt uint6
 		}
 	}
 	if len(drop) == 0 {
-		return jobs, nil
+		return jobs, ended, nil
 	}
 	kept := jobs[:0]
 	for i, j := range jobs {
@@ -352,7 +365,30 @@ func (c *Client) jobsOfAllocs(ctx context.Context, jobs []*api.Job, jobsAt uint6
 			kept = append(kept, j)
 		}
 	}
-	return kept, nil
+	return kept, ended, nil
+}
+
+// revertible is jobs with the job of d, an active deployment that reverts
+// on failure, read if the listing left it out as dead (every allocation of
+// the new version failed). The view keeps such a job at its stable version
+// when an event tells of it; a listing without it counted nothing of it
+// until its next event, and a queue pass in between took its GPUs.
+func (c *Client) revertible(ctx context.Context, jobs []*api.Job, listed map[[2]string]bool, d *api.Deployment) ([]*api.Job, error) {
+	key := [2]string{d.Namespace, d.JobID}
+	if listed[key] {
+		return jobs, nil
+	}
+	j, _, err := c.nomad().Jobs().Info(d.JobID, (&api.QueryOptions{Namespace: d.Namespace}).WithContext(ctx))
+	switch {
+	case isNotFound(err):
+		return jobs, nil
+	case err != nil:
+		return nil, fmt.Errorf("read job %s/%s: %w", d.Namespace, d.JobID, err)
+	case j.ID == nil || j.Stop != nil && *j.Stop:
+		return jobs, nil
+	}
+	listed[key] = true
+	return append(jobs, j), nil
 }
 
 // liveJob reports whether a job Nomad returned is one list keeps: not
@@ -396,29 +432,35 @@ func (c *Client) StableJob(ctx context.Context, namespace, id string) (*api.Job,
 	return nil, nil
 }
 
-func (c *Client) list(ctx context.Context) (_ []*api.Node, _ []*api.Job, nodesAt, jobsAt uint64, _ error) {
+// list reads the nodes and the live jobs, and of the others the stubs of
+// those with the broker's stamp (ended: Snapshot.Ended).
+func (c *Client) list(ctx context.Context) (_ []*api.Node, jobs, ended []*api.Job, nodesAt, jobsAt uint64, _ error) {
 	nodes, nodesAt, err := c.nodesSince(ctx, nil)
 	if err != nil {
-		return nil, nil, 0, 0, err
+		return nil, nil, nil, 0, 0, err
 	}
-	all := (&api.QueryOptions{Namespace: "*"}).WithContext(ctx)
+	// With each job's meta: the stamp of one that ended is read from it.
+	all := (&api.QueryOptions{Namespace: "*", Params: map[string]string{"meta": "true"}}).WithContext(ctx)
 	jobStubs, meta, err := c.nomad().Jobs().List(all)
 	if err != nil {
-		return nil, nil, 0, 0, fmt.Errorf("list jobs: %w", err)
+		return nil, nil, nil, 0, 0, fmt.Errorf("list jobs: %w", err)
 	}
 	jobsAt = meta.LastIndex
-	var jobs []*api.Job
 	for _, s := range jobStubs {
 		if s.Stop || nomadjob.Dead(s.Status, s.ModifyIndex, s.JobModifyIndex) {
+			if s.Meta[nomadjob.MetaAdmission] != "" {
+				ended = append(ended, &api.Job{ID: &s.ID, Namespace: &s.Namespace, Type: &s.Type, Status: &s.Status, Stop: &s.Stop,
+					ModifyIndex: &s.ModifyIndex, JobModifyIndex: &s.JobModifyIndex, Meta: s.Meta})
+			}
 			continue
 		}
 		j, _, err := c.nomad().Jobs().Info(s.ID, (&api.QueryOptions{Namespace: s.Namespace}).WithContext(ctx))
 		if err != nil {
-			return nil, nil, 0, 0, fmt.Errorf("read job %s/%s: %w", s.Namespace, s.ID, err)
+			return nil, nil, nil, 0, 0, fmt.Errorf("read job %s/%s: %w", s.Namespace, s.ID, err)
 		}
 		jobs = append(jobs, j)
 	}
-	return nodes, jobs, nodesAt, jobsAt, nil
+	return nodes, jobs, ended, nodesAt, jobsAt, nil
 }
 
 // Events streams node, job, deployment, allocation and evaluation events of
