@@ -167,7 +167,11 @@ func TestGate(t *testing.T) {
 	t.Parallel()
 	consul := testcluster.StartConsul(t)
 	n := startGPUNode(t, "gate", gateGPUs, "gate-probe", "gate-revert", "gate-dispatch", "gate-stop", "gate-zero", "gate-race", "gate-invalid", "gate-purge", "gate-deploy", "gate-autorevert", "gate-garbage", "gate-stable", "gate-sysbatch", "gate-scaleblock", "gate-replay", "gate-evaluate", "gate-revive", "gate-retype", "gate-bypass")
-	e := brokerEnv(t, n, consul, gatePolicy, "gate-probe", gateGPUs, testcluster.BrokerOptions{Config: `body_read_timeout = "3s"`})
+	// A listing every second replaces the event stream many times in each
+	// scenario: what the view counts, and the stops and reverts the leader
+	// records, must be the same whichever of the two told them.
+	e := brokerEnv(t, n, consul, gatePolicy, "gate-probe", gateGPUs, testcluster.BrokerOptions{Config: `body_read_timeout = "3s"
+resync = "1s"`})
 
 	// Nomad reads the namespace of a revert's or a dispatch's body when the
 	// query has none; the broker must decide on that one, not on a job of
