@@ -169,18 +169,33 @@ type stop struct {
 // at its next reclaim pass, and a follower, which records none, forgets it.
 const unrecordedStopKept = time.Hour
 
-// keepUnrecordedStops is, at a listing, the stops not yet recorded that it
-// keeps, with those of the jobs it lists as ended: a listing that replaced
-// the event stream between a stop and its record lost the record.
-func (v *View) keepUnrecordedStops(listed []*api.Job) {
+// keepUnrecordedStops is, at a listing (snap), the stops not yet recorded
+// that it keeps, with those of the jobs it lists as ended, and those of the
+// jobs with the broker's stamp that the view had (was) and it lists no
+// more: purged, at its index or before. A listing that replaced the event
+// stream between a stop and its event, or its record, lost it.
+func (v *View) keepUnrecordedStops(was map[jobKey]job, snap Snapshot) {
 	now := v.clock.Now()
 	maps.DeleteFunc(v.stopped, func(_ jobKey, s stop) bool { return now.Sub(s.seen) > unrecordedStopKept })
-	for _, j := range listed {
+	listed := make(map[jobKey]bool, len(snap.Jobs)+len(snap.Ended))
+	for _, j := range snap.Jobs {
+		if j.ID != nil {
+			listed[jobKey{nomadjob.Namespace(j), *j.ID}] = true
+		}
+	}
+	for _, j := range snap.Ended {
 		if j.ID == nil || j.JobModifyIndex == nil {
 			continue
 		}
+		key := jobKey{nomadjob.Namespace(j), *j.ID}
+		listed[key] = true
 		stopped, finished, live := ended(j)
-		v.followStop(jobKey{nomadjob.Namespace(j), *j.ID}, stopped || finished, live, j.Meta[nomadjob.MetaAdmission] != "", *j.JobModifyIndex)
+		v.followStop(key, stopped || finished, live, j.Meta[nomadjob.MetaAdmission] != "", *j.JobModifyIndex)
+	}
+	for key, j := range was {
+		if !listed[key] && j.tenant != "" {
+			v.followStop(key, true, false, true, snap.Index)
+		}
 	}
 }
 

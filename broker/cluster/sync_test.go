@@ -102,7 +102,8 @@ func TestAPurgesEvaluationDropsTheJob(t *testing.T) {
 // A listing that replaces the event stream keeps the stops the stream told
 // that the leader has not recorded (a purged job is in no listing), for an
 // hour, and reads those of the jobs it lists as ended with a stamp: the
-// stopped one, and the batch job that finished.
+// stopped one, and the batch job that finished. A job with the broker's
+// stamp that it lists no more was purged before it, its event not told.
 func TestAListingKeepsTheStopsNotRecorded(t *testing.T) {
 	now := time.Now()
 	v := NewView(func(*api.Job) bool { return true })
@@ -112,15 +113,17 @@ func TestAListingKeepsTheStopsNotRecorded(t *testing.T) {
 		j.Meta[nomadjob.MetaAdmission], j.Meta[nomadjob.MetaTenant] = "v5:sig", "vision"
 		return j
 	}
-	v.Reset(Snapshot{Jobs: []*api.Job{stamped(testbuild.Job("vision", "purged").Group("g", 1, 1, "gpu").ModifyIndex(3))}})
+	v.Reset(Snapshot{Jobs: []*api.Job{stamped(testbuild.Job("vision", "purged").Group("g", 1, 1, "gpu").ModifyIndex(3)),
+		stamped(testbuild.Job("vision", "vanished").Group("g", 1, 1, "gpu").ModifyIndex(4)),
+		testbuild.Job("vision", "unstamped-vanished").Group("g", 1, 1, "gpu").ModifyIndex(5).Build()}})
 	v.forgetPurged("vision", "purged", 40)
-	v.Reset(Snapshot{Ended: []*api.Job{
+	v.Reset(Snapshot{Index: 50, Ended: []*api.Job{
 		stamped(testbuild.Job("vision", "stopped").Group("g", 1, 1, "gpu").ModifyIndex(41).Stopped()),
 		stamped(testbuild.Job("vision", "done").Group("g", 1, 1, "gpu").Type(api.JobTypeBatch).ModifyIndex(42).Dead()),
 		stamped(testbuild.Job("vision", "failed").Group("g", 1, 1, "gpu").ModifyIndex(43).Dead()),
 		testbuild.Job("vision", "unstamped").Group("g", 1, 1, "gpu").ModifyIndex(44).Stopped().Build(),
 	}})
-	want := map[[2]string]uint64{{"vision", "purged"}: 40, {"vision", "stopped"}: 41, {"vision", "done"}: 42}
+	want := map[[2]string]uint64{{"vision", "purged"}: 40, {"vision", "stopped"}: 41, {"vision", "done"}: 42, {"vision", "vanished"}: 50}
 	if got := v.StoppedAdmitted(); !maps.Equal(got, want) {
 		t.Errorf("stops to record after the listing: %v, want %v", got, want)
 	}

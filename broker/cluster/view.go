@@ -172,7 +172,7 @@ func (v *View) Generation() uint64 { return v.generation.Load() }
 // never sees it half rebuilt.
 func (v *View) Reset(snap Snapshot) {
 	v.mu.Lock()
-	was := v.nodes
+	was, wasJobs := v.nodes, v.jobs
 	v.nodes, v.jobs, v.held, v.total, v.nodesDirty = map[string]node{}, map[jobKey]job{}, map[string]*byModel{}, map[string]int{}, true
 	wasAllocs := v.allocs
 	v.canaries, v.allocs, v.reverting = map[jobKey]map[string]int{}, map[string]Alloc{}, map[jobKey]bool{}
@@ -193,7 +193,7 @@ func (v *View) Reset(snap Snapshot) {
 	}
 	v.holds, v.heldBy, v.excess = map[string]hold{}, map[jobKey]map[string]int{}, map[jobKey]map[string]int{}
 	v.excessBorrowed, v.undeclared = map[jobKey]bool{}, map[jobKey]string{}
-	v.keepUnrecordedStops(snap.Ended)
+	v.keepUnrecordedStops(wasJobs, snap)
 	v.dispatched = map[jobKey]*api.Job{}
 	for _, n := range snap.Nodes {
 		v.observeNode(n, was[n.ID])
