@@ -34,11 +34,10 @@ type ApprovalRequest struct {
 }
 
 // approvalList serves every approval the caller may read.
-func (s *Server) approvalList(w http.ResponseWriter, r *http.Request) {
+func (s *Server) approvalList(_ http.ResponseWriter, r *http.Request) (any, error) {
 	all, err := s.approvalStore.List(r.Context())
 	if err != nil {
-		writeError(w, fail(errUnavailable, "%v", err))
-		return
+		return nil, fail(errUnavailable, "%v", err)
 	}
 	out := []approval.Approval{}
 	readable := map[string]bool{}
@@ -47,29 +46,27 @@ func (s *Server) approvalList(w http.ResponseWriter, r *http.Request) {
 			out = append(out, a)
 		}
 	}
-	writeJSON(w, http.StatusOK, out)
+	return out, nil
 }
 
-func (s *Server) readApproval(w http.ResponseWriter, r *http.Request, id string) (approval.Approval, bool) {
+// readApproval is approval id, if the caller may read it.
+func (s *Server) readApproval(r *http.Request, id string) (approval.Approval, error) {
 	a, err := s.approvalStore.Get(r.Context(), id)
 	switch {
 	case errors.Is(err, approval.ErrNotFound) || (err == nil && !s.mayRead(r, a.Namespace, map[string]bool{})):
-		writeError(w, fail(errNotFound, "no approval %q", id))
-		return a, false
+		return a, fail(errNotFound, "no approval %q", id)
 	case err != nil:
-		writeError(w, fail(errUnavailable, "%v", err))
-		return a, false
+		return a, fail(errUnavailable, "%v", err)
 	}
-	return a, true
+	return a, nil
 }
 
 // requestApproval records a pending request by a caller who may read the
 // job's namespace.
-func (s *Server) requestApproval(w http.ResponseWriter, r *http.Request, who string) {
+func (s *Server) requestApproval(r *http.Request, who string) (any, error) {
 	var req ApprovalRequest
 	if err := json.NewDecoder(io.LimitReader(r.Body, 64<<10)).Decode(&req); err != nil {
-		writeError(w, fail(errBadRequest, "approval request: %v", err))
-		return
+		return nil, fail(errBadRequest, "approval request: %v", err)
 	}
 	name, accessor, _ := s.as(r).resolve()
 	identity := name
@@ -77,8 +74,7 @@ func (s *Server) requestApproval(w http.ResponseWriter, r *http.Request, who str
 	if accessor != "" {
 		g, err := s.as(r).grants()
 		if err != nil {
-			writeError(w, fail(errForbidden, "reading your token's grants: %v", err))
-			return
+			return nil, fail(errForbidden, "reading your token's grants: %v", err)
 		}
 		tokenName := strings.TrimSuffix(name, " ("+accessor+")")
 		identity = approval.Identity(tokenName, g)
@@ -90,81 +86,67 @@ func (s *Server) requestApproval(w http.ResponseWriter, r *http.Request, who str
 		ExtraGPUs: req.ExtraGPUs, For: req.For, State: approval.Pending, RequestedBy: who, RequestedAccessor: accessor,
 		RequestedIdentity: identity, RequestedGrants: grants, RequestedAt: s.clock.Now().UTC()}
 	if err := a.Check(); err != nil {
-		writeError(w, fail(errBadRequest, "approval request: %v", err))
-		return
+		return nil, fail(errBadRequest, "approval request: %v", err)
 	}
 	if err := approval.CheckPending(s.approvals(), identity, a.Namespace); err != nil {
-		writeError(w, fail(errTooMany, "approval request: %v", err))
-		return
+		return nil, fail(errTooMany, "approval request: %v", err)
 	}
 	t := s.policies.Current().TenantOf(a.Namespace)
 	if t == nil {
-		writeError(w, fail(errBadRequest, "approval request: namespace %q belongs to no tenant", a.Namespace))
-		return
+		return nil, fail(errBadRequest, "approval request: namespace %q belongs to no tenant", a.Namespace)
 	}
 	if err := t.CheckApproval(a.ExtraGPUs, a.Duration()); err != nil {
-		writeError(w, fail(errBadRequest, "approval request: %v", err))
-		return
+		return nil, fail(errBadRequest, "approval request: %v", err)
 	}
 	if !s.mayRead(r, a.Namespace, map[string]bool{}) {
-		writeError(w, fail(errForbidden, "your token may not read namespace %q", a.Namespace))
-		return
+		return nil, fail(errForbidden, "your token may not read namespace %q", a.Namespace)
 	}
-	if !s.audited(w, audit.Event{Who: who, What: audit.ApprovalAsk, ID: a.ID, Namespace: a.Namespace, Job: a.Job, Result: approvalAsks(a)}) {
-		return
+	if err := s.audited(audit.Event{Who: who, What: audit.ApprovalAsk, ID: a.ID, Namespace: a.Namespace, Job: a.Job, Result: approvalAsks(a)}); err != nil {
+		return nil, err
 	}
 	if ok, err := s.approvalStore.Create(r.Context(), a); err != nil || !ok {
-		writeError(w, fail(errUnavailable, "approval request not recorded: %v", err))
-		return
+		return nil, fail(errUnavailable, "approval request not recorded: %v", err)
 	}
-	writeJSON(w, http.StatusOK, a)
+	return a, nil
 }
 
 // decideApproval grants or denies a pending request: only an approver the
 // policy names, and never the one who asked.
-func (s *Server) decideApproval(w http.ResponseWriter, r *http.Request, id string, grant bool, who string) {
-	a, ok := s.readApproval(w, r, id)
-	if !ok {
-		return
+func (s *Server) decideApproval(r *http.Request, id string, grant bool, who string) (any, error) {
+	a, err := s.readApproval(r, id)
+	if err != nil {
+		return nil, err
 	}
 	name, accessor, err := s.as(r).resolve()
 	if err != nil || accessor == "" {
-		writeError(w, fail(errForbidden, "granting or denying an approval needs your Nomad ACL token (ACLs on): %v", err))
-		return
+		return nil, fail(errForbidden, "granting or denying an approval needs your Nomad ACL token (ACLs on): %v", err)
 	}
 	g, err := s.as(r).grants()
 	if err != nil {
-		writeError(w, fail(errForbidden, "reading your token's grants: %v", err))
-		return
+		return nil, fail(errForbidden, "reading your token's grants: %v", err)
 	}
 	tokenName := strings.TrimSuffix(name, " ("+accessor+")")
 	p := s.policies.Current()
 	switch {
 	case !p.MayApprove(tokenName, g):
-		writeError(w, fail(errForbidden, "%s is not one of the policy's approvers", tokenName))
-		return
+		return nil, fail(errForbidden, "%s is not one of the policy's approvers", tokenName)
 	case accessor == a.RequestedAccessor || a.SamePerson(tokenName, g):
-		writeError(w, fail(errForbidden, "nobody grants or denies their own request, with any of their tokens (the same name, the name "+
-			"and a suffix such as -ci, or all of an approver's roles and policies); another approver must"))
-		return
+		return nil, fail(errForbidden, "nobody grants or denies their own request, with any of their tokens (the same name, the name "+
+			"and a suffix such as -ci, or all of an approver's roles and policies); another approver must")
 	case a.State != approval.Pending:
-		writeError(w, fail(errConflict, "approval %s is %s, not pending", id, a.State))
-		return
+		return nil, fail(errConflict, "approval %s is %s, not pending", id, a.State)
 	}
 	if grant {
 		// The policy may have changed since the request.
 		t := p.TenantOf(a.Namespace)
 		if t == nil {
-			writeError(w, fail(errForbidden, "approval %s is for namespace %q, which belongs to no tenant now", id, a.Namespace))
-			return
+			return nil, fail(errForbidden, "approval %s is for namespace %q, which belongs to no tenant now", id, a.Namespace)
 		}
 		if err := t.CheckApproval(a.ExtraGPUs, a.Duration()); err != nil {
-			writeError(w, fail(errForbidden, "approval %s cannot be granted: %v", id, err))
-			return
+			return nil, fail(errForbidden, "approval %s cannot be granted: %v", id, err)
 		}
 		if err := approval.CheckGrant(s.approvals(), a, t, s.clock.Now()); err != nil {
-			writeError(w, fail(errForbidden, "approval %s cannot be granted: %v", id, err))
-			return
+			return nil, fail(errForbidden, "approval %s cannot be granted: %v", id, err)
 		}
 	}
 	what, result := audit.ApprovalDeny, "denied"
@@ -174,14 +156,13 @@ func (s *Server) decideApproval(w http.ResponseWriter, r *http.Request, id strin
 	} else {
 		a.State, a.DecidedBy, a.DecidedAt = approval.Denied, who, s.clock.Now().UTC()
 	}
-	if !s.audited(w, audit.Event{Who: who, What: what, ID: a.ID, Namespace: a.Namespace, Job: a.Job, Result: result}) {
-		return
+	if err := s.audited(audit.Event{Who: who, What: what, ID: a.ID, Namespace: a.Namespace, Job: a.Job, Result: result}); err != nil {
+		return nil, err
 	}
 	if ok, err := s.approvalStore.Update(r.Context(), a); err != nil || !ok {
-		writeError(w, fail(errConflict, "approval %s changed meanwhile (%v); look again", id, err))
-		return
+		return nil, fail(errConflict, "approval %s changed meanwhile (%v); look again", id, err)
 	}
-	writeJSON(w, http.StatusOK, a)
+	return a, nil
 }
 
 func approvalAsks(a approval.Approval) string {

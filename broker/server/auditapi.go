@@ -18,26 +18,24 @@ import (
 // &tenant=, &job=; with ACLs, the events of namespaces the caller may read
 // (and those of no namespace: policy reloads). It reads the trail a line at
 // a time, so that no trail size makes it hold more than a page.
-func (s *Server) auditTrail(w http.ResponseWriter, r *http.Request) {
+func (s *Server) auditTrail(w http.ResponseWriter, r *http.Request) (any, error) {
 	q := r.URL.Query()
-	since, ok := sinceParam(w, r, 24*time.Hour)
-	if !ok {
-		return
+	since, err := sinceParam(r, 24*time.Hour)
+	if err != nil {
+		return nil, err
 	}
 	from := audit.Cursor{Since: s.clock.Now().Add(-since)}
 	if c := q.Get("cursor"); c != "" {
 		var err error
 		if from, err = audit.ParseCursor(c); err != nil {
-			writeError(w, fail(errBadRequest, "%v", err))
-			return
+			return nil, fail(errBadRequest, "%v", err)
 		}
 	}
 	limit := audit.MaxPage
 	if v := q.Get("limit"); v != "" {
 		n, err := strconv.Atoi(v)
 		if err != nil || n < 1 || n > audit.MaxPage {
-			writeError(w, fail(errBadRequest, "limit=%q is not a number of events from 1 to %d", v, audit.MaxPage))
-			return
+			return nil, fail(errBadRequest, "limit=%q is not a number of events from 1 to %d", v, audit.MaxPage)
 		}
 		limit = n
 	}
@@ -48,8 +46,7 @@ func (s *Server) auditTrail(w http.ResponseWriter, r *http.Request) {
 			(e.Namespace == "" || s.mayRead(r, e.Namespace, readable))
 	})
 	if err != nil {
-		writeError(w, fail(errUnavailable, "%v", err))
-		return
+		return nil, fail(errUnavailable, "%v", err)
 	}
 	if events == nil {
 		events = []audit.Event{}
@@ -57,7 +54,7 @@ func (s *Server) auditTrail(w http.ResponseWriter, r *http.Request) {
 	if more {
 		w.Header().Set(NextCursorHeader, next.String())
 	}
-	writeJSON(w, http.StatusOK, events)
+	return events, nil
 }
 
 // NextCursorHeader carries, on a page of the audit trail that has more
@@ -70,16 +67,15 @@ const NextCursorHeader = "X-Nomad-Gpu-Next-Cursor"
 // under another policy?". Each job's GPUs, run time and idleness come from
 // its usage profile, its submission from the audit trail (or its first
 // sample, when the trail has no admission of it).
-func (s *Server) trace(w http.ResponseWriter, r *http.Request) {
-	since, ok := sinceParam(w, r, 7*24*time.Hour)
-	if !ok {
-		return
+func (s *Server) trace(_ http.ResponseWriter, r *http.Request) (any, error) {
+	since, err := sinceParam(r, 7*24*time.Hour)
+	if err != nil {
+		return nil, err
 	}
 	from := s.clock.Now().Add(-since)
 	profiles, err := s.stored.List(r.Context())
 	if err != nil {
-		writeError(w, fail(errUnavailable, "%v", err))
-		return
+		return nil, fail(errUnavailable, "%v", err)
 	}
 	readable := map[string]bool{}
 	submitted := map[[2]string]time.Time{}
@@ -91,8 +87,7 @@ func (s *Server) trace(w http.ResponseWriter, r *http.Request) {
 		return true
 	})
 	if err != nil {
-		writeError(w, fail(errUnavailable, "%v", err))
-		return
+		return nil, fail(errUnavailable, "%v", err)
 	}
 	period := s.policies.Current().ReclaimSettings.Period // between two samples
 	var jobs []sim.Job
@@ -116,23 +111,27 @@ func (s *Server) trace(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	sort.SliceStable(jobs, func(i, j int) bool { return jobs[i].Submit < jobs[j].Submit })
+	return traceAnswer(jobs), nil
+}
+
+// traceAnswer is a trace as GET /v1/gpu/trace answers it: JSON lines.
+type traceAnswer []sim.Job
+
+func (t traceAnswer) writeTo(w http.ResponseWriter) error {
 	w.Header().Set("Content-Type", "application/x-ndjson")
-	if err := sim.WriteTrace(w, jobs); err != nil {
-		s.log.Warn("trace: writing the answer failed", "error", err)
-	}
+	return sim.WriteTrace(w, t)
 }
 
 // sinceParam reads the request's since= (a positive duration; def when
-// absent); false when it answered 400.
-func sinceParam(w http.ResponseWriter, r *http.Request, def time.Duration) (time.Duration, bool) {
+// absent).
+func sinceParam(r *http.Request, def time.Duration) (time.Duration, error) {
 	v := r.URL.Query().Get("since")
 	if v == "" {
-		return def, true
+		return def, nil
 	}
 	d, err := time.ParseDuration(v)
 	if err != nil || d <= 0 {
-		writeError(w, fail(errBadRequest, "since=%q is not a duration such as %gh", v, def.Hours()))
-		return 0, false
+		return 0, fail(errBadRequest, "since=%q is not a duration such as %gh", v, def.Hours())
 	}
-	return d, true
+	return d, nil
 }

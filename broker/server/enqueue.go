@@ -79,16 +79,15 @@ func (s *Server) enqueue(w http.ResponseWriter, r *http.Request, rj *gpuJobReque
 	}
 	if err := s.withinQueueLimits(rj, d.Tenant, entries, at); err != nil {
 		event.Result = "not queued: " + err.Error()
-		if s.audited(w, event) {
-			writeError(w, fail(errTooMany, "job %q not queued: %v", rj.JobID, err))
-		}
+		writeError(w, s.refused(event, fail(errTooMany, "job %q not queued: %v", rj.JobID, err)))
 		return
 	}
 	position, estimate, estimated := s.place(r.Context(), entries, e, at)
 	e.EstimatedStart = estimate.At
 	starts := startsText(estimate, estimated)
 	event.ID = e.ID
-	if !s.audited(w, event) {
+	if err := s.audited(event); err != nil {
+		writeError(w, err)
 		return
 	}
 	if err := s.queue.Put(r.Context(), e); errors.Is(err, queue.ErrTooLarge) {

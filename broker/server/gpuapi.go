@@ -16,7 +16,7 @@ import (
 // token when ACLs are on.
 func (s *Server) serveGPU(w http.ResponseWriter, r *http.Request) {
 	if r.URL.Path == "/v1/gpu/health" && r.Method == http.MethodGet {
-		s.health(w) // for health checks, which hold no token
+		s.respond(s.health)(w, r) // for health checks, which hold no token
 		return
 	}
 	who, _, err := s.as(r).resolve()
@@ -33,14 +33,43 @@ func (s *Server) serveGPU(w http.ResponseWriter, r *http.Request) {
 // health answers 200 while the broker can do its work, else 503 with why:
 // Nomad refuses its own token (the leader admits nothing from the queue).
 // It says nothing of any tenant or job.
-func (s *Server) health(w http.ResponseWriter) {
+func (s *Server) health(http.ResponseWriter, *http.Request) (any, error) {
 	if s.healthy != nil {
 		if why := s.healthy(); why != "" {
-			writeError(w, fail(errUnavailable, "unhealthy: %s", why))
-			return
+			return nil, fail(errUnavailable, "unhealthy: %s", why)
 		}
 	}
-	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+	return map[string]string{"status": "ok"}, nil
+}
+
+// handler serves an endpoint of the broker's own API: it returns the
+// answer, or the error that says why there is none (statusOf maps it), and
+// writes nothing but headers; respond writes either.
+type handler func(w http.ResponseWriter, r *http.Request) (any, error)
+
+// selfWritten is an answer that is not JSON: it writes its own body.
+type selfWritten interface {
+	writeTo(w http.ResponseWriter) error
+}
+
+// respond serves h: its answer as JSON (200), or its error.
+func (s *Server) respond(h handler) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		out, err := h(w, r)
+		if err != nil {
+			writeError(w, err)
+			return
+		}
+		switch o := out.(type) {
+		case nil:
+		case selfWritten:
+			if err := o.writeTo(w); err != nil {
+				s.log.Warn("writing the answer failed", "path", r.URL.Path, "error", err)
+			}
+		default:
+			writeJSON(w, http.StatusOK, out)
+		}
+	}
 }
 
 // callerKey holds the caller's identity in a request to the broker's API.
@@ -58,28 +87,26 @@ func (s *Server) gpuAPI() http.Handler {
 	fallback := map[string]bool{}
 	for _, e := range s.gpuRoutes() {
 		for _, m := range strings.Fields(e.methods) {
-			mux.HandleFunc(m+" "+e.path, func(w http.ResponseWriter, r *http.Request) {
+			mux.HandleFunc(m+" "+e.path, s.respond(func(w http.ResponseWriter, r *http.Request) (any, error) {
 				if !e.served() {
-					notFound(w, r)
-					return
+					return nil, noEndpoint(r)
 				}
-				e.h(w, r)
-			})
+				return e.h(w, r)
+			}))
 		}
 		if fallback[e.path] {
 			continue
 		}
 		fallback[e.path] = true
 		// Any other method on the path: 405, in the broker's words.
-		mux.HandleFunc(e.path, func(w http.ResponseWriter, r *http.Request) {
+		mux.HandleFunc(e.path, s.respond(func(_ http.ResponseWriter, r *http.Request) (any, error) {
 			if !e.served() {
-				notFound(w, r)
-				return
+				return nil, noEndpoint(r)
 			}
-			writeError(w, fail(errNotAllowed, "%s not allowed on %s", r.Method, r.URL.Path))
-		})
+			return nil, notAllowed(r)
+		}))
 	}
-	mux.HandleFunc("/v1/gpu/", notFound)
+	mux.HandleFunc("/v1/gpu/", s.respond(func(_ http.ResponseWriter, r *http.Request) (any, error) { return nil, noEndpoint(r) }))
 	return mux
 }
 
@@ -88,7 +115,7 @@ func (s *Server) gpuAPI() http.Handler {
 type gpuRoute struct {
 	methods, path string
 	served        func() bool
-	h             http.HandlerFunc
+	h             handler
 }
 
 func (s *Server) gpuRoutes() []gpuRoute {
@@ -101,57 +128,60 @@ func (s *Server) gpuRoutes() []gpuRoute {
 	regions := func() bool { return s.regions != nil }
 	drains := func() bool { return s.regions != nil && s.drains != nil }
 	return []gpuRoute{
-		{"GET", "/v1/gpu/usage", always, func(w http.ResponseWriter, r *http.Request) {
+		{"GET", "/v1/gpu/usage", always, func(w http.ResponseWriter, r *http.Request) (any, error) {
 			if r.URL.Query().Has("from") {
-				s.usageReport(w, r)
-			} else {
-				s.usage(w, r)
+				return s.usageReport(r)
 			}
+			return s.usage(r)
 		}},
 		{"GET", "/v1/gpu/nodes", always, s.gpuMap},
 		{"GET", "/v1/gpu/queue", always, s.queueList},
-		{"GET DELETE", "/v1/gpu/queue/{id}", always, func(w http.ResponseWriter, r *http.Request) {
-			s.queueEntry(w, r, r.PathValue("id"), apiCaller(r))
+		{"GET DELETE", "/v1/gpu/queue/{id}", always, func(_ http.ResponseWriter, r *http.Request) (any, error) {
+			return s.queueEntry(r, r.PathValue("id"), apiCaller(r))
 		}},
 		{"GET", "/v1/gpu/approvals", approvals, s.approvalList},
-		{"POST PUT", "/v1/gpu/approvals", approvals, func(w http.ResponseWriter, r *http.Request) { s.requestApproval(w, r, apiCaller(r)) }},
-		{"GET", "/v1/gpu/approvals/{id}", approvals, func(w http.ResponseWriter, r *http.Request) {
-			if a, ok := s.readApproval(w, r, r.PathValue("id")); ok {
-				writeJSON(w, http.StatusOK, a)
-			}
+		{"POST PUT", "/v1/gpu/approvals", approvals, func(_ http.ResponseWriter, r *http.Request) (any, error) {
+			return s.requestApproval(r, apiCaller(r))
+		}},
+		{"GET", "/v1/gpu/approvals/{id}", approvals, func(_ http.ResponseWriter, r *http.Request) (any, error) {
+			return s.readApproval(r, r.PathValue("id"))
 		}},
 		{"POST PUT", "/v1/gpu/approvals/{id}/{verb}", approvals, oneOf("grant", "deny", "id", s.decideApproval)},
-		{"GET", "/v1/gpu/regions", regions, func(w http.ResponseWriter, r *http.Request) {
-			writeJSON(w, http.StatusOK, s.regions.Status())
-		}},
+		{"GET", "/v1/gpu/regions", regions, func(http.ResponseWriter, *http.Request) (any, error) { return s.regions.Status(), nil }},
 		{"POST PUT", "/v1/gpu/regions/{name}/{verb}", drains, oneOf("drain", "resume", "name", s.drain)},
 		{"GET", "/v1/gpu/audit", always, s.auditTrail},
 		{"GET", "/v1/gpu/trace", stored, s.trace},
 		{"GET", "/v1/gpu/rightsizing", stored, s.rightSizing},
 		{"GET", "/v1/gpu/reclaim", decisions, s.reclaimList},
 		{"GET", "/v1/gpu/quarantine", setAside, s.setAsideList},
-		{"GET", "/v1/gpu/policy", policyStatus, func(w http.ResponseWriter, r *http.Request) { writeJSON(w, http.StatusOK, s.policyStatus()) }},
-		{"GET DELETE", "/v1/gpu/reclaim/{id}", decisions, func(w http.ResponseWriter, r *http.Request) {
-			s.reclaimDecision(w, r, r.PathValue("id"), apiCaller(r))
+		{"GET", "/v1/gpu/policy", policyStatus, func(http.ResponseWriter, *http.Request) (any, error) { return s.policyStatus(), nil }},
+		{"GET DELETE", "/v1/gpu/reclaim/{id}", decisions, func(_ http.ResponseWriter, r *http.Request) (any, error) {
+			return s.reclaimDecision(r, r.PathValue("id"), apiCaller(r))
 		}},
 	}
 }
 
 // oneOf serves a path ending in /{verb}, verb one or other: f gets the path's
 // key, whether the verb was one, and the caller; another verb is 404.
-func oneOf(one, other, key string, f func(w http.ResponseWriter, r *http.Request, id string, isOne bool, who string)) http.HandlerFunc {
-	return func(w http.ResponseWriter, r *http.Request) {
+func oneOf(one, other, key string, f func(r *http.Request, id string, isOne bool, who string) (any, error)) handler {
+	return func(_ http.ResponseWriter, r *http.Request) (any, error) {
 		switch verb := r.PathValue("verb"); verb {
 		case one, other:
-			f(w, r, r.PathValue(key), verb == one, apiCaller(r))
+			return f(r, r.PathValue(key), verb == one, apiCaller(r))
 		default:
-			notFound(w, r)
+			return nil, noEndpoint(r)
 		}
 	}
 }
 
-func notFound(w http.ResponseWriter, r *http.Request) {
-	writeError(w, fail(errNotFound, "no such endpoint %s %s", r.Method, r.URL.Path))
+// noEndpoint is the 404 of a path the broker's API does not serve.
+func noEndpoint(r *http.Request) error {
+	return fail(errNotFound, "no such endpoint %s %s", r.Method, r.URL.Path)
+}
+
+// notAllowed is the 405 of a method a path of the broker's API does not serve.
+func notAllowed(r *http.Request) error {
+	return fail(errNotAllowed, "%s not allowed on %s", r.Method, r.URL.Path)
 }
 
 // queueList serves the queue in admission order, as far as the caller may
@@ -160,7 +190,7 @@ func notFound(w http.ResponseWriter, r *http.Request) {
 // starts, for ?next_token=), and ?index=N&wait= blocks until the queue
 // changes (X-Nomad-Index is the queue's Consul index). X-Nomad-Gpu-Queued
 // is how many the caller may read in all.
-func (s *Server) queueList(w http.ResponseWriter, r *http.Request) {
+func (s *Server) queueList(w http.ResponseWriter, r *http.Request) (any, error) {
 	index := func() uint64 {
 		if q, ok := s.queue.(interface{ Index() uint64 }); ok {
 			return q.Index()
@@ -168,24 +198,20 @@ func (s *Server) queueList(w http.ResponseWriter, r *http.Request) {
 		return 0
 	}
 	if err := blockingQuery(r, index); err != nil {
-		writeError(w, err)
-		return
+		return nil, err
 	}
 	perPage, err := atLeastOne(r, "per_page", 0, "a count of at least 1")
 	if err != nil {
-		writeError(w, err)
-		return
+		return nil, err
 	}
 	from, err := atLeastOne(r, "next_token", 1, "one this broker gave (X-Nomad-NextToken)")
 	if err != nil {
-		writeError(w, err)
-		return
+		return nil, err
 	}
 	w.Header().Set("X-Nomad-Index", strconv.FormatUint(index(), 10))
 	entries, err := s.ordered(r)
 	if err != nil {
-		writeError(w, fail(errUnavailable, "%v", err))
-		return
+		return nil, fail(errUnavailable, "%v", err)
 	}
 	out := []QueuedJob{}
 	readable := map[string]bool{}
@@ -208,7 +234,7 @@ func (s *Server) queueList(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	w.Header().Set("X-Nomad-Gpu-Queued", strconv.Itoa(visible))
-	writeJSON(w, http.StatusOK, out)
+	return out, nil
 }
 
 // atLeastOne reads query parameter name, a whole number of at least 1

@@ -32,18 +32,16 @@ const (
 // (default and at most 30s). With ACLs the caller needs node read (asked
 // of Nomad for one node), and sees who holds a GPU only in namespaces it may
 // read.
-func (s *Server) gpuMap(w http.ResponseWriter, r *http.Request) {
+func (s *Server) gpuMap(w http.ResponseWriter, r *http.Request) (any, error) {
 	if err := blockingQuery(r, func() uint64 { index, _ := s.cluster.Followed(); return index }); err != nil {
-		writeError(w, err)
-		return
+		return nil, err
 	}
 	p := s.policies.Current()
 	index, _ := s.cluster.Followed()
 	m := GPUMap{Index: index, IdleBelow: p.Usage.IdleBelow, Nodes: s.cluster.Map(p.Usage.IdleBelow)}
 	if s.acls && len(m.Nodes) > 0 {
 		if err := s.as(r).get("/v1/node/"+url.PathEscape(m.Nodes[0].ID), "", nil); err != nil {
-			writeError(w, fail(errForbidden, "the GPU map needs a token that may read nodes: %v", err))
-			return
+			return nil, fail(errForbidden, "the GPU map needs a token that may read nodes: %v", err)
 		}
 		readable := map[string]bool{}
 		for _, n := range m.Nodes {
@@ -56,7 +54,7 @@ func (s *Server) gpuMap(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	w.Header().Set("X-Nomad-Index", fmt.Sprint(index))
-	writeJSON(w, http.StatusOK, m)
+	return m, nil
 }
 
 // blockingQuery is a Nomad blocking query's wait: with ?index=N it returns

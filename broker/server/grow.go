@@ -541,7 +541,8 @@ func (s *Server) decideThenForward(w http.ResponseWriter, r *http.Request, body 
 	case d.Outcome != admission.Reject && d.Priority != current:
 		event.Result = fmt.Sprintf("%s: refused: it would run at priority %d but the job runs at %d", what, d.Priority, current)
 	}
-	if !s.audited(w, event) {
+	if err := s.audited(event); err != nil {
+		writeError(w, err)
 		res.Release()
 		return ""
 	}

@@ -28,19 +28,16 @@ func (s *Server) backoff(namespace, id string) *admission.Backoff {
 	return s.preemptions.Backoff(s.policies.Current().Borrowing, namespace, id, s.clock.Now())
 }
 
-func (s *Server) queueEntry(w http.ResponseWriter, r *http.Request, id, who string) {
+func (s *Server) queueEntry(r *http.Request, id, who string) (any, error) {
 	if !queue.ValidID(id) {
-		writeError(w, fail(errBadRequest, "%q is not a queue id (a UUID, as `gpu-broker queue list` shows)", id))
-		return
+		return nil, fail(errBadRequest, "%q is not a queue id (a UUID, as `gpu-broker queue list` shows)", id)
 	}
 	e, err := s.queue.Get(r.Context(), id)
 	if errors.Is(err, queue.ErrNotFound) || (err == nil && !s.mayRead(r, e.Namespace, map[string]bool{})) {
-		writeError(w, fail(errNotFound, "no queued job %q (admitted, cancelled or never queued)", id))
-		return
+		return nil, fail(errNotFound, "no queued job %q (admitted, cancelled or never queued)", id)
 	}
 	if err != nil {
-		writeError(w, fail(errUnavailable, "%v", err))
-		return
+		return nil, fail(errUnavailable, "%v", err)
 	}
 	switch r.Method {
 	case http.MethodGet:
@@ -49,24 +46,21 @@ func (s *Server) queueEntry(w http.ResponseWriter, r *http.Request, id, who stri
 		}
 		entries, err := s.ordered(r)
 		if err != nil {
-			writeError(w, fail(errUnavailable, "%v", err))
-			return
+			return nil, fail(errUnavailable, "%v", err)
 		}
-		writeJSON(w, http.StatusOK, QueuedJob{Position: positionOf(entries, id), Entry: e, Estimate: estimatePtr(s.estimateOf(entries, id)),
-			Backoff: s.backoff(e.Namespace, e.JobID)})
+		return QueuedJob{Position: positionOf(entries, id), Entry: e, Estimate: estimatePtr(s.estimateOf(entries, id)),
+			Backoff: s.backoff(e.Namespace, e.JobID)}, nil
 	case http.MethodDelete:
 		if !s.mayCancel(r, e, who) {
-			writeError(w, fail(errForbidden, "only its submitter, or a token that may submit job %q in namespace %q, may cancel queued job %s",
-				e.JobID, e.Namespace, id))
-			return
+			return nil, fail(errForbidden, "only its submitter, or a token that may submit job %q in namespace %q, may cancel queued job %s",
+				e.JobID, e.Namespace, id)
 		}
 		if err := s.dequeue(r, e, who, "cancelled"); err != nil {
-			writeError(w, err)
-			return
+			return nil, err
 		}
-		writeJSON(w, http.StatusOK, e)
+		return e, nil
 	default:
-		writeError(w, fail(errNotAllowed, "%s not allowed on %s", r.Method, r.URL.Path))
+		return nil, notAllowed(r)
 	}
 }
 
@@ -87,8 +81,8 @@ func (s *Server) ordered(r *http.Request) ([]queue.Entry, error) {
 func (s *Server) dequeue(r *http.Request, e queue.Entry, who, result string) error {
 	event := audit.Event{Who: who, What: audit.QueueCancel, ID: e.ID, Namespace: e.Namespace, Job: e.JobID, Tenant: e.Tenant,
 		Queue: e.Queue, Result: result}
-	if err := s.audit.Write(event); err != nil {
-		return fail(errUnavailable, "the audit trail cannot be written, so nothing was done: %v", err)
+	if err := s.audited(event); err != nil {
+		return err
 	}
 	ok, err := s.queue.Remove(r.Context(), e)
 	if err != nil || !ok {

@@ -25,11 +25,10 @@ type Decisions interface {
 
 // reclaimList serves GET /v1/gpu/reclaim: the decisions in namespaces the
 // caller may read, newest first.
-func (s *Server) reclaimList(w http.ResponseWriter, r *http.Request) {
+func (s *Server) reclaimList(_ http.ResponseWriter, r *http.Request) (any, error) {
 	recs, err := s.decisions.List(r.Context())
 	if err != nil {
-		writeError(w, fail(errUnavailable, "%v", err))
-		return
+		return nil, fail(errUnavailable, "%v", err)
 	}
 	out := []reclaim.Record{}
 	readable := map[string]bool{}
@@ -39,7 +38,7 @@ func (s *Server) reclaimList(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].ProposedAt.After(out[j].ProposedAt) })
-	writeJSON(w, http.StatusOK, out)
+	return out, nil
 }
 
 // SetAside lists the records of Consul KV set aside as unreadable.
@@ -50,24 +49,21 @@ type SetAside interface {
 // setAsideList serves the records set aside as unreadable (keys and sizes,
 // never their values) to an operator: with ACLs, a token that may read
 // Nomad's operator settings.
-func (s *Server) setAsideList(w http.ResponseWriter, r *http.Request) {
+func (s *Server) setAsideList(_ http.ResponseWriter, r *http.Request) (any, error) {
 	if s.acls && s.as(r).get("/v1/operator/scheduler/configuration", "", &struct{}{}) != nil {
-		writeError(w, fail(errForbidden, "the records set aside are an operator's to read: a token with operator read"))
-		return
+		return nil, fail(errForbidden, "the records set aside are an operator's to read: a token with operator read")
 	}
 	recs, err := s.setAside.SetAside(r.Context())
 	if err != nil {
-		writeError(w, fail(errUnavailable, "%v", err))
-		return
+		return nil, fail(errUnavailable, "%v", err)
 	}
-	writeJSON(w, http.StatusOK, recs)
+	return recs, nil
 }
 
 // reclaimDecision serves GET and DELETE (cancel) /v1/gpu/reclaim/<id>.
-func (s *Server) reclaimDecision(w http.ResponseWriter, r *http.Request, id, who string) {
+func (s *Server) reclaimDecision(r *http.Request, id, who string) (any, error) {
 	if !queue.ValidID(id) {
-		writeError(w, fail(errBadRequest, "%q is not a reclaim decision id (a UUID, as `gpu-broker reclaim list` shows)", id))
-		return
+		return nil, fail(errBadRequest, "%q is not a reclaim decision id (a UUID, as `gpu-broker reclaim list` shows)", id)
 	}
 	rec, err := s.decisions.Get(r.Context(), id)
 	if err == nil && !s.mayRead(r, rec.Namespace, map[string]bool{}) {
@@ -75,42 +71,37 @@ func (s *Server) reclaimDecision(w http.ResponseWriter, r *http.Request, id, who
 	}
 	switch {
 	case errors.Is(err, reclaim.ErrNotFound):
-		writeError(w, fail(errNotFound, "no reclaim decision %q", id))
-		return
+		return nil, fail(errNotFound, "no reclaim decision %q", id)
 	case err != nil:
-		writeError(w, fail(errUnavailable, "%v", err))
-		return
+		return nil, fail(errUnavailable, "%v", err)
 	}
 	switch r.Method {
 	case http.MethodGet:
-		writeJSON(w, http.StatusOK, rec)
+		return rec, nil
 	case http.MethodDelete:
 		if !s.mayWriteJob(r, rec.Namespace, rec.Job) {
-			writeError(w, fail(errForbidden, "only a token that may write job %q in namespace %q may cancel reclaim decision %s", rec.Job, rec.Namespace, id))
-			return
+			return nil, fail(errForbidden, "only a token that may write job %q in namespace %q may cancel reclaim decision %s", rec.Job, rec.Namespace, id)
 		}
 		if rec.State != reclaim.Proposed || !rec.ActingSince.IsZero() {
-			writeError(w, fail(errConflict, "reclaim decision %s is %s%s: only a proposed decision not yet being carried out can be cancelled",
-				id, rec.State, map[bool]string{true: " (being carried out)", false: ""}[!rec.ActingSince.IsZero() && rec.State == reclaim.Proposed]))
-			return
+			return nil, fail(errConflict, "reclaim decision %s is %s%s: only a proposed decision not yet being carried out can be cancelled",
+				id, rec.State, map[bool]string{true: " (being carried out)", false: ""}[!rec.ActingSince.IsZero() && rec.State == reclaim.Proposed])
 		}
 		event := audit.Event{Who: who, What: audit.ReclaimCancel, ID: id, Namespace: rec.Namespace, Job: rec.Job, Tenant: rec.Tenant,
 			Queue: rec.Queue, Rule: rec.Rule, Result: "cancelled"}
-		if !s.audited(w, event) {
-			return
+		if err := s.audited(event); err != nil {
+			return nil, err
 		}
 		rec.State, rec.Result = reclaim.Cancelled, "cancelled by "+who
 		if ok, err := s.decisions.Update(r.Context(), rec); err != nil || !ok {
 			event.Result = fmt.Sprintf("not cancelled: changed meanwhile (%v)", err)
 			s.audit.Write(event)
-			writeError(w, fail(errConflict, "reclaim decision %s changed meanwhile (%v); look again", id, err))
-			return
+			return nil, fail(errConflict, "reclaim decision %s changed meanwhile (%v); look again", id, err)
 		}
 		s.metrics.Decision(rec.Rule, string(rec.Action), string(rec.State))
 		s.log.Info("reclaim decision cancelled", "id", id, "rule", rec.Rule, "job", rec.Job, "namespace", rec.Namespace, "by", who)
-		writeJSON(w, http.StatusOK, rec)
+		return rec, nil
 	default:
-		writeError(w, fail(errNotAllowed, "%s not allowed on %s", r.Method, r.URL.Path))
+		return nil, notAllowed(r)
 	}
 }
 

@@ -12,30 +12,27 @@ import (
 // finishes there) or resumes it, for every broker, with the caller's name
 // and the time recorded and audited. With ACLs on it needs a management
 // token, as Nomad's own operator calls do.
-func (s *Server) drain(w http.ResponseWriter, r *http.Request, region string, drain bool, who string) {
+func (s *Server) drain(r *http.Request, region string, drain bool, who string) (any, error) {
 	if !slices.Contains(s.regions.Names(), region) {
-		writeError(w, fail(errNotFound, "region %q is not one this broker governs (gpu-broker region list)", region))
-		return
+		return nil, fail(errNotFound, "region %q is not one this broker governs (gpu-broker region list)", region)
 	}
 	if s.acls {
 		g, err := s.as(r).grants()
 		if err != nil || !g.Management {
-			writeError(w, fail(errForbidden, "draining or resuming a region needs a management token: %v", err))
-			return
+			return nil, fail(errForbidden, "draining or resuming a region needs a management token: %v", err)
 		}
 	}
 	by, what := "", audit.RegionResume
 	if drain {
 		by, what = "by "+who+" at "+s.clock.Now().UTC().Format(time.RFC3339), audit.RegionDrain
 	}
-	if !s.audited(w, audit.Event{Who: who, What: what, Result: "region " + region}) {
-		return
+	if err := s.audited(audit.Event{Who: who, What: what, Result: "region " + region}); err != nil {
+		return nil, err
 	}
 	drained, err := s.drains.Set(r.Context(), region, by)
 	if err != nil {
-		writeError(w, fail(errUnavailable, "%v", err))
-		return
+		return nil, fail(errUnavailable, "%v", err)
 	}
 	s.regions.SetDrained(drained) // at once here; the other brokers follow the key
-	writeJSON(w, http.StatusOK, s.regions.Status())
+	return s.regions.Status(), nil
 }

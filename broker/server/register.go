@@ -106,9 +106,7 @@ func (s *Server) declaredGPUs(w http.ResponseWriter, r *http.Request, req *nomad
 	}
 	event := audit.Event{Who: s.as(r).identity(), What: audit.Admission, Namespace: req.Namespace, Job: req.JobID,
 		Rule: admission.RuleUndeclaredGPUAccess, Result: "reject: " + why}
-	if s.audited(w, event) {
-		writeError(w, fail(errForbidden, "job %q rejected by rule %s: %s; %s", req.JobID, admission.RuleUndeclaredGPUAccess, why, fix))
-	}
+	writeError(w, s.refused(event, fail(errForbidden, "job %q rejected by rule %s: %s; %s", req.JobID, admission.RuleUndeclaredGPUAccess, why, fix)))
 	return "", false
 }
 
@@ -143,13 +141,12 @@ func (s *Server) register(w http.ResponseWriter, r *http.Request, pathJobID stri
 	}
 	switch d.Outcome {
 	case admission.Reject:
-		if s.audited(w, event) {
-			writeError(w, fail(errForbidden, "job %q rejected by rule %s: %s", rj.JobID, d.Rule, d.Reason))
-		}
+		writeError(w, s.refused(event, fail(errForbidden, "job %q rejected by rule %s: %s", rj.JobID, d.Rule, d.Reason)))
 	case admission.Queue:
 		s.enqueue(w, r, rj, d, who, event, dispatchWarning(rj.Dispatch), workloadWarning(rj.Wrote), rj.warning)
 	default:
-		if !s.audited(w, event) {
+		if err := s.audited(event); err != nil {
+			writeError(w, err)
 			res.Release()
 			return
 		}

@@ -617,10 +617,18 @@ func (s *Server) passThrough(w http.ResponseWriter, r *http.Request, body []byte
 
 // audited writes e to the audit trail before anything is acknowledged or
 // done; when it cannot, the caller is answered 503 and nothing is done.
-func (s *Server) audited(w http.ResponseWriter, e audit.Event) bool {
+func (s *Server) audited(e audit.Event) error {
 	if err := s.audit.Write(e); err != nil {
-		writeError(w, fail(errUnavailable, "the audit trail cannot be written, so nothing was done: %v", err))
-		return false
+		return fail(errUnavailable, "the audit trail cannot be written, so nothing was done: %v", err)
 	}
-	return true
+	return nil
+}
+
+// refused is refusal err, audited as e: the audit trail's own error if it
+// cannot be written.
+func (s *Server) refused(e audit.Event, err error) error {
+	if aerr := s.audited(e); aerr != nil {
+		return aerr
+	}
+	return err
 }

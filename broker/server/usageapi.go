@@ -26,7 +26,7 @@ type TenantUsage struct {
 	Budget *usage.BudgetState `json:"budget,omitempty"`
 }
 
-func (s *Server) usage(w http.ResponseWriter, r *http.Request) {
+func (s *Server) usage(r *http.Request) (any, error) {
 	p := s.policies.Current()
 	u := s.cluster.UsageWithout(p, "", "")
 	queued := map[string]float64{}
@@ -40,8 +40,7 @@ func (s *Server) usage(w http.ResponseWriter, r *http.Request) {
 		now := s.clock.Now()
 		days, err := s.rollups.Days(r.Context(), usage.EarliestPeriodStart(now).Format(usage.DayFormat), now.UTC().Format(usage.DayFormat))
 		if err != nil {
-			writeError(w, fail(errUnavailable, "%v", err))
-			return
+			return nil, fail(errUnavailable, "%v", err)
 		}
 		budgets = usage.Budgets(p, days, now)
 	}
@@ -56,7 +55,7 @@ func (s *Server) usage(w http.ResponseWriter, r *http.Request) {
 		out = append(out, row)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Tenant < out[j].Tenant })
-	writeJSON(w, http.StatusOK, out)
+	return out, nil
 }
 
 // UsageReport is GET /v1/gpu/usage?from=&to=&by=: GPU-hours and cost of
@@ -73,47 +72,40 @@ type UsageReport struct {
 // usageReport reports GPU-hours from the daily rollups. With ACLs a caller
 // sees the tenants with a namespace it may read, and not the time of jobs
 // the broker did not admit (they have no tenant).
-func (s *Server) usageReport(w http.ResponseWriter, r *http.Request) {
+func (s *Server) usageReport(r *http.Request) (any, error) {
 	if s.rollups == nil {
-		writeError(w, fail(errNotFound, "this broker keeps no usage history"))
-		return
+		return nil, fail(errNotFound, "this broker keeps no usage history")
 	}
 	q := r.URL.Query()
 	rep := UsageReport{From: q.Get("from"), To: q.Get("to"), By: q.Get("by"), Region: q.Get("region")}
 	from, err := time.Parse(usage.DayFormat, rep.From)
 	if err != nil {
-		writeError(w, fail(errBadRequest, "from=%q is not a day (YYYY-MM-DD)", rep.From))
-		return
+		return nil, fail(errBadRequest, "from=%q is not a day (YYYY-MM-DD)", rep.From)
 	}
 	to := s.clock.Now().UTC().AddDate(0, 0, 1) // through today
 	if rep.To != "" {
 		if to, err = time.Parse(usage.DayFormat, rep.To); err != nil {
-			writeError(w, fail(errBadRequest, "to=%q is not a day (YYYY-MM-DD)", rep.To))
-			return
+			return nil, fail(errBadRequest, "to=%q is not a day (YYYY-MM-DD)", rep.To)
 		}
 	}
 	rep.To = to.Format(usage.DayFormat)
 	if !to.After(from) {
-		writeError(w, fail(errBadRequest, "to (%s) must come after from (%s): the period runs from 'from' up to, not including, 'to'", rep.To, rep.From))
-		return
+		return nil, fail(errBadRequest, "to (%s) must come after from (%s): the period runs from 'from' up to, not including, 'to'", rep.To, rep.From)
 	}
 	switch rep.By {
 	case "":
 		rep.By = usage.ByTenant
 	case usage.ByTenant, usage.ByQueue, usage.ByClass, usage.ByRegion:
 	default:
-		writeError(w, fail(errBadRequest, "by=%q: report by tenant, queue, class or region", rep.By))
-		return
+		return nil, fail(errBadRequest, "by=%q: report by tenant, queue, class or region", rep.By)
 	}
 	inRegion, ok := s.rowsOfRegion(rep.Region)
 	if !ok {
-		writeError(w, fail(errBadRequest, "region=%q is not a region this broker governs", rep.Region))
-		return
+		return nil, fail(errBadRequest, "region=%q is not a region this broker governs", rep.Region)
 	}
 	days, err := s.rollups.Days(r.Context(), rep.From, to.AddDate(0, 0, -1).Format(usage.DayFormat))
 	if err != nil {
-		writeError(w, fail(errUnavailable, "%v", err))
-		return
+		return nil, fail(errUnavailable, "%v", err)
 	}
 	p := s.policies.Current()
 	var readable map[string]bool // with ACLs, the tenants the caller may read
@@ -143,7 +135,7 @@ func (s *Server) usageReport(w http.ResponseWriter, r *http.Request) {
 		}
 		sort.Slice(rep.Rows, func(i, j int) bool { return rep.Rows[i].Group < rep.Rows[j].Group })
 	}
-	writeJSON(w, http.StatusOK, rep)
+	return rep, nil
 }
 
 // readableTenants are the tenants with a namespace the caller may read.
@@ -197,20 +189,18 @@ const DefaultRightSizingTop = 5
 
 // rightSizing lists each tenant's worst over-asking jobs (?top=N per
 // tenant, 0 all) that the caller may read.
-func (s *Server) rightSizing(w http.ResponseWriter, r *http.Request) {
+func (s *Server) rightSizing(_ http.ResponseWriter, r *http.Request) (any, error) {
 	top := DefaultRightSizingTop
 	if v := r.URL.Query().Get("top"); v != "" {
 		n, err := strconv.Atoi(v)
 		if err != nil || n < 0 {
-			writeError(w, fail(errBadRequest, "top=%q is not a count of jobs per tenant", v))
-			return
+			return nil, fail(errBadRequest, "top=%q is not a count of jobs per tenant", v)
 		}
 		top = n
 	}
 	all, err := s.stored.List(r.Context())
 	if err != nil {
-		writeError(w, fail(errUnavailable, "%v", err))
-		return
+		return nil, fail(errUnavailable, "%v", err)
 	}
 	readable := map[string]bool{}
 	mine := all[:0]
@@ -224,5 +214,5 @@ func (s *Server) rightSizing(w http.ResponseWriter, r *http.Request) {
 		out = append(out, RightSizing{Tenant: p.Tenant, Namespace: p.Namespace, Job: p.Job, Queue: p.Queue, Asked: p.Asked,
 			BusyP50: p.BusyAt(0.5), BusyP95: p.BusyAt(0.95), Samples: p.Samples(), Since: p.First, Last: p.Last})
 	}
-	writeJSON(w, http.StatusOK, out)
+	return out, nil
 }
