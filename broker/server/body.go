@@ -82,10 +82,10 @@ func clientOf(r *http.Request) string {
 	return host
 }
 
-// readBody reads a size-limited body, answering itself when it cannot: 413
-// above MaxBody, 408 when it does not arrive within the body read timeout
-// (a client that stalls holds its slot no longer), 400 otherwise.
-func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool) {
+// readBody reads a size-limited body; its error says why it could not:
+// 413 above MaxBody, 408 when it does not arrive within the body read
+// timeout (a client that stalls holds its slot no longer), 400 otherwise.
+func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
 	rc := http.NewResponseController(w)
 	p := &paced{r: http.MaxBytesReader(nil, r.Body, MaxBody), rc: rc, start: time.Now(), limit: s.bodyReadTimeout}
 	rc.SetReadDeadline(p.deadline()) // not supported by test recorders: no deadline there
@@ -97,16 +97,15 @@ func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool)
 		var tooBig *http.MaxBytesError
 		switch {
 		case errors.As(err, &tooBig):
-			refuseBody(w, fail(errTooLarge, "request body larger than %d bytes", MaxBody))
+			return nil, unreadBody{fail(errTooLarge, "request body larger than %d bytes", MaxBody)}
 		case errors.Is(err, os.ErrDeadlineExceeded):
-			refuseBody(w, fail(errTimeout, "the request body did not arrive within %s, or arrived slower than %d KiB/s after its first %s",
-				s.bodyReadTimeout, MinBodyRate>>10, BodyAllowance))
+			return nil, unreadBody{fail(errTimeout, "the request body did not arrive within %s, or arrived slower than %d KiB/s after its first %s",
+				s.bodyReadTimeout, MinBodyRate>>10, BodyAllowance)}
 		default:
-			refuseBody(w, fail(errBadRequest, "read request body: %v", err))
+			return nil, unreadBody{fail(errBadRequest, "read request body: %v", err)}
 		}
-		return nil, false
 	}
-	return body, true
+	return body, nil
 }
 
 // paced reads a body whose read deadline moves with what arrived: its start
@@ -129,12 +128,4 @@ func (p *paced) Read(b []byte) (int, error) {
 
 func (p *paced) deadline() time.Time {
 	return p.start.Add(min(p.limit, BodyAllowance+time.Duration(p.n)*time.Second/MinBodyRate))
-}
-
-// refuseBody answers err to a request whose body was not read to its end,
-// and closes the connection after: else Go's server would first read what
-// is left of the body, waiting on a client that may never send it.
-func refuseBody(w http.ResponseWriter, err error) {
-	w.Header().Set("Connection", "close")
-	writeError(w, err)
 }

@@ -15,30 +15,33 @@ const (
 	regionForwardedHeader = "X-Nomad-Gpu-Region-Forwarded"
 )
 
-// admitsHere reports whether this broker decides on a GPU request. A follower
-// sends it to the leader (body as received) and relays the answer; a request
-// sent on by another broker to one that is no longer leader is refused rather
-// than sent on again.
-func (s *Server) admitsHere(w http.ResponseWriter, r *http.Request, body []byte) bool {
+// admitsHere is nil when this broker decides on a GPU request. A follower
+// hands it to the leader (body as received), whose answer it relays; a
+// request sent on by another broker to one that is no longer leader is
+// refused rather than sent on again.
+func (s *Server) admitsHere(r *http.Request, body []byte) error {
 	if s.leader == nil || s.leader.IsLeader() {
-		return true
+		return nil
 	}
 	if r.Header.Get(forwardedHeader) != "" {
-		writeError(w, fail(errUnavailable, "the broker leader changed while deciding; try again"))
-		return false
+		return fail(errUnavailable, "the broker leader changed while deciding; try again")
 	}
 	addr, err := s.leader.LeaderAddress(r.Context())
 	if err != nil {
-		writeError(w, fail(errUnavailable, "GPU jobs are admitted by the broker leader, and there is none: %v", err))
-		return false
+		return fail(errUnavailable, "GPU jobs are admitted by the broker leader, and there is none: %v", err)
 	}
-	s.sendOn(w, r, addr, body, "the broker leader", forwardedHeader)
-	return false
+	return s.sendOn(r, addr, body, "the broker leader", forwardedHeader)
 }
 
-// sendOn sends the request (with body as given) to another broker at addr and
-// relays its answer, marked with header so that it is not sent on again.
-func (s *Server) sendOn(w http.ResponseWriter, r *http.Request, addr string, body []byte, who, header string) {
+// sendOn hands the request (with body as given) to another broker at addr,
+// whose answer is relayed, marked with header so that it is not sent on
+// again.
+func (s *Server) sendOn(r *http.Request, addr string, body []byte, who, header string) error {
+	return &handedOff{to: who, serve: func(w http.ResponseWriter) { s.relayFrom(w, r, addr, body, who, header) }}
+}
+
+// relayFrom sends the request to the broker at addr and relays its answer.
+func (s *Server) relayFrom(w http.ResponseWriter, r *http.Request, addr string, body []byte, who, header string) {
 	req, err := http.NewRequestWithContext(r.Context(), r.Method, strings.TrimSuffix(addr, "/")+r.URL.RequestURI(), bytes.NewReader(body))
 	if err != nil {
 		writeError(w, fail(errInternal, "address of %s %q: %v", who, addr, err))
@@ -59,15 +62,13 @@ func (s *Server) sendOn(w http.ResponseWriter, r *http.Request, addr string, bod
 // one of broker.hcl's region blocks). One for another region goes to that
 // region's broker when policy names it (that broker decides with that
 // region's usage), and is refused otherwise.
-func (s *Server) checkRegion(w http.ResponseWriter, r *http.Request, region, jobID string, body []byte) bool {
+func (s *Server) checkRegion(r *http.Request, region, jobID string, body []byte) error {
 	if region == "" || region == s.region || region == api.GlobalRegion || (s.regions != nil && s.regions.Governs(region)) {
-		return true
+		return nil
 	}
 	if other, ok := s.policies.Current().Regions[region]; ok && r.Header.Get(regionForwardedHeader) == "" {
-		s.sendOn(w, r, other.Broker, body, "region "+region+"'s broker", regionForwardedHeader)
-		return false
+		return s.sendOn(r, other.Broker, body, "region "+region+"'s broker", regionForwardedHeader)
 	}
-	writeError(w, fail(errForbidden, "job %q is for region %q, but this broker admits GPU jobs for region %q only, "+
-		"and policy names no broker for region %s (region %q { broker = \"...\" })", jobID, region, s.region, region, region))
-	return false
+	return fail(errForbidden, "job %q is for region %q, but this broker admits GPU jobs for region %q only, "+
+		"and policy names no broker for region %s (region %q { broker = \"...\" })", jobID, region, s.region, region, region)
 }

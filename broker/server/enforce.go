@@ -29,56 +29,52 @@ func writesAsBroker(r *http.Request) bool {
 	return a != nil && a.asBroker
 }
 
-// authorize lets a job write (what) in namespace ns go on, or answers 403. With
+// authorize lets a job write (what) in namespace ns go on, or refuses it (403). With
 // exclusive enforcement in a tenant's namespace, the caller's token must hold
 // one of the tenant's submitters, and the broker then writes with its own
 // token; elsewhere the caller's token goes to Nomad, whose ACLs decide.
-func (s *Server) authorize(w http.ResponseWriter, r *http.Request, what, ns string) bool {
+func (s *Server) authorize(r *http.Request, what, ns string) error {
 	if !s.exclusive {
-		return true
+		return nil
 	}
 	t := s.policies.Current().TenantOf(ns)
 	if t == nil {
-		return true
+		return nil
 	}
 	if token(r) == "" {
-		writeError(w, fail(errForbidden, "%s in namespace %q refused: send a Nomad ACL token (tenant %s's jobs are written by the broker for its submitters)", what, ns, t.Name))
-		return false
+		return fail(errForbidden, "%s in namespace %q refused: send a Nomad ACL token (tenant %s's jobs are written by the broker for its submitters)", what, ns, t.Name)
 	}
 	g, err := s.as(r).grants()
 	if err != nil {
-		writeError(w, fail(errForbidden, "%s in namespace %q refused: %v", what, ns, err))
-		return false
+		return fail(errForbidden, "%s in namespace %q refused: %v", what, ns, err)
 	}
 	if !t.MaySubmit(g) {
 		names := make([]string, len(t.Submitters))
 		for i, sub := range t.Submitters {
 			names[i] = sub.String()
 		}
-		writeError(w, fail(errForbidden, "%s in namespace %q refused: jobs of tenant %s are written by the broker for its submitters (%s), "+
-			"and your token holds none of them", what, ns, t.Name, strings.Join(names, ", ")))
-		return false
+		return fail(errForbidden, "%s in namespace %q refused: jobs of tenant %s are written by the broker for its submitters (%s), "+
+			"and your token holds none of them", what, ns, t.Name, strings.Join(names, ", "))
 	}
 	if a, ok := r.Context().Value(writeAuthKey{}).(*writeAuth); ok {
 		a.asBroker = true
 	}
 	s.log.Info("job write for a submitter", "call", what, "namespace", ns, "tenant", t.Name, "by", s.as(r).identity())
-	return true
+	return nil
 }
 
 // authorizeDeployment is authorize for a write on a deployment, in the
 // deployment's own namespace (Nomad checks that one, whatever the query
 // says), read with the caller's token.
-func (s *Server) authorizeDeployment(w http.ResponseWriter, r *http.Request, ns, id string) bool {
+func (s *Server) authorizeDeployment(r *http.Request, ns, id string) error {
 	if !s.exclusive {
-		return true
+		return nil
 	}
 	var d struct{ Namespace string }
 	if err := s.as(r).get("/v1/deployment/"+url.PathEscape(id), ns, &d); err != nil {
-		s.lookupFailed(w, err, "deployment write", id)
-		return false
+		return lookupFailed(err, "deployment write", id)
 	}
-	return s.authorize(w, r, "deployment write", d.Namespace)
+	return s.authorize(r, "deployment write", d.Namespace)
 }
 
 // setWriter puts the token Nomad acts on for req: the broker's own when it

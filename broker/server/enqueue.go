@@ -34,15 +34,14 @@ func (s *Server) entryRegion(rj *gpuJobRequest) string {
 // evaluation id the broker itself serves, so that `nomad job run` (attached or
 // -detach) prints the message and exits 0. What is stored is the request as
 // the broker read it (namespace and counts pinned), never the raw body.
-func (s *Server) enqueue(w http.ResponseWriter, r *http.Request, rj *gpuJobRequest, d admission.Decision, who string, event audit.Event, warnings ...string) {
+func (s *Server) enqueue(w http.ResponseWriter, r *http.Request, rj *gpuJobRequest, d admission.Decision, who string, event audit.Event, warnings ...string) error {
 	// The leader registers it later with the broker's own token: first make
 	// sure the token resolves, and that the caller may submit this job here
 	// now: as a tenant submitter (exclusive), or as Nomad says for a plan
 	// with the caller's token (a plan needs submit-job and changes nothing).
 	_, accessor, err := s.as(r).resolve()
 	if err != nil {
-		writeError(w, fail(errForbidden, "job %q not queued: %v", rj.JobID, err))
-		return
+		return fail(errForbidden, "job %q not queued: %v", rj.JobID, err)
 	}
 	var grants string
 	if !writesAsBroker(r) {
@@ -51,23 +50,19 @@ func (s *Server) enqueue(w http.ResponseWriter, r *http.Request, rj *gpuJobReque
 			// unchanged (read first: a change in between then parks it).
 			g, err := s.as(r).grants()
 			if err != nil {
-				writeError(w, fail(errForbidden, "job %q not queued: reading your token's grants: %v", rj.JobID, err))
-				return
+				return fail(errForbidden, "job %q not queued: reading your token's grants: %v", rj.JobID, err)
 			}
 			grants = g.Version
 		}
 		if err := s.mayRegister(r, rj); errors.Is(err, errBadRequest) || errors.Is(err, errNomadUnreach) {
-			writeError(w, fmt.Errorf("job %q not queued: %w", rj.JobID, err))
-			return
+			return fmt.Errorf("job %q not queued: %w", rj.JobID, err)
 		} else if err != nil {
-			writeError(w, planFailed(rj.JobID, err))
-			return
+			return planFailed(rj.JobID, err)
 		}
 	}
 	entries, err := s.queue.View(r.Context()) // read only: a long queue is not copied
 	if err != nil {
-		writeError(w, fail(errUnavailable, "job %q could not be queued: %v", rj.JobID, err))
-		return
+		return fail(errUnavailable, "job %q could not be queued: %v", rj.JobID, err)
 	}
 	e := queue.Entry{ID: s.newID(), JobID: rj.JobID, Namespace: rj.Namespace, Tenant: d.Tenant, Queue: d.Queue, Region: s.entryRegion(rj),
 		Demand: d.Demand.Total(), Reason: d.Reason, SubmittedBy: who, Accessor: accessor, Grants: grants, SubmittedAt: s.clock.Now().UTC(), Request: rj.Body()}
@@ -79,29 +74,26 @@ func (s *Server) enqueue(w http.ResponseWriter, r *http.Request, rj *gpuJobReque
 	}
 	if err := s.withinQueueLimits(rj, d.Tenant, entries, at); err != nil {
 		event.Result = "not queued: " + err.Error()
-		writeError(w, s.refused(event, fail(errTooMany, "job %q not queued: %v", rj.JobID, err)))
-		return
+		return s.refused(event, fail(errTooMany, "job %q not queued: %v", rj.JobID, err))
 	}
 	position, estimate, estimated := s.place(r.Context(), entries, e, at)
 	e.EstimatedStart = estimate.At
 	starts := startsText(estimate, estimated)
 	event.ID = e.ID
 	if err := s.audited(event); err != nil {
-		writeError(w, err)
-		return
+		return err
 	}
 	if err := s.queue.Put(r.Context(), e); errors.Is(err, queue.ErrTooLarge) {
-		writeError(w, fail(errTooLarge, "job %q not queued: its request of %d bytes is too large to keep (%v); make the job smaller, "+
-			"lower the tenant's max_queued_request_bytes, or raise Consul's limits { kv_max_value_size }", rj.JobID, len(e.Request), err))
-		return
+		return fail(errTooLarge, "job %q not queued: its request of %d bytes is too large to keep (%v); make the job smaller, "+
+			"lower the tenant's max_queued_request_bytes, or raise Consul's limits { kv_max_value_size }", rj.JobID, len(e.Request), err)
 	} else if err != nil {
-		writeError(w, fail(errUnavailable, "job %q could not be queued: %v", rj.JobID, err))
-		return
+		return fail(errUnavailable, "job %q could not be queued: %v", rj.JobID, err)
 	}
 	writeJSON(w, http.StatusOK, api.JobRegisterResponse{EvalID: e.ID, Warnings: joinWarnings(fmt.Sprintf(
 		"nomad-gpu: queued as %s, position %d in queue %s: %s.%s It is registered with Nomad as soon as GPUs free up; "+
 			"`gpu-broker queue show %s` follows it.", e.ID, position, d.Queue, d.Reason, starts, e.ID),
 		joinWarnings(warnings...), s.rightSizingWarning(rj.Namespace, rj.JobID, d))})
+	return nil
 }
 
 // startsText is a queued job's estimated start, as a sentence to append

@@ -35,22 +35,21 @@ type jobCall struct {
 
 // readJobCall reads the body of a job call other than register, plan and
 // validate, and where Nomad applies it (nomadjob.CallTarget).
-func (s *Server) readJobCall(w http.ResponseWriter, r *http.Request, c call) (jobCall, bool) {
-	body, ok := s.readBody(w, r)
-	if !ok {
-		return jobCall{}, false
+func (s *Server) readJobCall(w http.ResponseWriter, r *http.Request, c call) (jobCall, error) {
+	body, err := s.readBody(w, r)
+	if err != nil {
+		return jobCall{}, err
 	}
 	// Nomad rebuilds a scale's request, and reads no body for a stop or a
 	// periodic force: only the query counts for those.
 	bodyCounts := r.Method != http.MethodDelete && (c == callDispatch || c == callRevert || c == callStable || c == callEvaluate || c == callJobWrite || c == callDeploymentWrite)
 	t, err := nomadjob.CallTarget(r.URL.Query(), body, bodyCounts)
 	if err != nil {
-		writeError(w, fail(errBadRequest, "%s: %v", c, err))
-		return jobCall{}, false
+		return jobCall{}, fail(errBadRequest, "%s: %v", c, err)
 	}
 	bodyToken(r, t.AuthToken)
 	bodyRegion(r, t.Region)
-	return jobCall{body: body, namespace: t.Namespace, region: t.Region, idempotencyToken: t.IdempotencyToken}, true
+	return jobCall{body: body, namespace: t.Namespace, region: t.Region, idempotencyToken: t.IdempotencyToken}, nil
 }
 
 // bodyRegion puts the region a job call's body names into its query when
@@ -66,27 +65,25 @@ func bodyRegion(r *http.Request, region string) {
 	r.URL.RawQuery = q.Encode()
 }
 
-func (s *Server) scale(w http.ResponseWriter, r *http.Request, jc jobCall, jobID string) {
+func (s *Server) scale(w http.ResponseWriter, r *http.Request, jc jobCall, jobID string) error {
 	var req api.ScalingRequest
-	doc, ok := s.parseCall(w, r, jc, &req)
-	if !ok {
-		return
+	doc, err := s.parseCall(r, jc, &req)
+	if err != nil {
+		return err
 	}
 	if req.Count == nil {
 		s.passThrough(w, r, doc.Bytes()) // a scaling event without a count changes nothing
-		return
+		return nil
 	}
 	ns := jc.namespace
 	defer s.cluster.LockJob(ns, jobID)()
 	job, err := s.as(r).currentJob(ns, jobID)
 	if err != nil {
-		s.lookupFailed(w, err, "scale", jobID)
-		return
+		return lookupFailed(err, "scale", jobID)
 	}
 	group := req.Target["Group"]
 	if *req.Count < 0 || *req.Count > nomadjob.MaxGroupCount {
-		writeError(w, fail(errBadRequest, "scale of %q: count %d is out of range 0..%d", jobID, *req.Count, nomadjob.MaxGroupCount))
-		return
+		return fail(errBadRequest, "scale of %q: count %d is out of range 0..%d", jobID, *req.Count, nomadjob.MaxGroupCount)
 	}
 	before, admittedBefore := s.stampedGrant(r, job)
 	counts := nomadjob.GPUGroupCounts(job) // as Nomad runs it now
@@ -131,7 +128,8 @@ func (s *Server) scale(w http.ResponseWriter, r *http.Request, jc jobCall, jobID
 	if before.SubBand && before.StampedPriority != 0 {
 		priority = before.StampedPriority
 	}
-	s.checkThenForward(w, r, doc.Bytes(), job, nil, priority, ns, jobID, "scale", rec)
+	_, err = s.checkThenForward(w, r, doc.Bytes(), job, nil, priority, ns, jobID, "scale", rec)
+	return err
 }
 
 // record is what the broker records of a call it admitted: before Nomad
@@ -226,48 +224,46 @@ func (s *Server) stampedGrant(r *http.Request, job *api.Job) (nomadjob.ScaleGran
 
 // spawn gates dispatch and periodic force: each registers a new child job
 // with the parent's task groups.
-func (s *Server) spawn(w http.ResponseWriter, r *http.Request, c call, jc jobCall, jobID string) {
+func (s *Server) spawn(w http.ResponseWriter, r *http.Request, c call, jc jobCall, jobID string) error {
 	body := jc.body
 	if c == callDispatch {
 		var req api.JobDispatchRequest
-		doc, ok := s.parseCall(w, r, jc, &req)
-		if !ok {
-			return
+		doc, err := s.parseCall(r, jc, &req)
+		if err != nil {
+			return err
 		}
 		if req.JobID != "" && req.JobID != jobID {
-			writeError(w, fail(errBadRequest, "the job ID %q in the body does not match %q in the path", req.JobID, jobID))
-			return
+			return fail(errBadRequest, "the job ID %q in the body does not match %q in the path", req.JobID, jobID)
 		}
 		body = doc.Bytes()
-	} else if !s.checkRegion(w, r, jc.region, jobID, body) {
-		return
+	} else if err := s.checkRegion(r, jc.region, jobID, body); err != nil {
+		return err
 	}
 	ns := jc.namespace
 	parent, err := s.as(r).currentJob(ns, jobID)
 	if err != nil {
-		s.lookupFailed(w, err, c.String(), jobID)
-		return
+		return lookupFailed(err, c.String(), jobID)
 	}
 	if c == callDispatch && jc.idempotencyToken != "" {
 		child, err := s.dispatchedWith(r, ns, jobID, jc.idempotencyToken)
 		if err != nil {
-			s.lookupFailed(w, err, "dispatch", jobID)
-			return
+			return lookupFailed(err, "dispatch", jobID)
 		}
 		if child != "" {
 			// Nomad answers a retry with the child it made: nothing new runs.
 			s.log.Info("dispatch: a retry of one already made, passed through", "job", jobID, "namespace", ns, "child", child)
 			s.passThrough(w, r, body)
-			return
+			return nil
 		}
 	}
 	child := *parent
 	child.ID = new(string)
 	*child.ID = jobID + "/" + c.String() + "-" + s.newID() // its own key: nothing of it is counted yet
-	id := s.checkThenForward(w, r, body, &child, nil, derefInt(child.Priority), ns, jobID, c.String(), nil)
+	id, err := s.checkThenForward(w, r, body, &child, nil, derefInt(child.Priority), ns, jobID, c.String(), nil)
 	if id != "" && c == callDispatch {
 		s.recordChild(r, nomadjob.Ref{Region: jc.region, Namespace: ns, ID: id}, jobID, parent)
 	}
+	return err
 }
 
 // dispatchedWith is the child of parent that Nomad still has and that was
@@ -313,13 +309,13 @@ func (s *Server) recordChild(r *http.Request, child nomadjob.Ref, parentID strin
 	}
 }
 
-func (s *Server) revert(w http.ResponseWriter, r *http.Request, jc jobCall, jobID string) {
+func (s *Server) revert(w http.ResponseWriter, r *http.Request, jc jobCall, jobID string) error {
 	var req api.JobRevertRequest
-	doc, ok := s.parseJobCall(w, r, jc, &req, jobID, func() string { return req.JobID })
-	if !ok {
-		return
+	doc, err := s.parseJobCall(r, jc, &req, jobID, func() string { return req.JobID })
+	if err != nil {
+		return err
 	}
-	s.revertTo(w, r, doc.Bytes(), nomadjob.Ref{Region: jc.region, Namespace: jc.namespace, ID: jobID}, "revert", func(v *api.Job) bool {
+	return s.revertTo(w, r, doc.Bytes(), nomadjob.Ref{Region: jc.region, Namespace: jc.namespace, ID: jobID}, "revert", func(v *api.Job) bool {
 		return *v.Version == req.JobVersion
 	}) // no such version: Nomad says so
 }
@@ -327,27 +323,26 @@ func (s *Server) revert(w http.ResponseWriter, r *http.Request, jc jobCall, jobI
 // revertTo decides a call that makes Nomad register an earlier version of
 // job ref again (the newest that target picks) as an update of the one it
 // runs, then forwards body; with no such version it passes body on.
-func (s *Server) revertTo(w http.ResponseWriter, r *http.Request, body []byte, ref nomadjob.Ref, what string, target func(*api.Job) bool) {
+func (s *Server) revertTo(w http.ResponseWriter, r *http.Request, body []byte, ref nomadjob.Ref, what string, target func(*api.Job) bool) error {
 	ns, jobID := ref.Namespace, ref.ID
 	defer s.cluster.LockJob(ns, jobID)()
 	current, err := s.as(r).currentJob(ns, jobID)
 	if err != nil {
-		s.lookupFailed(w, err, what, jobID)
-		return
+		return lookupFailed(err, what, jobID)
 	}
 	versions, err := s.as(r).versions(ns, jobID)
 	if err != nil {
-		s.lookupFailed(w, err, what, jobID)
-		return
+		return lookupFailed(err, what, jobID)
 	}
 	for _, v := range versions {
 		if v == nil || v.Version == nil || !target(v) {
 			continue
 		}
-		s.checkThenForward(w, r, body, v, current, derefInt(v.Priority), ns, jobID, "revert", s.rewritten(r, ref, true))
-		return
+		_, err := s.checkThenForward(w, r, body, v, current, derefInt(v.Priority), ns, jobID, "revert", s.rewritten(r, ref, true))
+		return err
 	}
 	s.passThrough(w, r, body)
+	return nil
 }
 
 // stable marks a job version stable or not. Nomad writes the version named
@@ -356,37 +351,34 @@ func (s *Server) revertTo(w http.ResponseWriter, r *http.Request, body []byte, r
 // refused, with the revert that does the same in the open. Un-marking during
 // a deployment that auto-reverts would leave that deployment nothing to
 // revert to: refused too. Otherwise it changes no GPU demand.
-func (s *Server) stable(w http.ResponseWriter, r *http.Request, jc jobCall, jobID string) {
+func (s *Server) stable(w http.ResponseWriter, r *http.Request, jc jobCall, jobID string) error {
 	var req api.JobStabilityRequest
-	doc, ok := s.parseJobCall(w, r, jc, &req, jobID, func() string { return req.JobID })
-	if !ok {
-		return
+	doc, err := s.parseJobCall(r, jc, &req, jobID, func() string { return req.JobID })
+	if err != nil {
+		return err
 	}
 	defer s.cluster.LockJob(jc.namespace, jobID)()
 	current, err := s.as(r).currentJob(jc.namespace, jobID)
 	if err != nil {
-		s.lookupFailed(w, err, "stable", jobID)
-		return
+		return lookupFailed(err, "stable", jobID)
 	}
 	if current.Version != nil && *current.Version != req.JobVersion {
-		writeError(w, fail(errForbidden, "marking version %d of %q stable or not refused: Nomad would make that version the job's "+
+		return fail(errForbidden, "marking version %d of %q stable or not refused: Nomad would make that version the job's "+
 			"current one again, past admission (the job is at version %d); revert to it instead (nomad job revert %s %d), which the broker decides",
-			req.JobVersion, jobID, *current.Version, jobID, req.JobVersion))
-		return
+			req.JobVersion, jobID, *current.Version, jobID, req.JobVersion)
 	}
 	if !req.Stable {
 		var d api.Deployment // Nomad answers null for none
 		if err := s.as(r).get("/v1/job/"+url.PathEscape(jobID)+"/deployment", jc.namespace, &d); err != nil {
-			s.lookupFailed(w, err, "stable", jobID)
-			return
+			return lookupFailed(err, "stable", jobID)
 		}
 		if autoReverts(&d) && activeDeployment(d.Status) {
-			writeError(w, fail(errForbidden, "un-marking version %d of %q refused: its deployment %s reverts on failure, "+
-				"and Nomad would have no stable version to revert to; wait until the deployment ends", req.JobVersion, jobID, d.ID))
-			return
+			return fail(errForbidden, "un-marking version %d of %q refused: its deployment %s reverts on failure, "+
+				"and Nomad would have no stable version to revert to; wait until the deployment ends", req.JobVersion, jobID, d.ID)
 		}
 	}
 	s.passThrough(w, r, doc.Bytes())
+	return nil
 }
 
 // evaluate decides an evaluation of a job on what Nomad may place after it
@@ -398,31 +390,31 @@ func (s *Server) stable(w http.ResponseWriter, r *http.Request, jc jobCall, jobI
 // the version Nomad has is; one of a running or pending job places no more
 // than it is charged for, and a stopped, periodic or parameterized job's
 // places nothing (Nomad refuses the last two).
-func (s *Server) evaluate(w http.ResponseWriter, r *http.Request, jc jobCall, jobID string) {
+func (s *Server) evaluate(w http.ResponseWriter, r *http.Request, jc jobCall, jobID string) error {
 	var req api.JobEvaluateRequest
 	body := jc.body
 	if len(body) > 0 || r.ContentLength != 0 { // Nomad reads a body unless ContentLength is 0
-		doc, ok := s.parseJobCall(w, r, jc, &req, jobID, func() string { return req.JobID })
-		if !ok {
-			return
+		doc, err := s.parseJobCall(r, jc, &req, jobID, func() string { return req.JobID })
+		if err != nil {
+			return err
 		}
 		body = doc.Bytes()
-	} else if !s.checkRegion(w, r, jc.region, "", body) {
-		return
+	} else if err := s.checkRegion(r, jc.region, "", body); err != nil {
+		return err
 	}
 	defer s.cluster.LockJob(jc.namespace, jobID)()
 	job, err := s.as(r).currentJob(jc.namespace, jobID)
 	if err != nil {
-		s.lookupFailed(w, err, "evaluate", jobID)
-		return
+		return lookupFailed(err, "evaluate", jobID)
 	}
 	// Running or pending, the job is charged its whole demand already.
 	charged := job.Status != nil && *job.Status != "dead" && !req.EvalOptions.ForceReschedule
 	if charged || job.Stop != nil && *job.Stop || job.IsPeriodic() || job.IsParameterized() {
 		s.passThrough(w, r, body)
-		return
+		return nil
 	}
-	s.checkThenForward(w, r, body, job, job, derefInt(job.Priority), jc.namespace, jobID, "evaluate", s.revived(r, nomadjob.Ref{Region: jc.region, Namespace: jc.namespace, ID: jobID}))
+	_, err = s.checkThenForward(w, r, body, job, job, derefInt(job.Priority), jc.namespace, jobID, "evaluate", s.revived(r, nomadjob.Ref{Region: jc.region, Namespace: jc.namespace, ID: jobID}))
+	return err
 }
 
 // activeDeployment reports whether a deployment of status may still fail.
@@ -450,7 +442,7 @@ func autoReverts(d *api.Deployment) bool {
 // deployment with auto_revert): that is decided as the revert it leads to,
 // to the job's latest stable version, and refused when the tenant could
 // not hold it.
-func (s *Server) deploymentWrite(w http.ResponseWriter, r *http.Request, jc jobCall, path, id string) {
+func (s *Server) deploymentWrite(w http.ResponseWriter, r *http.Request, jc jobCall, path, id string) error {
 	reverts := strings.HasPrefix(path, "/v1/deployment/fail/")
 	if strings.HasPrefix(path, "/v1/deployment/allocation-health/") {
 		var req struct{ UnhealthyAllocationIDs []string }
@@ -460,61 +452,57 @@ func (s *Server) deploymentWrite(w http.ResponseWriter, r *http.Request, jc jobC
 	}
 	if !reverts {
 		s.passThrough(w, r, jc.body)
-		return
+		return nil
 	}
 	var d api.Deployment
 	if err := s.as(r).get("/v1/deployment/"+url.PathEscape(id), jc.namespace, &d); err != nil {
-		s.lookupFailed(w, err, "deployment write", id)
-		return
+		return lookupFailed(err, "deployment write", id)
 	}
 	if !autoReverts(&d) {
 		s.passThrough(w, r, jc.body)
-		return
+		return nil
 	}
-	s.revertTo(w, r, jc.body, nomadjob.Ref{Region: jc.region, Namespace: d.Namespace, ID: d.JobID}, "deployment write", func(v *api.Job) bool {
+	return s.revertTo(w, r, jc.body, nomadjob.Ref{Region: jc.region, Namespace: d.Namespace, ID: d.JobID}, "deployment write", func(v *api.Job) bool {
 		return *v.Version != d.JobVersion && v.Stable != nil && *v.Stable
 	}) // no stable version: Nomad reverts nothing
 }
 
 // parseCall reads a call's body into out, refusing what Nomad could read
 // differently (a field given twice) and calls for another region.
-func (s *Server) parseCall(w http.ResponseWriter, r *http.Request, jc jobCall, out any) (*jsondoc.Doc, bool) {
+func (s *Server) parseCall(r *http.Request, jc jobCall, out any) (*jsondoc.Doc, error) {
 	doc, err := jsondoc.Parse(jc.body, out)
 	if err != nil {
-		writeError(w, fail(errBadRequest, "%v", err))
-		return nil, false
+		return nil, fail(errBadRequest, "%v", err)
 	}
-	return doc, s.checkRegion(w, r, jc.region, "", doc.Bytes())
+	return doc, s.checkRegion(r, jc.region, "", doc.Bytes())
 }
 
 // parseJobCall is parseCall of a call whose body names its job
 // (bodyJobID, read once parsed): one naming another job than the path is
-// passed on, for Nomad to refuse ("Job ID does not match").
-func (s *Server) parseJobCall(w http.ResponseWriter, r *http.Request, jc jobCall, out any, jobID string, bodyJobID func() string) (*jsondoc.Doc, bool) {
-	doc, ok := s.parseCall(w, r, jc, out)
-	if ok && bodyJobID() != jobID {
-		s.passThrough(w, r, doc.Bytes())
-		return nil, false
+// handed to Nomad, for Nomad to refuse ("Job ID does not match").
+func (s *Server) parseJobCall(r *http.Request, jc jobCall, out any, jobID string, bodyJobID func() string) (*jsondoc.Doc, error) {
+	doc, err := s.parseCall(r, jc, out)
+	if err == nil && bodyJobID() != jobID {
+		return nil, s.toNomad(r, doc.Bytes())
 	}
-	return doc, ok
+	return doc, err
 }
 
 // checkThenForward decides on job as it will be after the call (current:
 // the version Nomad runs, for a revert's canaries), which cannot change the
 // priority it was admitted at; it returns the id of the child a dispatch
 // created.
-func (s *Server) checkThenForward(w http.ResponseWriter, r *http.Request, body []byte, job, current *api.Job, priority int, ns, jobID, what string, rec *record) string {
+func (s *Server) checkThenForward(w http.ResponseWriter, r *http.Request, body []byte, job, current *api.Job, priority int, ns, jobID, what string, rec *record) (string, error) {
 	a, err := s.seq.Existing(job, current, ns)
 	if err != nil {
-		writeError(w, fail(errBadRequest, "%s of %q: %v", what, jobID, err))
-		return ""
+		return "", fail(errBadRequest, "%s of %q: %v", what, jobID, err)
 	}
 	if len(a.Groups) == 0 {
 		s.passThrough(w, r, body)
-		return ""
+		return "", nil
 	}
-	if !s.admitsHere(w, r, body) {
-		return ""
+	if err := s.admitsHere(r, body); err != nil {
+		return "", err
 	}
 	return s.decideThenForward(w, r, body, a, jobID, priority, what, rec)
 }
@@ -526,7 +514,7 @@ func (s *Server) checkThenForward(w http.ResponseWriter, r *http.Request, body [
 // records the call once admitted, before it is forwarded, and settles once
 // Nomad answered. It returns the id of the child a dispatch it admitted
 // created ("" for none).
-func (s *Server) decideThenForward(w http.ResponseWriter, r *http.Request, body []byte, a admission.Job, jobID string, current int, what string, rec *record) string {
+func (s *Server) decideThenForward(w http.ResponseWriter, r *http.Request, body []byte, a admission.Job, jobID string, current int, what string, rec *record) (string, error) {
 	ns := a.Namespace
 	d, res := s.seq.Decide(s.policies.Current(), a, decide.Reserve)
 	who := s.as(r).identity()
@@ -542,38 +530,34 @@ func (s *Server) decideThenForward(w http.ResponseWriter, r *http.Request, body 
 		event.Result = fmt.Sprintf("%s: refused: it would run at priority %d but the job runs at %d", what, d.Priority, current)
 	}
 	if err := s.audited(event); err != nil {
-		writeError(w, err)
 		res.Release()
-		return ""
+		return "", err
 	}
 	switch {
 	case d.Outcome == admission.Reject:
-		writeError(w, fail(errForbidden, "%s of %q rejected by rule %s: %s", what, jobID, d.Rule, d.Reason))
+		return "", fail(errForbidden, "%s of %q rejected by rule %s: %s", what, jobID, d.Rule, d.Reason)
 	case d.Outcome == admission.Queue:
-		writeError(w, fail(errForbidden, "%s of %q refused: %s. Nothing was queued: a %s is answered at once, so try again once GPUs are free%s",
-			what, jobID, d.Cause, what, waitInstead[what]))
+		return "", fail(errForbidden, "%s of %q refused: %s. Nothing was queued: a %s is answered at once, so try again once GPUs are free%s",
+			what, jobID, d.Cause, what, waitInstead[what])
 	case d.Priority != current:
 		res.Release()
-		writeError(w, fail(errForbidden, "%s of %q refused: the result would run at priority %d (%s) but the job runs at %d; register it again instead",
-			what, jobID, d.Priority, d.Reason, current))
+		return "", fail(errForbidden, "%s of %q refused: the result would run at priority %d (%s) but the job runs at %d; register it again instead",
+			what, jobID, d.Priority, d.Reason, current)
 	default:
 		if err := rec.run(); err != nil {
 			res.Release()
-			writeError(w, fail(errUnavailable, "%s of %q not forwarded: %v", what, jobID, err))
-			return ""
+			return "", fail(errUnavailable, "%s of %q not forwarded: %v", what, jobID, err)
 		}
 		resp, err := s.forward(r, body, ns)
 		if err != nil {
 			res.Release()
 			rec.settle(false, 0)
-			writeError(w, fail(errNomadUnreach, "Nomad is unreachable: %v", err))
-			return ""
+			return "", fail(errNomadUnreach, "Nomad is unreachable: %v", err)
 		}
 		took := s.relayRegistered(w, resp, res, admittedWarning(d))
 		rec.settle(took.accepted, took.index)
-		return took.child
+		return took.child, nil
 	}
-	return ""
 }
 
 func derefInt(p *int) int {
@@ -590,10 +574,10 @@ var waitInstead = map[string]string{
 	"evaluate": ", or register the job again to wait in the queue",
 }
 
-// lookupFailed refuses a call the broker could not decide on.
+// lookupFailed is the refusal of a call the broker could not decide on.
 // Its status is Nomad's refusal's, 404 for no such job, else 502.
-func (s *Server) lookupFailed(w http.ResponseWriter, err error, what, jobID string) {
-	writeError(w, fmt.Errorf("%s of %q refused: the broker cannot read the job it acts on (%w)", what, jobID, err))
+func lookupFailed(err error, what, jobID string) error {
+	return fmt.Errorf("%s of %q refused: the broker cannot read the job it acts on (%w)", what, jobID, err)
 }
 
 func derefString(p *string) string {

@@ -31,10 +31,10 @@ func (s *Server) planEstimate(r *http.Request, rj *gpuJobRequest, d admission.De
 // annotate forwards a plan or validation with a warning saying what admission
 // would decide; nothing is queued, stored or reserved. A plan of an admitted
 // job shows the priority and meta the broker would set.
-func (s *Server) annotate(w http.ResponseWriter, r *http.Request, kind nomadjob.Kind, pathJobID string) {
-	rj := s.readGPUJob(w, r, kind, pathJobID)
-	if rj == nil {
-		return
+func (s *Server) annotate(w http.ResponseWriter, r *http.Request, kind nomadjob.Kind, pathJobID string) error {
+	rj, err := s.readGPUJob(w, r, kind, pathJobID)
+	if err != nil {
+		return err
 	}
 	d, _ := s.seq.Decide(rj.policy, rj.AdmissionJob(), decide.Preview)
 	note := ""
@@ -57,12 +57,12 @@ func (s *Server) annotate(w http.ResponseWriter, r *http.Request, kind nomadjob.
 	}
 	resp, err := s.forward(r, rj.Body(), rj.Namespace)
 	if err != nil {
-		writeError(w, fail(errNomadUnreach, "Nomad is unreachable: %v", err))
-		return
+		return fail(errNomadUnreach, "Nomad is unreachable: %v", err)
 	}
 	dispatch := ""
 	if rj.Dispatch != "" {
 		dispatch = "nomad-gpu: would be dispatched to " + rj.Dispatch
 	}
 	s.relay(w, resp, note, dispatch, rj.warning)
+	return nil
 }

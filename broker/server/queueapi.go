@@ -104,7 +104,7 @@ const dequeuedHeader = "X-Nomad-Gpu-Dequeued"
 // have, so the answer names the entries taken out in dequeuedHeader. An
 // entry the leader is registering (claimed) is waited for, up to
 // stopWaitsForAdmission: Nomad has the job then, and the stop reaches it.
-func (s *Server) stop(w http.ResponseWriter, r *http.Request, jc jobCall, jobID string) {
+func (s *Server) stop(w http.ResponseWriter, r *http.Request, jc jobCall, jobID string) error {
 	who := s.as(r).identity()
 	var ids []string
 	deadline := time.Now().Add(stopWaitsForAdmission)
@@ -122,9 +122,8 @@ func (s *Server) stop(w http.ResponseWriter, r *http.Request, jc jobCall, jobID 
 				continue
 			}
 			if !writesAsBroker(r) && !s.mayCancel(r, e, who) {
-				writeError(w, fail(errForbidden, "stop of %q refused: it is queued as %s, and only its submitter, or a token that may submit it, may take it out",
-					jobID, e.ID))
-				return
+				return fail(errForbidden, "stop of %q refused: it is queued as %s, and only its submitter, or a token that may submit it, may take it out",
+					jobID, e.ID)
 			}
 			if !e.Admitting.IsZero() && s.clock.Now().Sub(e.Admitting) < admissionInFlight {
 				waiting = true // being registered: wait until Nomad has it
@@ -133,8 +132,7 @@ func (s *Server) stop(w http.ResponseWriter, r *http.Request, jc jobCall, jobID 
 			if err := s.dequeue(r, e, who, "stopped"); errors.Is(err, errConflict) {
 				waiting = true // changed meanwhile: read it again
 			} else if err != nil {
-				writeError(w, err)
-				return
+				return err
 			} else {
 				ids = append(ids, e.ID)
 			}
@@ -143,12 +141,11 @@ func (s *Server) stop(w http.ResponseWriter, r *http.Request, jc jobCall, jobID 
 			break
 		}
 		if time.Now().After(deadline) {
-			writeError(w, fail(errConflict, "stop of %q: it is being admitted from the queue; stop it again in a moment", jobID))
-			return
+			return fail(errConflict, "stop of %q: it is being admitted from the queue; stop it again in a moment", jobID)
 		}
 		select {
 		case <-r.Context().Done():
-			return
+			return nil
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
@@ -156,6 +153,7 @@ func (s *Server) stop(w http.ResponseWriter, r *http.Request, jc jobCall, jobID 
 		w.Header().Set(dequeuedHeader, strings.Join(ids, ","))
 	}
 	s.passThrough(w, r, jc.body)
+	return nil
 }
 
 // A stop waits up to stopWaitsForAdmission for an entry the leader claimed

@@ -28,48 +28,48 @@ type gpuJobRequest struct {
 	warning string // what its answer says besides (undeclared GPU access)
 }
 
-// readGPUJob reads a register, plan or validate request. It answers the
-// request itself, and returns nil, when the body is bad, the call is for
-// another region, or the job asks for no GPU (Nomad then gets it byte for byte:
-// it was read unambiguously, so Nomad reads no GPU in it either).
-func (s *Server) readGPUJob(w http.ResponseWriter, r *http.Request, kind nomadjob.Kind, pathJobID string) *gpuJobRequest {
-	body, ok := s.readBody(w, r)
-	if !ok {
-		return nil
+// readGPUJob reads a register, plan or validate request. Its error refuses
+// it (a bad body, another region's call nobody decides here), or hands it
+// on: to another broker, or to Nomad byte for byte when the job asks for no
+// GPU (it was read unambiguously, so Nomad reads no GPU in it either).
+func (s *Server) readGPUJob(w http.ResponseWriter, r *http.Request, kind nomadjob.Kind, pathJobID string) (*gpuJobRequest, error) {
+	body, err := s.readBody(w, r)
+	if err != nil {
+		return nil, err
 	}
 	req, err := nomadjob.ReadRequest(kind, body, r.URL.Query())
 	if err != nil {
-		writeError(w, fail(errBadRequest, "%v", err))
-		return nil
+		return nil, fail(errBadRequest, "%v", err)
 	}
 	if kind != nomadjob.Validate {
 		bodyToken(r, req.Token)
 	}
 	if pathJobID != "" && req.JobID != pathJobID {
-		writeError(w, fail(errBadRequest, "the job ID %q in the body does not match %q in the path", req.JobID, pathJobID))
-		return nil
+		return nil, fail(errBadRequest, "the job ID %q in the body does not match %q in the path", req.JobID, pathJobID)
 	}
-	if kind != nomadjob.Validate && !s.authorize(w, r, kindName[kind], req.Namespace) {
-		return nil // validation only reads: the caller's own token suffices
+	if kind != nomadjob.Validate { // validation only reads: the caller's own token suffices
+		if err := s.authorize(r, kindName[kind], req.Namespace); err != nil {
+			return nil, err
+		}
 	}
-	warning, ok := s.declaredGPUs(w, r, req)
-	if !ok {
-		return nil
+	warning, err := s.declaredGPUs(r, req)
+	if err != nil {
+		return nil, err
 	}
 	if gpus, err := req.AsksForGPUs(); err != nil {
-		writeError(w, fail(errBadRequest, "job %q: %v", req.JobID, err))
-		return nil
+		return nil, fail(errBadRequest, "job %q: %v", req.JobID, err)
 	} else if !gpus {
-		s.passThrough(w, r, body, warning)
-		return nil
+		return nil, s.toNomad(r, body, warning)
 	}
-	if !s.checkRegion(w, r, req.Region, req.JobID, body) {
-		return nil
+	if err := s.checkRegion(r, req.Region, req.JobID, body); err != nil {
+		return nil, err
 	}
 	// A follower sends a registration on before looking anything up: the
 	// leader reads and counts it again anyway.
-	if kind == nomadjob.Register && !s.admitsHere(w, r, body) {
-		return nil
+	if kind == nomadjob.Register {
+		if err := s.admitsHere(r, body); err != nil {
+			return nil, err
+		}
 	}
 	unlock := func() {}
 	if kind == nomadjob.Register {
@@ -80,54 +80,49 @@ func (s *Server) readGPUJob(w http.ResponseWriter, r *http.Request, kind nomadjo
 	if err != nil {
 		unlock()
 		if decide.IsJobError(err) {
-			writeError(w, fail(errBadRequest, "job %q: %v", req.JobID, err))
-		} else {
-			s.lookupFailed(w, err, kindName[kind], req.JobID)
+			return nil, fail(errBadRequest, "job %q: %v", req.JobID, err)
 		}
-		return nil
+		return nil, lookupFailed(err, kindName[kind], req.JobID)
 	}
-	return &gpuJobRequest{Request: prepared, policy: p, unlock: unlock, warning: warning}
+	return &gpuJobRequest{Request: prepared, policy: p, unlock: unlock, warning: warning}, nil
 }
 
 // declaredGPUs refuses a job that would use GPUs it does not ask for, by
 // rule undeclared-gpu-access (audited), or, with the policy's
 // undeclared_gpu_access = "warn", returns the warning its answer carries.
-func (s *Server) declaredGPUs(w http.ResponseWriter, r *http.Request, req *nomadjob.Request) (string, bool) {
+func (s *Server) declaredGPUs(r *http.Request, req *nomadjob.Request) (string, error) {
 	how := nomadjob.UndeclaredGPUAccess(req.Job)
 	if len(how) == 0 {
-		return "", true
+		return "", nil
 	}
 	why := strings.Join(how, "; ")
 	fix := `ask for GPUs with a device block (device "nvidia/gpu" { count = N }): the device plugin then gives the task ` +
 		"the GPUs Nomad assigns it, and its tenant is charged for them"
 	if s.policies.Current().UndeclaredGPUAccess == policy.AccessWarn {
 		s.log.Warn("admission: undeclared GPU access", "job", req.JobID, "namespace", req.Namespace, "how", why)
-		return fmt.Sprintf("nomad-gpu: warning: rule %s: %s; %s", admission.RuleUndeclaredGPUAccess, why, fix), true
+		return fmt.Sprintf("nomad-gpu: warning: rule %s: %s; %s", admission.RuleUndeclaredGPUAccess, why, fix), nil
 	}
 	event := audit.Event{Who: s.as(r).identity(), What: audit.Admission, Namespace: req.Namespace, Job: req.JobID,
 		Rule: admission.RuleUndeclaredGPUAccess, Result: "reject: " + why}
-	writeError(w, s.refused(event, fail(errForbidden, "job %q rejected by rule %s: %s; %s", req.JobID, admission.RuleUndeclaredGPUAccess, why, fix)))
-	return "", false
+	return "", s.refused(event, fail(errForbidden, "job %q rejected by rule %s: %s; %s", req.JobID, admission.RuleUndeclaredGPUAccess, why, fix))
 }
 
 var kindName = map[nomadjob.Kind]string{nomadjob.Register: "register", nomadjob.Plan: "plan", nomadjob.Validate: "validate"}
 
 // register admits, queues or rejects a job registration.
-func (s *Server) register(w http.ResponseWriter, r *http.Request, pathJobID string) {
-	rj := s.readGPUJob(w, r, nomadjob.Register, pathJobID)
-	if rj == nil {
-		return
+func (s *Server) register(w http.ResponseWriter, r *http.Request, pathJobID string) error {
+	rj, err := s.readGPUJob(w, r, nomadjob.Register, pathJobID)
+	if err != nil {
+		return err
 	}
 	defer rj.unlock()
 	if rj.Job.IsPeriodic() {
 		// Nomad launches each run on its own schedule, past the broker.
-		writeError(w, fail(errForbidden, "job %q rejected by rule %s: periodic jobs launch GPU work on Nomad's schedule "+
-			"without admission; submit each run through the broker, or dispatch a parameterized job", rj.JobID, admission.RulePeriodicGPU))
-		return
+		return fail(errForbidden, "job %q rejected by rule %s: periodic jobs launch GPU work on Nomad's schedule "+
+			"without admission; submit each run through the broker, or dispatch a parameterized job", rj.JobID, admission.RulePeriodicGPU)
 	}
 	if rj.Job.IsParameterized() {
-		s.registerParent(w, r, rj)
-		return
+		return s.registerParent(w, r, rj)
 	}
 	d, res := s.seq.Decide(rj.policy, rj.AdmissionJob(), decide.Reserve)
 	who := s.as(r).identity()
@@ -141,35 +136,32 @@ func (s *Server) register(w http.ResponseWriter, r *http.Request, pathJobID stri
 	}
 	switch d.Outcome {
 	case admission.Reject:
-		writeError(w, s.refused(event, fail(errForbidden, "job %q rejected by rule %s: %s", rj.JobID, d.Rule, d.Reason)))
+		return s.refused(event, fail(errForbidden, "job %q rejected by rule %s: %s", rj.JobID, d.Rule, d.Reason))
 	case admission.Queue:
-		s.enqueue(w, r, rj, d, who, event, dispatchWarning(rj.Dispatch), workloadWarning(rj.Wrote), rj.warning)
-	default:
-		if err := s.audited(event); err != nil {
-			writeError(w, err)
-			res.Release()
-			return
-		}
-		pinned := rj.PinTo(d.Placed) // before the stamp, which binds it
-		rj.Stamp(d, s.stamper.Stamp(rj.Namespace, rj.Job, d))
-		settle, err := decide.Registering(r.Context(), s.stops, s.writes, nomadjob.RefOf(rj.Job), s.clock.Now())
-		if err != nil {
-			res.Release()
-			writeError(w, fail(errUnavailable, "job %q not registered: %v", rj.JobID, err))
-			return
-		}
-		resp, err := s.forward(r, rj.Body(), rj.Namespace)
-		if err != nil {
-			res.Release()
-			s.settled(settle(0))
-			event.What, event.Result = audit.AdmissionError, "Nomad is unreachable: "+err.Error()
-			s.audit.Write(event)
-			writeError(w, fail(errNomadUnreach, "Nomad is unreachable: %v", err))
-			return
-		}
-		took := s.relayRegistered(w, resp, res, admittedWarning(d), dispatchWarning(rj.Dispatch), pinned, workloadWarning(rj.Wrote), s.rightSizingWarning(rj.Namespace, rj.JobID, d), rj.warning)
-		s.settled(settle(took.index))
+		return s.enqueue(w, r, rj, d, who, event, dispatchWarning(rj.Dispatch), workloadWarning(rj.Wrote), rj.warning)
 	}
+	if err := s.audited(event); err != nil {
+		res.Release()
+		return err
+	}
+	pinned := rj.PinTo(d.Placed) // before the stamp, which binds it
+	rj.Stamp(d, s.stamper.Stamp(rj.Namespace, rj.Job, d))
+	settle, err := decide.Registering(r.Context(), s.stops, s.writes, nomadjob.RefOf(rj.Job), s.clock.Now())
+	if err != nil {
+		res.Release()
+		return fail(errUnavailable, "job %q not registered: %v", rj.JobID, err)
+	}
+	resp, err := s.forward(r, rj.Body(), rj.Namespace)
+	if err != nil {
+		res.Release()
+		s.settled(settle(0))
+		event.What, event.Result = audit.AdmissionError, "Nomad is unreachable: "+err.Error()
+		s.audit.Write(event)
+		return fail(errNomadUnreach, "Nomad is unreachable: %v", err)
+	}
+	took := s.relayRegistered(w, resp, res, admittedWarning(d), dispatchWarning(rj.Dispatch), pinned, workloadWarning(rj.Wrote), s.rightSizingWarning(rj.Namespace, rj.JobID, d), rj.warning)
+	s.settled(settle(took.index))
+	return nil
 }
 
 // settled logs a record of the broker's own write that could not be
@@ -214,22 +206,21 @@ func (s *Server) rightSizingWarning(namespace, job string, d admission.Decision)
 // is charged nothing, but it must be allowed to run its children at all, and it
 // gets its queue's band and stamp, which each dispatch then keeps (every
 // dispatch is admitted on its own).
-func (s *Server) registerParent(w http.ResponseWriter, r *http.Request, rj *gpuJobRequest) {
+func (s *Server) registerParent(w http.ResponseWriter, r *http.Request, rj *gpuJobRequest) error {
 	p := rj.policy
 	d, _ := s.seq.Decide(p, rj.AdmissionJob(), decide.Preview)
 	if d.Outcome == admission.Reject {
-		writeError(w, fail(errForbidden, "job %q rejected by rule %s: %s", rj.JobID, d.Rule, d.Reason))
-		return
+		return fail(errForbidden, "job %q rejected by rule %s: %s", rj.JobID, d.Rule, d.Reason)
 	}
 	d.Outcome, d.Priority, d.Demand = admission.Admit, p.Queues[d.Queue].Band, nil
 	d.Reason = "a parameterized job places nothing itself; each dispatch is admitted on its own"
 	rj.Stamp(d, s.stamper.Stamp(rj.Namespace, rj.Job, d))
 	resp, err := s.forward(r, rj.Body(), rj.Namespace)
 	if err != nil {
-		writeError(w, fail(errNomadUnreach, "Nomad is unreachable: %v", err))
-		return
+		return fail(errNomadUnreach, "Nomad is unreachable: %v", err)
 	}
 	s.relay(w, resp, admittedWarning(d))
+	return nil
 }
 
 // taken is what Nomad answered to a call the broker admitted.

@@ -302,7 +302,8 @@ func (s *Server) Handler() http.Handler {
 		rt := route(r.Method, p)
 		switch rt.class {
 		case unknown:
-			if !s.unclassified(w, r, rt) {
+			if err := s.unclassified(r, rt); err != nil {
+				answer(w, err)
 				return
 			}
 		case refused:
@@ -316,7 +317,7 @@ func (s *Server) Handler() http.Handler {
 		if rt.call != callNone && (r.ContentLength > LargeBody || r.ContentLength < 0) {
 			release, err := s.large.take(clientOf(r))
 			if err != nil {
-				refuseBody(w, err)
+				answer(w, unreadBody{err})
 				return
 			}
 			defer release()
@@ -336,19 +337,18 @@ func (s *Server) listed() error {
 }
 
 // unclassified lets a write through that the route table does not know (a
-// newer Nomad's route, or a method Nomad does not write with there), and
-// reports whether it did. With exclusive enforcement it is refused: it may
-// create GPU demand past the gate. Otherwise it is passed through, logged
-// and counted by its route's pattern.
-func (s *Server) unclassified(w http.ResponseWriter, r *http.Request, rt routed) bool {
+// newer Nomad's route, or a method Nomad does not write with there), or
+// refuses it. With exclusive enforcement it is refused: it may create GPU
+// demand past the gate. Otherwise it is passed through, logged and counted
+// by its route's pattern.
+func (s *Server) unclassified(r *http.Request, rt routed) error {
 	if s.exclusive {
-		writeError(w, fail(errForbidden, "%s on route %s refused: the broker does not know this write of Nomad's API to be GPU-neutral, "+
-			"and with exclusive enforcement only writes it knows pass", r.Method, rt.pattern))
-		return false
+		return fail(errForbidden, "%s on route %s refused: the broker does not know this write of Nomad's API to be GPU-neutral, "+
+			"and with exclusive enforcement only writes it knows pass", r.Method, rt.pattern)
 	}
 	s.log.Warn("passed through a write the broker does not know to be GPU-neutral", "method", r.Method, "path", r.URL.Path, "route", rt.pattern)
 	s.metrics.UnclassifiedWrite(rt.pattern)
-	return true
+	return nil
 }
 
 // serveOwn serves the broker's own paths (its API, the web UI, /metrics)
@@ -372,59 +372,67 @@ func (s *Server) serveOwn(w http.ResponseWriter, r *http.Request) bool {
 }
 
 // gate sends a call of Nomad's API to its handler: c (callNone: any other
-// call, passed through) on job jobID.
+// call, passed through) on job jobID. A handler relays Nomad's answer
+// itself; what it returns instead, a refusal or a hand-off, is answered.
 func (s *Server) gate(w http.ResponseWriter, r *http.Request, c call, jobID string) {
+	answer(w, s.gateCall(w, r, c, jobID))
+}
+
+func (s *Server) gateCall(w http.ResponseWriter, r *http.Request, c call, jobID string) error {
 	var jc jobCall
 	switch c {
 	case callScale, callDispatch, callPeriodicForce, callRevert, callStable, callEvaluate, callJobWrite, callDeploymentWrite:
-		var ok bool
-		if jc, ok = s.readJobCall(w, r, c); !ok {
-			return
+		var err error
+		if jc, err = s.readJobCall(w, r, c); err != nil {
+			return err
 		}
-		if c == callDeploymentWrite && !s.authorizeDeployment(w, r, jc.namespace, jobID) ||
-			c != callDeploymentWrite && !s.authorize(w, r, c.String(), jc.namespace) {
-			return
+		if c == callDeploymentWrite {
+			err = s.authorizeDeployment(r, jc.namespace, jobID)
+		} else {
+			err = s.authorize(r, c.String(), jc.namespace)
+		}
+		if err != nil {
+			return err
 		}
 	}
 	switch c {
 	case callRegister:
-		s.register(w, r, jobID)
+		return s.register(w, r, jobID)
 	case callPlan:
-		s.annotate(w, r, nomadjob.Plan, jobID)
+		return s.annotate(w, r, nomadjob.Plan, jobID)
 	case callValidate:
-		s.annotate(w, r, nomadjob.Validate, "")
+		return s.annotate(w, r, nomadjob.Validate, "")
 	case callScale:
-		s.scale(w, r, jc, jobID)
+		return s.scale(w, r, jc, jobID)
 	case callDispatch, callPeriodicForce:
-		s.spawn(w, r, c, jc, jobID)
+		return s.spawn(w, r, c, jc, jobID)
 	case callRevert:
-		s.revert(w, r, jc, jobID)
+		return s.revert(w, r, jc, jobID)
 	case callStable:
-		s.stable(w, r, jc, jobID)
+		return s.stable(w, r, jc, jobID)
 	case callEvaluate:
-		s.evaluate(w, r, jc, jobID)
+		return s.evaluate(w, r, jc, jobID)
 	case callDeploymentWrite:
-		s.deploymentWrite(w, r, jc, r.URL.Path, jobID)
+		return s.deploymentWrite(w, r, jc, r.URL.Path, jobID)
 	case callJobWrite:
 		if r.Method == http.MethodDelete {
-			s.stop(w, r, jc, jobID)
-			return
+			return s.stop(w, r, jc, jobID)
 		}
 		s.passThrough(w, r, jc.body)
 	default:
-		if r.Method == http.MethodGet && strings.HasPrefix(r.URL.Path, "/v1/evaluation/") {
+		switch {
+		case r.Method == http.MethodGet && strings.HasPrefix(r.URL.Path, "/v1/evaluation/"):
 			s.evaluation(w, r)
-			return
-		}
-		if r.Method == http.MethodGet && byID(r.URL.Path) {
+		case r.Method == http.MethodGet && byID(r.URL.Path):
 			s.readAnyRegion(w, r)
-			return
+		default:
+			if r.Method == http.MethodGet {
+				s.toJobsRegion(r)
+			}
+			s.proxy.ServeHTTP(w, r)
 		}
-		if r.Method == http.MethodGet {
-			s.toJobsRegion(r)
-		}
-		s.proxy.ServeHTTP(w, r)
 	}
+	return nil
 }
 
 // toJobsRegion sends a read of a job (GET /v1/job/<id>[/…], or the jobs
@@ -604,6 +612,11 @@ func joinWarnings(ws ...string) string {
 		}
 	}
 	return strings.Join(out, "\n")
+}
+
+// toNomad hands the request to Nomad, with body as given (passThrough).
+func (s *Server) toNomad(r *http.Request, body []byte, warnings ...string) error {
+	return &handedOff{to: "Nomad", serve: func(w http.ResponseWriter) { s.passThrough(w, r, body, warnings...) }}
 }
 
 func (s *Server) passThrough(w http.ResponseWriter, r *http.Request, body []byte, warnings ...string) {
