@@ -76,6 +76,8 @@ type Job struct {
 	Submitted time.Time
 	// Where bounds the nodes its allocations may go to (zero: any node).
 	Where Where
+	// Periodic: Nomad launches it on its own schedule (RulePeriodicGPU).
+	Periodic bool
 }
 
 // Where is where a job may run, as the broker reads it.
@@ -355,6 +357,11 @@ func decide(p *policy.Policy, job Job, u Usage) Decision {
 	if len(job.Groups) == 0 {
 		d.Outcome, d.Reason = Admit, "no GPU demand"
 		return d
+	}
+	if job.Periodic {
+		// Each run would take GPUs when Nomad launches it, past the broker.
+		return reject(d, RulePeriodicGPU, "periodic jobs launch GPU work on Nomad's schedule without admission; "+
+			"submit each run through the broker, or dispatch a parameterized job")
 	}
 	// A GPU group at count 0 holds nothing yet, but is decided (tenant,
 	// queue, priority) like any other: its scale-up is decided against that.

@@ -68,6 +68,8 @@ func (b *jobBuilder) model(m string) *jobBuilder {
 
 func (b *jobBuilder) queue(q string) *jobBuilder { b.Queue = q; return b }
 
+func (b *jobBuilder) periodic() *jobBuilder { b.Periodic = true; return b }
+
 // revertsTo names the version a failing deployment of the job goes back to.
 func (b *jobBuilder) revertsTo(count, perAlloc int) *jobBuilder {
 	b.RevertTo = append(b.RevertTo, admission.Group{Name: "g", Count: count, GPUsPerAlloc: perAlloc})
@@ -125,6 +127,9 @@ func TestDecide(t *testing.T) {
 			outcome: admission.Admit, priority: 45, reason: `within tenant "vision"'s guarantee`},
 		{name: "a GPU group at count 0 in a namespace of no tenant", job: job("default").gpus(0, 1), usage: cluster(16, nil),
 			outcome: admission.Reject, rule: admission.RuleUnmappedNamespace},
+		{name: "a periodic GPU job, whatever its tenant", job: job("vision").gpus(1, 1).periodic(), usage: cluster(16, nil),
+			outcome: admission.Reject, rule: admission.RulePeriodicGPU, reason: "periodic jobs launch GPU work on Nomad's schedule without admission"},
+		{name: "a periodic job of no GPU", job: job("default").periodic(), usage: cluster(16, nil), outcome: admission.Admit, reason: "no GPU demand"},
 		{name: "unmapped namespace", job: job("default").gpus(1, 1), usage: cluster(16, nil),
 			outcome: admission.Reject, rule: admission.RuleUnmappedNamespace, reason: `namespace "default" belongs to no tenant`},
 		{name: "queue not allowed", job: job("vision").gpus(1, 1).queue("inference"), usage: cluster(16, nil),

@@ -64,7 +64,7 @@ func Admission(job *api.Job, nodesFitting func(string, int) int) (admission.Job,
 // admission sees it: the one place its fields are read from a job.
 func AdmissionJob(job *api.Job, namespace string, groups []admission.Group) admission.Job {
 	return admission.Job{ID: deref(job.ID), Namespace: namespace, Queue: job.Meta[MetaQueue], TTL: job.Meta[MetaTTL], Groups: groups,
-		CanaryAutoRevert: CanaryAutoRevert(job), Where: where(job)}
+		CanaryAutoRevert: CanaryAutoRevert(job), Where: where(job), Periodic: job.IsPeriodic()}
 }
 
 // Dead reports whether Nomad's status for a job version that is not

@@ -8,13 +8,16 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/hashicorp/nomad/api"
 
+	"github.com/nomad-gpu/nomad-gpu/broker/admission"
 	"github.com/nomad-gpu/nomad-gpu/broker/approval"
+	"github.com/nomad-gpu/nomad-gpu/broker/audit"
 	"github.com/nomad-gpu/nomad-gpu/broker/cluster"
 	"github.com/nomad-gpu/nomad-gpu/broker/queue"
 	"github.com/nomad-gpu/nomad-gpu/broker/reclaim"
@@ -580,6 +583,29 @@ func TestUndeclaredGPUAccessIsRefusedOrWarned(t *testing.T) {
 	rec = do(s, http.MethodPut, "/v1/jobs", job)
 	if rec.Code != http.StatusOK || !strings.Contains(rec.Body.String(), "nomad-gpu: warning: rule undeclared-gpu-access") || len(up.writes) != 1 {
 		t.Errorf("warned: %d %s, Nomad got %v", rec.Code, rec.Body, up.writes)
+	}
+}
+
+// A periodic GPU job is refused by the engine's rule, answered as before the
+// rule moved there from the gate, and audited now that it is a decision.
+func TestAPeriodicGPUJobIsRefused(t *testing.T) {
+	s, up, _, _ := newTestServer(t)
+	trail, err := audit.Open(filepath.Join(t.TempDir(), "audit.log"), 1<<20, 2, "test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { trail.Close() })
+	s.audit = trail
+	job := `{"Job":{"ID":"nightly","Namespace":"vision","Periodic":{"Enabled":true,"Spec":"0 0 * * *","SpecType":"cron"},
+	  "TaskGroups":[{"Name":"g","Count":1,"Tasks":[{"Name":"t","Resources":{"Devices":[{"Name":"nvidia/gpu","Count":1}]}}]}]}}`
+	rec := do(s, http.MethodPut, "/v1/jobs", job)
+	if rec.Code != http.StatusForbidden || !strings.Contains(rec.Body.String(), `job "nightly" rejected by rule periodic-gpu-job: periodic jobs launch GPU work `+
+		`on Nomad's schedule without admission; submit each run through the broker, or dispatch a parameterized job`) || len(up.writes) != 0 {
+		t.Errorf("%d %s, Nomad got %v", rec.Code, rec.Body, up.writes)
+	}
+	events, _, _, err := s.audit.Page(audit.Cursor{}, 10, func(e audit.Event) bool { return e.Job == "nightly" })
+	if err != nil || len(events) != 1 || events[0].Rule != admission.RulePeriodicGPU {
+		t.Errorf("audited: %+v (%v)", events, err)
 	}
 }
 

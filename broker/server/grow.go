@@ -259,6 +259,8 @@ func (s *Server) spawn(w http.ResponseWriter, r *http.Request, c call, jc jobCal
 	child := *parent
 	child.ID = new(string)
 	*child.ID = jobID + "/" + c.String() + "-" + s.newID() // its own key: nothing of it is counted yet
+	// As Nomad launches it: a run of its own, not periodic.
+	child.Periodic = nil
 	id, err := s.checkThenForward(w, r, body, &child, nil, derefInt(child.Priority), ns, jobID, c.String(), nil)
 	if id != "" && c == callDispatch {
 		s.recordChild(r, nomadjob.Ref{Region: jc.region, Namespace: ns, ID: id}, jobID, parent)

@@ -116,11 +116,6 @@ func (s *Server) register(w http.ResponseWriter, r *http.Request, pathJobID stri
 		return err
 	}
 	defer rj.unlock()
-	if rj.Job.IsPeriodic() {
-		// Nomad launches each run on its own schedule, past the broker.
-		return fail(errForbidden, "job %q rejected by rule %s: periodic jobs launch GPU work on Nomad's schedule "+
-			"without admission; submit each run through the broker, or dispatch a parameterized job", rj.JobID, admission.RulePeriodicGPU)
-	}
 	if rj.Job.IsParameterized() {
 		return s.registerParent(w, r, rj)
 	}

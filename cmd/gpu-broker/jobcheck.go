@@ -88,9 +88,6 @@ func checkJob(p *policy.Policy, file string, perNode int, addr string) []string 
 	for _, note := range prepared.Wrote {
 		out = append(out, "warning: the broker writes into it "+note)
 	}
-	if req.Job.IsPeriodic() {
-		out = append(out, fmt.Sprintf("error: job %q is periodic: rejected by rule %s", req.JobID, admission.RulePeriodicGPU))
-	}
 	d, _ := seq.Decide(p, prepared.AdmissionJob(), decide.Preview)
 	switch d.Outcome {
 	case admission.Reject:

@@ -47,9 +47,11 @@ func TestBrokenJobspecsAreNamed(t *testing.T) {
 			`"Tasks":[{"Name":"t","Resources":{"Devices":[{"Name":"nvidia/gpu","Count":%d}]}}]}]}`, ns, queue, meta, count, gpus)
 	}
 	for name, c := range map[string]struct{ src, want string }{
-		"two GPUs for dev":      {job("vision", "dev", 1, 2, ""), "error: job \"j\" rejected by rule workload-max-gpus"},
-		"inference, no canary":  {job("search", "inference", 2, 1, ""), "error: job \"j\" rejected by rule workload-require-update"},
-		"no tenant":             {job("default", "", 1, 1, ""), "error: job \"j\" rejected by rule unmapped-namespace"},
+		"two GPUs for dev":     {job("vision", "dev", 1, 2, ""), "error: job \"j\" rejected by rule workload-max-gpus"},
+		"inference, no canary": {job("search", "inference", 2, 1, ""), "error: job \"j\" rejected by rule workload-require-update"},
+		"no tenant":            {job("default", "", 1, 1, ""), "error: job \"j\" rejected by rule unmapped-namespace"},
+		"periodic": {strings.Replace(job("vision", "training", 1, 1, ""), `"ID":"j",`, `"ID":"j","Periodic":{"Enabled":true,"Spec":"0 0 1 1 *","SpecType":"cron"},`, 1),
+			"error: job \"j\" rejected by rule periodic-gpu-job: periodic jobs launch GPU work on Nomad's schedule without admission"},
 		"larger than any node":  {job("vision", "training", 1, 9, ""), "error: job \"j\" rejected by rule no-node-fits"},
 		"queue of another":      {job("vision", "inference", 1, 1, ""), "error: job \"j\" rejected by rule queue-not-allowed"},
 		"ttl beyond max_extend": {job("vision", "dev", 1, 1, `,"nomad-gpu.ttl":"48h"`), "error: job \"j\" rejected by rule dev-ttl"},
