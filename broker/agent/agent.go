@@ -52,6 +52,7 @@ type Agent struct {
 	cfg    *config.Config
 	log    hclog.Logger
 	reload <-chan os.Signal // the policy and the Nomad token file are read again at once (SIGHUP)
+	clock  clock.Clock      // what every part it wires reads time by
 
 	// setupClients
 	nomad   *nomadapi.Client
@@ -102,7 +103,7 @@ type stores struct {
 // New is a broker for a validated configuration; reload (may be nil) asks
 // it to read its policy again at once.
 func New(cfg *config.Config, log hclog.Logger, reload <-chan os.Signal) *Agent {
-	return &Agent{cfg: cfg, log: log, reload: reload}
+	return &Agent{cfg: cfg, log: log, reload: reload, clock: clock.Real}
 }
 
 // Run serves until ctx ends, then shuts the listener down gracefully. It
@@ -293,10 +294,10 @@ func (a *Agent) setupStores(ctx context.Context) error {
 func (a *Agent) setupObservers(context.Context) error {
 	cfg, st := a.cfg, &a.stores
 	a.forecast = &queue.Forecast{}
-	a.elector = &leader.Elector{Client: a.consul, Key: cfg.Consul.KVPrefix + "leader", Address: cfg.Advertise, Log: a.log.Named("leader")}
+	a.elector = &leader.Elector{Client: a.consul, Key: cfg.Consul.KVPrefix + "leader", Address: cfg.Advertise, Log: a.log.Named("leader"), Clock: a.clock}
 	a.metrics.Observe(brokermetrics.Sources{Cluster: a.regions, Regions: a.regions, Policies: a.policies, Queue: st.queue, Leader: a.elector,
 		PolicyState: a.policies.Loaded, TokenRefused: a.nomad.TokenRefused, InBackoff: func() map[string]int {
-			return admission.InBackoffByTenant(a.policies.Current(), st.backoffs.Evicted(), clock.Real.Now())
+			return admission.InBackoffByTenant(a.policies.Current(), st.backoffs.Evicted(), a.clock.Now())
 		},
 		NomadConnections: a.nomad.Connections().Open})
 	a.view.SetAllocEvents(a.metrics.AllocEvent)
@@ -316,7 +317,7 @@ func (a *Agent) setupObservers(context.Context) error {
 	}
 	// A revert in any region is recorded, its tenant's usage counting all.
 	reverts := (&leader.Reverts{Leader: a.elector, Policies: a.policies, Audit: a.trail, Metrics: a.metrics, Log: a.log.Named("revert"),
-		Writes: st.writes, Clock: clock.Real,
+		Writes: st.writes, Clock: a.clock,
 		Usage: func(p *policy.Policy) admission.Usage { return a.regions.UsageWithout(p, "", "") }})
 	for _, v := range a.regions.Views() {
 		v.SetReverts(reverts.Observed)
@@ -332,7 +333,7 @@ func (a *Agent) setupServer(context.Context) error {
 	// 32 registrations in flight stays well inside Nomad's default limit of 100
 	// HTTP connections per client.
 	a.admitter = &admitter.Admitter{Log: a.log.Named("queue"), Queue: st.queue, Nomad: regionalNomad{a.nomad}, Cluster: a.regions,
-		Policies: a.policies, Stamper: a.stamper, Clock: clock.Real, GPUsCameBack: a.regions.GPUsCameBack, Blocked: a.unblockers(), Exclusive: a.exclusive,
+		Policies: a.policies, Stamper: a.stamper, Clock: a.clock, GPUsCameBack: a.regions.GPUsCameBack, Blocked: a.unblockers(), Exclusive: a.exclusive,
 		Metrics: a.metrics, FairShare: st.rollups, Audit: a.trail, Approvals: st.approvals, Preemptions: st.backoffs.Preemptions, Stops: st.stops, Writes: st.writes, Owed: a.owed,
 		Placed: func(ctx context.Context, region, namespace, id string, index uint64) (string, error) {
 			return a.nomad.Region(region).PlacedNothing(ctx, namespace, id, index)
@@ -429,7 +430,7 @@ func (a *Agent) reclaimer() *reclaimer.Reclaimer {
 	granted := approval.ExtraGranted(a.policies, st.approvals)
 	elsewhere := a.elsewhere(observer.Verify)
 	return &reclaimer.Reclaimer{Elsewhere: elsewhere, Home: a.region, Log: a.log.Named("reclaim"), Records: st.decisions, Observer: observer, Actor: a.nomad, Policies: a.policies,
-		Clock: clock.Real, NewID: queue.NewID,
+		Clock: a.clock, NewID: queue.NewID,
 		Requeue: &reclaimer.Requeue{Jobs: a.nomad, Actor: a.nomad, Queue: st.queue, Policies: a.policies, Preempted: st.backoffs.Preempted},
 		Watchers: append([]reclaimer.Watcher{&reclaimer.Recorder{Store: st.storedProfiles, Table: st.profiles, Policies: a.policies},
 			&reclaimer.Ledger{Store: st.rollups, Region: a.region, Policies: a.policies, Metrics: a.metrics, Budgets: a.budgets, Clock: a.nomad.NomadNow,
@@ -453,7 +454,7 @@ func (a *Agent) reclaimer() *reclaimer.Reclaimer {
 			// verifies again.
 			&reclaimer.Pruner{What: "stopped-job records", Every: grantPruneInterval, Log: prune,
 				Prune: func(ctx context.Context) (int, error) {
-					return st.stops.Prune(ctx, time.Now().Add(-a.policies.Current().ReclaimSettings.Retention))
+					return st.stops.Prune(ctx, a.clock.Now().Add(-a.policies.Current().ReclaimSettings.Retention))
 				}},
 			// A job counts its evictions for its life: the count of one
 			// gone (neither queued nor running) is forgotten once left
@@ -468,7 +469,7 @@ func (a *Agent) reclaimer() *reclaimer.Reclaimer {
 					for _, e := range entries {
 						queued[admission.JobKey(e.Namespace, e.JobID)] = true
 					}
-					return st.backoffs.Prune(ctx, time.Now(), a.policies.Current().Borrowing.ForgetAfter,
+					return st.backoffs.Prune(ctx, a.clock.Now(), a.policies.Current().Borrowing.ForgetAfter,
 						func(ns, job string) bool { return queued[admission.JobKey(ns, job)] || a.regions.Running(ns, job) })
 				}}}, a.otherStopRecorders()...),
 		Metrics: a.metrics, Audit: a.trail, Forecast: a.forecast, Queued: st.queue,

@@ -17,6 +17,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/nomad-gpu/nomad-gpu/internal/clock"
 )
 
 // Event is one line of the trail.
@@ -71,6 +73,7 @@ type Log struct {
 	maxBytes int64
 	maxFiles int
 	broker   string
+	clock    clock.Clock // the records' time (Open: the real one)
 	// Failed is told of every write that failed (logs and metrics).
 	Failed func(error)
 
@@ -98,7 +101,7 @@ func Open(path string, maxBytes int64, maxFiles int, broker string) (*Log, error
 	if err := os.MkdirAll(filepath.Dir(path), 0o750); err != nil {
 		return nil, fmt.Errorf("audit log %s: %w", path, err)
 	}
-	l := &Log{path: path, maxBytes: maxBytes, maxFiles: maxFiles, broker: broker}
+	l := &Log{path: path, maxBytes: maxBytes, maxFiles: maxFiles, broker: broker, clock: clock.Real}
 	if err := l.open(); err != nil {
 		return nil, err
 	}
@@ -144,7 +147,7 @@ func (l *Log) Write(e Event) error {
 	if l == nil {
 		return nil
 	}
-	e.Time, e.Broker = time.Now().UTC(), l.broker
+	e.Time, e.Broker = l.clock.Now().UTC(), l.broker
 	line, err := json.Marshal(e)
 	if err == nil && len(line) >= MaxLine {
 		// Reads skip a longer line: the record is kept, its result cut.

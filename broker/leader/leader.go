@@ -18,6 +18,8 @@ import (
 
 	consul "github.com/hashicorp/consul/api"
 	"github.com/hashicorp/go-hclog"
+
+	"github.com/nomad-gpu/nomad-gpu/internal/clock"
 )
 
 // Elector holds or follows the leader lock at Key. The lock's value is the
@@ -27,6 +29,7 @@ type Elector struct {
 	Key     string
 	Address string // this broker's address for the others, e.g. http://127.0.0.1:4649
 	Log     hclog.Logger
+	Clock   clock.Clock
 
 	leading atomic.Bool
 
@@ -46,7 +49,7 @@ func (e *Elector) IsLeader() bool { return e.leading.Load() }
 func (e *Elector) LeaderAddress(ctx context.Context) (string, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if e.cached != "" && time.Since(e.cachedAt) < addressTTL {
+	if e.cached != "" && e.Clock.Now().Sub(e.cachedAt) < addressTTL {
 		return e.cached, nil
 	}
 	pair, _, err := e.Client.KV().Get(e.Key, (&consul.QueryOptions{}).WithContext(ctx))
@@ -56,7 +59,7 @@ func (e *Elector) LeaderAddress(ctx context.Context) (string, error) {
 	if pair == nil || pair.Session == "" || len(pair.Value) == 0 {
 		return "", fmt.Errorf("no broker is leader right now")
 	}
-	e.cached, e.cachedAt = string(pair.Value), time.Now()
+	e.cached, e.cachedAt = string(pair.Value), e.Clock.Now()
 	return e.cached, nil
 }
 

@@ -7,6 +7,8 @@ import (
 	"testing"
 
 	"github.com/hashicorp/go-hclog"
+
+	"github.com/nomad-gpu/nomad-gpu/internal/clock"
 )
 
 // Only a refused connection counts toward ending a leader's session: one
@@ -60,7 +62,7 @@ func TestALeaderIsDeadOnlyWhileThisBrokersAddressAnswers(t *testing.T) {
 	ctx := context.Background()
 
 	var logged strings.Builder
-	e := &Elector{Address: "http://" + l.Addr().String(), Log: hclog.New(&hclog.LoggerOptions{Output: &logged})}
+	e := &Elector{Address: "http://" + l.Addr().String(), Log: hclog.New(&hclog.LoggerOptions{Output: &logged}), Clock: clock.Real}
 	warned, n, dead := false, 0, false
 	for i := 1; i <= deadRefusals; i++ {
 		if n, dead = e.leaderDead(ctx, gone, n, &warned); dead != (i == deadRefusals) {

@@ -17,6 +17,7 @@ import (
 
 	"github.com/nomad-gpu/nomad-gpu/broker/policy"
 	"github.com/nomad-gpu/nomad-gpu/broker/policyhcl"
+	"github.com/nomad-gpu/nomad-gpu/internal/clock"
 )
 
 // Store holds the policy in force and reloads it; an invalid set is refused and
@@ -34,6 +35,8 @@ type Store struct {
 	// AllowNoTenants takes a reload with no tenants while the policy in
 	// force has some (else refused: it is what an empty file reads as).
 	AllowNoTenants bool
+	// Clock times the reloads in Status (New: the real one).
+	Clock clock.Clock
 
 	mu     sync.Mutex
 	status Status
@@ -69,7 +72,7 @@ func (s *Store) Status() Status {
 // took records a policy now in force.
 func (s *Store) took(p *policy.Policy) {
 	s.current.Store(p)
-	now := time.Now().UTC()
+	now := s.Clock.Now().UTC()
 	s.mu.Lock()
 	s.status = Status{Dir: s.dir, LoadedAt: now, Queues: len(p.Queues), Tenants: len(p.Tenants), LastReloadAt: now}
 	s.mu.Unlock()
@@ -78,7 +81,7 @@ func (s *Store) took(p *policy.Policy) {
 // refused records a reload that was refused, and why.
 func (s *Store) refused(why string) {
 	s.mu.Lock()
-	s.status.Stale, s.status.LastReloadAt, s.status.LastError = true, time.Now().UTC(), why
+	s.status.Stale, s.status.LastReloadAt, s.status.LastError = true, s.Clock.Now().UTC(), why
 	s.mu.Unlock()
 	s.log.Error("policy reload refused, the last good policy stays in force", "dir", s.dir, "reason", why)
 	s.tell(false, "refused, the last good policy stays in force: "+why)
@@ -86,7 +89,7 @@ func (s *Store) refused(why string) {
 
 // New loads dir; it fails when the first load is invalid.
 func New(dir string, capacity func() int, log hclog.Logger) (*Store, hcl.Diagnostics) {
-	s := &Store{dir: dir, log: log, capacity: capacity, reloaded: make(chan struct{}, 1)}
+	s := &Store{dir: dir, log: log, capacity: capacity, reloaded: make(chan struct{}, 1), Clock: clock.Real}
 	p, diags := policyhcl.LoadDir(dir, capacity())
 	if p == nil {
 		return nil, diags

@@ -87,6 +87,7 @@ func clientOf(r *http.Request) string {
 // timeout (a client that stalls holds its slot no longer), 400 otherwise.
 func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
 	rc := http.NewResponseController(w)
+	// The machine's clock, not s.clock: a socket's read deadline is one.
 	p := &paced{r: http.MaxBytesReader(nil, r.Body, MaxBody), rc: rc, start: time.Now(), limit: s.bodyReadTimeout}
 	rc.SetReadDeadline(p.deadline()) // not supported by test recorders: no deadline there
 	body, err := io.ReadAll(p)

@@ -7,7 +7,6 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
-	"time"
 
 	"github.com/hashicorp/nomad/api"
 
@@ -118,7 +117,7 @@ func (s *Server) scale(w http.ResponseWriter, r *http.Request, jc jobCall, jobID
 	if up && admittedBefore {
 		// Timed from Nomad taking it to the first new allocation running.
 		rec = rec.and(&record{accepted: func(uint64) {
-			s.metrics.ScaledUp(ns, jobID, job.Meta[nomadjob.MetaTenant], job.Meta[nomadjob.MetaQueue], time.Now())
+			s.metrics.ScaledUp(ns, jobID, job.Meta[nomadjob.MetaTenant], job.Meta[nomadjob.MetaQueue], s.clock.Now())
 		}})
 	}
 	// Scaling changes no spec: Nomad places no canaries for it. The job

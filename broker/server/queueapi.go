@@ -107,7 +107,7 @@ const dequeuedHeader = "X-Nomad-Gpu-Dequeued"
 func (s *Server) stop(w http.ResponseWriter, r *http.Request, jc jobCall, jobID string) error {
 	who := s.as(r).identity()
 	var ids []string
-	deadline := time.Now().Add(stopWaitsForAdmission)
+	deadline := s.clock.Now().Add(stopWaitsForAdmission)
 	for {
 		entries, err := s.queue.List(r.Context())
 		if err != nil {
@@ -140,13 +140,13 @@ func (s *Server) stop(w http.ResponseWriter, r *http.Request, jc jobCall, jobID 
 		if !waiting {
 			break
 		}
-		if time.Now().After(deadline) {
+		if s.clock.Now().After(deadline) {
 			return fail(errConflict, "stop of %q: it is being admitted from the queue; stop it again in a moment", jobID)
 		}
 		select {
 		case <-r.Context().Done():
 			return nil
-		case <-time.After(100 * time.Millisecond):
+		case <-s.clock.After(100 * time.Millisecond):
 		}
 	}
 	if len(ids) > 0 {

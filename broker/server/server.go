@@ -284,8 +284,8 @@ func (s *Server) approvals() []approval.Approval {
 func (s *Server) Handler() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if s.metrics != nil {
-			start := time.Now()
-			defer func() { s.metrics.Request(requestClass(r), time.Since(start)) }()
+			start := s.clock.Now()
+			defer func() { s.metrics.Request(requestClass(r), s.clock.Now().Sub(start)) }()
 		}
 		r = withWriteAuth(r)
 		p := r.URL.Path
