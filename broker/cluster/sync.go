@@ -86,12 +86,14 @@ func (*skipped) UnmarshalJSON([]byte) error { return nil }
 // errResync ends one pass of following for a full listing.
 var errResync = errors.New("periodic resync")
 
-// Follow lists everything once, then applies Nomad's events from that index on;
-// when the stream breaks it lists everything again (a missed event must not leave
-// the view wrong), and so it does on every tick of resync: Nomad v1.6 sends no
-// Job event when a job is purged (only its deregistration's evaluation, which
-// the view reads) and none when an allocation is collected, so a listing is
-// what drops anything missed. It returns when ctx ends.
+// Follow lists everything once, then applies Nomad's events from that index
+// on. When the stream breaks it lists everything again, so that a missed
+// event does not leave the view wrong. It lists again on every tick of
+// resync too. Nomad v1.6 sends no Job event for a purge (only its
+// deregistration's evaluation, which the view reads), and none when an
+// allocation is collected: a listing is what drops anything missed. A
+// listing tells what the stream it replaced would have (Reset). It returns
+// when ctx ends.
 func (v *View) Follow(ctx context.Context, src Source, log hclog.Logger, resync <-chan time.Time) {
 	backoff := time.Second
 	for ctx.Err() == nil {

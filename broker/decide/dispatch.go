@@ -35,17 +35,17 @@ type Dispatching interface {
 }
 
 // dispatch chooses the one region of a job that leaves it to the broker
-// (meta nomad-gpu.region = "auto", or its queue's region = "auto"): the
-// region it runs in, if any (a running job never moves); else, among the
-// regions whose decision admits it now, the first in the policy's order
-// (ordered: the first with the job's GPUs idle, else the first; a region
-// only once the job has waited spill_after for each region before it that
-// could take it) or the one with the most free GPUs its allocations could
-// take, node by node (best_fit), a drained region never; else the
-// first where it may wait for GPUs, or for a drained region to resume,
-// where it queues (each queue pass chooses again). A job no
-// region can take is the job's error, with each region's reason. note is
-// what the answer and the audit trail say of the choice.
+// (meta nomad-gpu.region = "auto", or its queue's region = "auto"). A
+// running job stays in the region it runs in. Otherwise it goes to a region
+// whose decision admits it now, never a drained one. With ordered, that is
+// the first in the policy's order with the job's GPUs idle, else the first;
+// a later region only once the job has waited spill_after for each one
+// before it that could take it. With best_fit, it is the one with the most
+// free GPUs its allocations could take, node by node. Failing those, it queues
+// in the first region where it may wait for GPUs or for a drained region
+// to resume, and each queue pass chooses again. A job no region can take
+// is the job's error, with each region's reason. note is what the answer
+// and the audit trail say of the choice.
 func (s *Sequence) dispatch(p *policy.Policy, req *nomadjob.Request) (region, note string, err error) {
 	r, ok := s.Cluster.(Dispatching)
 	if !ok {
