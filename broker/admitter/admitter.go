@@ -613,8 +613,7 @@ func (a *Admitter) consider(ctx context.Context, r *registrations, p *policy.Pol
 	if prepared.Dispatch != "" {
 		d.Reason += "; dispatched to " + prepared.Dispatch // for the audit trail
 	}
-	prepared.PinTo(d.Placed) // before the stamp, which binds it
-	prepared.Stamp(d, a.Stamper.Stamp(e.Namespace, prepared.Job, d))
+	prepared.Admit(d, a.Stamper)
 	body := prepared.Body()
 	handed = true
 	if !r.start(func() error { defer unlock(); return a.register(ctx, e, j.Where.Region, d, res, body) }) {

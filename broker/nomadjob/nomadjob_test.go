@@ -229,6 +229,34 @@ func TestReadRequestReadsKeysAsNomadDoes(t *testing.T) {
 	}
 }
 
+// Admit pins a request to the nodes admission placed it on before it
+// stamps it, so that the stamp Nomad's copy carries binds those nodes.
+func TestAdmitPinsThenStamps(t *testing.T) {
+	body := `{"Job":{"ID":"j","Namespace":"vision","Type":"batch",
+	  "TaskGroups":[{"Name":"g","Count":1,"Tasks":[{"Name":"t","Resources":{"Devices":[{"Name":"nvidia/gpu","Count":1}]}}]}]}}`
+	r, err := read(t, body, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := nomadjob.Stamper{Key: []byte("k")}
+	d := admission.Decision{Outcome: admission.Admit, Tenant: "vision", Queue: "training", Priority: 60,
+		Placed: admission.Placed{"g": {"n2", "n1"}}}
+	if pinned := r.Admit(d, s); !strings.Contains(pinned, `task group "g" on node n1, n2`) {
+		t.Errorf("said %q, want the nodes pinned", pinned)
+	}
+	var back api.JobRegisterRequest
+	if err := json.Unmarshal(r.Body(), &back); err != nil {
+		t.Fatal(err)
+	}
+	if cs := back.Job.TaskGroups[0].Constraints; len(cs) != 1 || cs[0].RTarget != "n1,n2" || !s.Verify(back.Job) {
+		t.Fatalf("constraints %+v, verified %v", cs, s.Verify(back.Job))
+	}
+	back.Job.TaskGroups[0].Constraints[0].RTarget = "n1"
+	if s.Verify(back.Job) {
+		t.Errorf("the stamp verified with another pin")
+	}
+}
+
 func TestStampReplacesTheCallersBrokerMetaWhateverTheSpelling(t *testing.T) {
 	body := `{"Job":{"ID":"j","Priority":90,"Meta":{"NOMAD-GPU.borrowed":"false","nomad-gpu.admission":"v2:copied","Nomad-Gpu.Tenant":"x","team":"cv",
 	  "nomad-gpu.ttl":"2h","Nomad-GPU.TTL":"9h"},

@@ -255,6 +255,16 @@ func (r *Request) Pin() {
 	}
 }
 
+// Admit writes decision d into the request as Nomad must run it: the nodes
+// admission placed it on first (PinTo), then its priority and meta with the
+// stamp st makes, which binds those pins. It says what it pinned, for the
+// answer.
+func (r *Request) Admit(d admission.Decision, st Stamper) string {
+	pinned := r.PinTo(d.Placed)
+	r.Stamp(d, st.Stamp(r.Namespace, r.Job, d))
+	return pinned
+}
+
 // Stamp writes an admission into the document: the priority, and the broker's
 // meta keys in place of any the caller wrote, whatever their spelling, with
 // the region the broker chose (Dispatched). The caller's nomad-gpu.ttl and

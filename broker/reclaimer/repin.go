@@ -136,12 +136,12 @@ func (r *Repinner) repin(ctx context.Context, p *policy.Policy, region string, i
 	if a.Borrowed {
 		d.Outcome = admission.AdmitBorrowed
 	}
-	placed, ok := admission.Place(j, in.View.UsageFor(p, j).Nodes, !a.Borrowed, d.Priority, now)
+	var ok bool
+	d.Placed, ok = admission.Place(j, in.View.UsageFor(p, j).Nodes, !a.Borrowed, d.Priority, now)
 	if !ok {
 		return nil // no node can take it now: the next pass tries again
 	}
-	pinned := req.PinTo(placed)
-	req.Stamp(d, r.Stamper.Stamp(u.Namespace, req.Job, d))
+	pinned := req.Admit(d, r.Stamper)
 	root := req.Doc.Root()
 	root.Set("EnforceIndex", true)
 	root.Set("JobModifyIndex", *job.JobModifyIndex)

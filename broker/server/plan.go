@@ -49,10 +49,9 @@ func (s *Server) annotate(w http.ResponseWriter, r *http.Request, kind nomadjob.
 	default:
 		note = "nomad-gpu: would be " + admittedWarning(d)[len("nomad-gpu: "):]
 		if kind == nomadjob.Plan {
-			if pinned := rj.PinTo(d.Placed); pinned != "" {
+			if pinned := rj.Admit(d, s.stamper); pinned != "" {
 				note += "; would be " + pinned[len("nomad-gpu: "):]
 			}
-			rj.Stamp(d, s.stamper.Stamp(rj.Namespace, rj.Job, d))
 		}
 	}
 	resp, err := s.forward(r, rj.Body(), rj.Namespace)

@@ -139,8 +139,7 @@ func (s *Server) register(w http.ResponseWriter, r *http.Request, pathJobID stri
 		res.Release()
 		return err
 	}
-	pinned := rj.PinTo(d.Placed) // before the stamp, which binds it
-	rj.Stamp(d, s.stamper.Stamp(rj.Namespace, rj.Job, d))
+	pinned := rj.Admit(d, s.stamper)
 	settle, err := decide.Registering(r.Context(), s.stops, s.writes, nomadjob.RefOf(rj.Job), s.clock.Now())
 	if err != nil {
 		res.Release()
@@ -209,7 +208,7 @@ func (s *Server) registerParent(w http.ResponseWriter, r *http.Request, rj *gpuJ
 	}
 	d.Outcome, d.Priority, d.Demand = admission.Admit, p.Queues[d.Queue].Band, nil
 	d.Reason = "a parameterized job places nothing itself; each dispatch is admitted on its own"
-	rj.Stamp(d, s.stamper.Stamp(rj.Namespace, rj.Job, d))
+	rj.Admit(d, s.stamper)
 	resp, err := s.forward(r, rj.Body(), rj.Namespace)
 	if err != nil {
 		return fail(errNomadUnreach, "Nomad is unreachable: %v", err)
