@@ -118,14 +118,21 @@ func TestApprovalsAreAskedByReadersAndDecidedByAnotherApprover(t *testing.T) {
 	}
 }
 
-func TestTheAuditTrailIsServedFilteredAndAsTheCallerMayReadIt(t *testing.T) {
-	s, up, _, _ := newTestServer(t)
+// auditedServer gives s an audit trail of its own, in a temporary file.
+func auditedServer(t *testing.T, s *Server) *audit.Log {
+	t.Helper()
 	trail, err := audit.Open(filepath.Join(t.TempDir(), "audit.log"), 1<<20, 2, "test")
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { trail.Close() })
 	s.audit = trail
+	return trail
+}
+
+func TestTheAuditTrailIsServedFilteredAndAsTheCallerMayReadIt(t *testing.T) {
+	s, up, _, _ := newTestServer(t)
+	trail := auditedServer(t, s)
 	if rec := do(s, http.MethodPut, "/v1/jobs", testbuild.Job("vision", "train").Group("g", 1, 1, "gpu").Register()); rec.Code != http.StatusOK {
 		t.Fatalf("register: %d %s", rec.Code, rec.Body)
 	}

@@ -8,7 +8,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -590,12 +589,7 @@ func TestUndeclaredGPUAccessIsRefusedOrWarned(t *testing.T) {
 // rule moved there from the gate, and audited now that it is a decision.
 func TestAPeriodicGPUJobIsRefused(t *testing.T) {
 	s, up, _, _ := newTestServer(t)
-	trail, err := audit.Open(filepath.Join(t.TempDir(), "audit.log"), 1<<20, 2, "test")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { trail.Close() })
-	s.audit = trail
+	trail := auditedServer(t, s)
 	job := `{"Job":{"ID":"nightly","Namespace":"vision","Periodic":{"Enabled":true,"Spec":"0 0 * * *","SpecType":"cron"},
 	  "TaskGroups":[{"Name":"g","Count":1,"Tasks":[{"Name":"t","Resources":{"Devices":[{"Name":"nvidia/gpu","Count":1}]}}]}]}}`
 	rec := do(s, http.MethodPut, "/v1/jobs", job)
@@ -603,7 +597,7 @@ func TestAPeriodicGPUJobIsRefused(t *testing.T) {
 		`on Nomad's schedule without admission; submit each run through the broker, or dispatch a parameterized job`) || len(up.writes) != 0 {
 		t.Errorf("%d %s, Nomad got %v", rec.Code, rec.Body, up.writes)
 	}
-	events, _, _, err := s.audit.Page(audit.Cursor{}, 10, func(e audit.Event) bool { return e.Job == "nightly" })
+	events, _, _, err := trail.Page(audit.Cursor{}, 10, func(e audit.Event) bool { return e.Job == "nightly" })
 	if err != nil || len(events) != 1 || events[0].Rule != admission.RulePeriodicGPU {
 		t.Errorf("audited: %+v (%v)", events, err)
 	}
