@@ -45,11 +45,12 @@ type Placed map[string][]string
 
 // Victims is Nomad's choice of allocations to preempt on one device group of
 // a node for an ask of gpus, free GPUs being free already
-// (scheduler/preemption.go, PreemptForDevice): of cands, those at maxPrio
-// or below, grouped by priority, lowest first, taken in their order within
-// a group until they and the free GPUs cover the ask; then, of those, the
-// largest first until they alone cover it (selectBestAllocs does not count
-// the free GPUs again). buf is scratch space; nil when they cannot cover it.
+// (scheduler/preemption.go, PreemptForDevice). Of cands, it takes those at
+// maxPrio or below, grouped by priority, lowest first, in their order within
+// a group, until they and the free GPUs cover the ask. Then, of those, it
+// keeps the largest first until they alone cover it (selectBestAllocs does
+// not count the free GPUs again). buf is scratch space; nil when they cannot
+// cover it.
 func Victims[T any](buf, cands []T, free, gpus, maxPrio int, size, prio func(T) int) []T {
 	buf = buf[:0]
 	for _, a := range cands {
@@ -88,11 +89,11 @@ type alloc struct {
 // Place chooses a node for each allocation of job, largest first: best
 // fit on free GPUs (the fewest left free), never on nodes held for another
 // job. With preempt (the job is admitted within its guarantee at priority
-// prio), nodes held for another job when nothing else has free GPUs for it,
-// then where the borrowed allocations Nomad would evict for it (Victims)
-// lose the least GPU time by now. ok is false when some allocation fits
-// nowhere. nodes are not changed: what earlier allocations take is kept
-// aside.
+// prio), it may then take nodes held for another job when nothing else has
+// free GPUs for it. Failing those, it goes where the borrowed allocations
+// Nomad would evict for it (Victims) lose the least GPU time by now. ok is
+// false when some allocation fits nowhere. nodes are not changed: what
+// earlier allocations take is kept aside.
 func Place(job Job, nodes []NodeRoom, preempt bool, prio int, now time.Time) (Placed, bool) {
 	var allocs []alloc
 	for _, g := range job.Groups {

@@ -247,9 +247,9 @@ func (a *Admitter) unchanged() bool {
 }
 
 // wake is how long from now until a backoff alone makes a pass due: the
-// quiet's end, an entry's backoff ending, or Nomad's next probe, each only
-// if it came after the last pass began (a pass that found nothing it could
-// send waits for what changes, never for itself). due is false when no
+// quiet's end, an entry's backoff ending, or Nomad's next probe. Each counts
+// only if it came after the last pass began: a pass that found nothing it
+// could send waits for what changes, never for itself. due is false when no
 // backoff is pending.
 func (a *Admitter) wake(now time.Time) (wait time.Duration, due bool) {
 	a.mu.Lock()
@@ -280,11 +280,11 @@ func (a *Admitter) wake(now time.Time) (wait time.Duration, due bool) {
 }
 
 // waitsOut reports whether entry id waits for its backoff at now, unless
-// it is the pass's probe of Nomad: the first entry the pass may send that
-// failed the fewest times, once ProbeEvery went by since the latest
-// failure, and no registration got through since (an entry Nomad always
-// fails has failed more often than the others, and is not the one that
-// finds Nomad back; alone, it is sent every ProbeEvery).
+// it is the pass's probe of Nomad. The probe is the first entry the pass may
+// send that failed the fewest times, once ProbeEvery went by since the
+// latest failure and no registration got through since. An entry Nomad
+// always fails has failed more often than the others, and is not the one
+// that finds Nomad back; alone, it is sent every ProbeEvery.
 func (a *Admitter) waitsOut(id string, now time.Time, r *registrations) bool {
 	a.mu.Lock()
 	defer a.mu.Unlock()

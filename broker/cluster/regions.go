@@ -62,10 +62,10 @@ func (r *Regions) Hold(p *policy.Policy, j admission.Job, d admission.Decision) 
 }
 
 // heldBack is the decision d becomes on j in its region (v) when the region
-// holds it back, queued and passed over by the queue: a drained region
-// takes no new work until it resumes (a job already running there is
-// decided as ever: its work finishes there), and a tenant's region block
-// caps what it holds there.
+// holds it back, queued and passed over by the queue. A drained region takes
+// no new work until it resumes; a job already running there is decided as
+// ever, its work finishing there. A tenant's region block caps what it holds
+// there.
 func (r *Regions) heldBack(p *policy.Policy, j admission.Job, v *View, d admission.Decision) (admission.Decision, bool) {
 	if d.Outcome != admission.Admit && d.Outcome != admission.AdmitBorrowed {
 		return d, false

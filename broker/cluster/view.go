@@ -145,9 +145,9 @@ func (v *View) SetReverts(f func(Revert)) { v.reverted = f }
 
 // SetRollbacks has the view tell, at each listing, every revert Nomad made
 // on its own that the listing shows (a failed deployment that rolled back),
-// however old: a broker that was down while one was made, or whose stream
-// was replaced by a listing meanwhile, learns of it so (set before the view
-// is used). What it is told may have been told before.
+// however old. So a broker that was down while one was made, or whose stream
+// was replaced by a listing meanwhile, learns of it (set before the view is
+// used). What it is told may have been told before.
 func (v *View) SetRollbacks(f func(Revert)) { v.rollbacks = f }
 
 // SetClock replaces the clock reservations expire by (tests).

@@ -56,10 +56,10 @@ type Admitted struct {
 }
 
 // Check is the one rule for whether job (as Nomad returns it) is the
-// broker's admission: it is the version the broker last wrote, or the one
-// Nomad stopped since (by its JobModifyIndex, against records of the job's
-// own region: two regions' indexes do not compare), and its stamp verifies
-// as the job stands, else the grant recorded for it does. A version made
+// broker's admission. It must be the version the broker last wrote, or the
+// one Nomad stopped since, by its JobModifyIndex against records of the
+// job's own region (two regions' indexes do not compare). And its stamp must
+// verify as the job stands, else the grant recorded for it. A version made
 // past the broker (registered again after a stop, reverted, scaled, or
 // made current again by marking an old version stable, straight in Nomad)
 // is not its admission, whatever stamp it carries. A grant that cannot be
@@ -169,11 +169,11 @@ type RegistrationRecords interface {
 }
 
 // Rewrite readies a write through the broker that makes a new version of
-// job (a registration, a revert, a scale): its record, if it has one, is
+// job (a registration, a revert, a scale). Its record, if it has one, is
 // marked pending first, so that the version Nomad makes verifies from the
-// first moment, and settle, once Nomad answered, records the JobModifyIndex
-// Nomad made it at, or with 0 (Nomad did not take it) puts the record back
-// as it was.
+// first moment. Once Nomad answered, settle records the JobModifyIndex Nomad
+// made it at, or, with 0 (Nomad did not take it), puts the record back as
+// it was.
 // records nil: none kept. A settle that fails leaves the record pending:
 // the broker's version, and any after it, verify until the next write.
 func Rewrite(ctx context.Context, records RegistrationRecords, job nomadjob.Ref, now time.Time) (settle func(index uint64) error, err error) {

@@ -144,12 +144,12 @@ func IsJobError(err error) bool {
 }
 
 // Prepare readies req for its decision, in the one order every caller
-// shares: its region's cluster (the broker's choice, dispatch, for a job
-// that leaves its region to the broker), the version Nomad runs there (when counts or
-// canaries depend on it), the nodes a system job may run on, the groups as
-// Nomad will place them, the stable version a failing deployment reverts
-// to, the namespace, region and counts pinned, and the job's workload
-// written in.
+// shares. It finds its region's cluster (the broker chooses one, dispatch,
+// for a job that leaves its region to the broker) and the version Nomad runs
+// there, when counts or canaries depend on it. It reads the nodes a system
+// job may run on, the groups as Nomad will place them, and the stable
+// version a failing deployment reverts to. Last it pins the namespace,
+// region and counts, and writes the job's workload in.
 func (s *Sequence) Prepare(ctx context.Context, p *policy.Policy, req *nomadjob.Request, versions Versions) (*Request, error) {
 	auto, err := req.AutoRegion()
 	if err != nil {

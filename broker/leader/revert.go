@@ -17,11 +17,11 @@ import (
 )
 
 // Reverts records, on the leader, each revert Nomad makes on its own (a
-// deployment with auto_revert failed) as a decision of the broker's: the
-// job's stable version was counted against its tenant from the start of
-// the deployment, so it is admitted; a tenant above its limit even so (a
-// lowered limit, an update registered straight in Nomad before the broker
-// knew the stable version) is recorded as over-limit, and logged as an error.
+// deployment with auto_revert failed) as a decision of the broker's. The
+// job's stable version was counted against its tenant from the start of the
+// deployment, so it is admitted. A tenant above its limit even so (a lowered
+// limit, or an update registered straight in Nomad before the broker knew
+// the stable version) is recorded as over-limit, and logged as an error.
 type Reverts struct {
 	Leader   interface{ IsLeader() bool }
 	Policies policy.Source

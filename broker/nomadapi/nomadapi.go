@@ -1,9 +1,9 @@
-// Package nomadapi is the broker's adapter to Nomad's HTTP API: listing and
-// following the cluster (snapshot and event stream), the agent's region and
-// ACLs, reading jobs and ACL tokens' grants, registering jobs the broker
-// admits from its queue, setting the scheduler's preemption and re-evaluating
-// blocked jobs; and for reclaim, the Observer that reads allocations and each
-// node's GPU stats, and the stops of jobs and allocations.
+// Package nomadapi is the broker's adapter to Nomad's HTTP API. It lists and
+// follows the cluster (snapshot and event stream), and reads the agent's
+// region and ACLs, jobs, and ACL tokens' grants. It registers the jobs the
+// broker admits from its queue, sets the scheduler's preemption and
+// re-evaluates blocked jobs. For reclaim, its Observer reads allocations and
+// each node's GPU stats, and it stops jobs and allocations.
 package nomadapi
 
 import (
@@ -317,11 +317,11 @@ func (c *Client) nodesSince(ctx context.Context, nodes []*api.Node) ([]*api.Node
 	return out, meta.LastIndex, nil
 }
 
-// jobsOfAllocs is jobs with the job of each allocation changed since the
-// jobs were listed (at index jobsAt) that the listing lacks, or has at an
-// older version, read again: such a job came neither as listed nor as an
-// event (List), and its allocation counted as held beside it until the next
-// listing. One found stopped or dead since joins ended if it has the
+// jobsOfAllocs is jobs with some read again: the job of each allocation
+// changed since the jobs were listed (at index jobsAt) that the listing
+// lacks, or has at an older version. Such a job came neither as listed nor
+// as an event (List), and its allocation counted as held beside it until the
+// next listing. One found stopped or dead since joins ended if it has the
 // broker's stamp.
 func (c *Client) jobsOfAllocs(ctx context.Context, jobs, ended []*api.Job, jobsAt uint64, stubs []*api.AllocationListStub) (_, _ []*api.Job, _ error) {
 	at := make(map[[2]string]int, len(jobs))

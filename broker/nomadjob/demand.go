@@ -100,12 +100,12 @@ type Placement struct {
 	NodesFitting func(model string, gpus int) int
 }
 
-// Groups is a job's GPU demand as Nomad will place it: one admission group per
-// task group and GPU model, with the allocation count Nomad will run: count, or
-// the scaling block's min when count is absent, or the current count with
-// PreserveCounts; for system and sysbatch jobs that count on each fitting
-// node; plus
-// the canaries a service update places beside the current allocations.
+// Groups is a job's GPU demand as Nomad will place it: one admission group
+// per task group and GPU model. Each has the allocation count Nomad will run:
+// count, or the scaling block's min when count is absent, or the current
+// count with PreserveCounts. System and sysbatch jobs run that count on each
+// fitting node. Canaries a service update places beside the current
+// allocations are added.
 func Groups(job *api.Job, pl Placement) ([]admission.Group, error) {
 	if len(job.TaskGroups) > MaxGroupsOrTask {
 		return nil, fmt.Errorf("job has %d task groups, more than %d", len(job.TaskGroups), MaxGroupsOrTask)

@@ -104,12 +104,12 @@ type Target struct {
 }
 
 // CallTarget reads a call's Target as Nomad does: the query's namespace,
-// region and idempotency_token; where the query gives none and the call's
-// body is one Nomad decodes into a request that carries a WriteRequest
-// (dispatch, revert, stable, evaluate and the deployment writes: bodyCounts),
-// the body's Namespace, Region, IdempotencyToken and AuthToken, read as
-// encoding/json reads them; else the default namespace and the agent's own
-// region.
+// region and idempotency_token first. Where the query gives none, and Nomad
+// decodes the call's body into a request that carries a WriteRequest
+// (dispatch, revert, stable, evaluate and the deployment writes:
+// bodyCounts), it reads the body's Namespace, Region, IdempotencyToken and
+// AuthToken, as encoding/json reads them. Else it is the default namespace
+// and the agent's own region.
 func CallTarget(query url.Values, body []byte, bodyCounts bool) (Target, error) {
 	var w Target
 	if bodyCounts && len(bytes.TrimSpace(body)) > 0 {

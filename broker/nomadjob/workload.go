@@ -53,11 +53,12 @@ func autoRevert(job *api.Job, tg *api.TaskGroup) bool {
 }
 
 // ApplyWorkload writes what workload w asks of a job into the request, where
-// the job leaves it open, and says what it wrote: nomad-gpu.ttl (its
-// default_ttl), a restart block in GPU task groups without one
-// (restart_attempts), a kill_timeout of at least checkpoint_grace in their
-// tasks, so that a preempted task can write its checkpoint, and, unless the
-// workload is shared, a constraint keeping its GPUs off time-sliced replicas.
+// the job leaves it open, and says what it wrote. That is nomad-gpu.ttl (its
+// default_ttl), and a restart block in GPU task groups without one
+// (restart_attempts). Their tasks get a kill_timeout of at least
+// checkpoint_grace, so that a preempted task can write its checkpoint. Unless
+// the workload is shared, a constraint keeps its GPUs off time-sliced
+// replicas.
 func (r *Request) ApplyWorkload(w *policy.Workload) []string {
 	if w == nil {
 		return nil

@@ -68,9 +68,9 @@ type Policy struct {
 	OverLimitGrace time.Duration
 	// MakeRoom is what happens when a tenant's queued job would be within
 	// its guarantee but for the tenant's own work of lower bands (Nomad
-	// evicts nothing within 9 points): OverReclaim (the default) requeues
+	// evicts nothing within 9 points). OverReclaim (the default) requeues
 	// that work, borrowed, lowest band and newest first, once the job has
-	// waited MakeRoomGrace; OverWait lets the job wait for it to end
+	// waited MakeRoomGrace. OverWait lets the job wait for it to end
 	// (top-level make_room, make_room_grace).
 	MakeRoom      string
 	MakeRoomGrace time.Duration
@@ -116,13 +116,13 @@ type Queue struct {
 }
 
 // Dispatch says how the broker chooses a region for a job that leaves it to
-// the broker: Mode DispatchOrdered takes the first region in Order (the
-// broker's own region first, then the others by name, where Order leaves
-// them out) whose decision admits the job now; DispatchBestFit the
+// the broker. Mode DispatchOrdered takes the first region in Order whose
+// decision admits the job now (the broker's own region first, then the
+// others by name, where Order leaves them out). DispatchBestFit takes the
 // admitting region with the most free GPUs the job's allocations could take
 // (the job's model, MIG profile or NVLink island, on nodes with room for
-// one). A job
-// admitted nowhere waits in the queue, where each pass chooses again.
+// one). A job admitted nowhere waits in the queue, where each pass chooses
+// again.
 // Under DispatchOrdered, a region is taken only once the job has waited
 // SpillAfter for each region before it in the order that could take it
 // (0: at once), so that work spills to the next region only after a wait.

@@ -3,17 +3,16 @@ package queue
 import "github.com/nomad-gpu/nomad-gpu/broker/admission"
 
 // Pass is the rule a pass through the queue keeps from one entry to the
-// next, in admission order: an entry waiting for its tenant's own quota is
-// passed over; once one waits for idle GPUs, nothing behind it is admitted
+// next, in admission order. An entry waiting for its tenant's own quota is
+// passed over. Once one waits for idle GPUs, nothing behind it is admitted
 // borrowed, so that smaller jobs cannot take the GPUs it waits for (aging
-// then lifts it above newer work), while jobs within their tenant's guarantee
-// still are: they are owed their GPUs and take them back from borrowed work.
-// Once one waits for room within its tenant's guarantee, the only way it may
-// run (admission.WaitGuarantee: evicted max_preemptions times), nothing of
-// that tenant's behind it is admitted:
-// its newer work, borrowing or not, would take that room, and the tenant's
-// own order must hold. The leader's admitter and the simulator both walk
-// their queues with it.
+// then lifts it above newer work). Jobs within their tenant's guarantee still
+// are admitted: they are owed their GPUs and take them back from borrowed
+// work. Once one waits for room within its tenant's guarantee, the only way
+// it may run (admission.WaitGuarantee: evicted max_preemptions times),
+// nothing of that tenant's behind it is admitted. Its newer work, borrowing
+// or not, would take that room, and the tenant's own order must hold. The
+// leader's admitter and the simulator both walk their queues with it.
 type Pass struct {
 	waiting bool
 	owed    map[string]bool // tenants with an entry that waits for room within their guarantee

@@ -132,16 +132,16 @@ const HeldHours = 1.0
 //
 // With the policy's fair_share on, the share is the tenant's decayed
 // GPU-hours (decayed, by tenant), plus HeldHours for each GPU it holds now,
-// per guaranteed GPU; and age raises an entry
-// only into the band of a higher queue (to the highest queue priority it
-// reaches): within a band the share decides, so that a tenant flooding the
-// queue does not get ahead by having the oldest entries.
-// With fair_share's oldest_first_after too, a band is in three parts:
-// entries their tenant's guarantee still holds (used + demand, in order of
-// share), then entries that would borrow and have waited oldest_first_after
-// (oldest first: a tenant that offers more than its guarantee must not wait
-// without bound for borrowed GPUs), then the other borrowing entries in
-// order of share. The first part keeps the guarantees what they are: old
+// per guaranteed GPU. Age then raises an entry only into the band of a
+// higher queue (to the highest queue priority it reaches). Within a band the
+// share decides, so that a tenant flooding the queue does not get ahead by
+// having the oldest entries.
+// With fair_share's oldest_first_after too, a band is in three parts. First
+// come entries their tenant's guarantee still holds (used + demand, in order
+// of share). Then come entries that would borrow and have waited
+// oldest_first_after, oldest first: a tenant that offers more than its
+// guarantee must not wait without bound for borrowed GPUs. Last come the
+// other borrowing entries in order of share. The first part keeps the guarantees what they are: old
 // borrowing entries go ahead of the share, never of a guarantee.
 func Order(entries []Entry, p *policy.Policy, used map[string]float64, decayed map[string]float64, now time.Time) {
 	rank := rankOf(entries, p, used, decayed, now)

@@ -15,10 +15,10 @@ const MaxBody = 16 << 20
 
 // Bodies above LargeBody (or of unknown length) are read by at most
 // MaxLargeBodies calls at once, and MaxLargeBodiesPerClient from one client
-// address, so that a burst of huge requests cannot take the broker's memory
-// and one client's cannot take every slot; and a client that holds a slot
-// never takes the last free one, which is kept for a client holding none.
-// One more is answered 503 at once. (Behind a proxy, every client has the
+// address. So a burst of huge requests cannot take the broker's memory, and
+// one client's cannot take every slot. A client that holds a slot never
+// takes the last free one, which is kept for a client holding none. One
+// more is answered 503 at once. (Behind a proxy, every client has the
 // proxy's address.)
 const (
 	LargeBody               = 1 << 20

@@ -23,11 +23,11 @@ import (
 )
 
 // The broker reads Nomad as the caller wherever Nomad's ACLs must decide
-// what the caller may see or do: who the caller is (identity, for the audit
-// trail), its token's grants (exclusive enforcement, the queue), the jobs and
-// versions a call acts on, and a plan that proves the caller may submit a
-// job. callers holds what that shares (Nomad's address, the identity
-// cache); caller is it for one request.
+// what the caller may see or do. Those reads are who the caller is
+// (identity, for the audit trail), its token's grants (exclusive
+// enforcement, the queue), the jobs and versions a call acts on, and a plan
+// that proves the caller may submit a job. callers holds what they share
+// (Nomad's address, the identity cache); caller is it for one request.
 type callers struct {
 	upstream *url.URL
 	client   *http.Client

@@ -383,14 +383,14 @@ func (s *Server) stable(w http.ResponseWriter, r *http.Request, jc jobCall, jobI
 }
 
 // evaluate decides an evaluation of a job on what Nomad may place after it
-// (Job.Evaluate in v1.6.3's nomad/job_endpoint.go): the evaluation is a
+// (Job.Evaluate in v1.6.3's nomad/job_endpoint.go). The evaluation is a
 // registration's, which places whatever the job's count misses, and with
-// ForceReschedule every failed allocation is replaced. So one of a dead
-// job (its allocations failed or ended: charged nothing), or one that
-// forces rescheduling, is decided on the job's whole demand, as a revert to
-// the version Nomad has is; one of a running or pending job places no more
-// than it is charged for, and a stopped, periodic or parameterized job's
-// places nothing (Nomad refuses the last two).
+// ForceReschedule every failed allocation is replaced. So one of a dead job
+// (its allocations failed or ended: charged nothing), or one that forces
+// rescheduling, is decided on the job's whole demand, as a revert to the
+// version Nomad has is. One of a running or pending job places no more than
+// it is charged for. A stopped, periodic or parameterized job's places
+// nothing (Nomad refuses the last two).
 func (s *Server) evaluate(w http.ResponseWriter, r *http.Request, jc jobCall, jobID string) error {
 	var req api.JobEvaluateRequest
 	body := jc.body
@@ -509,12 +509,11 @@ func (s *Server) checkThenForward(w http.ResponseWriter, r *http.Request, body [
 }
 
 // decideThenForward admits the demand the call on jobID leads to (a, a
-// dispatch's child), or refuses it:
-// anything but an admission at the priority the job was admitted at is
-// refused, since the call cannot change the priority. rec (nil: nothing)
-// records the call once admitted, before it is forwarded, and settles once
-// Nomad answered. It returns the id of the child a dispatch it admitted
-// created ("" for none).
+// dispatch's child), or refuses it. Anything but an admission at the
+// priority the job was admitted at is refused, since the call cannot change
+// the priority. rec (nil: nothing) records the call once admitted, before it
+// is forwarded, and settles once Nomad answered. It returns the id of the
+// child a dispatch it admitted created ("" for none).
 func (s *Server) decideThenForward(w http.ResponseWriter, r *http.Request, body []byte, a admission.Job, jobID string, current int, what string, rec *record) (string, error) {
 	ns := a.Namespace
 	d, res := s.seq.Decide(s.policies.Current(), a, decide.Reserve)

@@ -435,11 +435,11 @@ func (s *Server) gateCall(w http.ResponseWriter, r *http.Request, c call, jobID 
 	return nil
 }
 
-// toJobsRegion sends a read of a job (GET /v1/job/<id>[/…], or the jobs
-// listing by prefix that `nomad job status <id>` starts with) that names no
-// region other than the broker's own to the region the broker dispatched
-// the job to, when that region alone has it: a job that left its region to
-// the broker is found without -region.
+// toJobsRegion sends a read of a job to the region the broker dispatched
+// the job to, when the read names no region other than the broker's own and
+// that region alone has the job. The read is GET /v1/job/<id>[/…], or the
+// jobs listing by prefix that `nomad job status <id>` starts with. So a job
+// that left its region to the broker is found without -region.
 func (s *Server) toJobsRegion(r *http.Request) {
 	q := r.URL.Query()
 	if s.regions == nil || q.Get("namespace") == "*" {
@@ -480,10 +480,10 @@ func byID(path string) bool {
 }
 
 // readAnyRegion answers a read by id (byID) that names no other region than
-// the broker's own from its own region, else, where that has no such object
-// (404), from the first other region governed that has: the evaluation,
-// allocations and deployment of a job the broker dispatched to another
-// region are found by their ids, as `nomad job run` follows them.
+// the broker's own from its own region. Where that has no such object
+// (404), it answers from the first other region governed that has: so the
+// evaluation, allocations and deployment of a job the broker dispatched to
+// another region are found by their ids, as `nomad job run` follows them.
 func (s *Server) readAnyRegion(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	region := q.Get("region")

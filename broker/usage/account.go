@@ -38,11 +38,12 @@ const MaxInterval = 10 * time.Minute
 
 // Charge is the GPU time of one observation at now since the last one at
 // prev, by UTC day (YYYY-MM-DD): every GPU that running allocations hold,
-// busy or idle by its sample (no sample: busy), an allocation started
-// since counted from its start (as Nomad recorded it), so that after a gap
-// (a leader failover, Consul down) an allocation that ran throughout is
-// charged for all of it, and one that ended since (EndedAt) up to its end. An allocation the broker did not admit has tenant
-// and queue "". classOf maps a GPU model to its class ("" when none).
+// busy or idle by its sample (no sample: busy). An allocation started since
+// counts from its start (as Nomad recorded it), and one that ended since
+// (EndedAt) up to its end. So after a gap (a leader failover, Consul down)
+// an allocation that ran throughout is charged for all of it. An
+// allocation the broker did not admit has tenant and queue "". classOf maps
+// a GPU model to its class ("" when none).
 func Charge(prev, now time.Time, allocs []reclaim.Alloc, gpus map[string]reclaim.GPU, idleBelow float64,
 	classOf func(model string) string) map[string]map[Key]Seconds {
 	if prev.IsZero() || !now.After(prev) {

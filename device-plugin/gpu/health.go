@@ -5,11 +5,11 @@ import (
 	"time"
 )
 
-// HealthTracker turns raw observations into the health reported to Nomad: a fault
-// makes a device unhealthy at once, but it is healthy again only after it has been
-// seen clean for the whole recovery period, counted from the first clean
-// observation (when between two scans it turned clean is unknown), so a flapping
-// GPU does not take new work.
+// HealthTracker turns raw observations into the health reported to Nomad. A
+// fault makes a device unhealthy at once. It is healthy again only after it
+// has been seen clean for the whole recovery period, counted from the first
+// clean observation (when between two scans it turned clean is unknown), so
+// a flapping GPU does not take new work.
 type HealthTracker struct {
 	recovery time.Duration
 	faults   map[string]fault

@@ -1,9 +1,9 @@
 // Package jsondoc reads a JSON request body losslessly, as Nomad will read it:
-// a document in the order it was sent, refused when it could be read two ways
-// (a key given twice, in any spelling encoding/json folds together), with the
-// keys of a target type's fields rewritten to their canonical spelling and
-// every other key kept as sent. The broker forwards the document it read, so
-// that what Nomad acts on is what the broker decided on.
+// a document in the order it was sent. One that could be read two ways (a
+// key given twice, in any spelling encoding/json folds together) is refused.
+// The keys of a target type's fields are rewritten to their canonical
+// spelling, and every other key is kept as sent. The broker forwards the
+// document it read, so that what Nomad acts on is what the broker decided on.
 package jsondoc
 
 import (
