@@ -680,6 +680,14 @@ func (c *Client) Register(ctx context.Context, namespace string, body []byte) (_
 	return out.JobModifyIndex, nil
 }
 
+// RegisterAt registers job (its JSON) only if Nomad's version of it is
+// still the one at index (EnforceIndex): a write of the broker's own on a
+// running job (a sub-band move, a promotion, a re-pin) never overwrites a
+// version made meanwhile. It returns the job's new JobModifyIndex.
+func (c *Client) RegisterAt(ctx context.Context, namespace string, job []byte, index uint64) (uint64, error) {
+	return c.Register(ctx, namespace, fmt.Appendf(nil, `{"Job":%s,"EnforceIndex":true,"JobModifyIndex":%d}`, job, index))
+}
+
 // Registered reports whether Nomad already has job namespace/id exactly as
 // the register request body would make it (Nomad's own plan finds no
 // difference), and the job's JobModifyIndex: a registration whose answer was

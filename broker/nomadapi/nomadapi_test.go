@@ -91,6 +91,12 @@ func TestRegisterSendsTheBodyWithTheBrokersTokenAndTellsRefusalsApart(t *testing
 	if f.requests[0] != "PUT /v1/jobs?namespace=team%2Fa" || f.tokens[0] != "broker-secret" || string(f.bodies["PUT /v1/jobs"]) != `{"Job":{"ID":"x"}}` {
 		t.Errorf("sent %v with %v: %s", f.requests, f.tokens, f.bodies["PUT /v1/jobs"])
 	}
+	// A write of the broker's own on a running job: only over the version
+	// it read, the job's fields kept as Nomad sent them.
+	if index, err := c.RegisterAt(ctx, "team/a", []byte(`{"ID":"x","Future":[1]}`), 41); err != nil || index != 77 ||
+		string(f.bodies["PUT /v1/jobs"]) != `{"Job":{"ID":"x","Future":[1]},"EnforceIndex":true,"JobModifyIndex":41}` {
+		t.Errorf("register at 41: %d %v, sent %s", index, err, f.bodies["PUT /v1/jobs"])
+	}
 	_, err = c.Register(ctx, "bad", nil)
 	var re *nomadapi.RegisterError
 	if !errors.As(err, &re) || !re.Refused() || !strings.Contains(err.Error(), "job validation failed") {

@@ -25,7 +25,9 @@ type PromoteJobs interface {
 	// The bander registers the document with its priority changed, so
 	// that fields of a newer Nomad than the broker knows stay as they are.
 	JobDoc(ctx context.Context, namespace, id string) (*jsondoc.Doc, *api.Job, error)
-	Register(ctx context.Context, namespace string, body []byte) (uint64, error)
+	// RegisterAt registers job (its JSON) if Nomad's version is still the
+	// one at index, and returns the new one's.
+	RegisterAt(ctx context.Context, namespace string, job []byte, index uint64) (uint64, error)
 }
 
 // Bander moves running borrowed jobs to another priority, in place: Nomad
@@ -175,8 +177,7 @@ func (b *Bander) move(ctx context.Context, r admission.Running, to int, subBand 
 		return err
 	}
 	doc.Root().Set("Priority", to)
-	body := fmt.Appendf(nil, `{"Job":%s,"EnforceIndex":true,"JobModifyIndex":%d}`, doc.Bytes(), *job.JobModifyIndex)
-	if err := register(ctx, jobs, b.Writes, ref, body, now); err != nil {
+	if err := register(ctx, jobs, b.Writes, ref, doc.Bytes(), *job.JobModifyIndex, now); err != nil {
 		return err // the grant verifies the job at from as well, where it still runs
 	}
 	if subBand {
@@ -193,16 +194,17 @@ func (b *Bander) move(ctx context.Context, r admission.Running, to int, subBand 
 	return nil
 }
 
-// register registers body (a new version of job ref) with jobs, recorded
-// as the broker's own write (decide.Rewrite).
-func register(ctx context.Context, jobs PromoteJobs, writes decide.RegistrationRecords, ref nomadjob.Ref, body []byte, now time.Time) error {
+// register registers job (the JSON of a new version of job ref) with jobs
+// if Nomad's version is still the one at index, recorded as the broker's
+// own write (decide.Rewrite).
+func register(ctx context.Context, jobs PromoteJobs, writes decide.RegistrationRecords, ref nomadjob.Ref, job []byte, index uint64, now time.Time) error {
 	settle, err := decide.Rewrite(ctx, writes, ref, now)
 	if err != nil {
 		return err
 	}
-	index, err := jobs.Register(ctx, ref.Namespace, body)
+	made, err := jobs.RegisterAt(ctx, ref.Namespace, job, index)
 	if err != nil {
-		index = 0
+		made = 0
 	}
-	return errors.Join(err, settle(index))
+	return errors.Join(err, settle(made))
 }

@@ -44,13 +44,13 @@ func (n *promoteJobs) JobDoc(_ context.Context, _, id string) (*jsondoc.Doc, *ap
 	return doc, &job, err
 }
 
-func (n *promoteJobs) Register(_ context.Context, _ string, body []byte) (uint64, error) {
-	var req api.JobRegisterRequest
-	if err := json.Unmarshal(body, &req); err != nil {
+func (n *promoteJobs) RegisterAt(_ context.Context, _ string, job []byte, index uint64) (uint64, error) {
+	req := api.JobRegisterRequest{EnforceIndex: true, JobModifyIndex: index}
+	if err := json.Unmarshal(job, &req.Job); err != nil {
 		return 0, err
 	}
-	if !strings.Contains(string(body), newerField) {
-		return 0, fmt.Errorf("a field of a newer Nomad was lost: %s", body)
+	if !strings.Contains(string(job), newerField) {
+		return 0, fmt.Errorf("a field of a newer Nomad was lost: %s", job)
 	}
 	n.registered = append(n.registered, req)
 	return 0, nil

@@ -142,10 +142,8 @@ func (r *Repinner) repin(ctx context.Context, p *policy.Policy, region string, i
 		return nil // no node can take it now: the next pass tries again
 	}
 	pinned := req.Admit(d, r.Stamper)
-	root := req.Doc.Root()
-	root.Set("EnforceIndex", true)
-	root.Set("JobModifyIndex", *job.JobModifyIndex)
-	if err := register(ctx, in.Jobs, r.Writes, nomadjob.Ref{Region: region, Namespace: u.Namespace, ID: u.ID}, req.Body(), now); err != nil {
+	ref := nomadjob.Ref{Region: region, Namespace: u.Namespace, ID: u.ID}
+	if err := register(ctx, in.Jobs, r.Writes, ref, req.Doc.Root().Get("Job").Bytes(), *job.JobModifyIndex, now); err != nil {
 		return err
 	}
 	why := "Nomad has not placed it for " + RepinAfter.String()
