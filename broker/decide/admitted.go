@@ -125,11 +125,12 @@ type StopRecords interface {
 	Delete(ctx context.Context, job nomadjob.Ref) error
 }
 
-// Revive readies the registration through the broker of job, which Nomad may have stopped since the broker admitted it:
-// its record is marked pending first (a version Nomad then answers with is
-// the broker's), and settle, once Nomad answered, deletes it when Nomad
-// took the job, or marks it not pending again. Without a record (or
-// records nil) there is nothing to do.
+// Revive readies the registration through the broker of job, which Nomad
+// may have stopped since the broker admitted it. Its record is marked
+// pending first, so that a version Nomad then answers with is the broker's.
+// Once Nomad answered, settle deletes it when Nomad took the job, or marks
+// it not pending again. Without a record (or records nil) there is nothing
+// to do.
 // A settle that fails leaves the record pending: the broker's version, and
 // any after it, verify (no admitted work is taken for unadmitted) until the
 // job's next stop.

@@ -206,10 +206,10 @@ func (r *Request) Admission(groups []admission.Group) admission.Job {
 }
 
 // Pin writes into the document what Nomad must read exactly as the broker
-// did (after Groups): the resolved namespace, in the body and the job, the
-// region when it is not the broker's own, and
-// every task group's count explicit, so that neither a scaling default nor
-// PreserveCounts can place more than was counted.
+// did (after Groups): the resolved namespace, in the body and the job, and
+// the region when it is not the broker's own. Every task group's count is
+// made explicit, so that neither a scaling default nor PreserveCounts can
+// place more than was counted.
 func (r *Request) Pin() {
 	root := r.Doc.Root()
 	job := root.Get("Job")

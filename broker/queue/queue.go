@@ -60,7 +60,7 @@ type Entry struct {
 	EstimatedStart time.Time `json:"queued_estimate,omitzero"`
 	// Stopping is the version (JobModifyIndex) of the running job that a
 	// reclaim requeue stops (0: none). The entry waits while Nomad, as far
-	// as the broker has seen, still runs the job: admitted before the stop,
+	// as the broker has seen, still runs the job. Admitted before the stop,
 	// it would be stopped with it; decided on as the running job's
 	// replacement, it would take back the GPUs it is giving up, ahead of the
 	// job they were freed for. It waits StopWait from StoppingSince at most:

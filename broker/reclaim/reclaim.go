@@ -173,10 +173,9 @@ func (e *Engine) Retract(d Decision) {
 }
 
 // OverLimit returns, under policy over_limit = "reclaim", the decisions
-// that requeue the work of each tenant that holds more GPUs than its limit
-// (raised by extra, what approvals in force grant it), or than a cap of a
-// region (home names the broker's own): whole jobs, until what is left is
-// within. Work no decision covers (unadmitted, in the tenant's namespaces)
+// that requeue the work of each tenant over its limit (raised by extra, what
+// approvals in force grant it), or over a cap of a region (home names the
+// broker's own). Whole jobs go, until what is left is within. Work no decision covers (unadmitted, in the tenant's namespaces)
 // goes first and at once: over_limit_grace is for admitted work that grew
 // past the limit late (a lowered limit, a revert Nomad made), not for work
 // nobody admitted. Admitted work goes once the tenant has been over for
@@ -354,8 +353,8 @@ type Waiting struct {
 }
 
 // MakeRoom returns, under policy make_room = "reclaim", the decisions that
-// requeue a tenant's own work in the way of its queued job: one (taken by
-// band, highest first, then in the order given) that the tenant's
+// requeue a tenant's own work in the way of its queued job. That job (taken
+// by band, highest first, then in the order given) is one the tenant's
 // guarantee would hold were its work of lower bands gone, once it has
 // waited make_room_grace. As little goes as the job needs: borrowed first,
 // then the lowest band, then the newest; never another tenant's work, nor

@@ -16,11 +16,11 @@ import (
 )
 
 // Requeue carries out action requeue: the job goes back to the broker's
-// queue as Nomad has it, keeping its submit time for its place (work
-// requeued to make room goes to the back: its age would otherwise put it
-// before the job it made room for), and is then
-// stopped in Nomad (not purged). The queue entry takes the decision's id, so
-// that a leader acting again after a crash writes the same entry once.
+// queue as Nomad has it, and is then stopped in Nomad (not purged). It keeps
+// its submit time for its place, except work requeued to make room, which
+// goes to the back: its age would otherwise put it before the job it made
+// room for. The queue entry takes the decision's id, so that a leader acting
+// again after a crash writes the same entry once.
 type Requeue struct {
 	Jobs interface {
 		Job(ctx context.Context, namespace, id string) (*api.Job, error)
