@@ -439,7 +439,7 @@ func (a *Agent) reclaimer() *reclaimer.Reclaimer {
 				Stops: st.stops, Writes: st.writes, Stamper: a.stamper, Lock: a.view.LockJob, Audit: a.trail},
 			&reclaimer.Repinner{Log: a.log.Named("repin"), Policies: a.policies, View: a.view, Jobs: a.nomad, Elsewhere: a.repinRegions(), Records: a.records(),
 				Writes: st.writes, Stamper: a.stamper, Lock: a.view.LockJob, Audit: a.trail},
-			&reclaimer.StopRecorder{View: a.view, Records: st.stops, Lock: a.view.LockJob},
+			&reclaimer.StopRecorder{View: a.view, Records: st.stops, Writes: st.writes, Lock: a.view.LockJob},
 			&reclaimer.RegionLoss{Log: a.log.Named("region-loss"), Policies: a.policies, Regions: a.regions, Queue: st.queue, Audit: a.trail,
 				Stop: func(ctx context.Context, region, namespace, id string) (string, error) {
 					return a.nomad.Region(region).StopJob(ctx, namespace, id)
@@ -529,7 +529,7 @@ func (a *Agent) reloads(ctx context.Context, policy chan<- os.Signal) {
 func (a *Agent) otherStopRecorders() []reclaimer.Watcher {
 	var out []reclaimer.Watcher
 	for _, name := range slices.Sorted(maps.Keys(a.others)) {
-		out = append(out, &reclaimer.StopRecorder{View: a.others[name].view, Records: a.stores.stops, Region: name, Lock: a.view.LockJob})
+		out = append(out, &reclaimer.StopRecorder{View: a.others[name].view, Records: a.stores.stops, Writes: a.stores.writes, Region: name, Lock: a.view.LockJob})
 	}
 	return out
 }

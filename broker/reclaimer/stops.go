@@ -22,6 +22,10 @@ type StopRecorder struct {
 		Registering(namespace, id string) bool
 	}
 	Records decide.StopRecords
+	// Writes are the broker's own writes of jobs: one after a stop revived
+	// the job (decide.Registering), so that stop is over, however late the
+	// view tells it.
+	Writes decide.Registrations
 	// Region is the view's ("": the broker's own).
 	Region string
 	// Lock holds off the gate's and the queue's decisions on the job while
@@ -44,6 +48,12 @@ func (s *StopRecorder) record(ctx context.Context, namespace, id string, index u
 		return nil // the broker registers it again: the next pass looks
 	}
 	job := nomadjob.Ref{Region: s.Region, Namespace: namespace, ID: id}
+	// A listing read before the broker registered the job again, applied
+	// after, shows the stop it revived from, and so do its events, replayed.
+	if w, ok := s.Writes.Get(job); ok && w.Index > index {
+		s.View.RecordedStop(namespace, id, index)
+		return nil
+	}
 	if r, ok := s.Records.Get(job); !ok || r.Index < index {
 		if err := s.Records.Put(ctx, job, nomadjob.Stopped{Index: index, At: now.UTC()}); err != nil {
 			return err
