@@ -198,6 +198,21 @@ type Usage struct {
 	// Replicas is, per shared device group ("<model> (shared)"), how many
 	// replicas each of its GPUs is offered as (the fewest where nodes differ).
 	Replicas map[string]int
+	// Region is the job's region as it holds work back (zero: it holds
+	// none back).
+	Region Region
+}
+
+// Region is what a job's region holds back: a drained region takes no new
+// work, and a tenant's region block caps what it holds there.
+type Region struct {
+	Name string // as Nomad names it
+	// DrainedBy says who drained it and when ("": it takes work).
+	DrainedBy string
+	// Running: the job runs there already, so a drain lets it finish there.
+	Running bool
+	// Held is what the job's tenant holds there, without the job.
+	Held float64
 }
 
 // UsedBy is every tenant's GPUs held, in all.
@@ -335,6 +350,28 @@ func Decide(p *policy.Policy, job Job, u Usage) Decision {
 	if job.Granted.Priority > d.Priority {
 		d.Priority = job.Granted.Priority
 		d.Reason += fmt.Sprintf("; priority %d by approval", job.Granted.Priority)
+	}
+	return heldInRegion(p, job, u.Region, d)
+}
+
+// heldInRegion is admitted d as the job's region holds it back: queued, and
+// passed over by the queue, while the region is drained (a job running
+// there already is decided as ever: its work finishes there), or while its
+// tenant would hold more there than its region block allows.
+func heldInRegion(p *policy.Policy, job Job, r Region, d Decision) Decision {
+	if r.DrainedBy != "" && !r.Running {
+		d.Priority, d.Placed = 0, nil
+		return Queued(d, WaitLimit, fmt.Sprintf("region %s is drained (%s): no new work goes there", r.Name, r.DrainedBy),
+			"queued until it resumes (gpu-broker region resume)")
+	}
+	t := p.TenantOf(job.Namespace)
+	if t == nil {
+		return d
+	}
+	if limit, ok := t.RegionLimits[r.Name]; ok && r.Held+d.Demand.Total() > limit+1e-9 {
+		d.Priority, d.Placed = 0, nil
+		return Queued(d, WaitLimit, fmt.Sprintf("tenant %q would hold %g of its limit of %g GPUs in region %s",
+			t.Name, r.Held+d.Demand.Total(), limit, r.Name), "queued until its own jobs there free GPUs")
 	}
 	return d
 }

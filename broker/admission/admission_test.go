@@ -27,6 +27,7 @@ tenant "vision" {
   queues     = ["training", "dev"]
   guaranteed = 8
   limit      = 16
+  region "west" { limit = 4 }
 }
 tenant "search" {
   namespaces = ["search", "search-canary"]
@@ -90,6 +91,13 @@ func cluster(idle float64, used map[string]float64) admission.Usage {
 	for tenant, n := range used {
 		u.Tenants[tenant] = admission.TenantUsage{Used: policy.Quota{"": n, "h100": n}}
 	}
+	return u
+}
+
+// inRegion puts the job in region name, drained by drainedBy (""; not
+// drained), its tenant holding held GPUs there.
+func inRegion(u admission.Usage, name, drainedBy string, running bool, held float64) admission.Usage {
+	u.Region = admission.Region{Name: name, DrainedBy: drainedBy, Running: running, Held: held}
 	return u
 }
 
@@ -174,6 +182,18 @@ func TestDecide(t *testing.T) {
 			outcome: admission.AdmitBorrowed, priority: 20},
 		{name: "over budget, within guarantee: borrowed", job: job("vision").gpus(1, 1), usage: overBudget(cluster(16, nil), "vision"),
 			outcome: admission.AdmitBorrowed, priority: 20, rule: admission.RuleOverBudget, reason: "spent its budget (resets soon): within its guarantee, but borrowed"},
+		{name: "a new job in a drained region: queued, saying who drained it", job: job("vision").gpus(1, 1), usage: inRegion(cluster(16, nil), "east", "by ops", false, 0),
+			outcome: admission.Queue, reason: "region east is drained (by ops): no new work goes there; queued until it resumes"},
+		{name: "a job running in a drained region: decided as ever", job: job("vision").gpus(1, 1), usage: inRegion(cluster(16, nil), "east", "by ops", true, 0),
+			outcome: admission.Admit, priority: 45},
+		{name: "a region drained holds back no rejection", job: job("default").gpus(1, 1), usage: inRegion(cluster(16, nil), "east", "by ops", false, 0),
+			outcome: admission.Reject, rule: admission.RuleUnmappedNamespace},
+		{name: "beyond the tenant's cap in a region, within its limit: queued", job: job("vision").gpus(1, 2), usage: inRegion(cluster(16, map[string]float64{"vision": 3}), "west", "", false, 3),
+			outcome: admission.Queue, reason: `tenant "vision" would hold 5 of its limit of 4 GPUs in region west; queued until its own jobs there free GPUs`},
+		{name: "up to the tenant's cap in a region", job: job("vision").gpus(1, 1), usage: inRegion(cluster(16, map[string]float64{"vision": 3}), "west", "", false, 3),
+			outcome: admission.Admit, priority: 45},
+		{name: "a cap is the region's alone", job: job("vision").gpus(1, 2), usage: inRegion(cluster(16, map[string]float64{"vision": 3}), "east", "", false, 3),
+			outcome: admission.Admit, priority: 45},
 		{name: "over budget, even with borrowing off", borrowOff: true, job: job("vision").gpus(1, 1), usage: overBudget(cluster(16, nil), "vision"),
 			outcome: admission.AdmitBorrowed, priority: 20, rule: admission.RuleOverBudget},
 	}

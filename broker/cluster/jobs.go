@@ -501,7 +501,11 @@ func (v *View) Knows(namespace, id string, prefix bool) bool {
 func (v *View) Running(namespace, id string) bool {
 	v.mu.RLock()
 	defer v.mu.RUnlock()
-	key := jobKey{namespace, id}
+	return v.running(jobKey{namespace, id})
+}
+
+// running is Running; the caller holds v.mu.
+func (v *View) running(key jobKey) bool {
 	_, live := v.jobs[key]
 	return live || len(v.heldBy[key]) > 0
 }

@@ -2,7 +2,6 @@ package cluster
 
 import (
 	"context"
-	"fmt"
 	"maps"
 	"slices"
 	"sync"
@@ -50,48 +49,14 @@ func (r *Regions) Drained(region string) string {
 	return r.drained[region]
 }
 
-// Hold is the decision d on j as its region holds it back (heldBack): what a
-// preview shows, as the registration would be decided.
-func (r *Regions) Hold(p *policy.Policy, j admission.Job, d admission.Decision) admission.Decision {
-	v, _, ok := r.In(j.Where.Region)
-	if !ok {
-		return d
-	}
-	d, _ = r.heldBack(p, j, v, d)
-	return d
-}
-
-// heldBack is the decision d becomes on j in its region (v) when the region
-// holds it back, queued and passed over by the queue. A drained region takes
-// no new work until it resumes; a job already running there is decided as
-// ever, its work finishing there. A tenant's region block caps what it holds
-// there.
-func (r *Regions) heldBack(p *policy.Policy, j admission.Job, v *View, d admission.Decision) (admission.Decision, bool) {
-	if d.Outcome != admission.Admit && d.Outcome != admission.AdmitBorrowed {
-		return d, false
-	}
+// region is j's region as its decision reads what holds work back there
+// (admission.Region), less what its view adds (View.usageFor).
+func (r *Regions) region(j admission.Job) admission.Region {
 	name := j.Where.Region
 	if name == "" {
 		name = r.homeName
 	}
-	if by := r.Drained(name); by != "" && !v.Running(j.Namespace, j.ID) {
-		d.Priority, d.Placed = 0, nil
-		return admission.Queued(d, admission.WaitLimit, fmt.Sprintf("region %s is drained (%s): no new work goes there", name, by),
-			"queued until it resumes (gpu-broker region resume)"), true
-	}
-	t := p.TenantOf(j.Namespace)
-	if t == nil {
-		return d, false
-	}
-	if limit, ok := t.RegionLimits[name]; ok {
-		held := v.tenantUsage(p, j.Namespace, j.ID).Used.Total()
-		if held+d.Demand.Total() > limit+1e-9 {
-			d.Priority, d.Placed = 0, nil
-			return admission.Queued(d, admission.WaitLimit, fmt.Sprintf("tenant %q would hold %g of its limit of %g GPUs in region %s",
-				t.Name, held+d.Demand.Total(), limit, name), "queued until its own jobs there free GPUs"), true
-		}
-	}
-	return d, false
+	return admission.Region{Name: name, DrainedBy: r.Drained(name)}
 }
 
 // NewRegions is the view over home (the broker's own region, named
@@ -221,7 +186,7 @@ func (r *Regions) UsageFor(p *policy.Policy, j admission.Job) admission.Usage {
 	if !ok {
 		return admission.Usage{Tenants: map[string]admission.TenantUsage{}}
 	}
-	u := v.UsageFor(p, j)
+	u := v.usageIn(p, j, r.region(j))
 	addTenants(u, r.elsewhere(p, j, v))
 	return u
 }
@@ -243,7 +208,7 @@ func (r *Regions) EachUsage(p *policy.Policy, namespace string, n int, job func(
 		}
 		u := admission.Usage{Tenants: map[string]admission.TenantUsage{}}
 		if v, _, ok := r.In(j.Where.Region); ok {
-			u = v.UsageFor(p, j)
+			u = v.usageIn(p, j, r.region(j))
 			addTenants(u, h.othersThan(v))
 		}
 		if !f(i, j, u) {
@@ -276,15 +241,11 @@ func (r *Regions) Admit(p *policy.Policy, j admission.Job) (admission.Decision, 
 		res *Reservation
 	)
 	if len(r.others) == 0 {
-		d, res = v.Admit(p, j)
+		d, res = v.admit(p, j, nil, r.region(j))
 	} else {
 		r.mu.Lock()
-		d, res = v.admit(p, j, r.elsewhere(p, j, v))
+		d, res = v.admit(p, j, r.elsewhere(p, j, v), r.region(j))
 		r.mu.Unlock()
-	}
-	if d, held := r.heldBack(p, j, v, d); held {
-		res.Withdraw() // never seen by another decision: no pass to set off
-		return d, nil
 	}
 	return d, res
 }

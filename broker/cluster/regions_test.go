@@ -152,7 +152,7 @@ func TestADrainedRegionTakesNoNewWork(t *testing.T) {
 		d.Reason != "region west is drained (by ops at 2026-12-04T10:00:00Z): no new work goes there; queued until it resumes (gpu-broker region resume)" {
 		t.Fatalf("a new job in drained west: %s (%s), %v", d.Outcome, d.Reason, res)
 	}
-	if d := r.Hold(p, job("new"), admission.Decision{Outcome: admission.Admit}); d.Outcome != admission.Queue {
+	if d := admission.Decide(p, job("new"), r.UsageFor(p, job("new"))); d.Outcome != admission.Queue {
 		t.Errorf("a preview of a new job in drained west: %s, want queue", d.Outcome)
 	}
 	if d, res := r.Admit(p, job("running")); d.Outcome != admission.Admit {

@@ -34,15 +34,15 @@ const ReservationHold = 2 * time.Minute
 // can see the usage without it. The reservation holds until the job's events
 // show it, it is released (the registration failed), or ReservationHold ends.
 func (v *View) Admit(p *policy.Policy, j admission.Job) (admission.Decision, *Reservation) {
-	return v.admit(p, j, nil)
+	return v.admit(p, j, nil, admission.Region{})
 }
 
 // admit is Admit with what the job's tenant holds in other regions added to
-// its usage (Regions).
-func (v *View) admit(p *policy.Policy, j admission.Job, elsewhere map[string]admission.TenantUsage) (admission.Decision, *Reservation) {
+// its usage, and what its region holds back (Regions).
+func (v *View) admit(p *policy.Policy, j admission.Job, elsewhere map[string]admission.TenantUsage, region admission.Region) (admission.Decision, *Reservation) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	u := v.usageFor(p, j)
+	u := v.regionUsage(p, j, region)
 	addTenants(u, elsewhere)
 	d := admission.Decide(p, j, u)
 	if d.Demand.Total() == 0 || (d.Outcome != admission.Admit && d.Outcome != admission.AdmitBorrowed) {

@@ -31,6 +31,27 @@ func (v *View) UsageFor(p *policy.Policy, j admission.Job) admission.Usage {
 	return v.usageFor(p, j)
 }
 
+// usageIn is UsageFor with what j's region holds back (region: its name
+// and drain, as Regions knows them).
+func (v *View) usageIn(p *policy.Policy, j admission.Job, region admission.Region) admission.Usage {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return v.regionUsage(p, j, region)
+}
+
+// regionUsage is usageFor with region, completed with what the view knows
+// of the job there: whether it runs, and what its tenant holds without it.
+// The caller holds v.mu.
+func (v *View) regionUsage(p *policy.Policy, j admission.Job, region admission.Region) admission.Usage {
+	u := v.usageFor(p, j)
+	region.Running = v.running(jobKey{j.Namespace, j.ID})
+	if t := p.TenantOf(j.Namespace); t != nil {
+		region.Held = u.Tenants[t.Name].Used.Total()
+	}
+	u.Region = region
+	return u
+}
+
 func (v *View) usageFor(p *policy.Policy, j admission.Job) admission.Usage {
 	u := v.usageWithout(p, j.Namespace, j.ID)
 	u.Nodes, u.Now = v.nodeRooms(j.Where, jobKey{j.Namespace, j.ID}), v.clock.Now()

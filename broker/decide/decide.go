@@ -76,13 +76,6 @@ type Versions interface {
 	StableJob(ctx context.Context, namespace, id string) (*api.Job, error)
 }
 
-// holding is a cluster that holds back some admissions (cluster.Regions: a
-// drained region's new work, a tenant over its cap in a region), so that a
-// preview says what the registration would be told.
-type holding interface {
-	Hold(p *policy.Policy, j admission.Job, d admission.Decision) admission.Decision
-}
-
 // Mode says whether a decision holds the GPUs it admits.
 type Mode int
 
@@ -105,11 +98,7 @@ type Sequence struct {
 // the reservation returned (nil otherwise: Release and Confirm are no-ops).
 func (s *Sequence) Decide(p *policy.Policy, j admission.Job, mode Mode) (admission.Decision, *cluster.Reservation) {
 	if mode == Preview {
-		d := s.Enricher.Decide(p, j, s.Cluster.UsageFor(p, j))
-		if h, ok := s.Cluster.(holding); ok {
-			d = h.Hold(p, j, d)
-		}
-		return d, nil
+		return s.Enricher.Decide(p, j, s.Cluster.UsageFor(p, j)), nil
 	}
 	return s.Cluster.Admit(p, s.Enrich(p, j))
 }

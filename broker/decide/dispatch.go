@@ -31,7 +31,6 @@ type Dispatching interface {
 	// Unreachable is since when following region has failed (zero while
 	// it is followed): no job is sent there meanwhile.
 	Unreachable(region string) (time.Time, string)
-	holding
 }
 
 // dispatch chooses the one region of a job that leaves it to the broker
@@ -77,7 +76,7 @@ func (s *Sequence) dispatch(p *policy.Policy, req *nomadjob.Request) (region, no
 	}
 	r.EachUsage(p, req.Namespace, len(in), job, func(i int, j admission.Job, u admission.Usage) bool {
 		name := in[i]
-		d := r.Hold(p, j, s.Enricher.Decide(p, j, u))
+		d := s.Enricher.Decide(p, j, u)
 		need := before
 		if d.Outcome != admission.Reject {
 			before += how.SpillAfter
