@@ -8,6 +8,7 @@ import (
 
 	"github.com/hashicorp/nomad/api"
 
+	"github.com/nomad-gpu/nomad-gpu/broker/admission"
 	"github.com/nomad-gpu/nomad-gpu/broker/nomadjob"
 )
 
@@ -53,6 +54,23 @@ type Admitted struct {
 	ByGrant bool
 	// Borrowed: it runs borrowed as admitted (no longer once promoted).
 	Borrowed bool
+}
+
+// Decision is the decision the broker made on job, as Check verified it:
+// its tenant, queue, workload and priority as the job stands (stamped, or
+// granted since by a scale or a sub-band move), borrowed or not. What
+// changes a job's nodes alone (a re-pin) stamps this decision again: the
+// job is not decided a second time on a cluster that moved on since.
+func (a Admitted) Decision(job *api.Job) admission.Decision {
+	d := admission.Decision{Outcome: admission.Admit, Tenant: job.Meta[nomadjob.MetaTenant], Queue: job.Meta[nomadjob.MetaQueue],
+		Workload: job.Meta[nomadjob.MetaWorkload]}
+	if job.Priority != nil {
+		d.Priority = *job.Priority
+	}
+	if a.Borrowed {
+		d.Outcome = admission.AdmitBorrowed
+	}
+	return d
 }
 
 // Check is the one rule for whether job (as Nomad returns it) is the

@@ -131,11 +131,7 @@ func (r *Repinner) repin(ctx context.Context, p *policy.Policy, region string, i
 	if err != nil {
 		return err
 	}
-	d := admission.Decision{Outcome: admission.Admit, Tenant: job.Meta[nomadjob.MetaTenant], Queue: job.Meta[nomadjob.MetaQueue],
-		Workload: job.Meta[nomadjob.MetaWorkload], Priority: *job.Priority}
-	if a.Borrowed {
-		d.Outcome = admission.AdmitBorrowed
-	}
+	d := a.Decision(job)
 	var ok bool
 	d.Placed, ok = admission.Place(j, in.View.UsageFor(p, j).Nodes, !a.Borrowed, d.Priority, now)
 	if !ok {
