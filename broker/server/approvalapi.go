@@ -12,6 +12,7 @@ import (
 
 	"github.com/nomad-gpu/nomad-gpu/broker/approval"
 	"github.com/nomad-gpu/nomad-gpu/broker/audit"
+	"github.com/nomad-gpu/nomad-gpu/broker/front"
 )
 
 // Approvals are the approval records, and the snapshot admission reads.
@@ -37,12 +38,12 @@ type ApprovalRequest struct {
 func (s *Server) approvalList(_ http.ResponseWriter, r *http.Request) (any, error) {
 	all, err := s.approvalStore.List(r.Context())
 	if err != nil {
-		return nil, fail(errUnavailable, "%v", err)
+		return nil, front.Fail(front.ErrUnavailable, "%v", err)
 	}
 	out := []approval.Approval{}
 	readable := map[string]bool{}
 	for _, a := range all {
-		if s.mayRead(r, a.Namespace, readable) {
+		if s.access().MayRead(r, a.Namespace, readable) {
 			out = append(out, a)
 		}
 	}
@@ -53,10 +54,10 @@ func (s *Server) approvalList(_ http.ResponseWriter, r *http.Request) (any, erro
 func (s *Server) readApproval(r *http.Request, id string) (approval.Approval, error) {
 	a, err := s.approvalStore.Get(r.Context(), id)
 	switch {
-	case errors.Is(err, approval.ErrNotFound) || (err == nil && !s.mayRead(r, a.Namespace, map[string]bool{})):
-		return a, fail(errNotFound, "no approval %q", id)
+	case errors.Is(err, approval.ErrNotFound) || (err == nil && !s.access().MayRead(r, a.Namespace, map[string]bool{})):
+		return a, front.Fail(front.ErrNotFound, "no approval %q", id)
 	case err != nil:
-		return a, fail(errUnavailable, "%v", err)
+		return a, front.Fail(front.ErrUnavailable, "%v", err)
 	}
 	return a, nil
 }
@@ -66,15 +67,15 @@ func (s *Server) readApproval(r *http.Request, id string) (approval.Approval, er
 func (s *Server) requestApproval(r *http.Request, who string) (any, error) {
 	var req ApprovalRequest
 	if err := json.NewDecoder(io.LimitReader(r.Body, 64<<10)).Decode(&req); err != nil {
-		return nil, fail(errBadRequest, "approval request: %v", err)
+		return nil, front.Fail(front.ErrBadRequest, "approval request: %v", err)
 	}
-	name, accessor, _ := s.as(r).resolve()
+	name, accessor, _ := s.callers.As(r).Resolve()
 	identity := name
 	var grants []string
 	if accessor != "" {
-		g, err := s.as(r).grants()
+		g, err := s.callers.As(r).Grants()
 		if err != nil {
-			return nil, fail(errForbidden, "reading your token's grants: %v", err)
+			return nil, front.Fail(front.ErrForbidden, "reading your token's grants: %v", err)
 		}
 		tokenName := strings.TrimSuffix(name, " ("+accessor+")")
 		identity = approval.Identity(tokenName, g)
@@ -86,26 +87,26 @@ func (s *Server) requestApproval(r *http.Request, who string) (any, error) {
 		ExtraGPUs: req.ExtraGPUs, For: req.For, State: approval.Pending, RequestedBy: who, RequestedAccessor: accessor,
 		RequestedIdentity: identity, RequestedGrants: grants, RequestedAt: s.clock.Now().UTC()}
 	if err := a.Check(); err != nil {
-		return nil, fail(errBadRequest, "approval request: %v", err)
+		return nil, front.Fail(front.ErrBadRequest, "approval request: %v", err)
 	}
 	if err := approval.CheckPending(s.approvals(), identity, a.Namespace); err != nil {
-		return nil, fail(errTooMany, "approval request: %v", err)
+		return nil, front.Fail(front.ErrTooMany, "approval request: %v", err)
 	}
 	t := s.policies.Current().TenantOf(a.Namespace)
 	if t == nil {
-		return nil, fail(errBadRequest, "approval request: namespace %q belongs to no tenant", a.Namespace)
+		return nil, front.Fail(front.ErrBadRequest, "approval request: namespace %q belongs to no tenant", a.Namespace)
 	}
 	if err := t.CheckApproval(a.ExtraGPUs, a.Duration()); err != nil {
-		return nil, fail(errBadRequest, "approval request: %v", err)
+		return nil, front.Fail(front.ErrBadRequest, "approval request: %v", err)
 	}
-	if !s.mayRead(r, a.Namespace, map[string]bool{}) {
-		return nil, fail(errForbidden, "your token may not read namespace %q", a.Namespace)
+	if !s.access().MayRead(r, a.Namespace, map[string]bool{}) {
+		return nil, front.Fail(front.ErrForbidden, "your token may not read namespace %q", a.Namespace)
 	}
-	if err := s.audited(audit.Event{Who: who, What: audit.ApprovalAsk, ID: a.ID, Namespace: a.Namespace, Job: a.Job, Result: approvalAsks(a)}); err != nil {
+	if err := front.Audited(s.audit, audit.Event{Who: who, What: audit.ApprovalAsk, ID: a.ID, Namespace: a.Namespace, Job: a.Job, Result: approvalAsks(a)}); err != nil {
 		return nil, err
 	}
 	if ok, err := s.approvalStore.Create(r.Context(), a); err != nil || !ok {
-		return nil, fail(errUnavailable, "approval request not recorded: %v", err)
+		return nil, front.Fail(front.ErrUnavailable, "approval request not recorded: %v", err)
 	}
 	return a, nil
 }
@@ -117,36 +118,36 @@ func (s *Server) decideApproval(r *http.Request, id string, grant bool, who stri
 	if err != nil {
 		return nil, err
 	}
-	name, accessor, err := s.as(r).resolve()
+	name, accessor, err := s.callers.As(r).Resolve()
 	if err != nil || accessor == "" {
-		return nil, fail(errForbidden, "granting or denying an approval needs your Nomad ACL token (ACLs on): %v", err)
+		return nil, front.Fail(front.ErrForbidden, "granting or denying an approval needs your Nomad ACL token (ACLs on): %v", err)
 	}
-	g, err := s.as(r).grants()
+	g, err := s.callers.As(r).Grants()
 	if err != nil {
-		return nil, fail(errForbidden, "reading your token's grants: %v", err)
+		return nil, front.Fail(front.ErrForbidden, "reading your token's grants: %v", err)
 	}
 	tokenName := strings.TrimSuffix(name, " ("+accessor+")")
 	p := s.policies.Current()
 	switch {
 	case !p.MayApprove(tokenName, g):
-		return nil, fail(errForbidden, "%s is not one of the policy's approvers", tokenName)
+		return nil, front.Fail(front.ErrForbidden, "%s is not one of the policy's approvers", tokenName)
 	case accessor == a.RequestedAccessor || a.SamePerson(tokenName, g):
-		return nil, fail(errForbidden, "nobody grants or denies their own request, with any of their tokens (the same name, the name "+
+		return nil, front.Fail(front.ErrForbidden, "nobody grants or denies their own request, with any of their tokens (the same name, the name "+
 			"and a suffix such as -ci, or all of an approver's roles and policies); another approver must")
 	case a.State != approval.Pending:
-		return nil, fail(errConflict, "approval %s is %s, not pending", id, a.State)
+		return nil, front.Fail(front.ErrConflict, "approval %s is %s, not pending", id, a.State)
 	}
 	if grant {
 		// The policy may have changed since the request.
 		t := p.TenantOf(a.Namespace)
 		if t == nil {
-			return nil, fail(errForbidden, "approval %s is for namespace %q, which belongs to no tenant now", id, a.Namespace)
+			return nil, front.Fail(front.ErrForbidden, "approval %s is for namespace %q, which belongs to no tenant now", id, a.Namespace)
 		}
 		if err := t.CheckApproval(a.ExtraGPUs, a.Duration()); err != nil {
-			return nil, fail(errForbidden, "approval %s cannot be granted: %v", id, err)
+			return nil, front.Fail(front.ErrForbidden, "approval %s cannot be granted: %v", id, err)
 		}
 		if err := approval.CheckGrant(s.approvals(), a, t, s.clock.Now()); err != nil {
-			return nil, fail(errForbidden, "approval %s cannot be granted: %v", id, err)
+			return nil, front.Fail(front.ErrForbidden, "approval %s cannot be granted: %v", id, err)
 		}
 	}
 	what, result := audit.ApprovalDeny, "denied"
@@ -156,11 +157,11 @@ func (s *Server) decideApproval(r *http.Request, id string, grant bool, who stri
 	} else {
 		a.State, a.DecidedBy, a.DecidedAt = approval.Denied, who, s.clock.Now().UTC()
 	}
-	if err := s.audited(audit.Event{Who: who, What: what, ID: a.ID, Namespace: a.Namespace, Job: a.Job, Result: result}); err != nil {
+	if err := front.Audited(s.audit, audit.Event{Who: who, What: what, ID: a.ID, Namespace: a.Namespace, Job: a.Job, Result: result}); err != nil {
 		return nil, err
 	}
 	if ok, err := s.approvalStore.Update(r.Context(), a); err != nil || !ok {
-		return nil, fail(errConflict, "approval %s changed meanwhile (%v); look again", id, err)
+		return nil, front.Fail(front.ErrConflict, "approval %s changed meanwhile (%v); look again", id, err)
 	}
 	return a, nil
 }

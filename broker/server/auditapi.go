@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/nomad-gpu/nomad-gpu/broker/audit"
+	"github.com/nomad-gpu/nomad-gpu/broker/front"
 	"github.com/nomad-gpu/nomad-gpu/broker/sim"
 )
 
@@ -28,14 +29,14 @@ func (s *Server) auditTrail(w http.ResponseWriter, r *http.Request) (any, error)
 	if c := q.Get("cursor"); c != "" {
 		var err error
 		if from, err = audit.ParseCursor(c); err != nil {
-			return nil, fail(errBadRequest, "%v", err)
+			return nil, front.Fail(front.ErrBadRequest, "%v", err)
 		}
 	}
 	limit := audit.MaxPage
 	if v := q.Get("limit"); v != "" {
 		n, err := strconv.Atoi(v)
 		if err != nil || n < 1 || n > audit.MaxPage {
-			return nil, fail(errBadRequest, "limit=%q is not a number of events from 1 to %d", v, audit.MaxPage)
+			return nil, front.Fail(front.ErrBadRequest, "limit=%q is not a number of events from 1 to %d", v, audit.MaxPage)
 		}
 		limit = n
 	}
@@ -43,10 +44,10 @@ func (s *Server) auditTrail(w http.ResponseWriter, r *http.Request) (any, error)
 	readable := map[string]bool{}
 	events, next, more, err := s.audit.Page(from, limit, func(e audit.Event) bool {
 		return (tenant == "" || e.Tenant == tenant) && (job == "" || e.Job == job) &&
-			(e.Namespace == "" || s.mayRead(r, e.Namespace, readable))
+			(e.Namespace == "" || s.access().MayRead(r, e.Namespace, readable))
 	})
 	if err != nil {
-		return nil, fail(errUnavailable, "%v", err)
+		return nil, front.Fail(front.ErrUnavailable, "%v", err)
 	}
 	if events == nil {
 		events = []audit.Event{}
@@ -75,25 +76,25 @@ func (s *Server) trace(_ http.ResponseWriter, r *http.Request) (any, error) {
 	from := s.clock.Now().Add(-since)
 	profiles, err := s.stored.List(r.Context())
 	if err != nil {
-		return nil, fail(errUnavailable, "%v", err)
+		return nil, front.Fail(front.ErrUnavailable, "%v", err)
 	}
 	readable := map[string]bool{}
 	submitted := map[[2]string]time.Time{}
 	err = s.audit.Scan(from, func(e audit.Event) bool {
 		k := [2]string{e.Namespace, e.Job}
-		if at, ok := submitted[k]; e.What == audit.Admission && (!ok || e.Time.Before(at)) && s.mayRead(r, e.Namespace, readable) {
+		if at, ok := submitted[k]; e.What == audit.Admission && (!ok || e.Time.Before(at)) && s.access().MayRead(r, e.Namespace, readable) {
 			submitted[k] = e.Time
 		}
 		return true
 	})
 	if err != nil {
-		return nil, fail(errUnavailable, "%v", err)
+		return nil, front.Fail(front.ErrUnavailable, "%v", err)
 	}
 	period := s.policies.Current().ReclaimSettings.Period // between two samples
 	var jobs []sim.Job
 	var at []time.Time
 	for _, p := range profiles {
-		if p.Last.Before(from) || p.Asked == 0 || !s.mayRead(r, p.Namespace, readable) {
+		if p.Last.Before(from) || p.Asked == 0 || !s.access().MayRead(r, p.Namespace, readable) {
 			continue
 		}
 		t, ok := submitted[[2]string{p.Namespace, p.Job}]
@@ -117,7 +118,7 @@ func (s *Server) trace(_ http.ResponseWriter, r *http.Request) (any, error) {
 // traceAnswer is a trace as GET /v1/gpu/trace answers it: JSON lines.
 type traceAnswer []sim.Job
 
-func (t traceAnswer) writeTo(w http.ResponseWriter) error {
+func (t traceAnswer) WriteAnswer(w http.ResponseWriter) error {
 	w.Header().Set("Content-Type", "application/x-ndjson")
 	return sim.WriteTrace(w, t)
 }
@@ -131,7 +132,7 @@ func sinceParam(r *http.Request, def time.Duration) (time.Duration, error) {
 	}
 	d, err := time.ParseDuration(v)
 	if err != nil || d <= 0 {
-		return 0, fail(errBadRequest, "since=%q is not a duration such as %gh", v, def.Hours())
+		return 0, front.Fail(front.ErrBadRequest, "since=%q is not a duration such as %gh", v, def.Hours())
 	}
 	return d, nil
 }

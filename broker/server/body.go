@@ -8,6 +8,8 @@ import (
 	"os"
 	"sync"
 	"time"
+
+	"github.com/nomad-gpu/nomad-gpu/broker/front"
 )
 
 // MaxBody is the largest request body the broker reads (Nomad's jobs are far smaller).
@@ -51,11 +53,11 @@ func (b *bodySlots) take(client string) (release func(), err error) {
 	defer b.mu.Unlock()
 	switch {
 	case b.inFlight >= MaxLargeBodies:
-		return nil, fail(errUnavailable, "too many large requests at once; try again")
+		return nil, front.Fail(front.ErrUnavailable, "too many large requests at once; try again")
 	case b.byClient[client] >= MaxLargeBodiesPerClient:
-		return nil, fail(errUnavailable, "too many large requests from %s at once; send them one after another", client)
+		return nil, front.Fail(front.ErrUnavailable, "too many large requests from %s at once; send them one after another", client)
 	case b.byClient[client] > 0 && b.inFlight == MaxLargeBodies-1:
-		return nil, fail(errUnavailable, "too many large requests at once, and the last free slot is kept for another client; "+
+		return nil, front.Fail(front.ErrUnavailable, "too many large requests at once, and the last free slot is kept for another client; "+
 			"send yours from %s one after another", client)
 	}
 	if b.byClient == nil {
@@ -98,12 +100,12 @@ func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, error
 		var tooBig *http.MaxBytesError
 		switch {
 		case errors.As(err, &tooBig):
-			return nil, unreadBody{fail(errTooLarge, "request body larger than %d bytes", MaxBody)}
+			return nil, unreadBody{front.Fail(front.ErrTooLarge, "request body larger than %d bytes", MaxBody)}
 		case errors.Is(err, os.ErrDeadlineExceeded):
-			return nil, unreadBody{fail(errTimeout, "the request body did not arrive within %s, or arrived slower than %d KiB/s after its first %s",
+			return nil, unreadBody{front.Fail(front.ErrTimeout, "the request body did not arrive within %s, or arrived slower than %d KiB/s after its first %s",
 				s.bodyReadTimeout, MinBodyRate>>10, BodyAllowance)}
 		default:
-			return nil, unreadBody{fail(errBadRequest, "read request body: %v", err)}
+			return nil, unreadBody{front.Fail(front.ErrBadRequest, "read request body: %v", err)}
 		}
 	}
 	return body, nil

@@ -6,6 +6,8 @@ import (
 	"strings"
 
 	"github.com/hashicorp/nomad/api"
+
+	"github.com/nomad-gpu/nomad-gpu/broker/front"
 )
 
 // Headers marking a GPU request one broker sent on to another: a follower to
@@ -24,11 +26,11 @@ func (s *Server) admitsHere(r *http.Request, body []byte) error {
 		return nil
 	}
 	if r.Header.Get(forwardedHeader) != "" {
-		return fail(errUnavailable, "the broker leader changed while deciding; try again")
+		return front.Fail(front.ErrUnavailable, "the broker leader changed while deciding; try again")
 	}
 	addr, err := s.leader.LeaderAddress(r.Context())
 	if err != nil {
-		return fail(errUnavailable, "GPU jobs are admitted by the broker leader, and there is none: %v", err)
+		return front.Fail(front.ErrUnavailable, "GPU jobs are admitted by the broker leader, and there is none: %v", err)
 	}
 	return s.sendOn(r, addr, body, "the broker leader", forwardedHeader)
 }
@@ -44,7 +46,7 @@ func (s *Server) sendOn(r *http.Request, addr string, body []byte, who, header s
 func (s *Server) relayFrom(w http.ResponseWriter, r *http.Request, addr string, body []byte, who, header string) {
 	req, err := http.NewRequestWithContext(r.Context(), r.Method, strings.TrimSuffix(addr, "/")+r.URL.RequestURI(), bytes.NewReader(body))
 	if err != nil {
-		writeError(w, fail(errInternal, "address of %s %q: %v", who, addr, err))
+		front.WriteError(w, front.Fail(front.ErrInternal, "address of %s %q: %v", who, addr, err))
 		return
 	}
 	req.Header = r.Header.Clone()
@@ -52,7 +54,7 @@ func (s *Server) relayFrom(w http.ResponseWriter, r *http.Request, addr string, 
 	req.Header.Set(header, "1")
 	resp, err := s.leaderClient.Do(req)
 	if err != nil {
-		writeError(w, fail(errUnavailable, "%s at %s is unreachable: %v", who, addr, err))
+		front.WriteError(w, front.Fail(front.ErrUnavailable, "%s at %s is unreachable: %v", who, addr, err))
 		return
 	}
 	s.relay(w, resp)
@@ -69,6 +71,6 @@ func (s *Server) checkRegion(r *http.Request, region, jobID string, body []byte)
 	if other, ok := s.policies.Current().Regions[region]; ok && r.Header.Get(regionForwardedHeader) == "" {
 		return s.sendOn(r, other.Broker, body, "region "+region+"'s broker", regionForwardedHeader)
 	}
-	return fail(errForbidden, "job %q is for region %q, but this broker admits GPU jobs for region %q only, "+
+	return front.Fail(front.ErrForbidden, "job %q is for region %q, but this broker admits GPU jobs for region %q only, "+
 		"and policy names no broker for region %s (region %q { broker = \"...\" })", jobID, region, s.region, region, region)
 }

@@ -5,6 +5,8 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+
+	"github.com/nomad-gpu/nomad-gpu/broker/front"
 )
 
 // With exclusive enforcement only the broker's token may write jobs in a
@@ -41,25 +43,25 @@ func (s *Server) authorize(r *http.Request, what, ns string) error {
 	if t == nil {
 		return nil
 	}
-	if token(r) == "" {
-		return fail(errForbidden, "%s in namespace %q refused: send a Nomad ACL token (tenant %s's jobs are written by the broker for its submitters)", what, ns, t.Name)
+	if front.Token(r) == "" {
+		return front.Fail(front.ErrForbidden, "%s in namespace %q refused: send a Nomad ACL token (tenant %s's jobs are written by the broker for its submitters)", what, ns, t.Name)
 	}
-	g, err := s.as(r).grants()
+	g, err := s.callers.As(r).Grants()
 	if err != nil {
-		return fail(errForbidden, "%s in namespace %q refused: %v", what, ns, err)
+		return front.Fail(front.ErrForbidden, "%s in namespace %q refused: %v", what, ns, err)
 	}
 	if !t.MaySubmit(g) {
 		names := make([]string, len(t.Submitters))
 		for i, sub := range t.Submitters {
 			names[i] = sub.String()
 		}
-		return fail(errForbidden, "%s in namespace %q refused: jobs of tenant %s are written by the broker for its submitters (%s), "+
+		return front.Fail(front.ErrForbidden, "%s in namespace %q refused: jobs of tenant %s are written by the broker for its submitters (%s), "+
 			"and your token holds none of them", what, ns, t.Name, strings.Join(names, ", "))
 	}
 	if a, ok := r.Context().Value(writeAuthKey{}).(*writeAuth); ok {
 		a.asBroker = true
 	}
-	s.log.Info("job write for a submitter", "call", what, "namespace", ns, "tenant", t.Name, "by", s.as(r).identity())
+	s.log.Info("job write for a submitter", "call", what, "namespace", ns, "tenant", t.Name, "by", s.callers.As(r).Identity())
 	return nil
 }
 
@@ -71,7 +73,7 @@ func (s *Server) authorizeDeployment(r *http.Request, ns, id string) error {
 		return nil
 	}
 	var d struct{ Namespace string }
-	if err := s.as(r).get("/v1/deployment/"+url.PathEscape(id), ns, &d); err != nil {
+	if err := s.callers.As(r).Get("/v1/deployment/"+url.PathEscape(id), ns, &d); err != nil {
 		return lookupFailed(err, "deployment write", id)
 	}
 	return s.authorize(r, "deployment write", d.Namespace)
@@ -83,7 +85,7 @@ func (s *Server) setWriter(r, req *http.Request) {
 	if !writesAsBroker(r) {
 		return
 	}
-	for _, h := range tokenHeaders {
+	for _, h := range front.TokenHeaders {
 		req.Header.Del(h)
 	}
 	if s.token == nil {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/nomad-gpu/nomad-gpu/broker/admission"
 	"github.com/nomad-gpu/nomad-gpu/broker/audit"
+	"github.com/nomad-gpu/nomad-gpu/broker/front"
 	"github.com/nomad-gpu/nomad-gpu/broker/queue"
 )
 
@@ -39,22 +40,22 @@ func (s *Server) enqueue(w http.ResponseWriter, r *http.Request, rj *gpuJobReque
 	// sure the token resolves, and that the caller may submit this job here
 	// now: as a tenant submitter (exclusive), or as Nomad says for a plan
 	// with the caller's token (a plan needs submit-job and changes nothing).
-	_, accessor, err := s.as(r).resolve()
+	_, accessor, err := s.callers.As(r).Resolve()
 	if err != nil {
-		return fail(errForbidden, "job %q not queued: %v", rj.JobID, err)
+		return front.Fail(front.ErrForbidden, "job %q not queued: %v", rj.JobID, err)
 	}
 	var grants string
 	if !writesAsBroker(r) {
 		if accessor != "" {
 			// The leader admits it only while what Nomad checks next is
 			// unchanged (read first: a change in between then parks it).
-			g, err := s.as(r).grants()
+			g, err := s.callers.As(r).Grants()
 			if err != nil {
-				return fail(errForbidden, "job %q not queued: reading your token's grants: %v", rj.JobID, err)
+				return front.Fail(front.ErrForbidden, "job %q not queued: reading your token's grants: %v", rj.JobID, err)
 			}
 			grants = g.Version
 		}
-		if err := s.mayRegister(r, rj); errors.Is(err, errBadRequest) || errors.Is(err, errNomadUnreach) {
+		if err := s.mayRegister(r, rj); errors.Is(err, front.ErrBadRequest) || errors.Is(err, front.ErrNomadUnreach) {
 			return fmt.Errorf("job %q not queued: %w", rj.JobID, err)
 		} else if err != nil {
 			return planFailed(rj.JobID, err)
@@ -62,7 +63,7 @@ func (s *Server) enqueue(w http.ResponseWriter, r *http.Request, rj *gpuJobReque
 	}
 	entries, err := s.queue.View(r.Context()) // read only: a long queue is not copied
 	if err != nil {
-		return fail(errUnavailable, "job %q could not be queued: %v", rj.JobID, err)
+		return front.Fail(front.ErrUnavailable, "job %q could not be queued: %v", rj.JobID, err)
 	}
 	e := queue.Entry{ID: s.newID(), JobID: rj.JobID, Namespace: rj.Namespace, Tenant: d.Tenant, Queue: d.Queue, Region: s.entryRegion(rj),
 		Demand: d.Demand.Total(), Reason: d.Reason, SubmittedBy: who, Accessor: accessor, Grants: grants, SubmittedAt: s.clock.Now().UTC(), Request: rj.Body()}
@@ -74,22 +75,22 @@ func (s *Server) enqueue(w http.ResponseWriter, r *http.Request, rj *gpuJobReque
 	}
 	if err := s.withinQueueLimits(rj, d.Tenant, entries, at); err != nil {
 		event.Result = "not queued: " + err.Error()
-		return s.refused(event, fail(errTooMany, "job %q not queued: %v", rj.JobID, err))
+		return front.Refused(s.audit, event, front.Fail(front.ErrTooMany, "job %q not queued: %v", rj.JobID, err))
 	}
-	position, estimate, estimated := s.place(r.Context(), entries, e, at)
+	position, estimate, estimated := s.desk().Place(r.Context(), entries, e, at)
 	e.EstimatedStart = estimate.At
 	starts := startsText(estimate, estimated)
 	event.ID = e.ID
-	if err := s.audited(event); err != nil {
+	if err := front.Audited(s.audit, event); err != nil {
 		return err
 	}
 	if err := s.queue.Put(r.Context(), e); errors.Is(err, queue.ErrTooLarge) {
-		return fail(errTooLarge, "job %q not queued: its request of %d bytes is too large to keep (%v); make the job smaller, "+
+		return front.Fail(front.ErrTooLarge, "job %q not queued: its request of %d bytes is too large to keep (%v); make the job smaller, "+
 			"lower the tenant's max_queued_request_bytes, or raise Consul's limits { kv_max_value_size }", rj.JobID, len(e.Request), err)
 	} else if err != nil {
-		return fail(errUnavailable, "job %q could not be queued: %v", rj.JobID, err)
+		return front.Fail(front.ErrUnavailable, "job %q could not be queued: %v", rj.JobID, err)
 	}
-	writeJSON(w, http.StatusOK, api.JobRegisterResponse{EvalID: e.ID, Warnings: joinWarnings(fmt.Sprintf(
+	front.WriteJSON(w, http.StatusOK, api.JobRegisterResponse{EvalID: e.ID, Warnings: joinWarnings(fmt.Sprintf(
 		"nomad-gpu: queued as %s, position %d in queue %s: %s.%s It is registered with Nomad as soon as GPUs free up; "+
 			"`gpu-broker queue show %s` follows it.", e.ID, position, d.Queue, d.Reason, starts, e.ID),
 		joinWarnings(warnings...), s.rightSizingWarning(rj.Namespace, rj.JobID, d))})
@@ -142,15 +143,15 @@ func (s *Server) withinQueueLimits(rj *gpuJobRequest, tenant string, entries []q
 // the same submit-job capability as a registration and changes nothing.
 func (s *Server) mayRegister(r *http.Request, rj *gpuJobRequest) error {
 	job := rj.Doc.Root().Get("Job").Bytes()
-	err := s.as(r).plan(rj.Namespace, rj.JobID, job)
-	var le *lookupError
-	if errors.As(err, &le) && le.status >= 500 {
+	err := s.callers.As(r).Plan(rj.Namespace, rj.JobID, job)
+	var le *front.LookupError
+	if errors.As(err, &le) && le.Status >= 500 {
 		// Nomad answers the plan of an invalid job 500: its validator says
 		// what the user has to change (an error of theirs: 400).
 		var v api.JobValidateResponse
 		body, _ := json.Marshal(map[string]any{"Job": json.RawMessage(job)})
-		if s.as(r).do(http.MethodPut, "/v1/validate/job", rj.Namespace, body, &v) == nil && len(v.ValidationErrors) > 0 {
-			return fail(errBadRequest, "the job is invalid: %s", strings.Join(v.ValidationErrors, "; "))
+		if s.callers.As(r).Do(http.MethodPut, "/v1/validate/job", rj.Namespace, body, &v) == nil && len(v.ValidationErrors) > 0 {
+			return front.Fail(front.ErrBadRequest, "the job is invalid: %s", strings.Join(v.ValidationErrors, "; "))
 		}
 	}
 	return err
@@ -160,11 +161,11 @@ func (s *Server) mayRegister(r *http.Request, rj *gpuJobRequest) error {
 // refusal of the caller's token or the job (4xx, answered as is), or a
 // failure of Nomad's own (5xx: 502, the user may send it again).
 func planFailed(jobID string, err error) error {
-	var le *lookupError
-	if errors.As(err, &le) && le.status < 500 {
+	var le *front.LookupError
+	if errors.As(err, &le) && le.Status < 500 {
 		return fmt.Errorf("job %q not queued: Nomad refused to plan it with your token (%w)", jobID, err)
 	}
-	return fail(errNomadUnreach, "job %q not queued: Nomad could not plan it (%v); nothing was queued, send it again", jobID, err)
+	return front.Fail(front.ErrNomadUnreach, "job %q not queued: Nomad could not plan it (%v); nothing was queued, send it again", jobID, err)
 }
 
 // evaluation serves the evaluation ids of queued jobs; any other goes to Nomad.
@@ -182,11 +183,11 @@ func (s *Server) evaluation(w http.ResponseWriter, r *http.Request) {
 	}
 	switch sub {
 	case "":
-		writeJSON(w, http.StatusOK, api.Evaluation{ID: e.ID, Namespace: e.Namespace, JobID: e.JobID,
+		front.WriteJSON(w, http.StatusOK, api.Evaluation{ID: e.ID, Namespace: e.Namespace, JobID: e.JobID,
 			Status: api.EvalStatusComplete, TriggeredBy: "job-register", Type: "batch", Priority: 0,
 			StatusDescription: "queued by nomad-gpu: " + e.Reason})
 	case "allocations":
-		writeJSON(w, http.StatusOK, []*api.AllocationListStub{})
+		front.WriteJSON(w, http.StatusOK, []*api.AllocationListStub{})
 	default:
 		s.readAnyRegion(w, r)
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/nomad-gpu/nomad-gpu/broker/approval"
 	"github.com/nomad-gpu/nomad-gpu/broker/audit"
 	"github.com/nomad-gpu/nomad-gpu/broker/cluster"
+	"github.com/nomad-gpu/nomad-gpu/broker/front"
 	"github.com/nomad-gpu/nomad-gpu/broker/queue"
 	"github.com/nomad-gpu/nomad-gpu/broker/reclaim"
 	"github.com/nomad-gpu/nomad-gpu/broker/reclaim/reclaimtest"
@@ -203,7 +204,7 @@ func TestTokensAreReadAsNomadReadsThem(t *testing.T) {
 		name, value, _ := strings.Cut(header, ": ")
 		r, _ := http.NewRequest(http.MethodGet, "/", nil)
 		r.Header.Set(name, value)
-		if got := token(r); got != want {
+		if got := front.Token(r); got != want {
 			t.Errorf("%s: %q, want %q", header, got, want)
 		}
 	}

@@ -2,29 +2,27 @@ package server
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"net/http"
-	"net/url"
 	"strconv"
 	"strings"
 
-	"github.com/nomad-gpu/nomad-gpu/broker/queue"
+	"github.com/nomad-gpu/nomad-gpu/broker/front"
 )
 
 // serveGPU serves the broker's own API, /v1/gpu/, to a caller with a valid
 // token when ACLs are on.
 func (s *Server) serveGPU(w http.ResponseWriter, r *http.Request) {
 	if r.URL.Path == "/v1/gpu/health" && r.Method == http.MethodGet {
-		s.respond(s.health)(w, r) // for health checks, which hold no token
+		front.Respond(s.log, s.health)(w, r) // for health checks, which hold no token
 		return
 	}
-	who, _, err := s.as(r).resolve()
-	if s.acls && (err != nil || token(r) == "") {
+	who, _, err := s.callers.As(r).Resolve()
+	if s.acls && (err != nil || front.Token(r) == "") {
 		if err == nil {
 			err = errors.New("no token given")
 		}
-		writeError(w, fail(errForbidden, "the broker's API needs a valid Nomad ACL token: %v", err))
+		front.WriteError(w, front.Fail(front.ErrForbidden, "the broker's API needs a valid Nomad ACL token: %v", err))
 		return
 	}
 	s.api.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), callerKey{}, who)))
@@ -36,40 +34,10 @@ func (s *Server) serveGPU(w http.ResponseWriter, r *http.Request) {
 func (s *Server) health(http.ResponseWriter, *http.Request) (any, error) {
 	if s.healthy != nil {
 		if why := s.healthy(); why != "" {
-			return nil, fail(errUnavailable, "unhealthy: %s", why)
+			return nil, front.Fail(front.ErrUnavailable, "unhealthy: %s", why)
 		}
 	}
 	return map[string]string{"status": "ok"}, nil
-}
-
-// handler serves an endpoint of the broker's own API: it returns the
-// answer, or the error that says why there is none (statusOf maps it), and
-// writes nothing but headers; respond writes either.
-type handler func(w http.ResponseWriter, r *http.Request) (any, error)
-
-// selfWritten is an answer that is not JSON: it writes its own body.
-type selfWritten interface {
-	writeTo(w http.ResponseWriter) error
-}
-
-// respond serves h: its answer as JSON (200), or its error.
-func (s *Server) respond(h handler) http.HandlerFunc {
-	return func(w http.ResponseWriter, r *http.Request) {
-		out, err := h(w, r)
-		if err != nil {
-			writeError(w, err)
-			return
-		}
-		switch o := out.(type) {
-		case nil:
-		case selfWritten:
-			if err := o.writeTo(w); err != nil {
-				s.log.Warn("writing the answer failed", "path", r.URL.Path, "error", err)
-			}
-		default:
-			writeJSON(w, http.StatusOK, out)
-		}
-	}
 }
 
 // callerKey holds the caller's identity in a request to the broker's API.
@@ -87,7 +55,7 @@ func (s *Server) gpuAPI() http.Handler {
 	fallback := map[string]bool{}
 	for _, e := range s.gpuRoutes() {
 		for _, m := range strings.Fields(e.methods) {
-			mux.HandleFunc(m+" "+e.path, s.respond(func(w http.ResponseWriter, r *http.Request) (any, error) {
+			mux.HandleFunc(m+" "+e.path, front.Respond(s.log, func(w http.ResponseWriter, r *http.Request) (any, error) {
 				if !e.served() {
 					return nil, noEndpoint(r)
 				}
@@ -99,14 +67,14 @@ func (s *Server) gpuAPI() http.Handler {
 		}
 		fallback[e.path] = true
 		// Any other method on the path: 405, in the broker's words.
-		mux.HandleFunc(e.path, s.respond(func(_ http.ResponseWriter, r *http.Request) (any, error) {
+		mux.HandleFunc(e.path, front.Respond(s.log, func(_ http.ResponseWriter, r *http.Request) (any, error) {
 			if !e.served() {
 				return nil, noEndpoint(r)
 			}
 			return nil, notAllowed(r)
 		}))
 	}
-	mux.HandleFunc("/v1/gpu/", s.respond(func(_ http.ResponseWriter, r *http.Request) (any, error) { return nil, noEndpoint(r) }))
+	mux.HandleFunc("/v1/gpu/", front.Respond(s.log, func(_ http.ResponseWriter, r *http.Request) (any, error) { return nil, noEndpoint(r) }))
 	return mux
 }
 
@@ -115,7 +83,7 @@ func (s *Server) gpuAPI() http.Handler {
 type gpuRoute struct {
 	methods, path string
 	served        func() bool
-	h             handler
+	h             front.Handler
 }
 
 func (s *Server) gpuRoutes() []gpuRoute {
@@ -163,7 +131,7 @@ func (s *Server) gpuRoutes() []gpuRoute {
 
 // oneOf serves a path ending in /{verb}, verb one or other: f gets the path's
 // key, whether the verb was one, and the caller; another verb is 404.
-func oneOf(one, other, key string, f func(r *http.Request, id string, isOne bool, who string) (any, error)) handler {
+func oneOf(one, other, key string, f func(r *http.Request, id string, isOne bool, who string) (any, error)) front.Handler {
 	return func(_ http.ResponseWriter, r *http.Request) (any, error) {
 		switch verb := r.PathValue("verb"); verb {
 		case one, other:
@@ -176,12 +144,12 @@ func oneOf(one, other, key string, f func(r *http.Request, id string, isOne bool
 
 // noEndpoint is the 404 of a path the broker's API does not serve.
 func noEndpoint(r *http.Request) error {
-	return fail(errNotFound, "no such endpoint %s %s", r.Method, r.URL.Path)
+	return front.Fail(front.ErrNotFound, "no such endpoint %s %s", r.Method, r.URL.Path)
 }
 
 // notAllowed is the 405 of a method a path of the broker's API does not serve.
 func notAllowed(r *http.Request) error {
-	return fail(errNotAllowed, "%s not allowed on %s", r.Method, r.URL.Path)
+	return front.Fail(front.ErrNotAllowed, "%s not allowed on %s", r.Method, r.URL.Path)
 }
 
 // queueList serves the queue in admission order, as far as the caller may
@@ -209,16 +177,16 @@ func (s *Server) queueList(w http.ResponseWriter, r *http.Request) (any, error) 
 		return nil, err
 	}
 	w.Header().Set("X-Nomad-Index", strconv.FormatUint(index(), 10))
-	entries, err := s.ordered(r)
+	entries, err := s.desk().Ordered(r)
 	if err != nil {
-		return nil, fail(errUnavailable, "%v", err)
+		return nil, front.Fail(front.ErrUnavailable, "%v", err)
 	}
 	out := []QueuedJob{}
 	readable := map[string]bool{}
-	estimates := s.estimates(entries)
+	estimates := s.desk().Estimates(entries)
 	visible := 0
 	for i, e := range entries {
-		if !s.mayRead(r, e.Namespace, readable) {
+		if !s.access().MayRead(r, e.Namespace, readable) {
 			continue
 		}
 		visible++
@@ -230,7 +198,7 @@ func (s *Server) queueList(w http.ResponseWriter, r *http.Request) (any, error) 
 			}
 		default:
 			e.Request = nil
-			out = append(out, QueuedJob{Position: i + 1, Entry: e, Estimate: estimateIn(estimates, e.ID), Backoff: s.backoff(e.Namespace, e.JobID)})
+			out = append(out, QueuedJob{Position: i + 1, Entry: e, Estimate: front.EstimateIn(estimates, e.ID), Backoff: s.backoff(e.Namespace, e.JobID)})
 		}
 	}
 	w.Header().Set("X-Nomad-Gpu-Queued", strconv.Itoa(visible))
@@ -246,31 +214,7 @@ func atLeastOne(r *http.Request, name string, def int, what string) (int, error)
 	}
 	n, err := strconv.Atoi(v)
 	if err != nil || n < 1 {
-		return 0, fail(errBadRequest, "%s=%q is not %s", name, v, what)
+		return 0, front.Fail(front.ErrBadRequest, "%s=%q is not %s", name, v, what)
 	}
 	return n, nil
-}
-
-// mayRead reports whether the caller may read namespace ns (any capability
-// there lets Nomad show the namespace); always with ACLs off.
-func (s *Server) mayRead(r *http.Request, ns string, cache map[string]bool) bool {
-	if !s.acls {
-		return true
-	}
-	ok, seen := cache[ns]
-	if !seen {
-		ok = s.as(r).get("/v1/namespace/"+url.PathEscape(ns), "", &struct{}{}) == nil
-		cache[ns] = ok
-	}
-	return ok
-}
-
-// mayCancel reports whether the caller may cancel a queued job: its
-// submitter, or anyone who may write that job in its namespace.
-func (s *Server) mayCancel(r *http.Request, e queue.Entry, who string) bool {
-	if !s.acls || (who == e.SubmittedBy && who != "anonymous") {
-		return true
-	}
-	var req struct{ Job json.RawMessage }
-	return json.Unmarshal(e.Request, &req) == nil && s.mayWrite(r, e.Namespace, e.JobID, req.Job)
 }

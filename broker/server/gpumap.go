@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/nomad-gpu/nomad-gpu/broker/cluster"
+	"github.com/nomad-gpu/nomad-gpu/broker/front"
 )
 
 // GPUMap is GET /v1/gpu/nodes: every node with GPUs, and what each GPU is
@@ -40,13 +41,13 @@ func (s *Server) gpuMap(w http.ResponseWriter, r *http.Request) (any, error) {
 	index, _ := s.cluster.Followed()
 	m := GPUMap{Index: index, IdleBelow: p.Usage.IdleBelow, Nodes: s.cluster.Map(p.Usage.IdleBelow)}
 	if s.acls && len(m.Nodes) > 0 {
-		if err := s.as(r).get("/v1/node/"+url.PathEscape(m.Nodes[0].ID), "", nil); err != nil {
-			return nil, fail(errForbidden, "the GPU map needs a token that may read nodes: %v", err)
+		if err := s.callers.As(r).Get("/v1/node/"+url.PathEscape(m.Nodes[0].ID), "", nil); err != nil {
+			return nil, front.Fail(front.ErrForbidden, "the GPU map needs a token that may read nodes: %v", err)
 		}
 		readable := map[string]bool{}
 		for _, n := range m.Nodes {
 			for i, g := range n.GPUs {
-				if g.Namespace != "" && !s.mayRead(r, g.Namespace, readable) {
+				if g.Namespace != "" && !s.access().MayRead(r, g.Namespace, readable) {
 					h := &n.GPUs[i] // its state stays; who holds it does not show
 					h.Namespace, h.Job, h.Alloc, h.Tenant, h.Queue, h.Borrowed = "", "", "", "", "", false
 				}
@@ -67,12 +68,12 @@ func blockingQuery(r *http.Request, current func() uint64) error {
 	}
 	after, err := strconv.ParseUint(q.Get("index"), 10, 64)
 	if err != nil {
-		return fail(errBadRequest, "index=%q is not a Nomad index", q.Get("index"))
+		return front.Fail(front.ErrBadRequest, "index=%q is not a Nomad index", q.Get("index"))
 	}
 	wait := maxMapWait
 	if q.Has("wait") {
 		if wait, err = time.ParseDuration(q.Get("wait")); err != nil || wait <= 0 {
-			return fail(errBadRequest, "wait=%q is not a duration (as 10s or 1m)", q.Get("wait"))
+			return front.Fail(front.ErrBadRequest, "wait=%q is not a duration (as 10s or 1m)", q.Get("wait"))
 		}
 		wait = min(wait, maxMapWait)
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/nomad-gpu/nomad-gpu/broker/admission"
 	"github.com/nomad-gpu/nomad-gpu/broker/audit"
 	"github.com/nomad-gpu/nomad-gpu/broker/decide"
+	"github.com/nomad-gpu/nomad-gpu/broker/front"
 	"github.com/nomad-gpu/nomad-gpu/broker/metrics"
 	"github.com/nomad-gpu/nomad-gpu/broker/nomadjob"
 	"github.com/nomad-gpu/nomad-gpu/internal/jsondoc"
@@ -44,9 +45,9 @@ func (s *Server) readJobCall(w http.ResponseWriter, r *http.Request, c call) (jo
 	bodyCounts := r.Method != http.MethodDelete && (c == callDispatch || c == callRevert || c == callStable || c == callEvaluate || c == callJobWrite || c == callDeploymentWrite)
 	t, err := nomadjob.CallTarget(r.URL.Query(), body, bodyCounts)
 	if err != nil {
-		return jobCall{}, fail(errBadRequest, "%s: %v", c, err)
+		return jobCall{}, front.Fail(front.ErrBadRequest, "%s: %v", c, err)
 	}
-	bodyToken(r, t.AuthToken)
+	front.BodyToken(r, t.AuthToken)
 	bodyRegion(r, t.Region)
 	return jobCall{body: body, namespace: t.Namespace, region: t.Region, idempotencyToken: t.IdempotencyToken}, nil
 }
@@ -76,13 +77,13 @@ func (s *Server) scale(w http.ResponseWriter, r *http.Request, jc jobCall, jobID
 	}
 	ns := jc.namespace
 	defer s.cluster.LockJob(ns, jobID)()
-	job, err := s.as(r).currentJob(ns, jobID)
+	job, err := s.callers.As(r).CurrentJob(ns, jobID)
 	if err != nil {
 		return lookupFailed(err, "scale", jobID)
 	}
 	group := req.Target["Group"]
 	if *req.Count < 0 || *req.Count > nomadjob.MaxGroupCount {
-		return fail(errBadRequest, "scale of %q: count %d is out of range 0..%d", jobID, *req.Count, nomadjob.MaxGroupCount)
+		return front.Fail(front.ErrBadRequest, "scale of %q: count %d is out of range 0..%d", jobID, *req.Count, nomadjob.MaxGroupCount)
 	}
 	before, admittedBefore := s.stampedGrant(r, job)
 	counts := nomadjob.GPUGroupCounts(job) // as Nomad runs it now
@@ -232,14 +233,14 @@ func (s *Server) spawn(w http.ResponseWriter, r *http.Request, c call, jc jobCal
 			return err
 		}
 		if req.JobID != "" && req.JobID != jobID {
-			return fail(errBadRequest, "the job ID %q in the body does not match %q in the path", req.JobID, jobID)
+			return front.Fail(front.ErrBadRequest, "the job ID %q in the body does not match %q in the path", req.JobID, jobID)
 		}
 		body = doc.Bytes()
 	} else if err := s.checkRegion(r, jc.region, jobID, body); err != nil {
 		return err
 	}
 	ns := jc.namespace
-	parent, err := s.as(r).currentJob(ns, jobID)
+	parent, err := s.callers.As(r).CurrentJob(ns, jobID)
 	if err != nil {
 		return lookupFailed(err, c.String(), jobID)
 	}
@@ -272,15 +273,15 @@ func (s *Server) spawn(w http.ResponseWriter, r *http.Request, c call, jc jobCal
 // that token with it, creating nothing. Read with the caller's token.
 func (s *Server) dispatchedWith(r *http.Request, ns, parent, token string) (string, error) {
 	var stubs []api.JobListStub
-	if err := s.as(r).get("/v1/jobs?prefix="+url.QueryEscape(parent+"/dispatch-"), ns, &stubs); err != nil {
+	if err := s.callers.As(r).Get("/v1/jobs?prefix="+url.QueryEscape(parent+"/dispatch-"), ns, &stubs); err != nil {
 		return "", err
 	}
 	for _, stub := range stubs {
 		if stub.ParentID != parent {
 			continue
 		}
-		child, err := s.as(r).currentJob(ns, stub.ID)
-		if errors.Is(err, errNoJob) {
+		child, err := s.callers.As(r).CurrentJob(ns, stub.ID)
+		if errors.Is(err, front.ErrNoJob) {
 			continue // collected meanwhile
 		}
 		if err != nil {
@@ -327,11 +328,11 @@ func (s *Server) revert(w http.ResponseWriter, r *http.Request, jc jobCall, jobI
 func (s *Server) revertTo(w http.ResponseWriter, r *http.Request, body []byte, ref nomadjob.Ref, what string, target func(*api.Job) bool) error {
 	ns, jobID := ref.Namespace, ref.ID
 	defer s.cluster.LockJob(ns, jobID)()
-	current, err := s.as(r).currentJob(ns, jobID)
+	current, err := s.callers.As(r).CurrentJob(ns, jobID)
 	if err != nil {
 		return lookupFailed(err, what, jobID)
 	}
-	versions, err := s.as(r).versions(ns, jobID)
+	versions, err := s.callers.As(r).Versions(ns, jobID)
 	if err != nil {
 		return lookupFailed(err, what, jobID)
 	}
@@ -359,22 +360,22 @@ func (s *Server) stable(w http.ResponseWriter, r *http.Request, jc jobCall, jobI
 		return err
 	}
 	defer s.cluster.LockJob(jc.namespace, jobID)()
-	current, err := s.as(r).currentJob(jc.namespace, jobID)
+	current, err := s.callers.As(r).CurrentJob(jc.namespace, jobID)
 	if err != nil {
 		return lookupFailed(err, "stable", jobID)
 	}
 	if current.Version != nil && *current.Version != req.JobVersion {
-		return fail(errForbidden, "marking version %d of %q stable or not refused: Nomad would make that version the job's "+
+		return front.Fail(front.ErrForbidden, "marking version %d of %q stable or not refused: Nomad would make that version the job's "+
 			"current one again, past admission (the job is at version %d); revert to it instead (nomad job revert %s %d), which the broker decides",
 			req.JobVersion, jobID, *current.Version, jobID, req.JobVersion)
 	}
 	if !req.Stable {
 		var d api.Deployment // Nomad answers null for none
-		if err := s.as(r).get("/v1/job/"+url.PathEscape(jobID)+"/deployment", jc.namespace, &d); err != nil {
+		if err := s.callers.As(r).Get("/v1/job/"+url.PathEscape(jobID)+"/deployment", jc.namespace, &d); err != nil {
 			return lookupFailed(err, "stable", jobID)
 		}
 		if autoReverts(&d) && activeDeployment(d.Status) {
-			return fail(errForbidden, "un-marking version %d of %q refused: its deployment %s reverts on failure, "+
+			return front.Fail(front.ErrForbidden, "un-marking version %d of %q refused: its deployment %s reverts on failure, "+
 				"and Nomad would have no stable version to revert to; wait until the deployment ends", req.JobVersion, jobID, d.ID)
 		}
 	}
@@ -404,7 +405,7 @@ func (s *Server) evaluate(w http.ResponseWriter, r *http.Request, jc jobCall, jo
 		return err
 	}
 	defer s.cluster.LockJob(jc.namespace, jobID)()
-	job, err := s.as(r).currentJob(jc.namespace, jobID)
+	job, err := s.callers.As(r).CurrentJob(jc.namespace, jobID)
 	if err != nil {
 		return lookupFailed(err, "evaluate", jobID)
 	}
@@ -456,7 +457,7 @@ func (s *Server) deploymentWrite(w http.ResponseWriter, r *http.Request, jc jobC
 		return nil
 	}
 	var d api.Deployment
-	if err := s.as(r).get("/v1/deployment/"+url.PathEscape(id), jc.namespace, &d); err != nil {
+	if err := s.callers.As(r).Get("/v1/deployment/"+url.PathEscape(id), jc.namespace, &d); err != nil {
 		return lookupFailed(err, "deployment write", id)
 	}
 	if !autoReverts(&d) {
@@ -473,7 +474,7 @@ func (s *Server) deploymentWrite(w http.ResponseWriter, r *http.Request, jc jobC
 func (s *Server) parseCall(r *http.Request, jc jobCall, out any) (*jsondoc.Doc, error) {
 	doc, err := jsondoc.Parse(jc.body, out)
 	if err != nil {
-		return nil, fail(errBadRequest, "%v", err)
+		return nil, front.Fail(front.ErrBadRequest, "%v", err)
 	}
 	return doc, s.checkRegion(r, jc.region, "", doc.Bytes())
 }
@@ -496,7 +497,7 @@ func (s *Server) parseJobCall(r *http.Request, jc jobCall, out any, jobID string
 func (s *Server) checkThenForward(w http.ResponseWriter, r *http.Request, body []byte, job, current *api.Job, priority int, ns, jobID, what string, rec *record) (string, error) {
 	a, err := s.seq.Existing(job, current, ns)
 	if err != nil {
-		return "", fail(errBadRequest, "%s of %q: %v", what, jobID, err)
+		return "", front.Fail(front.ErrBadRequest, "%s of %q: %v", what, jobID, err)
 	}
 	if len(a.Groups) == 0 {
 		s.passThrough(w, r, body)
@@ -517,7 +518,7 @@ func (s *Server) checkThenForward(w http.ResponseWriter, r *http.Request, body [
 func (s *Server) decideThenForward(w http.ResponseWriter, r *http.Request, body []byte, a admission.Job, jobID string, current int, what string, rec *record) (string, error) {
 	ns := a.Namespace
 	d, res := s.seq.Decide(s.policies.Current(), a, decide.Reserve)
-	who := s.as(r).identity()
+	who := s.callers.As(r).Identity()
 	s.log.Info("admission", "call", what, "job", jobID, "namespace", ns, "outcome", d.Outcome, "priority", d.Priority,
 		"gpus", d.Demand.Total(), "rule", d.Rule, "by", who)
 	s.metrics.Admission(metrics.Submit, d)
@@ -529,30 +530,30 @@ func (s *Server) decideThenForward(w http.ResponseWriter, r *http.Request, body 
 	case d.Outcome != admission.Reject && d.Priority != current:
 		event.Result = fmt.Sprintf("%s: refused: it would run at priority %d but the job runs at %d", what, d.Priority, current)
 	}
-	if err := s.audited(event); err != nil {
+	if err := front.Audited(s.audit, event); err != nil {
 		res.Release()
 		return "", err
 	}
 	switch {
 	case d.Outcome == admission.Reject:
-		return "", fail(errForbidden, "%s of %q rejected by rule %s: %s", what, jobID, d.Rule, d.Reason)
+		return "", front.Fail(front.ErrForbidden, "%s of %q rejected by rule %s: %s", what, jobID, d.Rule, d.Reason)
 	case d.Outcome == admission.Queue:
-		return "", fail(errForbidden, "%s of %q refused: %s. Nothing was queued: a %s is answered at once, so try again once GPUs are free%s",
+		return "", front.Fail(front.ErrForbidden, "%s of %q refused: %s. Nothing was queued: a %s is answered at once, so try again once GPUs are free%s",
 			what, jobID, d.Cause, what, waitInstead[what])
 	case d.Priority != current:
 		res.Release()
-		return "", fail(errForbidden, "%s of %q refused: the result would run at priority %d (%s) but the job runs at %d; register it again instead",
+		return "", front.Fail(front.ErrForbidden, "%s of %q refused: the result would run at priority %d (%s) but the job runs at %d; register it again instead",
 			what, jobID, d.Priority, d.Reason, current)
 	default:
 		if err := rec.run(); err != nil {
 			res.Release()
-			return "", fail(errUnavailable, "%s of %q not forwarded: %v", what, jobID, err)
+			return "", front.Fail(front.ErrUnavailable, "%s of %q not forwarded: %v", what, jobID, err)
 		}
 		resp, err := s.forward(r, body, ns)
 		if err != nil {
 			res.Release()
 			rec.settle(false, 0)
-			return "", fail(errNomadUnreach, "Nomad is unreachable: %v", err)
+			return "", front.Fail(front.ErrNomadUnreach, "Nomad is unreachable: %v", err)
 		}
 		took := s.relayRegistered(w, resp, res, admittedWarning(d))
 		rec.settle(took.accepted, took.index)

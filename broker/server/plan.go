@@ -6,6 +6,7 @@ import (
 
 	"github.com/nomad-gpu/nomad-gpu/broker/admission"
 	"github.com/nomad-gpu/nomad-gpu/broker/decide"
+	"github.com/nomad-gpu/nomad-gpu/broker/front"
 	"github.com/nomad-gpu/nomad-gpu/broker/nomadjob"
 	"github.com/nomad-gpu/nomad-gpu/broker/queue"
 )
@@ -24,7 +25,7 @@ func (s *Server) planEstimate(r *http.Request, rj *gpuJobRequest, d admission.De
 	if at >= 0 {
 		e.SubmittedAt = entries[at].SubmittedAt // submitted again, it keeps the place of the version waiting
 	}
-	position, estimate, estimated := s.place(r.Context(), entries, e, at)
+	position, estimate, estimated := s.desk().Place(r.Context(), entries, e, at)
 	return fmt.Sprintf(" It would be position %d in queue %s.%s", position, d.Queue, startsText(estimate, estimated))
 }
 
@@ -56,7 +57,7 @@ func (s *Server) annotate(w http.ResponseWriter, r *http.Request, kind nomadjob.
 	}
 	resp, err := s.forward(r, rj.Body(), rj.Namespace)
 	if err != nil {
-		return fail(errNomadUnreach, "Nomad is unreachable: %v", err)
+		return front.Fail(front.ErrNomadUnreach, "Nomad is unreachable: %v", err)
 	}
 	dispatch := ""
 	if rj.Dispatch != "" {

@@ -2,13 +2,12 @@ package server
 
 import (
 	"errors"
-	"fmt"
 	"net/http"
 	"strings"
 	"time"
 
 	"github.com/nomad-gpu/nomad-gpu/broker/admission"
-	"github.com/nomad-gpu/nomad-gpu/broker/audit"
+	"github.com/nomad-gpu/nomad-gpu/broker/front"
 	"github.com/nomad-gpu/nomad-gpu/broker/queue"
 )
 
@@ -30,69 +29,38 @@ func (s *Server) backoff(namespace, id string) *admission.Backoff {
 
 func (s *Server) queueEntry(r *http.Request, id, who string) (any, error) {
 	if !queue.ValidID(id) {
-		return nil, fail(errBadRequest, "%q is not a queue id (a UUID, as `gpu-broker queue list` shows)", id)
+		return nil, front.Fail(front.ErrBadRequest, "%q is not a queue id (a UUID, as `gpu-broker queue list` shows)", id)
 	}
 	e, err := s.queue.Get(r.Context(), id)
-	if errors.Is(err, queue.ErrNotFound) || (err == nil && !s.mayRead(r, e.Namespace, map[string]bool{})) {
-		return nil, fail(errNotFound, "no queued job %q (admitted, cancelled or never queued)", id)
+	if errors.Is(err, queue.ErrNotFound) || (err == nil && !s.access().MayRead(r, e.Namespace, map[string]bool{})) {
+		return nil, front.Fail(front.ErrNotFound, "no queued job %q (admitted, cancelled or never queued)", id)
 	}
 	if err != nil {
-		return nil, fail(errUnavailable, "%v", err)
+		return nil, front.Fail(front.ErrUnavailable, "%v", err)
 	}
 	switch r.Method {
 	case http.MethodGet:
 		if s.acls && who != e.SubmittedBy {
 			e.Request = nil
 		}
-		entries, err := s.ordered(r)
+		entries, err := s.desk().Ordered(r)
 		if err != nil {
-			return nil, fail(errUnavailable, "%v", err)
+			return nil, front.Fail(front.ErrUnavailable, "%v", err)
 		}
-		return QueuedJob{Position: positionOf(entries, id), Entry: e, Estimate: estimatePtr(s.estimateOf(entries, id)),
+		return QueuedJob{Position: front.PositionOf(entries, id), Entry: e, Estimate: front.EstimatePtr(s.desk().EstimateOf(entries, id)),
 			Backoff: s.backoff(e.Namespace, e.JobID)}, nil
 	case http.MethodDelete:
-		if !s.mayCancel(r, e, who) {
-			return nil, fail(errForbidden, "only its submitter, or a token that may submit job %q in namespace %q, may cancel queued job %s",
+		if !s.access().MayCancel(r, e, who) {
+			return nil, front.Fail(front.ErrForbidden, "only its submitter, or a token that may submit job %q in namespace %q, may cancel queued job %s",
 				e.JobID, e.Namespace, id)
 		}
-		if err := s.dequeue(r, e, who, "cancelled"); err != nil {
+		if err := s.desk().Dequeue(r, e, who, "cancelled"); err != nil {
 			return nil, err
 		}
 		return e, nil
 	default:
 		return nil, notAllowed(r)
 	}
-}
-
-// ordered lists the queue in admission order.
-func (s *Server) ordered(r *http.Request) ([]queue.Entry, error) {
-	if err := s.listed(); err != nil {
-		return nil, err
-	}
-	entries, err := s.queue.List(r.Context())
-	if err != nil {
-		return nil, err
-	}
-	return s.order(r.Context(), entries), nil
-}
-
-// dequeue takes entry e out of the queue for who, audited with result; the
-// error says why it was not.
-func (s *Server) dequeue(r *http.Request, e queue.Entry, who, result string) error {
-	event := audit.Event{Who: who, What: audit.QueueCancel, ID: e.ID, Namespace: e.Namespace, Job: e.JobID, Tenant: e.Tenant,
-		Queue: e.Queue, Result: result}
-	if err := s.audited(event); err != nil {
-		return err
-	}
-	ok, err := s.queue.Remove(r.Context(), e)
-	if err != nil || !ok {
-		event.Result = fmt.Sprintf("not %s: changed or admitted meanwhile (%v)", result, err)
-		s.audit.Write(event)
-		return fail(errConflict, "queued job %q changed or was admitted meanwhile: %v", e.ID, err)
-	}
-	s.metrics.QueueWait(e.Queue, "cancelled", s.clock.Now().Sub(e.SubmittedAt))
-	s.log.Info("queue: "+result, "id", e.ID, "job", e.JobID, "namespace", e.Namespace, "by", who)
-	return nil
 }
 
 // dequeuedHeader names the queue entries a stop took out of the queue.
@@ -105,7 +73,7 @@ const dequeuedHeader = "X-Nomad-Gpu-Dequeued"
 // entry the leader is registering (claimed) is waited for, up to
 // stopWaitsForAdmission: Nomad has the job then, and the stop reaches it.
 func (s *Server) stop(w http.ResponseWriter, r *http.Request, jc jobCall, jobID string) error {
-	who := s.as(r).identity()
+	who := s.callers.As(r).Identity()
 	var ids []string
 	deadline := s.clock.Now().Add(stopWaitsForAdmission)
 	for {
@@ -121,15 +89,15 @@ func (s *Server) stop(w http.ResponseWriter, r *http.Request, jc jobCall, jobID 
 			if e.Namespace != jc.namespace || e.JobID != jobID {
 				continue
 			}
-			if !writesAsBroker(r) && !s.mayCancel(r, e, who) {
-				return fail(errForbidden, "stop of %q refused: it is queued as %s, and only its submitter, or a token that may submit it, may take it out",
+			if !writesAsBroker(r) && !s.access().MayCancel(r, e, who) {
+				return front.Fail(front.ErrForbidden, "stop of %q refused: it is queued as %s, and only its submitter, or a token that may submit it, may take it out",
 					jobID, e.ID)
 			}
 			if !e.Admitting.IsZero() && s.clock.Now().Sub(e.Admitting) < admissionInFlight {
 				waiting = true // being registered: wait until Nomad has it
 				continue
 			}
-			if err := s.dequeue(r, e, who, "stopped"); errors.Is(err, errConflict) {
+			if err := s.desk().Dequeue(r, e, who, "stopped"); errors.Is(err, front.ErrConflict) {
 				waiting = true // changed meanwhile: read it again
 			} else if err != nil {
 				return err
@@ -141,7 +109,7 @@ func (s *Server) stop(w http.ResponseWriter, r *http.Request, jc jobCall, jobID 
 			break
 		}
 		if s.clock.Now().After(deadline) {
-			return fail(errConflict, "stop of %q: it is being admitted from the queue; stop it again in a moment", jobID)
+			return front.Fail(front.ErrConflict, "stop of %q: it is being admitted from the queue; stop it again in a moment", jobID)
 		}
 		select {
 		case <-r.Context().Done():

@@ -2,15 +2,14 @@ package server
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
-	"net/url"
 	"sort"
 
 	"github.com/nomad-gpu/nomad-gpu/broker/audit"
 	"github.com/nomad-gpu/nomad-gpu/broker/consulkv"
+	"github.com/nomad-gpu/nomad-gpu/broker/front"
 	"github.com/nomad-gpu/nomad-gpu/broker/queue"
 	"github.com/nomad-gpu/nomad-gpu/broker/reclaim"
 )
@@ -28,12 +27,12 @@ type Decisions interface {
 func (s *Server) reclaimList(_ http.ResponseWriter, r *http.Request) (any, error) {
 	recs, err := s.decisions.List(r.Context())
 	if err != nil {
-		return nil, fail(errUnavailable, "%v", err)
+		return nil, front.Fail(front.ErrUnavailable, "%v", err)
 	}
 	out := []reclaim.Record{}
 	readable := map[string]bool{}
 	for _, rec := range recs {
-		if s.mayRead(r, rec.Namespace, readable) {
+		if s.access().MayRead(r, rec.Namespace, readable) {
 			out = append(out, rec)
 		}
 	}
@@ -50,12 +49,12 @@ type SetAside interface {
 // never their values) to an operator: with ACLs, a token that may read
 // Nomad's operator settings.
 func (s *Server) setAsideList(_ http.ResponseWriter, r *http.Request) (any, error) {
-	if s.acls && s.as(r).get("/v1/operator/scheduler/configuration", "", &struct{}{}) != nil {
-		return nil, fail(errForbidden, "the records set aside are an operator's to read: a token with operator read")
+	if s.acls && s.callers.As(r).Get("/v1/operator/scheduler/configuration", "", &struct{}{}) != nil {
+		return nil, front.Fail(front.ErrForbidden, "the records set aside are an operator's to read: a token with operator read")
 	}
 	recs, err := s.setAside.SetAside(r.Context())
 	if err != nil {
-		return nil, fail(errUnavailable, "%v", err)
+		return nil, front.Fail(front.ErrUnavailable, "%v", err)
 	}
 	return recs, nil
 }
@@ -63,39 +62,39 @@ func (s *Server) setAsideList(_ http.ResponseWriter, r *http.Request) (any, erro
 // reclaimDecision serves GET and DELETE (cancel) /v1/gpu/reclaim/<id>.
 func (s *Server) reclaimDecision(r *http.Request, id, who string) (any, error) {
 	if !queue.ValidID(id) {
-		return nil, fail(errBadRequest, "%q is not a reclaim decision id (a UUID, as `gpu-broker reclaim list` shows)", id)
+		return nil, front.Fail(front.ErrBadRequest, "%q is not a reclaim decision id (a UUID, as `gpu-broker reclaim list` shows)", id)
 	}
 	rec, err := s.decisions.Get(r.Context(), id)
-	if err == nil && !s.mayRead(r, rec.Namespace, map[string]bool{}) {
+	if err == nil && !s.access().MayRead(r, rec.Namespace, map[string]bool{}) {
 		err = reclaim.ErrNotFound // what the caller may not see does not exist for it
 	}
 	switch {
 	case errors.Is(err, reclaim.ErrNotFound):
-		return nil, fail(errNotFound, "no reclaim decision %q", id)
+		return nil, front.Fail(front.ErrNotFound, "no reclaim decision %q", id)
 	case err != nil:
-		return nil, fail(errUnavailable, "%v", err)
+		return nil, front.Fail(front.ErrUnavailable, "%v", err)
 	}
 	switch r.Method {
 	case http.MethodGet:
 		return rec, nil
 	case http.MethodDelete:
-		if !s.mayWriteJob(r, rec.Namespace, rec.Job) {
-			return nil, fail(errForbidden, "only a token that may write job %q in namespace %q may cancel reclaim decision %s", rec.Job, rec.Namespace, id)
+		if !s.access().MayWriteJob(r, rec.Namespace, rec.Job) {
+			return nil, front.Fail(front.ErrForbidden, "only a token that may write job %q in namespace %q may cancel reclaim decision %s", rec.Job, rec.Namespace, id)
 		}
 		if rec.State != reclaim.Proposed || !rec.ActingSince.IsZero() {
-			return nil, fail(errConflict, "reclaim decision %s is %s%s: only a proposed decision not yet being carried out can be cancelled",
+			return nil, front.Fail(front.ErrConflict, "reclaim decision %s is %s%s: only a proposed decision not yet being carried out can be cancelled",
 				id, rec.State, map[bool]string{true: " (being carried out)", false: ""}[!rec.ActingSince.IsZero() && rec.State == reclaim.Proposed])
 		}
 		event := audit.Event{Who: who, What: audit.ReclaimCancel, ID: id, Namespace: rec.Namespace, Job: rec.Job, Tenant: rec.Tenant,
 			Queue: rec.Queue, Rule: rec.Rule, Result: "cancelled"}
-		if err := s.audited(event); err != nil {
+		if err := front.Audited(s.audit, event); err != nil {
 			return nil, err
 		}
 		rec.State, rec.Result = reclaim.Cancelled, "cancelled by "+who
 		if ok, err := s.decisions.Update(r.Context(), rec); err != nil || !ok {
 			event.Result = fmt.Sprintf("not cancelled: changed meanwhile (%v)", err)
 			s.audit.Write(event)
-			return nil, fail(errConflict, "reclaim decision %s changed meanwhile (%v); look again", id, err)
+			return nil, front.Fail(front.ErrConflict, "reclaim decision %s changed meanwhile (%v); look again", id, err)
 		}
 		s.metrics.Decision(rec.Rule, string(rec.Action), string(rec.State))
 		s.log.Info("reclaim decision cancelled", "id", id, "rule", rec.Rule, "job", rec.Job, "namespace", rec.Namespace, "by", who)
@@ -103,30 +102,4 @@ func (s *Server) reclaimDecision(r *http.Request, id, who string) (any, error) {
 	default:
 		return nil, notAllowed(r)
 	}
-}
-
-// mayWriteJob is mayWrite for the job as Nomad has it, read as the caller.
-func (s *Server) mayWriteJob(r *http.Request, ns, id string) bool {
-	if !s.acls {
-		return true
-	}
-	var job json.RawMessage
-	if s.as(r).get("/v1/job/"+url.PathEscape(id), ns, &job) != nil {
-		return false
-	}
-	return s.mayWrite(r, ns, id, job)
-}
-
-// mayWrite reports whether the caller may write job id (its JSON) in
-// namespace ns: with exclusive enforcement in a tenant's namespace, as one of
-// its submitters; otherwise as Nomad says for a plan with the caller's token.
-func (s *Server) mayWrite(r *http.Request, ns, id string, job json.RawMessage) bool {
-	if !s.acls {
-		return true
-	}
-	if t := s.policies.Current().TenantOf(ns); s.exclusive && t != nil {
-		g, err := s.as(r).grants()
-		return err == nil && t.MaySubmit(g)
-	}
-	return s.as(r).plan(ns, id, job) == nil
 }

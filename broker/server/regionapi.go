@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/nomad-gpu/nomad-gpu/broker/audit"
+	"github.com/nomad-gpu/nomad-gpu/broker/front"
 )
 
 // drain drains a governed region (no new work goes there; its running work
@@ -14,24 +15,24 @@ import (
 // token, as Nomad's own operator calls do.
 func (s *Server) drain(r *http.Request, region string, drain bool, who string) (any, error) {
 	if !slices.Contains(s.regions.Names(), region) {
-		return nil, fail(errNotFound, "region %q is not one this broker governs (gpu-broker region list)", region)
+		return nil, front.Fail(front.ErrNotFound, "region %q is not one this broker governs (gpu-broker region list)", region)
 	}
 	if s.acls {
-		g, err := s.as(r).grants()
+		g, err := s.callers.As(r).Grants()
 		if err != nil || !g.Management {
-			return nil, fail(errForbidden, "draining or resuming a region needs a management token: %v", err)
+			return nil, front.Fail(front.ErrForbidden, "draining or resuming a region needs a management token: %v", err)
 		}
 	}
 	by, what := "", audit.RegionResume
 	if drain {
 		by, what = "by "+who+" at "+s.clock.Now().UTC().Format(time.RFC3339), audit.RegionDrain
 	}
-	if err := s.audited(audit.Event{Who: who, What: what, Result: "region " + region}); err != nil {
+	if err := front.Audited(s.audit, audit.Event{Who: who, What: what, Result: "region " + region}); err != nil {
 		return nil, err
 	}
 	drained, err := s.drains.Set(r.Context(), region, by)
 	if err != nil {
-		return nil, fail(errUnavailable, "%v", err)
+		return nil, front.Fail(front.ErrUnavailable, "%v", err)
 	}
 	s.regions.SetDrained(drained) // at once here; the other brokers follow the key
 	return s.regions.Status(), nil

@@ -13,6 +13,7 @@ import (
 	"github.com/nomad-gpu/nomad-gpu/broker/audit"
 	"github.com/nomad-gpu/nomad-gpu/broker/cluster"
 	"github.com/nomad-gpu/nomad-gpu/broker/decide"
+	"github.com/nomad-gpu/nomad-gpu/broker/front"
 	"github.com/nomad-gpu/nomad-gpu/broker/metrics"
 	"github.com/nomad-gpu/nomad-gpu/broker/nomadjob"
 	"github.com/nomad-gpu/nomad-gpu/broker/policy"
@@ -39,13 +40,13 @@ func (s *Server) readGPUJob(w http.ResponseWriter, r *http.Request, kind nomadjo
 	}
 	req, err := nomadjob.ReadRequest(kind, body, r.URL.Query())
 	if err != nil {
-		return nil, fail(errBadRequest, "%v", err)
+		return nil, front.Fail(front.ErrBadRequest, "%v", err)
 	}
 	if kind != nomadjob.Validate {
-		bodyToken(r, req.Token)
+		front.BodyToken(r, req.Token)
 	}
 	if pathJobID != "" && req.JobID != pathJobID {
-		return nil, fail(errBadRequest, "the job ID %q in the body does not match %q in the path", req.JobID, pathJobID)
+		return nil, front.Fail(front.ErrBadRequest, "the job ID %q in the body does not match %q in the path", req.JobID, pathJobID)
 	}
 	if kind != nomadjob.Validate { // validation only reads: the caller's own token suffices
 		if err := s.authorize(r, kindName[kind], req.Namespace); err != nil {
@@ -57,7 +58,7 @@ func (s *Server) readGPUJob(w http.ResponseWriter, r *http.Request, kind nomadjo
 		return nil, err
 	}
 	if gpus, err := req.AsksForGPUs(); err != nil {
-		return nil, fail(errBadRequest, "job %q: %v", req.JobID, err)
+		return nil, front.Fail(front.ErrBadRequest, "job %q: %v", req.JobID, err)
 	} else if !gpus {
 		return nil, s.toNomad(r, body, warning)
 	}
@@ -76,11 +77,11 @@ func (s *Server) readGPUJob(w http.ResponseWriter, r *http.Request, kind nomadjo
 		unlock = s.cluster.LockJob(req.Namespace, req.JobID)
 	}
 	p := s.policies.Current()
-	prepared, err := s.seq.Prepare(r.Context(), p, req, s.as(r))
+	prepared, err := s.seq.Prepare(r.Context(), p, req, s.callers.As(r))
 	if err != nil {
 		unlock()
 		if decide.IsJobError(err) {
-			return nil, fail(errBadRequest, "job %q: %v", req.JobID, err)
+			return nil, front.Fail(front.ErrBadRequest, "job %q: %v", req.JobID, err)
 		}
 		return nil, lookupFailed(err, kindName[kind], req.JobID)
 	}
@@ -102,9 +103,9 @@ func (s *Server) declaredGPUs(r *http.Request, req *nomadjob.Request) (string, e
 		s.log.Warn("admission: undeclared GPU access", "job", req.JobID, "namespace", req.Namespace, "how", why)
 		return fmt.Sprintf("nomad-gpu: warning: rule %s: %s; %s", admission.RuleUndeclaredGPUAccess, why, fix), nil
 	}
-	event := audit.Event{Who: s.as(r).identity(), What: audit.Admission, Namespace: req.Namespace, Job: req.JobID,
+	event := audit.Event{Who: s.callers.As(r).Identity(), What: audit.Admission, Namespace: req.Namespace, Job: req.JobID,
 		Rule: admission.RuleUndeclaredGPUAccess, Result: "reject: " + why}
-	return "", s.refused(event, fail(errForbidden, "job %q rejected by rule %s: %s; %s", req.JobID, admission.RuleUndeclaredGPUAccess, why, fix))
+	return "", front.Refused(s.audit, event, front.Fail(front.ErrForbidden, "job %q rejected by rule %s: %s; %s", req.JobID, admission.RuleUndeclaredGPUAccess, why, fix))
 }
 
 var kindName = map[nomadjob.Kind]string{nomadjob.Register: "register", nomadjob.Plan: "plan", nomadjob.Validate: "validate"}
@@ -120,7 +121,7 @@ func (s *Server) register(w http.ResponseWriter, r *http.Request, pathJobID stri
 		return s.registerParent(w, r, rj)
 	}
 	d, res := s.seq.Decide(rj.policy, rj.AdmissionJob(), decide.Reserve)
-	who := s.as(r).identity()
+	who := s.callers.As(r).Identity()
 	s.metrics.Admission(metrics.Submit, d)
 	s.log.Info("admission", "job", rj.JobID, "namespace", rj.Namespace, "outcome", d.Outcome, "tenant", d.Tenant,
 		"queue", d.Queue, "priority", d.Priority, "gpus", d.Demand.Total(), "rule", d.Rule, "reason", d.Reason, "by", who)
@@ -131,11 +132,11 @@ func (s *Server) register(w http.ResponseWriter, r *http.Request, pathJobID stri
 	}
 	switch d.Outcome {
 	case admission.Reject:
-		return s.refused(event, fail(errForbidden, "job %q rejected by rule %s: %s", rj.JobID, d.Rule, d.Reason))
+		return front.Refused(s.audit, event, front.Fail(front.ErrForbidden, "job %q rejected by rule %s: %s", rj.JobID, d.Rule, d.Reason))
 	case admission.Queue:
 		return s.enqueue(w, r, rj, d, who, event, dispatchWarning(rj.Dispatch), workloadWarning(rj.Wrote), rj.warning)
 	}
-	if err := s.audited(event); err != nil {
+	if err := front.Audited(s.audit, event); err != nil {
 		res.Release()
 		return err
 	}
@@ -143,7 +144,7 @@ func (s *Server) register(w http.ResponseWriter, r *http.Request, pathJobID stri
 	settle, err := decide.Registering(r.Context(), s.stops, s.writes, nomadjob.RefOf(rj.Job), s.clock.Now())
 	if err != nil {
 		res.Release()
-		return fail(errUnavailable, "job %q not registered: %v", rj.JobID, err)
+		return front.Fail(front.ErrUnavailable, "job %q not registered: %v", rj.JobID, err)
 	}
 	resp, err := s.forward(r, rj.Body(), rj.Namespace)
 	if err != nil {
@@ -151,7 +152,7 @@ func (s *Server) register(w http.ResponseWriter, r *http.Request, pathJobID stri
 		s.settled(settle(0))
 		event.What, event.Result = audit.AdmissionError, "Nomad is unreachable: "+err.Error()
 		s.audit.Write(event)
-		return fail(errNomadUnreach, "Nomad is unreachable: %v", err)
+		return front.Fail(front.ErrNomadUnreach, "Nomad is unreachable: %v", err)
 	}
 	took := s.relayRegistered(w, resp, res, admittedWarning(d), dispatchWarning(rj.Dispatch), pinned, workloadWarning(rj.Wrote), s.rightSizingWarning(rj.Namespace, rj.JobID, d), rj.warning)
 	s.settled(settle(took.index))
@@ -204,14 +205,14 @@ func (s *Server) registerParent(w http.ResponseWriter, r *http.Request, rj *gpuJ
 	p := rj.policy
 	d, _ := s.seq.Decide(p, rj.AdmissionJob(), decide.Preview)
 	if d.Outcome == admission.Reject {
-		return fail(errForbidden, "job %q rejected by rule %s: %s", rj.JobID, d.Rule, d.Reason)
+		return front.Fail(front.ErrForbidden, "job %q rejected by rule %s: %s", rj.JobID, d.Rule, d.Reason)
 	}
 	d.Outcome, d.Priority, d.Demand = admission.Admit, p.Queues[d.Queue].Band, nil
 	d.Reason = "a parameterized job places nothing itself; each dispatch is admitted on its own"
 	rj.Admit(d, s.stamper)
 	resp, err := s.forward(r, rj.Body(), rj.Namespace)
 	if err != nil {
-		return fail(errNomadUnreach, "Nomad is unreachable: %v", err)
+		return front.Fail(front.ErrNomadUnreach, "Nomad is unreachable: %v", err)
 	}
 	s.relay(w, resp, admittedWarning(d))
 	return nil

@@ -6,7 +6,6 @@ package server
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -25,6 +24,7 @@ import (
 	"github.com/nomad-gpu/nomad-gpu/broker/cluster"
 	"github.com/nomad-gpu/nomad-gpu/broker/decide"
 	"github.com/nomad-gpu/nomad-gpu/broker/enrich"
+	"github.com/nomad-gpu/nomad-gpu/broker/front"
 	"github.com/nomad-gpu/nomad-gpu/broker/metrics"
 	"github.com/nomad-gpu/nomad-gpu/broker/nomadjob"
 	"github.com/nomad-gpu/nomad-gpu/broker/policy"
@@ -71,16 +71,6 @@ type Drains interface {
 	Set(ctx context.Context, region, by string) (map[string]string, error)
 }
 
-// Queue is where jobs wait.
-type Queue interface {
-	Put(ctx context.Context, e queue.Entry) error
-	List(ctx context.Context) ([]queue.Entry, error)
-	// View is List's entries shared, not copied: read them, never change them.
-	View(ctx context.Context) ([]queue.Entry, error)
-	Get(ctx context.Context, id string) (queue.Entry, error)
-	Remove(ctx context.Context, e queue.Entry) (bool, error)
-}
-
 // Profiles are the leader's right-sizing profiles of jobs.
 type Profiles interface {
 	Get(namespace, job string) (usage.Profile, bool)
@@ -94,11 +84,6 @@ type StoredProfiles interface {
 // Rollups are the daily GPU-hour rollups.
 type Rollups interface {
 	Days(ctx context.Context, from, to string) ([]usage.Rollup, error)
-}
-
-// FairShare gives the tenants' decayed GPU-hours as of now.
-type FairShare interface {
-	Decayed(ctx context.Context, now time.Time, halfLife time.Duration) (map[string]float64, error)
 }
 
 // Leader tells whether this broker takes GPU admissions, and where the one that
@@ -118,7 +103,7 @@ type Server struct {
 	leaderClient  *http.Client
 	policies      policy.Source
 	cluster       Cluster
-	queue         Queue
+	queue         front.Queue
 	decisions     Decisions
 	scales        decide.GrantRecords
 	stops         decide.StopRecords
@@ -127,7 +112,7 @@ type Server struct {
 	stored        StoredProfiles
 	metrics       *metrics.Metrics
 	rollups       Rollups
-	fairShare     FairShare
+	fairShare     front.FairShare
 	audit         *audit.Log
 	approvalStore Approvals
 	preemptions   admission.Preemptions
@@ -157,7 +142,7 @@ type Server struct {
 	// seq is the admission sequence every call that grows GPU demand goes
 	// through; callers reads Nomad as the caller.
 	seq     *decide.Sequence
-	callers *callers
+	callers *front.Callers
 }
 
 // Options are what a Server is built from; Clock and NewID default to the real ones.
@@ -167,7 +152,7 @@ type Options struct {
 	Client   *http.Client
 	Policies policy.Source
 	Cluster  Cluster
-	Queue    Queue
+	Queue    front.Queue
 	// Decisions are the reclaim decision records (nil: none kept).
 	Decisions Decisions
 	// Scales keeps what the broker admitted for scaled jobs (nil: nothing kept).
@@ -184,7 +169,7 @@ type Options struct {
 	RightSizing StoredProfiles
 	Metrics     *metrics.Metrics // nil: no /metrics
 	Rollups     Rollups          // nil: no usage report
-	FairShare   FairShare        // nil: the queue is shown by current share
+	FairShare   front.FairShare  // nil: the queue is shown by current share
 	Audit       *audit.Log       // nil: no audit trail
 	Approvals   Approvals        // nil: no approvals
 	// Preemptions are jobs' preemptions while borrowed, for their re-borrow
@@ -255,7 +240,7 @@ func New(o Options) (*Server, error) {
 	if s.newID == nil {
 		s.newID = queue.NewID
 	}
-	s.callers = &callers{upstream: u, client: s.client, clock: s.clock, identities: map[[32]byte]cachedIdentity{}}
+	s.callers = front.NewCallers(u, s.client, s.clock)
 	s.seq = &decide.Sequence{Cluster: s.cluster, Enricher: enrich.Enricher{Preemptions: s.preemptions, Clock: s.clock, Approvals: s.approvals}}
 	s.proxy = httputil.NewSingleHostReverseProxy(u)
 	s.api = s.gpuAPI()
@@ -266,9 +251,20 @@ func New(o Options) (*Server, error) {
 			return // the caller went away: no one reads an answer
 		}
 		s.log.Warn("Nomad did not answer a call passed through", "method", r.Method, "path", r.URL.Path, "error", err)
-		writeError(w, fail(errNomadUnreach, "Nomad did not answer %s %s: %v", r.Method, r.URL.Path, err))
+		front.WriteError(w, front.Fail(front.ErrNomadUnreach, "Nomad did not answer %s %s: %v", r.Method, r.URL.Path, err))
 	}
 	return s, nil
+}
+
+// desk is the queue as callers see it.
+func (s *Server) desk() *front.Desk {
+	return &front.Desk{Queue: s.queue, Policies: s.policies, Usage: s.cluster, Forecast: s.forecast, FairShare: s.fairShare,
+		Clock: s.clock, Log: s.log, Audit: s.audit, Metrics: s.metrics, Synced: s.synced}
+}
+
+// access is what the caller may do, as Nomad's ACLs say.
+func (s *Server) access() *front.Access {
+	return &front.Access{ACLs: s.acls, Exclusive: s.exclusive, Policies: s.policies, Callers: s.callers}
 }
 
 // approvals are those in force (none without a store).
@@ -307,11 +303,11 @@ func (s *Server) Handler() http.Handler {
 				return
 			}
 		case refused:
-			writeError(w, fail(errForbidden, "%s %s refused: %s", r.Method, rt.pattern, rt.why))
+			front.WriteError(w, front.Fail(front.ErrForbidden, "%s %s refused: %s", r.Method, rt.pattern, rt.why))
 			return
 		}
-		if err := s.listed(); rt.call != callNone && err != nil {
-			writeError(w, err)
+		if err := s.desk().Listed(); rt.call != callNone && err != nil {
+			front.WriteError(w, err)
 			return
 		}
 		if rt.call != callNone && (r.ContentLength > LargeBody || r.ContentLength < 0) {
@@ -326,16 +322,6 @@ func (s *Server) Handler() http.Handler {
 	})
 }
 
-// listed is nil once the cluster view has listed Nomad, and a 503 until
-// then: every GPU looks free to a view that has not.
-func (s *Server) listed() error {
-	if s.synced == nil || s.synced() {
-		return nil
-	}
-	return fail(errUnavailable, "the broker has not read the cluster from Nomad yet (it lists it when it starts): "+
-		"nothing is decided or ordered against it; send the request again in a moment")
-}
-
 // unclassified lets a write through that the route table does not know (a
 // newer Nomad's route, or a method Nomad does not write with there), or
 // refuses it. With exclusive enforcement it is refused: it may create GPU
@@ -343,7 +329,7 @@ func (s *Server) listed() error {
 // by its route's pattern.
 func (s *Server) unclassified(r *http.Request, rt routed) error {
 	if s.exclusive {
-		return fail(errForbidden, "%s on route %s refused: the broker does not know this write of Nomad's API to be GPU-neutral, "+
+		return front.Fail(front.ErrForbidden, "%s on route %s refused: the broker does not know this write of Nomad's API to be GPU-neutral, "+
 			"and with exclusive enforcement only writes it knows pass", r.Method, rt.pattern)
 	}
 	s.log.Warn("passed through a write the broker does not know to be GPU-neutral", "method", r.Method, "path", r.URL.Path, "route", rt.pattern)
@@ -503,16 +489,10 @@ func (s *Server) readAnyRegion(w http.ResponseWriter, r *http.Request) {
 		resp, err = s.forward(again, nil, "")
 	}
 	if err != nil {
-		writeError(w, fail(errNomadUnreach, "Nomad is unreachable: %v", err))
+		front.WriteError(w, front.Fail(front.ErrNomadUnreach, "Nomad is unreachable: %v", err))
 		return
 	}
 	s.relay(w, resp)
-}
-
-func writeJSON(w http.ResponseWriter, status int, v any) {
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	json.NewEncoder(w).Encode(v)
 }
 
 // forward sends body to Nomad at the request's path and query with the caller's
@@ -557,7 +537,7 @@ func (s *Server) relay(w http.ResponseWriter, resp *http.Response, warnings ...s
 // relayBody is relay of an answer already read.
 func (s *Server) relayBody(w http.ResponseWriter, resp *http.Response, body []byte, err error, warnings ...string) {
 	if err != nil {
-		writeError(w, fail(errNomadUnreach, "reading Nomad's answer: %v", err))
+		front.WriteError(w, front.Fail(front.ErrNomadUnreach, "reading Nomad's answer: %v", err))
 		return
 	}
 	if resp.StatusCode == http.StatusOK && joinWarnings(warnings...) != "" {
@@ -622,26 +602,8 @@ func (s *Server) toNomad(r *http.Request, body []byte, warnings ...string) error
 func (s *Server) passThrough(w http.ResponseWriter, r *http.Request, body []byte, warnings ...string) {
 	resp, err := s.forward(r, body, "")
 	if err != nil {
-		writeError(w, fail(errNomadUnreach, "Nomad is unreachable: %v", err))
+		front.WriteError(w, front.Fail(front.ErrNomadUnreach, "Nomad is unreachable: %v", err))
 		return
 	}
 	s.relay(w, resp, warnings...)
-}
-
-// audited writes e to the audit trail before anything is acknowledged or
-// done; when it cannot, the caller is answered 503 and nothing is done.
-func (s *Server) audited(e audit.Event) error {
-	if err := s.audit.Write(e); err != nil {
-		return fail(errUnavailable, "the audit trail cannot be written, so nothing was done: %v", err)
-	}
-	return nil
-}
-
-// refused is refusal err, audited as e: the audit trail's own error if it
-// cannot be written.
-func (s *Server) refused(e audit.Event, err error) error {
-	if aerr := s.audited(e); aerr != nil {
-		return aerr
-	}
-	return err
 }

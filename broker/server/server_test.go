@@ -22,6 +22,7 @@ import (
 
 	"github.com/nomad-gpu/nomad-gpu/broker/audit"
 	"github.com/nomad-gpu/nomad-gpu/broker/cluster"
+	"github.com/nomad-gpu/nomad-gpu/broker/front"
 	"github.com/nomad-gpu/nomad-gpu/broker/nomadjob"
 	"github.com/nomad-gpu/nomad-gpu/broker/policy"
 	"github.com/nomad-gpu/nomad-gpu/broker/queue/queuetest"
@@ -30,7 +31,7 @@ import (
 	"github.com/nomad-gpu/nomad-gpu/testing/testbuild"
 )
 
-var _ Queue = (*queuetest.Mem)(nil)
+var _ front.Queue = (*queuetest.Mem)(nil)
 
 // upstream stands in for Nomad: it records the writes it gets and answers
 // reads of jobs from jobs (404 for others; lookup, when set, answers instead).
@@ -397,7 +398,7 @@ func TestSinceParam(t *testing.T) {
 		d, err := sinceParam(httptest.NewRequest(http.MethodGet, "/v1/gpu/trace?"+query, nil), 7*24*time.Hour)
 		got := d.String()
 		if err != nil {
-			got = fmt.Sprint(statusOf(err), " nomad-gpu: ", err)
+			got = fmt.Sprint(front.StatusOf(err), " nomad-gpu: ", err)
 		}
 		if !strings.Contains(got, want) {
 			t.Errorf("%q: got %s, want %s", query, got, want)

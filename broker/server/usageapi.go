@@ -9,6 +9,7 @@ import (
 
 	"github.com/hashicorp/nomad/api"
 
+	"github.com/nomad-gpu/nomad-gpu/broker/front"
 	"github.com/nomad-gpu/nomad-gpu/broker/policy"
 	"github.com/nomad-gpu/nomad-gpu/broker/usage"
 )
@@ -40,7 +41,7 @@ func (s *Server) usage(r *http.Request) (any, error) {
 		now := s.clock.Now()
 		days, err := s.rollups.Days(r.Context(), usage.EarliestPeriodStart(now).Format(usage.DayFormat), now.UTC().Format(usage.DayFormat))
 		if err != nil {
-			return nil, fail(errUnavailable, "%v", err)
+			return nil, front.Fail(front.ErrUnavailable, "%v", err)
 		}
 		budgets = usage.Budgets(p, days, now)
 	}
@@ -74,38 +75,38 @@ type UsageReport struct {
 // the broker did not admit (they have no tenant).
 func (s *Server) usageReport(r *http.Request) (any, error) {
 	if s.rollups == nil {
-		return nil, fail(errNotFound, "this broker keeps no usage history")
+		return nil, front.Fail(front.ErrNotFound, "this broker keeps no usage history")
 	}
 	q := r.URL.Query()
 	rep := UsageReport{From: q.Get("from"), To: q.Get("to"), By: q.Get("by"), Region: q.Get("region")}
 	from, err := time.Parse(usage.DayFormat, rep.From)
 	if err != nil {
-		return nil, fail(errBadRequest, "from=%q is not a day (YYYY-MM-DD)", rep.From)
+		return nil, front.Fail(front.ErrBadRequest, "from=%q is not a day (YYYY-MM-DD)", rep.From)
 	}
 	to := s.clock.Now().UTC().AddDate(0, 0, 1) // through today
 	if rep.To != "" {
 		if to, err = time.Parse(usage.DayFormat, rep.To); err != nil {
-			return nil, fail(errBadRequest, "to=%q is not a day (YYYY-MM-DD)", rep.To)
+			return nil, front.Fail(front.ErrBadRequest, "to=%q is not a day (YYYY-MM-DD)", rep.To)
 		}
 	}
 	rep.To = to.Format(usage.DayFormat)
 	if !to.After(from) {
-		return nil, fail(errBadRequest, "to (%s) must come after from (%s): the period runs from 'from' up to, not including, 'to'", rep.To, rep.From)
+		return nil, front.Fail(front.ErrBadRequest, "to (%s) must come after from (%s): the period runs from 'from' up to, not including, 'to'", rep.To, rep.From)
 	}
 	switch rep.By {
 	case "":
 		rep.By = usage.ByTenant
 	case usage.ByTenant, usage.ByQueue, usage.ByClass, usage.ByRegion:
 	default:
-		return nil, fail(errBadRequest, "by=%q: report by tenant, queue, class or region", rep.By)
+		return nil, front.Fail(front.ErrBadRequest, "by=%q: report by tenant, queue, class or region", rep.By)
 	}
 	inRegion, ok := s.rowsOfRegion(rep.Region)
 	if !ok {
-		return nil, fail(errBadRequest, "region=%q is not a region this broker governs", rep.Region)
+		return nil, front.Fail(front.ErrBadRequest, "region=%q is not a region this broker governs", rep.Region)
 	}
 	days, err := s.rollups.Days(r.Context(), rep.From, to.AddDate(0, 0, -1).Format(usage.DayFormat))
 	if err != nil {
-		return nil, fail(errUnavailable, "%v", err)
+		return nil, front.Fail(front.ErrUnavailable, "%v", err)
 	}
 	p := s.policies.Current()
 	var readable map[string]bool // with ACLs, the tenants the caller may read
@@ -143,7 +144,7 @@ func (s *Server) readableTenants(r *http.Request, p *policy.Policy) map[string]b
 	readable, tenants := map[string]bool{}, map[string]bool{}
 	for name, t := range p.Tenants {
 		for _, ns := range t.Namespaces {
-			if s.mayRead(r, ns, readable) {
+			if s.access().MayRead(r, ns, readable) {
 				tenants[name] = true
 				break
 			}
@@ -194,18 +195,18 @@ func (s *Server) rightSizing(_ http.ResponseWriter, r *http.Request) (any, error
 	if v := r.URL.Query().Get("top"); v != "" {
 		n, err := strconv.Atoi(v)
 		if err != nil || n < 0 {
-			return nil, fail(errBadRequest, "top=%q is not a count of jobs per tenant", v)
+			return nil, front.Fail(front.ErrBadRequest, "top=%q is not a count of jobs per tenant", v)
 		}
 		top = n
 	}
 	all, err := s.stored.List(r.Context())
 	if err != nil {
-		return nil, fail(errUnavailable, "%v", err)
+		return nil, front.Fail(front.ErrUnavailable, "%v", err)
 	}
 	readable := map[string]bool{}
 	mine := all[:0]
 	for _, p := range all {
-		if s.mayRead(r, p.Namespace, readable) {
+		if s.access().MayRead(r, p.Namespace, readable) {
 			mine = append(mine, p)
 		}
 	}

@@ -1,4 +1,4 @@
-package server
+package front
 
 import (
 	"bytes"
@@ -26,9 +26,9 @@ import (
 // what the caller may see or do. Those reads are who the caller is
 // (identity, for the audit trail), its token's grants (exclusive
 // enforcement, the queue), the jobs and versions a call acts on, and a plan
-// that proves the caller may submit a job. callers holds what they share
-// (Nomad's address, the identity cache); caller is it for one request.
-type callers struct {
+// that proves the caller may submit a job. Callers holds what they share
+// (Nomad's address, the identity cache); Caller is it for one request.
+type Callers struct {
 	upstream *url.URL
 	client   *http.Client
 	clock    clock.Clock
@@ -37,17 +37,22 @@ type callers struct {
 	identities map[[32]byte]cachedIdentity
 }
 
-// caller reads Nomad with one request's token.
-type caller struct {
-	*callers
+// Caller reads Nomad with one request's token.
+type Caller struct {
+	*Callers
 	r      *http.Request
 	region string // the region its reads go to ("": the agent's own)
 }
 
-// as is Nomad read as the caller of r, in the region r names (?region=, as
+// NewCallers reads Nomad at upstream through client, as each caller.
+func NewCallers(upstream *url.URL, client *http.Client, clk clock.Clock) *Callers {
+	return &Callers{upstream: upstream, client: client, clock: clk, identities: map[[32]byte]cachedIdentity{}}
+}
+
+// As is Nomad read as the caller of r, in the region r names (?region=, as
 // Nomad forwards it): a call about another region's job reads that job.
-func (s *Server) as(r *http.Request) caller {
-	c := caller{callers: s.callers, r: r}
+func (cs *Callers) As(r *http.Request) Caller {
+	c := Caller{Callers: cs, r: r}
 	if r.URL.RawQuery != "" {
 		c.region = r.URL.Query().Get("region")
 	}
@@ -55,23 +60,23 @@ func (s *Server) as(r *http.Request) caller {
 }
 
 // In is the caller reading another region's jobs (decide.RegionVersions).
-func (c caller) In(region string) decide.Versions {
+func (c Caller) In(region string) decide.Versions {
 	c.region = region
 	return c
 }
 
 // Job and StableJob are the versions a registration is prepared with
 // (decide.Versions), read as the caller.
-func (c caller) Job(_ context.Context, ns, id string) (*api.Job, error) {
-	job, err := c.currentJob(ns, id)
-	if errors.Is(err, errNoJob) {
+func (c Caller) Job(_ context.Context, ns, id string) (*api.Job, error) {
+	job, err := c.CurrentJob(ns, id)
+	if errors.Is(err, ErrNoJob) {
 		return nil, nil
 	}
 	return job, err
 }
 
-func (c caller) StableJob(_ context.Context, ns, id string) (*api.Job, error) {
-	return c.stableVersion(ns, id)
+func (c Caller) StableJob(_ context.Context, ns, id string) (*api.Job, error) {
+	return c.StableVersion(ns, id)
 }
 
 // identityTTL is how long a token's identity is reused before asking Nomad again.
@@ -88,7 +93,7 @@ type cachedIdentity struct {
 
 // token is the caller's ACL token as Nomad reads it: X-Nomad-Token, else an
 // "Authorization: Bearer" header.
-func token(r *http.Request) string {
+func Token(r *http.Request) string {
 	if t := strings.TrimSpace(r.Header.Get("X-Nomad-Token")); t != "" {
 		return t
 	}
@@ -100,32 +105,32 @@ func token(r *http.Request) string {
 	return value
 }
 
-// bodyToken makes a token sent only in the request's body (secret) the
+// BodyToken makes a token sent only in the request's body (secret) the
 // request's token, as Nomad takes it: it reads one from the body when no
 // header carries one. The broker then names, authorizes and forwards the
 // caller Nomad acts for (a token in the body alone was audited as
 // "anonymous").
-func bodyToken(r *http.Request, secret string) {
+func BodyToken(r *http.Request, secret string) {
 	// Nomad trims a header's token, not the body's: one with spaces around
 	// it is refused by Nomad, and stays the broker's anonymous caller.
-	if secret != "" && secret == strings.TrimSpace(secret) && token(r) == "" {
+	if secret != "" && secret == strings.TrimSpace(secret) && Token(r) == "" {
 		r.Header.Set("X-Nomad-Token", secret)
 	}
 }
 
-// identity names the caller for the audit trail: the ACL token's name and
+// Identity names the caller for the audit trail: the ACL token's name and
 // accessor when Nomad has ACLs on, else "anonymous". The cache is keyed by a
 // hash of the secret, which is never kept.
-func (c caller) identity() string {
-	name, _, _ := c.resolve()
+func (c Caller) Identity() string {
+	name, _, _ := c.Resolve()
 	return name
 }
 
-// resolve is identity, with the token's accessor ("" without ACLs), and an
+// Resolve is identity, with the token's accessor ("" without ACLs), and an
 // error for a token Nomad does not know (ACLs on) or cannot be asked about:
 // such a caller is not "anonymous".
-func (c caller) resolve() (name, accessor string, err error) {
-	secret := token(c.r)
+func (c Caller) Resolve() (name, accessor string, err error) {
+	secret := Token(c.r)
 	if secret == "" {
 		return "anonymous", "", nil
 	}
@@ -135,15 +140,15 @@ func (c caller) resolve() (name, accessor string, err error) {
 	}
 	var self struct{ AccessorID, Name string }
 	name = "anonymous"
-	err = c.get("/v1/acl/token/self", "", &self)
-	var le *lookupError
+	err = c.Get("/v1/acl/token/self", "", &self)
+	var le *LookupError
 	switch {
 	case err == nil && self.AccessorID != "":
 		name, accessor = self.Name+" ("+self.AccessorID+")", self.AccessorID
-	case errors.As(err, &le) && le.status == http.StatusBadRequest:
+	case errors.As(err, &le) && le.Status == http.StatusBadRequest:
 		// ACLs are off: Nomad answers "ACL support disabled".
 	case err != nil:
-		return "", "", fmt.Errorf("cannot resolve the caller's token: %w", err)
+		return "", "", fmt.Errorf("cannot resolve the Caller's token: %w", err)
 	}
 	c.mu.Lock()
 	if len(c.identities) >= maxIdentities {
@@ -155,51 +160,51 @@ func (c caller) resolve() (name, accessor string, err error) {
 }
 
 // cached is the caller's identity while it is fresh, by the hash of its token.
-func (c caller) cached() ([32]byte, cachedIdentity, bool) {
-	key := sha256.Sum256([]byte(token(c.r)))
+func (c Caller) cached() ([32]byte, cachedIdentity, bool) {
+	key := sha256.Sum256([]byte(Token(c.r)))
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	id, ok := c.identities[key]
 	return key, id, ok && c.clock.Now().Before(id.expires)
 }
 
-// errNoJob is a lookup of a job Nomad does not have.
-var errNoJob = errors.New("no such job")
+// ErrNoJob is a lookup of a job Nomad does not have.
+var ErrNoJob = errors.New("no such job")
 
-// lookupError is Nomad's answer to a lookup the broker needed.
-type lookupError struct {
-	status int
-	msg    string
+// LookupError is Nomad's answer to a lookup the broker needed.
+type LookupError struct {
+	Status int
+	Msg    string
 }
 
-func (e *lookupError) Error() string { return fmt.Sprintf("Nomad answered %d: %s", e.status, e.msg) }
+func (e *LookupError) Error() string { return fmt.Sprintf("Nomad answered %d: %s", e.Status, e.Msg) }
 
-// currentJob reads a job with the caller's token; errNoJob when Nomad has none.
-func (c caller) currentJob(ns, jobID string) (*api.Job, error) {
+// CurrentJob reads a job with the caller's token; ErrNoJob when Nomad has none.
+func (c Caller) CurrentJob(ns, jobID string) (*api.Job, error) {
 	var job api.Job
-	if err := c.get("/v1/job/"+url.PathEscape(jobID), ns, &job); err != nil {
-		var le *lookupError
-		if errors.As(err, &le) && le.status == http.StatusNotFound {
-			return nil, fmt.Errorf("job %q in namespace %q: %w", jobID, ns, errNoJob)
+	if err := c.Get("/v1/job/"+url.PathEscape(jobID), ns, &job); err != nil {
+		var le *LookupError
+		if errors.As(err, &le) && le.Status == http.StatusNotFound {
+			return nil, fmt.Errorf("job %q in namespace %q: %w", jobID, ns, ErrNoJob)
 		}
 		return nil, err
 	}
 	return &job, nil
 }
 
-// versions reads job ns/jobID's versions, newest first, as the caller.
-func (c caller) versions(ns, jobID string) ([]*api.Job, error) {
+// Versions reads job ns/jobID's versions, newest first, as the caller.
+func (c Caller) Versions(ns, jobID string) ([]*api.Job, error) {
 	var out struct{ Versions []*api.Job }
-	err := c.get("/v1/job/"+url.PathEscape(jobID)+"/versions", ns, &out)
+	err := c.Get("/v1/job/"+url.PathEscape(jobID)+"/versions", ns, &out)
 	return out.Versions, err
 }
 
-// stableVersion is job ns/jobID's latest stable version, the one a failing
+// StableVersion is job ns/jobID's latest stable version, the one a failing
 // deployment with auto_revert goes back to (nil: none, or no such job).
-func (c caller) stableVersion(ns, jobID string) (*api.Job, error) {
-	versions, err := c.versions(ns, jobID)
-	var le *lookupError
-	if errors.As(err, &le) && le.status == http.StatusNotFound {
+func (c Caller) StableVersion(ns, jobID string) (*api.Job, error) {
+	versions, err := c.Versions(ns, jobID)
+	var le *LookupError
+	if errors.As(err, &le) && le.Status == http.StatusNotFound {
 		return nil, nil
 	}
 	if err != nil {
@@ -213,16 +218,16 @@ func (c caller) stableVersion(ns, jobID string) (*api.Job, error) {
 	return nil, nil
 }
 
-// get reads a Nomad API path with the caller's token headers.
-func (c caller) get(path, ns string, out any) error {
-	return c.do(http.MethodGet, path, ns, nil, out)
+// Get reads a Nomad API path with the caller's token headers.
+func (c Caller) Get(path, ns string, out any) error {
+	return c.Do(http.MethodGet, path, ns, nil, out)
 }
 
-// do calls Nomad with the caller's token headers and decodes a 200
-// answer into out (if not nil); any other answer is a *lookupError. path is
+// Do calls Nomad with the caller's token headers and decodes a 200
+// answer into out (if not nil); any other answer is a *LookupError. path is
 // escaped (ids through url.PathEscape), with its query if any: it is sent as
 // it is.
-func (c caller) do(method, path, ns string, body []byte, out any) error {
+func (c Caller) Do(method, path, ns string, body []byte, out any) error {
 	u := *c.upstream
 	path, query, _ := strings.Cut(path, "?")
 	unescaped, err := url.PathUnescape(path)
@@ -246,42 +251,45 @@ func (c caller) do(method, path, ns string, body []byte, out any) error {
 	if err != nil {
 		return err
 	}
-	for _, h := range tokenHeaders {
+	for _, h := range TokenHeaders {
 		if v := c.r.Header.Get(h); v != "" {
 			req.Header.Set(h, v)
 		}
 	}
 	resp, err := c.client.Do(req)
 	if err != nil {
-		return fail(errNomadUnreach, "Nomad at %s is unreachable (%s %s: %v)", c.upstream.Host, method, path, errors.Unwrap(err))
+		return Fail(ErrNomadUnreach, "Nomad at %s is unreachable (%s %s: %v)", c.upstream.Host, method, path, errors.Unwrap(err))
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 1024))
-		return &lookupError{status: resp.StatusCode, msg: strings.TrimSpace(string(msg))}
+		return &LookupError{Status: resp.StatusCode, Msg: strings.TrimSpace(string(msg))}
 	}
 	if out == nil {
 		return nil
 	}
-	if err := json.NewDecoder(io.LimitReader(resp.Body, MaxBody)).Decode(out); err != nil {
+	if err := json.NewDecoder(io.LimitReader(resp.Body, maxAnswer)).Decode(out); err != nil {
 		return fmt.Errorf("%s %s: %w", method, path, err)
 	}
 	return nil
 }
 
-// tokenHeaders are the headers Nomad reads a token from, in its order.
-var tokenHeaders = []string{"X-Nomad-Token", "Authorization"}
+// maxAnswer bounds what is read of one answer of Nomad's.
+const maxAnswer = 16 << 20
 
-// grants are the roles and policies of the caller's token, read with it.
-func (c caller) grants() (policy.Grants, error) {
-	if _, _, err := c.resolve(); err != nil {
+// TokenHeaders are the headers Nomad reads a token from, in its order.
+var TokenHeaders = []string{"X-Nomad-Token", "Authorization"}
+
+// Grants are the roles and policies of the caller's token, read with it.
+func (c Caller) Grants() (policy.Grants, error) {
+	if _, _, err := c.Resolve(); err != nil {
 		return policy.Grants{}, err
 	}
 	key, id, ok := c.cached()
 	if ok && id.grants != nil {
 		return *id.grants, nil
 	}
-	g, err := nomadapi.ReadGrants(c.r.Context(), c.getter(), "/v1/acl/token/self")
+	g, err := nomadapi.ReadGrants(c.r.Context(), c.Getter(), "/v1/acl/token/self")
 	if errors.Is(err, nomadapi.ErrNoToken) {
 		return g, errors.New("your ACL token is unknown to Nomad")
 	}
@@ -297,21 +305,21 @@ func (c caller) grants() (policy.Grants, error) {
 	return g, nil
 }
 
-// getter reads Nomad paths with the caller's token.
-func (c caller) getter() nomadapi.Getter {
+// Getter reads Nomad paths with the caller's token.
+func (c Caller) Getter() nomadapi.Getter {
 	return func(_ context.Context, path string, out any) (bool, error) {
-		err := c.get(path, "", out)
-		var le *lookupError
-		if errors.As(err, &le) && le.status == http.StatusNotFound {
+		err := c.Get(path, "", out)
+		var le *LookupError
+		if errors.As(err, &le) && le.Status == http.StatusNotFound {
 			return false, nil
 		}
 		return err == nil, err
 	}
 }
 
-// plan plans job (its JSON) with the caller's token: Nomad answers it only
+// Plan plans job (its JSON) with the caller's token: Nomad answers it only
 // to a token that may submit the job in namespace ns.
-func (c caller) plan(ns, id string, job json.RawMessage) error {
+func (c Caller) Plan(ns, id string, job json.RawMessage) error {
 	body, _ := json.Marshal(map[string]any{"Job": job})
-	return c.do(http.MethodPost, "/v1/job/"+url.PathEscape(id)+"/plan", ns, body, nil)
+	return c.Do(http.MethodPost, "/v1/job/"+url.PathEscape(id)+"/plan", ns, body, nil)
 }
