@@ -32,6 +32,7 @@ import (
 	"github.com/nomad-gpu/nomad-gpu/broker/config"
 	"github.com/nomad-gpu/nomad-gpu/broker/consulkv"
 	"github.com/nomad-gpu/nomad-gpu/broker/decide"
+	"github.com/nomad-gpu/nomad-gpu/broker/gpuapi"
 	"github.com/nomad-gpu/nomad-gpu/broker/leader"
 	brokermetrics "github.com/nomad-gpu/nomad-gpu/broker/metrics"
 	"github.com/nomad-gpu/nomad-gpu/broker/nomadapi"
@@ -338,13 +339,20 @@ func (a *Agent) setupServer(context.Context) error {
 		Placed: func(ctx context.Context, region, namespace, id string, index uint64) (string, error) {
 			return a.nomad.Region(region).PlacedNothing(ctx, namespace, id, index)
 		}, Parallel: 32, Synced: a.view.Synced, Holds: st.holds}
-	var err error
-	a.server, err = server.New(server.Options{Leader: a.elector, Log: a.log.Named("proxy"), Nomad: cfg.Nomad.Address,
-		Client: a.nomad.HTTPClient(), Policies: a.policies, Cluster: a.regions, Regions: a.regions, Drains: st.drains, Queue: st.queue, Decisions: st.decisions, Scales: st.scales, Stops: st.stops, Writes: st.writes,
-		Profiles: st.profiles, RightSizing: st.storedProfiles, Metrics: a.metrics, Rollups: st.rollups, FairShare: st.rollups, Audit: a.trail,
+	gpu, err := gpuapi.New(gpuapi.Options{Log: a.log.Named("proxy"), Nomad: cfg.Nomad.Address, Client: a.nomad.HTTPClient(),
+		Policies: a.policies, Cluster: a.regions, Regions: a.regions, Drains: st.drains, Queue: st.queue, Decisions: st.decisions,
+		RightSizing: st.storedProfiles, Metrics: a.metrics, Rollups: st.rollups, FairShare: st.rollups, Audit: a.trail,
 		Approvals: st.approvals, Preemptions: st.backoffs.Preemptions, SetAside: st.aside, PolicyStatus: a.policies.Status,
-		Unhealthy: a.nomad.Unhealthy, Synced: a.view.Synced, Forecast: a.forecast, Stamper: a.stamper, Region: a.region, ACLs: a.acls,
-		BodyReadTimeout: cfg.BodyReadTimeoutDuration, Exclusive: a.exclusive, Token: a.nomad.Token, Peers: a.peers})
+		Unhealthy: a.nomad.Unhealthy, Synced: a.view.Synced, Forecast: a.forecast, Region: a.region, ACLs: a.acls,
+		Exclusive: a.exclusive, Clock: a.clock})
+	if err != nil {
+		return fmt.Errorf("the broker's API: %w", err)
+	}
+	a.server, err = server.New(server.Options{Leader: a.elector, Log: a.log.Named("proxy"), Nomad: cfg.Nomad.Address,
+		Client: a.nomad.HTTPClient(), Policies: a.policies, Cluster: a.regions, Regions: a.regions, Queue: st.queue, Scales: st.scales, Stops: st.stops, Writes: st.writes,
+		Profiles: st.profiles, Metrics: a.metrics, FairShare: st.rollups, Audit: a.trail,
+		Approvals: st.approvals, Preemptions: st.backoffs.Preemptions, Synced: a.view.Synced, Forecast: a.forecast, Stamper: a.stamper, Region: a.region, ACLs: a.acls,
+		BodyReadTimeout: cfg.BodyReadTimeoutDuration, Exclusive: a.exclusive, Token: a.nomad.Token, Peers: a.peers, Clock: a.clock, API: gpu.Handler()})
 	return err
 }
 

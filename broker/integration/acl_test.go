@@ -16,7 +16,7 @@ import (
 	"github.com/hashicorp/nomad/api"
 
 	"github.com/nomad-gpu/nomad-gpu/broker/audit"
-	"github.com/nomad-gpu/nomad-gpu/broker/server"
+	"github.com/nomad-gpu/nomad-gpu/broker/gpuapi"
 	"github.com/nomad-gpu/nomad-gpu/testing/testcluster"
 	"github.com/nomad-gpu/nomad-gpu/testing/tools"
 )
@@ -178,7 +178,7 @@ func TestExclusiveEnforcementWithNomadACLs(t *testing.T) {
 	used := func(want float64) { // vision's GPUs as the broker counts them, read with ana's token
 		t.Helper()
 		testcluster.WaitFor(t, 60*time.Second, fmt.Sprintf("vision using %g GPUs", want), func() error {
-			var rows []server.TenantUsage
+			var rows []gpuapi.TenantUsage
 			status, body := e.brokerAPI(ana.SecretID, http.MethodGet, "/v1/gpu/usage")
 			if err := json.Unmarshal([]byte(body), &rows); status != http.StatusOK || err != nil {
 				return fmt.Errorf("%d %s", status, body)

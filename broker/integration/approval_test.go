@@ -13,7 +13,7 @@ import (
 
 	"github.com/nomad-gpu/nomad-gpu/broker/approval"
 	"github.com/nomad-gpu/nomad-gpu/broker/audit"
-	"github.com/nomad-gpu/nomad-gpu/broker/server"
+	"github.com/nomad-gpu/nomad-gpu/broker/gpuapi"
 	"github.com/nomad-gpu/nomad-gpu/testing/testcluster"
 )
 
@@ -147,7 +147,7 @@ reclaim_settings {
 
 	// Nobody acts from here on.
 	testcluster.WaitFor(t, 60*time.Second, "big back in the queue after the approval expired", func() error {
-		var entries []server.QueuedJob
+		var entries []gpuapi.QueuedJob
 		out, err := broker(ana.SecretID, "queue", "list", "-json")
 		if err != nil || json.Unmarshal([]byte(out), &entries) != nil {
 			return fmt.Errorf("%v: %s", err, out)

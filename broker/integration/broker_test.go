@@ -14,10 +14,10 @@ import (
 
 	"github.com/hashicorp/nomad/api"
 
+	"github.com/nomad-gpu/nomad-gpu/broker/gpuapi"
 	"github.com/nomad-gpu/nomad-gpu/broker/nomadapi"
 	"github.com/nomad-gpu/nomad-gpu/broker/policy"
 	"github.com/nomad-gpu/nomad-gpu/broker/reclaim"
-	"github.com/nomad-gpu/nomad-gpu/broker/server"
 	"github.com/nomad-gpu/nomad-gpu/device-plugin/fake"
 	"github.com/nomad-gpu/nomad-gpu/testing/testcluster"
 	"github.com/nomad-gpu/nomad-gpu/testing/tools"
@@ -830,8 +830,8 @@ func (e *env) brokerCLI(args ...string) string {
 	return string(out)
 }
 
-func (e *env) usage() []server.TenantUsage {
-	var rows []server.TenantUsage
+func (e *env) usage() []gpuapi.TenantUsage {
+	var rows []gpuapi.TenantUsage
 	if err := json.Unmarshal([]byte(e.brokerCLI("usage", "-json")), &rows); err != nil {
 		e.t.Fatal(err)
 	}
@@ -1009,7 +1009,7 @@ func (e *env) waitUsed(tenant string, want float64) {
 // the broker's GPU map has holding GPUs, and how Nomad has each of those
 // jobs' allocations.
 func (e *env) holders(tenant string) string {
-	var m server.GPUMap
+	var m gpuapi.GPUMap
 	resp, err := e.broker.Client.Get(e.broker.Addr + "/v1/gpu/nodes")
 	if err != nil {
 		return fmt.Sprintf("no GPU map: %v", err)

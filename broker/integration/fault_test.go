@@ -23,11 +23,11 @@ import (
 
 	"github.com/nomad-gpu/nomad-gpu/broker/audit"
 	"github.com/nomad-gpu/nomad-gpu/broker/consulkv"
+	"github.com/nomad-gpu/nomad-gpu/broker/gpuapi"
 	"github.com/nomad-gpu/nomad-gpu/broker/metrics"
 	"github.com/nomad-gpu/nomad-gpu/broker/nomadjob"
 	"github.com/nomad-gpu/nomad-gpu/broker/queue"
 	"github.com/nomad-gpu/nomad-gpu/broker/reclaim"
-	"github.com/nomad-gpu/nomad-gpu/broker/server"
 	"github.com/nomad-gpu/nomad-gpu/broker/usage"
 	"github.com/nomad-gpu/nomad-gpu/testing/testcluster"
 )
@@ -575,7 +575,7 @@ over_limit_grace = "2s"
 	setMeta(nil)
 	writeFile(t, filepath.Join(e.policyDir, "policy.hcl"), fmt.Sprintf(policy, 2, 2))
 	testcluster.WaitFor(t, 60*time.Second, "sweep registered again and kept, parked with Nomad's reason", func() error {
-		var entries []server.QueuedJob
+		var entries []gpuapi.QueuedJob
 		if err := json.Unmarshal([]byte(e.brokerCLI("queue", "list", "-json")), &entries); err != nil {
 			return err
 		}
@@ -959,7 +959,7 @@ func clockSteps(t *testing.T, e *env, consul *testcluster.Consul, step *atomic.I
 			t.Errorf("a step of %s: %.1f GPU-seconds charged for %g GPUs over %.1f s", by, charged, gpus, passed)
 		}
 	}
-	var rep server.UsageReport
+	var rep gpuapi.UsageReport
 	today := time.Now().UTC()
 	if err := json.Unmarshal([]byte(e.brokerCLI("usage", "-from", today.AddDate(0, 0, 1).Format("2006-01-02"),
 		"-to", today.AddDate(0, 0, 10).Format("2006-01-02"), "-json")), &rep); err != nil || len(rep.Rows) != 0 {
@@ -1015,7 +1015,7 @@ func TestTheQueueKeepsItsOrderAcrossARestart(t *testing.T) {
 	}
 	order := func() (string, error) {
 		status, out := send(t, e.broker.Addr, http.MethodGet, "/v1/gpu/queue", "")
-		var jobs []server.QueuedJob
+		var jobs []gpuapi.QueuedJob
 		if status != http.StatusOK || json.Unmarshal([]byte(out), &jobs) != nil {
 			return "", fmt.Errorf("%d %s", status, out)
 		}
@@ -1084,7 +1084,7 @@ func gapCharged(t *testing.T, e *env, n *testcluster.Nomad) {
 	time.Sleep(2 * time.Second)
 	e.broker.Start()
 	waitPasses(t, e.broker, metrics.LoopReclaim, 2)
-	var rep server.UsageReport
+	var rep gpuapi.UsageReport
 	from := time.Now().UTC().AddDate(0, 0, -1).Format("2006-01-02")
 	if err := json.Unmarshal([]byte(e.brokerCLI("usage", "-from", from, "-json")), &rep); err != nil {
 		t.Fatalf("report: %v", err)

@@ -16,9 +16,9 @@ import (
 	"github.com/hashicorp/nomad/api"
 
 	"github.com/nomad-gpu/nomad-gpu/broker/audit"
+	"github.com/nomad-gpu/nomad-gpu/broker/gpuapi"
 	"github.com/nomad-gpu/nomad-gpu/broker/metrics"
 	"github.com/nomad-gpu/nomad-gpu/broker/reclaim"
-	"github.com/nomad-gpu/nomad-gpu/broker/server"
 	"github.com/nomad-gpu/nomad-gpu/broker/usage"
 	"github.com/nomad-gpu/nomad-gpu/testing/testbuild"
 	"github.com/nomad-gpu/nomad-gpu/testing/testcluster"
@@ -358,7 +358,7 @@ func TestReclaim(t *testing.T) {
 		// Its profile is written every ten passes (of a second here).
 		testcluster.WaitFor(t, 40*time.Second, "train listed for right-sizing", func() error {
 			out := e.brokerCLI("usage", "-rightsizing", "-json")
-			var rows []server.RightSizing
+			var rows []gpuapi.RightSizing
 			if err := json.Unmarshal([]byte(out), &rows); err != nil {
 				return fmt.Errorf("%v: %s", err, out)
 			}

@@ -15,9 +15,9 @@ import (
 
 	"github.com/hashicorp/nomad/api"
 
+	"github.com/nomad-gpu/nomad-gpu/broker/gpuapi"
 	"github.com/nomad-gpu/nomad-gpu/broker/metrics"
 	"github.com/nomad-gpu/nomad-gpu/broker/reclaim"
-	"github.com/nomad-gpu/nomad-gpu/broker/server"
 	"github.com/nomad-gpu/nomad-gpu/testing/browser"
 	"github.com/nomad-gpu/nomad-gpu/testing/testcluster"
 )
@@ -614,7 +614,7 @@ func TestRegions(t *testing.T) {
 	t.Run("GPU time is counted in every region, and split by region", func(t *testing.T) {
 		e := e.in(t)
 		testcluster.WaitFor(t, 30*time.Second, "GPU-hours in east and west", func() error {
-			var rep server.UsageReport
+			var rep gpuapi.UsageReport
 			out := e.brokerCLI("usage", "-from", time.Now().UTC().Format("2006-01-02"), "-by", "region", "-json")
 			if err := json.Unmarshal([]byte(out), &rep); err != nil {
 				return fmt.Errorf("%v: %s", err, out)
@@ -632,7 +632,7 @@ func TestRegions(t *testing.T) {
 		// and w2 (and the job registered past the broker, of no tenant, may
 		// have started before it was stopped; dub's short jobs there may be
 		// charged or not, as the ledger's passes fell).
-		var west server.UsageReport
+		var west gpuapi.UsageReport
 		out := e.brokerCLI("usage", "-from", time.Now().UTC().Format("2006-01-02"), "-region", "west", "-json")
 		if err := json.Unmarshal([]byte(out), &west); err != nil {
 			t.Fatalf("%v: %s", err, out)
@@ -672,7 +672,7 @@ func TestRegions(t *testing.T) {
 		report := "JSON.stringify([...document.querySelectorAll('#report tbody tr')].map(r => r.dataset.tenant))"
 		browser.WaitFor(t, tab, 20*time.Second, "a region filter on the GPU-hours", `!document.getElementById('p-region-label').hidden && document.querySelectorAll('#report tr[data-tenant]').length > 0`, report)
 		for _, region := range []string{"east", "west"} {
-			var rep server.UsageReport
+			var rep gpuapi.UsageReport
 			out := e.brokerCLI("usage", "-from", time.Now().UTC().Format("2006-01-02"), "-region", region, "-json")
 			if err := json.Unmarshal([]byte(out), &rep); err != nil {
 				t.Fatalf("%v: %s", err, out)
@@ -867,7 +867,7 @@ func auditTrail(t *testing.T, e *env) string {
 // queuedRegions are the queued jobs' regions, by job id.
 func queuedRegions(t *testing.T, e *env) map[string]string {
 	t.Helper()
-	var entries []server.QueuedJob
+	var entries []gpuapi.QueuedJob
 	if out := e.brokerCLI("queue", "list", "-json"); json.Unmarshal([]byte(out), &entries) != nil {
 		t.Fatalf("gpu-broker queue list -json: %s", out)
 	}

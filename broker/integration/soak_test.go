@@ -17,7 +17,7 @@ import (
 
 	"github.com/hashicorp/nomad/api"
 
-	"github.com/nomad-gpu/nomad-gpu/broker/server"
+	"github.com/nomad-gpu/nomad-gpu/broker/gpuapi"
 	"github.com/nomad-gpu/nomad-gpu/testing/testcluster"
 )
 
@@ -405,7 +405,7 @@ func TestSoak(t *testing.T) {
 	// tenant's allocations held above its limit, those being stopped
 	// included, and keeps it across the failover.
 	status, body, err := send(survivor, http.MethodGet, "/v1/gpu/usage?by=tenant&from="+time.Now().UTC().AddDate(0, 0, -1).Format("2006-01-02"), "")
-	var rep server.UsageReport
+	var rep gpuapi.UsageReport
 	if err != nil || status != http.StatusOK || json.Unmarshal([]byte(body), &rep) != nil {
 		t.Errorf("usage report: %d %s %v", status, body, err)
 	}

@@ -14,8 +14,8 @@ import (
 	"github.com/hashicorp/nomad/api"
 
 	"github.com/nomad-gpu/nomad-gpu/broker/audit"
+	"github.com/nomad-gpu/nomad-gpu/broker/gpuapi"
 	"github.com/nomad-gpu/nomad-gpu/broker/metrics"
-	"github.com/nomad-gpu/nomad-gpu/broker/server"
 	"github.com/nomad-gpu/nomad-gpu/broker/usage"
 	"github.com/nomad-gpu/nomad-gpu/device-plugin/fake"
 	"github.com/nomad-gpu/nomad-gpu/testing/testbuild"
@@ -118,7 +118,7 @@ reclaim_settings {
 		t.Fatal(err)
 	}
 	defer resp.Body.Close()
-	var rep server.UsageReport
+	var rep gpuapi.UsageReport
 	if err := json.NewDecoder(resp.Body).Decode(&rep); err != nil || len(rep.Rows) != 1 {
 		t.Fatalf("report: %v %+v", err, rep)
 	}
@@ -186,7 +186,7 @@ reclaim_settings {
 		t.Fatal(err)
 	}
 	e.waitRunning("search", "s-next")
-	var entries []server.QueuedJob
+	var entries []gpuapi.QueuedJob
 	if err := json.Unmarshal([]byte(e.brokerCLI("queue", "list", "-json")), &entries); err != nil || len(entries) != 1 || entries[0].ID != first {
 		t.Errorf("want vision's v-next (%s) still queued, search's %s admitted: %v %+v", first, second, err, entries)
 	}
@@ -293,7 +293,7 @@ reclaim_settings {
 		t.Fatalf("plan:\n%s", plan)
 	}
 	estimate("nomad job plan", plan)
-	var queued []server.QueuedJob
+	var queued []gpuapi.QueuedJob
 	if err := json.Unmarshal([]byte(e.brokerCLI("queue", "list", "-json")), &queued); err != nil || len(queued) != 0 {
 		t.Fatalf("a plan queued %v (%v)", queued, err)
 	}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/nomad-gpu/nomad-gpu/broker/approval"
 	"github.com/nomad-gpu/nomad-gpu/broker/audit"
+	"github.com/nomad-gpu/nomad-gpu/broker/gpuapi"
 	"github.com/nomad-gpu/nomad-gpu/broker/usage"
 	"github.com/nomad-gpu/nomad-gpu/testing/testbuild"
 )
@@ -69,11 +70,14 @@ func (m *memApprovals) Current() []approval.Approval {
 
 func TestApprovalsAreAskedByReadersAndDecidedByAnotherApprover(t *testing.T) {
 	s, up, _, _ := newTestServer(t)
-	s.acls = true
-	s.policies = testbuild.Fixed{P: visionPolicy(t, "", `approvers = ["bob"]`)}
-	s.approvalStore = &memApprovals{byID: map[string]approval.Approval{}}
 	n := 0
-	s.newID = func() string { n++; return fmt.Sprintf("00000000-0000-4000-8000-%012d", n) }
+	newID := func() string { n++; return fmt.Sprintf("00000000-0000-4000-8000-%012d", n) }
+	store := &memApprovals{byID: map[string]approval.Approval{}}
+	s.setPolicy(visionPolicy(t, "", `approvers = ["bob"]`))
+	s.set(func(o *Options, a *gpuapi.Options) {
+		o.ACLs, o.Approvals, o.NewID = true, store, newID
+		a.ACLs, a.Approvals, a.NewID = true, store, newID
+	})
 	up.tokens = map[string]testToken{"ana": {"ana", []string{"vision"}, nil}, "bob": {"bob", []string{"vision"}, nil}, "eve": {"eve", nil, nil},
 		"bob-laptop": {"bob", []string{"vision"}, nil}} // bob's second token
 	as := func(tok, method, path, body string) *httptest.ResponseRecorder {
@@ -119,14 +123,14 @@ func TestApprovalsAreAskedByReadersAndDecidedByAnotherApprover(t *testing.T) {
 }
 
 // auditedServer gives s an audit trail of its own, in a temporary file.
-func auditedServer(t *testing.T, s *Server) *audit.Log {
+func auditedServer(t *testing.T, s *testFront) *audit.Log {
 	t.Helper()
 	trail, err := audit.Open(filepath.Join(t.TempDir(), "audit.log"), 1<<20, 2, "test")
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { trail.Close() })
-	s.audit = trail
+	s.set(func(o *Options, a *gpuapi.Options) { o.Audit, a.Audit = trail, trail })
 	return trail
 }
 
@@ -162,7 +166,7 @@ func TestTheAuditTrailIsServedFilteredAndAsTheCallerMayReadIt(t *testing.T) {
 		t.Errorf("a bad since: %d %s", rec.Code, rec.Body)
 	}
 	// With ACLs, a caller sees the events of namespaces it may read, and those of none.
-	s.acls = true
+	s.setACLs(true)
 	up.tokens = map[string]testToken{"eve": {"eve", nil, nil}}
 	req := httptest.NewRequest(http.MethodGet, "/v1/gpu/audit", nil)
 	req.Header.Set("X-Nomad-Token", "eve")
@@ -194,13 +198,15 @@ func TestTheUsageReportAddsUpTheDaysAsked(t *testing.T) {
 	row := func(tenant string, hours float64) usage.Row {
 		return usage.Row{Key: usage.Key{Tenant: tenant, Queue: "training"}, Seconds: usage.Seconds{Allocated: hours * 3600, Busy: hours * 1800, Idle: hours * 1800}}
 	}
-	s.rollups = days{
-		"2026-11-28": {Day: "2026-11-28", Rows: []usage.Row{row("vision", 10)}},
-		"2026-11-29": {Day: "2026-11-29", Rows: []usage.Row{row("vision", 2)}},
-		"2026-11-30": {Day: "2026-11-30", Rows: []usage.Row{row("vision", 100)}},
-	}
+	s.set(func(_ *Options, a *gpuapi.Options) {
+		a.Rollups = days{
+			"2026-11-28": {Day: "2026-11-28", Rows: []usage.Row{row("vision", 10)}},
+			"2026-11-29": {Day: "2026-11-29", Rows: []usage.Row{row("vision", 2)}},
+			"2026-11-30": {Day: "2026-11-30", Rows: []usage.Row{row("vision", 100)}},
+		}
+	})
 	rec := do(s, http.MethodGet, "/v1/gpu/usage?from=2026-11-28&to=2026-11-30", "")
-	var rep UsageReport
+	var rep gpuapi.UsageReport
 	if err := json.Unmarshal(rec.Body.Bytes(), &rep); err != nil || rec.Code != http.StatusOK || len(rep.Rows) != 1 ||
 		rep.Rows[0].AllocatedHours != 12 || rep.Rows[0].IdleShare != 0.5 || rep.By != "tenant" || rep.To != "2026-11-30" {
 		t.Fatalf("the 28th and 29th (to is not included): %d %s", rec.Code, rec.Body)
@@ -216,11 +222,13 @@ func TestTheUsageReportAddsUpTheDaysAsked(t *testing.T) {
 // the broker cannot do its work, naming no tenant or job.
 func TestHealthSaysWhyTheBrokerCannotWork(t *testing.T) {
 	s, _, _, _ := newTestServer(t)
-	s.acls = true
+	s.setACLs(true)
 	if rec := do(s, http.MethodGet, "/v1/gpu/health", ""); rec.Code != http.StatusOK || !strings.Contains(rec.Body.String(), `"ok"`) {
 		t.Errorf("healthy: %d %s", rec.Code, rec.Body)
 	}
-	s.healthy = func() string { return "Nomad refuses the broker's own token" }
+	s.set(func(_ *Options, a *gpuapi.Options) {
+		a.Unhealthy = func() string { return "Nomad refuses the broker's own token" }
+	})
 	if rec := do(s, http.MethodGet, "/v1/gpu/health", ""); rec.Code != http.StatusServiceUnavailable ||
 		!strings.Contains(rec.Body.String(), "unhealthy: Nomad refuses the broker's own token") {
 		t.Errorf("unhealthy: %d %s", rec.Code, rec.Body)

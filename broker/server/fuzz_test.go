@@ -74,7 +74,7 @@ func FuzzHandler(f *testing.F) {
 		if gpus == 0 {
 			return
 		}
-		verified := s.stamper.Verify(reg.Job)
+		verified := s.o.Stamper.Verify(reg.Job)
 		if reg.Job.Priority == nil || *reg.Job.Priority != 60 || !verified || gpus > 2 {
 			t.Fatalf("a GPU job reached Nomad unadmitted: priority %v stamp ok %v, %d GPUs\n%s %s\n%s", reg.Job.Priority, verified, gpus, method, path, up.raw)
 		}

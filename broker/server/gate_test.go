@@ -19,6 +19,7 @@ import (
 	"github.com/nomad-gpu/nomad-gpu/broker/audit"
 	"github.com/nomad-gpu/nomad-gpu/broker/cluster"
 	"github.com/nomad-gpu/nomad-gpu/broker/front"
+	"github.com/nomad-gpu/nomad-gpu/broker/gpuapi"
 	"github.com/nomad-gpu/nomad-gpu/broker/queue"
 	"github.com/nomad-gpu/nomad-gpu/broker/reclaim"
 	"github.com/nomad-gpu/nomad-gpu/broker/reclaim/reclaimtest"
@@ -237,7 +238,7 @@ func TestFieldsUnknownToTheBrokerReachNomad(t *testing.T) {
 
 func TestQueueLimitsPerTenant(t *testing.T) {
 	s, _, q, _ := newTestServer(t)
-	s.policies = testbuild.Fixed{P: visionPolicy(t, "max_queued = 1\nmax_queued_request_bytes = 3000", "")}
+	s.setPolicy(visionPolicy(t, "max_queued = 1\nmax_queued_request_bytes = 3000", ""))
 	do(s, http.MethodPut, "/v1/jobs", testbuild.Job("vision", "runs").Group("g", 1, 2, "gpu").Register())
 	big := testbuild.Job("vision", "big").Group("g", 1, 2, "gpu").Meta("note", strings.Repeat("x", 4000)).Register()
 	if rec := do(s, http.MethodPut, "/v1/jobs", big); rec.Code != http.StatusTooManyRequests || !strings.Contains(rec.Body.String(), "max_queued_request_bytes") {
@@ -265,7 +266,7 @@ func TestLargeBodiesAreReadAFewAtATime(t *testing.T) {
 	}
 	var held []func()
 	for _, client := range []string{"10.0.0.1", "10.0.0.1", "10.0.0.2"} {
-		release, err := s.large.take(client) // large requests in flight
+		release, err := s.gate.large.take(client) // large requests in flight
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -277,7 +278,7 @@ func TestLargeBodiesAreReadAFewAtATime(t *testing.T) {
 	if rec := large("10.0.0.3"); rec.Code != http.StatusBadRequest {
 		t.Errorf("another client, with a slot free: %d %s", rec.Code, rec.Body)
 	}
-	release, _ := s.large.take("10.0.0.3")
+	release, _ := s.gate.large.take("10.0.0.3")
 	if rec := large("10.0.0.4"); rec.Code != http.StatusServiceUnavailable || !strings.Contains(rec.Body.String(), "too many large requests at once") {
 		t.Errorf("one more than the slots: %d %s", rec.Code, rec.Body)
 	}
@@ -285,15 +286,15 @@ func TestLargeBodiesAreReadAFewAtATime(t *testing.T) {
 	for _, r := range held {
 		r()
 	}
-	if s.large.inFlight != 0 || len(s.large.byClient) != 0 {
-		t.Errorf("slots still held: %d, by client %v", s.large.inFlight, s.large.byClient)
+	if s.gate.large.inFlight != 0 || len(s.gate.large.byClient) != 0 {
+		t.Errorf("slots still held: %d, by client %v", s.gate.large.inFlight, s.gate.large.byClient)
 	}
 }
 
 // A body that does not arrive in time is answered 408, and its slot freed.
 func TestABodyThatStallsIsAnsweredInTime(t *testing.T) {
 	s, _, _, _ := newTestServer(t)
-	s.bodyReadTimeout = 200 * time.Millisecond
+	s.set(func(o *Options, _ *gpuapi.Options) { o.BodyReadTimeout = 200 * time.Millisecond })
 	srv := httptest.NewServer(s.Handler())
 	defer srv.Close()
 	body, w := io.Pipe()
@@ -310,12 +311,12 @@ func TestABodyThatStallsIsAnsweredInTime(t *testing.T) {
 	if resp.StatusCode != http.StatusRequestTimeout || !strings.Contains(string(out), "did not arrive within 200ms") || time.Since(start) > 5*time.Second {
 		t.Errorf("a stalled body: %d %s after %s", resp.StatusCode, out, time.Since(start))
 	}
-	if s.large.inFlight != 0 {
+	if s.gate.large.inFlight != 0 {
 		t.Errorf("its slot is still held")
 	}
 	// Refused before its body is read: answered at once all the same.
 	for range MaxLargeBodiesPerClient {
-		release, _ := s.large.take("127.0.0.1")
+		release, _ := s.gate.large.take("127.0.0.1")
 		defer release()
 	}
 	body2, w2 := io.Pipe()
@@ -340,7 +341,7 @@ func TestARegionsBrokerNamedInPolicyGetsItsRequests(t *testing.T) {
 	}))
 	defer eu.Close()
 	s, up, _, _ := newTestServer(t)
-	s.policies = testbuild.Fixed{P: visionPolicy(t, "", `region "eu" { broker = "`+eu.URL+`" }`)}
+	s.setPolicy(visionPolicy(t, "", `region "eu" { broker = "`+eu.URL+`" }`))
 	job := testbuild.Job("vision", "train").Group("g", 1, 1, "gpu").Register()
 	rec := do(s, http.MethodPut, "/v1/jobs?region=eu", job)
 	if rec.Code != http.StatusOK || !strings.Contains(rec.Body.String(), "from-eu") || len(got) != 1 || got[0] != "PUT /v1/jobs?region=eu 1" {
@@ -356,7 +357,7 @@ func TestARegionsBrokerNamedInPolicyGetsItsRequests(t *testing.T) {
 
 func TestBrokerAPIWithACLs(t *testing.T) {
 	s, up, q, _ := newTestServer(t)
-	s.acls = true
+	s.setACLs(true)
 	up.tokens = map[string]testToken{"ana": {"ana", []string{"vision"}, nil}, "bob": {"bob", []string{"vision"}, nil}, "eve": {"eve", nil, nil}}
 	as := func(tok, method, path, body string) *httptest.ResponseRecorder {
 		req := httptest.NewRequest(method, path, strings.NewReader(body))
@@ -402,11 +403,14 @@ func TestBrokerAPIWithACLs(t *testing.T) {
 func TestExclusiveEnforcementWritesForSubmittersOnly(t *testing.T) {
 	s, up, q, _ := newTestServer(t)
 	brokerToken := "broker-secret"
-	s.acls, s.exclusive, s.token = true, true, func() string { return brokerToken }
-	s.policies = testbuild.Fixed{P: visionPolicy(t, `submitters = ["policy:vision-write"]`, `tenant "search" {
+	s.setPolicy(visionPolicy(t, `submitters = ["policy:vision-write"]`, `tenant "search" {
   namespaces = ["search"]
   queues = ["training"]
-}`)}
+}`))
+	s.set(func(o *Options, a *gpuapi.Options) {
+		o.ACLs, o.Exclusive, o.Token = true, true, func() string { return brokerToken }
+		a.ACLs, a.Exclusive = true, true
+	})
 	up.tokens = map[string]testToken{
 		"ana":           {"ana", []string{"vision"}, []string{"vision-write"}},
 		"bob":           {"bob", []string{"vision", "default"}, []string{"vision-read"}},
@@ -476,7 +480,7 @@ func TestExclusiveEnforcementWritesForSubmittersOnly(t *testing.T) {
 func TestReclaimDecisionsAPI(t *testing.T) {
 	s, up, _, _ := newTestServer(t)
 	mem := reclaimtest.NewMem()
-	s.decisions, s.acls = mem, true
+	s.set(func(o *Options, a *gpuapi.Options) { o.ACLs, a.ACLs, a.Decisions = true, true, mem })
 	up.tokens = map[string]testToken{"ana": {"ana", []string{"vision"}, nil}, "eve": {"eve", []string{"default"}, nil}}
 	nb, ns := "nb", "vision"
 	up.jobs["nb"] = &api.Job{ID: &nb, Namespace: &ns}
@@ -554,7 +558,7 @@ func TestCallsThatGrowAJobDecideUnderItsApprovals(t *testing.T) {
 			for _, a := range c.approvals {
 				store.byID[a.ID] = a
 			}
-			s.approvalStore = store
+			s.set(func(o *Options, a *gpuapi.Options) { o.Approvals, a.Approvals = store, store })
 			// Admitted at 90 by the approval: without it, its queue's band is 60.
 			up.jobs["train"] = testbuild.Job("vision", "train").Priority(90).Group("g", 1, 1, "gpu").Build()
 			rec := do(s, http.MethodPut, "/v1/job/train/scale?namespace=vision", `{"Count":2,"Target":{"Group":"g"}}`)
@@ -579,7 +583,7 @@ func TestUndeclaredGPUAccessIsRefusedOrWarned(t *testing.T) {
 		!strings.Contains(rec.Body.String(), `device "nvidia/gpu"`) || len(up.writes) != 0 {
 		t.Errorf("refused: %d %s, Nomad got %v", rec.Code, rec.Body, up.writes)
 	}
-	s.policies = testbuild.Fixed{P: visionPolicy(t, "", `undeclared_gpu_access = "warn"`)}
+	s.setPolicy(visionPolicy(t, "", `undeclared_gpu_access = "warn"`))
 	rec = do(s, http.MethodPut, "/v1/jobs", job)
 	if rec.Code != http.StatusOK || !strings.Contains(rec.Body.String(), "nomad-gpu: warning: rule undeclared-gpu-access") || len(up.writes) != 1 {
 		t.Errorf("warned: %d %s, Nomad got %v", rec.Code, rec.Body, up.writes)
@@ -699,7 +703,8 @@ func TestNomadFailingIsNeverWordedAsARefusal(t *testing.T) {
 func TestNothingIsDecidedBeforeTheViewListed(t *testing.T) {
 	s, up, q, _ := newTestServer(t)
 	listed := false
-	s.synced = func() bool { return listed }
+	synced := func() bool { return listed }
+	s.set(func(o *Options, a *gpuapi.Options) { o.Synced, a.Synced = synced, synced })
 	if rec := do(s, http.MethodPut, "/v1/jobs", gpuJob); rec.Code != http.StatusServiceUnavailable ||
 		!strings.Contains(rec.Body.String(), "has not read the cluster from Nomad yet") || len(up.writes) != 0 || len(q.IDs()) != 0 {
 		t.Errorf("a GPU job: %d %s", rec.Code, rec.Body)

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nomad-gpu/nomad-gpu/broker/gpuapi"
 	"github.com/nomad-gpu/nomad-gpu/broker/queue"
 )
 
@@ -51,10 +52,10 @@ func TestTheQueueListPagesAndBlocks(t *testing.T) {
 		q.Put(t.Context(), queue.Entry{ID: fmt.Sprintf("00000000-0000-4000-8000-00000000000%d", i), JobID: fmt.Sprintf("j%d", i),
 			Namespace: "vision", Tenant: "vision", Queue: "training", Demand: 1, SubmittedAt: now.Add(time.Duration(i) * time.Second)})
 	}
-	page := func(query string) ([]QueuedJob, http.Header) {
+	page := func(query string) ([]gpuapi.QueuedJob, http.Header) {
 		t.Helper()
 		rec := do(s, http.MethodGet, "/v1/gpu/queue"+query, "")
-		var out []QueuedJob
+		var out []gpuapi.QueuedJob
 		if rec.Code != http.StatusOK || json.Unmarshal(rec.Body.Bytes(), &out) != nil {
 			t.Fatalf("%s: %d %s", query, rec.Code, rec.Body)
 		}

@@ -11,6 +11,7 @@ import (
 	"github.com/hashicorp/nomad/api"
 
 	"github.com/nomad-gpu/nomad-gpu/broker/cluster"
+	"github.com/nomad-gpu/nomad-gpu/broker/gpuapi"
 	"github.com/nomad-gpu/nomad-gpu/testing/testbuild"
 )
 
@@ -19,7 +20,7 @@ func TestTheGPUMapIsABlockingQueryOnTheViewsIndex(t *testing.T) {
 	view := s.cluster.(*cluster.View)
 	view.Reset(cluster.Snapshot{Nodes: []*api.Node{testbuild.Node("n", "H100", 2, 0)},
 		Allocs: []*api.Allocation{testbuild.Alloc("a1", "vision", "train", "n", 10, "n-0").Build()}})
-	var m GPUMap
+	var m gpuapi.GPUMap
 	rec := do(s, http.MethodGet, "/v1/gpu/nodes", "")
 	if err := json.Unmarshal(rec.Body.Bytes(), &m); err != nil || rec.Code != http.StatusOK {
 		t.Fatalf("%d %s", rec.Code, rec.Body)
@@ -50,7 +51,7 @@ func TestTheGPUMapIsABlockingQueryOnTheViewsIndex(t *testing.T) {
 // namespaces the caller may read.
 func TestTheGPUMapWithACLs(t *testing.T) {
 	s, up, _, _ := newTestServer(t)
-	s.acls = true
+	s.setACLs(true)
 	up.tokens = map[string]testToken{"ana": {"ana", []string{"vision"}, []string{"node-read"}},
 		"eve": {"eve", nil, []string{"node-read"}}, "bob": {"bob", []string{"vision"}, nil}}
 	s.cluster.(*cluster.View).Reset(cluster.Snapshot{Nodes: []*api.Node{testbuild.Node("n", "H100", 2, 0)},

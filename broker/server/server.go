@@ -21,14 +21,12 @@ import (
 	"github.com/nomad-gpu/nomad-gpu/broker/admission"
 	"github.com/nomad-gpu/nomad-gpu/broker/approval"
 	"github.com/nomad-gpu/nomad-gpu/broker/audit"
-	"github.com/nomad-gpu/nomad-gpu/broker/cluster"
 	"github.com/nomad-gpu/nomad-gpu/broker/decide"
 	"github.com/nomad-gpu/nomad-gpu/broker/enrich"
 	"github.com/nomad-gpu/nomad-gpu/broker/front"
 	"github.com/nomad-gpu/nomad-gpu/broker/metrics"
 	"github.com/nomad-gpu/nomad-gpu/broker/nomadjob"
 	"github.com/nomad-gpu/nomad-gpu/broker/policy"
-	"github.com/nomad-gpu/nomad-gpu/broker/policystore"
 	"github.com/nomad-gpu/nomad-gpu/broker/queue"
 	"github.com/nomad-gpu/nomad-gpu/broker/usage"
 	"github.com/nomad-gpu/nomad-gpu/broker/webui"
@@ -36,15 +34,11 @@ import (
 	"github.com/nomad-gpu/nomad-gpu/internal/jsondoc"
 )
 
-// Cluster is what the gate decides against (decide.Cluster), and what the
-// broker's API shows of it.
+// Cluster is what the gate decides against (decide.Cluster).
 type Cluster interface {
 	decide.Cluster
 	// UsageWithout is the usage without job namespace/jobID ("": all).
 	UsageWithout(p *policy.Policy, namespace, jobID string) admission.Usage
-	// Map and Followed serve the GPU map.
-	Map(idleBelow float64) []cluster.MapNode
-	Followed() (index, listings uint64)
 	// LockJob holds off other decisions on one job (the queue's too).
 	LockJob(namespace, id string) (unlock func())
 }
@@ -53,22 +47,12 @@ type Cluster interface {
 type Regions interface {
 	// Governs reports whether region, as a request names it, is one.
 	Governs(region string) bool
-	Status() []cluster.RegionStatus
 	// RegionOf is the one other region than the broker's own that has a
 	// live job of namespace with id (or, with prefix, an id starting with
 	// it); "" if none.
 	RegionOf(namespace, id string, prefix bool) string
 	// Names are the regions governed, the broker's own first.
 	Names() []string
-	// SetDrained sets the regions no new work goes to, region → who and when.
-	SetDrained(drained map[string]string)
-}
-
-// Drains records which regions are drained, for every broker (consulkv.Drains).
-type Drains interface {
-	// Set drains region, by saying who and when, or resumes it (by ""),
-	// and returns the drained regions now.
-	Set(ctx context.Context, region, by string) (map[string]string, error)
 }
 
 // Profiles are the leader's right-sizing profiles of jobs.
@@ -76,14 +60,9 @@ type Profiles interface {
 	Get(namespace, job string) (usage.Profile, bool)
 }
 
-// StoredProfiles are the right-sizing profiles as the leader last wrote them.
-type StoredProfiles interface {
-	List(ctx context.Context) ([]usage.Profile, error)
-}
-
-// Rollups are the daily GPU-hour rollups.
-type Rollups interface {
-	Days(ctx context.Context, from, to string) ([]usage.Rollup, error)
+// Approvals are the approvals in force: they raise a job's limit or band.
+type Approvals interface {
+	Current() []approval.Approval
 }
 
 // Leader tells whether this broker takes GPU admissions, and where the one that
@@ -104,31 +83,24 @@ type Server struct {
 	policies      policy.Source
 	cluster       Cluster
 	queue         front.Queue
-	decisions     Decisions
 	scales        decide.GrantRecords
 	stops         decide.StopRecords
 	writes        decide.RegistrationRecords
 	profiles      Profiles
-	stored        StoredProfiles
 	metrics       *metrics.Metrics
-	rollups       Rollups
 	fairShare     front.FairShare
 	audit         *audit.Log
 	approvalStore Approvals
 	preemptions   admission.Preemptions
-	setAside      SetAside
-	policyStatus  func() policystore.Status
-	healthy       func() string
 	synced        func() bool
 	forecast      *queue.Forecast
 	ui            http.Handler // the web UI at /gpu/
-	api           http.Handler // the broker's own API at /v1/gpu/
+	api           http.Handler // the broker's own API at /v1/gpu/ (gpuapi)
 	// metricsHandler serves /metrics (nil: none).
 	metricsHandler http.Handler
 	stamper        nomadjob.Stamper
 	region         string
 	regions        Regions // nil: the own region alone
-	drains         Drains
 	acls           bool
 	exclusive      bool
 	token          func() string
@@ -153,8 +125,6 @@ type Options struct {
 	Policies policy.Source
 	Cluster  Cluster
 	Queue    front.Queue
-	// Decisions are the reclaim decision records (nil: none kept).
-	Decisions Decisions
 	// Scales keeps what the broker admitted for scaled jobs (nil: nothing kept).
 	Scales decide.GrantRecords
 	// Stops are the jobs the broker admitted that Nomad stopped since (nil:
@@ -164,24 +134,15 @@ type Options struct {
 	// makes (nil: none kept).
 	Writes decide.RegistrationRecords
 	// Profiles (the leader's) warn a job submitted again that it asks for
-	// far more GPUs than it kept busy; RightSizing lists them (nil: neither).
-	Profiles    Profiles
-	RightSizing StoredProfiles
-	Metrics     *metrics.Metrics // nil: no /metrics
-	Rollups     Rollups          // nil: no usage report
-	FairShare   front.FairShare  // nil: the queue is shown by current share
-	Audit       *audit.Log       // nil: no audit trail
-	Approvals   Approvals        // nil: no approvals
+	// far more GPUs than it kept busy (nil: no warning).
+	Profiles  Profiles
+	Metrics   *metrics.Metrics // nil: no /metrics
+	FairShare front.FairShare  // nil: the queue is shown by current share
+	Audit     *audit.Log       // nil: no audit trail
+	Approvals Approvals        // nil: no approvals
 	// Preemptions are jobs' preemptions while borrowed, for their re-borrow
 	// backoff (nil: none kept).
 	Preemptions admission.Preemptions
-	SetAside    SetAside // the records of Consul KV set aside as unreadable (nil: not served)
-	// PolicyStatus is the policy in force and how its last reload went
-	// (nil: /v1/gpu/policy not served).
-	PolicyStatus func() policystore.Status
-	// Unhealthy says why the broker cannot do its work ("": it can), for
-	// GET /v1/gpu/health (nil: always healthy).
-	Unhealthy func() string
 	// Synced reports whether the cluster view has listed Nomad once (nil:
 	// taken as listed, for a view built by hand). Until then usage reads
 	// as none: nothing is decided, and the queue's order is not shown.
@@ -190,11 +151,10 @@ type Options struct {
 	Stamper  nomadjob.Stamper
 	Region   string // the broker's own Nomad region ("" or "global": Nomad's default)
 	// Regions are the regions it governs, its own and those of broker.hcl's
-	// region blocks (nil: its own alone, and /v1/gpu/regions not served).
+	// region blocks (nil: its own alone).
 	Regions Regions
-	Drains  Drains // nil: regions are not drained
 	Leader  Leader // nil: this broker takes every admission itself
-	ACLs    bool   // Nomad enforces ACLs: the broker's API then needs a valid token
+	ACLs    bool   // Nomad enforces ACLs: what the caller may do is Nomad's to say
 	// Exclusive enforcement: the broker writes jobs in tenant namespaces with
 	// Token, its own (read at each call: the operator may replace it), for
 	// the tenants' submitters.
@@ -207,6 +167,8 @@ type Options struct {
 	BodyReadTimeout time.Duration
 	Clock           clock.Clock // nil: clock.Real
 	NewID           func() string
+	// API serves the broker's own API, /v1/gpu/ (gpuapi; nil: not served).
+	API http.Handler
 }
 
 // New returns a server forwarding to o.Nomad.
@@ -216,7 +178,7 @@ func New(o Options) (*Server, error) {
 		return nil, fmt.Errorf("nomad address %q: %w", o.Nomad, err)
 	}
 	s := &Server{log: o.Log, upstream: u, client: o.Client, policies: o.Policies, cluster: o.Cluster,
-		queue: o.Queue, decisions: o.Decisions, scales: o.Scales, stops: o.Stops, writes: o.Writes, profiles: o.Profiles, stored: o.RightSizing, metrics: o.Metrics, rollups: o.Rollups, fairShare: o.FairShare, audit: o.Audit, approvalStore: o.Approvals, preemptions: o.Preemptions, setAside: o.SetAside, policyStatus: o.PolicyStatus, healthy: o.Unhealthy, synced: o.Synced, forecast: o.Forecast, stamper: o.Stamper, region: o.Region, regions: o.Regions, drains: o.Drains, acls: o.ACLs, exclusive: o.Exclusive, token: o.Token, leader: o.Leader, clock: o.Clock, newID: o.NewID, ui: webui.Handler()}
+		queue: o.Queue, scales: o.Scales, stops: o.Stops, writes: o.Writes, profiles: o.Profiles, metrics: o.Metrics, fairShare: o.FairShare, audit: o.Audit, approvalStore: o.Approvals, preemptions: o.Preemptions, synced: o.Synced, forecast: o.Forecast, stamper: o.Stamper, region: o.Region, regions: o.Regions, acls: o.ACLs, exclusive: o.Exclusive, token: o.Token, leader: o.Leader, clock: o.Clock, newID: o.NewID, ui: webui.Handler(), api: o.API}
 	if s.client == nil {
 		s.client = &http.Client{}
 	}
@@ -243,7 +205,6 @@ func New(o Options) (*Server, error) {
 	s.callers = front.NewCallers(u, s.client, s.clock)
 	s.seq = &decide.Sequence{Cluster: s.cluster, Enricher: enrich.Enricher{Preemptions: s.preemptions, Clock: s.clock, Approvals: s.approvals}}
 	s.proxy = httputil.NewSingleHostReverseProxy(u)
-	s.api = s.gpuAPI()
 	s.proxy.FlushInterval = -1 // blocking queries, logs and event streams flow as they come
 	s.proxy.Transport = s.client.Transport
 	s.proxy.ErrorHandler = func(w http.ResponseWriter, r *http.Request, err error) {
@@ -343,7 +304,11 @@ func (s *Server) serveOwn(w http.ResponseWriter, r *http.Request) bool {
 	p := r.URL.Path
 	switch {
 	case strings.HasPrefix(p, "/v1/gpu/"):
-		s.serveGPU(w, r)
+		if s.api == nil {
+			front.WriteError(w, front.Fail(front.ErrNotFound, "no such endpoint %s %s", r.Method, r.URL.Path))
+			return true
+		}
+		s.api.ServeHTTP(w, r)
 	case p == strings.TrimSuffix(webui.Prefix, "/"):
 		http.Redirect(w, r, webui.Prefix, http.StatusMovedPermanently)
 	case strings.HasPrefix(p, webui.Prefix):

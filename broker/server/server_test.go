@@ -23,6 +23,7 @@ import (
 	"github.com/nomad-gpu/nomad-gpu/broker/audit"
 	"github.com/nomad-gpu/nomad-gpu/broker/cluster"
 	"github.com/nomad-gpu/nomad-gpu/broker/front"
+	"github.com/nomad-gpu/nomad-gpu/broker/gpuapi"
 	"github.com/nomad-gpu/nomad-gpu/broker/nomadjob"
 	"github.com/nomad-gpu/nomad-gpu/broker/policy"
 	"github.com/nomad-gpu/nomad-gpu/broker/queue/queuetest"
@@ -177,7 +178,18 @@ tenant "vision" {
 `+extra)
 }
 
-func newTestServer(t testing.TB) (*Server, *upstream, *queuetest.Mem, *httptest.Server) {
+// testFront is a test's HTTP front as the agent builds it: the gate with
+// the broker's API mounted, from o and a. A test changes them with set,
+// which builds both again (the stores in them, the queue's among them, stay).
+type testFront struct {
+	t       testing.TB
+	o       Options
+	a       gpuapi.Options
+	gate    *Server
+	cluster Cluster
+}
+
+func newTestServer(t testing.TB) (*testFront, *upstream, *queuetest.Mem, *httptest.Server) {
 	p := visionPolicy(t, "", "")
 	up := &upstream{jobs: map[string]*api.Job{}}
 	nomad := httptest.NewServer(up)
@@ -185,18 +197,56 @@ func newTestServer(t testing.TB) (*Server, *upstream, *queuetest.Mem, *httptest.
 	view := cluster.NewView(nil)
 	view.ObserveNode(testbuild.Node("n", "H100", 2, 0))
 	q := queuetest.NewMem()
-	s, err := New(Options{Log: hclog.NewNullLogger(), Nomad: nomad.URL, Policies: testbuild.Fixed{P: p}, Cluster: view,
-		Queue: q, Stamper: nomadjob.Stamper{Key: []byte("k")}, NewID: func() string { return testQueueID }})
+	newID := func() string { return testQueueID }
+	f := &testFront{t: t,
+		o: Options{Log: hclog.NewNullLogger(), Nomad: nomad.URL, Policies: testbuild.Fixed{P: p}, Cluster: view,
+			Queue: q, Stamper: nomadjob.Stamper{Key: []byte("k")}, NewID: newID},
+		a: gpuapi.Options{Log: hclog.NewNullLogger(), Nomad: nomad.URL, Policies: testbuild.Fixed{P: p}, Cluster: view, Queue: q, NewID: newID}}
+	f.build()
+	return f, up, q, nomad
+}
+
+func (f *testFront) build() {
+	f.t.Helper()
+	a, err := gpuapi.New(f.a)
 	if err != nil {
-		t.Fatal(err)
+		f.t.Fatal(err)
 	}
-	return s, up, q, nomad
+	f.o.API = a.Handler()
+	if f.gate, err = New(f.o); err != nil {
+		f.t.Fatal(err)
+	}
+	f.cluster = f.o.Cluster
+}
+
+// set changes what the front is built from, and builds it again.
+func (f *testFront) set(change func(o *Options, a *gpuapi.Options)) {
+	f.t.Helper()
+	change(&f.o, &f.a)
+	f.build()
+}
+
+// setACLs turns Nomad's ACLs on, or off, for both.
+func (f *testFront) setACLs(on bool) {
+	f.set(func(o *Options, a *gpuapi.Options) { o.ACLs, a.ACLs = on, on })
+}
+
+// setPolicy puts p in force for both.
+func (f *testFront) setPolicy(p *policy.Policy) {
+	f.set(func(o *Options, a *gpuapi.Options) {
+		o.Policies, a.Policies = testbuild.Fixed{P: p}, testbuild.Fixed{P: p}
+	})
+}
+
+// Handler is the front as built last: a test's server keeps it across set.
+func (f *testFront) Handler() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { f.gate.Handler().ServeHTTP(w, r) })
 }
 
 const gpuJob = `{"Job":{"ID":"train","Namespace":"vision","Priority":50,"Meta":{"team":"cv"},"TaskGroups":[{"Name":"g","Count":1,
   "Tasks":[{"Name":"t","Resources":{"Devices":[{"Name":"nvidia/gpu","Count":2}]}}]}]}}`
 
-func do(s *Server, method, path, body string) *httptest.ResponseRecorder {
+func do(s interface{ Handler() http.Handler }, method, path, body string) *httptest.ResponseRecorder {
 	rec := httptest.NewRecorder()
 	s.Handler().ServeHTTP(rec, httptest.NewRequest(method, path, strings.NewReader(body)))
 	return rec
@@ -241,7 +291,8 @@ func TestRegisterQueuesWithAnEvaluationTheCLICanFollow(t *testing.T) {
 func TestAJobSubmittedAgainWhileQueuedReplacesItsEntry(t *testing.T) {
 	s, _, q, _ := newTestServer(t)
 	ids := 0
-	s.newID = func() string { ids++; return fmt.Sprintf("00000000-0000-4000-8000-%012d", ids) }
+	newID := func() string { ids++; return fmt.Sprintf("00000000-0000-4000-8000-%012d", ids) }
+	s.set(func(o *Options, a *gpuapi.Options) { o.NewID, a.NewID = newID, newID })
 	do(s, http.MethodPut, "/v1/jobs", gpuJob) // takes vision's 2 GPUs
 	waits := testbuild.Job("vision", "waits").Group("g", 1, 1, "gpu")
 	first := do(s, http.MethodPut, "/v1/jobs", waits.Register())
@@ -285,7 +336,7 @@ func TestNonGPUJobIsForwardedByteForByte(t *testing.T) {
 		fmt.Fprint(w, `{}`)
 	}))
 	defer nomad.Close()
-	s2, _ := New(Options{Log: hclog.NewNullLogger(), Nomad: nomad.URL, Policies: s.policies, Cluster: s.cluster, Queue: s.queue})
+	s2, _ := New(Options{Log: hclog.NewNullLogger(), Nomad: nomad.URL, Policies: s.o.Policies, Cluster: s.o.Cluster, Queue: s.o.Queue})
 	body := `{"Job":{"ID":"web","TaskGroups":[{"Name":"g","Tasks":[{"Name":"t"}]}]},   "EnforceIndex":true}`
 	do(s2, http.MethodPost, "/v1/job/web", body)
 	if !bytes.Equal(got, []byte(body)) {
@@ -338,7 +389,7 @@ const testQueueID = "0f8e2a4c-1b2d-4e5f-8a9b-0c1d2e3f4a5b"
 func TestAJobSubmittedAgainIsWarnedWhenItKeptMostOfItsGPUsIdle(t *testing.T) {
 	s, _, _, _ := newTestServer(t)
 	profiles := usage.NewProfiles()
-	s.profiles = profiles
+	s.set(func(o *Options, _ *gpuapi.Options) { o.Profiles = profiles })
 	held := []reclaim.Alloc{{ID: "a", Namespace: "vision", JobID: "train", Admitted: true, Tenant: "vision", StartedAt: time.Now(),
 		GPUs: []string{"g0", "g1"}}}
 	for i := 0; i < usage.MinSamples; i++ {
@@ -372,7 +423,7 @@ func TestNothingIsDoneWhenTheAuditTrailCannotBeWritten(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s.audit = trail
+	s.set(func(o *Options, a *gpuapi.Options) { o.Audit, a.Audit = trail, trail })
 	// The file replaced by a directory: no line can be written.
 	trail.Close()
 	os.Remove(path)
@@ -389,19 +440,5 @@ func TestNothingIsDoneWhenTheAuditTrailCannotBeWritten(t *testing.T) {
 	if rec.Code != http.StatusOK || up.last == nil || len(events) != 1 || events[0].What != audit.Admission || events[0].Job != "train" ||
 		!strings.HasPrefix(events[0].Result, "admit:") {
 		t.Fatalf("%d %s; audit %+v", rec.Code, rec.Body, events)
-	}
-}
-
-func TestSinceParam(t *testing.T) {
-	for query, want := range map[string]string{"": "168h0m0s", "since=1h": "1h0m0s",
-		"since=soon": `400 nomad-gpu: since="soon" is not a duration such as 168h`, "since=-1h": `400 nomad-gpu: since="-1h" is not a duration such as 168h`} {
-		d, err := sinceParam(httptest.NewRequest(http.MethodGet, "/v1/gpu/trace?"+query, nil), 7*24*time.Hour)
-		got := d.String()
-		if err != nil {
-			got = fmt.Sprint(front.StatusOf(err), " nomad-gpu: ", err)
-		}
-		if !strings.Contains(got, want) {
-			t.Errorf("%q: got %s, want %s", query, got, want)
-		}
 	}
 }

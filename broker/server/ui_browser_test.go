@@ -11,6 +11,7 @@ import (
 
 	"github.com/nomad-gpu/nomad-gpu/broker/admission"
 	"github.com/nomad-gpu/nomad-gpu/broker/cluster"
+	"github.com/nomad-gpu/nomad-gpu/broker/gpuapi"
 	"github.com/nomad-gpu/nomad-gpu/broker/nomadjob"
 	"github.com/nomad-gpu/nomad-gpu/broker/policy"
 	"github.com/nomad-gpu/nomad-gpu/broker/queue"
@@ -23,7 +24,7 @@ import (
 // largeCluster fills the view as a listing of a cluster of nodes would:
 // 8 GPUs a node, a third held by admitted jobs (some borrowed), some idle,
 // unhealthy and recovering, every 50th node draining.
-func largeCluster(s *Server, nodes int) {
+func largeCluster(s *testFront, nodes int) {
 	snap := cluster.Snapshot{}
 	samples := map[string]cluster.Sample{}
 	for i := range nodes {
@@ -42,7 +43,7 @@ func largeCluster(s *Server, nodes int) {
 			if i%9 == 0 {
 				d.Outcome = admission.AdmitBorrowed
 			}
-			for k, v := range nomadjob.BrokerMeta(d, s.stamper.Stamp(nomadjob.Namespace(job), job, d)) {
+			for k, v := range nomadjob.BrokerMeta(d, s.o.Stamper.Stamp(nomadjob.Namespace(job), job, d)) {
 				job.Meta[k] = v
 			}
 			snap.Jobs = append(snap.Jobs, job)
@@ -59,10 +60,10 @@ func largeCluster(s *Server, nodes int) {
 			snap.Allocs = append(snap.Allocs, testbuild.Alloc(fmt.Sprintf("alloc-%d", i), tenant, *job.ID, n.ID, uint64(10+i), gpus...).Build())
 		}
 	}
-	view := cluster.NewView(s.stamper.Verify)
+	view := cluster.NewView(s.o.Stamper.Verify)
 	view.Reset(snap)
 	view.SetSamples(samples)
-	s.cluster = view
+	s.set(func(o *Options, a *gpuapi.Options) { o.Cluster, a.Cluster = view, view })
 }
 
 // The map of a 1,000-node cluster in a real browser: every node and GPU
@@ -88,7 +89,7 @@ func TestTheMapOfALargeClusterInABrowser(t *testing.T) {
 	t.Logf("render of 1,000 nodes / 8,000 GPUs: %.1f ms, %d rows in the DOM", ms, rows)
 	// Each state as many times as the broker's map has it.
 	count := map[string]int{}
-	for _, n := range s.cluster.Map(5) {
+	for _, n := range s.a.Cluster.Map(5) {
 		for _, g := range n.GPUs {
 			k := g.State
 			if g.Borrowed {
@@ -126,7 +127,7 @@ func TestTheMapOfALargeClusterInABrowser(t *testing.T) {
 func TestTheUIWithACLsInABrowser(t *testing.T) {
 	tab := browser.New(t)
 	s, up, _, _ := newTestServer(t)
-	s.acls = true
+	s.setACLs(true)
 	up.tokens = map[string]testToken{"secret-of-ana": {"ana", []string{"vision"}, []string{"node-read"}}}
 	srv := httptest.NewServer(s.Handler())
 	t.Cleanup(srv.Close)
@@ -173,7 +174,7 @@ func TestReclaimDecisionsInABrowser(t *testing.T) {
 	tab := browser.New(t)
 	s, _, _, _ := newTestServer(t)
 	recs := reclaimtest.NewMem()
-	s.decisions = recs
+	s.set(func(_ *Options, a *gpuapi.Options) { a.Decisions = recs })
 	now := time.Now().UTC()
 	proposed := reclaim.Record{ID: "2b9f6b1e-4f5c-4d8a-9a55-6c1f0e0b7a10", Rule: "idle-dev", Action: policy.ActionStop, Namespace: "vision", Job: "notebook",
 		Tenant: "vision", GPUs: 1, Evidence: "GPU util below 5% for 30m", State: reclaim.Proposed, ProposedAt: now, ActAfter: now.Add(90 * time.Second)}

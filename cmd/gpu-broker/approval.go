@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/nomad-gpu/nomad-gpu/broker/approval"
-	"github.com/nomad-gpu/nomad-gpu/broker/server"
+	"github.com/nomad-gpu/nomad-gpu/broker/gpuapi"
 )
 
 const approvalUsage = `usage: gpu-broker approval request -job ID -namespace NS -reason "..." (-priority N | -extra-gpus N) -for 4h
@@ -32,7 +32,7 @@ func approvalCmd(args []string) int {
 	token := fs.String("token", os.Getenv("NOMAD_TOKEN"), "Nomad ACL token (default: NOMAD_TOKEN)")
 	caCert := fs.String("ca-cert", os.Getenv("GPU_BROKER_CACERT"), "CA certificate to trust when the broker serves TLS")
 	wide := fs.Bool("wide", false, wideUsage)
-	req := server.ApprovalRequest{}
+	req := gpuapi.ApprovalRequest{}
 	if sub == "request" {
 		fs.StringVar(&req.Job, "job", "", "the job's id")
 		fs.StringVar(&req.Namespace, "namespace", envOr("NOMAD_NAMESPACE", "default"), "the job's namespace")

@@ -19,8 +19,8 @@ import (
 
 	"github.com/nomad-gpu/nomad-gpu/broker/audit"
 	"github.com/nomad-gpu/nomad-gpu/broker/cluster"
+	"github.com/nomad-gpu/nomad-gpu/broker/gpuapi"
 	"github.com/nomad-gpu/nomad-gpu/broker/reclaim"
-	"github.com/nomad-gpu/nomad-gpu/broker/server"
 	gpuusage "github.com/nomad-gpu/nomad-gpu/broker/usage"
 )
 
@@ -38,7 +38,7 @@ func client(args []string) int {
 	var from, to, by, region *string
 	if args[0] == "usage" {
 		rightSizing = fs.Bool("rightsizing", false, "list each tenant's jobs that kept under half of their GPUs busy")
-		top = fs.Int("top", server.DefaultRightSizingTop, "with -rightsizing: jobs per tenant (0: all)")
+		top = fs.Int("top", gpuapi.DefaultRightSizingTop, "with -rightsizing: jobs per tenant (0: all)")
 		from = fs.String("from", "", "GPU-hours and cost from this day (YYYY-MM-DD, UTC)")
 		to = fs.String("to", "", "with -from: up to, not including, this day (default: through today)")
 		by = fs.String("by", "tenant", "with -from: tenant, queue, class or region")
@@ -199,7 +199,7 @@ func printAudit(body []byte, width int) int {
 
 // printReport prints a usage report: a table, or CSV.
 func printReport(body []byte, asCSV bool, width int) int {
-	var rep server.UsageReport
+	var rep gpuapi.UsageReport
 	if err := json.Unmarshal(body, &rep); err != nil {
 		return fail(err)
 	}
@@ -299,7 +299,7 @@ func call(hc *http.Client, method, u, token string, body []byte) ([]byte, error)
 	if resp.StatusCode != http.StatusOK {
 		return nil, fmt.Errorf("%s", strings.TrimSpace(string(out)))
 	}
-	if next := resp.Header.Get(server.NextCursorHeader); next != "" {
+	if next := resp.Header.Get(gpuapi.NextCursorHeader); next != "" {
 		fmt.Fprintf(os.Stderr, "gpu-broker: more events follow: run it again with -cursor %s\n", next)
 	}
 	return out, nil
@@ -310,7 +310,7 @@ func printTable(sub string, body []byte, width int) int {
 	var t *table
 	switch sub {
 	case "rightsizing":
-		var rows []server.RightSizing
+		var rows []gpuapi.RightSizing
 		if err := json.Unmarshal(body, &rows); err != nil {
 			return fail(err)
 		}
@@ -320,7 +320,7 @@ func printTable(sub string, body []byte, width int) int {
 				strconv.FormatInt(r.Samples, 10), r.Since.Format(time.RFC3339))
 		}
 	case "":
-		var rows []server.TenantUsage
+		var rows []gpuapi.TenantUsage
 		if err := json.Unmarshal(body, &rows); err != nil {
 			return fail(err)
 		}
@@ -336,7 +336,7 @@ func printTable(sub string, body []byte, width int) int {
 			t.row(r.Tenant, num(r.Used), num(r.Guaranteed), num(r.Limit), num(r.Borrowed), num(r.Queued), budget)
 		}
 	case "list":
-		var rows []server.QueuedJob
+		var rows []gpuapi.QueuedJob
 		if err := json.Unmarshal(body, &rows); err != nil {
 			return fail(err)
 		}
@@ -360,7 +360,7 @@ func printTable(sub string, body []byte, width int) int {
 				time.Since(r.SubmittedAt).Round(time.Second).String(), start, reason)
 		}
 	default:
-		var r server.QueuedJob
+		var r gpuapi.QueuedJob
 		if err := json.Unmarshal(body, &r); err != nil {
 			return fail(err)
 		}

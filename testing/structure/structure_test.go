@@ -29,7 +29,7 @@ var rings = []struct {
 	{"adapters", []string{"broker/policyhcl", "broker/policystore", "broker/config", "broker/consulkv", "broker/nomadapi", "broker/nomadjob",
 		"broker/metrics", "broker/audit", "broker/cluster", "broker/webui", "device-plugin/nvml", "device-plugin/fake", "device-plugin/plugin"}},
 	{"the admission sequence", []string{"broker/decide", "broker/sim"}},
-	{"loops and the HTTP front", []string{"broker/admitter", "broker/reclaimer", "broker/leader", "broker/front", "broker/server", "device-plugin/check"}},
+	{"loops and the HTTP front", []string{"broker/admitter", "broker/reclaimer", "broker/leader", "broker/front", "broker/gpuapi", "broker/server", "device-plugin/check"}},
 	{"wiring", []string{"broker/agent", "cmd/gpu-broker", "cmd/nomad-device-gpu"}},
 }
 

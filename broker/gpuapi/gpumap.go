@@ -1,4 +1,4 @@
-package server
+package gpuapi
 
 import (
 	"fmt"
@@ -33,7 +33,7 @@ const (
 // (default and at most 30s). With ACLs the caller needs node read (asked
 // of Nomad for one node), and sees who holds a GPU only in namespaces it may
 // read.
-func (s *Server) gpuMap(w http.ResponseWriter, r *http.Request) (any, error) {
+func (s *API) gpuMap(w http.ResponseWriter, r *http.Request) (any, error) {
 	if err := blockingQuery(r, func() uint64 { index, _ := s.cluster.Followed(); return index }); err != nil {
 		return nil, err
 	}

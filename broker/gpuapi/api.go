@@ -1,4 +1,4 @@
-package server
+package gpuapi
 
 import (
 	"context"
@@ -12,7 +12,7 @@ import (
 
 // serveGPU serves the broker's own API, /v1/gpu/, to a caller with a valid
 // token when ACLs are on.
-func (s *Server) serveGPU(w http.ResponseWriter, r *http.Request) {
+func (s *API) serveGPU(w http.ResponseWriter, r *http.Request) {
 	if r.URL.Path == "/v1/gpu/health" && r.Method == http.MethodGet {
 		front.Respond(s.log, s.health)(w, r) // for health checks, which hold no token
 		return
@@ -31,7 +31,7 @@ func (s *Server) serveGPU(w http.ResponseWriter, r *http.Request) {
 // health answers 200 while the broker can do its work, else 503 with why:
 // Nomad refuses its own token (the leader admits nothing from the queue).
 // It says nothing of any tenant or job.
-func (s *Server) health(http.ResponseWriter, *http.Request) (any, error) {
+func (s *API) health(http.ResponseWriter, *http.Request) (any, error) {
 	if s.healthy != nil {
 		if why := s.healthy(); why != "" {
 			return nil, front.Fail(front.ErrUnavailable, "unhealthy: %s", why)
@@ -50,7 +50,7 @@ func apiCaller(r *http.Request) string { s, _ := r.Context().Value(callerKey{}).
 // read them (Nomad's paths keep Nomad's reading, in route). A path it serves
 // answers other methods 405, one it does not serve 404, both in its words;
 // an endpoint whose store this broker lacks is not served.
-func (s *Server) gpuAPI() http.Handler {
+func (s *API) gpuAPI() http.Handler {
 	mux := http.NewServeMux()
 	fallback := map[string]bool{}
 	for _, e := range s.gpuRoutes() {
@@ -86,7 +86,7 @@ type gpuRoute struct {
 	h             front.Handler
 }
 
-func (s *Server) gpuRoutes() []gpuRoute {
+func (s *API) gpuRoutes() []gpuRoute {
 	always := func() bool { return true }
 	approvals := func() bool { return s.approvalStore != nil }
 	stored := func() bool { return s.stored != nil }
@@ -158,7 +158,7 @@ func notAllowed(r *http.Request) error {
 // starts, for ?next_token=), and ?index=N&wait= blocks until the queue
 // changes (X-Nomad-Index is the queue's Consul index). X-Nomad-Gpu-Queued
 // is how many the caller may read in all.
-func (s *Server) queueList(w http.ResponseWriter, r *http.Request) (any, error) {
+func (s *API) queueList(w http.ResponseWriter, r *http.Request) (any, error) {
 	index := func() uint64 {
 		if q, ok := s.queue.(interface{ Index() uint64 }); ok {
 			return q.Index()

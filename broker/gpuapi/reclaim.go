@@ -1,4 +1,4 @@
-package server
+package gpuapi
 
 import (
 	"context"
@@ -24,7 +24,7 @@ type Decisions interface {
 
 // reclaimList serves GET /v1/gpu/reclaim: the decisions in namespaces the
 // caller may read, newest first.
-func (s *Server) reclaimList(_ http.ResponseWriter, r *http.Request) (any, error) {
+func (s *API) reclaimList(_ http.ResponseWriter, r *http.Request) (any, error) {
 	recs, err := s.decisions.List(r.Context())
 	if err != nil {
 		return nil, front.Fail(front.ErrUnavailable, "%v", err)
@@ -48,7 +48,7 @@ type SetAside interface {
 // setAsideList serves the records set aside as unreadable (keys and sizes,
 // never their values) to an operator: with ACLs, a token that may read
 // Nomad's operator settings.
-func (s *Server) setAsideList(_ http.ResponseWriter, r *http.Request) (any, error) {
+func (s *API) setAsideList(_ http.ResponseWriter, r *http.Request) (any, error) {
 	if s.acls && s.callers.As(r).Get("/v1/operator/scheduler/configuration", "", &struct{}{}) != nil {
 		return nil, front.Fail(front.ErrForbidden, "the records set aside are an operator's to read: a token with operator read")
 	}
@@ -60,7 +60,7 @@ func (s *Server) setAsideList(_ http.ResponseWriter, r *http.Request) (any, erro
 }
 
 // reclaimDecision serves GET and DELETE (cancel) /v1/gpu/reclaim/<id>.
-func (s *Server) reclaimDecision(r *http.Request, id, who string) (any, error) {
+func (s *API) reclaimDecision(r *http.Request, id, who string) (any, error) {
 	if !queue.ValidID(id) {
 		return nil, front.Fail(front.ErrBadRequest, "%q is not a reclaim decision id (a UUID, as `gpu-broker reclaim list` shows)", id)
 	}

@@ -1,4 +1,4 @@
-package server
+package gpuapi
 
 import (
 	"net/http"
@@ -27,7 +27,7 @@ type TenantUsage struct {
 	Budget *usage.BudgetState `json:"budget,omitempty"`
 }
 
-func (s *Server) usage(r *http.Request) (any, error) {
+func (s *API) usage(r *http.Request) (any, error) {
 	p := s.policies.Current()
 	u := s.cluster.UsageWithout(p, "", "")
 	queued := map[string]float64{}
@@ -73,7 +73,7 @@ type UsageReport struct {
 // usageReport reports GPU-hours from the daily rollups. With ACLs a caller
 // sees the tenants with a namespace it may read, and not the time of jobs
 // the broker did not admit (they have no tenant).
-func (s *Server) usageReport(r *http.Request) (any, error) {
+func (s *API) usageReport(r *http.Request) (any, error) {
 	if s.rollups == nil {
 		return nil, front.Fail(front.ErrNotFound, "this broker keeps no usage history")
 	}
@@ -140,7 +140,7 @@ func (s *Server) usageReport(r *http.Request) (any, error) {
 }
 
 // readableTenants are the tenants with a namespace the caller may read.
-func (s *Server) readableTenants(r *http.Request, p *policy.Policy) map[string]bool {
+func (s *API) readableTenants(r *http.Request, p *policy.Policy) map[string]bool {
 	readable, tenants := map[string]bool{}, map[string]bool{}
 	for name, t := range p.Tenants {
 		for _, ns := range t.Namespaces {
@@ -155,7 +155,7 @@ func (s *Server) readableTenants(r *http.Request, p *policy.Policy) map[string]b
 
 // rowsOfRegion tells a usage row of region (as a request names it; "":
 // any) from the others; false when the broker does not govern it.
-func (s *Server) rowsOfRegion(region string) (func(usage.Row) bool, bool) {
+func (s *API) rowsOfRegion(region string) (func(usage.Row) bool, bool) {
 	if region == "" {
 		return nil, true
 	}
@@ -190,7 +190,7 @@ const DefaultRightSizingTop = 5
 
 // rightSizing lists each tenant's worst over-asking jobs (?top=N per
 // tenant, 0 all) that the caller may read.
-func (s *Server) rightSizing(_ http.ResponseWriter, r *http.Request) (any, error) {
+func (s *API) rightSizing(_ http.ResponseWriter, r *http.Request) (any, error) {
 	top := DefaultRightSizingTop
 	if v := r.URL.Query().Get("top"); v != "" {
 		n, err := strconv.Atoi(v)

@@ -1,4 +1,4 @@
-package server
+package gpuapi
 
 import (
 	"math"
@@ -19,7 +19,7 @@ import (
 // &tenant=, &job=; with ACLs, the events of namespaces the caller may read
 // (and those of no namespace: policy reloads). It reads the trail a line at
 // a time, so that no trail size makes it hold more than a page.
-func (s *Server) auditTrail(w http.ResponseWriter, r *http.Request) (any, error) {
+func (s *API) auditTrail(w http.ResponseWriter, r *http.Request) (any, error) {
 	q := r.URL.Query()
 	since, err := sinceParam(r, 24*time.Hour)
 	if err != nil {
@@ -68,7 +68,7 @@ const NextCursorHeader = "X-Nomad-Gpu-Next-Cursor"
 // under another policy?". Each job's GPUs, run time and idleness come from
 // its usage profile, its submission from the audit trail (or its first
 // sample, when the trail has no admission of it).
-func (s *Server) trace(_ http.ResponseWriter, r *http.Request) (any, error) {
+func (s *API) trace(_ http.ResponseWriter, r *http.Request) (any, error) {
 	since, err := sinceParam(r, 7*24*time.Hour)
 	if err != nil {
 		return nil, err

@@ -1,4 +1,4 @@
-package server
+package gpuapi
 
 import (
 	"context"
@@ -35,7 +35,7 @@ type ApprovalRequest struct {
 }
 
 // approvalList serves every approval the caller may read.
-func (s *Server) approvalList(_ http.ResponseWriter, r *http.Request) (any, error) {
+func (s *API) approvalList(_ http.ResponseWriter, r *http.Request) (any, error) {
 	all, err := s.approvalStore.List(r.Context())
 	if err != nil {
 		return nil, front.Fail(front.ErrUnavailable, "%v", err)
@@ -51,7 +51,7 @@ func (s *Server) approvalList(_ http.ResponseWriter, r *http.Request) (any, erro
 }
 
 // readApproval is approval id, if the caller may read it.
-func (s *Server) readApproval(r *http.Request, id string) (approval.Approval, error) {
+func (s *API) readApproval(r *http.Request, id string) (approval.Approval, error) {
 	a, err := s.approvalStore.Get(r.Context(), id)
 	switch {
 	case errors.Is(err, approval.ErrNotFound) || (err == nil && !s.access().MayRead(r, a.Namespace, map[string]bool{})):
@@ -64,7 +64,7 @@ func (s *Server) readApproval(r *http.Request, id string) (approval.Approval, er
 
 // requestApproval records a pending request by a caller who may read the
 // job's namespace.
-func (s *Server) requestApproval(r *http.Request, who string) (any, error) {
+func (s *API) requestApproval(r *http.Request, who string) (any, error) {
 	var req ApprovalRequest
 	if err := json.NewDecoder(io.LimitReader(r.Body, 64<<10)).Decode(&req); err != nil {
 		return nil, front.Fail(front.ErrBadRequest, "approval request: %v", err)
@@ -113,7 +113,7 @@ func (s *Server) requestApproval(r *http.Request, who string) (any, error) {
 
 // decideApproval grants or denies a pending request: only an approver the
 // policy names, and never the one who asked.
-func (s *Server) decideApproval(r *http.Request, id string, grant bool, who string) (any, error) {
+func (s *API) decideApproval(r *http.Request, id string, grant bool, who string) (any, error) {
 	a, err := s.readApproval(r, id)
 	if err != nil {
 		return nil, err

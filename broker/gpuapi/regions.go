@@ -1,4 +1,4 @@
-package server
+package gpuapi
 
 import (
 	"net/http"
@@ -13,7 +13,7 @@ import (
 // finishes there) or resumes it, for every broker, with the caller's name
 // and the time recorded and audited. With ACLs on it needs a management
 // token, as Nomad's own operator calls do.
-func (s *Server) drain(r *http.Request, region string, drain bool, who string) (any, error) {
+func (s *API) drain(r *http.Request, region string, drain bool, who string) (any, error) {
 	if !slices.Contains(s.regions.Names(), region) {
 		return nil, front.Fail(front.ErrNotFound, "region %q is not one this broker governs (gpu-broker region list)", region)
 	}
