@@ -228,9 +228,10 @@ func (l *Ledger) restart() {
 }
 
 // bounded is the ledger's time for a pass at local (the monotonic clock)
-// that the clocks put at now: now, unless it is more than clockAgreement
-// from the last pass's time plus the monotonic time since, which it then
-// is (a step of Nomad's clock is neither charged nor followed). stepped is
+// that the clocks put at now. It is now, unless now is more than
+// clockAgreement from the last pass's time plus the monotonic time since:
+// it is that sum then, so a step of Nomad's clock is neither charged nor
+// followed. stepped is
 // how far the offset between the two moved at this pass (0: it did not).
 func (l *Ledger) bounded(local, now time.Time) (time.Time, time.Duration) {
 	if l.lastLocal.IsZero() {

@@ -32,12 +32,13 @@ const (
 )
 
 // Goals says whether nomad-gpu met each goal, and how, in one line each.
-// The waits goal holds nomad-gpu's delays (every wait after submission,
-// the work lost counted in: not only the wait to the first start, which an
-// evicted job leaves behind) to the better of the other two modes in each
-// of four measures: the p95, the mean weighted by GPUs, the longest, and the
-// p95 of the largest jobs (the last size group any mode ran), so that no
-// size of job is starved behind a good overall figure.
+// The waits goal holds nomad-gpu's delays to the better of the other two
+// modes in each of four measures. A delay is every wait after submission,
+// the work lost counted in, not only the wait to the first start, which an
+// evicted job leaves behind. The measures are the p95, the mean weighted by
+// GPUs, the longest, and the p95 of the largest jobs (the last size group
+// any mode ran), so that no size of job is starved behind a good overall
+// figure.
 func Goals(results []*Result) []string {
 	by := map[Mode]*Result{}
 	for _, r := range results {

@@ -102,16 +102,16 @@ func interval(prev, now time.Time, allocs []reclaim.Alloc, gpus map[string]recla
 	return out
 }
 
-// OverLimitSeconds is, by tenant, the GPU-seconds each tenant of p
-// held above its limit (raised by extra, what approvals in force grant it)
-// or above a region cap (its region blocks) from prev to now, as Nomad's
-// allocations show them: the broker's admissions or not. Within the
-// interval it is the larger of what they held in all above the limit's
-// worth and what they held in capped regions above the caps' worth (the
-// fewest GPU-seconds that had to go for the tenant to be within both):
-// exact while holdings are steady, and a pass's period at most from it
-// when they change. home names the broker's own region, whose allocations
-// name none.
+// OverLimitSeconds is, by tenant, the GPU-seconds each tenant of p held
+// from prev to now above its limit (raised by extra, what approvals in
+// force grant it) or above a region cap (its region blocks). It reads
+// Nomad's allocations, the broker's admissions or not. Within the interval
+// it is the larger of two: what they held in all above the limit's worth,
+// and what they held in capped regions above the caps' worth. That is the
+// fewest GPU-seconds that had to go for the tenant to be within both,
+// exact while holdings are steady and a pass's period at most from it when
+// they change. home names the broker's own region, whose allocations name
+// none.
 func OverLimitSeconds(prev, now time.Time, allocs []reclaim.Alloc, gpus map[string]reclaim.GPU, p *policy.Policy, extra map[string]float64, home string) map[string]float64 {
 	if prev.IsZero() || !now.After(prev) {
 		return nil

@@ -162,7 +162,7 @@ func readPluginBlock(f string, item *ast.ObjectItem) pluginBlock {
 
 // adoptNDN applies the options of a `plugin "nomad-device-nvidia"` block to
 // cfg, each one that the plugin's own block (own, the binary's name) does not
-// set: a config written for nomad-device-nvidia keeps its ignored_gpu_ids
+// set. So a config written for nomad-device-nvidia keeps its ignored_gpu_ids
 // when the binary is replaced, rather than losing them without a word.
 // ndnBeside says nomad-device-nvidia's binary is in the plugin directory
 // too: the block is its own then, and both would report the same GPUs.
