@@ -5,7 +5,6 @@ import (
 	"maps"
 	"sort"
 	"strings"
-	"time"
 
 	"github.com/hashicorp/nomad/api"
 
@@ -67,7 +66,7 @@ func (v *View) observeJob(j *api.Job) {
 	if !live {
 		v.unplace(key) // nothing more of it will be placed
 	}
-	v.noteDispatched(key, j, live, verified)
+	v.status.noteDispatched(key, j, live, verified, v.clock.Now())
 	if how := nomadjob.UndeclaredGPUAccess(j); live && len(how) > 0 {
 		v.undeclared[key] = strings.Join(how, "; ")
 	}
@@ -130,9 +129,7 @@ func ended(j *api.Job) (stopped, finished, live bool) {
 func (v *View) followStop(key jobKey, stopped, live, stamped bool, modifyIndex uint64) {
 	switch {
 	case stopped && stamped:
-		if s, ok := v.stopped[key]; !ok || s.index != modifyIndex {
-			v.stopped[key] = stop{index: modifyIndex, seen: v.clock.Now()}
-		}
+		v.stopped.saw(key, modifyIndex, v.clock.Now())
 		if res, ok := v.reserved[key]; ok && res.index != 0 && res.index < modifyIndex {
 			// Nomad took that registration and has stopped the job since:
 			// nothing of it is still to come (its own event may never show,
@@ -141,7 +138,7 @@ func (v *View) followStop(key jobKey, stopped, live, stamped bool, modifyIndex u
 		}
 	case live:
 		if res, ok := v.reserved[key]; ok && (res.index == 0 || res.index == modifyIndex) {
-			delete(v.stopped, key)
+			v.stopped.revived(key)
 		}
 	}
 }
@@ -151,23 +148,8 @@ func (v *View) followStop(key jobKey, stopped, live, stamped bool, modifyIndex u
 func (v *View) StoppedAdmitted() map[[2]string]uint64 {
 	v.mu.RLock()
 	defer v.mu.RUnlock()
-	out := make(map[[2]string]uint64, len(v.stopped))
-	for k, s := range v.stopped {
-		out[[2]string{k.namespace, k.id}] = s.index
-	}
-	return out
+	return v.stopped.pending()
 }
-
-// stop is a stop the leader has not recorded yet, with when the view saw it.
-type stop struct {
-	index uint64
-	seen  time.Time
-}
-
-// unrecordedStopKept is how long a listing keeps a stop seen before it
-// whose job it lists no more (purged, collected): the leader records one
-// at its next reclaim pass, and a follower, which records none, forgets it.
-const unrecordedStopKept = time.Hour
 
 // keepUnrecordedStops is, at a listing (snap), the stops not yet recorded
 // that it keeps, with those of the jobs it lists as ended, and those of the
@@ -176,7 +158,7 @@ const unrecordedStopKept = time.Hour
 // stream between a stop and its event, or its record, lost it.
 func (v *View) keepUnrecordedStops(was map[jobKey]job, snap Snapshot) {
 	now := v.clock.Now()
-	maps.DeleteFunc(v.stopped, func(_ jobKey, s stop) bool { return now.Sub(s.seen) > unrecordedStopKept })
+	v.stopped.prune(now)
 	listed := make(map[jobKey]bool, len(snap.Jobs)+len(snap.Ended))
 	for _, j := range snap.Jobs {
 		if j.ID != nil {
@@ -213,9 +195,7 @@ func byNamespaceAndID[T any](m map[jobKey]T) map[[2]string]T {
 func (v *View) RecordedStop(namespace, id string, index uint64) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	if key := (jobKey{namespace, id}); v.stopped[key].index == index {
-		delete(v.stopped, key)
-	}
+	v.stopped.recorded(jobKey{namespace, id}, index)
 }
 
 // Registering reports whether the broker is registering the job: it holds a
@@ -347,7 +327,7 @@ func (v *View) forgetJob(namespace, id string) {
 	delete(v.canaries, key)
 	delete(v.stable, key)
 	delete(v.reverting, key)
-	delete(v.dispatched, key)
+	v.status.forget(key)
 	v.unplace(key)
 }
 
@@ -482,10 +462,9 @@ func (v *View) Knows(namespace, id string, prefix bool) bool {
 	defer v.mu.RUnlock()
 	if !prefix {
 		_, ok := v.jobs[jobKey{namespace, id}]
-		_, ended := v.endedDispatch[jobKey{namespace, id}]
-		return ok || ended
+		return ok || v.status.endedLately(jobKey{namespace, id})
 	}
-	for _, keys := range []iter.Seq[jobKey]{maps.Keys(v.jobs), maps.Keys(v.endedDispatch)} {
+	for _, keys := range []iter.Seq[jobKey]{maps.Keys(v.jobs), v.status.endedKeys()} {
 		for k := range keys {
 			if k.namespace == namespace && strings.HasPrefix(k.id, id) {
 				return true

@@ -1,14 +1,9 @@
 package cluster
 
 import (
-	"cmp"
-	"maps"
-	"slices"
 	"time"
 
 	"github.com/hashicorp/nomad/api"
-
-	"github.com/nomad-gpu/nomad-gpu/broker/nomadjob"
 )
 
 // unreached notes that following the region failed (err), from the first
@@ -16,41 +11,14 @@ import (
 func (v *View) unreached(err error) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	if v.unreachable.IsZero() {
-		v.unreachable = v.clock.Now()
-	}
-	v.unreachableWhy = err.Error()
+	v.status.failed(v.clock.Now(), err.Error())
 }
 
 // reached notes that the region was listed in full.
 func (v *View) reached() {
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	v.unreachable, v.unreachableWhy, v.lost = time.Time{}, "", nil
-}
-
-// endedDispatchKept is how long the view remembers a job the broker
-// dispatched that ended: Nomad's own job_gc_threshold by default.
-const endedDispatchKept = 4 * time.Hour
-
-// noteDispatched keeps j (of key) as the broker's dispatch to the view's
-// region while it is live and its stamp verified, and as one that ended once
-// it is not live. The caller holds v.mu.
-func (v *View) noteDispatched(key jobKey, j *api.Job, live, verified bool) {
-	delete(v.dispatched, key)
-	delete(v.endedDispatch, key)
-	switch {
-	case j.Meta[nomadjob.MetaDispatched] == "":
-	case live && verified:
-		v.dispatched[key] = j
-	case !live:
-		now := v.clock.Now()
-		v.endedDispatch[key] = now
-		if now.Sub(v.endedSwept) > time.Minute {
-			v.endedSwept = now
-			maps.DeleteFunc(v.endedDispatch, func(_ jobKey, at time.Time) bool { return now.Sub(at) > endedDispatchKept })
-		}
-	}
+	v.status.listed()
 }
 
 // Unreachable is since when following the view's region has failed, and the
@@ -58,7 +26,7 @@ func (v *View) noteDispatched(key jobKey, j *api.Job, live, verified bool) {
 func (v *View) Unreachable() (since time.Time, why string) {
 	v.mu.RLock()
 	defer v.mu.RUnlock()
-	return v.unreachable, v.unreachableWhy
+	return v.status.unreachable, v.status.unreachableWhy
 }
 
 // Dispatched are the live jobs the broker placed in the view's region, as
@@ -66,17 +34,7 @@ func (v *View) Unreachable() (since time.Time, why string) {
 func (v *View) Dispatched() []*api.Job {
 	v.mu.RLock()
 	defer v.mu.RUnlock()
-	keys := slices.SortedFunc(maps.Keys(v.dispatched), func(a, b jobKey) int {
-		if a.namespace != b.namespace {
-			return cmp.Compare(a.namespace, b.namespace)
-		}
-		return cmp.Compare(a.id, b.id)
-	})
-	out := make([]*api.Job, 0, len(keys))
-	for _, k := range keys {
-		out = append(out, v.dispatched[k])
-	}
-	return out
+	return v.status.dispatchedJobs()
 }
 
 // Lose drops a job of a region the broker lost, as Nomad will once it marks
@@ -88,10 +46,7 @@ func (v *View) Lose(namespace, id string) {
 	v.mu.Lock()
 	now := v.clock.Now()
 	if j, ok := v.jobs[jobKey{namespace, id}]; ok && len(j.demand) > 0 {
-		if v.lost == nil {
-			v.lost = map[jobKey]map[string]int{}
-		}
-		v.lost[jobKey{namespace, id}] = maps.Clone(j.demand)
+		v.status.lose(jobKey{namespace, id}, j.demand)
 	}
 	for _, a := range v.allocs {
 		if a.Namespace == namespace && a.JobID == id {
@@ -124,7 +79,7 @@ func (r *Regions) DispatchedElsewhere(region, namespace, id string) *api.Job {
 			continue
 		}
 		v.mu.RLock()
-		j := v.dispatched[jobKey{namespace, id}]
+		j := v.status.dispatched[jobKey{namespace, id}]
 		v.mu.RUnlock()
 		if j != nil {
 			return j

@@ -158,7 +158,7 @@ func (v *View) addUnsettled(p *policy.Policy, namespace string, u admission.Usag
 			return
 		}
 	}
-	for key, gpus := range v.lost {
+	for key, gpus := range v.status.lost {
 		t := p.TenantOf(key.namespace)
 		if t == nil || (only != nil && t != only) {
 			continue

@@ -62,7 +62,7 @@ type View struct {
 	// the stop's JobModifyIndex, until the leader records them
 	// (StoppedAdmitted) or the broker registers them again; a listing
 	// keeps them (unrecordedStopKept).
-	stopped map[jobKey]stop
+	stopped stops
 	nextRes uint64
 	// placing are the nodes admitted jobs were placed on (placement mode
 	// broker) until their allocations show there; heldFor the nodes held
@@ -75,24 +75,8 @@ type View struct {
 	roomsUntil time.Time
 	order      []nodeGroup // see nodeOrder; nil: to sort again
 	changed    chan struct{}
-	synced     bool // a full listing has been applied
-	// dispatched are the live jobs the broker placed in this region (meta
-	// nomad-gpu.dispatched-region, verified stamp) as Nomad returned them:
-	// what is requeued elsewhere if the region is lost.
-	dispatched map[jobKey]*api.Job
-	// endedDispatch are the jobs the broker dispatched to this region that
-	// stopped or finished, with when it saw that (kept endedDispatchKept):
-	// a read of one that names no region is sent here.
-	endedDispatch map[jobKey]time.Time
-	endedSwept    time.Time
-	// unreachable is since when following the region fails (zero while it
-	// is followed), and why.
-	unreachable    time.Time
-	unreachableWhy string
-	// lost are the GPUs, by model, of the jobs Lose dropped while the
-	// region is unreachable, until it is listed again: they may run there
-	// still, beside a copy requeued elsewhere (see TenantUsage.Unsettled).
-	lost map[jobKey]map[string]int
+	synced     bool         // a full listing has been applied
+	status     regionStatus // whether the region is followed, and the jobs dispatched to it
 
 	index        atomic.Uint64 // of the last event or listing applied
 	generation   atomic.Uint64 // changes counted by notify
@@ -117,7 +101,7 @@ func NewView(verify func(*api.Job) bool) *View {
 		canaries: map[jobKey]map[string]int{}, stable: map[jobKey][]admission.Group{}, reverting: map[jobKey]bool{}, held: map[string]*byModel{}, total: map[string]int{},
 		reserved: map[jobKey]reservation{}, allocs: map[string]Alloc{}, ended: map[string]Alloc{}, holds: map[string]hold{}, heldBy: map[jobKey]map[string]int{},
 		excess: map[jobKey]map[string]int{}, excessBorrowed: map[jobKey]bool{}, undeclared: map[jobKey]string{},
-		stopped: map[jobKey]stop{}, placing: map[jobKey]placing{}, dispatched: map[jobKey]*api.Job{}, endedDispatch: map[jobKey]time.Time{}, changed: make(chan struct{}, 1), nodesDirty: true}
+		stopped: stops{}, placing: map[jobKey]placing{}, status: newRegionStatus(), changed: make(chan struct{}, 1), nodesDirty: true}
 }
 
 // SetRegion names the region the view follows, when it is not the broker's
@@ -194,7 +178,7 @@ func (v *View) Reset(snap Snapshot) {
 	v.holds, v.heldBy, v.excess = map[string]hold{}, map[jobKey]map[string]int{}, map[jobKey]map[string]int{}
 	v.excessBorrowed, v.undeclared = map[jobKey]bool{}, map[jobKey]string{}
 	v.keepUnrecordedStops(wasJobs, snap)
-	v.dispatched = map[jobKey]*api.Job{}
+	v.status.relisting()
 	for _, n := range snap.Nodes {
 		v.observeNode(n, was[n.ID])
 	}
