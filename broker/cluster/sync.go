@@ -2,7 +2,6 @@ package cluster
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
@@ -47,27 +46,35 @@ type Events struct {
 	Err    error `json:"-"`
 }
 
-// Event is one event, its payload kept as JSON: it is decoded once, into
-// its api type, by its JSON names. (The api's own event decoder goes through
-// maps and mapstructure: several times slower, and blind to JSON tags, so it
-// loses device attributes, spelled Int, Bool… for fields IntVal, BoolVal….)
+// Event is one event, its payload decoded with its frame, in one pass,
+// into its api type by its JSON names. (The api's own event decoder goes
+// through maps and mapstructure: several times slower, and blind to JSON
+// tags, so it loses device attributes, spelled Int, Bool… for fields
+// IntVal, BoolVal…. Keeping each payload as raw JSON to decode after had
+// the frame's bytes scanned four times, most of an event's cost.)
 type Event struct {
 	Topic   api.Topic
 	Type    string
 	Index   uint64
-	Payload map[string]json.RawMessage
+	Payload Payload
 }
 
-// decode reads the payload's key (Node, Job, Allocation, Deployment) into out.
-func (e *Event) decode(key string, out any) error {
-	raw, ok := e.Payload[key]
-	if !ok {
-		return fmt.Errorf("decode %s event: no %s in it", e.Topic, key)
-	}
-	if err := json.Unmarshal(raw, out); err != nil {
-		return fmt.Errorf("decode %s event: %w", e.Topic, err)
-	}
-	return nil
+// Payload is an event's object: the one its topic names is set.
+type Payload struct {
+	Node       *api.Node
+	Job        *api.Job
+	Deployment *api.Deployment
+	Allocation *eventAlloc
+	Evaluation *eventEval
+}
+
+// eventEval is what the view reads of an evaluation: its job (the stream
+// carries one for every evaluation; only a purge's is acted on).
+type eventEval struct{ Namespace, JobID string }
+
+// missing is the error of an event without its topic's object.
+func (e *Event) missing(key string) error {
+	return fmt.Errorf("decode %s event: no %s in it", e.Topic, key)
 }
 
 // eventAlloc is an allocation as its event carries it, less the job Nomad
@@ -210,27 +217,27 @@ func (v *View) applyBatch(events []Event, reverts *[]Revert) error {
 func (v *View) change(e *Event, reverts *[]Revert) (func() bool, error) {
 	switch e.Topic {
 	case api.TopicNode:
-		var n *api.Node
-		if err := e.decode("Node", &n); err != nil || n == nil {
-			return nil, fmt.Errorf("decode node event: %v", err)
+		n := e.Payload.Node
+		if n == nil {
+			return nil, e.missing("Node")
 		}
 		if e.Type == "NodeDeregistration" {
 			return func() bool { v.forgetNode(n.ID); return true }, nil
 		}
 		return func() bool { v.observeNode(n, v.nodes[n.ID]); return true }, nil
 	case api.TopicJob:
-		var j *api.Job
-		if err := e.decode("Job", &j); err != nil || j == nil {
-			return nil, fmt.Errorf("decode job event: %v", err)
+		j := e.Payload.Job
+		if j == nil || j.ID == nil {
+			return nil, e.missing("Job")
 		}
 		if e.Type == "JobDeregistered" || e.Type == "JobBatchDeregistered" {
 			return func() bool { v.forgetPurged(nomadjob.Namespace(j), *j.ID, e.Index); return true }, nil
 		}
 		return func() bool { v.observeJob(j); return true }, nil
 	case api.TopicDeployment:
-		var d *api.Deployment
-		if err := e.decode("Deployment", &d); err != nil || d == nil {
-			return nil, fmt.Errorf("decode deployment event: %v", err)
+		d := e.Payload.Deployment
+		if d == nil {
+			return nil, e.missing("Deployment")
 		}
 		if rv, ok := rolledBack(d); ok {
 			rv.Region = v.region
@@ -238,11 +245,10 @@ func (v *View) change(e *Event, reverts *[]Revert) (func() bool, error) {
 		}
 		return func() bool { v.observeDeployment(d); return true }, nil
 	case api.TopicAllocation:
-		var ea *eventAlloc
-		if err := e.decode("Allocation", &ea); err != nil || ea == nil {
-			return nil, fmt.Errorf("decode allocation event: %v", err)
+		if e.Payload.Allocation == nil {
+			return nil, e.missing("Allocation")
 		}
-		a := &ea.Allocation
+		a := &e.Payload.Allocation.Allocation
 		return func() bool { return v.observeAlloc(a, true) }, nil
 	case api.TopicEvaluation:
 		// A purge (or the garbage collector's) sends no Job event, only
@@ -251,9 +257,9 @@ func (v *View) change(e *Event, reverts *[]Revert) (func() bool, error) {
 		if e.Type != "JobDeregistered" && e.Type != "JobBatchDeregistered" {
 			return nil, nil
 		}
-		var ev *api.Evaluation
-		if err := e.decode("Evaluation", &ev); err != nil || ev == nil {
-			return nil, fmt.Errorf("decode evaluation event: %v", err)
+		ev := e.Payload.Evaluation
+		if ev == nil {
+			return nil, e.missing("Evaluation")
 		}
 		return func() bool { v.forgetPurged(ev.Namespace, ev.JobID, e.Index); return true }, nil
 	}

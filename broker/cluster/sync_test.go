@@ -78,8 +78,7 @@ func TestAPurgesEvaluationDropsTheJob(t *testing.T) {
 	v.Reset(Snapshot{Nodes: []*api.Node{testbuild.Node("n", testbuild.H100, 8, 0)},
 		Jobs: []*api.Job{stamped, testbuild.Job("vision", "b").Group("g", 1, 2, "gpu").Build()}})
 	eval := func(typ, id string) *Event {
-		raw, _ := json.Marshal(api.Evaluation{ID: "e", Namespace: "vision", JobID: id, TriggeredBy: "job-deregister"})
-		return &Event{Topic: api.TopicEvaluation, Type: typ, Index: 42, Payload: map[string]json.RawMessage{"Evaluation": raw}}
+		return decodedEvent(t, api.TopicEvaluation, typ, 42, "Evaluation", api.Evaluation{ID: "e", Namespace: "vision", JobID: id, TriggeredBy: "job-deregister"})
 	}
 	for _, typ := range []string{"EvaluationUpdated", "PlanResult"} {
 		if err := v.apply(eval(typ, "a"), new([]Revert)); err != nil || v.Usage(p).Tenants["vision"].Used.Total() != 6 {
@@ -160,12 +159,9 @@ func TestAListingTellsTheRevertsTheStreamDidNot(t *testing.T) {
 // replicas), which the api's own event decoder (mapstructure) drops.
 func TestNodeEventsKeepDeviceAttributes(t *testing.T) {
 	p := testbuild.Policy(t, visionPolicy)
-	raw, err := json.Marshal(testbuild.SharedGPUs(testbuild.Node("n", testbuild.H100, 6, 0), testbuild.H100, 2, 4))
-	if err != nil {
-		t.Fatal(err)
-	}
+	node := testbuild.SharedGPUs(testbuild.Node("n", testbuild.H100, 6, 0), testbuild.H100, 2, 4)
 	v := NewView(nil)
-	if err := v.apply(&Event{Topic: api.TopicNode, Type: "NodeRegistration", Payload: map[string]json.RawMessage{"Node": raw}}, new([]Revert)); err != nil {
+	if err := v.apply(decodedEvent(t, api.TopicNode, "NodeRegistration", 1, "Node", node), new([]Revert)); err != nil {
 		t.Fatal(err)
 	}
 	if u := v.Usage(p); u.Replicas[testbuild.H100+" (shared)"] != 4 || u.MaxAlloc["h100"] != 8 {
@@ -294,4 +290,20 @@ func TestTheBackoffStartsAgainOnceAListingGetsThrough(t *testing.T) {
 			t.Fatalf("waits between attempts %v, want %v", got, want)
 		}
 	}
+}
+
+// decodedEvent is one event as the view gets it from Nomad's stream: its
+// payload v (under key), sent in a frame of its own as JSON and read back.
+func decodedEvent(t testing.TB, topic api.Topic, typ string, index uint64, key string, v any) *Event {
+	t.Helper()
+	raw, err := json.Marshal(map[string]any{"Index": index, "Events": []map[string]any{
+		{"Topic": topic, "Type": typ, "Index": index, "Payload": map[string]any{key: v}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var frame Events
+	if err := json.Unmarshal(raw, &frame); err != nil || len(frame.Events) != 1 {
+		t.Fatalf("the frame read back: %v, %d events", err, len(frame.Events))
+	}
+	return &frame.Events[0]
 }
