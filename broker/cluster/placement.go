@@ -19,6 +19,60 @@ type placing struct {
 	until time.Time
 }
 
+// placements are the jobs' placements not yet seen, by job. The view calls
+// them with its lock held, and builds its rooms again when they change.
+type placements map[jobKey]placing
+
+// has reports whether key has a placement not yet seen.
+func (ps placements) has(key jobKey) bool {
+	_, ok := ps[key]
+	return ok
+}
+
+// drop forgets key's placement, and reports whether it had one (of the
+// reservation seq, or any with seq 0).
+func (ps placements) drop(key jobKey, seq uint64) bool {
+	if pl, ok := ps[key]; ok && (seq == 0 || pl.seq == seq) {
+		delete(ps, key)
+		return true
+	}
+	return false
+}
+
+// move gives from's placement of the reservation seq to to (a dispatched
+// child's), and reports whether it did.
+func (ps placements) move(from, to jobKey, seq uint64) bool {
+	pl, ok := ps[from]
+	if !ok || pl.seq != seq {
+		return false
+	}
+	delete(ps, from)
+	ps[to] = pl
+	return true
+}
+
+// pending is the GPUs the placements not yet seen take, by node, less what
+// the allocations seen already hold of each (on: GPUs by job and node), but
+// for except's own; until is when the first of them expires (not after
+// until as given). Those expired by now are dropped.
+func (ps placements) pending(now time.Time, except jobKey, on map[jobKey]map[string]int, until time.Time) (map[string]int, time.Time) {
+	out := map[string]int{}
+	for key, pl := range ps {
+		if !now.Before(pl.until) {
+			delete(ps, key)
+			continue
+		}
+		until = minTime(until, pl.until)
+		if key == except {
+			continue
+		}
+		for id, n := range pl.nodes {
+			out[id] += max(0, n-on[key][id])
+		}
+	}
+	return out, until
+}
+
 // HoldNodes holds nodes for waiting jobs (admission.Reserve: node id → job
 // key): no other borrowed work is admitted onto them.
 func (v *View) HoldNodes(held map[string]string) {
@@ -48,7 +102,7 @@ func (v *View) Rooms() []admission.NodeRoom {
 // shared: read it, do not change it.
 func (v *View) nodeRooms(where admission.Where, except jobKey) []admission.NodeRoom {
 	now := v.clock.Now()
-	own := len(v.heldBy[except]) > 0 || v.placing[except].nodes != nil
+	own := len(v.heldBy[except]) > 0 || v.placing.has(except)
 	if where.Datacenters == nil && where.Pool == "" && where.Nodes == nil && !own {
 		// Most decisions: a new job that may run anywhere. The rooms are
 		// kept until the view changes (a registration must not walk every
@@ -78,7 +132,7 @@ func (v *View) buildRooms(where admission.Where, except jobKey, now time.Time) (
 		for _, id := range a.GPUs {
 			held[nodeGroup{a.NodeID, n.devices[id].Model}]++
 		}
-		if _, ok := v.placing[key]; ok {
+		if v.placing.has(key) {
 			if jobOn[key] == nil {
 				jobOn[key] = map[string]int{}
 			}
@@ -96,20 +150,7 @@ func (v *View) buildRooms(where admission.Where, except jobKey, now time.Time) (
 			borrowed[k] = append(borrowed[k], admission.Held{GPUs: len(a.GPUs), Priority: j.priority, Since: since})
 		}
 	}
-	pending := map[string]int{} // GPUs placements not yet seen take, by node
-	for key, pl := range v.placing {
-		if !now.Before(pl.until) {
-			delete(v.placing, key)
-			continue
-		}
-		until = minTime(until, pl.until)
-		if key == except {
-			continue
-		}
-		for id, n := range pl.nodes {
-			pending[id] += max(0, n-jobOn[key][id])
-		}
-	}
+	pending, until := v.placing.pending(now, except, jobOn, until) // GPUs placements not yet seen take, by node
 	if v.order == nil {
 		v.order = nodeOrder(v.nodes)
 	}
@@ -171,8 +212,7 @@ func (v *View) place(key jobKey, seq uint64, j admission.Job, placed admission.P
 
 // unplace forgets where job key was placed.
 func (v *View) unplace(key jobKey) {
-	if _, ok := v.placing[key]; ok {
-		delete(v.placing, key)
+	if v.placing.drop(key, 0) {
 		v.rooms = nil
 	}
 }

@@ -106,12 +106,10 @@ func (r *Reservation) ConfirmAs(id string, index uint64) {
 	}
 	delete(r.v.reserved, r.key)
 	child := jobKey{r.key.namespace, id}
-	if pl, ok := r.v.placing[r.key]; ok && pl.seq == r.seq {
+	if r.v.placing.move(r.key, child, r.seq) {
 		// The nodes chosen are the child's: its allocations show them
 		// taken. Left under the parent's id, nothing of the parent's ever
 		// would, and they looked taken until the placement expired.
-		delete(r.v.placing, r.key)
-		r.v.placing[child] = pl
 		r.v.rooms = nil
 	}
 	r.key = child
@@ -168,8 +166,8 @@ func (r *Reservation) Withdraw() {
 	if res, ok := r.v.reserved[r.key]; ok && res.seq == r.seq {
 		delete(r.v.reserved, r.key)
 	}
-	if pl, ok := r.v.placing[r.key]; ok && pl.seq == r.seq {
-		r.v.unplace(r.key)
+	if r.v.placing.drop(r.key, r.seq) {
+		r.v.rooms = nil
 	}
 }
 

@@ -67,7 +67,7 @@ type View struct {
 	// placing are the nodes admitted jobs were placed on (placement mode
 	// broker) until their allocations show there; heldFor the nodes held
 	// for waiting jobs (node id → job key).
-	placing map[jobKey]placing
+	placing placements
 	heldFor map[string]string
 	// rooms are the nodes as a new job that may run anywhere sees them
 	// (nodeRooms), until roomsUntil; nil: to build again.
@@ -101,7 +101,7 @@ func NewView(verify func(*api.Job) bool) *View {
 		canaries: map[jobKey]map[string]int{}, stable: map[jobKey][]admission.Group{}, reverting: map[jobKey]bool{}, held: map[string]*byModel{}, total: map[string]int{},
 		reserved: map[jobKey]reservation{}, allocs: map[string]Alloc{}, ended: map[string]Alloc{}, holds: map[string]hold{}, heldBy: map[jobKey]map[string]int{},
 		excess: map[jobKey]map[string]int{}, excessBorrowed: map[jobKey]bool{}, undeclared: map[jobKey]string{},
-		stopped: stops{}, placing: map[jobKey]placing{}, status: newRegionStatus(), changed: make(chan struct{}, 1), nodesDirty: true}
+		stopped: stops{}, placing: placements{}, status: newRegionStatus(), changed: make(chan struct{}, 1), nodesDirty: true}
 }
 
 // SetRegion names the region the view follows, when it is not the broker's
