@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"net/url"
 
+	"github.com/nomad-gpu/nomad-gpu/broker/approval"
 	"github.com/nomad-gpu/nomad-gpu/broker/policy"
 	"github.com/nomad-gpu/nomad-gpu/broker/queue"
 )
@@ -68,4 +69,18 @@ func (a *Access) MayWrite(r *http.Request, ns, id string, job json.RawMessage) b
 		return err == nil && t.MaySubmit(g)
 	}
 	return a.Callers.As(r).Plan(ns, id, job) == nil
+}
+
+// Approvals are the approvals in force (consulkv.Approvals), which raise a
+// job's limit or band.
+type Approvals interface {
+	Current() []approval.Approval
+}
+
+// InForce are the approvals in force in store (none without one).
+func InForce(store Approvals) []approval.Approval {
+	if store == nil {
+		return nil
+	}
+	return store.Current()
 }

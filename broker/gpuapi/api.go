@@ -177,16 +177,16 @@ func (s *API) queueList(w http.ResponseWriter, r *http.Request) (any, error) {
 		return nil, err
 	}
 	w.Header().Set("X-Nomad-Index", strconv.FormatUint(index(), 10))
-	entries, err := s.desk().Ordered(r)
+	entries, err := s.desk.Ordered(r)
 	if err != nil {
 		return nil, front.Fail(front.ErrUnavailable, "%v", err)
 	}
 	out := []QueuedJob{}
 	readable := map[string]bool{}
-	estimates := s.desk().Estimates(entries)
+	estimates := s.desk.Estimates(entries)
 	visible := 0
 	for i, e := range entries {
-		if !s.access().MayRead(r, e.Namespace, readable) {
+		if !s.access.MayRead(r, e.Namespace, readable) {
 			continue
 		}
 		visible++

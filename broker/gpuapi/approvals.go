@@ -21,7 +21,7 @@ type Approvals interface {
 	Update(ctx context.Context, a approval.Approval) (bool, error)
 	Get(ctx context.Context, id string) (approval.Approval, error)
 	List(ctx context.Context) ([]approval.Approval, error)
-	Current() []approval.Approval
+	front.Approvals
 }
 
 // ApprovalRequest is the body of POST /v1/gpu/approvals.
@@ -43,7 +43,7 @@ func (s *API) approvalList(_ http.ResponseWriter, r *http.Request) (any, error) 
 	out := []approval.Approval{}
 	readable := map[string]bool{}
 	for _, a := range all {
-		if s.access().MayRead(r, a.Namespace, readable) {
+		if s.access.MayRead(r, a.Namespace, readable) {
 			out = append(out, a)
 		}
 	}
@@ -54,7 +54,7 @@ func (s *API) approvalList(_ http.ResponseWriter, r *http.Request) (any, error) 
 func (s *API) readApproval(r *http.Request, id string) (approval.Approval, error) {
 	a, err := s.approvalStore.Get(r.Context(), id)
 	switch {
-	case errors.Is(err, approval.ErrNotFound) || (err == nil && !s.access().MayRead(r, a.Namespace, map[string]bool{})):
+	case errors.Is(err, approval.ErrNotFound) || (err == nil && !s.access.MayRead(r, a.Namespace, map[string]bool{})):
 		return a, front.Fail(front.ErrNotFound, "no approval %q", id)
 	case err != nil:
 		return a, front.Fail(front.ErrUnavailable, "%v", err)
@@ -89,7 +89,7 @@ func (s *API) requestApproval(r *http.Request, who string) (any, error) {
 	if err := a.Check(); err != nil {
 		return nil, front.Fail(front.ErrBadRequest, "approval request: %v", err)
 	}
-	if err := approval.CheckPending(s.approvals(), identity, a.Namespace); err != nil {
+	if err := approval.CheckPending(front.InForce(s.approvalStore), identity, a.Namespace); err != nil {
 		return nil, front.Fail(front.ErrTooMany, "approval request: %v", err)
 	}
 	t := s.policies.Current().TenantOf(a.Namespace)
@@ -99,7 +99,7 @@ func (s *API) requestApproval(r *http.Request, who string) (any, error) {
 	if err := t.CheckApproval(a.ExtraGPUs, a.Duration()); err != nil {
 		return nil, front.Fail(front.ErrBadRequest, "approval request: %v", err)
 	}
-	if !s.access().MayRead(r, a.Namespace, map[string]bool{}) {
+	if !s.access.MayRead(r, a.Namespace, map[string]bool{}) {
 		return nil, front.Fail(front.ErrForbidden, "your token may not read namespace %q", a.Namespace)
 	}
 	if err := front.Audited(s.audit, audit.Event{Who: who, What: audit.ApprovalAsk, ID: a.ID, Namespace: a.Namespace, Job: a.Job, Result: approvalAsks(a)}); err != nil {
@@ -146,7 +146,7 @@ func (s *API) decideApproval(r *http.Request, id string, grant bool, who string)
 		if err := t.CheckApproval(a.ExtraGPUs, a.Duration()); err != nil {
 			return nil, front.Fail(front.ErrForbidden, "approval %s cannot be granted: %v", id, err)
 		}
-		if err := approval.CheckGrant(s.approvals(), a, t, s.clock.Now()); err != nil {
+		if err := approval.CheckGrant(front.InForce(s.approvalStore), a, t, s.clock.Now()); err != nil {
 			return nil, front.Fail(front.ErrForbidden, "approval %s cannot be granted: %v", id, err)
 		}
 	}

@@ -13,7 +13,6 @@ import (
 	"github.com/hashicorp/nomad/api"
 
 	"github.com/nomad-gpu/nomad-gpu/broker/admission"
-	"github.com/nomad-gpu/nomad-gpu/broker/approval"
 	"github.com/nomad-gpu/nomad-gpu/broker/audit"
 	"github.com/nomad-gpu/nomad-gpu/broker/cluster"
 	"github.com/nomad-gpu/nomad-gpu/broker/front"
@@ -88,6 +87,8 @@ type API struct {
 	clock         clock.Clock
 	newID         func() string
 	callers       *front.Callers
+	desk          *front.Desk
+	access        *front.Access
 	api           http.Handler // its routes, behind serveGPU's token check
 }
 
@@ -161,28 +162,12 @@ func New(o Options) (*API, error) {
 		client = &http.Client{}
 	}
 	s.callers = front.NewCallers(u, client, s.clock)
+	s.desk = &front.Desk{Queue: s.queue, Policies: s.policies, Usage: s.cluster, Forecast: s.forecast, FairShare: s.fairShare,
+		Clock: s.clock, Log: s.log, Audit: s.audit, Metrics: s.metrics, Synced: s.synced}
+	s.access = &front.Access{ACLs: s.acls, Exclusive: s.exclusive, Policies: s.policies, Callers: s.callers}
 	s.api = s.gpuAPI()
 	return s, nil
 }
 
 // Handler serves /v1/gpu/.
 func (s *API) Handler() http.Handler { return http.HandlerFunc(s.serveGPU) }
-
-// desk is the queue as callers see it.
-func (s *API) desk() *front.Desk {
-	return &front.Desk{Queue: s.queue, Policies: s.policies, Usage: s.cluster, Forecast: s.forecast, FairShare: s.fairShare,
-		Clock: s.clock, Log: s.log, Audit: s.audit, Metrics: s.metrics, Synced: s.synced}
-}
-
-// access is what the caller may do, as Nomad's ACLs say.
-func (s *API) access() *front.Access {
-	return &front.Access{ACLs: s.acls, Exclusive: s.exclusive, Policies: s.policies, Callers: s.callers}
-}
-
-// approvals are those in force (none without a store).
-func (s *API) approvals() []approval.Approval {
-	if s.approvalStore == nil {
-		return nil
-	}
-	return s.approvalStore.Current()
-}

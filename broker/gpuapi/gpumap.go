@@ -47,7 +47,7 @@ func (s *API) gpuMap(w http.ResponseWriter, r *http.Request) (any, error) {
 		readable := map[string]bool{}
 		for _, n := range m.Nodes {
 			for i, g := range n.GPUs {
-				if g.Namespace != "" && !s.access().MayRead(r, g.Namespace, readable) {
+				if g.Namespace != "" && !s.access.MayRead(r, g.Namespace, readable) {
 					h := &n.GPUs[i] // its state stays; who holds it does not show
 					h.Namespace, h.Job, h.Alloc, h.Tenant, h.Queue, h.Borrowed = "", "", "", "", "", false
 				}

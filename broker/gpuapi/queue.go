@@ -30,7 +30,7 @@ func (s *API) queueEntry(r *http.Request, id, who string) (any, error) {
 		return nil, front.Fail(front.ErrBadRequest, "%q is not a queue id (a UUID, as `gpu-broker queue list` shows)", id)
 	}
 	e, err := s.queue.Get(r.Context(), id)
-	if errors.Is(err, queue.ErrNotFound) || (err == nil && !s.access().MayRead(r, e.Namespace, map[string]bool{})) {
+	if errors.Is(err, queue.ErrNotFound) || (err == nil && !s.access.MayRead(r, e.Namespace, map[string]bool{})) {
 		return nil, front.Fail(front.ErrNotFound, "no queued job %q (admitted, cancelled or never queued)", id)
 	}
 	if err != nil {
@@ -41,18 +41,18 @@ func (s *API) queueEntry(r *http.Request, id, who string) (any, error) {
 		if s.acls && who != e.SubmittedBy {
 			e.Request = nil
 		}
-		entries, err := s.desk().Ordered(r)
+		entries, err := s.desk.Ordered(r)
 		if err != nil {
 			return nil, front.Fail(front.ErrUnavailable, "%v", err)
 		}
-		return QueuedJob{Position: front.PositionOf(entries, id), Entry: e, Estimate: front.EstimatePtr(s.desk().EstimateOf(entries, id)),
+		return QueuedJob{Position: front.PositionOf(entries, id), Entry: e, Estimate: front.EstimatePtr(s.desk.EstimateOf(entries, id)),
 			Backoff: s.backoff(e.Namespace, e.JobID)}, nil
 	case http.MethodDelete:
-		if !s.access().MayCancel(r, e, who) {
+		if !s.access.MayCancel(r, e, who) {
 			return nil, front.Fail(front.ErrForbidden, "only its submitter, or a token that may submit job %q in namespace %q, may cancel queued job %s",
 				e.JobID, e.Namespace, id)
 		}
-		if err := s.desk().Dequeue(r, e, who, "cancelled"); err != nil {
+		if err := s.desk.Dequeue(r, e, who, "cancelled"); err != nil {
 			return nil, err
 		}
 		return e, nil

@@ -32,7 +32,7 @@ func (s *API) reclaimList(_ http.ResponseWriter, r *http.Request) (any, error) {
 	out := []reclaim.Record{}
 	readable := map[string]bool{}
 	for _, rec := range recs {
-		if s.access().MayRead(r, rec.Namespace, readable) {
+		if s.access.MayRead(r, rec.Namespace, readable) {
 			out = append(out, rec)
 		}
 	}
@@ -65,7 +65,7 @@ func (s *API) reclaimDecision(r *http.Request, id, who string) (any, error) {
 		return nil, front.Fail(front.ErrBadRequest, "%q is not a reclaim decision id (a UUID, as `gpu-broker reclaim list` shows)", id)
 	}
 	rec, err := s.decisions.Get(r.Context(), id)
-	if err == nil && !s.access().MayRead(r, rec.Namespace, map[string]bool{}) {
+	if err == nil && !s.access.MayRead(r, rec.Namespace, map[string]bool{}) {
 		err = reclaim.ErrNotFound // what the caller may not see does not exist for it
 	}
 	switch {
@@ -78,7 +78,7 @@ func (s *API) reclaimDecision(r *http.Request, id, who string) (any, error) {
 	case http.MethodGet:
 		return rec, nil
 	case http.MethodDelete:
-		if !s.access().MayWriteJob(r, rec.Namespace, rec.Job) {
+		if !s.access.MayWriteJob(r, rec.Namespace, rec.Job) {
 			return nil, front.Fail(front.ErrForbidden, "only a token that may write job %q in namespace %q may cancel reclaim decision %s", rec.Job, rec.Namespace, id)
 		}
 		if rec.State != reclaim.Proposed || !rec.ActingSince.IsZero() {

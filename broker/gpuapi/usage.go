@@ -144,7 +144,7 @@ func (s *API) readableTenants(r *http.Request, p *policy.Policy) map[string]bool
 	readable, tenants := map[string]bool{}, map[string]bool{}
 	for name, t := range p.Tenants {
 		for _, ns := range t.Namespaces {
-			if s.access().MayRead(r, ns, readable) {
+			if s.access.MayRead(r, ns, readable) {
 				tenants[name] = true
 				break
 			}
@@ -206,7 +206,7 @@ func (s *API) rightSizing(_ http.ResponseWriter, r *http.Request) (any, error) {
 	readable := map[string]bool{}
 	mine := all[:0]
 	for _, p := range all {
-		if s.access().MayRead(r, p.Namespace, readable) {
+		if s.access.MayRead(r, p.Namespace, readable) {
 			mine = append(mine, p)
 		}
 	}

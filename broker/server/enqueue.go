@@ -77,7 +77,7 @@ func (s *Server) enqueue(w http.ResponseWriter, r *http.Request, rj *gpuJobReque
 		event.Result = "not queued: " + err.Error()
 		return front.Refused(s.audit, event, front.Fail(front.ErrTooMany, "job %q not queued: %v", rj.JobID, err))
 	}
-	position, estimate, estimated := s.desk().Place(r.Context(), entries, e, at)
+	position, estimate, estimated := s.desk.Place(r.Context(), entries, e, at)
 	e.EstimatedStart = estimate.At
 	starts := startsText(estimate, estimated)
 	event.ID = e.ID

@@ -25,7 +25,7 @@ func (s *Server) planEstimate(r *http.Request, rj *gpuJobRequest, d admission.De
 	if at >= 0 {
 		e.SubmittedAt = entries[at].SubmittedAt // submitted again, it keeps the place of the version waiting
 	}
-	position, estimate, estimated := s.desk().Place(r.Context(), entries, e, at)
+	position, estimate, estimated := s.desk.Place(r.Context(), entries, e, at)
 	return fmt.Sprintf(" It would be position %d in queue %s.%s", position, d.Queue, startsText(estimate, estimated))
 }
 

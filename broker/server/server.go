@@ -60,11 +60,6 @@ type Profiles interface {
 	Get(namespace, job string) (usage.Profile, bool)
 }
 
-// Approvals are the approvals in force: they raise a job's limit or band.
-type Approvals interface {
-	Current() []approval.Approval
-}
-
 // Leader tells whether this broker takes GPU admissions, and where the one that
 // does is.
 type Leader interface {
@@ -90,7 +85,7 @@ type Server struct {
 	metrics       *metrics.Metrics
 	fairShare     front.FairShare
 	audit         *audit.Log
-	approvalStore Approvals
+	approvalStore front.Approvals
 	preemptions   admission.Preemptions
 	synced        func() bool
 	forecast      *queue.Forecast
@@ -115,6 +110,10 @@ type Server struct {
 	// through; callers reads Nomad as the caller.
 	seq     *decide.Sequence
 	callers *front.Callers
+	// desk and access are the queue as callers see it, and what each may
+	// do, as the API sees them too.
+	desk   *front.Desk
+	access *front.Access
 }
 
 // Options are what a Server is built from; Clock and NewID default to the real ones.
@@ -139,7 +138,7 @@ type Options struct {
 	Metrics   *metrics.Metrics // nil: no /metrics
 	FairShare front.FairShare  // nil: the queue is shown by current share
 	Audit     *audit.Log       // nil: no audit trail
-	Approvals Approvals        // nil: no approvals
+	Approvals front.Approvals  // nil: no approvals
 	// Preemptions are jobs' preemptions while borrowed, for their re-borrow
 	// backoff (nil: none kept).
 	Preemptions admission.Preemptions
@@ -203,7 +202,10 @@ func New(o Options) (*Server, error) {
 		s.newID = queue.NewID
 	}
 	s.callers = front.NewCallers(u, s.client, s.clock)
-	s.seq = &decide.Sequence{Cluster: s.cluster, Enricher: enrich.Enricher{Preemptions: s.preemptions, Clock: s.clock, Approvals: s.approvals}}
+	s.desk = &front.Desk{Queue: s.queue, Policies: s.policies, Usage: s.cluster, Forecast: s.forecast, FairShare: s.fairShare,
+		Clock: s.clock, Log: s.log, Audit: s.audit, Metrics: s.metrics, Synced: s.synced}
+	s.access = &front.Access{ACLs: s.acls, Exclusive: s.exclusive, Policies: s.policies, Callers: s.callers}
+	s.seq = &decide.Sequence{Cluster: s.cluster, Enricher: enrich.Enricher{Preemptions: s.preemptions, Clock: s.clock, Approvals: func() []approval.Approval { return front.InForce(s.approvalStore) }}}
 	s.proxy = httputil.NewSingleHostReverseProxy(u)
 	s.proxy.FlushInterval = -1 // blocking queries, logs and event streams flow as they come
 	s.proxy.Transport = s.client.Transport
@@ -215,25 +217,6 @@ func New(o Options) (*Server, error) {
 		front.WriteError(w, front.Fail(front.ErrNomadUnreach, "Nomad did not answer %s %s: %v", r.Method, r.URL.Path, err))
 	}
 	return s, nil
-}
-
-// desk is the queue as callers see it.
-func (s *Server) desk() *front.Desk {
-	return &front.Desk{Queue: s.queue, Policies: s.policies, Usage: s.cluster, Forecast: s.forecast, FairShare: s.fairShare,
-		Clock: s.clock, Log: s.log, Audit: s.audit, Metrics: s.metrics, Synced: s.synced}
-}
-
-// access is what the caller may do, as Nomad's ACLs say.
-func (s *Server) access() *front.Access {
-	return &front.Access{ACLs: s.acls, Exclusive: s.exclusive, Policies: s.policies, Callers: s.callers}
-}
-
-// approvals are those in force (none without a store).
-func (s *Server) approvals() []approval.Approval {
-	if s.approvalStore == nil {
-		return nil
-	}
-	return s.approvalStore.Current()
 }
 
 // Handler routes a request: the broker's own paths, the gate's calls, or
@@ -267,7 +250,7 @@ func (s *Server) Handler() http.Handler {
 			front.WriteError(w, front.Fail(front.ErrForbidden, "%s %s refused: %s", r.Method, rt.pattern, rt.why))
 			return
 		}
-		if err := s.desk().Listed(); rt.call != callNone && err != nil {
+		if err := s.desk.Listed(); rt.call != callNone && err != nil {
 			front.WriteError(w, err)
 			return
 		}

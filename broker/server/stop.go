@@ -35,7 +35,7 @@ func (s *Server) stop(w http.ResponseWriter, r *http.Request, jc jobCall, jobID 
 			if e.Namespace != jc.namespace || e.JobID != jobID {
 				continue
 			}
-			if !writesAsBroker(r) && !s.access().MayCancel(r, e, who) {
+			if !writesAsBroker(r) && !s.access.MayCancel(r, e, who) {
 				return front.Fail(front.ErrForbidden, "stop of %q refused: it is queued as %s, and only its submitter, or a token that may submit it, may take it out",
 					jobID, e.ID)
 			}
@@ -43,7 +43,7 @@ func (s *Server) stop(w http.ResponseWriter, r *http.Request, jc jobCall, jobID 
 				waiting = true // being registered: wait until Nomad has it
 				continue
 			}
-			if err := s.desk().Dequeue(r, e, who, "stopped"); errors.Is(err, front.ErrConflict) {
+			if err := s.desk.Dequeue(r, e, who, "stopped"); errors.Is(err, front.ErrConflict) {
 				waiting = true // changed meanwhile: read it again
 			} else if err != nil {
 				return err
