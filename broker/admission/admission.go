@@ -259,9 +259,9 @@ type TenantUsage struct {
 	// guarantee, that work would keep the job from ever starting.
 	OwedSince time.Time
 	// Unsettled are the GPUs of its jobs in regions the broker lost and
-	// requeued them from: not in Used (nor its guarantee, nor its GPU-hours),
-	// but they may run there still, so they count against its limit until
-	// the region answers and a copy that runs twice is stopped.
+	// requeued them from. They are not in Used (nor its guarantee, nor its
+	// GPU-hours), but they may run there still, so they count against its
+	// limit until the region answers and a copy that runs twice is stopped.
 	Unsettled policy.Quota
 }
 
@@ -354,10 +354,10 @@ func Decide(p *policy.Policy, job Job, u Usage) Decision {
 	return heldInRegion(p, job, u.Region, d)
 }
 
-// heldInRegion is admitted d as the job's region holds it back: queued, and
-// passed over by the queue, while the region is drained (a job running
-// there already is decided as ever: its work finishes there), or while its
-// tenant would hold more there than its region block allows.
+// heldInRegion is admitted d as the job's region holds it back. It is
+// queued, and passed over by the queue, while the region is drained, unless
+// it runs there already (its work finishes there). It is queued too while
+// its tenant would hold more there than its region block allows.
 func heldInRegion(p *policy.Policy, job Job, r Region, d Decision) Decision {
 	if r.DrainedBy != "" && !r.Running {
 		d.Priority, d.Placed = 0, nil
@@ -549,11 +549,11 @@ func workloadGate(w *policy.Workload, d Decision) Decision {
 	return d
 }
 
-// placeGate places an admission on the nodes (when they are known):
-// borrowed work only where every allocation fits free GPUs now (it cannot
-// preempt, and waiting inside Nomad it would count against its tenant), a
-// gang only where all its allocations fit at once, by preemption too when
-// it is within a guarantee. Work within a guarantee is admitted whether or
+// placeGate places an admission on the nodes (when they are known).
+// Borrowed work goes only where every allocation fits free GPUs now: it
+// cannot preempt, and waiting inside Nomad it would count against its
+// tenant. A gang goes only where all its allocations fit at once, by
+// preemption too when it is within a guarantee. Work within a guarantee is admitted whether or
 // not it fits now: Nomad preempts borrowed work for it. Under placement mode
 // broker the decision carries the nodes chosen.
 func placeGate(p *policy.Policy, w *policy.Workload, job Job, u Usage, d Decision) Decision {

@@ -51,10 +51,10 @@ func (ps placements) move(from, to jobKey, seq uint64) bool {
 	return true
 }
 
-// pending is the GPUs the placements not yet seen take, by node, less what
-// the allocations seen already hold of each (on: GPUs by job and node), but
-// for except's own; until is when the first of them expires (not after
-// until as given). Those expired by now are dropped.
+// pending is the GPUs the placements not yet seen take, by node, but for
+// except's own. What the job's allocations seen hold there (on: GPUs by job
+// and node) is taken off. until is when the first of them expires, no
+// later than until as given. Those expired by now are dropped.
 func (ps placements) pending(now time.Time, except jobKey, on map[jobKey]map[string]int, until time.Time) (map[string]int, time.Time) {
 	out := map[string]int{}
 	for key, pl := range ps {

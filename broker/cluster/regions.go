@@ -191,11 +191,10 @@ func (r *Regions) UsageFor(p *policy.Policy, j admission.Job) admission.Usage {
 	return u
 }
 
-// EachUsage hands each of n jobs of namespace (job(i): one job as each
-// region would decide on it, built only when reached; false: none there;
-// dispatch) to f with the usage it sees in its region (UsageFor), in order,
-// until f returns false: what its tenant holds in each region is read once,
-// not once per job.
+// EachUsage hands each of n jobs of namespace to f with the usage it sees
+// in its region (UsageFor), in order, until f returns false. job(i) is the
+// job as a region would decide on it (dispatch), built when reached; false:
+// none there. What its tenant holds in each region is read once.
 func (r *Regions) EachUsage(p *policy.Policy, namespace string, n int, job func(i int) (admission.Job, bool), f func(i int, j admission.Job, u admission.Usage) bool) {
 	if n == 0 {
 		return
@@ -415,8 +414,8 @@ func (r *Regions) Governs(region string) bool {
 
 // RegionOf is the one other region than the broker's own whose view has a
 // live job of namespace with id (with prefix, an id starting with it), as
-// Nomad names it: where a read that names no region finds a job the broker
-// dispatched there. "" when the broker's own region has such a job, or no
+// Nomad names it. A read that names no region finds a job the broker
+// dispatched there so. "" when the broker's own region has such a job, or no
 // other region or more than one has.
 func (r *Regions) RegionOf(namespace, id string, prefix bool) string {
 	if r.home.Knows(namespace, id, prefix) {

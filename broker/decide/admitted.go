@@ -105,9 +105,9 @@ func Check(ctx context.Context, st nomadjob.Stamper, rec Records, job *api.Job) 
 }
 
 // written reports whether the version of job that Nomad runs is one the
-// broker's records allow: after a stop, only the stopped version itself
-// (its allocations stopping) until the broker registers the job again;
-// else the broker's last write (from it on, while one is in flight).
+// broker's records allow. After a stop, only the stopped version itself
+// (its allocations stopping) is, until the broker registers the job again.
+// Else the broker's last write is (from it on, while one is in flight).
 func written(rec Records, ref nomadjob.Ref, job *api.Job) bool {
 	if job.JobModifyIndex == nil {
 		return true

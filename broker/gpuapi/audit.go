@@ -16,8 +16,8 @@ import (
 // auditTrail reads a page of the audit trail: ?since= (a duration back
 // from now, default 24h) or ?cursor= (a page's next, from its header
 // X-Nomad-Gpu-Next-Cursor), &limit= (default and most: audit.MaxPage),
-// &tenant=, &job=; with ACLs, the events of namespaces the caller may read
-// (and those of no namespace: policy reloads). It reads the trail a line at
+// &tenant=, &job=. With ACLs it reads the events of namespaces the caller
+// may read, and those of no namespace (policy reloads). It reads the trail a line at
 // a time, so that no trail size makes it hold more than a page.
 func (s *API) auditTrail(w http.ResponseWriter, r *http.Request) (any, error) {
 	q := r.URL.Query()
@@ -44,7 +44,7 @@ func (s *API) auditTrail(w http.ResponseWriter, r *http.Request) (any, error) {
 	readable := map[string]bool{}
 	events, next, more, err := s.audit.Page(from, limit, func(e audit.Event) bool {
 		return (tenant == "" || e.Tenant == tenant) && (job == "" || e.Job == job) &&
-			(e.Namespace == "" || s.access().MayRead(r, e.Namespace, readable))
+			(e.Namespace == "" || s.access.MayRead(r, e.Namespace, readable))
 	})
 	if err != nil {
 		return nil, front.Fail(front.ErrUnavailable, "%v", err)
@@ -82,7 +82,7 @@ func (s *API) trace(_ http.ResponseWriter, r *http.Request) (any, error) {
 	submitted := map[[2]string]time.Time{}
 	err = s.audit.Scan(from, func(e audit.Event) bool {
 		k := [2]string{e.Namespace, e.Job}
-		if at, ok := submitted[k]; e.What == audit.Admission && (!ok || e.Time.Before(at)) && s.access().MayRead(r, e.Namespace, readable) {
+		if at, ok := submitted[k]; e.What == audit.Admission && (!ok || e.Time.Before(at)) && s.access.MayRead(r, e.Namespace, readable) {
 			submitted[k] = e.Time
 		}
 		return true
@@ -94,7 +94,7 @@ func (s *API) trace(_ http.ResponseWriter, r *http.Request) (any, error) {
 	var jobs []sim.Job
 	var at []time.Time
 	for _, p := range profiles {
-		if p.Last.Before(from) || p.Asked == 0 || !s.access().MayRead(r, p.Namespace, readable) {
+		if p.Last.Before(from) || p.Asked == 0 || !s.access.MayRead(r, p.Namespace, readable) {
 			continue
 		}
 		t, ok := submitted[[2]string{p.Namespace, p.Job}]

@@ -228,11 +228,11 @@ func (l *Ledger) restart() {
 }
 
 // bounded is the ledger's time for a pass at local (the monotonic clock)
-// that the clocks put at now. It is now, unless now is more than
-// clockAgreement from the last pass's time plus the monotonic time since:
-// it is that sum then, so a step of Nomad's clock is neither charged nor
-// followed. stepped is
-// how far the offset between the two moved at this pass (0: it did not).
+// that the clocks put at now. Past the first pass it is the last pass's
+// time plus the monotonic time since, when now is more than clockAgreement
+// from that: a step of Nomad's clock is neither charged nor followed.
+// Otherwise it is now. stepped is how far the offset between the two moved
+// at this pass (0: it did not).
 func (l *Ledger) bounded(local, now time.Time) (time.Time, time.Duration) {
 	if l.lastLocal.IsZero() {
 		return now, 0
@@ -305,10 +305,10 @@ func (l *Ledger) overLimit(ctx context.Context, from, now time.Time, allocs []re
 }
 
 // charge is the GPU time of allocs from from up to now, except for those
-// the last pass did not charge as started: the view may see a start only
-// after the pass that followed it, so they count from their start, as far
-// back as floor (this term's first charge: what came before is an earlier
-// leader's to count; zero: from). One charge from floor does both: an
+// the last pass did not charge as started. The view may see a start only
+// after the pass that followed it, so those count from their start, as far
+// back as floor. Floor is this term's first charge (what came before is an
+// earlier leader's to count); zero: from. One charge from floor does both: an
 // allocation charged before counts as started at from at the earliest.
 func (l *Ledger) charge(from, floor, now time.Time, allocs []reclaim.Alloc, gpus map[string]reclaim.GPU, p *policy.Policy) map[string]map[usage.Key]usage.Seconds {
 	if floor.IsZero() || !floor.Before(from) {

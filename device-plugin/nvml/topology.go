@@ -10,10 +10,10 @@ import (
 )
 
 // islands numbers the NVLink islands of a host's GPUs (devs[i] described by
-// described[i]): GPUs joined by an active NVLink, directly or through an
-// NVSwitch (every GPU on the switches is one island: the fabric connects
-// them all), are one island; a GPU with no active NVLink is in its NUMA
-// node's island, or alone when NVML does not tell its NUMA node. Islands
+// described[i]). GPUs joined by an active NVLink, directly or through an
+// NVSwitch, are one island: every GPU on the switches is one, as the fabric
+// connects them all. A GPU with no active NVLink is in its NUMA node's
+// island, or alone when NVML does not tell its NUMA node. Islands
 // are numbered from 0 in the order of their first GPU's PCI bus id.
 func islands(devs []nvml.Device, described []gpu.Device) []int64 {
 	parent := map[string]string{}
