@@ -130,14 +130,11 @@ func (v *View) followStop(key jobKey, stopped, live, stamped bool, modifyIndex u
 	switch {
 	case stopped && stamped:
 		v.stopped.saw(key, modifyIndex, v.clock.Now())
-		if res, ok := v.reserved[key]; ok && res.index != 0 && res.index < modifyIndex {
-			// Nomad took that registration and has stopped the job since:
-			// nothing of it is still to come (its own event may never show,
-			// as when a listing replaced the stream in between).
-			delete(v.reserved, key)
-		}
+		// A registration Nomad took before the stop: its own event may
+		// never show, as when a listing replaced the stream in between.
+		v.reserved.stopped(key, modifyIndex)
 	case live:
-		if res, ok := v.reserved[key]; ok && (res.index == 0 || res.index == modifyIndex) {
+		if v.reserved.registers(key, modifyIndex) {
 			v.stopped.revived(key)
 		}
 	}
@@ -204,8 +201,7 @@ func (v *View) RecordedStop(namespace, id string, index uint64) {
 func (v *View) Registering(namespace, id string) bool {
 	v.mu.RLock()
 	defer v.mu.RUnlock()
-	res, ok := v.reserved[jobKey{namespace, id}]
-	return ok && v.clock.Now().Before(res.until)
+	return v.reserved.live(jobKey{namespace, id}, v.clock.Now())
 }
 
 // observeStable records a job version Nomad marks stable (read from its

@@ -20,6 +20,104 @@ type reservation struct {
 	index    uint64 // Nomad's JobModifyIndex for it, once Nomad took the job
 }
 
+// reservations are the admitted demand not yet known to be in Nomad, by
+// job; seq numbers each, so that a Reservation acts on its own alone. The
+// view calls them with its lock held.
+type reservations struct {
+	m    map[jobKey]reservation
+	next uint64
+}
+
+func newReservations() reservations { return reservations{m: map[jobKey]reservation{}} }
+
+// add reserves demand for key until until, and returns its seq.
+func (rs *reservations) add(key jobKey, demand map[string]int, borrowed bool, until time.Time) uint64 {
+	rs.next++
+	rs.m[key] = reservation{seq: rs.next, demand: demand, borrowed: borrowed, until: until}
+	return rs.next
+}
+
+// confirm records that Nomad took the registration of key's reservation seq
+// at index (0: under another id, whose events follow within moments: it
+// keeps settleGrace from now at most); false: that reservation is gone.
+func (rs *reservations) confirm(key jobKey, seq, index uint64, now time.Time) bool {
+	res, ok := rs.m[key]
+	if !ok || res.seq != seq {
+		return false
+	}
+	res.index = index
+	if index == 0 {
+		res.until = minTime(res.until, now.Add(settleGrace))
+	}
+	rs.m[key] = res
+	return true
+}
+
+// move gives key's reservation seq to child, which Nomad took at index;
+// false: that reservation is gone.
+func (rs *reservations) move(key, child jobKey, seq, index uint64) bool {
+	res, ok := rs.m[key]
+	if !ok || res.seq != seq {
+		return false
+	}
+	delete(rs.m, key)
+	res.index = index
+	rs.m[child] = res
+	return true
+}
+
+// withdraw gives key's reservation seq up.
+func (rs *reservations) withdraw(key jobKey, seq uint64) {
+	if res, ok := rs.m[key]; ok && res.seq == seq {
+		delete(rs.m, key)
+	}
+}
+
+// settle ends key's confirmed reservation once the job as recorded (its
+// demand, at modifyIndex) covers it, and gives one it does not cover
+// settleGrace from now.
+func (rs *reservations) settle(key jobKey, recorded bool, demand map[string]int, modifyIndex uint64, now time.Time) {
+	res, ok := rs.m[key]
+	if !ok || res.index == 0 || !recorded || modifyIndex < res.index {
+		return
+	}
+	for model, n := range res.demand {
+		if demand[model] < n {
+			res.until = minTime(res.until, now.Add(settleGrace))
+			rs.m[key] = res
+			return
+		}
+	}
+	delete(rs.m, key)
+}
+
+// stopped ends key's reservation when Nomad took its registration and has
+// stopped the job since (at modifyIndex): nothing of it is still to come.
+func (rs *reservations) stopped(key jobKey, modifyIndex uint64) {
+	if res, ok := rs.m[key]; ok && res.index != 0 && res.index < modifyIndex {
+		delete(rs.m, key)
+	}
+}
+
+// registers reports whether key's reservation is the broker's registration
+// of the version at modifyIndex (or one Nomad has not answered yet).
+func (rs *reservations) registers(key jobKey, modifyIndex uint64) bool {
+	res, ok := rs.m[key]
+	return ok && (res.index == 0 || res.index == modifyIndex)
+}
+
+// live reports whether key holds a reservation that has not expired by now.
+func (rs *reservations) live(key jobKey, now time.Time) bool {
+	res, ok := rs.m[key]
+	return ok && now.Before(res.until)
+}
+
+// unexpired drops the reservations expired by now, and returns the others.
+func (rs *reservations) unexpired(now time.Time) map[jobKey]reservation {
+	maps.DeleteFunc(rs.m, func(_ jobKey, r reservation) bool { return !now.Before(r.until) })
+	return rs.m
+}
+
 // settleGrace is how long a reservation stays after its job's event when the
 // event shows less than was reserved: the deployment event with the canaries
 // follows the job event.
@@ -56,11 +154,9 @@ func (v *View) admit(p *policy.Policy, j admission.Job, elsewhere map[string]adm
 		v.stable[key] = j.RevertTo
 		atLeast(demand, demandByModel(j.RevertTo))
 	}
-	v.nextRes++
-	v.reserved[key] = reservation{seq: v.nextRes, demand: demand, borrowed: d.Outcome == admission.AdmitBorrowed,
-		until: v.clock.Now().Add(ReservationHold)}
-	v.place(key, v.nextRes, j, d.Placed)
-	return d, &Reservation{v: v, key: key, seq: v.nextRes}
+	seq := v.reserved.add(key, demand, d.Outcome == admission.AdmitBorrowed, v.clock.Now().Add(ReservationHold))
+	v.place(key, seq, j, d.Placed)
+	return d, &Reservation{v: v, key: key, seq: seq}
 }
 
 // Reservation is admitted demand not yet known to be in Nomad.
@@ -80,12 +176,7 @@ func (r *Reservation) Confirm(index uint64) {
 	}
 	r.v.mu.Lock()
 	defer r.v.mu.Unlock()
-	if res, ok := r.v.reserved[r.key]; ok && res.seq == r.seq {
-		res.index = index
-		if index == 0 {
-			res.until = minTime(res.until, r.v.clock.Now().Add(settleGrace))
-		}
-		r.v.reserved[r.key] = res
+	if r.v.reserved.confirm(r.key, r.seq, index, r.v.clock.Now()) {
 		r.v.settle(r.key)
 	}
 }
@@ -100,12 +191,10 @@ func (r *Reservation) ConfirmAs(id string, index uint64) {
 	}
 	r.v.mu.Lock()
 	defer r.v.mu.Unlock()
-	res, ok := r.v.reserved[r.key]
-	if !ok || res.seq != r.seq {
+	child := jobKey{r.key.namespace, id}
+	if !r.v.reserved.move(r.key, child, r.seq, index) {
 		return
 	}
-	delete(r.v.reserved, r.key)
-	child := jobKey{r.key.namespace, id}
 	if r.v.placing.move(r.key, child, r.seq) {
 		// The nodes chosen are the child's: its allocations show them
 		// taken. Left under the parent's id, nothing of the parent's ever
@@ -113,27 +202,14 @@ func (r *Reservation) ConfirmAs(id string, index uint64) {
 		r.v.rooms = nil
 	}
 	r.key = child
-	res.index = index
-	r.v.reserved[r.key] = res
 	r.v.settle(r.key)
 }
 
 // settle ends a confirmed reservation that the job's recorded demand covers,
 // and gives one it does not cover a short grace.
 func (v *View) settle(key jobKey) {
-	res, ok := v.reserved[key]
 	rec, recorded := v.jobs[key]
-	if !ok || res.index == 0 || !recorded || rec.modifyIndex < res.index {
-		return
-	}
-	for model, n := range res.demand {
-		if rec.demand[model] < n {
-			res.until = minTime(res.until, v.clock.Now().Add(settleGrace))
-			v.reserved[key] = res
-			return
-		}
-	}
-	delete(v.reserved, key)
+	v.reserved.settle(key, recorded, rec.demand, rec.modifyIndex, v.clock.Now())
 }
 
 func minTime(a, b time.Time) time.Time {
@@ -163,9 +239,7 @@ func (r *Reservation) Withdraw() {
 	}
 	r.v.mu.Lock()
 	defer r.v.mu.Unlock()
-	if res, ok := r.v.reserved[r.key]; ok && res.seq == r.seq {
-		delete(r.v.reserved, r.key)
-	}
+	r.v.reserved.withdraw(r.key, r.seq)
 	if r.v.placing.drop(r.key, r.seq) {
 		r.v.rooms = nil
 	}
@@ -194,16 +268,12 @@ func (v *View) heldSince(key jobKey, index uint64) int {
 // and its allocations count (nil with no reservation: usage is read for every
 // decision and region).
 func (v *View) reservationExtra(except jobKey) (extra, extraBorrowed map[string]map[string]int) {
-	if len(v.reserved) == 0 {
+	live := v.reserved.unexpired(v.clock.Now())
+	if len(live) == 0 {
 		return nil, nil
 	}
 	extra, extraBorrowed = map[string]map[string]int{}, map[string]map[string]int{}
-	now := v.clock.Now()
-	for key, r := range v.reserved {
-		if !now.Before(r.until) {
-			delete(v.reserved, key)
-			continue
-		}
+	for key, r := range live {
 		if key == except {
 			continue
 		}

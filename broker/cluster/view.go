@@ -39,13 +39,13 @@ type View struct {
 	// reverts to it on failure: those count the larger of both.
 	stable    map[jobKey][]admission.Group
 	reverting map[jobKey]bool
-	held      map[string]*byModel    // GPUs live jobs hold, by namespace
-	total     map[string]int         // GPUs live jobs hold, by model, all namespaces
-	reserved  map[jobKey]reservation // admitted, maybe not seen in an event yet
-	allocs    map[string]Alloc       // allocations holding GPUs, by id
-	ended     map[string]Alloc       // see trackEnd
-	endSweep  time.Time              // when ended was last swept
-	samples   map[string]Sample      // the GPUs' latest telemetry, by device id (the leader's)
+	held      map[string]*byModel // GPUs live jobs hold, by namespace
+	total     map[string]int      // GPUs live jobs hold, by model, all namespaces
+	reserved  reservations        // admitted, maybe not seen in an event yet
+	allocs    map[string]Alloc    // allocations holding GPUs, by id
+	ended     map[string]Alloc    // see trackEnd
+	endSweep  time.Time           // when ended was last swept
+	samples   map[string]Sample   // the GPUs' latest telemetry, by device id (the leader's)
 	// What running and pending allocations hold beyond their job's demand
 	// (all they hold once the job is stopped): counted as used until Nomad
 	// stops them, so that GPUs a stop or scale-down frees are not admitted
@@ -63,7 +63,6 @@ type View struct {
 	// (StoppedAdmitted) or the broker registers them again; a listing
 	// keeps them (unrecordedStopKept).
 	stopped stops
-	nextRes uint64
 	// placing are the nodes admitted jobs were placed on (placement mode
 	// broker) until their allocations show there; heldFor the nodes held
 	// for waiting jobs (node id → job key).
@@ -99,7 +98,7 @@ func NewView(verify func(*api.Job) bool) *View {
 	}
 	return &View{verify: verify, clock: clock.Real, nodes: map[string]node{}, jobs: map[jobKey]job{},
 		canaries: map[jobKey]map[string]int{}, stable: map[jobKey][]admission.Group{}, reverting: map[jobKey]bool{}, held: map[string]*byModel{}, total: map[string]int{},
-		reserved: map[jobKey]reservation{}, allocs: map[string]Alloc{}, ended: map[string]Alloc{}, holds: map[string]hold{}, heldBy: map[jobKey]map[string]int{},
+		reserved: newReservations(), allocs: map[string]Alloc{}, ended: map[string]Alloc{}, holds: map[string]hold{}, heldBy: map[jobKey]map[string]int{},
 		excess: map[jobKey]map[string]int{}, excessBorrowed: map[jobKey]bool{}, undeclared: map[jobKey]string{},
 		stopped: stops{}, placing: placements{}, status: newRegionStatus(), changed: make(chan struct{}, 1), nodesDirty: true}
 }
