@@ -26,10 +26,10 @@ type Promotion struct {
 
 // Promotions returns, under policy borrowing.promote_below (or its
 // workload's, for a job of a workload that sets its own), the running
-// borrowed jobs that run on within their tenant's guarantee: each tenant's
-// oldest first (the most work a preemption would lose, short of knowing
-// its checkpoints), while its work within the guarantee (guaranteed, by
-// tenant) and the job stay within promote_below of it. Promoted, a job is
+// borrowed jobs that run on within their tenant's guarantee. Each tenant's
+// oldest go first: the most work a preemption would lose, short of knowing
+// its checkpoints. They go while its work within the guarantee
+// (guaranteed, by tenant) and the job stay within promote_below of it. Promoted, a job is
 // no longer another tenant's to preempt; promoting only below the whole
 // guarantee keeps room for the tenant's next job to take borrowed work
 // back. Only guarantees over all GPUs are weighed (one by class says

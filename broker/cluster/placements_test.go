@@ -7,8 +7,8 @@ import (
 )
 
 // A placement not yet seen takes its GPUs on its nodes, less what the job's
-// allocations seen there hold already, until it expires; the job's own
-// decision does not count it, and a dispatched child takes its parent's
+// allocations seen there hold already, until it expires. The job's own
+// decision does not count it. A dispatched child takes its parent's
 // placement of the same reservation only.
 func TestPlacementsTakeTheirNodesUntilSeenOrExpired(t *testing.T) {
 	t0 := time.Date(2026, 12, 7, 12, 0, 0, 0, time.UTC)

@@ -5,10 +5,10 @@ import (
 	"time"
 )
 
-// A reservation is acted on by its own seq alone; confirmed, it ends once
-// the job as recorded covers it at the index Nomad took it at, and gets a
-// short grace while it does not; one confirmed under another id moves
-// there; a stop after the registration Nomad took ends it; each expires.
+// A reservation is acted on by its own seq alone. Confirmed, it ends once
+// the job as recorded covers it at the index Nomad took it at, with a short
+// grace while it does not. One confirmed under another id moves there. A
+// stop after the registration Nomad took ends it, and each expires.
 func TestReservationsLiveUntilTheirJobShowsOrTheyExpire(t *testing.T) {
 	t0 := time.Date(2026, 12, 7, 12, 0, 0, 0, time.UTC)
 	train, child := jobKey{"vision", "train"}, jobKey{"vision", "train/dispatch-1"}

@@ -748,7 +748,7 @@ func (e *RegisterError) Error() string {
 // Refused reports whether Nomad refused the job itself (4xx): sending it
 // again unchanged cannot succeed. 408 and 429 are not the job's: Nomad did
 // not read it in time, or the broker's address holds more connections than
-// http_max_conns_per_client; the next pass sends it again (a queued job was
+// http_max_conns_per_client. The next pass sends it again (a queued job was
 // parked for them, and stayed parked).
 func (e *RegisterError) Refused() bool {
 	switch e.Status {

@@ -18,10 +18,10 @@ import (
 
 // RegionLoss carries out on_region_loss on the leader, at each reclaim pass.
 // A region the broker cannot reach keeps its jobs charged for the policy's
-// region_lost_timeout; then each job the broker dispatched there (meta
-// nomad-gpu.dispatched-region) that is to be requeued goes back to the queue,
-// to be dispatched again, and stops being charged there; the others stay
-// charged until the region comes back. Once it has, a job that now runs in
+// region_lost_timeout. Then each job the broker dispatched there (meta
+// nomad-gpu.dispatched-region) that is to be requeued goes back to the
+// queue, to be dispatched again, and stops being charged there. The others
+// stay charged until the region comes back. Once it has, a job that now runs in
 // two regions is found by its dispatch id: the copy with the earlier one is
 // stopped, and a requeued copy still waiting in the queue is withdrawn, the
 // job running on where it was. Each act is written to the audit trail.

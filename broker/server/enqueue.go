@@ -36,10 +36,11 @@ func (s *Server) entryRegion(rj *gpuJobRequest) string {
 // -detach) prints the message and exits 0. What is stored is the request as
 // the broker read it (namespace and counts pinned), never the raw body.
 func (s *Server) enqueue(w http.ResponseWriter, r *http.Request, rj *gpuJobRequest, d admission.Decision, who string, event audit.Event, warnings ...string) error {
-	// The leader registers it later with the broker's own token: first make
-	// sure the token resolves, and that the caller may submit this job here
-	// now: as a tenant submitter (exclusive), or as Nomad says for a plan
-	// with the caller's token (a plan needs submit-job and changes nothing).
+	// The leader registers it later with the broker's own token. So first
+	// make sure the token resolves, and that the caller may submit this job
+	// here now: as a tenant submitter (exclusive), or as Nomad says for a
+	// plan with the caller's token (a plan needs submit-job and changes
+	// nothing).
 	_, accessor, err := s.callers.As(r).Resolve()
 	if err != nil {
 		return front.Fail(front.ErrForbidden, "job %q not queued: %v", rj.JobID, err)

@@ -53,9 +53,9 @@ func (s *Server) readJobCall(w http.ResponseWriter, r *http.Request, c call) (jo
 }
 
 // bodyRegion puts the region a job call's body names into its query when
-// the query names none: Nomad acts in that region (parseRegion keeps a
-// body's region unless the query has one), so the broker reads and
-// decides on the job there, and forwards the call naming it.
+// the query names none. Nomad acts in that region (parseRegion keeps a
+// body's region unless the query has one), so the broker reads and decides
+// on the job there, and forwards the call naming it.
 func bodyRegion(r *http.Request, region string) {
 	q := r.URL.Query()
 	if region == "" || q.Get("region") != "" {
@@ -99,7 +99,7 @@ func (s *Server) scale(w http.ResponseWriter, r *http.Request, jc jobCall, jobID
 	rec := s.rewritten(r, ref, false)
 	if admittedBefore && s.scales != nil {
 		// The stamp covers counts: record what is admitted now, before Nomad
-		// has it, so that the job stays verifiable; when Nomad does not take
+		// has it, so that the job stays verifiable. When Nomad does not take
 		// the scale (an active deployment blocks it), the grant goes back to
 		// the counts Nomad still runs, so the job stays verifiable as it is.
 		grant := before // what else it says (a promotion, a sub-band) still holds
@@ -440,8 +440,8 @@ func autoReverts(d *api.Deployment) bool {
 }
 
 // deploymentWrite passes a deployment write on, but for one that can make
-// Nomad revert the job (fail, or allocations marked unhealthy, in a
-// deployment with auto_revert): that is decided as the revert it leads to,
+// Nomad revert the job: a fail, or allocations marked unhealthy, in a
+// deployment with auto_revert. That is decided as the revert it leads to,
 // to the job's latest stable version, and refused when the tenant could
 // not hold it.
 func (s *Server) deploymentWrite(w http.ResponseWriter, r *http.Request, jc jobCall, path, id string) error {

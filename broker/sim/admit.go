@@ -221,11 +221,11 @@ func (pr *passRun) advance(r *run, k *queue.Keyer) bool {
 	return false
 }
 
-// quiet reports whether nothing in the pass about to be made can preempt:
-// no tenant has room within its guarantee for its smallest waiting demand
-// (so the pass admits nothing within a guarantee: borrowed work preempts
-// nothing), and Nomad has no allocation waiting at a priority that preempts
-// borrowed work (an admission's placement could let it preempt). Then no
+// quiet reports whether nothing in the pass about to be made can preempt.
+// No tenant has room within its guarantee for its smallest waiting demand,
+// so the pass admits nothing within a guarantee (borrowed work preempts
+// nothing). And Nomad has no allocation waiting at a priority that preempts
+// borrowed work, which an admission's placement could let preempt. Then no
 // tenant's borrowed work is preempted within the pass, and its room does
 // not grow: the bound needs no room for that. Under sustained overload most
 // passes are quiet, and the room a tenant's borrowed work would count for
