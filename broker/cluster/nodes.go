@@ -150,9 +150,16 @@ func (v *View) NodesFitting(model string, gpus int) int {
 	return v.nodesFitting(model, gpus)
 }
 
-func (v *View) nodesFitting(model string, gpus int) int {
+func (v *View) nodesFitting(model string, gpus int) int { return v.nodes.fitting(model, gpus) }
+
+// nodeSet is the view's nodes by id, as it keeps them: what each offers,
+// and what they offer together. The view calls it with its lock held.
+type nodeSet map[string]node
+
+// fitting counts the nodes that fit gpus GPUs of model in one group (fits).
+func (ns nodeSet) fitting(model string, gpus int) int {
 	n := 0
-	for _, nd := range v.nodes {
+	for _, nd := range ns {
 		if fits(nd, model, gpus) {
 			n++
 		}
@@ -160,12 +167,10 @@ func (v *View) nodesFitting(model string, gpus int) int {
 	return n
 }
 
-// FittingNodes are the ids of the nodes NodesFitting counts, sorted.
-func (v *View) FittingNodes(model string, gpus int) []string {
-	v.mu.RLock()
-	defer v.mu.RUnlock()
+// fittingIDs are the ids of the nodes fitting counts, sorted.
+func (ns nodeSet) fittingIDs(model string, gpus int) []string {
 	var ids []string
-	for id, nd := range v.nodes {
+	for id, nd := range ns {
 		if fits(nd, model, gpus) {
 			ids = append(ids, id)
 		}
@@ -174,12 +179,9 @@ func (v *View) FittingNodes(model string, gpus int) []string {
 	return ids
 }
 
-// Islanded reports whether some node offers model per NVLink island
-// ("<model> (island N)" groups: the plugin's island_groups).
-func (v *View) Islanded(model string) bool {
-	v.mu.RLock()
-	defer v.mu.RUnlock()
-	for _, nd := range v.nodes {
+// islanded reports whether some node offers model per NVLink island.
+func (ns nodeSet) islanded(model string) bool {
+	for _, nd := range ns {
 		for group := range nd.islands {
 			if policy.IslandModel(group) == model {
 				return true
@@ -187,6 +189,21 @@ func (v *View) Islanded(model string) bool {
 		}
 	}
 	return false
+}
+
+// FittingNodes are the ids of the nodes NodesFitting counts, sorted.
+func (v *View) FittingNodes(model string, gpus int) []string {
+	v.mu.RLock()
+	defer v.mu.RUnlock()
+	return v.nodes.fittingIDs(model, gpus)
+}
+
+// Islanded reports whether some node offers model per NVLink island
+// ("<model> (island N)" groups: the plugin's island_groups).
+func (v *View) Islanded(model string) bool {
+	v.mu.RLock()
+	defer v.mu.RUnlock()
+	return v.nodes.islanded(model)
 }
 
 // fits reports whether a schedulable node has at least gpus healthy GPUs of
@@ -211,18 +228,19 @@ func fits(nd node, model string, gpus int) bool {
 	return have >= gpus && have > 0
 }
 
-// nodeTotals sums schedulable, healthy GPUs by class, and the most on one node.
-func (v *View) nodeTotals(p *policy.Policy) (capacity, maxAlloc policy.Quota) {
+// totals sums schedulable, healthy GPUs by class, and the most on one
+// node, a shared group's GPUs weighed by replicas (sharedReplicas).
+func (ns nodeSet) totals(p *policy.Policy, replicas map[string]int) (capacity, maxAlloc policy.Quota) {
 	capacity, maxAlloc = policy.Quota{}, policy.Quota{}
-	for _, n := range v.nodes {
+	for _, n := range ns {
 		if !n.schedulable {
 			continue
 		}
-		perNode := classify(p, n.gpus, admission.Usage{Replicas: v.replicas})
+		perNode := classify(p, n.gpus, admission.Usage{Replicas: replicas})
 		for class, count := range perNode {
 			capacity[class] += count
 		}
-		for class, count := range classify(p, askable(n), admission.Usage{Replicas: v.replicas}) {
+		for class, count := range classify(p, askable(n), admission.Usage{Replicas: replicas}) {
 			maxAlloc[class] = max(maxAlloc[class], count)
 		}
 	}
@@ -256,9 +274,9 @@ func askable(n node) map[string]int {
 
 // sharedReplicas is, per shared group, the fewest replicas per GPU any node
 // offers it as.
-func (v *View) sharedReplicas() map[string]int {
+func (ns nodeSet) sharedReplicas() map[string]int {
 	out := map[string]int{}
-	for _, n := range v.nodes {
+	for _, n := range ns {
 		for group, r := range n.replicas {
 			if cur, ok := out[group]; !ok || r < cur {
 				out[group] = r
@@ -274,7 +292,7 @@ func (v *View) Capacity() int {
 	v.mu.RLock()
 	defer v.mu.RUnlock()
 	// Replicas weigh as in admission: the same share, whatever the node.
-	u := admission.Usage{Replicas: v.sharedReplicas()}
+	u := admission.Usage{Replicas: v.nodes.sharedReplicas()}
 	total := 0.0
 	for _, n := range v.nodes {
 		if n.schedulable {

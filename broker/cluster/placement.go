@@ -152,7 +152,7 @@ func (v *View) buildRooms(where admission.Where, except jobKey, now time.Time) (
 	}
 	pending, until := v.placing.pending(now, except, jobOn, until) // GPUs placements not yet seen take, by node
 	if v.order == nil {
-		v.order = nodeOrder(v.nodes)
+		v.order = v.nodes.order()
 	}
 	out := make([]admission.NodeRoom, 0, len(v.order)) // known, if empty: nothing fits
 	for _, ng := range v.order {
@@ -267,12 +267,12 @@ func (v *View) Unplaced() []Unplaced {
 // nodeGroup is one device group of a node.
 type nodeGroup struct{ node, group string }
 
-// nodeOrder is the device groups of the schedulable nodes with healthy
-// GPUs, by node id then group: the order rooms are read in, kept until a
-// node changes.
-func nodeOrder(nodes map[string]node) []nodeGroup {
+// order is the device groups of the schedulable nodes with healthy GPUs,
+// by node id then group: the order rooms are read in, kept until a node
+// changes.
+func (ns nodeSet) order() []nodeGroup {
 	out := []nodeGroup{}
-	for id, n := range nodes {
+	for id, n := range ns {
 		if !n.schedulable {
 			continue
 		}

@@ -97,8 +97,8 @@ type counting struct {
 // caller holds v.mu.
 func (v *View) usageOf(p *policy.Policy, namespace, id string) (admission.Usage, counting) {
 	if v.nodesDirty || v.capPolicy != p {
-		v.replicas = v.sharedReplicas()
-		v.capacity, v.maxAlloc = v.nodeTotals(p)
+		v.replicas = v.nodes.sharedReplicas()
+		v.capacity, v.maxAlloc = v.nodes.totals(p, v.replicas)
 		v.capPolicy, v.nodesDirty = p, false
 	}
 	u := admission.Usage{Tenants: map[string]admission.TenantUsage{}, Replicas: v.replicas}

@@ -31,7 +31,7 @@ type View struct {
 	decisions jobLocks // one decision at a time per job (LockJob)
 
 	mu       sync.RWMutex
-	nodes    map[string]node
+	nodes    nodeSet
 	jobs     map[jobKey]job
 	canaries map[jobKey]map[string]int // unpromoted canaries of a job's active deployment, by group
 	// stable is the GPU demand of a job's latest stable version (Nomad's
@@ -72,7 +72,7 @@ type View struct {
 	// (nodeRooms), until roomsUntil; nil: to build again.
 	rooms      []admission.NodeRoom
 	roomsUntil time.Time
-	order      []nodeGroup // see nodeOrder; nil: to sort again
+	order      []nodeGroup // see nodeSet.order; nil: to sort again
 	changed    chan struct{}
 	synced     bool         // a full listing has been applied
 	status     regionStatus // whether the region is followed, and the jobs dispatched to it
@@ -96,7 +96,7 @@ func NewView(verify func(*api.Job) bool) *View {
 	if verify == nil {
 		verify = func(*api.Job) bool { return false }
 	}
-	return &View{verify: verify, clock: clock.Real, nodes: map[string]node{}, jobs: map[jobKey]job{},
+	return &View{verify: verify, clock: clock.Real, nodes: nodeSet{}, jobs: map[jobKey]job{},
 		canaries: map[jobKey]map[string]int{}, stable: map[jobKey][]admission.Group{}, reverting: map[jobKey]bool{}, held: map[string]*byModel{}, total: map[string]int{},
 		reserved: newReservations(), allocs: map[string]Alloc{}, ended: map[string]Alloc{}, holds: map[string]hold{}, heldBy: map[jobKey]map[string]int{},
 		excess: map[jobKey]map[string]int{}, excessBorrowed: map[jobKey]bool{}, undeclared: map[jobKey]string{},
@@ -156,7 +156,7 @@ func (v *View) Generation() uint64 { return v.generation.Load() }
 func (v *View) Reset(snap Snapshot) {
 	v.mu.Lock()
 	was, wasJobs := v.nodes, v.jobs
-	v.nodes, v.jobs, v.held, v.total, v.nodesDirty = map[string]node{}, map[jobKey]job{}, map[string]*byModel{}, map[string]int{}, true
+	v.nodes, v.jobs, v.held, v.total, v.nodesDirty = nodeSet{}, map[jobKey]job{}, map[string]*byModel{}, map[string]int{}, true
 	wasAllocs := v.allocs
 	v.canaries, v.allocs, v.reverting = map[jobKey]map[string]int{}, map[string]Alloc{}, map[jobKey]bool{}
 	// What is known of stable versions stays for the jobs still there: a

@@ -1,0 +1,66 @@
+package cluster
+
+import (
+	"maps"
+	"slices"
+	"testing"
+
+	"github.com/nomad-gpu/nomad-gpu/broker/policy"
+	"github.com/nomad-gpu/nomad-gpu/testing/testbuild"
+)
+
+// The nodes add up as Nomad places on them. A request fits a node in one
+// device group, a model offered per NVLink island in one island. A node
+// that takes no work counts for nothing. A shared group's replicas count
+// as their GPUs, each replica at the fewest replicas any node offers.
+func TestANodeSetAddsUpAsNomadPlaces(t *testing.T) {
+	const h100, island0, island1 = testbuild.H100, testbuild.H100 + " (island 0)", testbuild.H100 + " (island 1)"
+	ns := nodeSet{
+		"b": {schedulable: true, gpus: map[string]int{h100: 8}},
+		"a": {schedulable: true, gpus: map[string]int{island0: 4, island1: 2}, islands: map[string]bool{island0: true, island1: true}},
+		"c": {schedulable: false, gpus: map[string]int{h100: 8}},
+		"d": {schedulable: true, gpus: map[string]int{h100 + " (shared)": 8}, replicas: map[string]int{h100 + " (shared)": 4}}, // 2 GPUs
+		"e": {schedulable: true, gpus: map[string]int{h100 + " (shared)": 4}, replicas: map[string]int{h100 + " (shared)": 4}}, // 1 GPU
+	}
+	for _, c := range []struct {
+		model string
+		gpus  int
+		want  []string
+	}{
+		{h100, 4, []string{"a", "b"}}, // a's largest island holds 4
+		{h100, 5, []string{"b"}},
+		{"", 6, []string{"a", "b", "d"}}, // any model: a node's devices in all, replicas too
+		{h100, 9, nil},
+	} {
+		if got := ns.fittingIDs(c.model, c.gpus); !slices.Equal(got, c.want) || ns.fitting(c.model, c.gpus) != len(c.want) {
+			t.Errorf("%d of %q fit on %v, want %v", c.gpus, c.model, got, c.want)
+		}
+	}
+	if !ns.islanded(h100) || ns.islanded("NVIDIA A100") {
+		t.Errorf("islanded: H100 %t, A100 %t; want H100 alone", ns.islanded(h100), ns.islanded("NVIDIA A100"))
+	}
+	replicas := ns.sharedReplicas()
+	if want := map[string]int{h100 + " (shared)": 4}; !maps.Equal(replicas, want) {
+		t.Errorf("replicas %v, want %v", replicas, want)
+	}
+	mixed := nodeSet{"x": ns["d"], "y": {schedulable: true, gpus: map[string]int{h100 + " (shared)": 2}, replicas: map[string]int{h100 + " (shared)": 2}}}
+	if got := mixed.sharedReplicas()[h100+" (shared)"]; got != 2 {
+		t.Errorf("replicas where nodes differ: %d, want the fewest, 2", got)
+	}
+	p := testbuild.Policy(t, `
+queue "training" { priority = 60 }
+gpu_class "h100" { models = ["NVIDIA H100*"] }
+tenant "vision" {
+  namespaces = ["vision"]
+  queues = ["training"]
+  guaranteed = 2
+  limit = 2
+}`)
+	capacity, maxAlloc := ns.totals(p, replicas)
+	if capacity[policy.AllGPUs] != 17 || maxAlloc[policy.AllGPUs] != 8 {
+		t.Errorf("capacity %v, most on one node %v; want 8+6+2+1 = 17 GPUs (c takes no work), 8 at most", capacity, maxAlloc)
+	}
+	if got := ns.order(); len(got) != 5 || got[0] != (nodeGroup{"a", island0}) || got[2] != (nodeGroup{"b", h100}) {
+		t.Errorf("order %v, want the schedulable nodes' groups by node then group", got)
+	}
+}
