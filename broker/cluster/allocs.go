@@ -74,7 +74,7 @@ func (v *View) observeAlloc(a *api.Allocation, fromEvent bool) bool {
 		tenant, queue = j.tenant, j.queue
 	}
 	if fromEvent && v.allocEvent != nil && len(gpus) > 0 {
-		ev := AllocEvent{Namespace: a.Namespace, Job: a.JobID, Tenant: tenant, Queue: queue}
+		ev := AllocEvent{Namespace: a.Namespace, Job: a.JobID, Tenant: tenant, Queue: queue, At: v.clock.Now()}
 		if !had && a.PreviousAllocation != "" && live {
 			ev.Event = "retried"
 			v.allocEvent(ev)
@@ -287,9 +287,11 @@ func (v *View) hold(a *api.Allocation, holding bool) bool {
 // AllocEvent is what became of a GPU allocation: Event is running (its
 // first task started), complete, failed, lost, stopped, preempted, or
 // retried (a replacement placed for one). Tenant and Queue are its job's,
-// from a verified stamp, else "".
+// from a verified stamp, else "". At is when the view learned it (its
+// clock).
 type AllocEvent struct {
 	Namespace, Job, Tenant, Queue, Event string
+	At                                   time.Time
 }
 
 // allocEnd names how an allocation that held GPUs ended: complete, failed

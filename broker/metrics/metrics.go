@@ -270,7 +270,7 @@ func (m *Metrics) AllocEvent(e cluster.AllocEvent) {
 	delete(m.scalingUp, key)
 	m.scaleMu.Unlock()
 	if ok {
-		m.scaleUp.WithLabelValues(m.tenant(s.tenant), m.queue(s.queue)).Observe(time.Since(s.at).Seconds())
+		m.scaleUp.WithLabelValues(m.tenant(s.tenant), m.queue(s.queue)).Observe(e.At.Sub(s.at).Seconds())
 	}
 }
 

@@ -334,3 +334,28 @@ func TestGPUTelemetryUnderDCGMsNames(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// A scale-up is timed from its admission to its first new allocation
+// running, both as their clocks tell: a test's clock, or the daemon's.
+func TestAScaleUpIsTimedToItsFirstAllocationRunning(t *testing.T) {
+	m := metrics.New()
+	m.Observe(metrics.Sources{Cluster: cluster.NewView(nil), Policies: testbuild.Fixed{P: testbuild.Policy(t, src)}, Queue: queuetest.NewMem()})
+	t0 := time.Date(2026, 12, 7, 12, 0, 0, 0, time.UTC)
+	m.ScaledUp("vision", "train", "vision", "training", t0)
+	m.AllocEvent(cluster.AllocEvent{Namespace: "vision", Job: "train", Tenant: "vision", Queue: "training", Event: "running", At: t0.Add(3 * time.Second)})
+	m.AllocEvent(cluster.AllocEvent{Namespace: "vision", Job: "train", Tenant: "vision", Queue: "training", Event: "running", At: t0.Add(9 * time.Second)})
+	got, err := m.Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range got {
+		if f.GetName() != "nomadgpu_scale_up_seconds" {
+			continue
+		}
+		if h := f.GetMetric()[0].GetHistogram(); h.GetSampleCount() != 1 || h.GetSampleSum() != 3 {
+			t.Errorf("scale-ups timed: %d, %g s in all; want one of 3 s (the second allocation is not the first)", h.GetSampleCount(), h.GetSampleSum())
+		}
+		return
+	}
+	t.Errorf("no nomadgpu_scale_up_seconds")
+}
