@@ -109,15 +109,7 @@ func (v *View) observeJob(j *api.Job) {
 // Nomad's own runs it again, no deployment reverts it), and whether it is
 // live (neither stopped nor dead).
 func ended(j *api.Job) (stopped, finished, live bool) {
-	stopped = j.Stop != nil && *j.Stop
-	var changedAt, modifyIndex uint64
-	if j.ModifyIndex != nil {
-		changedAt = *j.ModifyIndex
-	}
-	if j.JobModifyIndex != nil {
-		modifyIndex = *j.JobModifyIndex
-	}
-	live = !stopped && !(j.Status != nil && nomadjob.Dead(*j.Status, changedAt, modifyIndex))
+	stopped, live = j.Stop != nil && *j.Stop, nomadjob.Live(j)
 	finished = !live && !stopped && j.Type != nil && (*j.Type == api.JobTypeBatch || *j.Type == api.JobTypeSysbatch)
 	return stopped, finished, live
 }

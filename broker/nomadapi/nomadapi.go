@@ -342,7 +342,7 @@ func (c *Client) jobsOfAllocs(ctx context.Context, jobs, ended []*api.Job, jobsA
 		if err != nil && !isNotFound(err) {
 			return nil, nil, fmt.Errorf("read job %s/%s: %w", s.Namespace, s.JobID, err)
 		}
-		live := err == nil && liveJob(j)
+		live := err == nil && j.ID != nil && nomadjob.Live(j)
 		if err == nil && !live && j.Meta[nomadjob.MetaAdmission] != "" {
 			ended = append(ended, j)
 		}
@@ -389,15 +389,6 @@ func (c *Client) revertible(ctx context.Context, jobs []*api.Job, listed map[[2]
 	}
 	listed[key] = true
 	return append(jobs, j), nil
-}
-
-// liveJob reports whether a job Nomad returned is one list keeps: not
-// stopped, and not dead (nomadjob.Dead).
-func liveJob(j *api.Job) bool {
-	if j.ID == nil || j.Stop != nil && *j.Stop {
-		return false
-	}
-	return j.Status == nil || j.ModifyIndex == nil || j.JobModifyIndex == nil || !nomadjob.Dead(*j.Status, *j.ModifyIndex, *j.JobModifyIndex)
 }
 
 // liveOrPreempted is the listing's filter (Nomad's go-bexpr over its

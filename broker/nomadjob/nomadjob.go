@@ -78,6 +78,23 @@ func Dead(status string, modifyIndex, jobModifyIndex uint64) bool {
 	return status == "dead" && modifyIndex != jobModifyIndex
 }
 
+// Live reports whether Nomad runs the job as it stands, or will: not
+// stopped, and not dead (Dead; an index it lacks reads as 0). The listing
+// keeps such jobs, and the view counts them.
+func Live(j *api.Job) bool {
+	if j.Stop != nil && *j.Stop {
+		return false
+	}
+	var modifyIndex, jobModifyIndex uint64
+	if j.ModifyIndex != nil {
+		modifyIndex = *j.ModifyIndex
+	}
+	if j.JobModifyIndex != nil {
+		jobModifyIndex = *j.JobModifyIndex
+	}
+	return j.Status == nil || !Dead(*j.Status, modifyIndex, jobModifyIndex)
+}
+
 // IsParent reports whether a job only launches other jobs: parameterized
 // (each dispatch is a job) or periodic (each launch is a job).
 func IsParent(job *api.Job) bool { return job.IsParameterized() || job.IsPeriodic() }

@@ -768,3 +768,26 @@ func TestAStampBindsTheJobsTypeAndRegion(t *testing.T) {
 		}
 	}
 }
+
+// A job is live unless stopped, or dead after the index its version was
+// registered at: dead at that very index is Nomad's first step of a
+// registration, before its evaluation makes it pending.
+func TestAJobIsLiveUnlessStoppedOrDeadAfterItsRegistration(t *testing.T) {
+	for name, c := range map[string]struct {
+		job  *api.Job
+		want bool
+	}{
+		"running":                     {testbuild.Job("vision", "a").Build(), true},
+		"stopped":                     {testbuild.Job("vision", "a").Stopped().Build(), false},
+		"dead after its registration": {testbuild.Job("vision", "a").ModifyIndex(7).Dead().Build(), false},
+		"dead at its registration": {func() *api.Job {
+			j := testbuild.Job("vision", "a").ModifyIndex(7).Build()
+			j.Status, j.ModifyIndex = ptr("dead"), ptr(uint64(7))
+			return j
+		}(), true},
+	} {
+		if got := nomadjob.Live(c.job); got != c.want {
+			t.Errorf("%s: live %t, want %t", name, got, c.want)
+		}
+	}
+}
