@@ -47,16 +47,7 @@ func TestANodeSetAddsUpAsNomadPlaces(t *testing.T) {
 	if got := mixed.sharedReplicas()[h100+" (shared)"]; got != 2 {
 		t.Errorf("replicas where nodes differ: %d, want the fewest, 2", got)
 	}
-	p := testbuild.Policy(t, `
-queue "training" { priority = 60 }
-gpu_class "h100" { models = ["NVIDIA H100*"] }
-tenant "vision" {
-  namespaces = ["vision"]
-  queues = ["training"]
-  guaranteed = 2
-  limit = 2
-}`)
-	capacity, maxAlloc := ns.totals(p, replicas)
+	capacity, maxAlloc := ns.totals(testbuild.Policy(t, visionPolicy), replicas)
 	if capacity[policy.AllGPUs] != 17 || maxAlloc[policy.AllGPUs] != 8 {
 		t.Errorf("capacity %v, most on one node %v; want 8+6+2+1 = 17 GPUs (c takes no work), 8 at most", capacity, maxAlloc)
 	}
