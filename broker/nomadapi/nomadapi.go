@@ -329,15 +329,17 @@ func (c *Client) jobsOfAllocs(ctx context.Context, jobs, ended []*api.Job, jobsA
 		at[[2]string{nomadjob.Namespace(j), *j.ID}] = i
 	}
 	drop := map[int]bool{}
+	read := map[[2]string]bool{} // jobs read that the listing lacks: once each, whatever their allocations
 	for _, s := range stubs {
 		if s.ModifyIndex <= jobsAt {
 			continue // its job's change, if any, came before the jobs' listing
 		}
 		k := [2]string{s.Namespace, s.JobID}
 		i, listed := at[k]
-		if listed && (drop[i] || jobs[i].Version == nil || *jobs[i].Version >= s.JobVersion) {
+		if listed && (drop[i] || jobs[i].Version == nil || *jobs[i].Version >= s.JobVersion) || !listed && read[k] {
 			continue
 		}
+		read[k] = !listed
 		j, _, err := c.nomad().Jobs().Info(s.JobID, (&api.QueryOptions{Namespace: s.Namespace}).WithContext(ctx))
 		if err != nil && !isNotFound(err) {
 			return nil, nil, fmt.Errorf("read job %s/%s: %w", s.Namespace, s.JobID, err)

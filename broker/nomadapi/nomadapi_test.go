@@ -240,12 +240,16 @@ func TestAJobChangedBetweenTheListingsIsReadAgain(t *testing.T) {
 		"GET /v1/job/steady": answer(http.StatusOK, api.Job{ID: ptr("steady"), Namespace: ptr("vision"), Version: ptr(uint64(3))}),
 		"GET /v1/job/stopping": answerOnce(api.Job{ID: ptr("stopping"), Namespace: ptr("vision"), Version: ptr(uint64(0))},
 			api.Job{ID: ptr("stopping"), Namespace: ptr("vision"), Version: ptr(uint64(1)), Stop: ptr(true)}),
-		"GET /v1/job/new":     answer(http.StatusOK, api.Job{ID: ptr("new"), Namespace: ptr("vision"), Version: ptr(uint64(0))}),
+		"GET /v1/job/new": answer(http.StatusOK, api.Job{ID: ptr("new"), Namespace: ptr("vision"), Version: ptr(uint64(0))}),
+		"GET /v1/job/gone": answer(http.StatusOK, api.Job{ID: ptr("gone"), Namespace: ptr("vision"), Version: ptr(uint64(0)), Stop: ptr(true),
+			JobModifyIndex: ptr(uint64(45)), Meta: map[string]string{"nomad-gpu.admission": "v5:sig"}}),
 		"GET /v1/deployments": answer(http.StatusOK, []api.Deployment{}),
 		"GET /v1/allocations": answer(http.StatusOK, []api.AllocationListStub{
 			{ID: "a1", Namespace: "vision", JobID: "updated", JobVersion: 1, ModifyIndex: 50},
 			{ID: "a2", Namespace: "vision", JobID: "steady", JobVersion: 3, ModifyIndex: 50},
 			{ID: "a3", Namespace: "vision", JobID: "new", ModifyIndex: 50}, {ID: "a4", Namespace: "vision", JobID: "stopping", JobVersion: 1, ModifyIndex: 50},
+			// Stopped after the listing, with two allocations: read once, ended once.
+			{ID: "a6", Namespace: "vision", JobID: "gone", ModifyIndex: 50}, {ID: "a7", Namespace: "vision", JobID: "gone", ModifyIndex: 51},
 			// Unchanged since the jobs were listed (at 42): its job, stopped before, is not read.
 			{ID: "a5", Namespace: "vision", JobID: "stopped-before", ModifyIndex: 30}}),
 	})
@@ -266,6 +270,9 @@ func TestAJobChangedBetweenTheListingsIsReadAgain(t *testing.T) {
 	}
 	if strings.Contains(all, "stopped-before") {
 		t.Errorf("the job of an allocation unchanged since the jobs were listed was read")
+	}
+	if n := strings.Count(all, "GET /v1/job/gone?"); n != 1 || len(s.Ended) != 1 || *s.Ended[0].ID != "gone" {
+		t.Errorf("a stamped job stopped since, two allocations of it changed: read %d times, ended %d times; want once each", n, len(s.Ended))
 	}
 }
 
