@@ -277,14 +277,28 @@ func refusals(ctx context.Context, address string, n int) int {
 }
 
 // endSession releases the key if the session still holds it (a release
-// sets no lock delay; the session's end would) and destroys the session.
-// Only the destroy must succeed: a session gone already is no error, and a
-// key it still held is freed by its end, a lock delay later.
+// sets no lock delay; the session's end would) and destroys the session,
+// then reads the key back. Only the destroy must succeed: a session gone
+// already is no error, and a key it still held is freed by its end, a lock
+// delay later. The read back is what says it ended: a Consul server just
+// elected answers a destroy before it has replayed its log, finds no such
+// session and does nothing, and the key stayed held until the session's
+// TTL ran out, two TTLs after the election. The read is consistent, which
+// Consul refuses until it has caught up.
 func (e *Elector) endSession(ctx context.Context, id string) error {
 	wo := (&consul.WriteOptions{}).WithContext(ctx)
 	_, _, _ = e.Client.KV().Release(e.lockPair(id), wo)
-	_, err := e.Client.Session().Destroy(id, wo)
-	return err
+	if _, err := e.Client.Session().Destroy(id, wo); err != nil {
+		return err
+	}
+	pair, _, err := e.Client.KV().Get(e.Key, (&consul.QueryOptions{RequireConsistent: true}).WithContext(ctx))
+	if err != nil {
+		return fmt.Errorf("read the leader key back: %w", err)
+	}
+	if pair != nil && pair.Session == id {
+		return fmt.Errorf("session %s still holds the leader key after its destroy", id)
+	}
+	return nil
 }
 
 // stepDown releases the lock and ends the term's session, trying again for

@@ -2,10 +2,15 @@ package leader
 
 import (
 	"context"
+	"encoding/json"
 	"net"
+	"net/http"
+	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 
+	consul "github.com/hashicorp/consul/api"
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/nomad-gpu/nomad-gpu/internal/clock"
@@ -81,5 +86,53 @@ func TestALeaderIsDeadOnlyWhileThisBrokersAddressAnswers(t *testing.T) {
 	}
 	if got := strings.Count(logged.String(), "advertise address refuses connections"); got != 1 {
 		t.Errorf("logged %d times, want once:\n%s", got, logged.String())
+	}
+}
+
+// A session counts as ended only when a consistent read of the key shows
+// it no longer holds it: a Consul server just elected answers a destroy
+// with success before it has replayed the session into its state, doing
+// nothing. The stand-in answers as such a server does, then as one caught up.
+func TestASessionEndsOnlyOnceItNoLongerHoldsTheKey(t *testing.T) {
+	var destroys, reads atomic.Int32
+	caughtUp := atomic.Bool{}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch {
+		case strings.HasPrefix(r.URL.Path, "/v1/session/destroy/s1"):
+			destroys.Add(1)
+			_, _ = w.Write([]byte("true"))
+		case r.URL.Path == "/v1/kv/leader" && r.Method == http.MethodGet:
+			reads.Add(1)
+			if _, ok := r.URL.Query()["consistent"]; !ok {
+				t.Errorf("the key is read back without ?consistent: %s", r.URL)
+			}
+			holder := "s1"
+			if caughtUp.Load() {
+				holder = ""
+			}
+			_ = json.NewEncoder(w).Encode([]map[string]any{{"Key": "leader", "Session": holder}})
+		case r.URL.Path == "/v1/kv/leader": // the release
+			_, _ = w.Write([]byte("false"))
+		default:
+			t.Errorf("unexpected request %s %s", r.Method, r.URL)
+		}
+	}))
+	defer srv.Close()
+	client, err := consul.NewClient(&consul.Config{Address: srv.URL})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := &Elector{Client: client, Key: "leader", Address: "http://127.0.0.1:1", Log: hclog.NewNullLogger(), Clock: clock.Real}
+	ctx := context.Background()
+
+	if err := e.endSession(ctx, "s1"); err == nil || !strings.Contains(err.Error(), "still holds the leader key") {
+		t.Errorf("a destroy that left the key held counts as the session's end: %v", err)
+	}
+	caughtUp.Store(true)
+	if err := e.endSession(ctx, "s1"); err != nil {
+		t.Errorf("the session's end once the key is free: %v", err)
+	}
+	if destroys.Load() != 2 || reads.Load() != 2 {
+		t.Errorf("%d destroys and %d reads back, want 2 of each", destroys.Load(), reads.Load())
 	}
 }
