@@ -70,7 +70,7 @@ func (v *View) observeAlloc(a *api.Allocation, fromEvent bool) bool {
 		(a.ClientStatus == api.AllocClientStatusRunning || a.ClientStatus == api.AllocClientStatusPending)
 	gpus := gpuIDs(a.AllocatedResources)
 	tenant, queue := old.Tenant, old.Queue
-	if j, ok := v.jobs[jobKey{a.Namespace, a.JobID}]; ok && !had {
+	if j, ok := v.jobs.live[jobKey{a.Namespace, a.JobID}]; ok && !had {
 		tenant, queue = j.tenant, j.queue
 	}
 	if fromEvent && v.allocEvent != nil && len(gpus) > 0 {
@@ -100,7 +100,7 @@ func (v *View) observeAlloc(a *api.Allocation, fromEvent bool) bool {
 	holding := !preempted && (a.ClientStatus == api.AllocClientStatusRunning ||
 		a.ClientStatus == api.AllocClientStatusPending && a.DesiredStatus == api.AllocDesiredStatusRun)
 	changed := v.hold(a, holding)
-	v.trackEnd(a, old, had, live, preempted)
+	v.ended.track(a, old, had, live, v.clock)
 	if (!preempted && !live) || len(gpus) == 0 {
 		delete(v.allocs, a.ID)
 		v.rooms = nil
@@ -127,65 +127,6 @@ func (v *View) observeAlloc(a *api.Allocation, fromEvent bool) bool {
 	v.allocs[a.ID] = out
 	v.rooms = nil
 	return changed
-}
-
-// endedRetention is how long an ended allocation is kept for the usage
-// ledger: a pass charges the time it ran since the one before, however
-// late (Consul down, a leader failover), within this.
-const endedRetention = time.Hour
-
-// trackEnd keeps what the usage ledger needs of an allocation that held
-// GPUs and stopped holding them (ended, stopped or preempted) since it was
-// last charged as running: when its tasks ended. Until its client says they
-// did, it is charged as running.
-func (v *View) trackEnd(a *api.Allocation, old Alloc, had, live, preempted bool) {
-	e, ending := v.ended[a.ID]
-	switch {
-	case ending:
-		if a.ModifyIndex < e.ModifyIndex {
-			return
-		}
-	case had && !old.Preempted && !live && !old.StartedAt.IsZero():
-		e = old
-	default:
-		return
-	}
-	e.ModifyIndex, e.EndedAt = a.ModifyIndex, tasksEnded(a)
-	v.ended[a.ID] = e
-	if now := v.clock.Now(); now.Sub(v.endSweep) > time.Minute {
-		v.endSweep = now
-		for id, e := range v.ended {
-			if !e.EndedAt.IsZero() && now.Sub(e.EndedAt) > endedRetention {
-				delete(v.ended, id)
-			}
-		}
-	}
-}
-
-// endUnseen keeps, for the ledger, what a full listing says ended while
-// events were not followed: allocations that were running and are no
-// longer (being stopped, preempted, or not listed: ended by now), and
-// those being stopped that are no longer listed. The caller holds v.mu.
-func (v *View) endUnseen(was map[string]Alloc, listed map[string]*api.Allocation) {
-	for id, o := range was {
-		if n, ok := v.allocs[id]; (ok && !n.Preempted) || o.Preempted || o.StartedAt.IsZero() {
-			continue
-		}
-		if _, ok := v.ended[id]; !ok {
-			v.ended[id] = o
-		}
-	}
-	for id, e := range v.ended {
-		if !e.EndedAt.IsZero() {
-			continue
-		}
-		if a, ok := listed[id]; ok {
-			e.EndedAt = tasksEnded(a)
-		} else {
-			e.EndedAt = v.clock.Now()
-		}
-		v.ended[id] = e
-	}
 }
 
 // tasksEnded is when a's tasks ended by its client (the last to finish;
@@ -231,19 +172,7 @@ func EndedAlloc(a *api.Allocation) (Alloc, bool) {
 func (v *View) EndedAllocs() []Alloc {
 	v.mu.RLock()
 	defer v.mu.RUnlock()
-	out := make([]Alloc, 0, len(v.ended))
-	for _, a := range v.ended {
-		out = append(out, a)
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
-	return out
-}
-
-// hold is what a live allocation holds, by model, for its job.
-type hold struct {
-	key     jobKey
-	byModel map[string]int
-	created uint64 // the allocation's CreateIndex
+	return v.ended.list()
 }
 
 // hold records what a holds while holding (its client runs it, or is about
@@ -251,19 +180,9 @@ type hold struct {
 // changed.
 func (v *View) hold(a *api.Allocation, holding bool) bool {
 	key := jobKey{a.Namespace, a.JobID}
-	if old, ok := v.holds[a.ID]; ok {
-		for m, n := range old.byModel {
-			if v.heldBy[key][m] -= n; v.heldBy[key][m] <= 0 {
-				delete(v.heldBy[key], m)
-			}
-		}
-		if len(v.heldBy[key]) == 0 {
-			delete(v.heldBy, key)
-		}
-		delete(v.holds, a.ID)
-	}
+	h := hold{key: key, created: a.CreateIndex}
 	if holding && a.AllocatedResources != nil {
-		h := hold{key: key, byModel: map[string]int{}, created: a.CreateIndex}
+		h.byModel = map[string]int{}
 		for _, t := range a.AllocatedResources.Tasks {
 			for _, d := range t.Devices {
 				if d != nil && nomadjob.IsGPUGroup(d.Vendor, d.Type) {
@@ -271,16 +190,8 @@ func (v *View) hold(a *api.Allocation, holding bool) bool {
 				}
 			}
 		}
-		if len(h.byModel) > 0 {
-			v.holds[a.ID] = h
-			if v.heldBy[key] == nil {
-				v.heldBy[key] = map[string]int{}
-			}
-			for m, n := range h.byModel {
-				v.heldBy[key][m] += n
-			}
-		}
 	}
+	v.holds.set(a.ID, h)
 	return v.reexcess(key)
 }
 
@@ -333,7 +244,7 @@ func (v *View) GPUAllocs() []Alloc {
 	defer v.mu.RUnlock()
 	out := make([]Alloc, 0, len(v.allocs))
 	for _, a := range v.allocs {
-		a.JobIndex = v.jobs[jobKey{a.Namespace, a.JobID}].modifyIndex
+		a.JobIndex = v.jobs.live[jobKey{a.Namespace, a.JobID}].modifyIndex
 		out = append(out, a)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })

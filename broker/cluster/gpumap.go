@@ -128,7 +128,7 @@ func (v *View) Map(idleBelow float64) []MapNode {
 			}
 			if a, ok := holder[dev]; ok {
 				mg.State, mg.Namespace, mg.Job, mg.Alloc, mg.Tenant, mg.Queue = GPUHeld, a.Namespace, a.JobID, a.ID, a.Tenant, a.Queue
-				mg.Borrowed = v.jobs[jobKey{a.Namespace, a.JobID}].borrowed
+				mg.Borrowed = v.jobs.live[jobKey{a.Namespace, a.JobID}].borrowed
 				if mg.Utilization != nil && *mg.Utilization < idleBelow {
 					mg.State = GPUIdle
 				}

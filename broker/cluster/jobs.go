@@ -53,7 +53,7 @@ func (v *View) observeJob(j *api.Job) {
 	}
 	verified := v.verify(j)
 	borrowed := j.Meta[nomadjob.MetaBorrowed] == "true" && verified
-	if old, ok := v.jobs[key]; ok && modifyIndex < old.modifyIndex {
+	if old, ok := v.jobs.live[key]; ok && modifyIndex < old.modifyIndex {
 		return
 	}
 	// Any job carrying a stamp, verified here or not: one promoted, scaled
@@ -68,16 +68,16 @@ func (v *View) observeJob(j *api.Job) {
 	}
 	v.status.noteDispatched(key, j, live, verified, v.clock.Now())
 	if how := nomadjob.UndeclaredGPUAccess(j); live && len(how) > 0 {
-		v.undeclared[key] = strings.Join(how, "; ")
+		v.jobs.undeclared[key] = strings.Join(how, "; ")
 	}
 	if j.Stable != nil && *j.Stable {
-		v.setStable(key, a.Groups)
-	} else if !stopped && nomadjob.AutoReverts(j) && len(v.stable[key]) > 0 {
+		v.jobs.setStable(key, a.Groups)
+	} else if !stopped && nomadjob.AutoReverts(j) && len(v.jobs.stable[key]) > 0 {
 		// A new version whose deployment may revert: counted at its stable
 		// version from now, not from its deployment's first event, which
 		// comes later (a queue pass in between would take those GPUs). The
 		// deployment's end, or the next listing, settles it.
-		v.reverting[key] = true
+		v.jobs.reverting[key] = true
 	}
 	// A version that holds nothing (no GPUs, or every allocation failed:
 	// Nomad calls the job dead) is kept while its stable one has GPUs: its
@@ -86,7 +86,7 @@ func (v *View) observeJob(j *api.Job) {
 	if !live {
 		groups = nil
 	}
-	if !stopped && (len(groups) > 0 || len(v.stable[key]) > 0) {
+	if !stopped && (len(groups) > 0 || len(v.jobs.stable[key]) > 0) {
 		jb := job{groups: groups, borrowed: borrowed, modifyIndex: modifyIndex}
 		if j.Priority != nil {
 			jb.priority = *j.Priority
@@ -203,15 +203,7 @@ func (v *View) observeStable(j *api.Job) {
 		return
 	}
 	a, _ := nomadjob.Admission(j, v.nodesFitting)
-	v.setStable(jobKey{nomadjob.Namespace(j), *j.ID}, a.Groups)
-}
-
-func (v *View) setStable(key jobKey, groups []admission.Group) {
-	if len(groups) == 0 {
-		delete(v.stable, key)
-		return
-	}
-	v.stable[key] = groups
+	v.jobs.setStable(jobKey{nomadjob.Namespace(j), *j.ID}, a.Groups)
 }
 
 // Revert is a revert Nomad made on its own: a deployment with auto_revert
@@ -247,7 +239,7 @@ func (v *View) ObserveDeployment(d *api.Deployment) {
 
 func (v *View) observeDeployment(d *api.Deployment) {
 	key := jobKey{d.Namespace, d.JobID}
-	if old, ok := v.jobs[key]; ok && d.JobVersion < old.version {
+	if old, ok := v.jobs.live[key]; ok && d.JobVersion < old.version {
 		// A deployment of a version the job has moved on from (a late
 		// update of its end, under load) says nothing of the one now:
 		// it cleared the floor of the deployment running.
@@ -271,20 +263,11 @@ func (v *View) observeDeployment(d *api.Deployment) {
 			reverting = reverting || (s != nil && s.AutoRevert)
 		}
 	}
-	old, ok := v.jobs[key]
+	old, ok := v.jobs.live[key]
 	if ok {
 		v.remove(key)
 	}
-	if len(canaries) == 0 {
-		delete(v.canaries, key)
-	} else {
-		v.canaries[key] = canaries
-	}
-	if reverting {
-		v.reverting[key] = true
-	} else {
-		delete(v.reverting, key)
-	}
+	v.jobs.deployment(key, canaries, reverting)
 	if ok {
 		v.add(key, old)
 	}
@@ -303,7 +286,7 @@ func (v *View) ForgetJob(namespace, id string) {
 // JSON registered again straight in Nomad is not the broker's admission.
 func (v *View) forgetPurged(namespace, id string, index uint64) {
 	key := jobKey{namespace, id}
-	if j, ok := v.jobs[key]; ok && j.tenant != "" {
+	if j, ok := v.jobs.live[key]; ok && j.tenant != "" {
 		v.followStop(key, true, false, true, index)
 	}
 	v.forgetJob(namespace, id)
@@ -312,9 +295,7 @@ func (v *View) forgetPurged(namespace, id string, index uint64) {
 func (v *View) forgetJob(namespace, id string) {
 	key := jobKey{namespace, id}
 	v.remove(key)
-	delete(v.canaries, key)
-	delete(v.stable, key)
-	delete(v.reverting, key)
+	v.jobs.forget(key)
 	v.status.forget(key)
 	v.unplace(key)
 }
@@ -323,15 +304,9 @@ func (v *View) forgetJob(namespace, id string) {
 // no less than its stable version while its deployment may revert to it) to
 // its namespace's totals.
 func (v *View) add(key jobKey, j job) {
-	j.demand = demandByModel(j.groups)
-	for _, g := range j.groups {
-		j.demand[g.Model] += v.canaries[key][g.Name] * g.GPUsPerAlloc
-	}
-	if v.reverting[key] {
-		atLeast(j.demand, demandByModel(v.stable[key]))
-	}
-	v.jobs[key] = j
-	if len(v.heldBy[key]) > 0 {
+	j.demand = v.jobs.demand(key, j.groups)
+	v.jobs.live[key] = j
+	if len(v.holds.of(key)) > 0 {
 		v.rooms = nil // its allocations' priority or borrowing may have changed
 	}
 	v.account(key.namespace, j, 1)
@@ -340,11 +315,11 @@ func (v *View) add(key jobKey, j job) {
 }
 
 func (v *View) remove(key jobKey) {
-	delete(v.undeclared, key)
-	if old, ok := v.jobs[key]; ok {
+	delete(v.jobs.undeclared, key)
+	if old, ok := v.jobs.live[key]; ok {
 		v.account(key.namespace, old, -1)
-		delete(v.jobs, key)
-		if len(v.heldBy[key]) > 0 {
+		delete(v.jobs.live, key)
+		if len(v.holds.of(key)) > 0 {
 			v.rooms = nil
 		}
 		v.reexcess(key)
@@ -360,11 +335,11 @@ func (v *View) reexcess(key jobKey) bool {
 		delete(v.excess, key)
 		delete(v.excessBorrowed, key)
 	}
-	held := v.heldBy[key]
+	held := v.holds.of(key)
 	if len(held) == 0 {
 		return old != nil
 	}
-	demand := v.jobs[key].demand
+	demand := v.jobs.live[key].demand
 	over := 0
 	for _, n := range held {
 		over += n
@@ -392,8 +367,8 @@ func (v *View) reexcess(key jobKey) bool {
 			ex[m], over = ex[m]+take, over-take
 		}
 	}
-	v.excess[key], v.excessBorrowed[key] = ex, v.jobs[key].borrowed
-	v.account(key.namespace, job{demand: ex, borrowed: v.jobs[key].borrowed}, 1)
+	v.excess[key], v.excessBorrowed[key] = ex, v.jobs.live[key].borrowed
+	v.account(key.namespace, job{demand: ex, borrowed: v.jobs.live[key].borrowed}, 1)
 	return !maps.Equal(old, ex)
 }
 
@@ -438,7 +413,7 @@ func demandByModel(groups []admission.Group) map[string]int {
 func (v *View) HasJob(namespace, id string) bool {
 	v.mu.RLock()
 	defer v.mu.RUnlock()
-	_, ok := v.jobs[jobKey{namespace, id}]
+	_, ok := v.jobs.live[jobKey{namespace, id}]
 	return ok
 }
 
@@ -449,10 +424,10 @@ func (v *View) Knows(namespace, id string, prefix bool) bool {
 	v.mu.RLock()
 	defer v.mu.RUnlock()
 	if !prefix {
-		_, ok := v.jobs[jobKey{namespace, id}]
+		_, ok := v.jobs.live[jobKey{namespace, id}]
 		return ok || v.status.endedLately(jobKey{namespace, id})
 	}
-	for _, keys := range []iter.Seq[jobKey]{maps.Keys(v.jobs), v.status.endedKeys()} {
+	for _, keys := range []iter.Seq[jobKey]{maps.Keys(v.jobs.live), v.status.endedKeys()} {
 		for k := range keys {
 			if k.namespace == namespace && strings.HasPrefix(k.id, id) {
 				return true
@@ -473,8 +448,8 @@ func (v *View) Running(namespace, id string) bool {
 
 // running is Running; the caller holds v.mu.
 func (v *View) running(key jobKey) bool {
-	_, live := v.jobs[key]
-	return live || len(v.heldBy[key]) > 0
+	_, live := v.jobs.live[key]
+	return live || len(v.holds.of(key)) > 0
 }
 
 // UndeclaredJobs are the live jobs that would use GPUs they do not ask for,
@@ -483,5 +458,5 @@ func (v *View) running(key jobKey) bool {
 func (v *View) UndeclaredJobs() map[[2]string]string {
 	v.mu.RLock()
 	defer v.mu.RUnlock()
-	return byNamespaceAndID(v.undeclared)
+	return byNamespaceAndID(v.jobs.undeclared)
 }

@@ -102,7 +102,7 @@ func (v *View) Rooms() []admission.NodeRoom {
 // shared: read it, do not change it.
 func (v *View) nodeRooms(where admission.Where, except jobKey) []admission.NodeRoom {
 	now := v.clock.Now()
-	own := len(v.heldBy[except]) > 0 || v.placing.has(except)
+	own := len(v.holds.of(except)) > 0 || v.placing.has(except)
 	if where.Datacenters == nil && where.Pool == "" && where.Nodes == nil && !own {
 		// Most decisions: a new job that may run anywhere. The rooms are
 		// kept until the view changes (a registration must not walk every
@@ -138,7 +138,7 @@ func (v *View) buildRooms(where admission.Where, except jobKey, now time.Time) (
 			}
 			jobOn[key][a.NodeID] += len(a.GPUs)
 		}
-		if j := v.jobs[key]; j.borrowed && len(a.GPUs) > 0 {
+		if j := v.jobs.live[key]; j.borrowed && len(a.GPUs) > 0 {
 			if borrowed == nil {
 				borrowed = map[nodeGroup][]admission.Held{}
 			}
@@ -243,7 +243,7 @@ func (v *View) Unplaced() []Unplaced {
 		live[key][a.Group] = true
 	}
 	var out []Unplaced
-	for key, j := range v.jobs {
+	for key, j := range v.jobs.live {
 		waiting, gone := false, false
 		for group, ids := range j.pinned {
 			if live[key][group] {

@@ -45,7 +45,7 @@ func (v *View) Dispatched() []*api.Job {
 func (v *View) Lose(namespace, id string) {
 	v.mu.Lock()
 	now := v.clock.Now()
-	if j, ok := v.jobs[jobKey{namespace, id}]; ok && len(j.demand) > 0 {
+	if j, ok := v.jobs.live[jobKey{namespace, id}]; ok && len(j.demand) > 0 {
 		v.status.lose(jobKey{namespace, id}, j.demand)
 	}
 	for _, a := range v.allocs {

@@ -151,7 +151,7 @@ func (v *View) admit(p *policy.Policy, j admission.Job, elsewhere map[string]adm
 	if len(j.RevertTo) > 0 {
 		// What Nomad read as the stable version is known from now on, so
 		// that the deployment's events count it.
-		v.stable[key] = j.RevertTo
+		v.jobs.stable[key] = j.RevertTo
 		atLeast(demand, demandByModel(j.RevertTo))
 	}
 	seq := v.reserved.add(key, demand, d.Outcome == admission.AdmitBorrowed, v.clock.Now().Add(ReservationHold))
@@ -208,7 +208,7 @@ func (r *Reservation) ConfirmAs(id string, index uint64) {
 // settle ends a confirmed reservation that the job's recorded demand covers,
 // and gives one it does not cover a short grace.
 func (v *View) settle(key jobKey) {
-	rec, recorded := v.jobs[key]
+	rec, recorded := v.jobs.live[key]
 	v.reserved.settle(key, recorded, rec.demand, rec.modifyIndex, v.clock.Now())
 }
 
@@ -249,18 +249,11 @@ func (r *Reservation) Withdraw() {
 // hold, no more than its excess. It walks every allocation held: it is
 // asked only while a job's allocations exceed its recorded demand.
 func (v *View) heldSince(key jobKey, index uint64) int {
-	n, excess := 0, 0
+	excess := 0
 	for _, e := range v.excess[key] {
 		excess += e
 	}
-	for _, h := range v.holds {
-		if h.key == key && h.created > index {
-			for _, g := range h.byModel {
-				n += g
-			}
-		}
-	}
-	return min(n, excess)
+	return min(v.holds.createdAfter(key, index), excess)
 }
 
 // reservationExtra drops expired reservations and returns, per namespace, the
@@ -282,7 +275,7 @@ func (v *View) reservationExtra(except jobKey) (extra, extraBorrowed map[string]
 		// event has not come: those GPUs are the reservation's, not more.
 		// Their device names may differ from the model asked for ("" for
 		// any), so they are taken in all.
-		rec, counted := v.jobs[key].demand, 0
+		rec, counted := v.jobs.live[key].demand, 0
 		if len(v.excess[key]) > 0 && r.index > 0 {
 			// Only what they hold beyond the job's recorded demand: within
 			// it they are that version's, and what the reservation adds

@@ -107,7 +107,7 @@ func (v *View) usageOf(p *policy.Policy, namespace, id string) (admission.Usage,
 	var extraBorrowed map[string]map[string]int
 	c.extra, extraBorrowed = v.reservationExtra(except)
 	exceptBorrowed := false
-	if old, ok := v.jobs[except]; ok {
+	if old, ok := v.jobs.live[except]; ok {
 		c.exceptDemand, exceptBorrowed = c.classify(old.demand), old.borrowed
 	}
 	for _, ns := range v.namespacesToReport(p, namespace, c.extra) {

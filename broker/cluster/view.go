@@ -32,32 +32,21 @@ type View struct {
 
 	mu       sync.RWMutex
 	nodes    nodeSet
-	jobs     map[jobKey]job
-	canaries map[jobKey]map[string]int // unpromoted canaries of a job's active deployment, by group
-	// stable is the GPU demand of a job's latest stable version (Nomad's
-	// auto_revert target), and reverting the jobs whose active deployment
-	// reverts to it on failure: those count the larger of both.
-	stable    map[jobKey][]admission.Group
-	reverting map[jobKey]bool
-	held      map[string]*byModel // GPUs live jobs hold, by namespace
-	total     map[string]int      // GPUs live jobs hold, by model, all namespaces
-	reserved  reservations        // admitted, maybe not seen in an event yet
-	allocs    map[string]Alloc    // allocations holding GPUs, by id
-	ended     map[string]Alloc    // see trackEnd
-	endSweep  time.Time           // when ended was last swept
-	samples   map[string]Sample   // the GPUs' latest telemetry, by device id (the leader's)
-	// What running and pending allocations hold beyond their job's demand
-	// (all they hold once the job is stopped): counted as used until Nomad
-	// stops them, so that GPUs a stop or scale-down frees are not admitted
-	// twice in between.
-	holds  map[string]hold           // by allocation id
-	heldBy map[jobKey]map[string]int // GPUs by model, of a job's live allocations
-	excess map[jobKey]map[string]int // of which beyond its demand, in the totals
+	jobs     jobSet
+	held     map[string]*byModel // GPUs live jobs hold, by namespace
+	total    map[string]int      // GPUs live jobs hold, by model, all namespaces
+	reserved reservations        // admitted, maybe not seen in an event yet
+	allocs   map[string]Alloc    // allocations holding GPUs, by id
+	ended    endedSet
+	samples  map[string]Sample // the GPUs' latest telemetry, by device id (the leader's)
+	// What running and pending allocations hold (holds), and of it what is
+	// beyond their job's demand (excess; all they hold once the job is
+	// stopped): counted as used until Nomad stops them, so that GPUs a stop
+	// or scale-down frees are not admitted twice in between.
+	holds  holdSet
+	excess map[jobKey]map[string]int // in the totals
 	// excessBorrowed: the excess was counted as borrowed (its job\'s flag then).
 	excessBorrowed map[jobKey]bool
-	// undeclared are the live jobs that would use GPUs they do not ask for
-	// (nomadjob.UndeclaredGPUAccess), with how.
-	undeclared map[jobKey]string
 	// stopped are the jobs with the broker's stamp that Nomad stopped, at
 	// the stop's JobModifyIndex, until the leader records them
 	// (StoppedAdmitted) or the broker registers them again; a listing
@@ -96,10 +85,9 @@ func NewView(verify func(*api.Job) bool) *View {
 	if verify == nil {
 		verify = func(*api.Job) bool { return false }
 	}
-	return &View{verify: verify, clock: clock.Real, nodes: nodeSet{}, jobs: map[jobKey]job{},
-		canaries: map[jobKey]map[string]int{}, stable: map[jobKey][]admission.Group{}, reverting: map[jobKey]bool{}, held: map[string]*byModel{}, total: map[string]int{},
-		reserved: newReservations(), allocs: map[string]Alloc{}, ended: map[string]Alloc{}, holds: map[string]hold{}, heldBy: map[jobKey]map[string]int{},
-		excess: map[jobKey]map[string]int{}, excessBorrowed: map[jobKey]bool{}, undeclared: map[jobKey]string{},
+	return &View{verify: verify, clock: clock.Real, nodes: nodeSet{}, jobs: newJobSet(), held: map[string]*byModel{}, total: map[string]int{},
+		reserved: newReservations(), allocs: map[string]Alloc{}, ended: newEndedSet(), holds: newHoldSet(),
+		excess: map[jobKey]map[string]int{}, excessBorrowed: map[jobKey]bool{},
 		stopped: stops{}, placing: placements{}, status: newRegionStatus(), changed: make(chan struct{}, 1), nodesDirty: true}
 }
 
@@ -155,27 +143,21 @@ func (v *View) Generation() uint64 { return v.generation.Load() }
 // never sees it half rebuilt.
 func (v *View) Reset(snap Snapshot) {
 	v.mu.Lock()
-	was, wasJobs := v.nodes, v.jobs
-	v.nodes, v.jobs, v.held, v.total, v.nodesDirty = nodeSet{}, map[jobKey]job{}, map[string]*byModel{}, map[string]int{}, true
-	wasAllocs := v.allocs
-	v.canaries, v.allocs, v.reverting = map[jobKey]map[string]int{}, map[string]Alloc{}, map[jobKey]bool{}
-	// What is known of stable versions stays for the jobs still there: a
-	// listing reads stable versions only for active deployments.
-	stable := v.stable
-	v.stable = map[jobKey][]admission.Group{}
+	was, wasJobs := v.nodes, v.jobs.live
+	listed := map[jobKey]bool{}
 	for _, j := range snap.Jobs {
 		if j.ID != nil {
-			key := jobKey{nomadjob.Namespace(j), *j.ID}
-			if g, ok := stable[key]; ok {
-				v.stable[key] = g
-			}
+			listed[jobKey{nomadjob.Namespace(j), *j.ID}] = true
 		}
 	}
+	v.nodes, v.jobs, v.held, v.total, v.nodesDirty = nodeSet{}, v.jobs.relisted(func(k jobKey) bool { return listed[k] }), map[string]*byModel{}, map[string]int{}, true
+	wasAllocs := v.allocs
+	v.allocs = map[string]Alloc{}
 	for _, j := range snap.Stable {
 		v.observeStable(j)
 	}
-	v.holds, v.heldBy, v.excess = map[string]hold{}, map[jobKey]map[string]int{}, map[jobKey]map[string]int{}
-	v.excessBorrowed, v.undeclared = map[jobKey]bool{}, map[jobKey]string{}
+	v.holds, v.excess = newHoldSet(), map[jobKey]map[string]int{}
+	v.excessBorrowed = map[jobKey]bool{}
 	v.keepUnrecordedStops(wasJobs, snap)
 	v.status.relisting()
 	for _, n := range snap.Nodes {
@@ -187,12 +169,12 @@ func (v *View) Reset(snap Snapshot) {
 	for _, d := range snap.Deployments {
 		v.observeDeployment(d)
 	}
-	listed := make(map[string]*api.Allocation, len(snap.Allocs))
+	allocs := make(map[string]*api.Allocation, len(snap.Allocs))
 	for _, a := range snap.Allocs {
 		v.observeAlloc(a, false)
-		listed[a.ID] = a
+		allocs[a.ID] = a
 	}
-	v.endUnseen(wasAllocs, listed)
+	v.ended.unseen(wasAllocs, v.allocs, allocs, v.clock.Now())
 	v.synced = true
 	v.mu.Unlock()
 	v.notify()
