@@ -82,7 +82,7 @@ func BenchmarkAdmit(b *testing.B) {
 
 // BenchmarkFollowEvents is the view absorbing Nomad's event stream end to
 // end: frames of 10 events read from the stream's bytes as nomadapi reads
-// them (one json.Decoder), each event's change made. Per 100 events: 90
+// them (Frames), each event's change made. Per 100 events: 90
 // allocation updates of 1,000 running one-GPU jobs (each carrying its job,
 // as Nomad's do), 8 job registrations and 2 node updates, on 125 nodes of 8
 // GPUs. It reports events/s.
@@ -120,10 +120,10 @@ func BenchmarkFollowEvents(b *testing.B) {
 	b.ReportAllocs()
 	b.ResetTimer()
 	for applied := 0; applied < b.N; {
-		dec := json.NewDecoder(bytes.NewReader(stream.Bytes()))
+		frames := NewFrames(bytes.NewReader(stream.Bytes()))
 		for applied < b.N {
 			var frame Events
-			if err := dec.Decode(&frame); err == io.EOF {
+			if err := frames.Next(&frame); err == io.EOF {
 				break
 			} else if err != nil {
 				b.Fatal(err)

@@ -500,10 +500,10 @@ func (c *Client) Events(ctx context.Context, index uint64) (_ <-chan *cluster.Ev
 			resp.Body.Close()
 		})
 		defer watchdog.Stop()
-		dec := json.NewDecoder(resp.Body)
+		frames := cluster.NewFrames(resp.Body)
 		for {
 			frame := &cluster.Events{}
-			if err := dec.Decode(frame); err != nil {
+			if err := frames.Next(frame); err != nil {
 				if silent.Load() {
 					err = fmt.Errorf("no event and no heartbeat from Nomad for %s", idle)
 				}
