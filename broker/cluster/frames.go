@@ -24,11 +24,10 @@ func NewFrames(r io.Reader) *Frames { return &Frames{r: bufio.NewReaderSize(r, 6
 // frames.
 //
 // Nomad puts the whole job in every allocation event, most of the frame's
-// bytes, and the view reads none of it (eventAlloc). encoding/json scans
-// every byte twice, once to find the value's end and once to decode it,
-// skipped values too, and that was most of an event's cost: so each
-// allocation's job is cut to null first, in one pass that skips strings
-// with bytes.IndexByte.
+// bytes, and the view reads none of it (eventAlloc). Yet encoding/json
+// scans every byte twice, skipped values too: once to find the value's
+// end, once to decode it. So each allocation's job is cut to null first,
+// in one pass that skips strings with bytes.IndexByte.
 func (fr *Frames) Next(f *Events) error {
 	fr.line = fr.line[:0]
 	for {
