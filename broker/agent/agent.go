@@ -290,8 +290,8 @@ func (a *Agent) setupStores(ctx context.Context) error {
 }
 
 // setupObservers makes the leader election, the metrics' sources, the audit
-// trail (every policy reload recorded in it) and the view's observers of
-// allocation events and auto-reverts.
+// trail, what a policy reload tells them (its new names' series, its audit
+// record) and the view's observers of allocation events and auto-reverts.
 func (a *Agent) setupObservers(context.Context) error {
 	cfg, st := a.cfg, &a.stores
 	a.forecast = &queue.Forecast{}
@@ -312,8 +312,13 @@ func (a *Agent) setupObservers(context.Context) error {
 			a.metrics.AuditFailure()
 			a.log.Error("audit trail cannot be written", "error", err)
 		}
-		a.policies.Reloads = func(took bool, detail string) {
-			trail.Write(audit.Event{Who: audit.BrokerAct, What: audit.PolicyReload, Result: detail})
+	}
+	a.policies.Reloads = func(took bool, detail string) {
+		if took {
+			a.metrics.Named(a.policies.Current())
+		}
+		if a.trail != nil {
+			a.trail.Write(audit.Event{Who: audit.BrokerAct, What: audit.PolicyReload, Result: detail})
 		}
 	}
 	// A revert in any region is recorded, its tenant's usage counting all.

@@ -394,6 +394,13 @@ make_room_grace  = "3s"
 	}
 	t.Run("a lowered limit requeues the newest work", func(t *testing.T) {
 		e := e.in(t)
+		// The alert docs/operations.md gives, increase(...[5m]) > 0, sees
+		// a rise only from a sample before it: the series is there at 0
+		// before vision ever went over.
+		const overLimit = `nomadgpu_tenant_over_limit_gpu_seconds_total{tenant="vision"}`
+		if s, ok := e.broker.Scrape()[overLimit]; !ok || s != 0 {
+			t.Errorf("before vision went over its limit, %s is %g (present: %t), want 0", overLimit, s, ok)
+		}
 		if out, err := e.run("vision", "old", 1, 2, "", true); err != nil || !strings.Contains(out, "admitted") {
 			t.Fatalf("%v\n%s", err, out)
 		}
@@ -417,7 +424,7 @@ make_room_grace  = "3s"
 		// measured: a GPU for the grace (2 s) and until the requeue took
 		// effect, and no more.
 		testcluster.WaitFor(t, 30*time.Second, "the over-limit time charged", func() error {
-			if s := e.broker.Scrape()[`nomadgpu_tenant_over_limit_gpu_seconds_total{tenant="vision"}`]; s < 1 || s > 30 {
+			if s := e.broker.Scrape()[overLimit]; s < 1 || s > 30 {
 				return fmt.Errorf("vision's over-limit GPU-seconds: %g, want 1 to 30", s)
 			}
 			return nil

@@ -10,7 +10,9 @@ package metrics
 
 import (
 	"context"
+	"maps"
 	"net/http"
+	"slices"
 	"sync"
 	"time"
 
@@ -194,6 +196,50 @@ func New() *Metrics {
 func (m *Metrics) Observe(src Sources) {
 	m.policies = src.Policies
 	m.Registry.MustRegister(&scrape{src: src})
+	m.Named(src.Policies.Current())
+}
+
+// allocEvents are what AllocEvent counts in nomadgpu_allocations_total.
+var allocEvents = []string{"complete", "failed", "lost", "stopped", "preempted", "retried"}
+
+// Named gives every counter keyed by p's names its series at 0, for every
+// tenant, each of its queues and each GPU class, so that rate() and
+// increase() see a series' first rise: an alert on a tenant's first
+// second over its limit fires. It is called at the start and after each
+// reload; the series of names a reload removed stay at their last values.
+func (m *Metrics) Named(p *policy.Policy) {
+	if m == nil || p == nil {
+		return
+	}
+	classes := slices.Collect(maps.Keys(p.Classes))
+	if len(classes) == 0 {
+		classes = []string{""}
+	}
+	for q := range p.Queues {
+		for _, source := range []string{Submit, Queued} {
+			for _, o := range []admission.Outcome{admission.Admit, admission.AdmitBorrowed, admission.Queue} { // a reject always names its rule
+				m.admissions.WithLabelValues(source, string(o), "", q)
+			}
+		}
+		for _, o := range []admission.Outcome{admission.Admit, admission.AdmitBorrowed, "cancelled"} {
+			m.queueWait.WithLabelValues(q, string(o))
+		}
+	}
+	for name, t := range p.Tenants {
+		m.overLimit.WithLabelValues(name)
+		for _, q := range t.Queues {
+			m.preempted.WithLabelValues(name, q)
+			m.lostWork.WithLabelValues(name, q)
+			for _, e := range allocEvents {
+				m.allocs.WithLabelValues(name, q, e)
+			}
+			for _, c := range classes {
+				for _, state := range []string{"allocated", "busy", "idle"} {
+					m.gpuSeconds.WithLabelValues(name, q, c, state)
+				}
+			}
+		}
+	}
 }
 
 // Loops of the leader, counted by Pass.

@@ -90,7 +90,12 @@ nomadgpu_queue_depth{queue="training"} 1
 nomadgpu_leader 1
 # HELP nomadgpu_admissions_total GPU job decisions by source (submit: a request to the broker; queue: a queued job's turn), outcome (admit, admit-borrowed, queue, reject), the rule that decided (if one did) and queue.
 # TYPE nomadgpu_admissions_total counter
+nomadgpu_admissions_total{outcome="admit",queue="training",rule="",source="queue"} 0
 nomadgpu_admissions_total{outcome="admit",queue="training",rule="",source="submit"} 1
+nomadgpu_admissions_total{outcome="admit-borrowed",queue="training",rule="",source="queue"} 0
+nomadgpu_admissions_total{outcome="admit-borrowed",queue="training",rule="",source="submit"} 0
+nomadgpu_admissions_total{outcome="queue",queue="training",rule="",source="queue"} 0
+nomadgpu_admissions_total{outcome="queue",queue="training",rule="",source="submit"} 0
 # HELP nomadgpu_reclaim_decisions_total Reclaim decisions by rule, action and the state they reached (proposed, dry-run, executed, failed, cancelled).
 # TYPE nomadgpu_reclaim_decisions_total counter
 nomadgpu_reclaim_decisions_total{action="stop",rule="idle-dev",state="executed"} 1
@@ -140,8 +145,8 @@ nomadgpu_borrow_backoff_jobs{tenant="vision"} 2
 		"nomadgpu_preempted_gpu_seconds_total", "nomadgpu_reclaimed_gpus_total", "nomadgpu_borrow_backoff_jobs"); err != nil {
 		t.Fatal(err)
 	}
-	if n := testutil.CollectAndCount(m.Registry, "nomadgpu_queue_wait_seconds"); n != 1 {
-		t.Errorf("queue wait series: %d", n)
+	if n := testutil.CollectAndCount(m.Registry, "nomadgpu_queue_wait_seconds"); n != 3 {
+		t.Errorf("queue wait series: %d, want 3 (training: admit, admit-borrowed, cancelled)", n)
 	}
 }
 
@@ -227,18 +232,72 @@ func TestLabelsHoldOnlyThePolicysNames(t *testing.T) {
 	want := `
 # HELP nomadgpu_admissions_total GPU job decisions by source (submit: a request to the broker; queue: a queued job's turn), outcome (admit, admit-borrowed, queue, reject), the rule that decided (if one did) and queue.
 # TYPE nomadgpu_admissions_total counter
+nomadgpu_admissions_total{outcome="admit",queue="training",rule="",source="queue"} 0
 nomadgpu_admissions_total{outcome="admit",queue="training",rule="",source="submit"} 1
+nomadgpu_admissions_total{outcome="admit-borrowed",queue="training",rule="",source="queue"} 0
+nomadgpu_admissions_total{outcome="admit-borrowed",queue="training",rule="",source="submit"} 0
+nomadgpu_admissions_total{outcome="queue",queue="training",rule="",source="queue"} 0
+nomadgpu_admissions_total{outcome="queue",queue="training",rule="",source="submit"} 0
 nomadgpu_admissions_total{outcome="reject",queue="",rule="unmapped-namespace",source="submit"} 1
 nomadgpu_admissions_total{outcome="reject",queue="other",rule="queue-not-allowed",source="submit"} 201
 # HELP nomadgpu_preemptions_total Allocations of borrowed jobs that Nomad preempted, as the broker observed them.
 # TYPE nomadgpu_preemptions_total counter
 nomadgpu_preemptions_total{queue="training",tenant="other"} 1
+nomadgpu_preemptions_total{queue="training",tenant="vision"} 0
 `
 	if err := testutil.GatherAndCompare(m.Registry, strings.NewReader(want), "nomadgpu_admissions_total", "nomadgpu_preemptions_total"); err != nil {
 		t.Error(err)
 	}
-	if n := testutil.CollectAndCount(m.Registry, "nomadgpu_gpu_seconds_total"); n != 3 {
-		t.Errorf("gpu seconds series: %d, want 3 (allocated, busy, idle of vision/other/other)", n)
+	if n := testutil.CollectAndCount(m.Registry, "nomadgpu_gpu_seconds_total"); n != 6 {
+		t.Errorf("gpu seconds series: %d, want 6 (allocated, busy, idle of vision/other/other, and at 0 of vision/training/h100)", n)
+	}
+}
+
+// Every counter keyed by the policy's names has its series at 0 from the
+// start, and a reload adds those of the names it brings: rate() and
+// increase() then see their first rise (a tenant's first second over its
+// limit). A removed name's series stays.
+func TestEveryNameThePolicyGivesStartsAtZero(t *testing.T) {
+	m := metrics.New()
+	m.Observe(metrics.Sources{Cluster: cluster.NewView(nil), Policies: testbuild.Fixed{P: testbuild.Policy(t, src)}, Queue: queuetest.NewMem()})
+	want := `
+# HELP nomadgpu_tenant_over_limit_gpu_seconds_total GPU-seconds a tenant held above its limit (raised by approvals in force) or above a region cap, as Nomad's allocations in its namespaces show them, admitted by the broker or not.
+# TYPE nomadgpu_tenant_over_limit_gpu_seconds_total counter
+nomadgpu_tenant_over_limit_gpu_seconds_total{tenant="vision"} 0
+# HELP nomadgpu_preempted_gpu_seconds_total GPU-seconds of work lost to preemption: each preempted allocation's GPUs × the time since it started.
+# TYPE nomadgpu_preempted_gpu_seconds_total counter
+nomadgpu_preempted_gpu_seconds_total{queue="training",tenant="vision"} 0
+`
+	names := []string{"nomadgpu_tenant_over_limit_gpu_seconds_total", "nomadgpu_preempted_gpu_seconds_total"}
+	if err := testutil.GatherAndCompare(m.Registry, strings.NewReader(want), names...); err != nil {
+		t.Error(err)
+	}
+	if n := testutil.CollectAndCount(m.Registry, "nomadgpu_allocations_total"); n != 6 {
+		t.Errorf("allocation series: %d, want vision/training's 6 (complete, failed, lost, stopped, preempted, retried)", n)
+	}
+
+	m.Named(testbuild.Policy(t, src+`
+queue "dev" { priority = 40 }
+tenant "search" {
+  namespaces = ["search"]
+  queues     = ["dev"]
+  guaranteed = 2
+  limit      = 2
+}
+`))
+	m.OverLimit(map[string]float64{"vision": 3})
+	want = `
+# HELP nomadgpu_tenant_over_limit_gpu_seconds_total GPU-seconds a tenant held above its limit (raised by approvals in force) or above a region cap, as Nomad's allocations in its namespaces show them, admitted by the broker or not.
+# TYPE nomadgpu_tenant_over_limit_gpu_seconds_total counter
+nomadgpu_tenant_over_limit_gpu_seconds_total{tenant="search"} 0
+nomadgpu_tenant_over_limit_gpu_seconds_total{tenant="vision"} 3
+# HELP nomadgpu_preempted_gpu_seconds_total GPU-seconds of work lost to preemption: each preempted allocation's GPUs × the time since it started.
+# TYPE nomadgpu_preempted_gpu_seconds_total counter
+nomadgpu_preempted_gpu_seconds_total{queue="dev",tenant="search"} 0
+nomadgpu_preempted_gpu_seconds_total{queue="training",tenant="vision"} 0
+`
+	if err := testutil.GatherAndCompare(m.Registry, strings.NewReader(want), names...); err != nil {
+		t.Error(err)
 	}
 }
 
