@@ -13,6 +13,7 @@ const usage = `Usage: gpu-broker <command> [options]
 
 Commands:
   serve -config broker.hcl       run the broker
+  config validate FILE           check a broker configuration as serve reads it (errors at file:line); starts nothing
   policy validate DIR            check a policy set (-capacity N to check guarantees against N GPUs)
   policy tenants [-tfvars] DIR   each tenant's namespaces and submitters; -tfvars: as JSON variables for
                                  terraform/modules/cluster-config
@@ -63,6 +64,12 @@ func run(args []string) int {
 	switch args[0] {
 	case "serve":
 		return serve(args[1:])
+	case "config":
+		if len(args) > 1 && args[1] == "validate" {
+			return validateConfig(args[2:], os.Stdout, os.Stderr)
+		}
+		fmt.Fprint(os.Stderr, usage)
+		return 2
 	case "policy":
 		switch {
 		case len(args) > 1 && args[1] == "validate":
