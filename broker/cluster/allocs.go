@@ -31,8 +31,9 @@ type Alloc struct {
 	// job's priority (sub-bands, promotion) register the job again without
 	// replacing its allocations.
 	PreemptedAt uint64
-	// GPUs are the device ids the allocation holds (held, for a preempted one).
-	GPUs      []string
+	// GPUs are the device ids the allocation holds (held, for a preempted
+	// one), and Tasks the task holding each.
+	GPUs, Tasks []string
 	StartedAt time.Time // its first task's start; zero while none started
 	Restarts  []time.Time
 	// ModifyIndex orders what the listing and the events say of it.
@@ -68,7 +69,7 @@ func (v *View) observeAlloc(a *api.Allocation, fromEvent bool) bool {
 	preempted := a.DesiredStatus == api.AllocDesiredStatusEvict && a.PreemptedByAllocation != ""
 	live := a.DesiredStatus == api.AllocDesiredStatusRun &&
 		(a.ClientStatus == api.AllocClientStatusRunning || a.ClientStatus == api.AllocClientStatusPending)
-	gpus := gpuIDs(a.AllocatedResources)
+	gpus, tasks := gpuIDs(a.AllocatedResources)
 	tenant, queue := old.Tenant, old.Queue
 	if j, ok := v.jobs.live[jobKey{a.Namespace, a.JobID}]; ok && !had {
 		tenant, queue = j.tenant, j.queue
@@ -107,7 +108,7 @@ func (v *View) observeAlloc(a *api.Allocation, fromEvent bool) bool {
 		return changed
 	}
 	out := Alloc{ID: a.ID, Namespace: a.Namespace, JobID: a.JobID, Group: a.TaskGroup, NodeID: a.NodeID,
-		CreateIndex: a.CreateIndex, Preempted: preempted, GPUs: gpus, ModifyIndex: a.ModifyIndex, Tenant: tenant, Queue: queue}
+		CreateIndex: a.CreateIndex, Preempted: preempted, GPUs: gpus, Tasks: tasks, ModifyIndex: a.ModifyIndex, Tenant: tenant, Queue: queue}
 	if preempted {
 		out.PreemptedAt = cmp.Or(a.AllocModifyIndex, a.ModifyIndex)
 	}
@@ -153,7 +154,8 @@ func tasksEnded(a *api.Allocation) time.Time {
 // ended (complete, failed or lost) holding GPUs: its GPUs and its tasks'
 // first start and last end by its client; false for any other.
 func EndedAlloc(a *api.Allocation) (Alloc, bool) {
-	gpus, end := gpuIDs(a.AllocatedResources), tasksEnded(a)
+	gpus, _ := gpuIDs(a.AllocatedResources)
+	end := tasksEnded(a)
 	if len(gpus) == 0 || end.IsZero() {
 		return Alloc{}, false
 	}
@@ -218,23 +220,25 @@ func allocEnd(a *api.Allocation) string {
 	return "stopped"
 }
 
-// gpuIDs are the GPU device ids an allocation holds.
-func gpuIDs(r *api.AllocatedResources) []string {
+// gpuIDs are the GPU device ids an allocation holds, and the task holding each.
+func gpuIDs(r *api.AllocatedResources) (ids, tasks []string) {
 	if r == nil {
-		return nil
+		return nil, nil
 	}
-	var out []string
-	for _, t := range r.Tasks {
+	for name, t := range r.Tasks {
 		if t == nil {
 			continue
 		}
 		for _, d := range t.Devices {
 			if d != nil && nomadjob.IsGPUGroup(d.Vendor, d.Type) {
-				out = append(out, d.DeviceIDs...)
+				ids = append(ids, d.DeviceIDs...)
+				for range d.DeviceIDs {
+					tasks = append(tasks, name)
+				}
 			}
 		}
 	}
-	return out
+	return ids, tasks
 }
 
 // GPUAllocs returns every allocation holding GPUs, by id, each with its

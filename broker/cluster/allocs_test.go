@@ -30,9 +30,9 @@ func TestGPUAllocationsFollowTheirEvents(t *testing.T) {
 	got := v.GPUAllocs()
 	want := []Alloc{
 		{ID: "a1", Namespace: "vision", JobID: "train", Group: "g", NodeID: "n1", CreateIndex: 10, ModifyIndex: 10, JobIndex: 7,
-			GPUs: []string{"gpu-0"}, StartedAt: start, Restarts: []time.Time{time.Unix(0, start.Add(time.Minute).UnixNano())}},
+			GPUs: []string{"gpu-0"}, Tasks: []string{"t"}, StartedAt: start, Restarts: []time.Time{time.Unix(0, start.Add(time.Minute).UnixNano())}},
 		{ID: "a2", Namespace: "vision", JobID: "train", Group: "g", NodeID: "n1", CreateIndex: 11, ModifyIndex: 11, JobIndex: 7,
-			GPUs: []string{"gpu-1"}},
+			GPUs: []string{"gpu-1"}, Tasks: []string{"t"}},
 	}
 	if !reflect.DeepEqual(got, want) {
 		t.Fatalf("GPU allocations:\n got %+v\nwant %+v", got, want)

@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"slices"
 	"sort"
 	"time"
 )
@@ -67,6 +68,11 @@ type MapGPU struct {
 	Health    string `json:"health,omitempty"`
 	Namespace string `json:"namespace,omitempty"`
 	Job       string `json:"job,omitempty"`
+	// ParentJob is a dispatched or periodic child's parent; Group and Task
+	// are the task group and task holding the GPU.
+	ParentJob string `json:"parent_job,omitempty"`
+	Group     string `json:"task_group,omitempty"`
+	Task      string `json:"task,omitempty"`
 	Alloc     string `json:"alloc,omitempty"`
 	Tenant    string `json:"tenant,omitempty"`
 	Queue     string `json:"queue,omitempty"`
@@ -128,7 +134,11 @@ func (v *View) Map(idleBelow float64) []MapNode {
 			}
 			if a, ok := holder[dev]; ok {
 				mg.State, mg.Namespace, mg.Job, mg.Alloc, mg.Tenant, mg.Queue = GPUHeld, a.Namespace, a.JobID, a.ID, a.Tenant, a.Queue
-				mg.Borrowed = v.jobs.live[jobKey{a.Namespace, a.JobID}].borrowed
+				j := v.jobs.live[jobKey{a.Namespace, a.JobID}]
+				mg.Borrowed, mg.ParentJob, mg.Group = j.borrowed, j.parent, a.Group
+				if i := slices.Index(a.GPUs, dev); i >= 0 && i < len(a.Tasks) {
+					mg.Task = a.Tasks[i]
+				}
 				if mg.Utilization != nil && *mg.Utilization < idleBelow {
 					mg.State = GPUIdle
 				}

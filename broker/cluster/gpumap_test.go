@@ -25,9 +25,11 @@ func TestTheMapShowsWhatEachGPUIsDoing(t *testing.T) {
 	n2.DrainStrategy = &api.DrainStrategy{}
 	cpu := &api.Node{ID: "id-cpu", Name: "cpu", Status: api.NodeStatusReady}
 	job := admitted(testbuild.Job("vision", "train").Group("g", 1, 2, "gpu"), admission.Decision{Outcome: admission.AdmitBorrowed, Tenant: "vision", Queue: "training", Priority: 20})
-	v.Reset(Snapshot{Nodes: []*api.Node{n1, n2, cpu}, Jobs: []*api.Job{job},
+	child := testbuild.Job("vision", "batch/dispatch-1700000000-0a1b2c3d").Parent("batch").Group("g", 1, 1, "gpu").Build()
+	v.Reset(Snapshot{Nodes: []*api.Node{n1, n2, cpu}, Jobs: []*api.Job{job, child},
 		Allocs: []*api.Allocation{testbuild.Alloc("a1", "vision", "train", "id-b", 10, "id-b-0", "id-b-1").Build(),
-			testbuild.Alloc("a2", "other", "web", "id-b", 11, "id-b-2").Build()}})
+			testbuild.Alloc("a2", "other", "web", "id-b", 11, "id-b-2").Build(),
+			testbuild.Alloc("a3", "vision", *child.ID, "id-b", 12, "id-b-3").Build()}})
 	v.SetSamples(map[string]Sample{"id-b-0": {Utilization: ptr(80.0)}, "id-b-1": {Utilization: ptr(80.0), TemperatureC: ptr(61.0)},
 		"id-b-2": {Utilization: ptr(2.0)}})
 
@@ -39,10 +41,10 @@ func TestTheMapShowsWhatEachGPUIsDoing(t *testing.T) {
 		t.Errorf("gpu-a %+v, want draining, ineligible, one free GPU", a)
 	}
 	want := []MapGPU{
-		{ID: "id-b-0", Model: testbuild.H100, State: GPUHeld, Namespace: "vision", Job: "train", Alloc: "a1", Tenant: "vision", Queue: "training", Borrowed: true, Utilization: ptr(80.0)},
-		{ID: "id-b-1", Model: testbuild.H100, State: GPUHeld, Namespace: "vision", Job: "train", Alloc: "a1", Tenant: "vision", Queue: "training", Borrowed: true, Utilization: ptr(80.0), Temperature: ptr(61.0)},
-		{ID: "id-b-2", Model: testbuild.H100, State: GPUIdle, Namespace: "other", Job: "web", Alloc: "a2", Utilization: ptr(2.0)},
-		{ID: "id-b-3", Model: testbuild.H100, State: GPUFree},
+		{ID: "id-b-0", Model: testbuild.H100, State: GPUHeld, Namespace: "vision", Job: "train", Group: "g", Task: "t", Alloc: "a1", Tenant: "vision", Queue: "training", Borrowed: true, Utilization: ptr(80.0)},
+		{ID: "id-b-1", Model: testbuild.H100, State: GPUHeld, Namespace: "vision", Job: "train", Group: "g", Task: "t", Alloc: "a1", Tenant: "vision", Queue: "training", Borrowed: true, Utilization: ptr(80.0), Temperature: ptr(61.0)},
+		{ID: "id-b-2", Model: testbuild.H100, State: GPUIdle, Namespace: "other", Job: "web", Group: "g", Task: "t", Alloc: "a2", Utilization: ptr(2.0)},
+		{ID: "id-b-3", Model: testbuild.H100, State: GPUHeld, Namespace: "vision", Job: "batch/dispatch-1700000000-0a1b2c3d", ParentJob: "batch", Group: "g", Task: "t", Alloc: "a3"},
 		{ID: "id-b-4", Model: testbuild.H100, State: GPUUnhealthy, Health: "XID 79: GPU has fallen off the bus"},
 		{ID: "id-b-5", Model: testbuild.H100, State: GPURecovering, Health: "recovering: healthy for 20s of 60s"},
 	}

@@ -23,6 +23,7 @@ type job struct {
 	// the node-id sets its GPU task groups are pinned to, by group.
 	pinned        map[string][]string
 	tenant, queue string // from a verified stamp, else ""
+	parent        string // Nomad's ParentID: a dispatched or periodic child's parent job
 	modifyIndex   uint64 // Nomad's JobModifyIndex of the version recorded
 	version       uint64 // its Version
 	demand        map[string]int
@@ -96,6 +97,9 @@ func (v *View) observeJob(j *api.Job) {
 		}
 		if j.Version != nil {
 			jb.version = *j.Version
+		}
+		if j.ParentID != nil {
+			jb.parent = *j.ParentID
 		}
 		if verified {
 			jb.tenant, jb.queue = j.Meta[nomadjob.MetaTenant], j.Meta[nomadjob.MetaQueue]

@@ -315,6 +315,7 @@ func TestBroker(t *testing.T) {
 					"Hostname": nodes[0].Name, "pci_bus_id": fmt.Sprintf("00000000:%02X:00.0", i), "GPU_I_PROFILE": "", "GPU_I_ID": ""}
 				if l["alloc_id"] == alloc.ID {
 					want["namespace"], want["tenant"] = "vision", "vision"
+					want["nomad_job"], want["task_group"], want["task"] = "train-a", "g", "t"
 				}
 				for k, v := range want {
 					if l[k] != v {

@@ -1,6 +1,7 @@
 package metrics
 
 import (
+	"cmp"
 	"strconv"
 	"strings"
 
@@ -14,12 +15,13 @@ import (
 
 // dcgmLabels are dcgm-exporter's per-GPU labels, so that dashboards built on
 // it read these series unchanged, then the Nomad attribution a job-mapping
-// file gives DCGM. Only values that are not a submitter's text: namespace
-// and tenant from the policy, alloc_id Nomad's own UUID. A job's and a
-// task's names are the submitter's, so they are no labels; alloc_id joins
-// to them (the broker's /v1/gpu/nodes, Nomad's API).
+// file gives DCGM: namespace and tenant from the policy, then Nomad's own
+// identifiers of the holder, as Nomad labels its allocation metrics. A
+// dispatched or periodic child counts under its parent's id in nomad_job,
+// which changes less often than alloc_id (every reschedule, deployment
+// and periodic run makes a new allocation).
 var dcgmLabels = []string{"gpu", "UUID", "device", "modelName", "Hostname", "pci_bus_id", "GPU_I_PROFILE", "GPU_I_ID",
-	"DCGM_FI_DRIVER_VERSION", "namespace", "tenant", "alloc_id"}
+	"DCGM_FI_DRIVER_VERSION", "namespace", "tenant", "alloc_id", "nomad_job", "task_group", "task"}
 
 // xidLabels are the XID series' own besides: the last XID's number and what
 // it means (xidMeaning), as dcgm-exporter labels it.
@@ -163,15 +165,15 @@ func dcgmLabelValues(p *policy.Policy, n cluster.MapNode, g cluster.MapGPU) []st
 	if g.MIGInstance != nil {
 		instance = strconv.Itoa(int(*g.MIGInstance))
 	}
-	namespace, tenant, alloc := "", "", ""
+	namespace, tenant, alloc, job, group, task := "", "", "", "", "", ""
 	if t := p.TenantOf(g.Namespace); t != nil {
 		namespace, tenant = g.Namespace, t.Name
 	}
 	if queue.ValidID(g.Alloc) { // Nomad's allocation ids have a queue id's form
-		alloc = g.Alloc
+		alloc, job, group, task = g.Alloc, cmp.Or(g.ParentJob, g.Job), g.Group, g.Task
 	}
 	return []string{index, g.GPUUUID, device, modelName(g.Model), n.Name, dcgmBusID(g.PCIBusID), g.MIGProfile, instance,
-		g.DriverVersion, namespace, tenant, alloc}
+		g.DriverVersion, namespace, tenant, alloc, job, group, task}
 }
 
 // modelName is the GPU's product name, as DCGM's modelName has it, from its

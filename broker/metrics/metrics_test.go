@@ -302,8 +302,9 @@ nomadgpu_preempted_gpu_seconds_total{queue="training",tenant="vision"} 0
 }
 
 // Every sampled GPU under dcgm-exporter's names and labels, with its
-// holder's namespace and tenant when the policy has them and its allocation;
-// a shared GPU once per holder, a MIG instance with its GPU's index and UUID.
+// holder's namespace and tenant when the policy has them, and its
+// allocation, job (a periodic child's parent), task group and task; a
+// shared GPU once per holder, a MIG instance with its GPU's index and UUID.
 func TestGPUTelemetryUnderDCGMsNames(t *testing.T) {
 	const held, held2 = "5c2b6a9e-0d1f-4c1e-9d4a-7b2e8f3a1c00", "0a1b2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d"
 	n := testbuild.Node("n1", testbuild.H100, 2, 0)
@@ -316,10 +317,12 @@ func TestGPUTelemetryUnderDCGMsNames(t *testing.T) {
 		Name: testbuild.H100 + " MIG 3g.40gb", Instances: []*api.NodeDevice{{ID: "MIG-a", Healthy: true,
 			Locality: &api.NodeDeviceLocality{PciBusID: "0000:4c:00.0"}}}})
 	view := cluster.NewView(nil)
-	view.Reset(cluster.Snapshot{Nodes: []*api.Node{n}, Allocs: []*api.Allocation{
+	// serve's run of 1700000000 counts under serve, its parent.
+	child := testbuild.Job("vision", "serve/periodic-1700000000").Parent("serve").Group("g", 1, 1, "gpu").Build()
+	view.Reset(cluster.Snapshot{Nodes: []*api.Node{n}, Jobs: []*api.Job{child}, Allocs: []*api.Allocation{
 		testbuild.Alloc(held, "vision", "train", "n1", 10, "n1-0").Build(),
 		testbuild.Alloc("not-a-uuid", "other", "web", "n1", 11, "n1-shared-0-0").Build(),
-		testbuild.Alloc(held2, "vision", "serve", "n1", 12, "n1-shared-0-1").Build()}})
+		testbuild.Alloc(held2, "vision", *child.ID, "n1", 12, "n1-shared-0-1").Build()}})
 	f := func(v float64) *float64 { return &v }
 	whole := func(i float64, uuid string) cluster.Sample {
 		return cluster.Sample{Utilization: f(42), MemoryUsedMiB: f(1024), MemoryTotalMiB: f(81559), TemperatureC: f(55), PowerW: f(300),
@@ -337,18 +340,21 @@ func TestGPUTelemetryUnderDCGMsNames(t *testing.T) {
 			DriverVersion: "550.54.15", TensorActive: f(40)}})
 	m := metrics.New()
 	m.Observe(metrics.Sources{Cluster: view, Queue: queuetest.NewMem(), Policies: testbuild.Fixed{P: testbuild.Policy(t, src)}})
-	labels := func(gpu, uuid, bus, profile, instance, ns, tenant, alloc string) string {
-		dev := ""
+	labels := func(gpu, uuid, bus, profile, instance, ns, tenant, alloc, job string) string {
+		dev, group, task := "", "", ""
 		if gpu != "" {
 			dev = "nvidia" + gpu
 		}
-		return fmt.Sprintf(`{DCGM_FI_DRIVER_VERSION="550.54.15",GPU_I_ID=%q,GPU_I_PROFILE=%q,Hostname="gpu-1",UUID=%q,alloc_id=%q,device=%q,gpu=%q,modelName=%q,namespace=%q,pci_bus_id=%q,tenant=%q}`,
-			instance, profile, uuid, alloc, dev, gpu, testbuild.H100, ns, bus, tenant)
+		if job != "" {
+			group, task = "g", "t"
+		}
+		return fmt.Sprintf(`{DCGM_FI_DRIVER_VERSION="550.54.15",GPU_I_ID=%q,GPU_I_PROFILE=%q,Hostname="gpu-1",UUID=%q,alloc_id=%q,device=%q,gpu=%q,modelName=%q,namespace=%q,nomad_job=%q,pci_bus_id=%q,task=%q,task_group=%q,tenant=%q}`,
+			instance, profile, uuid, alloc, dev, gpu, testbuild.H100, ns, job, bus, task, group, tenant)
 	}
-	w0 := labels("0", "GPU-0", "00000000:01:00.0", "", "", "vision", "vision", held)
-	ws := labels("2", "GPU-s", "00000000:3B:00.0", "", "", "", "", "")
-	wv := labels("2", "GPU-s", "00000000:3B:00.0", "", "", "vision", "vision", held2)
-	mig := labels("3", "GPU-m", "00000000:4C:00.0", "3g.40gb", "2", "", "", "")
+	w0 := labels("0", "GPU-0", "00000000:01:00.0", "", "", "vision", "vision", held, "train")
+	ws := labels("2", "GPU-s", "00000000:3B:00.0", "", "", "", "", "", "")
+	wv := labels("2", "GPU-s", "00000000:3B:00.0", "", "", "vision", "vision", held2, "serve")
+	mig := labels("3", "GPU-m", "00000000:4C:00.0", "3g.40gb", "2", "", "", "", "")
 	var want strings.Builder
 	for _, f := range []struct {
 		name, help, kind string

@@ -105,6 +105,9 @@ func (b *JobBuilder) AutoRevert() *JobBuilder {
 // succeeded.
 func (b *JobBuilder) Stable() *JobBuilder { b.job.Stable = ptr(true); return b }
 
+// Parent makes it a dispatched or periodic child of the job with id parent.
+func (b *JobBuilder) Parent(parent string) *JobBuilder { b.job.ParentID = &parent; return b }
+
 // ModifyIndex sets Nomad's JobModifyIndex.
 func (b *JobBuilder) ModifyIndex(i uint64) *JobBuilder { b.job.JobModifyIndex = &i; return b }
 
