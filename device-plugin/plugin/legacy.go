@@ -21,6 +21,18 @@ const NDNName = "nomad-device-nvidia"
 // the same meaning.
 var ndnOptions = []string{"enabled", "fingerprint_period", "ignored_gpu_ids"}
 
+// ndnBeside reports whether nomad-device-nvidia's binary is in the plugin
+// directory beside this one (self): a file of its name that is not self,
+// which it is when this binary was installed under that name.
+func ndnBeside(self string, stat func(string) (os.FileInfo, error)) bool {
+	other, err := stat(filepath.Join(filepath.Dir(self), NDNName))
+	if err != nil {
+		return false
+	}
+	me, err := stat(self)
+	return err != nil || !os.SameFile(me, other)
+}
+
 // AgentArgs is the command line and working directory of the Nomad agent
 // that launched the plugin (its parent), to read the config files it was
 // given; an error when there is none to read.
@@ -169,7 +181,10 @@ func readPluginBlock(f string, item *ast.ObjectItem) pluginBlock {
 // notes are what the operator should read (logged as warnings).
 func adoptNDN(cfg Config, blocks map[string][]pluginBlock, own string, ndnBeside bool) (Config, []string, error) {
 	ndn := blocks[NDNName]
-	if len(ndn) == 0 {
+	if len(ndn) == 0 || own == NDNName {
+		// Installed under nomad-device-nvidia's file name, the binary gets
+		// that block from Nomad itself: Nomad gives an external plugin the
+		// block named as its file.
 		return cfg, nil, nil
 	}
 	at := ndn[0].at

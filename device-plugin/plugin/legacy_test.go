@@ -110,9 +110,43 @@ func TestANomadDeviceNvidiaBlockIsReadAsNomadReadsConfigs(t *testing.T) {
 			t.Errorf("ignored %v, notes %q, error %v", got.IgnoredGPUIDs, notes, err)
 		}
 	})
+	t.Run("installed under nomad-device-nvidia's name the block is its own, from Nomad", func(t *testing.T) {
+		blocks, _ := agentPlugins([]string{"nomad", "agent", "-config", filepath.Join(dir, "agent.hcl")}, "/")
+		got, notes, err := adoptNDN(DefaultConfig(), blocks, NDNName, false)
+		if err != nil || len(got.IgnoredGPUIDs) != 0 || len(notes) != 0 {
+			t.Errorf("ignored %v, notes %q, error %v; want the config untouched and nothing said", got.IgnoredGPUIDs, notes, err)
+		}
+	})
 	t.Run("not an agent", func(t *testing.T) {
 		if blocks, errs := agentPlugins([]string{"go", "test", "-config", dir}, "/"); len(blocks) != 0 || len(errs) != 0 {
 			t.Errorf("blocks %v, errors %v", blocks, errs)
 		}
 	})
+}
+
+// nomad-device-nvidia's binary is beside this one only when a file of its
+// name is another file: installed under that name, the plugin finds itself.
+func TestNDNBesideIsAnotherFileOfItsName(t *testing.T) {
+	dir := t.TempDir()
+	for _, name := range []string{Name, NDNName} {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(name), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !ndnBeside(filepath.Join(dir, Name), os.Stat) {
+		t.Errorf("nomad-device-gpu beside nomad-device-nvidia: not seen")
+	}
+	if ndnBeside(filepath.Join(dir, NDNName), os.Stat) {
+		t.Errorf("the plugin installed as nomad-device-nvidia finds itself beside itself")
+	}
+	alone := t.TempDir()
+	if err := os.Link(filepath.Join(dir, Name), filepath.Join(alone, NDNName)); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Link(filepath.Join(dir, Name), filepath.Join(alone, Name)); err != nil {
+		t.Fatal(err)
+	}
+	if ndnBeside(filepath.Join(alone, Name), os.Stat) {
+		t.Errorf("one binary under both names (hard links) counts as two")
+	}
 }

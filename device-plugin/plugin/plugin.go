@@ -130,8 +130,7 @@ func (p *Plugin) adoptAgentConfig(cfg Config) (Config, error) {
 	for _, err := range errs {
 		p.log.Warn("a client config file naming nomad-device-nvidia was not read", "error", err)
 	}
-	_, beside := p.stat(filepath.Join(filepath.Dir(p.self), NDNName))
-	cfg, notes, err := adoptNDN(cfg, blocks, filepath.Base(p.self), beside == nil)
+	cfg, notes, err := adoptNDN(cfg, blocks, filepath.Base(p.self), ndnBeside(p.self, p.stat))
 	for _, n := range notes {
 		p.log.Warn(n)
 	}
