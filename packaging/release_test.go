@@ -5,6 +5,7 @@ package packaging_test
 import (
 	"archive/zip"
 	"bytes"
+	"debug/buildinfo"
 	"debug/elf"
 	"io"
 	"os"
@@ -32,8 +33,15 @@ func TestAReleaseIsReproducibleAndLaidOutAsHashiCorps(t *testing.T) {
 	t.Parallel()
 	dpkg := tools.Binary(t, "dpkg-deb")
 	first, second := t.TempDir(), t.TempDir()
-	sums := testcluster.Release(t, first, "zip", "deb", "rpm")
-	again := testcluster.Release(t, second, "zip", "deb", "rpm")
+	sums, said := testcluster.ReleaseWith(t, first, "linux/amd64", nil, "zip", "deb", "rpm")
+	if !strings.Contains(said, "RELEASE_GPG_KEY is unset: the SHA256SUMS files are not signed") {
+		t.Errorf("a release without a key does not say it made no signature:\n%s", said)
+	}
+	if sigs, _ := filepath.Glob(filepath.Join(first, "*.sig")); len(sigs) != 0 {
+		t.Errorf("a release without a key has signatures: %v", sigs)
+	}
+	gnupg, key := signingKey(t)
+	again, _ := testcluster.ReleaseWith(t, second, "linux/amd64", []string{"GNUPGHOME=" + gnupg, "RELEASE_GPG_KEY=" + key}, "zip", "deb", "rpm")
 
 	v := testcluster.ReleaseVersion
 	var names []string
@@ -60,17 +68,38 @@ func TestAReleaseIsReproducibleAndLaidOutAsHashiCorps(t *testing.T) {
 		}
 	}
 
-	// The zip: the binary at its top, executable, saying what it is, and
-	// the licence.
+	// Each SHA256SUMS of the signed release verifies against its
+	// signature, as docs/install.md says; a changed one does not.
+	for _, sums := range []string{"SHA256SUMS", "nomad-device-gpu_" + v + "_SHA256SUMS"} {
+		verify := exec.Command("gpg", "--verify", sums+".sig", sums)
+		verify.Dir, verify.Env = second, append(os.Environ(), "GNUPGHOME="+gnupg)
+		if out, err := verify.CombinedOutput(); err != nil || !strings.Contains(string(out), "Good signature") {
+			t.Errorf("gpg --verify %s.sig: %v\n%s", sums, err, out)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(second, "SHA256SUMS"), []byte("0000  nomad-device-gpu.zip\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	verify := exec.Command("gpg", "--verify", "SHA256SUMS.sig", "SHA256SUMS")
+	verify.Dir, verify.Env = second, append(os.Environ(), "GNUPGHOME="+gnupg)
+	if out, err := verify.CombinedOutput(); err == nil {
+		t.Errorf("a changed SHA256SUMS verifies:\n%s", out)
+	}
+
+	// The zip: the binary at its top, executable, saying what it is, the
+	// licence and the third-party notices.
 	zr, err := zip.OpenReader(filepath.Join(first, want[1]))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer zr.Close()
-	if len(zr.File) != 2 || zr.File[0].Name != "nomad-device-gpu" || zr.File[0].Mode().Perm() != 0o755 || zr.File[1].Name != "LICENSE.txt" {
-		t.Fatalf("the zip holds %v, want nomad-device-gpu (0755) and LICENSE.txt", zr.File)
+	if len(zr.File) != 3 || zr.File[0].Name != "nomad-device-gpu" || zr.File[0].Mode().Perm() != 0o755 || zr.File[1].Name != "LICENSE.txt" ||
+		zr.File[2].Name != "THIRD_PARTY_NOTICES.txt" {
+		t.Fatalf("the zip holds %v, want nomad-device-gpu (0755), LICENSE.txt and THIRD_PARTY_NOTICES.txt", zr.File)
 	}
 	bin, b := unzipped(t, zr.File[0])
+	_, notices := unzipped(t, zr.File[2])
+	checkNotices(t, bin, string(notices))
 	out, err := exec.Command(bin, "-version").CombinedOutput()
 	wantVersion := regexp.MustCompile(`^nomad-device-gpu v` + regexp.QuoteMeta(v) + ` \(commit [0-9a-f]{40}, ` +
 		regexp.QuoteMeta(runtime.Version()) + `\)\n$`)
@@ -88,7 +117,8 @@ func TestAReleaseIsReproducibleAndLaidOutAsHashiCorps(t *testing.T) {
 		t.Fatalf("dpkg-deb -c: %v\n%s", err, contents)
 	}
 	for _, path := range []string{"./opt/nomad/data/plugins/nomad-device-gpu", "./etc/nomad.d/nomad-device-gpu.hcl.example",
-		"./usr/share/doc/nomad-device-gpu/LICENSE.txt", "./opt/nomad/plugins/nomad-device-gpu -> /opt/nomad/data/plugins/nomad-device-gpu"} {
+		"./usr/share/doc/nomad-device-gpu/LICENSE.txt", "./usr/share/doc/nomad-device-gpu/THIRD_PARTY_NOTICES.txt",
+		"./opt/nomad/plugins/nomad-device-gpu -> /opt/nomad/data/plugins/nomad-device-gpu"} {
 		if !strings.Contains(string(contents), path) {
 			t.Errorf("the deb lacks %s:\n%s", path, contents)
 		}
@@ -106,6 +136,63 @@ func TestAReleaseIsReproducibleAndLaidOutAsHashiCorps(t *testing.T) {
 	if rpm, err := os.ReadFile(filepath.Join(first, want[0])); err != nil || !bytes.HasPrefix(rpm, []byte{0xed, 0xab, 0xee, 0xdb}) {
 		t.Errorf("the rpm is no rpm: %v", err)
 	}
+}
+
+// checkNotices checks that notices name every module linked into bin (its
+// build information), and Go, each with its licence, and carry NVIDIA's
+// notice from nvml.h, which the plugin compiles in.
+func checkNotices(t *testing.T, bin, notices string) {
+	t.Helper()
+	info, err := buildinfo.ReadFile(bin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	named := regexp.MustCompile(`(?m)^(\S+|Go \(its standard library and runtime\)) (\S+): ((?:Apache-2\.0|MPL-2\.0|MIT|ISC|BSD-[23]-Clause)(?:, )?)+$`)
+	listed := map[string]bool{}
+	for _, m := range named.FindAllStringSubmatch(notices, -1) {
+		listed[m[1]+" "+m[2]] = true
+	}
+	want := []string{"Go (its standard library and runtime) " + info.GoVersion}
+	for _, d := range info.Deps {
+		if d.Replace != nil {
+			d = d.Replace
+		}
+		want = append(want, d.Path+" "+d.Version)
+	}
+	for _, w := range want {
+		if !listed[w] {
+			t.Errorf("THIRD_PARTY_NOTICES.txt does not name %s with its licence", w)
+		}
+	}
+	if len(want) < 10 || !strings.Contains(notices, "NOTICE TO USER") || !strings.Contains(notices, "Copyright 2009 The Go Authors") {
+		t.Errorf("THIRD_PARTY_NOTICES.txt lacks NVIDIA's notice from nvml.h or Go's licence (%d modules)", len(want))
+	}
+}
+
+// signingKey makes a GPG key without a passphrase in a keyring of its own,
+// and returns the keyring's directory and the key's e-mail.
+func signingKey(t *testing.T) (string, string) {
+	t.Helper()
+	gpg := tools.Binary(t, "gpg")
+	// Short: gpg-agent's socket goes there, and a socket path has a limit.
+	home, err := os.MkdirTemp("", "gpg")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		kill := exec.Command("gpgconf", "--kill", "gpg-agent")
+		kill.Env = append(os.Environ(), "GNUPGHOME="+home)
+		_ = kill.Run()
+		os.RemoveAll(home)
+	})
+	const key = "release-test@example.invalid"
+	gen := exec.Command(gpg, "--batch", "--pinentry-mode", "loopback", "--passphrase", "", "--quick-gen-key",
+		"nomad-gpu release test <"+key+">", "ed25519", "sign", "1d")
+	gen.Env = append(os.Environ(), "GNUPGHOME="+home)
+	if out, err := gen.CombinedOutput(); err != nil {
+		t.Fatalf("gpg --quick-gen-key: %v\n%s", err, out)
+	}
+	return home, key
 }
 
 // glibcFloor is the oldest glibc the plugin runs on (RHEL 7's), which its

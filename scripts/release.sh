@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Builds the release of VERSION into DIST, laid out as HashiCorp's releases:
-#   <product>_<version>_linux_<arch>.zip   the binary and LICENSE.txt, at the top
+#   <product>_<version>_linux_<arch>.zip   the binary, LICENSE.txt and THIRD_PARTY_NOTICES.txt,
+#                                          at the top (scripts/notices: every module linked in)
 #   <product>_<pkgversion>-1_<arch>.deb    Debian's naming (amd64, arm64)
 #   <product>-<pkgversion>-1.<arch>.rpm    RPM's naming (x86_64, aarch64)
 #   <product>_<version>_SHA256SUMS         of the product's files above
 #   SHA256SUMS                             of every file above
+#   <each SHA256SUMS>.sig                  its detached GPG signature, with RELEASE_GPG_KEY
 # (pkgversion: a pre-release's "-" becomes "~", which both order before the
 # release.)
 # Reproducible: the same commit gives the same bytes. Binaries are built with
@@ -17,6 +19,8 @@
 #   PLATFORMS   default "linux/amd64 linux/arm64"
 #   PRODUCTS    default "nomad-device-gpu gpu-broker"
 #   FORMATS     default "zip deb rpm"
+#   RELEASE_GPG_KEY  the GPG key (id, fingerprint or e-mail, in GNUPGHOME's keyring)
+#               that signs each SHA256SUMS file; unset: no signature, and it says so
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -89,6 +93,10 @@ rpmarch() {
 if [[ " $FORMATS " == *" deb "* || " $FORMATS " == *" rpm "* ]]; then
   GOBIN="$work/bin" go install "$NFPM"
 fi
+go build -o "$work/bin/notices" ./scripts/notices
+if [ -n "${RELEASE_GPG_KEY:-}" ]; then
+  command -v gpg >/dev/null || die "gpg is missing to sign with RELEASE_GPG_KEY (Debian: apt-get install gnupg)"
+fi
 
 for platform in $PLATFORMS; do
   os=${platform%/*} arch=${platform#*/}
@@ -110,7 +118,8 @@ for platform in $PLATFORMS; do
     chmod 0755 "$out"
     touch -d "@$SOURCE_DATE_EPOCH" "$out"
     cp LICENSE "$(dirname "$out")/LICENSE.txt"
-    touch -d "@$SOURCE_DATE_EPOCH" "$(dirname "$out")/LICENSE.txt"
+    "$work/bin/notices" "$out" >"$(dirname "$out")/THIRD_PARTY_NOTICES.txt"
+    touch -d "@$SOURCE_DATE_EPOCH" "$(dirname "$out")/LICENSE.txt" "$(dirname "$out")/THIRD_PARTY_NOTICES.txt"
     pkgversion=${VERSION/-/\~}
     for format in $FORMATS; do
       case "$format" in
@@ -120,9 +129,10 @@ for platform in $PLATFORMS; do
         *) die "unknown format $format (zip, deb or rpm)" ;;
       esac
       case "$format" in
-        zip) (cd "$(dirname "$out")" && zip -q -X -D "$DIST/$name" "$product" LICENSE.txt) ;;
+        zip) (cd "$(dirname "$out")" && zip -q -X -D "$DIST/$name" "$product" LICENSE.txt THIRD_PARTY_NOTICES.txt) ;;
         deb | rpm)
-          sed -e "s|\${BIN}|$out|" -e "s|\${VERSION}|$VERSION|" -e "s|\${ARCH}|$arch|" \
+          sed -e "s|\${BIN}|$out|" -e "s|\${NOTICES}|$(dirname "$out")/THIRD_PARTY_NOTICES.txt|" \
+            -e "s|\${VERSION}|$VERSION|" -e "s|\${ARCH}|$arch|" \
             "packaging/$product.nfpm.yaml" >"$work/nfpm.yaml"
           "$work/bin/nfpm" package -f "$work/nfpm.yaml" -p "$format" -t "$DIST/$name" >&2 ;;
       esac
@@ -137,5 +147,15 @@ for product in $PRODUCTS; do
 done
 files=(*.zip *.deb *.rpm)
 sha256sum -- "${files[@]}" >SHA256SUMS
+# Signed as HashiCorp signs its releases: a detached signature beside each
+# SHA256SUMS file, which gpg --verify checks (docs/install.md).
+if [ -n "${RELEASE_GPG_KEY:-}" ]; then
+  for sums in *SHA256SUMS; do
+    gpg --batch --yes --local-user "$RELEASE_GPG_KEY" --detach-sign --output "$sums.sig" "$sums" ||
+      die "gpg could not sign $sums with RELEASE_GPG_KEY=$RELEASE_GPG_KEY"
+  done
+else
+  printf 'release: RELEASE_GPG_KEY is unset: the SHA256SUMS files are not signed\n' >&2
+fi
 cd - >/dev/null
 cat "$DIST/SHA256SUMS"

@@ -26,6 +26,14 @@ func Release(t testing.TB, dist string, formats ...string) map[string]string {
 // ReleaseFor is Release for platforms ("linux/amd64 linux/arm64").
 func ReleaseFor(t testing.TB, dist, platforms string, formats ...string) map[string]string {
 	t.Helper()
+	sums, _ := ReleaseWith(t, dist, platforms, nil, formats...)
+	return sums
+}
+
+// ReleaseWith is ReleaseFor with more of release.sh's environment (such as
+// RELEASE_GPG_KEY), and what the script printed.
+func ReleaseWith(t testing.TB, dist, platforms string, env []string, formats ...string) (map[string]string, string) {
+	t.Helper()
 	for _, tool := range []string{"zip", "sha256sum", "git"} {
 		tools.Binary(t, tool)
 	}
@@ -35,9 +43,10 @@ func ReleaseFor(t testing.TB, dist, platforms string, formats ...string) map[str
 	}
 	cmd := exec.Command(filepath.Join(root, "scripts", "release.sh"))
 	// A test runs on a tree with changes; a release refuses one.
-	cmd.Env = append(os.Environ(), "VERSION="+ReleaseVersion, "DIST="+dist, "PLATFORMS="+platforms,
-		"PRODUCTS=nomad-device-gpu", "FORMATS="+strings.Join(formats, " "), "RELEASE_DIRTY=1")
-	if out, err := cmd.CombinedOutput(); err != nil {
+	cmd.Env = append(append(os.Environ(), "VERSION="+ReleaseVersion, "DIST="+dist, "PLATFORMS="+platforms,
+		"PRODUCTS=nomad-device-gpu", "FORMATS="+strings.Join(formats, " "), "RELEASE_DIRTY=1", "RELEASE_GPG_KEY="), env...)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
 		t.Fatalf("scripts/release.sh: %v\n%s", err, out)
 	}
 	f, err := os.Open(filepath.Join(dist, "SHA256SUMS"))
@@ -53,7 +62,7 @@ func ReleaseFor(t testing.TB, dist, platforms string, formats ...string) map[str
 		}
 		sums[name] = sum
 	}
-	return sums
+	return sums, string(out)
 }
 
 // moduleRoot is the directory of this module's go.mod, above the test's.
