@@ -34,8 +34,8 @@ type Alloc struct {
 	// GPUs are the device ids the allocation holds (held, for a preempted
 	// one), and Tasks the task holding each.
 	GPUs, Tasks []string
-	StartedAt time.Time // its first task's start; zero while none started
-	Restarts  []time.Time
+	StartedAt   time.Time // its first task's start; zero while none started
+	Restarts    []time.Time
 	// ModifyIndex orders what the listing and the events say of it.
 	ModifyIndex uint64
 	// Tenant and Queue are its job's, from a verified stamp ("" if not).
