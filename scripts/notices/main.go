@@ -61,7 +61,7 @@ func run(binaries []string, w io.Writer) error {
 			seen["go"] = true
 			texts, err := licenceTexts(goroot)
 			if err != nil {
-				return fmt.Errorf("Go %s: %w", info.GoVersion, err)
+				return fmt.Errorf("the licence of Go %s: %w", info.GoVersion, err)
 			}
 			comps = append(comps, component{"Go (its standard library and runtime)", info.GoVersion, texts})
 		}
