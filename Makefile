@@ -67,7 +67,7 @@ lint: ## gofmt, go vet and staticcheck
 
 # Each fuzz target, as package:target. `make test` runs their seed corpora.
 FUZZ_TARGETS := ./broker/nomadjob:FuzzReadRequest ./internal/jsondoc:FuzzParseReadsAsEncodingJSON ./broker/server:FuzzHandler ./broker/policyhcl:FuzzParse ./broker/config:FuzzLoad \
-  ./device-plugin/plugin:FuzzDecodeConfig ./device-plugin/fake:FuzzStateFile
+  ./device-plugin/plugin:FuzzDecodeConfig ./device-plugin/fake:FuzzStateFile ./broker/cluster:FuzzCutAllocationJobs
 FUZZTIME ?= 30s
 
 .PHONY: fuzz
