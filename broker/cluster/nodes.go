@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"fmt"
 	"math"
 	"sort"
 	"strings"
@@ -24,6 +25,9 @@ type node struct {
 	devices      map[string]GPU  // every GPU, by device id
 	replicas     map[string]int  // replicas per GPU of its shared groups, by group name
 	islands      map[string]bool // its groups that are one NVLink island each (island_groups)
+	// cgroupBound: its Nomad (before 1.8) on cgroups v2 lets exec and
+	// raw_exec tasks open only the default devices, not their GPUs.
+	cgroupBound bool
 }
 
 // GPU is one GPU of a node.
@@ -71,7 +75,8 @@ func (v *View) ObserveNode(n *api.Node) {
 func (v *View) observeNode(n *api.Node, was node) {
 	nd := node{schedulable: n.Status == api.NodeStatusReady && n.SchedulingEligibility != api.NodeSchedulingIneligible,
 		pool: n.NodePool, datacenter: n.Datacenter, gpus: map[string]int{}, devices: map[string]GPU{}, replicas: map[string]int{}, islands: map[string]bool{},
-		name: n.Name, status: n.Status, draining: n.Drain || n.DrainStrategy != nil, eligible: n.SchedulingEligibility != api.NodeSchedulingIneligible}
+		name: n.Name, status: n.Status, draining: n.Drain || n.DrainStrategy != nil, eligible: n.SchedulingEligibility != api.NodeSchedulingIneligible,
+		cgroupBound: n.Attributes["unique.cgroup.version"] == "v2" && nomadBefore(n.Attributes["nomad.version"], 1, 8)}
 	if n.NodeResources != nil {
 		for _, d := range n.NodeResources.Devices {
 			if d == nil || !nomadjob.IsGPUGroup(d.Vendor, d.Type) {
@@ -302,4 +307,35 @@ func (v *View) Capacity() int {
 		}
 	}
 	return int(math.Round(total))
+}
+
+// nomadBefore reports whether version (Nomad's nomad.version attribute,
+// "1.6.3", "1.8.0-beta.1") is older than major.minor; false when it
+// cannot be read.
+func nomadBefore(version string, major, minor int) bool {
+	var ma, mi int
+	if n, _ := fmt.Sscanf(version, "%d.%d", &ma, &mi); n != 2 {
+		return false
+	}
+	return ma < major || ma == major && mi < minor
+}
+
+// CgroupBoundGPUNodes are, of the schedulable nodes with GPUs, those (by
+// name, sorted) where exec and raw_exec tasks cannot open their GPUs
+// (node.cgroupBound), and how many schedulable GPU nodes there are. A view
+// follows one region: it is the region asked of (Regions.CgroupBoundGPUNodes).
+func (v *View) CgroupBoundGPUNodes(string) (bound []string, of int) {
+	v.mu.RLock()
+	defer v.mu.RUnlock()
+	for _, n := range v.nodes {
+		if !n.schedulable || len(n.devices) == 0 {
+			continue
+		}
+		of++
+		if n.cgroupBound {
+			bound = append(bound, n.name)
+		}
+	}
+	sort.Strings(bound)
+	return bound, of
 }

@@ -55,3 +55,14 @@ func TestANodeSetAddsUpAsNomadPlaces(t *testing.T) {
 		t.Errorf("order %v, want the schedulable nodes' groups by node then group", got)
 	}
 }
+
+// Nomad's version attribute is read by its major and minor numbers; one
+// that cannot be read is no older Nomad.
+func TestNomadBeforeReadsMajorAndMinor(t *testing.T) {
+	for v, want := range map[string]bool{"1.6.3": true, "1.7.7": true, "0.12.0": true, "1.8.0": false, "1.8.0-beta.1": false,
+		"1.10.2": false, "2.0.0": false, "": false, "dev": false} {
+		if got := nomadBefore(v, 1, 8); got != want {
+			t.Errorf("nomadBefore(%q, 1.8) = %t, want %t", v, got, want)
+		}
+	}
+}

@@ -76,6 +76,15 @@ func (r *Regions) In(region string) (*View, string, bool) {
 	return v, region, ok
 }
 
+// CgroupBoundGPUNodes is View.CgroupBoundGPUNodes of region, as a request
+// names it; none for a region not governed.
+func (r *Regions) CgroupBoundGPUNodes(region string) ([]string, int) {
+	if v, _, ok := r.In(region); ok {
+		return v.CgroupBoundGPUNodes(region)
+	}
+	return nil, 0
+}
+
 // Names are the regions governed, the broker's own first, then by name.
 func (r *Regions) Names() []string {
 	return append([]string{r.homeName}, slices.Sorted(maps.Keys(r.others))...)

@@ -134,7 +134,7 @@ func (s *Server) register(w http.ResponseWriter, r *http.Request, pathJobID stri
 	case admission.Reject:
 		return front.Refused(s.audit, event, front.Fail(front.ErrForbidden, "job %q rejected by rule %s: %s", rj.JobID, d.Rule, d.Reason))
 	case admission.Queue:
-		return s.enqueue(w, r, rj, d, who, event, dispatchWarning(rj.Dispatch), workloadWarning(rj.Wrote), rj.warning)
+		return s.enqueue(w, r, rj, d, who, event, dispatchWarning(rj.Dispatch), workloadWarning(rj.Wrote), rj.warning, s.driverWarning(rj))
 	}
 	if err := front.Audited(s.audit, event); err != nil {
 		res.Release()
@@ -154,7 +154,8 @@ func (s *Server) register(w http.ResponseWriter, r *http.Request, pathJobID stri
 		s.audit.Write(event)
 		return front.Fail(front.ErrNomadUnreach, "Nomad is unreachable: %v", err)
 	}
-	took := s.relayRegistered(w, resp, res, admittedWarning(d), dispatchWarning(rj.Dispatch), pinned, workloadWarning(rj.Wrote), s.rightSizingWarning(rj.Namespace, rj.JobID, d), rj.warning)
+	took := s.relayRegistered(w, resp, res, admittedWarning(d), dispatchWarning(rj.Dispatch), pinned, workloadWarning(rj.Wrote),
+		s.rightSizingWarning(rj.Namespace, rj.JobID, d), rj.warning, s.driverWarning(rj))
 	s.settled(settle(took.index))
 	return nil
 }
@@ -182,6 +183,28 @@ func workloadWarning(wrote []string) string {
 		return ""
 	}
 	return "nomad-gpu: written into the job for its workload: " + strings.Join(wrote, "; ")
+}
+
+// driverWarning tells a job whose GPU tasks run under exec or raw_exec on
+// which of its region's GPU nodes they cannot open their GPUs (Nomad
+// before 1.8 on cgroups v2; docs/device-plugin.md), or is "". Nomad
+// places such a task there all the same, and it finds no GPU.
+func (s *Server) driverWarning(rj *gpuJobRequest) string {
+	tasks := nomadjob.CgroupBoundTasks(rj.Job)
+	if len(tasks) == 0 {
+		return ""
+	}
+	bound, of := s.cluster.CgroupBoundGPUNodes(rj.AdmissionJob().Where.Region)
+	if len(bound) == 0 {
+		return ""
+	}
+	names := strings.Join(bound[:min(len(bound), 5)], ", ")
+	if len(bound) > 5 {
+		names += fmt.Sprintf(" and %d more", len(bound)-5)
+	}
+	return fmt.Sprintf("nomad-gpu: warning: %s cannot open its GPUs on %d of the %d GPU nodes (%s): they run Nomad before 1.8 on cgroups v2, "+
+		"which lets exec and raw_exec tasks open only the default devices; run it under docker, upgrade those nodes to Nomad 1.8, "+
+		"or for raw_exec set no_cgroups in the client's raw_exec plugin (docs/device-plugin.md)", strings.Join(tasks, ", "), len(bound), of, names)
 }
 
 // rightSizingWarning tells a job submitted again that its earlier runs kept

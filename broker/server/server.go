@@ -41,6 +41,9 @@ type Cluster interface {
 	UsageWithout(p *policy.Policy, namespace, jobID string) admission.Usage
 	// LockJob holds off other decisions on one job (the queue's too).
 	LockJob(namespace, id string) (unlock func())
+	// CgroupBoundGPUNodes are region's GPU nodes where exec and raw_exec
+	// tasks cannot open their GPUs, and how many GPU nodes it has.
+	CgroupBoundGPUNodes(region string) (bound []string, of int)
 }
 
 // Regions are the Nomad regions the broker governs (cluster.Regions).
