@@ -468,20 +468,26 @@ func (r *run) promote() {
 		return
 	}
 	guaranteed := make(map[string]float64, len(r.tu))
-	room := false
+	room := map[string]float64{} // tenants with room below the largest promote_below, and how much
 	for name, tu := range r.tu {
 		g := tu.Used.Total() - tu.Borrowed.Total()
 		guaranteed[name] = g
 		if t := r.p.Tenants[name]; t != nil && g < below*t.Guaranteed.Total()-1e-9 {
-			room = true
+			room[name] = below*t.Guaranteed.Total() - g
 		}
 	}
-	if !room {
+	if len(room) == 0 {
 		return
 	}
+	// Only jobs that fit their tenant's room can be promoted (Promotions
+	// weighs each tenant's alone, and its room only shrinks): the others
+	// are left out, which spares a sort of every borrowed job at each pass.
 	running := make([]admission.Running, 0, len(r.promotable))
 	byID := make(map[string]*simJob, len(r.promotable))
 	for j := range r.promotable {
+		if left, ok := room[r.tenants[j.tenant].name]; !ok || j.demand.Total() > left+1e-9 {
+			continue
+		}
 		byID[j.ID] = j
 		running = append(running, admission.Running{Namespace: j.adm.Namespace, ID: j.ID, Tenant: r.tenants[j.tenant].name,
 			Queue: j.queue, GPUs: j.demand.Total(), Since: r.time(j.startedAt)})
