@@ -84,8 +84,11 @@ soak: tools ## The soak test alone, for SOAK_DURATION (default 5m; CI runs it fo
 	SOAK_DURATION=$(SOAK_DURATION) $(GO) test -race -count=1 -timeout 60m -run '^TestSoak$$' -v ./broker/integration/
 
 .PHONY: gpu-check
-gpu-check: build ## On a machine with an NVIDIA GPU and its driver: the plugin driven as Nomad would, with no Nomad (fingerprint, 10s of stats, health, a reservation)
-	bin/nomad-device-gpu check -backend nvml -stats 10s
+gpu-check: build ## On a machine with an NVIDIA GPU and its driver: the plugin driven as Nomad would, with no Nomad (fingerprint, 10s of stats, health, a reservation); its raw output kept in docs/gpu-runs/
+	@mkdir -p docs/gpu-runs
+	@out=docs/gpu-runs/$$(date -u +%Y-%m-%dT%H%M%SZ)-$$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 | tr -c 'A-Za-z0-9.\n-' '-' | tr -d '\n' || true).txt; \
+	  { echo "# make gpu-check, $$(date -u), $$(uname -srm)"; nvidia-smi 2>&1 || true; bin/nomad-device-gpu check -backend nvml -stats 10s 2>&1; echo "# exit $$?"; } | tee "$$out"; \
+	  echo "raw output kept in $$out: commit it beside the docs that quote it"; grep -q '^# exit 0$$' "$$out"
 
 .PHONY: sim-check
 sim-check: tools ## The simulator against a real cluster: one trace replayed on Nomad + Consul + the broker and in the simulator, compared (minutes; SIM_CHECK_POLICY=DIR checks another policy)
