@@ -95,10 +95,10 @@ func (a Approval) Check() error {
 
 // Identity is the person an ACL token named tokenName with grants g stands
 // for: its name, which Nomad's operators give each person's tokens. A token
-// from an OIDC or JWT login is named after its auth method ("OIDC-<method>")
-// and Nomad v1.6 keeps none of the login's claims on it, so such a token
-// stands for whoever holds its roles and policies: two logins with the same
-// ones are one person (a role bound per person tells people apart).
+// from an OIDC or JWT login is named after its auth method ("OIDC-<method>"),
+// and Nomad v1.6 keeps none of the login's claims on it. Such a token
+// stands for whoever holds its roles and policies: two logins with the
+// same ones are one person (a role bound per person tells people apart).
 func Identity(tokenName string, g policy.Grants) string {
 	if !strings.HasPrefix(tokenName, "OIDC-") && !strings.HasPrefix(tokenName, "JWT-") {
 		return tokenName

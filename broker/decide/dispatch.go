@@ -211,9 +211,9 @@ func regionJob(r Dispatching, req *nomadjob.Request, region string, same *admiss
 	return j, perRegion, nil
 }
 
-// byFree are the regions in by the free GPUs the job's allocations could
-// take in each, node by node (Dispatching.Free), the most first, in their
-// order where equal. best_fit decides on them in that order and takes the
+// byFree are the regions in, ordered by the free GPUs the job's
+// allocations could take in each, node by node (Dispatching.Free): the
+// most first, in their order where equal. best_fit decides on them in that order and takes the
 // first that admits the job, deciding on no more regions than it must. A
 // region the job cannot be read for is left out (job says why).
 func byFree(r Dispatching, in []string, job func(i int) (admission.Job, bool)) []string {

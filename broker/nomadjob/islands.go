@@ -62,10 +62,11 @@ func requestModel(dev *api.RequestedDevice, model string) string {
 }
 
 // MatchIslands rewrites each GPU request that names a model which some node
-// offers per NVLink island (islanded; the plugin's island_groups, whose groups
-// are "<model> (island N)") into one Nomad matches with those groups too: the
-// vendor and type only, and a ${device.model} constraint with the
-// islandPattern; an equality constraint on ${device.model} becomes the same.
+// offers per NVLink island (islanded; the plugin's island_groups, whose
+// groups are "<model> (island N)"). It becomes one Nomad matches with those
+// groups too: the vendor and type only, with a ${device.model} constraint
+// of islandPattern. An equality constraint on ${device.model} becomes the
+// same.
 // A job written for the model then places as it did before islands. It
 // returns what it wrote, for the answer.
 func (r *Request) MatchIslands(islanded func(model string) bool) []string {

@@ -123,13 +123,13 @@ func (s Stamper) Stamp(namespace string, job *api.Job, d admission.Decision) str
 	return stampV5 + s.sign(namespace, job, deref(job.ID), d.Tenant, d.Queue, d.Priority, strconv.FormatBool(d.Outcome == admission.AdmitBorrowed), nil, pinsAllWhere)
 }
 
-// Stamp versions: v5 signs v4's fields and the job's type and region (a
+// Stamp versions. v5 signs v4's fields and the job's type and region: a
 // batch job's stamp on a sysbatch job, or an east job's registered in
-// west, is not the broker's admission); v4 the node pins of every GPU task
-// group pinned (placement mode broker pins any job), v3 a system job's
-// only, v2 none. Older stamps still verify: their job was pinned as it was
-// admitted, and a copy of one on a job without the pin is only caught once
-// the job is registered through the broker again.
+// west, is not the broker's admission. v4 signs the node pins of every GPU
+// task group pinned (placement mode broker pins any job); v3 a system
+// job's only; v2 none. Older stamps still verify: their job was pinned as
+// it was admitted. A copy of one on a job without the pin is caught only
+// once the job is registered through the broker again.
 const (
 	stampV5 = "v5:"
 	stampV4 = "v4:"

@@ -11,10 +11,10 @@ import (
 )
 
 // A system or sysbatch job places its groups' count on every fitting node,
-// nodes that join later included: the broker pins each of its GPU task
+// nodes that join later included. So the broker pins each of its GPU task
 // groups to the nodes it counted at admission, with a constraint of this
-// form, so that a node that joins adds nothing the tenant was not charged
-// for. A group registered again through the broker is pinned anew.
+// form: a node that joins adds nothing the tenant was not charged for. A
+// group registered again through the broker is pinned anew.
 const (
 	nodeIDTarget = "${node.unique.id}"
 	pinOperand   = "set_contains_any"

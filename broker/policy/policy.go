@@ -368,9 +368,9 @@ type Borrowing struct {
 	PromoteBelow float64
 	// SubBands: running borrowed work moves, in place, between sub-bands
 	// above Priority by the work a preemption would lose (its GPUs times
-	// its time running), so that Nomad, which evicts the lowest priority
-	// first, takes the cheapest victims: below SubBandStep of GPU time the
-	// lowest, each sub-band up twice as much. On by default where the
+	// its time running). Nomad evicts the lowest priority first, so it
+	// takes the cheapest victims: below SubBandStep of GPU time the lowest,
+	// each sub-band up twice as much. On by default where the
 	// bands leave room (SubBandRoom).
 	SubBands    bool
 	SubBandStep time.Duration

@@ -53,12 +53,12 @@ type Ledger struct {
 	Metrics  *metrics.Metrics
 	Budgets  *usage.BudgetBook // nil: none kept
 	// Clock is Nomad's time (nil: each pass's own), which the allocations'
-	// start times are in; while this machine's clock is more than
+	// start times are in. While this machine's clock is more than
 	// clockAgreement from it, the ledger goes by Nomad's: a step of this
-	// machine's clock then neither charges the step nor deletes rollups, and
-	// a gap (a failover, Consul down) is charged whole. While Nomad's time is not known, the pass's
-	// own is used, a pass charges at most usage.MaxInterval, and no rollup
-	// is deleted.
+	// machine's clock then neither charges the step nor deletes rollups,
+	// and a gap (a failover, Consul down) is charged whole. While Nomad's
+	// time is not known, the pass's own is used, a pass charges at most
+	// usage.MaxInterval, and no rollup is deleted.
 	//
 	// Within a term each pass is bounded by this process's monotonic clock:
 	// a step of Nomad's clock is neither charged nor followed (the

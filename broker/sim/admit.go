@@ -139,8 +139,8 @@ func olderFirst(a, b queue.Entry) int {
 
 // candidates are the runs of entries that can make a difference to a pass,
 // one per list (one tenant, queue and demand d), each in admission order. A
-// tenant takes at most room GPUs in one (its limit, and with quotas in all
-// GPUs, its guarantee plus the idle GPUs); usage only grows during a pass,
+// tenant takes at most room GPUs in one: its limit, and with quotas in all
+// GPUs, its guarantee plus the idle GPUs. Usage only grows during a pass,
 // so once an entry of a list is not admitted, none after it is: of each
 // list, the first room/d+1 decide. A list its limit holds back entirely is
 // left out.

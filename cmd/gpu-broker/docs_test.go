@@ -40,12 +40,12 @@ func docsHCL(t *testing.T) []hclBlock {
 // configuration, an ACL policy) that the docs show beside the broker's.
 var nomadOwn = map[string]bool{"plugin": true, "limits": true, "client": true, "server": true, "namespace": true, "node": true, "acl": true}
 
-// Every fenced hcl block of README.md and docs/ reads as what it is: one
-// whose first line is "# broker.hcl" as `gpu-broker config validate` reads
-// it, Nomad's own HCL (an agent's configuration, an ACL policy) as HCL,
-// and any other as a policy file, as `gpu-broker policy validate` reads
-// it. A block that is a fragment by design says so in its first line
-// ("# fragment: ...") and is read as HCL alone.
+// Every fenced hcl block of README.md and docs/ reads as what it is. One
+// whose first line is "# broker.hcl" goes through `gpu-broker config
+// validate`; Nomad's own HCL (an agent's configuration, an ACL policy) is
+// read as HCL; any other is a policy file for `gpu-broker policy
+// validate`. A block that is a fragment by design says so in its first
+// line ("# fragment: ...") and is read as HCL alone.
 func TestEveryHCLBlockOfTheDocsReads(t *testing.T) {
 	blocks := docsHCL(t)
 	if len(blocks) < 10 {

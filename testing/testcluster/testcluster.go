@@ -21,9 +21,9 @@ import (
 )
 
 // FreePorts returns n distinct loopback ports that were free a moment ago,
-// below the kernel's ephemeral range (32768 and up), where the many outgoing
-// connections of tests running side by side take their local ports: a port
-// handed out there could be taken by one before its agent binds it. Each
+// below the kernel's ephemeral range (32768 and up). The many outgoing
+// connections of tests running side by side take their local ports there,
+// and one could take a port handed out before its agent binds it. Each
 // port is handed out once per test binary; other test binaries start at
 // random places in the range.
 func FreePorts(t testing.TB, n int) []int {
