@@ -35,6 +35,9 @@ type Queue interface {
 	Park(ctx context.Context, e queue.Entry, reason string, at time.Time) (bool, error)
 	// Claim marks e as being admitted, if it has not changed since read.
 	Claim(ctx context.Context, e queue.Entry, at time.Time) (queue.Entry, bool, error)
+	// Index moves whenever an entry is added, changed or removed (0: not
+	// known, as while the queue is not followed).
+	Index() uint64
 }
 
 // refusal is an error in which Nomad refused a job (a 4xx), as opposed to
@@ -85,6 +88,8 @@ type Cluster interface {
 	// runs the job or an allocation of it (a requeued entry waits for its
 	// stop: queue.Entry.Stopping).
 	Running(namespace, id string) bool
+	// Generation moves whenever what a decision reads changes.
+	Generation() uint64
 }
 
 // Unblocker re-evaluates jobs Nomad left blocked.
@@ -112,8 +117,12 @@ type Admitter struct {
 	Exclusive bool
 	Metrics   *metrics.Metrics // nil: none
 	Audit     *audit.Log       // nil: none
-	// Approvals in force raise a queued job's limit or band.
-	Approvals interface{ Current() []approval.Approval }
+	// Approvals in force raise a queued job's limit or band; Version moves
+	// whenever they change.
+	Approvals interface {
+		Current() []approval.Approval
+		Version() uint64
+	}
 	// Preemptions are jobs' preemptions while borrowed, for their re-borrow
 	// backoff (nil: none kept).
 	Preemptions admission.Preemptions
@@ -209,7 +218,10 @@ const (
 
 // passState is what a pass's decisions depend on, as far as Run can see it
 // change: the queue (Consul's index), the cluster view, the policy and the
-// approvals. ok is false when a part cannot tell (a pass is then made).
+// approvals. ok is false when the queue cannot tell (a pass is then made).
+// The parts are required of the Queue, Cluster and Approvals, not probed
+// for: the broker's Regions once lacked Generation, and every tick made a
+// pass that read every queued job again.
 type passState struct {
 	queue, view, approvals uint64
 	policy                 *policy.Policy
@@ -218,17 +230,10 @@ type passState struct {
 
 // state is the passState now.
 func (a *Admitter) state() passState {
-	q, qok := a.Queue.(interface{ Index() uint64 })
-	v, vok := a.Cluster.(interface{ Generation() uint64 })
-	s := passState{policy: a.Policies.Current(), ok: qok && vok}
-	if s.ok {
-		s.queue, s.view = q.Index(), v.Generation()
-		s.ok = s.queue != 0
-	}
-	if ap, ok := a.Approvals.(interface{ Version() uint64 }); ok {
-		s.approvals = ap.Version()
-	} else if a.Approvals != nil {
-		s.ok = false
+	s := passState{policy: a.Policies.Current(), queue: a.Queue.Index(), view: a.Cluster.Generation()}
+	s.ok = s.queue != 0
+	if a.Approvals != nil {
+		s.approvals = a.Approvals.Version()
 	}
 	return s
 }

@@ -602,9 +602,20 @@ func (c *listCounter) List(ctx context.Context) ([]queue.Entry, error) {
 
 // A tick with nothing changed since a pass that admitted nothing makes no
 // pass (a long queue costs nothing while it waits); a change of the queue,
-// or IdlePass gone by, makes one.
+// or IdlePass gone by, makes one. So with the regions the agent gives the
+// leader: their generation was once not seen, and every tick made a pass
+// that read every queued job again.
 func TestATickWithNothingChangedMakesNoPass(t *testing.T) {
+	for _, regions := range []bool{false, true} {
+		t.Run(fmt.Sprintf("regions=%t", regions), func(t *testing.T) { tickWithNothingChanged(t, regions) })
+	}
+}
+
+func tickWithNothingChanged(t *testing.T, regions bool) {
 	a, q, _, view, now := setup(t, visionPolicy, 8)
+	if regions {
+		a.Cluster = cluster.NewRegions("global", view, nil)
+	}
 	view.ObserveJob(testbuild.Job("vision", "held").Group("g", 1, 8, "gpu").Build()) // vision at its limit
 	counted := &listCounter{Mem: q}
 	a.Queue = counted

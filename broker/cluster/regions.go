@@ -76,6 +76,16 @@ func (r *Regions) In(region string) (*View, string, bool) {
 	return v, region, ok
 }
 
+// Generation moves whenever any region's view changes (View.Generation):
+// the sum of theirs, each of which only grows.
+func (r *Regions) Generation() uint64 {
+	n := r.home.Generation()
+	for _, v := range r.others {
+		n += v.Generation()
+	}
+	return n
+}
+
 // CgroupBoundGPUNodes is View.CgroupBoundGPUNodes of region, as a request
 // names it; none for a region not governed.
 func (r *Regions) CgroupBoundGPUNodes(region string) ([]string, int) {

@@ -271,3 +271,20 @@ func TestOnlyAReleaseSetsOffAPass(t *testing.T) {
 		t.Error("a released reservation set off no pass")
 	}
 }
+
+// The regions' generation moves when any region's view changes, so that
+// the leader's queue skips a pass while nothing it decides on changed.
+func TestTheRegionsGenerationMovesWithAnyView(t *testing.T) {
+	home, west := NewView(nil), NewView(nil)
+	r := NewRegions("east", home, map[string]*View{"west": west})
+	g := r.Generation()
+	if r.Generation() != g {
+		t.Fatalf("the generation moved with nothing changed")
+	}
+	west.ObserveNode(testbuild.Node("w1", testbuild.H100, 8, 0))
+	if g2 := r.Generation(); g2 == g {
+		t.Errorf("a change in west did not move the generation")
+	} else if home.ObserveNode(testbuild.Node("e1", testbuild.H100, 8, 0)); r.Generation() == g2 {
+		t.Errorf("a change at home did not move the generation")
+	}
+}
