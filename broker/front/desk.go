@@ -24,6 +24,9 @@ type Queue interface {
 	View(ctx context.Context) ([]queue.Entry, error)
 	Get(ctx context.Context, id string) (queue.Entry, error)
 	Remove(ctx context.Context, e queue.Entry) (bool, error)
+	// Index moves whenever an entry is added, changed or removed (0: not
+	// known); `queue list` blocks on it.
+	Index() uint64
 }
 
 // FairShare gives the tenants' decayed GPU-hours as of now.

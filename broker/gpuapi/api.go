@@ -159,13 +159,7 @@ func notAllowed(r *http.Request) error {
 // changes (X-Nomad-Index is the queue's Consul index). X-Nomad-Gpu-Queued
 // is how many the caller may read in all.
 func (s *API) queueList(w http.ResponseWriter, r *http.Request) (any, error) {
-	index := func() uint64 {
-		if q, ok := s.queue.(interface{ Index() uint64 }); ok {
-			return q.Index()
-		}
-		return 0
-	}
-	if err := blockingQuery(r, index); err != nil {
+	if err := blockingQuery(r, s.queue.Index); err != nil {
 		return nil, err
 	}
 	perPage, err := atLeastOne(r, "per_page", 0, "a count of at least 1")
@@ -176,7 +170,7 @@ func (s *API) queueList(w http.ResponseWriter, r *http.Request) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	w.Header().Set("X-Nomad-Index", strconv.FormatUint(index(), 10))
+	w.Header().Set("X-Nomad-Index", strconv.FormatUint(s.queue.Index(), 10))
 	entries, err := s.desk.Ordered(r)
 	if err != nil {
 		return nil, front.Fail(front.ErrUnavailable, "%v", err)
