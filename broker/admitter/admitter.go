@@ -88,8 +88,10 @@ type Cluster interface {
 	// runs the job or an allocation of it (a requeued entry waits for its
 	// stop: queue.Entry.Stopping).
 	Running(namespace, id string) bool
-	// Generation moves whenever what a decision reads changes.
+	// Generation moves whenever what a decision reads changes;
+	// NodesGeneration whenever what preparing a job reads of the nodes does.
 	Generation() uint64
+	NodesGeneration() uint64
 }
 
 // Unblocker re-evaluates jobs Nomad left blocked.
@@ -168,6 +170,11 @@ type Admitter struct {
 	// registrations a second). A pass still holds such an entry's GPUs in
 	// its place, so that nothing behind it takes them meanwhile.
 	retries map[string]retry
+	// prepared are, by entry id, the jobs of entries a pass left waiting, as
+	// preparing them read (decide.Prepare), with what that read depended
+	// on: a later pass decides on them again without reading their bodies
+	// while none of it changed. Only the pass's goroutine uses it.
+	prepared map[string]preparedJob
 	// quiet is RetryFirst after the latest registration without an answer:
 	// until then no pass registers anything (Nomad may be failing every
 	// one), so that, however many entries are queued, Nomad gets one pass of
@@ -381,20 +388,57 @@ func (a *Admitter) inFlight() int {
 
 // forgetGone drops the backoff of entries no longer queued.
 func (a *Admitter) forgetGone(entries []queue.Entry) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if len(a.retries) == 0 {
-		return
-	}
 	queued := make(map[string]bool, len(entries))
 	for _, e := range entries {
 		queued[e.ID] = true
 	}
+	for id := range a.prepared {
+		if !queued[id] {
+			delete(a.prepared, id)
+		}
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
 	for id := range a.retries {
 		if !queued[id] {
 			delete(a.retries, id)
 		}
 	}
+}
+
+// preparedJob is an entry's job as a pass prepared it, and what preparing
+// it read: the entry's version, the policy, and the nodes.
+type preparedJob struct {
+	version uint64
+	policy  *policy.Policy
+	nodes   uint64
+	job     admission.Job
+}
+
+// preparedFor is e's job as an earlier pass prepared it, while nothing that
+// read depends on changed since.
+func (a *Admitter) preparedFor(e queue.Entry, p *policy.Policy) (admission.Job, bool) {
+	pj, ok := a.prepared[e.ID]
+	if !ok || pj.version != e.ModifyIndex || pj.policy != p || pj.nodes != a.Cluster.NodesGeneration() {
+		return admission.Job{}, false
+	}
+	return pj.job, true
+}
+
+// keepPrepared keeps j, prepared from e under p with the nodes as they were
+// at nodes, for the passes after, unless preparing it read more than the
+// entry, the policy and the nodes: the job Nomad runs (counts it keeps,
+// canaries, the version a deployment reverts to) or the regions' usage (a
+// region the broker chooses).
+func (a *Admitter) keepPrepared(e queue.Entry, p *policy.Policy, nodes uint64, prepared *decide.Request, j admission.Job) {
+	if prepared.PreserveCounts || nomadjob.HasCanaries(prepared.Job) || nomadjob.AutoReverts(prepared.Job) || prepared.Dispatch != "" ||
+		prepared.Dispatched != "" {
+		return
+	}
+	if a.prepared == nil {
+		a.prepared = map[string]preparedJob{}
+	}
+	a.prepared[e.ID] = preparedJob{version: e.ModifyIndex, policy: p, nodes: nodes, job: j}
 }
 
 // Run makes a pass whenever the cluster changes while jobs are queued, and
@@ -564,6 +608,19 @@ func (a *Admitter) consider(ctx context.Context, r *registrations, p *policy.Pol
 			unlock()
 		}
 	}()
+	if j, ok := a.preparedFor(e, p); ok && !e.ParkedByPolicy {
+		// Decided on as prepared before: read again only if it goes now.
+		d, res := seq.Decide(p, j, decide.Reserve)
+		if !pass.Admits(d) {
+			res.Withdraw()
+			if d.Outcome == admission.Queue {
+				r.waits(e, j)
+			}
+			return nil
+		}
+		res.Withdraw()
+	}
+	nodes := a.Cluster.NodesGeneration() // before preparing: a change during it is not missed
 	req, err := nomadjob.ReadRequest(nomadjob.Register, e.Request, url.Values{"namespace": {e.Namespace}})
 	if err != nil {
 		a.park(ctx, e, err)
@@ -588,6 +645,7 @@ func (a *Admitter) consider(ctx context.Context, r *registrations, p *policy.Pol
 		res.Withdraw()
 		if d.Outcome == admission.Queue {
 			r.waits(e, j)
+			a.keepPrepared(e, p, nodes, prepared, j)
 		}
 		return nil
 	}

@@ -1055,3 +1055,54 @@ func TestAPassIsNotSetOffByItsOwnFailures(t *testing.T) {
 		t.Errorf("once Nomad answered, the queue took %s to empty (%d left)", took, len(q.IDs()))
 	}
 }
+
+// bodiesGone is a queue whose entries lose their bodies once gone is set,
+// their versions kept: a pass that reads a body then parks the entry.
+type bodiesGone struct {
+	*queuetest.Mem
+	gone atomic.Bool
+}
+
+func (q *bodiesGone) List(ctx context.Context) ([]queue.Entry, error) {
+	entries, err := q.Mem.List(ctx)
+	if q.gone.Load() {
+		for i := range entries {
+			entries[i].Request = json.RawMessage(`{"not a job`)
+		}
+	}
+	return entries, err
+}
+
+// A waiting entry is decided on again as the pass before prepared it, its
+// body not read, while its version, the policy and the nodes are as they
+// were; other allocations do not count. A change of the nodes reads it
+// again (here: a body gone, so the entry is parked).
+func TestAWaitingEntryIsNotReadAgainWhileNothingItsJobReadChanged(t *testing.T) {
+	a, mem, _, view, now := setup(t, visionPolicy, 8)
+	view.ObserveJob(testbuild.Job("vision", "held").Group("g", 1, 8, "gpu").Build()) // vision at its limit
+	q := &bodiesGone{Mem: mem}
+	a.Queue = q
+	mem.Put(context.Background(), entry("waits", 2, time.Minute, now))
+	pass := func() {
+		t.Helper()
+		if _, err := a.Pass(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	parked := func() string {
+		e, _ := mem.Get(context.Background(), "q-waits")
+		return e.Parked
+	}
+	pass()
+	q.gone.Store(true)
+	view.ObserveAlloc(testbuild.Alloc("other", "search", "web", "n", 30, "n-0").Build()) // not the nodes
+	pass()
+	if p := parked(); p != "" {
+		t.Fatalf("the entry's body was read again with nothing its job read changed: parked %q", p)
+	}
+	view.ObserveNode(testbuild.Node("n2", "H100", 8, 0))
+	pass()
+	if parked() == "" {
+		t.Errorf("a node joined, and the entry was not read again")
+	}
+}

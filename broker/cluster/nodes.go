@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"fmt"
+	"maps"
 	"math"
 	"sort"
 	"strings"
@@ -113,8 +114,24 @@ func (v *View) observeNode(n *api.Node, was node) {
 	if healthyGPUs(nd) > healthyGPUs(was) {
 		v.gpusCameBack.Add(1)
 	}
+	if !samePlacement(was, nd) {
+		v.nodesGen.Add(1)
+	}
 	v.nodes[n.ID], v.nodesDirty, v.rooms, v.order = nd, true, nil, nil
 }
+
+// samePlacement reports whether two reads of a node offer work the same:
+// what preparing a job reads of it (the nodes that fit a request, NVLink
+// islands, shared replicas). A node's status or drain alone is not that.
+func samePlacement(a, b node) bool {
+	return a.schedulable == b.schedulable && a.pool == b.pool && a.datacenter == b.datacenter &&
+		maps.Equal(a.gpus, b.gpus) && maps.Equal(a.islands, b.islands) && maps.Equal(a.replicas, b.replicas)
+}
+
+// NodesGeneration moves whenever what preparing a job reads of the nodes
+// changes (samePlacement): a node joins or leaves, or its GPUs, health,
+// eligibility, pool or datacenter change. Allocations do not move it.
+func (v *View) NodesGeneration() uint64 { return v.nodesGen.Load() }
 
 // healthyGPUs is what a node offers to new work: its healthy GPUs while it
 // is schedulable.
@@ -143,6 +160,9 @@ func (v *View) ForgetNode(id string) {
 }
 
 func (v *View) forgetNode(id string) {
+	if _, ok := v.nodes[id]; ok {
+		v.nodesGen.Add(1)
+	}
 	delete(v.nodes, id)
 	v.nodesDirty, v.rooms, v.order = true, nil, nil
 }

@@ -5,6 +5,8 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/hashicorp/nomad/api"
+
 	"github.com/nomad-gpu/nomad-gpu/broker/policy"
 	"github.com/nomad-gpu/nomad-gpu/testing/testbuild"
 )
@@ -64,5 +66,26 @@ func TestNomadBeforeReadsMajorAndMinor(t *testing.T) {
 		if got := nomadBefore(v, 1, 8); got != want {
 			t.Errorf("nomadBefore(%q, 1.8) = %t, want %t", v, got, want)
 		}
+	}
+}
+
+// The nodes' generation moves when what preparing a job reads of them
+// changes (a node joins or leaves, its GPUs' health), not with allocations
+// nor with a listing that finds them as they were.
+func TestTheNodesGenerationMovesOnlyWithWhatPreparingAJobReads(t *testing.T) {
+	v := NewView(nil)
+	n1, n2 := testbuild.Node("n1", testbuild.H100, 8, 0), testbuild.Node("n2", testbuild.H100, 8, 0)
+	v.Reset(Snapshot{Nodes: []*api.Node{n1, n2}})
+	g := v.NodesGeneration()
+	v.ObserveAlloc(testbuild.Alloc("a", "vision", "train", "n1", 5, "n1-0").Build())
+	v.Reset(Snapshot{Nodes: []*api.Node{testbuild.Node("n1", testbuild.H100, 8, 0), testbuild.Node("n2", testbuild.H100, 8, 0)}})
+	if v.NodesGeneration() != g {
+		t.Fatalf("an allocation, or a listing of the same nodes, moved the nodes' generation")
+	}
+	v.ObserveNode(testbuild.Node("n1", testbuild.H100, 7, 1)) // a GPU sick
+	if g2 := v.NodesGeneration(); g2 == g {
+		t.Errorf("a sick GPU did not move it")
+	} else if v.Reset(Snapshot{Nodes: []*api.Node{testbuild.Node("n1", testbuild.H100, 7, 1)}}); v.NodesGeneration() == g2 {
+		t.Errorf("a node gone from the listing did not move it")
 	}
 }

@@ -86,6 +86,16 @@ func (r *Regions) Generation() uint64 {
 	return n
 }
 
+// NodesGeneration moves whenever any region's nodes change as preparing a
+// job reads them (View.NodesGeneration).
+func (r *Regions) NodesGeneration() uint64 {
+	n := r.home.NodesGeneration()
+	for _, v := range r.others {
+		n += v.NodesGeneration()
+	}
+	return n
+}
+
 // CgroupBoundGPUNodes is View.CgroupBoundGPUNodes of region, as a request
 // names it; none for a region not governed.
 func (r *Regions) CgroupBoundGPUNodes(region string) ([]string, int) {

@@ -69,6 +69,7 @@ type View struct {
 	index        atomic.Uint64 // of the last event or listing applied
 	generation   atomic.Uint64 // changes counted by notify
 	gpusCameBack atomic.Uint64 // see GPUsCameBack
+	nodesGen     atomic.Uint64 // see NodesGeneration
 	relisted     atomic.Uint64 // full listings made
 
 	// Derived from nodes under one policy; recomputed when either changes.
@@ -162,6 +163,9 @@ func (v *View) Reset(snap Snapshot) {
 	v.status.relisting()
 	for _, n := range snap.Nodes {
 		v.observeNode(n, was[n.ID])
+	}
+	if len(v.nodes) != len(was) { // a node the listing lacks left (the others were compared)
+		v.nodesGen.Add(1)
 	}
 	for _, j := range snap.Jobs {
 		v.observeJob(j)
