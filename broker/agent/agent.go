@@ -353,7 +353,7 @@ func (a *Agent) setupServer(context.Context) error {
 	if err != nil {
 		return fmt.Errorf("the broker's API: %w", err)
 	}
-	a.server, err = server.New(server.Options{Leader: a.elector, Log: a.log.Named("proxy"), Nomad: cfg.Nomad.Address,
+	a.server, err = server.New(server.Options{Leader: a.elector, Log: a.log.Named("proxy"), Nomad: cfg.Nomad.Address, MaxQueueBytes: cfg.MaxQueueBytes,
 		Client: a.nomad.HTTPClient(), Policies: a.policies, Cluster: a.regions, Regions: a.regions, Queue: st.queue, Scales: st.scales, Stops: st.stops, Writes: st.writes,
 		Profiles: st.profiles, Metrics: a.metrics, FairShare: st.rollups, Audit: a.trail,
 		Approvals: st.approvals, Preemptions: st.backoffs.Preemptions, Synced: a.view.Synced, Forecast: a.forecast, Stamper: a.stamper, Region: a.region, ACLs: a.acls,

@@ -52,6 +52,11 @@ type Config struct {
 	// default 30s.
 	BodyReadTimeout         string        `hcl:"body_read_timeout,optional"`
 	BodyReadTimeoutDuration time.Duration // BodyReadTimeout, parsed by Validate
+	// MaxQueueBytes bounds the register requests all queued jobs keep in
+	// Consul together (each tenant's max_queued_request_bytes bounds one):
+	// a submission beyond it is refused, before Consul or the brokers, each
+	// of which mirrors the queue, run out of memory. Default 256 MiB.
+	MaxQueueBytes int64 `hcl:"max_queue_bytes,optional"`
 	// Enforcement is "passthrough" (users keep their own job-write rights in
 	// Nomad) or "exclusive" (only the broker's token writes jobs in tenant
 	// namespaces, for the callers policy names as submitters).
@@ -133,6 +138,8 @@ const (
 	// MaxAuditFiles bounds audit.max_files: a read of the trail goes
 	// through every file (2,000,000 took 7.3 s and 299 MiB).
 	MaxAuditFiles = 1000
+	// DefaultMaxQueueBytes: 10,000 jobs of 25 KB, about.
+	DefaultMaxQueueBytes = 256 << 20
 )
 
 // Enforcement modes.
@@ -234,6 +241,9 @@ func (c *Config) fill(env func(string) string) {
 	first(&c.PreemptionReassert, "30s")
 	first(&c.BodyReadTimeout, "30s")
 	first(&c.Enforcement, Passthrough)
+	if c.MaxQueueBytes == 0 {
+		c.MaxQueueBytes = DefaultMaxQueueBytes
+	}
 	first(&c.Nomad.Address, env("NOMAD_ADDR"), DefaultNomad)
 	if c.Nomad.TokenFile == "" {
 		first(&c.Nomad.Token, env("NOMAD_TOKEN"))
@@ -264,6 +274,9 @@ func (c *Config) Validate() error {
 			return refuse(d.key, "%s %q is not a duration of at least %s", d.key, d.value, d.least)
 		}
 		*d.out = v
+	}
+	if c.MaxQueueBytes < 1<<20 {
+		return refuse("max_queue_bytes", "max_queue_bytes %d is below 1 MiB (1048576): the queue would hold next to nothing", c.MaxQueueBytes)
 	}
 	if c.Enforcement != Passthrough && c.Enforcement != Exclusive {
 		return refuse("enforcement", "enforcement %q is neither %q nor %q", c.Enforcement, Passthrough, Exclusive)

@@ -25,7 +25,7 @@ consul {
 		t.Fatal(err)
 	}
 	if c.Listen != DefaultListen || c.Nomad.Address != "http://127.0.0.1:5646" || c.Nomad.Token != "secret" ||
-		c.Consul.Address != DefaultConsul || c.Consul.KVPrefix != "gpus/" {
+		c.Consul.Address != DefaultConsul || c.Consul.KVPrefix != "gpus/" || c.MaxQueueBytes != 256<<20 {
 		t.Errorf("got %+v %+v %+v", c, c.Nomad, c.Consul)
 	}
 }
@@ -165,6 +165,7 @@ func TestASettingRefusedIsNamedWithItsFileAndLine(t *testing.T) {
 		{"policy_dir = \"" + dir + "\"\nnomad {\n  address = \"127.0.0.1:4646\"\n}\n", `broker.hcl:3:3: nomad.address "127.0.0.1:4646" must start with http://`},
 		{"policy_dir = \"" + dir + "\"\naudit {\n  path = \"\"\n}\n", `broker.hcl:2:1: audit needs a path`},
 		{"policy_dir = \"/nonexistent\"\n", `broker.hcl:1:1: policy_dir "/nonexistent" is not a directory`},
+		{"policy_dir = \"" + dir + "\"\nmax_queue_bytes = 4096\n", `broker.hcl:2:1: max_queue_bytes 4096 is below 1 MiB`},
 	} {
 		if err := os.WriteFile(path, []byte(c.src), 0o644); err != nil {
 			t.Fatal(err)

@@ -121,21 +121,30 @@ func waitingEntry(entries []queue.Entry, ns, id string) int {
 	return -1
 }
 
-// withinQueueLimits checks the tenant's caps on queued jobs and request size;
-// the entry at index replaced (-1: none) is the job's own waiting version.
+// withinQueueLimits checks the tenant's caps on queued jobs and request
+// size, and the broker's on the requests the whole queue keeps; the entry at
+// index replaced (-1: none) is the job's own waiting version.
 func (s *Server) withinQueueLimits(rj *gpuJobRequest, tenant string, entries []queue.Entry, replaced int) error {
 	t := s.policies.Current().Tenants[tenant]
 	if size := len(rj.Body()); size > t.MaxQueuedRequestBytes {
 		return fmt.Errorf("its request is %d bytes, above tenant %q's max_queued_request_bytes of %d", size, tenant, t.MaxQueuedRequestBytes)
 	}
-	n := 0
+	n, bytes := 0, int64(len(rj.Body()))
 	for i := range entries {
-		if entries[i].Tenant == tenant && i != replaced {
+		if i == replaced {
+			continue
+		}
+		bytes += int64(len(entries[i].Request))
+		if entries[i].Tenant == tenant {
 			n++
 		}
 	}
 	if n >= t.MaxQueued {
 		return fmt.Errorf("tenant %q already has %d queued jobs, its max_queued", tenant, n)
+	}
+	if s.maxQueueBytes > 0 && bytes > s.maxQueueBytes {
+		return fmt.Errorf("the queue would keep %d bytes of requests with this one, above the broker's max_queue_bytes of %d "+
+			"(jobs queued now: %d; Consul and every broker keep them all)", bytes, s.maxQueueBytes, len(entries))
 	}
 	return nil
 }

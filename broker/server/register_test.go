@@ -1,7 +1,9 @@
 package server
 
 import (
+	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"strings"
 	"testing"
@@ -50,5 +52,28 @@ func TestAGPUTaskIsToldWhereItsDriverCannotOpenItsGPUs(t *testing.T) {
 	docker := strings.Replace(strings.Replace(raw, `"train"`, `"train-3"`, 1), `"raw_exec"`, `"docker"`, 1)
 	if w := warnings(docker); strings.Contains(w, "cannot open its GPUs") {
 		t.Errorf("a docker GPU task is told %q", w)
+	}
+}
+
+// The queue keeps at most max_queue_bytes of requests in all: a job that
+// would take it past is refused with 429, saying so, and nothing is queued.
+func TestTheQueueKeepsAtMostMaxQueueBytes(t *testing.T) {
+	s, _, q, _ := newTestServer(t)
+	ids := 0
+	newID := func() string { ids++; return fmt.Sprintf("00000000-0000-4000-8000-%012d", ids) }
+	s.set(func(o *Options, a *gpuapi.Options) { o.NewID, a.NewID, o.MaxQueueBytes = newID, newID, int64(2*len(gpuJob)+50) }) // two fit, not three
+	do(s, http.MethodPut, "/v1/jobs", gpuJob) // vision's 2 GPUs: what follows queues
+	for i, want := range []int{http.StatusOK, http.StatusOK, http.StatusTooManyRequests} {
+		job := strings.Replace(gpuJob, `"train"`, fmt.Sprintf(`"wait-%d"`, i), 1)
+		rec := do(s, http.MethodPut, "/v1/jobs", job)
+		if rec.Code != want {
+			t.Fatalf("job %d: %d %s, want %d", i, rec.Code, rec.Body, want)
+		}
+		if want == http.StatusTooManyRequests && !strings.Contains(rec.Body.String(), "above the broker's max_queue_bytes of ") {
+			t.Errorf("the refusal does not say why: %s", rec.Body)
+		}
+	}
+	if entries, _ := q.List(context.Background()); len(entries) != 2 {
+		t.Errorf("%d entries queued, want 2", len(entries))
 	}
 }

@@ -81,6 +81,7 @@ type Server struct {
 	policies      policy.Source
 	cluster       Cluster
 	queue         front.Queue
+	maxQueueBytes int64
 	scales        decide.GrantRecords
 	stops         decide.StopRecords
 	writes        decide.RegistrationRecords
@@ -127,6 +128,9 @@ type Options struct {
 	Policies policy.Source
 	Cluster  Cluster
 	Queue    front.Queue
+	// MaxQueueBytes bounds the requests all queued jobs keep together
+	// (config max_queue_bytes; 0: no bound).
+	MaxQueueBytes int64
 	// Scales keeps what the broker admitted for scaled jobs (nil: nothing kept).
 	Scales decide.GrantRecords
 	// Stops are the jobs the broker admitted that Nomad stopped since (nil:
@@ -180,7 +184,7 @@ func New(o Options) (*Server, error) {
 		return nil, fmt.Errorf("nomad address %q: %w", o.Nomad, err)
 	}
 	s := &Server{log: o.Log, upstream: u, client: o.Client, policies: o.Policies, cluster: o.Cluster,
-		queue: o.Queue, scales: o.Scales, stops: o.Stops, writes: o.Writes, profiles: o.Profiles, metrics: o.Metrics, fairShare: o.FairShare, audit: o.Audit, approvalStore: o.Approvals, preemptions: o.Preemptions, synced: o.Synced, forecast: o.Forecast, stamper: o.Stamper, region: o.Region, regions: o.Regions, acls: o.ACLs, exclusive: o.Exclusive, token: o.Token, leader: o.Leader, clock: o.Clock, newID: o.NewID, ui: webui.Handler(), api: o.API}
+		queue: o.Queue, maxQueueBytes: o.MaxQueueBytes, scales: o.Scales, stops: o.Stops, writes: o.Writes, profiles: o.Profiles, metrics: o.Metrics, fairShare: o.FairShare, audit: o.Audit, approvalStore: o.Approvals, preemptions: o.Preemptions, synced: o.Synced, forecast: o.Forecast, stamper: o.Stamper, region: o.Region, regions: o.Regions, acls: o.ACLs, exclusive: o.Exclusive, token: o.Token, leader: o.Leader, clock: o.Clock, newID: o.NewID, ui: webui.Handler(), api: o.API}
 	if s.client == nil {
 		s.client = &http.Client{}
 	}
