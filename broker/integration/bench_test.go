@@ -436,12 +436,20 @@ func BenchmarkQueueRecovery(b *testing.B) {
 }
 
 // BenchmarkQueueAdmissionTwoRegions: BenchmarkQueueAdmission over two
-// federated regions of 400 GPUs each, the 5,000 queued jobs leaving their
-// region to the broker (meta nomad-gpu.region = "auto"): once both regions'
-// blockers stop, the leader dispatches and admits 800 of them, 400 into each
-// region. It reports admissions/s, how many went to each region, and Nomad's
-// own registration rate into one region.
+// federated regions of 400 GPUs each, 5,000 queued jobs: once both regions'
+// blockers stop, the leader admits 800 of them, 400 into each region. With
+// regions=auto the jobs leave their region to the broker (meta
+// nomad-gpu.region = "auto"), which dispatches each; with regions=named
+// each names its own, half east and half west: the rate a dispatch costs
+// against. It reports admissions/s, how many went to each region, and
+// Nomad's own registration rate into one region.
 func BenchmarkQueueAdmissionTwoRegions(b *testing.B) {
+	for _, mode := range []string{"auto", "named"} {
+		b.Run("regions="+mode, func(b *testing.B) { queueAdmissionTwoRegions(b, mode == "auto") })
+	}
+}
+
+func queueAdmissionTwoRegions(b *testing.B, auto bool) {
 	const perRegion, queued = 400, 5000
 	consul := testcluster.StartConsul(b)
 	regions := map[string]*testcluster.Nomad{}
@@ -459,8 +467,15 @@ func BenchmarkQueueAdmissionTwoRegions(b *testing.B) {
 	in := func(region string, body []byte) []byte {
 		return bytes.Replace(body, []byte(`"Namespace":"vision",`), []byte(`"Namespace":"vision","Region":"`+region+`",`), 1)
 	}
-	auto := func(id string, count int) []byte {
-		return bytes.Replace(mockGPUJob(id, count), []byte(`"Type":"batch",`), []byte(`"Type":"batch","Meta":{"nomad-gpu.region":"auto"},`), 1)
+	job := func(id string, count int) []byte {
+		if auto {
+			return bytes.Replace(mockGPUJob(id, count), []byte(`"Type":"batch",`), []byte(`"Type":"batch","Meta":{"nomad-gpu.region":"auto"},`), 1)
+		}
+		region := "west"
+		if id[len(id)-1]%2 == 0 {
+			region = "east"
+		}
+		return in(region, mockGPUJob(id, count))
 	}
 	testcluster.WaitFor(b, 90*time.Second, "the broker's view of both regions' GPUs", func() error {
 		for name := range regions {
@@ -470,7 +485,7 @@ func BenchmarkQueueAdmissionTwoRegions(b *testing.B) {
 		}
 		return nil
 	})
-	store := fillQueue(b, consul, queued, auto)
+	store := fillQueue(b, consul, queued, job)
 	b.ResetTimer()
 	start := time.Now()
 	for name, n := range regions {
