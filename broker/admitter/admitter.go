@@ -426,10 +426,10 @@ func (a *Admitter) preparedFor(e queue.Entry, p *policy.Policy) (admission.Job, 
 }
 
 // keepPrepared keeps j, prepared from e under p with the nodes as they were
-// at nodes, for the passes after, unless preparing it read more than the
-// entry, the policy and the nodes: the job Nomad runs (counts it keeps,
-// canaries, the version a deployment reverts to) or the regions' usage (a
-// region the broker chooses).
+// at nodes, for the passes after. It keeps nothing when preparing read more
+// than the entry, the policy and the nodes: the job Nomad runs (counts it
+// keeps, canaries, the version a deployment reverts to), or the regions'
+// usage (a region the broker chooses).
 func (a *Admitter) keepPrepared(e queue.Entry, p *policy.Policy, nodes uint64, prepared *decide.Request, j admission.Job) {
 	if prepared.PreserveCounts || nomadjob.HasCanaries(prepared.Job) || nomadjob.AutoReverts(prepared.Job) || prepared.Dispatch != "" ||
 		prepared.Dispatched != "" {

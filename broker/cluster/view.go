@@ -41,8 +41,8 @@ type View struct {
 	samples  map[string]Sample // the GPUs' latest telemetry, by device id (the leader's)
 	// What running and pending allocations hold (holds), and of it what is
 	// beyond their job's demand (excess; all they hold once the job is
-	// stopped): counted as used until Nomad stops them, so that GPUs a stop
-	// or scale-down frees are not admitted twice in between.
+	// stopped). The excess counts as used until Nomad stops them: GPUs a
+	// stop or scale-down frees are not admitted twice in between.
 	holds  holdSet
 	excess map[jobKey]map[string]int // in the totals
 	// excessBorrowed: the excess was counted as borrowed (its job\'s flag then).

@@ -280,11 +280,11 @@ func refusals(ctx context.Context, address string, n int) int {
 // sets no lock delay; the session's end would) and destroys the session,
 // then reads the key back. Only the destroy must succeed: a session gone
 // already is no error, and a key it still held is freed by its end, a lock
-// delay later. The read back is what says it ended: a Consul server just
-// elected answers a destroy before it has replayed its log, finds no such
-// session and does nothing, and the key stayed held until the session's
-// TTL ran out, two TTLs after the election. The read is consistent, which
-// Consul refuses until it has caught up.
+// delay later. The read back is what says it ended. A Consul server just
+// elected answers a destroy before it has replayed its log: it finds no
+// such session and does nothing, and the key stayed held until the
+// session's TTL ran out, two TTLs after the election. The read is
+// consistent, which Consul refuses until it has caught up.
 func (e *Elector) endSession(ctx context.Context, id string) error {
 	wo := (&consul.WriteOptions{}).WithContext(ctx)
 	_, _, _ = e.Client.KV().Release(e.lockPair(id), wo)

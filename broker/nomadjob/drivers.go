@@ -6,10 +6,10 @@ import (
 	"github.com/hashicorp/nomad/api"
 )
 
-// CgroupBoundTasks are the tasks that ask for GPUs under a driver whose
-// cgroup, on Nomad before 1.8 with cgroups v2, lets them open only the
-// default devices, not the GPUs reserved for them: exec, and raw_exec
-// unless its plugin runs without cgroups (which the broker cannot see).
+// CgroupBoundTasks are the tasks that ask for GPUs under exec or raw_exec.
+// On Nomad before 1.8 with cgroups v2, those drivers' cgroups let a task
+// open only the default devices, not the GPUs reserved for it (raw_exec
+// not, if its plugin runs without cgroups, which the broker cannot see).
 // Each is named as the task, its group and its driver.
 func CgroupBoundTasks(job *api.Job) []string {
 	var out []string
