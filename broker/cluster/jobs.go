@@ -145,8 +145,8 @@ func (v *View) StoppedAdmitted() map[[2]string]uint64 {
 }
 
 // keepUnrecordedStops is, at a listing (snap), the stops not yet recorded
-// that it keeps, with those of the jobs it lists as ended, and those of the
-// jobs with the broker's stamp that the view had (was) and it lists no
+// that it keeps. It adds those of the jobs it lists as ended, and those of
+// the jobs with the broker's stamp that the view had (was) and it lists no
 // more: purged, at its index or before. A listing that replaced the event
 // stream between a stop and its event, or its record, lost it.
 func (v *View) keepUnrecordedStops(was map[jobKey]job, snap Snapshot) {

@@ -93,9 +93,9 @@ func (b *Backoffs) Preempted(ctx context.Context, namespace, id, decision string
 }
 
 // Prune deletes the counts whose last preemption is older than quiet(count)
-// at now, of jobs that are not live (live: queued or running): a job counts
+// at now, of jobs that are not live (live: queued or running). A job counts
 // its evictions for its whole life, or one past max_preemptions would borrow
-// again, and one submitted again soon after keeps its count. It returns how
+// again; one submitted again soon after keeps its count. It returns how
 // many it deleted.
 func (b *Backoffs) Prune(ctx context.Context, now time.Time, quiet func(count int) time.Duration, live func(namespace, job string) bool) (int, error) {
 	all, _, err := b.r.list(ctx, &consul.QueryOptions{}, nil)

@@ -102,12 +102,13 @@ func (c *cluster) fits(model string, gpus int) bool {
 }
 
 // nomadVictims is Nomad's pass with preemption for an allocation of gpus of
-// model at priority prio: the nodes in a random order, of which the first
-// limit where evicting allocations at least gap below makes room are scored
-// (the same limit iterator); on each, the victims PreemptForDevice chooses
-// (deviceVictims). Among them the fullest (CPU and memory) after the placement wins: the
-// preemption score (scheduler/rank.go:827-877) is within 1e-4 of 1 for any
-// net priority below a few hundred, so bin-packing decides. nil, -1 if no
+// model at priority prio. The nodes come in a random order; the first limit
+// where evicting allocations at least gap below makes room are scored (the
+// same limit iterator), each with the victims PreemptForDevice chooses
+// (deviceVictims). Among them the fullest (CPU and memory) after the
+// placement wins. The preemption score (scheduler/rank.go:827-877) is
+// within 1e-4 of 1 for any net priority below a few hundred, so
+// bin-packing decides. nil, -1 if no
 // node can make room.
 func (c *cluster) nomadVictims(model string, gpus int, cpu float64, prio, gap, limit int, rng *rand.Rand) ([]*alloc, int) {
 	lo, hi := c.modelsFor(model)

@@ -32,11 +32,11 @@ type Result struct {
 	// Span is the simulated seconds until the last job ended.
 	Span float64 `json:"span_seconds"`
 	// Allocation and Busy are the shares of GPU time allocated, and
-	// allocated to running jobs that use their GPUs: while work arrives
-	// (from the first submission to the last: the load offered), over the
-	// whole span (which the longest job stretches: every mode drains
-	// alike), and while work waits (queued in the broker or unplaced in
-	// Nomad).
+	// allocated to running jobs that use their GPUs. Each is taken three
+	// ways: while work arrives (from the first submission to the last: the
+	// load offered); over the whole span (which the longest job stretches:
+	// every mode drains alike); and while work waits (queued in the broker
+	// or unplaced in Nomad).
 	Allocation        float64 `json:"allocation"`
 	Busy              float64 `json:"busy"`
 	AllocationSpan    float64 `json:"allocation_whole_span"`

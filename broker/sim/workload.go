@@ -66,10 +66,10 @@ type Generator struct {
 
 // Generate makes g.Jobs jobs for the policy's tenants on nodes. Tenants
 // submit in proportion to their guarantee, in bursts, more by day than by
-// night, to their queues (7:2:1 training, dev, inference); a job's kind
-// follows its queue's workload: dev sessions (1 GPU, half of them left idle,
-// 1-10 h), inference services (1-2 GPUs, 1-3 days), and training jobs drawn
-// from the trace's statistics, checkpointing hourly.
+// night, to their queues (7:2:1 training, dev, inference). A job's kind
+// follows its queue's workload: dev sessions (1 GPU, half of them left
+// idle, 1-10 h), inference services (1-2 GPUs, 1-3 days), and training
+// jobs drawn from the trace's statistics, checkpointing hourly.
 func Generate(p *policy.Policy, nodes []NodeGroup, g Generator) ([]Job, error) {
 	if g.Trace != Philly && g.Trace != Helios {
 		return nil, fmt.Errorf("workload %q: want %s or %s", g.Trace, Philly, Helios)
