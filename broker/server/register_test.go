@@ -61,7 +61,9 @@ func TestTheQueueKeepsAtMostMaxQueueBytes(t *testing.T) {
 	s, _, q, _ := newTestServer(t)
 	ids := 0
 	newID := func() string { ids++; return fmt.Sprintf("00000000-0000-4000-8000-%012d", ids) }
-	s.set(func(o *Options, a *gpuapi.Options) { o.NewID, a.NewID, o.MaxQueueBytes = newID, newID, int64(2*len(gpuJob)+50) }) // two fit, not three
+	s.set(func(o *Options, a *gpuapi.Options) {
+		o.NewID, a.NewID, o.MaxQueueBytes = newID, newID, int64(2*len(gpuJob)+50)
+	}) // two fit, not three
 	do(s, http.MethodPut, "/v1/jobs", gpuJob) // vision's 2 GPUs: what follows queues
 	for i, want := range []int{http.StatusOK, http.StatusOK, http.StatusTooManyRequests} {
 		job := strings.Replace(gpuJob, `"train"`, fmt.Sprintf(`"wait-%d"`, i), 1)
