@@ -415,6 +415,26 @@ type preparedJob struct {
 	job     admission.Job
 }
 
+// decideKept decides on e as an earlier pass prepared it, while nothing
+// preparing it read changed since. True: that settles e for this pass (it
+// waits); false: e is to be read and prepared again (it may go now, or
+// nothing was kept of it).
+func (a *Admitter) decideKept(r *registrations, p *policy.Policy, seq *decide.Sequence, pass *queue.Pass, e queue.Entry) bool {
+	j, ok := a.preparedFor(e, p)
+	if !ok || e.ParkedByPolicy {
+		return false
+	}
+	d, res := seq.Decide(p, j, decide.Reserve)
+	res.Withdraw() // held again by the fresh decision, if it goes
+	if pass.Admits(d) {
+		return false
+	}
+	if d.Outcome == admission.Queue {
+		r.waits(e, j)
+	}
+	return true
+}
+
 // preparedFor is e's job as an earlier pass prepared it, while nothing that
 // read depends on changed since.
 func (a *Admitter) preparedFor(e queue.Entry, p *policy.Policy) (admission.Job, bool) {
@@ -608,17 +628,8 @@ func (a *Admitter) consider(ctx context.Context, r *registrations, p *policy.Pol
 			unlock()
 		}
 	}()
-	if j, ok := a.preparedFor(e, p); ok && !e.ParkedByPolicy {
-		// Decided on as prepared before: read again only if it goes now.
-		d, res := seq.Decide(p, j, decide.Reserve)
-		if !pass.Admits(d) {
-			res.Withdraw()
-			if d.Outcome == admission.Queue {
-				r.waits(e, j)
-			}
-			return nil
-		}
-		res.Withdraw()
+	if a.decideKept(r, p, seq, pass, e) {
+		return nil
 	}
 	nodes := a.Cluster.NodesGeneration() // before preparing: a change during it is not missed
 	req, err := nomadjob.ReadRequest(nomadjob.Register, e.Request, url.Values{"namespace": {e.Namespace}})

@@ -1053,10 +1053,22 @@ func ptr[T any](v T) *T { return &v }
 // than it had when called: what a test waits for instead of a fixed sleep.
 func waitPasses(t *testing.T, b *testcluster.Broker, loop string, n int) {
 	t.Helper()
-	key := `nomadgpu_leader_passes_total{loop="` + loop + `",result="ok"}`
-	from := b.Scrape()[key]
+	waitPassesSince(t, b, loop, passes(t, b, loop), n)
+}
+
+// passes is how many passes of loop the broker finished so far.
+func passes(t *testing.T, b *testcluster.Broker, loop string) float64 {
+	t.Helper()
+	return b.Scrape()[`nomadgpu_leader_passes_total{loop="`+loop+`",result="ok"}`]
+}
+
+// waitPassesSince waits until the broker finished n passes of loop since it
+// had finished from (passes). The queue's loop passes only when something
+// it decides on changed: count from before the change a test waits out.
+func waitPassesSince(t *testing.T, b *testcluster.Broker, loop string, from float64, n int) {
+	t.Helper()
 	testcluster.WaitFor(t, time.Duration(n)*15*time.Second, fmt.Sprintf("%d more %s passes", n, loop), func() error {
-		if got := b.Scrape()[key]; got < from+float64(n) {
+		if got := passes(t, b, loop); got < from+float64(n) {
 			return fmt.Errorf("%g so far", got-from)
 		}
 		return nil

@@ -495,8 +495,9 @@ resync = "1s"`})
 				t.Errorf("queue entry %s of a stopped job: %d %s", id, status, out)
 			}
 		}
+		from := passes(t, e.broker, metrics.LoopQueue)
 		e.stop(ns, "other") // the limit has room: nothing stopped may start now
-		waitPasses(t, e.broker, metrics.LoopQueue, 3)
+		waitPassesSince(t, e.broker, metrics.LoopQueue, from, 1)
 		if j, _, err := e.nomad.API.Jobs().Info("st", &api.QueryOptions{Namespace: ns}); err != nil || !*j.Stop || gpusOf(j) != 1 {
 			t.Errorf("the stopped job runs again: stop=%t, %d GPUs (%v)", *j.Stop, gpusOf(j), err)
 		}

@@ -906,9 +906,10 @@ func TestATenantsCappedJobStartsBeforeItsNewerWork(t *testing.T) {
 		}
 		return nil
 	})
+	from := passes(t, e.broker, metrics.LoopQueue)
 	e.stop("search", "svc")
 	e.waitUsed("search", 0)
-	waitPasses(t, e.broker, metrics.LoopQueue, 2) // extra stays: vision holds its guarantee
+	waitPassesSince(t, e.broker, metrics.LoopQueue, from, 1) // extra stays: vision holds its guarantee
 	out, err := e.run("vision", "newer", 1, 2, "", true)
 	if err != nil || !strings.Contains(out, "queued as") || !strings.Contains(out, `tenant "vision" has a job queued since`) {
 		t.Fatalf("newer (2 GPUs, 2 idle) while vision's capped extra waits: want queued behind it: %v\n%s", err, out)
