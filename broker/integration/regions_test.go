@@ -521,7 +521,22 @@ func TestRegions(t *testing.T) {
 		}
 		runsIn(t, east, "east", "a1")
 		only("a1", "east")
-		// East has 1 free, west 2: both admit; best_fit takes the freer.
+		// East has 1 free, west 2: both admit; best_fit takes the freer. As
+		// the broker sees them: a stopped allocation of the subtests before
+		// holds its GPU in the broker's view until Nomad says it ended.
+		testcluster.WaitFor(t, 60*time.Second, "the broker seeing 1 GPU free in east and 2 in west", func() error {
+			free := map[string]string{}
+			out := e.brokerCLI("region", "list")
+			for _, line := range strings.Split(out, "\n") {
+				if f := strings.Fields(line); len(f) >= 8 { // ... FREE DRAINED UNREACHABLE, neither of the last two set here
+					free[f[0]] = f[len(f)-3]
+				}
+			}
+			if free["east"] != "1" || free["west"] != "2" {
+				return fmt.Errorf("free: east %q, west %q\n%s", free["east"], free["west"], out)
+			}
+			return nil
+		})
 		if out := auto("a2", 1, "serving", true); !strings.Contains(out, "nomad-gpu: dispatched to region west (dispatch best_fit)") ||
 			!strings.Contains(out, `finished with status "complete"`) {
 			t.Errorf("a2: want the answer to say best_fit chose west, and its evaluation followed:\n%s", out)
