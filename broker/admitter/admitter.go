@@ -451,8 +451,7 @@ func (a *Admitter) preparedFor(e queue.Entry, p *policy.Policy) (admission.Job, 
 // keeps, canaries, the version a deployment reverts to), or the regions'
 // usage (a region the broker chooses).
 func (a *Admitter) keepPrepared(e queue.Entry, p *policy.Policy, nodes uint64, prepared *decide.Request, j admission.Job) {
-	if prepared.PreserveCounts || nomadjob.HasCanaries(prepared.Job) || nomadjob.AutoReverts(prepared.Job) || prepared.Dispatch != "" ||
-		prepared.Dispatched != "" {
+	if prepared.PreserveCounts || nomadjob.HasCanaries(prepared.Job) || nomadjob.AutoReverts(prepared.Job) || prepared.Auto {
 		return
 	}
 	if a.prepared == nil {

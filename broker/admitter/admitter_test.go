@@ -1106,3 +1106,29 @@ func TestAWaitingEntryIsNotReadAgainWhileNothingItsJobReadChanged(t *testing.T) 
 		t.Errorf("a node joined, and the entry was not read again")
 	}
 }
+
+// A job that leaves its region to the broker is prepared anew at every
+// pass: the region chosen follows the regions' usage, which the kept job
+// does not record.
+func TestAnAutoRegionEntryIsReadAgainAtEveryPass(t *testing.T) {
+	a, mem, _, view, now := setup(t, visionPolicy, 8)
+	west := cluster.NewView(nil)
+	west.ObserveNode(testbuild.Node("w", "H100", 8, 0))
+	a.Cluster = cluster.NewRegions("global", view, map[string]*cluster.View{"west": west})
+	view.ObserveJob(testbuild.Job("vision", "held").Group("g", 1, 8, "gpu").Build()) // vision at its limit
+	q := &bodiesGone{Mem: mem}
+	a.Queue = q
+	e := entry("waits", 2, time.Minute, now)
+	e.Request = json.RawMessage(strings.Replace(string(e.Request), `"Namespace":"vision",`, `"Namespace":"vision","Meta":{"nomad-gpu.region":"auto"},`, 1))
+	mem.Put(context.Background(), e)
+	if _, err := a.Pass(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	q.gone.Store(true)
+	if _, err := a.Pass(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := mem.Get(context.Background(), "q-waits"); got.Parked == "" {
+		t.Errorf("an auto-region entry was decided on as kept, its body not read again")
+	}
+}

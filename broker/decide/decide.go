@@ -113,6 +113,9 @@ type Request struct {
 	// Dispatch says which region the broker chose for a job that left it
 	// to the broker, and why ("": it named its region).
 	Dispatch string
+	// Auto: the job left its region to the broker, which chose it by the
+	// regions' usage as they were.
+	Auto bool
 }
 
 // AdmissionJob is the request as admission decides on it.
@@ -185,7 +188,7 @@ func (s *Sequence) Prepare(ctx context.Context, p *policy.Policy, req *nomadjob.
 	}
 	req.Pin()
 	wrote := append(islands, req.ApplyWorkload(p.WorkloadFor(req.Namespace, req.Job.Meta[nomadjob.MetaQueue]))...)
-	return &Request{Request: req, Groups: groups, Wrote: wrote, Dispatch: dispatched}, nil
+	return &Request{Request: req, Groups: groups, Wrote: wrote, Dispatch: dispatched, Auto: auto}, nil
 }
 
 // Existing is a job Nomad has as admission decides on a call that changes
