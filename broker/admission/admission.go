@@ -90,8 +90,8 @@ type Where struct {
 	Region string
 	Nodes  []string // the node-id set it is pinned to (nil: any)
 	// NoPin: the broker does not choose its nodes. A system job places on
-	// every node it may; a service must stay free to scale and to be
-	// rescheduled elsewhere (a scale cannot move a pin); a job with
+	// every node it may. A service must stay free to scale and to be
+	// rescheduled elsewhere (a scale cannot move a pin). A job with
 	// constraints, affinities or spreads of its own places by rules the
 	// broker does not read.
 	NoPin bool

@@ -151,10 +151,11 @@ func (s *scratch) take(i int) *NodeRoom {
 	return &r
 }
 
-// FreeFor is how many free GPUs job's allocations could take now: those of
-// the rooms that offer its largest allocation's model (a device name, a MIG
-// profile, an NVLink island of an island group) with room for one of them,
-// not held for another job. What dispatch best_fit ranks regions by.
+// FreeFor is how many free GPUs job's allocations could take now, not held
+// for another job. They are those of the rooms that offer its largest
+// allocation's model (a device name, a MIG profile, an NVLink island of an
+// island group) with room for one of them. Dispatch's best_fit ranks
+// regions by it.
 func FreeFor(job Job, nodes []NodeRoom) int {
 	var largest Group
 	for _, g := range job.Groups {

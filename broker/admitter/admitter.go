@@ -214,8 +214,8 @@ type retry struct {
 
 // Backoff of an entry whose registration did not get an answer from Nomad:
 // the first wait, and the longest. While entries back off, one of them is
-// sent every ProbeEvery: once Nomad answers it, every entry that failed
-// before it was sent is due at once (the outage is over), and the queue
+// sent every ProbeEvery. Once Nomad answers it, the outage is over: every
+// entry that failed before it was sent is due at once, and the queue
 // drains at Nomad's pace instead of at each entry's doubled backoff.
 const (
 	RetryFirst = time.Second

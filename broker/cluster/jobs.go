@@ -119,9 +119,9 @@ func ended(j *api.Job) (stopped, finished, live bool) {
 }
 
 // followStop keeps the jobs with a stamp Nomad stopped (or, for batch work,
-// that finished), for the leader to record (StoppedAdmitted); a
-// version the broker registers again (its reservation, confirmed at this
-// index or not yet) ends that, one registered straight in Nomad does not.
+// that finished), for the leader to record (StoppedAdmitted). A version the
+// broker registers again (its reservation, confirmed at this index or not
+// yet) ends that; one registered straight in Nomad does not.
 func (v *View) followStop(key jobKey, stopped, live, stamped bool, modifyIndex uint64) {
 	switch {
 	case stopped && stamped:

@@ -182,9 +182,9 @@ func (r *Reservation) Confirm(index uint64) {
 }
 
 // ConfirmAs is Confirm for a job Nomad created under an id of its own (a
-// dispatched child, at its create index): the reservation moves to that id,
-// so that it counts until the view's events show that job, however late
-// they come, and never beside it.
+// dispatched child, at its create index). The reservation moves to that
+// id: it counts until the view's events show that job, however late they
+// come, and never beside it.
 func (r *Reservation) ConfirmAs(id string, index uint64) {
 	if r == nil {
 		return
@@ -229,10 +229,10 @@ func (r *Reservation) Release() {
 	r.v.notify()
 }
 
-// Withdraw gives the reservation up without setting off a queue pass: the
+// Withdraw gives the reservation up without setting off a queue pass. The
 // queue's own pass made it and withdraws it (the entry waits, backs off or
-// is held back), and a pass woken by its own withdrawals would decide the
-// same again, in a loop.
+// is held back); a pass woken by its own withdrawals would decide the same
+// again, in a loop.
 func (r *Reservation) Withdraw() {
 	if r == nil {
 		return

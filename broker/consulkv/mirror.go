@@ -13,7 +13,7 @@ import (
 
 // mirror is an in-memory copy of every record of one kind, kept current by
 // a blocking query on its directory that decodes only the records whose
-// version changed; the broker's own writes go in at once, the other
+// version changed. The broker's own writes go in at once, the other
 // brokers' within the moment the query returns. Reading it costs no round
 // trip to Consul: a long queue is read on every submission.
 type mirror[T any] struct {
@@ -116,8 +116,8 @@ func (m *mirror[T]) follow(ctx context.Context) {
 }
 
 // reconcile is the listing next, made at Consul's index listed, with this
-// broker's own changes that the listing is too old to hold: a record it
-// wrote after the listing was made stays, and one it deleted does not come
+// broker's own changes that the listing is too old to hold. A record it
+// wrote after the listing was made stays; one it deleted does not come
 // back at the version it deleted. (A listing answered just before a write
 // or a delete here is applied just after it: without this, a job queued
 // here was missing from the copy, or one taken out back in it, until the

@@ -9,7 +9,7 @@ import (
 )
 
 // Scales keeps what the broker admitted when it scaled a job, or dispatched
-// a child of one, under <prefix>scaled/<region>/<namespace>/<job>: a scale
+// a child of one, under <prefix>scaled/<region>/<namespace>/<job>. A scale
 // changes a job's counts but not its meta, and a child carries its parent's
 // stamp, so the admission stamp alone no longer verifies either. Prune is
 // the keys' owner: the leader deletes those of jobs Nomad no longer has.

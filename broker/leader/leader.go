@@ -1,8 +1,8 @@
 // Package leader elects one broker through a Consul lock. The leader runs the
-// queue and takes every GPU admission: the other brokers send their callers'
-// GPU requests to it, so that all decisions about quota happen in one place,
-// one after the other, and two brokers can never each admit the last GPUs of
-// a tenant.
+// queue and takes every GPU admission, since the other brokers send their
+// callers' GPU requests to it. So all decisions about quota happen in one
+// place, one after the other, and two brokers can never each admit the last
+// GPUs of a tenant.
 package leader
 
 import (
@@ -167,10 +167,10 @@ func (e *Elector) take(ctx context.Context) (t term, err error) {
 //
 // A leader SIGKILLed leaves its session to expire, two TTLs (about 20 s)
 // during which no broker leads. So while it waits, a broker checks the
-// leader's address: when connections to it are refused deadRefusals times
-// in a row, nothing listens there any more (a live broker always serves its
-// address; a network cut times out rather than refuses), and it ends the
-// leader's session. A leader that is alive after all and reaches Consul
+// leader's address. When connections to it are refused deadRefusals times
+// in a row, nothing listens there any more, and it ends the leader's
+// session: a live broker always serves its address, and a network cut
+// times out rather than refuses. A leader that is alive after all and reaches Consul
 // sees that at once and steps down.
 func (e *Elector) acquire(ctx context.Context, session string) error {
 	kv := e.Client.KV()

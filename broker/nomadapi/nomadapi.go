@@ -809,10 +809,10 @@ const placementWait = 10 * time.Second
 
 // PlacedNothing tells, once Nomad's evaluations of the version of job
 // namespace/id registered at index have finished, why Nomad placed nothing
-// for it ("" when it placed an allocation, waits for room in a blocked
-// evaluation, or its evaluations did not finish within placementWait: it
-// may still place). A requeued job registered again must never end there
-// silently.
+// for it. It is "" when Nomad placed an allocation, waits for room in a
+// blocked evaluation, or did not finish its evaluations within
+// placementWait (it may still place). A requeued job registered again must
+// never end there silently.
 func (c *Client) PlacedNothing(ctx context.Context, namespace, id string, index uint64) (string, error) {
 	ctx, cancel := context.WithTimeout(ctx, placementWait)
 	defer cancel()

@@ -64,8 +64,8 @@ const SharedSuffix = " (shared)"
 
 // SharedOnly reports whether a GPU request can be given time-sliced replicas
 // only: it names a shared group, or constrains ${device.attr.shared} to true
-// the way Nomad compares device attributes (the value parsed as Nomad parses
-// it: "true", "True", "TRUE", "t" or "T" is the boolean true).
+// the way Nomad compares device attributes. The value is parsed as Nomad
+// parses it: "true", "True", "TRUE", "t" or "T" is the boolean true.
 func SharedOnly(dev *api.RequestedDevice) bool {
 	if strings.HasSuffix(ParseDeviceID(dev.Name).Name, SharedSuffix) {
 		return true

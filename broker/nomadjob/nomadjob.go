@@ -211,9 +211,10 @@ type ScaleGrant struct {
 	// replace them, so the stamp stays and the grant says what changed.
 	StampedPriority int `json:"stamped_priority,omitempty"`
 	// Priority is the priority the broker registers such a job at, From
-	// the one it ran at before: it verifies at those two only (the grant
-	// is written before the job, which may fail to register; Priority 0:
-	// at any, a grant written before these were recorded).
+	// the one it ran at before: it verifies at those two only, since the
+	// grant is written before the job, which may fail to register.
+	// Priority 0 verifies at any (a grant written before these were
+	// recorded).
 	Priority int `json:"priority,omitempty"`
 	From     int `json:"from_priority,omitempty"`
 	// SubBand: the job runs on borrowed, moved to a sub-band of the
@@ -237,7 +238,7 @@ type Stopped struct {
 // write of a job that makes a new version of it (a registration, a revert,
 // a scale, a rollback Nomad made of a deployment the broker let fail) took
 // effect. A stamp is made before Nomad has the job and cannot name that
-// index; this record binds it: a version the broker did not write (a
+// index, and this record binds it. A version the broker did not write (a
 // revert, scale or stable straight in Nomad, back to what a stamp or grant
 // covers) is not its admission. Pending while a write is in flight: any
 // version from Index on is the broker's until it is settled.

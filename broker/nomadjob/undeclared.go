@@ -15,13 +15,17 @@ var gpuEnv = []string{"NVIDIA_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES"}
 
 // UndeclaredGPUAccess says, per task, how the job would use GPUs it does not
 // ask for with a device block, so that no tenant is charged for them. Four
-// ways do: a GPU variable set by hand (in env without a GPU request, or by a
-// template, which overrides the device plugin's); a privileged container,
-// which sees every device of its node; a container given an NVIDIA device (a
-// path or a bind mount); the nvidia container runtime without a GPU device,
-// which exposes the GPUs it is told to, or all. Values are read as the drivers
-// decode them: "true" is true, /dev//nvidia0 is /dev/nvidia0. Hiding every
-// GPU (NVIDIA_VISIBLE_DEVICES=void, CUDA_VISIBLE_DEVICES=-1) is not using one.
+// ways do:
+//   - a GPU variable set by hand (in env without a GPU request, or by a
+//     template, which overrides the device plugin's);
+//   - a privileged container, which sees every device of its node;
+//   - a container given an NVIDIA device (a path or a bind mount);
+//   - the nvidia container runtime without a GPU device, which exposes the
+//     GPUs it is told to, or all.
+//
+// Values are read as the drivers decode them: "true" is true, /dev//nvidia0
+// is /dev/nvidia0. Hiding every GPU (NVIDIA_VISIBLE_DEVICES=void,
+// CUDA_VISIBLE_DEVICES=-1) is not using one.
 // What a task does on its node beyond its job spec (a binary that opens
 // /dev/nvidia* itself, a template read from a file) it cannot see.
 func UndeclaredGPUAccess(job *api.Job) []string {

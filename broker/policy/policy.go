@@ -144,9 +144,10 @@ const (
 const DefaultRegionLostTimeout = 15 * time.Minute
 
 // OnRegionLossFor is what becomes of a job of jobType in namespace asking
-// for queue ("": its tenant's default) when its region is lost: its
-// workload's on_region_loss, else the policy's, else requeue for a batch
-// job and hold for any other (a service's copy may well still serve).
+// for queue ("": its tenant's default) when its region is lost. Its
+// workload's on_region_loss decides, else the policy's. Without either a
+// batch job is requeued and any other held (a service's copy may well
+// still serve).
 func (p *Policy) OnRegionLossFor(namespace, queue, jobType string) string {
 	if w := p.WorkloadFor(namespace, queue); w != nil && w.OnRegionLoss != "" {
 		return w.OnRegionLoss
@@ -525,7 +526,7 @@ const GuaranteedSpread = MinPriorityGap - 1
 //
 // The bands of the queues that do not preempt within guarantee lie within
 // GuaranteedSpread of each other, from the lowest of their priorities up,
-// in their order (a higher priority never gets a lower band): Nomad then
+// in their order: a higher priority never gets a lower band. Nomad then
 // places inference before training before dev, and preempts only borrowed
 // work, which runs MinPriorityGap or more below the lowest band. No band is
 // above the priority its queue was written with.

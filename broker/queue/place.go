@@ -17,10 +17,10 @@ type Supply struct {
 // Place is where e, submitted now, would stand in the admission order among
 // entries, in place of entries[replaced] (its waiting version; -1: none):
 // its 1-based position and, with a supply, its estimate as EstimateOf
-// gives it (false: none). A submission into a long queue needs this alone:
-// the queue is not sorted, and the entries ahead of e are taken in order
-// only until e's estimate is known (the first that waits for GPUs no known
-// end frees decides it for all behind).
+// gives it (false: none). A submission into a long queue needs this alone,
+// as the queue is not sorted. The entries ahead of e are taken in order
+// only until e's estimate is known: the first that waits for GPUs no known
+// end frees decides it for all behind.
 func Place(entries []Entry, e Entry, replaced int, p *policy.Policy, used, decayed map[string]float64, now time.Time,
 	supply *Supply) (int, Estimate, bool) {
 	n, self := len(entries)+1, len(entries)

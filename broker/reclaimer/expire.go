@@ -37,7 +37,7 @@ type Approvals interface {
 
 // Expirer, on the leader, marks granted approvals expired once their time
 // is up, with nobody acting. A job that GPUs above its tenant's limit let in
-// is then requeued when its tenant still holds more than its limit: a
+// is then requeued when its tenant still holds more than its limit. A
 // reclaim decision (rule approval-expired) stops it and puts it back in the
 // queue, where it waits for its tenant's own GPUs like any job.
 type Expirer struct {

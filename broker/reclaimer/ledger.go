@@ -61,9 +61,9 @@ type Ledger struct {
 	// usage.MaxInterval, and no rollup is deleted.
 	//
 	// Within a term each pass is bounded by this process's monotonic clock:
-	// a step of Nomad's clock is neither charged nor followed (the
-	// ledger's time goes on by the monotonic clock, allocation times read
-	// at the step's offset), and no rollup is deleted for it.
+	// a step of Nomad's clock is neither charged nor followed, and no
+	// rollup is deleted for it. The ledger's time goes on by the monotonic
+	// clock, and allocation times are read at the step's offset.
 	Clock func() (time.Time, bool)
 	// Monotonic measures the time between passes (nil: the passes' own
 	// times, which carry Go's monotonic clock reading).
@@ -325,8 +325,8 @@ func (l *Ledger) charge(from, floor, now time.Time, allocs []reclaim.Alloc, gpus
 }
 
 // withEnded is allocs and the ended ones (those of the other regions,
-// elsewhere, with the broker's own) that are not among them (one may have
-// ended between the pass's observation and now); a term's first pass adds
+// elsewhere, with the broker's own) that are not among them: one may have
+// ended between the pass's observation and now. A term's first pass adds
 // those that ended since through, while no broker led.
 func (l *Ledger) withEnded(ctx context.Context, allocs []reclaim.Alloc, through time.Time, elsewhere []reclaim.Alloc) ([]reclaim.Alloc, error) {
 	ended := elsewhere

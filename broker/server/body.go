@@ -32,7 +32,7 @@ const (
 const DefaultBodyReadTimeout = 30 * time.Second
 
 // After BodyAllowance a body must keep arriving at MinBodyRate (bytes a
-// second, on average since its start), else it is refused with 408: a
+// second, on average since its start), else it is refused with 408. A
 // client that trickles its uploads holds a slot for seconds, not for the
 // whole body read timeout, and cannot keep every slot taken.
 const (

@@ -132,10 +132,10 @@ func (s *Server) scale(w http.ResponseWriter, r *http.Request, jc jobCall, jobID
 	return err
 }
 
-// record is what the broker records of a call it admitted: before Nomad
-// has the call (so that what Nomad runs is verifiable from the first
-// moment), and once Nomad answered, accepted (with the JobModifyIndex it
-// answered with) or refused (any answer but 200, or none). Each part may
+// record is what the broker records of a call it admitted. It records
+// before Nomad has the call, so that what Nomad runs is verifiable from the
+// first moment, and once Nomad answered: accepted (with the JobModifyIndex
+// it answered with) or refused (any answer but 200, or none). Each part may
 // be nil.
 type record struct {
 	before   func() error

@@ -32,7 +32,7 @@ type gpuJobRequest struct {
 // readGPUJob reads a register, plan or validate request. Its error refuses
 // it (a bad body, another region's call nobody decides here), or hands it
 // on: to another broker, or to Nomad byte for byte when the job asks for no
-// GPU (it was read unambiguously, so Nomad reads no GPU in it either).
+// GPU. The job was read unambiguously, so Nomad reads no GPU in it either.
 func (s *Server) readGPUJob(w http.ResponseWriter, r *http.Request, kind nomadjob.Kind, pathJobID string) (*gpuJobRequest, error) {
 	body, err := s.readBody(w, r)
 	if err != nil {

@@ -377,7 +377,7 @@ func (r *run) pass() {
 	// The candidates in queue.Order's order: a merge of the runs, each in
 	// that order already. A run whose entries all are skipped (its tenant
 	// limited below its demand, or held within its guarantee beyond it) is
-	// set aside as a whole; one set aside for the guarantee comes back when
+	// set aside as a whole. One set aside for the guarantee comes back when
 	// the pass preempts its tenant's work, from where the pass has got to.
 	keyer := queue.NewKeyer(p, used, decayed, r.time(r.now))
 	runs := r.candidates(used)
@@ -571,9 +571,9 @@ func (r *run) reprioritise(j *simJob, prio int) {
 }
 
 // bringBack returns to the merge the runs set aside for their tenant's
-// guarantee whose tenant now holds less than then (an admission preempted
-// its work), from their first entry after at: those before it were passed
-// over when they came, as a pass in order passes them.
+// guarantee whose tenant now holds less than then, as when an admission
+// preempted its work. Each comes back from its first entry after at: those
+// before it were passed over when they came, as a pass in order passes them.
 func (r *run) bringBack(h *runHeap, k *queue.Keyer, at queue.OrderKey) {
 	kept := r.aside[:0]
 	for _, pr := range r.aside {

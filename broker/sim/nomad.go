@@ -33,8 +33,8 @@ func scoredNodes(service bool, nodes int) int {
 	return max(2, int(math.Ceil(math.Log2(float64(nodes)))))
 }
 
-// choose is Nomad's node for an allocation of gpus of model: Nomad shuffles
-// the nodes for each evaluation (scheduler/util.go:166-183), its limit
+// choose is Nomad's node for an allocation of gpus of model. Nomad shuffles
+// the nodes for each evaluation (scheduler/util.go:166-183). Its limit
 // iterator passes on the first limit nodes where the allocation fits
 // (scheduler/select.go:38-60, after the bin-packing iterator drops the
 // exhausted ones), and the highest score of those wins. Devices do not

@@ -9,8 +9,8 @@ import (
 	"github.com/nomad-gpu/nomad-gpu/device-plugin/gpu"
 )
 
-// Stats samples every device. A MIG instance has its own memory; NVML's
-// utilisation counters are the whole GPU's, so an instance's utilisation
+// Stats samples every device. A MIG instance has its own memory, but NVML's
+// utilisation counters are the whole GPU's. So an instance's utilisation
 // comes from GPM (Hopper and later), which measures between two samples:
 // each Stats takes one per device, and reports the share between it and the
 // previous. GPM gives tensor-core activity too, of a GPU and of an instance.

@@ -25,7 +25,7 @@ import (
 // fields case-insensitively, a repeated key overwrites (or merges into) what came
 // before, and keys it does not know are dropped. The broker reads the same body
 // into the same structs, but first refuses what could be read two ways (a field
-// spelled twice), and rewrites every known key to its canonical spelling: the
+// spelled twice). It rewrites every known key to its canonical spelling, so the
 // document it forwards can only be read as the job it decided on. Keys it
 // does not know (fields of newer Nomad versions) are kept as sent.
 
