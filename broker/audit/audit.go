@@ -1,7 +1,7 @@
 // Package audit is the broker's audit trail: one JSON line per decision or
-// act, appended to a file that rotates by size (the shape of Nomad
-// Enterprise's and Vault's file audit devices, so log shippers pick it up),
-// and read back, rotated files included.
+// act, appended to a file that rotates by size, and read back, rotated
+// files included. The lines have the shape of Nomad Enterprise's and
+// Vault's file audit devices, so log shippers pick them up.
 package audit
 
 import (

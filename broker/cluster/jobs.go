@@ -108,10 +108,10 @@ func (v *View) observeJob(j *api.Job) {
 	}
 }
 
-// ended reports whether Nomad stopped a job, whether it finished (a batch
-// job that is done with its admission as a stopped one is: nothing of
-// Nomad's own runs it again, no deployment reverts it), and whether it is
-// live (neither stopped nor dead).
+// ended reports whether Nomad stopped a job, whether it finished, and
+// whether it is live (neither stopped nor dead). A batch job that finished
+// is done with its admission, as a stopped one is: nothing of Nomad's own
+// runs it again, no deployment reverts it.
 func ended(j *api.Job) (stopped, finished, live bool) {
 	stopped, live = j.Stop != nil && *j.Stop, nomadjob.Live(j)
 	finished = !live && !stopped && j.Type != nil && (*j.Type == api.JobTypeBatch || *j.Type == api.JobTypeSysbatch)
@@ -232,8 +232,9 @@ func rolledBack(d *api.Deployment) (Revert, bool) {
 
 // ObserveDeployment records the canaries an active, unpromoted deployment
 // places beside the job's current allocations, and whether it reverts on
-// failure: the job then counts its stable version too, until it ends, or
-// when it failed and Nomad rolls back, until the rollback's own ends.
+// failure. The job then counts its stable version too, until the
+// deployment ends, or, when it failed and Nomad rolls back, until the
+// rollback's own ends.
 func (v *View) ObserveDeployment(d *api.Deployment) {
 	v.mu.Lock()
 	v.observeDeployment(d)
@@ -254,7 +255,7 @@ func (v *View) observeDeployment(d *api.Deployment) {
 	switch d.Status {
 	case api.DeploymentStatusSuccessful, api.DeploymentStatusFailed, api.DeploymentStatusCancelled:
 		// A failed deployment that Nomad rolls back keeps the stable
-		// version's floor until the rollback's own deployment ends: the
+		// version's floor until the rollback's own deployment ends. The
 		// rollback version may come later, or dead with every allocation
 		// failed, and count nothing meanwhile (N3: a queue pass in those
 		// milliseconds took its GPUs).

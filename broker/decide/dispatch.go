@@ -159,7 +159,7 @@ func candidates(r Dispatching, names []string) (in, why []string, drained string
 
 // regionJobs are the job as each region decides on it, built once per
 // region (best_fit ranks regions by it before deciding) and shared among
-// regions while its groups do not count a region's nodes; why says which
+// regions while its groups do not count a region's nodes. why says which
 // regions it could not be read for.
 type regionJobs struct {
 	r     Dispatching
@@ -189,7 +189,7 @@ func (js *regionJobs) at(region string) (admission.Job, bool) {
 
 // regionJob is the job as region would decide on it: its groups on that
 // region's nodes, or same's (the job as another region decides on it) when
-// its groups do not count nodes (only a system job's do); perRegion says
+// its groups do not count nodes (only a system job's do). perRegion says
 // whether they did.
 func regionJob(r Dispatching, req *nomadjob.Request, region string, same *admission.Job) (j admission.Job, perRegion bool, err error) {
 	v, key, _ := r.In(region)

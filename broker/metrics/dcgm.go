@@ -14,9 +14,10 @@ import (
 )
 
 // dcgmLabels are dcgm-exporter's per-GPU labels, so that dashboards built on
-// it read these series unchanged, then the Nomad attribution a job-mapping
-// file gives DCGM: namespace and tenant from the policy, then Nomad's own
-// identifiers of the holder, as Nomad labels its allocation metrics. A
+// it read these series unchanged. Then comes the Nomad attribution a
+// job-mapping file gives DCGM: namespace and tenant from the policy, then
+// Nomad's own identifiers of the holder, as Nomad labels its allocation
+// metrics. A
 // dispatched or periodic child counts under its parent's id in nomad_job,
 // which changes less often than alloc_id (every reschedule, deployment
 // and periodic run makes a new allocation).

@@ -203,9 +203,9 @@ func (m *Metrics) Observe(src Sources) {
 var allocEvents = []string{"complete", "failed", "lost", "stopped", "preempted", "retried"}
 
 // Named gives every counter keyed by p's names its series at 0, for every
-// tenant, each of its queues and each GPU class, so that rate() and
-// increase() see a series' first rise: an alert on a tenant's first
-// second over its limit fires. It is called at the start and after each
+// tenant, each of its queues and each GPU class. Then rate() and increase()
+// see a series' first rise, and an alert on a tenant's first second over
+// its limit fires. It is called at the start and after each
 // reload; the series of names a reload removed stay at their last values.
 func (m *Metrics) Named(p *policy.Policy) {
 	if m == nil || p == nil {

@@ -683,8 +683,8 @@ func (c *Client) RegisterAt(ctx context.Context, namespace string, job []byte, i
 
 // Registered reports whether Nomad already has job namespace/id exactly as
 // the register request body would make it (Nomad's own plan finds no
-// difference), and the job's JobModifyIndex: a registration whose answer was
-// lost is then not sent again (each sending is another evaluation).
+// difference), and the job's JobModifyIndex. A registration whose answer was
+// lost is then not sent again: each sending is another evaluation.
 func (c *Client) Registered(ctx context.Context, namespace, id string, body []byte) (_ uint64, _ bool, err error) {
 	defer func() { c.saw(err) }()
 	var reg struct {

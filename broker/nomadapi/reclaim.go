@@ -26,8 +26,8 @@ type Allocations interface {
 
 // Observer gives the reclaim rules what they look at: every GPU allocation
 // (from the view), its job's admission (read from Nomad once per job
-// version), and for each node with GPUs one stats call, which carries every
-// GPU's utilisation, memory, temperature and power.
+// version), and for each node with GPUs one stats call. That call carries
+// every GPU's utilisation, memory, temperature and power.
 type Observer struct {
 	Client *Client
 	View   Allocations

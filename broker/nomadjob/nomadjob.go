@@ -174,7 +174,7 @@ func (s Stamper) Verify(job *api.Job) bool {
 }
 
 // VerifyCounting is Verify for the cluster view, which counts each job's GPUs
-// without reading grants: it also takes a borrowed job that runs up to
+// without reading grants. It also takes a borrowed job that runs up to
 // policy.GuaranteedSpread above the priority its stamp was made for, where
 // the broker moves borrowed work between sub-bands (borrowing.sub_bands).
 // Such a job is still counted borrowed; the reclaim rules check its grant.
@@ -223,7 +223,7 @@ type ScaleGrant struct {
 }
 
 // Stopped records that Nomad stopped, at its JobModifyIndex Index, a job
-// the broker admitted: its stamp (and grants) no longer stand for a version
+// the broker admitted. Its stamp (and grants) no longer stand for a version
 // registered after that, unless the broker registered it (Pending while it
 // does, the record deleted once Nomad took it). A stamp says "admitted",
 // not "admitted for this run": without it, the stopped job registered again

@@ -1,7 +1,8 @@
-// Package policy is the broker's policy as plain types: queues, tenants and
-// their GPU quotas and submitters, GPU classes, workload classes, borrowing
-// and preemption, reclaim rules and settings, prices, budgets, fair share,
-// approvers and regions, with the questions the engines ask of it. It reads
+// Package policy is the broker's policy as plain types, with the questions
+// the engines ask of it. It holds queues, tenants and their GPU quotas and
+// submitters, GPU classes, workload classes, borrowing and preemption,
+// reclaim rules and settings, prices, budgets, fair share, approvers and
+// regions. It reads
 // nothing: policyhcl parses the HCL files into it, and policystore keeps the
 // one in force.
 package policy
@@ -60,10 +61,10 @@ type Policy struct {
 	// AccessRefuse (the default) or AccessWarn.
 	UndeclaredGPUAccess string
 	// OverLimit is what happens to a tenant holding more than its limit (a
-	// limit lowered by a reload): OverReclaim (the default) requeues its
-	// newest work, borrowed first, once it has been over for OverLimitGrace;
-	// OverWait waits for its jobs to end (top-level over_limit,
-	// over_limit_grace).
+	// limit lowered by a reload), set by the top-level over_limit and
+	// over_limit_grace. OverReclaim (the default) requeues its newest work,
+	// borrowed first, once it has been over for OverLimitGrace. OverWait
+	// waits for its jobs to end.
 	OverLimit      string
 	OverLimitGrace time.Duration
 	// MakeRoom is what happens when a tenant's queued job would be within

@@ -87,7 +87,7 @@ func inOrder(ordered []Entry) func() *Entry {
 }
 
 // walk gives each waiting entry's estimate to each, the entries in
-// admission order as following gives them, while it returns true; behind
+// admission order as following gives them, while it returns true. behind
 // is true when the entry waits behind one that blocks them all, as will
 // every entry after it, with the same estimate.
 func walk(following func() *Entry, p *policy.Policy, idle float64, used map[string]float64, releases []Release, now time.Time,

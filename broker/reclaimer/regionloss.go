@@ -21,10 +21,10 @@ import (
 // region_lost_timeout. Then each job the broker dispatched there (meta
 // nomad-gpu.dispatched-region) that is to be requeued goes back to the
 // queue, to be dispatched again, and stops being charged there. The others
-// stay charged until the region comes back. Once it has, a job that now runs in
-// two regions is found by its dispatch id: the copy with the earlier one is
-// stopped, and a requeued copy still waiting in the queue is withdrawn, the
-// job running on where it was. Each act is written to the audit trail.
+// stay charged until the region comes back. Once it has, a job that now runs
+// in two regions is found by its dispatch id, and the copy with the earlier
+// one is stopped. A requeued copy still waiting in the queue is withdrawn,
+// the job running on where it was. Each act is written to the audit trail.
 type RegionLoss struct {
 	Log      hclog.Logger
 	Policies policy.Source

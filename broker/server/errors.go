@@ -18,7 +18,7 @@ type handedOff struct {
 func (h *handedOff) Error() string { return "handed off to " + h.to }
 
 // unreadBody marks a refusal of a request whose body was not read to its
-// end: its answer closes the connection after, else Go's server would first
+// end: its answer closes the connection after. Else Go's server would first
 // read what is left of the body, waiting on a client that may never send it.
 type unreadBody struct{ error }
 

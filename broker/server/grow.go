@@ -170,7 +170,7 @@ func (rec *record) run() error {
 }
 
 // revived is the record of an evaluation of job ref, which may run the job
-// again as a registration does: its stopped record, if any, is revived like
+// again as a registration does. Its stopped record, if any, is revived like
 // a registration's (decide.Revive), so that the broker's own admission is
 // not read as unadmitted afterwards. It makes no new version.
 func (s *Server) revived(r *http.Request, ref nomadjob.Ref) *record {
@@ -348,9 +348,9 @@ func (s *Server) revertTo(w http.ResponseWriter, r *http.Request, body []byte, r
 }
 
 // stable marks a job version stable or not. Nomad writes the version named
-// back as the job's current one (with no evaluation and no event), so on any
-// version but the current one it is a revert the broker cannot follow:
-// refused, with the revert that does the same in the open. Un-marking during
+// back as the job's current one (with no evaluation and no event). On any
+// version but the current one that is a revert the broker cannot follow, so
+// it is refused, naming the revert that does the same in the open. Un-marking during
 // a deployment that auto-reverts would leave that deployment nothing to
 // revert to: refused too. Otherwise it changes no GPU demand.
 func (s *Server) stable(w http.ResponseWriter, r *http.Request, jc jobCall, jobID string) error {

@@ -220,8 +220,8 @@ func (s *Server) rightSizingWarning(namespace, job string, d admission.Decision)
 	return p.Warning(int(math.Ceil(d.Demand.Total())))
 }
 
-// registerParent registers a parameterized job: it places nothing itself and
-// is charged nothing, but it must be allowed to run its children at all, and it
+// registerParent registers a parameterized job. It places nothing itself and
+// is charged nothing, but it must be allowed to run its children at all. It
 // gets its queue's band and stamp, which each dispatch then keeps (every
 // dispatch is admitted on its own).
 func (s *Server) registerParent(w http.ResponseWriter, r *http.Request, rj *gpuJobRequest) error {

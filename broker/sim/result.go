@@ -33,10 +33,12 @@ type Result struct {
 	Span float64 `json:"span_seconds"`
 	// Allocation and Busy are the shares of GPU time allocated, and
 	// allocated to running jobs that use their GPUs. Each is taken three
-	// ways: while work arrives (from the first submission to the last: the
-	// load offered); over the whole span (which the longest job stretches:
-	// every mode drains alike); and while work waits (queued in the broker
-	// or unplaced in Nomad).
+	// ways:
+	//   - while work arrives (from the first submission to the last: the
+	//     load offered);
+	//   - over the whole span (which the longest job stretches: every mode
+	//     drains alike);
+	//   - while work waits (queued in the broker or unplaced in Nomad).
 	Allocation        float64 `json:"allocation"`
 	Busy              float64 `json:"busy"`
 	AllocationSpan    float64 `json:"allocation_whole_span"`
@@ -69,8 +71,8 @@ type Result struct {
 	ViolationShare float64 `json:"guarantee_violation_share"`
 	// NoRoomHours are the hours of ViolationHours in which no node could
 	// have made room for the tenant's smallest such job even by evicting
-	// every borrowed allocation on it: what neither a held node nor borrowed
-	// work moved can shorten, only guaranteed work placed otherwise. The
+	// every borrowed allocation on it. Neither a held node nor borrowed work
+	// moved can shorten those hours, only guaranteed work placed otherwise. The
 	// nodes are read when the tenant's waiting or placed work changes.
 	NoRoomHours float64 `json:"guarantee_violation_no_room_hours"`
 	// Jain is Jain's fairness index over tenants' GPU-hours per guaranteed GPU.

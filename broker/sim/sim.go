@@ -60,8 +60,8 @@ type Options struct {
 	// Seed seeds the Nomad model's shuffles of nodes.
 	Seed uint64
 	// StartLatency is how long an allocation holds its GPUs before its
-	// task starts (the client receives it, prepares and starts the task:
-	// seconds with a mock driver, minutes with an image to pull); a job's
+	// task starts: the client receives it, prepares and starts the task
+	// (seconds with a mock driver, minutes with an image to pull). A job's
 	// run time counts from its task's start.
 	StartLatency time.Duration
 	// ProportionalAsks: each allocation asks CPU and memory in proportion
@@ -179,9 +179,9 @@ type run struct {
 	dirty   bool // GPUs were released since the last queue pass
 	passAt  float64
 	// watched are the running jobs a reclaim rule may decide on: their
-	// allocations and GPUs as the reclaim engine reads them, kept as jobs
-	// start and stop (a pass every 30 s must not rebuild them), and each
-	// one's index in allocs.
+	// allocations and GPUs as the reclaim engine reads them, and each one's
+	// index in allocs. They are kept as jobs start and stop, since a pass
+	// every 30 s must not rebuild them.
 	watched  map[*simJob]int
 	wAllocs  []reclaim.Alloc
 	wGPUs    map[string]reclaim.GPU

@@ -15,9 +15,9 @@ import (
 const ReleaseVersion = "0.0.0-test"
 
 // Release runs scripts/release.sh, as `make release` does, into dist for
-// the plugin on linux/amd64 in the given formats (a small target: the
-// plugin's packages share the compile cache with PluginBinary), and
-// returns the SHA-256 of each file by name, from its SHA256SUMS.
+// the plugin on linux/amd64 in the given formats, and returns the SHA-256
+// of each file by name, from its SHA256SUMS. The target is small: the
+// plugin's packages share the compile cache with PluginBinary.
 func Release(t testing.TB, dist string, formats ...string) map[string]string {
 	t.Helper()
 	return ReleaseFor(t, dist, "linux/amd64", formats...)
