@@ -328,11 +328,12 @@ func Demand(p *policy.Policy, job Job, u Usage) (policy.Quota, []string) {
 	return d, unclassified
 }
 
-// Decide applies the policy to a job: reject (no tenant, queue not allowed, a
-// group no node can hold, above the limit, unknown class), else admit within the guarantee,
-// else admit borrowed within the limit when enough GPUs are idle, else queue.
-// What approvals granted the job (job.Granted) raises its tenant's limit for
-// it and the band it is admitted at. Every decision the broker makes comes
+// Decide applies the policy to a job. It rejects a job with no tenant, a
+// queue not allowed, a group no node can hold, above the limit or of an
+// unknown class. Else it admits within the guarantee, else borrowed within
+// the limit when enough GPUs are idle, else it queues. What approvals
+// granted the job (job.Granted) raises its tenant's limit for it and the
+// band it is admitted at. Every decision the broker makes comes
 // from here: registrations, plans, scale, dispatch and revert, the queue's
 // passes, `job check` and the simulator.
 func Decide(p *policy.Policy, job Job, u Usage) Decision {
@@ -485,9 +486,9 @@ func larger(a, b policy.Quota) bool {
 
 // decideQuota admits within the guarantee, borrowed within the limit on
 // idle GPUs, or queues. A job in its re-borrow backoff (backoff) is not
-// borrowed: it waits, passed over by the queue's pass (it holds no one up,
-// as one waiting for idle GPUs would), for its backoff to end or its
-// tenant's guarantee to have room.
+// borrowed. It waits for its backoff to end or its tenant's guarantee to
+// have room, passed over by the queue's pass: it holds no one up, as one
+// waiting for idle GPUs would.
 func decideQuota(p *policy.Policy, u Usage, d Decision, tenant *policy.Tenant, q *policy.Queue, demand policy.Quota, job Job) Decision {
 	backoff := job.Backoff
 	used, over := u.Tenants[tenant.Name].Used, u.Tenants[tenant.Name].OverBudget

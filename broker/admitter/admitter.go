@@ -617,7 +617,7 @@ var errPassOver = errors.New("the pass is over")
 
 // consider decides on one queued entry and hands an admission to r. It holds
 // the job's decision lock (shared with the gate) from reading the entry's job
-// to Nomad's answer to its registration: a scale or a registration of the
+// to Nomad's answer to its registration. A scale or a registration of the
 // same job through the gate meanwhile would decide on the job as it was.
 func (a *Admitter) consider(ctx context.Context, r *registrations, p *policy.Policy, seq *decide.Sequence, pass *queue.Pass, e queue.Entry) error {
 	unlock := a.Cluster.LockJob(e.Namespace, e.JobID)

@@ -402,9 +402,9 @@ func (a *Agent) serve() (*http.Server, error) {
 }
 
 // serverLog is the HTTP server's error log in the broker's. A connection
-// closed before its TLS handshake began is logged at debug level only: the
+// closed before its TLS handshake began is logged at debug level only. The
 // followers' check of the leader's address (every half second) and load
-// balancers' TCP checks are such connections, and at the default level they
+// balancers' TCP checks are such connections; at the default level they
 // would fill the log.
 func serverLog(l hclog.Logger) *log.Logger {
 	return log.New(serverLogWriter{l}, "", 0)

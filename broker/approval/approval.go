@@ -1,7 +1,7 @@
-// Package approval is temporary escalation: a user asks for one job to run
+// Package approval is temporary escalation. A user asks for one job to run
 // at a higher priority or with more GPUs than its tenant's limit, for a
-// while; one of the policy's approvers grants or denies it; it expires on
-// its own. Pure: the stores and the HTTP API are elsewhere.
+// while. One of the policy's approvers grants or denies it, and it expires
+// on its own. Pure: the stores and the HTTP API are elsewhere.
 package approval
 
 import (

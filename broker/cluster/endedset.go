@@ -54,9 +54,9 @@ func (s *endedSet) track(a *api.Allocation, old Alloc, had, live bool, c clock.C
 }
 
 // unseen records what a full listing says ended while events were not
-// followed: allocations that were running (was) and are no longer (not in
-// now, or preempted since: ended by now), and those being stopped that the
-// listing (listed) no longer has.
+// followed. Those are allocations that were running (was) and are no
+// longer (not in now, or preempted since: ended by now), and those being
+// stopped that the listing (listed) no longer has.
 func (s endedSet) unseen(was, current map[string]Alloc, listed map[string]*api.Allocation, now time.Time) {
 	for id, o := range was {
 		if n, ok := current[id]; (ok && !n.Preempted) || o.Preempted || o.StartedAt.IsZero() {

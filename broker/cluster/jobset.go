@@ -2,10 +2,10 @@ package cluster
 
 import "github.com/nomad-gpu/nomad-gpu/broker/admission"
 
-// jobSet is the view's jobs tracker: the live GPU jobs, what their active
-// deployments add (unpromoted canaries, and the stable version a deployment
-// that may revert falls back to), and the live jobs that would use GPUs
-// they do not ask for. The view holds its lock around it and counts a
+// jobSet is the view's jobs tracker. It keeps the live GPU jobs, what their
+// active deployments add (unpromoted canaries, and the stable version a
+// deployment that may revert falls back to), and the live jobs that would
+// use GPUs they do not ask for. The view holds its lock around it and counts a
 // job's demand, as demand says, in the namespaces' totals.
 type jobSet struct {
 	live     map[jobKey]job

@@ -111,8 +111,8 @@ func (v *View) SetAllocEvents(f func(AllocEvent)) { v.allocEvent = f }
 
 // SetReverts has the view tell each revert Nomad makes on its own (a
 // deployment with auto_revert failed), once the events of its batch are
-// applied, or the listing that replaced the stream before they came (set
-// before the view is used).
+// applied, or the listing that replaced the stream before they came. It is
+// set before the view is used.
 func (v *View) SetReverts(f func(Revert)) { v.reverted = f }
 
 // SetRollbacks has the view tell, at each listing, every revert Nomad made

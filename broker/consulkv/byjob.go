@@ -101,8 +101,8 @@ func (p *JobRecords[T]) Put(ctx context.Context, job nomadjob.Ref, v T) error {
 }
 
 // kept are the names the copy has a record under: a delete of one it has
-// not is a round trip for nothing (another broker's write of one shows in
-// the copy within a blocking query, and the record's owner prunes it).
+// not is a round trip for nothing. Another broker's write of one shows in
+// the copy within a blocking query, and the record's owner prunes it.
 func (p *JobRecords[T]) kept(names []string) []string {
 	var out []string
 	for _, name := range names {

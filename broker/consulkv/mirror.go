@@ -46,7 +46,7 @@ type mirrored[T any] struct {
 // it changes all the time (submissions at a high rate), each read takes in
 // the changes of this long, not one each. Consul sends the whole directory
 // every time, so the spacing grows by followPerRecord for each record in
-// it: at 10,000 queued jobs a read is megabytes to decode, and a copy read
+// it. At 10,000 queued jobs a read is megabytes to decode, and a copy read
 // after every submission would cost more than the submissions. The
 // broker's own writes are in its copy at once whatever the spacing; only
 // other brokers' show later, and every change checks versions.
@@ -118,10 +118,10 @@ func (m *mirror[T]) follow(ctx context.Context) {
 // reconcile is the listing next, made at Consul's index listed, with this
 // broker's own changes that the listing is too old to hold. A record it
 // wrote after the listing was made stays; one it deleted does not come
-// back at the version it deleted. (A listing answered just before a write
-// or a delete here is applied just after it: without this, a job queued
+// back at the version it deleted. A listing answered just before a write
+// or a delete here is applied just after it. Without this, a job queued
 // here was missing from the copy, or one taken out back in it, until the
-// next listing.) m.mu is held.
+// next listing. m.mu is held.
 func (m *mirror[T]) reconcile(next map[string]mirrored[T], listed uint64) map[string]mirrored[T] {
 	for name, cur := range m.records {
 		if l, ok := next[name]; cur.index > listed && (!ok || l.index < cur.index) {

@@ -1,10 +1,10 @@
 // Package decide is the one admission sequence around the one decision
-// (admission.Decide): a GPU job request prepared as Nomad will read it,
-// enriched with what approvals grant and what a re-borrow backoff holds back,
-// decided, and reserved unless it is a preview. The gate (register, plan,
-// scale, dispatch, revert), the leader's queue pass, `gpu-broker job check`
-// and the simulator all go through it, so a change to the sequence is made
-// here once. It also holds the one rule for whether a job Nomad runs is the
+// (admission.Decide). A GPU job request is prepared as Nomad will read it,
+// enriched with what approvals grant and what a re-borrow backoff holds
+// back, decided, and reserved unless it is a preview. The gate (register,
+// plan, scale, dispatch, revert), the leader's queue pass, `gpu-broker job
+// check` and the simulator all go through it, so a change to the sequence is
+// made here once. It also holds the one rule for whether a job Nomad runs is the
 // broker's admission (Check).
 package decide
 

@@ -18,10 +18,10 @@ type Dispatching interface {
 	// Names are the regions governed as Nomad names them, the broker's own
 	// first.
 	Names() []string
-	// EachUsage hands f each of n jobs of namespace (job(i): the job as a
-	// region would decide on it, built only when reached; false: that
-	// region cannot take it) with the usage it sees in its region
-	// (UsageFor), until f returns false.
+	// EachUsage hands f each of n jobs of namespace with the usage it sees
+	// in its region (UsageFor), until f returns false. job(i) is the job
+	// as a region would decide on it, built only when reached (false: that
+	// region cannot take it).
 	EachUsage(p *policy.Policy, namespace string, n int, job func(i int) (admission.Job, bool), f func(i int, j admission.Job, u admission.Usage) bool)
 	// Drained says who drained region and when ("": it takes new work).
 	Drained(region string) string

@@ -131,8 +131,8 @@ const monitorRetries = 5
 
 // take makes a session and takes the lock with it, waiting while another
 // broker holds it. The broker makes and renews the session itself, so that
-// it knows which one to end (the Consul client's Lock does not tell), and
-// takes the key itself: Lock, finding a lock delay in force, waits 5 s
+// it knows which one to end (the Consul client's Lock does not tell). It
+// takes the key itself too: Lock, finding a lock delay in force, waits 5 s
 // before it tries again. The session comes back with an error too, to be
 // ended.
 func (e *Elector) take(ctx context.Context) (t term, err error) {

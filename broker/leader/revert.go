@@ -73,8 +73,8 @@ func (r *Reverts) RecordWrite(rv cluster.Revert) { r.recordWrite(rv) }
 
 // recordWrite moves the record of the broker's last write of the job to
 // the version Nomad reverted to, before the job's new allocations are
-// looked at: told once the batch with the revert is applied, and those
-// come in later ones. A job the broker has no record of, or one it is
+// looked at. It is told once the batch with the revert is applied, and
+// those come in later ones. A job the broker has no record of, or one it is
 // writing now, is left as it is.
 func (r *Reverts) recordWrite(rv cluster.Revert) {
 	if r.Writes == nil {

@@ -3,9 +3,9 @@
 // what the broker decided and measured. Labels are bounded: tenant, queue,
 // gpu_class, node_pool, model, rule, action, state, outcome; never a job.
 // The per-GPU telemetry gauges are labelled by node and gpu: as many series
-// as the cluster has GPUs, and only on the leader, which samples them; the
-// same again under DCGM's names and labels (dcgm.go), with the holder's
-// namespace, tenant and allocation.
+// as the cluster has GPUs, and only on the leader, which samples them. The
+// same come again under DCGM's names and labels (dcgm.go), with the
+// holder's namespace, tenant and allocation.
 package metrics
 
 import (

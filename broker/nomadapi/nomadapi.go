@@ -246,7 +246,7 @@ func (c *Client) List(ctx context.Context) (snap cluster.Snapshot, err error) {
 	}
 	index = max(index, meta.LastIndex)
 	// The listings are read one after another, and the stream resumes after
-	// the last index they saw: a job, node or deployment that changed between
+	// the last index they saw. A job, node or deployment that changed between
 	// its listing and the allocations' would come neither as listed nor as an
 	// event (jobs: jobsOfAllocs). Read after the allocations, nodes and
 	// deployments are at least as new; what changed after that comes again
@@ -674,8 +674,8 @@ func (c *Client) Register(ctx context.Context, namespace string, body []byte) (_
 }
 
 // RegisterAt registers job (its JSON) only if Nomad's version of it is
-// still the one at index (EnforceIndex): a write of the broker's own on a
-// running job (a sub-band move, a promotion, a re-pin) never overwrites a
+// still the one at index (EnforceIndex). So a write of the broker's own on
+// a running job (a sub-band move, a promotion, a re-pin) never overwrites a
 // version made meanwhile. It returns the job's new JobModifyIndex.
 func (c *Client) RegisterAt(ctx context.Context, namespace string, job []byte, index uint64) (uint64, error) {
 	return c.Register(ctx, namespace, fmt.Appendf(nil, `{"Job":%s,"EnforceIndex":true,"JobModifyIndex":%d}`, job, index))

@@ -140,8 +140,8 @@ func (o *Observer) Ended() []reclaim.Alloc {
 
 // EndedSince lists the GPU allocations that ended since a time, by
 // Nomad's own allocation times (those it has not collected yet), charged
-// to their job's tenant and queue as the job says now: for a ledger that
-// resumes after no broker led.
+// to their job's tenant and queue as the job says now. A ledger that
+// resumes after no broker led reads them.
 func (o *Observer) EndedSince(ctx context.Context, since time.Time) ([]reclaim.Alloc, error) {
 	stubs, _, err := o.Client.nomad().Allocations().List((&api.QueryOptions{Namespace: "*", Params: map[string]string{"resources": "true"},
 		Filter: `ClientStatus == "complete" or ClientStatus == "failed" or ClientStatus == "lost"`}).WithContext(ctx))

@@ -114,9 +114,9 @@ type Stamper struct {
 	Region string
 }
 
-// Stamp is "v3:<signature>" over what the admission decided: namespace, job
-// id, tenant, queue, priority, borrowed, each GPU task group's name, model,
-// GPUs per allocation and count, a system or sysbatch group's node pin
+// Stamp is "v5:<signature>" over what the admission decided. It signs the
+// namespace, job id, type and region, tenant, queue, priority, borrowed, and
+// each GPU task group's name, model, GPUs per allocation, count and node pin
 // (PinNodes), and the job's nomad-gpu.ttl if it has one. It has no time in
 // it, so that registering the same job again changes nothing in Nomad.
 func (s Stamper) Stamp(namespace string, job *api.Job, d admission.Decision) string {
@@ -207,8 +207,8 @@ type ScaleGrant struct {
 	Parent string `json:"parent,omitempty"`
 	// StampedPriority is, for a job the broker promoted in place from
 	// borrowed (borrowing.promote_below), the priority its stamp was made
-	// for: a priority change keeps Nomad's allocations, a meta change would
-	// replace them, so the stamp stays and the grant says what changed.
+	// for. A priority change keeps Nomad's allocations and a meta change
+	// would replace them, so the stamp stays and the grant says what changed.
 	StampedPriority int `json:"stamped_priority,omitempty"`
 	// Priority is the priority the broker registers such a job at, From
 	// the one it ran at before: it verifies at those two only, since the

@@ -421,11 +421,11 @@ const (
 	DefaultMaxPreemptions = 5
 )
 
-// SubBandRoom is how many sub-bands lie above the borrowing priority: below
-// the lowest guaranteed band by MinPriorityGap at least (or guaranteed work
-// could not evict the top one) and within GuaranteedSpread of the borrowing
-// priority (or borrowed work would evict borrowed work). 0 when sub-bands
-// are off.
+// SubBandRoom is how many sub-bands lie above the borrowing priority, 0 when
+// sub-bands are off. They lie below the lowest guaranteed band by
+// MinPriorityGap at least (or guaranteed work could not evict the top one),
+// and within GuaranteedSpread of the borrowing priority (or borrowed work
+// would evict borrowed work).
 func (p *Policy) SubBandRoom() int {
 	if !p.Borrowing.SubBands || len(p.Queues) == 0 {
 		return 0

@@ -1,7 +1,7 @@
-// Package queue is what the broker knows of jobs it could not admit yet: an
-// entry (kept durably by consulkv.Queue), the order in which the leader
-// admits them, the rule a pass through them keeps, and estimates of when
-// each will start.
+// Package queue is what the broker knows of jobs it could not admit yet. It
+// holds an entry (kept durably by consulkv.Queue), the order in which the
+// leader admits them, the rule a pass through them keeps, and estimates of
+// when each will start.
 package queue
 
 import (

@@ -41,8 +41,8 @@ const clockAgreement = 5 * time.Second
 const clockStepBack = time.Minute
 
 // Ledger charges each reclaim pass's GPU time to the daily rollups and to
-// the tenants' decayed GPU-hours, from the stored mark up to the pass, adds
-// what it committed to nomadgpu_gpu_seconds_total, and tells admission
+// the tenants' decayed GPU-hours, from the stored mark up to the pass. It
+// adds what it committed to nomadgpu_gpu_seconds_total, and tells admission
 // (Budgets) which tenants spent their GPU-hour budget. One per leader term.
 type Ledger struct {
 	Store DayStore
@@ -251,7 +251,7 @@ func (l *Ledger) bounded(local, now time.Time) (time.Time, time.Duration) {
 }
 
 // shifted is allocs with their times read back by the offset of Nomad's
-// clock after a step, within from and now: whether a time was read before
+// clock after a step, within from and now. Whether a time was read before
 // or after the step is not known, so none is trusted beyond the pass.
 func (l *Ledger) shifted(allocs []reclaim.Alloc, from, now time.Time) []reclaim.Alloc {
 	within := func(t time.Time) time.Time {

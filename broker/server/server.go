@@ -422,7 +422,7 @@ func byID(path string) bool {
 
 // readAnyRegion answers a read by id (byID) that names no other region than
 // the broker's own from its own region. Where that has no such object
-// (404), it answers from the first other region governed that has. So the
+// (404), the first other region governed that has answers. So the
 // evaluation, allocations and deployment of a job the broker dispatched to
 // another region are found by their ids, as `nomad job run` follows them.
 func (s *Server) readAnyRegion(w http.ResponseWriter, r *http.Request) {

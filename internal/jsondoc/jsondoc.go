@@ -427,7 +427,7 @@ func canonicalize(n *Node, t reflect.Type, path *[]string, renamed *bool) error 
 }
 
 // seenFields are the fields met in one object, with the keys that named
-// them: a request's objects are small, and a slice beats a map there; an
+// them. A request's objects are small, and a slice beats a map there; an
 // object of many keys gets a map, so that no body costs quadratic time.
 type seenFields struct {
 	list  []seenKey
