@@ -24,11 +24,12 @@ import (
 )
 
 // Two releases of one commit are the same bytes, laid out as HashiCorp's:
-// a zip holding the binary and the licence, packages named as Debian and RPM
-// name them installing it in Nomad's own plugin_dir for HashiCorp's data_dir
-// (with a link where earlier packages put it) with the licence and the C
-// library the binary needs declared, the product's SHA256SUMS and one of
-// them all.
+//   - a zip holding the binary and the licence;
+//   - packages named as Debian and RPM name them, installing it in Nomad's
+//     own plugin_dir for HashiCorp's data_dir (with a link where earlier
+//     packages put it), with the licence and the C library the binary needs
+//     declared;
+//   - the product's SHA256SUMS, and one of them all.
 func TestAReleaseIsReproducibleAndLaidOutAsHashiCorps(t *testing.T) {
 	t.Parallel()
 	dpkg := tools.Binary(t, "dpkg-deb")

@@ -154,11 +154,11 @@ func TestGPUNodeModuleAppliesWithItsDefaults(t *testing.T) {
 // A Nomad client started as the rendered unit starts it, from the rendered
 // configuration, beside a server configuration of HashiCorp's nomad package's
 // kind in /etc/nomad.d (a one-node server, a client of 127.0.0.1), joins a
-// real server and is no server itself; it loads the plugin, installed into
-// Nomad's own plugin directory (<data_dir>/plugins) from a release zip of
-// `make release` by the cloud-init command that checks its SHA-256, with GPU
-// sharing, and offers the host volume for checkpoints; its cloud-init writes
-// exactly the rendered files.
+// real server and is no server itself. It loads the plugin with GPU sharing,
+// installed into Nomad's own plugin directory (<data_dir>/plugins) from a
+// release zip of `make release` by the cloud-init command that checks its
+// SHA-256. It offers the host volume for checkpoints, and its cloud-init
+// writes exactly the rendered files.
 func TestAClientFromTheGPUNodeModuleJoinsAndLoadsThePlugin(t *testing.T) {
 	consul := testcluster.StartConsul(t)
 	server := testcluster.StartNomad(t, testcluster.NomadOptions{Name: "server", Server: true})
@@ -395,11 +395,11 @@ func TestTerraformIsFormatted(t *testing.T) {
 }
 
 // The broker job that cluster-config registers runs on a real Nomad with a real
-// Consul: Nomad downloads the release's zip and checks its SHA-256, its tokens
-// and its TLS certificate come from the Nomad variable, its policies from the
-// job's templates, and it answers as the broker, leader and all, over HTTPS
-// on its node's address, metrics included, as a remote Prometheus scrapes
-// them; its Consul service says so.
+// Consul. Nomad downloads the release's zip and checks its SHA-256; its
+// tokens and its TLS certificate come from the Nomad variable, its policies
+// from the job's templates. It answers as the broker, leader and all, over
+// HTTPS on its node's address, metrics included, as a remote Prometheus
+// scrapes them; its Consul service says so.
 func TestTheBrokerRunsAsANomadJob(t *testing.T) {
 	nomadBin := tools.Binary(t, "nomad")
 	consul := testcluster.StartConsul(t)

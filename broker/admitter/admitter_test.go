@@ -726,9 +726,9 @@ func TestRegistrationsWithoutAnAnswerBackOff(t *testing.T) {
 		at = at.Add(100 * time.Millisecond)
 	}
 	// Each entry is sent 6 times by its own backoff, about 0, 1, 3, 7, 15
-	// and 31 s after its first (600 passes, one a second at most sending):
-	// its first a registration, each later one a plan (Nomad may have taken
-	// one whose answer was lost) that fails too; and one probe every
+	// and 31 s after its first (600 passes, one a second at most sending).
+	// Its first is a registration, each later one a plan (Nomad may have
+	// taken one whose answer was lost) that fails too. One probe goes every
 	// ProbeEvery at most.
 	if probes := int(time.Minute / admitter.ProbeEvery); len(n.registered) != 3 || n.plans < 15 || n.plans > 15+probes {
 		t.Errorf("in a minute of Nomad answering 500: registrations %v, plans %d (want 3, and 15 to %d)", n.registered, n.plans, 15+probes)

@@ -17,12 +17,15 @@ import (
 	"github.com/nomad-gpu/nomad-gpu/testing/testcluster"
 )
 
-// TestAnApprovalLetsAJobAboveTheLimitUntilItExpires, with Nomad's ACLs on: a
-// job beyond its tenant's limit waits; its user asks for 2 GPUs above the
-// limit; neither the user nor an approver granting their own request may
-// grant it, with any of their tokens; a request beyond the tenant's bounds is
-// refused; an approver grants it, and the job runs; when the approval
-// expires, with nobody acting, the job goes back to the queue.
+// TestAnApprovalLetsAJobAboveTheLimitUntilItExpires, with Nomad's ACLs on:
+//   - a job beyond its tenant's limit waits;
+//   - its user asks for 2 GPUs above the limit;
+//   - neither the user nor an approver granting their own request may grant
+//     it, with any of their tokens;
+//   - a request beyond the tenant's bounds is refused;
+//   - an approver grants it, and the job runs;
+//   - when the approval expires, with nobody acting, the job goes back to
+//     the queue.
 func TestAnApprovalLetsAJobAboveTheLimitUntilItExpires(t *testing.T) {
 	t.Parallel()
 	n, consul, token := startACLCluster(t, map[string]string{"vision-write": writeRules("vision"), "default-read": `namespace "default" { policy = "read" }`})

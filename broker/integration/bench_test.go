@@ -542,7 +542,7 @@ func nomadRate(b *testing.B, n *testcluster.Nomad, jobs int, job func(string, in
 }
 
 // BenchmarkQueuedSubmission: a GPU job submitted through the broker (its
-// release build) while its tenant is at its limit is queued; it reports the
+// release build) while its tenant is at its limit is queued. It reports the
 // p50 and p99 of 200 such submissions with the queue nearly empty, then the
 // same with 10,000 jobs already waiting, the ratio of the p50s, and the
 // cores the idle leader and Consul use with the 10,000 waiting.

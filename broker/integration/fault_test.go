@@ -53,11 +53,11 @@ borrowing {
 `
 
 // TestConsulOutage: with Consul down, GPU admissions fail closed with a clear
-// 503 while everything else passes through (the leader rides out the first
-// seconds, admitting what needs no Consul, then steps down); when Consul is
-// back (with its data), the queue resumes within seconds (the broker ends the
-// session of the lock it lost, which held the lock for two TTLs more), and
-// nothing was lost or done twice.
+// 503 while everything else passes through. The leader rides out the first
+// seconds, admitting what needs no Consul, then steps down. When Consul is
+// back (with its data), the queue resumes within seconds, and nothing was
+// lost or done twice: the broker ends the session of the lock it lost,
+// which held the lock for two TTLs more.
 func TestConsulOutage(t *testing.T) {
 	t.Parallel()
 	consul := testcluster.StartDurableConsul(t)
@@ -597,13 +597,17 @@ over_limit_grace = "2s"
 
 // faultyNomad passes every call through to Nomad except registrations and
 // plans (every write, with writes set), which it answers as mode says:
-// "429", "500", "lost" (Nomad takes a registration, the broker gets a 502
-// instead of Nomad's answer), "stall" (nothing is answered until the
-// mode changes, then Nomad answers), or "late" (Nomad takes the call at
-// once, and its answer comes lateBy later, if the caller still waits). TestNomadFailing sets a mode only
-// while no user submits: the calls it answers are the leader's, registering
-// queued jobs. Every answer's Date is step ahead of Nomad's: its clock as
-// the broker reads it.
+//   - "429", "500";
+//   - "lost": Nomad takes a registration, the broker gets a 502 instead of
+//     Nomad's answer;
+//   - "stall": nothing is answered until the mode changes, then Nomad
+//     answers;
+//   - "late": Nomad takes the call at once, and its answer comes lateBy
+//     later, if the caller still waits.
+//
+// TestNomadFailing sets a mode only while no user submits: the calls it
+// answers are the leader's, registering queued jobs. Every answer's Date is
+// step ahead of Nomad's: its clock as the broker reads it.
 type faultyNomad struct {
 	proxy   *httputil.ReverseProxy
 	step    atomic.Int64 // a time.Duration
@@ -813,12 +817,12 @@ func TestNomadFailing(t *testing.T) {
 // TestTheLeaderStaysCalmWhileNomadFails: 8 queued jobs wait for the GPUs a
 // first job holds, which stops while Nomad answers 500 to every
 // registration and plan for 20 s. The leader's queue passes stay at a few a
-// second and its process well under a core (it passed in a loop, each pass
-// set off by the one before: 669 passes a second, a whole core); once
-// Nomad answers, the queue is empty within seconds (each entry waited out
-// its own doubled backoff: 32 s after a 40 s fault), each job registered
-// and placed once, and the passes stay calm after it too. (Its own agents:
-// its broker goes through the proxy.)
+// second and its process well under a core; it passed in a loop, each pass
+// set off by the one before (669 passes a second, a whole core). Once Nomad
+// answers, the queue is empty within seconds, each job registered and
+// placed once, and the passes stay calm after it too; each entry waited
+// out its own doubled backoff (32 s after a 40 s fault). Its own agents:
+// its broker goes through the proxy.
 func TestTheLeaderStaysCalmWhileNomadFails(t *testing.T) {
 	t.Parallel()
 	consul := testcluster.StartConsul(t)

@@ -152,8 +152,8 @@ func TestSoak(t *testing.T) {
 	}
 	// The users hold quiet for reading while a call is in flight; the
 	// survivor's first sample takes it for writing, so that it is taken at
-	// rest, as the last is: under load, followers are between Consul long
-	// polls and their idle connections closed, and a sample taken then has
+	// rest, as the last is. Under load, followers are between Consul long
+	// polls and their idle connections closed, so a sample taken then has
 	// fewer goroutines and files than one at rest, with nothing leaked.
 	var quiet sync.RWMutex
 	send := func(b *testcluster.Broker, method, path, body string) (int, string, error) {

@@ -23,7 +23,7 @@ import (
 )
 
 // TestGPUHoursSurviveLeaderFailover: a job holding 4 GPUs, two of them
-// idle, runs across a SIGKILL of the broker leader; the usage report then
+// idle, runs across a SIGKILL of the broker leader. The usage report then
 // charges its tenant the allocation's lifetime × 4 GPU-seconds (from its
 // task's start to its end as Nomad recorded them, to 0.1 s), half of it
 // idle, priced by its class, and the scraped counter agrees.

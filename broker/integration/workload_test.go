@@ -156,12 +156,12 @@ func TestTheJobspecsRunThroughTheBroker(t *testing.T) {
 	})
 }
 
-// readmeTour brings the cluster to where `make demo` leaves it (vision at
-// 12 of its limit of 12: train-resnet within its guarantee and
-// train-borrowed borrowed; search's service and the dev job gone), then
+// readmeTour brings the cluster to where `make demo` leaves it: vision at
+// 12 of its limit of 12, train-resnet within its guarantee and
+// train-borrowed borrowed, search's service and the dev job gone. Then it
 // runs the README's five-minute tour, taken from README.md itself, in one
-// shell, in a directory laid out as the repository after `make demo`, and
-// checks that each command shows what the README says it does.
+// shell, in a directory laid out as the repository after `make demo`. Each
+// command must show what the README says it does.
 func readmeTour(t *testing.T, e *env, n *testcluster.Nomad) {
 	for _, stop := range [][2]string{{"search", "ranker"}, {"vision", "dev-env"}} {
 		if out, err := e.nomadCLI("job", "stop", "-namespace", stop[0], "-detach", stop[1]); err != nil {

@@ -14,9 +14,9 @@ import (
 const h100 = "NVIDIA H100 80GB HBM3"
 
 // A job that names a model some node offers per NVLink island is asked of
-// that model's island groups too, by name or by a ${device.model} equality;
-// the job read back (from Nomad, as the view reads it) still counts as that
-// model; a model without islands, a shared group and an island's own name
+// that model's island groups too, by name or by a ${device.model} equality.
+// The job read back (from Nomad, as the view reads it) still counts as that
+// model. A model without islands, a shared group and an island's own name
 // are left as written.
 func TestAJobNamingAModelOfferedPerIslandMatchesItsIslands(t *testing.T) {
 	islanded := func(model string) bool { return model == h100 }

@@ -11,9 +11,9 @@ import (
 	"github.com/nomad-gpu/nomad-gpu/testing/testbuild"
 )
 
-// simulate runs a saturated 16-GPU cluster for days in one-minute steps:
-// tenant "big" keeps 16 jobs of 4 GPUs × 2 h queued, tenant "small" 16 jobs
-// of 1 GPU × 20 min; whenever GPUs free, queued jobs are admitted in
+// simulate runs a saturated 16-GPU cluster for days in one-minute steps.
+// Tenant "big" keeps 16 jobs of 4 GPUs × 2 h queued, tenant "small" 16 jobs
+// of 1 GPU × 20 min. Whenever GPUs free, queued jobs are admitted in
 // Order as the admitter does (stopping at the first that does not fit),
 // and running GPU time is charged to the decayed GPU-hours. It returns each
 // tenant's GPU-hours after the first two days.

@@ -385,9 +385,9 @@ over_limit_grace = "5m"
 
 // A tenant at its guarantee whose inference job waits: after
 // make_room_grace, as much of its own lower-band work as the job needs is
-// requeued (borrowed, then the lowest band, then the newest), once; never
-// another tenant's work nor its own of the job's band; make_room = "wait"
-// waits; a job its tenant's lower work cannot make room for waits.
+// requeued (borrowed, then the lowest band, then the newest), once. Never
+// another tenant's work nor its own of the job's band. make_room = "wait"
+// waits, and a job its tenant's lower work cannot make room for waits.
 func TestMakeRoomRequeuesTheTenantsOwnLowerWork(t *testing.T) {
 	p := testbuild.Policy(t, `
 queue "inference" { priority = 80 }

@@ -26,10 +26,10 @@ const islandRounds = 4
 
 // BenchmarkIslandSpanning plays islandScript on real Nomad with the fake
 // backend (8 GPUs, 2 islands), one device group per model (Nomad's default
-// pick: any free GPUs of the group) and then island_groups = true, and
+// pick: any free GPUs of the group) and then island_groups = true. It
 // reports the share of multi-GPU allocations whose GPUs span islands, and
-// the requests Nomad could not place (with island groups, a request fits
-// only inside one island's free GPUs).
+// the requests Nomad could not place: with island groups, a request fits
+// only inside one island's free GPUs.
 func BenchmarkIslandSpanning(b *testing.B) {
 	for _, grouped := range []bool{false, true} {
 		name := map[bool]string{false: "one-group", true: "island-groups"}[grouped]
