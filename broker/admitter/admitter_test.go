@@ -678,9 +678,9 @@ func TestTheQueueWaitsForTheGatesDecisionOnTheSameJob(t *testing.T) {
 }
 
 // A requeue must never end work silently (D2: a requeued sysbatch job was
-// registered again, Nomad placed nothing, and the queue was empty): when
+// registered again, Nomad placed nothing, and the queue was empty). When
 // Nomad places nothing for a requeued job it registered again, the entry
-// stays, parked with what Nomad said; an entry that was never requeued is
+// stays, parked with what Nomad said. An entry that was never requeued is
 // not asked about.
 func TestARequeuedJobNomadDoesNotPlaceStaysInTheQueue(t *testing.T) {
 	a, q, n, view, now := setup(t, visionPolicy, 8)
@@ -787,9 +787,9 @@ func TestAnEntryNomadNeverAnswersDoesNotStopThoseBehindIt(t *testing.T) {
 		a.Pass(context.Background())
 		at = at.Add(100 * time.Millisecond)
 	}
-	// poison at 0, 1 and 3 s by its backoff (each later one planned first);
-	// w1 and w2 once the quiet after poison's second failure ended, at 2 s;
-	// then, as nothing got through since its failure at 3 s, as Nomad's
+	// poison at 0, 1 and 3 s by its backoff (each later one planned first).
+	// w1 and w2 once the quiet after poison's second failure ended, at 2 s.
+	// Then, as nothing got through since its failure at 3 s, as Nomad's
 	// probe at 5, 7 (its backoff's end too) and 9 s.
 	if fmt.Sprint(n.registered) != "[failed failed vision/w1 vision/w2 failed failed failed failed]" || n.plans != 5 || len(q.IDs()) != 1 {
 		t.Errorf("registrations %v, plans %d, queued %v", n.registered, n.plans, q.IDs())
@@ -1010,9 +1010,9 @@ func (m *manual) advance(d time.Duration) {
 }
 
 // While Nomad answers 500, a pass that finds every entry it may admit
-// backing off sends nothing and sets off no other pass: the reservations it
-// made for them and gave up are its own (the leader made 26,754 passes in
-// 40 s of such a fault, each woken by the one before). Passes come when a
+// backing off sends nothing and sets off no other pass. The reservations it
+// made for them and gave up are its own; the leader made 26,754 passes in
+// 40 s of such a fault, each woken by the one before. Passes come when a
 // backoff, the quiet or the probe's wait ends, without a tick; and once
 // Nomad answers, the queue is empty within ProbeEvery.
 func TestAPassIsNotSetOffByItsOwnFailures(t *testing.T) {

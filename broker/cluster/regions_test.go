@@ -194,10 +194,10 @@ func TestARegionCapHoldsATenantsWorkThere(t *testing.T) {
 	}
 }
 
-// A job the broker dispatched to a region is kept as Nomad returned it; once
+// A job the broker dispatched to a region is kept as Nomad returned it. Once
 // the region is lost and the job requeued elsewhere, Lose drops it: its
-// allocations end then, for the ledger, and its tenant holds nothing there
-// but against its limit (the job may run there still) until the region is
+// allocations end then, for the ledger. Its tenant holds nothing there but
+// against its limit (the job may run there still) until the region is
 // listed again.
 func TestALostRegionsJobIsDroppedAndItsAllocationsEndNow(t *testing.T) {
 	p := testbuild.Policy(t, visionPolicy) // vision: guaranteed 4, limit 8

@@ -100,7 +100,7 @@ func TestAPurgesEvaluationDropsTheJob(t *testing.T) {
 
 // A listing that replaces the event stream keeps the stops the stream told
 // that the leader has not recorded (a purged job is in no listing), for an
-// hour, and reads those of the jobs it lists as ended with a stamp: the
+// hour. It reads those of the jobs it lists as ended with a stamp: the
 // stopped one, and the batch job that finished. A job with the broker's
 // stamp that it lists no more was purged before it, its event not told.
 func TestAListingKeepsTheStopsNotRecorded(t *testing.T) {

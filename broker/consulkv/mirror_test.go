@@ -95,8 +95,8 @@ func TestAViewStaysAsItWasHandedOut(t *testing.T) {
 
 // A listing answered just before this broker's own write or delete, and
 // applied just after it, neither loses the write nor brings the deleted
-// record back (make test once stopped a job queued a moment before: the stop
-// found no entry to take out, and the entry would have been admitted).
+// record back. make test once stopped a job queued a moment before: the
+// stop found no entry to take out, and the entry would have been admitted.
 func TestAnOlderListingKeepsThisBrokersOwnChanges(t *testing.T) {
 	m := &mirror[string]{}
 	m.records = map[string]mirrored[string]{"old": {"old", 5}, "gone": {"gone", 6}}

@@ -32,10 +32,10 @@ func benchRegion(name string) *cluster.View {
 // BenchmarkDispatch is a 2-GPU job's admission sequence (Prepare and the
 // decision, as the gate makes them, without its reservation) in one region
 // when it names it, the baseline. It is measured too when the job leaves
-// its region to the broker over 1, 3 and 10 regions of 1,000 GPUs each
-// (ordered: the first region admits it; best_fit: every region is decided
-// on), and for a job naming the broker's own region among 10 (its tenant's
-// usage read in each).
+// its region to the broker over 1, 3 and 10 regions of 1,000 GPUs each: the
+// first region admits it under ordered, every region is decided on under
+// best_fit. And for a job naming the broker's own region among 10, its
+// tenant's usage read in each.
 func BenchmarkDispatch(b *testing.B) {
 	const src = `
 queue "training" { priority = 60 }

@@ -28,8 +28,9 @@ func regions() (*decide.Sequence, *cluster.View) {
 
 // A job with meta nomad-gpu.region = "auto" goes to one region: the first
 // that admits it in the policy's order (the broker's own first), or the
-// freest under best_fit; the one it runs in whatever the order; the region
-// is written where Nomad forwards by it, and the answer says why.
+// freest under best_fit. It stays in the one it runs in, whatever the
+// order. The region is written where Nomad forwards by it, and the answer
+// says why.
 func TestAJobLeavingItsRegionToTheBrokerGoesToOne(t *testing.T) {
 	auto := func(id string, gpus int) *testbuild.JobBuilder {
 		return testbuild.Job("vision", id).Meta(nomadjob.MetaQueue, "training").Meta(nomadjob.MetaRegion, "auto").Group("g", 1, gpus, "nvidia/gpu")

@@ -56,14 +56,14 @@ const minCheckedRegistrations = 250
 const maxCPUGrowth = 1.25
 
 // BenchmarkRegister registers a one-GPU job straight to a real Nomad agent,
-// through a bare httputil.ReverseProxy hop (testing/barehop) and through the broker (its
-// release build), at 1, 8 and 64 concurrent clients, paced (30 ms between a
-// client's calls) and unpaced. The three paths take turns in each of 5
-// repetitions; it prints one table: p50 and p99 (median, and the spread over
-// repetitions), registrations/s, the ratio to Nomad at p50, and the CPU per
-// registration of the hop's and the broker's processes, background work
-// included (each process's CPU time from the first call until it is idle
-// again, less its idle rate). At one paced client it fails when the broker's
+// through a bare httputil.ReverseProxy hop (testing/barehop) and through the
+// broker (its release build), at 1, 8 and 64 concurrent clients, paced (30
+// ms between a client's calls) and unpaced. The three paths take turns in
+// each of 5 repetitions. It prints one table: p50 and p99 (median, and the
+// spread over repetitions), registrations/s, the ratio to Nomad at p50, and
+// the CPU per registration of the hop's and the broker's processes. That
+// CPU includes background work: each process's CPU time from the first call
+// until it is idle again, less its idle rate. At one paced client it fails when the broker's
 // CPU per registration, as a ratio to the hop's, is more than maxCPUGrowth
 // times the ratio recorded in registerCPUFile. BENCH_CPUPROFILE=FILE then
 // saves the broker's CPU profile of 12 s (BENCH_CPUPROFILE_SECONDS) of paced

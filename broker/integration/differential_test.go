@@ -20,7 +20,7 @@ import (
 )
 
 // The gate's differential test: a generated corpus of job requests goes
-// through the broker to a real Nomad with plenty of GPUs on two nodes, and for
+// through the broker to a real Nomad with plenty of GPUs on two nodes. For
 // every request the GPUs Nomad allocates (or plans to) must equal what the
 // broker charged, at the broker's priority, in the namespace the broker
 // decided on. A request the broker refuses must leave nothing in Nomad.

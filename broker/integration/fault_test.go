@@ -126,8 +126,8 @@ func TestConsulOutage(t *testing.T) {
 }
 
 // TestAShortConsulOutageCostsSecondsNotASessionTTL: a short Consul outage
-// (2 s, as while Consul's servers elect a leader): the leader broker rides
-// it out instead of dropping its lock at the first error, so GPU
+// (2 s, as while Consul's servers elect a leader). The leader broker rides
+// it out instead of dropping its lock at the first error. So GPU
 // registrations are refused for at most a few seconds after Consul is
 // back, not until the old session's TTL ran out (10 s after it, before).
 // It stops its Consul agent: agents of its own.
@@ -714,10 +714,10 @@ func (f *faultyNomad) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // parked, and the leader backs off instead of sending registrations in a
 // loop.
 // Then Nomad's clock, as the broker reads it, steps 2 h and 100 h ahead
-// while the jobs hold 4 GPUs: each window charges the GPUs for the time
+// while the jobs hold 4 GPUs. Each window charges the GPUs for the time
 // that passed, not for the steps, no day is charged that did not happen,
-// and a day within retention = "72h" stays. (Its own agents: no other
-// test's broker may go through the proxy.)
+// and a day within retention = "72h" stays. Its own agents: no other
+// test's broker may go through the proxy.
 func TestNomadFailing(t *testing.T) {
 	t.Parallel()
 	consul := testcluster.StartConsul(t)

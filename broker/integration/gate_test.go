@@ -160,9 +160,9 @@ reclaim "unadmitted" {
 const gateGPUs = 46
 
 // TestGate runs the gate's scenarios against one cluster they share (Consul,
-// a Nomad agent with gateGPUs fake GPUs, a broker in front), each with its own
-// tenant and namespace, in parallel: a tenant limited to 2 GPUs tries to hold
-// more, and Nomad must run no more than 2 of them.
+// a Nomad agent with gateGPUs fake GPUs, a broker in front), each with its
+// own tenant and namespace, in parallel. In each a tenant limited to 2 GPUs
+// tries to hold more, and Nomad must run no more than 2 of them.
 func TestGate(t *testing.T) {
 	t.Parallel()
 	consul := testcluster.StartConsul(t)
@@ -1233,9 +1233,9 @@ reclaim "unadmitted" {
 	}
 
 	// The same job, its stamp kept and its pin taken out, registered straight
-	// in Nomad (passthrough) grows onto the new node: its stamp binds the
-	// pin, so it is not the broker's admission any more (N7), and as work
-	// nobody admitted over its tenant's limit of 1 it is requeued at once.
+	// in Nomad (passthrough) grows onto the new node. Its stamp binds the
+	// pin, so it is not the broker's admission any more (N7); as work nobody
+	// admitted over its tenant's limit of 1 it is requeued at once.
 	unpinned, _, err := n.API.Jobs().Info("monitor", &api.QueryOptions{Namespace: "daemons"})
 	if err != nil {
 		t.Fatal(err)

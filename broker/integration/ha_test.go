@@ -203,11 +203,11 @@ func killLeader(t *testing.T, consul *testcluster.Consul, brokers []*testcluster
 	return nil
 }
 
-// consulClients holds one client per Consul agent: a client made per call
+// consulClients holds one client per Consul agent. A client made per call
 // brings its own connection pool, and a test polling four times a second
 // left an idle connection open for each call until Consul's limit of 200
-// connections per client address refused every new one (leaderOf then read
-// "" while a leader held the lock).
+// connections per client address refused every new one. leaderOf then read
+// "" while a leader held the lock.
 var consulClients sync.Map
 
 func consulKV(c *testcluster.Consul) *consulapi.KV {

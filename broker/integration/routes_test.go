@@ -69,7 +69,7 @@ func (e *diffEnv) routesOnStates(t *testing.T) {
 
 // noRiseWithoutDecision sends c on job id and counts the GPUs of every
 // allocation Nomad places for the job and its children after it, for as
-// long as Nomad takes to place: whatever they did since (a failing task
+// long as Nomad takes to place. Whatever they did since (a failing task
 // ends within moments), placed without the broker's admission they are a
 // rise no decision covers.
 func (e *diffEnv) noRiseWithoutDecision(t *testing.T, state string, c routeCase, id string) {

@@ -128,11 +128,13 @@ const (
 // TestSoak: users of two tenants submit, scale, dispatch and stop GPU jobs
 // through two brokers against real Nomad while the leader is killed once,
 // and later Nomad answers every write 500, then 429, then nothing for a
-// while (a proxy between the brokers and Nomad). Every answer is one the
-// users can act on, everything admitted or queued is accounted for, Nomad
-// never runs more GPUs for a tenant than its limit at any sampled moment,
-// no broker uses more than soakCPUShare of a core in any soakCPUWindow, and
-// the surviving broker's memory stays flat.
+// while (a proxy between the brokers and Nomad). It holds that:
+//   - every answer is one the users can act on;
+//   - everything admitted or queued is accounted for;
+//   - Nomad never runs more GPUs for a tenant than its limit at any sampled
+//     moment;
+//   - no broker uses more than soakCPUShare of a core in any soakCPUWindow;
+//   - the surviving broker's memory stays flat.
 func TestSoak(t *testing.T) {
 	duration := soakDuration(t)
 	consul := testcluster.StartConsul(t)
@@ -375,11 +377,11 @@ func TestSoak(t *testing.T) {
 		rssFrom>>20, rssTo>>20, heapFrom/(1<<20), heapTo/(1<<20), liveFrom/(1<<20), liveTo/(1<<20), fdsFrom, fdsTo, goFrom, goTo, jobsFrom, jobsTo, allocsFrom, allocsTo)
 	// Flat: what the broker holds after a collection (the heap in use and
 	// RSS also hold garbage not yet collected), its files and goroutines.
-	// The broker mirrors Nomad's state, which grows through the run (Nomad
+	// The broker mirrors Nomad's state, which grows through the run: Nomad
 	// keeps finished and preempted allocations until its own collection,
-	// hours later; the view keeps the preempted ones as long): 1 KiB per
-	// allocation Nomad added, and 1 MiB of slack for a scrape or a pass in
-	// flight at either moment.
+	// hours later, and the view keeps the preempted ones as long. So 1 KiB
+	// per allocation Nomad added, and 1 MiB of slack for a scrape or a pass
+	// in flight at either moment.
 	if allowed := liveFrom*1.1 + (1 << 20) + float64(max(0, allocsTo-allocsFrom))*1024; liveTo > allowed {
 		t.Errorf("the survivor's live heap grew from %.1f to %.1f MiB (allowed %.1f MiB: Nomad's allocations went from %d to %d)",
 			liveFrom/(1<<20), liveTo/(1<<20), allowed/(1<<20), allocsFrom, allocsTo)

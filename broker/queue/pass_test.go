@@ -37,10 +37,10 @@ func TestAPassHoldsBackBorrowersBehindAnEntryWaitingForCapacity(t *testing.T) {
 	}
 }
 
-// A tenant's own order holds (issue 57): once one of its entries waits for
+// A tenant's own order holds (issue 57). Once one of its entries waits for
 // room within its guarantee, the only way it may run, none of its later
 // entries is admitted in the pass, borrowed or within the guarantee, since
-// either would take that room; other tenants' entries are not held back.
+// either would take that room. Other tenants' entries are not held back.
 func TestAPassHoldsATenantsNewerWorkBehindItsEntryOwedItsGuarantee(t *testing.T) {
 	of := func(tenant string, outcome admission.Outcome, waits string) admission.Decision {
 		return admission.Decision{Tenant: tenant, Outcome: outcome, WaitsFor: waits}

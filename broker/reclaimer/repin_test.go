@@ -17,8 +17,8 @@ import (
 )
 
 // A batch job pinned to a node that drains before it runs is pinned to
-// another node and registered with a stamp that binds the new pin; one whose
-// node still takes work waits RepinAfter first; a job moved to a sub-band
+// another node and registered with a stamp that binds the new pin. One whose
+// node still takes work waits RepinAfter first. A job moved to a sub-band
 // (verified through its grant) is pinned again at its priority now.
 func TestTheRepinnerPinsAJobAgainBeforeItRuns(t *testing.T) {
 	p := bandPolicy(t, "")

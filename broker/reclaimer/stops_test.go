@@ -33,9 +33,9 @@ func (w writeRecords) Get(job nomadjob.Ref) (nomadjob.Registered, bool) {
 }
 
 // A stop the view tells is recorded, unless the broker wrote the job again
-// after it: a listing read before a revert through the broker, applied
+// after it. A listing read before a revert through the broker, applied
 // after it, tells the stop the revert revived the job from (TestGate's
-// revert, in CI), and recording it took the reverted job for unadmitted.
+// revert, in CI); recording it took the reverted job for unadmitted.
 func TestTheStopRecorderRecordsNoStopTheBrokerRevivedFrom(t *testing.T) {
 	view := cluster.NewView(func(*api.Job) bool { return true })
 	stopped := func(id string, at uint64) *api.Job {

@@ -13,10 +13,10 @@ import (
 
 // TestJobsFromNewerNomadArriveAsSent: a job carrying every field of the
 // newest Nomad api Job type (testdata/newest-job.json, made by
-// scripts/apigen), fields the broker's v1.6 api types do not have among
-// them (UI, VersionTag, MaxRunDuration, Disconnect, Identities, Actions,
-// Schedule, Secrets, NUMA, SecretsMB, ...), reaches Nomad as sent, but for
-// what the broker writes: its meta keys and the priority. Its GPUs are
+// scripts/apigen) reaches Nomad as sent, but for what the broker writes:
+// its meta keys and the priority. Among them are fields the broker's v1.6
+// api types do not have (UI, VersionTag, MaxRunDuration, Disconnect,
+// Identities, Actions, Schedule, Secrets, NUMA, SecretsMB, ...). Its GPUs are
 // counted from Resources.Devices, a NUMA block beside them.
 func TestJobsFromNewerNomadArriveAsSent(t *testing.T) {
 	s, up, _, _ := newTestServer(t)
