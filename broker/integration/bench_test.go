@@ -63,11 +63,11 @@ const maxCPUGrowth = 1.25
 // spread over repetitions), registrations/s, the ratio to Nomad at p50, and
 // the CPU per registration of the hop's and the broker's processes. That
 // CPU includes background work: each process's CPU time from the first call
-// until it is idle again, less its idle rate. At one paced client it fails when the broker's
-// CPU per registration, as a ratio to the hop's, is more than maxCPUGrowth
-// times the ratio recorded in registerCPUFile. BENCH_CPUPROFILE=FILE then
-// saves the broker's CPU profile of 12 s (BENCH_CPUPROFILE_SECONDS) of paced
-// registrations by one client.
+// until it is idle again, less its idle rate. At one paced client it fails
+// when the broker's CPU per registration, as a ratio to the hop's, is more
+// than maxCPUGrowth times the ratio recorded in registerCPUFile.
+// BENCH_CPUPROFILE=FILE then saves the broker's CPU profile of 12 s
+// (BENCH_CPUPROFILE_SECONDS) of paced registrations by one client.
 func BenchmarkRegister(b *testing.B) {
 	consul := testcluster.StartConsul(b)
 	// Three paths of up to 64 connections each come from one address:

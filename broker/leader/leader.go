@@ -170,8 +170,8 @@ func (e *Elector) take(ctx context.Context) (t term, err error) {
 // leader's address. When connections to it are refused deadRefusals times
 // in a row, nothing listens there any more, and it ends the leader's
 // session: a live broker always serves its address, and a network cut
-// times out rather than refuses. A leader that is alive after all and reaches Consul
-// sees that at once and steps down.
+// times out rather than refuses. A leader that is alive after all and
+// reaches Consul sees that at once and steps down.
 func (e *Elector) acquire(ctx context.Context, session string) error {
 	kv := e.Client.KV()
 	mine := e.lockPair(session)

@@ -350,9 +350,9 @@ func (s *Server) revertTo(w http.ResponseWriter, r *http.Request, body []byte, r
 // stable marks a job version stable or not. Nomad writes the version named
 // back as the job's current one (with no evaluation and no event). On any
 // version but the current one that is a revert the broker cannot follow, so
-// it is refused, naming the revert that does the same in the open. Un-marking during
-// a deployment that auto-reverts would leave that deployment nothing to
-// revert to: refused too. Otherwise it changes no GPU demand.
+// it is refused, naming the revert that does the same in the open.
+// Un-marking during a deployment that auto-reverts would leave that
+// deployment nothing to revert to: refused too. Otherwise it changes no GPU demand.
 func (s *Server) stable(w http.ResponseWriter, r *http.Request, jc jobCall, jobID string) error {
 	var req api.JobStabilityRequest
 	doc, err := s.parseJobCall(r, jc, &req, jobID, func() string { return req.JobID })
