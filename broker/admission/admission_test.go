@@ -504,8 +504,8 @@ func TestJobsInBackoffAreCountedByTenant(t *testing.T) {
 
 // A tenant's own order (issue 57): while its job queued since owed waits
 // for room within its guarantee only, its work submitted after it is
-// queued behind it, borrowing or within the guarantee; that job itself,
-// and work queued before it, are decided as always; other tenants are not
+// queued behind it, borrowing or within the guarantee. That job itself,
+// and work queued before it, are decided as always. Other tenants are not
 // held.
 func TestATenantsWorkWaitsBehindItsJobOwedItsGuarantee(t *testing.T) {
 	p := testPolicy(t, true)

@@ -906,7 +906,7 @@ func TestNoPassBeforeTheViewListed(t *testing.T) {
 
 // A tenant below its guarantee whose oldest queued job, beyond the
 // guarantee, waited reserve_after gets a node held for it at the end of a
-// pass; once its borrowed work ends there, the next pass admits the job,
+// pass. Once its borrowed work ends there, the next pass admits the job,
 // pinned to that node; then the node is free again.
 func TestALargeJobWaitingGetsANodeHeld(t *testing.T) {
 	a, q, n, view, now := setup(t, visionPolicy+"\nplacement {\n  reserve_after = \"1h\"\n}\n", 8)

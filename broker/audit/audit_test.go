@@ -117,7 +117,7 @@ func TestAWriteCutShortByAFullDiskLeavesNoTornLine(t *testing.T) {
 }
 
 // A reader skips a torn line (one a crash cut) and reads the record after
-// it; a cut that took the newline too leaves the fragment last in the
+// it. A cut that took the newline too leaves the fragment last in the
 // file, and the first record a broker restarted on that trail writes starts
 // a line of its own.
 func TestATornLineIsSkippedAndTheNextRecordRead(t *testing.T) {

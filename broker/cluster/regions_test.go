@@ -236,9 +236,9 @@ func TestALostRegionsJobIsDroppedAndItsAllocationsEndNow(t *testing.T) {
 	}
 }
 
-// Only a reservation given up for good sets off a queue pass (Release):
-// one the queue's pass withdraws itself, or a decision held back by a
-// drained region, sets off none; else each pass would wake the next, and
+// Only a reservation given up for good sets off a queue pass (Release).
+// One the queue's pass withdraws itself, or a decision held back by a
+// drained region, sets off none. Else each pass would wake the next, and
 // the leader would pass in a loop while nothing changed.
 func TestOnlyAReleaseSetsOffAPass(t *testing.T) {
 	p := testbuild.Policy(t, visionPolicy)

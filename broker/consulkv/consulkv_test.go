@@ -560,7 +560,7 @@ func TestStores(t *testing.T) {
 
 	// A queue entry that decodes but is not one the broker wrote (null, {},
 	// one whose id is not its key's, a copy of another under a new key) is
-	// set aside too: listed, it had an id no one could cancel, and was
+	// set aside too. Listed, it had an id no one could cancel, and was
 	// parked again at every pass.
 	t.Run("queue entries of the wrong shape are set aside", func(t *testing.T) {
 		t.Parallel()

@@ -15,8 +15,8 @@ import (
 
 // BenchmarkQueueMemory is the heap a queue pass holds for 10,000 queued jobs,
 // each with a 2 KB register request, decoded from Consul's answer as List
-// decodes it (the memory goal, 300 MB, is for the whole broker with 100,000
-// allocations in its view and 10,000 jobs queued).
+// decodes it. The memory goal, 300 MB, is for the whole broker with 100,000
+// allocations in its view and 10,000 jobs queued.
 func BenchmarkQueueMemory(b *testing.B) {
 	const queued = 10_000
 	request := json.RawMessage(fmt.Sprintf(`{"Job":{"ID":"train","Namespace":"vision","Meta":{"note":%q},"TaskGroups":[{"Name":"g","Count":1,

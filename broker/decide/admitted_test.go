@@ -69,9 +69,9 @@ func at(st nomadjob.Stamper, index uint64) *api.Job {
 	return j
 }
 
-// A stamp says "admitted", not "admitted for this run": once Nomad stopped
+// A stamp says "admitted", not "admitted for this run". Once Nomad stopped
 // the job, a version registered after the stop verifies only when the broker
-// registered it (N6, N8); the stopped version itself still does, and no
+// registered it (N6, N8). The stopped version itself still does, and no
 // other: an older one made current again (P4: stable on v0) does not.
 func TestAStopEndsWhatTheStampStandsFor(t *testing.T) {
 	st := nomadjob.Stamper{Key: []byte("k")}
@@ -107,7 +107,7 @@ func TestAStopEndsWhatTheStampStandsFor(t *testing.T) {
 	}
 }
 
-// A stamp binds the version the broker wrote (P2, P3): the same stamp on a
+// A stamp binds the version the broker wrote (P2, P3). The same stamp on a
 // version Nomad made past the broker (a revert or a scale back to the
 // stamped counts, straight in Nomad) is not the broker's admission; the
 // broker's own next write, once Nomad answers, is.

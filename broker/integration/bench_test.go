@@ -385,7 +385,7 @@ func BenchmarkQueueAdmission(b *testing.B) {
 }
 
 // BenchmarkQueueRecovery: 8 and 1,000 one-GPU jobs wait for the GPUs a
-// blocker holds (a Nomad client of as many GPUs, the mock driver); the
+// blocker holds (a Nomad client of as many GPUs, the mock driver). The
 // blocker stops while a proxy answers 500 to every registration and plan
 // for 20 s. It reports the leader's queue passes a second and cores during
 // the fault, the seconds from Nomad answering again to an empty queue, and

@@ -521,10 +521,10 @@ make_room_grace  = "3s"
 }
 
 // TestARequeuedJobNomadDoesNotPlaceStaysQueued: a requeue must never end
-// work silently (D2). A sysbatch job is requeued by over_limit; when the
-// queue registers it again, Nomad places nothing (it is constrained to a
-// node meta value the node no longer has: the broker does not read
-// constraints, Nomad does): the entry stays, parked with Nomad's reason,
+// work silently (D2). A sysbatch job is requeued by over_limit. When the
+// queue registers it again, Nomad places nothing: it is constrained to a
+// node meta value the node no longer has (the broker does not read
+// constraints, Nomad does). The entry stays, parked with Nomad's reason,
 // where it was lost before. (A cluster of its own: its node's meta changes.)
 func TestARequeuedJobNomadDoesNotPlaceStaysQueued(t *testing.T) {
 	t.Parallel()

@@ -1171,7 +1171,7 @@ func send(t testing.TB, addr, method, path, body string) (int, string) {
 
 // TestASystemJobDoesNotGrowOntoANodeThatJoins: a system job admitted for the
 // one GPU node there is (1 GPU, its tenant's limit 1) stays there when a
-// second GPU node joins: the broker pinned it to the nodes it counted, so
+// second GPU node joins. The broker pinned it to the nodes it counted, so
 // Nomad places nothing on the new node, and the tenant is charged 1 GPU.
 // (A cluster of its own: a node joins it.)
 func TestASystemJobDoesNotGrowOntoANodeThatJoins(t *testing.T) {

@@ -88,7 +88,7 @@ func startRegion(t *testing.T, name string, gpus int, namespaces ...string) *tes
 // TestRegions: one broker in front of region east governs west too
 // (region "west" {} in broker.hcl, reached through east's servers, which
 // forward). Two federated regions, east of one 4-GPU node, west of one
-// 2-GPU node: a job naming west runs there, a tenant's limit counts both
+// 2-GPU node. A job naming west runs there, a tenant's limit counts both
 // regions, a job is decided on its own region's nodes, and a job for a
 // region the broker does not govern is refused.
 func TestRegions(t *testing.T) {
@@ -644,9 +644,9 @@ func TestRegions(t *testing.T) {
 			return nil
 		})
 		// West's alone, by tenant: audio ran a2, a3 and a5 there, vision w1
-		// and w2 (and the job registered past the broker, of no tenant, may
-		// have started before it was stopped; dub's short jobs there may be
-		// charged or not, as the ledger's passes fell).
+		// and w2. The job registered past the broker, of no tenant, may have
+		// started before it was stopped; dub's short jobs there may be
+		// charged or not, as the ledger's passes fell.
 		var west gpuapi.UsageReport
 		out := e.brokerCLI("usage", "-from", time.Now().UTC().Format("2006-01-02"), "-region", "west", "-json")
 		if err := json.Unmarshal([]byte(out), &west); err != nil {

@@ -116,8 +116,8 @@ func (l *soakLedger) add(op string, status int, body string, err error, ns, id s
 }
 
 // soakCPUWindow is the longest window over which each broker's CPU and
-// queue passes are measured; soakCPUShare the share of a core it may use in any
-// one, users' requests included, and soakPassRate the queue passes a
+// queue passes are measured. soakCPUShare is the share of a core it may use
+// in any one, users' requests included. soakPassRate is the queue passes a
 // second (a leader passing in a loop while Nomad fails makes hundreds).
 const (
 	soakCPUWindow = 20 * time.Second

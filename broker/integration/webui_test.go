@@ -60,7 +60,7 @@ reclaim_settings {
 
 // TestWebUI drives the broker's web UI in headless Chromium against a real
 // cluster (Consul, two Nomad nodes of 4 and 2 simulated GPUs, the broker),
-// saving a screenshot of each view; then checks that every metric the
+// saving a screenshot of each view. Then it checks that every metric the
 // Grafana dashboard queries is one the broker or Nomad exposes.
 func TestWebUI(t *testing.T) {
 	t.Parallel()

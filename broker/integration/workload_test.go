@@ -322,10 +322,10 @@ func checkpointsVolume(path string) string {
 }
 
 // TestATrainingJobResumesFromItsCheckpointAfterPreemption: the training
-// jobspec, borrowing, is preempted by Nomad for an owner's job; its task
-// writes a checkpoint on SIGTERM; the broker requeues it; when the owner's job
-// stops, it is registered again, gets a new allocation, and resumes from the
-// step it reached, not from zero.
+// jobspec, borrowing, is preempted by Nomad for an owner's job. Its task
+// writes a checkpoint on SIGTERM, and the broker requeues it. When the
+// owner's job stops, it is registered again, gets a new allocation, and
+// resumes from the step it reached, not from zero.
 func TestATrainingJobResumesFromItsCheckpointAfterPreemption(t *testing.T) {
 	t.Parallel()
 	consul := testcluster.StartConsul(t)

@@ -303,7 +303,7 @@ nomadgpu_preempted_gpu_seconds_total{queue="training",tenant="vision"} 0
 
 // Every sampled GPU under dcgm-exporter's names and labels, with its
 // holder's namespace and tenant when the policy has them, and its
-// allocation, job (a periodic child's parent), task group and task; a
+// allocation, job (a periodic child's parent), task group and task. A
 // shared GPU once per holder, a MIG instance with its GPU's index and UUID.
 func TestGPUTelemetryUnderDCGMsNames(t *testing.T) {
 	const held, held2 = "5c2b6a9e-0d1f-4c1e-9d4a-7b2e8f3a1c00", "0a1b2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d"

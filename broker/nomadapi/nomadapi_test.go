@@ -356,7 +356,7 @@ func TestEventsSkipHeartbeatsAndEndOnABrokenStream(t *testing.T) {
 func ptr[T any](v T) *T { return &v }
 
 // A 403 to a registration is the broker's management token refused, never
-// the job: not a refusal that parks the job; nor are 408 and 429, which say
+// the job: not a refusal that parks the job. Nor are 408 and 429, which say
 // Nomad did not take the request now (issue 34 §2: queued jobs parked for a
 // 429 stayed parked).
 func TestA403ToARegistrationIsTheBrokersToken(t *testing.T) {

@@ -132,8 +132,8 @@ tenant "a" {
 }
 
 // Guaranteed work runs in bands within 9 of each other, in the queues'
-// order, so that Nomad preempts no tenant's guaranteed job for another's;
-// bands closer than 10 are no longer worth a warning, a queue that
+// order, so that Nomad preempts no tenant's guaranteed job for another's.
+// Bands closer than 10 are no longer worth a warning; a queue that
 // preempts within guarantee 10 or more above another band is.
 func TestBandRules(t *testing.T) {
 	src := `

@@ -6,7 +6,7 @@ import (
 )
 
 // Nomad scores only the first few feasible nodes of a shuffle
-// (scheduler/stack.go:82-94, select.go:38-60): a batch job's allocation
+// (scheduler/stack.go:82-94, select.go:38-60). A batch job's allocation
 // lands on the best-fitting node only when the shuffle puts it among the
 // first two, about 2 in 10 here (1 - C(9,2)/C(10,2)); the ideal model always
 // takes it.

@@ -500,7 +500,7 @@ func TestAnEvictedBorrowedJobIsRequeuedAtTheNextReclaimPass(t *testing.T) {
 
 // An 8-GPU job of a tenant below its guarantee (beyond it with the job)
 // waits behind a stream of 1-GPU borrowed jobs that never leaves the node
-// empty, until the stream ends; with reserve_after the node is held for it
+// empty, until the stream ends. With reserve_after the node is held for it
 // after an hour, drains, and it starts.
 func TestANodeIsHeldForALargeJobThatWaited(t *testing.T) {
 	nodes := []sim.NodeGroup{{Model: "H100", GPUs: 8, Count: 1}}
@@ -566,7 +566,7 @@ func TestACountIsKeptWhileTheJobRuns(t *testing.T) {
 }
 
 // A tenant's own order holds (issue 57): a2, evicted max_preemptions times,
-// runs only within a's guarantee; a3, submitted later, is not admitted
+// runs only within a's guarantee. a3, submitted later, is not admitted
 // ahead of it (borrowed, it would keep a at its guarantee until it ended
 // at 2100), so a2 starts once a1 ends at 1000.
 func TestATenantsCappedJobStartsBeforeItsNewerWork(t *testing.T) {
