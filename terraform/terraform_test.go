@@ -1,7 +1,7 @@
 // Package terraform_test applies the provider-free module with a real
-// OpenTofu, starts a real Nomad client from what it renders, runs the broker
-// job of cluster-config on a real Nomad, and checks the structure of what
-// needs the registry's providers (not reachable here).
+// OpenTofu, starts a real Nomad client from what it renders, and runs the
+// broker job of cluster-config on a real Nomad. It checks the structure of
+// what needs the registry's providers (not reachable here).
 package terraform_test
 
 import (
@@ -151,10 +151,10 @@ func TestGPUNodeModuleAppliesWithItsDefaults(t *testing.T) {
 	}
 }
 
-// A Nomad client started as the rendered unit starts it, from the rendered
-// configuration, beside a server configuration of HashiCorp's nomad package's
-// kind in /etc/nomad.d (a one-node server, a client of 127.0.0.1), joins a
-// real server and is no server itself. It loads the plugin with GPU sharing,
+// A Nomad client is started as the rendered unit starts it, from the
+// rendered configuration, beside a server configuration of HashiCorp's nomad
+// package's kind in /etc/nomad.d (a one-node server, a client of 127.0.0.1).
+// It joins a real server and is no server itself. It loads the plugin with GPU sharing,
 // installed into Nomad's own plugin directory (<data_dir>/plugins) from a
 // release zip of `make release` by the cloud-init command that checks its
 // SHA-256. It offers the host volume for checkpoints, and its cloud-init

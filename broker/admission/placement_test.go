@@ -75,8 +75,8 @@ func TestGuaranteedWorkGoesWhereEvictionLosesLeast(t *testing.T) {
 	u := cluster(0, map[string]float64{"vision": 0})
 	u.Now = now
 	u.Nodes = rooms(0, 0, 0)
-	// n1: one borrowed job of 4 GPUs running 10 h; n2: two of 2 GPUs for
-	// 1 h and 3 h; n3: 4 GPUs at a higher sub-band for 1 h, 4 at the lowest
+	// n1: one borrowed job of 4 GPUs running 10 h. n2: two of 2 GPUs for
+	// 1 h and 3 h. n3: 4 GPUs at a higher sub-band for 1 h, 4 at the lowest
 	// for 2 h (Nomad takes the lowest group: 8 GPU-hours).
 	borrow(&u.Nodes[0], admission.Held{GPUs: 4, Priority: 20, Since: now.Add(-10 * time.Hour)}, admission.Held{GPUs: 4, Priority: 25, Since: now.Add(-10 * time.Hour)})
 	borrow(&u.Nodes[1], admission.Held{GPUs: 2, Priority: 20, Since: now.Add(-time.Hour)}, admission.Held{GPUs: 2, Priority: 20, Since: now.Add(-3 * time.Hour)},

@@ -132,8 +132,8 @@ func TestIdentityIsThePersonNotTheToken(t *testing.T) {
 
 // Nobody grants their own request with another of their tokens: one named
 // after them with a suffix, or one holding all their roles and policies,
-// whatever else (N5: dana-ci, with dana's roles, and dana2, with dana's
-// roles and one more, granted dana's request).
+// whatever else. N5: dana-ci, with dana's roles, and dana2, with dana's
+// roles and one more, granted dana's request.
 func TestSamePersonCoversTheirOtherTokens(t *testing.T) {
 	dana := policy.Grants{Roles: []string{"ml-user", "gpu-approve"}}
 	asked := approval.Approval{RequestedBy: "dana (acc-1)", RequestedAccessor: "acc-1", RequestedIdentity: "dana",

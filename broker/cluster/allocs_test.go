@@ -55,7 +55,7 @@ func TestGPUAllocationsFollowTheirEvents(t *testing.T) {
 	}
 }
 
-// The ledger charges an allocation up to its end: the view keeps one that
+// The ledger charges an allocation up to its end. The view keeps one that
 // stopped holding GPUs, charged as running while its tasks still run, with
 // its end once its client tells it, and what a listing shows ended while
 // events were not followed.
@@ -122,7 +122,7 @@ func TestNodeGPUsComeFromTheNode(t *testing.T) {
 }
 
 // A stopped or scaled-down job's allocations count as used until their
-// client says their tasks ended, not when Nomad asks them to stop: a task
+// client says their tasks ended, not when Nomad asks them to stop. A task
 // may checkpoint for its whole kill_timeout, and what it holds is not
 // admitted twice in between.
 func TestGPUsStayUsedUntilTheAllocationsEnd(t *testing.T) {

@@ -8,9 +8,9 @@ import (
 )
 
 // A job counts its groups, its deployment's unpromoted canaries, and, while
-// that deployment may revert, no less than its stable version; a listing
+// that deployment may revert, no less than its stable version. A listing
 // starts from the stable versions of the jobs it still lists, and nothing
-// else; a job Nomad no longer has leaves nothing behind.
+// else. A job Nomad no longer has leaves nothing behind.
 func TestTheJobsTrackerCountsCanariesAndTheStableVersion(t *testing.T) {
 	s := newJobSet()
 	key, other := jobKey{"vision", "train"}, jobKey{"vision", "gone"}

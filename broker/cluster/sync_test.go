@@ -67,8 +67,8 @@ func TestResyncDropsAPurgedJob(t *testing.T) {
 }
 
 // A purge is told by its evaluation alone: the job holds nothing from then
-// on, and one with the broker's stamp is a stop for the leader to record
-// at the purge's index (P1: its stored JSON registered again straight in
+// on. One with the broker's stamp is a stop for the leader to record at
+// the purge's index (P1: its stored JSON registered again straight in
 // Nomad verified). Other evaluations change nothing.
 func TestAPurgesEvaluationDropsTheJob(t *testing.T) {
 	p := testbuild.Policy(t, visionPolicy)

@@ -346,8 +346,8 @@ func cpuProfile(b *testing.B, broker *testcluster.Broker, path string, seconds i
 // client; the blocker stops, and the leader admits from the queue into Nomad.
 // It reports admissions/s until 800 are admitted (the tasks use Nomad's mock
 // driver, so that 800 allocations start no processes) and the cores the
-// broker and the Nomad agent used meanwhile; BENCH_CPUPROFILE=FILE saves its CPU profile of the
-// drain's first 20 s.
+// broker and the Nomad agent used meanwhile. BENCH_CPUPROFILE=FILE saves its
+// CPU profile of the drain's first 20 s.
 func BenchmarkQueueAdmission(b *testing.B) {
 	const gpus, queued = 800, 5000
 	consul, n, broker := queueCluster(b, "qbench", gpus, queued, "limits {\n  http_max_conns_per_client = 0\n}")
@@ -388,9 +388,9 @@ func BenchmarkQueueAdmission(b *testing.B) {
 // blocker holds (a Nomad client of as many GPUs, the mock driver). The
 // blocker stops while a proxy answers 500 to every registration and plan
 // for 20 s. It reports the leader's queue passes a second and cores during
-// the fault, the seconds from Nomad answering again to an empty queue, and
-// beside it the seconds Nomad takes to register as many jobs sent straight
-// to it (32 at once, as the leader sends them).
+// the fault, and the seconds from Nomad answering again to an empty queue.
+// Beside it come the seconds Nomad takes to register as many jobs sent
+// straight to it (32 at once, as the leader sends them).
 func BenchmarkQueueRecovery(b *testing.B) {
 	for _, queued := range []int{8, 1000} {
 		b.Run(fmt.Sprintf("%d-entries", queued), func(b *testing.B) {
@@ -544,8 +544,8 @@ func nomadRate(b *testing.B, n *testcluster.Nomad, jobs int, job func(string, in
 // BenchmarkQueuedSubmission: a GPU job submitted through the broker (its
 // release build) while its tenant is at its limit is queued. It reports the
 // p50 and p99 of 200 such submissions with the queue nearly empty, then the
-// same with 10,000 jobs already waiting, the ratio of the p50s, and the
-// cores the idle leader and Consul use with the 10,000 waiting.
+// same with 10,000 jobs already waiting, and the ratio of the p50s. It also
+// reports the cores the idle leader and Consul use with the 10,000 waiting.
 // BENCH_CPUPROFILE=FILE saves the broker's CPU profile of the submissions
 // at 10,000.
 func BenchmarkQueuedSubmission(b *testing.B) {

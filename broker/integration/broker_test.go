@@ -506,8 +506,9 @@ func TestBroker(t *testing.T) {
 
 // startBrokerTest starts what TestBroker and TestBrokerPolicyAndGPUHealth
 // run on: Consul, one Nomad node of 8 fake GPUs whose health is read from
-// the state file it returns, and a broker with the policies above, once it
-// sees the GPUs and has switched Nomad's batch preemption on.
+// the state file it returns, and a broker with the policies above. It
+// returns once the broker sees the GPUs and has switched Nomad's batch
+// preemption on.
 func startBrokerTest(t *testing.T, o testcluster.BrokerOptions) (*env, *testcluster.Nomad, string) {
 	t.Helper()
 	consul := testcluster.StartConsul(t)

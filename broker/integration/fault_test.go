@@ -235,9 +235,9 @@ func TestConsulLeaderKilled(t *testing.T) {
 }
 
 // TestGPUClientDies: a Nomad client with GPUs dies. Its allocations are lost
-// and Nomad places replacements on the client left: the tenant is charged its
-// job's demand once (a lost allocation and its replacement do not add up),
-// the job queued behind it stays queued, and runs there once the first ends.
+// and Nomad places replacements on the client left. The tenant is charged its
+// job's demand once (a lost allocation and its replacement do not add up).
+// The job queued behind it stays queued, and runs there once the first ends.
 func TestGPUClientDies(t *testing.T) {
 	t.Parallel()
 	consul := testcluster.StartConsul(t)
@@ -358,11 +358,11 @@ func TestNomadRestartedWhileAdmitting(t *testing.T) {
 }
 
 // TestTheBrokerRequeuesATenantsOwnWork runs the two built-in requeue rules
-// on one cluster. A reload lowers a tenant's limit below what it holds:
-// with over_limit = "reclaim" (the default), once over_limit_grace has
-// passed, its newest job is requeued (a recorded decision; Nomad stops it,
-// the queue keeps it) until it is within the limit; its older job keeps
-// running. Then the tenant's inference job waits at its guarantee, held by
+// on one cluster. A reload lowers a tenant's limit below what it holds.
+// With over_limit = "reclaim" (the default), once over_limit_grace has
+// passed, its newest job is requeued until it is within the limit: a
+// recorded decision, Nomad stops it, the queue keeps it. Its older job
+// keeps running. Then the tenant's inference job waits at its guarantee, held by
 // its own training job: Nomad evicts nothing within 9 points, so make-room
 // requeues the training job after make_room_grace and the inference job runs.
 func TestTheBrokerRequeuesATenantsOwnWork(t *testing.T) {

@@ -322,12 +322,12 @@ resync = "1s"`})
 		admittedAgain(t, e, consul, ns, "rv")
 	})
 
-	// P6: an admitted batch job, purged straight in Nomad
-	// and registered again straight in Nomad as another type, with its
-	// stamp (as sysbatch, on a pinned multi-node job, it multiplies; here
-	// as service: the purged job's ended allocation keeps a sysbatch copy
-	// off the one node). The stamp binds the job's type, so it is not the
-	// broker's admission.
+	// P6: an admitted batch job, purged straight in Nomad and registered
+	// again straight in Nomad as another type, with its stamp. As sysbatch,
+	// on a pinned multi-node job, it multiplies; here it is a service, as
+	// the purged job's ended allocation keeps a sysbatch copy off the one
+	// node. The stamp binds the job's type, so it is not the broker's
+	// admission.
 	t.Run("a batch job's stamp on a job of another type is not an admission", func(t *testing.T) {
 		t.Parallel()
 		e := e.in(t)

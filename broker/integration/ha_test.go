@@ -263,7 +263,7 @@ func TestLeaderKilledWhileAdmitting(t *testing.T) {
 	survivor := killLeader(t, consul, brokers)
 	killed := time.Now()
 	// The survivor finds nothing listening at the leader's address and ends
-	// its session rather than wait two TTLs for it to expire, then takes the
+	// its session rather than wait two TTLs for it to expire. It takes the
 	// lock as soon as the lock delay (1 s) allows, not after the Consul
 	// client's retry of 5 s.
 	freed, taken := takeover(t, consul, survivor.Addr)

@@ -77,9 +77,9 @@ reclaim "idle-training" {
 `
 
 // TestReclaim runs the reclaim rules against real Nomad with simulated GPUs
-// whose utilisation the test sets: an unadmitted job, an idle dev job, a
-// busy one, an idle training job under a dry-run rule, and a decision
-// cancelled during its grace.
+// whose utilisation the test sets. Its cases: an unadmitted job, an idle
+// dev job, a busy one, an idle training job under a dry-run rule, and a
+// decision cancelled during its grace.
 func TestReclaim(t *testing.T) {
 	t.Parallel()
 	consul := testcluster.StartConsul(t)

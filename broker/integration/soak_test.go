@@ -126,9 +126,9 @@ const (
 )
 
 // TestSoak: users of two tenants submit, scale, dispatch and stop GPU jobs
-// through two brokers against real Nomad while the leader is killed once,
-// and later Nomad answers every write 500, then 429, then nothing for a
-// while (a proxy between the brokers and Nomad). It holds that:
+// through two brokers against real Nomad while the leader is killed once.
+// Later Nomad answers every write 500, then 429, then nothing for a while
+// (a proxy between the brokers and Nomad). It holds that:
 //   - every answer is one the users can act on;
 //   - everything admitted or queued is accounted for;
 //   - Nomad never runs more GPUs for a tenant than its limit at any sampled
@@ -443,8 +443,9 @@ func TestSoak(t *testing.T) {
 	}
 	t.Logf("%d queued answers: %d still queued, the others admitted since", len(ledger.queued), stillQueued)
 	// RSS flat too: under 10 % more from mid-run to the end, and 4 MiB for
-	// a pass or a scrape in flight (23 then 24 MiB at 10 minutes, since the
-	// listing of Nomad leaves out ended allocations; 23 then 64 before).
+	// a pass or a scrape in flight. It was 23 then 24 MiB at 10 minutes,
+	// since the listing of Nomad leaves out ended allocations; 23 then 64
+	// before.
 	if rssTo > rssFrom*11/10+4<<20 {
 		t.Errorf("the broker's memory grew from %d MiB to %d MiB", rssFrom>>20, rssTo>>20)
 	}

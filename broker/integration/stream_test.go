@@ -20,10 +20,10 @@ import (
 )
 
 // TestTheEventStreamIsClosedAtEveryResync: following a real Nomad through
-// 20 resyncs leaves the connections and goroutines of one stream, not 20;
-// and a stream that falls silent (a half-open connection: a proxy that
-// stops passing bytes) is taken for broken after StreamIdle, not at the
-// next resync.
+// 20 resyncs leaves the connections and goroutines of one stream, not 20.
+// A stream that falls silent (a half-open connection: a proxy that stops
+// passing bytes) is taken for broken after StreamIdle, not at the next
+// resync.
 func TestTheEventStreamIsClosedAtEveryResync(t *testing.T) {
 	t.Parallel()
 	n := testcluster.StartNomad(t, testcluster.NomadOptions{Name: "stream", Server: true})

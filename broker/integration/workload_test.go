@@ -81,7 +81,7 @@ tenant "vision" {
 
 // TestTheJobspecsRunThroughTheBroker: every jobspec in jobspecs/ validates,
 // is admitted by the broker under the example policies, and reaches its
-// state on a cluster like the demo's (2 nodes × 8 GPUs); a dispatch of the
+// state on a cluster like the demo's (2 nodes × 8 GPUs). A dispatch of the
 // parameterized batch job is admitted on its own and completes.
 func TestTheJobspecsRunThroughTheBroker(t *testing.T) {
 	t.Parallel()

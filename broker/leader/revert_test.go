@@ -74,8 +74,8 @@ func TestARevertNomadMadeIsARecordedDecision(t *testing.T) {
 }
 
 // Nomad's revert of a job the broker wrote is the broker's version: the
-// record of its last write moves to the revert's index, and no further back;
-// a job it has no record of, or is writing now, keeps what it has.
+// record of its last write moves to the revert's index, and no further back.
+// A job it has no record of, or is writing now, keeps what it has.
 func TestARevertNomadMadeIsRecordedAsTheBrokersWrite(t *testing.T) {
 	p, trail := visionAndTrail(t)
 	web, west, busy := testbuild.Ref("vision", "web"), nomadjob.Ref{Region: "west", Namespace: "vision", ID: "web"}, testbuild.Ref("vision", "busy")

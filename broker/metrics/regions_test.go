@@ -15,7 +15,7 @@ import (
 
 // A broker governing two regions splits GPUs and tenants by region, with a
 // tenant's cap in a region as its limit there, and says which region it
-// follows and which is drained; the series over all regions stay as they are.
+// follows and which is drained. The series over all regions stay as they are.
 func TestSeriesAreSplitByRegion(t *testing.T) {
 	east, west := cluster.NewView(nil), cluster.NewView(nil)
 	west.SetRegion("west")

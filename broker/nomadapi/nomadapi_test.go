@@ -278,7 +278,7 @@ func TestAJobChangedBetweenTheListingsIsReadAgain(t *testing.T) {
 
 // A node that changed or joined while the other listings were read is read
 // again, one gone is dropped, and deployments are listed after the
-// allocations: the stream resumes after the last listing, so such changes
+// allocations. The stream resumes after the last listing, so such changes
 // would come neither as listed nor as events.
 func TestNodesAndDeploymentsChangedDuringTheListingsAreReadAsTheyAreNow(t *testing.T) {
 	c, f := newClient(t, map[string]func(http.ResponseWriter, *http.Request){

@@ -131,7 +131,7 @@ func TestTheObserverReadsEachJobVersionOnceAndEachNodesStats(t *testing.T) {
 
 // A job version that did not verify is verified again on each pass, from
 // the copy read, since the broker's records of it may change while the
-// version stays (Nomad's own revert, recorded as the broker's write); one
+// version stays (Nomad's own revert, recorded as the broker's write). One
 // that verified is not.
 func TestTheObserverVerifiesAnUnadmittedVersionAgainWithoutReadingIt(t *testing.T) {
 	jobReads := 0
@@ -159,7 +159,7 @@ func TestTheObserverVerifiesAnUnadmittedVersionAgainWithoutReadingIt(t *testing.
 
 // A borrowed job the broker moved to another sub-band in place (a new
 // version, its allocation kept) and Nomad then preempted is still to be
-// requeued: what deals with a preemption is a registration after it, not
+// requeued. What deals with a preemption is a registration after it, not
 // one after the allocation was created. Stopped, or registered again since,
 // it is not.
 func TestTheObserverKeepsAPreemptionAfterAnInPlaceMove(t *testing.T) {

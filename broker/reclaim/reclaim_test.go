@@ -312,7 +312,7 @@ over_limit_grace = "5m"
 
 // Work no decision covers (unadmitted, in a tenant's namespace) that puts
 // the tenant over its limit goes at once, newest first, before any admitted
-// work, which still waits out the grace; under the limit it is left to the
+// work, which still waits out the grace. Under the limit it is left to the
 // unadmitted rule.
 func TestWorkNobodyAdmittedOverALimitIsRequeuedAtOnce(t *testing.T) {
 	p := testbuild.Policy(t, `

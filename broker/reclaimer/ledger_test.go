@@ -141,7 +141,7 @@ func TestTheLedgerChargesAnAllocationUpToItsEnd(t *testing.T) {
 }
 
 // A pass may see an allocation not yet started that started before it (the
-// view hears of a start later): the next pass charges it from its start, but
+// view hears of a start later). The next pass charges it from its start, but
 // not from before its term's first mark, which an earlier leader counted to.
 func TestTheLedgerChargesAStartItSawLate(t *testing.T) {
 	t0 := time.Date(2026, 11, 30, 8, 0, 0, 0, time.UTC)
@@ -383,7 +383,7 @@ func (o *regionObserver) Observe(context.Context) ([]reclaim.Alloc, map[string]r
 func (o *regionObserver) Ended() []reclaim.Alloc { return o.ended }
 
 // Another region's GPU time is charged with the broker's own, in rows of its
-// region; while the region cannot be observed it is charged as last
+// region. While the region cannot be observed it is charged as last
 // observed, and an allocation that ended there (lost with the region) up to
 // its end.
 func TestTheLedgerChargesEveryRegionSplitByRegion(t *testing.T) {

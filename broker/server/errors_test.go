@@ -9,9 +9,9 @@ import (
 	"github.com/nomad-gpu/nomad-gpu/broker/front"
 )
 
-// What a guard or a gate call returns is answered in one place: a hand-off
-// by its own answer, a refusal at its status, and a refusal of a body not
-// read to its end with the connection closed after it.
+// What a guard or a gate call returns is answered in one place. A hand-off
+// is answered by its own answer, a refusal at its status, and a refusal of
+// a body not read to its end with the connection closed after it.
 func TestAnswerServesHandOffsAndRefusals(t *testing.T) {
 	served := &handedOff{to: "Nomad", serve: func(w http.ResponseWriter) { w.WriteHeader(http.StatusTeapot) }}
 	for _, c := range []struct {

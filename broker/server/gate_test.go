@@ -679,7 +679,7 @@ func TestQueueingWithNomadGoneSaysNomadIsUnreachable(t *testing.T) {
 }
 
 // Nomad failing (500) to plan a job that would be queued is Nomad's fault,
-// not a refusal of the caller's token: 502, worded so; and a call passed
+// not a refusal of the caller's token: 502, worded so. A call passed
 // through to a Nomad that does not answer gets a 502 that says so too.
 func TestNomadFailingIsNeverWordedAsARefusal(t *testing.T) {
 	s, up, q, nomad := newTestServer(t)

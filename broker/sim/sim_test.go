@@ -109,7 +109,7 @@ func TestBorrowedWorkYieldsToAGuaranteeAndComesBack(t *testing.T) {
 	near(t, "strict violation", strict.ViolationHours, 0)
 
 	// nomad-gpu: a2 borrows at 0; b1 preempts it at 10 (10 s x 4 GPUs lost)
-	// and ends at 60; a2, requeued by the reclaim pass at 20, is admitted
+	// and ends at 60. a2, requeued by the reclaim pass at 20, is admitted
 	// again at the pass at 70 and runs its 100 s again: until 170.
 	gpu := res[sim.NomadGPU]
 	near(t, "nomad-gpu span", gpu.Span, 170)
@@ -448,7 +448,7 @@ func TestSubBandsMakeTheNewestBorrowerTheVictim(t *testing.T) {
 // placementTenants is twoTenants with tenant a guaranteed 1 GPU.
 var placementTenants = strings.Replace(twoTenants, "queues     = [\"training\", \"dev\"]\n  guaranteed = 4", "queues     = [\"training\", \"dev\"]\n  guaranteed = 1", 1)
 
-// Two borrowed jobs of 3 GPUs leave 1 free on each node: a third of 2
+// Two borrowed jobs of 3 GPUs leave 1 free on each node. A third of 2
 // waits in the broker's queue (not in Nomad, where it would count against
 // its tenant) until x1 ends at 100, then starts at the pass at 110.
 func TestBorrowedWorkWaitsForANodeWithRoom(t *testing.T) {

@@ -11,7 +11,7 @@ import (
 )
 
 // TestTwoTasksShareOneGPUAsReplicas: with sharing { replicas = 2  gpus = 1 }
-// Nomad sees one GPU whole and the other as two replicas; two jobs asking
+// Nomad sees one GPU whole and the other as two replicas. Two jobs asking
 // for a shared GPU run at once on replicas of the same GPU, and each task
 // sees that GPU.
 func TestTwoTasksShareOneGPUAsReplicas(t *testing.T) {

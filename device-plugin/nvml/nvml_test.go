@@ -368,8 +368,8 @@ func TestMIGInstancesGetTheirOwnUtilisationFromGPM(t *testing.T) {
 
 // A whole GPU's tensor-core activity comes from GPM where the GPU has it
 // (Hopper and later): N/A at the first Stats, then the share between two
-// samples of that GPU; N/A on GPUs without GPM, as dcgm-exporter leaves
-// the field out without profiling.
+// samples of that GPU. It is N/A on GPUs without GPM, as dcgm-exporter
+// leaves the field out without profiling.
 func TestTensorActivityFromGPM(t *testing.T) {
 	m := newMachine(t)
 	withGPM := m.Devices[1].(*server.Device)

@@ -377,7 +377,7 @@ func TestBackendThatFailsToOpenIsRetried(t *testing.T) {
 }
 
 // sharing { replicas = 4  gpus = 2 }: the first two GPUs (by PCI bus id) are
-// offered as four replicas each in a "(shared)" group; a task given replicas
+// offered as four replicas each in a "(shared)" group. A task given replicas
 // sees their GPU, once; replicas report their GPU's health and stats.
 func TestSharedGPUsAreOfferedAsReplicas(t *testing.T) {
 	a, b, c := device("GPU-a", "H100"), device("GPU-b", "H100"), device("GPU-c", "H100")

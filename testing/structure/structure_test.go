@@ -48,8 +48,8 @@ func ringOf(pkg string) (int, bool) {
 }
 
 // No package of the broker or the device plugin imports one from a ring
-// above its own, or one in no ring (the test harness), and every such
-// package has a ring (a new one is placed in docs/design.md and here).
+// above its own, or one in no ring (the test harness). Every such package
+// has a ring: a new one is placed in docs/design.md and here.
 func TestNoPackageImportsFromARingAbove(t *testing.T) {
 	out, err := exec.Command("go", "list", "-f", `{{.ImportPath}} {{join .Imports " "}}`, "../../broker/...", "../../internal/...",
 		"../../device-plugin/...", "../../cmd/...").CombinedOutput()
