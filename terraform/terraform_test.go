@@ -154,11 +154,11 @@ func TestGPUNodeModuleAppliesWithItsDefaults(t *testing.T) {
 // A Nomad client is started as the rendered unit starts it, from the
 // rendered configuration, beside a server configuration of HashiCorp's nomad
 // package's kind in /etc/nomad.d (a one-node server, a client of 127.0.0.1).
-// It joins a real server and is no server itself. It loads the plugin with GPU sharing,
-// installed into Nomad's own plugin directory (<data_dir>/plugins) from a
-// release zip of `make release` by the cloud-init command that checks its
-// SHA-256. It offers the host volume for checkpoints, and its cloud-init
-// writes exactly the rendered files.
+// It joins a real server and is no server itself. It loads the plugin with
+// GPU sharing, installed into Nomad's own plugin directory
+// (<data_dir>/plugins) from a release zip of `make release` by the
+// cloud-init command that checks its SHA-256. It offers the host volume for
+// checkpoints, and its cloud-init writes exactly the rendered files.
 func TestAClientFromTheGPUNodeModuleJoinsAndLoadsThePlugin(t *testing.T) {
 	consul := testcluster.StartConsul(t)
 	server := testcluster.StartNomad(t, testcluster.NomadOptions{Name: "server", Server: true})
