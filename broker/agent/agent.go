@@ -460,6 +460,7 @@ func (a *Agent) reclaimer() *reclaimer.Reclaimer {
 			&reclaimer.Expirer{Store: st.approvals, Jobs: a.regions, Policies: a.policies, Records: st.decisions, NewID: queue.NewID, Audit: a.trail},
 			&reclaimer.Pruner{What: "scale and dispatch grants", Every: grantPruneInterval, Log: prune,
 				Prune: func(ctx context.Context) (int, error) { return st.scales.Prune(ctx, a.gone) }},
+			&reclaimer.Pruner{What: "queued requests no entry owns", Every: grantPruneInterval, Log: prune, Prune: st.queue.PruneRequests},
 			&reclaimer.Pruner{What: "records of the broker's writes", Every: grantPruneInterval, Log: prune,
 				Prune: func(ctx context.Context) (int, error) { return st.writes.Prune(ctx, a.gone) }},
 			// A stop is kept for the reclaim retention (Nomad collects a

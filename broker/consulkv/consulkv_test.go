@@ -558,6 +558,134 @@ func TestStores(t *testing.T) {
 		}
 	})
 
+	// A queued job's request, most of its entry's bytes, is kept under
+	// queue-body/ and read once: every change in the queue makes Consul send
+	// each broker the queue's directory again.
+	t.Run("queue: each request is kept apart, and goes with its entry", func(t *testing.T) {
+		t.Parallel()
+		const prefix = "split-test/"
+		var mu sync.Mutex
+		var told []string
+		aside := consulkv.NewAside(client, prefix, func(u consulkv.Unreadable) {
+			mu.Lock()
+			defer mu.Unlock()
+			told = append(told, u.Key+": "+u.Err.Error())
+		})
+		q := consulkv.NewQueue(client.KV(), prefix, aside)
+		raw := func(key string) []byte {
+			t.Helper()
+			p, _, err := client.KV().Get(prefix+key, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if p == nil {
+				return nil
+			}
+			return p.Value
+		}
+		request := json.RawMessage(`{"Job":{"ID":"train","Meta":{"pad":"` + strings.Repeat("x", 20000) + `"}}}`)
+		e := queue.Entry{ID: queue.NewID(), JobID: "train", Namespace: "vision", Tenant: "vision", Queue: "training", Demand: 2, Request: request}
+		if err := q.Put(ctx, e); err != nil {
+			t.Fatal(err)
+		}
+		if rec := raw("queue/" + e.ID); bytes.Contains(rec, []byte(`"request"`)) || !bytes.Contains(rec, []byte(fmt.Sprintf(`"request_bytes":%d`, len(request)))) || len(rec) > 1000 {
+			t.Errorf("the entry's record holds its request, or not its size: %d bytes: %.200s", len(rec), rec)
+		}
+		if body := raw("queue-body/" + e.ID); !bytes.Equal(body, request) {
+			t.Errorf("queue-body/%s holds %.60s, not the request", e.ID, body)
+		}
+		got, err := q.Get(ctx, e.ID)
+		if err != nil || !bytes.Equal(got.Request, request) {
+			t.Fatalf("get: %.60s %v", got.Request, err)
+		}
+		// An entry written before requests were kept apart reads as it was,
+		// and stays whole when it changes.
+		inline := queue.Entry{ID: queue.NewID(), JobID: "old", Namespace: "vision", Request: json.RawMessage(`{"Job":{"ID":"old"}}`)}
+		b, _ := json.Marshal(inline)
+		if _, err := client.KV().Put(&consul.KVPair{Key: prefix + "queue/" + inline.ID, Value: b}, nil); err != nil {
+			t.Fatal(err)
+		}
+		fctx, stop := context.WithCancel(ctx)
+		defer stop()
+		go q.Follow(fctx)
+		testcluster.WaitFor(t, 10*time.Second, "the copy", func() error {
+			all, err := q.List(ctx)
+			if err != nil || q.Index() == 0 || len(all) != 2 {
+				return fmt.Errorf("%d entries, index %d: %v", len(all), q.Index(), err)
+			}
+			for _, a := range all {
+				if want := map[string]json.RawMessage{e.ID: request, inline.ID: inline.Request}[a.ID]; !bytes.Equal(a.Request, want) {
+					return fmt.Errorf("%s listed with %.60s", a.ID, a.Request)
+				}
+			}
+			return nil
+		})
+		all, _ := q.List(ctx)
+		for _, a := range all {
+			if ok, err := q.Park(ctx, a, "parked", time.Now()); !ok || err != nil {
+				t.Fatalf("park %s: %v %v", a.ID, ok, err)
+			}
+		}
+		if rec := raw("queue/" + e.ID); bytes.Contains(rec, []byte(`"request"`)) || !bytes.Contains(rec, []byte(`"parked"`)) {
+			t.Errorf("parked, the entry's record took its request in: %.200s", rec)
+		}
+		if rec := raw("queue/" + inline.ID); !bytes.Contains(rec, []byte(`"request":{"Job"`)) {
+			t.Errorf("parked, an entry written whole lost its request: %s", rec)
+		}
+		claimed, ok, err := q.Claim(ctx, mustGet(t, q, e.ID), time.Now())
+		if !ok || err != nil || !bytes.Equal(claimed.Request, request) {
+			t.Errorf("claimed without its request: %v %v %.60s", ok, err, claimed.Request)
+		}
+		if ok, err := q.Remove(ctx, claimed); !ok || err != nil {
+			t.Fatalf("remove: %v %v", ok, err)
+		}
+		if rec, body := raw("queue/"+e.ID), raw("queue-body/"+e.ID); rec != nil || body != nil {
+			t.Errorf("removed, the entry left %d bytes and its request %d", len(rec), len(body))
+		}
+
+		// An entry whose request is gone is set aside, and stops nothing.
+		lost := queue.Entry{ID: queue.NewID(), JobID: "lost", Namespace: "vision", Request: json.RawMessage(`{"Job":{"ID":"lost"}}`)}
+		if err := q.Put(ctx, lost); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := client.KV().Delete(prefix+"queue-body/"+lost.ID, nil); err != nil {
+			t.Fatal(err)
+		}
+		fresh := consulkv.NewQueue(client.KV(), prefix, aside)
+		if got, err := fresh.List(ctx); err != nil || len(got) != 1 || got[0].ID != inline.ID {
+			t.Errorf("listed with a request gone: %+v %v", got, err)
+		}
+		mu.Lock()
+		if len(told) == 0 || !strings.Contains(told[0], lost.ID) || !strings.Contains(told[0], "missing") {
+			t.Errorf("told: %q", told)
+		}
+		mu.Unlock()
+
+		// Every key written has an owner: a request no entry owns (its
+		// entry's write failed, or a delete after it) goes at the second
+		// prune that finds it so; one whose entry is set aside stays.
+		keep := queue.Entry{ID: queue.NewID(), JobID: "keep", Namespace: "vision", Request: json.RawMessage(`{"Job":{"ID":"keep"}}`)}
+		if err := q.Put(ctx, keep); err != nil {
+			t.Fatal(err)
+		}
+		orphan := queue.NewID()
+		if _, err := client.KV().Put(&consul.KVPair{Key: prefix + "queue-body/" + orphan, Value: []byte(`{}`)}, nil); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := client.KV().Put(&consul.KVPair{Key: prefix + "queue-body/" + lost.ID, Value: []byte(`{}`)}, nil); err != nil {
+			t.Fatal(err)
+		}
+		for i, want := range []int{0, 1, 0} {
+			if n, err := q.PruneRequests(ctx); n != want || err != nil {
+				t.Errorf("prune %d: %d deleted, want %d (%v)", i+1, n, want, err)
+			}
+		}
+		if raw("queue-body/"+orphan) != nil || raw("queue-body/"+keep.ID) == nil || raw("queue-body/"+lost.ID) == nil {
+			t.Errorf("after the prunes: the orphan %t, a queued entry's %t, a set-aside entry's %t",
+				raw("queue-body/"+orphan) != nil, raw("queue-body/"+keep.ID) != nil, raw("queue-body/"+lost.ID) != nil)
+		}
+	})
+
 	// A queue entry that decodes but is not one the broker wrote (null, {},
 	// one whose id is not its key's, a copy of another under a new key) is
 	// set aside too. Listed, it had an id no one could cancel, and was
@@ -704,4 +832,14 @@ func TestStores(t *testing.T) {
 			t.Errorf("no hold left, the key stays: %v %v", pair, err)
 		}
 	})
+}
+
+// mustGet reads entry id of q.
+func mustGet(t *testing.T, q *consulkv.Queue, id string) queue.Entry {
+	t.Helper()
+	e, err := q.Get(context.Background(), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return e
 }

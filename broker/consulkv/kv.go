@@ -2,7 +2,7 @@
 // keeps, each kind under its own path below the configured prefix (default
 // nomad-gpu/):
 //
-//	queue/<id>                             queued jobs (Queue)
+//	queue/<id>                             queued jobs (Queue), each request under queue-body/<id>
 //	reclaim/<id>                           reclaim decisions (Decisions)
 //	approvals/<id>                         approvals, with a snapshot every broker follows (Approvals)
 //	scaled/<region>/<namespace>/<job>      what a scale or dispatch through the broker admitted (Scales)
@@ -31,6 +31,7 @@ package consulkv
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/url"
 	"strings"
@@ -53,7 +54,18 @@ type records[T any] struct {
 	// valid says why a record that decodes is still not one of its kind
 	// (null, {}, an id that is not its key's: a copy); nil: any decodes.
 	valid func(name string, v *T) error
+	// complete reads what a record keeps under another key into it (nil:
+	// nothing). An error wrapping errMissing makes the record unreadable;
+	// any other is Consul's, and the read fails.
+	complete func(ctx context.Context, name string, v *T) error
 }
+
+// errMissing is a record's part that is not where the record says;
+// errIncomplete a record whose parts Consul did not answer for.
+var (
+	errMissing    = errors.New("missing")
+	errIncomplete = errors.New("its parts could not be read")
+)
 
 // Aside moves records that cannot be decoded (a hand edit, a torn write)
 // out of their directory to <prefix>quarantine/<kind>/<name>, as they were,
@@ -149,6 +161,11 @@ func (r records[T]) encode(name string, v T) ([]byte, error) {
 // readable decodes p; one that cannot be decoded is set aside, and false.
 func (r records[T]) readable(ctx context.Context, p *consul.KVPair) (T, bool, error) {
 	v, err := r.decode(p)
+	if err == nil && r.complete != nil {
+		if err = r.complete(ctx, strings.TrimPrefix(p.Key, r.dir), &v); err != nil && !errors.Is(err, errMissing) {
+			return v, false, fmt.Errorf("read %s %s: %w: %w", r.what, p.Key, errIncomplete, err)
+		}
+	}
 	if err == nil {
 		return v, true, nil
 	}

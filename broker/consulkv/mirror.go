@@ -2,6 +2,7 @@ package consulkv
 
 import (
 	"context"
+	"errors"
 	"slices"
 	"strings"
 	"sync"
@@ -94,12 +95,28 @@ func (m *mirror[T]) follow(ctx context.Context) {
 			}
 		}
 		m.mu.RUnlock()
+		incomplete := false
 		for _, p := range changed {
 			// One that cannot be read is set aside (or, with no Aside,
-			// skipped): it must not stop the copy of the others.
-			if v, ok, err := m.r.readable(ctx, p); ok && err == nil {
+			// skipped): it must not stop the copy of the others. One whose
+			// parts Consul did not give is read again with the rest.
+			v, ok, err := m.r.readable(ctx, p)
+			if errors.Is(err, errIncomplete) {
+				incomplete = true
+				break
+			}
+			if ok && err == nil {
 				next[strings.TrimPrefix(p.Key, m.r.dir)] = mirrored[T]{v: v, index: p.ModifyIndex}
 			}
+		}
+		if incomplete {
+			m.index.Store(0)
+			index = 0
+			select {
+			case <-ctx.Done():
+			case <-time.After(time.Second):
+			}
+			continue
 		}
 		m.mu.Lock()
 		m.records, m.list = m.reconcile(next, meta.LastIndex), nil

@@ -45,6 +45,11 @@ type Entry struct {
 	// Request is the register request body as the user sent it. The user's token
 	// is never stored: the leader registers queued jobs with the broker's own.
 	Request json.RawMessage `json:"request,omitempty"`
+	// RequestBytes is Request's length where the store keeps Request apart
+	// from the entry's other facts (0: kept with them, as entries written
+	// before were). A broker's copy of a long queue then follows the small
+	// facts, and reads each request once.
+	RequestBytes int `json:"request_bytes,omitempty"`
 	// Parked is why Nomad refused the job when the leader registered it (or
 	// why it cannot be read): it stays visible and removable, and no longer
 	// waits or holds up the entries behind it.
