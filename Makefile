@@ -107,6 +107,8 @@ bench: ## Benchmarks, side by side with ratios to each group's baseline
 	@$(GO) test -run '^$$' -bench 'BenchmarkRegister$$' -benchtime $(or $(AGENT_BENCHTIME),300x) ./broker/integration/ | awk -f scripts/benchtable.awk
 	@$(GO) test -run '^$$' -bench 'BenchmarkQueueAdmission$$' -benchtime 1x ./broker/integration/ | awk -f scripts/benchtable.awk
 	@$(GO) test -run '^$$' -bench 'BenchmarkQueuedSubmission$$' -benchtime 1x ./broker/integration/ | awk -f scripts/benchtable.awk
+	@# 10,000 queued jobs of 20 KB behind two brokers: memory, idle cores, a submission, a failover.
+	@$(GO) test -run '^$$' -bench 'BenchmarkLongQueue$$' -benchtime 1x ./broker/integration/ | awk -f scripts/benchtable.awk
 	@# The drain once Nomad answers again after 20 s of 500s, for 8 and 1,000 entries.
 	@$(GO) test -run '^$$' -bench 'BenchmarkQueueRecovery$$' -benchtime 1x ./broker/integration/ | awk -f scripts/benchtable.awk
 	@# The same drain into two federated regions, the jobs leaving the region to the broker.

@@ -2,11 +2,14 @@ package integration
 
 import (
 	"bytes"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -616,6 +619,136 @@ func BenchmarkQueuedSubmission(b *testing.B) {
 	b.ReportMetric(idleConsul, "idle-consul-cores")
 }
 
+// BenchmarkLongQueue holds issue 62's goals on a long queue of jobspecs the
+// size real training jobs have: 10,000 queued jobs (BENCH_LONG_QUEUE) of
+// 20 KB each, their env vars most of it, in front of two brokers (release
+// builds). It reports the queue's bytes, the memory each broker and Consul
+// hold (resident, less mapped files) and gained over them, and the idle
+// leader's and follower's shares of a core. Then a submission's p50 into
+// the long queue against an empty one, and the seconds from a SIGKILL of
+// the leader to the next leader's first queue pass.
+func BenchmarkLongQueue(b *testing.B) {
+	waiting, samples := 10000, 100
+	if v, err := strconv.Atoi(os.Getenv("BENCH_LONG_QUEUE")); err == nil && v > 0 {
+		waiting = v
+	}
+	consul := testcluster.StartDurableConsul(b) // its raft log on disk, as a real server keeps it
+	n := queueNomad(b, consul, "longq", 1, "", "")
+	dir := b.TempDir()
+	writeFile(b, filepath.Join(dir, "p.hcl"), queuePolicy(1, waiting+3*samples))
+	brokers := []*testcluster.Broker{
+		testcluster.StartReleaseBrokerWith(b, n, consul, dir, testcluster.BrokerOptions{}),
+		testcluster.StartReleaseBrokerWith(b, n, consul, dir, testcluster.BrokerOptions{}),
+	}
+	leading := func() (leader, follower *testcluster.Broker) {
+		for i, br := range brokers {
+			if br.Scrape()["nomadgpu_leader"] == 1 {
+				return br, brokers[1-i]
+			}
+		}
+		return nil, nil
+	}
+	testcluster.WaitFor(b, 60*time.Second, "a leader, and the broker's view of the GPU", func() error {
+		if l, _ := leading(); l == nil {
+			return errors.New("no leader yet")
+		}
+		if out := register(b, brokers[0], mockGPUJob("blocker", 1)); !strings.Contains(out, "admitted") {
+			return fmt.Errorf("blocker: %s", out)
+		}
+		return nil
+	})
+	leader, follower := leading()
+	submit := func(round string) []time.Duration {
+		var took []time.Duration
+		for i := range samples {
+			start := time.Now()
+			if out := register(b, follower, paddedGPUJob(fmt.Sprintf("%s-%03d", round, i))); !strings.Contains(out, "queued as") {
+				b.Fatalf("not queued: %s", out)
+			}
+			took = append(took, time.Since(start))
+		}
+		slices.Sort(took)
+		return took
+	}
+	b.ResetTimer()
+	empty := submit("empty")
+	// The memory each holds itself: a Consul server's raft log on disk is
+	// mapped, its pages the kernel's to drop.
+	rss := func() []int64 { return []int64{leader.AnonRSS(), follower.AnonRSS(), consul.AnonRSS()} }
+	before := rss()
+	// The waiting jobs are written as the broker writes them, straight into Consul.
+	store := consulkv.NewQueue(consulKV(consul), "nomad-gpu/", nil)
+	now, queueBytes := time.Now(), 0
+	for i := range waiting {
+		id := fmt.Sprintf("w-%05d", i)
+		body := paddedGPUJob(id)
+		queueBytes += len(body)
+		e := queue.Entry{ID: queue.NewID(), JobID: id, Namespace: "vision", Tenant: "vision", Queue: "training", Demand: 1,
+			Reason: "benchmark", SubmittedBy: "bench", SubmittedAt: now.Add(time.Duration(i) * time.Millisecond), Request: body}
+		if err := store.Put(b.Context(), e); err != nil {
+			b.Fatal(err)
+		}
+	}
+	testcluster.WaitFor(b, 2*time.Minute, "both brokers' copies of the queue", func() error {
+		for _, br := range brokers {
+			if d := br.Scrape()[`nomadgpu_queue_depth{queue="training"}`]; d < float64(waiting+samples) {
+				return fmt.Errorf("%s sees %g queued", br.Addr, d)
+			}
+		}
+		return nil
+	})
+	// The leader's pass over what was written: the idle brokers are
+	// measured after.
+	time.Sleep(8 * time.Second)
+	idleFrom, leaderCPU, followerCPU := time.Now(), leader.CPUTime(), follower.CPUTime()
+	time.Sleep(20 * time.Second)
+	idle := time.Since(idleFrom).Seconds()
+	idleLeader, idleFollower := (leader.CPUTime()-leaderCPU).Seconds()/idle, (follower.CPUTime()-followerCPU).Seconds()/idle
+	after := rss()
+	full := submit("full")
+	// The leader dies: the follower takes the lock and makes its first pass.
+	passes := func(br *testcluster.Broker) float64 {
+		return br.Scrape()[`nomadgpu_leader_passes_total{loop="queue",result="ok"}`]
+	}
+	was := passes(follower)
+	killed := time.Now()
+	leader.Kill()
+	var firstPass time.Duration
+	testcluster.WaitFor(b, 60*time.Second, "the next leader's first queue pass", func() error {
+		if passes(follower) <= was {
+			return errors.New("no pass yet")
+		}
+		firstPass = time.Since(killed)
+		return nil
+	})
+	b.StopTimer()
+	p50 := func(ds []time.Duration) float64 { return float64(ds[len(ds)/2].Microseconds()) / 1000 }
+	mib := func(v int64) float64 { return float64(v) / (1 << 20) }
+	b.ReportMetric(mib(int64(queueBytes)), "queue-MiB")
+	for i, who := range []string{"leader", "follower", "consul"} {
+		b.ReportMetric(mib(after[i]), who+"-anon-MiB")
+		b.ReportMetric(float64(after[i]-before[i])/float64(queueBytes), who+"-growth-x-queue")
+	}
+	b.ReportMetric(idleLeader, "idle-leader-cores")
+	b.ReportMetric(idleFollower, "idle-follower-cores")
+	b.ReportMetric(p50(empty), "empty-p50-ms")
+	b.ReportMetric(p50(full), "long-p50-ms")
+	b.ReportMetric(p50(full)/p50(empty), "p50-ratio")
+	b.ReportMetric(firstPass.Seconds(), "kill-to-first-pass-s")
+}
+
+// paddedGPUJob is mockGPUJob of one GPU grown to 20 KB by env vars, as a
+// real training job's jobspec is.
+func paddedGPUJob(id string) []byte {
+	env := make(map[string]string, 160)
+	for i := range 160 {
+		env[fmt.Sprintf("TRAIN_SETTING_%03d", i)] = strings.Repeat("v", 100)
+	}
+	body := mockGPUJob(id, 1)
+	pad, _ := json.Marshal(env)
+	return bytes.Replace(body, []byte(`"Config":{"run_for":"1h"},`), append(append([]byte(`"Config":{"run_for":"1h"},"Env":`), pad...), ','), 1)
+}
+
 // queueCluster is Consul, a Nomad agent with gpus fake GPUs, the mock driver
 // and nomadHCL, and a release broker (its profiler on) whose tenant vision
 // is guaranteed all of them and may queue maxQueued jobs.
@@ -629,7 +762,7 @@ func queueCluster(b *testing.B, name string, gpus, maxQueued int, nomadHCL strin
 
 // queueNomad starts a Nomad server and client with gpus fake GPUs (fake: more
 // of the plugin's fake block) and Nomad's mock driver, namespace vision made.
-func queueNomad(b *testing.B, consul *testcluster.Consul, name string, gpus int, fake, nomadHCL string) *testcluster.Nomad {
+func queueNomad(b testing.TB, consul *testcluster.Consul, name string, gpus int, fake, nomadHCL string) *testcluster.Nomad {
 	n := testcluster.StartNomad(b, testcluster.NomadOptions{Name: name, Server: true, Client: true, ConsulAddr: consul.Addr,
 		PluginConfig: fmt.Sprintf("\n    backend = \"fake\"\n    fake {\n      count = %d\n      %s\n    }", gpus, fake),
 		ExtraHCL:     "plugin \"mock_driver\" {}\n" + nomadHCL})

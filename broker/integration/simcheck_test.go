@@ -43,7 +43,7 @@ type simFigures struct {
 
 // simSeeds is how many runs the simulated figures are the mean of, each
 // with its own shuffles of Nomad's node order and its own delays of the
-// submissions (late): one trace of 160 jobs preempts 7 to 24 times from one
+// submissions (late). One trace of 160 jobs preempts 7 to 24 times from one
 // to another (200 runs), and a real replay varies as much. Ten runs spanned
 // only 10 to 23, so a real run as likely as one in ten fell outside them;
 // forty span 8 to 23, and one real run in twenty does.
@@ -52,17 +52,19 @@ const simSeeds = 40
 // TestSimToReal (make sim-check; make test skips it: it takes minutes)
 // replays one trace on real Nomad v1.6.3 and Consul behind the broker (4
 // nodes of 8 fake GPUs, mock-driver tasks that run for each job's
-// duration), and the same trace in the simulator with the same policy and
-// time scale, and compares them in mode nomad-gpu: allocation while work
-// arrives, preemptions, guaranteed victims, GPU-seconds lost and mean wait.
-// It runs once per placement mode (the broker pinning jobs, and Nomad
-// choosing), unless the policy sets one. SIM_CHECK_OUT names a file for the
-// tables; SIM_CHECK_POLICY a directory of policy files to check instead of
-// the one beside the trace (a policy change measured on a real cluster
-// before it is adopted); SIM_CHECK_TIMELINE a directory, for following
-// where a real run parts from the simulated one: each job's submission,
-// first registration and first start are logged, and the broker's log and
-// audit trail written there.
+// duration). It plays the same trace in the simulator with the same policy
+// and time scale, and compares them in mode nomad-gpu: allocation while
+// work arrives, preemptions, guaranteed victims, GPU-seconds lost and mean
+// wait. It runs once per placement mode (the broker pinning jobs, and
+// Nomad choosing), unless the policy sets one. Its settings:
+//   - SIM_CHECK_OUT names a file for the tables;
+//   - SIM_CHECK_POLICY a directory of policy files to check instead of the
+//     one beside the trace (a policy change measured on a real cluster
+//     before it is adopted);
+//   - SIM_CHECK_TIMELINE a directory, for following where a real run parts
+//     from the simulated one. Each job's submission, first registration,
+//     placement and start are logged, and the broker's log and audit trail
+//     are written there.
 func TestSimToReal(t *testing.T) {
 	f, err := os.Open(filepath.Join(simCheckDir, "trace.jsonl"))
 	if err != nil {
@@ -114,9 +116,9 @@ func TestSimToReal(t *testing.T) {
 }
 
 // late is trace with each job submitted up to half a second late, drawn
-// from seed: the real replay's submissions are (its loop sleeps to each
-// job's time, then the broker decides), and a run where the broker places
-// every job has no shuffle of Nomad's to vary it otherwise.
+// from seed. The real replay's submissions are: its loop sleeps to each
+// job's time, then the broker decides. A run where the broker places every
+// job has no shuffle of Nomad's to vary it otherwise.
 func late(trace []sim.Job, seed uint64) []sim.Job {
 	rng := rand.New(rand.NewPCG(seed, 0x1a7e))
 	out := slices.Clone(trace)
@@ -222,8 +224,8 @@ func simToReal(t *testing.T, trace []sim.Job, policyDir, label string, tables *s
 	}
 	// Preemptions and the work they lose: within the tolerance of the
 	// shuffles' mean. One replay of 160 jobs varies from run to run as much
-	// as one shuffle from another (three real runs with the broker placing
-	// preempted 8, 20 and 8 times), so a real figure within the shuffles'
+	// as one shuffle from another: three real runs with the broker placing
+	// preempted 8, 20 and 8 times. So a real figure within the shuffles'
 	// range widened by the tolerance passes too.
 	for _, r := range rows {
 		if !r.ranged {
@@ -368,13 +370,16 @@ func replay(t *testing.T, trace []sim.Job, policyDir string, namespaces []string
 	mu.Lock()
 	f.allocation = gpuSecs / (32 * last.Sub(first).Seconds())
 	mu.Unlock()
-	firstStart := map[string]time.Time{}
+	firstStart, firstPlaced := map[string]time.Time{}, map[string]time.Time{}
 	var latency time.Duration
 	started := 0
 	for _, a := range stubs {
 		key := a.Namespace + "/" + a.JobID
 		ts := a.TaskStates["t0"]
 		ran := ts != nil && !ts.StartedAt.IsZero()
+		if p, ok := firstPlaced[key]; !ok || time.Unix(0, a.CreateTime).Before(p) {
+			firstPlaced[key] = time.Unix(0, a.CreateTime)
+		}
 		if ran {
 			if s, ok := firstStart[key]; !ok || ts.StartedAt.Before(s) {
 				firstStart[key] = ts.StartedAt
@@ -428,7 +433,8 @@ func replay(t *testing.T, trace []sim.Job, policyDir string, namespaces []string
 					registered = math.Min(registered, time.Unix(0, *v.SubmitTime).Sub(start).Seconds())
 				}
 			}
-			t.Logf("timeline %s/%s: submitted %6.1fs, first registered %6.1fs, first started %6.1fs", j.Tenant, j.ID, j.Submit, registered, s.Sub(start).Seconds())
+			t.Logf("timeline %s/%s: submitted %6.1fs, first registered %6.1fs, first placed %6.1fs, first started %6.1fs", j.Tenant, j.ID, j.Submit, registered,
+				firstPlaced[j.Tenant+"/"+j.ID].Sub(start).Seconds(), s.Sub(start).Seconds())
 		}
 	}
 	return f

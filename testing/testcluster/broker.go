@@ -247,14 +247,22 @@ func (b *Broker) Kill() {
 	b.process.Kill()
 }
 
-// RSS is the broker process's resident memory in bytes (0 when unknown).
-func (b *Broker) RSS() int64 {
-	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", b.cmd.Process.Pid))
+// RSS is the agent process's resident memory in bytes (0 when unknown).
+func (p *process) RSS() int64 { return p.status("VmRSS:") }
+
+// AnonRSS is RSS less the pages of files it maps (its binary, a Consul
+// server's raft log), which the kernel may drop and read again: the memory
+// the process itself holds.
+func (p *process) AnonRSS() int64 { return p.status("RssAnon:") }
+
+// status is a size in bytes from the process's /proc status (0 when unknown).
+func (p *process) status(field string) int64 {
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", p.cmd.Process.Pid))
 	if err != nil {
 		return 0
 	}
 	for _, line := range strings.Split(string(status), "\n") {
-		if rest, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+		if rest, ok := strings.CutPrefix(line, field); ok {
 			kb, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 10, 64)
 			return kb << 10
 		}

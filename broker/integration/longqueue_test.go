@@ -1,0 +1,86 @@
+package integration
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nomad-gpu/nomad-gpu/broker/consulkv"
+	"github.com/nomad-gpu/nomad-gpu/broker/queue"
+	"github.com/nomad-gpu/nomad-gpu/testing/testcluster"
+)
+
+// TestALongQueueOfRealJobspecsLeavesTheLeaderIdle (issue 62): 2,000 jobs of
+// 20 KB each wait behind a tenant at its limit, written as the broker
+// writes them. Once the leader's copy and its pass have taken them in, the
+// idle leader uses at most longQueueIdleCores of a core, and Consul holds
+// them in at most three times their bytes. Each request is kept apart from
+// its entry's facts, so the queue's listing that each change sends every
+// broker is a few hundred bytes an entry.
+func TestALongQueueOfRealJobspecsLeavesTheLeaderIdle(t *testing.T) {
+	t.Parallel()
+	const waiting = 2000
+	consul := testcluster.StartDurableConsul(t) // its raft log on disk, as a real server keeps it
+	n := queueNomad(t, consul, "longq", 1, "", "")
+	dir := t.TempDir()
+	writeFile(t, filepath.Join(dir, "p.hcl"), queuePolicy(1, waiting))
+	broker := testcluster.StartBrokerWith(t, n, consul, dir, testcluster.BrokerOptions{Process: true})
+	testcluster.WaitFor(t, 60*time.Second, "the blocker admitted", func() error {
+		if status, out := send(t, broker.Addr, http.MethodPut, "/v1/jobs", string(mockGPUJob("blocker", 1))); status != http.StatusOK || !strings.Contains(out, "admitted") {
+			return fmt.Errorf("blocker: %d %s", status, out)
+		}
+		return nil
+	})
+	consulBefore := consul.AnonRSS()
+	store := consulkv.NewQueue(consulKV(consul), "nomad-gpu/", nil)
+	now, queueBytes := time.Now(), 0
+	for i := range waiting {
+		id := fmt.Sprintf("w-%04d", i)
+		body := paddedGPUJob(id)
+		queueBytes += len(body)
+		e := queue.Entry{ID: queue.NewID(), JobID: id, Namespace: "vision", Tenant: "vision", Queue: "training", Demand: 1,
+			Reason: "test", SubmittedBy: "test", SubmittedAt: now.Add(time.Duration(i) * time.Millisecond), Request: body}
+		if err := store.Put(t.Context(), e); err != nil {
+			t.Fatal(err)
+		}
+	}
+	passes := func() float64 { return broker.Scrape()[`nomadgpu_leader_passes_total{loop="queue",result="ok"}`] }
+	// The leader has taken them in once its copy has them all and its
+	// passes have come to rest: none for two queue intervals.
+	passed, since := -1.0, time.Now()
+	testcluster.WaitFor(t, 2*time.Minute, "the leader's copy and passes of the queue at rest", func() error {
+		if d := broker.Scrape()[`nomadgpu_queue_depth{queue="training"}`]; d != waiting {
+			return fmt.Errorf("the broker sees %g queued", d)
+		}
+		if p := passes(); p != passed {
+			passed, since = p, time.Now()
+		}
+		if time.Since(since) < 4*time.Second {
+			return errors.New("the leader still passes")
+		}
+		return nil
+	})
+	from, cpu, before := time.Now(), broker.CPUTime(), passes()
+	time.Sleep(10 * time.Second)
+	idle := (broker.CPUTime() - cpu).Seconds() / time.Since(from).Seconds()
+	t.Logf("%g queue passes while idle", passes()-before)
+	grown := float64(consul.AnonRSS()-consulBefore) / float64(queueBytes)
+	t.Logf("Consul: %.0f MiB resident, %.0f MiB of it its own (not files it maps)", float64(consul.RSS())/(1<<20), float64(consul.AnonRSS())/(1<<20))
+	t.Logf("%d queued jobs, %.1f MiB of requests: the idle leader used %.4f of a core, Consul grew by %.2f times the requests",
+		waiting, float64(queueBytes)/(1<<20), idle, grown)
+	if idle > longQueueIdleCores {
+		t.Errorf("the idle leader used %.3f of a core with %d jobs queued, over %.2f", idle, waiting, longQueueIdleCores)
+	}
+	if grown > 3 {
+		t.Errorf("Consul grew by %.1f times the queued requests (%.1f MiB), over 3", grown, float64(queueBytes)/(1<<20))
+	}
+}
+
+// longQueueIdleCores is the most of a core the idle leader may use with a
+// long queue: issue 62's 2 % for the release build, twice that for the
+// race detector's, which the test runs.
+const longQueueIdleCores = 0.04
