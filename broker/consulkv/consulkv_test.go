@@ -2,10 +2,14 @@ package consulkv_test
 
 import (
 	"bytes"
+	"compress/gzip"
 	"context"
+	"crypto/rand"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"maps"
 	"slices"
 	"sort"
@@ -92,9 +96,13 @@ func TestStores(t *testing.T) {
 		if err := q.Put(ctx, big); err != nil || len(big.Request) != policy.MaxQueuedRequestBytes {
 			t.Errorf("a request of max_queued_request_bytes' most (%d bytes): %v", len(big.Request), err)
 		}
-		big.ID, big.Request = queue.NewID(), request(600<<10)
+		// Kept compressed, a request is too large for Consul once it
+		// compresses to more than its value limit: random bytes do not.
+		noise := make([]byte, 600<<10)
+		rand.Read(noise)
+		big.ID, big.Request = queue.NewID(), []byte(`{"Job":{"Meta":{"pad":"`+base64.StdEncoding.EncodeToString(noise)+`"}}}`)
 		if err := q.Put(ctx, big); !errors.Is(err, queue.ErrTooLarge) {
-			t.Errorf("a request of 600 KiB: %v, want ErrTooLarge", err)
+			t.Errorf("a request of 800 KiB of noise: %v, want ErrTooLarge", err)
 		}
 	})
 
@@ -591,8 +599,14 @@ func TestStores(t *testing.T) {
 		if rec := raw("queue/" + e.ID); bytes.Contains(rec, []byte(`"request"`)) || !bytes.Contains(rec, []byte(fmt.Sprintf(`"request_bytes":%d`, len(request)))) || len(rec) > 1000 {
 			t.Errorf("the entry's record holds its request, or not its size: %d bytes: %.200s", len(rec), rec)
 		}
-		if body := raw("queue-body/" + e.ID); !bytes.Equal(body, request) {
-			t.Errorf("queue-body/%s holds %.60s, not the request", e.ID, body)
+		// Kept compressed: a Consul server holds each byte in its state
+		// store, its raft log and its heap's headroom.
+		if p, _, err := client.KV().Get(prefix+"queue-body/"+e.ID, nil); err != nil || p == nil || p.Flags != 1 || len(p.Value) >= len(request)/10 {
+			t.Errorf("queue-body/%s: %+v %v, want the request gzip-compressed (flags 1)", e.ID, p, err)
+		} else if zr, err := gzip.NewReader(bytes.NewReader(p.Value)); err != nil {
+			t.Error(err)
+		} else if got, err := io.ReadAll(zr); err != nil || !bytes.Equal(got, request) {
+			t.Errorf("queue-body/%s decompresses to %.60s (%v), not the request", e.ID, got, err)
 		}
 		got, err := q.Get(ctx, e.ID)
 		if err != nil || !bytes.Equal(got.Request, request) {

@@ -1,7 +1,10 @@
 package consulkv
 
 import (
+	"bytes"
+	"compress/gzip"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -14,11 +17,11 @@ import (
 )
 
 // Queue keeps queued jobs under <prefix>queue/<id>, each one's register
-// request under <prefix>queue-body/<id>: every change of an entry makes
-// Consul send each broker the directory again, and the requests are most
-// of its bytes (20 KB each for real training jobs, against a few hundred
-// bytes of facts), so they are read once, when the entry is new. While
-// Follow runs, List reads its in-memory copy of them.
+// request under <prefix>queue-body/<id>, gzip-compressed. Every change of an
+// entry makes Consul send each broker the directory again, and the requests
+// are most of its bytes (20 KB each for real training jobs, against a few
+// hundred bytes of facts), so they are read once, when the entry is new.
+// While Follow runs, List reads its in-memory copy of them.
 type Queue struct {
 	r      records[queue.Entry]
 	m      *mirror[queue.Entry]
@@ -72,9 +75,37 @@ func (q *Queue) readRequest(ctx context.Context, name string, e *queue.Entry) er
 		return err
 	case p == nil || len(p.Value) == 0:
 		return fmt.Errorf("its request %s%s is %w", q.bodies, name, errMissing)
+	case p.Flags&flagGzip == 0:
+		e.Request = p.Value
+		return nil
 	}
-	e.Request = p.Value
+	zr, err := gzip.NewReader(bytes.NewReader(p.Value))
+	if err == nil {
+		e.Request = make(json.RawMessage, 0, e.RequestBytes)
+		buf := bytes.NewBuffer(e.Request)
+		_, err = buf.ReadFrom(zr)
+		e.Request = buf.Bytes()
+	}
+	if err != nil {
+		// Unreadable as the entry says: set aside with it.
+		return fmt.Errorf("its request %s%s, gzip: %w (%w)", q.bodies, name, err, errMissing)
+	}
 	return nil
+}
+
+// flagGzip marks a request kept gzip-compressed (Consul's KV flags): a
+// jobspec's JSON shrinks to a third or less, and a Consul server holds each
+// byte of it in its state store, its raft log and its heap's headroom.
+const flagGzip = 1
+
+// compressed is request as queue-body/ keeps it, with its flags.
+func compressed(request []byte) ([]byte, uint64) {
+	var buf bytes.Buffer
+	zw, _ := gzip.NewWriterLevel(&buf, gzip.BestSpeed) // a valid level: no error
+	if _, err := zw.Write(request); err != nil || zw.Close() != nil || buf.Len() >= len(request) {
+		return request, 0
+	}
+	return buf.Bytes(), flagGzip
 }
 
 // stored is e as its record keeps it: without the request kept apart.
@@ -91,7 +122,8 @@ func stored(e queue.Entry) queue.Entry {
 func (q *Queue) Put(ctx context.Context, e queue.Entry) error {
 	e.RequestBytes = len(e.Request)
 	wo := (&consul.WriteOptions{}).WithContext(ctx)
-	if _, err := q.r.kv.Put(&consul.KVPair{Key: q.bodies + e.ID, Value: e.Request}, wo); err != nil {
+	body, flags := compressed(e.Request)
+	if _, err := q.r.kv.Put(&consul.KVPair{Key: q.bodies + e.ID, Value: body, Flags: flags}, wo); err != nil {
 		return tooLarge(e.ID, fmt.Errorf("write queue entry %s's request: %w", e.ID, err))
 	}
 	if err := q.r.put(ctx, e.ID, stored(e)); err != nil {

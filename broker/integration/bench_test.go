@@ -2,6 +2,7 @@ package integration
 
 import (
 	"bytes"
+	"crypto/sha256"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -738,11 +739,13 @@ func BenchmarkLongQueue(b *testing.B) {
 }
 
 // paddedGPUJob is mockGPUJob of one GPU grown to 20 KB by env vars, as a
-// real training job's jobspec is.
+// real training job's jobspec is. Their values are hashes, which compress
+// to half (real jobspecs compress further).
 func paddedGPUJob(id string) []byte {
-	env := make(map[string]string, 160)
-	for i := range 160 {
-		env[fmt.Sprintf("TRAIN_SETTING_%03d", i)] = strings.Repeat("v", 100)
+	env := make(map[string]string, 150)
+	for i := range 150 {
+		h := sha256.Sum256([]byte(fmt.Sprintf("%s/%d", id, i)))
+		env[fmt.Sprintf("TRAIN_SETTING_%03d", i)] = fmt.Sprintf("s3://datasets/%x/%x", h[:], h[16:])
 	}
 	body := mockGPUJob(id, 1)
 	pad, _ := json.Marshal(env)
