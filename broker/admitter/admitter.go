@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"maps"
-	"net/url"
 	"slices"
 	"sync"
 	"time"
@@ -566,6 +565,8 @@ func (a *Admitter) decide(ctx context.Context, r *registrations) error {
 	}
 	queue.Order(entries, p, used, decayed, a.Clock.Now())
 	seq := a.sequence()
+	reads := newPreread(ctx, a.toRead(entries, p))
+	defer reads.done()
 	var pass queue.Pass
 	for _, e := range entries {
 		if r.failed() {
@@ -577,7 +578,7 @@ func (a *Admitter) decide(ctx context.Context, r *registrations) error {
 		if e.Stopping != 0 && a.Clock.Now().Sub(e.StoppingSince) < queue.StopWait && a.Cluster.Running(e.Namespace, e.JobID) {
 			continue
 		}
-		if err := a.consider(ctx, r, p, seq, &pass, e); errors.Is(err, errPassOver) {
+		if err := a.consider(ctx, r, p, seq, &pass, reads, e); errors.Is(err, errPassOver) {
 			return nil
 		} else if err != nil {
 			return err
@@ -585,6 +586,18 @@ func (a *Admitter) decide(ctx context.Context, r *registrations) error {
 	}
 	a.reserve(ctx, p, r.waiting, used) // a pass cut short leaves the holds as they were
 	return nil
+}
+
+// toRead are the entries, in order, whose requests the pass will read: those
+// it decides on with no job an earlier pass prepared.
+func (a *Admitter) toRead(entries []queue.Entry, p *policy.Policy) []queue.Entry {
+	var out []queue.Entry
+	for _, e := range entries {
+		if _, kept := a.preparedFor(e, p); !kept && (e.Parked == "" || e.ParkedByPolicy) {
+			out = append(out, e)
+		}
+	}
+	return out
 }
 
 // reserve holds nodes for the oldest waiting job of each tenant below its
@@ -619,7 +632,7 @@ var errPassOver = errors.New("the pass is over")
 // the job's decision lock (shared with the gate) from reading the entry's job
 // to Nomad's answer to its registration. A scale or a registration of the
 // same job through the gate meanwhile would decide on the job as it was.
-func (a *Admitter) consider(ctx context.Context, r *registrations, p *policy.Policy, seq *decide.Sequence, pass *queue.Pass, e queue.Entry) error {
+func (a *Admitter) consider(ctx context.Context, r *registrations, p *policy.Policy, seq *decide.Sequence, pass *queue.Pass, reads *preread, e queue.Entry) error {
 	unlock := a.Cluster.LockJob(e.Namespace, e.JobID)
 	handed := false // to the registration, which unlocks once Nomad answered
 	defer func() {
@@ -631,7 +644,7 @@ func (a *Admitter) consider(ctx context.Context, r *registrations, p *policy.Pol
 		return nil
 	}
 	nodes := a.Cluster.NodesGeneration() // before preparing: a change during it is not missed
-	req, err := nomadjob.ReadRequest(nomadjob.Register, e.Request, url.Values{"namespace": {e.Namespace}})
+	req, err := reads.read(e)
 	if err != nil {
 		a.park(ctx, e, err)
 		return nil
