@@ -35,7 +35,11 @@ type readResult struct {
 
 // readRequest reads e's request as the pass decides on it.
 func readRequest(e queue.Entry) (*nomadjob.Request, error) {
-	return nomadjob.ReadRequest(nomadjob.Register, e.Request, url.Values{"namespace": {e.Namespace}})
+	body, err := e.Body()
+	if err != nil {
+		return nil, err
+	}
+	return nomadjob.ReadRequest(nomadjob.Register, body, url.Values{"namespace": {e.Namespace}})
 }
 
 // newPreread starts reading entries' requests ahead of the pass (nil: on

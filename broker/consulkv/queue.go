@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"compress/gzip"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -64,7 +63,8 @@ func validEntry(name string, e *queue.Entry) error {
 	return nil
 }
 
-// readRequest reads the request of the entry name where it is kept apart.
+// readRequest reads the request of the entry name where it is kept apart:
+// compressed, it stays so in the copy (Packed).
 func (q *Queue) readRequest(ctx context.Context, name string, e *queue.Entry) error {
 	if e.RequestBytes == 0 {
 		return nil
@@ -79,17 +79,11 @@ func (q *Queue) readRequest(ctx context.Context, name string, e *queue.Entry) er
 		e.Request = p.Value
 		return nil
 	}
-	zr, err := gzip.NewReader(bytes.NewReader(p.Value))
-	if err == nil {
-		e.Request = make(json.RawMessage, 0, e.RequestBytes)
-		buf := bytes.NewBuffer(e.Request)
-		_, err = buf.ReadFrom(zr)
-		e.Request = buf.Bytes()
-	}
-	if err != nil {
+	if _, err := gzip.NewReader(bytes.NewReader(p.Value)); err != nil {
 		// Unreadable as the entry says: set aside with it.
 		return fmt.Errorf("its request %s%s, gzip: %w (%w)", q.bodies, name, err, errMissing)
 	}
+	e.Request, e.Packed = nil, p.Value
 	return nil
 }
 
@@ -111,20 +105,23 @@ func compressed(request []byte) ([]byte, uint64) {
 // stored is e as its record keeps it: without the request kept apart.
 func stored(e queue.Entry) queue.Entry {
 	if e.RequestBytes > 0 {
-		e.Request = nil
+		e.Request, e.Packed = nil, nil
 	}
 	return e
 }
 
 // Put writes an entry, its request first, so that an entry is never without
 // one; queue.ErrTooLarge when Consul refuses a value that large
-// (kv_max_value_size, 512 KiB by default).
+// (kv_max_value_size, 512 KiB by default). e carries its request in Request.
 func (q *Queue) Put(ctx context.Context, e queue.Entry) error {
 	e.RequestBytes = len(e.Request)
 	wo := (&consul.WriteOptions{}).WithContext(ctx)
 	body, flags := compressed(e.Request)
 	if _, err := q.r.kv.Put(&consul.KVPair{Key: q.bodies + e.ID, Value: body, Flags: flags}, wo); err != nil {
 		return tooLarge(e.ID, fmt.Errorf("write queue entry %s's request: %w", e.ID, err))
+	}
+	if flags&flagGzip != 0 {
+		e.Request, e.Packed = nil, body // the copy holds it as Consul does
 	}
 	if err := q.r.put(ctx, e.ID, stored(e)); err != nil {
 		if _, derr := q.r.kv.Delete(q.bodies+e.ID, wo); derr != nil {
@@ -167,7 +164,7 @@ func (q *Queue) reread(ctx context.Context, e queue.Entry) (queue.Entry, uint64,
 		return e, 0, false
 	}
 	if v.RequestBytes > 0 {
-		v.Request = e.Request
+		v.Request, v.Packed = e.Request, e.Packed
 	}
 	return v, p.ModifyIndex, true
 }

@@ -42,7 +42,8 @@ func (a *Access) MayCancel(r *http.Request, e queue.Entry, who string) bool {
 		return true
 	}
 	var req struct{ Job json.RawMessage }
-	return json.Unmarshal(e.Request, &req) == nil && a.MayWrite(r, e.Namespace, e.JobID, req.Job)
+	body, err := e.Body()
+	return err == nil && json.Unmarshal(body, &req) == nil && a.MayWrite(r, e.Namespace, e.JobID, req.Job)
 }
 
 // MayWriteJob is MayWrite for the job as Nomad has it, read as the caller.

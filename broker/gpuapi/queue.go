@@ -40,6 +40,8 @@ func (s *API) queueEntry(r *http.Request, id, who string) (any, error) {
 	case http.MethodGet:
 		if s.acls && who != e.SubmittedBy {
 			e.Request = nil
+		} else if e.Request, err = e.Body(); err != nil {
+			return nil, front.Fail(front.ErrUnavailable, "%v", err)
 		}
 		entries, err := s.desk.Ordered(r)
 		if err != nil {

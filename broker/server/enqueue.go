@@ -134,7 +134,7 @@ func (s *Server) withinQueueLimits(rj *gpuJobRequest, tenant string, entries []q
 		if i == replaced {
 			continue
 		}
-		bytes += int64(len(entries[i].Request))
+		bytes += int64(entries[i].Size())
 		if entries[i].Tenant == tenant {
 			n++
 		}
