@@ -9,6 +9,7 @@ import (
 	"maps"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -172,8 +173,14 @@ type Admitter struct {
 	// prepared are, by entry id, the jobs of entries a pass left waiting, as
 	// preparing them read (decide.Prepare), with what that read depended
 	// on: a later pass decides on them again without reading their bodies
-	// while none of it changed. Only the pass's goroutine uses it.
+	// while none of it changed. Only the pass's goroutine uses it, or
+	// Warm's while no pass runs (running).
 	prepared map[string]preparedJob
+	// running is held by Run, and by a round of Warm; leading is set while
+	// Run runs, and ends such a round.
+	running sync.Mutex
+	leading atomic.Bool
+	warmed  map[warmKey]bool // the entries Warm tried, kept or not
 	// quiet is RetryFirst after the latest registration without an answer:
 	// until then no pass registers anything (Nomad may be failing every
 	// one), so that, however many entries are queued, Nomad gets one pass of
@@ -468,6 +475,10 @@ func (a *Admitter) keepPrepared(e queue.Entry, p *policy.Policy, nodes uint64, p
 // earliest backoff ends, and the pass's own withdrawn reservations set off
 // nothing: a pass that can send nothing sleeps until something changes.
 func (a *Admitter) Run(ctx context.Context, changed <-chan struct{}, tick <-chan time.Time) {
+	a.leading.Store(true)
+	defer a.leading.Store(false)
+	a.running.Lock()
+	defer a.running.Unlock()
 	var (
 		cameBack uint64
 		wake     <-chan time.Time // when a backoff ends (nil: none pending)

@@ -1132,3 +1132,36 @@ func TestAnAutoRegionEntryIsReadAgainAtEveryPass(t *testing.T) {
 		t.Errorf("an auto-region entry was decided on as kept, its body not read again")
 	}
 }
+
+// A broker standing by prepares the queued jobs as a pass would, so that
+// its first pass as leader decides on them without reading their bodies
+// (here: bodies gone after Warm's round, and nothing parked); Warm makes no
+// round while Run runs.
+func TestAStandbyPreparesTheQueueForItsFirstPass(t *testing.T) {
+	a, mem, _, view, now := setup(t, visionPolicy, 8)
+	view.ObserveJob(testbuild.Job("vision", "held").Group("g", 1, 8, "gpu").Build()) // vision at its limit
+	q := &bodiesGone{Mem: mem}
+	a.Queue = q
+	for _, id := range []string{"a", "b", "c"} {
+		mem.Put(context.Background(), entry(id, 2, time.Minute, now))
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	tick, done := make(chan time.Time), make(chan struct{})
+	go func() {
+		defer close(done)
+		a.Warm(ctx, tick)
+	}()
+	tick <- now // a round
+	tick <- now // the first is over once the second is taken
+	cancel()
+	<-done
+	q.gone.Store(true)
+	if _, err := a.Pass(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{"a", "b", "c"} {
+		if e, _ := mem.Get(context.Background(), "q-"+id); e.Parked != "" {
+			t.Errorf("%s was read again at the first pass, its standby's work unused: parked %q", id, e.Parked)
+		}
+	}
+}

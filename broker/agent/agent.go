@@ -123,6 +123,11 @@ func (a *Agent) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	// Standing by, a broker prepares the queued jobs a pass would, so that
+	// its first pass as leader need not read them all.
+	warm := time.NewTicker(warmEvery)
+	defer warm.Stop()
+	go a.admitter.Warm(ctx, warm.C)
 	a.elector.Run(ctx, a.lead)
 	shutdown, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -638,6 +643,10 @@ func (a *Agent) setToken(tok string) error {
 	}
 	return nil
 }
+
+// warmEvery is how often a broker standing by looks for queued jobs it has
+// not prepared yet (admitter.Warm).
+const warmEvery = 2 * time.Second
 
 // grantPruneInterval is how often the leader deletes the grants of jobs
 // Nomad no longer has (one lookup in Nomad per grant).
