@@ -627,7 +627,9 @@ func BenchmarkQueuedSubmission(b *testing.B) {
 // hold (resident, less mapped files) and gained over them, and the idle
 // leader's and follower's shares of a core. Then a submission's p50 into
 // the long queue against an empty one, and the seconds from a SIGKILL of
-// the leader to the next leader's first queue pass.
+// the leader to the next leader's first queue pass, and that pass's own.
+// BENCH_CPUPROFILE=FILE saves the next leader's CPU profile of the 8 s
+// from the SIGKILL.
 func BenchmarkLongQueue(b *testing.B) {
 	waiting, samples := 10000, 100
 	if v, err := strconv.Atoi(os.Getenv("BENCH_LONG_QUEUE")); err == nil && v > 0 {
@@ -637,9 +639,10 @@ func BenchmarkLongQueue(b *testing.B) {
 	n := queueNomad(b, consul, "longq", 1, "", "")
 	dir := b.TempDir()
 	writeFile(b, filepath.Join(dir, "p.hcl"), queuePolicy(1, waiting+3*samples))
+	opts := testcluster.BrokerOptions{Config: "enable_debug = true"} // its profiler on
 	brokers := []*testcluster.Broker{
-		testcluster.StartReleaseBrokerWith(b, n, consul, dir, testcluster.BrokerOptions{}),
-		testcluster.StartReleaseBrokerWith(b, n, consul, dir, testcluster.BrokerOptions{}),
+		testcluster.StartReleaseBrokerWith(b, n, consul, dir, opts),
+		testcluster.StartReleaseBrokerWith(b, n, consul, dir, opts),
 	}
 	leading := func() (leader, follower *testcluster.Broker) {
 		for i, br := range brokers {
@@ -712,6 +715,10 @@ func BenchmarkLongQueue(b *testing.B) {
 		return br.Scrape()[`nomadgpu_leader_passes_total{loop="queue",result="ok"}`]
 	}
 	was := passes(follower)
+	var wait func()
+	if path := os.Getenv("BENCH_CPUPROFILE"); path != "" {
+		wait = cpuProfile(b, follower, path, 8)
+	}
 	killed := time.Now()
 	leader.Kill()
 	var firstPass time.Duration
@@ -723,6 +730,9 @@ func BenchmarkLongQueue(b *testing.B) {
 		return nil
 	})
 	b.StopTimer()
+	if wait != nil {
+		wait()
+	}
 	p50 := func(ds []time.Duration) float64 { return float64(ds[len(ds)/2].Microseconds()) / 1000 }
 	mib := func(v int64) float64 { return float64(v) / (1 << 20) }
 	b.ReportMetric(mib(int64(queueBytes)), "queue-MiB")
@@ -736,6 +746,7 @@ func BenchmarkLongQueue(b *testing.B) {
 	b.ReportMetric(p50(full), "long-p50-ms")
 	b.ReportMetric(p50(full)/p50(empty), "p50-ratio")
 	b.ReportMetric(firstPass.Seconds(), "kill-to-first-pass-s")
+	b.ReportMetric(follower.Scrape()[`nomadgpu_leader_pass_seconds_total{loop="queue"}`], "first-pass-s")
 }
 
 // paddedGPUJob is mockGPUJob of one GPU grown to 20 KB by env vars, as a

@@ -19,8 +19,9 @@ import (
 // TestALongQueueOfRealJobspecsLeavesTheLeaderIdle (issue 62): 2,000 jobs of
 // 20 KB each wait behind a tenant at its limit, written as the broker
 // writes them. Once the leader's copy and its pass have taken them in, the
-// idle leader uses at most longQueueIdleCores of a core, and Consul holds
-// them in at most three times their bytes. Each request is kept apart from
+// idle leader passes once a minute at most, uses at most
+// longQueueIdleCores of a core besides, and Consul holds them in at most
+// three times their bytes. Each request is kept apart from
 // its entry's facts, so the queue's listing that each change sends every
 // broker is a few hundred bytes an entry.
 func TestALongQueueOfRealJobspecsLeavesTheLeaderIdle(t *testing.T) {
@@ -81,16 +82,26 @@ func TestALongQueueOfRealJobspecsLeavesTheLeaderIdle(t *testing.T) {
 		}
 		return nil
 	})
-	from, cpu, before := time.Now(), broker.CPUTime(), passes()
+	// The leader passes at least once a minute (IdlePass), deciding on the
+	// jobs as it prepared them: in a release build 2,000 take 35 ms, in
+	// the race detector's, which this test runs, up to a second. That pass
+	// is counted apart, and at most one may fall in the window.
+	passTime := func() float64 { return broker.Scrape()[`nomadgpu_leader_pass_seconds_total{loop="queue"}`] }
+	from, cpu, before, inPasses := time.Now(), broker.CPUTime(), passes(), passTime()
 	time.Sleep(10 * time.Second)
-	idle := (broker.CPUTime() - cpu).Seconds() / time.Since(from).Seconds()
-	t.Logf("%g queue passes while idle", passes()-before)
+	window := time.Since(from).Seconds()
+	passed, inPasses = passes()-before, passTime()-inPasses
+	idle := ((broker.CPUTime() - cpu).Seconds() - inPasses) / window
+	t.Logf("%g queue passes while idle, %.3f s in them", passed, inPasses)
+	if passed > 1 {
+		t.Errorf("the idle leader passed %g times in %.0f s", passed, window)
+	}
 	grown := float64(consul.AnonRSS()-consulBefore) / float64(queueBytes)
 	t.Logf("Consul: %.0f MiB resident, %.0f MiB of it its own (not files it maps)", float64(consul.RSS())/(1<<20), float64(consul.AnonRSS())/(1<<20))
 	t.Logf("%d queued jobs, %.1f MiB of requests: the idle leader used %.4f of a core, Consul grew by %.2f times the requests",
 		waiting, float64(queueBytes)/(1<<20), idle, grown)
 	if idle > longQueueIdleCores {
-		t.Errorf("the idle leader used %.3f of a core with %d jobs queued, over %.2f", idle, waiting, longQueueIdleCores)
+		t.Errorf("the idle leader used %.3f of a core with %d jobs queued (its passes aside), over %.2f", idle, waiting, longQueueIdleCores)
 	}
 	if grown > 3 {
 		t.Errorf("Consul grew by %.1f times the queued requests (%.1f MiB), over 3", grown, float64(queueBytes)/(1<<20))
