@@ -19,9 +19,9 @@ import (
 // TestALongQueueOfRealJobspecsLeavesTheLeaderIdle (issue 62): 2,000 jobs of
 // 20 KB each wait behind a tenant at its limit, written as the broker
 // writes them. Once the leader's copy and its pass have taken them in, the
-// idle leader passes once a minute at most, uses at most
-// longQueueIdleCores of a core besides, and Consul holds them in at most
-// three times their bytes. Each request is kept apart from
+// idle leader's passes decide on the jobs as it prepared them, it uses at
+// most longQueueIdleCores of a core besides, and Consul holds them in at
+// most three times their bytes. Each request is kept apart from
 // its entry's facts, so the queue's listing that each change sends every
 // broker is a few hundred bytes an entry.
 func TestALongQueueOfRealJobspecsLeavesTheLeaderIdle(t *testing.T) {
@@ -82,10 +82,11 @@ func TestALongQueueOfRealJobspecsLeavesTheLeaderIdle(t *testing.T) {
 		}
 		return nil
 	})
-	// The leader passes at least once a minute (IdlePass), deciding on the
-	// jobs as it prepared them: in a release build 2,000 take 35 ms, in
-	// the race detector's, which this test runs, up to a second. That pass
-	// is counted apart, and at most one may fall in the window.
+	// The leader passes at least once a minute (IdlePass), and whenever the
+	// cluster changes, deciding on the jobs as it prepared them: in a
+	// release build 2,000 take 35 ms, in the race detector's, which this
+	// test runs, 0.1-0.2 s; reading their requests again, over a second.
+	// Passes are counted apart.
 	passTime := func() float64 { return broker.Scrape()[`nomadgpu_leader_pass_seconds_total{loop="queue"}`] }
 	from, cpu, before, inPasses := time.Now(), broker.CPUTime(), passes(), passTime()
 	time.Sleep(10 * time.Second)
@@ -93,8 +94,8 @@ func TestALongQueueOfRealJobspecsLeavesTheLeaderIdle(t *testing.T) {
 	passed, inPasses = passes()-before, passTime()-inPasses
 	idle := ((broker.CPUTime() - cpu).Seconds() - inPasses) / window
 	t.Logf("%g queue passes while idle, %.3f s in them", passed, inPasses)
-	if passed > 1 {
-		t.Errorf("the idle leader passed %g times in %.0f s", passed, window)
+	if passed > 0 && inPasses/passed > 0.5 {
+		t.Errorf("the idle leader's %g passes took %.2f s each: it read the queued requests again", passed, inPasses/passed)
 	}
 	grown := float64(consul.AnonRSS()-consulBefore) / float64(queueBytes)
 	t.Logf("Consul: %.0f MiB resident, %.0f MiB of it its own (not files it maps)", float64(consul.RSS())/(1<<20), float64(consul.AnonRSS())/(1<<20))
