@@ -1,7 +1,6 @@
 package integration
 
 import (
-	"errors"
 	"fmt"
 	"net/http"
 	"path/filepath"
@@ -19,9 +18,8 @@ import (
 // TestALongQueueOfRealJobspecsLeavesTheLeaderIdle (issue 62): 2,000 jobs of
 // 20 KB each wait behind a tenant at its limit, written as the broker
 // writes them. Once the leader's copy and its pass have taken them in, the
-// idle leader's passes decide on the jobs as it prepared them, it uses at
-// most longQueueIdleCores of a core besides, and Consul holds them in at
-// most three times their bytes. Each request is kept apart from
+// idle leader, passes included, uses at most longQueueIdleCores of a core,
+// and Consul holds them in at most three times their bytes. Each request is kept apart from
 // its entry's facts, so the queue's listing that each change sends every
 // broker is a few hundred bytes an entry.
 func TestALongQueueOfRealJobspecsLeavesTheLeaderIdle(t *testing.T) {
@@ -67,42 +65,45 @@ func TestALongQueueOfRealJobspecsLeavesTheLeaderIdle(t *testing.T) {
 		t.Fatal(*err)
 	}
 	passes := func() float64 { return broker.Scrape()[`nomadgpu_leader_passes_total{loop="queue",result="ok"}`] }
-	// The leader has taken them in once its copy has them all and its
-	// passes have come to rest: none for two queue intervals.
-	passed, since := -1.0, time.Now()
-	testcluster.WaitFor(t, 2*time.Minute, "the leader's copy and passes of the queue at rest", func() error {
-		if d := broker.Scrape()[`nomadgpu_queue_depth{queue="training"}`]; d != waiting {
-			return fmt.Errorf("the broker sees %g queued", d)
+	// The leader has taken them in once its copy has them all, a pass has
+	// ended since, and its CPU has come to rest: a pass preparing 2,000
+	// jobs takes seconds in the race detector's build, which this test
+	// runs, and the pass count moves only as a pass ends.
+	passed := -1.0
+	for deadline := time.Now().Add(2 * time.Minute); ; {
+		if time.Now().After(deadline) {
+			t.Fatal("the leader's copy and passes of the queue did not come to rest in 2 minutes")
 		}
-		if p := passes(); p != passed {
-			passed, since = p, time.Now()
+		at, cpu := time.Now(), broker.CPUTime()
+		time.Sleep(2 * time.Second) // one scrape a check: a scrape is CPU too
+		busy := (broker.CPUTime() - cpu).Seconds() / time.Since(at).Seconds()
+		metrics := broker.Scrape()
+		if metrics[`nomadgpu_queue_depth{queue="training"}`] != waiting {
+			continue
 		}
-		if time.Since(since) < 4*time.Second {
-			return errors.New("the leader still passes")
+		p := metrics[`nomadgpu_leader_passes_total{loop="queue",result="ok"}`]
+		if passed < 0 {
+			passed = p
+			continue
 		}
-		return nil
-	})
-	// The leader passes at least once a minute (IdlePass), and whenever the
-	// cluster changes, deciding on the jobs as it prepared them: in a
-	// release build 2,000 take 35 ms, in the race detector's, which this
-	// test runs, 0.1-0.2 s; reading their requests again, over a second.
-	// Passes are counted apart.
-	passTime := func() float64 { return broker.Scrape()[`nomadgpu_leader_pass_seconds_total{loop="queue"}`] }
-	from, cpu, before, inPasses := time.Now(), broker.CPUTime(), passes(), passTime()
-	time.Sleep(10 * time.Second)
-	window := time.Since(from).Seconds()
-	passed, inPasses = passes()-before, passTime()-inPasses
-	idle := ((broker.CPUTime() - cpu).Seconds() - inPasses) / window
-	t.Logf("%g queue passes while idle, %.3f s in them", passed, inPasses)
-	if passed > 0 && inPasses/passed > 0.5 {
-		t.Errorf("the idle leader's %g passes took %.2f s each: it read the queued requests again", passed, inPasses/passed)
+		if p > passed && busy < 0.1 {
+			break
+		}
 	}
+	// Its passes go on at least once a minute (IdlePass), and whenever the
+	// cluster changes, deciding on the jobs as it prepared them: 2,000 take
+	// 35 ms in a release build, 0.1-0.2 s in the race detector's, and
+	// reading their requests again over a second.
+	from, cpu, before := time.Now(), broker.CPUTime(), passes()
+	time.Sleep(10 * time.Second)
+	idle := (broker.CPUTime() - cpu).Seconds() / time.Since(from).Seconds()
+	t.Logf("%g queue passes while idle", passes()-before)
 	grown := float64(consul.AnonRSS()-consulBefore) / float64(queueBytes)
 	t.Logf("Consul: %.0f MiB resident, %.0f MiB of it its own (not files it maps)", float64(consul.RSS())/(1<<20), float64(consul.AnonRSS())/(1<<20))
 	t.Logf("%d queued jobs, %.1f MiB of requests: the idle leader used %.4f of a core, Consul grew by %.2f times the requests",
 		waiting, float64(queueBytes)/(1<<20), idle, grown)
 	if idle > longQueueIdleCores {
-		t.Errorf("the idle leader used %.3f of a core with %d jobs queued (its passes aside), over %.2f", idle, waiting, longQueueIdleCores)
+		t.Errorf("the idle leader used %.3f of a core with %d jobs queued, over %.2f", idle, waiting, longQueueIdleCores)
 	}
 	if grown > 3 {
 		t.Errorf("Consul grew by %.1f times the queued requests (%.1f MiB), over 3", grown, float64(queueBytes)/(1<<20))
@@ -110,6 +111,7 @@ func TestALongQueueOfRealJobspecsLeavesTheLeaderIdle(t *testing.T) {
 }
 
 // longQueueIdleCores is the most of a core the idle leader may use with a
-// long queue: issue 62's 2 % for the release build, twice that for the
-// race detector's, which the test runs.
-const longQueueIdleCores = 0.04
+// long queue: issue 62's 2 % for the release build (BenchmarkLongQueue),
+// and for the race detector's, which the test runs, its passes over 2,000
+// kept jobs (0.14 s each, two in 10 s under the suite's load) besides.
+const longQueueIdleCores = 0.05
