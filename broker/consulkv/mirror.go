@@ -73,43 +73,12 @@ func (m *mirror[T]) follow(ctx context.Context) {
 		}
 		last = time.Now()
 		pairs, meta, err := m.r.kv.List(m.r.dir, (&consul.QueryOptions{WaitIndex: index, WaitTime: 5 * time.Minute}).WithContext(ctx))
+		var next map[string]mirrored[T]
+		if err == nil {
+			spacing = followSpacing + time.Duration(len(pairs))*followPerRecord
+			next, err = m.read(ctx, pairs)
+		}
 		if err != nil {
-			m.index.Store(0)
-			index = 0
-			select {
-			case <-ctx.Done():
-			case <-time.After(time.Second):
-			}
-			continue
-		}
-		spacing = followSpacing + time.Duration(len(pairs))*followPerRecord
-		next := make(map[string]mirrored[T], len(pairs))
-		var changed []*consul.KVPair
-		m.mu.RLock() // this broker's own writes go into m.records meanwhile
-		for _, p := range pairs {
-			name := strings.TrimPrefix(p.Key, m.r.dir)
-			if o, ok := m.records[name]; ok && o.index == p.ModifyIndex {
-				next[name] = o
-			} else {
-				changed = append(changed, p)
-			}
-		}
-		m.mu.RUnlock()
-		incomplete := false
-		for _, p := range changed {
-			// One that cannot be read is set aside (or, with no Aside,
-			// skipped): it must not stop the copy of the others. One whose
-			// parts Consul did not give is read again with the rest.
-			v, ok, err := m.r.readable(ctx, p)
-			if errors.Is(err, errIncomplete) {
-				incomplete = true
-				break
-			}
-			if ok && err == nil {
-				next[strings.TrimPrefix(p.Key, m.r.dir)] = mirrored[T]{v: v, index: p.ModifyIndex}
-			}
-		}
-		if incomplete {
 			m.index.Store(0)
 			index = 0
 			select {
@@ -130,6 +99,36 @@ func (m *mirror[T]) follow(ctx context.Context) {
 		index = meta.LastIndex
 		m.index.Store(index)
 	}
+}
+
+// read is the copy as the listing pairs makes it: the records it has at
+// their versions kept, the others decoded. One that cannot be read is set
+// aside (or, with no Aside, skipped): it must not stop the copy of the
+// others. One whose parts Consul did not give fails the read, to be made
+// again.
+func (m *mirror[T]) read(ctx context.Context, pairs consul.KVPairs) (map[string]mirrored[T], error) {
+	next := make(map[string]mirrored[T], len(pairs))
+	var changed []*consul.KVPair
+	m.mu.RLock() // this broker's own writes go into m.records meanwhile
+	for _, p := range pairs {
+		name := strings.TrimPrefix(p.Key, m.r.dir)
+		if o, ok := m.records[name]; ok && o.index == p.ModifyIndex {
+			next[name] = o
+		} else {
+			changed = append(changed, p)
+		}
+	}
+	m.mu.RUnlock()
+	for _, p := range changed {
+		v, ok, err := m.r.readable(ctx, p)
+		if errors.Is(err, errIncomplete) {
+			return nil, err
+		}
+		if ok && err == nil {
+			next[strings.TrimPrefix(p.Key, m.r.dir)] = mirrored[T]{v: v, index: p.ModifyIndex}
+		}
+	}
+	return next, nil
 }
 
 // reconcile is the listing next, made at Consul's index listed, with this
