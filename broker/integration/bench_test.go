@@ -15,6 +15,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -363,7 +364,7 @@ func BenchmarkQueueAdmission(b *testing.B) {
 		}
 		return nil
 	})
-	store := fillQueue(b, consul, queued, job)
+	store, _ := fillQueue(b, consul, queued, job)
 	var wait func()
 	if path := os.Getenv("BENCH_CPUPROFILE"); path != "" {
 		wait = cpuProfile(b, broker, path, 20) // the first 20 s of the drain
@@ -410,7 +411,7 @@ func BenchmarkQueueRecovery(b *testing.B) {
 				}
 				return nil
 			})
-			store := fillQueue(b, consul, queued, mockGPUJob)
+			store, _ := fillQueue(b, consul, queued, mockGPUJob)
 			passes := func() float64 {
 				m := broker.Scrape()
 				return m[`nomadgpu_leader_passes_total{loop="queue",result="ok"}`] + m[`nomadgpu_leader_passes_total{loop="queue",result="error"}`]
@@ -489,7 +490,7 @@ func queueAdmissionTwoRegions(b *testing.B, auto bool) {
 		}
 		return nil
 	})
-	store := fillQueue(b, consul, queued, job)
+	store, _ := fillQueue(b, consul, queued, job)
 	b.ResetTimer()
 	start := time.Now()
 	for name, n := range regions {
@@ -666,7 +667,7 @@ func BenchmarkLongQueue(b *testing.B) {
 		var took []time.Duration
 		for i := range samples {
 			start := time.Now()
-			if out := register(b, follower, paddedGPUJob(fmt.Sprintf("%s-%03d", round, i))); !strings.Contains(out, "queued as") {
+			if out := register(b, follower, paddedGPUJob(fmt.Sprintf("%s-%03d", round, i), 1)); !strings.Contains(out, "queued as") {
 				b.Fatalf("not queued: %s", out)
 			}
 			took = append(took, time.Since(start))
@@ -680,19 +681,7 @@ func BenchmarkLongQueue(b *testing.B) {
 	// mapped, its pages the kernel's to drop.
 	rss := func() []int64 { return []int64{leader.AnonRSS(), follower.AnonRSS(), consul.AnonRSS()} }
 	before := rss()
-	// The waiting jobs are written as the broker writes them, straight into Consul.
-	store := consulkv.NewQueue(consulKV(consul), "nomad-gpu/", nil)
-	now, queueBytes := time.Now(), 0
-	for i := range waiting {
-		id := fmt.Sprintf("w-%05d", i)
-		body := paddedGPUJob(id)
-		queueBytes += len(body)
-		e := queue.Entry{ID: queue.NewID(), JobID: id, Namespace: "vision", Tenant: "vision", Queue: "training", Demand: 1,
-			Reason: "benchmark", SubmittedBy: "bench", SubmittedAt: now.Add(time.Duration(i) * time.Millisecond), Request: body}
-		if err := store.Put(b.Context(), e); err != nil {
-			b.Fatal(err)
-		}
-	}
+	_, queueBytes := fillQueue(b, consul, waiting, paddedGPUJob)
 	testcluster.WaitFor(b, 2*time.Minute, "both brokers' copies of the queue", func() error {
 		for _, br := range brokers {
 			if d := br.Scrape()[`nomadgpu_queue_depth{queue="training"}`]; d < float64(waiting+samples) {
@@ -752,7 +741,7 @@ func BenchmarkLongQueue(b *testing.B) {
 // paddedGPUJob is mockGPUJob of one GPU grown to 20 KB by env vars, as a
 // real training job's jobspec is. Their values are hashes, which compress
 // to half (real jobspecs compress further).
-func paddedGPUJob(id string) []byte {
+func paddedGPUJob(id string, _ int) []byte {
 	env := make(map[string]string, 150)
 	for i := range 150 {
 		h := sha256.Sum256([]byte(fmt.Sprintf("%s/%d", id, i)))
@@ -802,21 +791,37 @@ tenant "vision" {
 `, gpus, gpus, queued)
 }
 
-// fillQueue writes queued one-GPU jobs (job) into the broker's queue as the
-// broker writes it, straight into Consul: 5,000 registrations through the
-// broker would each list the queue first.
-func fillQueue(b *testing.B, consul *testcluster.Consul, queued int, job func(string, int) []byte) *consulkv.Queue {
+// fillQueue writes queued one-GPU jobs (job) of tenant vision into the
+// broker's queue as the broker writes them, straight into Consul, 8 at a
+// time: 5,000 registrations through the broker would each list the queue
+// first. It returns the queue and the bytes of the requests written.
+func fillQueue(tb testing.TB, consul *testcluster.Consul, queued int, job func(string, int) []byte) (*consulkv.Queue, int) {
 	store := consulkv.NewQueue(consulKV(consul), "nomad-gpu/", nil)
-	now := time.Now()
-	for i := 0; i < queued; i++ {
+	now, written := time.Now(), 0
+	var (
+		wg     sync.WaitGroup
+		slots  = make(chan struct{}, 8)
+		failed atomic.Pointer[error]
+	)
+	for i := range queued {
 		id := fmt.Sprintf("q-%05d", i)
+		body := job(id, 1)
+		written += len(body)
 		e := queue.Entry{ID: queue.NewID(), JobID: id, Namespace: "vision", Tenant: "vision", Queue: "training", Demand: 1,
-			Reason: "benchmark", SubmittedBy: "bench", SubmittedAt: now.Add(time.Duration(i) * time.Millisecond), Request: job(id, 1)}
-		if err := store.Put(b.Context(), e); err != nil {
-			b.Fatal(err)
-		}
+			Reason: "benchmark", SubmittedBy: "bench", SubmittedAt: now.Add(time.Duration(i) * time.Millisecond), Request: body}
+		slots <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-slots }()
+			if err := store.Put(tb.Context(), e); err != nil {
+				failed.Store(&err)
+			}
+		})
 	}
-	return store
+	wg.Wait()
+	if err := failed.Load(); err != nil {
+		tb.Fatal(*err)
+	}
+	return store, written
 }
 
 // drain waits, up to 5 minutes from start, until at most left entries are

@@ -5,13 +5,9 @@ import (
 	"net/http"
 	"path/filepath"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/nomad-gpu/nomad-gpu/broker/consulkv"
-	"github.com/nomad-gpu/nomad-gpu/broker/queue"
 	"github.com/nomad-gpu/nomad-gpu/testing/testcluster"
 )
 
@@ -37,33 +33,7 @@ func TestALongQueueOfRealJobspecsLeavesTheLeaderIdle(t *testing.T) {
 		return nil
 	})
 	consulBefore := consul.AnonRSS()
-	// Written as the broker writes them, straight into Consul, 8 at a time:
-	// the server syncs each write to disk.
-	store := consulkv.NewQueue(consulKV(consul), "nomad-gpu/", nil)
-	now, queueBytes := time.Now(), 0
-	var (
-		wg     sync.WaitGroup
-		slots  = make(chan struct{}, 8)
-		failed atomic.Pointer[error]
-	)
-	for i := range waiting {
-		id := fmt.Sprintf("w-%04d", i)
-		body := paddedGPUJob(id)
-		queueBytes += len(body)
-		e := queue.Entry{ID: queue.NewID(), JobID: id, Namespace: "vision", Tenant: "vision", Queue: "training", Demand: 1,
-			Reason: "test", SubmittedBy: "test", SubmittedAt: now.Add(time.Duration(i) * time.Millisecond), Request: body}
-		slots <- struct{}{}
-		wg.Go(func() {
-			defer func() { <-slots }()
-			if err := store.Put(t.Context(), e); err != nil {
-				failed.Store(&err)
-			}
-		})
-	}
-	wg.Wait()
-	if err := failed.Load(); err != nil {
-		t.Fatal(*err)
-	}
+	_, queueBytes := fillQueue(t, consul, waiting, paddedGPUJob)
 	passes := func() float64 { return broker.Scrape()[`nomadgpu_leader_passes_total{loop="queue",result="ok"}`] }
 	// The leader has taken them in once its copy has them all, a pass has
 	// ended since, and its CPU has come to rest: a pass preparing 2,000
