@@ -572,13 +572,7 @@ func TestStores(t *testing.T) {
 	t.Run("queue: each request is kept apart, and goes with its entry", func(t *testing.T) {
 		t.Parallel()
 		const prefix = "split-test/"
-		var mu sync.Mutex
-		var told []string
-		aside := consulkv.NewAside(client, prefix, func(u consulkv.Unreadable) {
-			mu.Lock()
-			defer mu.Unlock()
-			told = append(told, u.Key+": "+u.Err.Error())
-		})
+		aside, told := recordedAside(client, prefix)
 		q := consulkv.NewQueue(client.KV(), prefix, aside)
 		raw := func(key string) []byte {
 			t.Helper()
@@ -673,11 +667,9 @@ func TestStores(t *testing.T) {
 		if got, err := fresh.List(ctx); err != nil || len(got) != 1 || got[0].ID != inline.ID {
 			t.Errorf("listed with a request gone: %+v %v", got, err)
 		}
-		mu.Lock()
-		if len(told) == 0 || !strings.Contains(told[0], lost.ID) || !strings.Contains(told[0], "missing") {
-			t.Errorf("told: %q", told)
+		if got := told(); len(got) == 0 || !strings.Contains(got[0], lost.ID) || !strings.Contains(got[0], "missing") {
+			t.Errorf("told: %q", got)
 		}
-		mu.Unlock()
 
 		// Every key written has an owner: a request no entry owns (its
 		// entry's write failed, or a delete after it) goes at the second
@@ -711,13 +703,7 @@ func TestStores(t *testing.T) {
 	t.Run("queue entries of the wrong shape are set aside", func(t *testing.T) {
 		t.Parallel()
 		const prefix = "shape-test/"
-		var mu sync.Mutex
-		var told []string
-		aside := consulkv.NewAside(client, prefix, func(u consulkv.Unreadable) {
-			mu.Lock()
-			defer mu.Unlock()
-			told = append(told, u.Err.Error())
-		})
+		aside, told := recordedAside(client, prefix)
 		q := consulkv.NewQueue(client.KV(), prefix, aside)
 		good := queue.Entry{ID: queue.NewID(), JobID: "train", Namespace: "vision", Request: json.RawMessage(`{"Job":{"ID":"train"}}`)}
 		q.Put(ctx, good)
@@ -732,10 +718,8 @@ func TestStores(t *testing.T) {
 		if got, err := q.List(ctx); err != nil || len(got) != 1 || got[0].ID != good.ID {
 			t.Errorf("listed: %+v %v", got, err)
 		}
-		mu.Lock()
-		defer mu.Unlock()
-		if len(told) != 4 || !strings.Contains(strings.Join(told, "\n"), "not its key's") || !strings.Contains(strings.Join(told, "\n"), "names no job") {
-			t.Errorf("told: %q", told)
+		if got := told(); len(got) != 4 || !strings.Contains(strings.Join(got, "\n"), "not its key's") || !strings.Contains(strings.Join(got, "\n"), "names no job") {
+			t.Errorf("told: %q", got)
 		}
 		if got, err := q.List(ctx); err != nil || len(got) != 1 {
 			t.Errorf("listed again: %+v %v", got, err)
@@ -860,4 +844,23 @@ func mustGet(t *testing.T, q *consulkv.Queue, id string) queue.Entry {
 		t.Fatal(err)
 	}
 	return e
+}
+
+// recordedAside sets records under prefix aside, and tells what it was told
+// of each: the record's key and why it could not be read.
+func recordedAside(client *consul.Client, prefix string) (*consulkv.Aside, func() []string) {
+	var (
+		mu   sync.Mutex
+		told []string
+	)
+	aside := consulkv.NewAside(client, prefix, func(u consulkv.Unreadable) {
+		mu.Lock()
+		defer mu.Unlock()
+		told = append(told, u.Key+": "+u.Err.Error())
+	})
+	return aside, func() []string {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Clone(told)
+	}
 }
