@@ -29,6 +29,7 @@ type alloc struct {
 	cpu  float64 // CPU and memory it asks, in GPUs' worth
 	// borrowed: its job was borrowed work when placed, or until promoted.
 	borrowed bool
+	placedAt float64 // when Nomad placed it: the broker sees it from the next instant
 }
 
 // cluster tracks which nodes have how many GPUs free, by model, so that best

@@ -15,6 +15,9 @@ import (
 
 // roomsNow are the nodes as the broker sees them now: free GPUs less those
 // pinned jobs not placed yet wait for, and the borrowed allocations on each.
+// An allocation placed at this instant holds its GPUs but is no borrowed
+// victim yet: the broker's view learns of it from Nomad after the pass that
+// admitted it, so a later admission of that pass cannot pin onto it.
 // Only the nodes whose allocations changed since the last call are read again.
 func (r *run) roomsNow() []admission.NodeRoom {
 	if r.rooms == nil {
@@ -22,6 +25,11 @@ func (r *run) roomsNow() []admission.NodeRoom {
 		r.waitingOn = make([]int, len(r.c.nodes))
 		r.reservedFor = make([]string, len(r.c.nodes))
 	}
+	seen := 0
+	for ; seen < len(r.unseen) && r.unseen[seen].at < r.now; seen++ {
+		r.c.touch(r.unseen[seen].node)
+	}
+	r.unseen = r.unseen[:copy(r.unseen, r.unseen[seen:])]
 	for _, id := range r.c.touched {
 		r.c.isTouched[id] = false
 		n := &r.c.nodes[id]
@@ -29,7 +37,7 @@ func (r *run) roomsNow() []admission.NodeRoom {
 		*room = admission.NodeRoom{ID: strconv.Itoa(id), Group: r.c.models[n.model], GPUs: n.gpus, Free: max(0, n.free-r.waitingOn[id]),
 			Held: room.Held[:0], ReservedFor: r.reservedFor[id]}
 		for _, a := range n.allocs {
-			if !a.job.borrowed {
+			if !a.job.borrowed || a.placedAt == r.now {
 				continue
 			}
 			since := r.now
@@ -42,6 +50,12 @@ func (r *run) roomsNow() []admission.NodeRoom {
 	}
 	r.c.touched = r.c.touched[:0]
 	return r.rooms
+}
+
+// placedOn is a node given an allocation at an instant.
+type placedOn struct {
+	node int
+	at   float64
 }
 
 // pin records the nodes the broker chose for j (nil: Nomad chooses).

@@ -85,8 +85,11 @@ func (r *run) preemptible(prio int) int {
 
 // start places one allocation of j on node; the job runs once all are placed.
 func (r *run) start(j *simJob, node int) {
-	a := &alloc{job: j, node: node, gpus: j.GPUs, prio: j.prio, cpu: j.cpu}
+	a := &alloc{job: j, node: node, gpus: j.GPUs, prio: j.prio, cpu: j.cpu, placedAt: r.now}
 	r.c.place(a)
+	if r.nodeAware {
+		r.unseen = append(r.unseen, placedOn{node, r.now})
+	}
 	j.placed = append(j.placed, a)
 	r.hold(j, a.gpus)
 	if len(j.placed) < j.allocs() {

@@ -201,6 +201,10 @@ type run struct {
 	waitingOn   []int
 	reservedFor []string
 	pinned      []*simJob
+	// unseen are the nodes given an allocation at an instant the broker's
+	// view has not reached: it learns of an allocation once Nomad placed
+	// it, after the decisions of the same pass.
+	unseen []placedOn
 	// evicted are borrowed jobs Nomad preempted that the broker has not
 	// seen yet: it requeues them at its next reclaim pass.
 	evicted []*simJob

@@ -470,6 +470,27 @@ func TestBorrowedWorkWaitsForANodeWithRoom(t *testing.T) {
 	}
 }
 
+// The broker learns of an allocation once Nomad placed it, after the
+// decisions made at the same moment: b1, within b's guarantee at 10, cannot
+// be pinned onto y, borrowed and placed at 10 too, and evicts x, borrowed
+// since 0 (40 GPU-seconds lost), as the real broker does.
+func TestAnAdmissionCannotEvictWorkPlacedAtTheSameMoment(t *testing.T) {
+	nodes := []sim.NodeGroup{{Model: "H100", GPUs: 4, Count: 2}}
+	jobs := []sim.Job{
+		{ID: "x", Submit: 0, Namespace: "a", GPUs: 4, Duration: 1000},
+		{ID: "y", Submit: 10, Namespace: "a", GPUs: 4, Duration: 1000},
+		{ID: "b1", Submit: 10, Namespace: "b", GPUs: 4, Duration: 50},
+	}
+	res, err := sim.Run(jobs, sim.Options{Policy: testbuild.Policy(t, placementTenants), Nodes: nodes, Mode: sim.NomadGPU})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Preemptions != 1 {
+		t.Errorf("preemptions %d, want 1", res.Preemptions)
+	}
+	near(t, "GPU-seconds lost", res.LostGPUHours*3600, 40)
+}
+
 // A borrowed job Nomad preempts is requeued at the broker's next reclaim
 // pass, not at once: until then it waits in Nomad, counted against its
 // tenant (a2, preempted at 10; reclaim passes every 20 s).
