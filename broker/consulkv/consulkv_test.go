@@ -11,6 +11,10 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"slices"
 	"sort"
 	"strings"
@@ -569,6 +573,83 @@ func TestStores(t *testing.T) {
 	// A queued job's request, most of its entry's bytes, is kept under
 	// queue-body/ and read once: every change in the queue makes Consul send
 	// each broker the queue's directory again.
+	t.Run("queue: while the copy is not current, List reads the requests of changed entries only", func(t *testing.T) {
+		t.Parallel()
+		const prefix = "stale-copy-test/"
+		// The broker's Consul client goes through a proxy that counts the
+		// reads of requests.
+		var bodyReads atomic.Int32
+		target, _ := url.Parse("http://" + agent.Addr)
+		proxy := httputil.NewSingleHostReverseProxy(target)
+		counted := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.Method == http.MethodGet && strings.Contains(r.URL.Path, "/"+prefix+"queue-body/") {
+				bodyReads.Add(1)
+			}
+			proxy.ServeHTTP(w, r)
+		}))
+		defer counted.Close()
+		via, err := consul.NewClient(&consul.Config{Address: strings.TrimPrefix(counted.URL, "http://")})
+		if err != nil {
+			t.Fatal(err)
+		}
+		q := consulkv.NewQueue(via.KV(), prefix, nil)
+		other := consulkv.NewQueue(client.KV(), prefix, nil)
+		fctx, stop := context.WithCancel(ctx)
+		defer stop()
+		go q.Follow(fctx)
+		var kept []string
+		for range 20 {
+			e := queue.Entry{ID: queue.NewID(), JobID: "train", Namespace: "vision", Tenant: "vision", Queue: "training", Demand: 1,
+				Request: json.RawMessage(`{"Job":{"ID":"train"}}`)}
+			if err := q.Put(ctx, e); err != nil {
+				t.Fatal(err)
+			}
+			kept = append(kept, e.ID)
+		}
+		testcluster.WaitFor(t, 10*time.Second, "the copy to hold the 20", func() error {
+			if all, _ := q.List(ctx); q.Index() == 0 || len(all) != 20 {
+				return fmt.Errorf("index %d, %d entries", q.Index(), len(all))
+			}
+			return nil
+		})
+		stop()
+		testcluster.WaitFor(t, 10*time.Second, "following to stop", func() error {
+			if q.Index() != 0 {
+				return fmt.Errorf("index %d", q.Index())
+			}
+			return nil
+		})
+		// Meanwhile another broker queues one and parks one of the 20.
+		added := queue.Entry{ID: queue.NewID(), JobID: "added", Namespace: "vision", Tenant: "vision", Queue: "training", Demand: 1,
+			Request: json.RawMessage(`{"Job":{"ID":"added"}}`)}
+		if err := other.Put(ctx, added); err != nil {
+			t.Fatal(err)
+		}
+		if ok, err := other.Park(ctx, mustGet(t, other, kept[0]), "no such tenant", time.Now()); !ok || err != nil {
+			t.Fatalf("park: %v %v", ok, err)
+		}
+		bodyReads.Store(0)
+		all, err := q.List(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		byID := map[string]queue.Entry{}
+		for _, e := range all {
+			byID[e.ID] = e
+		}
+		if len(all) != 21 || byID[added.ID].JobID != "added" || byID[kept[0]].Parked != "no such tenant" {
+			t.Errorf("listed %d entries (want 21), the other's new one %+v, its parked one parked %q", len(all), byID[added.ID], byID[kept[0]].Parked)
+		}
+		for _, id := range kept {
+			if r, err := byID[id].Body(); err != nil || !bytes.Contains(r, []byte(`"train"`)) {
+				t.Errorf("entry %s listed without its request: %q %v", id, r, err)
+			}
+		}
+		if n := bodyReads.Load(); n != 2 {
+			t.Errorf("%d requests read, want 2: those of the two entries that changed", n)
+		}
+	})
+
 	t.Run("queue: each request is kept apart, and goes with its entry", func(t *testing.T) {
 		t.Parallel()
 		const prefix = "split-test/"

@@ -3,6 +3,7 @@ package consulkv
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"sync"
@@ -156,6 +157,26 @@ func (m *mirror[T]) reconcile(next map[string]mirrored[T], listed uint64) map[st
 		}
 	}
 	return next
+}
+
+// listNow is every record as Consul lists it now, for when the copy is not
+// current (its query failing): the records whose version the copy holds
+// are taken from it, so that a queue of 10,000 entries read each second
+// meanwhile costs one listing, not a read of every request besides.
+func (m *mirror[T]) listNow(ctx context.Context) ([]T, error) {
+	pairs, _, err := m.r.kv.List(m.r.dir, (&consul.QueryOptions{}).WithContext(ctx))
+	if err != nil {
+		return nil, fmt.Errorf("list %s records: %w", m.r.what, err)
+	}
+	next, err := m.read(ctx, pairs)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]T, 0, len(next))
+	for _, r := range next {
+		out = append(out, r.v)
+	}
+	return out, nil
 }
 
 // followed reports whether the copy is current (follow has an answer and

@@ -177,8 +177,7 @@ func (q *Queue) List(ctx context.Context) ([]queue.Entry, error) {
 	if q.m.followed() {
 		return q.m.all(), nil
 	}
-	out, _, err := q.r.list(ctx, &consul.QueryOptions{}, nil)
-	return out, err
+	return q.m.listNow(ctx)
 }
 
 // View is List without the copy: the slice is shared, so the caller must
