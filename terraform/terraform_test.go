@@ -149,6 +149,7 @@ func TestGPUNodeModuleAppliesWithItsDefaults(t *testing.T) {
 	if ci := str(t, out["cloud_init"]); !strings.HasPrefix(ci, "#cloud-config\n") {
 		t.Errorf("cloud_init does not start with #cloud-config:\n%s", ci)
 	}
+	t.Run("the units sit beside HashiCorp's packages'", func(t *testing.T) { checkUnits(t, out) })
 }
 
 // A Nomad client is started as the rendered unit starts it, from the
@@ -239,8 +240,15 @@ output "cloud_init"       { value = yamldecode(trimprefix(module.node.cloud_init
 	// /etc/nomad.d, and /usr/bin/nomad, which the unit runs on its own
 	// directory (the tools' nomad stands in for the package's).
 	write(t, filepath.Join(etc, "nomad.d", "nomad.hcl"), fmt.Sprintf("data_dir  = %q\nbind_addr = \"0.0.0.0\"\n\nserver {\n  enabled          = true\n  bootstrap_expect = 1\n}\n\nclient {\n  enabled = true\n  servers = [\"127.0.0.1\"]\n}\n", dataDir))
-	if unit := str(t, out["nomad_service"]); !strings.Contains(unit, "\nExecStart=/usr/bin/nomad agent -config "+configDir+"\n") {
-		t.Errorf("the unit does not run /usr/bin/nomad on %s alone:\n%s", configDir, unit)
+	for _, unit := range []string{str(t, out["nomad_service"]), files["/etc/systemd/system/nomad.service.d/nomad-gpu.conf"].Content} {
+		if !strings.Contains(unit, "\nExecStart=/usr/bin/nomad agent -config "+configDir+"\n") {
+			t.Errorf("the unit or its drop-in does not run /usr/bin/nomad on %s alone:\n%s", configDir, unit)
+		}
+	}
+	// The module's own units go in only where no package put one, before
+	// systemd reads the units again.
+	if n := len(cloudInit.RunCmd); n < 4 || !strings.Contains(strings.Join(cloudInit.RunCmd[n-3], " "), "|| install -m 0644 /usr/local/share/nomad-gpu/systemd/nomad.service /etc/systemd/system/nomad.service") {
+		t.Errorf("cloud-init does not install the module's nomad.service only where none is, before daemon-reload: %v", cloudInit.RunCmd)
 	}
 	for path, f := range files {
 		if strings.HasPrefix(path, configDir+"/") {

@@ -27,17 +27,31 @@ locals {
     retry_join = var.consul_retry_join
   })
 
-  # Units of the packages' names in /etc/systemd/system, which systemd
-  # prefers to the packages' own in /lib/systemd/system.
+  # Drop-ins that add what the clients need to the units HashiCorp's
+  # packages install, which keep the rest (a unit of the same name in
+  # /etc/systemd/system would replace theirs whole). Where no package
+  # installed a unit, the module's own is installed first (units below).
   nomad_service  = templatefile("${path.module}/templates/nomad.service.tftpl", { nomad_binary = var.nomad_binary, config_dir = var.nomad_config_dir })
   consul_service = templatefile("${path.module}/templates/consul.service.tftpl", { consul_binary = var.consul_binary, config_dir = var.consul_config_dir })
+  nomad_dropin   = templatefile("${path.module}/templates/nomad-dropin.conf.tftpl", { nomad_binary = var.nomad_binary, config_dir = var.nomad_config_dir })
+  consul_dropin  = templatefile("${path.module}/templates/consul-dropin.conf.tftpl", { consul_binary = var.consul_binary, config_dir = var.consul_config_dir })
+
+  # The module's own units wait outside systemd's search path, which
+  # prefers /usr/local/lib/systemd/system to the packages' /usr/lib: there
+  # they would replace the packages' units again.
+  units_dir = "/usr/local/share/nomad-gpu/systemd"
+  install_units = [for name in ["consul", "nomad"] :
+    ["sh", "-c", "[ -e /usr/lib/systemd/system/${name}.service ] || [ -e /lib/systemd/system/${name}.service ] || [ -e /etc/systemd/system/${name}.service ] || install -m 0644 ${local.units_dir}/${name}.service /etc/systemd/system/${name}.service"]
+  ]
 
   consul_client_path = "${var.consul_config_dir}/client.hcl"
   files = {
-    "${var.nomad_config_dir}/client.hcl" = { content = local.nomad_client_hcl, permissions = "0640" }
-    (local.consul_client_path)           = { content = local.consul_client_hcl, permissions = "0640" }
-    "/etc/systemd/system/nomad.service"  = { content = local.nomad_service, permissions = "0644" }
-    "/etc/systemd/system/consul.service" = { content = local.consul_service, permissions = "0644" }
+    "${var.nomad_config_dir}/client.hcl"                  = { content = local.nomad_client_hcl, permissions = "0640" }
+    (local.consul_client_path)                            = { content = local.consul_client_hcl, permissions = "0640" }
+    "/etc/systemd/system/nomad.service.d/nomad-gpu.conf"  = { content = local.nomad_dropin, permissions = "0644" }
+    "/etc/systemd/system/consul.service.d/nomad-gpu.conf" = { content = local.consul_dropin, permissions = "0644" }
+    "${local.units_dir}/nomad.service"                    = { content = local.nomad_service, permissions = "0644" }
+    "${local.units_dir}/consul.service"                   = { content = local.consul_service, permissions = "0644" }
   }
 
   plugin_dir  = var.plugin_dir != "" ? var.plugin_dir : "${var.nomad_data_dir}/plugins"
@@ -81,6 +95,7 @@ locals {
       ],
       [for v in values(var.host_volumes) : ["mkdir", "-p", v.path]],
       local.install_plugin,
+      local.install_units,
       [
         ["systemctl", "daemon-reload"],
         ["systemctl", "enable", "--now", "consul.service", "nomad.service"],
